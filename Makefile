@@ -1,0 +1,141 @@
+# loom build. `make` builds build/loom and build/libloom.a, announcing what
+# it found; `make demo` and `make test` are README's two commands and install
+# what is missing first (scripts/install-deps.sh).
+
+BUILD    ?= build
+CC       ?= gcc
+NATIVE   ?= 1
+WERROR   ?= $(if $(CI),1,0)
+PYTHON   ?= /usr/bin/python3
+
+WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+CFLAGS := -std=gnu11 -O3 -g $(WARN) -Iinclude -Isrc -fno-math-errno
+ifeq ($(NATIVE),1)
+CFLAGS += -march=native
+endif
+ifeq ($(WERROR),1)
+CFLAGS += -Werror
+endif
+LDLIBS := -lm -lpthread
+
+# ---- feature probes ---------------------------------------------------------
+# BLAS: OpenBLAS built for OpenMP preferred (one thread pool with the kernels,
+# single-threaded when called inside a parallel region); the pthread build
+# works too.
+OB_OMP := /usr/lib/x86_64-linux-gnu/openblas-openmp
+ifneq ($(wildcard $(OB_OMP)/libopenblas.so),)
+  BLAS_CFLAGS := -I/usr/include/x86_64-linux-gnu/openblas-openmp
+  BLAS_LIBS   := -L$(OB_OMP) -Wl,-rpath,$(OB_OMP) -lopenblas
+  BLAS_NAME   := OpenBLAS (OpenMP build)
+else ifneq ($(shell pkg-config --exists openblas 2>/dev/null && echo y),)
+  BLAS_CFLAGS := $(shell pkg-config --cflags openblas)
+  BLAS_LIBS   := $(shell pkg-config --libs openblas)
+  BLAS_NAME   := OpenBLAS (pkg-config)
+else
+  BLAS_NAME   :=
+endif
+CFLAGS += $(BLAS_CFLAGS)
+LDLIBS += $(BLAS_LIBS)
+
+HAVE_OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo 1)
+ifeq ($(HAVE_OPENMP),1)
+CFLAGS += -fopenmp
+LDLIBS += -fopenmp
+endif
+
+HAVE_CJSON := $(shell pkg-config --exists libcjson 2>/dev/null && echo 1)
+ifeq ($(HAVE_CJSON),1)
+CFLAGS += $(shell pkg-config --cflags libcjson)
+LDLIBS += $(shell pkg-config --libs libcjson)
+endif
+
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+HAVE_MPI   := $(if $(MPI_LIBS),1,)
+ifeq ($(HAVE_MPI),1)
+CFLAGS += $(MPI_CFLAGS) -DLOOM_HAVE_MPI=1
+LDLIBS += $(MPI_LIBS)
+endif
+
+# ---- sources ----------------------------------------------------------------
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/cpu/*.c src/model/*.c src/optim/*.c \
+                             src/io/*.c src/engine/*.c src/comm/*.c src/parallel/*.c))
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%) $(TOOL_SRC:tests/%.c=$(BUILD)/tests/%)
+ASAN_OBJ := $(LIB_SRC:%.c=$(BUILD)/asan/obj/%.o)
+ASAN_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/asan/tests/%)
+ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+.PHONY: all announce deps test-deps demo test unit asan clean bench
+all: announce $(BUILD)/loom $(BUILD)/libloom.a $(TEST_BIN)
+
+announce:
+	@echo "loom build: CC=$(CC)"
+	@echo "  BLAS     $(if $(BLAS_NAME),$(BLAS_NAME),NOT FOUND (run scripts/install-deps.sh))"
+	@echo "  OpenMP   $(if $(HAVE_OPENMP),yes,no: kernels run single-threaded)"
+	@echo "  cJSON    $(if $(HAVE_CJSON),yes,NOT FOUND (run scripts/install-deps.sh))"
+	@echo "  MPI      $(if $(HAVE_MPI),yes ($(shell mpicc --showme:version 2>/dev/null | cut -d: -f2 | head -1)),no: single-process only)"
+	@echo "  CUDA     off (CPU backend)"
+	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" || { echo "loom build: missing BLAS or cJSON" >&2; exit 2; }
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libloom.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/loom: $(CLI_OBJ) $(BUILD)/libloom.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libloom.a tests/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libloom.a -o $@ $(LDLIBS)
+
+$(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libloom.a tests/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libloom.a -o $@ $(LDLIBS)
+
+# Sanitizer build of the unit tests (address + undefined behaviour).
+$(BUILD)/asan/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O1 $(ASAN_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/asan/libloom.a: $(ASAN_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/asan/tests/%: tests/%.c $(BUILD)/asan/libloom.a tests/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O1 $(ASAN_FLAGS) -Itests $< $(BUILD)/asan/libloom.a -o $@ $(LDLIBS)
+
+asan: $(ASAN_BIN)
+
+deps:
+	@scripts/install-deps.sh
+
+test-deps:
+	@scripts/install-deps.sh --test
+
+# The demo: train the default model on the built-in corpus.
+demo: deps
+	@$(MAKE) --no-print-directory all
+	$(BUILD)/loom train
+
+test: test-deps
+	@$(MAKE) --no-print-directory all asan
+	@PYTHON=$(PYTHON) BUILD=$(BUILD) tests/run.sh
+
+bench: all
+	$(PYTHON) bench/throughput.py
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(ASAN_OBJ:.o=.d)

@@ -1,0 +1,31 @@
+#!/bin/sh
+# Installs what loom needs on a Debian (bookworm) machine, and nothing that is
+# already there. `install-deps.sh` installs the build dependencies;
+# `install-deps.sh --test` adds what the test suite compares against
+# (PyTorch and NumPy from Debian, clang for the sanitizer and fuzzer builds).
+set -eu
+
+want_test=0
+for a in "$@"; do
+  case "$a" in
+    --test) want_test=1 ;;
+    *) echo "install-deps.sh: unknown option $a (use --test)" >&2; exit 2 ;;
+  esac
+done
+
+pkgs="build-essential pkg-config libopenblas-dev libopenmpi-dev openmpi-bin libcjson-dev"
+[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-torch python3-numpy clang libclang-rt-14-dev"
+
+missing=""
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+
+echo "install-deps.sh: installing:$missing"
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing

@@ -1,0 +1,43 @@
+/*
+ * The accounting allocator. Every large allocation is tagged with what it
+ * holds, so memory can be reported per category (params, grads, optimizer,
+ * activations, comm, other), current and peak. Allocations are 64-byte
+ * aligned and zero-filled. Out of memory is a runtime failure (exit 1) that
+ * names the tag and the size.
+ */
+#ifndef LOOM_BASE_MEM_H
+#define LOOM_BASE_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum loom_mem_tag {
+    LOOM_MEM_PARAMS = 0,
+    LOOM_MEM_GRADS = 1,
+    LOOM_MEM_OPTIMIZER = 2,
+    LOOM_MEM_ACTIVATIONS = 3,
+    LOOM_MEM_COMM = 4,
+    LOOM_MEM_OTHER = 5,
+    LOOM_MEM_COUNT
+};
+
+struct loom_mem_stats {
+    int64_t current[LOOM_MEM_COUNT];
+    int64_t peak[LOOM_MEM_COUNT];
+    int64_t current_total;
+    int64_t peak_total;
+};
+
+/* Zero-filled, 64-byte aligned; exits 1 naming tag and size when it fails. */
+void *loom_alloc(size_t bytes, enum loom_mem_tag tag);
+void loom_free(void *p);
+
+/* n * size, exiting with a clear message on overflow (Lua's luaM_checksize). */
+size_t loom_mul_size(size_t n, size_t size);
+
+const char *loom_mem_tag_name(enum loom_mem_tag tag);
+void loom_mem_get_stats(struct loom_mem_stats *out);
+/* Starts a new peak window (e.g. per training step): peaks := current. */
+void loom_mem_reset_peak(void);
+
+#endif

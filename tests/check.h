@@ -1,0 +1,75 @@
+/*
+ * The unit tests' checks: each failed check prints what and where, and the
+ * test's main returns check_summary(), non-zero when anything failed.
+ * Numeric comparisons print the first mismatching pairs and the max error
+ * against the tolerance (llm.c's check_tensor, but one that can fail).
+ */
+#ifndef LOOM_TESTS_CHECK_H
+#define LOOM_TESTS_CHECK_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stddef.h>
+
+static int check_failures;
+static int check_count;
+
+#define CHECK(cond)                                                                    \
+    do {                                                                               \
+        check_count++;                                                                 \
+        if (!(cond)) {                                                                 \
+            check_failures++;                                                          \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);            \
+        }                                                                              \
+    } while (0)
+
+/* Max relative error |a-b| / max(|b|, floor) over the tensor; floor keeps
+ * near-zero entries from dominating (it is the scale below which an absolute
+ * error is what matters). */
+static inline int check_close(const char *name, const float *got, const float *want, size_t n,
+                              double rtol, double floor)
+{
+    double max_err = 0;
+    int shown = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double scale = fabs(want[i]) > floor ? fabs(want[i]) : floor;
+        double err = fabs((double)got[i] - want[i]) / scale;
+        if (!(err <= rtol)) {
+            bad++;
+            if (shown < 5) {
+                fprintf(stderr, "  %s[%zu]: got %.9g want %.9g\n", name, i, got[i], want[i]);
+                shown++;
+            }
+        }
+        if (err > max_err || err != err) max_err = err;
+    }
+    check_count++;
+    if (bad) {
+        check_failures++;
+        fprintf(stderr, "FAIL %s: %zu of %zu mismatch, max rel err %.3g > tol %.3g\n", name, bad,
+                n, max_err, rtol);
+        return 0;
+    }
+    return 1;
+}
+
+/* Relative L2 error ||a-b|| / ||b||. */
+static inline double rel_l2(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static inline int check_summary(const char *test)
+{
+    printf("%s: %d checks, %d failed\n", test, check_count, check_failures);
+    return check_failures ? 1 : 0;
+}
+
+#endif
