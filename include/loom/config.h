@@ -1,0 +1,59 @@
+/*
+ * The one configuration structure. Every field is described once in the
+ * settings table (src/engine/config.c): its flag, type, bounds, default and
+ * help; parsing, validation, --help and the printed configuration all come
+ * from that table. Precedence: defaults < preset (--model) < flags.
+ */
+#ifndef LOOM_CONFIG_H
+#define LOOM_CONFIG_H
+
+#include <stdint.h>
+
+enum loom_lr_decay_style {
+    LOOM_LR_CONSTANT = 0,
+    LOOM_LR_LINEAR = 1,
+    LOOM_LR_COSINE = 2,
+    LOOM_LR_DECAY_STYLE_COUNT
+};
+
+enum loom_data_order {
+    LOOM_DATA_SHUFFLED = 0,
+    LOOM_DATA_SEQUENTIAL = 1,
+    LOOM_DATA_ORDER_COUNT
+};
+
+#define LOOM_MAX_DATA_PATHS 64
+
+struct loom_config {
+    /* model */
+    char model[32]; /* preset name, "" for none */
+    int num_layers, hidden_size, num_attention_heads, seq_length, max_position_embeddings,
+        vocab_size;
+    /* batch: global = micro x accumulation x dp */
+    int micro_batch_size, global_batch_size, gradient_accumulation_steps;
+    /* optimisation */
+    int train_iters, lr_warmup_iters, lr_decay_iters;
+    double lr, min_lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
+    int lr_decay_style; /* enum loom_lr_decay_style */
+    int64_t seed;
+    /* data */
+    int ndata_paths, nvalid_paths;
+    char *data_paths[LOOM_MAX_DATA_PATHS];
+    char *valid_data_paths[LOOM_MAX_DATA_PATHS];
+    int data_order; /* enum loom_data_order */
+    char data_cache[512];
+    /* logging and evaluation */
+    int log_interval, eval_interval, eval_iters;
+    char metrics[512];
+    /* weights */
+    char load[512], save[512];
+    /* sampling (loom sample) */
+    char prompt[1024];
+    int max_new_tokens, top_k;
+    double temperature;
+    /* machine */
+    int threads;
+    double peak_tflops;
+};
+
+#endif

@@ -1,0 +1,18 @@
+/*
+ * Running a training job from a resolved configuration: the whole of
+ * `loom train`. The finer engine API (forward / backward / step per
+ * micro-batch) grows out of this.
+ */
+#ifndef LOOM_TRAIN_H
+#define LOOM_TRAIN_H
+
+#include "loom/config.h"
+
+/* Trains as cfg says; returns a loom_status (message in loom_error_message). */
+int loom_train(struct loom_config *cfg);
+
+/* Mean loss of weights cfg->load over cfg->eval_iters batches of the
+ * validation data (`loom eval`). */
+int loom_eval(struct loom_config *cfg);
+
+#endif

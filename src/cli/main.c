@@ -1,0 +1,156 @@
+/*
+ * The `loom` command: dispatches subcommands, turns statuses into one-line
+ * errors and exit codes (0 done, 2 bad input, 1 failure while running).
+ * Subcommands not built yet (convert, plan, report, launch) say so.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/blas_env.h"
+#include "base/log.h"
+#include "engine/config.h"
+#include "engine/sample.h"
+#include "io/synth.h"
+#include "io/tokenizer.h"
+#include "loom/loom.h"
+#include "loom/train.h"
+#include "model/gpt2_io.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "loom %s: training for transformer language models\n\n"
+               "usage: loom COMMAND [flags]\n\n"
+               "commands:\n"
+               "  train                      train a model (default: gpt2-tiny on the built-in corpus)\n"
+               "  eval --load W              validation loss of saved weights\n"
+               "  sample --load W            continue --prompt with saved weights\n"
+               "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
+               "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n\n"
+               "loom COMMAND --help lists the flags of a command.\n",
+            LOOM_VERSION);
+}
+
+static int fail(int rc)
+{
+    fprintf(stderr, "loom: error: %s\n", loom_error_message());
+    return rc;
+}
+
+static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
+{
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: expected an integer in [%lld, %lld], got '%s'", flag, lo, hi, v);
+    *out = x;
+    return LOOM_OK;
+}
+
+static int cmd_data(int argc, char **argv)
+{
+    int rc;
+    if (argc < 1 || strcmp(argv[0], "--help") == 0) {
+        printf("usage: loom data tokenize IN.txt OUTDIR [--val-fraction X]\n"
+               "       loom data synth OUTDIR [--tokens N] [--seed S]\n");
+        return argc < 1 ? LOOM_ERR_INPUT : LOOM_OK;
+    }
+    if (strcmp(argv[0], "tokenize") == 0) {
+        double frac = 0.1;
+        if (argc != 3 && !(argc == 5 && strcmp(argv[3], "--val-fraction") == 0))
+            return loom_error_set(LOOM_ERR_INPUT, "usage: loom data tokenize IN.txt OUTDIR [--val-fraction X]");
+        if (argc == 5) {
+            char *end;
+            frac = strtod(argv[4], &end);
+            if (end == argv[4] || *end || !(frac > 0 && frac < 1))
+                return loom_error_set(LOOM_ERR_INPUT, "--val-fraction: expected a number in (0, 1), got '%s'", argv[4]);
+        }
+        return loom_data_tokenize(argv[1], argv[2], frac);
+    }
+    if (strcmp(argv[0], "synth") == 0) {
+        if (argc < 2 || strncmp(argv[1], "--", 2) == 0)
+            return loom_error_set(LOOM_ERR_INPUT, "usage: loom data synth OUTDIR [--tokens N] [--seed S]");
+        long long tokens = LOOM_SYNTH_DEFAULT_TOKENS, seed = LOOM_SYNTH_DEFAULT_SEED;
+        for (int i = 2; i < argc; i += 2) {
+            if (i + 1 >= argc) return loom_error_set(LOOM_ERR_INPUT, "%s needs a value", argv[i]);
+            if (strcmp(argv[i], "--tokens") == 0) rc = parse_i64("--tokens", argv[i + 1], 1000, 1LL << 40, &tokens);
+            else if (strcmp(argv[i], "--seed") == 0) rc = parse_i64("--seed", argv[i + 1], 0, 1LL << 62, &seed);
+            else rc = loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data synth (--tokens, --seed)", argv[i]);
+            if (rc) return rc;
+        }
+        double h;
+        if ((rc = loom_data_synth(argv[1], tokens, (uint64_t)seed, &h))) return rc;
+        printf("wrote %lld tokens to %s; entropy rate %.6f nats/token\n", tokens, argv[1], h);
+        return LOOM_OK;
+    }
+    return loom_error_set(LOOM_ERR_INPUT, "unknown data command '%s' (tokenize, synth)", argv[0]);
+}
+
+/* eval and sample: the model's shape comes from the weights file unless flags give it */
+static int shape_from_weights(struct loom_config *cfg, int argc, char **argv)
+{
+    struct loom_gpt2_config wc;
+    int rc = loom_gpt2_peek_config(cfg->load, &wc);
+    if (rc) return rc;
+    int given_layers = 0, given_heads = 0, given_seq = 0;
+    for (int i = 0; i < argc; i++) {
+        given_layers |= strncmp(argv[i], "--num-layers", 12) == 0;
+        given_heads |= strncmp(argv[i], "--num-attention-heads", 21) == 0;
+        given_seq |= strncmp(argv[i], "--seq-length", 12) == 0;
+    }
+    if (!given_layers) cfg->num_layers = wc.num_layers;
+    if (!given_heads && wc.heads) cfg->num_attention_heads = wc.heads;
+    cfg->hidden_size = wc.hidden;
+    cfg->vocab_size = wc.vocab;
+    cfg->max_position_embeddings = wc.max_pos;
+    if (!given_seq && cfg->seq_length > wc.max_pos) cfg->seq_length = wc.max_pos;
+    return LOOM_OK;
+}
+
+int main(int argc, char **argv)
+{
+    loom_blas_select_core(argc, argv);
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? LOOM_ERR_INPUT : LOOM_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("loom %s\n", LOOM_VERSION);
+        return 0;
+    }
+    const char *cmd = argv[1];
+    int rc;
+    if (strcmp(cmd, "data") == 0) return (rc = cmd_data(argc - 2, argv + 2)) ? fail(rc) : 0;
+    if (strcmp(cmd, "train") == 0 || strcmp(cmd, "eval") == 0 || strcmp(cmd, "sample") == 0) {
+        struct loom_config cfg;
+        int help;
+        if ((rc = loom_config_parse(&cfg, argc - 2, argv + 2, &help))) {
+            loom_config_free(&cfg);
+            return fail(rc);
+        }
+        if (help) {
+            loom_config_print_help(stdout, cmd);
+            loom_config_free(&cfg);
+            return 0;
+        }
+        if (strcmp(cmd, "train") != 0) {
+            if (!*cfg.load) rc = loom_error_set(LOOM_ERR_INPUT, "loom %s needs --load FILE.safetensors", cmd);
+            else rc = shape_from_weights(&cfg, argc - 2, argv + 2);
+        }
+        if (rc == LOOM_OK) rc = loom_config_resolve(&cfg, 1);
+        if (rc == LOOM_OK) {
+            if (strcmp(cmd, "train") == 0) rc = loom_train(&cfg);
+            else if (strcmp(cmd, "eval") == 0) rc = loom_eval(&cfg);
+            else rc = loom_sample(&cfg);
+        }
+        loom_config_free(&cfg);
+        return rc ? fail(rc) : 0;
+    }
+    if (strcmp(cmd, "convert") == 0 || strcmp(cmd, "plan") == 0 || strcmp(cmd, "report") == 0 ||
+        strcmp(cmd, "launch") == 0) {
+        loom_error_set(LOOM_ERR_INPUT, "'loom %s' is not available in this version", cmd);
+        return fail(LOOM_ERR_INPUT);
+    }
+    loom_error_set(LOOM_ERR_INPUT, "unknown command '%s' (train, eval, sample, data; see loom --help)", cmd);
+    return fail(LOOM_ERR_INPUT);
+}

@@ -1,0 +1,124 @@
+/* Log lines, progress bar, metrics JSONL (see report.h). */
+#include "engine/report.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+
+double loom_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const char *loom_fmt_bytes(char *buf, size_t n, double bytes)
+{
+    static const char *const units[] = {"B", "KB", "MB", "GB", "TB"};
+    int u = 0;
+    while (bytes >= 1000 && u < 4) bytes /= 1000, u++;
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+    return buf;
+}
+
+const char *loom_fmt_duration(char *buf, size_t n, double s)
+{
+    if (s < 0 || s != s) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, n, "%lds", t);
+    return buf;
+}
+
+int loom_report_open(struct loom_report *r, const char *metrics_path)
+{
+    memset(r, 0, sizeof *r);
+    r->tty = loom_log_rank() == 0 && isatty(STDOUT_FILENO);
+    r->t_start = loom_now();
+    if (metrics_path && *metrics_path && loom_log_rank() == 0) {
+        r->metrics = fopen(metrics_path, "a");
+        if (!r->metrics)
+            return loom_error_set(LOOM_ERR_INPUT, "--metrics: cannot open %s: %s", metrics_path, strerror(errno));
+    }
+    return LOOM_OK;
+}
+
+void loom_report_close(struct loom_report *r)
+{
+    if (r->bar_shown) fputs("\r\033[K", stdout);
+    r->bar_shown = 0;
+    if (r->metrics) fclose(r->metrics);
+    r->metrics = NULL;
+}
+
+void loom_report_line(struct loom_report *r, const char *fmt, ...)
+{
+    if (loom_log_rank() != 0) return;
+    if (r->bar_shown) fputs("\r\033[K", stdout);
+    r->bar_shown = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stdout, fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+void loom_report_progress(struct loom_report *r, int step, int total, double loss)
+{
+    if (!r->tty) return;
+    const int width = 30;
+    int filled = (int)((double)step / total * width);
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
+    bar[width] = 0;
+    double elapsed = loom_now() - r->t_start;
+    char eta[32], el[32];
+    loom_fmt_duration(eta, sizeof eta, step ? elapsed / step * (total - step) : 0);
+    loom_fmt_duration(el, sizeof el, elapsed);
+    printf("\r\033[K[%s] %3d%% %d/%d loss %.4f  %s elapsed, eta %s", bar, (int)(100.0 * step / total), step,
+           total, loss, el, eta);
+    fflush(stdout);
+    r->bar_shown = 1;
+}
+
+static void mem_json(FILE *f, const struct loom_mem_stats *mem)
+{
+    fputs("{", f);
+    for (int i = 0; i < LOOM_MEM_COUNT; i++)
+        fprintf(f, "\"%s\":%lld,", loom_mem_tag_name((enum loom_mem_tag)i), (long long)mem->peak[i]);
+    fprintf(f, "\"total\":%lld}", (long long)mem->peak_total);
+}
+
+void loom_report_step(struct loom_report *r, const struct loom_step_stats *s, const struct loom_mem_stats *mem)
+{
+    int digits = snprintf(NULL, 0, "%d", s->total);
+    loom_report_line(r, "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | %.1f ms/step\n",
+                     digits, s->step, s->total, s->loss, s->lr, s->grad_norm, s->tokens_per_s, 100 * s->mfu,
+                     s->ms_per_step);
+    if (r->metrics) {
+        fprintf(r->metrics,
+                "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.6g,\"mfu\":%.6g,\"ms_per_step\":%.6g,\"mem\":",
+                s->step, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->mfu, s->ms_per_step);
+        mem_json(r->metrics, mem);
+        fputs("}\n", r->metrics);
+        fflush(r->metrics);
+    }
+}
+
+void loom_report_eval(struct loom_report *r, int step, double val_loss, double floor_nats)
+{
+    if (floor_nats > 0)
+        loom_report_line(r, "eval at step %d | val loss %.4f | corpus floor %.4f (+%.4f)\n", step, val_loss,
+                         floor_nats, val_loss - floor_nats);
+    else
+        loom_report_line(r, "eval at step %d | val loss %.4f\n", step, val_loss);
+    if (r->metrics) {
+        fprintf(r->metrics, "{\"step\":%d,\"val_loss\":%.9g}\n", step, val_loss);
+        fflush(r->metrics);
+    }
+}

@@ -1,0 +1,42 @@
+/*
+ * What a training run shows: log lines, the progress bar with ETA on a
+ * terminal (plain lines otherwise), the metrics JSONL of DESIGN.md, and the
+ * closing summary. Rank 0 alone prints and writes.
+ */
+#ifndef LOOM_ENGINE_REPORT_H
+#define LOOM_ENGINE_REPORT_H
+
+#include <stdio.h>
+
+#include "base/mem.h"
+
+struct loom_step_stats {
+    int step, total;
+    double loss, lr, grad_norm, tokens_per_s, mfu, ms_per_step;
+};
+
+struct loom_report {
+    int tty;        /* stdout is a terminal: draw the bar */
+    int bar_shown;  /* a bar line is on screen */
+    FILE *metrics;  /* NULL when --metrics is not given */
+    double t_start; /* seconds, monotonic */
+};
+
+/* Opens the metrics file for appending; LOOM_ERR_INPUT naming it on failure. */
+int loom_report_open(struct loom_report *r, const char *metrics_path);
+void loom_report_close(struct loom_report *r);
+
+void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
+                      const struct loom_mem_stats *mem);
+void loom_report_eval(struct loom_report *r, int step, double val_loss, double floor_nats);
+/* Redraws the progress bar (terminal only). */
+void loom_report_progress(struct loom_report *r, int step, int total, double loss);
+/* Prints a line, keeping the bar below it on a terminal. */
+void loom_report_line(struct loom_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+double loom_now(void);
+/* "1.5 GB" style sizes and "1m05s" durations, into buf. */
+const char *loom_fmt_bytes(char *buf, size_t n, double bytes);
+const char *loom_fmt_duration(char *buf, size_t n, double seconds);
+
+#endif

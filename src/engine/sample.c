@@ -1,0 +1,105 @@
+/*
+ * `loom sample`: continue a prompt with saved weights. Temperature and top-k
+ * sampling from the model's last-position logits, the context window sliding
+ * over the last T tokens. The byte-level tokenizer decodes (GPT-2 BPE comes
+ * with its tokenizer). Not here: a KV cache (each token reruns the window).
+ */
+#include "engine/sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/rng.h"
+#include "kernels/kernels.h"
+#include "model/gpt2.h"
+#include "model/gpt2_io.h"
+
+static int pick(const float *logits, int V, double temperature, int top_k, struct loom_rng *rng)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0) return best;
+    float kth = -INFINITY; /* logits below the k-th largest are excluded */
+    if (top_k > 0 && top_k < V) {
+        float *sorted = malloc(sizeof(float) * (size_t)V);
+        if (!sorted) loom_die("out of memory sampling");
+        memcpy(sorted, logits, sizeof(float) * (size_t)V);
+        /* partial selection: k passes are fine for the sizes sampled here */
+        for (int k = 0; k < top_k; k++) {
+            int mi = k;
+            for (int i = k + 1; i < V; i++)
+                if (sorted[i] > sorted[mi]) mi = i;
+            float t = sorted[k];
+            sorted[k] = sorted[mi];
+            sorted[mi] = t;
+        }
+        kth = sorted[top_k - 1];
+        free(sorted);
+    }
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        if (logits[i] >= kth) sum += exp((logits[i] - logits[best]) / temperature);
+    double u = loom_rng_uniform(rng) * sum, acc = 0;
+    int last = best;
+    for (int i = 0; i < V; i++) {
+        if (logits[i] < kth) continue;
+        acc += exp((logits[i] - logits[best]) / temperature);
+        last = i;
+        if (acc > u) return i;
+    }
+    return last;
+}
+
+int loom_sample(struct loom_config *cfg)
+{
+    if (!*cfg->load) return loom_error_set(LOOM_ERR_INPUT, "loom sample needs --load FILE.safetensors");
+    if (cfg->vocab_size > 256 && *cfg->prompt)
+        loom_log_warn("the prompt is encoded byte by byte (GPT-2 BPE is not built in yet)");
+    struct loom_gpt2_config mc = {cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads,
+                                  cfg->max_position_embeddings, cfg->vocab_size};
+    int T = cfg->seq_length, rc;
+    if ((rc = loom_gpt2_config_check(&mc, T))) return rc;
+    if (cfg->threads > 0) loom_threads_set(cfg->threads);
+    struct loom_gpt2 *m = loom_gpt2_create(&mc, 1, T);
+    if ((rc = loom_gpt2_load(m, cfg->load))) {
+        loom_gpt2_free(m);
+        return rc;
+    }
+    size_t plen = strlen(cfg->prompt);
+    size_t total = plen + (size_t)cfg->max_new_tokens;
+    int32_t *toks = loom_alloc(sizeof(int32_t) * (total + 1), LOOM_MEM_OTHER);
+    int32_t *window = loom_alloc(sizeof(int32_t) * (size_t)T, LOOM_MEM_OTHER);
+    for (size_t i = 0; i < plen; i++) toks[i] = (unsigned char)cfg->prompt[i] % cfg->vocab_size;
+    size_t n = plen;
+    if (n == 0) toks[n++] = 0; /* an empty prompt starts from token 0 */
+    struct loom_rng rng;
+    loom_rng_seed(&rng, (uint64_t)cfg->seed);
+    fwrite(cfg->prompt, 1, plen, stdout);
+    for (int k = 0; k < cfg->max_new_tokens; k++) {
+        size_t start = n > (size_t)T ? n - (size_t)T : 0;
+        int len = (int)(n - start);
+        memset(window, 0, sizeof(int32_t) * (size_t)T);
+        memcpy(window, toks + start, sizeof(int32_t) * (size_t)len);
+        loom_gpt2_forward(m, window, NULL, 1);
+        int next = pick(m->logits + (size_t)(len - 1) * cfg->vocab_size, cfg->vocab_size, cfg->temperature,
+                        cfg->top_k, &rng);
+        toks[n++] = next;
+        if (cfg->vocab_size <= 256) {
+            unsigned char c = (unsigned char)next;
+            if (c == '\n' || c == '\t' || (c >= 32 && c < 127)) putchar(c);
+            else printf("\\x%02x", c);
+        } else {
+            printf("<%d>", next);
+        }
+        fflush(stdout);
+    }
+    putchar('\n');
+    loom_free(toks);
+    loom_free(window);
+    loom_gpt2_free(m);
+    return LOOM_OK;
+}

@@ -1,0 +1,123 @@
+/*
+ * Dense layers through cblas_sgemm: matmul + bias with the weight stored
+ * [in, out] (Hugging Face GPT-2's Conv1D layout), and the LM head tied to
+ * the token embedding (logits = inp @ wte^T). Plus plain triple-loop
+ * `_ref` versions (double accumulators) that the tests hold the BLAS path
+ * against.
+ *
+ * The BLAS is called outside any parallel region, so it uses every thread.
+ * Deliberately not: a hand-written GEMM, or fused activations.
+ */
+#include "kernels/kernels.h"
+
+#include <cblas.h>
+
+#define COL_BLOCK 128 /* columns per task in the bias-gradient reduction */
+
+/* dbias (OC) += column sums of dout (N,OC). Threads own column bands, so
+ * there is no race and the rows are added in order. */
+static void bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    const int nblocks = (OC + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= 32768)
+    for (int blk = 0; blk < nblocks; blk++) {
+        const int c0 = blk * COL_BLOCK;
+        const int w = c0 + COL_BLOCK < OC ? COL_BLOCK : OC - c0;
+        double acc[COL_BLOCK] = {0};
+        for (int i = 0; i < N; i++) {
+            const float *d = dout + (size_t)i * OC + c0;
+#pragma omp simd
+            for (int c = 0; c < w; c++) acc[c] += d[c];
+        }
+        for (int c = 0; c < w; c++) dbias[c0 + c] += (float)acc[c];
+    }
+}
+
+/* out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC) */
+void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC)
+{
+    float beta = 0.0f;
+    if (bias) {
+        /* start from the bias and let the GEMM add onto it (beta = 1) */
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= 32768)
+        for (int i = 0; i < N; i++) {
+            float *o = out + (size_t)i * OC;
+#pragma omp simd
+            for (int c = 0; c < OC; c++) o[c] = bias[c];
+        }
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, C, 1.0f, inp, C, weight, OC,
+                beta, out, OC);
+}
+
+/* dinp (N,C) = dout @ weight^T (written, skipped when NULL);
+ * dweight (C,OC) += inp^T @ dout; dbias (OC) += sum over rows of dout */
+void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight,
+                    OC, 0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f,
+                dweight, OC);
+    if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+/* logits (N,V) = inp (N,C) @ wte (V,C)^T */
+void loom_lm_head_forward(float *logits, const float *inp, const float *wte, int N, int C, int V)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, V, C, 1.0f, inp, C, wte, C, 0.0f,
+                logits, V);
+}
+
+/* dinp (N,C) = dlogits (N,V) @ wte (V,C), written; dwte (V,C) += dlogits^T @ inp */
+void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                           const float *wte, int N, int C, int V)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C,
+                0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f,
+                dwte, C);
+}
+
+/* ---- reference versions: plain loops, double accumulators ---------------- */
+
+void loom_matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias,
+                             int N, int C, int OC)
+{
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = bias ? bias[o] : 0.0;
+            for (int c = 0; c < C; c++)
+                s += (double)inp[(size_t)i * C + c] * weight[(size_t)c * OC + o];
+            out[(size_t)i * OC + o] = (float)s;
+        }
+}
+
+void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (dinp)
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < C; c++) {
+                double s = 0.0;
+                for (int o = 0; o < OC; o++)
+                    s += (double)dout[(size_t)i * OC + o] * weight[(size_t)c * OC + o];
+                dinp[(size_t)i * C + c] = (float)s;
+            }
+    for (int c = 0; c < C; c++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0.0;
+            for (int i = 0; i < N; i++)
+                s += (double)inp[(size_t)i * C + c] * dout[(size_t)i * OC + o];
+            dweight[(size_t)c * OC + o] += (float)s;
+        }
+    if (dbias)
+        for (int o = 0; o < OC; o++) {
+            double s = 0.0;
+            for (int i = 0; i < N; i++) s += dout[(size_t)i * OC + o];
+            dbias[o] += (float)s;
+        }
+}

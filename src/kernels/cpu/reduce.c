@@ -1,0 +1,31 @@
+/*
+ * Sum of squares in double precision (the gradient norm for clipping).
+ *
+ * The input is cut into a fixed number of chunks, each summed on its own
+ * and the chunk sums added in order, so the result is the same bits for any
+ * thread count. Deliberately not: a norm across ranks (the optimizer
+ * all-reduces these partial sums).
+ */
+#include "kernels/kernels.h"
+
+#define CHUNKS 64
+#define CHUNK_MIN 16384 /* elements per chunk below which fewer chunks are used */
+
+double loom_sum_squares(const float *x, size_t n)
+{
+    size_t nchunks = n / CHUNK_MIN;
+    if (nchunks < 1) nchunks = 1;
+    if (nchunks > CHUNKS) nchunks = CHUNKS;
+    double part[CHUNKS];
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (size_t c = 0; c < nchunks; c++) {
+        size_t lo = n * c / nchunks, hi = n * (c + 1) / nchunks;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = lo; i < hi; i++) s += (double)x[i] * x[i];
+        part[c] = s;
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < nchunks; c++) total += part[c];
+    return total;
+}

@@ -1,0 +1,295 @@
+/*
+ * GPT-2: parameter layout, initialisation, forward and backward over the
+ * blocks. The forward saves what the backward needs; the backward walks the
+ * blocks in reverse and calls the grad-ready hook after each one. Not here:
+ * loading and saving weights (gpt2_io.c), the optimizer, data.
+ */
+#include "model/gpt2.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/rng.h"
+#include "kernels/kernels.h"
+
+int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
+{
+    if (cfg->num_layers < 1) return loom_error_set(LOOM_ERR_INPUT, "--num-layers must be >= 1, got %d", cfg->num_layers);
+    if (cfg->hidden < 1) return loom_error_set(LOOM_ERR_INPUT, "--hidden-size must be >= 1, got %d", cfg->hidden);
+    if (cfg->heads < 1) return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads must be >= 1, got %d", cfg->heads);
+    if (cfg->hidden % cfg->heads != 0)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--hidden-size %d is not divisible by --num-attention-heads %d",
+                              cfg->hidden, cfg->heads);
+    if (T > cfg->max_pos)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--seq-length %d exceeds --max-position-embeddings %d", T,
+                              cfg->max_pos);
+    if (cfg->vocab < 2) return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", cfg->vocab);
+    return LOOM_OK;
+}
+
+static void add_tensor(struct loom_block *b, const char *name, int ndim, int64_t d0, int64_t d1)
+{
+    LOOM_ASSERT(b->ntensors < LOOM_BLOCK_MAX_TENSORS);
+    struct loom_tensor *t = &b->tensors[b->ntensors++];
+    LOOM_ASSERT(strlen(name) < sizeof t->name);
+    strcpy(t->name, name);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 1;
+    t->numel = (size_t)d0 * (size_t)t->shape[1];
+    t->offset = b->numel;
+    t->decay = ndim >= 2;
+    b->numel += t->numel;
+}
+
+static void layout_blocks(struct loom_gpt2 *m)
+{
+    const int L = m->cfg.num_layers, C = m->cfg.hidden;
+    char name[LOOM_TENSOR_NAME_MAX];
+    struct loom_block *e = &m->blocks[0];
+    e->kind = LOOM_BLOCK_EMBEDDING;
+    e->layer = -1;
+    add_tensor(e, "wte.weight", 2, m->cfg.vocab, C);
+    add_tensor(e, "wpe.weight", 2, m->cfg.max_pos, C);
+    static const struct { const char *suffix; int ndim, rows, cols; } layer_tensors[] = {
+        {"ln_1.weight", 1, 1, 0},        {"ln_1.bias", 1, 1, 0},
+        {"attn.c_attn.weight", 2, 1, 3}, {"attn.c_attn.bias", 1, 3, 0},
+        {"attn.c_proj.weight", 2, 1, 1}, {"attn.c_proj.bias", 1, 1, 0},
+        {"ln_2.weight", 1, 1, 0},        {"ln_2.bias", 1, 1, 0},
+        {"mlp.c_fc.weight", 2, 1, 4},    {"mlp.c_fc.bias", 1, 4, 0},
+        {"mlp.c_proj.weight", 2, 4, 1},  {"mlp.c_proj.bias", 1, 1, 0},
+    };
+    for (int l = 0; l < L; l++) {
+        struct loom_block *b = &m->blocks[1 + l];
+        b->kind = LOOM_BLOCK_LAYER;
+        b->layer = l;
+        for (size_t i = 0; i < sizeof layer_tensors / sizeof layer_tensors[0]; i++) {
+            snprintf(name, sizeof name, "h.%d.%s", l, layer_tensors[i].suffix);
+            add_tensor(b, name, layer_tensors[i].ndim, (int64_t)layer_tensors[i].rows * C,
+                       (int64_t)layer_tensors[i].cols * C);
+        }
+    }
+    struct loom_block *h = &m->blocks[L + 1];
+    h->kind = LOOM_BLOCK_HEAD;
+    h->layer = -1;
+    add_tensor(h, "ln_f.weight", 1, C, 0);
+    add_tensor(h, "ln_f.bias", 1, C, 0);
+}
+
+static float *act(size_t n) { return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS); }
+
+struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T)
+{
+    struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
+    m->cfg = *cfg;
+    m->B = B;
+    m->T = T;
+    const int L = cfg->num_layers, NH = cfg->heads;
+    const size_t C = (size_t)cfg->hidden, N = (size_t)B * T, V = (size_t)cfg->vocab;
+    m->nblocks = L + 2;
+    m->blocks = loom_alloc(sizeof *m->blocks * (size_t)m->nblocks, LOOM_MEM_OTHER);
+    layout_blocks(m);
+    for (int i = 0; i < m->nblocks; i++) {
+        struct loom_block *b = &m->blocks[i];
+        b->params = loom_alloc(loom_mul_size(b->numel, sizeof(float)), LOOM_MEM_PARAMS);
+        b->grads = loom_alloc(loom_mul_size(b->numel, sizeof(float)), LOOM_MEM_GRADS);
+        m->num_params += b->numel;
+    }
+    const size_t att = (size_t)B * NH * T * T;
+    m->layers = loom_alloc(sizeof *m->layers * (size_t)L, LOOM_MEM_OTHER);
+    for (int l = 0; l < L; l++) {
+        struct loom_layer_acts *a = &m->layers[l];
+        a->ln1 = act(N * C);
+        a->ln1_mean = act(N);
+        a->ln1_rstd = act(N);
+        a->qkv = act(N * 3 * C);
+        a->atty = act(N * C);
+        a->att = act(att);
+        a->res2 = act(N * C);
+        a->ln2 = act(N * C);
+        a->ln2_mean = act(N);
+        a->ln2_rstd = act(N);
+        a->fch = act(N * 4 * C);
+        a->fch_gelu = act(N * 4 * C);
+        a->res3 = act(N * C);
+    }
+    m->encoded = act(N * C);
+    m->lnf = act(N * C);
+    m->lnf_mean = act(N);
+    m->lnf_rstd = act(N);
+    m->logits = act(loom_mul_size(N, V));
+    m->losses = act(N);
+    m->lse = act(N);
+    m->dres = act(N * C);
+    m->dbufC = act(N * C);
+    m->dqkv = act(N * 3 * C);
+    m->datt = act(att);
+    m->dbuf4a = act(N * 4 * C);
+    m->dbuf4b = act(N * 4 * C);
+    m->scratchC = act(N * C);
+    return m;
+}
+
+void loom_gpt2_free(struct loom_gpt2 *m)
+{
+    if (!m) return;
+    for (int i = 0; i < m->nblocks; i++) {
+        loom_free(m->blocks[i].params);
+        loom_free(m->blocks[i].grads);
+    }
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        struct loom_layer_acts *a = &m->layers[l];
+        float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->res2,
+                         a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    }
+    float *bufs[] = {m->encoded, m->lnf,   m->lnf_mean, m->lnf_rstd, m->logits,
+                     m->losses,  m->lse,   m->dres,     m->dbufC,    m->dqkv,
+                     m->datt,    m->dbuf4a, m->dbuf4b,  m->scratchC};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    loom_free(m->layers);
+    loom_free(m->blocks);
+    loom_free(m);
+}
+
+void loom_gpt2_init_weights(struct loom_gpt2 *m, uint64_t seed)
+{
+    const double proj_std = 0.02 / sqrt(2.0 * m->cfg.num_layers);
+    for (int bi = 0; bi < m->nblocks; bi++) {
+        struct loom_block *b = &m->blocks[bi];
+        for (int ti = 0; ti < b->ntensors; ti++) {
+            struct loom_tensor *t = &b->tensors[ti];
+            float *p = b->params + t->offset;
+            const char *leaf = strrchr(t->name, '.') + 1;
+            int is_norm = strstr(t->name, "ln_") != NULL;
+            if (strcmp(leaf, "bias") == 0) {
+                memset(p, 0, t->numel * sizeof *p);
+            } else if (is_norm) {
+                for (size_t i = 0; i < t->numel; i++) p[i] = 1.0f;
+            } else {
+                double std = strstr(t->name, "c_proj.weight") ? proj_std : 0.02;
+                struct loom_rng rng;
+                loom_rng_seed(&rng, loom_hash3(seed, (uint64_t)bi, (uint64_t)ti));
+                for (size_t i = 0; i < t->numel; i++) p[i] = (float)(std * loom_rng_normal(&rng));
+            }
+        }
+    }
+}
+
+static float *param(struct loom_block *b, int i) { return b->params + b->tensors[i].offset; }
+static float *grad(struct loom_block *b, int i) { return b->grads + b->tensors[i].offset; }
+
+/* indices of the tensors of a layer block, in layout order */
+enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
+
+float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_t *targets, int B)
+{
+    LOOM_ASSERT(B >= 1 && B <= m->B);
+    const int T = m->T, C = m->cfg.hidden, NH = m->cfg.heads, V = m->cfg.vocab;
+    const int L = m->cfg.num_layers, N = B * T;
+    m->inputs = inputs;
+    m->targets = targets;
+    m->fwd_B = B;
+    struct loom_block *emb = &m->blocks[0];
+    loom_embedding_forward(m->encoded, inputs, param(emb, 0), param(emb, 1), B, T, C);
+    const float *res = m->encoded;
+    for (int l = 0; l < L; l++) {
+        struct loom_block *b = &m->blocks[1 + l];
+        struct loom_layer_acts *a = &m->layers[l];
+        loom_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, param(b, LN1_W), param(b, LN1_B), N, C);
+        loom_matmul_forward(a->qkv, a->ln1, param(b, QKV_W), param(b, QKV_B), N, C, 3 * C);
+        loom_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+        loom_matmul_forward(m->scratchC, a->atty, param(b, ATTPROJ_W), param(b, ATTPROJ_B), N, C, C);
+        loom_residual_forward(a->res2, res, m->scratchC, (size_t)N * C);
+        loom_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, param(b, LN2_W), param(b, LN2_B), N, C);
+        loom_matmul_forward(a->fch, a->ln2, param(b, FC_W), param(b, FC_B), N, C, 4 * C);
+        loom_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+        loom_matmul_forward(m->scratchC, a->fch_gelu, param(b, FCPROJ_W), param(b, FCPROJ_B), N, 4 * C, C);
+        loom_residual_forward(a->res3, a->res2, m->scratchC, (size_t)N * C);
+        res = a->res3;
+    }
+    struct loom_block *head = &m->blocks[L + 1];
+    loom_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, param(head, 0), param(head, 1), N, C);
+    loom_lm_head_forward(m->logits, m->lnf, param(emb, 0), N, C, V);
+    if (!targets) return 0.0f;
+    loom_crossentropy_forward(m->losses, m->lse, m->logits, targets, N, V);
+    double sum = 0;
+    for (int i = 0; i < N; i++) sum += m->losses[i];
+    return (float)(sum / N);
+}
+
+static void block_done(struct loom_gpt2 *m, int block)
+{
+    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, block);
+}
+
+void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
+{
+    LOOM_ASSERT(m->targets != NULL);
+    const int B = m->fwd_B, T = m->T, C = m->cfg.hidden, NH = m->cfg.heads, V = m->cfg.vocab;
+    const int L = m->cfg.num_layers, N = B * T;
+    struct loom_block *emb = &m->blocks[0], *head = &m->blocks[L + 1];
+    const float *lnf_in = L > 0 ? m->layers[L - 1].res3 : m->encoded;
+
+    /* loss -> logits (in place) -> final norm */
+    loom_crossentropy_backward(m->logits, m->lse, m->logits, m->targets, loss_weight / (float)N, N, V);
+    loom_lm_head_backward(m->dbufC, grad(emb, 0), m->logits, m->lnf, param(emb, 0), N, C, V);
+    memset(m->dres, 0, (size_t)N * C * sizeof(float));
+    loom_layernorm_backward(m->dres, grad(head, 0), grad(head, 1), m->dbufC, lnf_in, param(head, 0),
+                            m->lnf_mean, m->lnf_rstd, N, C);
+    block_done(m, L + 1);
+
+    /* m->dres is the gradient of the residual stream, flowing down */
+    for (int l = L - 1; l >= 0; l--) {
+        struct loom_block *b = &m->blocks[1 + l];
+        struct loom_layer_acts *a = &m->layers[l];
+        const float *res = l > 0 ? m->layers[l - 1].res3 : m->encoded;
+        /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))) */
+        loom_matmul_backward(m->dbuf4a, grad(b, FCPROJ_W), grad(b, FCPROJ_B), m->dres, a->fch_gelu,
+                             param(b, FCPROJ_W), N, 4 * C, C);
+        loom_gelu_backward(m->dbuf4b, m->dbuf4a, a->fch, (size_t)N * 4 * C);
+        loom_matmul_backward(m->dbufC, grad(b, FC_W), grad(b, FC_B), m->dbuf4b, a->ln2, param(b, FC_W),
+                             N, C, 4 * C);
+        loom_layernorm_backward(m->dres, grad(b, LN2_W), grad(b, LN2_B), m->dbufC, a->res2,
+                                param(b, LN2_W), a->ln2_mean, a->ln2_rstd, N, C);
+        /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
+        loom_matmul_backward(m->dbufC, grad(b, ATTPROJ_W), grad(b, ATTPROJ_B), m->dres, a->atty,
+                             param(b, ATTPROJ_W), N, C, C);
+        loom_attention_backward(m->dqkv, m->datt, m->dbufC, a->att, a->qkv, B, T, C, NH);
+        loom_matmul_backward(m->dbufC, grad(b, QKV_W), grad(b, QKV_B), m->dqkv, a->ln1, param(b, QKV_W),
+                             N, C, 3 * C);
+        loom_layernorm_backward(m->dres, grad(b, LN1_W), grad(b, LN1_B), m->dbufC, res, param(b, LN1_W),
+                                a->ln1_mean, a->ln1_rstd, N, C);
+        block_done(m, 1 + l);
+    }
+    loom_embedding_backward(grad(emb, 0), grad(emb, 1), m->dres, m->inputs, B, T, C);
+    block_done(m, 0);
+}
+
+void loom_gpt2_zero_grad(struct loom_gpt2 *m)
+{
+    for (int i = 0; i < m->nblocks; i++)
+        memset(m->blocks[i].grads, 0, m->blocks[i].numel * sizeof(float));
+}
+
+struct loom_tensor *loom_gpt2_find(struct loom_gpt2 *m, const char *name, struct loom_block **block_out)
+{
+    for (int i = 0; i < m->nblocks; i++)
+        for (int j = 0; j < m->blocks[i].ntensors; j++)
+            if (strcmp(m->blocks[i].tensors[j].name, name) == 0) {
+                if (block_out) *block_out = &m->blocks[i];
+                return &m->blocks[i].tensors[j];
+            }
+    return NULL;
+}
+
+double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)
+{
+    return 6.0 * (double)m->num_params +
+           12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+}

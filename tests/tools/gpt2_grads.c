@@ -1,0 +1,85 @@
+/*
+ * Test tool: one forward and backward of GPT-2 from given weights and
+ * tokens, writing the loss and every parameter gradient for comparison with
+ * PyTorch (tests/test_model_torch.py).
+ *
+ *   gpt2_grads WEIGHTS.safetensors TOKENS.i32 OUT.safetensors L C NH T V B
+ *
+ * TOKENS.i32 holds B rows of T+1 int32 tokens: inputs are each row's first
+ * T, targets its last T. OUT holds "loss" [1], "logits" [B,T,V] and
+ * "grad.<name>" for every parameter.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/log.h"
+#include "io/safetensors.h"
+#include "model/gpt2.h"
+#include "model/gpt2_io.h"
+
+int main(int argc, char **argv)
+{
+    if (argc != 10) {
+        fprintf(stderr, "usage: gpt2_grads WEIGHTS TOKENS OUT L C NH T V B\n");
+        return 2;
+    }
+    struct loom_gpt2_config cfg = {atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8])};
+    int T = atoi(argv[7]), B = atoi(argv[9]);
+    struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
+    if (loom_gpt2_load(m, argv[1])) {
+        fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());
+        return 2;
+    }
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)B * (T + 1));
+    int32_t *inp = malloc(sizeof(int32_t) * (size_t)B * T), *tgt = malloc(sizeof(int32_t) * (size_t)B * T);
+    FILE *f = fopen(argv[2], "rb");
+    if (!f || fread(rows, sizeof(int32_t), (size_t)B * (T + 1), f) != (size_t)B * (T + 1)) {
+        fprintf(stderr, "gpt2_grads: cannot read %s\n", argv[2]);
+        return 2;
+    }
+    fclose(f);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            inp[b * T + t] = rows[b * (T + 1) + t];
+            tgt[b * T + t] = rows[b * (T + 1) + t + 1];
+        }
+    loom_gpt2_zero_grad(m);
+    float loss = loom_gpt2_forward(m, inp, tgt, B);
+    /* keep the logits before backward turns them into dlogits */
+    size_t nlogits = (size_t)B * T * cfg.vocab;
+    float *logits = malloc(sizeof(float) * nlogits);
+    for (size_t i = 0; i < nlogits; i++) logits[i] = m->logits[i];
+    loom_gpt2_backward(m, 1.0f);
+
+    int n = 2;
+    for (int i = 0; i < m->nblocks; i++) n += m->blocks[i].ntensors;
+    struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
+    char (*names)[80] = calloc((size_t)n, sizeof *names);
+    ts[0] = (struct loom_st_tensor_in){"loss", LOOM_ST_F32, 1, {1}, &loss};
+    ts[1] = (struct loom_st_tensor_in){"logits", LOOM_ST_F32, 3, {B, T, cfg.vocab}, logits};
+    int k = 2;
+    for (int i = 0; i < m->nblocks; i++)
+        for (int j = 0; j < m->blocks[i].ntensors; j++, k++) {
+            const struct loom_tensor *t = &m->blocks[i].tensors[j];
+            snprintf(names[k], sizeof names[k], "grad.%s", t->name);
+            ts[k].name = names[k];
+            ts[k].dtype = LOOM_ST_F32;
+            ts[k].ndim = t->ndim;
+            ts[k].shape[0] = t->shape[0];
+            ts[k].shape[1] = t->shape[1];
+            ts[k].data = m->blocks[i].grads + t->offset;
+        }
+    if (loom_st_write(argv[3], ts, n, NULL, 0)) {
+        fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());
+        return 1;
+    }
+    printf("loss %.6f\n", loss);
+    free(ts);
+    free(names);
+    free(rows);
+    free(inp);
+    free(tgt);
+    free(logits);
+    loom_gpt2_free(m);
+    return 0;
+}
