@@ -5,7 +5,7 @@
 BUILD=${BUILD:-build}
 PYTHON=${PYTHON:-/usr/bin/python3}
 LOG=$BUILD/test-logs
-mkdir -p "$LOG"
+mkdir -p "$LOG" "$LOG/asan"
 pass=0
 fail=0
 failed=""

@@ -84,6 +84,10 @@ static void expect_bad_at(const char *path, const char *a, const char *b, int li
 }
 #define expect_bad(path, a, b) expect_bad_at(path, a, b, __LINE__)
 
+/* One header entry as JSON text: E("w", "F32", "[2]", "[0,8]"). */
+#define E(name, dtype, shape, offsets)                                                             \
+    "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":" offsets "}"
+
 /* A handcrafted header and data size; the file is expected to be rejected. */
 static void bad_header_at(const char *header, size_t ndata, const char *a, const char *b, int line)
 {
@@ -101,8 +105,8 @@ static void test_round_trip(void)
 {
     float f32[2][3] = {{1.5f, -2.25f, 3.0f}, {0.0f, 1e-3f, -7.0f}};
     double f64[3] = {1.0 / 3.0, -2.5, 1e300};
-    uint16_t f16[4] = {0x3c00, 0xc000, 0x7bff, 0x0001};   /* 1, -2, 65504, 2^-24 */
-    uint16_t bf16[3] = {0x3f80, 0xc0a0, 0x0000};           /* 1, -5, 0 */
+    uint16_t f16[4] = {0x3c00, 0xc000, 0x7bff, 0x0001}; /* 1, -2, 65504, 2^-24 */
+    uint16_t bf16[3] = {0x3f80, 0xc0a0, 0x0000};        /* 1, -5, 0 */
     int32_t i32[5] = {1, -2, 2147483647, -2147483647 - 1, 0};
     int64_t i64[2] = {INT64_MAX, -5};
     uint8_t u8[7] = {0, 1, 2, 3, 250, 255, 9};
@@ -112,7 +116,7 @@ static void test_round_trip(void)
     uint8_t boolv[3] = {1, 0, 1};
     float scalar = 42.0f;
     struct loom_st_tensor_in in[] = {
-        {.name = "h.0.attn.c_attn.weight", .dtype = LOOM_ST_F32, .ndim = 2, .shape = {2, 3}, .data = f32},
+        {.name = "h.0.attn.c_proj", .dtype = LOOM_ST_F32, .ndim = 2, .shape = {2, 3}, .data = f32},
         {.name = "f64", .dtype = LOOM_ST_F64, .ndim = 1, .shape = {3}, .data = f64},
         {.name = "f16", .dtype = LOOM_ST_F16, .ndim = 2, .shape = {2, 2}, .data = f16},
         {.name = "bf16", .dtype = LOOM_ST_BF16, .ndim = 1, .shape = {3}, .data = bf16},
@@ -197,7 +201,7 @@ static void test_round_trip(void)
 
     /* float32 views */
     float buf[8];
-    const struct loom_st_tensor *t = loom_st_find(&st, "h.0.attn.c_attn.weight");
+    const struct loom_st_tensor *t = loom_st_find(&st, "h.0.attn.c_proj");
     CHECK(t && loom_st_read_f32(t, buf, 6) == LOOM_OK && memcmp(buf, f32, sizeof f32) == 0);
     t = loom_st_find(&st, "f64");
     CHECK(t && loom_st_read_f32(t, buf, 3) == LOOM_OK);
@@ -214,16 +218,19 @@ static void test_round_trip(void)
     t = loom_st_find(&st, "empty");
     CHECK(t && t->numel == 0 && loom_st_read_f32(t, buf, 0) == LOOM_OK);
     t = loom_st_find(&st, "i32");
-    CHECK(t && loom_st_read_f32(t, buf, 5) == LOOM_ERR_INPUT && strstr(loom_error_message(), "I32"));
+    CHECK(t && loom_st_read_f32(t, buf, 5) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "I32"));
     t = loom_st_find(&st, "f64");
-    CHECK(t && loom_st_read_f32(t, buf, 4) == LOOM_ERR_INPUT && strstr(loom_error_message(), "f64"));
+    CHECK(t && loom_st_read_f32(t, buf, 4) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "f64"));
     loom_st_close(&st);
     CHECK(st.map == NULL);
     loom_st_close(&st); /* closing twice is harmless */
 
     /* Rewriting the same path replaces the file. */
     CHECK(loom_st_write(path, in, 1, NULL, 0) == LOOM_OK);
-    CHECK(loom_st_open(&st, path) == LOOM_OK && loom_st_count(&st) == 1 && loom_st_meta_count(&st) == 0);
+    CHECK(loom_st_open(&st, path) == LOOM_OK && loom_st_count(&st) == 1 &&
+          loom_st_meta_count(&st) == 0);
     loom_st_close(&st);
 
     /* No tensors at all is a valid file. */
@@ -264,7 +271,7 @@ static void test_bad_files(void)
     bad_header("[1, 2]", 0, "not a JSON object", NULL);
     bad_header("\"str\"", 0, "not a JSON object", NULL);
     bad_header("{} x", 0, "after its JSON", NULL);
-    write_raw_sized(path, 4, "{}", 0); /* size 4, then "{}" and a NUL, a space: */
+    write_raw_sized(path, 4, "{}", 0); /* a 4-byte header: "{}", a NUL, a space */
     f = fopen(path, "ab");
     fwrite("\0 ", 1, 2, f);
     fclose(f);
@@ -272,81 +279,75 @@ static void test_bad_files(void)
     unlink(path);
 
     /* dtype */
-    bad_header("{\"w\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'w'", "F33");
-    bad_header("{\"w\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'w'", "f32");
+    bad_header("{" E("w", "F33", "[1]", "[0,4]") "}", 4, "'w'", "F33");
+    bad_header("{" E("w", "f32", "[1]", "[0,4]") "}", 4, "'w'", "f32");
     bad_header("{\"w\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'w'", "dtype");
     bad_header("{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'w'", "missing \"dtype\"");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-               "'w'", "twice");
+    bad_header("{\"w\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+               4, "'w'", "twice");
     bad_header("{\"w\":[1]}", 4, "'w'", "not a JSON object");
 
     /* shape */
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "'w'", "shape[0]");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,2.5],\"data_offsets\":[0,4]}}", 4, "'w'", "shape[1]");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4, "'w'", "shape[0]");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,4]}}", 4, "'w'", "shape[0]");
+    bad_header("{" E("w", "F32", "[-1]", "[0,4]") "}", 4, "'w'", "shape[0]");
+    bad_header("{" E("w", "F32", "[1,2.5]", "[0,4]") "}", 4, "'w'", "shape[1]");
+    bad_header("{" E("w", "F32", "[\"1\"]", "[0,4]") "}", 4, "'w'", "shape[0]");
+    bad_header("{" E("w", "F32", "[1e300]", "[0,4]") "}", 4, "'w'", "shape[0]");
     bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":1,\"data_offsets\":[0,4]}}", 4, "'w'", "shape");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
-               "'w'", "dimensions");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],"
-               "\"data_offsets\":[0,4]}}",
-               4, "'w'", "overflow");
-    bad_header("{\"w\":{\"dtype\":\"F64\",\"shape\":[4294967296,1073741824],\"data_offsets\":[0,4]}}", 4,
-               "'w'", "overflow");
+    bad_header("{" E("w", "F32", "[1,1,1,1,1,1,1,1,1]", "[0,4]") "}", 4, "'w'", "dimensions");
+    bad_header("{" E("w", "F32", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 4, "'w'",
+               "overflow");
+    bad_header("{" E("w", "F64", "[4294967296,1073741824]", "[0,4]") "}", 4, "'w'", "overflow");
 
     /* data_offsets */
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8, "'w'", "data_offsets");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 8, "'w'", "begin after end");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 8, "'w'", "data_offsets");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8, "'w'", "data_offsets");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 8, "'w'", "data_offsets");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4.5]}}", 8, "'w'", "data_offsets");
+    bad_header("{" E("w", "F32", "[2]", "[0,4]") "}", 8, "'w'", "data_offsets");
+    bad_header("{" E("w", "F32", "[1]", "[4,0]") "}", 8, "'w'", "begin after end");
+    bad_header("{" E("w", "F32", "[1]", "[0]") "}", 8, "'w'", "data_offsets");
+    bad_header("{" E("w", "F32", "[1]", "[0,4,8]") "}", 8, "'w'", "data_offsets");
+    bad_header("{" E("w", "F32", "[1]", "[-4,0]") "}", 8, "'w'", "data_offsets");
+    bad_header("{" E("w", "F32", "[1]", "[0.5,4.5]") "}", 8, "'w'", "data_offsets");
     bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 8, "'w'", "missing \"data_offsets\"");
 
     /* spans outside the data area */
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, "'w'", "run past");
-    bad_header("{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[8,9]}}", 8, "'w'", "run past");
-    bad_header("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],"
-               "\"data_offsets\":[18446744073709551612,18446744073709551616]}}",
-               8, "'w'", "data_offsets");
+    bad_header("{" E("w", "F32", "[4]", "[0,16]") "}", 8, "'w'", "run past");
+    bad_header("{" E("w", "U8", "[1]", "[8,9]") "}", 8, "'w'", "run past");
+    bad_header("{" E("w", "U8", "[4]", "[18446744073709551612,18446744073709551616]") "}", 8, "'w'",
+               "data_offsets");
 
     /* overlapping spans, including one inside another */
-    bad_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-               "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
-               12, "'a'", "'b'");
-    bad_header("{\"big\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[0,16]},"
-               "\"in1\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]},"
-               "\"in2\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[10,12]}}",
-               16, "'big'", "overlap");
-    bad_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-               "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-               8, "overlap", NULL);
+    bad_header("{" E("a", "F32", "[2]", "[0,8]") "," E("b", "F32", "[2]", "[4,12]") "}", 12, "'a'",
+               "'b'");
+#define INSIDE E("in1", "U8", "[2]", "[2,4]") "," E("in2", "U8", "[2]", "[10,12]")
+    const char *inside = "{" E("big", "U8", "[16]", "[0,16]") "," INSIDE "}";
+#undef INSIDE
+    bad_header(inside, 16, "'big'", "overlap");
+    bad_header("{" E("a", "F32", "[2]", "[0,8]") "," E("b", "I32", "[2]", "[0,8]") "}", 8,
+               "overlap", NULL);
 
     /* duplicate names (cJSON keeps both) */
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-               "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-               8, "'w'", "twice");
+    bad_header("{" E("w", "F32", "[1]", "[0,4]") "," E("w", "F32", "[1]", "[4,8]") "}", 8, "'w'",
+               "twice");
 
     /* metadata */
     bad_header("{\"__metadata__\":{\"k\":1}}", 0, "'k'", "not a string");
-    bad_header("{\"__metadata__\":{\"ok\":\"x\",\"nested\":{\"a\":\"b\"}}}", 0, "'nested'", "not a string");
+    bad_header("{\"__metadata__\":{\"ok\":\"x\",\"nested\":{\"a\":\"b\"}}}", 0, "'nested'",
+               "not a string");
     bad_header("{\"__metadata__\":[\"a\"]}", 0, "__metadata__", "not a JSON object");
     bad_header("{\"__metadata__\":{\"k\":\"a\",\"k\":\"b\"}}", 0, "'k'", "twice");
     bad_header("{\"__metadata__\":{},\"__metadata__\":{}}", 0, "__metadata__", "twice");
 
     /* control characters in a name stay out of the one-line message */
-    bad_header("{\"bad\\nname\":{\"dtype\":\"X\",\"shape\":[],\"data_offsets\":[0,0]}}", 0, "bad?name", NULL);
+    bad_header("{" E("bad\\nname", "X", "[]", "[0,0]") "}", 0, "bad?name", NULL);
 
     /* accepted: spaces padding, gaps, zero-size tensors, unknown fields */
     write_raw(path,
-              "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[4,6],\"extra\":1},"
-              "\"z\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[5,5]},"
-              "\"s\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[6,7]}}       ",
+              "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[4,6],\"extra\":1}," E(
+                  "z", "F32", "[0,3]", "[5,5]") "," E("s", "U8", "[]", "[6,7]") "}       ",
               8);
     struct loom_st st;
     CHECK(loom_st_open(&st, path) == LOOM_OK);
     const struct loom_st_tensor *t = loom_st_find(&st, "a");
-    CHECK(t && t->nbytes == 2 && ((const uint8_t *)t->data)[0] == 4 && ((const uint8_t *)t->data)[1] == 5);
+    CHECK(t && t->nbytes == 2 && ((const uint8_t *)t->data)[0] == 4 &&
+          ((const uint8_t *)t->data)[1] == 5);
     t = loom_st_find(&st, "s");
     CHECK(t && t->ndim == 0 && t->numel == 1 && ((const uint8_t *)t->data)[0] == 6);
     loom_st_close(&st);
@@ -360,19 +361,28 @@ static void test_f16_exhaustive(void)
     static uint16_t h[65536];
     static float got[65536];
     for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
-    struct loom_st_tensor t = {.name = "all", .dtype = LOOM_ST_F16, .ndim = 1, .shape = {65536},
-                               .numel = 65536, .data = h, .nbytes = sizeof h};
+    struct loom_st_tensor t = {.name = "all",
+                               .dtype = LOOM_ST_F16,
+                               .ndim = 1,
+                               .shape = {65536},
+                               .numel = 65536,
+                               .data = h,
+                               .nbytes = sizeof h};
     CHECK(loom_st_read_f32(&t, got, 65536) == LOOM_OK);
     int bad = 0;
     for (int i = 0; i < 65536; i++) {
         int sign = i >> 15, exp = (i >> 10) & 31, mant = i & 1023;
         double want;
-        if (exp == 31) want = mant ? NAN : INFINITY;
-        else if (exp == 0) want = ldexp(mant, -24);
-        else want = ldexp(1024 + mant, exp - 25);
+        if (exp == 31)
+            want = mant ? NAN : INFINITY;
+        else if (exp == 0)
+            want = ldexp(mant, -24);
+        else
+            want = ldexp(1024 + mant, exp - 25);
         if (sign) want = -want;
         int ok = isnan(want) ? isnan(got[i]) : (double)got[i] == want && !!signbit(got[i]) == sign;
-        if (!ok && bad++ < 5) fprintf(stderr, "  f16 0x%04x: got %.9g want %.9g\n", i, got[i], want);
+        if (!ok && bad++ < 5)
+            fprintf(stderr, "  f16 0x%04x: got %.9g want %.9g\n", i, got[i], want);
     }
     CHECK(bad == 0);
 }
@@ -396,19 +406,32 @@ static void test_write_failures(void)
 
     /* bad arguments: nothing is created */
     path_in(path, sizeof path, "args.safetensors");
-    CHECK(loom_st_write(path, in, 2, NULL, 0) == LOOM_ERR_INPUT && strstr(loom_error_message(), "'x'"));
-    struct loom_st_tensor_in odd = {.name = "__metadata__", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = x};
+    CHECK(loom_st_write(path, in, 2, NULL, 0) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "'x'"));
+    struct loom_st_tensor_in odd = {
+        .name = "__metadata__", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
-    odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_DTYPE_COUNT, .ndim = 1, .shape = {4}, .data = x};
-    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT && strstr(loom_error_message(), "'y'"));
-    odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {-4}, .data = x};
+    odd = (struct loom_st_tensor_in){
+        .name = "y", .dtype = LOOM_ST_DTYPE_COUNT, .ndim = 1, .shape = {4}, .data = x};
+    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "'y'"));
+    odd = (struct loom_st_tensor_in){
+        .name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {-4}, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
     odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 9, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
-    odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = NULL};
+    odd = (struct loom_st_tensor_in){
+        .name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = NULL};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
+    odd = (struct loom_st_tensor_in){.name = "bad\xff", .dtype = LOOM_ST_F32, .data = x};
+    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "UTF-8"));
+    const char *bad_meta[] = {"k", "\xed\xa0\x80"}; /* an encoded surrogate */
+    CHECK(loom_st_write(path, in, 1, bad_meta, 1) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "UTF-8"));
     const char *dup_meta[] = {"k", "1", "k", "2"};
-    CHECK(loom_st_write(path, in, 1, dup_meta, 2) == LOOM_ERR_INPUT && strstr(loom_error_message(), "'k'"));
+    CHECK(loom_st_write(path, in, 1, dup_meta, 2) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "'k'"));
     CHECK(!exists(path) && count_temps() == 0);
 
     /* A write error (the file size limit stands in for a full disk): the
@@ -416,7 +439,8 @@ static void test_write_failures(void)
     path_in(path, sizeof path, "full.safetensors");
     CHECK(loom_st_write(path, in, 1, NULL, 0) == LOOM_OK);
     static float big[64 * 1024];
-    struct loom_st_tensor_in large = {.name = "big", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {64 * 1024}, .data = big};
+    struct loom_st_tensor_in large = {
+        .name = "big", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {64 * 1024}, .data = big};
     struct rlimit old, lim;
     CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
     lim = old;
@@ -431,7 +455,8 @@ static void test_write_failures(void)
           strstr(loom_error_message(), strerror(EFBIG)));
     CHECK(count_temps() == 0);
     struct loom_st st;
-    CHECK(loom_st_open(&st, path) == LOOM_OK && loom_st_find(&st, "x") && !loom_st_find(&st, "big"));
+    CHECK(loom_st_open(&st, path) == LOOM_OK && loom_st_find(&st, "x") &&
+          !loom_st_find(&st, "big"));
     loom_st_close(&st);
     unlink(path);
 }
@@ -441,7 +466,8 @@ static void test_dtype_table(void)
     for (int i = 0; i < LOOM_ST_DTYPE_COUNT; i++) {
         enum loom_st_dtype d;
         CHECK(loom_st_dtype_name((enum loom_st_dtype)i) != NULL);
-        CHECK(loom_st_dtype_parse(loom_st_dtype_name((enum loom_st_dtype)i), &d) == 0 && (int)d == i);
+        CHECK(loom_st_dtype_parse(loom_st_dtype_name((enum loom_st_dtype)i), &d) == 0 &&
+              (int)d == i);
         CHECK(loom_st_dtype_size((enum loom_st_dtype)i) > 0);
     }
     CHECK(loom_st_dtype_name(LOOM_ST_DTYPE_COUNT) == NULL);

@@ -16,12 +16,6 @@ enum loom_lr_decay_style {
     LOOM_LR_DECAY_STYLE_COUNT
 };
 
-enum loom_data_order {
-    LOOM_DATA_SHUFFLED = 0,
-    LOOM_DATA_SEQUENTIAL = 1,
-    LOOM_DATA_ORDER_COUNT
-};
-
 #define LOOM_MAX_DATA_PATHS 64
 
 struct loom_config {
@@ -40,7 +34,7 @@ struct loom_config {
     int ndata_paths, nvalid_paths;
     char *data_paths[LOOM_MAX_DATA_PATHS];
     char *valid_data_paths[LOOM_MAX_DATA_PATHS];
-    int data_order; /* enum loom_data_order */
+    int data_order; /* 0 shuffled, 1 sequential (enum loom_data_order) */
     char data_cache[512];
     /* logging and evaluation */
     int log_interval, eval_interval, eval_iters;

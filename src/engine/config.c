@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "io/sampler.h"
 
 enum setting_type { T_INT = 0, T_INT64 = 1, T_DOUBLE = 2, T_STRING = 3, T_PATHS = 4, T_ENUM = 5, T_TYPE_COUNT };
 
@@ -329,6 +330,10 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
     if (cfg->lr_decay_iters == 0) {
         cfg->lr_decay_iters = cfg->train_iters;
         set_origin(F(lr_decay_iters), O_DERIVED);
+    }
+    if (cfg->lr_warmup_iters > cfg->lr_decay_iters && origin_of(F(lr_warmup_iters)) != O_FLAG) {
+        cfg->lr_warmup_iters = cfg->lr_decay_iters / 10; /* a preset's warmup scales to a short run */
+        set_origin(F(lr_warmup_iters), O_DERIVED);
     }
     if (cfg->lr_warmup_iters > cfg->lr_decay_iters)
         return loom_error_set(LOOM_ERR_INPUT, "--lr-warmup-iters %d exceeds --lr-decay-iters %d",

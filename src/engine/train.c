@@ -87,12 +87,18 @@ static int open_data(struct run *r)
                                     cfg->vocab_size))) {
         return rc;
     }
+    if ((rc = loom_data_check(&r->train, (enum loom_data_order)cfg->data_order, cfg->global_batch_size,
+                              cfg->seq_length)))
+        return rc;
     if (cfg->nvalid_paths) {
         if ((rc = loom_data_open(&r->valid, (const char *const *)cfg->valid_data_paths, cfg->nvalid_paths,
                                  cfg->vocab_size)))
             return rc;
         r->have_valid = 1;
     }
+    if (r->have_valid && cfg->eval_iters > 0 &&
+        (rc = loom_data_check(&r->valid, LOOM_DATA_SHUFFLED, cfg->micro_batch_size, cfg->seq_length)))
+        return rc;
     return LOOM_OK;
 }
 
@@ -102,8 +108,7 @@ static double evaluate(struct run *r)
     int B = cfg->micro_batch_size, T = cfg->seq_length;
     double sum = 0;
     for (int i = 0; i < cfg->eval_iters; i++) {
-        loom_data_batch(&r->valid, LOOM_DATA_SEQUENTIAL, (uint64_t)cfg->seed, i, B, 0, B, T, r->inputs,
-                        r->targets);
+        loom_data_eval_batch(&r->valid, i, B, 0, B, T, r->inputs, r->targets);
         sum += loom_gpt2_forward(r->model, r->inputs, r->targets, B);
     }
     return cfg->eval_iters ? sum / cfg->eval_iters : 0;

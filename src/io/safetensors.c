@@ -35,7 +35,8 @@
 #include "base/log.h"
 #include "base/mem.h"
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors I/O assumes a little-endian host");
 
 #define MAX_EXACT_INT ((uint64_t)1 << 53) /* largest integer a double holds exactly */
 
@@ -49,11 +50,12 @@ static_assert(sizeof dtype_names / sizeof dtype_names[0] == LOOM_ST_DTYPE_COUNT,
               "dtype_names must name every loom_st_dtype");
 
 static const unsigned char dtype_sizes[] = {
-    [LOOM_ST_F32] = 4, [LOOM_ST_F16] = 2, [LOOM_ST_BF16] = 2, [LOOM_ST_F64] = 8, [LOOM_ST_I32] = 4,
-    [LOOM_ST_I64] = 8, [LOOM_ST_U8] = 1,  [LOOM_ST_I8] = 1,   [LOOM_ST_U16] = 2, [LOOM_ST_I16] = 2,
+    [LOOM_ST_F32] = 4,  [LOOM_ST_F16] = 2, [LOOM_ST_BF16] = 2, [LOOM_ST_F64] = 8, [LOOM_ST_I32] = 4,
+    [LOOM_ST_I64] = 8,  [LOOM_ST_U8] = 1,  [LOOM_ST_I8] = 1,   [LOOM_ST_U16] = 2, [LOOM_ST_I16] = 2,
     [LOOM_ST_BOOL] = 1, [LOOM_ST_U32] = 4, [LOOM_ST_U64] = 8,
 };
-static_assert(sizeof dtype_sizes == LOOM_ST_DTYPE_COUNT, "dtype_sizes must size every loom_st_dtype");
+static_assert(sizeof dtype_sizes == LOOM_ST_DTYPE_COUNT,
+              "dtype_sizes must size every loom_st_dtype");
 
 const char *loom_st_dtype_name(enum loom_st_dtype dtype)
 {
@@ -83,7 +85,8 @@ int loom_st_dtype_parse(const char *name, enum loom_st_dtype *out)
 static const char *shown(const char *s, char *buf, size_t cap)
 {
     size_t i = 0;
-    for (; s[i] && i + 4 < cap; i++) buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+    for (; s[i] && i + 4 < cap; i++)
+        buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
     if (s[i]) {
         memcpy(buf + i, "...", 3);
         i += 3;
@@ -123,7 +126,8 @@ static int json_uint(const cJSON *item, uint64_t *out)
 
 static int cmp_tensor_name(const void *a, const void *b)
 {
-    return strcmp(((const struct loom_st_tensor *)a)->name, ((const struct loom_st_tensor *)b)->name);
+    return strcmp(((const struct loom_st_tensor *)a)->name,
+                  ((const struct loom_st_tensor *)b)->name);
 }
 
 static int cmp_tensor_span(const void *a, const void *b)
@@ -221,7 +225,8 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
     if (json_uint(offs->child, &begin) != 0 || json_uint(offs->child->next, &end) != 0)
         return bad_file(path, "tensor '%s': data_offsets is not two non-negative integers", name);
     if (begin > end)
-        return bad_file(path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin after end",
+        return bad_file(path,
+                        "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin after end",
                         name, begin, end);
     if (end - begin != need)
         return bad_file(path,
@@ -230,8 +235,8 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
                         name, begin, end, end - begin, dtype_names[t->dtype], need);
     if (end > data_size)
         return bad_file(path,
-                        "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                        "] run past the %" PRIu64 "-byte data area",
+                        "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] run past the %" PRIu64
+                        "-byte data area",
                         name, begin, end, data_size);
     t->numel = numel;
     t->nbytes = (size_t)need; /* need <= data_size <= map size: fits */
@@ -250,7 +255,8 @@ static int check_layout(struct loom_st *st)
             return bad_file(st->path, "tensor '%s' appears twice in the header",
                             shown(st->tensors[i].name, na, sizeof na));
 
-    const struct loom_st_tensor **by_span = loom_alloc(((size_t)n + 1) * sizeof *by_span, LOOM_MEM_OTHER);
+    const struct loom_st_tensor **by_span =
+        loom_alloc(((size_t)n + 1) * sizeof *by_span, LOOM_MEM_OTHER);
     for (int i = 0; i < n; i++) by_span[i] = &st->tensors[i];
     qsort(by_span, (size_t)n, sizeof *by_span, cmp_tensor_span);
     const struct loom_st_tensor *last = NULL; /* the span reaching furthest so far */
@@ -283,9 +289,9 @@ static int parse_header(struct loom_st *st)
         return bad_file(st->path, "header size %" PRIu64 " exceeds the limit of %" PRIu64 " bytes",
                         hlen, LOOM_ST_MAX_HEADER);
     if (hlen > size - 8)
-        return bad_file(st->path,
-                        "header size %" PRIu64 " exceeds the %" PRIu64 " bytes after the size field",
-                        hlen, size - 8);
+        return bad_file(
+            st->path, "header size %" PRIu64 " exceeds the %" PRIu64 " bytes after the size field",
+            hlen, size - 8);
     uint64_t data_size = size - 8 - hlen;
 
     text = loom_alloc((size_t)hlen + 1, LOOM_MEM_OTHER);
@@ -426,7 +432,8 @@ const struct loom_st_tensor *loom_st_at(const struct loom_st *st, int i)
 const char *loom_st_meta(const struct loom_st *st, const char *key)
 {
     if (st->nmeta == 0) return NULL;
-    const char **kv = bsearch(&key, st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, cmp_pair_key);
+    const char **kv =
+        bsearch(&key, st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, cmp_pair_key);
     return kv ? kv[1] : NULL;
 }
 
@@ -448,8 +455,10 @@ static float f16_to_f32(uint16_t h)
         float v = ldexpf((float)mant, -24); /* zero or subnormal: mant * 2^-24, exact */
         return sign ? -v : v;
     }
-    if (exp == 31) bits = sign | 0x7f800000u | mant << 13; /* inf, nan */
-    else bits = sign | (exp + 112) << 23 | mant << 13;     /* rebias 15 -> 127 */
+    if (exp == 31)
+        bits = sign | 0x7f800000u | mant << 13; /* inf, nan */
+    else
+        bits = sign | (exp + 112) << 23 | mant << 13; /* rebias 15 -> 127 */
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
@@ -504,7 +513,8 @@ struct out_tensor {
 
 static int cmp_out_name(const void *a, const void *b)
 {
-    return strcmp(((const struct out_tensor *)a)->in->name, ((const struct out_tensor *)b)->in->name);
+    return strcmp(((const struct out_tensor *)a)->in->name,
+                  ((const struct out_tensor *)b)->in->name);
 }
 
 /* Data order: larger elements first, so each tensor stays aligned to its
@@ -514,6 +524,31 @@ static int cmp_out_layout(const void *a, const void *b)
     const struct out_tensor *x = a, *y = b;
     if (x->esize != y->esize) return x->esize > y->esize ? -1 : 1;
     return cmp_out_name(a, b);
+}
+
+/* Strict UTF-8 (no overlong forms, surrogates or values past U+10FFFF), as
+ * other readers decode the header before parsing it. */
+static int valid_utf8(const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    while (*s) {
+        unsigned c = *s++;
+        if (c < 0x80) continue;
+        int more = c >= 0xc2 && c <= 0xdf   ? 1
+                   : c >= 0xe0 && c <= 0xef ? 2
+                   : c >= 0xf0 && c <= 0xf4 ? 3
+                                            : -1;
+        if (more < 0) return 0;
+        unsigned cp = c & (0x3fu >> more);
+        for (int k = 0; k < more; k++, s++) {
+            if ((*s & 0xc0) != 0x80) return 0;
+            cp = cp << 6 | (*s & 0x3fu);
+        }
+        if ((more == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (more == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return 0;
+    }
+    return 1;
 }
 
 /* Checks the arguments and fills out[] in data order with offsets. */
@@ -527,8 +562,10 @@ static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, in
         const char *name = shown(t->name, nb, sizeof nb);
         if (strcmp(t->name, "__metadata__") == 0)
             return bad_file(path, "tensor name \"__metadata__\" is reserved");
+        if (!valid_utf8(t->name)) return bad_file(path, "tensor '%s': name is not UTF-8", name);
         if ((unsigned)t->dtype >= LOOM_ST_DTYPE_COUNT)
-            return bad_file(path, "tensor '%s': dtype value %d is out of range", name, (int)t->dtype);
+            return bad_file(path, "tensor '%s': dtype value %d is out of range", name,
+                            (int)t->dtype);
         if (t->ndim < 0 || t->ndim > LOOM_ST_MAX_DIMS)
             return bad_file(path, "tensor '%s': ndim %d is outside 0..%d", name, t->ndim,
                             LOOM_ST_MAX_DIMS);
@@ -552,17 +589,24 @@ static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, in
     qsort(out, (size_t)n, sizeof *out, cmp_out_name);
     for (int i = 1; i < n; i++)
         if (strcmp(out[i - 1].in->name, out[i].in->name) == 0)
-            return bad_file(path, "tensor '%s' is given twice", shown(out[i].in->name, nb, sizeof nb));
+            return bad_file(path, "tensor '%s' is given twice",
+                            shown(out[i].in->name, nb, sizeof nb));
     qsort(out, (size_t)n, sizeof *out, cmp_out_layout);
     uint64_t offset = 0;
     for (int i = 0; i < n; i++) {
         out[i].offset = offset;
-        if (out[i].nbytes > MAX_EXACT_INT - offset) return bad_file(path, "total data size overflows");
+        if (out[i].nbytes > MAX_EXACT_INT - offset)
+            return bad_file(path, "total data size overflows");
         offset += out[i].nbytes;
     }
 
-    for (int i = 0; i < 2 * nmeta; i++)
-        if (!meta_kv[i]) return bad_file(path, "metadata %s %d is NULL", i % 2 ? "value" : "key", i / 2);
+    for (int i = 0; i < 2 * nmeta; i++) {
+        if (!meta_kv[i])
+            return bad_file(path, "metadata %s %d is NULL", i % 2 ? "value" : "key", i / 2);
+        if (!valid_utf8(meta_kv[i]))
+            return bad_file(path, "metadata %s '%s' is not UTF-8", i % 2 ? "value" : "key",
+                            shown(meta_kv[i], nb, sizeof nb));
+    }
     int rc = 0;
     const char **keys = loom_alloc(((size_t)nmeta + 1) * sizeof *keys, LOOM_MEM_OTHER);
     for (int i = 0; i < nmeta; i++) keys[i] = meta_kv[2 * i];
@@ -587,7 +631,8 @@ static int add_uint(cJSON *arr, uint64_t v)
 }
 
 /* The header JSON (cJSON-allocated), or NULL when out of memory. */
-static char *format_header(const struct out_tensor *out, int n, const char *const *meta_kv, int nmeta)
+static char *format_header(const struct out_tensor *out, int n, const char *const *meta_kv,
+                           int nmeta)
 {
     char *text = NULL;
     cJSON *root = cJSON_CreateObject();
@@ -678,6 +723,11 @@ int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int
         goto fail;
     }
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
+    if (padded > LOOM_ST_MAX_HEADER) {
+        rc = bad_file(path, "header of %zu bytes is over the readers' limit of %" PRIu64, padded,
+                      LOOM_ST_MAX_HEADER);
+        goto fail;
+    }
     unsigned char size_le[8];
     for (int i = 0; i < 8; i++) size_le[i] = (unsigned char)((uint64_t)padded >> (8 * i));
 

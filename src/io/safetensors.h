@@ -58,12 +58,12 @@ int loom_st_dtype_parse(const char *name, enum loom_st_dtype *out);
 struct loom_st_tensor {
     const char *name;
     enum loom_st_dtype dtype;
-    int ndim;                          /* 0 (a scalar) .. LOOM_ST_MAX_DIMS */
-    int64_t shape[LOOM_ST_MAX_DIMS];   /* entries past ndim are 0 */
-    uint64_t numel;                    /* product of shape (1 for a scalar) */
-    const void *data;                  /* into the mapping; maybe unaligned */
-    size_t nbytes;                     /* numel * dtype size */
-    uint64_t offset;                   /* data_offsets[0], from the data area */
+    int ndim;                        /* 0 (a scalar) .. LOOM_ST_MAX_DIMS */
+    int64_t shape[LOOM_ST_MAX_DIMS]; /* entries past ndim are 0 */
+    uint64_t numel;                  /* product of shape (1 for a scalar) */
+    const void *data;                /* into the mapping; maybe unaligned */
+    size_t nbytes;                   /* numel * dtype size */
+    uint64_t offset;                 /* data_offsets[0], from the data area */
 };
 
 /* An open file. Fields are read-only for callers. */
@@ -71,10 +71,10 @@ struct loom_st {
     char *path;
     const unsigned char *map; /* the whole file, PROT_READ */
     size_t map_size;
-    void *json;               /* the parsed header (cJSON *); owns the strings */
+    void *json;                     /* the parsed header (cJSON *); owns the strings */
     struct loom_st_tensor *tensors; /* sorted by name */
     int ntensors;
-    const char **meta;        /* key, value pairs sorted by key */
+    const char **meta; /* key, value pairs sorted by key */
     int nmeta;
 };
 

@@ -25,9 +25,13 @@
 #include <cblas.h>
 #include <math.h>
 
+#include "base/log.h"
 #include "kernels/cpu/vexp.h"
 
 #define ROW_BLOCK 64
+/* Below this many multiply-adds per product (B*NH*T*T*HS) one thread does
+ * it all: waking the pool would cost more. */
+#define PAR_MIN ((size_t)1 << 18)
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
@@ -53,9 +57,11 @@ static void softmax_causal_row(float *row, int n, int n1)
 /* out (B,T,C), att (B,NH,T,T); qkv (B,T,3C) */
 void loom_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
+    LOOM_ASSERT(NH >= 1 && C % NH == 0);
     const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)HS);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) \
+    if ((size_t)B * NH * T * T * HS >= PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HS;
@@ -82,9 +88,11 @@ void loom_attention_forward(float *out, float *att, const float *qkv, int B, int
 void loom_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
                              const float *qkv, int B, int T, int C, int NH)
 {
+    LOOM_ASSERT(NH >= 1 && C % NH == 0);
     const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)HS);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) \
+    if ((size_t)B * NH * T * T * HS >= PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const size_t qoff = (size_t)b * T * C3 + (size_t)h * HS;
@@ -158,10 +166,10 @@ void loom_attention_forward_ref(float *out, float *att, const float *qkv, int B,
                 for (int j = 0; j <= i; j++) sum += exp(arow[j] - mx);
                 for (int j = 0; j <= i; j++) arow[j] = (float)(exp(arow[j] - mx) / sum);
                 float *o = out + ((size_t)b * T + i) * C + (size_t)h * HS;
+                const float *v = qkv + (size_t)b * T * C3 + 2 * C + (size_t)h * HS; /* row 0 */
                 for (int d = 0; d < HS; d++) {
                     double s = 0.0;
-                    for (int j = 0; j <= i; j++)
-                        s += (double)arow[j] * qkv[((size_t)b * T + j) * C3 + 2 * C + (size_t)h * HS + d];
+                    for (int j = 0; j <= i; j++) s += (double)arow[j] * v[(size_t)j * C3 + d];
                     o[d] = (float)s;
                 }
             }
@@ -194,15 +202,18 @@ void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, co
                     ds[ij] = j <= i ? (float)(p[ij] * (ds[ij] - dot)) : 0.0f;
                 }
             }
+            /* row 0 of this (b, h)'s q, k and dO; rows are C3 (dO: C) apart */
+            const float *q0 = qkv + (size_t)b * T * C3 + hoff, *k0 = q0 + C;
+            const float *do0 = dout + (size_t)b * T * C + hoff;
             for (int r = 0; r < T; r++) {
                 const size_t row = ((size_t)b * T + r) * C3 + hoff;
                 for (int d = 0; d < HS; d++) {
                     double sq = 0.0, sk = 0.0, sv = 0.0;
                     for (int j = 0; j <= r; j++) /* dQ[r] = scale * sum_j dS[r][j] K[j] */
-                        sq += (double)ds[(size_t)r * T + j] * qkv[((size_t)b * T + j) * C3 + C + hoff + d];
+                        sq += (double)ds[(size_t)r * T + j] * k0[(size_t)j * C3 + d];
                     for (int i = r; i < T; i++) { /* dK[r], dV[r]: sums over queries i >= r */
-                        sk += (double)ds[(size_t)i * T + r] * qkv[((size_t)b * T + i) * C3 + hoff + d];
-                        sv += (double)p[(size_t)i * T + r] * dout[((size_t)b * T + i) * C + hoff + d];
+                        sk += (double)ds[(size_t)i * T + r] * q0[(size_t)i * C3 + d];
+                        sv += (double)p[(size_t)i * T + r] * do0[(size_t)i * C + d];
                     }
                     dqkv[row + d] = (float)(scale * sq);
                     dqkv[row + C + d] = (float)(scale * sk);

@@ -1,0 +1,251 @@
+/*
+ * Token shards: open (mmap + validation) and crash-safe writing.
+ *
+ * The format is little-endian on disk and this file reads it in place, so it
+ * builds only for little-endian hosts (checked below). It does not decide
+ * sampling, and it does not keep file descriptors open: the mapping alone
+ * holds the data after open.
+ */
+#include "io/shard.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "shards are read in place and their format is little-endian");
+
+static char *dup_string(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = loom_alloc(n, LOOM_MEM_OTHER);
+    memcpy(p, s, n);
+    return p;
+}
+
+static int32_t header_int(const void *map, int i)
+{
+    int32_t v;
+    memcpy(&v, (const char *)map + 4 * (size_t)i, sizeof v);
+    return v;
+}
+
+/* The first position whose token is >= vocab, or -1; a branch-free max pass
+ * first (it vectorises), the position search only when that max is bad. */
+static int64_t first_bad_token(const uint16_t *t, int64_t n, int vocab)
+{
+    if (vocab > UINT16_MAX) return -1;
+    uint16_t mx = 0;
+    for (int64_t i = 0; i < n; i++) mx = t[i] > mx ? t[i] : mx;
+    if (mx < vocab) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (t[i] >= vocab) return i;
+    return -1;
+}
+
+int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
+{
+    memset(s, 0, sizeof *s);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return loom_error_set(LOOM_ERR_INPUT, "cannot open data shard '%s': %s", path,
+                              strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return loom_error_set(LOOM_ERR_INPUT, "fstat '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return loom_error_set(LOOM_ERR_INPUT, "data shard '%s' is not a regular file", path);
+    }
+    int64_t bytes = (int64_t)st.st_size;
+    if (bytes < LOOM_SHARD_HEADER_BYTES) {
+        close(fd);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "data shard '%s' is too small for a shard header: %lld bytes, "
+                              "need at least %d",
+                              path, (long long)bytes, LOOM_SHARD_HEADER_BYTES);
+    }
+    void *map = mmap(NULL, (size_t)bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_errno = errno;
+    if (close(fd) != 0 && map != MAP_FAILED) {
+        int e = errno;
+        munmap(map, (size_t)bytes);
+        return loom_error_set(LOOM_ERR_RUNTIME, "close '%s': %s", path, strerror(e));
+    }
+    if (map == MAP_FAILED)
+        return loom_error_set(LOOM_ERR_RUNTIME, "mmap '%s' (%lld bytes): %s", path,
+                              (long long)bytes, strerror(map_errno));
+    s->map = map;
+    s->map_bytes = (size_t)bytes;
+    s->path = dup_string(path);
+
+    int status = LOOM_OK;
+    int32_t magic = header_int(map, 0), version = header_int(map, 1), count = header_int(map, 2);
+    if (magic != LOOM_SHARD_MAGIC) {
+        status = loom_error_set(LOOM_ERR_INPUT,
+                                "data shard '%s' has magic number %d, expected %d (not a token "
+                                "shard in llm.c's format?)",
+                                path, magic, LOOM_SHARD_MAGIC);
+        goto fail;
+    }
+    if (version != LOOM_SHARD_VERSION) {
+        status = loom_error_set(LOOM_ERR_INPUT, "data shard '%s' has version %d, expected %d",
+                                path, version, LOOM_SHARD_VERSION);
+        goto fail;
+    }
+    if (count < 0) {
+        status = loom_error_set(LOOM_ERR_INPUT, "data shard '%s' has a negative token count %d",
+                                path, count);
+        goto fail;
+    }
+    int64_t want = LOOM_SHARD_HEADER_BYTES + 2 * (int64_t)count;
+    if (bytes != want) {
+        status = loom_error_set(LOOM_ERR_INPUT,
+                                "data shard '%s' is %s: its header says %d tokens, which is %lld "
+                                "bytes with the header, but the file has %lld bytes",
+                                path, bytes < want ? "truncated" : "longer than its header says",
+                                count, (long long)want, (long long)bytes);
+        goto fail;
+    }
+    s->tokens = (const uint16_t *)((const char *)map + LOOM_SHARD_HEADER_BYTES);
+    s->n = count;
+    if (vocab > 0) {
+        int64_t bad = first_bad_token(s->tokens, s->n, vocab);
+        if (bad >= 0) {
+            status = loom_error_set(LOOM_ERR_INPUT,
+                                    "data shard '%s': token %d at position %lld is outside the "
+                                    "vocabulary (size %d)",
+                                    path, s->tokens[bad], (long long)bad, vocab);
+            goto fail;
+        }
+    }
+    return LOOM_OK;
+
+fail:
+    loom_shard_close(s);
+    return status;
+}
+
+void loom_shard_close(struct loom_shard *s)
+{
+    if (s->map) munmap(s->map, s->map_bytes);
+    loom_free(s->path);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- writing ------------------------------------------------------------- */
+
+static int write_all(int fd, const char *path, const void *buf, size_t bytes)
+{
+    const char *p = buf;
+    while (bytes > 0) {
+        ssize_t w = write(fd, p, bytes);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return loom_error_set(LOOM_ERR_RUNTIME, "write '%s': %s", path, strerror(errno));
+        }
+        p += w;
+        bytes -= (size_t)w;
+    }
+    return LOOM_OK;
+}
+
+/* fsync of the directory holding `path`, so the rename itself is durable. */
+static int fsync_parent(const char *path)
+{
+    char *dir = dup_string(path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    int status = LOOM_OK;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        status = loom_error_set(LOOM_ERR_RUNTIME, "open directory '%s': %s", dir, strerror(errno));
+    } else {
+        if (fsync(fd) != 0)
+            status = loom_error_set(LOOM_ERR_RUNTIME, "fsync directory '%s': %s", dir,
+                                    strerror(errno));
+        if (close(fd) != 0 && status == LOOM_OK)
+            status = loom_error_set(LOOM_ERR_RUNTIME, "close directory '%s': %s", dir,
+                                    strerror(errno));
+    }
+    loom_free(dir);
+    return status;
+}
+
+int loom_file_write_atomic(const char *path, const void *const *parts, const size_t *sizes,
+                           int nparts)
+{
+    size_t tmp_len = strlen(path) + 32;
+    char *tmp = loom_alloc(tmp_len, LOOM_MEM_OTHER);
+    snprintf(tmp, tmp_len, "%s.tmp.%ld", path, (long)getpid());
+    int status = LOOM_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        status = loom_error_set(LOOM_ERR_RUNTIME, "open '%s' for writing: %s", tmp,
+                                strerror(errno));
+        goto done;
+    }
+    for (int i = 0; i < nparts && status == LOOM_OK; i++)
+        status = write_all(fd, tmp, parts[i], sizes[i]);
+    if (status == LOOM_OK && fsync(fd) != 0)
+        status = loom_error_set(LOOM_ERR_RUNTIME, "fsync '%s': %s", tmp, strerror(errno));
+    if (close(fd) != 0 && status == LOOM_OK)
+        status = loom_error_set(LOOM_ERR_RUNTIME, "close '%s': %s", tmp, strerror(errno));
+    if (status == LOOM_OK && rename(tmp, path) != 0)
+        status = loom_error_set(LOOM_ERR_RUNTIME, "rename '%s' to '%s': %s", tmp, path,
+                                strerror(errno));
+    if (status != LOOM_OK) {
+        unlink(tmp); /* best effort: the error already names the cause */
+        goto done;
+    }
+    status = fsync_parent(path);
+done:
+    loom_free(tmp);
+    return status;
+}
+
+/* Creates `dir` when missing; an existing directory is fine. */
+int loom_io_make_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return loom_error_set(LOOM_ERR_INPUT, "cannot create output directory '%s': %s", dir,
+                              strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "stat '%s': %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return loom_error_set(LOOM_ERR_INPUT, "output path '%s' exists and is not a directory",
+                              dir);
+    return LOOM_OK;
+}
+
+int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n)
+{
+    if (n < 0 || n > LOOM_SHARD_MAX_TOKENS)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "cannot write shard '%s': %lld tokens, a shard holds 0 to %d",
+                              path, (long long)n, LOOM_SHARD_MAX_TOKENS);
+    int32_t header[LOOM_SHARD_HEADER_INTS] = {0};
+    header[0] = LOOM_SHARD_MAGIC;
+    header[1] = LOOM_SHARD_VERSION;
+    header[2] = (int32_t)n;
+    const void *parts[2] = {header, tokens};
+    size_t sizes[2] = {sizeof header, (size_t)n * sizeof(uint16_t)};
+    return loom_file_write_atomic(path, parts, sizes, n > 0 ? 2 : 1);
+}

@@ -1,0 +1,57 @@
+/*
+ * Token shards in llm.c's format: a header of 256 little-endian int32
+ * (magic 20240520, version 1, token count, the rest zero) followed by the
+ * tokens as uint16. Data prepared for llm.c works unchanged.
+ *
+ * A shard is opened read-only through mmap and validated once at open: the
+ * header, the file size against the token count, and (given a vocabulary
+ * size) every token id, so training never meets a bad id. The writer is
+ * crash-safe (temporary name, fsync, rename, directory fsync).
+ *
+ * Not here: which windows of a shard feed which step (sampler.h), turning
+ * text into tokens (tokenizer.h).
+ */
+#ifndef LOOM_IO_SHARD_H
+#define LOOM_IO_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LOOM_SHARD_MAGIC 20240520
+#define LOOM_SHARD_VERSION 1
+#define LOOM_SHARD_HEADER_INTS 256
+#define LOOM_SHARD_HEADER_BYTES (LOOM_SHARD_HEADER_INTS * 4)
+/* The header stores the count as int32. */
+#define LOOM_SHARD_MAX_TOKENS INT32_MAX
+
+struct loom_shard {
+    char *path;             /* owned copy, for messages */
+    const uint16_t *tokens; /* (n) into the mapping */
+    int64_t n;              /* token count */
+    void *map;              /* the whole file, read-only */
+    size_t map_bytes;
+};
+
+/* Maps and validates `path`. With vocab > 0 every token must be < vocab;
+ * vocab <= 0 skips that check. Returns LOOM_OK, or LOOM_ERR_INPUT with a
+ * message naming the file and what is wrong with it. */
+int loom_shard_open(struct loom_shard *s, const char *path, int vocab);
+/* Safe on a zeroed or already closed shard. */
+void loom_shard_close(struct loom_shard *s);
+
+/* Writes `n` tokens as a shard at `path`, crash-safely. LOOM_ERR_INPUT when
+ * n exceeds LOOM_SHARD_MAX_TOKENS, LOOM_ERR_RUNTIME when a system call fails
+ * (the message names the call and the path). */
+int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n);
+
+/* Writes the concatenation of `nparts` buffers to `path` crash-safely: a
+ * temporary name beside it, fsync, rename, fsync of the directory. On failure
+ * the temporary file is removed and `path` is untouched. */
+int loom_file_write_atomic(const char *path, const void *const *parts, const size_t *sizes,
+                           int nparts);
+
+/* Creates directory `dir` when missing (one level); an existing directory
+ * is fine, anything else there is LOOM_ERR_INPUT naming it. */
+int loom_io_make_dir(const char *dir);
+
+#endif

@@ -1,0 +1,177 @@
+"""A plain PyTorch GPT-2, the reference the C model is compared with.
+
+Token + learned position embeddings, pre-LayerNorm blocks (eps 1e-5), causal
+multi-head attention (one qkv projection ordered [q|k|v], heads split as
+view(B,T,NH,HS)), GELU (tanh approximation), 4x MLP, residuals, final
+LayerNorm, LM head tied to wte, mean cross-entropy.
+
+Parameter names are Hugging Face GPT-2's (without the "transformer." prefix)
+and matmul weights are stored [in, out] like Hugging Face's Conv1D, so
+model.state_dict() maps one to one onto loom's safetensors files.
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+LN_EPS = 1e-5
+
+
+@dataclass
+class Config:
+    num_layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    max_pos: int
+
+
+class Conv1D(nn.Module):
+    """y = x @ weight + bias with weight stored [in, out]."""
+
+    def __init__(self, nin, nout):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(nin, nout))
+        self.bias = nn.Parameter(torch.zeros(nout))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.bias = nn.Parameter(torch.zeros(n))
+
+    def forward(self, x):
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, LN_EPS)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.heads = cfg.heads
+        self.c_attn = Conv1D(cfg.hidden, 3 * cfg.hidden)
+        self.c_proj = Conv1D(cfg.hidden, cfg.hidden)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        NH = self.heads
+        HS = C // NH
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, NH, HS).transpose(1, 2)
+        k = k.view(B, T, NH, HS).transpose(1, 2)
+        v = v.view(B, T, NH, HS).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_fc = Conv1D(cfg.hidden, 4 * cfg.hidden)
+        self.c_proj = Conv1D(4 * cfg.hidden, cfg.hidden)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln_1 = LayerNorm(cfg.hidden)
+        self.attn = Attention(cfg)
+        self.ln_2 = LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.wpe = nn.Embedding(cfg.max_pos, cfg.hidden)
+        self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.num_layers)])
+        self.ln_f = LayerNorm(cfg.hidden)
+
+    def forward(self, idx, targets=None, keep=None):
+        """idx (B,T) int64. Returns (logits (B,T,V), mean loss or None).
+        keep: optional dict that receives each layer's output (for locating
+        the first diverging layer)."""
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)[None]
+        if keep is not None:
+            keep["encoded"] = x
+        for l, block in enumerate(self.h):
+            x = block(x)
+            if keep is not None:
+                keep[f"h.{l}"] = x
+        x = self.ln_f(x)
+        logits = x @ self.wte.weight.t()
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return logits, loss
+
+
+def param_names(cfg):
+    """Every parameter name, in the model's order."""
+    return [n for n, _ in GPT2(Config(cfg.num_layers, 1, 1, 1, 1)).named_parameters()]
+
+
+def init_weights(model, seed):
+    """GPT-2 initialisation: normal(0, 0.02) for matrices and embeddings,
+    normal(0, 0.02/sqrt(2L)) for the residual projections (attn.c_proj,
+    mlp.c_proj), biases 0, LayerNorm gains 1. Draws in named_parameters()
+    order from torch.manual_seed(seed)."""
+    torch.manual_seed(seed)
+    L = model.cfg.num_layers
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                std = 0.02 / math.sqrt(2 * L) if name.endswith("c_proj.weight") else 0.02
+                p.normal_(0.0, std)
+            elif ".ln_" in name or name.startswith("ln_f"):
+                p.fill_(1.0 if name.endswith(".weight") else 0.0)
+            else:
+                p.zero_()
+    return model
+
+
+def to_numpy(model, dtype=np.float32):
+    return {n: p.detach().cpu().numpy().astype(dtype) for n, p in model.named_parameters()}
+
+
+def load_numpy(model, tensors):
+    """Copies {name: array} into the model (every parameter must be there)."""
+    params = dict(model.named_parameters())
+    missing = set(params) - set(tensors)
+    if missing:
+        raise KeyError(f"missing tensors: {sorted(missing)}")
+    with torch.no_grad():
+        for n, p in params.items():
+            a = torch.from_numpy(np.asarray(tensors[n]))
+            if tuple(a.shape) != tuple(p.shape):
+                raise ValueError(f"{n}: shape {tuple(a.shape)}, expected {tuple(p.shape)}")
+            p.copy_(a.to(p.dtype))
+    return model
+
+
+def decay_groups(model, weight_decay):
+    """AdamW groups: decay for tensors of two or more dimensions (matmul
+    weights, wte, wpe), none for biases and LayerNorm parameters."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

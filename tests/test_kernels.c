@@ -1,0 +1,723 @@
+/*
+ * Unit test of the CPU kernels (src/kernels/cpu/), self-contained:
+ *   - fast vs `_ref` for matmul, the LM head and attention, at odd sizes and
+ *     across attention's row blocks;
+ *   - every backward against central finite differences of the objective
+ *     L = sum(out * w), w random, in double, Richardson-extrapolated from
+ *     steps h and h/2 (error O(h^4)), so the estimate is good to ~1e-5 of
+ *     the gradient's scale and the tolerance can be tight;
+ *   - the gradient rule: parameter gradients and layernorm/residual dinp
+ *     accumulate onto what was there, written gradients ignore it (they are
+ *     pre-filled with NaN, so reading them fails the check);
+ *   - GELU and the cross-entropy's log-sum-exp against double formulas;
+ *     AdamW against a double scalar loop; sum of squares and the embedding
+ *     backward give the same bits at 1 and 2 threads.
+ * The PyTorch comparison is tests/test_kernels_torch.py.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "kernels/kernels.h"
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-scale, scale), quantised to multiples of 2^-12 so that x +- h
+ * (h a power of two >= 2^-12) is exact in float. */
+static void fill(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(rng_next() >> 11) / 9007199254740992.0; /* [0,1) */
+        x[i] = (float)(nearbyint((2.0 * u - 1.0) * scale * 4096.0) / 4096.0);
+    }
+}
+
+static float *new_rand(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof(float));
+    fill(x, n, scale);
+    return x;
+}
+
+static float *new_const(size_t n, float v)
+{
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = v;
+    return x;
+}
+
+static float *new_copy(const float *src, size_t n)
+{
+    float *x = malloc(n * sizeof(float));
+    memcpy(x, src, n * sizeof(float));
+    return x;
+}
+
+static float max_abs(const float *x, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    return m;
+}
+
+/* got vs want with the error measured against the tensor's scale:
+ * max |got - want| / max |want|. Entries near zero (results of
+ * cancellation) are judged by the absolute error a float tensor of that
+ * scale can have, not by their own size. */
+static int check_scaled(const char *name, const float *got, const float *want, size_t n,
+                        double tol)
+{
+    double scale = max_abs(want, n);
+    return check_close(name, got, want, n, tol, scale > 0 ? scale : 1e-30);
+}
+
+/* got - base, the part a kernel accumulated. */
+static void sub(float *out, const float *got, const float *base, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = got[i] - base[i];
+}
+
+static double dot(const float *a, const float *w, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * w[i];
+    return s;
+}
+
+/* ---- finite differences ---------------------------------------------------- */
+
+typedef double (*objective_fn)(void *ctx);
+
+#define FD_H 0x1p-6f
+/* Tolerance of analytic vs finite-difference gradients, relative to the
+ * gradient's max. The estimate's truncation error is O(h^4) ~ 1e-7 and its
+ * rounding noise about sqrt(#outputs) * 6e-8 * |out| / h ~ 1e-5 at these
+ * sizes; a wrong term in a backward shows up at 1e-2 or more. */
+#define FD_TOL 2e-4
+
+/* d objective / d x[i] for every i, Richardson-extrapolated central
+ * differences with steps h and h/2; x is restored exactly. */
+static void fd_grad(float *fd, float *x, size_t n, objective_fn f, void *ctx)
+{
+    for (size_t i = 0; i < n; i++) {
+        const float x0 = x[i];
+        double d[2];
+        for (int k = 0; k < 2; k++) {
+            const float h = k == 0 ? FD_H : FD_H / 2;
+            x[i] = x0 + h;
+            const double fp = f(ctx);
+            x[i] = x0 - h;
+            const double fm = f(ctx);
+            d[k] = (fp - fm) / (2.0 * h);
+        }
+        x[i] = x0;
+        fd[i] = (float)((4.0 * d[1] - d[0]) / 3.0);
+    }
+}
+
+/* Checks an analytic gradient of x against finite differences. */
+static void fd_check(const char *name, const float *grad, float *x, size_t n, objective_fn f,
+                     void *ctx)
+{
+    float *fd = malloc(n * sizeof(float));
+    fd_grad(fd, x, n, f, ctx);
+    check_scaled(name, grad, fd, n, FD_TOL);
+    free(fd);
+}
+
+/* ---- matmul and LM head ------------------------------------------------------ */
+
+static void test_matmul_vs_ref(int N, int C, int OC, int with_bias)
+{
+    float *inp = new_rand((size_t)N * C, 1.0f), *w = new_rand((size_t)C * OC, 1.0f);
+    float *bias = with_bias ? new_rand(OC, 1.0f) : NULL;
+    float *out = new_const((size_t)N * OC, NAN), *out_ref = new_const((size_t)N * OC, NAN);
+    loom_matmul_forward(out, inp, w, bias, N, C, OC);
+    loom_matmul_forward_ref(out_ref, inp, w, bias, N, C, OC);
+    check_scaled("matmul fwd vs ref", out, out_ref, (size_t)N * OC, 1e-6);
+
+    float *dout = new_rand((size_t)N * OC, 1.0f);
+    float *dinp = new_const((size_t)N * C, NAN), *dinp_ref = new_const((size_t)N * C, NAN);
+    float *dw0 = new_rand((size_t)C * OC, 1.0f), *db0 = new_rand(OC, 1.0f);
+    float *dw = new_copy(dw0, (size_t)C * OC), *dw_ref = new_copy(dw0, (size_t)C * OC);
+    float *db = new_copy(db0, OC), *db_ref = new_copy(db0, OC);
+    loom_matmul_backward(dinp, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
+    loom_matmul_backward_ref(dinp_ref, dw_ref, with_bias ? db_ref : NULL, dout, inp, w, N, C, OC);
+    check_scaled("matmul dinp vs ref", dinp, dinp_ref, (size_t)N * C, 1e-6);
+    check_scaled("matmul dweight vs ref", dw, dw_ref, (size_t)C * OC, 1e-6);
+    check_scaled("matmul dbias vs ref", db, db_ref, OC, 1e-6);
+    if (!with_bias) CHECK(memcmp(db, db0, OC * sizeof(float)) == 0); /* NULL bias: untouched */
+
+    /* dinp NULL: skipped, dweight still accumulates */
+    float *dw2 = new_copy(dw0, (size_t)C * OC);
+    loom_matmul_backward(NULL, dw2, NULL, dout, inp, w, N, C, OC);
+    check_scaled("matmul dweight (dinp NULL)", dw2, dw_ref, (size_t)C * OC, 1e-6);
+
+    free(inp), free(w), free(bias), free(out), free(out_ref), free(dout), free(dinp);
+    free(dinp_ref), free(dw0), free(db0), free(dw), free(dw_ref), free(db), free(db_ref), free(dw2);
+}
+
+static void test_lm_head_vs_ref(int N, int C, int V)
+{
+    float *inp = new_rand((size_t)N * C, 1.0f), *wte = new_rand((size_t)V * C, 1.0f);
+    float *wT = malloc((size_t)C * V * sizeof(float)); /* (C,V) for matmul_ref */
+    for (int v = 0; v < V; v++)
+        for (int c = 0; c < C; c++) wT[(size_t)c * V + v] = wte[(size_t)v * C + c];
+    float *logits = new_const((size_t)N * V, NAN), *logits_ref = new_const((size_t)N * V, NAN);
+    loom_lm_head_forward(logits, inp, wte, N, C, V);
+    loom_matmul_forward_ref(logits_ref, inp, wT, NULL, N, C, V);
+    check_scaled("lm_head fwd vs ref", logits, logits_ref, (size_t)N * V, 1e-6);
+
+    float *dlogits = new_rand((size_t)N * V, 1.0f);
+    float *dinp = new_const((size_t)N * C, NAN), *dinp_ref = new_const((size_t)N * C, NAN);
+    float *dwte0 = new_rand((size_t)V * C, 1.0f), *dwte = new_copy(dwte0, (size_t)V * C);
+    float *dwT = calloc((size_t)C * V, sizeof(float));
+    loom_lm_head_backward(dinp, dwte, dlogits, inp, wte, N, C, V);
+    loom_matmul_backward_ref(dinp_ref, dwT, NULL, dlogits, inp, wT, N, C, V);
+    float *dwte_ref = malloc((size_t)V * C * sizeof(float));
+    for (int v = 0; v < V; v++)
+        for (int c = 0; c < C; c++)
+            dwte_ref[(size_t)v * C + c] = dwte0[(size_t)v * C + c] + dwT[(size_t)c * V + v];
+    check_scaled("lm_head dinp vs ref", dinp, dinp_ref, (size_t)N * C, 1e-6);
+    check_scaled("lm_head dwte vs ref", dwte, dwte_ref, (size_t)V * C, 1e-6);
+    free(inp), free(wte), free(wT), free(logits), free(logits_ref), free(dlogits), free(dinp);
+    free(dinp_ref), free(dwte0), free(dwte), free(dwT), free(dwte_ref);
+}
+
+struct matmul_ctx {
+    float *inp, *w, *bias, *out, *wout;
+    int N, C, OC;
+};
+
+static double matmul_obj(void *p)
+{
+    struct matmul_ctx *c = p;
+    loom_matmul_forward(c->out, c->inp, c->w, c->bias, c->N, c->C, c->OC);
+    return dot(c->out, c->wout, (size_t)c->N * c->OC);
+}
+
+static void test_matmul_fd(void)
+{
+    const int N = 5, C = 7, OC = 6;
+    struct matmul_ctx c = {new_rand(N * C, 1.0f), new_rand(C * OC, 1.0f), new_rand(OC, 1.0f),
+                           new_const(N * OC, 0.0f), new_rand(N * OC, 1.0f), N, C, OC};
+    float *dinp = new_const(N * C, NAN), *dw = new_const(C * OC, 0.0f),
+          *db = new_const(OC, 0.0f);
+    loom_matmul_backward(dinp, dw, db, c.wout, c.inp, c.w, N, C, OC);
+    fd_check("matmul dinp vs fd", dinp, c.inp, N * C, matmul_obj, &c);
+    fd_check("matmul dweight vs fd", dw, c.w, C * OC, matmul_obj, &c);
+    fd_check("matmul dbias vs fd", db, c.bias, OC, matmul_obj, &c);
+    free(c.inp), free(c.w), free(c.bias), free(c.out), free(c.wout), free(dinp), free(dw), free(db);
+}
+
+struct lm_head_ctx {
+    float *inp, *wte, *logits, *wout;
+    int N, C, V;
+};
+
+static double lm_head_obj(void *p)
+{
+    struct lm_head_ctx *c = p;
+    loom_lm_head_forward(c->logits, c->inp, c->wte, c->N, c->C, c->V);
+    return dot(c->logits, c->wout, (size_t)c->N * c->V);
+}
+
+static void test_lm_head_fd(void)
+{
+    const int N = 5, C = 8, V = 11;
+    struct lm_head_ctx c = {new_rand(N * C, 1.0f), new_rand(V * C, 1.0f),
+                            new_const(N * V, 0.0f), new_rand(N * V, 1.0f), N, C, V};
+    float *dinp = new_const(N * C, NAN), *dwte = new_const(V * C, 0.0f);
+    loom_lm_head_backward(dinp, dwte, c.wout, c.inp, c.wte, N, C, V);
+    fd_check("lm_head dinp vs fd", dinp, c.inp, N * C, lm_head_obj, &c);
+    fd_check("lm_head dwte vs fd", dwte, c.wte, V * C, lm_head_obj, &c);
+    free(c.inp), free(c.wte), free(c.logits), free(c.wout), free(dinp), free(dwte);
+}
+
+/* ---- attention --------------------------------------------------------------- */
+
+static void test_attention_vs_ref(int B, int T, int C, int NH)
+{
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
+                 natt = (size_t)B * NH * T * T;
+    float *qkv = new_rand(nqkv, 2.0f);
+    float *out = new_const(nout, NAN), *out_ref = new_const(nout, NAN);
+    float *att = new_const(natt, NAN), *att_ref = new_const(natt, NAN);
+    loom_attention_forward(out, att, qkv, B, T, C, NH);
+    loom_attention_forward_ref(out_ref, att_ref, qkv, B, T, C, NH);
+    char name[96];
+    snprintf(name, sizeof name, "attention out vs ref (B=%d T=%d C=%d NH=%d)", B, T, C, NH);
+    check_scaled(name, out, out_ref, nout, 1e-6);
+    snprintf(name, sizeof name, "attention att vs ref (B=%d T=%d C=%d NH=%d)", B, T, C, NH);
+    check_scaled(name, att, att_ref, natt, 1e-6);
+    /* probabilities: exact zeros above the diagonal, rows sum to 1 */
+    int zeros_ok = 1, sums_ok = 1;
+    for (size_t bh = 0; bh < (size_t)B * NH; bh++)
+        for (int i = 0; i < T; i++) {
+            const float *row = att + (bh * T + i) * T;
+            double s = 0.0;
+            for (int j = 0; j < T; j++) {
+                if (j > i && row[j] != 0.0f) zeros_ok = 0;
+                s += row[j];
+            }
+            if (fabs(s - 1.0) > 1e-5) sums_ok = 0;
+        }
+    CHECK(zeros_ok);
+    CHECK(sums_ok);
+
+    float *dout = new_rand(nout, 1.0f);
+    float *dqkv = new_const(nqkv, NAN), *dqkv_ref = new_const(nqkv, NAN);
+    float *datt = new_const(natt, NAN), *datt_ref = new_const(natt, NAN);
+    loom_attention_backward(dqkv, datt, dout, att, qkv, B, T, C, NH);
+    loom_attention_backward_ref(dqkv_ref, datt_ref, dout, att_ref, qkv, B, T, C, NH);
+    snprintf(name, sizeof name, "attention dqkv vs ref (B=%d T=%d C=%d NH=%d)", B, T, C, NH);
+    check_scaled(name, dqkv, dqkv_ref, nqkv, 1e-6);
+    free(qkv), free(out), free(out_ref), free(att), free(att_ref), free(dout), free(dqkv);
+    free(dqkv_ref), free(datt), free(datt_ref);
+}
+
+struct attention_ctx {
+    float *qkv, *out, *att, *wout;
+    int B, T, C, NH;
+};
+
+static double attention_obj(void *p)
+{
+    struct attention_ctx *c = p;
+    loom_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
+    return dot(c->out, c->wout, (size_t)c->B * c->T * c->C);
+}
+
+static void test_attention_fd(void)
+{
+    const int B = 2, T = 7, C = 12, NH = 3;
+    struct attention_ctx c = {new_rand(B * T * 3 * C, 1.0f), new_const(B * T * C, 0.0f),
+                              new_const(B * NH * T * T, 0.0f), new_rand(B * T * C, 1.0f),
+                              B, T, C, NH};
+    attention_obj(&c);
+    float *dqkv = new_const(B * T * 3 * C, NAN), *datt = new_const(B * NH * T * T, NAN);
+    float *att = new_copy(c.att, B * NH * T * T);
+    loom_attention_backward(dqkv, datt, c.wout, att, c.qkv, B, T, C, NH);
+    fd_check("attention dqkv vs fd", dqkv, c.qkv, B * T * 3 * C, attention_obj, &c);
+    free(c.qkv), free(c.out), free(c.att), free(c.wout), free(dqkv), free(datt), free(att);
+}
+
+/* ---- layernorm --------------------------------------------------------------- */
+
+struct layernorm_ctx {
+    float *inp, *w, *b, *out, *mean, *rstd, *wout;
+    int N, C;
+};
+
+static double layernorm_obj(void *p)
+{
+    struct layernorm_ctx *c = p;
+    loom_layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+    return dot(c->out, c->wout, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(void)
+{
+    const int N = 6, C = 10;
+    struct layernorm_ctx c = {new_rand(N * C, 2.0f), new_rand(C, 1.0f),   new_rand(C, 1.0f),
+                              new_const(N * C, 0.0f), new_const(N, 0.0f), new_const(N, 0.0f),
+                              new_rand(N * C, 1.0f), N, C};
+    layernorm_obj(&c);
+    /* forward against a double computation */
+    float *want = malloc(N * C * sizeof(float)), *want_mean = malloc(N * sizeof(float)),
+          *want_rstd = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        const float *x = c.inp + i * C;
+        double m = 0.0, v = 0.0;
+        for (int j = 0; j < C; j++) m += x[j];
+        m /= C;
+        for (int j = 0; j < C; j++) v += (x[j] - m) * (x[j] - m);
+        const double rs = 1.0 / sqrt(v / C + 1e-5);
+        for (int j = 0; j < C; j++) want[i * C + j] = (float)((x[j] - m) * rs * c.w[j] + c.b[j]);
+        want_mean[i] = (float)m;
+        want_rstd[i] = (float)rs;
+    }
+    check_scaled("layernorm out vs double", c.out, want, N * C, 1e-6);
+    check_scaled("layernorm mean vs double", c.mean, want_mean, N, 1e-6);
+    check_scaled("layernorm rstd vs double", c.rstd, want_rstd, N, 1e-6);
+
+    /* backward: everything accumulates onto random prior contents */
+    float *dinp0 = new_rand(N * C, 1.0f), *dw0 = new_rand(C, 1.0f), *db0 = new_rand(C, 1.0f);
+    float *dinp = new_copy(dinp0, N * C), *dw = new_copy(dw0, C), *db = new_copy(db0, C);
+    loom_layernorm_backward(dinp, dw, db, c.wout, c.inp, c.w, c.mean, c.rstd, N, C);
+    sub(dinp, dinp, dinp0, N * C), sub(dw, dw, dw0, C), sub(db, db, db0, C);
+    fd_check("layernorm dinp vs fd", dinp, c.inp, N * C, layernorm_obj, &c);
+    fd_check("layernorm dweight vs fd", dw, c.w, C, layernorm_obj, &c);
+    fd_check("layernorm dbias vs fd", db, c.b, C, layernorm_obj, &c);
+    free(c.inp), free(c.w), free(c.b), free(c.out), free(c.mean), free(c.rstd), free(c.wout);
+    free(want), free(want_mean), free(want_rstd), free(dinp0), free(dw0), free(db0), free(dinp);
+    free(dw), free(db);
+}
+
+/* The reduction over rows at 1 and 2 threads and at a size that takes the
+ * parallel path: same values up to the summation order. */
+static void test_layernorm_threads(void)
+{
+    const int N = 300, C = 200;
+    float *inp = new_rand((size_t)N * C, 2.0f), *w = new_rand(C, 1.0f), *b = new_rand(C, 1.0f);
+    float *out = new_const((size_t)N * C, 0.0f), *mean = new_const(N, 0), *rstd = new_const(N, 0);
+    float *dout = new_rand((size_t)N * C, 1.0f);
+    loom_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    float *res[2][3];
+    const int saved = loom_threads_get();
+    for (int k = 0; k < 2; k++) {
+        loom_threads_set(k + 1);
+        res[k][0] = new_const((size_t)N * C, 0.0f);
+        res[k][1] = new_const(C, 0.0f);
+        res[k][2] = new_const(C, 0.0f);
+        loom_layernorm_backward(res[k][0], res[k][1], res[k][2], dout, inp, w, mean, rstd, N, C);
+    }
+    loom_threads_set(saved);
+    CHECK(memcmp(res[0][0], res[1][0], (size_t)N * C * sizeof(float)) == 0); /* per row */
+    check_scaled("layernorm dweight 1 vs 2 threads", res[1][1], res[0][1], C, 1e-6);
+    check_scaled("layernorm dbias 1 vs 2 threads", res[1][2], res[0][2], C, 1e-6);
+    free(inp), free(w), free(b), free(out), free(mean), free(rstd), free(dout);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 3; j++) free(res[k][j]);
+}
+
+/* ---- embedding --------------------------------------------------------------- */
+
+struct embedding_ctx {
+    int32_t *tokens;
+    float *wte, *wpe, *out, *wout;
+    int B, T, C;
+};
+
+static double embedding_obj(void *p)
+{
+    struct embedding_ctx *c = p;
+    loom_embedding_forward(c->out, c->tokens, c->wte, c->wpe, c->B, c->T, c->C);
+    return dot(c->out, c->wout, (size_t)c->B * c->T * c->C);
+}
+
+static void test_embedding(void)
+{
+    const int B = 3, T = 5, C = 7, V = 6, maxT = 8; /* 15 tokens over 6 ids: repeats */
+    int32_t tokens[3 * 5];
+    for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)(rng_next() % V);
+    tokens[0] = tokens[1] = tokens[7] = 2;
+    struct embedding_ctx c = {tokens, new_rand(V * C, 1.0f), new_rand(maxT * C, 1.0f),
+                              new_const(B * T * C, 0.0f), new_rand(B * T * C, 1.0f), B, T, C};
+    embedding_obj(&c);
+    int fwd_ok = 1;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < C; j++)
+                if (c.out[(b * T + t) * C + j] !=
+                    c.wte[tokens[b * T + t] * C + j] + c.wpe[t * C + j])
+                    fwd_ok = 0;
+    CHECK(fwd_ok);
+    float *dwte0 = new_rand(V * C, 1.0f), *dwpe0 = new_rand(maxT * C, 1.0f);
+    float *dwte = new_copy(dwte0, V * C), *dwpe = new_copy(dwpe0, maxT * C);
+    loom_embedding_backward(dwte, dwpe, c.wout, tokens, B, T, C);
+    sub(dwte, dwte, dwte0, V * C), sub(dwpe, dwpe, dwpe0, maxT * C);
+    fd_check("embedding dwte vs fd", dwte, c.wte, V * C, embedding_obj, &c);
+    fd_check("embedding dwpe vs fd", dwpe, c.wpe, maxT * C, embedding_obj, &c);
+    free(c.wte), free(c.wpe), free(c.out), free(c.wout), free(dwte0), free(dwpe0), free(dwte);
+    free(dwpe);
+}
+
+/* Column bands: the same bits at any thread count, at a size that takes
+ * the parallel path. */
+static void test_embedding_threads(void)
+{
+    const int B = 4, T = 64, C = 200, V = 50;
+    int32_t *tokens = malloc((size_t)B * T * sizeof(int32_t));
+    for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)(rng_next() % V);
+    float *dout = new_rand((size_t)B * T * C, 1.0f);
+    float *dwte[2], *dwpe[2];
+    const int saved = loom_threads_get();
+    for (int k = 0; k < 2; k++) {
+        loom_threads_set(k + 1);
+        dwte[k] = new_const((size_t)V * C, 0.0f);
+        dwpe[k] = new_const((size_t)T * C, 0.0f);
+        loom_embedding_backward(dwte[k], dwpe[k], dout, tokens, B, T, C);
+    }
+    loom_threads_set(saved);
+    CHECK(memcmp(dwte[0], dwte[1], (size_t)V * C * sizeof(float)) == 0);
+    CHECK(memcmp(dwpe[0], dwpe[1], (size_t)T * C * sizeof(float)) == 0);
+    free(tokens), free(dout), free(dwte[0]), free(dwte[1]), free(dwpe[0]), free(dwpe[1]);
+}
+
+/* ---- GELU, residual ------------------------------------------------------------ */
+
+static double gelu_double(double x)
+{
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+struct unary_ctx {
+    float *inp, *out, *wout;
+    size_t n;
+};
+
+static double gelu_obj(void *p)
+{
+    struct unary_ctx *c = p;
+    loom_gelu_forward(c->out, c->inp, c->n);
+    return dot(c->out, c->wout, c->n);
+}
+
+static void test_gelu(void)
+{
+    /* accuracy over a sweep, per element, against the double formula:
+     * relative where |gelu| >= 1e-3, absolute 1e-9 below (x < -4.3, where
+     * the float formula itself is only absolutely accurate) */
+    const size_t n = 40001;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = -10.0f + 20.0f * (float)i / (float)(n - 1);
+    loom_gelu_forward(y, x, n);
+    double max_rel = 0.0, max_abs_small = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double want = gelu_double(x[i]), err = fabs(y[i] - want);
+        if (fabs(want) >= 1e-3) {
+            if (err / fabs(want) > max_rel) max_rel = err / fabs(want);
+        } else if (err > max_abs_small) {
+            max_abs_small = err;
+        }
+    }
+    printf("gelu vs double on [-10,10]: max rel err %.3g (|gelu| >= 1e-3), max abs err %.3g "
+           "below\n",
+           max_rel, max_abs_small);
+    CHECK(max_rel <= 1e-6);
+    CHECK(max_abs_small <= 1e-9);
+    /* gradient sweep against the derivative in double */
+    float *ones = new_const(n, 1.0f), *g = malloc(n * sizeof(float));
+    loom_gelu_backward(g, ones, x, n);
+    double max_grad_err = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double xd = x[i], k = sqrt(2.0 / M_PI), u = k * (xd + 0.044715 * xd * xd * xd);
+        const double th = tanh(u);
+        const double want = 0.5 * (1.0 + th) + 0.5 * xd * (1.0 - th * th) * k *
+                                                   (1.0 + 3.0 * 0.044715 * xd * xd);
+        const double err = fabs(g[i] - want); /* gelu' lies in [-0.17, 1.13] */
+        if (err > max_grad_err) max_grad_err = err;
+    }
+    printf("gelu' vs double on [-10,10]: max abs err %.3g\n", max_grad_err);
+    CHECK(max_grad_err <= 1e-6);
+    /* special values: NaN propagates, no NaN from far-negative inputs */
+    float sx[4] = {NAN, -200.0f, 200.0f, 0.0f}, sy[4], sg[4], sd[4] = {1, 1, 1, 1};
+    loom_gelu_forward(sy, sx, 4);
+    loom_gelu_backward(sg, sd, sx, 4);
+    CHECK(isnan(sy[0]) && isnan(sg[0]));
+    CHECK(fabsf(sy[1]) < 1e-20f && fabsf(sg[1]) < 1e-20f); /* ~0, and not NaN */
+    CHECK(sy[2] == 200.0f && sg[2] == 1.0f);
+    CHECK(sy[3] == 0.0f && sg[3] == 0.5f);
+    free(x), free(y), free(ones), free(g);
+
+    /* finite differences; dinp is written (NaN prior) */
+    struct unary_ctx c = {new_rand(64, 4.0f), new_const(64, 0.0f), new_rand(64, 1.0f), 64};
+    float *dinp = new_const(64, NAN);
+    loom_gelu_backward(dinp, c.wout, c.inp, 64);
+    fd_check("gelu dinp vs fd", dinp, c.inp, 64, gelu_obj, &c);
+    free(c.inp), free(c.out), free(c.wout), free(dinp);
+}
+
+struct residual_ctx {
+    float *a, *b, *out, *wout;
+    size_t n;
+};
+
+static double residual_obj(void *p)
+{
+    struct residual_ctx *c = p;
+    loom_residual_forward(c->out, c->a, c->b, c->n);
+    return dot(c->out, c->wout, c->n);
+}
+
+static void test_residual(void)
+{
+    const size_t n = 37;
+    struct residual_ctx c = {new_rand(n, 1.0f), new_rand(n, 1.0f), new_const(n, 0.0f),
+                             new_rand(n, 1.0f), n};
+    float *da0 = new_rand(n, 1.0f), *db0 = new_rand(n, 1.0f);
+    float *da = new_copy(da0, n), *db = new_copy(db0, n);
+    loom_residual_backward(da, db, c.wout, n);
+    sub(da, da, da0, n), sub(db, db, db0, n);
+    fd_check("residual da vs fd", da, c.a, n, residual_obj, &c);
+    fd_check("residual db vs fd", db, c.b, n, residual_obj, &c);
+    /* da may be dout itself: db still gets the original dout */
+    float *d = new_copy(c.wout, n), *db2 = new_const(n, 0.0f);
+    loom_residual_backward(d, db2, d, n);
+    CHECK(memcmp(db2, c.wout, n * sizeof(float)) == 0);
+    free(c.a), free(c.b), free(c.out), free(c.wout), free(da0), free(db0), free(da), free(db);
+    free(d), free(db2);
+}
+
+/* ---- cross-entropy --------------------------------------------------------------- */
+
+struct ce_ctx {
+    float *logits, *losses, *lse;
+    int32_t *targets;
+    float dloss;
+    int N, V;
+};
+
+static double ce_obj(void *p)
+{
+    struct ce_ctx *c = p;
+    loom_crossentropy_forward(c->losses, c->lse, c->logits, c->targets, c->N, c->V);
+    double s = 0.0;
+    for (int i = 0; i < c->N; i++) s += (double)c->dloss * c->losses[i];
+    return s;
+}
+
+/* Forward against double log-sum-exp; rows longer than the kernel's chunk
+ * with the max late in the row (the running-max rescale) and offset by +-80
+ * (no overflow, no underflow of the sum). */
+static void test_crossentropy_forward(int N, int V, float offset, int rising)
+{
+    float *logits = new_rand((size_t)N * V, 3.0f);
+    int32_t *targets = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) {
+        targets[i] = (int32_t)(rng_next() % V);
+        for (int j = 0; j < V; j++)
+            logits[(size_t)i * V + j] += offset + (rising ? 10.0f * j / V : 0.0f);
+    }
+    float *losses = new_const(N, NAN), *lse = new_const(N, NAN);
+    float *want_loss = malloc(N * sizeof(float)), *want_lse = malloc(N * sizeof(float));
+    loom_crossentropy_forward(losses, lse, logits, targets, N, V);
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        double mx = -INFINITY, s = 0.0;
+        for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        for (int j = 0; j < V; j++) s += exp(x[j] - mx);
+        want_lse[i] = (float)(mx + log(s));
+        want_loss[i] = (float)(mx + log(s) - x[targets[i]]);
+    }
+    char name[80];
+    snprintf(name, sizeof name, "crossentropy lse vs double (V=%d offset %g)", V, offset);
+    check_scaled(name, lse, want_lse, N, 1e-6);
+    snprintf(name, sizeof name, "crossentropy loss vs double (V=%d offset %g)", V, offset);
+    /* loss = lse - x[y] cancels: judge it at the scale of lse */
+    check_close(name, losses, want_loss, N, 1e-6, max_abs(want_lse, N));
+    free(logits), free(targets), free(losses), free(lse), free(want_loss), free(want_lse);
+}
+
+static void test_crossentropy(void)
+{
+    test_crossentropy_forward(4, 13, 0.0f, 0);
+    test_crossentropy_forward(3, 5000, 0.0f, 1);
+    test_crossentropy_forward(3, 5000, 80.0f, 1);
+    test_crossentropy_forward(3, 5000, -80.0f, 0);
+
+    const int N = 6, V = 13;
+    int32_t targets[6] = {0, 12, 5, 5, 3, 7};
+    struct ce_ctx c = {new_rand(N * V, 3.0f), new_const(N, 0.0f), new_const(N, 0.0f), targets,
+                       1.0f / N, N, V};
+    ce_obj(&c);
+    float *lse = new_copy(c.lse, N), *dlogits = new_const(N * V, NAN);
+    loom_crossentropy_backward(dlogits, lse, c.logits, targets, c.dloss, N, V);
+    fd_check("crossentropy dlogits vs fd", dlogits, c.logits, N * V, ce_obj, &c);
+    /* in place gives the same result */
+    float *inplace = new_copy(c.logits, N * V);
+    loom_crossentropy_backward(inplace, lse, inplace, targets, c.dloss, N, V);
+    CHECK(memcmp(inplace, dlogits, N * V * sizeof(float)) == 0);
+    free(c.logits), free(c.losses), free(c.lse), free(lse), free(dlogits), free(inplace);
+}
+
+/* ---- AdamW, sum of squares --------------------------------------------------------- */
+
+static void test_adamw(void)
+{
+    const size_t n = 1000;
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    /* parameters at GPT-2's init scale, so that the 5 updates of ~lr are a
+     * large part of each value and a wrong update cannot hide in rounding */
+    float *p = new_rand(n, 0.05f), *m = new_const(n, 0.0f), *v = new_const(n, 0.0f);
+    double *pd = malloc(n * sizeof(double)), *md = calloc(n, sizeof(double)),
+           *vd = calloc(n, sizeof(double));
+    for (size_t i = 0; i < n; i++) pd[i] = p[i];
+    float *grad = malloc(n * sizeof(float));
+    float *pf = malloc(n * sizeof(float)), *mf = malloc(n * sizeof(float)),
+          *vf = malloc(n * sizeof(float));
+    for (int t = 1; t <= 5; t++) {
+        fill(grad, n, 1.0f);
+        if (t == 3) grad[0] = 0.0f; /* v stays tiny: eps matters */
+        loom_adamw_update(p, m, v, grad, n, lr, b1, b2, eps, wd, gs, t);
+        for (size_t i = 0; i < n; i++) {
+            const double g = (double)grad[i] * gs;
+            pd[i] *= 1.0 - (double)lr * wd;
+            md[i] = b1 * md[i] + (1.0 - b1) * g;
+            vd[i] = b2 * vd[i] + (1.0 - b2) * g * g;
+            const double denom = sqrt(vd[i]) / sqrt(1.0 - pow(b2, t)) + eps;
+            pd[i] -= lr / (1.0 - pow(b1, t)) * md[i] / denom;
+            pf[i] = (float)pd[i], mf[i] = (float)md[i], vf[i] = (float)vd[i];
+        }
+        char name[64];
+        snprintf(name, sizeof name, "adamw param step %d vs double", t);
+        check_scaled(name, p, pf, n, 1e-6);
+        snprintf(name, sizeof name, "adamw m step %d vs double", t);
+        check_scaled(name, m, mf, n, 1e-6);
+        snprintf(name, sizeof name, "adamw v step %d vs double", t);
+        check_scaled(name, v, vf, n, 1e-6);
+    }
+    free(p), free(m), free(v), free(pd), free(md), free(vd), free(grad), free(pf), free(mf);
+    free(vf);
+}
+
+static void test_sum_squares(void)
+{
+    const size_t sizes[3] = {1, 1001, 3000017};
+    for (int k = 0; k < 3; k++) {
+        const size_t n = sizes[k];
+        float *x = new_rand(n, 2.0f);
+        double want = 0.0;
+        for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
+        const int saved = loom_threads_get();
+        loom_threads_set(1);
+        const double s1 = loom_sum_squares(x, n);
+        loom_threads_set(2);
+        const double s2 = loom_sum_squares(x, n);
+        loom_threads_set(saved);
+        CHECK(fabs(s1 - want) <= 1e-12 * want);
+        CHECK(s1 == s2); /* fixed chunks: same bits at any thread count */
+        free(x);
+    }
+}
+
+int main(void)
+{
+    test_matmul_vs_ref(7, 12, 5, 1);
+    test_matmul_vs_ref(33, 48, 20, 0);
+    test_matmul_vs_ref(64, 96, 130, 1);
+    test_lm_head_vs_ref(7, 12, 23);
+    test_matmul_fd();
+    test_lm_head_fd();
+
+    test_attention_vs_ref(2, 7, 12, 3);
+    test_attention_vs_ref(1, 1, 8, 2);
+    test_attention_vs_ref(2, 64, 32, 2);  /* exactly one row block */
+    test_attention_vs_ref(1, 150, 48, 3); /* three row blocks, the last partial */
+    test_attention_fd();
+
+    test_layernorm();
+    test_layernorm_threads();
+    test_embedding();
+    test_embedding_threads();
+    test_gelu();
+    test_residual();
+    test_crossentropy();
+    test_adamw();
+    test_sum_squares();
+    return check_summary("test_kernels");
+}
