@@ -662,11 +662,11 @@ static void check_window_xent(struct loom_synth_spec spec, int T_exact, int T, i
 static void test_synth_window(void)
 {
     check_window_xent((struct loom_synth_spec){.span = 3, .symbols = 2, .zipf = 1.0, .p_new = 0.4},
-                      8, 12, 10000);
+                      8, 12, 30000);
     check_window_xent((struct loom_synth_spec){.span = 2, .symbols = 3, .zipf = 0.5, .p_new = 0.7},
-                      7, 9, 10000);
+                      7, 9, 30000);
     check_window_xent((struct loom_synth_spec){.span = 1, .symbols = 4, .zipf = 2.0, .p_new = 0.2},
-                      7, 6, 10000);
+                      7, 6, 30000);
     /* the window loss decreases to the entropy rate as 1/T */
     struct loom_synth_spec spec;
     loom_synth_default(&spec);
@@ -714,6 +714,20 @@ static void test_synth_corpus(void)
     CHECK(strstr(json, want) != NULL);
     CHECK(strstr(json, "\"seed\": 3,") && strstr(json, "\"vocab\": 256"));
     CHECK(strstr(json, "\"window_xent_nats\": {\"16\": ") && strstr(json, "\"64\": "));
+
+    /* the description rebuilds the same source */
+    struct loom_synth_model back;
+    double floor_nats = 0;
+    CHECK(loom_synth_read(dir, &back) == LOOM_OK);
+    CHECK(back.new_weight == m.new_weight &&
+          memcmp(back.weight, m.weight, sizeof m.weight) == 0);
+    CHECK(loom_synth_read_floor(dir, &floor_nats) == LOOM_OK && floor_nats == h);
+    CHECK(loom_synth_read_floor(tmpdir, &floor_nats) == LOOM_ERR_INPUT);
+    CHECK(msg_has("corpus.json") && msg_has(strerror(ENOENT)));
+    write_raw(tmp_path("corpus.json"), "{\"span\": 3}", 12);
+    CHECK(loom_synth_read(tmpdir, &back) == LOOM_ERR_INPUT && msg_has("\"symbols\""));
+    CHECK(loom_synth_read_floor(tmpdir, &floor_nats) == LOOM_ERR_INPUT);
+    CHECK(msg_has("entropy_rate_nats"));
 
     /* same seed, same corpus */
     double h2;
