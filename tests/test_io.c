@@ -382,10 +382,11 @@ static void test_tokenizer(void)
 
 /* ---- the synthetic corpus ------------------------------------------------ */
 
+/* Symbol index of a span token (either case), or -1. */
 static int symbol_of(const struct loom_synth_model *m, int token)
 {
     for (int i = 0; i < m->spec.symbols; i++)
-        if (m->byte[i] == token) return i;
+        if (m->byte_new[i] == token || m->byte_copy[i] == token) return i;
     return -1;
 }
 
@@ -407,13 +408,13 @@ static void stream_logprob(const struct loom_synth_model *m, const uint16_t *x, 
         l = -log(is_new ? q : 1.0 - q);
         for (int k = 1; k <= K; k++) {
             int sym = symbol_of(m, seg[k]);
-            if (sym < 0) {
+            if (sym < 0 || seg[k] != (is_new ? m->byte_new : m->byte_copy)[sym]) {
                 (*malformed)++;
                 continue;
             }
             if (is_new || g == 0) /* the first COPY repeats a span nobody saw */
                 l -= log(loom_synth_prob(m, sym));
-            else if (seg[k] != seg[k - (K + 1)])
+            else if (sym != symbol_of(m, seg[k - (K + 1)]))
                 (*malformed)++;
         }
         sum += l;
@@ -482,7 +483,8 @@ static void test_synth_entropy(void)
 /* Exact Bayesian filter over the source's hidden state: position r in the
  * segment (0 = the marker is next), the segment's kind, and a span buffer
  * (positions < r hold this segment's symbols, >= r the previous one's).
- * Observations are indices: symbols 0..M-1, then NEW (M) and COPY (M+1). */
+ * Observations are indices: symbols 0..M-1 in lower case (NEW spans), the
+ * same M..2M-1 in upper case (COPY spans), then NEW (2M) and COPY (2M+1). */
 struct filter {
     const struct loom_synth_model *m;
     int K, M, nbuf; /* nbuf = M^K */
@@ -519,14 +521,14 @@ static void filter_prior(const struct filter *f, double *p)
 }
 
 /* One transition from belief p: pred receives the next observation's
- * distribution (M+2 entries); next (when not NULL) the belief after seeing
+ * distribution (2M+2 entries); next (when not NULL) the belief after seeing
  * `obs`, normalised. */
 static void filter_step(const struct filter *f, const double *p, int obs, double *pred,
                         double *next)
 {
-    int K = f->K, M = f->M;
+    int K = f->K, M = f->M, NEW = 2 * M, COPY = 2 * M + 1;
     double q = loom_synth_p_new(f->m);
-    memset(pred, 0, (size_t)(M + 2) * sizeof *pred);
+    memset(pred, 0, (size_t)(2 * M + 2) * sizeof *pred);
     if (next) memset(next, 0, f->nstates * sizeof *next);
     for (int r = 0; r <= K; r++)
         for (int kind = 0; kind < 2; kind++)
@@ -534,17 +536,17 @@ static void filter_step(const struct filter *f, const double *p, int obs, double
                 double w = p[state(f, r, kind, b)];
                 if (w == 0) continue;
                 if (r == 0) {
-                    pred[M] += w * q;
-                    pred[M + 1] += w * (1 - q);
-                    if (next && obs == M) next[state(f, 1, 1, b)] += w * q;
-                    if (next && obs == M + 1) next[state(f, 1, 0, b)] += w * (1 - q);
+                    pred[NEW] += w * q;
+                    pred[COPY] += w * (1 - q);
+                    if (next && obs == NEW) next[state(f, 1, 1, b)] += w * q;
+                    if (next && obs == COPY) next[state(f, 1, 0, b)] += w * (1 - q);
                     continue;
                 }
                 int nr = (r + 1) % (K + 1), unit = pow_int(M, r - 1);
                 if (kind == 0) { /* COPY: the buffer holds the symbol */
                     int sym = buf_digit(b, r - 1, M);
-                    pred[sym] += w;
-                    if (next && obs == sym) next[state(f, nr, 0, b)] += w;
+                    pred[M + sym] += w;
+                    if (next && obs == M + sym) next[state(f, nr, 0, b)] += w;
                     continue;
                 }
                 for (int s = 0; s < M; s++) { /* NEW: a fresh symbol replaces it */
@@ -585,13 +587,13 @@ static void filter_init(struct filter *f, const struct loom_synth_model *m)
 static double enumerate_windows(const struct filter *f, double *beliefs, int depth, int T,
                                 double prob)
 {
-    double pred[LOOM_SYNTH_MAX_SYMBOLS + 2];
+    double pred[2 * LOOM_SYNTH_MAX_SYMBOLS + 2];
     const double *p = beliefs + (size_t)depth * f->nstates;
     filter_step(f, p, -1, pred, NULL);
-    double total = depth >= 1 ? prob * entropy_of(pred, f->M + 2) : 0;
+    double total = depth >= 1 ? prob * entropy_of(pred, 2 * f->M + 2) : 0;
     if (depth == T) return total;
-    double next_pred[LOOM_SYNTH_MAX_SYMBOLS + 2];
-    for (int v = 0; v < f->M + 2; v++) {
+    double next_pred[2 * LOOM_SYNTH_MAX_SYMBOLS + 2];
+    for (int v = 0; v < 2 * f->M + 2; v++) {
         if (pred[v] <= 0) continue;
         filter_step(f, p, v, next_pred, beliefs + (size_t)(depth + 1) * f->nstates);
         total += enumerate_windows(f, beliefs, depth + 1, T, prob * pred[v]);
@@ -601,9 +603,10 @@ static double enumerate_windows(const struct filter *f, double *beliefs, int dep
 
 static int obs_of(const struct loom_synth_model *m, int token)
 {
-    if (token == LOOM_SYNTH_MARKER_NEW) return m->spec.symbols;
-    if (token == LOOM_SYNTH_MARKER_COPY) return m->spec.symbols + 1;
-    return symbol_of(m, token);
+    int M = m->spec.symbols, sym = symbol_of(m, token);
+    if (token == LOOM_SYNTH_MARKER_NEW) return 2 * M;
+    if (token == LOOM_SYNTH_MARKER_COPY) return 2 * M + 1;
+    return sym >= 0 && token == m->byte_copy[sym] ? M + sym : sym;
 }
 
 /* The closed-form ideal window loss against the filter: exactly, over every
@@ -619,7 +622,7 @@ static void check_window_xent(struct loom_synth_spec spec, int T_exact, int T, i
     filter_init(&f, &m);
     double *beliefs = malloc((size_t)(T_exact + 1 > 2 ? T_exact + 1 : 2) * f.nstates *
                              sizeof *beliefs);
-    double pred[LOOM_SYNTH_MAX_SYMBOLS + 2];
+    double pred[2 * LOOM_SYNTH_MAX_SYMBOLS + 2];
 
     filter_prior(&f, beliefs);
     double exact = enumerate_windows(&f, beliefs, 0, T_exact, 1.0) / T_exact;
@@ -641,7 +644,7 @@ static void check_window_xent(struct loom_synth_spec spec, int T_exact, int T, i
         double l = 0;
         for (int j = 0; j <= T; j++) {
             filter_step(&f, cur, obs_of(&m, win[j]), pred, nxt);
-            if (j >= 1) l += entropy_of(pred, f.M + 2);
+            if (j >= 1) l += entropy_of(pred, 2 * f.M + 2);
             double *t = cur;
             cur = nxt;
             nxt = t;

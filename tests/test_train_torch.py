@@ -21,7 +21,10 @@ Checked per step:
              the next steps; float32 PyTorch itself stays within about 1e-7
              of a float64 run over these steps (printed as "f32 drift"), so
              the bound leaves room for rounding and still fails a wrong
-             clipping, accumulation, schedule or data order by far.
+             clipping, accumulation, schedule or data order by far. It is
+             also the sharper check: weight decay wrongly applied to biases
+             and LayerNorm parameters moves the loss by only ~5e-5 over
+             these 20 steps but the norm by ~1e-3.
 Exits 1 on any failure.
 """
 import json

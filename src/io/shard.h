@@ -8,6 +8,9 @@
  * size) every token id, so training never meets a bad id. The writer is
  * crash-safe (temporary name, fsync, rename, directory fsync).
  *
+ * Two small file helpers that the data layer's writers share live here too:
+ * crash-safe writing of any buffer, and creating an output directory.
+ *
  * Not here: which windows of a shard feed which step (sampler.h), turning
  * text into tokens (tokenizer.h).
  */

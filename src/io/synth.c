@@ -14,9 +14,11 @@
  *     independent of everything else the window shows.
  *   - no marker yet: tokens 0..j are span positions phi..phi+j of one
  *     segment, and their values say nothing about phi (every span is i.i.d.
- *     pi coordinate-wise, copied or not), so the m = K-j phases that fit are
- *     equally likely. The target is a marker with probability 1/m: the loss
- *     is log m + H_b(q) on a marker and H(pi) + log(m/(m-1)) on a symbol.
+ *     pi coordinate-wise, copied or not; their case gives the segment's
+ *     kind, which is independent of phi), so the m = K-j phases that fit
+ *     are equally likely. The target is a marker with probability 1/m: the
+ *     loss is log m + H_b(q) on a marker and H(pi) + log(m/(m-1)) on a
+ *     symbol (its case is known; a COPY's source lies before the window).
  * The test checks this against an exact Bayesian filter over the source's
  * hidden state.
  *
@@ -44,7 +46,7 @@ _Static_assert(sizeof symbol_bytes - 1 == LOOM_SYNTH_MAX_SYMBOLS, "one byte per 
 
 void loom_synth_default(struct loom_synth_spec *spec)
 {
-    spec->span = 3;
+    spec->span = 2;
     spec->symbols = 16;
     spec->zipf = 1.0;
     spec->p_new = 0.5;
@@ -92,7 +94,8 @@ int loom_synth_build(struct loom_synth_model *m, const struct loom_synth_spec *s
     }
     for (int i = 0; i < M; i++) {
         LOOM_ASSERT(m->weight[i] >= 1);
-        m->byte[i] = (unsigned char)symbol_bytes[i];
+        m->byte_new[i] = (unsigned char)symbol_bytes[i];
+        m->byte_copy[i] = (unsigned char)(symbol_bytes[i] - 'a' + 'A');
     }
     return LOOM_OK;
 }
@@ -190,10 +193,10 @@ void loom_synth_generate(const struct loom_synth_model *m, uint64_t seed, uint16
                          int64_t n)
 {
     int K = m->spec.span;
-    unsigned char *table = loom_alloc(LOOM_SYNTH_ONE, LOOM_MEM_OTHER); /* draw -> token */
+    unsigned char *table = loom_alloc(LOOM_SYNTH_ONE, LOOM_MEM_OTHER); /* draw -> symbol */
     for (uint32_t u = 0, i = 0, edge = m->weight[0]; u < LOOM_SYNTH_ONE; u++) {
         while (u >= edge) edge += m->weight[++i];
-        table[u] = m->byte[i];
+        table[u] = (unsigned char)i;
     }
     struct draw16 d = {.left = 0};
     loom_rng_seed(&d.rng, seed);
@@ -205,7 +208,8 @@ void loom_synth_generate(const struct loom_synth_model *m, uint64_t seed, uint16
         out[i++] = is_new ? LOOM_SYNTH_MARKER_NEW : LOOM_SYNTH_MARKER_COPY;
         if (is_new)
             for (int k = 0; k < K; k++) span[k] = table[draw16_next(&d)];
-        for (int k = 0; k < K && i < n; k++) out[i++] = span[k];
+        const unsigned char *bytes = is_new ? m->byte_new : m->byte_copy;
+        for (int k = 0; k < K && i < n; k++) out[i++] = bytes[span[k]];
     }
     loom_free(table);
 }
@@ -247,8 +251,8 @@ static int write_description(const struct loom_synth_model *m, uint64_t seed, co
     json_add(buf, cap, &len,
              "{\n  \"name\": \"loom-synth-copy\",\n  \"version\": 1,\n"
              "  \"description\": \"segments of a marker and %d symbols: NEW (' ') then fresh "
-             "symbols drawn i.i.d. from pi, or COPY ('=') then the previous segment's symbols "
-             "again\",\n",
+             "symbols drawn i.i.d. from pi in lower case, or COPY ('=') then the previous "
+             "segment's symbols again in upper case\",\n",
              s->span);
     json_add(buf, cap, &len,
              "  \"seed\": %llu,\n  \"vocab\": 256,\n  \"train_tokens\": %lld,\n"
@@ -256,8 +260,9 @@ static int write_description(const struct loom_synth_model *m, uint64_t seed, co
              "  \"p_new\": %.17g,\n  \"marker_new\": %d,\n  \"marker_copy\": %d,\n",
              (unsigned long long)seed, (long long)n_train, (long long)n_val, s->span, s->symbols,
              s->zipf, loom_synth_p_new(m), LOOM_SYNTH_MARKER_NEW, LOOM_SYNTH_MARKER_COPY);
-    json_add(buf, cap, &len, "  \"alphabet\": \"%.*s\",\n  \"symbol_probs\": [", s->symbols,
-             symbol_bytes);
+    json_add(buf, cap, &len, "  \"alphabet\": \"%.*s\",\n  \"alphabet_copy\": \"%.*s\",\n",
+             s->symbols, (const char *)m->byte_new, s->symbols, (const char *)m->byte_copy);
+    json_add(buf, cap, &len, "  \"symbol_probs\": [");
     for (int i = 0; i < s->symbols; i++)
         json_add(buf, cap, &len, "%s%.17g", i ? ", " : "", loom_synth_prob(m, i));
     json_add(buf, cap, &len,

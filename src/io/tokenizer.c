@@ -53,11 +53,14 @@ int loom_data_tokenize(const char *in, const char *outdir, double val_fraction)
         return loom_error_set(LOOM_ERR_INPUT, "cannot open text file '%s': %s", in,
                               strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return loom_error_set(LOOM_ERR_INPUT, "text file '%s' is not a readable regular file%s%s",
-                              in, e ? ": " : "", e ? strerror(e) : "");
+        return loom_error_set(LOOM_ERR_INPUT, "fstat '%s': %s", in, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return loom_error_set(LOOM_ERR_INPUT, "text file '%s' is not a regular file", in);
     }
     int64_t n = (int64_t)st.st_size;
     if (n == 0 || n > LOOM_SHARD_MAX_TOKENS) {

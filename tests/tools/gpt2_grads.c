@@ -3,7 +3,7 @@
  * tokens, writing the loss and every parameter gradient for comparison with
  * PyTorch (tests/test_model_torch.py).
  *
- *   gpt2_grads WEIGHTS.safetensors TOKENS.i32 OUT.safetensors L C NH T V B
+ *   gpt2_grads WEIGHTS.safetensors TOKENS.i32 OUT.safetensors L C NH T V B [maxT]
  *
  * TOKENS.i32 holds B rows of T+1 int32 tokens: inputs are each row's first
  * T, targets its last T. OUT holds "loss" [1], "logits" [B,T,V] and
@@ -19,11 +19,12 @@
 
 int main(int argc, char **argv)
 {
-    if (argc != 10) {
-        fprintf(stderr, "usage: gpt2_grads WEIGHTS TOKENS OUT L C NH T V B\n");
+    if (argc != 10 && argc != 11) {
+        fprintf(stderr, "usage: gpt2_grads WEIGHTS TOKENS OUT L C NH T V B [maxT]\n");
         return 2;
     }
-    struct loom_gpt2_config cfg = {atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8])};
+    int maxT = argc == 11 ? atoi(argv[10]) : atoi(argv[7]);
+    struct loom_gpt2_config cfg = {atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), maxT, atoi(argv[8])};
     int T = atoi(argv[7]), B = atoi(argv[9]);
     struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
     if (loom_gpt2_load(m, argv[1])) {
