@@ -267,7 +267,7 @@ static void test_sequential(void)
     CHECK(tg[T - 1] == 30012);
 
     CHECK(loom_data_check(&d, LOOM_DATA_SEQUENTIAL, 10, 4) == LOOM_ERR_INPUT);
-    CHECK(msg_has("41") && msg_has("40") && msg_has("10*4"));
+    CHECK(msg_has("41") && msg_has("40") && msg_has("10*4") && msg_has("order_0.bin"));
     CHECK(loom_data_check(&d, LOOM_DATA_SEQUENTIAL, 0, 4) == LOOM_ERR_INPUT);
     loom_data_close(&d);
 }

@@ -45,6 +45,12 @@ struct loom_config {
     char prompt[1024];
     int max_new_tokens, top_k;
     double temperature;
+    /* parallelism */
+    int tensor_model_parallel_size, pipeline_model_parallel_size;
+    double ddp_bucket_size; /* MB */
+    int no_overlap;
+    int ddp_impl; /* 0 bucketed, 1 naive */
+    double comm_timeout; /* seconds */
     /* machine */
     int threads;
     double peak_tflops;

@@ -10,6 +10,9 @@
 
 static _Thread_local char error_msg[1024];
 static int log_rank;
+static void (*abort_fn)(int code);
+
+void loom_log_set_abort(void (*fn)(int code)) { abort_fn = fn; }
 
 int loom_error_set(int status, const char *fmt, ...)
 {
@@ -19,6 +22,9 @@ int loom_error_set(int status, const char *fmt, ...)
     va_end(ap);
     return status;
 }
+
+void loom_error_clear(void) { error_msg[0] = 0; }
+int loom_error_is_set(void) { return error_msg[0] != 0; }
 
 const char *loom_error_message(void)
 {
@@ -57,6 +63,7 @@ void loom_die(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+    if (abort_fn) abort_fn(LOOM_ERR_RUNTIME);
     exit(LOOM_ERR_RUNTIME);
 }
 

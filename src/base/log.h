@@ -21,6 +21,11 @@
  * reads as one statement. */
 int loom_error_set(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Whether a message is recorded; clearing it makes the CLI print nothing
+ * (another rank prints the shared error). */
+int loom_error_is_set(void);
+void loom_error_clear(void);
+
 /* Prints `loom: warning: ...` on stderr (rank 0 only). */
 void loom_log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -34,6 +39,8 @@ void loom_abort(const char *file, int line, const char *cond) __attribute__((nor
 
 /* This process's rank in the world, for messages; set by the comm layer. */
 void loom_log_set_rank(int rank);
+/* How loom_die ends the job (the comm layer aborts every rank); exit by default. */
+void loom_log_set_abort(void (*fn)(int code));
 int loom_log_rank(void);
 
 #define LOOM_ASSERT(cond)                                                                \

@@ -9,6 +9,7 @@
 
 #include "base/blas_env.h"
 #include "base/log.h"
+#include "comm/comm.h"
 #include "engine/config.h"
 #include "engine/sample.h"
 #include "io/synth.h"
@@ -31,9 +32,10 @@ static void usage(FILE *f)
             LOOM_VERSION);
 }
 
+/* Prints the error (unless another rank prints the shared one) and returns rc. */
 static int fail(int rc)
 {
-    fprintf(stderr, "loom: error: %s\n", loom_error_message());
+    if (loom_error_is_set()) fprintf(stderr, "loom: error: %s\n", loom_error_message());
     return rc;
 }
 
@@ -137,12 +139,18 @@ int main(int argc, char **argv)
             if (!*cfg.load) rc = loom_error_set(LOOM_ERR_INPUT, "loom %s needs --load FILE.safetensors", cmd);
             else rc = shape_from_weights(&cfg, argc - 2, argv + 2);
         }
-        if (rc == LOOM_OK) rc = loom_config_resolve(&cfg, 1);
-        if (rc == LOOM_OK) {
-            if (strcmp(cmd, "train") == 0) rc = loom_train(&cfg);
-            else if (strcmp(cmd, "eval") == 0) rc = loom_eval(&cfg);
-            else rc = loom_sample(&cfg);
+        if (strcmp(cmd, "train") == 0) {
+            /* every rank parses the same flags; setup agrees on errors across ranks */
+            loom_comm_init(&argc, &argv);
+            rc = loom_train(&cfg);
+            if (rc) fail(rc);
+            loom_comm_finalize();
+            loom_config_free(&cfg);
+            return rc;
         }
+        if (rc == LOOM_OK && strcmp(cmd, "eval") == 0) rc = loom_eval(&cfg);
+        if (rc == LOOM_OK && strcmp(cmd, "sample") == 0 && (rc = loom_config_resolve(&cfg, 1)) == LOOM_OK)
+            rc = loom_sample(&cfg);
         loom_config_free(&cfg);
         return rc ? fail(rc) : 0;
     }

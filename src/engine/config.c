@@ -18,7 +18,7 @@
 #include "base/log.h"
 #include "io/sampler.h"
 
-enum setting_type { T_INT = 0, T_INT64 = 1, T_DOUBLE = 2, T_STRING = 3, T_PATHS = 4, T_ENUM = 5, T_TYPE_COUNT };
+enum setting_type { T_INT = 0, T_INT64 = 1, T_DOUBLE = 2, T_STRING = 3, T_PATHS = 4, T_ENUM = 5, T_BOOL = 6, T_TYPE_COUNT };
 
 enum origin { O_DEFAULT = 0, O_PRESET = 1, O_FLAG = 2, O_DERIVED = 3, O_ORIGIN_COUNT };
 static const char *const origin_names[] = {"default", "preset", "flag", "derived"};
@@ -26,6 +26,7 @@ static_assert(sizeof origin_names / sizeof origin_names[0] == O_ORIGIN_COUNT, "o
 
 static const char *const decay_styles[] = {"constant", "linear", "cosine", NULL};
 static_assert(sizeof decay_styles / sizeof decay_styles[0] == LOOM_LR_DECAY_STYLE_COUNT + 1, "decay_styles");
+static const char *const ddp_impls[] = {"bucketed", "naive", NULL};
 static const char *const data_orders[] = {"shuffled", "sequential", NULL};
 static_assert(sizeof data_orders / sizeof data_orders[0] == LOOM_DATA_ORDER_COUNT + 1, "data_orders");
 
@@ -82,6 +83,12 @@ static const struct setting settings[] = {
     INT("--max-new-tokens", "sampling", max_new_tokens, 0, 1 << 20, "64", "tokens to generate (loom sample)"),
     DBL("--temperature", "sampling", temperature, 0, 100, "1.0", "softmax temperature, 0 for greedy (loom sample)"),
     INT("--top-k", "sampling", top_k, 0, 1 << 24, "0", "sample among the k most likely tokens (0: all)"),
+    INT("--tensor-model-parallel-size", "parallelism", tensor_model_parallel_size, 1, 4096, "1", "tensor-parallel group size"),
+    INT("--pipeline-model-parallel-size", "parallelism", pipeline_model_parallel_size, 1, 4096, "1", "pipeline stages"),
+    DBL("--ddp-bucket-size", "parallelism", ddp_bucket_size, 0.001, 1e6, "25", "MB of gradients per DDP all-reduce bucket"),
+    {"--no-overlap", "parallelism", T_BOOL, F(no_overlap), 0, 0, 1, "0", NULL, "reduce gradients after the backward, not during it"},
+    {"--ddp-impl", "parallelism", T_ENUM, F(ddp_impl), 0, 0, 0, "bucketed", ddp_impls, "bucketed (overlapped) or naive (one all-reduce, the reference)"},
+    DBL("--comm-timeout", "parallelism", comm_timeout, 0.1, 1e7, "600", "seconds before a stuck collective aborts the job"),
     INT("--threads", "machine", threads, 0, 4096, "0", "threads for kernels and BLAS (0: all cores)"),
     DBL("--peak-tflops", "machine", peak_tflops, 0, 1e6, "0", "peak FLOP/s for MFU, in TFLOP/s (0: calibrate)"),
 };
@@ -166,6 +173,11 @@ static int set_value(struct loom_config *cfg, const struct setting *s, const cha
         if (strlen(v) >= s->size)
             return loom_error_set(LOOM_ERR_INPUT, "%s: value longer than %zu characters", s->flag, s->size - 1);
         strcpy(p, v);
+        return LOOM_OK;
+    case T_BOOL:
+        if (strcmp(v, "1") == 0 || strcmp(v, "true") == 0) *(int *)p = 1;
+        else if (strcmp(v, "0") == 0 || strcmp(v, "false") == 0) *(int *)p = 0;
+        else return loom_error_set(LOOM_ERR_INPUT, "%s: expected true or false, got '%s'", s->flag, v);
         return LOOM_OK;
     case T_ENUM:
         for (int i = 0; s->choices[i]; i++)
@@ -262,6 +274,8 @@ int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help)
         }
         if (eq) {
             if ((rc = set_value(cfg, s, eq + 1))) return rc;
+        } else if (s->type == T_BOOL) {
+            *(int *)((char *)cfg + s->offset) = 1;
         } else {
             if (i + 1 >= argc || (strncmp(argv[i + 1], "--", 2) == 0))
                 return loom_error_set(LOOM_ERR_INPUT, "%s needs a value", s->flag);
@@ -359,6 +373,7 @@ static void format_value(char *buf, size_t n, const struct loom_config *cfg, con
     case T_DOUBLE: snprintf(buf, n, "%g", *(const double *)p); break;
     case T_STRING: snprintf(buf, n, "%s", *p ? p : "-"); break;
     case T_ENUM: snprintf(buf, n, "%s", s->choices[*(const int *)p]); break;
+    case T_BOOL: snprintf(buf, n, "%s", *(const int *)p ? "true" : "false"); break;
     case T_PATHS: {
         char *const *paths = (char *const *)p;
         int cnt = s->offset == F(data_paths) ? cfg->ndata_paths : cfg->nvalid_paths;
@@ -387,6 +402,7 @@ void loom_config_print_help(FILE *f, const char *command)
                  : s->type == T_DOUBLE                  ? "X"
                  : s->type == T_PATHS                   ? "PATH..."
                  : s->type == T_ENUM                    ? "CHOICE"
+                 : s->type == T_BOOL                    ? ""
                                                         : "VALUE");
         fprintf(f, "  %-36s %s", arg, s->help);
         if (s->def && strcmp(s->def, "0") && *s->def) fprintf(f, " [%s]", s->def);
@@ -409,4 +425,17 @@ void loom_config_free(struct loom_config *cfg)
     for (int i = 0; i < cfg->ndata_paths; i++) free(cfg->data_paths[i]);
     for (int i = 0; i < cfg->nvalid_paths; i++) free(cfg->valid_data_paths[i]);
     cfg->ndata_paths = cfg->nvalid_paths = 0;
+}
+
+int loom_config_count(void) { return NSETTINGS; }
+
+uint64_t loom_config_hash(const struct loom_config *cfg, int i, const char **flag)
+{
+    LOOM_ASSERT(i >= 0 && i < NSETTINGS);
+    char v[4096];
+    format_value(v, sizeof v, cfg, &settings[i]);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *c = v; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    if (flag) *flag = settings[i].flag;
+    return h;
 }

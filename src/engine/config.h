@@ -6,6 +6,7 @@
 #ifndef LOOM_ENGINE_CONFIG_H
 #define LOOM_ENGINE_CONFIG_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "loom/config.h"
@@ -24,5 +25,9 @@ void loom_config_print_help(FILE *f, const char *command);
 /* The resolved configuration as one table, each setting with its origin. */
 void loom_config_print(FILE *f, const struct loom_config *cfg);
 void loom_config_free(struct loom_config *cfg);
+
+/* Per-setting fingerprints, to check that every rank runs the same config. */
+int loom_config_count(void);
+uint64_t loom_config_hash(const struct loom_config *cfg, int i, const char **flag);
 
 #endif

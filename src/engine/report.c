@@ -2,7 +2,9 @@
 #include "engine/report.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,7 +40,10 @@ const char *loom_fmt_duration(char *buf, size_t n, double s)
 int loom_report_open(struct loom_report *r, const char *metrics_path)
 {
     memset(r, 0, sizeof *r);
-    r->tty = loom_log_rank() == 0 && isatty(STDOUT_FILENO);
+    /* the bar only for a single process on a terminal: mpirun forwards output
+     * through a pseudo-terminal that is no terminal of the user's */
+    r->tty = loom_log_rank() == 0 && isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") &&
+             !getenv("PMI_SIZE");
     r->t_start = loom_now();
     if (metrics_path && *metrics_path && loom_log_rank() == 0) {
         r->metrics = fopen(metrics_path, "a");
@@ -94,7 +99,8 @@ static void mem_json(FILE *f, const struct loom_mem_stats *mem)
     fprintf(f, "\"total\":%lld}", (long long)mem->peak_total);
 }
 
-void loom_report_step(struct loom_report *r, const struct loom_step_stats *s, const struct loom_mem_stats *mem)
+void loom_report_step(struct loom_report *r, const struct loom_step_stats *s, const struct loom_mem_stats *mem,
+                      const int64_t *mem_by_rank, int world)
 {
     int digits = snprintf(NULL, 0, "%d", s->total);
     loom_report_line(r, "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | %.1f ms/step\n",
@@ -105,6 +111,18 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s, co
                 "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.6g,\"mfu\":%.6g,\"ms_per_step\":%.6g,\"mem\":",
                 s->step, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->mfu, s->ms_per_step);
         mem_json(r->metrics, mem);
+        if (s->comm_wait_ms >= 0) fprintf(r->metrics, ",\"comm_wait_ms\":%.6g", s->comm_wait_ms);
+        if (mem_by_rank) {
+            fputs(",\"mem_by_rank\":[", r->metrics);
+            for (int k = 0; k < world; k++) {
+                const int64_t *row = mem_by_rank + (size_t)k * (LOOM_MEM_COUNT + 1);
+                fputs(k ? ",{" : "{", r->metrics);
+                for (int i = 0; i < LOOM_MEM_COUNT; i++)
+                    fprintf(r->metrics, "\"%s\":%lld,", loom_mem_tag_name((enum loom_mem_tag)i), (long long)row[i]);
+                fprintf(r->metrics, "\"total\":%lld}", (long long)row[LOOM_MEM_COUNT]);
+            }
+            fputs("]", r->metrics);
+        }
         fputs("}\n", r->metrics);
         fflush(r->metrics);
     }

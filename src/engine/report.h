@@ -13,6 +13,7 @@
 struct loom_step_stats {
     int step, total;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms_per_step;
+    double comm_wait_ms; /* exposed communication after the backward; < 0: none */
 };
 
 struct loom_report {
@@ -26,8 +27,9 @@ struct loom_report {
 int loom_report_open(struct loom_report *r, const char *metrics_path);
 void loom_report_close(struct loom_report *r);
 
+/* mem_by_rank: (world, LOOM_MEM_COUNT+1) peaks with the total last, or NULL. */
 void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
-                      const struct loom_mem_stats *mem);
+                      const struct loom_mem_stats *mem, const int64_t *mem_by_rank, int world);
 void loom_report_eval(struct loom_report *r, int step, double val_loss, double floor_nats);
 /* Redraws the progress bar (terminal only). */
 void loom_report_progress(struct loom_report *r, int step, int total, double loss);

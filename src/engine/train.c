@@ -1,8 +1,10 @@
 /*
- * The single-process training loop: data, model, optimizer, schedule,
- * evaluation, logging and the closing summary. Data-parallel strategies will
- * hook in around the blocks (grad-ready hook) and the step; this file stays
- * the one loop.
+ * The training loop: data, model, optimizer, schedule, evaluation, logging
+ * and the closing summary, for one process or a data-parallel group. Rank r
+ * of dp takes rows [(r*A + a)*B, +B) of the global batch for micro-batch a;
+ * DDP (parallel/ddp.c) hooks in through the model's grad-ready hook and
+ * after the backward. Start-up checks every rank runs the same config and
+ * holds the same initial weights. Rank 0 alone prints and writes.
  */
 #include "loom/train.h"
 
@@ -10,9 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "base/blas_env.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "comm/comm.h"
 #include "engine/config.h"
 #include "engine/mfu.h"
 #include "engine/report.h"
@@ -23,9 +28,11 @@
 #include "model/gpt2_io.h"
 #include "optim/adamw.h"
 #include "optim/lr.h"
+#include "parallel/ddp.h"
 
 struct run {
     struct loom_config *cfg;
+    struct loom_topology topo;
     struct loom_data train, valid;
     int have_valid;
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
@@ -97,21 +104,26 @@ static int open_data(struct run *r)
         r->have_valid = 1;
     }
     if (r->have_valid && cfg->eval_iters > 0 &&
-        (rc = loom_data_check(&r->valid, LOOM_DATA_SHUFFLED, cfg->micro_batch_size, cfg->seq_length)))
+        (rc = loom_data_check(&r->valid, LOOM_DATA_SHUFFLED, cfg->global_batch_size, cfg->seq_length)))
         return rc;
     return LOOM_OK;
 }
 
+/* Mean loss over eval_iters batches of the global batch size, split across
+ * ranks and micro-batches as in training, so every layout sees the same rows. */
 static double evaluate(struct run *r)
 {
     const struct loom_config *cfg = r->cfg;
-    int B = cfg->micro_batch_size, T = cfg->seq_length;
+    int B = cfg->micro_batch_size, T = cfg->seq_length, A = cfg->gradient_accumulation_steps;
     double sum = 0;
-    for (int i = 0; i < cfg->eval_iters; i++) {
-        loom_data_eval_batch(&r->valid, i, B, 0, B, T, r->inputs, r->targets);
-        sum += loom_gpt2_forward(r->model, r->inputs, r->targets, B);
-    }
-    return cfg->eval_iters ? sum / cfg->eval_iters : 0;
+    for (int i = 0; i < cfg->eval_iters; i++)
+        for (int a = 0; a < A; a++) {
+            loom_data_eval_batch(&r->valid, i, cfg->global_batch_size, (r->topo.dp_rank * A + a) * B, B, T,
+                                 r->inputs, r->targets);
+            sum += loom_gpt2_forward(r->model, r->inputs, r->targets, B);
+        }
+    loom_comm_allreduce_sync(LOOM_GROUP_DP, &sum, 1, LOOM_F64, LOOM_OP_SUM);
+    return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo.dp) : 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -120,22 +132,75 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Every rank must run the same settings: compare per-setting fingerprints. */
+static int check_same_config(const struct loom_config *cfg)
+{
+    int n = loom_config_count();
+    uint64_t *lo = loom_alloc(sizeof(uint64_t) * (size_t)n, LOOM_MEM_OTHER);
+    uint64_t *hi = loom_alloc(sizeof(uint64_t) * (size_t)n, LOOM_MEM_OTHER);
+    for (int i = 0; i < n; i++) lo[i] = hi[i] = loom_config_hash(cfg, i, NULL);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, lo, (size_t)n, LOOM_U64, LOOM_OP_MIN);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, hi, (size_t)n, LOOM_U64, LOOM_OP_MAX);
+    int rc = LOOM_OK;
+    for (int i = 0; i < n && rc == LOOM_OK; i++)
+        if (lo[i] != hi[i]) {
+            const char *flag;
+            loom_config_hash(cfg, i, &flag);
+            rc = loom_error_set(LOOM_ERR_INPUT, "ranks disagree on %s: every rank must be started with the same configuration", flag);
+        }
+    loom_free(lo);
+    loom_free(hi);
+    return rc;
+}
+
+/* Every rank must start from the same weights: compare a checksum of the bits. */
+static int check_same_weights(const struct loom_gpt2 *m)
+{
+    uint64_t h[2] = {1469598103934665603ull, 0};
+    const uint32_t *w = (const uint32_t *)m->params;
+    for (size_t i = 0; i < m->num_params; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
+    h[1] = h[0];
+    loom_comm_allreduce_sync(LOOM_GROUP_DP, &h[0], 1, LOOM_U64, LOOM_OP_MIN);
+    loom_comm_allreduce_sync(LOOM_GROUP_DP, &h[1], 1, LOOM_U64, LOOM_OP_MAX);
+    if (h[0] != h[1])
+        return loom_error_set(LOOM_ERR_RUNTIME, "ranks hold different initial weights (checksums %016llx and %016llx)",
+                              (unsigned long long)h[0], (unsigned long long)h[1]);
+    return LOOM_OK;
+}
+
+/* A status every rank agrees on: the lowest failing rank keeps its message
+ * to print, the others clear theirs. */
+static int agree(struct run *r, int rc)
+{
+    int first;
+    int all = loom_comm_agree(rc, &first);
+    if (all && first != r->topo.rank) loom_error_clear();
+    return all;
+}
+
 static int setup(struct run *r, struct loom_config *cfg)
 {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
-    int rc;
+    int rc = loom_comm_setup(&r->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
+    loom_comm_set_timeout(cfg->comm_timeout);
+    if (rc == LOOM_OK && (r->topo.tp > 1 || r->topo.pp > 1))
+        rc = loom_error_set(LOOM_ERR_INPUT, "tensor and pipeline parallelism are not available in this version (--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d)",
+                            r->topo.tp, r->topo.pp);
+    if (rc == LOOM_OK) rc = loom_config_resolve(cfg, r->topo.dp);
+    if ((rc = agree(r, rc))) return rc;
+    if ((rc = agree(r, check_same_config(cfg)))) return rc;
     if (cfg->threads > 0) loom_threads_set(cfg->threads);
     struct loom_gpt2_config mc = {cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads,
                                   cfg->max_position_embeddings, cfg->vocab_size};
-    if ((rc = loom_gpt2_config_check(&mc, cfg->seq_length))) return rc;
-    if ((rc = open_data(r))) return rc;
+    rc = loom_gpt2_config_check(&mc, cfg->seq_length);
+    if (rc == LOOM_OK) rc = open_data(r);
+    if ((rc = agree(r, rc))) return rc;
     r->model = loom_gpt2_create(&mc, cfg->micro_batch_size, cfg->seq_length);
-    if (*cfg->load) {
-        if ((rc = loom_gpt2_load(r->model, cfg->load))) return rc;
-    } else {
-        loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
-    }
+    if (*cfg->load) rc = loom_gpt2_load(r->model, cfg->load);
+    else loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
+    if ((rc = agree(r, rc))) return rc;
+    if ((rc = agree(r, check_same_weights(r->model)))) return rc;
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
     r->inputs = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
     r->targets = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
@@ -164,6 +229,19 @@ static void print_memory(struct loom_report *rep)
     loom_report_line(rep, "  peak memory: %stotal %s\n", line, loom_fmt_bytes(b, sizeof b, (double)mem.peak_total));
 }
 
+/* Peak memory of every rank, gathered for rank 0's metrics: (world, COUNT+1). */
+static int64_t *gather_memory(const struct run *r, const struct loom_mem_stats *mem)
+{
+    if (r->topo.world == 1) return NULL;
+    const size_t k = LOOM_MEM_COUNT + 1;
+    uint64_t mine[LOOM_MEM_COUNT + 1];
+    for (int i = 0; i < LOOM_MEM_COUNT; i++) mine[i] = (uint64_t)mem->peak[i];
+    mine[LOOM_MEM_COUNT] = (uint64_t)mem->peak_total;
+    int64_t *all = loom_alloc(sizeof(int64_t) * k * (size_t)r->topo.world, LOOM_MEM_OTHER);
+    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, mine, all, k, LOOM_U64));
+    return all;
+}
+
 int loom_train(struct loom_config *cfg)
 {
     struct run r;
@@ -173,45 +251,67 @@ int loom_train(struct loom_config *cfg)
         return rc;
     }
     struct loom_report rep;
-    if ((rc = loom_report_open(&rep, cfg->metrics))) {
+    if ((rc = agree(&r, loom_report_open(&rep, cfg->metrics)))) {
+        loom_report_close(&rep);
         teardown(&r);
         return rc;
     }
     struct loom_gpt2 *m = r.model;
+    const int dp = r.topo.dp;
     struct loom_adamw opt;
     loom_adamw_init(&opt, m->blocks, m->nblocks, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
     struct loom_lr_schedule sched = {cfg->lr, cfg->min_lr, cfg->lr_warmup_iters, cfg->lr_decay_iters, cfg->lr_decay_style};
+    struct loom_ddp ddp = {0};
+    if (dp > 1) loom_ddp_init(&ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == 1);
 
+    /* peak FLOP/s of the whole job: the sum over ranks */
     double peak = cfg->peak_tflops * 1e12;
     const char *peak_src = "given by --peak-tflops";
     if (peak <= 0) {
         peak = loom_calibrate_peak_flops();
         peak_src = "calibrated by sgemm at start-up";
     }
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &peak, 1, LOOM_F64, LOOM_OP_SUM);
     if (loom_log_rank() == 0) loom_config_print(stdout, cfg);
-    char b[32];
+    char b[32], topo[96];
+    loom_topology_format(&r.topo, topo, sizeof topo);
     loom_report_line(&rep, "model: GPT-2, %d layers, %d channels, %d heads, T=%d, V=%d: %zu parameters (%s)\n",
                      cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads, cfg->seq_length,
                      cfg->vocab_size, m->num_params, loom_fmt_bytes(b, sizeof b, 4.0 * m->num_params));
-    loom_report_line(&rep, "threads: %d, peak %.1f GFLOP/s (%s)\n", loom_threads_get(), peak / 1e9, peak_src);
+    loom_report_line(&rep, "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
+                     r.topo.world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
+    if (dp > 1)
+        loom_report_line(&rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s\n",
+                         ddp.naive ? "naive (one all-reduce)" : "bucketed", ddp.nbuckets, cfg->ddp_bucket_size,
+                         ddp.naive || !ddp.overlap ? "off" : "on");
 
     const int B = cfg->micro_batch_size, T = cfg->seq_length, A = cfg->gradient_accumulation_steps;
     const int G = cfg->global_batch_size;
     const double flops_per_token = loom_gpt2_flops_per_token(m);
     double *step_tps = loom_alloc(sizeof(double) * (size_t)cfg->train_iters, LOOM_MEM_OTHER);
     double t_train = loom_now(), last_loss = 0, last_val = -1;
+    /* LOOM_TEST_STALL=RANK:STEP makes one rank stop answering at a step: the
+     * failure tests use it to exercise the communication deadline. */
+    int stall_rank = -1, stall_step = -1;
+    if (getenv("LOOM_TEST_STALL")) sscanf(getenv("LOOM_TEST_STALL"), "%d:%d", &stall_rank, &stall_step);
     for (int step = 1; step <= cfg->train_iters; step++) {
+        loom_comm_set_step(step);
+        if (r.topo.rank == stall_rank && step == stall_step)
+            for (;;) pause();
         loom_mem_reset_peak();
         double t0 = loom_now();
         loom_gpt2_zero_grad(m);
         double loss = 0;
         for (int a = 0; a < A; a++) {
             loom_data_batch(&r.train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed, step - 1, G,
-                            a * B, B, T, r.inputs, r.targets);
+                            (r.topo.dp_rank * A + a) * B, B, T, r.inputs, r.targets);
             loss += loom_gpt2_forward(m, r.inputs, r.targets, B);
-            loom_gpt2_backward(m, 1.0f / (float)A);
+            if (dp > 1) loom_ddp_begin_backward(&ddp, a == A - 1);
+            loom_gpt2_backward(m, 1.0f / (float)(A * dp));
         }
-        loss /= A;
+        if (dp > 1) loom_ddp_finish(&ddp);
+        loom_comm_allreduce_sync(LOOM_GROUP_DP, &loss, 1, LOOM_F64, LOOM_OP_SUM);
+        loss /= (double)A * dp;
         double norm = loom_grad_norm(m->blocks, m->nblocks);
         double lr = loom_lr_at(&sched, step);
         loom_adamw_step(&opt, m->blocks, lr, loom_clip_coef(norm, cfg->clip_grad));
@@ -221,10 +321,12 @@ int loom_train(struct loom_config *cfg)
         last_loss = loss;
         if (step % cfg->log_interval == 0 || step == cfg->train_iters) {
             struct loom_step_stats s = {step, cfg->train_iters, loss, lr, norm, tps,
-                                        tps * flops_per_token / peak, dt * 1e3};
+                                        tps * flops_per_token / peak, dt * 1e3, dp > 1 ? ddp.wait_s * 1e3 : -1};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
-            loom_report_step(&rep, &s, &mem);
+            int64_t *by_rank = gather_memory(&r, &mem);
+            loom_report_step(&rep, &s, &mem, by_rank, r.topo.world);
+            loom_free(by_rank);
         }
         if (r.have_valid && cfg->eval_iters > 0 && (step % cfg->eval_interval == 0 || step == cfg->train_iters)) {
             last_val = evaluate(&r);
@@ -247,7 +349,7 @@ int loom_train(struct loom_config *cfg)
     loom_report_line(&rep, "  median %.0f tokens/s | mfu %.1f%% of %.1f GFLOP/s peak (%s)\n", median_tps,
                      100 * median_tps * flops_per_token / peak, peak / 1e9, peak_src);
     print_memory(&rep);
-    if (*cfg->save) {
+    if (*cfg->save && r.topo.rank == 0) {
         char path[700];
         if ((rc = mkdir_p(cfg->save)) == LOOM_OK) {
             snprintf(path, sizeof path, "%s/model.safetensors", cfg->save);
@@ -255,8 +357,10 @@ int loom_train(struct loom_config *cfg)
             if (rc == LOOM_OK) loom_report_line(&rep, "  saved weights to %s\n", path);
         }
     }
+    rc = agree(&r, rc);
     loom_free(step_tps);
     loom_report_close(&rep);
+    if (dp > 1) loom_ddp_free(&ddp);
     loom_adamw_free(&opt);
     teardown(&r);
     return rc;
@@ -266,6 +370,8 @@ int loom_eval(struct loom_config *cfg)
 {
     struct run r;
     int rc = setup(&r, cfg);
+    if (rc == LOOM_OK && r.topo.world > 1)
+        rc = loom_error_set(LOOM_ERR_INPUT, "loom eval runs in one process (got %d ranks)", r.topo.world);
     if (rc == LOOM_OK && !r.have_valid)
         rc = loom_error_set(LOOM_ERR_INPUT, "loom eval needs --valid-data-path (or no --data-path, for the built-in corpus)");
     if (rc == LOOM_OK) {

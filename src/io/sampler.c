@@ -160,35 +160,45 @@ static int64_t total_blocks(const struct loom_data *d, int64_t block)
     return b;
 }
 
+/* Index of the largest shard (the first of equals); -1 when there is none. */
+static int largest_shard(const struct loom_data *d)
+{
+    int best = -1;
+    for (int i = 0; i < d->nshards; i++)
+        if (best < 0 || d->shards[i].n > d->shards[best].n) best = i;
+    return best;
+}
+
+int64_t loom_data_largest_shard(const struct loom_data *d)
+{
+    int i = largest_shard(d);
+    return i < 0 ? 0 : d->shards[i].n;
+}
+
 int loom_data_check(const struct loom_data *d, enum loom_data_order order, int global_rows, int T)
 {
+    LOOM_ASSERT((int)order >= 0 && order < LOOM_DATA_ORDER_COUNT);
     if (global_rows <= 0 || T <= 0)
         return loom_error_set(LOOM_ERR_INPUT, "batch of %d rows of %d tokens: both must be positive",
                               global_rows, T);
+    int big = largest_shard(d);
+    const char *name = big < 0 ? "none" : d->shards[big].path;
     if (order == LOOM_DATA_SEQUENTIAL) {
         int64_t block = (int64_t)global_rows * T;
         if (total_blocks(d, block) == 0)
             return loom_error_set(LOOM_ERR_INPUT,
                                   "data too small for the sequential order: a batch reads a block "
                                   "of B*T+1 = %d*%d+1 = %lld tokens from one shard, and the "
-                                  "largest of the %d shard(s) holds %lld (%lld tokens in all)",
-                                  global_rows, T, (long long)(block + 1), d->nshards,
-                                  (long long)loom_data_largest_shard(d), (long long)d->tokens);
-    } else {
-        if (total_windows(d, T) == 0)
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "data too small: a row reads T+1 = %d tokens from one shard, "
-                                  "and the largest of the %d shard(s) holds %lld",
-                                  T + 1, d->nshards, (long long)loom_data_largest_shard(d));
+                                  "largest of the %d shard(s), '%s', holds %lld",
+                                  global_rows, T, (long long)(block + 1), d->nshards, name,
+                                  (long long)loom_data_largest_shard(d));
+    } else if (total_windows(d, T) == 0) {
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "data too small: a row reads T+1 = %d tokens from one shard, and "
+                              "the largest of the %d shard(s), '%s', holds %lld",
+                              T + 1, d->nshards, name, (long long)loom_data_largest_shard(d));
     }
     return LOOM_OK;
-}
-
-int64_t loom_data_largest_shard(const struct loom_data *d)
-{
-    int64_t m = 0;
-    for (int i = 0; i < d->nshards; i++) m = d->shards[i].n > m ? d->shards[i].n : m;
-    return m;
 }
 
 int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order, int global_rows,

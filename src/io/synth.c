@@ -49,7 +49,7 @@ void loom_synth_default(struct loom_synth_spec *spec)
     spec->span = 2;
     spec->symbols = 16;
     spec->zipf = 1.0;
-    spec->p_new = 0.5;
+    spec->p_new = 0.3;
 }
 
 int loom_synth_build(struct loom_synth_model *m, const struct loom_synth_spec *spec)

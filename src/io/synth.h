@@ -9,19 +9,25 @@
  * distribution pi over M letters ('e', 't', 'a', ... by English frequency),
  * in lower case; after COPY it repeats the previous segment's symbols (so
  * the most recent NEW span) in upper case. The default corpus (K=2, M=16,
- * pi_i ~ 1/(i+1), q=1/2) reads " oi id ed=ED et ew=EW id et=ET".
+ * pi_i ~ 1/(i+1), q=0.3) reads " oi=OI=OI=OI dn=DN tt ww id et=ET=ET".
  *
  * A repeat is predictable only by attending K+1 tokens back. The case makes
  * the kind of the current segment visible in the token just before every
  * span symbol, so the one pattern a model must learn for copying is that
  * fixed offset (the case adds no information: it follows from the marker).
- * Small K matters: a tiny GPT finds the offset-3 copy of K=2 within a few
- * hundred steps, and spends far longer on a plateau at K=3.
+ * The defaults are chosen so that gpt2-tiny (B=16, T=64, lr 3e-3) leaves the
+ * no-copy plateau within a few hundred steps: a short offset (K=2; at K=3
+ * the plateau lasts far longer) and mostly COPY segments (q=0.3; at q=1/2
+ * the copy's gradient was too weak to leave the plateau in 1200 steps).
  *
  * Entropy rate (nats/token), exact for the quantised probabilities that the
  * generator realises (q and pi are multiples of 2^-16):
  *
  *     h = (H_b(q) + q * K * H(pi)) / (K + 1)
+ *
+ * (markers carry H_b(q) each; a NEW span K*H(pi); a COPY span nothing).
+ * Defaults: q = 19661/2^16, H(pi) = 2.358929, h = 0.675413 nats/token;
+ * the ideal loss with a 64-token window is 0.717034 (excess 0.041621).
  *
  * A predictor that sees only a window of T tokens pays more at the window's
  * start: it does not know where segments begin until it sees a marker, and

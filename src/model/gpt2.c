@@ -94,11 +94,14 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
     m->nblocks = L + 2;
     m->blocks = loom_alloc(sizeof *m->blocks * (size_t)m->nblocks, LOOM_MEM_OTHER);
     layout_blocks(m);
-    for (int i = 0; i < m->nblocks; i++) {
-        struct loom_block *b = &m->blocks[i];
-        b->params = loom_alloc(loom_mul_size(b->numel, sizeof(float)), LOOM_MEM_PARAMS);
-        b->grads = loom_alloc(loom_mul_size(b->numel, sizeof(float)), LOOM_MEM_GRADS);
-        m->num_params += b->numel;
+    for (int i = 0; i < m->nblocks; i++) m->num_params += m->blocks[i].numel;
+    /* one arena each for parameters and gradients, blocks in order, so that a
+     * run of consecutive blocks is one contiguous range (a DDP bucket) */
+    m->params = loom_alloc(loom_mul_size(m->num_params, sizeof(float)), LOOM_MEM_PARAMS);
+    m->grads = loom_alloc(loom_mul_size(m->num_params, sizeof(float)), LOOM_MEM_GRADS);
+    for (size_t i = 0, off = 0; i < (size_t)m->nblocks; off += m->blocks[i].numel, i++) {
+        m->blocks[i].params = m->params + off;
+        m->blocks[i].grads = m->grads + off;
     }
     const size_t att = (size_t)B * NH * T * T;
     m->layers = loom_alloc(sizeof *m->layers * (size_t)L, LOOM_MEM_OTHER);
@@ -138,10 +141,8 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
 void loom_gpt2_free(struct loom_gpt2 *m)
 {
     if (!m) return;
-    for (int i = 0; i < m->nblocks; i++) {
-        loom_free(m->blocks[i].params);
-        loom_free(m->blocks[i].grads);
-    }
+    loom_free(m->params);
+    loom_free(m->grads);
     for (int l = 0; l < m->cfg.num_layers; l++) {
         struct loom_layer_acts *a = &m->layers[l];
         float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->res2,
@@ -271,11 +272,7 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
     block_done(m, 0);
 }
 
-void loom_gpt2_zero_grad(struct loom_gpt2 *m)
-{
-    for (int i = 0; i < m->nblocks; i++)
-        memset(m->blocks[i].grads, 0, m->blocks[i].numel * sizeof(float));
-}
+void loom_gpt2_zero_grad(struct loom_gpt2 *m) { memset(m->grads, 0, m->num_params * sizeof(float)); }
 
 struct loom_tensor *loom_gpt2_find(struct loom_gpt2 *m, const char *name, struct loom_block **block_out)
 {

@@ -2,7 +2,8 @@
  * GPT-2 as an ordered list of blocks: the embedding block (wte, wpe), L
  * transformer layers, and the head block (final LayerNorm; the LM head is
  * tied to wte, which the embedding block owns). Each block owns its
- * parameters and gradients in one flat buffer each, reached through named
+ * parameters and gradients in one flat buffer each (consecutive slices of
+ * one arena, so consecutive blocks are one contiguous range), reached through named
  * tensors with Hugging Face GPT-2 names: the unit that ZeRO-3 gathers and
  * pipeline parallelism places.
  *
@@ -76,6 +77,7 @@ struct loom_gpt2 {
     int nblocks; /* L + 2: [embedding, layers..., head] */
     struct loom_block *blocks;
     size_t num_params;
+    float *params, *grads; /* (num_params) each: the blocks' buffers, in block order */
 
     /* activations */
     struct loom_layer_acts *layers; /* (L) */

@@ -1,0 +1,402 @@
+/*
+ * MPI wrapper, topology and the communication thread (see comm.h).
+ *
+ * Requests go into a FIFO; the thread starts each with the matching MPI_I*
+ * call in posting order and polls MPI_Test over the started ones, sleeping
+ * 20 us when none completed. Waiters block on a condition variable with the
+ * deadline of --comm-timeout.
+ */
+#include "comm/comm.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "loom/loom.h"
+
+#ifdef LOOM_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static const char *const group_names[] = {"world", "dp", "tp", "pp"};
+static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "group_names");
+static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast", "send", "recv"};
+static_assert(sizeof coll_names / sizeof coll_names[0] == LOOM_COLL_COUNT, "coll_names");
+static const size_t dtype_size[] = {4, 8, 8};
+static_assert(sizeof dtype_size / sizeof dtype_size[0] == LOOM_DTYPE_COUNT, "dtype_size");
+
+struct loom_comm_handle {
+    enum loom_coll coll;
+    enum loom_group group;
+    enum loom_dtype dt;
+    enum loom_op op;
+    const void *send;
+    void *recv;
+    size_t count;
+    int peer, tag;
+    int64_t step;
+    int done; /* guarded by lock */
+    struct loom_comm_handle *next;
+#ifdef LOOM_HAVE_MPI
+    MPI_Request req;
+#endif
+};
+
+static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1};
+static double timeout_s = 600;
+static int64_t cur_step = -1;
+static int have_thread;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t posted = PTHREAD_COND_INITIALIZER, completed = PTHREAD_COND_INITIALIZER;
+static struct loom_comm_handle *queue_head, *queue_tail; /* posted, not started */
+static int stopping;
+static pthread_t thread;
+
+#ifdef LOOM_HAVE_MPI
+static MPI_Comm comms[LOOM_GROUP_COUNT];
+static int mpi_on;
+#endif
+
+void loom_comm_set_timeout(double seconds) { timeout_s = seconds; }
+void loom_comm_set_step(int64_t step) { cur_step = step; }
+int loom_comm_world_size(void) { return world_size; }
+int loom_comm_world_rank(void) { return world_rank; }
+
+void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
+{
+    snprintf(buf, n, "TP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->dp, t->pp, t->rank);
+}
+
+#ifdef LOOM_HAVE_MPI
+static MPI_Datatype mpi_dtype(enum loom_dtype dt)
+{
+    switch (dt) {
+    case LOOM_F32: return MPI_FLOAT;
+    case LOOM_F64: return MPI_DOUBLE;
+    case LOOM_U64: return MPI_UINT64_T;
+    default: LOOM_ASSERT(0);
+    }
+    return MPI_DATATYPE_NULL;
+}
+
+static MPI_Op mpi_op(enum loom_op op)
+{
+    switch (op) {
+    case LOOM_OP_SUM: return MPI_SUM;
+    case LOOM_OP_MIN: return MPI_MIN;
+    case LOOM_OP_MAX: return MPI_MAX;
+    default: LOOM_ASSERT(0);
+    }
+    return MPI_OP_NULL;
+}
+
+static void mpi_check(int err, const char *what)
+{
+    if (err == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(err, msg, &len);
+    fprintf(stderr, "loom: error: [rank %d] %s failed: %s\n", world_rank, what, msg);
+    MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
+    exit(LOOM_ERR_RUNTIME);
+}
+
+static void start(struct loom_comm_handle *h)
+{
+    MPI_Comm c = comms[h->group];
+    MPI_Datatype t = mpi_dtype(h->dt);
+    int n = (int)h->count;
+    LOOM_ASSERT(h->count <= (size_t)0x7fffffff);
+    int err = MPI_SUCCESS;
+    switch (h->coll) {
+    case LOOM_COLL_ALLREDUCE: err = MPI_Iallreduce(MPI_IN_PLACE, h->recv, n, t, mpi_op(h->op), c, &h->req); break;
+    case LOOM_COLL_REDUCE_SCATTER: err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, MPI_SUM, c, &h->req); break;
+    case LOOM_COLL_ALLGATHER: err = MPI_Iallgather(h->send, n, t, h->recv, n, t, c, &h->req); break;
+    case LOOM_COLL_BROADCAST: err = MPI_Ibcast(h->recv, n, t, h->peer, c, &h->req); break;
+    case LOOM_COLL_SEND: err = MPI_Isend(h->send, n, t, h->peer, h->tag, c, &h->req); break;
+    case LOOM_COLL_RECV: err = MPI_Irecv(h->recv, n, t, h->peer, h->tag, c, &h->req); break;
+    default: LOOM_ASSERT(0);
+    }
+    mpi_check(err, coll_names[h->coll]);
+}
+
+/* The communication thread: start posted requests in order, test the active
+ * ones, sleep briefly when nothing moved. */
+static void *comm_thread(void *arg)
+{
+    (void)arg;
+    enum { MAX_ACTIVE = 256 };
+    struct loom_comm_handle *active[MAX_ACTIVE];
+    int nactive = 0;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        while (!queue_head && nactive == 0 && !stopping) pthread_cond_wait(&posted, &lock);
+        if (stopping && !queue_head && nactive == 0) {
+            pthread_mutex_unlock(&lock);
+            return NULL;
+        }
+        struct loom_comm_handle *batch = NULL;
+        if (nactive < MAX_ACTIVE) {
+            batch = queue_head;
+            struct loom_comm_handle *last = NULL;
+            int room = MAX_ACTIVE - nactive;
+            for (struct loom_comm_handle *h = queue_head; h && room > 0; h = h->next, room--) last = h;
+            if (last) {
+                queue_head = last->next;
+                if (!queue_head) queue_tail = NULL;
+                last->next = NULL;
+            }
+        }
+        pthread_mutex_unlock(&lock);
+        for (struct loom_comm_handle *h = batch; h; h = h->next) {
+            start(h);
+            active[nactive++] = h;
+        }
+        int moved = 0;
+        for (int i = 0; i < nactive;) {
+            int flag = 0;
+            mpi_check(MPI_Test(&active[i]->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+            if (flag) {
+                pthread_mutex_lock(&lock);
+                active[i]->done = 1;
+                pthread_cond_broadcast(&completed);
+                pthread_mutex_unlock(&lock);
+                active[i] = active[--nactive];
+                moved = 1;
+            } else {
+                i++;
+            }
+        }
+        if (!moved && nactive) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+#endif
+
+void loom_comm_init(int *argc, char ***argv)
+{
+#ifdef LOOM_HAVE_MPI
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "loom: error: MPI_Init_thread failed\n");
+        exit(LOOM_ERR_RUNTIME);
+    }
+    mpi_on = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (world_size > 1 && provided < MPI_THREAD_MULTIPLE) {
+        fprintf(stderr, "loom: error: [rank %d] the MPI library does not provide MPI_THREAD_MULTIPLE (got level %d)\n",
+                world_rank, provided);
+        MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+#else
+    (void)argc;
+    (void)argv;
+#endif
+    loom_log_set_rank(world_rank);
+    if (world_size > 1) loom_log_set_abort(loom_comm_abort);
+}
+
+int loom_comm_setup(struct loom_topology *t, int tp, int pp)
+{
+    memset(t, 0, sizeof *t);
+    t->world = world_size;
+    t->rank = world_rank;
+    if (tp < 1 || pp < 1 || world_size % (tp * pp) != 0)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "world size %d is not divisible by tensor-parallel size %d x pipeline-parallel size %d",
+                              world_size, tp, pp);
+    t->tp = tp;
+    t->pp = pp;
+    t->dp = world_size / (tp * pp);
+    t->tp_rank = world_rank % tp;
+    t->dp_rank = world_rank / tp % t->dp;
+    t->pp_rank = world_rank / (tp * t->dp);
+    group_size[LOOM_GROUP_WORLD] = world_size;
+    group_size[LOOM_GROUP_DP] = t->dp;
+    group_size[LOOM_GROUP_TP] = tp;
+    group_size[LOOM_GROUP_PP] = pp;
+#ifdef LOOM_HAVE_MPI
+    if (mpi_on && !comms[LOOM_GROUP_WORLD]) {
+        MPI_Comm_dup(MPI_COMM_WORLD, &comms[LOOM_GROUP_WORLD]);
+        /* colour: the coordinates that stay fixed within the group */
+        MPI_Comm_split(MPI_COMM_WORLD, t->tp_rank + tp * t->pp_rank, t->dp_rank, &comms[LOOM_GROUP_DP]);
+        MPI_Comm_split(MPI_COMM_WORLD, t->dp_rank + t->dp * t->pp_rank, t->tp_rank, &comms[LOOM_GROUP_TP]);
+        MPI_Comm_split(MPI_COMM_WORLD, t->tp_rank + tp * t->dp_rank, t->pp_rank, &comms[LOOM_GROUP_PP]);
+        for (int g = 0; g < LOOM_GROUP_COUNT; g++) MPI_Comm_set_errhandler(comms[g], MPI_ERRORS_RETURN);
+        if (world_size > 1 && !have_thread) {
+            if (pthread_create(&thread, NULL, comm_thread, NULL) != 0) {
+                fprintf(stderr, "loom: error: [rank %d] cannot start the communication thread\n", world_rank);
+                MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
+            }
+            have_thread = 1;
+        }
+    }
+#endif
+    return LOOM_OK;
+}
+
+static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
+                                     size_t count, enum loom_dtype dt, enum loom_op op, int peer, int tag)
+{
+    LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT && dt >= 0 && dt < LOOM_DTYPE_COUNT);
+    struct loom_comm_handle *h = calloc(1, sizeof *h);
+    if (!h) loom_die("out of memory posting a collective");
+    h->coll = coll;
+    h->group = g;
+    h->send = send;
+    h->recv = recv;
+    h->count = count;
+    h->dt = dt;
+    h->op = op;
+    h->peer = peer;
+    h->tag = tag;
+    h->step = cur_step;
+    if (group_size[g] == 1 || !have_thread) {
+        /* one rank: every collective is the identity */
+        size_t bytes = count * dtype_size[dt];
+        if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER) && send != recv && bytes)
+            memcpy(recv, send, bytes);
+        LOOM_ASSERT(coll != LOOM_COLL_SEND && coll != LOOM_COLL_RECV);
+        h->done = 1;
+        return h;
+    }
+    pthread_mutex_lock(&lock);
+    if (queue_tail) queue_tail->next = h;
+    else queue_head = h;
+    queue_tail = h;
+    pthread_cond_signal(&posted);
+    pthread_mutex_unlock(&lock);
+    return h;
+}
+
+struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+                                              enum loom_op op)
+{
+    return post(LOOM_COLL_ALLREDUCE, g, buf, buf, count, dt, op, 0, 0);
+}
+
+struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv, size_t count,
+                                                   enum loom_dtype dt)
+{
+    return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
+}
+
+struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
+                                              enum loom_dtype dt)
+{
+    return post(LOOM_COLL_ALLGATHER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
+}
+
+struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+                                              int root)
+{
+    return post(LOOM_COLL_BROADCAST, g, buf, buf, count, dt, LOOM_OP_SUM, root, 0);
+}
+
+struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count, enum loom_dtype dt,
+                                         int peer, int tag)
+{
+    return post(LOOM_COLL_SEND, g, buf, NULL, count, dt, LOOM_OP_SUM, peer, tag);
+}
+
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_dtype dt, int peer,
+                                         int tag)
+{
+    return post(LOOM_COLL_RECV, g, NULL, buf, count, dt, LOOM_OP_SUM, peer, tag);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double loom_comm_wait(struct loom_comm_handle *h)
+{
+    if (h->done && !have_thread) {
+        free(h);
+        return 0;
+    }
+    double t0 = now_s();
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += (time_t)timeout_s;
+    deadline.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&lock);
+    while (!h->done) {
+        int rc = pthread_cond_timedwait(&completed, &lock, &deadline);
+        if (rc == ETIMEDOUT && !h->done) {
+            pthread_mutex_unlock(&lock);
+            fprintf(stderr,
+                    "loom: error: [rank %d] communication timeout: %s on the %s group (%zu bytes) not done after %g s at step %lld; aborting the job\n",
+                    world_rank, coll_names[h->coll], group_names[h->group], h->count * dtype_size[h->dt],
+                    timeout_s, (long long)h->step);
+            loom_comm_abort(LOOM_ERR_RUNTIME);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    free(h);
+    return now_s() - t0;
+}
+
+void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_dtype dt, enum loom_op op)
+{
+    loom_comm_wait(loom_comm_allreduce(g, buf, count, dt, op));
+}
+
+int loom_comm_agree(int rc, int *first_rank)
+{
+    uint64_t v[2] = {(uint64_t)rc, rc ? (uint64_t)world_rank : (uint64_t)world_size};
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v[0], 1, LOOM_U64, LOOM_OP_MAX);
+    if (v[0]) {
+        /* the lowest rank with the worst status prints */
+        uint64_t mine = (uint64_t)rc == v[0] ? (uint64_t)world_rank : (uint64_t)world_size;
+        v[1] = mine;
+        loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v[1], 1, LOOM_U64, LOOM_OP_MIN);
+    }
+    if (first_rank) *first_rank = (int)v[1];
+    return (int)v[0];
+}
+
+void loom_comm_abort(int code)
+{
+    fflush(stdout);
+    fflush(stderr);
+#ifdef LOOM_HAVE_MPI
+    if (mpi_on && world_size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    _exit(code);
+}
+
+void loom_comm_finalize(void)
+{
+#ifdef LOOM_HAVE_MPI
+    if (have_thread) {
+        pthread_mutex_lock(&lock);
+        stopping = 1;
+        pthread_cond_signal(&posted);
+        pthread_mutex_unlock(&lock);
+        pthread_join(thread, NULL);
+        have_thread = 0;
+    }
+    if (mpi_on) {
+        for (int g = 0; g < LOOM_GROUP_COUNT; g++)
+            if (comms[g]) MPI_Comm_free(&comms[g]);
+        MPI_Finalize();
+        mpi_on = 0;
+    }
+#endif
+}

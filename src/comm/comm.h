@@ -1,0 +1,114 @@
+/*
+ * The communication layer: a thin wrapper over MPI.
+ *
+ * - The topology: world = dp x tp x pp, rank order tp fastest, then dp, then
+ *   pp (Megatron's order), one MPI communicator per group.
+ * - Asynchronous collectives (all-reduce, reduce-scatter, all-gather,
+ *   broadcast, send/recv) that return handles, and one wait path with a
+ *   deadline: a collective not done in time prints rank, group, collective,
+ *   bytes and step, then aborts the whole job (exit 1).
+ * - Progress: MPI here makes no progress on its own, so one communication
+ *   thread owns MPI after start-up. It starts requests in the order they are
+ *   posted (the same order on every rank) and tests them, sleeping a few
+ *   microseconds between tests so it does not take a core from compute.
+ *   Collectives therefore advance while the caller computes.
+ *
+ * A single process (world 1) or a build without MPI runs every collective
+ * as the identity, with no thread. Not here: NCCL, reduce ops other than
+ * sum, min and max.
+ */
+#ifndef LOOM_COMM_COMM_H
+#define LOOM_COMM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum loom_group {
+    LOOM_GROUP_WORLD = 0,
+    LOOM_GROUP_DP = 1,
+    LOOM_GROUP_TP = 2,
+    LOOM_GROUP_PP = 3,
+    LOOM_GROUP_COUNT
+};
+
+enum loom_coll {
+    LOOM_COLL_ALLREDUCE = 0,
+    LOOM_COLL_REDUCE_SCATTER = 1,
+    LOOM_COLL_ALLGATHER = 2,
+    LOOM_COLL_BROADCAST = 3,
+    LOOM_COLL_SEND = 4,
+    LOOM_COLL_RECV = 5,
+    LOOM_COLL_COUNT
+};
+
+enum loom_dtype {
+    LOOM_F32 = 0,
+    LOOM_F64 = 1,
+    LOOM_U64 = 2,
+    LOOM_DTYPE_COUNT
+};
+
+enum loom_op {
+    LOOM_OP_SUM = 0,
+    LOOM_OP_MIN = 1,
+    LOOM_OP_MAX = 2,
+    LOOM_OP_COUNT
+};
+
+struct loom_topology {
+    int world, rank;
+    int dp, tp, pp;
+    int dp_rank, tp_rank, pp_rank;
+};
+
+struct loom_comm_handle;
+
+/* Starts MPI (as a singleton when not launched by mpirun). Call once, first. */
+void loom_comm_init(int *argc, char ***argv);
+/* World size and rank, valid after loom_comm_init. */
+int loom_comm_world_size(void);
+int loom_comm_world_rank(void);
+
+/* Builds the groups for tp x pp (dp = world / (tp x pp)). LOOM_ERR_INPUT with
+ * every number when the world size does not divide. Starts the
+ * communication thread when world > 1. */
+int loom_comm_setup(struct loom_topology *topo, int tp, int pp);
+/* "TP(1)-DP(2)-PP(1)-Rank(0)" */
+void loom_topology_format(const struct loom_topology *t, char *buf, size_t n);
+
+void loom_comm_set_timeout(double seconds);
+/* The training step, named in timeout messages. */
+void loom_comm_set_step(int64_t step);
+
+/* In-place all-reduce of count elements. */
+struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count,
+                                              enum loom_dtype dt, enum loom_op op);
+/* recv (count) = this rank's slice of the sum of send (count x group size). */
+struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv,
+                                                   size_t count, enum loom_dtype dt);
+/* recv (count x group size) = every rank's send (count), in rank order. */
+struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv,
+                                              size_t count, enum loom_dtype dt);
+struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count,
+                                              enum loom_dtype dt, int root);
+struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count,
+                                         enum loom_dtype dt, int peer, int tag);
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count,
+                                         enum loom_dtype dt, int peer, int tag);
+
+/* Waits for the handle until the deadline (then aborts the job) and frees it.
+ * Returns the seconds spent waiting. */
+double loom_comm_wait(struct loom_comm_handle *h);
+/* Blocking all-reduce: post and wait. */
+void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+                              enum loom_op op);
+
+/* Every rank learns the worst status of all: returns the largest rc of any
+ * rank, and in *first_rank the lowest rank that had it (the one that prints). */
+int loom_comm_agree(int rc, int *first_rank);
+
+/* Ends the whole job now with `code` (MPI_Abort when world > 1). */
+void loom_comm_abort(int code) __attribute__((noreturn));
+void loom_comm_finalize(void);
+
+#endif

@@ -1,0 +1,50 @@
+/*
+ * Data parallelism (DDP): a full replica of the model on every rank of the
+ * dp group; gradients averaged across it.
+ *
+ * Bucketed (the default): consecutive blocks are grouped, from the last
+ * block backwards, into buckets of at least --ddp-bucket-size MB (DDP's
+ * bucket_cap_mb). A bucket's all-reduce is posted as soon as the backward
+ * of its blocks is done, so it overlaps the backward of earlier blocks; the
+ * communication thread advances it. With --no-overlap every bucket is posted
+ * after the backward instead. With gradient accumulation only the last
+ * micro-batch reduces (DDP's no_sync).
+ *
+ * Naive (--ddp-impl naive): one all-reduce of all gradients after the
+ * backward: the reference the bucketed version is tested against.
+ *
+ * The average comes from the loss weight: each rank back-propagates its
+ * micro-batch mean times 1/(accumulation x dp), so the sum over ranks is
+ * the global mean. Not here: sharding (zero.c).
+ */
+#ifndef LOOM_PARALLEL_DDP_H
+#define LOOM_PARALLEL_DDP_H
+
+#include "comm/comm.h"
+#include "model/gpt2.h"
+
+struct loom_ddp_bucket {
+    int first_block, last_block; /* blocks [first, last]; the first finishes last */
+    float *grads;                /* contiguous over those blocks */
+    size_t count;
+    struct loom_comm_handle *handle;
+};
+
+struct loom_ddp {
+    struct loom_gpt2 *model;
+    int dp, overlap, naive;
+    int nbuckets;
+    struct loom_ddp_bucket *buckets;
+    int *bucket_of; /* (nblocks) */
+    int sync;       /* this backward reduces */
+    double wait_s;  /* exposed communication of the last step: waiting after backward */
+};
+
+void loom_ddp_init(struct loom_ddp *d, struct loom_gpt2 *m, int dp, double bucket_mb, int overlap, int naive);
+void loom_ddp_free(struct loom_ddp *d);
+/* Before each micro-batch's backward: sync = 1 on the last one. */
+void loom_ddp_begin_backward(struct loom_ddp *d, int sync);
+/* After the last micro-batch's backward: posts what is left, waits for all. */
+void loom_ddp_finish(struct loom_ddp *d);
+
+#endif
