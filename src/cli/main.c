@@ -1,7 +1,7 @@
 /*
  * The `loom` command: dispatches subcommands, turns statuses into one-line
  * errors and exit codes (0 done, 2 bad input, 1 failure while running).
- * Subcommands not built yet (convert, plan, report, launch) say so.
+ * Subcommands not built yet (convert, plan, report) say so.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +9,7 @@
 
 #include "base/blas_env.h"
 #include "base/log.h"
+#include "cli/launch.h"
 #include "comm/comm.h"
 #include "engine/config.h"
 #include "engine/sample.h"
@@ -27,7 +28,8 @@ static void usage(FILE *f)
                "  eval --load W              validation loss of saved weights\n"
                "  sample --load W            continue --prompt with saved weights\n"
                "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
-               "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n\n"
+               "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
+               "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n\n"
                "loom COMMAND --help lists the flags of a command.\n",
             LOOM_VERSION);
 }
@@ -154,8 +156,8 @@ int main(int argc, char **argv)
         loom_config_free(&cfg);
         return rc ? fail(rc) : 0;
     }
-    if (strcmp(cmd, "convert") == 0 || strcmp(cmd, "plan") == 0 || strcmp(cmd, "report") == 0 ||
-        strcmp(cmd, "launch") == 0) {
+    if (strcmp(cmd, "launch") == 0) return (rc = loom_launch(argc - 2, argv + 2)) ? fail(rc) : 0;
+    if (strcmp(cmd, "convert") == 0 || strcmp(cmd, "plan") == 0 || strcmp(cmd, "report") == 0) {
         loom_error_set(LOOM_ERR_INPUT, "'loom %s' is not available in this version", cmd);
         return fail(LOOM_ERR_INPUT);
     }

@@ -212,6 +212,22 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     memset(t, 0, sizeof *t);
     t->world = world_size;
     t->rank = world_rank;
+    t->tp = t->pp = t->dp = 1;
+#ifdef LOOM_HAVE_MPI
+    /* the world group and the thread first: even a bad layout is agreed on */
+    if (mpi_on && !comms[LOOM_GROUP_WORLD]) {
+        MPI_Comm_dup(MPI_COMM_WORLD, &comms[LOOM_GROUP_WORLD]);
+        MPI_Comm_set_errhandler(comms[LOOM_GROUP_WORLD], MPI_ERRORS_RETURN);
+        group_size[LOOM_GROUP_WORLD] = world_size;
+        if (world_size > 1 && !have_thread) {
+            if (pthread_create(&thread, NULL, comm_thread, NULL) != 0) {
+                fprintf(stderr, "loom: error: [rank %d] cannot start the communication thread\n", world_rank);
+                MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
+            }
+            have_thread = 1;
+        }
+    }
+#endif
     if (tp < 1 || pp < 1 || world_size % (tp * pp) != 0)
         return loom_error_set(LOOM_ERR_INPUT,
                               "world size %d is not divisible by tensor-parallel size %d x pipeline-parallel size %d",
@@ -227,20 +243,12 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     group_size[LOOM_GROUP_TP] = tp;
     group_size[LOOM_GROUP_PP] = pp;
 #ifdef LOOM_HAVE_MPI
-    if (mpi_on && !comms[LOOM_GROUP_WORLD]) {
-        MPI_Comm_dup(MPI_COMM_WORLD, &comms[LOOM_GROUP_WORLD]);
+    if (mpi_on && !comms[LOOM_GROUP_DP]) {
         /* colour: the coordinates that stay fixed within the group */
         MPI_Comm_split(MPI_COMM_WORLD, t->tp_rank + tp * t->pp_rank, t->dp_rank, &comms[LOOM_GROUP_DP]);
         MPI_Comm_split(MPI_COMM_WORLD, t->dp_rank + t->dp * t->pp_rank, t->tp_rank, &comms[LOOM_GROUP_TP]);
         MPI_Comm_split(MPI_COMM_WORLD, t->tp_rank + tp * t->dp_rank, t->pp_rank, &comms[LOOM_GROUP_PP]);
-        for (int g = 0; g < LOOM_GROUP_COUNT; g++) MPI_Comm_set_errhandler(comms[g], MPI_ERRORS_RETURN);
-        if (world_size > 1 && !have_thread) {
-            if (pthread_create(&thread, NULL, comm_thread, NULL) != 0) {
-                fprintf(stderr, "loom: error: [rank %d] cannot start the communication thread\n", world_rank);
-                MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
-            }
-            have_thread = 1;
-        }
+        for (int g = 1; g < LOOM_GROUP_COUNT; g++) MPI_Comm_set_errhandler(comms[g], MPI_ERRORS_RETURN);
     }
 #endif
     return LOOM_OK;

@@ -1,0 +1,153 @@
+"""Distributed failures end the job cleanly: a rank killed mid-run, a rank
+that stops answering (the communication deadline), layouts that do not
+divide, ranks started with different settings, and the launcher."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD = os.environ.get("BUILD", "build")
+LOOM = os.path.abspath(os.path.join(BUILD, "loom"))
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+failures = 0
+
+
+def check(name, cond, detail=""):
+    global failures
+    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
+    failures += 0 if cond else 1
+
+
+def model_args(tmp, iters=4):
+    return ["--data-path", os.path.join(tmp, "train.bin"), "--num-layers", "1", "--hidden-size", "32",
+            "--num-attention-heads", "2", "--seq-length", "16", "--vocab-size", "256", "--train-iters",
+            str(iters), "--eval-iters", "0", "--threads", "1", "--log-interval", "1"]
+
+
+def mpirun(n, args, timeout=60, env=None, extra=()):
+    cmd = ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none", *extra, LOOM, "train"] + args
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV, timeout=timeout)
+
+
+def error_lines(stderr):
+    return [l for l in stderr.splitlines() if l.startswith("loom: error:")]
+
+
+def ranks_of(marker):
+    """pid -> world rank of the loom processes whose command line holds marker."""
+    out = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            cmdline = open(d + "/cmdline", "rb").read().split(b"\0")
+            if not cmdline or not cmdline[0].endswith(b"loom") or marker.encode() not in b" ".join(cmdline):
+                continue
+            env = open(d + "/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        for e in env:
+            if e.startswith(b"OMPI_COMM_WORLD_RANK="):
+                out[int(d[6:])] = int(e.split(b"=")[1])
+    return out
+
+
+def test_kill(tmp):
+    metrics = os.path.join(tmp, "kill.jsonl")
+    marker = os.path.join(tmp, "kill-marker")
+    args = model_args(tmp, iters=100000) + ["--metrics", metrics, "--data-cache", marker]
+    cmd = ["mpirun", "-np", "2", "--bind-to", "none", LOOM, "train"] + args
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.time() + 60
+    while time.time() < deadline and (not os.path.exists(metrics) or len(open(metrics).readlines()) < 3):
+        time.sleep(0.2)
+    victims = [pid for pid, rank in ranks_of(marker).items() if rank == 1]
+    check("kill: rank 1 found running", len(victims) == 1, str(ranks_of(marker)))
+    if not victims:
+        p.kill()
+        return
+    t0 = time.time()
+    os.kill(victims[0], signal.SIGKILL)
+    try:
+        _, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    took = time.time() - t0
+    check(f"kill: job ended in {took:.1f} s (<= 10 s)", took <= 10)
+    check(f"kill: exit status {p.returncode} is non-zero", p.returncode != 0)
+    check("kill: stderr names rank 1", "rank 1" in err, err[-500:])
+    time.sleep(0.5)
+    check("kill: no process left behind", not ranks_of(marker), str(ranks_of(marker)))
+
+
+def test_stall(tmp):
+    env = dict(ENV, LOOM_TEST_STALL="1:2")
+    t0 = time.time()
+    p = mpirun(2, model_args(tmp) + ["--comm-timeout", "2"], env=env, extra=["-x", "LOOM_TEST_STALL"], timeout=60)
+    took = time.time() - t0
+    lines = [l for l in error_lines(p.stderr) if "communication timeout" in l]
+    check(f"stall: exit status {p.returncode} is 1", p.returncode == 1, p.stderr[-500:])
+    check(f"stall: ended in {took:.1f} s (deadline 2 s)", took <= 20)
+    check("stall: message names rank, group, collective, bytes, step",
+          bool(lines) and all(s in lines[0] for s in ("[rank 0]", "all-reduce", "dp group", "bytes", "step 2")),
+          "; ".join(lines) or p.stderr[-500:])
+
+
+def test_layouts(tmp):
+    cases = [
+        ("world not divisible by tp x pp", 2, ["--tensor-model-parallel-size", "3"],
+         "world size 2 is not divisible by tensor-parallel size 3 x pipeline-parallel size 1"),
+        ("world not divisible by pp", 4, ["--pipeline-model-parallel-size", "3"],
+         "world size 4 is not divisible by tensor-parallel size 1 x pipeline-parallel size 3"),
+        ("global batch not divisible by micro x dp", 2, ["--global-batch-size", "6", "--micro-batch-size", "2"],
+         "--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 2"),
+        ("batch sizes disagree", 2, ["--global-batch-size", "8", "--micro-batch-size", "2",
+                                     "--gradient-accumulation-steps", "3"], "batch sizes disagree"),
+    ]
+    for name, n, flags, needle in cases:
+        p = mpirun(n, model_args(tmp) + flags)
+        lines = error_lines(p.stderr)
+        check(f"layout: {name}: exit {p.returncode} == 2, one error line naming it",
+              p.returncode == 2 and len(lines) == 1 and needle in lines[0], p.stderr[-600:])
+
+
+def test_config_mismatch(tmp):
+    base = model_args(tmp)
+    cmd = ["mpirun", "--bind-to", "none", "-np", "1", LOOM, "train"] + base + ["--lr", "1e-3", ":",
+           "-np", "1", LOOM, "train"] + base + ["--lr", "2e-3"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=60)
+    lines = error_lines(p.stderr)
+    check(f"mismatch: exit {p.returncode} == 2, error names --lr",
+          p.returncode == 2 and len(lines) == 1 and "ranks disagree on --lr" in lines[0], p.stderr[-600:])
+
+
+def test_launch(tmp):
+    metrics = os.path.join(tmp, "launch.jsonl")
+    p = subprocess.run([LOOM, "launch", "--nproc-per-node", "2", "--", "train"] + model_args(tmp) +
+                       ["--metrics", metrics], capture_output=True, text=True, timeout=120)
+    rows = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
+    check(f"launch: 2 ranks train, exit {p.returncode} == 0", p.returncode == 0 and "ranks: 2" in p.stdout,
+          p.stderr[-600:])
+    check("launch: metrics carry per-rank memory",
+          bool(rows) and "mem_by_rank" in rows[0] and len(rows[0]["mem_by_rank"]) == 2, str(rows[:1]))
+    p = subprocess.run([LOOM, "launch", "--nproc-per-node", "0", "--", "train"], capture_output=True, text=True)
+    check("launch: bad --nproc-per-node is exit 2", p.returncode == 2 and "--nproc-per-node" in p.stderr)
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([LOOM, "data", "synth", tmp, "--tokens", "100000"], check=True, capture_output=True)
+        test_layouts(tmp)
+        test_config_mismatch(tmp)
+        test_stall(tmp)
+        test_kill(tmp)
+        test_launch(tmp)
+    print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
