@@ -3,7 +3,8 @@
  * input), datasets and globs, the sequential and shuffled orders, the byte
  * tokenizer, and the synthetic corpus (its entropy rate against the log-
  * probabilities of generated samples, and its ideal window loss against an
- * exact Bayesian filter over the source's hidden state).
+ * exact Bayesian filter over the source's hidden state, summed over every
+ * possible window for small shapes and averaged over generated windows).
  *
  * Files live in a mkdtemp directory that is removed at the end.
  */
@@ -258,8 +259,7 @@ static void test_sequential(void)
         CHECK(ok);
         /* micro-batches of one row read the same rows */
         for (int b = 0; b < B; b++)
-            loom_data_batch(&d, LOOM_DATA_SEQUENTIAL, 7, step, B, b, 1, T, in2 + b * T,
-                            tg2 + b * T);
+            loom_data_batch(&d, LOOM_DATA_SEQUENTIAL, 7, step, B, b, 1, T, in2 + b * T, tg2 + b * T);
         CHECK(memcmp(in, in2, sizeof in) == 0 && memcmp(tg, tg2, sizeof tg) == 0);
     }
     /* the last target of the last row is the block's (B*T+1)-th token */
@@ -393,8 +393,8 @@ static int symbol_of(const struct loom_synth_model *m, int token)
 /* Mean -log p of a stream under the true model given its whole past, and
  * the standard error of that mean (segments are i.i.d.). Also checks that
  * the stream has the source's shape. */
-static void stream_logprob(const struct loom_synth_model *m, const uint16_t *x, int64_t n,
-                           double *mean, double *stderr_mean, int *malformed)
+static void stream_logprob(const struct loom_synth_model *m, const uint16_t *x, int64_t n, double *mean,
+                           double *stderr_mean, int *malformed)
 {
     int K = m->spec.span;
     double q = loom_synth_p_new(m), sum = 0, sum2 = 0;
@@ -498,7 +498,10 @@ static int pow_int(int b, int e)
     return r;
 }
 
-static int buf_digit(int buf, int k, int M) { return buf / pow_int(M, k) % M; }
+static int buf_digit(int buf, int k, int M)
+{
+    return buf / pow_int(M, k) % M;
+}
 
 static size_t state(const struct filter *f, int r, int kind, int buf)
 {
@@ -523,8 +526,7 @@ static void filter_prior(const struct filter *f, double *p)
 /* One transition from belief p: pred receives the next observation's
  * distribution (2M+2 entries); next (when not NULL) the belief after seeing
  * `obs`, normalised. */
-static void filter_step(const struct filter *f, const double *p, int obs, double *pred,
-                        double *next)
+static void filter_step(const struct filter *f, const double *p, int obs, double *pred, double *next)
 {
     int K = f->K, M = f->M, NEW = 2 * M, COPY = 2 * M + 1;
     double q = loom_synth_p_new(f->m);
@@ -584,8 +586,7 @@ static void filter_init(struct filter *f, const struct loom_synth_model *m)
  * first walk, beliefs[d] holding the belief after d tokens) of its
  * probability times its targets' predictive entropies: the exact expected
  * loss of the ideal window predictor, times T. */
-static double enumerate_windows(const struct filter *f, double *beliefs, int depth, int T,
-                                double prob)
+static double enumerate_windows(const struct filter *f, double *beliefs, int depth, int T, double prob)
 {
     double pred[2 * LOOM_SYNTH_MAX_SYMBOLS + 2];
     const double *p = beliefs + (size_t)depth * f->nstates;
@@ -620,8 +621,7 @@ static void check_window_xent(struct loom_synth_spec spec, int T_exact, int T, i
     CHECK(loom_synth_build(&m, &spec) == LOOM_OK);
     struct filter f;
     filter_init(&f, &m);
-    double *beliefs = malloc((size_t)(T_exact + 1 > 2 ? T_exact + 1 : 2) * f.nstates *
-                             sizeof *beliefs);
+    double *beliefs = malloc((size_t)(T_exact + 1 > 2 ? T_exact + 1 : 2) * f.nstates * sizeof *beliefs);
     double pred[2 * LOOM_SYNTH_MAX_SYMBOLS + 2];
 
     filter_prior(&f, beliefs);
@@ -664,12 +664,12 @@ static void check_window_xent(struct loom_synth_spec spec, int T_exact, int T, i
 
 static void test_synth_window(void)
 {
-    check_window_xent((struct loom_synth_spec){.span = 3, .symbols = 2, .zipf = 1.0, .p_new = 0.4},
-                      8, 12, 30000);
-    check_window_xent((struct loom_synth_spec){.span = 2, .symbols = 3, .zipf = 0.5, .p_new = 0.7},
-                      7, 9, 30000);
-    check_window_xent((struct loom_synth_spec){.span = 1, .symbols = 4, .zipf = 2.0, .p_new = 0.2},
-                      7, 6, 30000);
+    check_window_xent((struct loom_synth_spec){.span = 3, .symbols = 2, .zipf = 1.0, .p_new = 0.4}, 8, 12,
+                      30000);
+    check_window_xent((struct loom_synth_spec){.span = 2, .symbols = 3, .zipf = 0.5, .p_new = 0.7}, 7, 9,
+                      30000);
+    check_window_xent((struct loom_synth_spec){.span = 1, .symbols = 4, .zipf = 2.0, .p_new = 0.2}, 7, 6,
+                      30000);
     /* the window loss decreases to the entropy rate as 1/T */
     struct loom_synth_spec spec;
     loom_synth_default(&spec);
@@ -722,8 +722,7 @@ static void test_synth_corpus(void)
     struct loom_synth_model back;
     double floor_nats = 0;
     CHECK(loom_synth_read(dir, &back) == LOOM_OK);
-    CHECK(back.new_weight == m.new_weight &&
-          memcmp(back.weight, m.weight, sizeof m.weight) == 0);
+    CHECK(back.new_weight == m.new_weight && memcmp(back.weight, m.weight, sizeof m.weight) == 0);
     CHECK(loom_synth_read_floor(dir, &floor_nats) == LOOM_OK && floor_nats == h);
     CHECK(loom_synth_read_floor(tmpdir, &floor_nats) == LOOM_ERR_INPUT);
     CHECK(msg_has("corpus.json") && msg_has(strerror(ENOENT)));
@@ -757,8 +756,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 
 int main(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "%s/loom_test_io.XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(tmpdir, sizeof tmpdir, "%s/loom_test_io.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmpdir)) {
         fprintf(stderr, "mkdtemp %s: %s\n", tmpdir, strerror(errno));
         return 1;

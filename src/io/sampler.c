@@ -40,8 +40,7 @@ int loom_data_order_parse(const char *name, enum loom_data_order *out)
             return LOOM_OK;
         }
     }
-    return loom_error_set(LOOM_ERR_INPUT, "unknown data order '%s' (choose shuffled or sequential)",
-                          name);
+    return loom_error_set(LOOM_ERR_INPUT, "unknown data order '%s' (choose shuffled or sequential)", name);
 }
 
 /* ---- opening ------------------------------------------------------------- */
@@ -89,8 +88,8 @@ static int expand_path(struct path_list *l, const char *path)
     if (rc == GLOB_NOMATCH)
         status = loom_error_set(LOOM_ERR_INPUT, "data path pattern '%s' matches no file", path);
     else if (rc == GLOB_ABORTED)
-        status = loom_error_set(LOOM_ERR_INPUT, "glob '%s': cannot read a directory: %s", path,
-                                strerror(errno));
+        status =
+            loom_error_set(LOOM_ERR_INPUT, "glob '%s': cannot read a directory: %s", path, strerror(errno));
     else if (rc != 0)
         status = loom_error_set(LOOM_ERR_RUNTIME, "glob '%s': out of memory", path);
     else
@@ -103,8 +102,7 @@ int loom_data_open(struct loom_data *d, const char *const *paths, int npaths, in
 {
     memset(d, 0, sizeof *d);
     if (npaths <= 0) return loom_error_set(LOOM_ERR_INPUT, "no data path given");
-    if (vocab <= 0)
-        return loom_error_set(LOOM_ERR_INPUT, "vocabulary size %d must be positive", vocab);
+    if (vocab <= 0) return loom_error_set(LOOM_ERR_INPUT, "vocabulary size %d must be positive", vocab);
     struct path_list list = {0};
     int status = LOOM_OK;
     for (int i = 0; i < npaths && status == LOOM_OK; i++) status = expand_path(&list, paths[i]);
@@ -201,8 +199,7 @@ int loom_data_check(const struct loom_data *d, enum loom_data_order order, int g
     return LOOM_OK;
 }
 
-int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order, int global_rows,
-                          int T)
+int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order, int global_rows, int T)
 {
     if (order == LOOM_DATA_SEQUENTIAL) return total_blocks(d, (int64_t)global_rows * T);
     return total_windows(d, T) / global_rows;
@@ -224,8 +221,8 @@ static int64_t scale_below(uint64_t h, int64_t n)
     return (int64_t)(((unsigned __int128)h * (uint64_t)n) >> 64);
 }
 
-static void batch_shuffled(const struct loom_data *d, uint64_t seed, int64_t step, int row_begin,
-                           int rows, int T, int32_t *inputs, int32_t *targets)
+static void batch_shuffled(const struct loom_data *d, uint64_t seed, int64_t step, int row_begin, int rows,
+                           int T, int32_t *inputs, int32_t *targets)
 {
     int64_t W = total_windows(d, T);
     LOOM_ASSERT(W > 0);
@@ -241,8 +238,8 @@ static void batch_shuffled(const struct loom_data *d, uint64_t seed, int64_t ste
     }
 }
 
-static void batch_sequential(const struct loom_data *d, int64_t step, int global_rows,
-                             int row_begin, int rows, int T, int32_t *inputs, int32_t *targets)
+static void batch_sequential(const struct loom_data *d, int64_t step, int global_rows, int row_begin,
+                             int rows, int T, int32_t *inputs, int32_t *targets)
 {
     int64_t block = (int64_t)global_rows * T;
     int64_t nb = total_blocks(d, block);
@@ -255,13 +252,11 @@ static void batch_sequential(const struct loom_data *d, int64_t step, int global
     }
     const uint16_t *base = d->shards[s].tokens + k * block;
     for (int i = 0; i < rows; i++)
-        copy_row(base + (int64_t)(row_begin + i) * T, T, inputs + (size_t)i * T,
-                 targets + (size_t)i * T);
+        copy_row(base + (int64_t)(row_begin + i) * T, T, inputs + (size_t)i * T, targets + (size_t)i * T);
 }
 
-void loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed,
-                     int64_t step, int global_rows, int row_begin, int rows, int T,
-                     int32_t *inputs, int32_t *targets)
+void loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
+                     int global_rows, int row_begin, int rows, int T, int32_t *inputs, int32_t *targets)
 {
     LOOM_ASSERT(step >= 0 && T > 0 && global_rows > 0);
     LOOM_ASSERT(row_begin >= 0 && rows >= 0 && row_begin + rows <= global_rows);
@@ -271,9 +266,9 @@ void loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint
         batch_shuffled(d, seed, step, row_begin, rows, T, inputs, targets);
 }
 
-void loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows,
-                          int row_begin, int rows, int T, int32_t *inputs, int32_t *targets)
+void loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows, int row_begin, int rows,
+                          int T, int32_t *inputs, int32_t *targets)
 {
-    loom_data_batch(d, LOOM_DATA_SHUFFLED, LOOM_DATA_EVAL_SEED, index, global_rows, row_begin,
-                    rows, T, inputs, targets);
+    loom_data_batch(d, LOOM_DATA_SHUFFLED, LOOM_DATA_EVAL_SEED, index, global_rows, row_begin, rows, T,
+                    inputs, targets);
 }

@@ -33,11 +33,7 @@
 
 #include "io/shard.h"
 
-enum loom_data_order {
-    LOOM_DATA_SHUFFLED = 0,
-    LOOM_DATA_SEQUENTIAL = 1,
-    LOOM_DATA_ORDER_COUNT
-};
+enum loom_data_order { LOOM_DATA_SHUFFLED = 0, LOOM_DATA_SEQUENTIAL = 1, LOOM_DATA_ORDER_COUNT };
 
 /* "shuffled", "sequential". */
 const char *loom_data_order_name(enum loom_data_order order);
@@ -68,27 +64,24 @@ void loom_data_close(struct loom_data *d);
  * this data: LOOM_ERR_INPUT with every number in the message when it cannot
  * (sequential: no shard holds global_rows*T+1 tokens; shuffled: no shard
  * holds T+1). Call it once at start-up; loom_data_batch asserts it. */
-int loom_data_check(const struct loom_data *d, enum loom_data_order order, int global_rows,
-                    int T);
+int loom_data_check(const struct loom_data *d, enum loom_data_order order, int global_rows, int T);
 
 /* Token count of the largest shard (for messages). */
 int64_t loom_data_largest_shard(const struct loom_data *d);
 
 /* Number of batches one pass over the data holds in `order` (sequential:
  * sum of nb_i; shuffled: W / global_rows, the windows of one epoch). */
-int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order,
-                          int global_rows, int T);
+int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order, int global_rows, int T);
 
 /* Global rows [row_begin, row_begin + rows) of step `step`'s batch of
  * `global_rows` rows: inputs and targets, each (rows, T) int32.
  * `seed` is used by the shuffled order only. */
-void loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed,
-                     int64_t step, int global_rows, int row_begin, int rows, int T,
-                     int32_t *inputs, int32_t *targets);
+void loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
+                     int global_rows, int row_begin, int rows, int T, int32_t *inputs, int32_t *targets);
 
 /* Evaluation batch `index`: loom_data_batch in the shuffled order under
  * LOOM_DATA_EVAL_SEED. */
-void loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows,
-                          int row_begin, int rows, int T, int32_t *inputs, int32_t *targets);
+void loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows, int row_begin, int rows,
+                          int T, int32_t *inputs, int32_t *targets);
 
 #endif

@@ -56,8 +56,7 @@ int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
     memset(s, 0, sizeof *s);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return loom_error_set(LOOM_ERR_INPUT, "cannot open data shard '%s': %s", path,
-                              strerror(errno));
+        return loom_error_set(LOOM_ERR_INPUT, "cannot open data shard '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
@@ -84,8 +83,8 @@ int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
         return loom_error_set(LOOM_ERR_RUNTIME, "close '%s': %s", path, strerror(e));
     }
     if (map == MAP_FAILED)
-        return loom_error_set(LOOM_ERR_RUNTIME, "mmap '%s' (%lld bytes): %s", path,
-                              (long long)bytes, strerror(map_errno));
+        return loom_error_set(LOOM_ERR_RUNTIME, "mmap '%s' (%lld bytes): %s", path, (long long)bytes,
+                              strerror(map_errno));
     s->map = map;
     s->map_bytes = (size_t)bytes;
     s->path = dup_string(path);
@@ -100,13 +99,12 @@ int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
         goto fail;
     }
     if (version != LOOM_SHARD_VERSION) {
-        status = loom_error_set(LOOM_ERR_INPUT, "data shard '%s' has version %d, expected %d",
-                                path, version, LOOM_SHARD_VERSION);
+        status = loom_error_set(LOOM_ERR_INPUT, "data shard '%s' has version %d, expected %d", path, version,
+                                LOOM_SHARD_VERSION);
         goto fail;
     }
     if (count < 0) {
-        status = loom_error_set(LOOM_ERR_INPUT, "data shard '%s' has a negative token count %d",
-                                path, count);
+        status = loom_error_set(LOOM_ERR_INPUT, "data shard '%s' has a negative token count %d", path, count);
         goto fail;
     }
     int64_t want = LOOM_SHARD_HEADER_BYTES + 2 * (int64_t)count;
@@ -114,8 +112,8 @@ int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
         status = loom_error_set(LOOM_ERR_INPUT,
                                 "data shard '%s' is %s: its header says %d tokens, which is %lld "
                                 "bytes with the header, but the file has %lld bytes",
-                                path, bytes < want ? "truncated" : "longer than its header says",
-                                count, (long long)want, (long long)bytes);
+                                path, bytes < want ? "truncated" : "longer than its header says", count,
+                                (long long)want, (long long)bytes);
         goto fail;
     }
     s->tokens = (const uint16_t *)((const char *)map + LOOM_SHARD_HEADER_BYTES);
@@ -178,18 +176,15 @@ static int fsync_parent(const char *path)
         status = loom_error_set(LOOM_ERR_RUNTIME, "open directory '%s': %s", dir, strerror(errno));
     } else {
         if (fsync(fd) != 0)
-            status = loom_error_set(LOOM_ERR_RUNTIME, "fsync directory '%s': %s", dir,
-                                    strerror(errno));
+            status = loom_error_set(LOOM_ERR_RUNTIME, "fsync directory '%s': %s", dir, strerror(errno));
         if (close(fd) != 0 && status == LOOM_OK)
-            status = loom_error_set(LOOM_ERR_RUNTIME, "close directory '%s': %s", dir,
-                                    strerror(errno));
+            status = loom_error_set(LOOM_ERR_RUNTIME, "close directory '%s': %s", dir, strerror(errno));
     }
     loom_free(dir);
     return status;
 }
 
-int loom_file_write_atomic(const char *path, const void *const *parts, const size_t *sizes,
-                           int nparts)
+int loom_file_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts)
 {
     size_t tmp_len = strlen(path) + 32;
     char *tmp = loom_alloc(tmp_len, LOOM_MEM_OTHER);
@@ -197,19 +192,16 @@ int loom_file_write_atomic(const char *path, const void *const *parts, const siz
     int status = LOOM_OK;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        status = loom_error_set(LOOM_ERR_RUNTIME, "open '%s' for writing: %s", tmp,
-                                strerror(errno));
+        status = loom_error_set(LOOM_ERR_RUNTIME, "open '%s' for writing: %s", tmp, strerror(errno));
         goto done;
     }
-    for (int i = 0; i < nparts && status == LOOM_OK; i++)
-        status = write_all(fd, tmp, parts[i], sizes[i]);
+    for (int i = 0; i < nparts && status == LOOM_OK; i++) status = write_all(fd, tmp, parts[i], sizes[i]);
     if (status == LOOM_OK && fsync(fd) != 0)
         status = loom_error_set(LOOM_ERR_RUNTIME, "fsync '%s': %s", tmp, strerror(errno));
     if (close(fd) != 0 && status == LOOM_OK)
         status = loom_error_set(LOOM_ERR_RUNTIME, "close '%s': %s", tmp, strerror(errno));
     if (status == LOOM_OK && rename(tmp, path) != 0)
-        status = loom_error_set(LOOM_ERR_RUNTIME, "rename '%s' to '%s': %s", tmp, path,
-                                strerror(errno));
+        status = loom_error_set(LOOM_ERR_RUNTIME, "rename '%s' to '%s': %s", tmp, path, strerror(errno));
     if (status != LOOM_OK) {
         unlink(tmp); /* best effort: the error already names the cause */
         goto done;
@@ -227,19 +219,16 @@ int loom_io_make_dir(const char *dir)
         return loom_error_set(LOOM_ERR_INPUT, "cannot create output directory '%s': %s", dir,
                               strerror(errno));
     struct stat st;
-    if (stat(dir, &st) != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "stat '%s': %s", dir, strerror(errno));
+    if (stat(dir, &st) != 0) return loom_error_set(LOOM_ERR_INPUT, "stat '%s': %s", dir, strerror(errno));
     if (!S_ISDIR(st.st_mode))
-        return loom_error_set(LOOM_ERR_INPUT, "output path '%s' exists and is not a directory",
-                              dir);
+        return loom_error_set(LOOM_ERR_INPUT, "output path '%s' exists and is not a directory", dir);
     return LOOM_OK;
 }
 
 int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n)
 {
     if (n < 0 || n > LOOM_SHARD_MAX_TOKENS)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "cannot write shard '%s': %lld tokens, a shard holds 0 to %d",
+        return loom_error_set(LOOM_ERR_INPUT, "cannot write shard '%s': %lld tokens, a shard holds 0 to %d",
                               path, (long long)n, LOOM_SHARD_MAX_TOKENS);
     int32_t header[LOOM_SHARD_HEADER_INTS] = {0};
     header[0] = LOOM_SHARD_MAGIC;

@@ -49,24 +49,23 @@ void loom_synth_default(struct loom_synth_spec *spec)
     spec->span = 2;
     spec->symbols = 16;
     spec->zipf = 1.0;
-    spec->p_new = 0.3;
+    spec->p_new = 0.2;
 }
 
 int loom_synth_build(struct loom_synth_model *m, const struct loom_synth_spec *spec)
 {
     memset(m, 0, sizeof *m);
     if (spec->span < 1 || spec->span > LOOM_SYNTH_MAX_SPAN)
-        return loom_error_set(LOOM_ERR_INPUT, "synthetic corpus: span %d is outside 1..%d",
-                              spec->span, LOOM_SYNTH_MAX_SPAN);
+        return loom_error_set(LOOM_ERR_INPUT, "synthetic corpus: span %d is outside 1..%d", spec->span,
+                              LOOM_SYNTH_MAX_SPAN);
     if (spec->symbols < 2 || spec->symbols > LOOM_SYNTH_MAX_SYMBOLS)
-        return loom_error_set(LOOM_ERR_INPUT, "synthetic corpus: symbols %d is outside 2..%d",
-                              spec->symbols, LOOM_SYNTH_MAX_SYMBOLS);
+        return loom_error_set(LOOM_ERR_INPUT, "synthetic corpus: symbols %d is outside 2..%d", spec->symbols,
+                              LOOM_SYNTH_MAX_SYMBOLS);
     if (!(spec->zipf >= 0.0 && spec->zipf <= 3.0))
         return loom_error_set(LOOM_ERR_INPUT, "synthetic corpus: zipf exponent %g is outside 0..3",
                               spec->zipf);
     if (!(spec->p_new > 0.0 && spec->p_new <= 1.0))
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "synthetic corpus: NEW probability %g is outside (0, 1]",
+        return loom_error_set(LOOM_ERR_INPUT, "synthetic corpus: NEW probability %g is outside (0, 1]",
                               spec->p_new);
     m->spec = *spec;
     long q = lround(spec->p_new * LOOM_SYNTH_ONE);
@@ -111,7 +110,10 @@ double loom_synth_prob(const struct loom_synth_model *m, int symbol)
     return (double)m->weight[symbol] / LOOM_SYNTH_ONE;
 }
 
-static double xlogx(double p) { return p > 0 ? p * log(p) : 0.0; }
+static double xlogx(double p)
+{
+    return p > 0 ? p * log(p) : 0.0;
+}
 
 static double marker_entropy(const struct loom_synth_model *m)
 {
@@ -189,8 +191,7 @@ static inline uint32_t draw16_next(struct draw16 *d)
     return v;
 }
 
-void loom_synth_generate(const struct loom_synth_model *m, uint64_t seed, uint16_t *out,
-                         int64_t n)
+void loom_synth_generate(const struct loom_synth_model *m, uint64_t seed, uint16_t *out, int64_t n)
 {
     int K = m->spec.span;
     unsigned char *table = loom_alloc(LOOM_SYNTH_ONE, LOOM_MEM_OTHER); /* draw -> symbol */
@@ -216,8 +217,8 @@ void loom_synth_generate(const struct loom_synth_model *m, uint64_t seed, uint16
 
 /* ---- the corpus directory ------------------------------------------------ */
 
-static int write_stream(const struct loom_synth_model *m, uint64_t seed, const char *outdir,
-                        const char *name, int64_t n)
+static int write_stream(const struct loom_synth_model *m, uint64_t seed, const char *outdir, const char *name,
+                        int64_t n)
 {
     uint16_t *tokens = loom_alloc(loom_mul_size((size_t)n + 1, sizeof *tokens), LOOM_MEM_OTHER);
     loom_synth_generate(m, seed, tokens, n);
@@ -258,10 +259,10 @@ static int write_description(const struct loom_synth_model *m, uint64_t seed, co
              "  \"seed\": %llu,\n  \"vocab\": 256,\n  \"train_tokens\": %lld,\n"
              "  \"val_tokens\": %lld,\n  \"span\": %d,\n  \"symbols\": %d,\n  \"zipf\": %.17g,\n"
              "  \"p_new\": %.17g,\n  \"marker_new\": %d,\n  \"marker_copy\": %d,\n",
-             (unsigned long long)seed, (long long)n_train, (long long)n_val, s->span, s->symbols,
-             s->zipf, loom_synth_p_new(m), LOOM_SYNTH_MARKER_NEW, LOOM_SYNTH_MARKER_COPY);
-    json_add(buf, cap, &len, "  \"alphabet\": \"%.*s\",\n  \"alphabet_copy\": \"%.*s\",\n",
-             s->symbols, (const char *)m->byte_new, s->symbols, (const char *)m->byte_copy);
+             (unsigned long long)seed, (long long)n_train, (long long)n_val, s->span, s->symbols, s->zipf,
+             loom_synth_p_new(m), LOOM_SYNTH_MARKER_NEW, LOOM_SYNTH_MARKER_COPY);
+    json_add(buf, cap, &len, "  \"alphabet\": \"%.*s\",\n  \"alphabet_copy\": \"%.*s\",\n", s->symbols,
+             (const char *)m->byte_new, s->symbols, (const char *)m->byte_copy);
     json_add(buf, cap, &len, "  \"symbol_probs\": [");
     for (int i = 0; i < s->symbols; i++)
         json_add(buf, cap, &len, "%s%.17g", i ? ", " : "", loom_synth_prob(m, i));
@@ -269,8 +270,8 @@ static int write_description(const struct loom_synth_model *m, uint64_t seed, co
              "],\n  \"entropy_rate_nats\": %.17g,\n  \"entropy_rate_bits\": %.17g,\n"
              "  \"unigram_entropy_nats\": %.17g,\n  \"nocopy_xent_nats\": %.17g,\n"
              "  \"window_xent_nats\": {",
-             loom_synth_entropy_rate(m), loom_synth_entropy_rate(m) / log(2.0),
-             loom_synth_unigram_entropy(m), loom_synth_nocopy_xent(m));
+             loom_synth_entropy_rate(m), loom_synth_entropy_rate(m) / log(2.0), loom_synth_unigram_entropy(m),
+             loom_synth_nocopy_xent(m));
     static const int windows[] = {16, 32, 64, 128, 256, 512, 1024};
     for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++)
         json_add(buf, cap, &len, "%s\"%d\": %.17g", i ? ", " : "", windows[i],
@@ -297,13 +298,11 @@ int loom_data_synth_spec(const char *outdir, const struct loom_synth_spec *spec,
     if (status != LOOM_OK) return status;
     int64_t n_val = tokens / 10, n_train = tokens - n_val;
     if (tokens < 20 || n_train > LOOM_SHARD_MAX_TOKENS)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "synthetic corpus of %lld tokens: choose 20 to about %lld",
+        return loom_error_set(LOOM_ERR_INPUT, "synthetic corpus of %lld tokens: choose 20 to about %lld",
                               (long long)tokens, (long long)LOOM_SHARD_MAX_TOKENS * 10 / 9);
     status = loom_io_make_dir(outdir);
     if (status == LOOM_OK)
-        status = write_stream(&m, loom_hash3(seed, 0x73796e7468ull, 0), outdir, "train.bin",
-                              n_train);
+        status = write_stream(&m, loom_hash3(seed, 0x73796e7468ull, 0), outdir, "train.bin", n_train);
     if (status == LOOM_OK)
         status = write_stream(&m, loom_hash3(seed, 0x73796e7468ull, 1), outdir, "val.bin", n_val);
     if (status == LOOM_OK) status = write_description(&m, seed, outdir, n_train, n_val);
@@ -311,8 +310,7 @@ int loom_data_synth_spec(const char *outdir, const struct loom_synth_spec *spec,
     double h = loom_synth_entropy_rate(&m);
     loom_log_info("synthetic corpus in %s: %lld train + %lld val tokens, entropy rate %.4f "
                   "nats/token (ideal loss with a 64-token window %.4f)\n",
-                  outdir, (long long)n_train, (long long)n_val, h,
-                  loom_synth_window_xent(&m, 64));
+                  outdir, (long long)n_train, (long long)n_val, h, loom_synth_window_xent(&m, 64));
     if (entropy_nats) *entropy_nats = h;
     return LOOM_OK;
 }
@@ -328,8 +326,7 @@ static int json_number(const cJSON *root, const char *path, const char *key, dou
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!cJSON_IsNumber(v))
-        return loom_error_set(LOOM_ERR_INPUT, "corpus description '%s' lacks the number \"%s\"",
-                              path, key);
+        return loom_error_set(LOOM_ERR_INPUT, "corpus description '%s' lacks the number \"%s\"", path, key);
     *out = v->valuedouble;
     return LOOM_OK;
 }
@@ -348,13 +345,11 @@ static int read_description(const char *outdir, cJSON **root, char **path)
     int read_error = ferror(f);
     fclose(f);
     if (read_error || n == sizeof text - 1)
-        return loom_error_set(LOOM_ERR_INPUT, "corpus description '%s' is unreadable or too long",
-                              *path);
+        return loom_error_set(LOOM_ERR_INPUT, "corpus description '%s' is unreadable or too long", *path);
     text[n] = '\0';
     *root = cJSON_Parse(text);
     if (!*root || !cJSON_IsObject(*root))
-        return loom_error_set(LOOM_ERR_INPUT, "corpus description '%s' is not a JSON object",
-                              *path);
+        return loom_error_set(LOOM_ERR_INPUT, "corpus description '%s' is not a JSON object", *path);
     return LOOM_OK;
 }
 

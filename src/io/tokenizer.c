@@ -45,13 +45,10 @@ static int write_part(const char *outdir, const char *name, const unsigned char 
 int loom_data_tokenize(const char *in, const char *outdir, double val_fraction)
 {
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "validation fraction %g is outside [0, 1) for tokenizing '%s'",
+        return loom_error_set(LOOM_ERR_INPUT, "validation fraction %g is outside [0, 1) for tokenizing '%s'",
                               val_fraction, in);
     int fd = open(in, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return loom_error_set(LOOM_ERR_INPUT, "cannot open text file '%s': %s", in,
-                              strerror(errno));
+    if (fd < 0) return loom_error_set(LOOM_ERR_INPUT, "cannot open text file '%s': %s", in, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
@@ -66,15 +63,21 @@ int loom_data_tokenize(const char *in, const char *outdir, double val_fraction)
     if (n == 0 || n > LOOM_SHARD_MAX_TOKENS) {
         close(fd);
         return loom_error_set(LOOM_ERR_INPUT,
-                              "text file '%s' has %lld bytes; the byte tokenizer takes 1 to %d",
-                              in, (long long)n, LOOM_SHARD_MAX_TOKENS);
+                              "text file '%s' has %lld bytes; the byte tokenizer takes 1 to %d", in,
+                              (long long)n, LOOM_SHARD_MAX_TOKENS);
     }
     void *map = mmap(NULL, (size_t)n, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
-    close(fd); /* read-only descriptor; the mapping keeps the data */
-    if (map == MAP_FAILED)
+    if (map == MAP_FAILED) {
+        close(fd); /* the mmap error is the one to report */
         return loom_error_set(LOOM_ERR_RUNTIME, "mmap '%s' (%lld bytes): %s", in, (long long)n,
                               strerror(map_errno));
+    }
+    if (close(fd) != 0) { /* the mapping keeps the data; a failed close is still reported */
+        int e = errno;
+        munmap(map, (size_t)n);
+        return loom_error_set(LOOM_ERR_RUNTIME, "close '%s': %s", in, strerror(e));
+    }
 
     int64_t n_val = (int64_t)llround((double)n * val_fraction);
     int64_t n_train = n - n_val;
@@ -112,7 +115,10 @@ static void out_put(struct text_out *o, const char *s, size_t k)
         if (o->len + 1 < o->cap) o->buf[o->len] = s[i];
 }
 
-static int is_cont(int32_t b) { return b >= 0x80 && b <= 0xBF; }
+static int is_cont(int32_t b)
+{
+    return b >= 0x80 && b <= 0xBF;
+}
 
 /* Length of the well-formed UTF-8 sequence starting at t[i] (2 to 4), or 0:
  * no overlong forms, no surrogates, nothing past U+10FFFF. */
