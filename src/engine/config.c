@@ -73,7 +73,7 @@ static const struct setting settings[] = {
     {"--valid-data-path", "data", T_PATHS, F(valid_data_paths), 0, 0, 0, NULL, NULL, "validation token shards"},
     {"--data-order", "data", T_ENUM, F(data_order), 0, 0, 0, "shuffled", data_orders, "shuffled (from seed and step) or sequential (llm.c order)"},
     STR("--data-cache", "data", data_cache, "", "where the built-in corpus is generated (default ~/.cache/loom)"),
-    INT("--log-interval", "logging", log_interval, 1, INT_MAX, "10", "steps between log lines"),
+    INT("--log-interval", "logging", log_interval, 1, INT_MAX, NULL, "steps between log lines"),
     INT("--eval-interval", "logging", eval_interval, 0, INT_MAX, NULL, "steps between evaluations (0: only at the end)"),
     INT("--eval-iters", "logging", eval_iters, 0, INT_MAX, "10", "batches per evaluation"),
     STR("--metrics", "logging", metrics, "", "append one JSON line per logged step to FILE"),
@@ -97,15 +97,15 @@ static const struct setting settings[] = {
 /* presets: model shape and the defaults that go with it */
 struct preset {
     const char *name;
-    int L, C, NH, T, maxT, V, micro, iters, warmup, eval_interval;
+    int L, C, NH, T, maxT, V, micro, iters, warmup, eval_interval, log_interval;
     double lr;
 };
 static const struct preset presets[] = {
-    {"gpt2-tiny", 4, 128, 4, 64, 64, 256, 16, 1200, 100, 200, 3e-3},
-    {"gpt2", 12, 768, 12, 1024, 1024, 50257, 4, 1000, 100, 250, 6e-4},
-    {"gpt2-medium", 24, 1024, 16, 1024, 1024, 50257, 4, 1000, 100, 250, 3e-4},
-    {"gpt2-large", 36, 1280, 20, 1024, 1024, 50257, 4, 1000, 100, 250, 2.5e-4},
-    {"gpt2-xl", 48, 1600, 25, 1024, 1024, 50257, 4, 1000, 100, 250, 2e-4},
+    {"gpt2-tiny", 4, 128, 4, 64, 64, 256, 16, 1200, 100, 200, 100, 3e-3},
+    {"gpt2", 12, 768, 12, 1024, 1024, 50257, 4, 1000, 100, 250, 10, 6e-4},
+    {"gpt2-medium", 24, 1024, 16, 1024, 1024, 50257, 4, 1000, 100, 250, 10, 3e-4},
+    {"gpt2-large", 36, 1280, 20, 1024, 1024, 50257, 4, 1000, 100, 250, 10, 2.5e-4},
+    {"gpt2-xl", 48, 1600, 25, 1024, 1024, 50257, 4, 1000, 100, 250, 10, 2e-4},
 };
 
 static unsigned char origins[NSETTINGS];
@@ -214,7 +214,8 @@ static void apply_preset(struct loom_config *cfg, const struct preset *p)
         {F(num_attention_heads), 0, p->NH}, {F(seq_length), 0, p->T},
         {F(max_position_embeddings), 0, p->maxT}, {F(vocab_size), 0, p->V},
         {F(train_iters), 0, p->iters}, {F(lr_warmup_iters), 0, p->warmup},
-        {F(eval_interval), 0, p->eval_interval}, {F(lr), 1, p->lr},
+        {F(eval_interval), 0, p->eval_interval}, {F(log_interval), 0, p->log_interval},
+        {F(lr), 1, p->lr},
     };
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
         for (int i = 0; i < NSETTINGS; i++)

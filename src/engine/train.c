@@ -68,8 +68,15 @@ static int builtin_corpus(struct run *r, char *train_path, char *valid_path, siz
     snprintf(valid_path, n, "%s/val.bin", dir);
     int rc;
     struct stat st;
-    if (stat(train_path, &st) == 0 && stat(valid_path, &st) == 0) {
-        if ((rc = loom_synth_read_floor(dir, &r->floor_nats))) return rc;
+    /* reuse the cache only when it holds this version's corpus */
+    struct loom_synth_spec spec;
+    struct loom_synth_model want;
+    loom_synth_default(&spec);
+    if ((rc = loom_synth_build(&want, &spec))) return rc;
+    double cached = -1;
+    if (stat(train_path, &st) == 0 && stat(valid_path, &st) == 0 &&
+        loom_synth_read_floor(dir, &cached) == LOOM_OK && cached == loom_synth_entropy_rate(&want)) {
+        r->floor_nats = cached;
         return LOOM_OK;
     }
     if ((rc = mkdir_p(dir))) return rc;
