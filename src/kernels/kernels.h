@@ -29,7 +29,8 @@
  * validated to lie in [0, V). */
 void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                             int B, int T, int C);
-/* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum over batch. */
+/* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum over batch. Either
+ * may be NULL to skip it (data parallelism defers the dwte scatter). */
 void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                              int B, int T, int C);
 

@@ -240,6 +240,7 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
     /* loss -> logits (in place) -> final norm */
     loom_crossentropy_backward(m->logits, m->lse, m->logits, m->targets, loss_weight / (float)N, N, V);
     loom_lm_head_backward(m->dbufC, grad(emb, 0), m->logits, m->lnf, param(emb, 0), N, C, V);
+    block_done(m, LOOM_GRAD_READY_WTE_HEAD);
     memset(m->dres, 0, (size_t)N * C * sizeof(float));
     loom_layernorm_backward(m->dres, grad(head, 0), grad(head, 1), m->dbufC, lnf_in, param(head, 0),
                             m->lnf_mean, m->lnf_rstd, N, C);
@@ -268,7 +269,7 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
                                 a->ln1_mean, a->ln1_rstd, N, C);
         block_done(m, 1 + l);
     }
-    loom_embedding_backward(grad(emb, 0), grad(emb, 1), m->dres, m->inputs, B, T, C);
+    loom_embedding_backward(m->defer_wte_scatter ? NULL : grad(emb, 0), grad(emb, 1), m->dres, m->inputs, B, T, C);
     block_done(m, 0);
 }
 

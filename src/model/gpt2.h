@@ -68,8 +68,12 @@ struct loom_layer_acts {
 
 /* Called in backward as soon as a block's gradients are complete (blocks
  * finish in reverse order): the hook data-parallel strategies start their
- * reduction from. */
+ * reduction from. One more event, LOOM_GRAD_READY_WTE_HEAD, comes right
+ * after the LM head's backward: with defer_wte_scatter set, wte's gradient is
+ * then final but for the token-embedding scatter, which the backward leaves
+ * out (the hook's owner applies it from dres and inputs later). */
 typedef void (*loom_grad_ready_fn)(void *ctx, int block);
+#define LOOM_GRAD_READY_WTE_HEAD (-1)
 
 struct loom_gpt2 {
     struct loom_gpt2_config cfg;
@@ -97,6 +101,7 @@ struct loom_gpt2 {
 
     loom_grad_ready_fn grad_ready;
     void *grad_ready_ctx;
+    int defer_wte_scatter; /* leave the dwte scatter out of this backward */
 };
 
 /* Checks the shape settings; LOOM_ERR_INPUT naming what is wrong. */

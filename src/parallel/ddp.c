@@ -1,8 +1,18 @@
 /* DDP: buckets, the grad-ready hook, and the naive reference (see ddp.h). */
 #include "parallel/ddp.h"
 
+#include <time.h>
+
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/kernels.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
@@ -15,6 +25,10 @@ static void on_grad_ready(void *ctx, int block)
 {
     struct loom_ddp *d = ctx;
     if (!d->sync || d->naive || !d->overlap) return;
+    if (block == LOOM_GRAD_READY_WTE_HEAD) {
+        if (d->early_wte) post_bucket(d, &d->wte);
+        return;
+    }
     struct loom_ddp_bucket *b = &d->buckets[d->bucket_of[block]];
     if (block == b->first_block) post_bucket(d, b);
 }
@@ -47,8 +61,42 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_gpt2 *m, int dp, double bucke
             count = 0;
         }
     }
+    d->early_wte = overlap && !naive;
+    if (d->early_wte) {
+        /* wte out of the last bucket, into its own */
+        const struct loom_tensor *wte = &m->blocks[0].tensors[0];
+        struct loom_ddp_bucket *tail = &d->buckets[d->nbuckets - 1];
+        LOOM_ASSERT(tail->first_block == 0 && wte->offset == 0 && m->cfg.vocab < (1 << 24));
+        d->wte = (struct loom_ddp_bucket){0, 0, m->blocks[0].grads, wte->numel, NULL};
+        tail->grads += wte->numel;
+        tail->count -= wte->numel;
+        size_t rows = (size_t)m->B * m->T;
+        d->gathered_dres = loom_alloc(loom_mul_size((size_t)dp * rows, (size_t)m->cfg.hidden * sizeof(float)), LOOM_MEM_COMM);
+        d->gathered_tokens = loom_alloc(loom_mul_size((size_t)dp * rows, sizeof(float)), LOOM_MEM_COMM);
+        d->my_tokens = loom_alloc(loom_mul_size(rows, sizeof(float)), LOOM_MEM_COMM);
+    }
     m->grad_ready = on_grad_ready;
     m->grad_ready_ctx = d;
+}
+
+/* The embedding lookup's share of dwte, for every rank's rows, in rank order. */
+static void scatter_all_ranks(struct loom_ddp *d)
+{
+    struct loom_gpt2 *m = d->model;
+    const int B = m->fwd_B, T = m->T, C = m->cfg.hidden;
+    const size_t rows = (size_t)B * T;
+    LOOM_ASSERT(B == m->B); /* every rank runs full micro-batches */
+    for (size_t i = 0; i < rows; i++) d->my_tokens[i] = (float)m->inputs[i];
+    struct loom_comm_handle *h1 = loom_comm_allgather(LOOM_GROUP_DP, m->dres, d->gathered_dres, rows * C, LOOM_F32);
+    struct loom_comm_handle *h2 = loom_comm_allgather(LOOM_GROUP_DP, d->my_tokens, d->gathered_tokens, rows, LOOM_F32);
+    loom_comm_wait(h1);
+    loom_comm_wait(h2);
+    int32_t *tokens = loom_alloc(rows * sizeof(int32_t), LOOM_MEM_COMM);
+    for (int k = 0; k < d->dp; k++) {
+        for (size_t i = 0; i < rows; i++) tokens[i] = (int32_t)d->gathered_tokens[(size_t)k * rows + i];
+        loom_embedding_backward(m->blocks[0].grads, NULL, d->gathered_dres + (size_t)k * rows * C, tokens, B, T, C);
+    }
+    loom_free(tokens);
 }
 
 void loom_ddp_free(struct loom_ddp *d)
@@ -59,27 +107,42 @@ void loom_ddp_free(struct loom_ddp *d)
     }
     loom_free(d->buckets);
     loom_free(d->bucket_of);
+    loom_free(d->gathered_dres);
+    loom_free(d->gathered_tokens);
+    loom_free(d->my_tokens);
+    d->gathered_dres = d->gathered_tokens = d->my_tokens = NULL;
     d->buckets = NULL;
     d->bucket_of = NULL;
 }
 
-void loom_ddp_begin_backward(struct loom_ddp *d, int sync) { d->sync = sync; }
+void loom_ddp_begin_backward(struct loom_ddp *d, int sync)
+{
+    d->sync = sync;
+    d->model->defer_wte_scatter = sync && d->early_wte;
+}
 
 void loom_ddp_finish(struct loom_ddp *d)
 {
     LOOM_ASSERT(d->sync);
-    d->wait_s = 0;
+    double t0 = now_s();
     if (d->naive) {
-        d->wait_s = loom_comm_wait(
+        loom_comm_wait(
             loom_comm_allreduce(LOOM_GROUP_DP, d->model->grads, d->model->num_params, LOOM_F32, LOOM_OP_SUM));
-        return;
+    } else {
+        /* buckets not yet posted (no overlap): in backward order, as the hook would */
+        for (int i = 0; i < d->nbuckets; i++)
+            if (!d->buckets[i].handle) post_bucket(d, &d->buckets[i]);
+        for (int i = 0; i < d->nbuckets; i++) {
+            loom_comm_wait(d->buckets[i].handle);
+            d->buckets[i].handle = NULL;
+        }
+        if (d->early_wte) {
+            loom_comm_wait(d->wte.handle);
+            d->wte.handle = NULL;
+            scatter_all_ranks(d);
+        }
     }
-    /* buckets not yet posted (no overlap): in backward order, as the hook would */
-    for (int i = 0; i < d->nbuckets; i++)
-        if (!d->buckets[i].handle) post_bucket(d, &d->buckets[i]);
-    for (int i = 0; i < d->nbuckets; i++) {
-        d->wait_s += loom_comm_wait(d->buckets[i].handle);
-        d->buckets[i].handle = NULL;
-    }
+    d->model->defer_wte_scatter = 0;
     d->sync = 0;
+    d->wait_s = now_s() - t0;
 }

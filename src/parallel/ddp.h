@@ -13,6 +13,14 @@
  * Naive (--ddp-impl naive): one all-reduce of all gradients after the
  * backward: the reference the bucketed version is tested against.
  *
+ * The tied token embedding would otherwise be the last and largest bucket
+ * (its gradient is complete only after the embedding's backward). With
+ * overlap on, wte gets a bucket of its own, posted right after the LM
+ * head's backward, and the embedding lookup's sparse share of its gradient
+ * is left out of the backward: afterwards every rank gathers all ranks'
+ * (tokens, residual gradient) rows and scatters them in rank order, so all
+ * replicas add the same numbers in the same order.
+ *
  * The average comes from the loss weight: each rank back-propagates its
  * micro-batch mean times 1/(accumulation x dp), so the sum over ranks is
  * the global mean. Not here: sharding (zero.c).
@@ -33,11 +41,15 @@ struct loom_ddp_bucket {
 struct loom_ddp {
     struct loom_gpt2 *model;
     int dp, overlap, naive;
+    int early_wte; /* wte reduced from the LM head's backward on */
+    struct loom_ddp_bucket wte;
+    float *gathered_dres, *gathered_tokens; /* (dp,B,T,C), (dp,B,T), for the deferred scatter */
+    float *my_tokens;                       /* (B,T) */
     int nbuckets;
     struct loom_ddp_bucket *buckets;
     int *bucket_of; /* (nblocks) */
     int sync;       /* this backward reduces */
-    double wait_s;  /* exposed communication of the last step: waiting after backward */
+    double wait_s;  /* exposed communication of the last step: all that follows the backward */
 };
 
 void loom_ddp_init(struct loom_ddp *d, struct loom_gpt2 *m, int dp, double bucket_mb, int overlap, int naive);

@@ -40,12 +40,15 @@ void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const 
         const int c1 = c0 + COL_BLOCK < C ? c0 + COL_BLOCK : C;
         for (size_t r = 0; r < rows; r++) {
             const float *d = dout + r * C;
-            float *we = dwte + (size_t)tokens[r] * C;
-            float *pe = dwpe + (r % (size_t)T) * C;
+            if (dwte) {
+                float *we = dwte + (size_t)tokens[r] * C;
 #pragma omp simd
-            for (int c = c0; c < c1; c++) {
-                we[c] += d[c];
-                pe[c] += d[c];
+                for (int c = c0; c < c1; c++) we[c] += d[c];
+            }
+            if (dwpe) {
+                float *pe = dwpe + (r % (size_t)T) * C;
+#pragma omp simd
+                for (int c = c0; c < c1; c++) pe[c] += d[c];
             }
         }
     }
