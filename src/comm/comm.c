@@ -56,8 +56,10 @@ static int have_thread;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t posted = PTHREAD_COND_INITIALIZER, completed = PTHREAD_COND_INITIALIZER;
 static struct loom_comm_handle *queue_head, *queue_tail; /* posted, not started */
+#ifdef LOOM_HAVE_MPI
 static int stopping;
 static pthread_t thread;
+#endif
 
 #ifdef LOOM_HAVE_MPI
 static MPI_Comm comms[LOOM_GROUP_COUNT];
