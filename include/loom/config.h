@@ -51,6 +51,7 @@ struct loom_config {
     int no_overlap;
     int ddp_impl; /* 0 bucketed, 1 naive */
     double comm_timeout; /* seconds */
+    int zero_stage;
     /* machine */
     int threads;
     double peak_tflops;

@@ -120,7 +120,9 @@ static void start(struct loom_comm_handle *h)
     switch (h->coll) {
     case LOOM_COLL_ALLREDUCE: err = MPI_Iallreduce(MPI_IN_PLACE, h->recv, n, t, mpi_op(h->op), c, &h->req); break;
     case LOOM_COLL_REDUCE_SCATTER: err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, MPI_SUM, c, &h->req); break;
-    case LOOM_COLL_ALLGATHER: err = MPI_Iallgather(h->send, n, t, h->recv, n, t, c, &h->req); break;
+    case LOOM_COLL_ALLGATHER:
+        err = MPI_Iallgather(h->send ? h->send : MPI_IN_PLACE, n, t, h->recv, n, t, c, &h->req);
+        break;
     case LOOM_COLL_BROADCAST: err = MPI_Ibcast(h->recv, n, t, h->peer, c, &h->req); break;
     case LOOM_COLL_SEND: err = MPI_Isend(h->send, n, t, h->peer, h->tag, c, &h->req); break;
     case LOOM_COLL_RECV: err = MPI_Irecv(h->recv, n, t, h->peer, h->tag, c, &h->req); break;
@@ -275,7 +277,7 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
     if (group_size[g] == 1 || !have_thread) {
         /* one rank: every collective is the identity */
         size_t bytes = count * dtype_size[dt];
-        if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER) && send != recv && bytes)
+        if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER) && send && send != recv && bytes)
             memcpy(recv, send, bytes);
         LOOM_ASSERT(coll != LOOM_COLL_SEND && coll != LOOM_COLL_RECV);
         h->done = 1;

@@ -29,6 +29,7 @@
 #include "optim/adamw.h"
 #include "optim/lr.h"
 #include "parallel/ddp.h"
+#include "parallel/zero.h"
 
 struct run {
     struct loom_config *cfg;
@@ -194,6 +195,8 @@ static int setup(struct run *r, struct loom_config *cfg)
     if (rc == LOOM_OK && (r->topo.tp > 1 || r->topo.pp > 1))
         rc = loom_error_set(LOOM_ERR_INPUT, "tensor and pipeline parallelism are not available in this version (--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d)",
                             r->topo.tp, r->topo.pp);
+    if (rc == LOOM_OK && cfg->zero_stage > 1)
+        rc = loom_error_set(LOOM_ERR_INPUT, "--zero-stage %d is not available in this version (0 or 1)", cfg->zero_stage);
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, r->topo.dp);
     if ((rc = agree(r, rc))) return rc;
     if ((rc = agree(r, check_same_config(cfg)))) return rc;
@@ -203,7 +206,8 @@ static int setup(struct run *r, struct loom_config *cfg)
     rc = loom_gpt2_config_check(&mc, cfg->seq_length);
     if (rc == LOOM_OK) rc = open_data(r);
     if ((rc = agree(r, rc))) return rc;
-    r->model = loom_gpt2_create(&mc, cfg->micro_batch_size, cfg->seq_length);
+    r->model = loom_gpt2_create_padded(&mc, cfg->micro_batch_size, cfg->seq_length,
+                                       loom_zero_arena_multiple(cfg->zero_stage, r->topo.dp));
     if (*cfg->load) rc = loom_gpt2_load(r->model, cfg->load);
     else loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
     if ((rc = agree(r, rc))) return rc;
@@ -265,8 +269,10 @@ int loom_train(struct loom_config *cfg)
     }
     struct loom_gpt2 *m = r.model;
     const int dp = r.topo.dp;
+    struct loom_zero zero;
+    loom_zero_init(&zero, cfg->zero_stage, dp, r.topo.dp_rank, m);
     struct loom_adamw opt;
-    loom_adamw_init(&opt, m->blocks, m->nblocks, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
+    loom_adamw_init(&opt, zero.begin, zero.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
     struct loom_lr_schedule sched = {cfg->lr, cfg->min_lr, cfg->lr_warmup_iters, cfg->lr_decay_iters, cfg->lr_decay_style};
     struct loom_ddp ddp = {0};
     if (dp > 1) loom_ddp_init(&ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == 1);
@@ -288,9 +294,9 @@ int loom_train(struct loom_config *cfg)
     loom_report_line(&rep, "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
                      r.topo.world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
     if (dp > 1)
-        loom_report_line(&rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s\n",
+        loom_report_line(&rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer state for %zu of %zu parameters)\n",
                          ddp.naive ? "naive (one all-reduce)" : "bucketed", ddp.nbuckets, cfg->ddp_bucket_size,
-                         ddp.naive || !ddp.overlap ? "off" : "on");
+                         ddp.naive || !ddp.overlap ? "off" : "on", zero.stage, zero.end - zero.begin, m->num_params);
 
     const int B = cfg->micro_batch_size, T = cfg->seq_length, A = cfg->gradient_accumulation_steps;
     const int G = cfg->global_batch_size;
@@ -321,7 +327,8 @@ int loom_train(struct loom_config *cfg)
         loss /= (double)A * dp;
         double norm = loom_grad_norm(m->blocks, m->nblocks);
         double lr = loom_lr_at(&sched, step);
-        loom_adamw_step(&opt, m->blocks, lr, loom_clip_coef(norm, cfg->clip_grad));
+        loom_adamw_step(&opt, m, lr, loom_clip_coef(norm, cfg->clip_grad));
+        loom_zero_gather_params(&zero, m);
         double dt = loom_now() - t0;
         double tps = (double)G * T / dt;
         step_tps[step - 1] = tps;

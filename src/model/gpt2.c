@@ -85,6 +85,11 @@ static float *act(size_t n) { return loom_alloc(loom_mul_size(n, sizeof(float)),
 
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T)
 {
+    return loom_gpt2_create_padded(cfg, B, T, 1);
+}
+
+struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple)
+{
     struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
     m->B = B;
@@ -97,8 +102,10 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
     for (int i = 0; i < m->nblocks; i++) m->num_params += m->blocks[i].numel;
     /* one arena each for parameters and gradients, blocks in order, so that a
      * run of consecutive blocks is one contiguous range (a DDP bucket) */
-    m->params = loom_alloc(loom_mul_size(m->num_params, sizeof(float)), LOOM_MEM_PARAMS);
-    m->grads = loom_alloc(loom_mul_size(m->num_params, sizeof(float)), LOOM_MEM_GRADS);
+    LOOM_ASSERT(multiple >= 1);
+    m->arena_numel = (m->num_params + multiple - 1) / multiple * multiple;
+    m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
+    m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
     for (size_t i = 0, off = 0; i < (size_t)m->nblocks; off += m->blocks[i].numel, i++) {
         m->blocks[i].params = m->params + off;
         m->blocks[i].grads = m->grads + off;
@@ -273,7 +280,7 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
     block_done(m, 0);
 }
 
-void loom_gpt2_zero_grad(struct loom_gpt2 *m) { memset(m->grads, 0, m->num_params * sizeof(float)); }
+void loom_gpt2_zero_grad(struct loom_gpt2 *m) { memset(m->grads, 0, m->arena_numel * sizeof(float)); }
 
 struct loom_tensor *loom_gpt2_find(struct loom_gpt2 *m, const char *name, struct loom_block **block_out)
 {

@@ -81,7 +81,8 @@ struct loom_gpt2 {
     int nblocks; /* L + 2: [embedding, layers..., head] */
     struct loom_block *blocks;
     size_t num_params;
-    float *params, *grads; /* (num_params) each: the blocks' buffers, in block order */
+    float *params, *grads; /* (arena_numel) each: the blocks' buffers, in block order */
+    size_t arena_numel;    /* num_params rounded up (zero padding), for equal shards */
 
     /* activations */
     struct loom_layer_acts *layers; /* (L) */
@@ -110,6 +111,9 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);
 /* Allocates parameters, gradients and activations for micro-batches of up
  * to B sequences of T tokens. Weights are zero until initialised or loaded. */
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T);
+/* The same with the arenas padded to a multiple of `multiple` elements, so a
+ * data-parallel group can split them into equal shards. */
+struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple);
 void loom_gpt2_free(struct loom_gpt2 *m);
 
 /* GPT-2 initialisation: weights normal(0, 0.02), residual output projections

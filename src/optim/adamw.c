@@ -1,38 +1,32 @@
-/* AdamW over blocks: state allocation, gradient norm, clipping, the step. */
+/* AdamW over a range of the arena: state, gradient norm, clipping, the step. */
 #include "optim/adamw.h"
+
+#include <math.h>
 
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/kernels.h"
 
-#include <math.h>
-
-void loom_adamw_init(struct loom_adamw *opt, const struct loom_block *blocks, int nblocks, double beta1,
-                     double beta2, double eps, double weight_decay)
+void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,
+                     double weight_decay)
 {
+    LOOM_ASSERT(begin <= end);
     opt->beta1 = beta1;
     opt->beta2 = beta2;
     opt->eps = eps;
     opt->weight_decay = weight_decay;
-    opt->nblocks = nblocks;
+    opt->begin = begin;
+    opt->end = end;
     opt->t = 0;
-    opt->m = loom_alloc(sizeof(float *) * (size_t)nblocks, LOOM_MEM_OTHER);
-    opt->v = loom_alloc(sizeof(float *) * (size_t)nblocks, LOOM_MEM_OTHER);
-    for (int i = 0; i < nblocks; i++) {
-        opt->m[i] = loom_alloc(loom_mul_size(blocks[i].numel, sizeof(float)), LOOM_MEM_OPTIMIZER);
-        opt->v[i] = loom_alloc(loom_mul_size(blocks[i].numel, sizeof(float)), LOOM_MEM_OPTIMIZER);
-    }
+    opt->m = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    opt->v = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
 
 void loom_adamw_free(struct loom_adamw *opt)
 {
-    for (int i = 0; i < opt->nblocks; i++) {
-        loom_free(opt->m[i]);
-        loom_free(opt->v[i]);
-    }
     loom_free(opt->m);
     loom_free(opt->v);
-    opt->nblocks = 0;
+    opt->m = opt->v = NULL;
 }
 
 double loom_grad_norm(const struct loom_block *blocks, int nblocks)
@@ -49,16 +43,21 @@ float loom_clip_coef(double norm, double max_norm)
     return c < 1.0 ? (float)c : 1.0f;
 }
 
-void loom_adamw_step(struct loom_adamw *opt, struct loom_block *blocks, double lr, float grad_scale)
+void loom_adamw_step(struct loom_adamw *opt, struct loom_gpt2 *m, double lr, float grad_scale)
 {
     opt->t++;
-    for (int i = 0; i < opt->nblocks; i++) {
-        struct loom_block *b = &blocks[i];
+    for (int i = 0; i < m->nblocks; i++) {
+        const struct loom_block *b = &m->blocks[i];
+        const size_t base = (size_t)(b->params - m->params);
         for (int j = 0; j < b->ntensors; j++) {
             const struct loom_tensor *t = &b->tensors[j];
-            loom_adamw_update(b->params + t->offset, opt->m[i] + t->offset, opt->v[i] + t->offset,
-                              b->grads + t->offset, t->numel, (float)lr, (float)opt->beta1,
-                              (float)opt->beta2, (float)opt->eps,
+            /* the part of this tensor inside [begin, end) */
+            size_t lo = base + t->offset, hi = lo + t->numel;
+            if (lo < opt->begin) lo = opt->begin;
+            if (hi > opt->end) hi = opt->end;
+            if (lo >= hi) continue;
+            loom_adamw_update(m->params + lo, opt->m + (lo - opt->begin), opt->v + (lo - opt->begin), m->grads + lo,
+                              hi - lo, (float)lr, (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
                               t->decay ? (float)opt->weight_decay : 0.0f, grad_scale, opt->t);
         }
     }

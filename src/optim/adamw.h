@@ -1,9 +1,10 @@
 /*
- * AdamW over a model's blocks: first and second moments in flat buffers
- * matching each block's parameter buffer, weight decay on tensors of two or
- * more dimensions only, and global-norm gradient clipping. The update
- * itself is the loom_adamw_update kernel. Not here: sharding (ZeRO) and
- * master weights for mixed precision.
+ * AdamW over a range of the model's parameter arena: first and second
+ * moments for the elements [begin, end) only (the whole arena without
+ * sharding; this rank's shard under ZeRO), weight decay on tensors of two or
+ * more dimensions only, and global-norm gradient clipping. The update itself
+ * is the loom_adamw_update kernel. Not here: master weights for mixed
+ * precision, offload.
  */
 #ifndef LOOM_OPTIM_ADAMW_H
 #define LOOM_OPTIM_ADAMW_H
@@ -12,13 +13,13 @@
 
 struct loom_adamw {
     double beta1, beta2, eps, weight_decay;
-    int nblocks;
-    float **m, **v; /* per block, (block numel) each */
-    int t;          /* optimizer steps taken */
+    size_t begin, end; /* the range of the arena this optimizer updates */
+    float *m, *v;      /* (end - begin) each */
+    int t;             /* optimizer steps taken */
 };
 
-void loom_adamw_init(struct loom_adamw *opt, const struct loom_block *blocks, int nblocks, double beta1,
-                     double beta2, double eps, double weight_decay);
+void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,
+                     double weight_decay);
 void loom_adamw_free(struct loom_adamw *opt);
 
 /* L2 norm of all gradients of the blocks (double accumulation). */
@@ -28,7 +29,8 @@ double loom_grad_norm(const struct loom_block *blocks, int nblocks);
  * 1 when max_norm is 0 (clipping off). */
 float loom_clip_coef(double norm, double max_norm);
 
-/* One step at learning rate lr, gradients multiplied by grad_scale first. */
-void loom_adamw_step(struct loom_adamw *opt, struct loom_block *blocks, double lr, float grad_scale);
+/* One step at learning rate lr on the elements [begin, end) of the model's
+ * arena, gradients multiplied by grad_scale first. */
+void loom_adamw_step(struct loom_adamw *opt, struct loom_gpt2 *m, double lr, float grad_scale);
 
 #endif
