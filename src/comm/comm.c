@@ -40,6 +40,7 @@ struct loom_comm_handle {
     void *recv;
     size_t count;
     int peer, tag;
+    int *counts; /* reduce-scatter-v: (group size), owned */
     int64_t step;
     int done; /* guarded by lock */
     struct loom_comm_handle *next;
@@ -119,7 +120,10 @@ static void start(struct loom_comm_handle *h)
     int err = MPI_SUCCESS;
     switch (h->coll) {
     case LOOM_COLL_ALLREDUCE: err = MPI_Iallreduce(MPI_IN_PLACE, h->recv, n, t, mpi_op(h->op), c, &h->req); break;
-    case LOOM_COLL_REDUCE_SCATTER: err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, MPI_SUM, c, &h->req); break;
+    case LOOM_COLL_REDUCE_SCATTER:
+        if (h->counts) err = MPI_Ireduce_scatter(h->send, h->recv, h->counts, t, MPI_SUM, c, &h->req);
+        else err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, MPI_SUM, c, &h->req);
+        break;
     case LOOM_COLL_ALLGATHER:
         err = MPI_Iallgather(h->send ? h->send : MPI_IN_PLACE, n, t, h->recv, n, t, c, &h->req);
         break;
@@ -258,8 +262,19 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     return LOOM_OK;
 }
 
-static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
-                                     size_t count, enum loom_dtype dt, enum loom_op op, int peer, int tag)
+/* Hands a built request to the communication thread. */
+static void submit(struct loom_comm_handle *h)
+{
+    pthread_mutex_lock(&lock);
+    if (queue_tail) queue_tail->next = h;
+    else queue_head = h;
+    queue_tail = h;
+    pthread_cond_signal(&posted);
+    pthread_mutex_unlock(&lock);
+}
+
+static struct loom_comm_handle *build(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
+                                      size_t count, enum loom_dtype dt, enum loom_op op, int peer, int tag)
 {
     LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT && dt >= 0 && dt < LOOM_DTYPE_COUNT);
     struct loom_comm_handle *h = calloc(1, sizeof *h);
@@ -274,8 +289,17 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
     h->peer = peer;
     h->tag = tag;
     h->step = cur_step;
-    if (group_size[g] == 1 || !have_thread) {
-        /* one rank: every collective is the identity */
+    return h;
+}
+
+/* One rank in the group: every collective is the identity. */
+static int local_only(enum loom_group g) { return group_size[g] == 1 || !have_thread; }
+
+static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
+                                     size_t count, enum loom_dtype dt, enum loom_op op, int peer, int tag)
+{
+    struct loom_comm_handle *h = build(coll, g, send, recv, count, dt, op, peer, tag);
+    if (local_only(g)) {
         size_t bytes = count * dtype_size[dt];
         if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER) && send && send != recv && bytes)
             memcpy(recv, send, bytes);
@@ -283,12 +307,7 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
         h->done = 1;
         return h;
     }
-    pthread_mutex_lock(&lock);
-    if (queue_tail) queue_tail->next = h;
-    else queue_head = h;
-    queue_tail = h;
-    pthread_cond_signal(&posted);
-    pthread_mutex_unlock(&lock);
+    submit(h);
     return h;
 }
 
@@ -302,6 +321,21 @@ struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void 
                                                    enum loom_dtype dt)
 {
     return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
+}
+
+struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
+                                                     const int *counts, enum loom_dtype dt)
+{
+    if (local_only(g)) return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, (size_t)counts[0], dt, LOOM_OP_SUM, 0, 0);
+    const int n = group_size[g];
+    int *copy = malloc(sizeof(int) * (size_t)n);
+    if (!copy) loom_die("out of memory posting a collective");
+    size_t total = 0;
+    for (int r = 0; r < n; r++) total += (size_t)(copy[r] = counts[r]);
+    struct loom_comm_handle *h = build(LOOM_COLL_REDUCE_SCATTER, g, send, recv, total, dt, LOOM_OP_SUM, 0, 0);
+    h->counts = copy;
+    submit(h);
+    return h;
 }
 
 struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
@@ -338,6 +372,7 @@ static double now_s(void)
 double loom_comm_wait(struct loom_comm_handle *h)
 {
     if (h->done && !have_thread) {
+        free(h->counts);
         free(h);
         return 0;
     }
@@ -360,6 +395,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
         }
     }
     pthread_mutex_unlock(&lock);
+    free(h->counts);
     free(h);
     return now_s() - t0;
 }

@@ -86,6 +86,11 @@ struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_
 /* recv (count) = this rank's slice of the sum of send (count x group size). */
 struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv,
                                                    size_t count, enum loom_dtype dt);
+/* The uneven form: send holds the group's segments in rank order, counts[r]
+ * elements for rank r; recv (counts[rank]) gets this rank's segment of the
+ * sum. counts is copied. */
+struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
+                                                     const int *counts, enum loom_dtype dt);
 /* recv (count x group size) = every rank's send (count), in rank order.
  * send NULL: in place, this rank's part already at recv + rank x count. */
 struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv,

@@ -88,7 +88,7 @@ static const struct setting settings[] = {
     DBL("--ddp-bucket-size", "parallelism", ddp_bucket_size, 0.001, 1e6, "25", "MB of gradients per DDP all-reduce bucket"),
     {"--no-overlap", "parallelism", T_BOOL, F(no_overlap), 0, 0, 1, "0", NULL, "reduce gradients after the backward, not during it"},
     {"--ddp-impl", "parallelism", T_ENUM, F(ddp_impl), 0, 0, 0, "bucketed", ddp_impls, "bucketed (overlapped) or naive (one all-reduce, the reference)"},
-    INT("--zero-stage", "parallelism", zero_stage, 0, 3, "0", "ZeRO stage: 0 DDP, 1 sharded optimizer state (2, 3 not yet)"),
+    INT("--zero-stage", "parallelism", zero_stage, 0, 3, "0", "ZeRO stage: 0 DDP, 1 sharded optimizer state, 2 and gradients (3 not yet)"),
     DBL("--comm-timeout", "parallelism", comm_timeout, 0.1, 1e7, "600", "seconds before a stuck collective aborts the job"),
     INT("--threads", "machine", threads, 0, 4096, "0", "threads for kernels and BLAS (0: all cores)"),
     DBL("--peak-tflops", "machine", peak_tflops, 0, 1e6, "0", "peak FLOP/s for MFU, in TFLOP/s (0: calibrate)"),

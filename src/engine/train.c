@@ -195,8 +195,8 @@ static int setup(struct run *r, struct loom_config *cfg)
     if (rc == LOOM_OK && (r->topo.tp > 1 || r->topo.pp > 1))
         rc = loom_error_set(LOOM_ERR_INPUT, "tensor and pipeline parallelism are not available in this version (--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d)",
                             r->topo.tp, r->topo.pp);
-    if (rc == LOOM_OK && cfg->zero_stage > 1)
-        rc = loom_error_set(LOOM_ERR_INPUT, "--zero-stage %d is not available in this version (0 or 1)", cfg->zero_stage);
+    if (rc == LOOM_OK && cfg->zero_stage > 2)
+        rc = loom_error_set(LOOM_ERR_INPUT, "--zero-stage %d is not available in this version (0, 1 or 2)", cfg->zero_stage);
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, r->topo.dp);
     if ((rc = agree(r, rc))) return rc;
     if ((rc = agree(r, check_same_config(cfg)))) return rc;
@@ -207,7 +207,7 @@ static int setup(struct run *r, struct loom_config *cfg)
     if (rc == LOOM_OK) rc = open_data(r);
     if ((rc = agree(r, rc))) return rc;
     r->model = loom_gpt2_create_padded(&mc, cfg->micro_batch_size, cfg->seq_length,
-                                       loom_zero_arena_multiple(cfg->zero_stage, r->topo.dp));
+                                       loom_zero_arena_multiple(cfg->zero_stage, r->topo.dp), cfg->zero_stage < 2);
     if (*cfg->load) rc = loom_gpt2_load(r->model, cfg->load);
     else loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
     if ((rc = agree(r, rc))) return rc;
@@ -275,7 +275,8 @@ int loom_train(struct loom_config *cfg)
     loom_adamw_init(&opt, zero.begin, zero.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
     struct loom_lr_schedule sched = {cfg->lr, cfg->min_lr, cfg->lr_warmup_iters, cfg->lr_decay_iters, cfg->lr_decay_style};
     struct loom_ddp ddp = {0};
-    if (dp > 1) loom_ddp_init(&ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == 1);
+    const int use_ddp = dp > 1 && zero.stage < 2; /* ZeRO-2 reduces gradients itself */
+    if (use_ddp) loom_ddp_init(&ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == 1);
 
     /* peak FLOP/s of the whole job: the sum over ranks */
     double peak = cfg->peak_tflops * 1e12;
@@ -293,7 +294,10 @@ int loom_train(struct loom_config *cfg)
                      cfg->vocab_size, m->num_params, loom_fmt_bytes(b, sizeof b, 4.0 * m->num_params));
     loom_report_line(&rep, "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
                      r.topo.world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
-    if (dp > 1)
+    if (zero.stage == 2)
+        loom_report_line(&rep, "data parallel: ZeRO stage 2, gradients reduce-scattered per block into shards of %zu parameters\n",
+                         zero.shard);
+    else if (dp > 1)
         loom_report_line(&rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer state for %zu of %zu parameters)\n",
                          ddp.naive ? "naive (one all-reduce)" : "bucketed", ddp.nbuckets, cfg->ddp_bucket_size,
                          ddp.naive || !ddp.overlap ? "off" : "on", zero.stage, zero.end - zero.begin, m->num_params);
@@ -314,20 +318,22 @@ int loom_train(struct loom_config *cfg)
         loom_mem_reset_peak();
         double t0 = loom_now();
         loom_gpt2_zero_grad(m);
+        loom_zero_begin_step(&zero);
         double loss = 0;
         for (int a = 0; a < A; a++) {
             loom_data_batch(&r.train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed, step - 1, G,
                             (r.topo.dp_rank * A + a) * B, B, T, r.inputs, r.targets);
             loss += loom_gpt2_forward(m, r.inputs, r.targets, B);
-            if (dp > 1) loom_ddp_begin_backward(&ddp, a == A - 1);
+            if (use_ddp) loom_ddp_begin_backward(&ddp, a == A - 1);
             loom_gpt2_backward(m, 1.0f / (float)(A * dp));
         }
-        if (dp > 1) loom_ddp_finish(&ddp);
+        if (use_ddp) loom_ddp_finish(&ddp);
+        loom_zero_finish_backward(&zero);
         loom_comm_allreduce_sync(LOOM_GROUP_DP, &loss, 1, LOOM_F64, LOOM_OP_SUM);
         loss /= (double)A * dp;
-        double norm = loom_grad_norm(m->blocks, m->nblocks);
+        double norm = loom_zero_grad_norm(&zero);
         double lr = loom_lr_at(&sched, step);
-        loom_adamw_step(&opt, m, lr, loom_clip_coef(norm, cfg->clip_grad));
+        loom_adamw_step(&opt, m, loom_zero_grads(&zero), lr, loom_clip_coef(norm, cfg->clip_grad));
         loom_zero_gather_params(&zero, m);
         double dt = loom_now() - t0;
         double tps = (double)G * T / dt;
@@ -335,7 +341,7 @@ int loom_train(struct loom_config *cfg)
         last_loss = loss;
         if (step % cfg->log_interval == 0 || step == cfg->train_iters) {
             struct loom_step_stats s = {step, cfg->train_iters, loss, lr, norm, tps,
-                                        tps * flops_per_token / peak, dt * 1e3, dp > 1 ? ddp.wait_s * 1e3 : -1};
+                                        tps * flops_per_token / peak, dt * 1e3, use_ddp ? ddp.wait_s * 1e3 : -1};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
             int64_t *by_rank = gather_memory(&r, &mem);
@@ -374,7 +380,8 @@ int loom_train(struct loom_config *cfg)
     rc = agree(&r, rc);
     loom_free(step_tps);
     loom_report_close(&rep);
-    if (dp > 1) loom_ddp_free(&ddp);
+    if (use_ddp) loom_ddp_free(&ddp);
+    loom_zero_free(&zero);
     loom_adamw_free(&opt);
     teardown(&r);
     return rc;

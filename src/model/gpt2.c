@@ -85,10 +85,11 @@ static float *act(size_t n) { return loom_alloc(loom_mul_size(n, sizeof(float)),
 
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T)
 {
-    return loom_gpt2_create_padded(cfg, B, T, 1);
+    return loom_gpt2_create_padded(cfg, B, T, 1, 1);
 }
 
-struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple)
+struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
+                                          int grad_arena)
 {
     struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
@@ -105,10 +106,10 @@ struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, in
     LOOM_ASSERT(multiple >= 1);
     m->arena_numel = (m->num_params + multiple - 1) / multiple * multiple;
     m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
-    m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
+    if (grad_arena) m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
     for (size_t i = 0, off = 0; i < (size_t)m->nblocks; off += m->blocks[i].numel, i++) {
         m->blocks[i].params = m->params + off;
-        m->blocks[i].grads = m->grads + off;
+        m->blocks[i].grads = m->grads ? m->grads + off : NULL;
     }
     const size_t att = (size_t)B * NH * T * T;
     m->layers = loom_alloc(sizeof *m->layers * (size_t)L, LOOM_MEM_OTHER);
@@ -236,6 +237,11 @@ static void block_done(struct loom_gpt2 *m, int block)
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, block);
 }
 
+static void block_begin(struct loom_gpt2 *m, int block)
+{
+    if (m->pre_backward) m->pre_backward(m->grad_ready_ctx, block);
+}
+
 void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
 {
     LOOM_ASSERT(m->targets != NULL);
@@ -246,6 +252,8 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
 
     /* loss -> logits (in place) -> final norm */
     loom_crossentropy_backward(m->logits, m->lse, m->logits, m->targets, loss_weight / (float)N, N, V);
+    block_begin(m, 0);
+    block_begin(m, L + 1);
     loom_lm_head_backward(m->dbufC, grad(emb, 0), m->logits, m->lnf, param(emb, 0), N, C, V);
     block_done(m, LOOM_GRAD_READY_WTE_HEAD);
     memset(m->dres, 0, (size_t)N * C * sizeof(float));
@@ -258,6 +266,7 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
         struct loom_block *b = &m->blocks[1 + l];
         struct loom_layer_acts *a = &m->layers[l];
         const float *res = l > 0 ? m->layers[l - 1].res3 : m->encoded;
+        block_begin(m, 1 + l);
         /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))) */
         loom_matmul_backward(m->dbuf4a, grad(b, FCPROJ_W), grad(b, FCPROJ_B), m->dres, a->fch_gelu,
                              param(b, FCPROJ_W), N, 4 * C, C);
@@ -280,7 +289,10 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
     block_done(m, 0);
 }
 
-void loom_gpt2_zero_grad(struct loom_gpt2 *m) { memset(m->grads, 0, m->arena_numel * sizeof(float)); }
+void loom_gpt2_zero_grad(struct loom_gpt2 *m)
+{
+    if (m->grads) memset(m->grads, 0, m->arena_numel * sizeof(float));
+}
 
 struct loom_tensor *loom_gpt2_find(struct loom_gpt2 *m, const char *name, struct loom_block **block_out)
 {

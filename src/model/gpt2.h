@@ -81,7 +81,7 @@ struct loom_gpt2 {
     int nblocks; /* L + 2: [embedding, layers..., head] */
     struct loom_block *blocks;
     size_t num_params;
-    float *params, *grads; /* (arena_numel) each: the blocks' buffers, in block order */
+    float *params, *grads; /* (arena_numel) each: the blocks' buffers, in block order; grads may be NULL */
     size_t arena_numel;    /* num_params rounded up (zero padding), for equal shards */
 
     /* activations */
@@ -101,6 +101,10 @@ struct loom_gpt2 {
     float *scratchC; /* (B,T,C) forward scratch for projections */
 
     loom_grad_ready_fn grad_ready;
+    /* Called before the backward first writes a block's gradients (block 0,
+     * which owns the tied wte, comes first): where a strategy that keeps no
+     * gradient arena points the block's grads at a zeroed buffer. */
+    loom_grad_ready_fn pre_backward;
     void *grad_ready_ctx;
     int defer_wte_scatter; /* leave the dwte scatter out of this backward */
 };
@@ -112,8 +116,11 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);
  * to B sequences of T tokens. Weights are zero until initialised or loaded. */
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T);
 /* The same with the arenas padded to a multiple of `multiple` elements, so a
- * data-parallel group can split them into equal shards. */
-struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple);
+ * data-parallel group can split them into equal shards; without a gradient
+ * arena (grad_arena 0) when a strategy provides the blocks' gradient
+ * buffers through pre_backward (ZeRO-2). */
+struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
+                                          int grad_arena);
 void loom_gpt2_free(struct loom_gpt2 *m);
 
 /* GPT-2 initialisation: weights normal(0, 0.02), residual output projections

@@ -43,7 +43,8 @@ float loom_clip_coef(double norm, double max_norm)
     return c < 1.0 ? (float)c : 1.0f;
 }
 
-void loom_adamw_step(struct loom_adamw *opt, struct loom_gpt2 *m, double lr, float grad_scale)
+void loom_adamw_step(struct loom_adamw *opt, struct loom_gpt2 *m, const float *grads, double lr,
+                     float grad_scale)
 {
     opt->t++;
     for (int i = 0; i < m->nblocks; i++) {
@@ -56,7 +57,7 @@ void loom_adamw_step(struct loom_adamw *opt, struct loom_gpt2 *m, double lr, flo
             if (lo < opt->begin) lo = opt->begin;
             if (hi > opt->end) hi = opt->end;
             if (lo >= hi) continue;
-            loom_adamw_update(m->params + lo, opt->m + (lo - opt->begin), opt->v + (lo - opt->begin), m->grads + lo,
+            loom_adamw_update(m->params + lo, opt->m + (lo - opt->begin), opt->v + (lo - opt->begin), grads + (lo - opt->begin),
                               hi - lo, (float)lr, (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
                               t->decay ? (float)opt->weight_decay : 0.0f, grad_scale, opt->t);
         }
