@@ -1,4 +1,4 @@
-"""ZeRO stages 1 and 2 keep the math and shard the model states.
+"""ZeRO stages 1, 2 and 3 keep the math and shard the model states.
 
 Equivalence: `--zero-stage 1` and `2` at 2 and 4 ranks (and 3 ranks with a
 parameter count that does not split evenly), with accumulation and clipping,
@@ -6,8 +6,10 @@ give the single-process per-step loss and final weights (same tolerances and
 comparison as test_ddp.py, whose helpers this uses).
 Memory per rank, fp32 Adam with Psi parameters on N ranks, within 5%:
 stage 1: params 4 Psi, grads 4 Psi, optimizer 8 Psi/N; stage 2: params
-4 Psi, grads 4 Psi/N, optimizer 8 Psi/N (transient gradient buffers are
-counted under comm). An unavailable stage is a one-line error."""
+4 Psi, grads 4 Psi/N, optimizer 8 Psi/N; stage 3: all three / N (transient
+gradient buffers and gathered units are counted under comm). Stage 3 also
+runs with gather units of several blocks under FSDP's flag name, and a
+conflicting pair of flags is a one-line error."""
 import json
 import os
 import subprocess
@@ -33,7 +35,7 @@ def main():
                        capture_output=True)
         os.rename(os.path.join(tmp, "corpus", "train.bin"), os.path.join(tmp, "train.bin"))
         ref = run(tmp, "single", 1, ["--global-batch-size", "8", "--micro-batch-size", "1"])
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             for n in (2, 4):
                 tag = f"zero{stage}-np{n}-accum2"
                 got = run(tmp, tag, n, ["--global-batch-size", "8", "--micro-batch-size", str(8 // n // 2),
@@ -41,7 +43,8 @@ def main():
                 compare(tag, ref, got)
                 rows = [json.loads(l) for l in open(os.path.join(tmp, f"{tag}.jsonl")) if '"loss"' in l]
                 psi = sum(t.size for t in ref[1].values())
-                want = {"params": 4 * psi, "grads": 4 * psi / (n if stage >= 2 else 1), "optimizer": 8 * psi / n}
+                want = {"params": 4 * psi / (n if stage >= 3 else 1), "grads": 4 * psi / (n if stage >= 2 else 1),
+                        "optimizer": 8 * psi / n}
                 for key, value in want.items():
                     got_b = [r[key] for r in rows[-1]["mem_by_rank"]]
                     worst = max(abs(b - value) / value for b in got_b)
@@ -52,16 +55,20 @@ def main():
                                              "--vocab-size", "255"])
         psi = sum(t.size for t in ref255[1].values())
         check(f"uneven case: {psi} parameters do not split evenly in 3", psi % 3 != 0)
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             tag = f"zero{stage}-np3-uneven"
             compare(tag, ref255, run(tmp, tag, 3, ["--global-batch-size", "6", "--micro-batch-size", "1",
                                                    "--vocab-size", "255", "--zero-stage", str(stage)]))
-        p = subprocess.run(["mpirun", "-np", "2", "--bind-to", "none", LOOM, "train", "--zero-stage", "3",
+        # stage 3 with gather units of several blocks (FSDP's size-based wrap), by FSDP's name
+        compare("fsdp-full-shard-np2-units", ref, run(tmp, "fsdp-units", 2, ["--global-batch-size", "8",
+                "--micro-batch-size", "2", "--fsdp-sharding-strategy", "FULL_SHARD", "--zero3-min-params", "20000"]))
+        p = subprocess.run(["mpirun", "-np", "2", "--bind-to", "none", LOOM, "train", "--zero-stage", "2",
+                            "--fsdp-sharding-strategy", "FULL_SHARD",
                             "--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1"],
                            capture_output=True, text=True, env=ENV, timeout=60)
         lines = [l for l in p.stderr.splitlines() if l.startswith("loom: error:")]
-        check("--zero-stage 3 is one error line, exit 2",
-              p.returncode == 2 and len(lines) == 1 and "--zero-stage 3" in lines[0], p.stderr[-400:])
+        check("conflicting --zero-stage and --fsdp-sharding-strategy: one error line, exit 2",
+              p.returncode == 2 and len(lines) == 1 and "FULL_SHARD means --zero-stage 3" in lines[0], p.stderr[-400:])
     total = failures + test_ddp.failures
     print(f"{'PASS' if total == 0 else 'FAIL'}: {total} failure(s)")
     return 1 if total else 0

@@ -52,6 +52,8 @@ struct loom_config {
     int ddp_impl; /* 0 bucketed, 1 naive */
     double comm_timeout; /* seconds */
     int zero_stage;
+    int fsdp_sharding_strategy; /* 0 unset, 1 FULL_SHARD, 2 SHARD_GRAD_OP, 3 NO_SHARD */
+    int64_t zero3_min_params;
     /* machine */
     int threads;
     double peak_tflops;

@@ -40,7 +40,8 @@ struct loom_comm_handle {
     void *recv;
     size_t count;
     int peer, tag;
-    int *counts; /* reduce-scatter-v: (group size), owned */
+    int *counts; /* reduce-scatter-v and all-gather-v: (group size), owned */
+    int *displs; /* all-gather-v: (group size), owned */
     int64_t step;
     int done; /* guarded by lock */
     struct loom_comm_handle *next;
@@ -125,7 +126,13 @@ static void start(struct loom_comm_handle *h)
         else err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, MPI_SUM, c, &h->req);
         break;
     case LOOM_COLL_ALLGATHER:
-        err = MPI_Iallgather(h->send ? h->send : MPI_IN_PLACE, n, t, h->recv, n, t, c, &h->req);
+        if (h->displs) {
+            int me;
+            MPI_Comm_rank(c, &me);
+            err = MPI_Iallgatherv(h->send, h->counts[me], t, h->recv, h->counts, h->displs, t, c, &h->req);
+        } else {
+            err = MPI_Iallgather(h->send ? h->send : MPI_IN_PLACE, n, t, h->recv, n, t, c, &h->req);
+        }
         break;
     case LOOM_COLL_BROADCAST: err = MPI_Ibcast(h->recv, n, t, h->peer, c, &h->req); break;
     case LOOM_COLL_SEND: err = MPI_Isend(h->send, n, t, h->peer, h->tag, c, &h->req); break;
@@ -338,6 +345,26 @@ struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const voi
     return h;
 }
 
+struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv, const int *counts,
+                                                const int *displs, enum loom_dtype dt)
+{
+    if (local_only(g)) {
+        struct loom_comm_handle *h = post(LOOM_COLL_ALLGATHER, g, NULL, NULL, 0, dt, LOOM_OP_SUM, 0, 0);
+        if (counts[0]) memcpy((char *)recv + (size_t)displs[0] * dtype_size[dt], send, (size_t)counts[0] * dtype_size[dt]);
+        return h;
+    }
+    const int n = group_size[g];
+    int *c = malloc(sizeof(int) * (size_t)n), *d = malloc(sizeof(int) * (size_t)n);
+    if (!c || !d) loom_die("out of memory posting a collective");
+    size_t total = 0;
+    for (int r = 0; r < n; r++) total += (size_t)(c[r] = counts[r]), d[r] = displs[r];
+    struct loom_comm_handle *h = build(LOOM_COLL_ALLGATHER, g, send, recv, total, dt, LOOM_OP_SUM, 0, 0);
+    h->counts = c;
+    h->displs = d;
+    submit(h);
+    return h;
+}
+
 struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
                                               enum loom_dtype dt)
 {
@@ -373,6 +400,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
 {
     if (h->done && !have_thread) {
         free(h->counts);
+        free(h->displs);
         free(h);
         return 0;
     }
@@ -396,6 +424,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
     }
     pthread_mutex_unlock(&lock);
     free(h->counts);
+    free(h->displs);
     free(h);
     return now_s() - t0;
 }

@@ -95,6 +95,10 @@ struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const voi
  * send NULL: in place, this rank's part already at recv + rank x count. */
 struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv,
                                               size_t count, enum loom_dtype dt);
+/* The uneven form: rank r contributes counts[r] elements (send), placed at
+ * recv + displs[r]. counts and displs are copied. */
+struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv, const int *counts,
+                                                const int *displs, enum loom_dtype dt);
 struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count,
                                               enum loom_dtype dt, int root);
 struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count,

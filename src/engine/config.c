@@ -26,6 +26,7 @@ static_assert(sizeof origin_names / sizeof origin_names[0] == O_ORIGIN_COUNT, "o
 
 static const char *const decay_styles[] = {"constant", "linear", "cosine", NULL};
 static_assert(sizeof decay_styles / sizeof decay_styles[0] == LOOM_LR_DECAY_STYLE_COUNT + 1, "decay_styles");
+static const char *const fsdp_strategies[] = {"none", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", NULL};
 static const char *const ddp_impls[] = {"bucketed", "naive", NULL};
 static const char *const data_orders[] = {"shuffled", "sequential", NULL};
 static_assert(sizeof data_orders / sizeof data_orders[0] == LOOM_DATA_ORDER_COUNT + 1, "data_orders");
@@ -88,7 +89,9 @@ static const struct setting settings[] = {
     DBL("--ddp-bucket-size", "parallelism", ddp_bucket_size, 0.001, 1e6, "25", "MB of gradients per DDP all-reduce bucket"),
     {"--no-overlap", "parallelism", T_BOOL, F(no_overlap), 0, 0, 1, "0", NULL, "reduce gradients after the backward, not during it"},
     {"--ddp-impl", "parallelism", T_ENUM, F(ddp_impl), 0, 0, 0, "bucketed", ddp_impls, "bucketed (overlapped) or naive (one all-reduce, the reference)"},
-    INT("--zero-stage", "parallelism", zero_stage, 0, 3, "0", "ZeRO stage: 0 DDP, 1 sharded optimizer state, 2 and gradients (3 not yet)"),
+    INT("--zero-stage", "parallelism", zero_stage, 0, 3, "0", "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 and gradients, 3 and parameters"),
+    {"--fsdp-sharding-strategy", "parallelism", T_ENUM, F(fsdp_sharding_strategy), 0, 0, 0, "none", fsdp_strategies, "FSDP's names: FULL_SHARD (stage 3), SHARD_GRAD_OP (2), NO_SHARD (0)"},
+    {"--zero3-min-params", "parallelism", T_INT64, F(zero3_min_params), 0, 0, 9e15, "0", NULL, "stage 3 gathers consecutive blocks until they hold N parameters (0: one block)"},
     DBL("--comm-timeout", "parallelism", comm_timeout, 0.1, 1e7, "600", "seconds before a stuck collective aborts the job"),
     INT("--threads", "machine", threads, 0, 4096, "0", "threads for kernels and BLAS (0: all cores)"),
     DBL("--peak-tflops", "machine", peak_tflops, 0, 1e6, "0", "peak FLOP/s for MFU, in TFLOP/s (0: calibrate)"),
@@ -343,6 +346,15 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
         return loom_error_set(LOOM_ERR_INPUT,
                               "batch sizes disagree: --global-batch-size %d != --micro-batch-size %d x --gradient-accumulation-steps %d x data-parallel size %d",
                               *gb, *mb, *ga, dp);
+    if (cfg->fsdp_sharding_strategy) {
+        static const int stage_of[] = {0, 3, 2, 0};
+        int want = stage_of[cfg->fsdp_sharding_strategy];
+        if (origin_of(F(zero_stage)) == O_FLAG && cfg->zero_stage != want)
+            return loom_error_set(LOOM_ERR_INPUT, "--fsdp-sharding-strategy %s means --zero-stage %d, but --zero-stage %d is given",
+                                  fsdp_strategies[cfg->fsdp_sharding_strategy], want, cfg->zero_stage);
+        cfg->zero_stage = want;
+        set_origin(F(zero_stage), O_DERIVED);
+    }
     if (cfg->lr_decay_iters == 0) {
         cfg->lr_decay_iters = cfg->train_iters;
         set_origin(F(lr_decay_iters), O_DERIVED);

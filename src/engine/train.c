@@ -195,8 +195,6 @@ static int setup(struct run *r, struct loom_config *cfg)
     if (rc == LOOM_OK && (r->topo.tp > 1 || r->topo.pp > 1))
         rc = loom_error_set(LOOM_ERR_INPUT, "tensor and pipeline parallelism are not available in this version (--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d)",
                             r->topo.tp, r->topo.pp);
-    if (rc == LOOM_OK && cfg->zero_stage > 2)
-        rc = loom_error_set(LOOM_ERR_INPUT, "--zero-stage %d is not available in this version (0, 1 or 2)", cfg->zero_stage);
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, r->topo.dp);
     if ((rc = agree(r, rc))) return rc;
     if ((rc = agree(r, check_same_config(cfg)))) return rc;
@@ -270,7 +268,7 @@ int loom_train(struct loom_config *cfg)
     struct loom_gpt2 *m = r.model;
     const int dp = r.topo.dp;
     struct loom_zero zero;
-    loom_zero_init(&zero, cfg->zero_stage, dp, r.topo.dp_rank, m);
+    loom_zero_init(&zero, cfg->zero_stage, dp, r.topo.dp_rank, m, cfg->zero3_min_params);
     struct loom_adamw opt;
     loom_adamw_init(&opt, zero.begin, zero.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
     struct loom_lr_schedule sched = {cfg->lr, cfg->min_lr, cfg->lr_warmup_iters, cfg->lr_decay_iters, cfg->lr_decay_style};
@@ -294,9 +292,12 @@ int loom_train(struct loom_config *cfg)
                      cfg->vocab_size, m->num_params, loom_fmt_bytes(b, sizeof b, 4.0 * m->num_params));
     loom_report_line(&rep, "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
                      r.topo.world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
-    if (zero.stage == 2)
-        loom_report_line(&rep, "data parallel: ZeRO stage 2, gradients reduce-scattered per block into shards of %zu parameters\n",
-                         zero.shard);
+    if (zero.stage >= 2)
+        loom_report_line(&rep, "data parallel: ZeRO stage %d, gradients reduce-scattered per block into shards of %zu parameters%s\n",
+                         zero.stage, zero.shard, zero.stage == 3 ? ", parameters gathered per unit with prefetch" : "");
+    if (zero.stage == 3)
+        loom_report_line(&rep, "ZeRO-3 gather units: %d (--zero3-min-params %lld)\n", zero.nunits,
+                         (long long)cfg->zero3_min_params);
     else if (dp > 1)
         loom_report_line(&rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer state for %zu of %zu parameters)\n",
                          ddp.naive ? "naive (one all-reduce)" : "bucketed", ddp.nbuckets, cfg->ddp_bucket_size,
@@ -333,8 +334,8 @@ int loom_train(struct loom_config *cfg)
         loss /= (double)A * dp;
         double norm = loom_zero_grad_norm(&zero);
         double lr = loom_lr_at(&sched, step);
-        loom_adamw_step(&opt, m, loom_zero_grads(&zero), lr, loom_clip_coef(norm, cfg->clip_grad));
-        loom_zero_gather_params(&zero, m);
+        loom_adamw_step(&opt, m, loom_zero_params(&zero), loom_zero_grads(&zero), lr, loom_clip_coef(norm, cfg->clip_grad));
+        loom_zero_after_step(&zero);
         double dt = loom_now() - t0;
         double tps = (double)G * T / dt;
         step_tps[step - 1] = tps;
@@ -369,6 +370,7 @@ int loom_train(struct loom_config *cfg)
     loom_report_line(&rep, "  median %.0f tokens/s | mfu %.1f%% of %.1f GFLOP/s peak (%s)\n", median_tps,
                      100 * median_tps * flops_per_token / peak, peak / 1e9, peak_src);
     print_memory(&rep);
+    if (*cfg->save) loom_zero_materialize(&zero); /* collective: every rank */
     if (*cfg->save && r.topo.rank == 0) {
         char path[700];
         if ((rc = mkdir_p(cfg->save)) == LOOM_OK) {

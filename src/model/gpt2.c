@@ -190,6 +190,11 @@ void loom_gpt2_init_weights(struct loom_gpt2 *m, uint64_t seed)
     }
 }
 
+static void hook(struct loom_gpt2 *m, loom_block_hook fn, int block)
+{
+    if (fn) fn(m->grad_ready_ctx, block);
+}
+
 static float *param(struct loom_block *b, int i) { return b->params + b->tensors[i].offset; }
 static float *grad(struct loom_block *b, int i) { return b->grads + b->tensors[i].offset; }
 
@@ -205,11 +210,14 @@ float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_
     m->targets = targets;
     m->fwd_B = B;
     struct loom_block *emb = &m->blocks[0];
+    hook(m, m->pre_forward, 0);
     loom_embedding_forward(m->encoded, inputs, param(emb, 0), param(emb, 1), B, T, C);
+    hook(m, m->post_forward, 0);
     const float *res = m->encoded;
     for (int l = 0; l < L; l++) {
         struct loom_block *b = &m->blocks[1 + l];
         struct loom_layer_acts *a = &m->layers[l];
+        hook(m, m->pre_forward, 1 + l);
         loom_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, param(b, LN1_W), param(b, LN1_B), N, C);
         loom_matmul_forward(a->qkv, a->ln1, param(b, QKV_W), param(b, QKV_B), N, C, 3 * C);
         loom_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
@@ -220,10 +228,13 @@ float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_
         loom_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
         loom_matmul_forward(m->scratchC, a->fch_gelu, param(b, FCPROJ_W), param(b, FCPROJ_B), N, 4 * C, C);
         loom_residual_forward(a->res3, a->res2, m->scratchC, (size_t)N * C);
+        hook(m, m->post_forward, 1 + l);
         res = a->res3;
     }
     struct loom_block *head = &m->blocks[L + 1];
+    hook(m, m->pre_forward, L + 1);
     loom_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, param(head, 0), param(head, 1), N, C);
+    hook(m, m->post_forward, L + 1);
     loom_lm_head_forward(m->logits, m->lnf, param(emb, 0), N, C, V);
     if (!targets) return 0.0f;
     loom_crossentropy_forward(m->losses, m->lse, m->logits, targets, N, V);

@@ -72,7 +72,7 @@ struct loom_layer_acts {
  * after the LM head's backward: with defer_wte_scatter set, wte's gradient is
  * then final but for the token-embedding scatter, which the backward leaves
  * out (the hook's owner applies it from dres and inputs later). */
-typedef void (*loom_grad_ready_fn)(void *ctx, int block);
+typedef void (*loom_block_hook)(void *ctx, int block);
 #define LOOM_GRAD_READY_WTE_HEAD (-1)
 
 struct loom_gpt2 {
@@ -100,12 +100,16 @@ struct loom_gpt2 {
     float *dbuf4a, *dbuf4b; /* (B,T,4C) */
     float *scratchC; /* (B,T,C) forward scratch for projections */
 
-    loom_grad_ready_fn grad_ready;
-    /* Called before the backward first writes a block's gradients (block 0,
-     * which owns the tied wte, comes first): where a strategy that keeps no
-     * gradient arena points the block's grads at a zeroed buffer. */
-    loom_grad_ready_fn pre_backward;
-    void *grad_ready_ctx;
+    loom_block_hook grad_ready;
+    /* Called before the backward first uses a block (block 0, which owns the
+     * tied wte, comes first): where a strategy that keeps no gradient arena
+     * points the block's grads at a zeroed buffer, and ZeRO-3 makes sure the
+     * block's parameters are gathered. */
+    loom_block_hook pre_backward;
+    /* Called around each block's forward (the LM head's use of wte comes
+     * after post_forward(0): a strategy keeps block 0 for the whole step). */
+    loom_block_hook pre_forward, post_forward;
+    void *grad_ready_ctx; /* the context of all four hooks */
     int defer_wte_scatter; /* leave the dwte scatter out of this backward */
 };
 

@@ -43,13 +43,13 @@ float loom_clip_coef(double norm, double max_norm)
     return c < 1.0 ? (float)c : 1.0f;
 }
 
-void loom_adamw_step(struct loom_adamw *opt, struct loom_gpt2 *m, const float *grads, double lr,
-                     float grad_scale)
+void loom_adamw_step(struct loom_adamw *opt, const struct loom_gpt2 *m, float *params, const float *grads,
+                     double lr, float grad_scale)
 {
     opt->t++;
-    for (int i = 0; i < m->nblocks; i++) {
+    size_t base = 0; /* the block's offset in the arena: blocks are consecutive */
+    for (int i = 0; i < m->nblocks; base += m->blocks[i].numel, i++) {
         const struct loom_block *b = &m->blocks[i];
-        const size_t base = (size_t)(b->params - m->params);
         for (int j = 0; j < b->ntensors; j++) {
             const struct loom_tensor *t = &b->tensors[j];
             /* the part of this tensor inside [begin, end) */
@@ -57,9 +57,10 @@ void loom_adamw_step(struct loom_adamw *opt, struct loom_gpt2 *m, const float *g
             if (lo < opt->begin) lo = opt->begin;
             if (hi > opt->end) hi = opt->end;
             if (lo >= hi) continue;
-            loom_adamw_update(m->params + lo, opt->m + (lo - opt->begin), opt->v + (lo - opt->begin), grads + (lo - opt->begin),
-                              hi - lo, (float)lr, (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
-                              t->decay ? (float)opt->weight_decay : 0.0f, grad_scale, opt->t);
+            const size_t k = lo - opt->begin;
+            loom_adamw_update(params + k, opt->m + k, opt->v + k, grads + k, hi - lo, (float)lr, (float)opt->beta1,
+                              (float)opt->beta2, (float)opt->eps, t->decay ? (float)opt->weight_decay : 0.0f,
+                              grad_scale, opt->t);
         }
     }
 }

@@ -30,9 +30,10 @@ double loom_grad_norm(const struct loom_block *blocks, int nblocks);
 float loom_clip_coef(double norm, double max_norm);
 
 /* One step at learning rate lr on the elements [begin, end) of the model's
- * arena; grads (end - begin) holds their gradients (the arena's slice, or a
- * ZeRO-2 shard), multiplied by grad_scale first. */
-void loom_adamw_step(struct loom_adamw *opt, struct loom_gpt2 *m, const float *grads, double lr,
-                     float grad_scale);
+ * arena: params and grads (end - begin each) hold them (slices of the arenas,
+ * or ZeRO shards); gradients are multiplied by grad_scale first. The model
+ * gives the tensor layout (which elements decay). */
+void loom_adamw_step(struct loom_adamw *opt, const struct loom_gpt2 *m, float *params, const float *grads,
+                     double lr, float grad_scale);
 
 #endif

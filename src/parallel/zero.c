@@ -1,5 +1,5 @@
-/* ZeRO stages 0-2: shard arithmetic, the stage-2 gradient path and the
- * parameter all-gather (see zero.h). */
+/* ZeRO stages 0-3: shard arithmetic, the stage-2 gradient path, the stage-3
+ * parameter gathers with prefetch, and the post-step all-gather (see zero.h). */
 #include "parallel/zero.h"
 
 #include <math.h>
@@ -12,17 +12,40 @@
 #include "optim/adamw.h"
 
 struct loom_zero_flight {
-    float *buf;   /* the block's full gradient, (numel), transient */
-    float *recv;  /* this rank's segment of the sum, (nrecv) */
+    float *buf;              /* the block's full gradient, (numel), transient */
+    float *recv;             /* this rank's segment of the sum, (nrecv) */
     size_t nrecv, shard_off; /* where the segment lands in grad_shard */
     struct loom_comm_handle *handle;
+};
+
+struct loom_zero_unit {
+    int first, last; /* blocks */
+    size_t lo, hi;   /* arena range */
+    float *buf;      /* gathered parameters, (hi - lo), or NULL */
+    struct loom_comm_handle *handle; /* gather in flight */
 };
 
 enum { MAX_LAYERS_IN_FLIGHT = 2 };
 
 size_t loom_zero_arena_multiple(int stage, int dp) { return stage >= 1 ? (size_t)dp : 1; }
 
-static size_t block_offset(const struct loom_gpt2 *m, int block) { return (size_t)(m->blocks[block].params - m->params); }
+/* counts[r], and displs[r] from lo: the part of [lo, hi) in rank r's shard.
+ * Returns the start of this rank's part (lo when it has none). */
+static size_t split(struct loom_zero *z, size_t lo, size_t hi)
+{
+    size_t mine = lo;
+    for (int r = 0; r < z->dp; r++) {
+        size_t a = (size_t)r * z->shard, b = a + z->shard;
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        z->counts[r] = b > a ? (int)(b - a) : 0;
+        z->displs[r] = b > a ? (int)(a - lo) : 0;
+        if (r == z->dp_rank && b > a) mine = a;
+    }
+    return mine;
+}
+
+/* ---- stage 2: gradients ------------------------------------------------- */
 
 /* Waits for the oldest posted block, adds its segment into the shard, frees it. */
 static void land_oldest(struct loom_zero *z)
@@ -40,9 +63,8 @@ static void land_oldest(struct loom_zero *z)
     memmove(z->order, z->order + 1, sizeof(int) * (size_t)--z->norder);
 }
 
-static void pre_backward(void *ctx, int block)
+static void grad_buffer(struct loom_zero *z, int block)
 {
-    struct loom_zero *z = ctx;
     struct loom_gpt2 *m = z->model;
     struct loom_zero_flight *f = &z->flights[block];
     /* bound the memory in flight (the blocks posted before this one), and
@@ -53,34 +75,134 @@ static void pre_backward(void *ctx, int block)
     m->blocks[block].grads = f->buf;
 }
 
-static void grad_ready(void *ctx, int block)
+static void post_grads(struct loom_zero *z, int block)
 {
-    struct loom_zero *z = ctx;
-    if (block < 0) return; /* the tied-embedding event: block 0 is posted when it is done */
-    struct loom_gpt2 *m = z->model;
     struct loom_zero_flight *f = &z->flights[block];
-    const size_t lo = block_offset(m, block), hi = lo + m->blocks[block].numel;
-    for (int r = 0; r < z->dp; r++) {
-        size_t a = (size_t)r * z->shard, b = a + z->shard;
-        if (a < lo) a = lo;
-        if (b > hi) b = hi;
-        z->counts[r] = b > a ? (int)(b - a) : 0;
-        if (r == z->dp_rank) f->shard_off = b > a ? a - (size_t)r * z->shard : 0;
-    }
+    const size_t lo = z->block_lo[block], hi = lo + z->model->blocks[block].numel;
+    size_t mine = split(z, lo, hi);
+    f->shard_off = mine - z->begin;
     f->nrecv = (size_t)z->counts[z->dp_rank];
+    if (!f->nrecv) f->shard_off = 0;
     f->recv = loom_alloc((f->nrecv ? f->nrecv : 1) * sizeof(float), LOOM_MEM_COMM);
     f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts, LOOM_F32);
     z->order[z->norder++] = block;
 }
 
-void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_gpt2 *m)
+/* ---- stage 3: parameters -------------------------------------------------- */
+
+static void post_gather(struct loom_zero *z, int u)
 {
-    LOOM_ASSERT(stage >= 0 && stage <= 2 && dp >= 1 && dp_rank >= 0 && dp_rank < dp);
+    struct loom_zero_unit *x = &z->units[u];
+    if (x->buf) return; /* gathered or on its way */
+    x->buf = loom_alloc(loom_mul_size(x->hi - x->lo, sizeof(float)), LOOM_MEM_COMM);
+    size_t mine = split(z, x->lo, x->hi);
+    const float *send = z->param_shard + (z->counts[z->dp_rank] ? mine - z->begin : 0);
+    x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, send, x->buf, z->counts, z->displs, LOOM_F32);
+}
+
+static void ensure_gathered(struct loom_zero *z, int u)
+{
+    struct loom_zero_unit *x = &z->units[u];
+    post_gather(z, u);
+    if (x->handle) {
+        loom_comm_wait(x->handle);
+        x->handle = NULL;
+        for (int b = x->first; b <= x->last; b++)
+            z->model->blocks[b].params = x->buf + (z->block_lo[b] - x->lo);
+    }
+}
+
+static void release(struct loom_zero *z, int u)
+{
+    struct loom_zero_unit *x = &z->units[u];
+    if (!x->buf) return;
+    if (x->handle) {
+        loom_comm_wait(x->handle);
+        x->handle = NULL;
+    }
+    loom_free(x->buf);
+    x->buf = NULL;
+    for (int b = x->first; b <= x->last; b++) z->model->blocks[b].params = NULL;
+}
+
+static void prefetch(struct loom_zero *z, int u)
+{
+    if (u >= 0 && u < z->nunits && u != z->pinned) post_gather(z, u);
+}
+
+/* ---- hooks ------------------------------------------------------------------ */
+
+static void pre_forward(void *ctx, int block)
+{
+    struct loom_zero *z = ctx;
+    int u = z->unit_of[block];
+    ensure_gathered(z, u);
+    if (block == z->units[u].first) prefetch(z, u + 1);
+}
+
+static void post_forward(void *ctx, int block)
+{
+    struct loom_zero *z = ctx;
+    int u = z->unit_of[block];
+    if (block == z->units[u].last && u != z->pinned) release(z, u);
+}
+
+static void pre_backward(void *ctx, int block)
+{
+    struct loom_zero *z = ctx;
+    if (z->stage == 3) {
+        int u = z->unit_of[block];
+        ensure_gathered(z, u);
+        if (block == z->units[u].last && block != 0) prefetch(z, u - 1);
+    }
+    grad_buffer(z, block);
+}
+
+static void grad_ready(void *ctx, int block)
+{
+    struct loom_zero *z = ctx;
+    if (block < 0) return; /* the tied-embedding event: block 0 is posted when it is done */
+    post_grads(z, block);
+    if (z->stage == 3) {
+        int u = z->unit_of[block];
+        if (block == z->units[u].first && u != z->pinned) release(z, u);
+    }
+}
+
+/* ---- set-up and steps ---------------------------------------------------------- */
+
+static void make_units(struct loom_zero *z, int64_t min_params)
+{
+    struct loom_gpt2 *m = z->model;
+    z->units = loom_alloc(sizeof *z->units * (size_t)m->nblocks, LOOM_MEM_OTHER);
+    z->unit_of = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
+    z->nunits = 0;
+    int64_t held = 0;
+    for (int b = 0; b < m->nblocks; b++) {
+        if (held == 0) {
+            z->units[z->nunits] = (struct loom_zero_unit){b, b, z->block_lo[b], z->block_lo[b], NULL, NULL};
+            z->nunits++;
+        }
+        struct loom_zero_unit *x = &z->units[z->nunits - 1];
+        x->last = b;
+        x->hi = z->block_lo[b] + m->blocks[b].numel;
+        z->unit_of[b] = z->nunits - 1;
+        held += (int64_t)m->blocks[b].numel;
+        if (held >= min_params) held = 0;
+    }
+    z->pinned = z->unit_of[0];
+}
+
+void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_gpt2 *m, int64_t min_params)
+{
+    LOOM_ASSERT(stage >= 0 && stage <= 3 && dp >= 1 && dp_rank >= 0 && dp_rank < dp);
     memset(z, 0, sizeof *z);
     z->stage = stage;
     z->dp = dp;
     z->dp_rank = dp_rank;
     z->model = m;
+    z->block_lo = loom_alloc(sizeof(size_t) * (size_t)m->nblocks, LOOM_MEM_OTHER);
+    for (int b = 0; b < m->nblocks; b++) z->block_lo[b] = (size_t)(m->blocks[b].params - m->params);
     if (stage == 0) {
         z->shard = m->num_params;
         z->end = m->num_params;
@@ -91,38 +213,56 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
     z->begin = (size_t)dp_rank * z->shard;
     z->end = z->begin + z->shard < m->num_params ? z->begin + z->shard : m->num_params;
     if (z->end < z->begin) z->end = z->begin; /* a rank whose shard is all padding */
-    if (stage == 2) {
-        LOOM_ASSERT(m->grads == NULL && z->shard <= 0x7fffffff);
-        z->grad_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_GRADS);
-        z->flights = loom_alloc(sizeof *z->flights * (size_t)m->nblocks, LOOM_MEM_OTHER);
-        z->order = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
-        z->counts = loom_alloc(sizeof(int) * (size_t)dp, LOOM_MEM_OTHER);
-        m->pre_backward = pre_backward;
-        m->grad_ready = grad_ready;
-        m->grad_ready_ctx = z;
-    }
+    if (stage < 2) return;
+    LOOM_ASSERT(m->grads == NULL && z->shard <= 0x7fffffff);
+    z->grad_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_GRADS);
+    z->flights = loom_alloc(sizeof *z->flights * (size_t)m->nblocks, LOOM_MEM_OTHER);
+    z->order = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
+    z->counts = loom_alloc(sizeof(int) * (size_t)dp, LOOM_MEM_OTHER);
+    z->displs = loom_alloc(sizeof(int) * (size_t)dp, LOOM_MEM_OTHER);
+    m->pre_backward = pre_backward;
+    m->grad_ready = grad_ready;
+    m->grad_ready_ctx = z;
+    if (stage < 3) return;
+    /* keep this rank's shard of the parameters, let go of the arena */
+    z->param_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_PARAMS);
+    memcpy(z->param_shard, m->params + z->begin, (z->end - z->begin) * sizeof(float));
+    loom_free(m->params);
+    m->params = NULL;
+    for (int b = 0; b < m->nblocks; b++) m->blocks[b].params = NULL;
+    make_units(z, min_params);
+    m->pre_forward = pre_forward;
+    m->post_forward = post_forward;
 }
 
 void loom_zero_free(struct loom_zero *z)
 {
-    if (z->stage != 2) return;
-    z->model->pre_backward = NULL;
-    z->model->grad_ready = NULL;
-    z->model->grad_ready_ctx = NULL;
+    struct loom_gpt2 *m = z->model;
+    for (int u = 0; u < z->nunits; u++) release(z, u);
+    if (z->stage >= 2) {
+        m->pre_backward = m->grad_ready = m->pre_forward = m->post_forward = NULL;
+        m->grad_ready_ctx = NULL;
+    }
     loom_free(z->grad_shard);
     loom_free(z->flights);
     loom_free(z->order);
     loom_free(z->counts);
+    loom_free(z->displs);
+    loom_free(z->block_lo);
+    loom_free(z->param_shard);
+    loom_free(z->units);
+    loom_free(z->unit_of);
+    memset(z, 0, sizeof *z);
 }
 
 void loom_zero_begin_step(struct loom_zero *z)
 {
-    if (z->stage == 2) memset(z->grad_shard, 0, z->shard * sizeof(float));
+    if (z->stage >= 2) memset(z->grad_shard, 0, z->shard * sizeof(float));
 }
 
 void loom_zero_finish_backward(struct loom_zero *z)
 {
-    while (z->stage == 2 && z->norder > 0) land_oldest(z);
+    while (z->stage >= 2 && z->norder > 0) land_oldest(z);
 }
 
 double loom_zero_grad_norm(const struct loom_zero *z)
@@ -133,13 +273,39 @@ double loom_zero_grad_norm(const struct loom_zero *z)
     return sqrt(ss);
 }
 
-const float *loom_zero_grads(const struct loom_zero *z)
+float *loom_zero_params(const struct loom_zero *z)
 {
-    return z->stage == 2 ? z->grad_shard : z->model->grads + z->begin;
+    return z->stage == 3 ? z->param_shard : z->model->params + z->begin;
 }
 
-void loom_zero_gather_params(const struct loom_zero *z, struct loom_gpt2 *m)
+const float *loom_zero_grads(const struct loom_zero *z)
 {
+    return z->stage >= 2 ? z->grad_shard : z->model->grads + z->begin;
+}
+
+void loom_zero_after_step(struct loom_zero *z)
+{
+    if (z->stage == 3) {
+        release(z, z->pinned);
+        return;
+    }
     if (z->stage == 0 || z->dp == 1) return;
-    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, m->params, z->shard, LOOM_F32));
+    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params, z->shard, LOOM_F32));
+}
+
+void loom_zero_materialize(struct loom_zero *z)
+{
+    if (z->stage != 3) return;
+    struct loom_gpt2 *m = z->model;
+    for (int u = 0; u < z->nunits; u++) release(z, u);
+    m->pre_forward = m->post_forward = NULL; /* parameters stay put from now on */
+    m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
+    for (int u = 0; u < z->nunits; u++) {
+        struct loom_zero_unit *x = &z->units[u];
+        size_t mine = split(z, x->lo, x->hi);
+        const float *send = z->param_shard + (z->counts[z->dp_rank] ? mine - z->begin : 0);
+        loom_comm_wait(loom_comm_allgather_v(LOOM_GROUP_DP, send, m->params + x->lo, z->counts, z->displs, LOOM_F32));
+    }
+    for (int b = 0; b < m->nblocks; b++) m->blocks[b].params = m->params + z->block_lo[b];
+    z->nunits = 0; /* the units no longer own the blocks' parameters */
 }

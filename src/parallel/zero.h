@@ -14,16 +14,28 @@
  *   backward kernel to the last). Every micro-batch reduces; the shard
  *   accumulates. The gradient norm is the all-reduced sum of the shards'.
  *
- * Not yet: stage 3 (parameters gathered per block with prefetch), offload.
+ * - stage 3: parameters too. Each rank keeps only its shard of the
+ *   parameters; the blocks are grouped into gather units (one block each, or
+ *   consecutive blocks holding at least --zero3-min-params parameters, FSDP's
+ *   size-based wrap), and a unit is all-gathered into a transient buffer
+ *   before its forward and again before its backward, then freed. The next
+ *   unit's gather is posted as soon as the current one starts computing
+ *   (FSDP's forward and backward prefetch), so it arrives during compute.
+ *   The unit holding the embedding stays gathered from the forward's start
+ *   to the optimizer step: the tied LM head needs wte at both ends.
+ *
+ * Not yet: offload of the optimizer state.
  */
 #ifndef LOOM_PARALLEL_ZERO_H
 #define LOOM_PARALLEL_ZERO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "model/gpt2.h"
 
 struct loom_zero_flight; /* a block's gradient on its way to the shards */
+struct loom_zero_unit;   /* stage 3: blocks gathered together */
 
 struct loom_zero {
     int stage, dp, dp_rank;
@@ -34,12 +46,21 @@ struct loom_zero {
     float *grad_shard; /* (shard) this rank's reduced gradients */
     struct loom_zero_flight *flights; /* (nblocks) */
     int *order, norder; /* blocks posted, oldest first */
-    int *counts;        /* (dp) scratch */
+    int *counts, *displs; /* (dp) scratch */
+    size_t *block_lo;     /* (nblocks) each block's offset in the (unsharded) arena */
+    /* stage 3 */
+    float *param_shard;   /* (shard) this rank's parameters */
+    struct loom_zero_unit *units;
+    int nunits, pinned;   /* the unit holding block 0 */
+    int *unit_of;         /* (nblocks) */
 };
 
 /* The arena multiple a model must be created with for this layout. */
 size_t loom_zero_arena_multiple(int stage, int dp);
-void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_gpt2 *m);
+/* At stage 3 the model's parameter arena (initialised or loaded, identical on
+ * every rank) is split: this rank keeps its shard and the arena is freed.
+ * min_params: the stage-3 gather unit size (0: one block per unit). */
+void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_gpt2 *m, int64_t min_params);
 void loom_zero_free(struct loom_zero *z);
 
 /* Step boundaries: zero the shard's gradients; after the last micro-batch's
@@ -48,9 +69,14 @@ void loom_zero_begin_step(struct loom_zero *z);
 void loom_zero_finish_backward(struct loom_zero *z);
 /* Global gradient norm (over shards at stage 2). */
 double loom_zero_grad_norm(const struct loom_zero *z);
-/* Gradients of this rank's elements [begin, end), for the optimizer. */
+/* Parameters and gradients of this rank's elements [begin, end), for the optimizer. */
+float *loom_zero_params(const struct loom_zero *z);
 const float *loom_zero_grads(const struct loom_zero *z);
-/* After the optimizer step: every rank gets every shard's new parameters. */
-void loom_zero_gather_params(const struct loom_zero *z, struct loom_gpt2 *m);
+/* After the optimizer step: stages 1-2 all-gather the new parameters; stage 3
+ * lets go of the pinned unit (it is gathered afresh next time). */
+void loom_zero_after_step(struct loom_zero *z);
+/* Stage 3: the whole model's parameters in one arena again (to save them);
+ * a no-op below stage 3. */
+void loom_zero_materialize(struct loom_zero *z);
 
 #endif
