@@ -54,6 +54,9 @@ struct loom_config {
     int zero_stage;
     int fsdp_sharding_strategy; /* 0 unset, 1 FULL_SHARD, 2 SHARD_GRAD_OP, 3 NO_SHARD */
     int64_t zero3_min_params;
+    int offload_optimizer; /* 0 none, 1 cpu, 2 nvme */
+    char nvme_path[512];
+    double offload_buffer_size; /* MB */
     /* machine */
     int threads;
     double peak_tflops;

@@ -27,6 +27,7 @@ static_assert(sizeof origin_names / sizeof origin_names[0] == O_ORIGIN_COUNT, "o
 static const char *const decay_styles[] = {"constant", "linear", "cosine", NULL};
 static_assert(sizeof decay_styles / sizeof decay_styles[0] == LOOM_LR_DECAY_STYLE_COUNT + 1, "decay_styles");
 static const char *const fsdp_strategies[] = {"none", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", NULL};
+static const char *const offload_devices[] = {"none", "cpu", "nvme", NULL};
 static const char *const ddp_impls[] = {"bucketed", "naive", NULL};
 static const char *const data_orders[] = {"shuffled", "sequential", NULL};
 static_assert(sizeof data_orders / sizeof data_orders[0] == LOOM_DATA_ORDER_COUNT + 1, "data_orders");
@@ -92,6 +93,9 @@ static const struct setting settings[] = {
     INT("--zero-stage", "parallelism", zero_stage, 0, 3, "0", "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 and gradients, 3 and parameters"),
     {"--fsdp-sharding-strategy", "parallelism", T_ENUM, F(fsdp_sharding_strategy), 0, 0, 0, "none", fsdp_strategies, "FSDP's names: FULL_SHARD (stage 3), SHARD_GRAD_OP (2), NO_SHARD (0)"},
     {"--zero3-min-params", "parallelism", T_INT64, F(zero3_min_params), 0, 0, 9e15, "0", NULL, "stage 3 gathers consecutive blocks until they hold N parameters (0: one block)"},
+    {"--offload-optimizer", "parallelism", T_ENUM, F(offload_optimizer), 0, 0, 0, "none", offload_devices, "where the optimizer state lives: none, cpu (no-op on the CPU backend), nvme"},
+    STR("--nvme-path", "parallelism", nvme_path, "", "directory for --offload-optimizer nvme"),
+    DBL("--offload-buffer-size", "parallelism", offload_buffer_size, 0.001, 1e6, "64", "MB of optimizer state resident while streaming from nvme"),
     DBL("--comm-timeout", "parallelism", comm_timeout, 0.1, 1e7, "600", "seconds before a stuck collective aborts the job"),
     INT("--threads", "machine", threads, 0, 4096, "0", "threads for kernels and BLAS (0: all cores)"),
     DBL("--peak-tflops", "machine", peak_tflops, 0, 1e6, "0", "peak FLOP/s for MFU, in TFLOP/s (0: calibrate)"),
@@ -355,6 +359,8 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
         cfg->zero_stage = want;
         set_origin(F(zero_stage), O_DERIVED);
     }
+    if (cfg->offload_optimizer == 2 && !*cfg->nvme_path)
+        return loom_error_set(LOOM_ERR_INPUT, "--offload-optimizer nvme needs --nvme-path DIR");
     if (cfg->lr_decay_iters == 0) {
         cfg->lr_decay_iters = cfg->train_iters;
         set_origin(F(lr_decay_iters), O_DERIVED);

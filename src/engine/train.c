@@ -271,6 +271,16 @@ int loom_train(struct loom_config *cfg)
     loom_zero_init(&zero, cfg->zero_stage, dp, r.topo.dp_rank, m, cfg->zero3_min_params);
     struct loom_adamw opt;
     loom_adamw_init(&opt, zero.begin, zero.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
+    if (cfg->offload_optimizer == 1)
+        loom_log_warn("--offload-optimizer cpu: the CPU backend keeps the optimizer state in host memory already; nothing to move");
+    if (cfg->offload_optimizer == 2 &&
+        (rc = agree(&r, loom_adamw_offload(&opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6))))) {
+        loom_adamw_free(&opt);
+        loom_zero_free(&zero);
+        loom_report_close(&rep);
+        teardown(&r);
+        return rc;
+    }
     struct loom_lr_schedule sched = {cfg->lr, cfg->min_lr, cfg->lr_warmup_iters, cfg->lr_decay_iters, cfg->lr_decay_style};
     struct loom_ddp ddp = {0};
     const int use_ddp = dp > 1 && zero.stage < 2; /* ZeRO-2 reduces gradients itself */

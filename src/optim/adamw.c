@@ -6,6 +6,9 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/kernels.h"
+#include "optim/offload.h"
+
+#include <unistd.h>
 
 void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,
                      double weight_decay)
@@ -18,8 +21,27 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
     opt->begin = begin;
     opt->end = end;
     opt->t = 0;
+    opt->fd = -1;
+    opt->chunk = end - begin;
     opt->m = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
     opt->v = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
+}
+
+int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes)
+{
+    const size_t n = opt->end - opt->begin;
+    int fd = loom_offload_create(dir, loom_mul_size(2 * n, sizeof(float)));
+    if (fd < 0) return LOOM_ERR_INPUT;
+    size_t chunk = buffer_bytes / (2 * sizeof(float));
+    if (chunk < 1) chunk = 1;
+    if (chunk > n && n) chunk = n;
+    loom_free(opt->m);
+    loom_free(opt->v);
+    opt->m = loom_alloc(chunk * sizeof(float), LOOM_MEM_OPTIMIZER);
+    opt->v = loom_alloc(chunk * sizeof(float), LOOM_MEM_OPTIMIZER);
+    opt->chunk = chunk;
+    opt->fd = fd;
+    return LOOM_OK;
 }
 
 void loom_adamw_free(struct loom_adamw *opt)
@@ -27,6 +49,34 @@ void loom_adamw_free(struct loom_adamw *opt)
     loom_free(opt->m);
     loom_free(opt->v);
     opt->m = opt->v = NULL;
+    if (opt->fd >= 0) close(opt->fd);
+    opt->fd = -1;
+}
+
+/* Updates elements [k, k + n) of the range, the moments in memory or
+ * streamed from the offload file chunk by chunk. */
+static void update_range(struct loom_adamw *opt, float *params, const float *grads, size_t k, size_t n, float lr,
+                         float wd, float grad_scale)
+{
+    const size_t total = opt->end - opt->begin;
+    for (size_t done = 0; done < n;) {
+        size_t c = opt->fd >= 0 ? (n - done < opt->chunk ? n - done : opt->chunk) : n;
+        size_t at = k + done;
+        float *m = opt->m, *v = opt->v;
+        if (opt->fd >= 0) {
+            loom_offload_read(opt->fd, m, c * sizeof(float), at * sizeof(float));
+            loom_offload_read(opt->fd, v, c * sizeof(float), (total + at) * sizeof(float));
+        } else {
+            m += at, v += at;
+        }
+        loom_adamw_update(params + at, m, v, grads + at, c, lr, (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
+                          wd, grad_scale, opt->t);
+        if (opt->fd >= 0) {
+            loom_offload_write(opt->fd, m, c * sizeof(float), at * sizeof(float));
+            loom_offload_write(opt->fd, v, c * sizeof(float), (total + at) * sizeof(float));
+        }
+        done += c;
+    }
 }
 
 double loom_grad_norm(const struct loom_block *blocks, int nblocks)
@@ -57,10 +107,8 @@ void loom_adamw_step(struct loom_adamw *opt, const struct loom_gpt2 *m, float *p
             if (lo < opt->begin) lo = opt->begin;
             if (hi > opt->end) hi = opt->end;
             if (lo >= hi) continue;
-            const size_t k = lo - opt->begin;
-            loom_adamw_update(params + k, opt->m + k, opt->v + k, grads + k, hi - lo, (float)lr, (float)opt->beta1,
-                              (float)opt->beta2, (float)opt->eps, t->decay ? (float)opt->weight_decay : 0.0f,
-                              grad_scale, opt->t);
+            update_range(opt, params, grads, lo - opt->begin, hi - lo, (float)lr,
+                         t->decay ? (float)opt->weight_decay : 0.0f, grad_scale);
         }
     }
 }

@@ -14,12 +14,17 @@
 struct loom_adamw {
     double beta1, beta2, eps, weight_decay;
     size_t begin, end; /* the range of the arena this optimizer updates */
-    float *m, *v;      /* (end - begin) each */
+    float *m, *v;      /* (end - begin) each; with offload, (chunk) each: the streaming buffer */
     int t;             /* optimizer steps taken */
+    int fd;            /* offload file holding m then v, or -1 */
+    size_t chunk;      /* elements per streamed chunk */
 };
 
 void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,
                      double weight_decay);
+/* Keeps the moments in a file in dir instead, streamed through a buffer of
+ * buffer_bytes (both moments). LOOM_ERR_INPUT naming dir when it cannot. */
+int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes);
 void loom_adamw_free(struct loom_adamw *opt);
 
 /* L2 norm of all gradients of the blocks (double accumulation). */
