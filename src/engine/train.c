@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -251,6 +252,23 @@ static int64_t *gather_memory(const struct run *r, const struct loom_mem_stats *
     return all;
 }
 
+/* Peak resident set of every rank (the process as the OS sees it). */
+static void print_rss(const struct run *r, struct loom_report *rep)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    uint64_t mine = (uint64_t)ru.ru_maxrss * 1024;
+    uint64_t *all = loom_alloc(sizeof(uint64_t) * (size_t)r->topo.world, LOOM_MEM_OTHER);
+    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, &mine, all, 1, LOOM_U64));
+    char line[1024] = "", b[32];
+    for (int k = 0; k < r->topo.world && strlen(line) < sizeof line - 40; k++) {
+        size_t l = strlen(line);
+        snprintf(line + l, sizeof line - l, "%s%s", k ? ", " : "", loom_fmt_bytes(b, sizeof b, (double)all[k]));
+    }
+    loom_report_line(rep, "  peak RSS by rank: %s\n", line);
+    loom_free(all);
+}
+
 int loom_train(struct loom_config *cfg)
 {
     struct run r;
@@ -380,6 +398,7 @@ int loom_train(struct loom_config *cfg)
     loom_report_line(&rep, "  median %.0f tokens/s | mfu %.1f%% of %.1f GFLOP/s peak (%s)\n", median_tps,
                      100 * median_tps * flops_per_token / peak, peak / 1e9, peak_src);
     print_memory(&rep);
+    print_rss(&r, &rep);
     if (*cfg->save) loom_zero_materialize(&zero); /* collective: every rank */
     if (*cfg->save && r.topo.rank == 0) {
         char path[700];
