@@ -323,13 +323,13 @@ int loom_train(struct loom_config *cfg)
     if (zero.stage >= 2)
         loom_report_line(&rep, "data parallel: ZeRO stage %d, gradients reduce-scattered per block into shards of %zu parameters%s\n",
                          zero.stage, zero.shard, zero.stage == 3 ? ", parameters gathered per unit with prefetch" : "");
-    if (zero.stage == 3)
-        loom_report_line(&rep, "ZeRO-3 gather units: %d (--zero3-min-params %lld)\n", zero.nunits,
-                         (long long)cfg->zero3_min_params);
     else if (dp > 1)
         loom_report_line(&rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer state for %zu of %zu parameters)\n",
                          ddp.naive ? "naive (one all-reduce)" : "bucketed", ddp.nbuckets, cfg->ddp_bucket_size,
                          ddp.naive || !ddp.overlap ? "off" : "on", zero.stage, zero.end - zero.begin, m->num_params);
+    if (zero.stage == 3)
+        loom_report_line(&rep, "ZeRO-3 gather units: %d (--zero3-min-params %lld)\n", zero.nunits,
+                         (long long)cfg->zero3_min_params);
 
     const int B = cfg->micro_batch_size, T = cfg->seq_length, A = cfg->gradient_accumulation_steps;
     const int G = cfg->global_batch_size;
@@ -370,7 +370,7 @@ int loom_train(struct loom_config *cfg)
         last_loss = loss;
         if (step % cfg->log_interval == 0 || step == cfg->train_iters) {
             struct loom_step_stats s = {step, cfg->train_iters, loss, lr, norm, tps,
-                                        tps * flops_per_token / peak, dt * 1e3, use_ddp ? ddp.wait_s * 1e3 : -1};
+                                        tps * flops_per_token / peak, dt * 1e3, use_ddp ? ddp.wait_s * 1e3 : zero.stage >= 2 ? zero.wait_s * 1e3 : -1};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
             int64_t *by_rank = gather_memory(&r, &mem);

@@ -25,7 +25,45 @@ struct loom_zero_unit {
     struct loom_comm_handle *handle; /* gather in flight */
 };
 
-enum { MAX_LAYERS_IN_FLIGHT = 2 };
+enum { MAX_LAYERS_IN_FLIGHT = 2, POOL = 16 };
+
+/* Transient buffers are reused, not returned to the system: every step needs
+ * the same sizes again, and fresh pages cost a fault and a clear each. */
+struct pooled {
+    float *buf;
+    size_t n;
+};
+static struct pooled pool[POOL];
+
+static float *take(size_t n, int zeroed)
+{
+    for (int i = 0; i < POOL; i++)
+        if (pool[i].buf && pool[i].n == n) {
+            float *b = pool[i].buf;
+            pool[i].buf = NULL;
+            if (zeroed) memset(b, 0, n * sizeof(float));
+            return b;
+        }
+    return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_COMM);
+}
+
+static void give(float *b, size_t n)
+{
+    for (int i = 0; i < POOL; i++)
+        if (!pool[i].buf) {
+            pool[i] = (struct pooled){b, n};
+            return;
+        }
+    loom_free(b);
+}
+
+static void drain_pool(void)
+{
+    for (int i = 0; i < POOL; i++) {
+        loom_free(pool[i].buf);
+        pool[i].buf = NULL;
+    }
+}
 
 size_t loom_zero_arena_multiple(int stage, int dp) { return stage >= 1 ? (size_t)dp : 1; }
 
@@ -53,11 +91,11 @@ static void land_oldest(struct loom_zero *z)
     LOOM_ASSERT(z->norder > 0);
     int block = z->order[0];
     struct loom_zero_flight *f = &z->flights[block];
-    loom_comm_wait(f->handle);
+    z->wait_s += loom_comm_wait(f->handle);
     float *dst = z->grad_shard + f->shard_off;
     for (size_t i = 0; i < f->nrecv; i++) dst[i] += f->recv[i];
-    loom_free(f->buf);
-    loom_free(f->recv);
+    give(f->buf, z->model->blocks[block].numel);
+    give(f->recv, f->nrecv ? f->nrecv : 1);
     memset(f, 0, sizeof *f);
     z->model->blocks[block].grads = NULL;
     memmove(z->order, z->order + 1, sizeof(int) * (size_t)--z->norder);
@@ -71,7 +109,7 @@ static void grad_buffer(struct loom_zero *z, int block)
      * land this block's reduction from an earlier micro-batch */
     while (z->norder >= MAX_LAYERS_IN_FLIGHT || (f->buf && z->norder > 0)) land_oldest(z);
     LOOM_ASSERT(f->buf == NULL);
-    f->buf = loom_alloc(loom_mul_size(m->blocks[block].numel, sizeof(float)), LOOM_MEM_COMM);
+    f->buf = take(m->blocks[block].numel, 1);
     m->blocks[block].grads = f->buf;
 }
 
@@ -83,7 +121,7 @@ static void post_grads(struct loom_zero *z, int block)
     f->shard_off = mine - z->begin;
     f->nrecv = (size_t)z->counts[z->dp_rank];
     if (!f->nrecv) f->shard_off = 0;
-    f->recv = loom_alloc((f->nrecv ? f->nrecv : 1) * sizeof(float), LOOM_MEM_COMM);
+    f->recv = take(f->nrecv ? f->nrecv : 1, 0);
     f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts, LOOM_F32);
     z->order[z->norder++] = block;
 }
@@ -94,7 +132,7 @@ static void post_gather(struct loom_zero *z, int u)
 {
     struct loom_zero_unit *x = &z->units[u];
     if (x->buf) return; /* gathered or on its way */
-    x->buf = loom_alloc(loom_mul_size(x->hi - x->lo, sizeof(float)), LOOM_MEM_COMM);
+    x->buf = take(x->hi - x->lo, 0);
     size_t mine = split(z, x->lo, x->hi);
     const float *send = z->param_shard + (z->counts[z->dp_rank] ? mine - z->begin : 0);
     x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, send, x->buf, z->counts, z->displs, LOOM_F32);
@@ -105,7 +143,7 @@ static void ensure_gathered(struct loom_zero *z, int u)
     struct loom_zero_unit *x = &z->units[u];
     post_gather(z, u);
     if (x->handle) {
-        loom_comm_wait(x->handle);
+        z->wait_s += loom_comm_wait(x->handle);
         x->handle = NULL;
         for (int b = x->first; b <= x->last; b++)
             z->model->blocks[b].params = x->buf + (z->block_lo[b] - x->lo);
@@ -120,7 +158,7 @@ static void release(struct loom_zero *z, int u)
         loom_comm_wait(x->handle);
         x->handle = NULL;
     }
-    loom_free(x->buf);
+    give(x->buf, x->hi - x->lo);
     x->buf = NULL;
     for (int b = x->first; b <= x->last; b++) z->model->blocks[b].params = NULL;
 }
@@ -243,6 +281,7 @@ void loom_zero_free(struct loom_zero *z)
         m->pre_backward = m->grad_ready = m->pre_forward = m->post_forward = NULL;
         m->grad_ready_ctx = NULL;
     }
+    drain_pool();
     loom_free(z->grad_shard);
     loom_free(z->flights);
     loom_free(z->order);
@@ -257,6 +296,7 @@ void loom_zero_free(struct loom_zero *z)
 
 void loom_zero_begin_step(struct loom_zero *z)
 {
+    z->wait_s = 0;
     if (z->stage >= 2) memset(z->grad_shard, 0, z->shard * sizeof(float));
 }
 
@@ -299,6 +339,7 @@ void loom_zero_materialize(struct loom_zero *z)
     struct loom_gpt2 *m = z->model;
     for (int u = 0; u < z->nunits; u++) release(z, u);
     m->pre_forward = m->post_forward = NULL; /* parameters stay put from now on */
+    drain_pool();
     m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
     for (int u = 0; u < z->nunits; u++) {
         struct loom_zero_unit *x = &z->units[u];

@@ -53,6 +53,7 @@ struct loom_zero {
     struct loom_zero_unit *units;
     int nunits, pinned;   /* the unit holding block 0 */
     int *unit_of;         /* (nblocks) */
+    double wait_s;        /* this step's time blocked on gathers and reductions (stages 2-3) */
 };
 
 /* The arena multiple a model must be created with for this layout. */
