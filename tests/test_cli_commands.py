@@ -68,6 +68,20 @@ with tempfile.TemporaryDirectory() as tmp:
         want = float(val_line[0].split("val loss")[1].split("|")[0])
         check(f"eval matches the end-of-training val loss ({got} vs {want})", abs(got - want) < 1e-3)
 
+    # Hugging Face GPT2LMHeadModel's own layout: `transformer.` prefix, the tied
+    # lm_head.weight and the attention-mask buffers, half precision
+    import numpy as np
+    hf = {"transformer." + k: v.astype(np.float16) for k, v in tensors.items()}
+    hf["lm_head.weight"] = tensors["wte.weight"]
+    hf["transformer.h.0.attn.bias"] = np.tril(np.ones((1, 1, 16, 16), np.float32))
+    hf_path = os.path.join(tmp, "hf.safetensors")
+    st.save(hf_path, hf)
+    p = loom("eval", "--load", hf_path, "--num-attention-heads", "2", "--valid-data-path",
+             os.path.join(corpus, "val.bin"), "--data-path", os.path.join(corpus, "train.bin"), "--seq-length", "16",
+             "--threads", "1")
+    check("eval loads Hugging Face names (transformer. prefix, lm_head, mask buffers, F16)",
+          p.returncode == 0 and "val loss" in p.stdout, p.stderr)
+
     p = loom("sample", "--load", weights, "--prompt", " ab=", "--max-new-tokens", "20", "--seed", "1",
              "--top-k", "4", "--threads", "1")
     q = loom("sample", "--load", weights, "--prompt", " ab=", "--max-new-tokens", "20", "--seed", "1",
