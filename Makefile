@@ -125,11 +125,11 @@ test-deps:
 
 # The demo: train the default model on the built-in corpus.
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(shell nproc 2>/dev/null || echo 2) all
 	$(BUILD)/loom train
 
 test: test-deps
-	@$(MAKE) --no-print-directory all asan
+	@$(MAKE) --no-print-directory -j$(shell nproc 2>/dev/null || echo 2) all asan
 	@PYTHON=$(PYTHON) BUILD=$(BUILD) tests/run.sh
 
 bench: all
