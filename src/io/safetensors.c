@@ -1,5 +1,6 @@
 /*
- * safetensors reading and writing (format in safetensors.h).
+ * safetensors reading, dtype names and conversion to float32 (format in
+ * safetensors.h; the writer is safetensors_write.c).
  *
  * The reader trusts nothing in the file: the header size is bounded, the
  * JSON is parsed from a NUL-terminated copy, every number must be an exact
@@ -8,14 +9,12 @@
  * are accepted. Integral JSON numbers written as 2.0 or 2e0 are read as 2;
  * numbers above 2^53 are rejected, since they do not survive a double.
  *
- * The writer formats the header with cJSON (string escaping) but emits every
- * integer itself, so sizes never pass through a double on the way out.
- *
  * Not here: byte swapping (a little-endian host is required), protection
  * against the file being truncated while mapped (SIGBUS, as with any mmap),
  * and conversions other than the float ones to float32.
  */
 #include "io/safetensors.h"
+#include "io/safetensors_impl.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -38,7 +37,6 @@
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors I/O assumes a little-endian host");
 
-#define MAX_EXACT_INT ((uint64_t)1 << 53) /* largest integer a double holds exactly */
 
 static const char *const dtype_names[] = {
     [LOOM_ST_F32] = "F32", [LOOM_ST_F16] = "F16", [LOOM_ST_BF16] = "BF16", [LOOM_ST_F64] = "F64",
@@ -82,7 +80,7 @@ int loom_st_dtype_parse(const char *name, enum loom_st_dtype *out)
 
 /* A string fit for a one-line message: control bytes become '?', and a long
  * one is cut with "...". */
-static const char *shown(const char *s, char *buf, size_t cap)
+const char *loom_st_shown(const char *s, char *buf, size_t cap)
 {
     size_t i = 0;
     for (; s[i] && i + 4 < cap; i++)
@@ -96,8 +94,7 @@ static const char *shown(const char *s, char *buf, size_t cap)
 }
 
 /* LOOM_ERR_INPUT with "PATH: message". */
-static int bad_file(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int bad_file(const char *path, const char *fmt, ...)
+int loom_st_bad_file(const char *path, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -119,7 +116,7 @@ static int json_uint(const cJSON *item, uint64_t *out)
 {
     if (!cJSON_IsNumber(item)) return -1;
     double d = item->valuedouble;
-    if (!(d >= 0) || d > (double)MAX_EXACT_INT || d != floor(d)) return -1;
+    if (!(d >= 0) || d > (double)LOOM_ST_MAX_EXACT_INT || d != floor(d)) return -1;
     *out = (uint64_t)d;
     return 0;
 }
@@ -139,7 +136,7 @@ static int cmp_tensor_span(const void *a, const void *b)
 }
 
 /* Compares two (key, value) pairs, or two keys, by key. */
-static int cmp_pair_key(const void *a, const void *b)
+int loom_st_cmp_pair_key(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -147,24 +144,24 @@ static int cmp_pair_key(const void *a, const void *b)
 static int parse_meta(struct loom_st *st, const cJSON *m)
 {
     char nb[80];
-    if (!cJSON_IsObject(m)) return bad_file(st->path, "\"__metadata__\" is not a JSON object");
+    if (!cJSON_IsObject(m)) return loom_st_bad_file(st->path, "\"__metadata__\" is not a JSON object");
     int n = 0;
     for (const cJSON *kv = m->child; kv; kv = kv->next) n++;
     st->meta = loom_alloc(((size_t)n * 2 + 1) * sizeof *st->meta, LOOM_MEM_OTHER);
     for (const cJSON *kv = m->child; kv; kv = kv->next) {
         const char *key = kv->string ? kv->string : "";
         if (!cJSON_IsString(kv) || !kv->valuestring)
-            return bad_file(st->path, "\"__metadata__\" entry '%s' is not a string",
-                            shown(key, nb, sizeof nb));
+            return loom_st_bad_file(st->path, "\"__metadata__\" entry '%s' is not a string",
+                            loom_st_shown(key, nb, sizeof nb));
         st->meta[2 * st->nmeta] = key;
         st->meta[2 * st->nmeta + 1] = kv->valuestring;
         st->nmeta++;
     }
-    qsort(st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, cmp_pair_key);
+    qsort(st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, loom_st_cmp_pair_key);
     for (int i = 1; i < st->nmeta; i++)
         if (strcmp(st->meta[2 * i - 2], st->meta[2 * i]) == 0)
-            return bad_file(st->path, "\"__metadata__\" key '%s' appears twice",
-                            shown(st->meta[2 * i], nb, sizeof nb));
+            return loom_st_bad_file(st->path, "\"__metadata__\" key '%s' appears twice",
+                            loom_st_shown(st->meta[2 * i], nb, sizeof nb));
     return 0;
 }
 
@@ -173,9 +170,9 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
                        struct loom_st_tensor *t)
 {
     char nb[80], vb[40];
-    const char *name = shown(t->name, nb, sizeof nb);
+    const char *name = loom_st_shown(t->name, nb, sizeof nb);
     const char *path = st->path;
-    if (!cJSON_IsObject(e)) return bad_file(path, "tensor '%s': entry is not a JSON object", name);
+    if (!cJSON_IsObject(e)) return loom_st_bad_file(path, "tensor '%s': entry is not a JSON object", name);
 
     const cJSON *dtype = NULL, *shape = NULL, *offs = NULL;
     for (const cJSON *f = e->child; f; f = f->next) {
@@ -185,56 +182,56 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
                              : strcmp(key, "data_offsets") == 0 ? &offs
                                                                 : NULL;
         if (!slot) continue; /* unknown fields are ignored, as other readers do */
-        if (*slot) return bad_file(path, "tensor '%s': field \"%s\" appears twice", name, key);
+        if (*slot) return loom_st_bad_file(path, "tensor '%s': field \"%s\" appears twice", name, key);
         *slot = f;
     }
-    if (!dtype) return bad_file(path, "tensor '%s': missing \"dtype\"", name);
-    if (!shape) return bad_file(path, "tensor '%s': missing \"shape\"", name);
-    if (!offs) return bad_file(path, "tensor '%s': missing \"data_offsets\"", name);
+    if (!dtype) return loom_st_bad_file(path, "tensor '%s': missing \"dtype\"", name);
+    if (!shape) return loom_st_bad_file(path, "tensor '%s': missing \"shape\"", name);
+    if (!offs) return loom_st_bad_file(path, "tensor '%s': missing \"data_offsets\"", name);
 
     if (!cJSON_IsString(dtype) || !dtype->valuestring)
-        return bad_file(path, "tensor '%s': dtype is not a string", name);
+        return loom_st_bad_file(path, "tensor '%s': dtype is not a string", name);
     if (loom_st_dtype_parse(dtype->valuestring, &t->dtype) != 0)
-        return bad_file(path, "tensor '%s': unknown dtype '%s'", name,
-                        shown(dtype->valuestring, vb, sizeof vb));
+        return loom_st_bad_file(path, "tensor '%s': unknown dtype '%s'", name,
+                        loom_st_shown(dtype->valuestring, vb, sizeof vb));
 
-    if (!cJSON_IsArray(shape)) return bad_file(path, "tensor '%s': shape is not an array", name);
+    if (!cJSON_IsArray(shape)) return loom_st_bad_file(path, "tensor '%s': shape is not an array", name);
     uint64_t numel = 1;
     t->ndim = 0;
     for (const cJSON *d = shape->child; d; d = d->next) {
         if (t->ndim == LOOM_ST_MAX_DIMS)
-            return bad_file(path, "tensor '%s': shape has more than %d dimensions", name,
+            return loom_st_bad_file(path, "tensor '%s': shape has more than %d dimensions", name,
                             LOOM_ST_MAX_DIMS);
         uint64_t v;
         if (json_uint(d, &v) != 0)
-            return bad_file(path, "tensor '%s': shape[%d] is not a non-negative integer", name,
+            return loom_st_bad_file(path, "tensor '%s': shape[%d] is not a non-negative integer", name,
                             t->ndim);
         if (v != 0 && numel > UINT64_MAX / v)
-            return bad_file(path, "tensor '%s': shape's element count overflows", name);
+            return loom_st_bad_file(path, "tensor '%s': shape's element count overflows", name);
         numel *= v;
         t->shape[t->ndim++] = (int64_t)v;
     }
     size_t esize = dtype_sizes[t->dtype];
     if (numel > UINT64_MAX / esize)
-        return bad_file(path, "tensor '%s': shape's byte size overflows", name);
+        return loom_st_bad_file(path, "tensor '%s': shape's byte size overflows", name);
     uint64_t need = numel * esize;
 
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
-        return bad_file(path, "tensor '%s': data_offsets is not an array of two integers", name);
+        return loom_st_bad_file(path, "tensor '%s': data_offsets is not an array of two integers", name);
     uint64_t begin, end;
     if (json_uint(offs->child, &begin) != 0 || json_uint(offs->child->next, &end) != 0)
-        return bad_file(path, "tensor '%s': data_offsets is not two non-negative integers", name);
+        return loom_st_bad_file(path, "tensor '%s': data_offsets is not two non-negative integers", name);
     if (begin > end)
-        return bad_file(path,
+        return loom_st_bad_file(path,
                         "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin after end",
                         name, begin, end);
     if (end - begin != need)
-        return bad_file(path,
+        return loom_st_bad_file(path,
                         "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
                         " bytes but shape and dtype %s need %" PRIu64,
                         name, begin, end, end - begin, dtype_names[t->dtype], need);
     if (end > data_size)
-        return bad_file(path,
+        return loom_st_bad_file(path,
                         "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] run past the %" PRIu64
                         "-byte data area",
                         name, begin, end, data_size);
@@ -252,8 +249,8 @@ static int check_layout(struct loom_st *st)
     qsort(st->tensors, (size_t)n, sizeof *st->tensors, cmp_tensor_name);
     for (int i = 1; i < n; i++)
         if (strcmp(st->tensors[i - 1].name, st->tensors[i].name) == 0)
-            return bad_file(st->path, "tensor '%s' appears twice in the header",
-                            shown(st->tensors[i].name, na, sizeof na));
+            return loom_st_bad_file(st->path, "tensor '%s' appears twice in the header",
+                            loom_st_shown(st->tensors[i].name, na, sizeof na));
 
     const struct loom_st_tensor **by_span =
         loom_alloc(((size_t)n + 1) * sizeof *by_span, LOOM_MEM_OTHER);
@@ -264,11 +261,11 @@ static int check_layout(struct loom_st *st)
         const struct loom_st_tensor *t = by_span[i];
         if (t->nbytes == 0) continue; /* an empty span holds no byte to share */
         if (last && t->offset < last->offset + last->nbytes) {
-            rc = bad_file(st->path,
+            rc = loom_st_bad_file(st->path,
                           "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64
                           ") overlap",
-                          shown(last->name, na, sizeof na), last->offset,
-                          last->offset + (uint64_t)last->nbytes, shown(t->name, nb, sizeof nb),
+                          loom_st_shown(last->name, na, sizeof na), last->offset,
+                          last->offset + (uint64_t)last->nbytes, loom_st_shown(t->name, nb, sizeof nb),
                           t->offset, t->offset + (uint64_t)t->nbytes);
             goto fail;
         }
@@ -286,10 +283,10 @@ static int parse_header(struct loom_st *st)
     uint64_t size = st->map_size;
     uint64_t hlen = read_le64(st->map);
     if (hlen > LOOM_ST_MAX_HEADER)
-        return bad_file(st->path, "header size %" PRIu64 " exceeds the limit of %" PRIu64 " bytes",
+        return loom_st_bad_file(st->path, "header size %" PRIu64 " exceeds the limit of %" PRIu64 " bytes",
                         hlen, LOOM_ST_MAX_HEADER);
     if (hlen > size - 8)
-        return bad_file(
+        return loom_st_bad_file(
             st->path, "header size %" PRIu64 " exceeds the %" PRIu64 " bytes after the size field",
             hlen, size - 8);
     uint64_t data_size = size - 8 - hlen;
@@ -298,27 +295,27 @@ static int parse_header(struct loom_st *st)
     memcpy(text, st->map + 8, (size_t)hlen);
     const char *nul = memchr(text, '\0', (size_t)hlen);
     if (nul) {
-        rc = bad_file(st->path, "header holds a NUL byte at offset %zu", (size_t)(nul - text));
+        rc = loom_st_bad_file(st->path, "header holds a NUL byte at offset %zu", (size_t)(nul - text));
         goto fail;
     }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, 0);
     if (!root) {
         size_t at = end && end >= text && end <= text + hlen ? (size_t)(end - text) : 0;
-        rc = bad_file(st->path, "header is not valid JSON (error near byte %zu of %" PRIu64 ")", at,
+        rc = loom_st_bad_file(st->path, "header is not valid JSON (error near byte %zu of %" PRIu64 ")", at,
                       hlen);
         goto fail;
     }
     st->json = root;
     for (const char *p = end; p < text + hlen; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            rc = bad_file(st->path, "header has bytes after its JSON value, at byte %zu",
+            rc = loom_st_bad_file(st->path, "header has bytes after its JSON value, at byte %zu",
                           (size_t)(p - text));
             goto fail;
         }
     }
     if (!cJSON_IsObject(root)) {
-        rc = bad_file(st->path, "header is not a JSON object");
+        rc = loom_st_bad_file(st->path, "header is not a JSON object");
         goto fail;
     }
 
@@ -330,7 +327,7 @@ static int parse_header(struct loom_st *st)
         const char *key = e->string ? e->string : "";
         if (strcmp(key, "__metadata__") == 0) {
             if (meta) {
-                rc = bad_file(st->path, "\"__metadata__\" appears twice");
+                rc = loom_st_bad_file(st->path, "\"__metadata__\" appears twice");
                 goto fail;
             }
             meta = e;
@@ -368,16 +365,16 @@ int loom_st_open(struct loom_st *st, const char *path)
         goto fail;
     }
     if (!S_ISREG(sb.st_mode)) {
-        rc = bad_file(path, "not a regular file");
+        rc = loom_st_bad_file(path, "not a regular file");
         goto fail;
     }
     if (sb.st_size < 8) {
-        rc = bad_file(path, "file is %lld bytes, too short for the 8-byte header size",
+        rc = loom_st_bad_file(path, "file is %lld bytes, too short for the 8-byte header size",
                       (long long)sb.st_size);
         goto fail;
     }
     if ((uint64_t)sb.st_size > SIZE_MAX) {
-        rc = bad_file(path, "file of %lld bytes is too large to map", (long long)sb.st_size);
+        rc = loom_st_bad_file(path, "file of %lld bytes is too large to map", (long long)sb.st_size);
         goto fail;
     }
     void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -433,7 +430,7 @@ const char *loom_st_meta(const struct loom_st *st, const char *key)
 {
     if (st->nmeta == 0) return NULL;
     const char **kv =
-        bsearch(&key, st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, cmp_pair_key);
+        bsearch(&key, st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, loom_st_cmp_pair_key);
     return kv ? kv[1] : NULL;
 }
 
@@ -469,7 +466,7 @@ int loom_st_read_f32(const struct loom_st_tensor *t, float *dst, size_t n)
     char nb[80];
     if (n != t->numel)
         return loom_error_set(LOOM_ERR_INPUT, "tensor '%s': %" PRIu64 " elements, not %zu",
-                              shown(t->name, nb, sizeof nb), t->numel, n);
+                              loom_st_shown(t->name, nb, sizeof nb), t->numel, n);
     const unsigned char *p = t->data;
     switch (t->dtype) {
     case LOOM_ST_F32:
@@ -499,277 +496,6 @@ int loom_st_read_f32(const struct loom_st_tensor *t, float *dst, size_t n)
         return 0;
     default:
         return loom_error_set(LOOM_ERR_INPUT, "tensor '%s': dtype %s does not convert to float32",
-                              shown(t->name, nb, sizeof nb), loom_st_dtype_name(t->dtype));
+                              loom_st_shown(t->name, nb, sizeof nb), loom_st_dtype_name(t->dtype));
     }
-}
-
-/* ---- writer ---------------------------------------------------------------- */
-
-struct out_tensor {
-    const struct loom_st_tensor_in *in;
-    size_t esize;
-    uint64_t nbytes, offset;
-};
-
-static int cmp_out_name(const void *a, const void *b)
-{
-    return strcmp(((const struct out_tensor *)a)->in->name,
-                  ((const struct out_tensor *)b)->in->name);
-}
-
-/* Data order: larger elements first, so each tensor stays aligned to its
- * element size once the header is padded to a multiple of 8; then by name. */
-static int cmp_out_layout(const void *a, const void *b)
-{
-    const struct out_tensor *x = a, *y = b;
-    if (x->esize != y->esize) return x->esize > y->esize ? -1 : 1;
-    return cmp_out_name(a, b);
-}
-
-/* Strict UTF-8 (no overlong forms, surrogates or values past U+10FFFF), as
- * other readers decode the header before parsing it. */
-static int valid_utf8(const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    while (*s) {
-        unsigned c = *s++;
-        if (c < 0x80) continue;
-        int more = c >= 0xc2 && c <= 0xdf   ? 1
-                   : c >= 0xe0 && c <= 0xef ? 2
-                   : c >= 0xf0 && c <= 0xf4 ? 3
-                                            : -1;
-        if (more < 0) return 0;
-        unsigned cp = c & (0x3fu >> more);
-        for (int k = 0; k < more; k++, s++) {
-            if ((*s & 0xc0) != 0x80) return 0;
-            cp = cp << 6 | (*s & 0x3fu);
-        }
-        if ((more == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-            (more == 3 && (cp < 0x10000 || cp > 0x10ffff)))
-            return 0;
-    }
-    return 1;
-}
-
-/* Checks the arguments and fills out[] in data order with offsets. */
-static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, int n,
-                        const char *const *meta_kv, int nmeta, struct out_tensor *out)
-{
-    char nb[80];
-    for (int i = 0; i < n; i++) {
-        const struct loom_st_tensor_in *t = &in[i];
-        if (!t->name) return bad_file(path, "tensor %d has no name", i);
-        const char *name = shown(t->name, nb, sizeof nb);
-        if (strcmp(t->name, "__metadata__") == 0)
-            return bad_file(path, "tensor name \"__metadata__\" is reserved");
-        if (!valid_utf8(t->name)) return bad_file(path, "tensor '%s': name is not UTF-8", name);
-        if ((unsigned)t->dtype >= LOOM_ST_DTYPE_COUNT)
-            return bad_file(path, "tensor '%s': dtype value %d is out of range", name,
-                            (int)t->dtype);
-        if (t->ndim < 0 || t->ndim > LOOM_ST_MAX_DIMS)
-            return bad_file(path, "tensor '%s': ndim %d is outside 0..%d", name, t->ndim,
-                            LOOM_ST_MAX_DIMS);
-        uint64_t numel = 1;
-        for (int d = 0; d < t->ndim; d++) {
-            if (t->shape[d] < 0 || (uint64_t)t->shape[d] > MAX_EXACT_INT)
-                return bad_file(path, "tensor '%s': shape[%d] = %" PRId64 " is out of range", name,
-                                d, t->shape[d]);
-            uint64_t v = (uint64_t)t->shape[d];
-            if (v != 0 && numel > UINT64_MAX / v)
-                return bad_file(path, "tensor '%s': element count overflows", name);
-            numel *= v;
-        }
-        out[i].in = t;
-        out[i].esize = dtype_sizes[t->dtype];
-        if (numel > MAX_EXACT_INT / out[i].esize)
-            return bad_file(path, "tensor '%s': byte size overflows", name);
-        out[i].nbytes = numel * out[i].esize;
-        if (out[i].nbytes > 0 && !t->data) return bad_file(path, "tensor '%s': data is NULL", name);
-    }
-    qsort(out, (size_t)n, sizeof *out, cmp_out_name);
-    for (int i = 1; i < n; i++)
-        if (strcmp(out[i - 1].in->name, out[i].in->name) == 0)
-            return bad_file(path, "tensor '%s' is given twice",
-                            shown(out[i].in->name, nb, sizeof nb));
-    qsort(out, (size_t)n, sizeof *out, cmp_out_layout);
-    uint64_t offset = 0;
-    for (int i = 0; i < n; i++) {
-        out[i].offset = offset;
-        if (out[i].nbytes > MAX_EXACT_INT - offset)
-            return bad_file(path, "total data size overflows");
-        offset += out[i].nbytes;
-    }
-
-    for (int i = 0; i < 2 * nmeta; i++) {
-        if (!meta_kv[i])
-            return bad_file(path, "metadata %s %d is NULL", i % 2 ? "value" : "key", i / 2);
-        if (!valid_utf8(meta_kv[i]))
-            return bad_file(path, "metadata %s '%s' is not UTF-8", i % 2 ? "value" : "key",
-                            shown(meta_kv[i], nb, sizeof nb));
-    }
-    int rc = 0;
-    const char **keys = loom_alloc(((size_t)nmeta + 1) * sizeof *keys, LOOM_MEM_OTHER);
-    for (int i = 0; i < nmeta; i++) keys[i] = meta_kv[2 * i];
-    qsort(keys, (size_t)nmeta, sizeof *keys, cmp_pair_key);
-    for (int i = 1; i < nmeta; i++) {
-        if (strcmp(keys[i - 1], keys[i]) == 0) {
-            rc = bad_file(path, "metadata key '%s' is given twice", shown(keys[i], nb, sizeof nb));
-            break;
-        }
-    }
-    loom_free(keys);
-    return rc;
-}
-
-/* Adds an integer to a cJSON array as raw text (never through a double). */
-static int add_uint(cJSON *arr, uint64_t v)
-{
-    char num[24];
-    snprintf(num, sizeof num, "%" PRIu64, v);
-    cJSON *item = cJSON_CreateRaw(num);
-    return item && cJSON_AddItemToArray(arr, item) ? 0 : -1;
-}
-
-/* The header JSON (cJSON-allocated), or NULL when out of memory. */
-static char *format_header(const struct out_tensor *out, int n, const char *const *meta_kv,
-                           int nmeta)
-{
-    char *text = NULL;
-    cJSON *root = cJSON_CreateObject();
-    if (!root) return NULL;
-    if (nmeta > 0) {
-        cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
-        if (!m) goto fail;
-        for (int i = 0; i < nmeta; i++)
-            if (!cJSON_AddStringToObject(m, meta_kv[2 * i], meta_kv[2 * i + 1])) goto fail;
-    }
-    for (int i = 0; i < n; i++) {
-        const struct loom_st_tensor_in *t = out[i].in;
-        cJSON *e = cJSON_AddObjectToObject(root, t->name);
-        if (!e || !cJSON_AddStringToObject(e, "dtype", dtype_names[t->dtype])) goto fail;
-        cJSON *shape = cJSON_AddArrayToObject(e, "shape");
-        if (!shape) goto fail;
-        for (int d = 0; d < t->ndim; d++)
-            if (add_uint(shape, (uint64_t)t->shape[d]) != 0) goto fail;
-        cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
-        if (!offs || add_uint(offs, out[i].offset) != 0 ||
-            add_uint(offs, out[i].offset + out[i].nbytes) != 0)
-            goto fail;
-    }
-    text = cJSON_PrintUnformatted(root);
-fail:
-    cJSON_Delete(root);
-    return text;
-}
-
-static int write_all(int fd, const void *buf, size_t len, const char *file)
-{
-    const char *p = buf;
-    while (len > 0) {
-        size_t chunk = len < ((size_t)1 << 30) ? len : ((size_t)1 << 30);
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            if (w == 0) errno = EIO;
-            return loom_error_set(LOOM_ERR_RUNTIME, "write %s: %s", file, strerror(errno));
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-/* fsync of the directory holding `path`, so the rename itself is durable. */
-static int sync_parent_dir(const char *path)
-{
-    int rc = 0, fd = -1;
-    const char *slash = strrchr(path, '/');
-    size_t len = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
-    char *dir = loom_alloc(len + 1, LOOM_MEM_OTHER);
-    memcpy(dir, slash ? path : ".", len);
-    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "open directory %s: %s", dir, strerror(errno));
-        goto fail;
-    }
-    /* Some file systems cannot fsync a directory and say so with EINVAL. */
-    if (fsync(fd) != 0 && errno != EINVAL) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "fsync directory %s: %s", dir, strerror(errno));
-        goto fail;
-    }
-fail:;
-    int saved = errno;
-    if (fd >= 0) close(fd);
-    loom_free(dir);
-    errno = saved;
-    return rc;
-}
-
-int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int n,
-                  const char *const *meta_kv, int nmeta)
-{
-    int rc = 0, fd = -1, tmp_made = 0;
-    char *header = NULL, *tmp = NULL;
-    struct out_tensor *out = NULL;
-    LOOM_ASSERT(path != NULL);
-    if (n < 0 || nmeta < 0 || (n > 0 && !tensors) || (nmeta > 0 && !meta_kv))
-        return bad_file(path, "bad arguments: %d tensors, %d metadata pairs", n, nmeta);
-
-    out = loom_alloc(((size_t)n + 1) * sizeof *out, LOOM_MEM_OTHER);
-    if ((rc = plan_tensors(path, tensors, n, meta_kv, nmeta, out)) != 0) goto fail;
-    header = format_header(out, n, meta_kv, nmeta);
-    if (!header) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "%s: out of memory formatting the header", path);
-        goto fail;
-    }
-    size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
-    if (padded > LOOM_ST_MAX_HEADER) {
-        rc = bad_file(path, "header of %zu bytes is over the readers' limit of %" PRIu64, padded,
-                      LOOM_ST_MAX_HEADER);
-        goto fail;
-    }
-    unsigned char size_le[8];
-    for (int i = 0; i < 8; i++) size_le[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-
-    size_t tlen = strlen(path) + 32;
-    tmp = loom_alloc(tlen, LOOM_MEM_OTHER);
-    snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "open %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    tmp_made = 1;
-    char spaces[8];
-    memset(spaces, ' ', sizeof spaces);
-    if ((rc = write_all(fd, size_le, sizeof size_le, tmp)) != 0) goto fail;
-    if ((rc = write_all(fd, header, hlen, tmp)) != 0) goto fail;
-    if ((rc = write_all(fd, spaces, padded - hlen, tmp)) != 0) goto fail;
-    for (int i = 0; i < n; i++)
-        if ((rc = write_all(fd, out[i].in->data, (size_t)out[i].nbytes, tmp)) != 0) goto fail;
-    if (fsync(fd) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "fsync %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "close %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    tmp_made = 0;
-    rc = sync_parent_dir(path);
-fail:;
-    int saved = errno;
-    if (fd >= 0) close(fd);
-    if (tmp_made) unlink(tmp);
-    loom_free(tmp);
-    cJSON_free(header);
-    loom_free(out);
-    errno = saved;
-    return rc;
 }
