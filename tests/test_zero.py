@@ -59,6 +59,11 @@ def main():
             tag = f"zero{stage}-np3-uneven"
             compare(tag, ref255, run(tmp, tag, 3, ["--global-batch-size", "6", "--micro-batch-size", "1",
                                                    "--vocab-size", "255", "--zero-stage", str(stage)]))
+        # stage 3 starting from a weights file (sharded from the loaded model, not initialised unit by unit)
+        start = os.path.join(tmp, "single", "model.safetensors")
+        ref_load = run(tmp, "single-load", 1, ["--global-batch-size", "8", "--micro-batch-size", "1", "--load", start])
+        compare("zero3-np2-from-load", ref_load, run(tmp, "zero3-load", 2, ["--global-batch-size", "8",
+                "--micro-batch-size", "2", "--zero-stage", "3", "--load", start]))
         # stage 3 with gather units of several blocks (FSDP's size-based wrap), by FSDP's name
         compare("fsdp-full-shard-np2-units", ref, run(tmp, "fsdp-units", 2, ["--global-batch-size", "8",
                 "--micro-batch-size", "2", "--fsdp-sharding-strategy", "FULL_SHARD", "--zero3-min-params", "20000"]))

@@ -37,6 +37,7 @@ struct run {
     struct loom_topology topo;
     struct loom_data train, valid;
     int have_valid;
+    int init_sharded; /* ZeRO-3: weights are initialised shard by shard */
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
     struct loom_gpt2 *model;
     int32_t *inputs, *targets; /* (B,T) */
@@ -205,12 +206,18 @@ static int setup(struct run *r, struct loom_config *cfg)
     rc = loom_gpt2_config_check(&mc, cfg->seq_length);
     if (rc == LOOM_OK) rc = open_data(r);
     if ((rc = agree(r, rc))) return rc;
+    /* ZeRO-3 without --load never builds the whole model: each rank initialises
+     * it unit by unit and keeps its shard (loom_zero_init_weights). The
+     * initialisation draws from (seed, block, tensor), and every rank's seed
+     * is the same (checked with the config), so no weight check is needed. */
+    r->init_sharded = cfg->zero_stage == 3 && r->topo.dp > 1 && !*cfg->load;
+    int arenas = (r->init_sharded ? 0 : LOOM_GPT2_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_GPT2_GRAD_ARENA : 0);
     r->model = loom_gpt2_create_padded(&mc, cfg->micro_batch_size, cfg->seq_length,
-                                       loom_zero_arena_multiple(cfg->zero_stage, r->topo.dp), cfg->zero_stage < 2);
+                                       loom_zero_arena_multiple(cfg->zero_stage, r->topo.dp), arenas);
     if (*cfg->load) rc = loom_gpt2_load(r->model, cfg->load);
-    else loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
+    else if (!r->init_sharded) loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
     if ((rc = agree(r, rc))) return rc;
-    if ((rc = agree(r, check_same_weights(r->model)))) return rc;
+    if (!r->init_sharded && (rc = agree(r, check_same_weights(r->model)))) return rc;
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
     r->inputs = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
     r->targets = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
@@ -287,6 +294,7 @@ int loom_train(struct loom_config *cfg)
     const int dp = r.topo.dp;
     struct loom_zero zero;
     loom_zero_init(&zero, cfg->zero_stage, dp, r.topo.dp_rank, m, cfg->zero3_min_params);
+    if (r.init_sharded) loom_zero_init_weights(&zero, (uint64_t)cfg->seed);
     struct loom_adamw opt;
     loom_adamw_init(&opt, zero.begin, zero.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
     if (cfg->offload_optimizer == 1)

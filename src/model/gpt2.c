@@ -85,11 +85,11 @@ static float *act(size_t n) { return loom_alloc(loom_mul_size(n, sizeof(float)),
 
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T)
 {
-    return loom_gpt2_create_padded(cfg, B, T, 1, 1);
+    return loom_gpt2_create_padded(cfg, B, T, 1, LOOM_GPT2_PARAM_ARENA | LOOM_GPT2_GRAD_ARENA);
 }
 
 struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
-                                          int grad_arena)
+                                          int arenas)
 {
     struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
@@ -105,10 +105,10 @@ struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, in
      * run of consecutive blocks is one contiguous range (a DDP bucket) */
     LOOM_ASSERT(multiple >= 1);
     m->arena_numel = (m->num_params + multiple - 1) / multiple * multiple;
-    m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
-    if (grad_arena) m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
+    if (arenas & LOOM_GPT2_PARAM_ARENA) m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
+    if (arenas & LOOM_GPT2_GRAD_ARENA) m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
     for (size_t i = 0, off = 0; i < (size_t)m->nblocks; off += m->blocks[i].numel, i++) {
-        m->blocks[i].params = m->params + off;
+        m->blocks[i].params = m->params ? m->params + off : NULL;
         m->blocks[i].grads = m->grads ? m->grads + off : NULL;
     }
     const size_t att = (size_t)B * NH * T * T;
@@ -168,8 +168,13 @@ void loom_gpt2_free(struct loom_gpt2 *m)
 
 void loom_gpt2_init_weights(struct loom_gpt2 *m, uint64_t seed)
 {
+    for (int bi = 0; bi < m->nblocks; bi++) loom_gpt2_init_block(m, bi, seed);
+}
+
+void loom_gpt2_init_block(struct loom_gpt2 *m, int bi, uint64_t seed)
+{
     const double proj_std = 0.02 / sqrt(2.0 * m->cfg.num_layers);
-    for (int bi = 0; bi < m->nblocks; bi++) {
+    {
         struct loom_block *b = &m->blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++) {
             struct loom_tensor *t = &b->tensors[ti];

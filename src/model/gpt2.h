@@ -81,7 +81,7 @@ struct loom_gpt2 {
     int nblocks; /* L + 2: [embedding, layers..., head] */
     struct loom_block *blocks;
     size_t num_params;
-    float *params, *grads; /* (arena_numel) each: the blocks' buffers, in block order; grads may be NULL */
+    float *params, *grads; /* (arena_numel) each: the blocks' buffers, in block order; either may be NULL */
     size_t arena_numel;    /* num_params rounded up (zero padding), for equal shards */
 
     /* activations */
@@ -120,11 +120,14 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);
  * to B sequences of T tokens. Weights are zero until initialised or loaded. */
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T);
 /* The same with the arenas padded to a multiple of `multiple` elements, so a
- * data-parallel group can split them into equal shards; without a gradient
- * arena (grad_arena 0) when a strategy provides the blocks' gradient
- * buffers through pre_backward (ZeRO-2). */
+ * data-parallel group can split them into equal shards, and only the arenas
+ * asked for: a strategy that provides the blocks' gradient buffers through
+ * pre_backward (ZeRO-2) needs no gradient arena, one that gathers their
+ * parameters (ZeRO-3) no parameter arena. */
+#define LOOM_GPT2_PARAM_ARENA 1
+#define LOOM_GPT2_GRAD_ARENA 2
 struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
-                                          int grad_arena);
+                                          int arenas);
 void loom_gpt2_free(struct loom_gpt2 *m);
 
 /* GPT-2 initialisation: weights normal(0, 0.02), residual output projections
@@ -132,6 +135,8 @@ void loom_gpt2_free(struct loom_gpt2 *m);
  * gains 1. Each tensor draws from its own stream seeded from (seed, block,
  * tensor), so a block's initial weights do not depend on any other's. */
 void loom_gpt2_init_weights(struct loom_gpt2 *m, uint64_t seed);
+/* The same for one block, whose params must point at its buffer. */
+void loom_gpt2_init_block(struct loom_gpt2 *m, int block, uint64_t seed);
 
 /* Forward over B <= m->B rows of m->T tokens. With targets, returns the mean
  * loss over the B*T positions; without (NULL), computes logits only and

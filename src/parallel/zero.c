@@ -240,7 +240,7 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
     z->dp_rank = dp_rank;
     z->model = m;
     z->block_lo = loom_alloc(sizeof(size_t) * (size_t)m->nblocks, LOOM_MEM_OTHER);
-    for (int b = 0; b < m->nblocks; b++) z->block_lo[b] = (size_t)(m->blocks[b].params - m->params);
+    for (size_t b = 0, off = 0; b < (size_t)m->nblocks; off += m->blocks[b].numel, b++) z->block_lo[b] = off;
     if (stage == 0) {
         z->shard = m->num_params;
         z->end = m->num_params;
@@ -262,15 +262,36 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
     m->grad_ready = grad_ready;
     m->grad_ready_ctx = z;
     if (stage < 3) return;
-    /* keep this rank's shard of the parameters, let go of the arena */
+    /* keep this rank's shard of the parameters, let go of the arena (a model
+     * without one is initialised shard by shard: loom_zero_init_weights) */
     z->param_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_PARAMS);
-    memcpy(z->param_shard, m->params + z->begin, (z->end - z->begin) * sizeof(float));
-    loom_free(m->params);
-    m->params = NULL;
+    if (m->params) {
+        memcpy(z->param_shard, m->params + z->begin, (z->end - z->begin) * sizeof(float));
+        loom_free(m->params);
+        m->params = NULL;
+    }
     for (int b = 0; b < m->nblocks; b++) m->blocks[b].params = NULL;
     make_units(z, min_params);
     m->pre_forward = pre_forward;
     m->post_forward = post_forward;
+}
+
+void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
+{
+    LOOM_ASSERT(z->stage == 3);
+    struct loom_gpt2 *m = z->model;
+    for (int u = 0; u < z->nunits; u++) {
+        struct loom_zero_unit *x = &z->units[u];
+        float *buf = take(x->hi - x->lo, 0);
+        for (int b = x->first; b <= x->last; b++) {
+            m->blocks[b].params = buf + (z->block_lo[b] - x->lo);
+            loom_gpt2_init_block(m, b, seed);
+            m->blocks[b].params = NULL;
+        }
+        size_t a = x->lo > z->begin ? x->lo : z->begin, e = x->hi < z->end ? x->hi : z->end;
+        if (a < e) memcpy(z->param_shard + (a - z->begin), buf + (a - x->lo), (e - a) * sizeof(float));
+        give(buf, x->hi - x->lo);
+    }
 }
 
 void loom_zero_free(struct loom_zero *z)

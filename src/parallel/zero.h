@@ -22,7 +22,9 @@
  *   unit's gather is posted as soon as the current one starts computing
  *   (FSDP's forward and backward prefetch), so it arrives during compute.
  *   The unit holding the embedding stays gathered from the forward's start
- *   to the optimizer step: the tied LM head needs wte at both ends.
+ *   to the optimizer step: the tied LM head needs wte at both ends. Without
+ *   --load, no rank ever holds the whole model: weights are initialised
+ *   unit by unit.
  *
  * Not yet: offload of the optimizer state.
  */
@@ -62,6 +64,10 @@ size_t loom_zero_arena_multiple(int stage, int dp);
  * every rank) is split: this rank keeps its shard and the arena is freed.
  * min_params: the stage-3 gather unit size (0: one block per unit). */
 void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_gpt2 *m, int64_t min_params);
+/* Stage 3 on a model created without a parameter arena: each rank builds
+ * one gather unit at a time (the initialisation draws per tensor, so every
+ * rank computes the same values) and keeps its shard of it. */
+void loom_zero_init_weights(struct loom_zero *z, uint64_t seed);
 void loom_zero_free(struct loom_zero *z);
 
 /* Step boundaries: zero the shard's gradients; after the last micro-batch's
