@@ -14,11 +14,10 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
+static void post_bucket(struct loom_ddp_bucket *b)
 {
     LOOM_ASSERT(b->handle == NULL);
     b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads, b->count, LOOM_F32, LOOM_OP_SUM);
-    (void)d;
 }
 
 static void on_grad_ready(void *ctx, int block)
@@ -26,11 +25,11 @@ static void on_grad_ready(void *ctx, int block)
     struct loom_ddp *d = ctx;
     if (!d->sync || d->naive || !d->overlap) return;
     if (block == LOOM_GRAD_READY_WTE_HEAD) {
-        if (d->early_wte) post_bucket(d, &d->wte);
+        if (d->early_wte) post_bucket(&d->wte);
         return;
     }
     struct loom_ddp_bucket *b = &d->buckets[d->bucket_of[block]];
-    if (block == b->first_block) post_bucket(d, b);
+    if (block == b->first_block) post_bucket(b);
 }
 
 void loom_ddp_init(struct loom_ddp *d, struct loom_gpt2 *m, int dp, double bucket_mb, int overlap, int naive)
@@ -131,7 +130,7 @@ void loom_ddp_finish(struct loom_ddp *d)
     } else {
         /* buckets not yet posted (no overlap): in backward order, as the hook would */
         for (int i = 0; i < d->nbuckets; i++)
-            if (!d->buckets[i].handle) post_bucket(d, &d->buckets[i]);
+            if (!d->buckets[i].handle) post_bucket(&d->buckets[i]);
         for (int i = 0; i < d->nbuckets; i++) {
             loom_comm_wait(d->buckets[i].handle);
             d->buckets[i].handle = NULL;
