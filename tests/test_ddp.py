@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pyref import shard, st  # noqa: E402
+from pyref import st  # noqa: E402
 
 BUILD = os.environ.get("BUILD", "build")
 LOOM = os.path.join(BUILD, "loom")
@@ -29,6 +29,20 @@ STEPS = 20
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1")
 
 failures = 0
+
+
+def check(name, cond, detail=""):
+    """One line per check; a failed one counts toward this module's failures."""
+    global failures
+    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
+    failures += 0 if cond else 1
+
+
+def write_corpus(tmp):
+    """The built-in corpus as tmp/train.bin: gradients carry signal, not just noise (see compare)."""
+    subprocess.run([LOOM, "data", "synth", os.path.join(tmp, "corpus"), "--tokens", "200000"], check=True,
+                   capture_output=True)
+    os.rename(os.path.join(tmp, "corpus", "train.bin"), os.path.join(tmp, "train.bin"))
 
 
 def run(tmp, tag, np_ranks, extra):
@@ -92,10 +106,7 @@ def compare(tag, ref, got):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        # the built-in corpus: gradients carry signal, not just noise (see compare)
-        subprocess.run([LOOM, "data", "synth", os.path.join(tmp, "corpus"), "--tokens", "200000"], check=True,
-                       capture_output=True)
-        os.rename(os.path.join(tmp, "corpus", "train.bin"), os.path.join(tmp, "train.bin"))
+        write_corpus(tmp)
         # global batch 8 in every case; the reference is one process accumulating micro-batches of 1
         ref8 = run(tmp, "single-G8", 1, ["--global-batch-size", "8", "--micro-batch-size", "1"])
         modes = {"overlap": [], "no-overlap": ["--no-overlap"], "naive": ["--ddp-impl", "naive"]}

@@ -10,22 +10,12 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_ddp import LOOM, ENV, STEPS, run  # noqa: E402
-
-failures = 0
-
-
-def check(name, cond, detail=""):
-    global failures
-    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
-    failures += 0 if cond else 1
-
+import test_ddp  # noqa: E402
+from test_ddp import LOOM, ENV, STEPS, check, run, write_corpus  # noqa: E402
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([LOOM, "data", "synth", os.path.join(tmp, "corpus"), "--tokens", "200000"], check=True,
-                       capture_output=True)
-        os.rename(os.path.join(tmp, "corpus", "train.bin"), os.path.join(tmp, "train.bin"))
+        write_corpus(tmp)
         nvme = os.path.join(tmp, "nvme")
         os.mkdir(nvme)
         buffer_mb = 0.004  # 4 KB: hundreds of chunks per step
@@ -54,8 +44,8 @@ def main():
         p = subprocess.run([LOOM, "train", "--train-iters", "1", "--offload-optimizer", "nvme"],
                            capture_output=True, text=True, env=ENV)
         check("nvme without --nvme-path is exit 2", p.returncode == 2 and "--nvme-path" in p.stderr, p.stderr)
-    print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
-    return 1 if failures else 0
+    print(f"{'PASS' if test_ddp.failures == 0 else 'FAIL'}: {test_ddp.failures} failure(s)")
+    return 1 if test_ddp.failures else 0
 
 
 if __name__ == "__main__":

@@ -18,22 +18,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 import test_ddp  # noqa: E402
-from test_ddp import LOOM, run, compare, ENV  # noqa: E402
-
-failures = 0
-
-
-def check(name, cond, detail=""):
-    global failures
-    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
-    failures += 0 if cond else 1
-
+from test_ddp import LOOM, ENV, check, compare, run, write_corpus  # noqa: E402
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([LOOM, "data", "synth", os.path.join(tmp, "corpus"), "--tokens", "200000"], check=True,
-                       capture_output=True)
-        os.rename(os.path.join(tmp, "corpus", "train.bin"), os.path.join(tmp, "train.bin"))
+        write_corpus(tmp)
         ref = run(tmp, "single", 1, ["--global-batch-size", "8", "--micro-batch-size", "1"])
         for stage in (1, 2, 3):
             for n in (2, 4):
@@ -74,9 +63,8 @@ def main():
         lines = [l for l in p.stderr.splitlines() if l.startswith("loom: error:")]
         check("conflicting --zero-stage and --fsdp-sharding-strategy: one error line, exit 2",
               p.returncode == 2 and len(lines) == 1 and "FULL_SHARD means --zero-stage 3" in lines[0], p.stderr[-400:])
-    total = failures + test_ddp.failures
-    print(f"{'PASS' if total == 0 else 'FAIL'}: {total} failure(s)")
-    return 1 if total else 0
+    print(f"{'PASS' if test_ddp.failures == 0 else 'FAIL'}: {test_ddp.failures} failure(s)")
+    return 1 if test_ddp.failures else 0
 
 
 if __name__ == "__main__":
