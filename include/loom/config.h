@@ -39,8 +39,9 @@ struct loom_config {
     /* logging and evaluation */
     int log_interval, eval_interval, eval_iters;
     char metrics[512];
-    /* weights */
+    /* checkpoints */
     char load[512], save[512];
+    int save_interval, keep_last, finetune;
     /* sampling (loom sample) */
     char prompt[1024];
     int max_new_tokens, top_k;
