@@ -49,6 +49,11 @@ CFLAGS += $(shell pkg-config --cflags libcjson)
 LDLIBS += $(shell pkg-config --libs libcjson)
 endif
 
+HAVE_XXHASH := $(shell echo '\#include <xxhash.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_XXHASH),1)
+LDLIBS += -lxxhash
+endif
+
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
 HAVE_MPI   := $(if $(MPI_LIBS),1,)
@@ -79,9 +84,10 @@ announce:
 	@echo "  BLAS     $(if $(BLAS_NAME),$(BLAS_NAME),NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  OpenMP   $(if $(HAVE_OPENMP),yes,no: kernels run single-threaded)"
 	@echo "  cJSON    $(if $(HAVE_CJSON),yes,NOT FOUND (run scripts/install-deps.sh))"
+	@echo "  xxHash   $(if $(HAVE_XXHASH),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  MPI      $(if $(HAVE_MPI),yes ($(shell mpicc --showme:version 2>/dev/null | cut -d: -f2 | head -1)),no: single-process only)"
 	@echo "  CUDA     off (CPU backend)"
-	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" || { echo "loom build: missing BLAS or cJSON" >&2; exit 2; }
+	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" -a -n "$(HAVE_XXHASH)" || { echo "loom build: missing BLAS, cJSON or xxHash" >&2; exit 2; }
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

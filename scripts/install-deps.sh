@@ -13,8 +13,8 @@ for a in "$@"; do
   esac
 done
 
-pkgs="build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libcjson-dev"
-[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-torch python3-numpy"
+pkgs="build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libcjson-dev libxxhash-dev"
+[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-torch python3-numpy clang libclang-rt-14-dev"
 
 missing=""
 for p in $pkgs; do
