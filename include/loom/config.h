@@ -13,12 +13,32 @@ enum loom_lr_decay_style {
     LOOM_LR_CONSTANT = 0,
     LOOM_LR_LINEAR = 1,
     LOOM_LR_COSINE = 2,
+    /* DeepSpeed's schedulers (optim/lr.h) */
+    LOOM_LR_WARMUP_LR = 3,
+    LOOM_LR_WARMUP_DECAY_LR = 4,
+    LOOM_LR_WARMUP_COSINE_LR = 5,
     LOOM_LR_DECAY_STYLE_COUNT
+};
+
+/* How DeepSpeed's schedulers rise during warmup (Megatron's: linear only). */
+enum loom_lr_warmup_style {
+    LOOM_LR_WARMUP_LINEAR = 0,
+    LOOM_LR_WARMUP_LOG = 1,
+    LOOM_LR_WARMUP_STYLE_COUNT
+};
+
+enum loom_optimizer {
+    LOOM_OPTIMIZER_ADAMW = 0,
+    LOOM_OPTIMIZER_ADAM = 1, /* DeepSpeed's and Megatron's "adam": AdamW unless adam_w_mode is false */
+    LOOM_OPTIMIZER_COUNT
 };
 
 #define LOOM_MAX_DATA_PATHS 64
 
 struct loom_config {
+    /* the run itself */
+    char deepspeed_config[512]; /* JSON config file, "" for none */
+    int dry_run;                /* resolve and print the configuration, then exit */
     /* model */
     char model[32]; /* preset name, "" for none */
     int num_layers, hidden_size, num_attention_heads, seq_length, max_position_embeddings,
@@ -29,7 +49,16 @@ struct loom_config {
     int train_iters, lr_warmup_iters, lr_decay_iters;
     double lr, min_lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
     int lr_decay_style; /* enum loom_lr_decay_style */
+    int lr_warmup_style; /* enum loom_lr_warmup_style */
+    double lr_warmup_min_ratio, lr_cos_min_ratio; /* WarmupCosineLR */
+    int optimizer;   /* enum loom_optimizer */
+    int adam_w_mode; /* 0: Adam with L2-coupled weight decay (not implemented) */
     int64_t seed;
+    /* precision (mixed precision is not in the trainer yet) */
+    int fp16, bf16;
+    double loss_scale; /* 0: dynamic */
+    double initial_loss_scale, min_loss_scale;
+    int loss_scale_window, hysteresis;
     /* data */
     int ndata_paths, nvalid_paths;
     char *data_paths[LOOM_MAX_DATA_PATHS];

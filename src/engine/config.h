@@ -1,7 +1,7 @@
 /*
- * The settings table and what is built from it: flag parsing, presets,
- * derived values (the batch invariant), validation, --help and the printed
- * configuration. JSON configs will read through the same table.
+ * The settings table and what is built from it: flag parsing, DeepSpeed JSON
+ * configs (--deepspeed-config), presets, derived values (the batch
+ * invariant), validation, --help and the printed configuration.
  */
 #ifndef LOOM_ENGINE_CONFIG_H
 #define LOOM_ENGINE_CONFIG_H
@@ -11,18 +11,27 @@
 
 #include "loom/config.h"
 
-/* Fills cfg from defaults, the --model preset and the flags in argv (the
- * arguments after the subcommand), in that order of precedence, then derives
- * and validates. `--help` sets *help and returns LOOM_OK without validating.
- * Errors: LOOM_ERR_INPUT with one line naming the flag and the value. */
+/* Fills cfg from defaults, the --model preset, the JSON file of
+ * --deepspeed-config and the flags in argv (the arguments after the
+ * subcommand), in that order of precedence. `--help` sets *help and returns
+ * LOOM_OK without reading anything. Errors: LOOM_ERR_INPUT with one line
+ * naming the flag, JSON key or file and the value. Warnings (unknown JSON
+ * keys, keys accepted but ignored, flags overriding the file) are kept and
+ * printed once by loom_config_resolve, when the ranks are known. */
 int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help);
 
-/* Derives the batch settings (global = micro x accumulation x dp) and checks
- * cross-setting invariants; dp is the data-parallel size. */
+/* Prints the parse warnings (rank 0), derives the batch settings (global =
+ * micro x accumulation x dp) and checks cross-setting invariants; dp is the
+ * data-parallel size. */
 int loom_config_resolve(struct loom_config *cfg, int dp);
 
+/* The i-th warning kept by loom_config_parse and not yet printed, or NULL. */
+const char *loom_config_warning(int i);
+
+/* Every flag with its help, default and JSON key. */
 void loom_config_print_help(FILE *f, const char *command);
-/* The resolved configuration as one table, each setting with its origin. */
+/* The resolved configuration as one table, each setting with its origin:
+ * default, preset, json, flag, "flag (json had X)" or derived. */
 void loom_config_print(FILE *f, const struct loom_config *cfg);
 void loom_config_free(struct loom_config *cfg);
 
