@@ -19,13 +19,25 @@ static const struct loom_st_tensor *find_tensor(const struct loom_st *st, const 
     return loom_st_find(st, prefixed);
 }
 
+static const char *unprefixed(const char *name)
+{
+    return strncmp(name, "transformer.", 12) == 0 ? name + 12 : name;
+}
+
+/* HF's attention masks and tied head, and anything outside GPT-2's names
+ * (extra tensors another tool keeps beside the model, e.g. llmc.*) */
 static int ignorable(const char *name)
 {
-    const char *n = strncmp(name, "transformer.", 12) == 0 ? name + 12 : name;
+    const char *n = unprefixed(name);
     if (strcmp(n, "lm_head.weight") == 0) return 1;
     size_t len = strlen(n);
-    return (len > 10 && strcmp(n + len - 10, ".attn.bias") == 0) ||
-           (len > 17 && strcmp(n + len - 17, ".attn.masked_bias") == 0);
+    if ((len > 10 && strcmp(n + len - 10, ".attn.bias") == 0) ||
+        (len > 17 && strcmp(n + len - 17, ".attn.masked_bias") == 0))
+        return 1;
+    static const char *const gpt2_names[] = {"wte.", "wpe.", "h.", "ln_f."};
+    for (size_t i = 0; i < sizeof gpt2_names / sizeof gpt2_names[0]; i++)
+        if (strncmp(n, gpt2_names[i], strlen(gpt2_names[i])) == 0) return 0;
+    return 1;
 }
 
 int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
@@ -59,11 +71,10 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
             if ((rc = loom_st_read_f32(s, b->params + t->offset, t->numel))) goto fail;
         }
     }
-    /* tensors the model does not have are refused, not silently dropped */
+    /* GPT-2 tensors the model does not have are refused, not silently dropped */
     for (int i = 0; i < loom_st_count(&st); i++) {
         const char *name = loom_st_at(&st, i)->name;
-        const char *n = strncmp(name, "transformer.", 12) == 0 ? name + 12 : name;
-        if (!ignorable(name) && !loom_gpt2_find(m, n, NULL)) {
+        if (!ignorable(name) && !loom_gpt2_find(m, unprefixed(name), NULL)) {
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", path,
                                 name, m->cfg.num_layers);
             goto fail;
@@ -78,7 +89,13 @@ fail:
 
 int loom_gpt2_save(const struct loom_gpt2 *m, const char *path)
 {
-    int n = 0;
+    return loom_gpt2_save_ext(m, path, NULL, 0, NULL, 0);
+}
+
+int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct loom_st_tensor_in *extra,
+                       int nextra, const char *const *meta_kv, int nmeta)
+{
+    int n = nextra;
     for (int bi = 0; bi < m->nblocks; bi++) n += m->blocks[bi].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     if (!ts) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
@@ -95,16 +112,26 @@ int loom_gpt2_save(const struct loom_gpt2 *m, const char *path)
             ts[k].data = b->params + t->offset;
         }
     }
+    for (int i = 0; i < nextra; i++) ts[k++] = extra[i];
     char L[16], C[16], NH[16], P[16], V[16];
     snprintf(L, sizeof L, "%d", m->cfg.num_layers);
     snprintf(C, sizeof C, "%d", m->cfg.hidden);
     snprintf(NH, sizeof NH, "%d", m->cfg.heads);
     snprintf(P, sizeof P, "%d", m->cfg.max_pos);
     snprintf(V, sizeof V, "%d", m->cfg.vocab);
-    const char *meta[] = {"format", "pt", "loom.model", "gpt2", "loom.num_layers", L, "loom.hidden_size", C,
-                          "loom.num_attention_heads", NH, "loom.max_position_embeddings", P,
-                          "loom.vocab_size", V};
-    int rc = loom_st_write(path, ts, n, meta, (int)(sizeof meta / sizeof meta[0] / 2));
+    const char *own[] = {"format", "pt", "loom.model", "gpt2", "loom.num_layers", L, "loom.hidden_size", C,
+                         "loom.num_attention_heads", NH, "loom.max_position_embeddings", P,
+                         "loom.vocab_size", V};
+    const int nown = (int)(sizeof own / sizeof own[0] / 2);
+    const char **meta = calloc((size_t)(nown + nmeta) * 2, sizeof *meta);
+    if (!meta) {
+        free(ts);
+        return loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
+    }
+    memcpy(meta, own, sizeof own);
+    for (int i = 0; i < 2 * nmeta; i++) meta[2 * nown + i] = meta_kv[i];
+    int rc = loom_st_write(path, ts, n, meta, nown + nmeta);
+    free(meta);
     free(ts);
     return rc;
 }
