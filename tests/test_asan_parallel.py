@@ -51,7 +51,7 @@ with tempfile.TemporaryDirectory() as tmp:
     p = subprocess.run([loom, "train"] + model + ["--save", os.path.join(tmp, "one")], capture_output=True, text=True,
                        env=ENV, timeout=300)
     check("1 rank: train, evaluate, save", p)
-    p = subprocess.run([loom, "sample", "--load", os.path.join(tmp, "one", "model.safetensors"), "--prompt", " ab=",
+    p = subprocess.run([loom, "sample", "--load", os.path.join(tmp, "one"), "--prompt", " ab=",
                         "--max-new-tokens", "8", "--top-k", "3"], capture_output=True, text=True, env=ENV, timeout=120)
     check("1 rank: sample", p)
 print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")

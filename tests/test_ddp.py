@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pyref import st  # noqa: E402
+from pyref import ckpt  # noqa: E402
 
 BUILD = os.environ.get("BUILD", "build")
 LOOM = os.path.join(BUILD, "loom")
@@ -60,7 +60,7 @@ def run(tmp, tag, np_ranks, extra):
     if p.returncode != 0:
         raise SystemExit(f"{tag}: exit {p.returncode}\n{p.stderr[-2000:]}")
     rows = [json.loads(l) for l in open(metrics) if '"loss"' in l]
-    weights = st.load(os.path.join(save, "model.safetensors"))
+    weights = {k: v for k, v in ckpt.assemble(save).items() if not k.startswith("optimizer.")}
     return [r["loss"] for r in rows], weights, p.stdout
 
 

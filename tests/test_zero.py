@@ -19,6 +19,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 import test_ddp  # noqa: E402
 from test_ddp import LOOM, ENV, check, compare, run, write_corpus  # noqa: E402
+from pyref import st  # noqa: E402
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,7 +50,8 @@ def main():
             compare(tag, ref255, run(tmp, tag, 3, ["--global-batch-size", "6", "--micro-batch-size", "1",
                                                    "--vocab-size", "255", "--zero-stage", str(stage)]))
         # stage 3 starting from a weights file (sharded from the loaded model, not initialised unit by unit)
-        start = os.path.join(tmp, "single", "model.safetensors")
+        start = os.path.join(tmp, "start.safetensors")
+        st.save(start, ref[1])
         ref_load = run(tmp, "single-load", 1, ["--global-batch-size", "8", "--micro-batch-size", "1", "--load", start])
         compare("zero3-np2-from-load", ref_load, run(tmp, "zero3-load", 2, ["--global-batch-size", "8",
                 "--micro-batch-size", "2", "--zero-stage", "3", "--load", start]))

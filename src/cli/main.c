@@ -1,16 +1,19 @@
 /*
  * The `loom` command: dispatches subcommands, turns statuses into one-line
  * errors and exit codes (0 done, 2 bad input, 1 failure while running).
- * Subcommands not built yet (convert, plan, report) say so.
+ * Subcommands not built yet (plan, report) say so.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/blas_env.h"
 #include "base/log.h"
+#include "cli/convert.h"
 #include "cli/launch.h"
 #include "comm/comm.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/sample.h"
 #include "io/synth.h"
@@ -25,10 +28,12 @@ static void usage(FILE *f)
                "usage: loom COMMAND [flags]\n\n"
                "commands:\n"
                "  train                      train a model (default: gpt2-tiny on the built-in corpus)\n"
-               "  eval --load W              validation loss of saved weights\n"
-               "  sample --load W            continue --prompt with saved weights\n"
+               "  eval --load W              validation loss of a checkpoint or weights file\n"
+               "  sample --load W            continue --prompt from a checkpoint or weights file\n"
                "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
                "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
+               "  convert IN OUT [--to llmc|safetensors|hf]   GPT-2 weights between llm.c .bin, safetensors and\n"
+               "                             Hugging Face directories\n"
                "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n\n"
                "loom COMMAND --help lists the flags of a command.\n",
             LOOM_VERSION);
@@ -94,7 +99,7 @@ static int cmd_data(int argc, char **argv)
 static int shape_from_weights(struct loom_config *cfg, int argc, char **argv)
 {
     struct loom_gpt2_config wc;
-    int rc = loom_gpt2_peek_config(cfg->load, &wc);
+    int rc = loom_checkpoint_peek_model(cfg->load, &wc);
     if (rc) return rc;
     int given_layers = 0, given_heads = 0, given_seq = 0;
     for (int i = 0; i < argc; i++) {
@@ -113,6 +118,9 @@ static int shape_from_weights(struct loom_config *cfg, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* a file-size limit makes write() fail with EFBIG, reported like a full
+     * disk, instead of killing the process */
+    signal(SIGXFSZ, SIG_IGN);
     loom_blas_select_core(argc, argv);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);
@@ -138,7 +146,7 @@ int main(int argc, char **argv)
             return 0;
         }
         if (strcmp(cmd, "train") != 0) {
-            if (!*cfg.load) rc = loom_error_set(LOOM_ERR_INPUT, "loom %s needs --load FILE.safetensors", cmd);
+            if (!*cfg.load) rc = loom_error_set(LOOM_ERR_INPUT, "loom %s needs --load DIR (a checkpoint) or FILE.safetensors", cmd);
             else rc = shape_from_weights(&cfg, argc - 2, argv + 2);
         }
         if (strcmp(cmd, "train") == 0) {
@@ -157,10 +165,12 @@ int main(int argc, char **argv)
         return rc ? fail(rc) : 0;
     }
     if (strcmp(cmd, "launch") == 0) return (rc = loom_launch(argc - 2, argv + 2)) ? fail(rc) : 0;
-    if (strcmp(cmd, "convert") == 0 || strcmp(cmd, "plan") == 0 || strcmp(cmd, "report") == 0) {
+    if (strcmp(cmd, "convert") == 0) return (rc = loom_convert(argc - 2, argv + 2)) ? fail(rc) : 0;
+    if (strcmp(cmd, "plan") == 0 || strcmp(cmd, "report") == 0) {
         loom_error_set(LOOM_ERR_INPUT, "'loom %s' is not available in this version", cmd);
         return fail(LOOM_ERR_INPUT);
     }
-    loom_error_set(LOOM_ERR_INPUT, "unknown command '%s' (train, eval, sample, data; see loom --help)", cmd);
+    loom_error_set(LOOM_ERR_INPUT, "unknown command '%s' (train, eval, sample, data, convert, launch; see loom --help)",
+                   cmd);
     return fail(LOOM_ERR_INPUT);
 }

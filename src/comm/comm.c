@@ -453,6 +453,20 @@ int loom_comm_agree(int rc, int *first_rank)
     return (int)v[0];
 }
 
+int loom_comm_agree_shared(int rc)
+{
+    int first;
+    int all = loom_comm_agree(rc, &first);
+    if (!all || world_size == 1) return all;
+    uint64_t words[128] = {0}; /* the message, as bytes */
+    char *msg = (char *)words;
+    if (world_rank == first) snprintf(msg, sizeof words, "%s", loom_error_message());
+    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, words, 128, LOOM_U64, first));
+    msg[sizeof words - 1] = 0;
+    loom_error_set(all, "%s", msg);
+    return all;
+}
+
 void loom_comm_abort(int code)
 {
     fflush(stdout);

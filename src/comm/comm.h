@@ -116,6 +116,9 @@ void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum l
 /* Every rank learns the worst status of all: returns the largest rc of any
  * rank, and in *first_rank the lowest rank that had it (the one that prints). */
 int loom_comm_agree(int rc, int *first_rank);
+/* The same, and every rank then holds the error message of that first rank
+ * (so rank 0 can report what another rank saw). */
+int loom_comm_agree_shared(int rc);
 
 /* Ends the whole job now with `code` (MPI_Abort when world > 1). */
 void loom_comm_abort(int code) __attribute__((noreturn));

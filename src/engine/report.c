@@ -108,7 +108,7 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s, co
                      s->ms_per_step);
     if (r->metrics) {
         fprintf(r->metrics,
-                "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.6g,\"mfu\":%.6g,\"ms_per_step\":%.6g,\"mem\":",
+                "{\"step\":%d,\"loss\":%.17g,\"lr\":%.9g,\"grad_norm\":%.17g,\"tokens_per_s\":%.6g,\"mfu\":%.6g,\"ms_per_step\":%.6g,\"mem\":",
                 s->step, s->loss, s->lr, s->grad_norm, s->tokens_per_s, s->mfu, s->ms_per_step);
         mem_json(r->metrics, mem);
         if (s->comm_wait_ms >= 0) fprintf(r->metrics, ",\"comm_wait_ms\":%.6g", s->comm_wait_ms);

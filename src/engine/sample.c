@@ -13,9 +13,9 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
+#include "engine/checkpoint.h"
 #include "kernels/kernels.h"
 #include "model/gpt2.h"
-#include "model/gpt2_io.h"
 
 static int pick(const float *logits, int V, double temperature, int top_k, struct loom_rng *rng)
 {
@@ -56,7 +56,7 @@ static int pick(const float *logits, int V, double temperature, int top_k, struc
 
 int loom_sample(struct loom_config *cfg)
 {
-    if (!*cfg->load) return loom_error_set(LOOM_ERR_INPUT, "loom sample needs --load FILE.safetensors");
+    if (!*cfg->load) return loom_error_set(LOOM_ERR_INPUT, "loom sample needs --load DIR (a checkpoint) or FILE.safetensors");
     if (cfg->vocab_size > 256 && *cfg->prompt)
         loom_log_warn("the prompt is encoded byte by byte (GPT-2 BPE is not built in yet)");
     struct loom_gpt2_config mc = {cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads,
@@ -65,7 +65,7 @@ int loom_sample(struct loom_config *cfg)
     if ((rc = loom_gpt2_config_check(&mc, T))) return rc;
     if (cfg->threads > 0) loom_threads_set(cfg->threads);
     struct loom_gpt2 *m = loom_gpt2_create(&mc, 1, T);
-    if ((rc = loom_gpt2_load(m, cfg->load))) {
+    if ((rc = loom_checkpoint_load_weights(m, cfg->load))) {
         loom_gpt2_free(m);
         return rc;
     }

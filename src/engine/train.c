@@ -19,14 +19,15 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "comm/comm.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/mfu.h"
 #include "engine/report.h"
+#include "io/fs.h"
 #include "io/sampler.h"
 #include "io/synth.h"
 #include "kernels/kernels.h"
 #include "model/gpt2.h"
-#include "model/gpt2_io.h"
 #include "optim/adamw.h"
 #include "optim/lr.h"
 #include "parallel/ddp.h"
@@ -38,26 +39,11 @@ struct run {
     struct loom_data train, valid;
     int have_valid;
     int init_sharded; /* ZeRO-3: weights are initialised shard by shard */
+    int resume;       /* --load names a checkpoint directory: restored after the optimizer exists */
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
     struct loom_gpt2 *model;
     int32_t *inputs, *targets; /* (B,T) */
 };
-
-static int mkdir_p(const char *path)
-{
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST)
-            return loom_error_set(LOOM_ERR_INPUT, "cannot create directory %s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) && errno != EEXIST)
-        return loom_error_set(LOOM_ERR_INPUT, "cannot create directory %s: %s", buf, strerror(errno));
-    return LOOM_OK;
-}
 
 /* With no --data-path: the built-in corpus, generated into the cache once. */
 static int builtin_corpus(struct run *r, char *train_path, char *valid_path, size_t n)
@@ -82,7 +68,7 @@ static int builtin_corpus(struct run *r, char *train_path, char *valid_path, siz
         r->floor_nats = cached;
         return LOOM_OK;
     }
-    if ((rc = mkdir_p(dir))) return rc;
+    if ((rc = loom_fs_mkdir_p(dir))) return rc;
     loom_log_info("generating the built-in corpus in %s\n", dir);
     return loom_data_synth(dir, LOOM_SYNTH_DEFAULT_TOKENS, LOOM_SYNTH_DEFAULT_SEED, &r->floor_nats);
 }
@@ -188,7 +174,18 @@ static int agree(struct run *r, int rc)
     return all;
 }
 
-static int setup(struct run *r, struct loom_config *cfg)
+/* --save must be usable before the first step, not after hours of training. */
+static int check_save_dir(const char *save)
+{
+    int rc = loom_fs_mkdir_p(save);
+    if (rc == LOOM_OK && access(save, W_OK) != 0)
+        rc = loom_error_set(LOOM_ERR_INPUT, "--save %s: not writable: %s", save, strerror(errno));
+    return rc;
+}
+
+/* training: a checkpoint named by --load is restored by loom_train once the
+ * optimizer exists; otherwise (eval) its weights are loaded here. */
+static int setup(struct run *r, struct loom_config *cfg, int training)
 {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
@@ -200,24 +197,32 @@ static int setup(struct run *r, struct loom_config *cfg)
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, r->topo.dp);
     if ((rc = agree(r, rc))) return rc;
     if ((rc = agree(r, check_same_config(cfg)))) return rc;
+    if (cfg->dry_run) { /* --dry-run: the configuration resolved on every rank; open and build nothing */
+        if (r->topo.rank == 0) loom_config_print(stdout, cfg);
+        return LOOM_OK;
+    }
     if (cfg->threads > 0) loom_threads_set(cfg->threads);
     struct loom_gpt2_config mc = {cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads,
                                   cfg->max_position_embeddings, cfg->vocab_size};
     rc = loom_gpt2_config_check(&mc, cfg->seq_length);
     if (rc == LOOM_OK) rc = open_data(r);
+    if (rc == LOOM_OK && training && *cfg->save && r->topo.rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
-    /* ZeRO-3 without --load never builds the whole model: each rank initialises
-     * it unit by unit and keeps its shard (loom_zero_init_weights). The
+    /* ZeRO-3 never builds the whole model unless --load names a weights
+     * file: each rank initialises it unit by unit and keeps its shard
+     * (loom_zero_init_weights), or reads its shard from the checkpoint. The
      * initialisation draws from (seed, block, tensor), and every rank's seed
      * is the same (checked with the config), so no weight check is needed. */
-    r->init_sharded = cfg->zero_stage == 3 && r->topo.dp > 1 && !*cfg->load;
+    const int from_dir = *cfg->load && loom_checkpoint_is_dir(cfg->load);
+    r->resume = training && from_dir;
+    r->init_sharded = training && cfg->zero_stage == 3 && r->topo.dp > 1 && (!*cfg->load || from_dir);
     int arenas = (r->init_sharded ? 0 : LOOM_GPT2_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_GPT2_GRAD_ARENA : 0);
     r->model = loom_gpt2_create_padded(&mc, cfg->micro_batch_size, cfg->seq_length,
                                        loom_zero_arena_multiple(cfg->zero_stage, r->topo.dp), arenas);
-    if (*cfg->load) rc = loom_gpt2_load(r->model, cfg->load);
-    else if (!r->init_sharded) loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
+    if (*cfg->load && !r->resume) rc = loom_checkpoint_load_weights(r->model, cfg->load);
+    else if (!r->init_sharded && !r->resume) loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
     if ((rc = agree(r, rc))) return rc;
-    if (!r->init_sharded && (rc = agree(r, check_same_weights(r->model)))) return rc;
+    if (!r->init_sharded && !r->resume && (rc = agree(r, check_same_weights(r->model)))) return rc;
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
     r->inputs = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
     r->targets = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
@@ -276,11 +281,26 @@ static void print_rss(const struct run *r, struct loom_report *rep)
     loom_free(all);
 }
 
+/* Collective: a checkpoint after `step` steps, reported by rank 0. */
+static int save(const struct loom_ckpt_parts *parts, int step, struct loom_report *rep)
+{
+    struct loom_ckpt_io_stats io;
+    int rc = loom_checkpoint_save(parts, step, &io);
+    if (rc == LOOM_OK) {
+        char b[32];
+        loom_report_line(rep, "saved checkpoint %s: rank 0 wrote %s in %.2f s (%.0f MB/s)\n", io.dir,
+                         loom_fmt_bytes(b, sizeof b, (double)io.bytes), io.seconds, io.bytes / 1e6 / (io.seconds + 1e-9));
+    } else if (parts->topo->rank != 0) {
+        loom_error_clear(); /* every rank holds the message: rank 0 prints it */
+    }
+    return rc;
+}
+
 int loom_train(struct loom_config *cfg)
 {
     struct run r;
-    int rc = setup(&r, cfg);
-    if (rc) {
+    int rc = setup(&r, cfg, 1);
+    if (rc || cfg->dry_run) {
         teardown(&r);
         return rc;
     }
@@ -294,20 +314,25 @@ int loom_train(struct loom_config *cfg)
     const int dp = r.topo.dp;
     struct loom_zero zero;
     loom_zero_init(&zero, cfg->zero_stage, dp, r.topo.dp_rank, m, cfg->zero3_min_params);
-    if (r.init_sharded) loom_zero_init_weights(&zero, (uint64_t)cfg->seed);
+    if (r.init_sharded && !r.resume) loom_zero_init_weights(&zero, (uint64_t)cfg->seed);
     struct loom_adamw opt;
     loom_adamw_init(&opt, zero.begin, zero.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
     if (cfg->offload_optimizer == 1)
         loom_log_warn("--offload-optimizer cpu: the CPU backend keeps the optimizer state in host memory already; nothing to move");
-    if (cfg->offload_optimizer == 2 &&
-        (rc = agree(&r, loom_adamw_offload(&opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6))))) {
+    if (cfg->offload_optimizer == 2)
+        rc = agree(&r, loom_adamw_offload(&opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)));
+    const struct loom_ckpt_parts parts = {cfg, &r.topo, m, &zero, &opt};
+    int64_t done_steps = 0; /* steps a resumed checkpoint had taken */
+    struct loom_ckpt_io_stats io;
+    if (rc == LOOM_OK && r.resume) rc = agree(&r, loom_checkpoint_load(&parts, &done_steps, &io));
+    if (rc) {
         loom_adamw_free(&opt);
         loom_zero_free(&zero);
         loom_report_close(&rep);
         teardown(&r);
         return rc;
     }
-    struct loom_lr_schedule sched = {cfg->lr, cfg->min_lr, cfg->lr_warmup_iters, cfg->lr_decay_iters, cfg->lr_decay_style};
+    struct loom_lr_schedule sched = loom_lr_schedule_from_config(cfg);
     struct loom_ddp ddp = {0};
     const int use_ddp = dp > 1 && zero.stage < 2; /* ZeRO-2 reduces gradients itself */
     if (use_ddp) loom_ddp_init(&ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == 1);
@@ -339,6 +364,12 @@ int loom_train(struct loom_config *cfg)
         loom_report_line(&rep, "ZeRO-3 gather units: %d (--zero3-min-params %lld)\n", zero.nunits,
                          (long long)cfg->zero3_min_params);
 
+    if (r.resume) {
+        char mb[32];
+        loom_report_line(&rep, "resumed at step %lld from %s: rank 0 read %s in %.2f s (%.0f MB/s)\n",
+                         (long long)done_steps + 1, io.dir, loom_fmt_bytes(mb, sizeof mb, (double)io.bytes), io.seconds,
+                         io.bytes / 1e6 / (io.seconds + 1e-9));
+    }
     const int B = cfg->micro_batch_size, T = cfg->seq_length, A = cfg->gradient_accumulation_steps;
     const int G = cfg->global_batch_size;
     const double flops_per_token = loom_gpt2_flops_per_token(m);
@@ -348,7 +379,12 @@ int loom_train(struct loom_config *cfg)
      * failure tests use it to exercise the communication deadline. */
     int stall_rank = -1, stall_step = -1;
     if (getenv("LOOM_TEST_STALL")) sscanf(getenv("LOOM_TEST_STALL"), "%d:%d", &stall_rank, &stall_step);
-    for (int step = 1; step <= cfg->train_iters; step++) {
+    const int first = (int)done_steps + 1, nsteps = cfg->train_iters - (int)done_steps;
+    if (nsteps <= 0)
+        loom_report_line(&rep, "the checkpoint has taken %lld steps, --train-iters is %d: nothing to train\n",
+                         (long long)done_steps, cfg->train_iters);
+    int ran = 0; /* steps completed in this run */
+    for (int step = first; step <= cfg->train_iters && rc == LOOM_OK; step++) {
         loom_comm_set_step(step);
         if (r.topo.rank == stall_rank && step == stall_step)
             for (;;) pause();
@@ -374,7 +410,7 @@ int loom_train(struct loom_config *cfg)
         loom_zero_after_step(&zero);
         double dt = loom_now() - t0;
         double tps = (double)G * T / dt;
-        step_tps[step - 1] = tps;
+        step_tps[step - first] = tps;
         last_loss = loss;
         if (step % cfg->log_interval == 0 || step == cfg->train_iters) {
             struct loom_step_stats s = {step, cfg->train_iters, loss, lr, norm, tps,
@@ -390,12 +426,15 @@ int loom_train(struct loom_config *cfg)
             loom_report_eval(&rep, step, last_val, r.floor_nats);
         }
         loom_report_progress(&rep, step, cfg->train_iters, loss);
+        ran++;
+        if (*cfg->save && ((cfg->save_interval && step % cfg->save_interval == 0) || step == cfg->train_iters))
+            rc = save(&parts, step, &rep);
     }
     double elapsed = loom_now() - t_train;
-    qsort(step_tps, (size_t)cfg->train_iters, sizeof(double), cmp_double);
-    double median_tps = step_tps[cfg->train_iters / 2];
+    qsort(step_tps, (size_t)ran, sizeof(double), cmp_double);
+    double median_tps = ran ? step_tps[ran / 2] : 0;
     char dur[32];
-    loom_report_line(&rep, "done: %d steps in %s\n", cfg->train_iters, loom_fmt_duration(dur, sizeof dur, elapsed));
+    loom_report_line(&rep, "done: %d steps in %s\n", ran, loom_fmt_duration(dur, sizeof dur, elapsed));
     if (last_val >= 0 && r.floor_nats > 0)
         loom_report_line(&rep, "  final train loss %.4f | val loss %.4f | corpus floor %.4f nats/token (val - floor = %+.4f)\n",
                          last_loss, last_val, r.floor_nats, last_val - r.floor_nats);
@@ -407,16 +446,6 @@ int loom_train(struct loom_config *cfg)
                      100 * median_tps * flops_per_token / peak, peak / 1e9, peak_src);
     print_memory(&rep);
     print_rss(&r, &rep);
-    if (*cfg->save) loom_zero_materialize(&zero); /* collective: every rank */
-    if (*cfg->save && r.topo.rank == 0) {
-        char path[700];
-        if ((rc = mkdir_p(cfg->save)) == LOOM_OK) {
-            snprintf(path, sizeof path, "%s/model.safetensors", cfg->save);
-            rc = loom_gpt2_save(m, path);
-            if (rc == LOOM_OK) loom_report_line(&rep, "  saved weights to %s\n", path);
-        }
-    }
-    rc = agree(&r, rc);
     loom_free(step_tps);
     loom_report_close(&rep);
     if (use_ddp) loom_ddp_free(&ddp);
@@ -429,7 +458,11 @@ int loom_train(struct loom_config *cfg)
 int loom_eval(struct loom_config *cfg)
 {
     struct run r;
-    int rc = setup(&r, cfg);
+    int rc = setup(&r, cfg, 0);
+    if (cfg->dry_run) {
+        teardown(&r);
+        return rc;
+    }
     if (rc == LOOM_OK && r.topo.world > 1)
         rc = loom_error_set(LOOM_ERR_INPUT, "loom eval runs in one process (got %d ranks)", r.topo.world);
     if (rc == LOOM_OK && !r.have_valid)

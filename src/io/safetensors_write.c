@@ -1,8 +1,8 @@
 /*
  * The safetensors writer: checks its arguments, lays tensors out by element
  * size (largest first) then name, pads the JSON header with spaces to a
- * multiple of 8, and writes crash-safely (temporary name, fsync, rename,
- * directory fsync). The header is formatted with cJSON (string escaping) but
+ * multiple of 8, and writes crash-safely through loom_fs_write_atomic
+ * (temporary name, fsync, rename, directory fsync). The header is formatted with cJSON (string escaping) but
  * every integer is emitted here, so sizes never pass through a double. The
  * reader is safetensors.c; see safetensors.h.
  */
@@ -22,6 +22,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "io/fs.h"
 
 /* ---- writer ---------------------------------------------------------------- */
 
@@ -182,55 +183,14 @@ fail:
     return text;
 }
 
-static int write_all(int fd, const void *buf, size_t len, const char *file)
-{
-    const char *p = buf;
-    while (len > 0) {
-        size_t chunk = len < ((size_t)1 << 30) ? len : ((size_t)1 << 30);
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            if (w == 0) errno = EIO;
-            return loom_error_set(LOOM_ERR_RUNTIME, "write %s: %s", file, strerror(errno));
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-/* fsync of the directory holding `path`, so the rename itself is durable. */
-static int sync_parent_dir(const char *path)
-{
-    int rc = 0, fd = -1;
-    const char *slash = strrchr(path, '/');
-    size_t len = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
-    char *dir = loom_alloc(len + 1, LOOM_MEM_OTHER);
-    memcpy(dir, slash ? path : ".", len);
-    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "open directory %s: %s", dir, strerror(errno));
-        goto fail;
-    }
-    /* Some file systems cannot fsync a directory and say so with EINVAL. */
-    if (fsync(fd) != 0 && errno != EINVAL) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "fsync directory %s: %s", dir, strerror(errno));
-        goto fail;
-    }
-fail:;
-    int saved = errno;
-    if (fd >= 0) close(fd);
-    loom_free(dir);
-    errno = saved;
-    return rc;
-}
-
 int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int n,
                   const char *const *meta_kv, int nmeta)
 {
-    int rc = 0, fd = -1, tmp_made = 0;
-    char *header = NULL, *tmp = NULL;
+    int rc = 0;
+    char *header = NULL;
     struct out_tensor *out = NULL;
+    const void **parts = NULL;
+    size_t *sizes = NULL;
     LOOM_ASSERT(path != NULL);
     if (n < 0 || nmeta < 0 || (n > 0 && !tensors) || (nmeta > 0 && !meta_kv))
         return loom_st_bad_file(path, "bad arguments: %d tensors, %d metadata pairs", n, nmeta);
@@ -251,45 +211,18 @@ int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int
     unsigned char size_le[8];
     for (int i = 0; i < 8; i++) size_le[i] = (unsigned char)((uint64_t)padded >> (8 * i));
 
-    size_t tlen = strlen(path) + 32;
-    tmp = loom_alloc(tlen, LOOM_MEM_OTHER);
-    snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "open %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    tmp_made = 1;
     char spaces[8];
     memset(spaces, ' ', sizeof spaces);
-    if ((rc = write_all(fd, size_le, sizeof size_le, tmp)) != 0) goto fail;
-    if ((rc = write_all(fd, header, hlen, tmp)) != 0) goto fail;
-    if ((rc = write_all(fd, spaces, padded - hlen, tmp)) != 0) goto fail;
-    for (int i = 0; i < n; i++)
-        if ((rc = write_all(fd, out[i].in->data, (size_t)out[i].nbytes, tmp)) != 0) goto fail;
-    if (fsync(fd) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "fsync %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "close %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    tmp_made = 0;
-    rc = sync_parent_dir(path);
-fail:;
-    int saved = errno;
-    if (fd >= 0) close(fd);
-    if (tmp_made) unlink(tmp);
-    loom_free(tmp);
+    parts = loom_alloc(((size_t)n + 3) * (sizeof *parts + sizeof *sizes), LOOM_MEM_OTHER);
+    sizes = (size_t *)(parts + n + 3);
+    parts[0] = size_le, sizes[0] = sizeof size_le;
+    parts[1] = header, sizes[1] = hlen;
+    parts[2] = spaces, sizes[2] = padded - hlen;
+    for (int i = 0; i < n; i++) parts[3 + i] = out[i].in->data, sizes[3 + i] = (size_t)out[i].nbytes;
+    rc = loom_fs_write_atomic(path, parts, sizes, n + 3);
+fail:
+    loom_free(parts);
     cJSON_free(header);
     loom_free(out);
-    errno = saved;
     return rc;
 }

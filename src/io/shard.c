@@ -8,6 +8,8 @@
  */
 #include "io/shard.h"
 
+#include "io/fs.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -144,87 +146,6 @@ void loom_shard_close(struct loom_shard *s)
 
 /* ---- writing ------------------------------------------------------------- */
 
-static int write_all(int fd, const char *path, const void *buf, size_t bytes)
-{
-    const char *p = buf;
-    while (bytes > 0) {
-        ssize_t w = write(fd, p, bytes);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return loom_error_set(LOOM_ERR_RUNTIME, "write '%s': %s", path, strerror(errno));
-        }
-        p += w;
-        bytes -= (size_t)w;
-    }
-    return LOOM_OK;
-}
-
-/* fsync of the directory holding `path`, so the rename itself is durable. */
-static int fsync_parent(const char *path)
-{
-    char *dir = dup_string(path);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        dir[1] = '\0';
-    else
-        *slash = '\0';
-    int status = LOOM_OK;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        status = loom_error_set(LOOM_ERR_RUNTIME, "open directory '%s': %s", dir, strerror(errno));
-    } else {
-        if (fsync(fd) != 0)
-            status = loom_error_set(LOOM_ERR_RUNTIME, "fsync directory '%s': %s", dir, strerror(errno));
-        if (close(fd) != 0 && status == LOOM_OK)
-            status = loom_error_set(LOOM_ERR_RUNTIME, "close directory '%s': %s", dir, strerror(errno));
-    }
-    loom_free(dir);
-    return status;
-}
-
-int loom_file_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts)
-{
-    size_t tmp_len = strlen(path) + 32;
-    char *tmp = loom_alloc(tmp_len, LOOM_MEM_OTHER);
-    snprintf(tmp, tmp_len, "%s.tmp.%ld", path, (long)getpid());
-    int status = LOOM_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        status = loom_error_set(LOOM_ERR_RUNTIME, "open '%s' for writing: %s", tmp, strerror(errno));
-        goto done;
-    }
-    for (int i = 0; i < nparts && status == LOOM_OK; i++) status = write_all(fd, tmp, parts[i], sizes[i]);
-    if (status == LOOM_OK && fsync(fd) != 0)
-        status = loom_error_set(LOOM_ERR_RUNTIME, "fsync '%s': %s", tmp, strerror(errno));
-    if (close(fd) != 0 && status == LOOM_OK)
-        status = loom_error_set(LOOM_ERR_RUNTIME, "close '%s': %s", tmp, strerror(errno));
-    if (status == LOOM_OK && rename(tmp, path) != 0)
-        status = loom_error_set(LOOM_ERR_RUNTIME, "rename '%s' to '%s': %s", tmp, path, strerror(errno));
-    if (status != LOOM_OK) {
-        unlink(tmp); /* best effort: the error already names the cause */
-        goto done;
-    }
-    status = fsync_parent(path);
-done:
-    loom_free(tmp);
-    return status;
-}
-
-/* Creates `dir` when missing; an existing directory is fine. */
-int loom_io_make_dir(const char *dir)
-{
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return loom_error_set(LOOM_ERR_INPUT, "cannot create output directory '%s': %s", dir,
-                              strerror(errno));
-    struct stat st;
-    if (stat(dir, &st) != 0) return loom_error_set(LOOM_ERR_INPUT, "stat '%s': %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return loom_error_set(LOOM_ERR_INPUT, "output path '%s' exists and is not a directory", dir);
-    return LOOM_OK;
-}
-
 int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n)
 {
     if (n < 0 || n > LOOM_SHARD_MAX_TOKENS)
@@ -236,5 +157,5 @@ int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n)
     header[2] = (int32_t)n;
     const void *parts[2] = {header, tokens};
     size_t sizes[2] = {sizeof header, (size_t)n * sizeof(uint16_t)};
-    return loom_file_write_atomic(path, parts, sizes, n > 0 ? 2 : 1);
+    return loom_fs_write_atomic(path, parts, sizes, n > 0 ? 2 : 1);
 }

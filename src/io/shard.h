@@ -47,13 +47,4 @@ void loom_shard_close(struct loom_shard *s);
  * (the message names the call and the path). */
 int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n);
 
-/* Writes the concatenation of `nparts` buffers to `path` crash-safely: a
- * temporary name beside it, fsync, rename, fsync of the directory. On failure
- * the temporary file is removed and `path` is untouched. */
-int loom_file_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts);
-
-/* Creates directory `dir` when missing (one level); an existing directory
- * is fine, anything else there is LOOM_ERR_INPUT naming it. */
-int loom_io_make_dir(const char *dir);
-
 #endif

@@ -39,6 +39,7 @@
 #include "base/mem.h"
 #include "base/rng.h"
 #include "io/shard.h"
+#include "io/fs.h"
 
 /* Letters by English frequency: rank i becomes this byte. */
 static const char symbol_bytes[] = "etaoinshrdlcumwfgypbvkjxqz";
@@ -282,7 +283,7 @@ static int write_description(const struct loom_synth_model *m, uint64_t seed, co
     char *path = loom_alloc(plen, LOOM_MEM_OTHER);
     snprintf(path, plen, "%s/corpus.json", outdir);
     const void *parts[1] = {buf};
-    int status = loom_file_write_atomic(path, parts, &len, 1);
+    int status = loom_fs_write_atomic(path, parts, &len, 1);
     loom_free(path);
     loom_free(buf);
     return status;
@@ -300,7 +301,7 @@ int loom_data_synth_spec(const char *outdir, const struct loom_synth_spec *spec,
     if (tokens < 20 || n_train > LOOM_SHARD_MAX_TOKENS)
         return loom_error_set(LOOM_ERR_INPUT, "synthetic corpus of %lld tokens: choose 20 to about %lld",
                               (long long)tokens, (long long)LOOM_SHARD_MAX_TOKENS * 10 / 9);
-    status = loom_io_make_dir(outdir);
+    status = loom_fs_mkdir_p(outdir);
     if (status == LOOM_OK)
         status = write_stream(&m, loom_hash3(seed, 0x73796e7468ull, 0), outdir, "train.bin", n_train);
     if (status == LOOM_OK)

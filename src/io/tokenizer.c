@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "io/shard.h"
+#include "io/fs.h"
 
 /* OUTDIR/name in a fresh allocation. */
 static char *join_path(const char *dir, const char *name)
@@ -89,7 +90,7 @@ int loom_data_tokenize(const char *in, const char *outdir, double val_fraction)
                                 in, (long long)n, val_fraction);
         goto done;
     }
-    status = loom_io_make_dir(outdir);
+    status = loom_fs_mkdir_p(outdir);
     if (status == LOOM_OK) status = write_part(outdir, "train.bin", map, n_train);
     if (status == LOOM_OK)
         status = write_part(outdir, "val.bin", (const unsigned char *)map + n_train, n_val);

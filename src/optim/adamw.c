@@ -2,6 +2,7 @@
 #include "optim/adamw.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "base/log.h"
 #include "base/mem.h"
@@ -51,6 +52,32 @@ void loom_adamw_free(struct loom_adamw *opt)
     opt->m = opt->v = NULL;
     if (opt->fd >= 0) close(opt->fd);
     opt->fd = -1;
+}
+
+void loom_adamw_get_state(const struct loom_adamw *opt, size_t k, size_t n, float *m, float *v)
+{
+    const size_t total = opt->end - opt->begin;
+    LOOM_ASSERT(k + n <= total);
+    if (opt->fd < 0) {
+        memcpy(m, opt->m + k, n * sizeof(float));
+        memcpy(v, opt->v + k, n * sizeof(float));
+        return;
+    }
+    loom_offload_read(opt->fd, m, n * sizeof(float), k * sizeof(float));
+    loom_offload_read(opt->fd, v, n * sizeof(float), (total + k) * sizeof(float));
+}
+
+void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const float *m, const float *v)
+{
+    const size_t total = opt->end - opt->begin;
+    LOOM_ASSERT(k + n <= total);
+    if (opt->fd < 0) {
+        memcpy(opt->m + k, m, n * sizeof(float));
+        memcpy(opt->v + k, v, n * sizeof(float));
+        return;
+    }
+    loom_offload_write(opt->fd, m, n * sizeof(float), k * sizeof(float));
+    loom_offload_write(opt->fd, v, n * sizeof(float), (total + k) * sizeof(float));
 }
 
 /* Updates elements [k, k + n) of the range, the moments in memory or

@@ -4,7 +4,7 @@
  * sharding; this rank's shard under ZeRO), weight decay on tensors of two or
  * more dimensions only, and global-norm gradient clipping. The update itself
  * is the loom_adamw_update kernel. Not here: master weights for mixed
- * precision, offload.
+ * precision.
  */
 #ifndef LOOM_OPTIM_ADAMW_H
 #define LOOM_OPTIM_ADAMW_H
@@ -26,6 +26,12 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
  * buffer_bytes (both moments). LOOM_ERR_INPUT naming dir when it cannot. */
 int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes);
 void loom_adamw_free(struct loom_adamw *opt);
+
+/* The moments of elements [k, k + n) of the range (k from begin), wherever
+ * they live (memory or the offload file): copied out, for checkpoints, and
+ * copied in, to resume. */
+void loom_adamw_get_state(const struct loom_adamw *opt, size_t k, size_t n, float *m, float *v);
+void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const float *m, const float *v);
 
 /* L2 norm of all gradients of the blocks (double accumulation). */
 double loom_grad_norm(const struct loom_block *blocks, int nblocks);

@@ -1,0 +1,402 @@
+/* Saving and resuming a training run (see checkpoint.h). */
+#include "engine/checkpoint.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "engine/report.h"
+#include "io/checkpoint.h"
+#include "model/gpt2_io.h"
+
+#define EXP_AVG "optimizer.exp_avg."
+#define EXP_AVG_SQ "optimizer.exp_avg_sq."
+
+int loom_checkpoint_is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The tensor and its first element in the arena, for every tensor that
+ * overlaps [lo, hi); the callback gets the overlap [a, b). */
+typedef int (*tensor_fn)(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b);
+
+static int for_each_tensor(const struct loom_gpt2 *m, size_t lo, size_t hi, tensor_fn fn, void *ctx)
+{
+    size_t base = 0;
+    for (int i = 0; i < m->nblocks; base += m->blocks[i].numel, i++)
+        for (int j = 0; j < m->blocks[i].ntensors; j++) {
+            const struct loom_tensor *t = &m->blocks[i].tensors[j];
+            size_t t_lo = base + t->offset, a = t_lo > lo ? t_lo : lo, b = t_lo + t->numel < hi ? t_lo + t->numel : hi;
+            int rc;
+            if (a < b && (rc = fn(ctx, t, t_lo, a, b))) return rc;
+        }
+    return LOOM_OK;
+}
+
+/* This rank's part of the arena to write: its ZeRO shard, or at stage 0
+ * (every rank holds everything) an even split, so writing is spread. */
+static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
+{
+    const struct loom_zero *z = p->zero;
+    if (z->stage >= 1) {
+        *lo = z->begin, *hi = z->end;
+        return;
+    }
+    size_t n = p->model->num_params, dp = (size_t)p->topo->dp, r = (size_t)p->topo->dp_rank;
+    size_t each = (n + dp - 1) / dp;
+    *lo = r * each < n ? r * each : n;
+    *hi = *lo + each < n ? *lo + each : n;
+}
+
+/* ---- saving ------------------------------------------------------------- */
+
+struct save_ctx {
+    const struct loom_ckpt_parts *p;
+    size_t lo;                 /* of this rank's part */
+    const float *params, *m, *v; /* at lo */
+    struct loom_ckpt_piece *pieces;
+    char (*names)[96];
+    int n;
+};
+
+static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
+{
+    struct save_ctx *s = ctx;
+    const char *prefix[3] = {"", EXP_AVG, EXP_AVG_SQ};
+    const float *src[3] = {s->params, s->m, s->v};
+    for (int k = 0; k < 3; k++) {
+        struct loom_ckpt_piece *pc = &s->pieces[s->n];
+        snprintf(s->names[s->n], sizeof s->names[0], "%s%s", prefix[k], t->name);
+        pc->name = s->names[s->n];
+        loom_ckpt_slice_range(&pc->slice, t->ndim, t->shape, a - t_lo, b - t_lo);
+        pc->data = src[k] + (a - s->lo);
+        s->n++;
+    }
+    return LOOM_OK;
+}
+
+static int count_tensors(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
+{
+    ++*(int *)ctx;
+    return LOOM_OK;
+}
+
+static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t *bytes)
+{
+    const struct loom_gpt2 *m = p->model;
+    const struct loom_adamw *opt = p->opt;
+    size_t lo, hi;
+    part_of(p, &lo, &hi);
+    int ntensors = 0;
+    for_each_tensor(m, lo, hi, count_tensors, &ntensors);
+    struct save_ctx s = {p, lo, loom_zero_params(p->zero) + (lo - p->zero->begin), NULL, NULL, NULL, NULL, 0};
+    float *moments = NULL; /* the offloaded moments of the part, read back for the write */
+    if (opt->fd >= 0) {
+        moments = loom_alloc(loom_mul_size(2 * (hi - lo) + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+        loom_adamw_get_state(opt, lo - opt->begin, hi - lo, moments, moments + (hi - lo));
+        s.m = moments, s.v = moments + (hi - lo);
+    } else {
+        s.m = opt->m + (lo - opt->begin), s.v = opt->v + (lo - opt->begin);
+    }
+    s.pieces = calloc(3 * (size_t)ntensors + 1, sizeof *s.pieces);
+    s.names = calloc(3 * (size_t)ntensors + 1, sizeof *s.names);
+    int rc;
+    if (!s.pieces || !s.names) {
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing a checkpoint");
+    } else {
+        for_each_tensor(m, lo, hi, add_pieces, &s);
+        char path[4300];
+        snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, p->topo->rank);
+        rc = loom_ckpt_write_file(path, s.pieces, s.n, NULL, 0);
+        *bytes = 3 * (uint64_t)(hi - lo) * sizeof(float);
+    }
+    free(s.pieces);
+    free(s.names);
+    loom_free(moments);
+    return rc;
+}
+
+static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
+{
+    const struct loom_config *cfg = p->cfg;
+    struct loom_ckpt_state st = {0};
+    st.iteration = iteration;
+    st.optimizer_step = p->opt->t;
+    st.consumed_samples = iteration * cfg->global_batch_size;
+    st.seed = cfg->seed;
+    st.data_order = cfg->data_order;
+    st.global_batch_size = cfg->global_batch_size;
+    st.num_layers = cfg->num_layers;
+    st.hidden_size = cfg->hidden_size;
+    st.num_attention_heads = cfg->num_attention_heads;
+    st.max_position_embeddings = cfg->max_position_embeddings;
+    st.vocab_size = cfg->vocab_size;
+    st.world_size = p->topo->world;
+    st.dp = p->topo->dp;
+    st.tp = p->topo->tp;
+    st.pp = p->topo->pp;
+    st.zero_stage = p->zero->stage;
+    st.nfiles = p->topo->world;
+    st.files = calloc((size_t)st.nfiles, sizeof *st.files);
+    if (!st.files) return NULL;
+    for (int r = 0; r < st.nfiles; r++) snprintf(st.files[r].name, sizeof st.files[r].name, "rank_%05d.safetensors", r);
+    char *text = loom_ckpt_state_format(&st, NULL);
+    loom_ckpt_state_free(&st);
+    return text;
+}
+
+int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, struct loom_ckpt_io_stats *stats)
+{
+    const struct loom_config *cfg = p->cfg;
+    const int root = p->topo->rank == 0;
+    double t0 = loom_now();
+    char tmp[4200];
+    loom_ckpt_tmp_dir(cfg->save, iteration, tmp, sizeof tmp);
+    int rc = root ? loom_ckpt_begin(cfg->save, iteration) : LOOM_OK;
+    if ((rc = loom_comm_agree_shared(rc))) return rc;
+    uint64_t bytes = 0;
+    rc = loom_comm_agree_shared(write_part(p, tmp, &bytes));
+    if (rc == LOOM_OK && root) {
+        char *text = state_text(p, iteration);
+        rc = text ? loom_ckpt_commit(cfg->save, iteration, tmp, text, cfg->keep_last)
+                  : loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting the trainer state");
+        free(text);
+    }
+    rc = loom_comm_agree_shared(rc);
+    if (rc && root) loom_ckpt_abandon(tmp);
+    if (rc) return rc == LOOM_ERR_INPUT ? LOOM_ERR_RUNTIME : rc; /* a failure while running */
+    stats->seconds = loom_now() - t0;
+    stats->bytes = bytes;
+    loom_ckpt_iter_dir(cfg->save, iteration, stats->dir, sizeof stats->dir);
+    return LOOM_OK;
+}
+
+/* ---- loading ------------------------------------------------------------ */
+
+struct load_ctx {
+    struct loom_ckpt_reader *r;
+    const char *prefix;
+    size_t lo;
+    float *dst;        /* at lo; NULL: per tensor into m, v and then the optimizer */
+    float *m, *v;      /* scratch of the largest tensor, for offloaded moments */
+    struct loom_adamw *opt;
+    uint64_t bytes;
+};
+
+static int read_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
+{
+    struct load_ctx *c = ctx;
+    char name[128];
+    int rc;
+    c->bytes += (b - a) * sizeof(float);
+    if (c->dst) {
+        snprintf(name, sizeof name, "%s%s", c->prefix, t->name);
+        return loom_ckpt_read(c->r, name, t->ndim, t->shape, a - t_lo, b - t_lo, c->dst + (a - c->lo));
+    }
+    snprintf(name, sizeof name, EXP_AVG "%s", t->name);
+    if ((rc = loom_ckpt_read(c->r, name, t->ndim, t->shape, a - t_lo, b - t_lo, c->m))) return rc;
+    snprintf(name, sizeof name, EXP_AVG_SQ "%s", t->name);
+    if ((rc = loom_ckpt_read(c->r, name, t->ndim, t->shape, a - t_lo, b - t_lo, c->v))) return rc;
+    loom_adamw_set_state(c->opt, a - c->opt->begin, b - a, c->m, c->v);
+    return LOOM_OK;
+}
+
+static int max_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
+{
+    size_t *n = ctx;
+    if (b - a > *n) *n = b - a;
+    return LOOM_OK;
+}
+
+/* Reads what this rank's layout holds from checkpoint directory dir. */
+static int restore(const struct loom_ckpt_parts *p, const char *dir, const struct loom_ckpt_state *st, uint64_t *bytes)
+{
+    struct loom_gpt2 *m = p->model;
+    struct loom_zero *z = p->zero;
+    const char **files = calloc((size_t)st->nfiles, sizeof *files);
+    if (!files) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    for (int i = 0; i < st->nfiles; i++) files[i] = st->files[i].name;
+    struct load_ctx c = {0};
+    int rc = loom_ckpt_reader_open(&c.r, dir, files, st->nfiles);
+    free(files);
+    if (rc == LOOM_OK) {
+        c.prefix = "";
+        if (z->stage == 3) c.lo = z->begin, c.dst = z->param_shard;
+        else c.lo = 0, c.dst = m->params;
+        rc = for_each_tensor(m, c.lo, z->stage == 3 ? z->end : m->num_params, read_tensor, &c);
+    }
+    struct loom_adamw *opt = p->opt;
+    if (rc == LOOM_OK && !p->cfg->finetune) {
+        c.lo = opt->begin;
+        c.opt = opt;
+        if (opt->fd < 0) {
+            c.prefix = EXP_AVG, c.dst = opt->m;
+            rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
+            c.prefix = EXP_AVG_SQ, c.dst = opt->v;
+            if (rc == LOOM_OK) rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
+        } else {
+            size_t n = 0;
+            for_each_tensor(m, opt->begin, opt->end, max_tensor, &n);
+            c.m = loom_alloc(loom_mul_size(2 * n + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+            c.v = c.m + n;
+            c.dst = NULL;
+            rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
+            loom_free(c.m);
+        }
+        if (rc == LOOM_OK) opt->t = (int)st->optimizer_step;
+    }
+    loom_ckpt_reader_close(c.r);
+    *bytes = c.bytes;
+    return rc;
+}
+
+/* Settings the checkpoint fixes: a different model cannot take its tensors. */
+static int check_model(const struct loom_config *cfg, const struct loom_ckpt_state *st, const char *dir)
+{
+    const struct { const char *flag; int have, want; } rows[] = {
+        {"--num-layers", st->num_layers, cfg->num_layers},
+        {"--hidden-size", st->hidden_size, cfg->hidden_size},
+        {"--num-attention-heads", st->num_attention_heads, cfg->num_attention_heads},
+        {"--max-position-embeddings", st->max_position_embeddings, cfg->max_position_embeddings},
+        {"--vocab-size", st->vocab_size, cfg->vocab_size},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (rows[i].have != rows[i].want)
+            return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint's model has %s %d, this run %d", dir,
+                                  rows[i].flag, rows[i].have, rows[i].want);
+    return LOOM_OK;
+}
+
+/* Collective over candidates, newest first: the first that every rank reads
+ * whole wins; a damaged one is reported and skipped when the path is a save
+ * directory. `fn` restores from one checkpoint. */
+typedef int (*restore_fn)(const struct loom_ckpt_parts *p, const char *dir, struct loom_ckpt_state *st,
+                          uint64_t *bytes);
+
+static int restore_training(const struct loom_ckpt_parts *p, const char *dir, struct loom_ckpt_state *st,
+                            uint64_t *bytes)
+{
+    int rc = loom_comm_agree_shared(check_model(p->cfg, st, dir));
+    if (rc) return -rc; /* not damage: no fallback */
+    return restore(p, dir, st, bytes);
+}
+
+static int try_candidates(const struct loom_ckpt_parts *p, const char *path, restore_fn fn,
+                          struct loom_ckpt_state *out, uint64_t *bytes, char *from, size_t from_size)
+{
+    char **dirs;
+    int n, is_save;
+    int rc = loom_comm_agree_shared(loom_ckpt_candidates(path, &dirs, &n, &is_save));
+    for (int c = 0; rc == LOOM_OK && c < n; c++) {
+        struct loom_ckpt_state st;
+        int got = loom_comm_agree_shared(loom_ckpt_state_read(dirs[c], &st));
+        if (got == LOOM_OK) {
+            got = fn(p, dirs[c], &st, bytes);
+            if (got < 0) { /* a mismatch, the same on every rank: no fallback */
+                loom_ckpt_state_free(&st);
+                rc = -got;
+                break;
+            }
+            got = loom_comm_agree_shared(got);
+        }
+        if (got == LOOM_OK) {
+            *out = st;
+            snprintf(from, from_size, "%s", dirs[c]);
+            break;
+        }
+        loom_ckpt_state_free(&st);
+        if (!is_save || c + 1 == n) {
+            rc = got;
+            break;
+        }
+        loom_log_warn("%s; falling back to %s", loom_error_message(), dirs[c + 1]);
+        loom_error_clear();
+    }
+    for (int c = 0; c < n; c++) free(dirs[c]);
+    free(dirs);
+    return rc;
+}
+
+int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration, struct loom_ckpt_io_stats *stats)
+{
+    struct loom_config *cfg = p->cfg;
+    double t0 = loom_now();
+    struct loom_ckpt_state st;
+    uint64_t bytes = 0;
+    int rc = try_candidates(p, cfg->load, restore_training, &st, &bytes, stats->dir, sizeof stats->dir);
+    if (rc) return rc;
+    *iteration = cfg->finetune ? 0 : st.iteration;
+    if (!cfg->finetune) {
+        if (st.seed != cfg->seed)
+            loom_log_warn("the checkpoint's seed %" PRId64 " is used (not %" PRId64 "): data order and every random choice continue as saved",
+                          st.seed, cfg->seed);
+        cfg->seed = st.seed;
+        if (st.global_batch_size != cfg->global_batch_size || st.data_order != cfg->data_order)
+            loom_log_warn("the checkpoint was trained with global batch %" PRId64 " and another data order or batch; the data continues from step %" PRId64 " in this run's order",
+                          st.global_batch_size, st.iteration + 1);
+    }
+    loom_ckpt_state_free(&st);
+    stats->seconds = loom_now() - t0;
+    stats->bytes = bytes;
+    return LOOM_OK;
+}
+
+/* ---- one process, weights only ------------------------------------------ */
+
+static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, struct loom_ckpt_state *st,
+                           uint64_t *bytes)
+{
+    struct loom_gpt2 *m = p->model;
+    const char **files = calloc((size_t)st->nfiles, sizeof *files);
+    if (!files) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    for (int i = 0; i < st->nfiles; i++) files[i] = st->files[i].name;
+    struct load_ctx c = {0};
+    int rc = loom_ckpt_reader_open(&c.r, dir, files, st->nfiles);
+    free(files);
+    c.prefix = "";
+    c.dst = m->params;
+    if (rc == LOOM_OK) rc = for_each_tensor(m, 0, m->num_params, read_tensor, &c);
+    loom_ckpt_reader_close(c.r);
+    *bytes = c.bytes;
+    return rc;
+}
+
+int loom_checkpoint_load_weights(struct loom_gpt2 *m, const char *path)
+{
+    if (!loom_checkpoint_is_dir(path)) return loom_gpt2_load(m, path);
+    struct loom_ckpt_parts p = {.model = m};
+    struct loom_ckpt_state st;
+    uint64_t bytes;
+    char from[512];
+    int rc = try_candidates(&p, path, restore_weights, &st, &bytes, from, sizeof from);
+    if (rc == LOOM_OK) loom_ckpt_state_free(&st);
+    return rc;
+}
+
+int loom_checkpoint_peek_model(const char *path, struct loom_gpt2_config *cfg)
+{
+    if (!loom_checkpoint_is_dir(path)) return loom_gpt2_peek_config(path, cfg);
+    char **dirs;
+    int n, is_save;
+    int rc = loom_ckpt_candidates(path, &dirs, &n, &is_save);
+    struct loom_ckpt_state st;
+    /* the first checkpoint with a readable state gives the shape */
+    for (int c = 0; rc == LOOM_OK && c < n; c++) {
+        if (loom_ckpt_state_read(dirs[c], &st) == LOOM_OK) {
+            *cfg = (struct loom_gpt2_config){st.num_layers, st.hidden_size, st.num_attention_heads,
+                                             st.max_position_embeddings, st.vocab_size};
+            loom_ckpt_state_free(&st);
+            break;
+        }
+        if (c + 1 == n) rc = LOOM_ERR_INPUT;
+    }
+    for (int c = 0; c < n; c++) free(dirs[c]);
+    free(dirs);
+    return rc;
+}

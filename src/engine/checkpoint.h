@@ -1,0 +1,68 @@
+/*
+ * Saving and resuming a training run in loom's checkpoint format
+ * (io/checkpoint.h): what each rank writes, and what each rank reads back
+ * for its own layout.
+ *
+ * Each data-parallel rank writes one part of the parameter arena: its ZeRO
+ * shard at stages 1-3, an even split of the (replicated) arena at stage 0,
+ * so the writing is spread over the ranks whatever the stage. For every
+ * tensor overlapping that part it writes the weights and both AdamW moments
+ * as pieces with flat-range slices. To resume, a rank reads whatever its
+ * layout holds: the whole weights (stages 0-2) or its shard (stage 3), and
+ * the moments of its optimizer range, from whichever pieces hold them. The
+ * step, the Adam step count, the seed (the sampler draws each batch from the
+ * seed and the step, so the data position is the step) come from the
+ * trainer state. A --load of a save directory whose newest checkpoint is
+ * damaged warns and falls back to the newest intact one.
+ *
+ * Not here: the loss scaler (stored once mixed precision exists), tensor-
+ * and pipeline-parallel slices (the format describes them already).
+ */
+#ifndef LOOM_ENGINE_CHECKPOINT_H
+#define LOOM_ENGINE_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "loom/config.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+#include "parallel/zero.h"
+
+/* What a checkpoint is taken from and restored into. */
+struct loom_ckpt_parts {
+    struct loom_config *cfg;
+    const struct loom_topology *topo;
+    struct loom_gpt2 *model;
+    struct loom_zero *zero;
+    struct loom_adamw *opt;
+};
+
+struct loom_ckpt_io_stats {
+    double seconds;
+    uint64_t bytes; /* written or read by this rank */
+    char dir[512];  /* the checkpoint directory written or read */
+};
+
+/* Whether --load names a checkpoint directory (not a weights file). */
+int loom_checkpoint_is_dir(const char *path);
+
+/* Collective over the world: writes SAVE/iter_NNNNNNN for the state after
+ * `iteration` steps, moves latest, keeps the newest --keep-last. A failure
+ * (a full disk, say) is LOOM_ERR_RUNTIME on every rank, naming the file;
+ * the previous checkpoints are untouched. */
+int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, struct loom_ckpt_io_stats *stats);
+
+/* Collective: restores weights, optimizer state (unless --finetune) and the
+ * position from --load, a checkpoint or save directory; sets *iteration to
+ * the steps already taken (0 with --finetune) and cfg->seed to the saved
+ * seed. Must follow loom_zero_init and loom_adamw_init (and offload). */
+int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration, struct loom_ckpt_io_stats *stats);
+
+/* One process, weights only: from a checkpoint or save directory, or a
+ * weights .safetensors file. */
+int loom_checkpoint_load_weights(struct loom_gpt2 *m, const char *path);
+/* The model shape stored with a checkpoint or weights file. */
+int loom_checkpoint_peek_model(const char *path, struct loom_gpt2_config *cfg);
+
+#endif

@@ -1,0 +1,174 @@
+/*
+ * loom's checkpoint format, independent of the model and of the parallel
+ * layout that wrote it.
+ *
+ * A checkpoint is a directory SAVE/iter_NNNNNNN holding one safetensors file
+ * per rank that wrote (rank_RRRRR.safetensors) and trainer_state.json.
+ * SAVE/latest holds the name of the newest complete one.
+ *
+ * Pieces. Each rank stores only what it owns: pieces of full tensors, each
+ * under the full tensor's name (model weights under Hugging Face GPT-2
+ * names, optimizer moments as optimizer.exp_avg.<name> and
+ * optimizer.exp_avg_sq.<name>). A piece is described by its slice (below);
+ * a piece that is the whole tensor has the tensor's shape and no slice
+ * entry, so a file written by one process is a plain safetensors file. The
+ * metadata of every file holds, per stored tensor:
+ *   loom.xxh3.<name>   16 hex digits, XXH3-64 of the stored bytes
+ *   loom.slice.<name>  {"shape":[full dims],"box":[[start,stop],..],"range":[lo,hi]}
+ *                      (only for a piece that is not the whole tensor)
+ * A slice first cuts a box out of the full tensor (tensor- and
+ * pipeline-parallel splits: a [start, stop) per dimension), then takes the
+ * flat range [lo, hi) of the box in row-major order (a data-parallel shard:
+ * ZeRO flattens and splits what the rank holds). The stored tensor is that
+ * range, 1-D, or the box's shape when the range is the whole box. A loader
+ * asks for a flat range of a full tensor and gets it assembled from
+ * whichever pieces overlap it, each verified against its checksum first.
+ *
+ * Trainer state: trainer_state.json, starting with {"checksum":"<16 hex>"
+ * where the digits are XXH3-64 of the whole file with those 16 digits read
+ * as zeros. It holds the iteration, the optimizer step, the seed and data
+ * position, the model shape, the layout that wrote it, the files and (when
+ * one exists) the loss scaler, plus every setting for the record.
+ *
+ * Crash safety: a checkpoint is built in SAVE/.tmp.iter_NNNNNNN, every file
+ * fsynced, renamed to iter_NNNNNNN, SAVE fsynced, and only then latest moves
+ * (itself written to a temporary name, fsynced and renamed). A kill at any
+ * moment leaves latest naming a complete checkpoint.
+ *
+ * Not here: which tensors a model has or which part a rank owns
+ * (engine/checkpoint.c decides), and data types other than float32.
+ */
+#ifndef LOOM_IO_CHECKPOINT_H
+#define LOOM_IO_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LOOM_CKPT_MAX_DIMS 8
+#define LOOM_CKPT_STATE_FILE "trainer_state.json"
+#define LOOM_CKPT_STATE_MAX_BYTES ((size_t)16 << 20)
+#define LOOM_CKPT_MAX_FILES 65536
+
+/* ---- slices ------------------------------------------------------------- */
+
+struct loom_ckpt_slice {
+    int ndim;                             /* of the full tensor, 0..LOOM_CKPT_MAX_DIMS */
+    int64_t shape[LOOM_CKPT_MAX_DIMS];    /* the full tensor */
+    int64_t start[LOOM_CKPT_MAX_DIMS];    /* the box: [start, stop) per dimension */
+    int64_t stop[LOOM_CKPT_MAX_DIMS];
+    uint64_t lo, hi;                      /* flat range of the box, row-major */
+};
+
+/* The slice that is the whole tensor of this shape. */
+void loom_ckpt_slice_whole(struct loom_ckpt_slice *s, int ndim, const int64_t *shape);
+/* The flat range [lo, hi) of the whole tensor (a data-parallel shard). */
+void loom_ckpt_slice_range(struct loom_ckpt_slice *s, int ndim, const int64_t *shape, uint64_t lo, uint64_t hi);
+/* Elements in the box; whether the slice is the whole tensor. */
+uint64_t loom_ckpt_slice_box_numel(const struct loom_ckpt_slice *s);
+int loom_ckpt_slice_is_whole(const struct loom_ckpt_slice *s);
+/* JSON text of a slice; parsing checks every bound and returns
+ * LOOM_ERR_INPUT with what is wrong (the caller adds file and tensor). */
+int loom_ckpt_slice_format(const struct loom_ckpt_slice *s, char *buf, size_t n);
+int loom_ckpt_slice_parse(const char *json, struct loom_ckpt_slice *s);
+
+/* ---- one rank's file ---------------------------------------------------- */
+
+/* A piece to write: float32, (s.hi - s.lo) elements. */
+struct loom_ckpt_piece {
+    const char *name; /* the full tensor's name */
+    struct loom_ckpt_slice slice;
+    const float *data;
+};
+
+/* Writes pieces (names unique) crash-safely to path with their slices and
+ * checksums in the metadata, plus extra metadata pairs. */
+int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces, int n, const char *const *extra_kv,
+                         int nextra);
+
+/* ---- reading ------------------------------------------------------------ */
+
+struct loom_ckpt_reader;
+
+/* Opens (maps and validates) the files of checkpoint directory dir and
+ * indexes their pieces. LOOM_ERR_INPUT naming the file and tensor for a
+ * malformed file or slice, or pieces of one tensor that disagree on its
+ * shape. */
+int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const char *const *files, int nfiles);
+void loom_ckpt_reader_close(struct loom_ckpt_reader *r);
+/* Whether any piece of tensor `name` exists. */
+int loom_ckpt_has(const struct loom_ckpt_reader *r, const char *name);
+/* Reads elements [lo, hi) of the flattened full tensor `name`, which must
+ * have this shape, into dst (hi - lo floats). Each piece used is verified
+ * against its checksum once. LOOM_ERR_INPUT naming the file and tensor for
+ * a missing tensor, a shape mismatch, a checksum mismatch, or elements no
+ * piece holds. */
+int loom_ckpt_read(struct loom_ckpt_reader *r, const char *name, int ndim, const int64_t *shape, uint64_t lo,
+                   uint64_t hi, float *dst);
+
+/* ---- trainer state ------------------------------------------------------ */
+
+struct loom_ckpt_file {
+    char name[64]; /* a plain file name inside the checkpoint directory */
+};
+
+struct loom_ckpt_state {
+    int64_t iteration;        /* optimizer steps completed: the next step is iteration + 1 */
+    int64_t optimizer_step;   /* AdamW's t */
+    int64_t consumed_samples; /* sequences trained on */
+    int64_t seed;
+    int data_order;           /* enum loom_data_order */
+    int64_t global_batch_size;
+    int num_layers, hidden_size, num_attention_heads, max_position_embeddings, vocab_size;
+    int world_size, dp, tp, pp, zero_stage; /* the layout that wrote it (for the record) */
+    int has_loss_scaler;
+    double loss_scale;
+    int64_t loss_scale_good_steps, loss_scale_hysteresis, skipped_steps;
+    int nfiles;
+    struct loom_ckpt_file *files; /* (nfiles), malloc'd; loom_ckpt_state_free */
+};
+
+/* The file's text: a JSON object whose first member is the checksum.
+ * config_json, when not NULL, is a JSON object of settings stored under
+ * "config". Returns a malloc'd string, or NULL when out of memory. */
+char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *config_json);
+/* Checks the checksum of a state file's bytes; LOOM_ERR_INPUT naming path. */
+int loom_ckpt_state_verify(const char *buf, size_t len, const char *path);
+/* Parses state text (checksum not checked): every field is type- and
+ * range-checked; LOOM_ERR_INPUT naming the field. */
+int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *st);
+/* Reads, verifies and parses DIR/trainer_state.json. */
+int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st);
+void loom_ckpt_state_free(struct loom_ckpt_state *st);
+
+/* ---- the save directory -------------------------------------------------- */
+
+/* "SAVE/iter_NNNNNNN" (seven digits or more). */
+void loom_ckpt_iter_dir(const char *save, int64_t iteration, char *out, size_t n);
+/* "SAVE/.tmp.iter_NNNNNNN": where every rank writes its file. */
+void loom_ckpt_tmp_dir(const char *save, int64_t iteration, char *out, size_t n);
+/* Rank 0, before the ranks write: creates SAVE and the empty temporary
+ * directory (removing one a crash left). */
+int loom_ckpt_begin(const char *save, int64_t iteration);
+/* Rank 0, once every rank's file is in tmp: writes the state file, renames
+ * tmp to iter_NNNNNNN (replacing an older one of the same iteration), fsyncs
+ * SAVE, moves latest, then removes all but the newest keep_last checkpoints
+ * (0: keep all). */
+int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text, int keep_last);
+/* Rank 0, after a failure: removes the temporary directory. */
+void loom_ckpt_abandon(const char *tmp);
+
+/* Fault injection for the crash tests: with LOOM_TEST_CRASH_AT=<point> the
+ * process kills itself with SIGKILL at that point of a save. Points: after-rank-file (a rank's file
+ * is in the temporary directory), before-rename, before-latest,
+ * after-latest. */
+void loom_ckpt_crash_point(const char *point);
+
+/* What a --load path names. A checkpoint directory (holding trainer_state.json)
+ * is the one candidate; a save directory gives its latest first, then every
+ * other complete checkpoint, newest first (the fallbacks). Sets *ndirs = 0
+ * and returns LOOM_OK when path is a regular file (weights only).
+ * LOOM_ERR_INPUT when path does not exist or holds no checkpoint. The
+ * caller frees dirs[i] and dirs with free(). */
+int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_save_dir);
+
+#endif

@@ -1,0 +1,223 @@
+/*
+ * The save directory: building a checkpoint under a temporary name and
+ * committing it (state file, rename, directory fsync, then `latest`),
+ * keeping the newest K, and finding what a --load path names with its
+ * fallbacks. See checkpoint.h for the protocol and why it is crash-safe.
+ */
+#include "io/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "io/fs.h"
+
+#define ITER_PREFIX "iter_"
+#define LATEST "latest"
+
+void loom_ckpt_iter_dir(const char *save, int64_t iteration, char *out, size_t n)
+{
+    snprintf(out, n, "%s/" ITER_PREFIX "%07" PRId64, save, iteration);
+}
+
+/* The iteration of a directory name iter_NNNNNNN, or -1. */
+static int64_t iter_of(const char *name)
+{
+    if (strncmp(name, ITER_PREFIX, sizeof ITER_PREFIX - 1) != 0) return -1;
+    const char *d = name + sizeof ITER_PREFIX - 1;
+    size_t n = strlen(d);
+    if (n < 7 || n > 15) return -1;
+    for (size_t i = 0; i < n; i++)
+        if (d[i] < '0' || d[i] > '9') return -1;
+    return strtoll(d, NULL, 10);
+}
+
+void loom_ckpt_crash_point(const char *point)
+{
+    const char *at = getenv("LOOM_TEST_CRASH_AT");
+    if (at && strcmp(at, point) == 0) raise(SIGKILL);
+}
+
+void loom_ckpt_tmp_dir(const char *save, int64_t iteration, char *out, size_t n)
+{
+    snprintf(out, n, "%s/.tmp." ITER_PREFIX "%07" PRId64, save, iteration);
+}
+
+/* Removes what an interrupted save left in save: .tmp.iter_* and .old.iter_*
+ * (one job writes a save directory at a time). */
+static int remove_leftovers(const char *save)
+{
+    DIR *d = opendir(save);
+    if (!d) return loom_error_set(LOOM_ERR_RUNTIME, "open directory %s: %s", save, strerror(errno));
+    struct dirent *e;
+    int rc = LOOM_OK;
+    while (rc == LOOM_OK && (e = readdir(d))) {
+        const char *n = e->d_name;
+        int stale = (strncmp(n, ".tmp.", 5) == 0 || strncmp(n, ".old.", 5) == 0) && iter_of(n + 5) >= 0;
+        if (!stale) continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", save, n);
+        rc = loom_fs_remove_tree(path);
+    }
+    closedir(d);
+    return rc;
+}
+
+int loom_ckpt_begin(const char *save, int64_t iteration)
+{
+    int rc = loom_fs_mkdir_p(save);
+    if (rc || (rc = remove_leftovers(save))) return rc;
+    char tmp[4200];
+    loom_ckpt_tmp_dir(save, iteration, tmp, sizeof tmp);
+    if (mkdir(tmp, 0755) != 0) return loom_error_set(LOOM_ERR_RUNTIME, "create directory %s: %s", tmp, strerror(errno));
+    return LOOM_OK;
+}
+
+void loom_ckpt_abandon(const char *tmp)
+{
+    if (loom_fs_remove_tree(tmp)) loom_error_clear(); /* best effort: the error being reported matters more */
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* The iterations of the complete checkpoints in save (those holding a state
+ * file), newest first; malloc'd. */
+static int list_iterations(const char *save, int64_t **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(save);
+    if (!d) return loom_error_set(LOOM_ERR_INPUT, "cannot open directory %s: %s", save, strerror(errno));
+    int cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t it = iter_of(e->d_name);
+        if (it < 0) continue;
+        char state[4400];
+        struct stat st;
+        snprintf(state, sizeof state, "%s/%s/%s", save, e->d_name, LOOM_CKPT_STATE_FILE);
+        if (stat(state, &st) != 0) continue;
+        if (*n == cap) {
+            int64_t *grown = realloc(*out, sizeof(int64_t) * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!grown) {
+                closedir(d);
+                return loom_error_set(LOOM_ERR_RUNTIME, "out of memory listing %s", save);
+            }
+            *out = grown;
+        }
+        (*out)[(*n)++] = it;
+    }
+    closedir(d);
+    qsort(*out, (size_t)*n, sizeof **out, cmp_desc);
+    return LOOM_OK;
+}
+
+int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text, int keep_last)
+{
+    char path[4200], final[4200], old[4200];
+    snprintf(path, sizeof path, "%s/%s", tmp, LOOM_CKPT_STATE_FILE);
+    const void *text[1] = {state_text};
+    size_t len[1] = {strlen(state_text)};
+    int rc = loom_fs_write_atomic(path, text, len, 1);
+    if (rc) return rc;
+    loom_ckpt_crash_point("before-rename");
+    loom_ckpt_iter_dir(save, iteration, final, sizeof final);
+    snprintf(old, sizeof old, "%s/.old." ITER_PREFIX "%07" PRId64, save, iteration);
+    if (loom_fs_is_dir(final)) { /* the same iteration saved again: move the old one aside first */
+        if ((rc = loom_fs_remove_tree(old))) return rc;
+        if (rename(final, old) != 0)
+            return loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", final, old, strerror(errno));
+    }
+    if (rename(tmp, final) != 0)
+        return loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", tmp, final, strerror(errno));
+    if ((rc = loom_fs_fsync_dir(save))) return rc;
+    loom_ckpt_crash_point("before-latest");
+    char latest[4200], name[64];
+    snprintf(latest, sizeof latest, "%s/%s", save, LATEST);
+    snprintf(name, sizeof name, ITER_PREFIX "%07" PRId64 "\n", iteration);
+    text[0] = name, len[0] = strlen(name);
+    if ((rc = loom_fs_write_atomic(latest, text, len, 1))) return rc;
+    loom_ckpt_crash_point("after-latest");
+    if ((rc = loom_fs_remove_tree(old))) return rc;
+    if (keep_last <= 0) return LOOM_OK;
+    int64_t *its;
+    int n;
+    if ((rc = list_iterations(save, &its, &n))) return rc;
+    for (int i = 0; i < n && rc == LOOM_OK; i++) {
+        if (i < keep_last || its[i] == iteration) continue;
+        loom_ckpt_iter_dir(save, its[i], path, sizeof path);
+        rc = loom_fs_remove_tree(path);
+    }
+    free(its);
+    return rc;
+}
+
+static int add_dir(char ***dirs, int *n, const char *dir)
+{
+    for (int i = 0; i < *n; i++)
+        if (strcmp((*dirs)[i], dir) == 0) return LOOM_OK;
+    char **grown = realloc(*dirs, sizeof(char *) * (size_t)(*n + 1));
+    if (!grown) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    *dirs = grown;
+    if (!(grown[*n] = strdup(dir))) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    (*n)++;
+    return LOOM_OK;
+}
+
+int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_save_dir)
+{
+    *dirs = NULL;
+    *ndirs = 0;
+    *is_save_dir = 0;
+    struct stat st;
+    if (stat(path, &st) != 0) return loom_error_set(LOOM_ERR_INPUT, "--load %s: %s", path, strerror(errno));
+    if (S_ISREG(st.st_mode)) return LOOM_OK;
+    if (!S_ISDIR(st.st_mode)) return loom_error_set(LOOM_ERR_INPUT, "--load %s: not a file or directory", path);
+    char buf[4400];
+    snprintf(buf, sizeof buf, "%s/%s", path, LOOM_CKPT_STATE_FILE);
+    if (stat(buf, &st) == 0) return add_dir(dirs, ndirs, path); /* one checkpoint, named directly */
+    *is_save_dir = 1;
+    int rc;
+    /* latest first, when it names a checkpoint directory */
+    char *text = NULL;
+    size_t len;
+    snprintf(buf, sizeof buf, "%s/%s", path, LATEST);
+    if (loom_fs_read_small(buf, 256, &text, &len) == LOOM_OK) {
+        while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = 0;
+        int64_t it = iter_of(text);
+        if (it >= 0) {
+            loom_ckpt_iter_dir(path, it, buf, sizeof buf);
+            if (loom_fs_is_dir(buf) && (rc = add_dir(dirs, ndirs, buf))) {
+                free(text);
+                return rc;
+            }
+        } else {
+            loom_log_warn("%s/%s does not name a checkpoint ('%.40s'); looking for the newest one", path, LATEST, text);
+        }
+        free(text);
+    }
+    loom_error_clear();
+    int64_t *its;
+    int n;
+    if ((rc = list_iterations(path, &its, &n))) return rc;
+    for (int i = 0; i < n && rc == LOOM_OK; i++) {
+        loom_ckpt_iter_dir(path, its[i], buf, sizeof buf);
+        rc = add_dir(dirs, ndirs, buf);
+    }
+    free(its);
+    if (rc == LOOM_OK && *ndirs == 0)
+        rc = loom_error_set(LOOM_ERR_INPUT, "--load %s: no checkpoint there (no %s naming one, no iter_NNNNNNN with %s)",
+                            path, LATEST, LOOM_CKPT_STATE_FILE);
+    return rc;
+}

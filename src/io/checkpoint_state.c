@@ -1,0 +1,288 @@
+/*
+ * The trainer state of a checkpoint, trainer_state.json: formatting with its
+ * self-checksum, verifying the checksum, and a parser that checks the type
+ * and range of every field it reads (the file may be damaged or hostile; it
+ * is fuzzed by tests/fuzz/fuzz_trainer_state.c). See checkpoint.h.
+ */
+#include "io/checkpoint.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <xxhash.h>
+
+#include "base/log.h"
+#include "io/fs.h"
+#include "io/sampler.h"
+
+#define FORMAT_NAME "loom-checkpoint"
+#define FORMAT_VERSION 1
+#define CHECKSUM_PREFIX "{\"checksum\":\""
+#define CHECKSUM_DIGITS 16
+
+static const char *const order_names[] = {"shuffled", "sequential"};
+_Static_assert(sizeof order_names / sizeof order_names[0] == LOOM_DATA_ORDER_COUNT, "order_names");
+
+/* XXH3-64 of the file with the checksum digits read as zeros. */
+static uint64_t state_hash(const char *buf, size_t len)
+{
+    const size_t at = sizeof CHECKSUM_PREFIX - 1;
+    XXH3_state_t *h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    XXH3_64bits_update(h, buf, at);
+    XXH3_64bits_update(h, "0000000000000000", CHECKSUM_DIGITS);
+    XXH3_64bits_update(h, buf + at + CHECKSUM_DIGITS, len - at - CHECKSUM_DIGITS);
+    uint64_t v = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    return v;
+}
+
+char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *config_json)
+{
+    cJSON *o = cJSON_CreateObject();
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRId64, st->seed);
+    cJSON_AddStringToObject(o, "format", FORMAT_NAME);
+    cJSON_AddNumberToObject(o, "version", FORMAT_VERSION);
+    cJSON_AddNumberToObject(o, "iteration", (double)st->iteration);
+    cJSON_AddNumberToObject(o, "consumed_samples", (double)st->consumed_samples);
+    cJSON *opt = cJSON_AddObjectToObject(o, "optimizer");
+    cJSON_AddStringToObject(opt, "type", "AdamW");
+    cJSON_AddNumberToObject(opt, "step", (double)st->optimizer_step);
+    /* every random choice loom makes derives from the seed and the step */
+    cJSON *rng = cJSON_AddObjectToObject(o, "rng");
+    cJSON_AddStringToObject(rng, "seed", seed);
+    cJSON *data = cJSON_AddObjectToObject(o, "data");
+    cJSON_AddStringToObject(data, "order", order_names[st->data_order]);
+    cJSON_AddNumberToObject(data, "global_batch_size", (double)st->global_batch_size);
+    cJSON_AddNumberToObject(data, "next_step", (double)st->iteration + 1);
+    if (st->has_loss_scaler) {
+        cJSON *ls = cJSON_AddObjectToObject(o, "loss_scaler");
+        cJSON_AddNumberToObject(ls, "scale", st->loss_scale);
+        cJSON_AddNumberToObject(ls, "good_steps", (double)st->loss_scale_good_steps);
+        cJSON_AddNumberToObject(ls, "hysteresis", (double)st->loss_scale_hysteresis);
+        cJSON_AddNumberToObject(ls, "skipped_steps", (double)st->skipped_steps);
+    } else {
+        cJSON_AddNullToObject(o, "loss_scaler");
+    }
+    cJSON *model = cJSON_AddObjectToObject(o, "model");
+    cJSON_AddStringToObject(model, "type", "gpt2");
+    cJSON_AddNumberToObject(model, "num_layers", st->num_layers);
+    cJSON_AddNumberToObject(model, "hidden_size", st->hidden_size);
+    cJSON_AddNumberToObject(model, "num_attention_heads", st->num_attention_heads);
+    cJSON_AddNumberToObject(model, "max_position_embeddings", st->max_position_embeddings);
+    cJSON_AddNumberToObject(model, "vocab_size", st->vocab_size);
+    cJSON *layout = cJSON_AddObjectToObject(o, "layout");
+    cJSON_AddNumberToObject(layout, "world_size", st->world_size);
+    cJSON_AddNumberToObject(layout, "data_parallel_size", st->dp);
+    cJSON_AddNumberToObject(layout, "tensor_model_parallel_size", st->tp);
+    cJSON_AddNumberToObject(layout, "pipeline_model_parallel_size", st->pp);
+    cJSON_AddNumberToObject(layout, "zero_stage", st->zero_stage);
+    cJSON *files = cJSON_AddArrayToObject(o, "files");
+    for (int i = 0; i < st->nfiles; i++) cJSON_AddItemToArray(files, cJSON_CreateString(st->files[i].name));
+    if (config_json) {
+        cJSON *cfg = cJSON_Parse(config_json);
+        if (cfg) cJSON_AddItemToObject(o, "config", cfg);
+    }
+    char *body = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!body) return NULL;
+    /* {"checksum":"<16 digits>", then the body without its opening brace */
+    size_t blen = strlen(body);
+    size_t len = sizeof CHECKSUM_PREFIX - 1 + CHECKSUM_DIGITS + 3 + (blen - 1) + 1;
+    char *out = malloc(len + 1);
+    if (out) {
+        snprintf(out, len + 1, "%s%s\",\n%s\n", CHECKSUM_PREFIX, "0000000000000000", body + 1 + (body[1] == '\n'));
+        len = strlen(out);
+        char digits[CHECKSUM_DIGITS + 1];
+        snprintf(digits, sizeof digits, "%016" PRIx64, state_hash(out, len));
+        memcpy(out + sizeof CHECKSUM_PREFIX - 1, digits, CHECKSUM_DIGITS);
+    }
+    cJSON_free(body);
+    return out;
+}
+
+int loom_ckpt_state_verify(const char *buf, size_t len, const char *path)
+{
+    const size_t at = sizeof CHECKSUM_PREFIX - 1;
+    if (len < at + CHECKSUM_DIGITS + 2 || memcmp(buf, CHECKSUM_PREFIX, at) != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: does not start with its checksum: not a loom trainer state", path);
+    char digits[CHECKSUM_DIGITS + 1], *end;
+    memcpy(digits, buf + at, CHECKSUM_DIGITS);
+    digits[CHECKSUM_DIGITS] = 0;
+    uint64_t stored = strtoull(digits, &end, 16), computed = state_hash(buf, len);
+    if (*end || stored != computed)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: fails its checksum (stored %s, computed %016" PRIx64 "): the file is damaged",
+                              path, digits, computed);
+    return LOOM_OK;
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+static const cJSON *member(const cJSON *o, const char *key) { return cJSON_GetObjectItemCaseSensitive(o, key); }
+
+static int get_int(const cJSON *o, const char *path, const char *key, int64_t lo, int64_t hi, int64_t *out)
+{
+    const cJSON *v = member(o, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
+        v->valuedouble != (double)(int64_t)v->valuedouble)
+        return loom_error_set(LOOM_ERR_INPUT, "%s%s: expected an integer in [%" PRId64 ", %" PRId64 "]", path, key, lo, hi);
+    *out = (int64_t)v->valuedouble;
+    return LOOM_OK;
+}
+
+static int get_int32(const cJSON *o, const char *path, const char *key, int lo, int hi, int *out)
+{
+    int64_t v;
+    int rc = get_int(o, path, key, lo, hi, &v);
+    if (rc == LOOM_OK) *out = (int)v;
+    return rc;
+}
+
+static const cJSON *get_object(const cJSON *o, const char *key, int *rc)
+{
+    const cJSON *v = member(o, key);
+    if (!cJSON_IsObject(v) && *rc == LOOM_OK) *rc = loom_error_set(LOOM_ERR_INPUT, "%s: expected an object", key);
+    return cJSON_IsObject(v) ? v : NULL;
+}
+
+/* A plain file name: no directory part, no "..", not hidden, printable. */
+static int safe_file_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= sizeof(((struct loom_ckpt_file *)0)->name) || s[0] == '.') return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == '/' || s[i] == '\\' || (unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e) return 0;
+    return 1;
+}
+
+int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *st)
+{
+    memset(st, 0, sizeof *st);
+    cJSON *root = cJSON_ParseWithLength(buf, len);
+    int rc = LOOM_OK;
+    if (!cJSON_IsObject(root)) {
+        rc = loom_error_set(LOOM_ERR_INPUT, "not a JSON object");
+        goto done;
+    }
+    const cJSON *fmt = member(root, "format");
+    int64_t version = 0;
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FORMAT_NAME) != 0) {
+        rc = loom_error_set(LOOM_ERR_INPUT, "format: expected \"%s\"", FORMAT_NAME);
+        goto done;
+    }
+    if ((rc = get_int(root, "", "version", 1, 1000000, &version))) goto done;
+    if (version != FORMAT_VERSION) {
+        rc = loom_error_set(LOOM_ERR_INPUT, "version %" PRId64 " is not one this loom reads (%d)", version, FORMAT_VERSION);
+        goto done;
+    }
+    const int64_t big = (int64_t)1 << 53;
+    if ((rc = get_int(root, "", "iteration", 0, big, &st->iteration)) ||
+        (rc = get_int(root, "", "consumed_samples", 0, big, &st->consumed_samples)))
+        goto done;
+    const cJSON *opt = get_object(root, "optimizer", &rc), *rng = get_object(root, "rng", &rc);
+    const cJSON *data = get_object(root, "data", &rc), *model = get_object(root, "model", &rc);
+    const cJSON *layout = get_object(root, "layout", &rc);
+    if (rc) goto done;
+    if ((rc = get_int(opt, "optimizer.", "step", 0, st->iteration, &st->optimizer_step))) goto done;
+    const cJSON *seed = member(rng, "seed");
+    char *end;
+    if (!cJSON_IsString(seed) || !*seed->valuestring ||
+        (st->seed = strtoll(seed->valuestring, &end, 10), *end) || st->seed < 0) {
+        rc = loom_error_set(LOOM_ERR_INPUT, "rng.seed: expected a non-negative integer as a string");
+        goto done;
+    }
+    const cJSON *order = member(data, "order");
+    st->data_order = -1;
+    for (int i = 0; cJSON_IsString(order) && i < LOOM_DATA_ORDER_COUNT; i++)
+        if (strcmp(order->valuestring, order_names[i]) == 0) st->data_order = i;
+    if (st->data_order < 0) {
+        rc = loom_error_set(LOOM_ERR_INPUT, "data.order: expected \"shuffled\" or \"sequential\"");
+        goto done;
+    }
+    if ((rc = get_int(data, "data.", "global_batch_size", 1, 1 << 30, &st->global_batch_size))) goto done;
+    const cJSON *ls = member(root, "loss_scaler");
+    if (cJSON_IsObject(ls)) {
+        const cJSON *scale = member(ls, "scale");
+        if (!cJSON_IsNumber(scale) || !(scale->valuedouble > 0 && scale->valuedouble < 1e300)) {
+            rc = loom_error_set(LOOM_ERR_INPUT, "loss_scaler.scale: expected a positive number");
+            goto done;
+        }
+        st->has_loss_scaler = 1;
+        st->loss_scale = scale->valuedouble;
+        if ((rc = get_int(ls, "loss_scaler.", "good_steps", 0, big, &st->loss_scale_good_steps)) ||
+            (rc = get_int(ls, "loss_scaler.", "hysteresis", 0, big, &st->loss_scale_hysteresis)) ||
+            (rc = get_int(ls, "loss_scaler.", "skipped_steps", 0, big, &st->skipped_steps)))
+            goto done;
+    } else if (ls && !cJSON_IsNull(ls)) {
+        rc = loom_error_set(LOOM_ERR_INPUT, "loss_scaler: expected an object or null");
+        goto done;
+    }
+    if ((rc = get_int32(model, "model.", "num_layers", 1, 1 << 20, &st->num_layers)) ||
+        (rc = get_int32(model, "model.", "hidden_size", 1, 1 << 20, &st->hidden_size)) ||
+        (rc = get_int32(model, "model.", "num_attention_heads", 1, 1 << 20, &st->num_attention_heads)) ||
+        (rc = get_int32(model, "model.", "max_position_embeddings", 1, 1 << 24, &st->max_position_embeddings)) ||
+        (rc = get_int32(model, "model.", "vocab_size", 1, 1 << 30, &st->vocab_size)) ||
+        (rc = get_int32(layout, "layout.", "world_size", 1, 1 << 24, &st->world_size)) ||
+        (rc = get_int32(layout, "layout.", "data_parallel_size", 1, 1 << 24, &st->dp)) ||
+        (rc = get_int32(layout, "layout.", "tensor_model_parallel_size", 1, 1 << 24, &st->tp)) ||
+        (rc = get_int32(layout, "layout.", "pipeline_model_parallel_size", 1, 1 << 24, &st->pp)) ||
+        (rc = get_int32(layout, "layout.", "zero_stage", 0, 3, &st->zero_stage)))
+        goto done;
+    const cJSON *files = member(root, "files");
+    int n = cJSON_GetArraySize(files);
+    if (!cJSON_IsArray(files) || n < 1 || n > LOOM_CKPT_MAX_FILES) {
+        rc = loom_error_set(LOOM_ERR_INPUT, "files: expected an array of 1 to %d file names", LOOM_CKPT_MAX_FILES);
+        goto done;
+    }
+    st->files = calloc((size_t)n, sizeof *st->files);
+    if (!st->files) {
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+        goto done;
+    }
+    const cJSON *f;
+    cJSON_ArrayForEach(f, files)
+    {
+        if (!cJSON_IsString(f) || !safe_file_name(f->valuestring)) {
+            rc = loom_error_set(LOOM_ERR_INPUT, "files[%d]: expected a plain file name", st->nfiles);
+            goto done;
+        }
+        for (int k = 0; k < st->nfiles; k++)
+            if (strcmp(st->files[k].name, f->valuestring) == 0) {
+                rc = loom_error_set(LOOM_ERR_INPUT, "files[%d]: %s is listed twice", st->nfiles, f->valuestring);
+                goto done;
+            }
+        snprintf(st->files[st->nfiles++].name, sizeof st->files[0].name, "%s", f->valuestring);
+    }
+done:
+    cJSON_Delete(root);
+    if (rc) loom_ckpt_state_free(st);
+    return rc;
+}
+
+int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st)
+{
+    memset(st, 0, sizeof *st);
+    char path[4200], *buf;
+    size_t len;
+    snprintf(path, sizeof path, "%s/%s", dir, LOOM_CKPT_STATE_FILE);
+    int rc = loom_fs_read_small(path, LOOM_CKPT_STATE_MAX_BYTES, &buf, &len);
+    if (rc) return rc;
+    if ((rc = loom_ckpt_state_verify(buf, len, path)) == LOOM_OK && (rc = loom_ckpt_state_parse(buf, len, st))) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", path, why);
+    }
+    free(buf);
+    return rc;
+}
+
+void loom_ckpt_state_free(struct loom_ckpt_state *st)
+{
+    free(st->files);
+    st->files = NULL;
+    st->nfiles = 0;
+}
