@@ -76,7 +76,7 @@ ASAN_OBJ := $(LIB_SRC:%.c=$(BUILD)/asan/obj/%.o)
 ASAN_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/asan/tests/%)
 ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all announce deps test-deps demo test unit asan clean bench
+.PHONY: all announce deps test-deps demo test unit asan fuzz clean bench
 all: announce $(BUILD)/loom $(BUILD)/libloom.a $(TEST_BIN)
 
 announce:
@@ -123,6 +123,43 @@ $(BUILD)/asan/tests/%: tests/%.c $(BUILD)/asan/libloom.a tests/check.h
 
 asan: $(ASAN_BIN)
 
+# libFuzzer targets (clang, address + undefined behaviour): `make fuzz` builds
+# build/fuzz/fuzz_NAME from each tests/fuzz/fuzz_NAME.c, which names the
+# library sources it needs on a comment line " * fuzz-sources: ..." and what
+# it links on " * fuzz-libs: ..."; only those are compiled, into
+# build/fuzz/obj. tests/test_fuzz.py runs them. Without clang's libFuzzer
+# runtime, `make fuzz` says so and builds nothing.
+FUZZ_CC     ?= clang
+FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_NAMES  := $(FUZZ_SRC:tests/fuzz/%.c=%)
+FUZZ_CFLAGS := -std=gnu11 -g -O1 $(WARN) -Iinclude -Isrc -fno-omit-frame-pointer \
+               -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+               $(if $(HAVE_CJSON),$(shell pkg-config --cflags libcjson)) $(if $(filter 1,$(WERROR)),-Werror)
+fuzz_field   = $(shell sed -n 's/^ \* fuzz-$(2): *//p' tests/fuzz/$(1).c)
+fuzz_objs    = $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,tests/fuzz/$(1).c $(call fuzz_field,$(1),sources))
+FUZZ_OBJ    := $(sort $(foreach n,$(FUZZ_NAMES),$(call fuzz_objs,$(n))))
+ifneq ($(filter fuzz,$(MAKECMDGOALS)),)
+HAVE_FUZZ := $(shell echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
+                     $(FUZZ_CC) -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null && echo 1)
+endif
+
+$(BUILD)/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+define FUZZ_RULE
+$(BUILD)/fuzz/$(1): $(call fuzz_objs,$(1))
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $$^ -o $$@ $(call fuzz_field,$(1),libs)
+endef
+$(foreach n,$(FUZZ_NAMES),$(eval $(call FUZZ_RULE,$(n))))
+
+ifeq ($(HAVE_FUZZ),1)
+fuzz: $(FUZZ_NAMES:%=$(BUILD)/fuzz/%)
+else
+fuzz:
+	@echo "fuzz: $(FUZZ_CC) with libFuzzer not found, fuzzers not built (scripts/install-deps.sh --test)"
+endif
+
 deps:
 	@scripts/install-deps.sh
 
@@ -135,7 +172,7 @@ demo: deps
 	$(BUILD)/loom train
 
 test: test-deps
-	@$(MAKE) --no-print-directory -j$(shell nproc 2>/dev/null || echo 2) all asan
+	@$(MAKE) --no-print-directory -j$(shell nproc 2>/dev/null || echo 2) all asan fuzz
 	@PYTHON=$(PYTHON) BUILD=$(BUILD) tests/run.sh
 
 bench: all
@@ -145,3 +182,4 @@ clean:
 	rm -rf $(BUILD)
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(ASAN_OBJ:.o=.d)
+-include $(FUZZ_OBJ:.o=.d)

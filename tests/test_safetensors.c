@@ -1,12 +1,14 @@
 /*
  * Tests of io/safetensors: a round trip of every dtype with metadata, one
  * handcrafted bad file per check the reader makes (each must be
- * LOOM_ERR_INPUT with a message naming the file and the culprit), the
- * float32 conversions, and the writer's failure paths (missing directory,
- * bad arguments, a write error) leaving nothing behind.
+ * LOOM_ERR_INPUT with a message naming the file and the culprit), reading
+ * from memory with every truncation of a valid file rejected, the float32
+ * conversions, and the writer's failure paths (missing directory, bad
+ * arguments, a write error) leaving nothing behind.
  *
  * Not here: interoperability with other implementations
- * (test_safetensors_torch.py does that).
+ * (test_safetensors_torch.py does that), and random inputs
+ * (tests/fuzz/fuzz_safetensors.c does that).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -254,6 +256,9 @@ static void test_bad_files(void)
     fwrite("\x10\0\0\0\0", 1, 5, f);
     fclose(f);
     expect_bad(path, "5 bytes", NULL);
+    f = fopen(path, "wb");
+    fclose(f);
+    expect_bad(path, "0 bytes", NULL);
     unlink(path);
 
     /* header size: over the limit, past the end of the file */
@@ -278,6 +283,16 @@ static void test_bad_files(void)
     expect_bad(path, "NUL", NULL);
     unlink(path);
 
+    /* the header's bytes: strict UTF-8, no raw control byte or \u0000 in a string */
+    bad_header("{\"w\xff\":{}}", 0, "not UTF-8", "0xff");
+    bad_header("{\"w\xc0\xaf\":{}}", 0, "not UTF-8", NULL);     /* overlong '/' */
+    bad_header("{\"w\xed\xa0\x80\":{}}", 0, "not UTF-8", NULL); /* a surrogate */
+    bad_header("{\"w\xf4\x90\x80\x80\":{}}", 0, "not UTF-8", NULL); /* past U+10FFFF */
+    bad_header("{\"w\":{}}\xc3", 0, "not UTF-8", NULL);              /* cut at the end */
+    bad_header("{" E("a\tb", "U8", "[1]", "[0,1]") "}", 1, "control byte 0x09", NULL);
+    bad_header("{" E("a\\u0000b", "U8", "[1]", "[0,1]") "}", 1, "u0000", NULL);
+    bad_header("{\"__metadata__\":{\"k\":\"v\\u0000w\"}}", 0, "u0000", NULL);
+
     /* dtype */
     bad_header("{" E("w", "F33", "[1]", "[0,4]") "}", 4, "'w'", "F33");
     bad_header("{" E("w", "f32", "[1]", "[0,4]") "}", 4, "'w'", "f32");
@@ -297,6 +312,11 @@ static void test_bad_files(void)
     bad_header("{" E("w", "F32", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 4, "'w'",
                "overflow");
     bad_header("{" E("w", "F64", "[4294967296,1073741824]", "[0,4]") "}", 4, "'w'", "overflow");
+    /* an empty tensor whose other dimensions would overflow a stride */
+    bad_header("{" E("w", "F32", "[0,4294967296,4294967296]", "[0,0]") "}", 0, "'w'", "overflow");
+    bad_header("{" E("w", "F64", "[0,2147483648,2147483648]", "[0,0]") "}", 0, "'w'", "overflow");
+    /* 2^53 and above do not survive a double: 2^53 + 1 would read as 2^53 */
+    bad_header("{" E("w", "F32", "[0,9007199254740992]", "[0,0]") "}", 0, "'w'", "shape[1]");
 
     /* data_offsets */
     bad_header("{" E("w", "F32", "[2]", "[0,4]") "}", 8, "'w'", "data_offsets");
@@ -306,6 +326,10 @@ static void test_bad_files(void)
     bad_header("{" E("w", "F32", "[1]", "[-4,0]") "}", 8, "'w'", "data_offsets");
     bad_header("{" E("w", "F32", "[1]", "[0.5,4.5]") "}", 8, "'w'", "data_offsets");
     bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 8, "'w'", "missing \"data_offsets\"");
+    bad_header("{" E("w", "F32", "[1]", "[\"0\",4]") "}", 8, "'w'", "data_offsets");
+    bad_header("{" E("w", "F32", "[1]", "{\"0\":0,\"1\":4}") "}", 8, "'w'", "data_offsets");
+    bad_header("{" E("w", "U8", "[0]", "[9007199254740993,9007199254740993]") "}", 8, "'w'",
+               "data_offsets");
 
     /* spans outside the data area */
     bad_header("{" E("w", "F32", "[4]", "[0,16]") "}", 8, "'w'", "run past");
@@ -329,6 +353,7 @@ static void test_bad_files(void)
 
     /* metadata */
     bad_header("{\"__metadata__\":{\"k\":1}}", 0, "'k'", "not a string");
+    bad_header("{\"__metadata__\":{\"k\":null}}", 0, "'k'", "not a string");
     bad_header("{\"__metadata__\":{\"ok\":\"x\",\"nested\":{\"a\":\"b\"}}}", 0, "'nested'",
                "not a string");
     bad_header("{\"__metadata__\":[\"a\"]}", 0, "__metadata__", "not a JSON object");
@@ -351,7 +376,74 @@ static void test_bad_files(void)
     t = loom_st_find(&st, "s");
     CHECK(t && t->ndim == 0 && t->numel == 1 && ((const uint8_t *)t->data)[0] == 6);
     loom_st_close(&st);
+
+    /* accepted: UTF-8 names, an escaped backslash before "u0000", a large
+     * dimension beside a zero one */
+    write_raw(path,
+              "{" E("caf\xc3\xa9 \xf0\x9f\x98\x80", "U8", "[1]", "[0,1]") "," E(
+                  "a\\\\u0000", "U8", "[1]", "[1,2]") "," E("e", "F64", "[0,1099511627776]", "[2,2]") "}",
+              2);
+    CHECK(loom_st_open(&st, path) == LOOM_OK);
+    CHECK(loom_st_find(&st, "caf\xc3\xa9 \xf0\x9f\x98\x80") && loom_st_find(&st, "a\\u0000"));
+    t = loom_st_find(&st, "e");
+    CHECK(t && t->numel == 0 && t->shape[1] == 1099511627776);
+    loom_st_close(&st);
     unlink(path);
+}
+
+/* ---- reading from memory ------------------------------------------------------ */
+
+static void test_open_memory(void)
+{
+    uint8_t u8[3] = {7, 8, 9};
+    uint16_t bf16[2] = {0x3f80, 0xc0a0};
+    struct loom_st_tensor_in in[] = {
+        {.name = "b", .dtype = LOOM_ST_BF16, .ndim = 1, .shape = {2}, .data = bf16},
+        {.name = "u", .dtype = LOOM_ST_U8, .ndim = 2, .shape = {1, 3}, .data = u8},
+    };
+    const char *meta[] = {"format", "pt"};
+    char path[512];
+    path_in(path, sizeof path, "mem.safetensors");
+    CHECK(loom_st_write(path, in, 2, meta, 1) == LOOM_OK);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    if (!f) return;
+    unsigned char file[1024];
+    size_t size = fread(file, 1, sizeof file, f);
+    fclose(f);
+    unlink(path);
+    CHECK(size > 8 && size < sizeof file);
+
+    /* the content read back from an exact-size copy, which stays the caller's */
+    unsigned char *buf = malloc(size);
+    memcpy(buf, file, size);
+    struct loom_st st;
+    CHECK(loom_st_open_memory(&st, "mem", buf, size) == LOOM_OK);
+    const struct loom_st_tensor *t = loom_st_find(&st, "u");
+    CHECK(t && t->nbytes == 3 && memcmp(t->data, u8, 3) == 0 && t->shape[1] == 3);
+    float got[2];
+    t = loom_st_find(&st, "b");
+    CHECK(t && loom_st_read_f32(t, got, 2) == LOOM_OK && got[0] == 1.0f && got[1] == -5.0f);
+    CHECK(loom_st_meta(&st, "format") && strcmp(loom_st_meta(&st, "format"), "pt") == 0);
+    loom_st_close(&st);
+    CHECK(buf[0] == file[0]);
+    free(buf);
+
+    /* every truncation is rejected with a message naming the buffer */
+    int bad = 0;
+    for (size_t n = 0; n < size; n++) {
+        buf = malloc(n ? n : 1);
+        memcpy(buf, file, n);
+        int rc = loom_st_open_memory(&st, "cut", buf, n);
+        if ((rc != LOOM_ERR_INPUT || !strstr(loom_error_message(), "cut") || st.map) && bad++ < 3)
+            fprintf(stderr, "  %zu of %zu bytes: rc %d, %s\n", n, size, rc, loom_error_message());
+        free(buf);
+    }
+    CHECK(bad == 0);
+
+    /* zero elements convert with no buffer at all */
+    struct loom_st_tensor empty = {.name = "e", .dtype = LOOM_ST_F32, .ndim = 1};
+    CHECK(loom_st_read_f32(&empty, NULL, 0) == LOOM_OK);
 }
 
 /* ---- f16 conversion, all 65536 values ----------------------------------------- */
@@ -485,6 +577,7 @@ int main(void)
     test_dtype_table();
     test_round_trip();
     test_bad_files();
+    test_open_memory();
     test_f16_exhaustive();
     test_write_failures();
     CHECK(count_temps() == 0);

@@ -110,11 +110,14 @@ int loom_ckpt_state_verify(const char *buf, size_t len, const char *path)
     const size_t at = sizeof CHECKSUM_PREFIX - 1;
     if (len < at + CHECKSUM_DIGITS + 2 || memcmp(buf, CHECKSUM_PREFIX, at) != 0)
         return loom_error_set(LOOM_ERR_INPUT, "%s: does not start with its checksum: not a loom trainer state", path);
-    char digits[CHECKSUM_DIGITS + 1], *end;
+    char digits[CHECKSUM_DIGITS + 1];
     memcpy(digits, buf + at, CHECKSUM_DIGITS);
     digits[CHECKSUM_DIGITS] = 0;
-    uint64_t stored = strtoull(digits, &end, 16), computed = state_hash(buf, len);
-    if (*end || stored != computed)
+    for (int i = 0; i < CHECKSUM_DIGITS; i++)
+        if (!strchr("0123456789abcdef", digits[i]) || !digits[i])
+            return loom_error_set(LOOM_ERR_INPUT, "%s: its checksum is not 16 hex digits: the file is damaged", path);
+    uint64_t stored = strtoull(digits, NULL, 16), computed = state_hash(buf, len);
+    if (stored != computed)
         return loom_error_set(LOOM_ERR_INPUT, "%s: fails its checksum (stored %s, computed %016" PRIx64 "): the file is damaged",
                               path, digits, computed);
     return LOOM_OK;

@@ -2,12 +2,16 @@
  * safetensors reading, dtype names and conversion to float32 (format in
  * safetensors.h; the writer is safetensors_write.c).
  *
- * The reader trusts nothing in the file: the header size is bounded, the
- * JSON is parsed from a NUL-terminated copy, every number must be an exact
- * non-negative integer, every span must match its shape and lie inside the
- * data area, and no two non-empty spans may share a byte. Gaps between spans
- * are accepted. Integral JSON numbers written as 2.0 or 2e0 are read as 2;
- * numbers above 2^53 are rejected, since they do not survive a double.
+ * The reader trusts nothing in the file: the header size is bounded; the
+ * header's bytes must be strict UTF-8 without NUL, raw control bytes in
+ * strings or \u0000 escapes; the JSON is parsed from a NUL-terminated copy;
+ * every number must be an exact non-negative integer below 2^53; a shape's
+ * product, even with a zero dimension, must fit int64 in bytes; every span
+ * must match its shape and lie inside the data area; and no two non-empty
+ * spans may share a byte. Gaps between spans and bytes after the last span
+ * are accepted. Numbers pass through a double: 2.0 or 2e0 read as 2, and so
+ * does a literal like 2.00000000000000001 that rounds to it; 2^53 and above
+ * are rejected, since 2^53 + 1 would read as 2^53.
  *
  * Not here: byte swapping (a little-endian host is required), protection
  * against the file being truncated while mapped (SIGBUS, as with any mmap),
@@ -31,6 +35,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
 
@@ -111,13 +116,63 @@ static uint64_t read_le64(const unsigned char *p)
     return v;
 }
 
-/* An exact integer in [0, 2^53]; 0 on success. */
+/* An exact integer in [0, 2^53); 0 on success. */
 static int json_uint(const cJSON *item, uint64_t *out)
 {
     if (!cJSON_IsNumber(item)) return -1;
     double d = item->valuedouble;
-    if (!(d >= 0) || d > (double)LOOM_ST_MAX_EXACT_INT || d != floor(d)) return -1;
+    if (!(d >= 0) || d >= (double)LOOM_ST_MAX_EXACT_INT || d != floor(d)) return -1;
     *out = (uint64_t)d;
+    return 0;
+}
+
+/* Length of the strict UTF-8 sequence (no overlong forms, surrogates or
+ * values past U+10FFFF) starting at s, within n bytes; 0 when there is none. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t more = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0;
+    if (more == 0 || more >= n) return 0;
+    unsigned cp = c & (0x3fu >> more);
+    for (size_t k = 1; k <= more; k++) {
+        if ((s[k] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[k] & 0x3fu);
+    }
+    if ((more == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (more == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return more + 1;
+}
+
+/* The header's bytes, before cJSON sees them: no NUL, strict UTF-8, and
+ * inside strings no raw control byte and no \u0000 escape (cJSON would end
+ * the decoded string there, so a name "a\u0000b" would read as "a"). The
+ * string tracking is exact for valid JSON; invalid JSON fails to parse
+ * anyway. */
+static int check_header_bytes(const struct loom_st *st, const unsigned char *h, size_t n)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = h[i];
+        if (c == 0) return loom_st_bad_file(st->path, "header holds a NUL byte at offset %zu", i);
+        if (c >= 0x80) {
+            size_t len = utf8_seq(h + i, n - i);
+            if (len == 0)
+                return loom_st_bad_file(st->path, "header is not UTF-8: byte 0x%02x at offset %zu", c, i);
+            i += len - 1;
+        } else if (!in_string) {
+            in_string = c == '"';
+        } else if (c < 0x20) {
+            return loom_st_bad_file(st->path, "header has control byte 0x%02x in a string at offset %zu", c,
+                                    i);
+        } else if (c == '"') {
+            in_string = 0;
+        } else if (c == '\\' && i + 1 < n) {
+            if (n - i >= 6 && memcmp(h + i + 1, "u0000", 5) == 0)
+                return loom_st_bad_file(st->path, "header has a \\u0000 escape in a string at offset %zu", i);
+            if (h[i + 1] == '"' || h[i + 1] == '\\') i++; /* an escaped quote or backslash */
+        }
+    }
     return 0;
 }
 
@@ -196,7 +251,9 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
                         loom_st_shown(dtype->valuestring, vb, sizeof vb));
 
     if (!cJSON_IsArray(shape)) return loom_st_bad_file(path, "tensor '%s': shape is not an array", name);
-    uint64_t numel = 1;
+    /* extent, the product of the non-zero dimensions, is bounded too, so the
+     * strides of an empty tensor ([0, 2^40, 2^40]) cannot overflow either */
+    uint64_t numel = 1, extent = 1;
     t->ndim = 0;
     for (const cJSON *d = shape->child; d; d = d->next) {
         if (t->ndim == LOOM_ST_MAX_DIMS)
@@ -204,15 +261,16 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
                             LOOM_ST_MAX_DIMS);
         uint64_t v;
         if (json_uint(d, &v) != 0)
-            return loom_st_bad_file(path, "tensor '%s': shape[%d] is not a non-negative integer", name,
+            return loom_st_bad_file(path, "tensor '%s': shape[%d] is not an integer in [0, 2^53)", name,
                             t->ndim);
-        if (v != 0 && numel > UINT64_MAX / v)
+        if (v != 0 && extent > (uint64_t)INT64_MAX / v)
             return loom_st_bad_file(path, "tensor '%s': shape's element count overflows", name);
-        numel *= v;
+        if (v != 0) extent *= v;
+        numel *= v; /* 0 or extent */
         t->shape[t->ndim++] = (int64_t)v;
     }
     size_t esize = dtype_sizes[t->dtype];
-    if (numel > UINT64_MAX / esize)
+    if (extent > (uint64_t)INT64_MAX / esize)
         return loom_st_bad_file(path, "tensor '%s': shape's byte size overflows", name);
     uint64_t need = numel * esize;
 
@@ -220,7 +278,7 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
         return loom_st_bad_file(path, "tensor '%s': data_offsets is not an array of two integers", name);
     uint64_t begin, end;
     if (json_uint(offs->child, &begin) != 0 || json_uint(offs->child->next, &end) != 0)
-        return loom_st_bad_file(path, "tensor '%s': data_offsets is not two non-negative integers", name);
+        return loom_st_bad_file(path, "tensor '%s': data_offsets is not two integers in [0, 2^53)", name);
     if (begin > end)
         return loom_st_bad_file(path,
                         "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin after end",
@@ -281,6 +339,9 @@ static int parse_header(struct loom_st *st)
     int rc = 0;
     char *text = NULL;
     uint64_t size = st->map_size;
+    if (size < 8)
+        return loom_st_bad_file(st->path, "file is %" PRIu64 " bytes, too short for the 8-byte header size",
+                                size);
     uint64_t hlen = read_le64(st->map);
     if (hlen > LOOM_ST_MAX_HEADER)
         return loom_st_bad_file(st->path, "header size %" PRIu64 " exceeds the limit of %" PRIu64 " bytes",
@@ -291,13 +352,9 @@ static int parse_header(struct loom_st *st)
             hlen, size - 8);
     uint64_t data_size = size - 8 - hlen;
 
+    if ((rc = check_header_bytes(st, st->map + 8, (size_t)hlen)) != 0) return rc;
     text = loom_alloc((size_t)hlen + 1, LOOM_MEM_OTHER);
     memcpy(text, st->map + 8, (size_t)hlen);
-    const char *nul = memchr(text, '\0', (size_t)hlen);
-    if (nul) {
-        rc = loom_st_bad_file(st->path, "header holds a NUL byte at offset %zu", (size_t)(nul - text));
-        goto fail;
-    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, 0);
     if (!root) {
@@ -368,23 +425,21 @@ int loom_st_open(struct loom_st *st, const char *path)
         rc = loom_st_bad_file(path, "not a regular file");
         goto fail;
     }
-    if (sb.st_size < 8) {
-        rc = loom_st_bad_file(path, "file is %lld bytes, too short for the 8-byte header size",
-                      (long long)sb.st_size);
-        goto fail;
-    }
     if ((uint64_t)sb.st_size > SIZE_MAX) {
         rc = loom_st_bad_file(path, "file of %lld bytes is too large to map", (long long)sb.st_size);
         goto fail;
     }
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "mmap %s (%lld bytes): %s", path,
-                            (long long)sb.st_size, strerror(errno));
-        goto fail;
+    if (sb.st_size > 0) { /* an empty file cannot be mapped; parse_header rejects it */
+        void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) {
+            rc = loom_error_set(LOOM_ERR_RUNTIME, "mmap %s (%lld bytes): %s", path,
+                                (long long)sb.st_size, strerror(errno));
+            goto fail;
+        }
+        st->map = map;
+        st->map_size = (size_t)sb.st_size;
+        st->mapped = 1;
     }
-    st->map = map;
-    st->map_size = (size_t)sb.st_size;
     int cfd = fd;
     fd = -1;
     if (close(cfd) != 0) {
@@ -401,9 +456,22 @@ fail:;
     return rc;
 }
 
+int loom_st_open_memory(struct loom_st *st, const char *name, const void *buf, size_t size)
+{
+    memset(st, 0, sizeof *st);
+    size_t nlen = strlen(name);
+    st->path = loom_alloc(nlen + 1, LOOM_MEM_OTHER);
+    memcpy(st->path, name, nlen + 1);
+    st->map = buf;
+    st->map_size = size;
+    int rc = parse_header(st);
+    if (rc != 0) loom_st_close(st);
+    return rc;
+}
+
 void loom_st_close(struct loom_st *st)
 {
-    if (st->map) munmap((void *)st->map, st->map_size);
+    if (st->mapped) munmap((void *)st->map, st->map_size);
     if (st->json) cJSON_Delete(st->json);
     loom_free(st->tensors);
     loom_free(st->meta);
@@ -445,22 +513,6 @@ void loom_st_meta_at(const struct loom_st *st, int i, const char **key, const ch
 
 /* ---- conversion to float32 ------------------------------------------------- */
 
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0) {
-        float v = ldexpf((float)mant, -24); /* zero or subnormal: mant * 2^-24, exact */
-        return sign ? -v : v;
-    }
-    if (exp == 31)
-        bits = sign | 0x7f800000u | mant << 13; /* inf, nan */
-    else
-        bits = sign | (exp + 112) << 23 | mant << 13; /* rebias 15 -> 127 */
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 int loom_st_read_f32(const struct loom_st_tensor *t, float *dst, size_t n)
 {
     char nb[80];
@@ -470,7 +522,7 @@ int loom_st_read_f32(const struct loom_st_tensor *t, float *dst, size_t n)
     const unsigned char *p = t->data;
     switch (t->dtype) {
     case LOOM_ST_F32:
-        memcpy(dst, p, n * sizeof(float));
+        if (n > 0) memcpy(dst, p, n * sizeof(float)); /* dst may be NULL when n is 0 */
         return 0;
     case LOOM_ST_F64:
         for (size_t i = 0; i < n; i++) {
@@ -483,15 +535,14 @@ int loom_st_read_f32(const struct loom_st_tensor *t, float *dst, size_t n)
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, sizeof h);
-            dst[i] = f16_to_f32(h);
+            dst[i] = loom_f16_to_f32(h);
         }
         return 0;
     case LOOM_ST_BF16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, sizeof h);
-            uint32_t bits = (uint32_t)h << 16;
-            memcpy(&dst[i], &bits, sizeof bits);
+            dst[i] = loom_bf16_to_f32(h);
         }
         return 0;
     default:

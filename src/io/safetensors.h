@@ -7,10 +7,12 @@
  * and may hold "__metadata__", an object of string values.
  *
  * The reader maps the file read-only and checks everything before handing
- * out a pointer: sizes, JSON, dtypes, shapes, offsets, overlaps, duplicate
- * names. Any violation is LOOM_ERR_INPUT with one line naming the file and
- * the tensor or field. Tensor views point into the mapping; they stay valid
- * until loom_st_close and may be unaligned in files from other writers.
+ * out a pointer: sizes, the header's bytes (UTF-8, no NUL) and JSON, dtypes,
+ * shapes, offsets, overlaps, duplicate names. Any violation is
+ * LOOM_ERR_INPUT with one line naming the file and the tensor or field.
+ * Reading interprets nothing but this layout. Tensor views point into the
+ * mapping; they stay valid until loom_st_close and may be unaligned in files
+ * from other writers.
  *
  * The writer puts tensors in the data area by element size (largest first),
  * then by name, with the header padded by spaces to a multiple of 8 bytes,
@@ -71,6 +73,7 @@ struct loom_st {
     char *path;
     const unsigned char *map; /* the whole file, PROT_READ */
     size_t map_size;
+    int mapped;                     /* map is our mmap: loom_st_close unmaps it */
     void *json;                     /* the parsed header (cJSON *); owns the strings */
     struct loom_st_tensor *tensors; /* sorted by name */
     int ntensors;
@@ -82,6 +85,12 @@ struct loom_st {
  * again). LOOM_ERR_INPUT for a missing or malformed file, LOOM_ERR_RUNTIME
  * when mapping fails. */
 int loom_st_open(struct loom_st *st, const char *path);
+/* Validates `size` bytes at `buf` as the content of a file named `name` (for
+ * messages), with the same checks as loom_st_open. The tensors point into
+ * buf, which must outlive st; loom_st_close leaves buf alone. For tests and
+ * fuzzing, where an exact-size buffer lets the sanitizer see any read past
+ * the end that a page-rounded mapping would hide. */
+int loom_st_open_memory(struct loom_st *st, const char *name, const void *buf, size_t size);
 void loom_st_close(struct loom_st *st);
 
 /* The tensor named `name`, or NULL. */
