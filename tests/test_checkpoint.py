@@ -15,7 +15,8 @@ Crash and damage, each giving its clear message or falling back, never a
 crash: a kill -9 at each step of a save (LOOM_TEST_CRASH_AT) and at random
 moments, a truncated file, a flipped byte in a tensor and in the trainer
 state, a header that lies about sizes, a full disk (a file-size limit),
-checkpoints all damaged, and bad --load/--save paths.
+checkpoints all damaged, and bad --load/--save paths. And `loom convert`
+exports a sharded checkpoint's weights exactly.
 """
 import json
 import os
@@ -256,6 +257,17 @@ def main():
         layout_free(tmp, "zero2-np2-to-zero3-np4", 2, ["--zero-stage", "2"], 4,
                     ["--zero-stage", "3", "--micro-batch-size", "1", "--zero3-min-params", "3000"])
         layout_free(tmp, "zero3-np4-to-zero1-np2", 4, ["--zero-stage", "3"], 2, ["--zero-stage", "1"])
+
+        # loom convert reads a checkpoint of any layout: here the one ZeRO-3 on 4 ranks wrote
+        d = os.path.join(tmp, "zero2-np2-to-zero3-np4-cut")
+        hf = os.path.join(tmp, "hf")
+        p = subprocess.run([LOOM, "convert", d, hf], capture_output=True, text=True, env=ENV, timeout=120)
+        want = {k: v for k, v in ckpt.assemble(d).items() if not k.startswith("optimizer.")}
+        got = st.load(os.path.join(hf, "model.safetensors")) if p.returncode == 0 else {}
+        bad = same_tensors(want, got)
+        check("loom convert: a 4-rank ZeRO-3 checkpoint to a Hugging Face directory, every weight bit for bit",
+              p.returncode == 0 and not bad and json.load(open(os.path.join(hf, "config.json")))["n_head"] == 4,
+              p.stderr[-300:] + str(bad[:3]))
 
         # a save directory with two checkpoints, and the reference losses after them
         base = os.path.join(tmp, "base")

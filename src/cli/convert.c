@@ -17,8 +17,11 @@
  * layout, and `loom eval`/`loom sample` read the converted file unchanged.
  * The tied lm_head.weight is left out, as save_pretrained leaves it out.
  *
+ *   checkpoint   (input only) a loom checkpoint: a save directory (its
+ *                latest) or one iter_NNNNNNN directory, any layout
+ *
  * Not here: sharded Hugging Face checkpoints (model.safetensors.index.json),
- * pytorch_model.bin, tokenizer files, loom's checkpoint directories (not yet).
+ * pytorch_model.bin, tokenizer files.
  */
 #include "cli/convert.h"
 
@@ -33,13 +36,21 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "io/shard.h"
+#include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "io/fs.h"
 #include "loom/loom.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
 #include "model/gpt2_llmc.h"
 
-enum convert_format { CONVERT_LLMC = 0, CONVERT_SAFETENSORS = 1, CONVERT_HF_DIR = 2, CONVERT_FORMAT_COUNT };
+enum convert_format {
+    CONVERT_LLMC = 0,
+    CONVERT_SAFETENSORS = 1,
+    CONVERT_HF_DIR = 2,
+    CONVERT_CHECKPOINT = 3, /* input only */
+    CONVERT_FORMAT_COUNT
+};
 
 /* The model between reading and writing. */
 struct converted {
@@ -57,6 +68,7 @@ struct convert_opts {
 static int read_llmc(const char *path, const struct convert_opts *o, struct converted *c);
 static int read_safetensors(const char *path, const struct convert_opts *o, struct converted *c);
 static int read_hf_dir(const char *path, const struct convert_opts *o, struct converted *c);
+static int read_checkpoint(const char *path, const struct convert_opts *o, struct converted *c);
 static int write_llmc(const char *path, const struct convert_opts *o, const struct converted *c);
 static int write_safetensors(const char *path, const struct convert_opts *o, const struct converted *c);
 static int write_hf_dir(const char *path, const struct convert_opts *o, const struct converted *c);
@@ -70,6 +82,7 @@ static const struct {
     [CONVERT_LLMC] = {"llmc", "llm.c checkpoint", read_llmc, write_llmc},
     [CONVERT_SAFETENSORS] = {"safetensors", "safetensors", read_safetensors, write_safetensors},
     [CONVERT_HF_DIR] = {"hf", "Hugging Face directory", read_hf_dir, write_hf_dir},
+    [CONVERT_CHECKPOINT] = {"checkpoint", "loom checkpoint", read_checkpoint, NULL},
 };
 _Static_assert(sizeof formats / sizeof formats[0] == CONVERT_FORMAT_COUNT, "one formats row per format");
 
@@ -79,8 +92,9 @@ static void usage(FILE *f)
             "usage: loom convert IN OUT [--to llmc|safetensors|hf] [--dtype float32|bfloat16]\n"
             "                    [--num-attention-heads N]\n\n"
             "Converts GPT-2 weights. IN is an llm.c checkpoint (e.g. gpt2_124M.bin), a safetensors\n"
-            "file under Hugging Face GPT-2 names, or a Hugging Face directory (model.safetensors,\n"
-            "config.json); its kind comes from its contents. OUT's kind comes from --to, else its name:\n"
+            "file under Hugging Face GPT-2 names, a Hugging Face directory (model.safetensors,\n"
+            "config.json) or a loom checkpoint (a --save directory or one iter_NNNNNNN in it, from\n"
+            "any parallel layout); its kind comes from its contents. OUT's kind comes from --to, else its name:\n"
             "  NAME.bin          llm.c checkpoint (version 3, float32, unless --dtype or the source says)\n"
             "  NAME.safetensors  one safetensors file\n"
             "  DIR               (an existing directory, a name ending in / or without extension)\n"
@@ -114,13 +128,25 @@ static int sniff_safetensors(const char *path)
     return ok;
 }
 
+/* A loom checkpoint directory or a save directory holding them. */
+static int looks_like_checkpoint(const char *path)
+{
+    char buf[4200];
+    struct stat sb;
+    snprintf(buf, sizeof buf, "%s/" LOOM_CKPT_STATE_FILE, path);
+    if (stat(buf, &sb) == 0) return 1;
+    snprintf(buf, sizeof buf, "%s/latest", path);
+    return stat(buf, &sb) == 0;
+}
+
 static int detect_input(const char *path, enum convert_format *kind)
 {
     struct stat sb;
     if (stat(path, &sb) != 0)
         return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
-    /* a loom checkpoint directory (DIR/latest, DIR/iter_NNNNNNN) is to be told apart here */
-    if (S_ISDIR(sb.st_mode))
+    if (S_ISDIR(sb.st_mode) && looks_like_checkpoint(path))
+        *kind = CONVERT_CHECKPOINT;
+    else if (S_ISDIR(sb.st_mode))
         *kind = CONVERT_HF_DIR;
     else if (loom_llmc_sniff(path))
         *kind = CONVERT_LLMC;
@@ -251,6 +277,24 @@ static int read_hf_dir(const char *path, const struct convert_opts *o, struct co
     if (rc == LOOM_OK) rc = read_weights(weights, o, heads, c);
     loom_free(weights);
     loom_free(config);
+    return rc;
+}
+
+/* The weights of a loom checkpoint: a save directory (its latest, falling
+ * back past a damaged one) or one iter_NNNNNNN directory. */
+static int read_checkpoint(const char *path, const struct convert_opts *o, struct converted *c)
+{
+    struct loom_gpt2_config cfg;
+    int rc = loom_checkpoint_peek_model(path, &cfg);
+    if (rc) return rc;
+    if (o->heads && o->heads != cfg.heads)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d", o->heads,
+                              path, cfg.heads);
+    c->model = loom_gpt2_create_padded(&cfg, 1, 1, 1, LOOM_GPT2_PARAM_ARENA);
+    if ((rc = loom_checkpoint_load_weights(c->model, path))) {
+        loom_gpt2_free(c->model);
+        c->model = NULL;
+    }
     return rc;
 }
 
@@ -421,6 +465,9 @@ int loom_convert(int argc, char **argv)
         out_kind = (enum convert_format)o.to;
     else if ((rc = detect_output(o.out, &out_kind)))
         return rc;
+    if (!formats[out_kind].write)
+        return loom_error_set(LOOM_ERR_INPUT, "--to %s: a %s is read, not written, by loom convert (loom train --save writes one)",
+                              formats[out_kind].name, formats[out_kind].what);
     if (o.llmc_version && out_kind != CONVERT_LLMC)
         return loom_error_set(LOOM_ERR_INPUT, "--dtype applies to llm.c output only, and %s is %s output",
                               o.out, formats[out_kind].name);
