@@ -26,7 +26,7 @@ int loom_checkpoint_is_dir(const char *path)
  * overlaps [lo, hi); the callback gets the overlap [a, b). */
 typedef int (*tensor_fn)(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b);
 
-static int for_each_tensor(const struct loom_gpt2 *m, size_t lo, size_t hi, tensor_fn fn, void *ctx)
+static int for_each_tensor(const struct loom_model *m, size_t lo, size_t hi, tensor_fn fn, void *ctx)
 {
     size_t base = 0;
     for (int i = 0; i < m->nblocks; base += m->blocks[i].numel, i++)
@@ -38,6 +38,8 @@ static int for_each_tensor(const struct loom_gpt2 *m, size_t lo, size_t hi, tens
         }
     return LOOM_OK;
 }
+
+static int is_gpt2(const struct loom_model *m) { return strcmp(m->name, "gpt2") == 0; }
 
 /* This rank's part of the arena to write: its ZeRO shard, or at stage 0
  * (every rank holds everything) an even split, so writing is spread. */
@@ -89,7 +91,7 @@ static int count_tensors(void *ctx, const struct loom_tensor *t, size_t t_lo, si
 
 static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t *bytes)
 {
-    const struct loom_gpt2 *m = p->model;
+    const struct loom_model *m = p->model;
     const struct loom_adamw *opt = p->opt;
     size_t lo, hi;
     part_of(p, &lo, &hi);
@@ -132,11 +134,14 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
     st.seed = cfg->seed;
     st.data_order = cfg->data_order;
     st.global_batch_size = cfg->global_batch_size;
-    st.num_layers = cfg->num_layers;
-    st.hidden_size = cfg->hidden_size;
-    st.num_attention_heads = cfg->num_attention_heads;
-    st.max_position_embeddings = cfg->max_position_embeddings;
-    st.vocab_size = cfg->vocab_size;
+    snprintf(st.model_type, sizeof st.model_type, "%s", p->model->name);
+    if (is_gpt2(p->model)) {
+        st.num_layers = cfg->num_layers;
+        st.hidden_size = cfg->hidden_size;
+        st.num_attention_heads = cfg->num_attention_heads;
+        st.max_position_embeddings = cfg->max_position_embeddings;
+        st.vocab_size = cfg->vocab_size;
+    }
     st.world_size = p->topo->world;
     st.dp = p->topo->dp;
     st.tp = p->topo->tp;
@@ -217,7 +222,7 @@ static int max_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size_
 /* Reads what this rank's layout holds from checkpoint directory dir. */
 static int restore(const struct loom_ckpt_parts *p, const char *dir, const struct loom_ckpt_state *st, uint64_t *bytes)
 {
-    struct loom_gpt2 *m = p->model;
+    struct loom_model *m = p->model;
     struct loom_zero *z = p->zero;
     const char **files = calloc((size_t)st->nfiles, sizeof *files);
     if (!files) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
@@ -257,8 +262,13 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
 }
 
 /* Settings the checkpoint fixes: a different model cannot take its tensors. */
-static int check_model(const struct loom_config *cfg, const struct loom_ckpt_state *st, const char *dir)
+static int check_model(const struct loom_model *m, const struct loom_config *cfg, const struct loom_ckpt_state *st,
+                       const char *dir)
 {
+    if (strcmp(st->model_type, m->name) != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint holds a %s model, this run a %s", dir,
+                              st->model_type, m->name);
+    if (!is_gpt2(m)) return LOOM_OK; /* every tensor's shape is checked as it is read */
     const struct { const char *flag; int have, want; } rows[] = {
         {"--num-layers", st->num_layers, cfg->num_layers},
         {"--hidden-size", st->hidden_size, cfg->hidden_size},
@@ -282,7 +292,7 @@ typedef int (*restore_fn)(const struct loom_ckpt_parts *p, const char *dir, stru
 static int restore_training(const struct loom_ckpt_parts *p, const char *dir, struct loom_ckpt_state *st,
                             uint64_t *bytes)
 {
-    int rc = loom_comm_agree_shared(check_model(p->cfg, st, dir));
+    int rc = loom_comm_agree_shared(check_model(p->model, p->cfg, st, dir));
     if (rc) return -rc; /* not damage: no fallback */
     return restore(p, dir, st, bytes);
 }
@@ -352,7 +362,7 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration, st
 static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, struct loom_ckpt_state *st,
                            uint64_t *bytes)
 {
-    struct loom_gpt2 *m = p->model;
+    struct loom_model *m = p->model;
     const char **files = calloc((size_t)st->nfiles, sizeof *files);
     if (!files) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
     for (int i = 0; i < st->nfiles; i++) files[i] = st->files[i].name;
@@ -367,9 +377,9 @@ static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, str
     return rc;
 }
 
-int loom_checkpoint_load_weights(struct loom_gpt2 *m, const char *path)
+int loom_checkpoint_load_weights(struct loom_model *m, const char *path)
 {
-    if (!loom_checkpoint_is_dir(path)) return loom_gpt2_load(m, path);
+    if (!loom_checkpoint_is_dir(path)) return loom_gpt2_load(loom_gpt2_of(m), path);
     struct loom_ckpt_parts p = {.model = m};
     struct loom_ckpt_state st;
     uint64_t bytes;
@@ -389,6 +399,11 @@ int loom_checkpoint_peek_model(const char *path, struct loom_gpt2_config *cfg)
     /* the first checkpoint with a readable state gives the shape */
     for (int c = 0; rc == LOOM_OK && c < n; c++) {
         if (loom_ckpt_state_read(dirs[c], &st) == LOOM_OK) {
+            if (strcmp(st.model_type, "gpt2") != 0) {
+                rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not GPT-2", dirs[c], st.model_type);
+                loom_ckpt_state_free(&st);
+                break;
+            }
             *cfg = (struct loom_gpt2_config){st.num_layers, st.hidden_size, st.num_attention_heads,
                                              st.max_position_embeddings, st.vocab_size};
             loom_ckpt_state_free(&st);

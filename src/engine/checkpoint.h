@@ -25,6 +25,7 @@
 
 #include "comm/comm.h"
 #include "loom/config.h"
+#include "loom/model.h"
 #include "model/gpt2.h"
 #include "optim/adamw.h"
 #include "parallel/zero.h"
@@ -33,7 +34,7 @@
 struct loom_ckpt_parts {
     struct loom_config *cfg;
     const struct loom_topology *topo;
-    struct loom_gpt2 *model;
+    struct loom_model *model; /* GPT-2 or any model of blocks */
     struct loom_zero *zero;
     struct loom_adamw *opt;
 };
@@ -59,9 +60,9 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
  * seed. Must follow loom_zero_init and loom_adamw_init (and offload). */
 int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration, struct loom_ckpt_io_stats *stats);
 
-/* One process, weights only: from a checkpoint or save directory, or a
- * weights .safetensors file. */
-int loom_checkpoint_load_weights(struct loom_gpt2 *m, const char *path);
+/* One process, weights only, into the parameter arena: from a checkpoint or
+ * save directory, or (GPT-2) a weights .safetensors file. */
+int loom_checkpoint_load_weights(struct loom_model *m, const char *path);
 /* The model shape stored with a checkpoint or weights file. */
 int loom_checkpoint_peek_model(const char *path, struct loom_gpt2_config *cfg);
 

@@ -65,7 +65,7 @@ int loom_sample(struct loom_config *cfg)
     if ((rc = loom_gpt2_config_check(&mc, T))) return rc;
     if (cfg->threads > 0) loom_threads_set(cfg->threads);
     struct loom_gpt2 *m = loom_gpt2_create(&mc, 1, T);
-    if ((rc = loom_checkpoint_load_weights(m, cfg->load))) {
+    if ((rc = loom_checkpoint_load_weights(&m->base, cfg->load))) {
         loom_gpt2_free(m);
         return rc;
     }

@@ -1,10 +1,8 @@
 /*
- * The training loop: data, model, optimizer, schedule, evaluation, logging
- * and the closing summary, for one process or a data-parallel group. Rank r
- * of dp takes rows [(r*A + a)*B, +B) of the global batch for micro-batch a;
- * DDP (parallel/ddp.c) hooks in through the model's grad-ready hook and
- * after the backward. Start-up checks every rank runs the same config and
- * holds the same initial weights. Rank 0 alone prints and writes.
+ * `loom train` and `loom eval`: GPT-2 on token shards, driven through the
+ * engine (engine.c: layout, strategy, optimizer, step, checkpoints) as any
+ * model would be; here are the data, evaluation, the checkpoint cadence,
+ * logging, metrics and the closing summary. Rank 0 alone prints and writes.
  */
 #include "loom/train.h"
 
@@ -19,30 +17,26 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "comm/comm.h"
-#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/mfu.h"
 #include "engine/report.h"
 #include "io/fs.h"
 #include "io/sampler.h"
 #include "io/synth.h"
+#include "engine/engine_impl.h"
 #include "kernels/kernels.h"
 #include "model/gpt2.h"
-#include "optim/adamw.h"
-#include "optim/lr.h"
-#include "parallel/ddp.h"
-#include "parallel/zero.h"
 
 struct run {
     struct loom_config *cfg;
-    struct loom_topology topo;
+    struct loom_engine *engine;
+    const struct loom_topology *topo; /* the engine's */
     struct loom_data train, valid;
     int have_valid;
-    int init_sharded; /* ZeRO-3: weights are initialised shard by shard */
-    int resume;       /* --load names a checkpoint directory: restored after the optimizer exists */
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
     struct loom_gpt2 *model;
     int32_t *inputs, *targets; /* (B,T) */
+    struct loom_gpt2_batch batch; /* pointing at them */
 };
 
 /* With no --data-path: the built-in corpus, generated into the cache once. */
@@ -114,12 +108,12 @@ static double evaluate(struct run *r)
     double sum = 0;
     for (int i = 0; i < cfg->eval_iters; i++)
         for (int a = 0; a < A; a++) {
-            loom_data_eval_batch(&r->valid, i, cfg->global_batch_size, (r->topo.dp_rank * A + a) * B, B, T,
-                                 r->inputs, r->targets);
+            loom_data_eval_batch(&r->valid, i, cfg->global_batch_size, loom_engine_micro_batch_rows(r->engine, a), B,
+                                 T, r->inputs, r->targets);
             sum += loom_gpt2_forward(r->model, r->inputs, r->targets, B);
         }
     loom_comm_allreduce_sync(LOOM_GROUP_DP, &sum, 1, LOOM_F64, LOOM_OP_SUM);
-    return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo.dp) : 0;
+    return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo->dp) : 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -128,51 +122,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Every rank must run the same settings: compare per-setting fingerprints. */
-static int check_same_config(const struct loom_config *cfg)
-{
-    int n = loom_config_count();
-    uint64_t *lo = loom_alloc(sizeof(uint64_t) * (size_t)n, LOOM_MEM_OTHER);
-    uint64_t *hi = loom_alloc(sizeof(uint64_t) * (size_t)n, LOOM_MEM_OTHER);
-    for (int i = 0; i < n; i++) lo[i] = hi[i] = loom_config_hash(cfg, i, NULL);
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, lo, (size_t)n, LOOM_U64, LOOM_OP_MIN);
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, hi, (size_t)n, LOOM_U64, LOOM_OP_MAX);
-    int rc = LOOM_OK;
-    for (int i = 0; i < n && rc == LOOM_OK; i++)
-        if (lo[i] != hi[i]) {
-            const char *flag;
-            loom_config_hash(cfg, i, &flag);
-            rc = loom_error_set(LOOM_ERR_INPUT, "ranks disagree on %s: every rank must be started with the same configuration", flag);
-        }
-    loom_free(lo);
-    loom_free(hi);
-    return rc;
-}
-
-/* Every rank must start from the same weights: compare a checksum of the bits. */
-static int check_same_weights(const struct loom_gpt2 *m)
-{
-    uint64_t h[2] = {1469598103934665603ull, 0};
-    const uint32_t *w = (const uint32_t *)m->params;
-    for (size_t i = 0; i < m->num_params; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
-    h[1] = h[0];
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, &h[0], 1, LOOM_U64, LOOM_OP_MIN);
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, &h[1], 1, LOOM_U64, LOOM_OP_MAX);
-    if (h[0] != h[1])
-        return loom_error_set(LOOM_ERR_RUNTIME, "ranks hold different initial weights (checksums %016llx and %016llx)",
-                              (unsigned long long)h[0], (unsigned long long)h[1]);
-    return LOOM_OK;
-}
-
-/* A status every rank agrees on: the lowest failing rank keeps its message
- * to print, the others clear theirs. */
-static int agree(struct run *r, int rc)
-{
-    int first;
-    int all = loom_comm_agree(rc, &first);
-    if (all && first != r->topo.rank) loom_error_clear();
-    return all;
-}
+static int agree(struct run *r, int rc) { return loom_engine_agree(r->engine, rc); }
 
 /* --save must be usable before the first step, not after hours of training. */
 static int check_save_dir(const char *save)
@@ -183,46 +133,34 @@ static int check_save_dir(const char *save)
     return rc;
 }
 
-/* training: a checkpoint named by --load is restored by loom_train once the
- * optimizer exists; otherwise (eval) its weights are loaded here. */
+/* The engine, the data and GPT-2. Training hands the model to the engine
+ * (which allocates, initialises or resumes it); eval loads weights only. */
 static int setup(struct run *r, struct loom_config *cfg, int training)
 {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
-    int rc = loom_comm_setup(&r->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
-    loom_comm_set_timeout(cfg->comm_timeout);
-    if (rc == LOOM_OK && (r->topo.tp > 1 || r->topo.pp > 1))
-        rc = loom_error_set(LOOM_ERR_INPUT, "tensor and pipeline parallelism are not available in this version (--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d)",
-                            r->topo.tp, r->topo.pp);
-    if (rc == LOOM_OK) rc = loom_config_resolve(cfg, r->topo.dp);
-    if ((rc = agree(r, rc))) return rc;
-    if ((rc = agree(r, check_same_config(cfg)))) return rc;
+    int rc = loom_engine_init(&r->engine, cfg);
+    r->topo = &r->engine->topo;
+    if (rc) return rc;
     if (cfg->dry_run) { /* --dry-run: the configuration resolved on every rank; open and build nothing */
-        if (r->topo.rank == 0) loom_config_print(stdout, cfg);
+        if (r->topo->rank == 0) loom_config_print(stdout, cfg);
         return LOOM_OK;
     }
-    if (cfg->threads > 0) loom_threads_set(cfg->threads);
     struct loom_gpt2_config mc = {cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads,
                                   cfg->max_position_embeddings, cfg->vocab_size};
     rc = loom_gpt2_config_check(&mc, cfg->seq_length);
     if (rc == LOOM_OK) rc = open_data(r);
-    if (rc == LOOM_OK && training && *cfg->save && r->topo.rank == 0) rc = check_save_dir(cfg->save);
+    if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
-    /* ZeRO-3 never builds the whole model unless --load names a weights
-     * file: each rank initialises it unit by unit and keeps its shard
-     * (loom_zero_init_weights), or reads its shard from the checkpoint. The
-     * initialisation draws from (seed, block, tensor), and every rank's seed
-     * is the same (checked with the config), so no weight check is needed. */
-    const int from_dir = *cfg->load && loom_checkpoint_is_dir(cfg->load);
-    r->resume = training && from_dir;
-    r->init_sharded = training && cfg->zero_stage == 3 && r->topo.dp > 1 && (!*cfg->load || from_dir);
-    int arenas = (r->init_sharded ? 0 : LOOM_GPT2_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_GPT2_GRAD_ARENA : 0);
-    r->model = loom_gpt2_create_padded(&mc, cfg->micro_batch_size, cfg->seq_length,
-                                       loom_zero_arena_multiple(cfg->zero_stage, r->topo.dp), arenas);
-    if (*cfg->load && !r->resume) rc = loom_checkpoint_load_weights(r->model, cfg->load);
-    else if (!r->init_sharded && !r->resume) loom_gpt2_init_weights(r->model, (uint64_t)cfg->seed);
-    if ((rc = agree(r, rc))) return rc;
-    if (!r->init_sharded && !r->resume && (rc = agree(r, check_same_weights(r->model)))) return rc;
+    r->model = loom_gpt2_create_padded(&mc, cfg->micro_batch_size, cfg->seq_length, 1, 0);
+    if (training) {
+        rc = loom_engine_initialize(r->engine, &r->model->base);
+    } else {
+        loom_model_alloc_arenas(&r->model->base, 1, LOOM_MODEL_PARAM_ARENA);
+        rc = agree(r, *cfg->load ? loom_checkpoint_load_weights(&r->model->base, cfg->load)
+                                 : loom_error_set(LOOM_ERR_INPUT, "loom eval needs --load"));
+    }
+    if (rc) return rc;
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
     r->inputs = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
     r->targets = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
@@ -231,6 +169,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
 
 static void teardown(struct run *r)
 {
+    loom_engine_free(r->engine);
     loom_gpt2_free(r->model);
     loom_free(r->inputs);
     loom_free(r->targets);
@@ -254,12 +193,12 @@ static void print_memory(struct loom_report *rep)
 /* Peak memory of every rank, gathered for rank 0's metrics: (world, COUNT+1). */
 static int64_t *gather_memory(const struct run *r, const struct loom_mem_stats *mem)
 {
-    if (r->topo.world == 1) return NULL;
+    if (r->topo->world == 1) return NULL;
     const size_t k = LOOM_MEM_COUNT + 1;
     uint64_t mine[LOOM_MEM_COUNT + 1];
     for (int i = 0; i < LOOM_MEM_COUNT; i++) mine[i] = (uint64_t)mem->peak[i];
     mine[LOOM_MEM_COUNT] = (uint64_t)mem->peak_total;
-    int64_t *all = loom_alloc(sizeof(int64_t) * k * (size_t)r->topo.world, LOOM_MEM_OTHER);
+    int64_t *all = loom_alloc(sizeof(int64_t) * k * (size_t)r->topo->world, LOOM_MEM_OTHER);
     loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, mine, all, k, LOOM_U64));
     return all;
 }
@@ -270,10 +209,10 @@ static void print_rss(const struct run *r, struct loom_report *rep)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     uint64_t mine = (uint64_t)ru.ru_maxrss * 1024;
-    uint64_t *all = loom_alloc(sizeof(uint64_t) * (size_t)r->topo.world, LOOM_MEM_OTHER);
+    uint64_t *all = loom_alloc(sizeof(uint64_t) * (size_t)r->topo->world, LOOM_MEM_OTHER);
     loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, &mine, all, 1, LOOM_U64));
     char line[1024] = "", b[32];
-    for (int k = 0; k < r->topo.world && strlen(line) < sizeof line - 40; k++) {
+    for (int k = 0; k < r->topo->world && strlen(line) < sizeof line - 40; k++) {
         size_t l = strlen(line);
         snprintf(line + l, sizeof line - l, "%s%s", k ? ", " : "", loom_fmt_bytes(b, sizeof b, (double)all[k]));
     }
@@ -281,19 +220,64 @@ static void print_rss(const struct run *r, struct loom_report *rep)
     loom_free(all);
 }
 
-/* Collective: a checkpoint after `step` steps, reported by rank 0. */
-static int save(const struct loom_ckpt_parts *parts, int step, struct loom_report *rep)
+/* Collective: a checkpoint after the steps done, reported by rank 0. */
+static int save(struct run *r, struct loom_report *rep)
 {
-    struct loom_ckpt_io_stats io;
-    int rc = loom_checkpoint_save(parts, step, &io);
-    if (rc == LOOM_OK) {
-        char b[32];
-        loom_report_line(rep, "saved checkpoint %s: rank 0 wrote %s in %.2f s (%.0f MB/s)\n", io.dir,
-                         loom_fmt_bytes(b, sizeof b, (double)io.bytes), io.seconds, io.bytes / 1e6 / (io.seconds + 1e-9));
-    } else if (parts->topo->rank != 0) {
-        loom_error_clear(); /* every rank holds the message: rank 0 prints it */
-    }
+    int rc = loom_engine_save(r->engine);
+    const struct loom_ckpt_io_stats *io = &r->engine->save_io;
+    char b[32];
+    if (rc == LOOM_OK)
+        loom_report_line(rep, "saved checkpoint %s: rank 0 wrote %s in %.2f s (%.0f MB/s)\n", io->dir,
+                         loom_fmt_bytes(b, sizeof b, (double)io->bytes), io->seconds,
+                         io->bytes / 1e6 / (io->seconds + 1e-9));
     return rc;
+}
+
+/* The strategy and layout, once, before the first step. */
+static void report_layout(const struct run *r, struct loom_report *rep, double peak, const char *peak_src)
+{
+    const struct loom_config *cfg = r->cfg;
+    const struct loom_engine *e = r->engine;
+    const struct loom_zero *zero = &e->zero;
+    const struct loom_ddp *ddp = &e->ddp;
+    const size_t n = r->model->base.num_params;
+    char b[32], topo[96];
+    loom_topology_format(r->topo, topo, sizeof topo);
+    loom_report_line(rep, "model: GPT-2, %d layers, %d channels, %d heads, T=%d, V=%d: %zu parameters (%s)\n",
+                     cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads, cfg->seq_length, cfg->vocab_size, n,
+                     loom_fmt_bytes(b, sizeof b, 4.0 * n));
+    loom_report_line(rep, "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
+                     r->topo->world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
+    if (zero->stage >= 2)
+        loom_report_line(rep, "data parallel: ZeRO stage %d, gradients reduce-scattered per block into shards of %zu parameters%s\n",
+                         zero->stage, zero->shard, zero->stage == 3 ? ", parameters gathered per unit with prefetch" : "");
+    else if (r->topo->dp > 1)
+        loom_report_line(rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer state for %zu of %zu parameters)\n",
+                         ddp->naive ? "naive (one all-reduce)" : "bucketed", ddp->nbuckets, cfg->ddp_bucket_size,
+                         ddp->naive || !ddp->overlap ? "off" : "on", zero->stage, zero->end - zero->begin, n);
+    if (zero->stage == 3)
+        loom_report_line(rep, "ZeRO-3 gather units: %d (--zero3-min-params %lld)\n", zero->nunits,
+                         (long long)cfg->zero3_min_params);
+    if (e->resumed) {
+        const struct loom_ckpt_io_stats *io = &e->load_io;
+        loom_report_line(rep, "resumed at step %lld from %s: rank 0 read %s in %.2f s (%.0f MB/s)\n",
+                         (long long)e->steps + 1, io->dir, loom_fmt_bytes(b, sizeof b, (double)io->bytes), io->seconds,
+                         io->bytes / 1e6 / (io->seconds + 1e-9));
+    }
+}
+
+/* The engine's batch source: this rank's rows of the global batch of the step. */
+static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **batch, int *rows)
+{
+    struct run *r = ctx;
+    const struct loom_config *cfg = r->cfg;
+    loom_data_batch(&r->train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
+                    (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size, loom_engine_micro_batch_rows(e, micro),
+                    cfg->micro_batch_size, cfg->seq_length, r->inputs, r->targets);
+    r->batch = (struct loom_gpt2_batch){r->inputs, r->targets};
+    *batch = &r->batch;
+    *rows = cfg->micro_batch_size;
+    return LOOM_OK;
 }
 
 int loom_train(struct loom_config *cfg)
@@ -310,33 +294,7 @@ int loom_train(struct loom_config *cfg)
         teardown(&r);
         return rc;
     }
-    struct loom_gpt2 *m = r.model;
-    const int dp = r.topo.dp;
-    struct loom_zero zero;
-    loom_zero_init(&zero, cfg->zero_stage, dp, r.topo.dp_rank, m, cfg->zero3_min_params);
-    if (r.init_sharded && !r.resume) loom_zero_init_weights(&zero, (uint64_t)cfg->seed);
-    struct loom_adamw opt;
-    loom_adamw_init(&opt, zero.begin, zero.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay);
-    if (cfg->offload_optimizer == 1)
-        loom_log_warn("--offload-optimizer cpu: the CPU backend keeps the optimizer state in host memory already; nothing to move");
-    if (cfg->offload_optimizer == 2)
-        rc = agree(&r, loom_adamw_offload(&opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)));
-    const struct loom_ckpt_parts parts = {cfg, &r.topo, m, &zero, &opt};
-    int64_t done_steps = 0; /* steps a resumed checkpoint had taken */
-    struct loom_ckpt_io_stats io;
-    if (rc == LOOM_OK && r.resume) rc = agree(&r, loom_checkpoint_load(&parts, &done_steps, &io));
-    if (rc) {
-        loom_adamw_free(&opt);
-        loom_zero_free(&zero);
-        loom_report_close(&rep);
-        teardown(&r);
-        return rc;
-    }
-    struct loom_lr_schedule sched = loom_lr_schedule_from_config(cfg);
-    struct loom_ddp ddp = {0};
-    const int use_ddp = dp > 1 && zero.stage < 2; /* ZeRO-2 reduces gradients itself */
-    if (use_ddp) loom_ddp_init(&ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == 1);
-
+    struct loom_engine *e = r.engine;
     /* peak FLOP/s of the whole job: the sum over ranks */
     double peak = cfg->peak_tflops * 1e12;
     const char *peak_src = "given by --peak-tflops";
@@ -346,89 +304,50 @@ int loom_train(struct loom_config *cfg)
     }
     loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &peak, 1, LOOM_F64, LOOM_OP_SUM);
     if (loom_log_rank() == 0) loom_config_print(stdout, cfg);
-    char b[32], topo[96];
-    loom_topology_format(&r.topo, topo, sizeof topo);
-    loom_report_line(&rep, "model: GPT-2, %d layers, %d channels, %d heads, T=%d, V=%d: %zu parameters (%s)\n",
-                     cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads, cfg->seq_length,
-                     cfg->vocab_size, m->num_params, loom_fmt_bytes(b, sizeof b, 4.0 * m->num_params));
-    loom_report_line(&rep, "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
-                     r.topo.world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
-    if (zero.stage >= 2)
-        loom_report_line(&rep, "data parallel: ZeRO stage %d, gradients reduce-scattered per block into shards of %zu parameters%s\n",
-                         zero.stage, zero.shard, zero.stage == 3 ? ", parameters gathered per unit with prefetch" : "");
-    else if (dp > 1)
-        loom_report_line(&rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer state for %zu of %zu parameters)\n",
-                         ddp.naive ? "naive (one all-reduce)" : "bucketed", ddp.nbuckets, cfg->ddp_bucket_size,
-                         ddp.naive || !ddp.overlap ? "off" : "on", zero.stage, zero.end - zero.begin, m->num_params);
-    if (zero.stage == 3)
-        loom_report_line(&rep, "ZeRO-3 gather units: %d (--zero3-min-params %lld)\n", zero.nunits,
-                         (long long)cfg->zero3_min_params);
+    report_layout(&r, &rep, peak, peak_src);
 
-    if (r.resume) {
-        char mb[32];
-        loom_report_line(&rep, "resumed at step %lld from %s: rank 0 read %s in %.2f s (%.0f MB/s)\n",
-                         (long long)done_steps + 1, io.dir, loom_fmt_bytes(mb, sizeof mb, (double)io.bytes), io.seconds,
-                         io.bytes / 1e6 / (io.seconds + 1e-9));
-    }
-    const int B = cfg->micro_batch_size, T = cfg->seq_length, A = cfg->gradient_accumulation_steps;
-    const int G = cfg->global_batch_size;
-    const double flops_per_token = loom_gpt2_flops_per_token(m);
+    const int T = cfg->seq_length, G = cfg->global_batch_size;
+    const double flops_per_token = loom_gpt2_flops_per_token(r.model);
     double *step_tps = loom_alloc(sizeof(double) * (size_t)cfg->train_iters, LOOM_MEM_OTHER);
     double t_train = loom_now(), last_loss = 0, last_val = -1;
     /* LOOM_TEST_STALL=RANK:STEP makes one rank stop answering at a step: the
      * failure tests use it to exercise the communication deadline. */
     int stall_rank = -1, stall_step = -1;
     if (getenv("LOOM_TEST_STALL")) sscanf(getenv("LOOM_TEST_STALL"), "%d:%d", &stall_rank, &stall_step);
-    const int first = (int)done_steps + 1, nsteps = cfg->train_iters - (int)done_steps;
-    if (nsteps <= 0)
+    const int64_t done = loom_engine_steps_done(e);
+    if (done >= cfg->train_iters)
         loom_report_line(&rep, "the checkpoint has taken %lld steps, --train-iters is %d: nothing to train\n",
-                         (long long)done_steps, cfg->train_iters);
+                         (long long)done, cfg->train_iters);
     int ran = 0; /* steps completed in this run */
-    for (int step = first; step <= cfg->train_iters && rc == LOOM_OK; step++) {
-        loom_comm_set_step(step);
-        if (r.topo.rank == stall_rank && step == stall_step)
+    while (loom_engine_steps_done(e) < cfg->train_iters && rc == LOOM_OK) {
+        const int step = (int)loom_engine_steps_done(e) + 1;
+        if (r.topo->rank == stall_rank && step == stall_step)
             for (;;) pause();
         loom_mem_reset_peak();
         double t0 = loom_now();
-        loom_gpt2_zero_grad(m);
-        loom_zero_begin_step(&zero);
-        double loss = 0;
-        for (int a = 0; a < A; a++) {
-            loom_data_batch(&r.train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed, step - 1, G,
-                            (r.topo.dp_rank * A + a) * B, B, T, r.inputs, r.targets);
-            loss += loom_gpt2_forward(m, r.inputs, r.targets, B);
-            if (use_ddp) loom_ddp_begin_backward(&ddp, a == A - 1);
-            loom_gpt2_backward(m, 1.0f / (float)(A * dp));
-        }
-        if (use_ddp) loom_ddp_finish(&ddp);
-        loom_zero_finish_backward(&zero);
-        loom_comm_allreduce_sync(LOOM_GROUP_DP, &loss, 1, LOOM_F64, LOOM_OP_SUM);
-        loss /= (double)A * dp;
-        double norm = loom_zero_grad_norm(&zero);
-        double lr = loom_lr_at(&sched, step);
-        loom_adamw_step(&opt, m, loom_zero_params(&zero), loom_zero_grads(&zero), lr, loom_clip_coef(norm, cfg->clip_grad));
-        loom_zero_after_step(&zero);
+        struct loom_step_result res;
+        loom_engine_train_batch(e, next_batch, &r, &res);
         double dt = loom_now() - t0;
         double tps = (double)G * T / dt;
-        step_tps[step - first] = tps;
-        last_loss = loss;
+        step_tps[ran++] = tps;
+        last_loss = res.loss;
         if (step % cfg->log_interval == 0 || step == cfg->train_iters) {
-            struct loom_step_stats s = {step, cfg->train_iters, loss, lr, norm, tps,
-                                        tps * flops_per_token / peak, dt * 1e3, use_ddp ? ddp.wait_s * 1e3 : zero.stage >= 2 ? zero.wait_s * 1e3 : -1};
+            struct loom_step_stats s = {step, cfg->train_iters, res.loss, res.lr, res.grad_norm, tps,
+                                        tps * flops_per_token / peak, dt * 1e3,
+                                        res.comm_wait_s >= 0 ? res.comm_wait_s * 1e3 : -1};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
             int64_t *by_rank = gather_memory(&r, &mem);
-            loom_report_step(&rep, &s, &mem, by_rank, r.topo.world);
+            loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
             loom_free(by_rank);
         }
         if (r.have_valid && cfg->eval_iters > 0 && (step % cfg->eval_interval == 0 || step == cfg->train_iters)) {
             last_val = evaluate(&r);
             loom_report_eval(&rep, step, last_val, r.floor_nats);
         }
-        loom_report_progress(&rep, step, cfg->train_iters, loss);
-        ran++;
+        loom_report_progress(&rep, step, cfg->train_iters, res.loss);
         if (*cfg->save && ((cfg->save_interval && step % cfg->save_interval == 0) || step == cfg->train_iters))
-            rc = save(&parts, step, &rep);
+            rc = save(&r, &rep);
     }
     double elapsed = loom_now() - t_train;
     qsort(step_tps, (size_t)ran, sizeof(double), cmp_double);
@@ -448,9 +367,6 @@ int loom_train(struct loom_config *cfg)
     print_rss(&r, &rep);
     loom_free(step_tps);
     loom_report_close(&rep);
-    if (use_ddp) loom_ddp_free(&ddp);
-    loom_zero_free(&zero);
-    loom_adamw_free(&opt);
     teardown(&r);
     return rc;
 }
@@ -463,8 +379,8 @@ int loom_eval(struct loom_config *cfg)
         teardown(&r);
         return rc;
     }
-    if (rc == LOOM_OK && r.topo.world > 1)
-        rc = loom_error_set(LOOM_ERR_INPUT, "loom eval runs in one process (got %d ranks)", r.topo.world);
+    if (rc == LOOM_OK && r.topo->world > 1)
+        rc = loom_error_set(LOOM_ERR_INPUT, "loom eval runs in one process (got %d ranks)", r.topo->world);
     if (rc == LOOM_OK && !r.have_valid)
         rc = loom_error_set(LOOM_ERR_INPUT, "loom eval needs --valid-data-path (or no --data-path, for the built-in corpus)");
     if (rc == LOOM_OK) {

@@ -118,7 +118,8 @@ struct loom_ckpt_state {
     int64_t seed;
     int data_order;           /* enum loom_data_order */
     int64_t global_batch_size;
-    int num_layers, hidden_size, num_attention_heads, max_position_embeddings, vocab_size;
+    char model_type[32];      /* the model's name ("gpt2", or a user model's) */
+    int num_layers, hidden_size, num_attention_heads, max_position_embeddings, vocab_size; /* gpt2 only */
     int world_size, dp, tp, pp, zero_stage; /* the layout that wrote it (for the record) */
     int has_loss_scaler;
     double loss_scale;

@@ -69,12 +69,14 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
         cJSON_AddNullToObject(o, "loss_scaler");
     }
     cJSON *model = cJSON_AddObjectToObject(o, "model");
-    cJSON_AddStringToObject(model, "type", "gpt2");
-    cJSON_AddNumberToObject(model, "num_layers", st->num_layers);
-    cJSON_AddNumberToObject(model, "hidden_size", st->hidden_size);
-    cJSON_AddNumberToObject(model, "num_attention_heads", st->num_attention_heads);
-    cJSON_AddNumberToObject(model, "max_position_embeddings", st->max_position_embeddings);
-    cJSON_AddNumberToObject(model, "vocab_size", st->vocab_size);
+    cJSON_AddStringToObject(model, "type", st->model_type);
+    if (strcmp(st->model_type, "gpt2") == 0) {
+        cJSON_AddNumberToObject(model, "num_layers", st->num_layers);
+        cJSON_AddNumberToObject(model, "hidden_size", st->hidden_size);
+        cJSON_AddNumberToObject(model, "num_attention_heads", st->num_attention_heads);
+        cJSON_AddNumberToObject(model, "max_position_embeddings", st->max_position_embeddings);
+        cJSON_AddNumberToObject(model, "vocab_size", st->vocab_size);
+    }
     cJSON *layout = cJSON_AddObjectToObject(o, "layout");
     cJSON_AddNumberToObject(layout, "world_size", st->world_size);
     cJSON_AddNumberToObject(layout, "data_parallel_size", st->dp);
@@ -224,12 +226,20 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
         rc = loom_error_set(LOOM_ERR_INPUT, "loss_scaler: expected an object or null");
         goto done;
     }
-    if ((rc = get_int32(model, "model.", "num_layers", 1, 1 << 20, &st->num_layers)) ||
-        (rc = get_int32(model, "model.", "hidden_size", 1, 1 << 20, &st->hidden_size)) ||
-        (rc = get_int32(model, "model.", "num_attention_heads", 1, 1 << 20, &st->num_attention_heads)) ||
-        (rc = get_int32(model, "model.", "max_position_embeddings", 1, 1 << 24, &st->max_position_embeddings)) ||
-        (rc = get_int32(model, "model.", "vocab_size", 1, 1 << 30, &st->vocab_size)) ||
-        (rc = get_int32(layout, "layout.", "world_size", 1, 1 << 24, &st->world_size)) ||
+    const cJSON *type = member(model, "type");
+    if (!cJSON_IsString(type) || !*type->valuestring || strlen(type->valuestring) >= sizeof st->model_type) {
+        rc = loom_error_set(LOOM_ERR_INPUT, "model.type: expected a model name");
+        goto done;
+    }
+    snprintf(st->model_type, sizeof st->model_type, "%s", type->valuestring);
+    if (strcmp(st->model_type, "gpt2") == 0 &&
+        ((rc = get_int32(model, "model.", "num_layers", 1, 1 << 20, &st->num_layers)) ||
+         (rc = get_int32(model, "model.", "hidden_size", 1, 1 << 20, &st->hidden_size)) ||
+         (rc = get_int32(model, "model.", "num_attention_heads", 1, 1 << 20, &st->num_attention_heads)) ||
+         (rc = get_int32(model, "model.", "max_position_embeddings", 1, 1 << 24, &st->max_position_embeddings)) ||
+         (rc = get_int32(model, "model.", "vocab_size", 1, 1 << 30, &st->vocab_size))))
+        goto done;
+    if ((rc = get_int32(layout, "layout.", "world_size", 1, 1 << 24, &st->world_size)) ||
         (rc = get_int32(layout, "layout.", "data_parallel_size", 1, 1 << 24, &st->dp)) ||
         (rc = get_int32(layout, "layout.", "tensor_model_parallel_size", 1, 1 << 24, &st->tp)) ||
         (rc = get_int32(layout, "layout.", "pipeline_model_parallel_size", 1, 1 << 24, &st->pp)) ||

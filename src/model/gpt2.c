@@ -34,24 +34,15 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
 
 static void add_tensor(struct loom_block *b, const char *name, int ndim, int64_t d0, int64_t d1)
 {
-    LOOM_ASSERT(b->ntensors < LOOM_BLOCK_MAX_TENSORS);
-    struct loom_tensor *t = &b->tensors[b->ntensors++];
-    LOOM_ASSERT(strlen(name) < sizeof t->name);
-    strcpy(t->name, name);
-    t->ndim = ndim;
-    t->shape[0] = d0;
-    t->shape[1] = ndim > 1 ? d1 : 1;
-    t->numel = (size_t)d0 * (size_t)t->shape[1];
-    t->offset = b->numel;
-    t->decay = ndim >= 2;
-    b->numel += t->numel;
+    const int64_t shape[2] = {d0, d1};
+    loom_block_add_tensor(b, name, ndim, shape);
 }
 
 static void layout_blocks(struct loom_gpt2 *m)
 {
     const int L = m->cfg.num_layers, C = m->cfg.hidden;
     char name[LOOM_TENSOR_NAME_MAX];
-    struct loom_block *e = &m->blocks[0];
+    struct loom_block *e = &m->base.blocks[0];
     e->kind = LOOM_BLOCK_EMBEDDING;
     e->layer = -1;
     add_tensor(e, "wte.weight", 2, m->cfg.vocab, C);
@@ -65,7 +56,7 @@ static void layout_blocks(struct loom_gpt2 *m)
         {"mlp.c_proj.weight", 2, 4, 1},  {"mlp.c_proj.bias", 1, 1, 0},
     };
     for (int l = 0; l < L; l++) {
-        struct loom_block *b = &m->blocks[1 + l];
+        struct loom_block *b = &m->base.blocks[1 + l];
         b->kind = LOOM_BLOCK_LAYER;
         b->layer = l;
         for (size_t i = 0; i < sizeof layer_tensors / sizeof layer_tensors[0]; i++) {
@@ -74,7 +65,7 @@ static void layout_blocks(struct loom_gpt2 *m)
                        (int64_t)layer_tensors[i].cols * C);
         }
     }
-    struct loom_block *h = &m->blocks[L + 1];
+    struct loom_block *h = &m->base.blocks[L + 1];
     h->kind = LOOM_BLOCK_HEAD;
     h->layer = -1;
     add_tensor(h, "ln_f.weight", 1, C, 0);
@@ -83,9 +74,41 @@ static void layout_blocks(struct loom_gpt2 *m)
 
 static float *act(size_t n) { return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS); }
 
+static void init_block(struct loom_model *model, int bi, uint64_t seed);
+
+static float forward(struct loom_model *model, const void *batch, int rows)
+{
+    const struct loom_gpt2_batch *b = batch;
+    return loom_gpt2_forward(loom_gpt2_of(model), b->inputs, b->targets, rows);
+}
+
+static void backward(struct loom_model *model, float loss_weight) { loom_gpt2_backward(loom_gpt2_of(model), loss_weight); }
+
+static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *te)
+{
+    struct loom_gpt2 *m = loom_gpt2_of(model);
+    *te = (struct loom_tied_embedding){.block = 0,
+                                       .vocab = m->cfg.vocab,
+                                       .width = m->cfg.hidden,
+                                       .max_rows = (size_t)m->B * m->T,
+                                       .rows = (size_t)m->fwd_B * m->T,
+                                       .tokens = m->inputs,
+                                       .dout = m->dres,
+                                       .defer = &m->defer_wte_scatter};
+    return 1;
+}
+
+static const struct loom_model_ops gpt2_ops = {forward, backward, init_block, tied_embedding};
+
+struct loom_gpt2 *loom_gpt2_of(struct loom_model *m)
+{
+    LOOM_ASSERT(m->ops == &gpt2_ops);
+    return m->user;
+}
+
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T)
 {
-    return loom_gpt2_create_padded(cfg, B, T, 1, LOOM_GPT2_PARAM_ARENA | LOOM_GPT2_GRAD_ARENA);
+    return loom_gpt2_create_padded(cfg, B, T, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
 }
 
 struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
@@ -97,20 +120,13 @@ struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, in
     m->T = T;
     const int L = cfg->num_layers, NH = cfg->heads;
     const size_t C = (size_t)cfg->hidden, N = (size_t)B * T, V = (size_t)cfg->vocab;
-    m->nblocks = L + 2;
-    m->blocks = loom_alloc(sizeof *m->blocks * (size_t)m->nblocks, LOOM_MEM_OTHER);
+    loom_model_init(&m->base, &gpt2_ops, "gpt2", L + 2);
+    m->base.user = m;
     layout_blocks(m);
-    for (int i = 0; i < m->nblocks; i++) m->num_params += m->blocks[i].numel;
+    loom_model_layout_done(&m->base);
     /* one arena each for parameters and gradients, blocks in order, so that a
      * run of consecutive blocks is one contiguous range (a DDP bucket) */
-    LOOM_ASSERT(multiple >= 1);
-    m->arena_numel = (m->num_params + multiple - 1) / multiple * multiple;
-    if (arenas & LOOM_GPT2_PARAM_ARENA) m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
-    if (arenas & LOOM_GPT2_GRAD_ARENA) m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
-    for (size_t i = 0, off = 0; i < (size_t)m->nblocks; off += m->blocks[i].numel, i++) {
-        m->blocks[i].params = m->params ? m->params + off : NULL;
-        m->blocks[i].grads = m->grads ? m->grads + off : NULL;
-    }
+    if (arenas) loom_model_alloc_arenas(&m->base, multiple, arenas);
     const size_t att = (size_t)B * NH * T * T;
     m->layers = loom_alloc(sizeof *m->layers * (size_t)L, LOOM_MEM_OTHER);
     for (int l = 0; l < L; l++) {
@@ -149,8 +165,7 @@ struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, in
 void loom_gpt2_free(struct loom_gpt2 *m)
 {
     if (!m) return;
-    loom_free(m->params);
-    loom_free(m->grads);
+    loom_model_release(&m->base);
     for (int l = 0; l < m->cfg.num_layers; l++) {
         struct loom_layer_acts *a = &m->layers[l];
         float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->res2,
@@ -162,20 +177,15 @@ void loom_gpt2_free(struct loom_gpt2 *m)
                      m->datt,    m->dbuf4a, m->dbuf4b,  m->scratchC};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->layers);
-    loom_free(m->blocks);
     loom_free(m);
 }
 
-void loom_gpt2_init_weights(struct loom_gpt2 *m, uint64_t seed)
+static void init_block(struct loom_model *model, int bi, uint64_t seed)
 {
-    for (int bi = 0; bi < m->nblocks; bi++) loom_gpt2_init_block(m, bi, seed);
-}
-
-void loom_gpt2_init_block(struct loom_gpt2 *m, int bi, uint64_t seed)
-{
+    struct loom_gpt2 *m = loom_gpt2_of(model);
     const double proj_std = 0.02 / sqrt(2.0 * m->cfg.num_layers);
     {
-        struct loom_block *b = &m->blocks[bi];
+        struct loom_block *b = &m->base.blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++) {
             struct loom_tensor *t = &b->tensors[ti];
             float *p = b->params + t->offset;
@@ -195,13 +205,6 @@ void loom_gpt2_init_block(struct loom_gpt2 *m, int bi, uint64_t seed)
     }
 }
 
-static void hook(struct loom_gpt2 *m, loom_block_hook fn, int block)
-{
-    if (fn) fn(m->grad_ready_ctx, block);
-}
-
-static float *param(struct loom_block *b, int i) { return b->params + b->tensors[i].offset; }
-static float *grad(struct loom_block *b, int i) { return b->grads + b->tensors[i].offset; }
 
 /* indices of the tensors of a layer block, in layout order */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
@@ -214,33 +217,33 @@ float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_
     m->inputs = inputs;
     m->targets = targets;
     m->fwd_B = B;
-    struct loom_block *emb = &m->blocks[0];
-    hook(m, m->pre_forward, 0);
-    loom_embedding_forward(m->encoded, inputs, param(emb, 0), param(emb, 1), B, T, C);
-    hook(m, m->post_forward, 0);
+    struct loom_block *emb = &m->base.blocks[0];
+    loom_model_forward_begin(&m->base, 0);
+    loom_embedding_forward(m->encoded, inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
+    loom_model_forward_end(&m->base, 0);
     const float *res = m->encoded;
     for (int l = 0; l < L; l++) {
-        struct loom_block *b = &m->blocks[1 + l];
+        struct loom_block *b = &m->base.blocks[1 + l];
         struct loom_layer_acts *a = &m->layers[l];
-        hook(m, m->pre_forward, 1 + l);
-        loom_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, param(b, LN1_W), param(b, LN1_B), N, C);
-        loom_matmul_forward(a->qkv, a->ln1, param(b, QKV_W), param(b, QKV_B), N, C, 3 * C);
+        loom_model_forward_begin(&m->base, 1 + l);
+        loom_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B), N, C);
+        loom_matmul_forward(a->qkv, a->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * C);
         loom_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
-        loom_matmul_forward(m->scratchC, a->atty, param(b, ATTPROJ_W), param(b, ATTPROJ_B), N, C, C);
+        loom_matmul_forward(m->scratchC, a->atty, loom_param(b, ATTPROJ_W), loom_param(b, ATTPROJ_B), N, C, C);
         loom_residual_forward(a->res2, res, m->scratchC, (size_t)N * C);
-        loom_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, param(b, LN2_W), param(b, LN2_B), N, C);
-        loom_matmul_forward(a->fch, a->ln2, param(b, FC_W), param(b, FC_B), N, C, 4 * C);
+        loom_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, loom_param(b, LN2_W), loom_param(b, LN2_B), N, C);
+        loom_matmul_forward(a->fch, a->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * C);
         loom_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
-        loom_matmul_forward(m->scratchC, a->fch_gelu, param(b, FCPROJ_W), param(b, FCPROJ_B), N, 4 * C, C);
+        loom_matmul_forward(m->scratchC, a->fch_gelu, loom_param(b, FCPROJ_W), loom_param(b, FCPROJ_B), N, 4 * C, C);
         loom_residual_forward(a->res3, a->res2, m->scratchC, (size_t)N * C);
-        hook(m, m->post_forward, 1 + l);
+        loom_model_forward_end(&m->base, 1 + l);
         res = a->res3;
     }
-    struct loom_block *head = &m->blocks[L + 1];
-    hook(m, m->pre_forward, L + 1);
-    loom_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, param(head, 0), param(head, 1), N, C);
-    hook(m, m->post_forward, L + 1);
-    loom_lm_head_forward(m->logits, m->lnf, param(emb, 0), N, C, V);
+    struct loom_block *head = &m->base.blocks[L + 1];
+    loom_model_forward_begin(&m->base, L + 1);
+    loom_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, loom_param(head, 0), loom_param(head, 1), N, C);
+    loom_model_forward_end(&m->base, L + 1);
+    loom_lm_head_forward(m->logits, m->lnf, loom_param(emb, 0), N, C, V);
     if (!targets) return 0.0f;
     loom_crossentropy_forward(m->losses, m->lse, m->logits, targets, N, V);
     double sum = 0;
@@ -248,81 +251,55 @@ float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_
     return (float)(sum / N);
 }
 
-static void block_done(struct loom_gpt2 *m, int block)
-{
-    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, block);
-}
-
-static void block_begin(struct loom_gpt2 *m, int block)
-{
-    if (m->pre_backward) m->pre_backward(m->grad_ready_ctx, block);
-}
-
 void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
 {
     LOOM_ASSERT(m->targets != NULL);
     const int B = m->fwd_B, T = m->T, C = m->cfg.hidden, NH = m->cfg.heads, V = m->cfg.vocab;
     const int L = m->cfg.num_layers, N = B * T;
-    struct loom_block *emb = &m->blocks[0], *head = &m->blocks[L + 1];
+    struct loom_block *emb = &m->base.blocks[0], *head = &m->base.blocks[L + 1];
     const float *lnf_in = L > 0 ? m->layers[L - 1].res3 : m->encoded;
 
     /* loss -> logits (in place) -> final norm */
     loom_crossentropy_backward(m->logits, m->lse, m->logits, m->targets, loss_weight / (float)N, N, V);
-    block_begin(m, 0);
-    block_begin(m, L + 1);
-    loom_lm_head_backward(m->dbufC, grad(emb, 0), m->logits, m->lnf, param(emb, 0), N, C, V);
-    block_done(m, LOOM_GRAD_READY_WTE_HEAD);
+    loom_model_backward_begin(&m->base, 0);
+    loom_model_backward_begin(&m->base, L + 1);
+    loom_lm_head_backward(m->dbufC, loom_grad(emb, 0), m->logits, m->lnf, loom_param(emb, 0), N, C, V);
+    loom_model_grads_ready(&m->base, LOOM_GRAD_READY_TIED_HEAD);
     memset(m->dres, 0, (size_t)N * C * sizeof(float));
-    loom_layernorm_backward(m->dres, grad(head, 0), grad(head, 1), m->dbufC, lnf_in, param(head, 0),
+    loom_layernorm_backward(m->dres, loom_grad(head, 0), loom_grad(head, 1), m->dbufC, lnf_in, loom_param(head, 0),
                             m->lnf_mean, m->lnf_rstd, N, C);
-    block_done(m, L + 1);
+    loom_model_grads_ready(&m->base, L + 1);
 
     /* m->dres is the gradient of the residual stream, flowing down */
     for (int l = L - 1; l >= 0; l--) {
-        struct loom_block *b = &m->blocks[1 + l];
+        struct loom_block *b = &m->base.blocks[1 + l];
         struct loom_layer_acts *a = &m->layers[l];
         const float *res = l > 0 ? m->layers[l - 1].res3 : m->encoded;
-        block_begin(m, 1 + l);
+        loom_model_backward_begin(&m->base, 1 + l);
         /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))) */
-        loom_matmul_backward(m->dbuf4a, grad(b, FCPROJ_W), grad(b, FCPROJ_B), m->dres, a->fch_gelu,
-                             param(b, FCPROJ_W), N, 4 * C, C);
+        loom_matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), m->dres, a->fch_gelu,
+                             loom_param(b, FCPROJ_W), N, 4 * C, C);
         loom_gelu_backward(m->dbuf4b, m->dbuf4a, a->fch, (size_t)N * 4 * C);
-        loom_matmul_backward(m->dbufC, grad(b, FC_W), grad(b, FC_B), m->dbuf4b, a->ln2, param(b, FC_W),
+        loom_matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b, a->ln2, loom_param(b, FC_W),
                              N, C, 4 * C);
-        loom_layernorm_backward(m->dres, grad(b, LN2_W), grad(b, LN2_B), m->dbufC, a->res2,
-                                param(b, LN2_W), a->ln2_mean, a->ln2_rstd, N, C);
+        loom_layernorm_backward(m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), m->dbufC, a->res2,
+                                loom_param(b, LN2_W), a->ln2_mean, a->ln2_rstd, N, C);
         /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
-        loom_matmul_backward(m->dbufC, grad(b, ATTPROJ_W), grad(b, ATTPROJ_B), m->dres, a->atty,
-                             param(b, ATTPROJ_W), N, C, C);
+        loom_matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), m->dres, a->atty,
+                             loom_param(b, ATTPROJ_W), N, C, C);
         loom_attention_backward(m->dqkv, m->datt, m->dbufC, a->att, a->qkv, B, T, C, NH);
-        loom_matmul_backward(m->dbufC, grad(b, QKV_W), grad(b, QKV_B), m->dqkv, a->ln1, param(b, QKV_W),
+        loom_matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv, a->ln1, loom_param(b, QKV_W),
                              N, C, 3 * C);
-        loom_layernorm_backward(m->dres, grad(b, LN1_W), grad(b, LN1_B), m->dbufC, res, param(b, LN1_W),
+        loom_layernorm_backward(m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), m->dbufC, res, loom_param(b, LN1_W),
                                 a->ln1_mean, a->ln1_rstd, N, C);
-        block_done(m, 1 + l);
+        loom_model_grads_ready(&m->base, 1 + l);
     }
-    loom_embedding_backward(m->defer_wte_scatter ? NULL : grad(emb, 0), grad(emb, 1), m->dres, m->inputs, B, T, C);
-    block_done(m, 0);
-}
-
-void loom_gpt2_zero_grad(struct loom_gpt2 *m)
-{
-    if (m->grads) memset(m->grads, 0, m->arena_numel * sizeof(float));
-}
-
-struct loom_tensor *loom_gpt2_find(struct loom_gpt2 *m, const char *name, struct loom_block **block_out)
-{
-    for (int i = 0; i < m->nblocks; i++)
-        for (int j = 0; j < m->blocks[i].ntensors; j++)
-            if (strcmp(m->blocks[i].tensors[j].name, name) == 0) {
-                if (block_out) *block_out = &m->blocks[i];
-                return &m->blocks[i].tensors[j];
-            }
-    return NULL;
+    loom_embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres, m->inputs, B, T, C);
+    loom_model_grads_ready(&m->base, 0);
 }
 
 double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)
 {
-    return 6.0 * (double)m->num_params +
+    return 6.0 * (double)m->base.num_params +
            12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
 }

@@ -1,11 +1,9 @@
 /*
- * GPT-2 as an ordered list of blocks: the embedding block (wte, wpe), L
+ * GPT-2 as a loom_model (loom/model.h): the embedding block (wte, wpe), L
  * transformer layers, and the head block (final LayerNorm; the LM head is
- * tied to wte, which the embedding block owns). Each block owns its
- * parameters and gradients in one flat buffer each (consecutive slices of
- * one arena, so consecutive blocks are one contiguous range), reached through named
- * tensors with Hugging Face GPT-2 names: the unit that ZeRO-3 gathers and
- * pipeline parallelism places.
+ * tied to wte, which the embedding block owns, and offered to data-parallel
+ * strategies as a loom_tied_embedding). Tensors carry Hugging Face GPT-2
+ * names.
  *
  * Matmul weights are stored [in, out] as Hugging Face's Conv1D stores them.
  * The vocabulary is not padded. Not here: the optimizer, data, parallelism.
@@ -16,8 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LOOM_BLOCK_MAX_TENSORS 12
-#define LOOM_TENSOR_NAME_MAX 48
+#include "loom/model.h"
 
 struct loom_gpt2_config {
     int num_layers;  /* L */
@@ -34,26 +31,6 @@ enum loom_block_kind {
     LOOM_BLOCK_KIND_COUNT
 };
 
-/* A named tensor inside its block's flat buffers. */
-struct loom_tensor {
-    char name[LOOM_TENSOR_NAME_MAX]; /* e.g. "h.3.attn.c_attn.weight" */
-    int ndim;
-    int64_t shape[2];
-    size_t offset; /* into the block's params/grads, in elements */
-    size_t numel;
-    int decay; /* weight decay applies: tensors of two or more dimensions */
-};
-
-struct loom_block {
-    enum loom_block_kind kind;
-    int layer; /* layer index for LOOM_BLOCK_LAYER, -1 otherwise */
-    int ntensors;
-    struct loom_tensor tensors[LOOM_BLOCK_MAX_TENSORS];
-    size_t numel;
-    float *params; /* (numel) */
-    float *grads;  /* (numel) */
-};
-
 /* Saved forward state of one transformer layer, for B sequences of T. */
 struct loom_layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
@@ -66,23 +43,10 @@ struct loom_layer_acts {
     float *res3;                      /* (B,T,C) residual after MLP: the layer's output */
 };
 
-/* Called in backward as soon as a block's gradients are complete (blocks
- * finish in reverse order): the hook data-parallel strategies start their
- * reduction from. One more event, LOOM_GRAD_READY_WTE_HEAD, comes right
- * after the LM head's backward: with defer_wte_scatter set, wte's gradient is
- * then final but for the token-embedding scatter, which the backward leaves
- * out (the hook's owner applies it from dres and inputs later). */
-typedef void (*loom_block_hook)(void *ctx, int block);
-#define LOOM_GRAD_READY_WTE_HEAD (-1)
-
 struct loom_gpt2 {
+    struct loom_model base; /* L + 2 blocks: [embedding, layers..., head]; base.user is this */
     struct loom_gpt2_config cfg;
     int B, T; /* activation capacity: micro-batch rows and sequence length */
-    int nblocks; /* L + 2: [embedding, layers..., head] */
-    struct loom_block *blocks;
-    size_t num_params;
-    float *params, *grads; /* (arena_numel) each: the blocks' buffers, in block order; either may be NULL */
-    size_t arena_numel;    /* num_params rounded up (zero padding), for equal shards */
 
     /* activations */
     struct loom_layer_acts *layers; /* (L) */
@@ -100,17 +64,7 @@ struct loom_gpt2 {
     float *dbuf4a, *dbuf4b; /* (B,T,4C) */
     float *scratchC; /* (B,T,C) forward scratch for projections */
 
-    loom_block_hook grad_ready;
-    /* Called before the backward first uses a block (block 0, which owns the
-     * tied wte, comes first): where a strategy that keeps no gradient arena
-     * points the block's grads at a zeroed buffer, and ZeRO-3 makes sure the
-     * block's parameters are gathered. */
-    loom_block_hook pre_backward;
-    /* Called around each block's forward (the LM head's use of wte comes
-     * after post_forward(0): a strategy keeps block 0 for the whole step). */
-    loom_block_hook pre_forward, post_forward;
-    void *grad_ready_ctx; /* the context of all four hooks */
-    int defer_wte_scatter; /* leave the dwte scatter out of this backward */
+    int defer_wte_scatter; /* leave the dwte scatter out of this backward (loom_tied_embedding) */
 };
 
 /* Checks the shape settings; LOOM_ERR_INPUT naming what is wrong. */
@@ -121,22 +75,29 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T);
 /* The same with the arenas padded to a multiple of `multiple` elements, so a
  * data-parallel group can split them into equal shards, and only the arenas
- * asked for: a strategy that provides the blocks' gradient buffers through
+ * asked for (LOOM_MODEL_PARAM_ARENA, LOOM_MODEL_GRAD_ARENA; 0 leaves them to
+ * the engine): a strategy that provides the blocks' gradient buffers through
  * pre_backward (ZeRO-2) needs no gradient arena, one that gathers their
  * parameters (ZeRO-3) no parameter arena. */
-#define LOOM_GPT2_PARAM_ARENA 1
-#define LOOM_GPT2_GRAD_ARENA 2
 struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
                                           int arenas);
 void loom_gpt2_free(struct loom_gpt2 *m);
 
-/* GPT-2 initialisation: weights normal(0, 0.02), residual output projections
- * (attn.c_proj, mlp.c_proj) normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm
- * gains 1. Each tensor draws from its own stream seeded from (seed, block,
- * tensor), so a block's initial weights do not depend on any other's. */
-void loom_gpt2_init_weights(struct loom_gpt2 *m, uint64_t seed);
-/* The same for one block, whose params must point at its buffer. */
-void loom_gpt2_init_block(struct loom_gpt2 *m, int block, uint64_t seed);
+/* GPT-2 initialisation (the model's init_block): weights normal(0, 0.02),
+ * residual output projections (attn.c_proj, mlp.c_proj) normal(0,
+ * 0.02/sqrt(2L)), biases 0, LayerNorm gains 1. Each tensor draws from its own
+ * stream seeded from (seed, block, tensor), so a block's initial weights do
+ * not depend on any other's. loom_model_init_weights(&m->base, seed) runs it
+ * over every block. */
+
+/* The GPT-2 behind a loom_model built by loom_gpt2_create. */
+struct loom_gpt2 *loom_gpt2_of(struct loom_model *m);
+
+/* A micro-batch for the model's forward (loom_model_ops.forward): rows of T
+ * tokens; targets NULL computes logits only. */
+struct loom_gpt2_batch {
+    const int32_t *inputs, *targets; /* (rows, T) each */
+};
 
 /* Forward over B <= m->B rows of m->T tokens. With targets, returns the mean
  * loss over the B*T positions; without (NULL), computes logits only and
@@ -146,10 +107,6 @@ float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_
 /* Backward of loss_weight x (the mean loss of the last forward). Parameter
  * gradients accumulate, so micro-batches add up; the caller zeroes them. */
 void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight);
-void loom_gpt2_zero_grad(struct loom_gpt2 *m);
-
-/* The tensor with this Hugging Face name, or NULL; *block_out gets its block. */
-struct loom_tensor *loom_gpt2_find(struct loom_gpt2 *m, const char *name, struct loom_block **block_out);
 
 /* FLOPs per token of one training step (forward + backward): 6N + 12 L T C. */
 double loom_gpt2_flops_per_token(const struct loom_gpt2 *m);

@@ -45,8 +45,8 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
     struct loom_st st;
     int rc = loom_st_open(&st, path);
     if (rc) return rc;
-    for (int bi = 0; bi < m->nblocks; bi++) {
-        struct loom_block *b = &m->blocks[bi];
+    for (int bi = 0; bi < m->base.nblocks; bi++) {
+        struct loom_block *b = &m->base.blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++) {
             const struct loom_tensor *t = &b->tensors[ti];
             const struct loom_st_tensor *s = find_tensor(&st, t->name);
@@ -74,7 +74,7 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
     /* GPT-2 tensors the model does not have are refused, not silently dropped */
     for (int i = 0; i < loom_st_count(&st); i++) {
         const char *name = loom_st_at(&st, i)->name;
-        if (!ignorable(name) && !loom_gpt2_find(m, unprefixed(name), NULL)) {
+        if (!ignorable(name) && !loom_model_find(&m->base, unprefixed(name), NULL)) {
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", path,
                                 name, m->cfg.num_layers);
             goto fail;
@@ -96,12 +96,12 @@ int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct
                        int nextra, const char *const *meta_kv, int nmeta)
 {
     int n = nextra;
-    for (int bi = 0; bi < m->nblocks; bi++) n += m->blocks[bi].ntensors;
+    for (int bi = 0; bi < m->base.nblocks; bi++) n += m->base.blocks[bi].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     if (!ts) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
     int k = 0;
-    for (int bi = 0; bi < m->nblocks; bi++) {
-        const struct loom_block *b = &m->blocks[bi];
+    for (int bi = 0; bi < m->base.nblocks; bi++) {
+        const struct loom_block *b = &m->base.blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++, k++) {
             const struct loom_tensor *t = &b->tensors[ti];
             ts[k].name = t->name;

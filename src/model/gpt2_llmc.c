@@ -166,9 +166,10 @@ static float *model_tensor(const struct loom_gpt2 *m, const struct llmc_dims *d,
 {
     char name[LOOM_TENSOR_NAME_MAX];
     snprintf(name, sizeof name, kinds[k].loom, l);
-    struct loom_block *b;
-    struct loom_tensor *t = loom_gpt2_find((struct loom_gpt2 *)m, name, &b);
+    int bi;
+    struct loom_tensor *t = loom_model_find((struct loom_model *)&m->base, name, &bi);
     LOOM_ASSERT(t != NULL);
+    const struct loom_block *b = &m->base.blocks[bi];
     int64_t rows = dim_value(d, kinds[k].rows), cols = dim_value(d, kinds[k].cols);
     if (k == 0) rows = d->V; /* wte: the model has no padding rows */
     LOOM_ASSERT(t->numel == (size_t)(rows * cols));
@@ -325,7 +326,7 @@ int loom_llmc_read(const char *path, struct loom_gpt2 **out, struct loom_llmc_ex
                                    .max_pos = (int)d.maxT,
                                    .vocab = (int)d.V};
     if ((rc = loom_gpt2_config_check(&cfg, 1))) goto fail;
-    struct loom_gpt2 *m = loom_gpt2_create_padded(&cfg, 1, 1, 1, LOOM_GPT2_PARAM_ARENA);
+    struct loom_gpt2 *m = loom_gpt2_create_padded(&cfg, 1, 1, 1, LOOM_MODEL_PARAM_ARENA);
     size_t npad = (size_t)(d.Vp - d.V) * (size_t)d.C;
     float *pad = npad ? loom_alloc(npad * sizeof(float), LOOM_MEM_PARAMS) : NULL;
     copy_params(m, &d, (unsigned char *)map + LOOM_LLMC_HEADER_BYTES, version, 1, pad);

@@ -120,7 +120,7 @@ float loom_clip_coef(double norm, double max_norm)
     return c < 1.0 ? (float)c : 1.0f;
 }
 
-void loom_adamw_step(struct loom_adamw *opt, const struct loom_gpt2 *m, float *params, const float *grads,
+void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *params, const float *grads,
                      double lr, float grad_scale)
 {
     opt->t++;

@@ -9,7 +9,7 @@
 #ifndef LOOM_OPTIM_ADAMW_H
 #define LOOM_OPTIM_ADAMW_H
 
-#include "model/gpt2.h"
+#include "loom/model.h"
 
 struct loom_adamw {
     double beta1, beta2, eps, weight_decay;
@@ -44,7 +44,7 @@ float loom_clip_coef(double norm, double max_norm);
  * arena: params and grads (end - begin each) hold them (slices of the arenas,
  * or ZeRO shards); gradients are multiplied by grad_scale first. The model
  * gives the tensor layout (which elements decay). */
-void loom_adamw_step(struct loom_adamw *opt, const struct loom_gpt2 *m, float *params, const float *grads,
+void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *params, const float *grads,
                      double lr, float grad_scale);
 
 #endif

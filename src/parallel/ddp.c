@@ -24,7 +24,7 @@ static void on_grad_ready(void *ctx, int block)
 {
     struct loom_ddp *d = ctx;
     if (!d->sync || d->naive || !d->overlap) return;
-    if (block == LOOM_GRAD_READY_WTE_HEAD) {
+    if (block == LOOM_GRAD_READY_TIED_HEAD) {
         if (d->early_wte) post_bucket(&d->wte);
         return;
     }
@@ -32,7 +32,7 @@ static void on_grad_ready(void *ctx, int block)
     if (block == b->first_block) post_bucket(b);
 }
 
-void loom_ddp_init(struct loom_ddp *d, struct loom_gpt2 *m, int dp, double bucket_mb, int overlap, int naive)
+void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive)
 {
     d->model = m;
     d->dp = dp;
@@ -60,49 +60,58 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_gpt2 *m, int dp, double bucke
             count = 0;
         }
     }
-    d->early_wte = overlap && !naive;
+    struct loom_tied_embedding te;
+    d->early_wte = overlap && !naive && m->ops->tied_embedding && m->ops->tied_embedding(m, &te);
     if (d->early_wte) {
-        /* wte out of the last bucket, into its own */
-        const struct loom_tensor *wte = &m->blocks[0].tensors[0];
+        /* the tied table out of the last bucket, into its own */
+        const struct loom_tensor *table = &m->blocks[te.block].tensors[0];
         struct loom_ddp_bucket *tail = &d->buckets[d->nbuckets - 1];
-        LOOM_ASSERT(tail->first_block == 0 && wte->offset == 0 && m->cfg.vocab < (1 << 24));
-        d->wte = (struct loom_ddp_bucket){0, 0, m->blocks[0].grads, wte->numel, NULL};
-        tail->grads += wte->numel;
-        tail->count -= wte->numel;
-        size_t rows = (size_t)m->B * m->T;
-        d->gathered_dres = loom_alloc(loom_mul_size((size_t)dp * rows, (size_t)m->cfg.hidden * sizeof(float)), LOOM_MEM_COMM);
-        d->gathered_tokens = loom_alloc(loom_mul_size((size_t)dp * rows, sizeof(float)), LOOM_MEM_COMM);
-        d->my_tokens = loom_alloc(loom_mul_size(rows, sizeof(float)), LOOM_MEM_COMM);
+        LOOM_ASSERT(te.block == 0 && tail->first_block == 0 && table->offset == 0 && te.vocab < (1 << 24));
+        d->wte = (struct loom_ddp_bucket){0, 0, m->blocks[0].grads, table->numel, NULL};
+        tail->grads += table->numel;
+        tail->count -= table->numel;
+        d->gathered_dres = loom_alloc(loom_mul_size((size_t)dp * te.max_rows, (size_t)te.width * sizeof(float)), LOOM_MEM_COMM);
+        d->gathered_tokens = loom_alloc(loom_mul_size((size_t)dp * te.max_rows, sizeof(float)), LOOM_MEM_COMM);
+        d->my_tokens = loom_alloc(loom_mul_size(te.max_rows, sizeof(float)), LOOM_MEM_COMM);
     }
     m->grad_ready = on_grad_ready;
-    m->grad_ready_ctx = d;
+    m->hook_ctx = d;
 }
 
 /* The embedding lookup's share of dwte, for every rank's rows, in rank order. */
 static void scatter_all_ranks(struct loom_ddp *d)
 {
-    struct loom_gpt2 *m = d->model;
-    const int B = m->fwd_B, T = m->T, C = m->cfg.hidden;
-    const size_t rows = (size_t)B * T;
-    LOOM_ASSERT(B == m->B); /* every rank runs full micro-batches */
-    for (size_t i = 0; i < rows; i++) d->my_tokens[i] = (float)m->inputs[i];
-    struct loom_comm_handle *h1 = loom_comm_allgather(LOOM_GROUP_DP, m->dres, d->gathered_dres, rows * C, LOOM_F32);
+    struct loom_model *m = d->model;
+    struct loom_tied_embedding te;
+    m->ops->tied_embedding(m, &te);
+    const size_t rows = te.rows, C = (size_t)te.width;
+    LOOM_ASSERT(rows == te.max_rows); /* every rank runs full micro-batches */
+    for (size_t i = 0; i < rows; i++) d->my_tokens[i] = (float)te.tokens[i];
+    struct loom_comm_handle *h1 = loom_comm_allgather(LOOM_GROUP_DP, te.dout, d->gathered_dres, rows * C, LOOM_F32);
     struct loom_comm_handle *h2 = loom_comm_allgather(LOOM_GROUP_DP, d->my_tokens, d->gathered_tokens, rows, LOOM_F32);
     loom_comm_wait(h1);
     loom_comm_wait(h2);
     int32_t *tokens = loom_alloc(rows * sizeof(int32_t), LOOM_MEM_COMM);
     for (int k = 0; k < d->dp; k++) {
         for (size_t i = 0; i < rows; i++) tokens[i] = (int32_t)d->gathered_tokens[(size_t)k * rows + i];
-        loom_embedding_backward(m->blocks[0].grads, NULL, d->gathered_dres + (size_t)k * rows * C, tokens, B, T, C);
+        loom_embedding_backward(m->blocks[te.block].grads, NULL, d->gathered_dres + (size_t)k * rows * C, tokens, 1,
+                                (int)rows, (int)C);
     }
     loom_free(tokens);
+}
+
+/* Tells the model whether its backward leaves the table's scatter to us. */
+static void set_defer(struct loom_ddp *d, int defer)
+{
+    struct loom_tied_embedding te;
+    if (d->early_wte && d->model->ops->tied_embedding(d->model, &te)) *te.defer = defer;
 }
 
 void loom_ddp_free(struct loom_ddp *d)
 {
     if (d->model) {
         d->model->grad_ready = NULL;
-        d->model->grad_ready_ctx = NULL;
+        d->model->hook_ctx = NULL;
     }
     loom_free(d->buckets);
     loom_free(d->bucket_of);
@@ -117,7 +126,7 @@ void loom_ddp_free(struct loom_ddp *d)
 void loom_ddp_begin_backward(struct loom_ddp *d, int sync)
 {
     d->sync = sync;
-    d->model->defer_wte_scatter = sync && d->early_wte;
+    set_defer(d, sync);
 }
 
 void loom_ddp_finish(struct loom_ddp *d)
@@ -141,7 +150,7 @@ void loom_ddp_finish(struct loom_ddp *d)
             scatter_all_ranks(d);
         }
     }
-    d->model->defer_wte_scatter = 0;
+    set_defer(d, 0);
     d->sync = 0;
     d->wait_s = now_s() - t0;
 }

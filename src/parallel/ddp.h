@@ -13,7 +13,8 @@
  * Naive (--ddp-impl naive): one all-reduce of all gradients after the
  * backward: the reference the bucketed version is tested against.
  *
- * The tied token embedding would otherwise be the last and largest bucket
+ * A tied token embedding (a model's loom_tied_embedding: GPT-2's wte) would
+ * otherwise be the last and largest bucket
  * (its gradient is complete only after the embedding's backward). With
  * overlap on, wte gets a bucket of its own, posted right after the LM
  * head's backward, and the embedding lookup's sparse share of its gradient
@@ -29,7 +30,7 @@
 #define LOOM_PARALLEL_DDP_H
 
 #include "comm/comm.h"
-#include "model/gpt2.h"
+#include "loom/model.h"
 
 struct loom_ddp_bucket {
     int first_block, last_block; /* blocks [first, last]; the first finishes last */
@@ -39,12 +40,12 @@ struct loom_ddp_bucket {
 };
 
 struct loom_ddp {
-    struct loom_gpt2 *model;
+    struct loom_model *model;
     int dp, overlap, naive;
     int early_wte; /* wte reduced from the LM head's backward on */
     struct loom_ddp_bucket wte;
-    float *gathered_dres, *gathered_tokens; /* (dp,B,T,C), (dp,B,T), for the deferred scatter */
-    float *my_tokens;                       /* (B,T) */
+    float *gathered_dres, *gathered_tokens; /* (dp,rows,C), (dp,rows), for the deferred scatter */
+    float *my_tokens;                       /* (rows) */
     int nbuckets;
     struct loom_ddp_bucket *buckets;
     int *bucket_of; /* (nblocks) */
@@ -52,7 +53,7 @@ struct loom_ddp {
     double wait_s;  /* exposed communication of the last step: all that follows the backward */
 };
 
-void loom_ddp_init(struct loom_ddp *d, struct loom_gpt2 *m, int dp, double bucket_mb, int overlap, int naive);
+void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive);
 void loom_ddp_free(struct loom_ddp *d);
 /* Before each micro-batch's backward: sync = 1 on the last one. */
 void loom_ddp_begin_backward(struct loom_ddp *d, int sync);

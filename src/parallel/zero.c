@@ -103,7 +103,7 @@ static void land_oldest(struct loom_zero *z)
 
 static void grad_buffer(struct loom_zero *z, int block)
 {
-    struct loom_gpt2 *m = z->model;
+    struct loom_model *m = z->model;
     struct loom_zero_flight *f = &z->flights[block];
     /* bound the memory in flight (the blocks posted before this one), and
      * land this block's reduction from an earlier micro-batch */
@@ -211,7 +211,7 @@ static void grad_ready(void *ctx, int block)
 
 static void make_units(struct loom_zero *z, int64_t min_params)
 {
-    struct loom_gpt2 *m = z->model;
+    struct loom_model *m = z->model;
     z->units = loom_alloc(sizeof *z->units * (size_t)m->nblocks, LOOM_MEM_OTHER);
     z->unit_of = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
     z->nunits = 0;
@@ -231,7 +231,7 @@ static void make_units(struct loom_zero *z, int64_t min_params)
     z->pinned = z->unit_of[0];
 }
 
-void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_gpt2 *m, int64_t min_params)
+void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m, int64_t min_params)
 {
     LOOM_ASSERT(stage >= 0 && stage <= 3 && dp >= 1 && dp_rank >= 0 && dp_rank < dp);
     memset(z, 0, sizeof *z);
@@ -260,7 +260,7 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
     z->displs = loom_alloc(sizeof(int) * (size_t)dp, LOOM_MEM_OTHER);
     m->pre_backward = pre_backward;
     m->grad_ready = grad_ready;
-    m->grad_ready_ctx = z;
+    m->hook_ctx = z;
     if (stage < 3) return;
     /* keep this rank's shard of the parameters, let go of the arena (a model
      * without one is initialised shard by shard: loom_zero_init_weights) */
@@ -279,13 +279,13 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
 void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
 {
     LOOM_ASSERT(z->stage == 3);
-    struct loom_gpt2 *m = z->model;
+    struct loom_model *m = z->model;
     for (int u = 0; u < z->nunits; u++) {
         struct loom_zero_unit *x = &z->units[u];
         float *buf = take(x->hi - x->lo, 0);
         for (int b = x->first; b <= x->last; b++) {
             m->blocks[b].params = buf + (z->block_lo[b] - x->lo);
-            loom_gpt2_init_block(m, b, seed);
+            m->ops->init_block(m, b, seed);
             m->blocks[b].params = NULL;
         }
         size_t a = x->lo > z->begin ? x->lo : z->begin, e = x->hi < z->end ? x->hi : z->end;
@@ -296,11 +296,11 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
 
 void loom_zero_free(struct loom_zero *z)
 {
-    struct loom_gpt2 *m = z->model;
+    struct loom_model *m = z->model;
     for (int u = 0; u < z->nunits; u++) release(z, u);
     if (z->stage >= 2) {
         m->pre_backward = m->grad_ready = m->pre_forward = m->post_forward = NULL;
-        m->grad_ready_ctx = NULL;
+        m->hook_ctx = NULL;
     }
     drain_pool();
     loom_free(z->grad_shard);
@@ -357,7 +357,7 @@ void loom_zero_after_step(struct loom_zero *z)
 void loom_zero_materialize(struct loom_zero *z)
 {
     if (z->stage != 3) return;
-    struct loom_gpt2 *m = z->model;
+    struct loom_model *m = z->model;
     for (int u = 0; u < z->nunits; u++) release(z, u);
     m->pre_forward = m->post_forward = NULL; /* parameters stay put from now on */
     drain_pool();

@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/gpt2.h"
+#include "loom/model.h"
 
 struct loom_zero_flight; /* a block's gradient on its way to the shards */
 struct loom_zero_unit;   /* stage 3: blocks gathered together */
@@ -43,7 +43,7 @@ struct loom_zero {
     int stage, dp, dp_rank;
     size_t shard;      /* elements per rank (the padded arena / dp) */
     size_t begin, end; /* this rank's elements of the arena, end clipped to the parameters */
-    struct loom_gpt2 *model;
+    struct loom_model *model;
     /* stage 2 */
     float *grad_shard; /* (shard) this rank's reduced gradients */
     struct loom_zero_flight *flights; /* (nblocks) */
@@ -63,7 +63,7 @@ size_t loom_zero_arena_multiple(int stage, int dp);
 /* At stage 3 the model's parameter arena (initialised or loaded, identical on
  * every rank) is split: this rank keeps its shard and the arena is freed.
  * min_params: the stage-3 gather unit size (0: one block per unit). */
-void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_gpt2 *m, int64_t min_params);
+void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m, int64_t min_params);
 /* Stage 3 on a model created without a parameter arena: each rank builds
  * one gather unit at a time (the initialisation draws per tensor, so every
  * rank computes the same values) and keeps its shard of it. */

@@ -44,7 +44,7 @@ int main(int argc, char **argv)
             inp[b * T + t] = rows[b * (T + 1) + t];
             tgt[b * T + t] = rows[b * (T + 1) + t + 1];
         }
-    loom_gpt2_zero_grad(m);
+    loom_model_zero_grad(&m->base);
     float loss = loom_gpt2_forward(m, inp, tgt, B);
     /* keep the logits before backward turns them into dlogits */
     size_t nlogits = (size_t)B * T * cfg.vocab;
@@ -53,22 +53,22 @@ int main(int argc, char **argv)
     loom_gpt2_backward(m, 1.0f);
 
     int n = 2;
-    for (int i = 0; i < m->nblocks; i++) n += m->blocks[i].ntensors;
+    for (int i = 0; i < m->base.nblocks; i++) n += m->base.blocks[i].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     char (*names)[80] = calloc((size_t)n, sizeof *names);
     ts[0] = (struct loom_st_tensor_in){"loss", LOOM_ST_F32, 1, {1}, &loss};
     ts[1] = (struct loom_st_tensor_in){"logits", LOOM_ST_F32, 3, {B, T, cfg.vocab}, logits};
     int k = 2;
-    for (int i = 0; i < m->nblocks; i++)
-        for (int j = 0; j < m->blocks[i].ntensors; j++, k++) {
-            const struct loom_tensor *t = &m->blocks[i].tensors[j];
+    for (int i = 0; i < m->base.nblocks; i++)
+        for (int j = 0; j < m->base.blocks[i].ntensors; j++, k++) {
+            const struct loom_tensor *t = &m->base.blocks[i].tensors[j];
             snprintf(names[k], sizeof names[k], "grad.%s", t->name);
             ts[k].name = names[k];
             ts[k].dtype = LOOM_ST_F32;
             ts[k].ndim = t->ndim;
             ts[k].shape[0] = t->shape[0];
             ts[k].shape[1] = t->shape[1];
-            ts[k].data = m->blocks[i].grads + t->offset;
+            ts[k].data = m->base.blocks[i].grads + t->offset;
         }
     if (loom_st_write(argv[3], ts, n, NULL, 0)) {
         fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());

@@ -1,0 +1,83 @@
+/*
+ * The engine: one model trained under the data-parallel layout a config
+ * asks for (one process, DDP, ZeRO-1/2/3, optimizer offload), with AdamW,
+ * the learning-rate schedule, gradient clipping and checkpoints. The shape
+ * is DeepSpeed's engine: forward, backward and step per micro-batch, or one
+ * train_batch call per global batch. Changing the layout is changing the
+ * config; the model and the loop stay.
+ *
+ *     loom_comm_init(&argc, &argv);
+ *     loom_config_parse(&cfg, argc - 1, argv + 1, &help);   // flags and --deepspeed-config
+ *     loom_engine_init(&e, &cfg);                  // ranks, batch sizes resolved
+ *     build the model (loom/model.h) for micro-batches of cfg.micro_batch_size
+ *     loom_engine_initialize(e, &model);           // weights, strategy, optimizer, resume
+ *     while (loom_engine_steps_done(e) < cfg.train_iters) {
+ *         for (int a = 0; a < loom_engine_accumulation(e); a++) {
+ *             int first = loom_engine_micro_batch_rows(e, a);  // rows [first, first + B) of the global batch
+ *             loom_engine_forward(e, &batch, B);
+ *             loom_engine_backward(e);
+ *         }
+ *         loom_engine_step(e, &result);
+ *     }
+ *     loom_engine_free(e);
+ *
+ * Every call is collective over the ranks of the job. Errors are statuses
+ * every rank agrees on (the lowest failing rank holds the message).
+ */
+#ifndef LOOM_ENGINE_H
+#define LOOM_ENGINE_H
+
+#include <stdint.h>
+
+#include "loom/config.h"
+#include "loom/model.h"
+
+struct loom_engine;
+
+/* What a step did. */
+struct loom_step_result {
+    int64_t step;     /* 1-based number of the step just taken */
+    double loss;      /* mean loss over the global batch */
+    double lr;        /* learning rate used */
+    double grad_norm; /* global gradient norm, before clipping */
+    double comm_wait_s; /* time blocked on gradient communication after the backward */
+};
+
+/* Sets up ranks and groups (world = dp x tp x pp), resolves the batch sizes
+ * with the data-parallel size, and checks that every rank runs the same
+ * settings. LOOM_ERR_INPUT for a bad combination. */
+int loom_engine_init(struct loom_engine **e, struct loom_config *cfg);
+/* Takes the model (described, arenas not allocated): allocates what the
+ * layout keeps on this rank, initialises the weights from the seed (or
+ * loads --load: a checkpoint resumes exactly), sets up the strategy, the
+ * optimizer and the schedule. The engine does not own the model. */
+int loom_engine_initialize(struct loom_engine *e, struct loom_model *model);
+void loom_engine_free(struct loom_engine *e);
+
+/* The layout. */
+int loom_engine_dp_rank(const struct loom_engine *e);
+int loom_engine_dp_size(const struct loom_engine *e);
+int loom_engine_accumulation(const struct loom_engine *e); /* micro-batches per step on each rank */
+int64_t loom_engine_steps_done(const struct loom_engine *e);
+/* The first row, in the global batch of cfg.global_batch_size rows, of this
+ * rank's micro-batch `micro` (micro-batch rows each): every layout covers the
+ * same global batch. */
+int loom_engine_micro_batch_rows(const struct loom_engine *e, int micro);
+
+/* One micro-batch: forward (returns its mean loss), then backward. The
+ * gradient is averaged over the global batch by the engine. */
+float loom_engine_forward(struct loom_engine *e, const void *batch, int rows);
+void loom_engine_backward(struct loom_engine *e);
+/* After accumulation() forward/backward pairs: reduce, clip, update. */
+int loom_engine_step(struct loom_engine *e, struct loom_step_result *out);
+
+/* The same for a whole step: get(ctx, e, micro, &batch, &rows) gives each
+ * micro-batch in turn. */
+typedef int (*loom_batch_fn)(void *ctx, struct loom_engine *e, int micro, const void **batch, int *rows);
+int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx, struct loom_step_result *out);
+
+/* A checkpoint of the state after steps_done() steps in cfg.save (every
+ * rank). LOOM_ERR_RUNTIME when it cannot be written; earlier ones stay. */
+int loom_engine_save(struct loom_engine *e);
+
+#endif
