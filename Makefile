@@ -68,6 +68,8 @@ LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/cpu/*.c src/model/*.c src
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
+# examples/NAME/NAME.c: programs written against the public headers alone
+EXAMPLE_BIN := $(patsubst examples/%/,$(BUILD)/examples/%,$(sort $(dir $(wildcard examples/*/*.c))))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
@@ -77,7 +79,7 @@ ASAN_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/asan/tests/%)
 ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 .PHONY: all announce deps test-deps demo test unit asan fuzz clean bench
-all: announce $(BUILD)/loom $(BUILD)/libloom.a $(TEST_BIN)
+all: announce $(BUILD)/loom $(BUILD)/libloom.a $(TEST_BIN) $(EXAMPLE_BIN)
 
 announce:
 	@echo "loom build: CC=$(CC)"
@@ -107,6 +109,10 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libloom.a tests/check.h
 $(BUILD)/tests/tools/%: tests/tools/%.c $(BUILD)/libloom.a tests/check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libloom.a -o $@ $(LDLIBS)
+
+$(BUILD)/examples/%: examples/%/*.c $(BUILD)/libloom.a
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -Isrc,$(CFLAGS)) $(filter %.c,$^) $(BUILD)/libloom.a -o $@ $(LDLIBS)
 
 # Sanitizer build of the unit tests (address + undefined behaviour).
 $(BUILD)/asan/obj/%.o: %.c

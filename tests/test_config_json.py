@@ -297,8 +297,9 @@ def dry_run_two_ranks(cache):
 def help_lists_everything(cache):
     p = loom("train", "--deepspeed-config", os.path.join(CONFIGS, "warmup_decay.json"), "--dry-run", cache=cache)
     names = list(table(p.stdout))
-    for cmd in ("train", "eval"):
-        h = loom(cmd, "--help")
+    for cmd in ("train", "eval", None):
+        h = loom(cmd, "--help") if cmd else loom("--help")
+        cmd = cmd or "(no command)"
         lines = h.stdout.splitlines()
         missing, no_default = [], []
         for n in names:

@@ -92,4 +92,15 @@ struct loom_config {
     double peak_tflops;
 };
 
+/* Fills cfg from defaults, the --model preset, the JSON file of
+ * --deepspeed-config and the flags in argv (the arguments after the
+ * subcommand), in that order of precedence. `--help` sets *help and returns
+ * LOOM_OK without reading anything. Errors: LOOM_ERR_INPUT with one line
+ * naming the flag, JSON key or file and the value. Warnings (unknown JSON
+ * keys, keys accepted but ignored, flags overriding the file) are kept and
+ * printed once when the ranks are known (loom_engine_init). */
+int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help);
+/* Frees what parsing allocated (data paths). */
+void loom_config_free(struct loom_config *cfg);
+
 #endif

@@ -3,7 +3,9 @@
  *
  * The public entry point: status codes shared by every module, the version,
  * and the last error's message. Other public headers: loom/config.h (the one
- * settings structure) and loom/train.h (running a training job).
+ * settings structure), loom/model.h (a model of blocks), loom/engine.h (the
+ * engine that trains one under any data-parallel layout) and loom/train.h
+ * (the whole of `loom train`).
  */
 #ifndef LOOM_LOOM_H
 #define LOOM_LOOM_H
@@ -19,5 +21,11 @@ enum loom_status {
 
 /* The message of the last error returned on this thread. */
 const char *loom_error_message(void);
+
+/* Starts and ends the process's part in a job: MPI when loom is built with
+ * it (a single process runs without mpirun), the communication thread, the
+ * BLAS threads. Call loom_init first thing in main, loom_finalize last. */
+void loom_init(int *argc, char ***argv);
+void loom_finalize(void);
 
 #endif

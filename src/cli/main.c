@@ -33,10 +33,11 @@ static void usage(FILE *f)
                "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
                "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
                "  convert IN OUT [--to llmc|safetensors|hf]   GPT-2 weights between llm.c .bin, safetensors and\n"
-               "                             Hugging Face directories\n"
+               "                             Hugging Face directories; also exports loom checkpoints\n"
                "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n\n"
-               "loom COMMAND --help lists the flags of a command.\n",
+               "loom COMMAND --help lists the flags of a command; train's follow.\n\n",
             LOOM_VERSION);
+    loom_config_print_help(f, "train");
 }
 
 /* Prints the error (unless another rank prints the shared one) and returns rc. */

@@ -18,6 +18,10 @@
 #include "engine/config.h"
 #include "kernels/kernels.h"
 
+void loom_init(int *argc, char ***argv) { loom_comm_init(argc, argv); }
+
+void loom_finalize(void) { loom_comm_finalize(); }
+
 int loom_engine_agree(const struct loom_engine *e, int rc)
 {
     int first;
