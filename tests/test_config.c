@@ -200,9 +200,12 @@ static void test_json(void)
     expect_json_error("{\"fp16\": {\"initial_scale_power\": 200}}", "", "fp16.initial_scale_power: expected 0-127, got 200");
     expect_json_error("{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 4}", "",
                       "train_batch_size 32 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 4 x data-parallel size 1");
-    expect_json_error("{\"fp16\": {\"enabled\": true}}", "", "fp16.enabled: fp16 mixed precision is not supported yet");
-    expect_json_error("{\"bf16\": {\"enabled\": true}}", "", "bf16.enabled: bf16 mixed precision is not supported yet");
-    expect_json_error("{}", "--fp16", "--fp16: fp16 mixed precision is not supported yet");
+    expect_json_error("{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}", "",
+                      "fp16.enabled and bf16.enabled are both on: choose one");
+    expect_json_error("{\"bf16\": {\"enabled\": true}}", "--fp16", "--fp16 and bf16.enabled are both on");
+    expect_json_error("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}}}",
+                      "--bf16", "--bf16 with zero_optimization.offload_optimizer.device nvme: mixed precision's master weights are not offloaded yet");
+    expect_json_error("{}", "--fp16 --initial-loss-scale 1000", "--initial-loss-scale 1000: the dynamic loss scale must start at a power of 2");
     expect_json_error("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false}}}", "",
                       "L2-coupled weight decay");
     expect_json_error("{\"train_batch_size\": 8,}", "", "not valid JSON at line 1");

@@ -28,7 +28,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 # Mixed precision is not in the trainer yet, so configs that enable it must be
 # refused with a clear error. When fp16/bf16 training lands, set this to True:
 # those configs are then checked like the others, against EXPECTED.
-MIXED_PRECISION = False
+MIXED_PRECISION = True
 NEEDS_MIXED_PRECISION = {"zero2_offload_fp16.json": "fp16.enabled", "bf16.json": "bf16.enabled"}
 
 # What each example resolves to at one rank: setting -> (value, origin), as in

@@ -118,7 +118,7 @@ def reference(init, tokens, G, clip, dtype=torch.float32):
     return out
 
 
-def run_loom(init_path, data_path, G, clip, tmp, tag):
+def run_loom(init_path, data_path, G, clip, tmp, tag, extra=()):
     metrics = os.path.join(tmp, f"m_{tag}.jsonl")
     args = [LOOM, "train", "--load", init_path, "--data-path", data_path, "--data-order", "sequential",
             "--num-layers", L, "--hidden-size", C, "--num-attention-heads", NH, "--seq-length", T,
@@ -126,7 +126,7 @@ def run_loom(init_path, data_path, G, clip, tmp, tag):
             "--global-batch-size", G, "--train-iters", ITERS, "--lr", MAX_LR, "--min-lr", MIN_LR,
             "--lr-warmup-iters", WARMUP, "--lr-decay-style", "cosine", "--weight-decay", WD,
             "--adam-beta1", BETA1, "--adam-beta2", BETA2, "--adam-eps", EPS, "--clip-grad", clip,
-            "--log-interval", 1, "--eval-iters", 0, "--metrics", metrics, "--threads", 2]
+            "--log-interval", 1, "--eval-iters", 0, "--metrics", metrics, "--threads", 2] + list(extra)
     p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         return None, f"loom exited {p.returncode}: {p.stderr.strip()[-2000:]}"

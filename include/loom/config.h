@@ -59,6 +59,7 @@ struct loom_config {
     double loss_scale; /* 0: dynamic */
     double initial_loss_scale, min_loss_scale;
     int loss_scale_window, hysteresis;
+    int on_nonfinite; /* 0 abort, 1 skip */
     /* data */
     int ndata_paths, nvalid_paths;
     char *data_paths[LOOM_MAX_DATA_PATHS];
@@ -87,6 +88,11 @@ struct loom_config {
     int offload_optimizer; /* 0 none, 1 cpu, 2 nvme */
     char nvme_path[512];
     double offload_buffer_size; /* MB */
+    /* activation recomputation (Megatron's) */
+    int recompute_activations; /* Megatron's shorthand for recompute_granularity selective */
+    int recompute_granularity; /* 0 none, 1 selective, 2 full (enum loom_recompute in model/gpt2.h) */
+    int recompute_method;      /* 0 none, 1 uniform, 2 block (enum loom_recompute_method) */
+    int recompute_num_layers;  /* N; 0: not given */
     /* machine */
     int threads;
     double peak_tflops;

@@ -41,6 +41,9 @@ struct loom_step_result {
     double lr;        /* learning rate used */
     double grad_norm; /* global gradient norm, before clipping */
     double comm_wait_s; /* time blocked on gradient communication after the backward */
+    double loss_scale;  /* fp16: the scale this step's backward used; 0 otherwise */
+    int skipped;        /* the update was skipped: a non-finite gradient (fp16 overflow, or --on-nonfinite skip) */
+    int64_t skipped_total; /* steps skipped so far */
 };
 
 /* Sets up ranks and groups (world = dp x tp x pp), resolves the batch sizes
@@ -68,7 +71,11 @@ int loom_engine_micro_batch_rows(const struct loom_engine *e, int micro);
  * gradient is averaged over the global batch by the engine. */
 float loom_engine_forward(struct loom_engine *e, const void *batch, int rows);
 void loom_engine_backward(struct loom_engine *e);
-/* After accumulation() forward/backward pairs: reduce, clip, update. */
+/* After accumulation() forward/backward pairs: reduce, clip, update. A
+ * non-finite loss or gradient skips the update under fp16 (the loss scaler
+ * halves the scale) or with --on-nonfinite skip; otherwise it is
+ * LOOM_ERR_RUNTIME naming the step and the first block (in backward order)
+ * whose gradient went non-finite. */
 int loom_engine_step(struct loom_engine *e, struct loom_step_result *out);
 
 /* The same for a whole step: get(ctx, e, micro, &batch, &rows) gives each

@@ -50,6 +50,10 @@ struct loom_block {
     size_t numel;
     float *params; /* (numel) */
     float *grads;  /* (numel) */
+    /* Under mixed precision: the block's stored parameters and gradients in
+     * the 16-bit dtype; params/grads above are then float32 working copies
+     * that exist while the block is in use (the engine's precision layer). */
+    uint16_t *params_lp, *grads_lp;
 };
 
 typedef void (*loom_block_hook)(void *ctx, int block);
@@ -97,6 +101,11 @@ struct loom_model {
     size_t num_params;
     float *params, *grads; /* (arena_numel) each, blocks in order; either may be NULL */
     size_t arena_numel;    /* num_params rounded up (zero padding), for equal shards */
+    /* The parameters' dtype: 0 float32; 1 bfloat16 or 2 float16 (mixed
+     * precision: the arenas are params_lp/grads_lp, float32 exists per block
+     * while in use). Set by the engine before it allocates the arenas. */
+    int dtype;
+    uint16_t *params_lp, *grads_lp;
     /* The strategies' hooks (see the top of this file); ctx is theirs. */
     loom_block_hook pre_forward, post_forward, pre_backward, grad_ready;
     void *hook_ctx;
@@ -113,12 +122,14 @@ void loom_model_layout_done(struct loom_model *m);
 #define LOOM_MODEL_PARAM_ARENA 1
 #define LOOM_MODEL_GRAD_ARENA 2
 /* Allocates the arenas asked for (LOOM_MODEL_*_ARENA), zeroed, padded to a
- * multiple of `multiple` elements, and points the blocks into them. */
+ * multiple of `multiple` elements, in the model's dtype, and points the
+ * blocks into them. */
 void loom_model_alloc_arenas(struct loom_model *m, size_t multiple, int arenas);
 /* Frees the arenas and the blocks (not m itself). */
 void loom_model_release(struct loom_model *m);
 
-/* Initial weights of every block (the parameter arena must exist). */
+/* Initial weights of every block (the parameter arena must exist; under
+ * mixed precision each block is initialised in float32 and rounded). */
 void loom_model_init_weights(struct loom_model *m, uint64_t seed);
 void loom_model_zero_grad(struct loom_model *m);
 /* The tensor with this name, or NULL; *block_out (if not NULL) gets its block index. */

@@ -164,6 +164,63 @@ void loom_dtype_round_trip(float *x, size_t n, enum loom_dtype dt)
     LOOM_ASSERT(!"dtype out of range");
 }
 
+void loom_lp_from_f32(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt)
+{
+    LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
+    if (dt == LOOM_DTYPE_BF16) loom_f32_to_bf16_array(dst, src, n);
+    else loom_f32_to_f16_array(dst, src, n);
+}
+
+void loom_lp_to_f32(float *dst, const uint16_t *src, size_t n, enum loom_dtype dt)
+{
+    LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
+    if (dt == LOOM_DTYPE_BF16) loom_bf16_to_f32_array(dst, src, n);
+    else loom_f16_to_f32_array(dst, src, n);
+}
+
+void loom_lp_accumulate(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt)
+{
+    LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
+    if (dt == LOOM_DTYPE_BF16) {
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++)
+            dst[i] = bf16_from_bits(bits_of(float_of((uint32_t)dst[i] << 16) + src[i]));
+    } else {
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) dst[i] = f16_from_bits(bits_of(float_of(f16_to_bits(dst[i])) + src[i]));
+    }
+}
+
+double loom_lp_sum_squares(const uint16_t *x, size_t n, enum loom_dtype dt)
+{
+    LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
+    double ss = 0;
+    if (dt == LOOM_DTYPE_BF16) {
+#pragma omp parallel for simd reduction(+ : ss) schedule(static) if (n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) {
+            double v = float_of((uint32_t)x[i] << 16);
+            ss += v * v;
+        }
+    } else {
+#pragma omp parallel for simd reduction(+ : ss) schedule(static) if (n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) {
+            double v = float_of(f16_to_bits(x[i]));
+            ss += v * v;
+        }
+    }
+    return ss;
+}
+
+int loom_lp_has_nonfinite(const uint16_t *x, size_t n, enum loom_dtype dt)
+{
+    LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
+    const uint16_t exp = dt == LOOM_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+    int bad = 0;
+#pragma omp parallel for simd reduction(| : bad) schedule(static) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) bad |= (x[i] & exp) == exp;
+    return bad;
+}
+
 /* ---- the references ----------------------------------------------------------- */
 
 /* Keeps the top (width - drop) bits of sig, rounded to nearest, ties to the

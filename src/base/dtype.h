@@ -63,4 +63,13 @@ void loom_f16_to_f32_array(float *dst, const uint16_t *src, size_t n);
  * compute in float32. A no-op for LOOM_DTYPE_F32. */
 void loom_dtype_round_trip(float *x, size_t n, enum loom_dtype dt);
 
+/* Arrays in a 16-bit dtype chosen at run time (BF16 or F16): to and from
+ * float32; dst = dt(float32(dst) + src), accumulating float32 values into
+ * 16-bit storage; the sum of squares in double; whether any is inf or NaN. */
+void loom_lp_from_f32(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt);
+void loom_lp_to_f32(float *dst, const uint16_t *src, size_t n, enum loom_dtype dt);
+void loom_lp_accumulate(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt);
+double loom_lp_sum_squares(const uint16_t *x, size_t n, enum loom_dtype dt);
+int loom_lp_has_nonfinite(const uint16_t *x, size_t n, enum loom_dtype dt);
+
 #endif

@@ -28,13 +28,13 @@ static const char *const group_names[] = {"world", "dp", "tp", "pp"};
 static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "group_names");
 static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast", "send", "recv"};
 static_assert(sizeof coll_names / sizeof coll_names[0] == LOOM_COLL_COUNT, "coll_names");
-static const size_t dtype_size[] = {4, 8, 8};
-static_assert(sizeof dtype_size / sizeof dtype_size[0] == LOOM_DTYPE_COUNT, "dtype_size");
+static const size_t dtype_size[] = {4, 8, 8, 2};
+static_assert(sizeof dtype_size / sizeof dtype_size[0] == LOOM_COMM_DTYPE_COUNT, "dtype_size");
 
 struct loom_comm_handle {
     enum loom_coll coll;
     enum loom_group group;
-    enum loom_dtype dt;
+    enum loom_comm_dtype dt;
     enum loom_op op;
     const void *send;
     void *recv;
@@ -79,12 +79,13 @@ void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
 }
 
 #ifdef LOOM_HAVE_MPI
-static MPI_Datatype mpi_dtype(enum loom_dtype dt)
+static MPI_Datatype mpi_dtype(enum loom_comm_dtype dt)
 {
     switch (dt) {
     case LOOM_F32: return MPI_FLOAT;
     case LOOM_F64: return MPI_DOUBLE;
     case LOOM_U64: return MPI_UINT64_T;
+    case LOOM_U16: return MPI_UINT16_T;
     default: LOOM_ASSERT(0);
     }
     return MPI_DATATYPE_NULL;
@@ -286,9 +287,9 @@ static void submit(struct loom_comm_handle *h)
 }
 
 static struct loom_comm_handle *build(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
-                                      size_t count, enum loom_dtype dt, enum loom_op op, int peer, int tag)
+                                      size_t count, enum loom_comm_dtype dt, enum loom_op op, int peer, int tag)
 {
-    LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT && dt >= 0 && dt < LOOM_DTYPE_COUNT);
+    LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT && dt >= 0 && dt < LOOM_COMM_DTYPE_COUNT);
     struct loom_comm_handle *h = calloc(1, sizeof *h);
     if (!h) loom_die("out of memory posting a collective");
     h->coll = coll;
@@ -308,7 +309,7 @@ static struct loom_comm_handle *build(enum loom_coll coll, enum loom_group g, co
 static int local_only(enum loom_group g) { return group_size[g] == 1 || !have_thread; }
 
 static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
-                                     size_t count, enum loom_dtype dt, enum loom_op op, int peer, int tag)
+                                     size_t count, enum loom_comm_dtype dt, enum loom_op op, int peer, int tag)
 {
     struct loom_comm_handle *h = build(coll, g, send, recv, count, dt, op, peer, tag);
     if (local_only(g)) {
@@ -323,20 +324,20 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
     return h;
 }
 
-struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
                                               enum loom_op op)
 {
     return post(LOOM_COLL_ALLREDUCE, g, buf, buf, count, dt, op, 0, 0);
 }
 
 struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv, size_t count,
-                                                   enum loom_dtype dt)
+                                                   enum loom_comm_dtype dt)
 {
     return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
 }
 
 struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
-                                                     const int *counts, enum loom_dtype dt)
+                                                     const int *counts, enum loom_comm_dtype dt)
 {
     if (local_only(g)) return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, (size_t)counts[0], dt, LOOM_OP_SUM, 0, 0);
     const int n = group_size[g];
@@ -351,7 +352,7 @@ struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const voi
 }
 
 struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv, const int *counts,
-                                                const int *displs, enum loom_dtype dt)
+                                                const int *displs, enum loom_comm_dtype dt)
 {
     if (local_only(g)) {
         struct loom_comm_handle *h = post(LOOM_COLL_ALLGATHER, g, NULL, NULL, 0, dt, LOOM_OP_SUM, 0, 0);
@@ -371,24 +372,24 @@ struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *se
 }
 
 struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
-                                              enum loom_dtype dt)
+                                              enum loom_comm_dtype dt)
 {
     return post(LOOM_COLL_ALLGATHER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
 }
 
-struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
                                               int root)
 {
     return post(LOOM_COLL_BROADCAST, g, buf, buf, count, dt, LOOM_OP_SUM, root, 0);
 }
 
-struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count, enum loom_dtype dt,
+struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count, enum loom_comm_dtype dt,
                                          int peer, int tag)
 {
     return post(LOOM_COLL_SEND, g, buf, NULL, count, dt, LOOM_OP_SUM, peer, tag);
 }
 
-struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_dtype dt, int peer,
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt, int peer,
                                          int tag)
 {
     return post(LOOM_COLL_RECV, g, NULL, buf, count, dt, LOOM_OP_SUM, peer, tag);
@@ -434,7 +435,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
     return now_s() - t0;
 }
 
-void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_dtype dt, enum loom_op op)
+void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt, enum loom_op op)
 {
     loom_comm_wait(loom_comm_allreduce(g, buf, count, dt, op));
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "engine/report.h"
@@ -15,6 +16,7 @@
 
 #define EXP_AVG "optimizer.exp_avg."
 #define EXP_AVG_SQ "optimizer.exp_avg_sq."
+#define MASTER "optimizer.master."
 
 int loom_checkpoint_is_dir(const char *path)
 {
@@ -61,7 +63,7 @@ static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
 struct save_ctx {
     const struct loom_ckpt_parts *p;
     size_t lo;                 /* of this rank's part */
-    const float *params, *m, *v; /* at lo */
+    const float *params, *m, *v, *master; /* at lo; master NULL without mixed precision */
     struct loom_ckpt_piece *pieces;
     char (*names)[96];
     int n;
@@ -70,9 +72,9 @@ struct save_ctx {
 static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
 {
     struct save_ctx *s = ctx;
-    const char *prefix[3] = {"", EXP_AVG, EXP_AVG_SQ};
-    const float *src[3] = {s->params, s->m, s->v};
-    for (int k = 0; k < 3; k++) {
+    const char *prefix[4] = {"", EXP_AVG, EXP_AVG_SQ, MASTER};
+    const float *src[4] = {s->params, s->m, s->v, s->master};
+    for (int k = 0; k < (s->master ? 4 : 3); k++) {
         struct loom_ckpt_piece *pc = &s->pieces[s->n];
         snprintf(s->names[s->n], sizeof s->names[0], "%s%s", prefix[k], t->name);
         pc->name = s->names[s->n];
@@ -97,7 +99,16 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
     part_of(p, &lo, &hi);
     int ntensors = 0;
     for_each_tensor(m, lo, hi, count_tensors, &ntensors);
-    struct save_ctx s = {p, lo, loom_zero_params(p->zero) + (lo - p->zero->begin), NULL, NULL, NULL, NULL, 0};
+    struct save_ctx s = {p, lo, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    float *weights = NULL; /* mixed precision: the part's 16-bit weights in float32 (exact) */
+    if (m->dtype) {
+        weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
+        loom_lp_to_f32(weights, loom_zero_params_lp(p->zero) + (lo - p->zero->begin), hi - lo, (enum loom_dtype)m->dtype);
+        s.params = weights;
+        s.master = opt->master + (lo - opt->begin);
+    } else {
+        s.params = loom_zero_params(p->zero) + (lo - p->zero->begin);
+    }
     float *moments = NULL; /* the offloaded moments of the part, read back for the write */
     if (opt->fd >= 0) {
         moments = loom_alloc(loom_mul_size(2 * (hi - lo) + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
@@ -106,8 +117,8 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
     } else {
         s.m = opt->m + (lo - opt->begin), s.v = opt->v + (lo - opt->begin);
     }
-    s.pieces = calloc(3 * (size_t)ntensors + 1, sizeof *s.pieces);
-    s.names = calloc(3 * (size_t)ntensors + 1, sizeof *s.names);
+    s.pieces = calloc(4 * (size_t)ntensors + 1, sizeof *s.pieces);
+    s.names = calloc(4 * (size_t)ntensors + 1, sizeof *s.names);
     int rc;
     if (!s.pieces || !s.names) {
         rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing a checkpoint");
@@ -116,11 +127,12 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
         char path[4300];
         snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, p->topo->rank);
         rc = loom_ckpt_write_file(path, s.pieces, s.n, NULL, 0);
-        *bytes = 3 * (uint64_t)(hi - lo) * sizeof(float);
+        *bytes = (s.master ? 4 : 3) * (uint64_t)(hi - lo) * sizeof(float);
     }
     free(s.pieces);
     free(s.names);
     loom_free(moments);
+    loom_free(weights);
     return rc;
 }
 
@@ -147,6 +159,13 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
     st.tp = p->topo->tp;
     st.pp = p->topo->pp;
     st.zero_stage = p->zero->stage;
+    if (p->scaler) {
+        st.has_loss_scaler = 1;
+        st.loss_scale = p->scaler->st.scale;
+        st.loss_scale_good_steps = p->scaler->st.clean_steps;
+        st.loss_scale_hysteresis = p->scaler->st.hysteresis;
+        st.skipped_steps = p->scaler->st.skipped_steps;
+    }
     st.nfiles = p->topo->world;
     st.files = calloc((size_t)st.nfiles, sizeof *st.files);
     if (!st.files) return NULL;
@@ -230,11 +249,23 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
     struct load_ctx c = {0};
     int rc = loom_ckpt_reader_open(&c.r, dir, files, st->nfiles);
     free(files);
+    /* The weights: a float32 run resuming a mixed-precision checkpoint takes
+     * the master weights (the more precise copy); a mixed-precision run reads
+     * float32 and rounds to its 16-bit storage. */
+    const size_t lo = z->stage == 3 ? z->begin : 0, hi = z->stage == 3 ? z->end : m->num_params;
+    float *weights = NULL;
     if (rc == LOOM_OK) {
-        c.prefix = "";
-        if (z->stage == 3) c.lo = z->begin, c.dst = z->param_shard;
-        else c.lo = 0, c.dst = m->params;
-        rc = for_each_tensor(m, c.lo, z->stage == 3 ? z->end : m->num_params, read_tensor, &c);
+        const struct loom_tensor *first = &m->blocks[0].tensors[0];
+        char name[128];
+        snprintf(name, sizeof name, MASTER "%s", first->name);
+        c.prefix = !m->dtype && loom_ckpt_has(c.r, name) ? MASTER : "";
+        c.lo = lo;
+        if (m->dtype) c.dst = weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
+        else c.dst = z->stage == 3 ? z->param_shard : m->params;
+        rc = for_each_tensor(m, lo, hi, read_tensor, &c);
+        if (rc == LOOM_OK && m->dtype)
+            loom_lp_from_f32(z->stage == 3 ? z->param_shard_lp : m->params_lp, weights, hi - lo, (enum loom_dtype)m->dtype);
+        loom_free(weights);
     }
     struct loom_adamw *opt = p->opt;
     if (rc == LOOM_OK && !p->cfg->finetune) {
@@ -255,6 +286,22 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
             loom_free(c.m);
         }
         if (rc == LOOM_OK) opt->t = (int)st->optimizer_step;
+    }
+    if (rc == LOOM_OK && opt->master) {
+        /* the master weights: saved ones, else the 16-bit weights just read */
+        char name[128];
+        snprintf(name, sizeof name, MASTER "%s", m->blocks[0].tensors[0].name);
+        if (!p->cfg->finetune && loom_ckpt_has(c.r, name)) {
+            c.prefix = MASTER, c.lo = opt->begin, c.dst = opt->master;
+            rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
+        } else {
+            loom_adamw_set_master(opt, loom_zero_params_lp(z), opt->dtype);
+        }
+    }
+    if (rc == LOOM_OK && p->scaler && st->has_loss_scaler && !p->cfg->finetune) {
+        const struct loom_loss_scaler_state ls = {st->loss_scale, st->loss_scale_good_steps, (int)st->loss_scale_hysteresis,
+                                                  st->iteration, st->skipped_steps};
+        rc = loom_loss_scaler_restore(p->scaler, &ls);
     }
     loom_ckpt_reader_close(c.r);
     *bytes = c.bytes;

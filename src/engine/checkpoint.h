@@ -28,6 +28,7 @@
 #include "loom/model.h"
 #include "model/gpt2.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "parallel/zero.h"
 
 /* What a checkpoint is taken from and restored into. */
@@ -37,6 +38,7 @@ struct loom_ckpt_parts {
     struct loom_model *model; /* GPT-2 or any model of blocks */
     struct loom_zero *zero;
     struct loom_adamw *opt;
+    struct loom_loss_scaler *scaler; /* fp16's, or NULL */
 };
 
 struct loom_ckpt_io_stats {

@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "engine/config_impl.h"
 #include "io/sampler.h"
+#include "model/gpt2.h"
 
 static const char *const origin_names[] = {"default", "preset", "json", "flag", "derived"};
 static_assert(sizeof origin_names / sizeof origin_names[0] == O_ORIGIN_COUNT, "origin_names");
@@ -32,9 +33,17 @@ static const char *const optimizers[] = {"adamw", "adam", NULL};
 static_assert(sizeof optimizers / sizeof optimizers[0] == LOOM_OPTIMIZER_COUNT + 1, "optimizers");
 static const char *const fsdp_strategies[] = {"none", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", NULL};
 static const char *const offload_devices[] = {"none", "cpu", "nvme", NULL};
+static const char *const nonfinite_actions[] = {"abort", "skip", NULL};
 static const char *const ddp_impls[] = {"bucketed", "naive", NULL};
 static const char *const data_orders[] = {"shuffled", "sequential", NULL};
 static_assert(sizeof data_orders / sizeof data_orders[0] == LOOM_DATA_ORDER_COUNT + 1, "data_orders");
+/* in the order of enum loom_recompute and enum loom_recompute_method (model/gpt2.h) */
+static const char *const recompute_granularities[] = {"none", "selective", "full", NULL};
+static_assert(sizeof recompute_granularities / sizeof recompute_granularities[0] == LOOM_RECOMPUTE_COUNT + 1,
+              "recompute_granularities");
+static const char *const recompute_methods[] = {"none", "uniform", "block", NULL};
+static_assert(sizeof recompute_methods / sizeof recompute_methods[0] == LOOM_RECOMPUTE_METHOD_COUNT + 1,
+              "recompute_methods");
 
 #define F(field) offsetof(struct loom_config, field)
 #define SIZE(field) sizeof(((struct loom_config *)0)->field)
@@ -80,8 +89,9 @@ const struct setting loom_settings[] = {
     DBL("--adam-eps", "optimizer.params.eps", "training", adam_eps, 0, 1, "1e-8", "AdamW epsilon"),
     DBL("--clip-grad", "gradient_clipping", "training", clip_grad, 0, 1e9, "1.0", "global gradient-norm clip (0: off)"),
     I64("--seed", "seed", "training", seed, 0, 9.2e18, "1234", "seed of initialisation and data order"),
-    BOOL("--fp16", "fp16.enabled", "precision", fp16, "0", "fp16 mixed precision with loss scaling (not supported yet: refused)"),
-    BOOL("--bf16", "bf16.enabled", "precision", bf16, "0", "bf16 mixed precision (not supported yet: refused)", .json_alt = "bfloat16.enabled"),
+    BOOL("--fp16", "fp16.enabled", "precision", fp16, "0", "fp16 mixed precision: fp16 parameters, gradients and activations, fp32 master weights and optimizer state, dynamic loss scaling"),
+    BOOL("--bf16", "bf16.enabled", "precision", bf16, "0", "bf16 mixed precision: bf16 parameters, gradients and activations, fp32 master weights and optimizer state", .json_alt = "bfloat16.enabled"),
+    ENUM("--on-nonfinite", "on_nonfinite", "precision", on_nonfinite, nonfinite_actions, "abort", "a non-finite loss or gradient (bf16, fp32): abort the run, or skip the step (fp16: the loss scaler skips)"),
     DBL("--loss-scale", "fp16.loss_scale", "precision", loss_scale, 0, 1e38, "0", "static loss scale (0: dynamic)"),
     DBL("--initial-loss-scale", "fp16.initial_scale_power", "precision", initial_loss_scale, 1, 0x1p127, "4294967296", "initial dynamic loss scale (json: the power P of 2^P)", .conv = J_POW2),
     DBL("--min-loss-scale", "fp16.min_loss_scale", "precision", min_loss_scale, 0, 1e38, "1", "dynamic loss scale floor"),
@@ -116,6 +126,10 @@ const struct setting loom_settings[] = {
     STR("--nvme-path", "zero_optimization.offload_optimizer.nvme_path", "parallelism", nvme_path, "", "directory for --offload-optimizer nvme"),
     DBL("--offload-buffer-size", "offload_buffer_size", "parallelism", offload_buffer_size, 0.001, 1e6, "64", "MB of optimizer state resident while streaming from nvme"),
     DBL("--comm-timeout", "comm_timeout", "parallelism", comm_timeout, 0.1, 1e7, "600", "seconds before a stuck collective aborts the job"),
+    BOOL("--recompute-activations", "recompute_activations", "recompute", recompute_activations, "0", "recompute attention's probabilities in the backward instead of keeping them: the same as --recompute-granularity selective"),
+    ENUM("--recompute-granularity", "recompute_granularity", "recompute", recompute_granularity, recompute_granularities, "none", "selective: no layer keeps its attention probabilities (B,NH,T,T), each layer's backward recomputes them from qkv; full: a recomputed layer keeps only its input and reruns its forward before its backward (needs --recompute-method and --recompute-num-layers)"),
+    ENUM("--recompute-method", "recompute_method", "recompute", recompute_method, recompute_methods, "none", "which layers full recomputation covers: uniform, every layer, in chunks of --recompute-num-layers (the last one shorter when it does not divide --num-layers) that keep only the chunk's input; block, the first --recompute-num-layers layers, the others keep everything"),
+    INT("--recompute-num-layers", "activation_checkpointing.number_checkpoints", "recompute", recompute_num_layers, 0, 1 << 20, "0", "layers per chunk (uniform) or layers recomputed (block); 0: not given. json: DeepSpeed's number_checkpoints, which alone means --recompute-granularity full --recompute-method block; the block's other keys (partition_activations, cpu_checkpointing, contiguous_memory_optimization, synchronize_checkpoint_boundary, profile) are accepted and not used"),
     INT("--threads", "threads", "machine", threads, 0, 4096, "0", "threads for kernels and BLAS (0: all cores)"),
     DBL("--peak-tflops", "peak_tflops", "machine", peak_tflops, 0, 1e6, "0", "peak FLOP/s for MFU, in TFLOP/s (0: calibrate)"),
 };
@@ -514,18 +528,66 @@ static int resolve_schedule(struct loom_config *cfg)
     return LOOM_OK;
 }
 
+/* Megatron's rules (its arguments.py and TransformerConfig): full needs a
+ * method and a layer count of at most the layers, selective takes neither.
+ * Megatron ignores a method or count without a granularity; that is an
+ * error here. */
+static int resolve_recompute(struct loom_config *cfg)
+{
+    int *g = &cfg->recompute_granularity, *method = &cfg->recompute_method, n = cfg->recompute_num_layers;
+    const char *n_g = name_of(F(recompute_granularity)), *n_m = name_of(F(recompute_method)),
+               *n_n = name_of(F(recompute_num_layers)), *n_l = name_of(F(num_layers));
+    if (cfg->recompute_activations) {
+        if (given(F(recompute_granularity)) && *g != LOOM_RECOMPUTE_SELECTIVE)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s means --recompute-granularity selective, but %s %s is given",
+                                  name_of(F(recompute_activations)), n_g, recompute_granularities[*g]);
+        *g = LOOM_RECOMPUTE_SELECTIVE;
+        if (!given(F(recompute_granularity))) set_origin(F(recompute_granularity), O_DERIVED);
+    }
+    /* DeepSpeed's number_checkpoints alone: that many layers, each keeping its input */
+    if (origin_of(F(recompute_num_layers)) == O_JSON && n > 0 && !given(F(recompute_granularity)) &&
+        !cfg->recompute_activations && !given(F(recompute_method))) {
+        *g = LOOM_RECOMPUTE_FULL;
+        *method = LOOM_RECOMPUTE_BLOCK;
+        set_origin(F(recompute_granularity), O_DERIVED);
+        set_origin(F(recompute_method), O_DERIVED);
+    }
+    if (*g != LOOM_RECOMPUTE_FULL) {
+        if (*method != LOOM_RECOMPUTE_METHOD_NONE)
+            return loom_error_set(LOOM_ERR_INPUT, "%s %s needs --recompute-granularity full (it is %s)", n_m,
+                                  recompute_methods[*method], recompute_granularities[*g]);
+        if (n)
+            return loom_error_set(LOOM_ERR_INPUT, "%s %d needs --recompute-granularity full (it is %s)", n_n,
+                                  n, recompute_granularities[*g]);
+        return LOOM_OK;
+    }
+    if (*method == LOOM_RECOMPUTE_METHOD_NONE)
+        return loom_error_set(LOOM_ERR_INPUT, "%s full needs --recompute-method uniform or block", n_g);
+    if (n == 0)
+        return loom_error_set(LOOM_ERR_INPUT, "%s full needs --recompute-num-layers N (1 to %s %d)", n_g, n_l,
+                              cfg->num_layers);
+    if (n > cfg->num_layers)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d", n_n, n, n_l, cfg->num_layers);
+    return LOOM_OK;
+}
+
 int loom_config_resolve(struct loom_config *cfg, int dp)
 {
     for (int i = 0; i < nwarnings; i++) loom_log_warn("%s", warnings[i]);
     if (nwarnings_dropped) loom_log_warn("and %d more warnings about the configuration", nwarnings_dropped);
     nwarnings = nwarnings_dropped = 0;
     int rc;
-    /* Mixed precision is not in the trainer yet: refuse it rather than train
-     * in fp32 when fp16 or bf16 was asked for. Delete this check when it lands. */
-    if (cfg->fp16 || cfg->bf16) {
-        const char *name = name_of(cfg->fp16 ? F(fp16) : F(bf16));
-        return loom_error_set(LOOM_ERR_INPUT, "%s: %s mixed precision is not supported yet (loom trains in fp32); turn it off to train in fp32",
-                              name, cfg->fp16 ? "fp16" : "bf16");
+    if (cfg->fp16 && cfg->bf16)
+        return loom_error_set(LOOM_ERR_INPUT, "%s and %s are both on: choose one", name_of(F(fp16)), name_of(F(bf16)));
+    if ((cfg->fp16 || cfg->bf16) && cfg->offload_optimizer == 2)
+        return loom_error_set(LOOM_ERR_INPUT, "%s with %s nvme: mixed precision's master weights are not offloaded yet",
+                              name_of(cfg->fp16 ? F(fp16) : F(bf16)), name_of(F(offload_optimizer)));
+    if (cfg->fp16 && cfg->loss_scale == 0) {
+        int e;
+        if (frexp(cfg->initial_loss_scale, &e) != 0.5)
+            return loom_error_set(LOOM_ERR_INPUT, "%s %g: the dynamic loss scale must start at a power of 2",
+                                  name_of(F(initial_loss_scale)), cfg->initial_loss_scale);
     }
     if (cfg->optimizer == LOOM_OPTIMIZER_ADAM && !cfg->adam_w_mode && cfg->weight_decay > 0)
         return loom_error_set(LOOM_ERR_INPUT, "%s false asks for Adam with L2-coupled weight decay, which loom does not implement (it implements AdamW's decoupled decay); use %s adamw, or %s 0",
@@ -549,6 +611,7 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
     if (cfg->hidden_size % cfg->num_attention_heads)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d is not divisible by %s %d", name_of(F(hidden_size)),
                               cfg->hidden_size, name_of(F(num_attention_heads)), cfg->num_attention_heads);
+    if ((rc = resolve_recompute(cfg))) return rc;
     if (cfg->eval_interval == 0) cfg->eval_interval = cfg->train_iters;
     return LOOM_OK;
 }

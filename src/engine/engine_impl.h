@@ -8,8 +8,10 @@
 
 #include "comm/comm.h"
 #include "engine/checkpoint.h"
+#include "engine/precision.h"
 #include "loom/engine.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr.h"
 #include "parallel/ddp.h"
 #include "parallel/zero.h"
@@ -22,6 +24,10 @@ struct loom_engine {
     struct loom_ddp ddp;
     struct loom_adamw opt;
     struct loom_lr_schedule sched;
+    struct loom_precision prec;        /* mixed precision's working copies (have_prec) */
+    struct loom_loss_scaler scaler;    /* fp16 (have_scaler) */
+    int have_prec, have_scaler;
+    int64_t skipped;                   /* steps skipped for a non-finite gradient */
     int use_ddp;      /* stages 0-1 with dp > 1 (ZeRO-2/3 reduce gradients themselves) */
     int have_zero, have_opt;
     int init_sharded; /* ZeRO-3: weights initialised or read shard by shard */

@@ -8,12 +8,17 @@
 
 #include <stdio.h>
 
+#include <stdint.h>
+
 #include "base/mem.h"
 
 struct loom_step_stats {
     int step, total;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms_per_step;
     double comm_wait_ms; /* exposed communication after the backward; < 0: none */
+    double loss_scale;   /* fp16's loss scale of the step; 0: none */
+    int skipped;         /* the update was skipped (non-finite gradient) */
+    int64_t skipped_total;
 };
 
 struct loom_report {

@@ -153,6 +153,10 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
     r->model = loom_gpt2_create_padded(&mc, cfg->micro_batch_size, cfg->seq_length, 1, 0);
+    loom_gpt2_set_recompute(r->model, (enum loom_recompute)cfg->recompute_granularity,
+                            (enum loom_recompute_method)cfg->recompute_method, cfg->recompute_num_layers);
+    if (training) /* activations in the compute dtype (eval computes in float32) */
+        r->model->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
     if (training) {
         rc = loom_engine_initialize(r->engine, &r->model->base);
     } else {
@@ -326,15 +330,16 @@ int loom_train(struct loom_config *cfg)
         loom_mem_reset_peak();
         double t0 = loom_now();
         struct loom_step_result res;
-        loom_engine_train_batch(e, next_batch, &r, &res);
+        if ((rc = loom_engine_train_batch(e, next_batch, &r, &res))) break;
         double dt = loom_now() - t0;
         double tps = (double)G * T / dt;
         step_tps[ran++] = tps;
         last_loss = res.loss;
-        if (step % cfg->log_interval == 0 || step == cfg->train_iters) {
+        if (step % cfg->log_interval == 0 || step == cfg->train_iters || res.skipped) {
             struct loom_step_stats s = {step, cfg->train_iters, res.loss, res.lr, res.grad_norm, tps,
                                         tps * flops_per_token / peak, dt * 1e3,
-                                        res.comm_wait_s >= 0 ? res.comm_wait_s * 1e3 : -1};
+                                        res.comm_wait_s >= 0 ? res.comm_wait_s * 1e3 : -1, res.loss_scale,
+                                        res.skipped, res.skipped_total};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
             int64_t *by_rank = gather_memory(&r, &mem);

@@ -6,7 +6,10 @@
  * names.
  *
  * Matmul weights are stored [in, out] as Hugging Face's Conv1D stores them.
- * The vocabulary is not padded. Not here: the optimizer, data, parallelism.
+ * The vocabulary is not padded. Activations can be recomputed in the
+ * backward instead of kept (Megatron's selective and full recomputation),
+ * and rounded to a 16-bit dtype where each kernel writes them. Not here: the
+ * optimizer, data, parallelism.
  */
 #ifndef LOOM_MODEL_GPT2_H
 #define LOOM_MODEL_GPT2_H
@@ -14,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "loom/model.h"
 
 struct loom_gpt2_config {
@@ -31,12 +35,32 @@ enum loom_block_kind {
     LOOM_BLOCK_KIND_COUNT
 };
 
-/* Saved forward state of one transformer layer, for B sequences of T. */
+/* Activation recomputation, Megatron's --recompute-granularity. */
+enum loom_recompute {
+    LOOM_RECOMPUTE_NONE = 0,      /* keep every activation */
+    LOOM_RECOMPUTE_SELECTIVE = 1, /* keep no attention probabilities: recomputed from qkv */
+    LOOM_RECOMPUTE_FULL = 2,      /* keep only the inputs of recomputed layers: rerun their forward */
+    LOOM_RECOMPUTE_COUNT
+};
+
+/* Which layers full recomputation covers, Megatron's --recompute-method
+ * with --recompute-num-layers N. Uniform's last chunk is shorter when N
+ * does not divide L. */
+enum loom_recompute_method {
+    LOOM_RECOMPUTE_METHOD_NONE = 0,
+    LOOM_RECOMPUTE_UNIFORM = 1, /* every layer, in chunks of N: only each chunk's input is kept */
+    LOOM_RECOMPUTE_BLOCK = 2,   /* the first N layers, each keeping its input; the rest keep everything */
+    LOOM_RECOMPUTE_METHOD_COUNT
+};
+
+/* Saved forward state of one transformer layer, for B sequences of T. A
+ * recomputed layer has none of its own: its pointers lead into the shared
+ * recompute scratch, except res3 when it is a kept input. */
 struct loom_layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
     float *qkv;                       /* (B,T,3C) */
     float *atty;                      /* (B,T,C) attention output, heads concatenated */
-    float *att;                       /* (B,NH,T,T) */
+    float *att;                       /* (B,NH,T,T) probabilities; shared under selective recomputation */
     float *res2;                      /* (B,T,C) residual after attention */
     float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C) (B,T) (B,T) */
     float *fch, *fch_gelu;            /* (B,T,4C) */
@@ -47,15 +71,22 @@ struct loom_gpt2 {
     struct loom_model base; /* L + 2 blocks: [embedding, layers..., head]; base.user is this */
     struct loom_gpt2_config cfg;
     int B, T; /* activation capacity: micro-batch rows and sequence length */
+    /* set before the first forward, which allocates the activations */
+    enum loom_dtype act_dtype;     /* F32 (default); BF16, F16: activations rounded to it, kernels in fp32 */
+    enum loom_recompute recompute; /* this and the next two: loom_gpt2_set_recompute */
+    enum loom_recompute_method recompute_method;
+    int recompute_num_layers; /* N */
 
-    /* activations */
-    struct loom_layer_acts *layers; /* (L) */
-    float *encoded;                  /* (B,T,C) */
+    /* activations, allocated by the first forward */
+    struct loom_layer_acts *layers;   /* (L) */
+    struct loom_layer_acts *slots;    /* (N under uniform, else 1) full recomputation's scratch: a chunk */
+    float *encoded;                   /* (B,T,C) */
     float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *logits;                   /* (B,T,V); holds dlogits after backward */
-    float *losses, *lse;             /* (B,T) */
-    const int32_t *inputs, *targets; /* of the last forward, (B,T) each */
-    int fwd_B;                       /* rows in the last forward */
+    float *logits;                    /* (B,T,V); holds dlogits after backward; holds the recompute scratch */
+    size_t logits_numel;              /* its buffer: B*T*V floats, or the recompute scratch's if larger */
+    float *losses, *lse;              /* (B,T) */
+    const int32_t *inputs, *targets;  /* of the last forward, (B,T) each */
+    int fwd_B;                        /* rows in the last forward */
     /* backward scratch */
     float *dres;  /* (B,T,C) gradient of the residual stream */
     float *dbufC; /* (B,T,C) */
@@ -70,8 +101,10 @@ struct loom_gpt2 {
 /* Checks the shape settings; LOOM_ERR_INPUT naming what is wrong. */
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);
 
-/* Allocates parameters, gradients and activations for micro-batches of up
- * to B sequences of T tokens. Weights are zero until initialised or loaded. */
+/* A model for micro-batches of up to B sequences of T tokens, with its
+ * parameter and gradient arenas; the activations are allocated by the first
+ * forward, once the recompute settings are known. Weights are zero until
+ * initialised or loaded. */
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T);
 /* The same with the arenas padded to a multiple of `multiple` elements, so a
  * data-parallel group can split them into equal shards, and only the arenas
@@ -82,6 +115,15 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
 struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
                                           int arenas);
 void loom_gpt2_free(struct loom_gpt2 *m);
+
+/* Recomputation (Megatron's): granularity NONE and SELECTIVE take method
+ * NONE and num_layers 0; FULL takes UNIFORM or BLOCK with 1 <= num_layers
+ * <= L (the configuration checks this for users; anything else here is a
+ * bug). Before the first forward. Losses and
+ * gradients are bit for bit those without recomputation: the same kernels
+ * run on the same inputs in the same order. */
+void loom_gpt2_set_recompute(struct loom_gpt2 *m, enum loom_recompute granularity,
+                             enum loom_recompute_method method, int num_layers);
 
 /* GPT-2 initialisation (the model's init_block): weights normal(0, 0.02),
  * residual output projections (attn.c_proj, mlp.c_proj) normal(0,
@@ -101,7 +143,9 @@ struct loom_gpt2_batch {
 
 /* Forward over B <= m->B rows of m->T tokens. With targets, returns the mean
  * loss over the B*T positions; without (NULL), computes logits only and
- * returns 0. */
+ * returns 0. With act_dtype BF16 or F16, every activation a kernel writes is
+ * rounded to that dtype right after the kernel (the backward does the same
+ * to every activation gradient; parameter gradients stay fp32). */
 float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_t *targets, int B);
 
 /* Backward of loss_weight x (the mean loss of the last forward). Parameter

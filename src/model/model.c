@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
 
@@ -44,15 +45,19 @@ void loom_model_layout_done(struct loom_model *m)
 
 void loom_model_alloc_arenas(struct loom_model *m, size_t multiple, int arenas)
 {
-    LOOM_ASSERT(multiple >= 1 && !m->params && !m->grads);
+    LOOM_ASSERT(multiple >= 1 && !m->params && !m->grads && !m->params_lp && !m->grads_lp);
     m->arena_numel = (m->num_params + multiple - 1) / multiple * multiple;
-    if (arenas & LOOM_MODEL_PARAM_ARENA)
-        m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
-    if (arenas & LOOM_MODEL_GRAD_ARENA)
-        m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
+    const size_t esize = m->dtype ? sizeof(uint16_t) : sizeof(float);
+    void *p = arenas & LOOM_MODEL_PARAM_ARENA ? loom_alloc(loom_mul_size(m->arena_numel, esize), LOOM_MEM_PARAMS) : NULL;
+    void *g = arenas & LOOM_MODEL_GRAD_ARENA ? loom_alloc(loom_mul_size(m->arena_numel, esize), LOOM_MEM_GRADS) : NULL;
+    if (m->dtype) m->params_lp = p, m->grads_lp = g;
+    else m->params = p, m->grads = g;
     for (size_t i = 0, off = 0; i < (size_t)m->nblocks; off += m->blocks[i].numel, i++) {
-        m->blocks[i].params = m->params ? m->params + off : NULL;
-        m->blocks[i].grads = m->grads ? m->grads + off : NULL;
+        struct loom_block *b = &m->blocks[i];
+        b->params = m->params ? m->params + off : NULL;
+        b->grads = m->grads ? m->grads + off : NULL;
+        b->params_lp = m->params_lp ? m->params_lp + off : NULL;
+        b->grads_lp = m->grads_lp ? m->grads_lp + off : NULL;
     }
 }
 
@@ -60,20 +65,35 @@ void loom_model_release(struct loom_model *m)
 {
     loom_free(m->params);
     loom_free(m->grads);
+    loom_free(m->params_lp);
+    loom_free(m->grads_lp);
     loom_free(m->blocks);
     m->params = m->grads = NULL;
+    m->params_lp = m->grads_lp = NULL;
     m->blocks = NULL;
 }
 
 void loom_model_init_weights(struct loom_model *m, uint64_t seed)
 {
-    LOOM_ASSERT(m->params);
-    for (int b = 0; b < m->nblocks; b++) m->ops->init_block(m, b, seed);
+    LOOM_ASSERT(m->dtype ? m->params_lp != NULL : m->params != NULL);
+    for (int b = 0; b < m->nblocks; b++) {
+        struct loom_block *blk = &m->blocks[b];
+        if (!m->dtype) {
+            m->ops->init_block(m, b, seed);
+            continue;
+        }
+        blk->params = loom_alloc(loom_mul_size(blk->numel, sizeof(float)), LOOM_MEM_OTHER);
+        m->ops->init_block(m, b, seed);
+        loom_lp_from_f32(blk->params_lp, blk->params, blk->numel, (enum loom_dtype)m->dtype);
+        loom_free(blk->params);
+        blk->params = NULL;
+    }
 }
 
 void loom_model_zero_grad(struct loom_model *m)
 {
     if (m->grads) memset(m->grads, 0, m->arena_numel * sizeof(float));
+    if (m->grads_lp) memset(m->grads_lp, 0, m->arena_numel * sizeof(uint16_t));
 }
 
 struct loom_tensor *loom_model_find(struct loom_model *m, const char *name, int *block_out)

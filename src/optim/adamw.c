@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/kernels.h"
@@ -23,6 +24,8 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
     opt->end = end;
     opt->t = 0;
     opt->fd = -1;
+    opt->master = NULL;
+    opt->dtype = LOOM_DTYPE_F32;
     opt->chunk = end - begin;
     opt->m = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
     opt->v = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
@@ -49,7 +52,8 @@ void loom_adamw_free(struct loom_adamw *opt)
 {
     loom_free(opt->m);
     loom_free(opt->v);
-    opt->m = opt->v = NULL;
+    loom_free(opt->master);
+    opt->m = opt->v = opt->master = NULL;
     if (opt->fd >= 0) close(opt->fd);
     opt->fd = -1;
 }
@@ -80,8 +84,9 @@ void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const floa
     loom_offload_write(opt->fd, v, n * sizeof(float), (total + k) * sizeof(float));
 }
 
-/* Updates elements [k, k + n) of the range, the moments in memory or
- * streamed from the offload file chunk by chunk. */
+/* Updates elements [k, k + n) of the range (params and grads point at
+ * element k), the moments in memory or streamed from the offload file chunk
+ * by chunk. */
 static void update_range(struct loom_adamw *opt, float *params, const float *grads, size_t k, size_t n, float lr,
                          float wd, float grad_scale)
 {
@@ -96,7 +101,7 @@ static void update_range(struct loom_adamw *opt, float *params, const float *gra
         } else {
             m += at, v += at;
         }
-        loom_adamw_update(params + at, m, v, grads + at, c, lr, (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
+        loom_adamw_update(params + done, m, v, grads + done, c, lr, (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
                           wd, grad_scale, opt->t);
         if (opt->fd >= 0) {
             loom_offload_write(opt->fd, m, c * sizeof(float), at * sizeof(float));
@@ -120,10 +125,10 @@ float loom_clip_coef(double norm, double max_norm)
     return c < 1.0 ? (float)c : 1.0f;
 }
 
-void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *params, const float *grads,
-                     double lr, float grad_scale)
+/* Calls fn for every tensor's part inside [begin, end), with its decay. */
+static void for_each_range(struct loom_adamw *opt, const struct loom_model *m,
+                           void (*fn)(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd), void *ctx)
 {
-    opt->t++;
     size_t base = 0; /* the block's offset in the arena: blocks are consecutive */
     for (int i = 0; i < m->nblocks; base += m->blocks[i].numel, i++) {
         const struct loom_block *b = &m->blocks[i];
@@ -134,8 +139,67 @@ void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *
             if (lo < opt->begin) lo = opt->begin;
             if (hi > opt->end) hi = opt->end;
             if (lo >= hi) continue;
-            update_range(opt, params, grads, lo - opt->begin, hi - lo, (float)lr,
-                         t->decay ? (float)opt->weight_decay : 0.0f, grad_scale);
+            fn(opt, ctx, lo - opt->begin, hi - lo, t->decay ? (float)opt->weight_decay : 0.0f);
         }
     }
+}
+
+struct step_args {
+    float *params;
+    const float *grads;
+    uint16_t *params_lp;
+    const uint16_t *grads_lp;
+    float lr, grad_scale;
+    float *scratch; /* (LP_CHUNK) float32 gradients */
+};
+
+static void step_f32(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
+{
+    struct step_args *a = ctx;
+    update_range(opt, a->params + k, a->grads + k, k, n, a->lr, wd, a->grad_scale);
+}
+
+enum { LP_CHUNK = 1 << 16 };
+
+/* Mixed precision: gradients from 16-bit, the update on the float32 master
+ * weights, the new 16-bit parameters rounded from them. */
+static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
+{
+    struct step_args *a = ctx;
+    for (size_t done = 0; done < n;) {
+        size_t c = n - done < LP_CHUNK ? n - done : LP_CHUNK, at = k + done;
+        loom_lp_to_f32(a->scratch, a->grads_lp + at, c, opt->dtype);
+        update_range(opt, opt->master + at, a->scratch, at, c, a->lr, wd, a->grad_scale);
+        loom_lp_from_f32(a->params_lp + at, opt->master + at, c, opt->dtype);
+        done += c;
+    }
+}
+
+void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *params, const float *grads,
+                     double lr, float grad_scale)
+{
+    LOOM_ASSERT(!opt->master);
+    opt->t++;
+    struct step_args a = {params, grads, NULL, NULL, (float)lr, grad_scale, NULL};
+    for_each_range(opt, m, step_f32, &a);
+}
+
+void loom_adamw_set_master(struct loom_adamw *opt, const uint16_t *params_lp, enum loom_dtype dtype)
+{
+    LOOM_ASSERT(opt->fd < 0 && dtype != LOOM_DTYPE_F32);
+    opt->dtype = dtype;
+    if (!opt->master)
+        opt->master = loom_alloc(loom_mul_size(opt->end - opt->begin + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    loom_lp_to_f32(opt->master, params_lp, opt->end - opt->begin, dtype);
+}
+
+void loom_adamw_step_lp(struct loom_adamw *opt, const struct loom_model *m, uint16_t *params_lp,
+                        const uint16_t *grads_lp, double lr, float grad_scale)
+{
+    LOOM_ASSERT(opt->master);
+    opt->t++;
+    float *scratch = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
+    struct step_args a = {NULL, NULL, params_lp, grads_lp, (float)lr, grad_scale, scratch};
+    for_each_range(opt, m, step_lp, &a);
+    loom_free(scratch);
 }

@@ -3,12 +3,14 @@
  * moments for the elements [begin, end) only (the whole arena without
  * sharding; this rank's shard under ZeRO), weight decay on tensors of two or
  * more dimensions only, and global-norm gradient clipping. The update itself
- * is the loom_adamw_update kernel. Not here: master weights for mixed
- * precision.
+ * is the loom_adamw_update kernel. Under mixed precision it keeps the
+ * float32 master weights of its range and rounds the 16-bit parameters from
+ * them after each step.
  */
 #ifndef LOOM_OPTIM_ADAMW_H
 #define LOOM_OPTIM_ADAMW_H
 
+#include "base/dtype.h"
 #include "loom/model.h"
 
 struct loom_adamw {
@@ -16,6 +18,8 @@ struct loom_adamw {
     size_t begin, end; /* the range of the arena this optimizer updates */
     float *m, *v;      /* (end - begin) each; with offload, (chunk) each: the streaming buffer */
     int t;             /* optimizer steps taken */
+    float *master;     /* (end - begin) float32 master weights under mixed precision, else NULL */
+    enum loom_dtype dtype; /* of the parameters the master weights are rounded to */
     int fd;            /* offload file holding m then v, or -1 */
     size_t chunk;      /* elements per streamed chunk */
 };
@@ -26,6 +30,15 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
  * buffer_bytes (both moments). LOOM_ERR_INPUT naming dir when it cannot. */
 int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes);
 void loom_adamw_free(struct loom_adamw *opt);
+
+/* Mixed precision: the float32 master weights of [begin, end), from the
+ * 16-bit parameters (params_lp: (end - begin)), as DeepSpeed creates them from
+ * the model's bf16/fp16 parameters. Not with offload. */
+void loom_adamw_set_master(struct loom_adamw *opt, const uint16_t *params_lp, enum loom_dtype dtype);
+/* The step under mixed precision: 16-bit gradients in, the update on the
+ * master weights, the 16-bit parameters rounded from them. */
+void loom_adamw_step_lp(struct loom_adamw *opt, const struct loom_model *m, uint16_t *params_lp,
+                        const uint16_t *grads_lp, double lr, float grad_scale);
 
 /* The moments of elements [k, k + n) of the range (k from begin), wherever
  * they live (memory or the offload file): copied out, for checkpoints, and

@@ -5,6 +5,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/pool.h"
 #include "kernels/kernels.h"
 
 static double now_s(void)
@@ -14,10 +15,35 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void post_bucket(struct loom_ddp_bucket *b)
+static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
-    LOOM_ASSERT(b->handle == NULL);
+    LOOM_ASSERT(b->handle == NULL && b->grads);
     b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads, b->count, LOOM_F32, LOOM_OP_SUM);
+}
+
+/* Mixed precision: during the backward that reduces, a bucket's blocks
+ * accumulate into a float32 buffer that starts from their 16-bit gradients
+ * so far; it is reduced in float32 and rounded once into the 16-bit
+ * gradients, so every layout rounds the same sum. */
+static void open_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
+{
+    struct loom_model *m = d->model;
+    b->grads = loom_pool_take(b->count, 0, LOOM_MEM_COMM);
+    loom_lp_to_f32(b->grads, b->grads_lp, b->count, d->dtype);
+    for (int i = b->first_block; i <= b->last_block; i++) m->blocks[i].grads = b->grads + (m->blocks[i].grads_lp - b->grads_lp);
+}
+
+static double land_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
+{
+    double t = loom_comm_wait(b->handle);
+    b->handle = NULL;
+    if (d->dtype) {
+        loom_lp_from_f32(b->grads_lp, b->grads, b->count, d->dtype);
+        loom_pool_give(b->grads, b->count);
+        b->grads = NULL;
+        for (int i = b->first_block; i <= b->last_block; i++) d->model->blocks[i].grads = NULL;
+    }
+    return t;
 }
 
 static void on_grad_ready(void *ctx, int block)
@@ -25,16 +51,20 @@ static void on_grad_ready(void *ctx, int block)
     struct loom_ddp *d = ctx;
     if (!d->sync || d->naive || !d->overlap) return;
     if (block == LOOM_GRAD_READY_TIED_HEAD) {
-        if (d->early_wte) post_bucket(&d->wte);
+        if (d->early_wte) post_bucket(d, &d->wte);
         return;
     }
     struct loom_ddp_bucket *b = &d->buckets[d->bucket_of[block]];
-    if (block == b->first_block) post_bucket(b);
+    if (block == b->first_block) post_bucket(d, b);
 }
 
 void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive)
 {
     d->model = m;
+    /* mixed precision reduces float32 bucket buffers into the 16-bit
+     * gradients, unless gradients accumulate in a float32 arena: that one is
+     * reduced in place, as in float32 training */
+    d->dtype = m->grads ? LOOM_DTYPE_F32 : (enum loom_dtype)m->dtype;
     d->dp = dp;
     d->overlap = overlap;
     d->naive = naive;
@@ -53,7 +83,10 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
             struct loom_ddp_bucket *b = &d->buckets[d->nbuckets++];
             b->first_block = i;
             b->last_block = last;
-            b->grads = m->blocks[i].grads;
+            b->grads = m->grads ? m->grads + (m->blocks[i].grads_lp ? (size_t)(m->blocks[i].grads_lp - m->grads_lp)
+                                                                     : (size_t)(m->blocks[i].grads - m->grads))
+                                : NULL;
+            b->grads_lp = m->blocks[i].grads_lp;
             b->count = count;
             b->handle = NULL;
             last = i - 1;
@@ -61,13 +94,14 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
         }
     }
     struct loom_tied_embedding te;
-    d->early_wte = overlap && !naive && m->ops->tied_embedding && m->ops->tied_embedding(m, &te);
+    /* (not under mixed precision: the deferred scatter would need float32 gradients) */
+    d->early_wte = overlap && !naive && !m->dtype && m->ops->tied_embedding && m->ops->tied_embedding(m, &te);
     if (d->early_wte) {
         /* the tied table out of the last bucket, into its own */
         const struct loom_tensor *table = &m->blocks[te.block].tensors[0];
         struct loom_ddp_bucket *tail = &d->buckets[d->nbuckets - 1];
         LOOM_ASSERT(te.block == 0 && tail->first_block == 0 && table->offset == 0 && te.vocab < (1 << 24));
-        d->wte = (struct loom_ddp_bucket){0, 0, m->blocks[0].grads, table->numel, NULL};
+        d->wte = (struct loom_ddp_bucket){.grads = m->blocks[0].grads, .count = table->numel};
         tail->grads += table->numel;
         tail->count -= table->numel;
         d->gathered_dres = loom_alloc(loom_mul_size((size_t)dp * te.max_rows, (size_t)te.width * sizeof(float)), LOOM_MEM_COMM);
@@ -127,6 +161,14 @@ void loom_ddp_begin_backward(struct loom_ddp *d, int sync)
 {
     d->sync = sync;
     set_defer(d, sync);
+    if (!d->dtype || !sync) return;
+    if (d->naive) {
+        d->all = (struct loom_ddp_bucket){.last_block = d->model->nblocks - 1, .grads_lp = d->model->grads_lp,
+                                          .count = d->model->num_params};
+        open_bucket(d, &d->all);
+    } else {
+        for (int i = 0; i < d->nbuckets; i++) open_bucket(d, &d->buckets[i]);
+    }
 }
 
 void loom_ddp_finish(struct loom_ddp *d)
@@ -134,19 +176,18 @@ void loom_ddp_finish(struct loom_ddp *d)
     LOOM_ASSERT(d->sync);
     double t0 = now_s();
     if (d->naive) {
-        loom_comm_wait(
-            loom_comm_allreduce(LOOM_GROUP_DP, d->model->grads, d->model->num_params, LOOM_F32, LOOM_OP_SUM));
+        if (!d->dtype)
+            d->all = (struct loom_ddp_bucket){.last_block = d->model->nblocks - 1, .grads = d->model->grads,
+                                              .count = d->model->num_params};
+        post_bucket(d, &d->all);
+        land_bucket(d, &d->all);
     } else {
         /* buckets not yet posted (no overlap): in backward order, as the hook would */
         for (int i = 0; i < d->nbuckets; i++)
-            if (!d->buckets[i].handle) post_bucket(&d->buckets[i]);
-        for (int i = 0; i < d->nbuckets; i++) {
-            loom_comm_wait(d->buckets[i].handle);
-            d->buckets[i].handle = NULL;
-        }
+            if (!d->buckets[i].handle) post_bucket(d, &d->buckets[i]);
+        for (int i = 0; i < d->nbuckets; i++) land_bucket(d, &d->buckets[i]);
         if (d->early_wte) {
-            loom_comm_wait(d->wte.handle);
-            d->wte.handle = NULL;
+            land_bucket(d, &d->wte);
             scatter_all_ranks(d);
         }
     }

@@ -24,26 +24,33 @@
  *
  * The average comes from the loss weight: each rank back-propagates its
  * micro-batch mean times 1/(accumulation x dp), so the sum over ranks is
- * the global mean. Not here: sharding (zero.c).
+ * the global mean. Under mixed precision, during the backward that
+ * reduces, the blocks accumulate into float32 bucket buffers that start from
+ * the 16-bit gradients of earlier micro-batches; they are reduced in float32
+ * and rounded once into the 16-bit gradients. Not here: sharding (zero.c).
  */
 #ifndef LOOM_PARALLEL_DDP_H
 #define LOOM_PARALLEL_DDP_H
 
 #include "comm/comm.h"
+#include "base/dtype.h"
 #include "loom/model.h"
 
 struct loom_ddp_bucket {
     int first_block, last_block; /* blocks [first, last]; the first finishes last */
-    float *grads;                /* contiguous over those blocks */
+    float *grads;                /* contiguous over those blocks (mixed precision: float32 in flight) */
+    uint16_t *grads_lp;          /* mixed precision: the blocks' 16-bit gradients */
     size_t count;
     struct loom_comm_handle *handle;
 };
 
 struct loom_ddp {
     struct loom_model *model;
+    enum loom_dtype dtype; /* the model's */
     int dp, overlap, naive;
     int early_wte; /* wte reduced from the LM head's backward on */
     struct loom_ddp_bucket wte;
+    struct loom_ddp_bucket all; /* naive: every gradient */
     float *gathered_dres, *gathered_tokens; /* (dp,rows,C), (dp,rows), for the deferred scatter */
     float *my_tokens;                       /* (rows) */
     int nbuckets;

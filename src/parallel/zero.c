@@ -5,8 +5,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/pool.h"
 #include "comm/comm.h"
 #include "kernels/kernels.h"
 #include "optim/adamw.h"
@@ -25,45 +27,11 @@ struct loom_zero_unit {
     struct loom_comm_handle *handle; /* gather in flight */
 };
 
-enum { MAX_LAYERS_IN_FLIGHT = 2, POOL = 16 };
+enum { MAX_LAYERS_IN_FLIGHT = 2 };
 
-/* Transient buffers are reused, not returned to the system: every step needs
- * the same sizes again, and fresh pages cost a fault and a clear each. */
-struct pooled {
-    float *buf;
-    size_t n;
-};
-static struct pooled pool[POOL];
-
-static float *take(size_t n, int zeroed)
-{
-    for (int i = 0; i < POOL; i++)
-        if (pool[i].buf && pool[i].n == n) {
-            float *b = pool[i].buf;
-            pool[i].buf = NULL;
-            if (zeroed) memset(b, 0, n * sizeof(float));
-            return b;
-        }
-    return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_COMM);
-}
-
-static void give(float *b, size_t n)
-{
-    for (int i = 0; i < POOL; i++)
-        if (!pool[i].buf) {
-            pool[i] = (struct pooled){b, n};
-            return;
-        }
-    loom_free(b);
-}
-
-static void drain_pool(void)
-{
-    for (int i = 0; i < POOL; i++) {
-        loom_free(pool[i].buf);
-        pool[i].buf = NULL;
-    }
-}
+/* Transient buffers come from the pool (base/pool.h), counted under comm. */
+static float *take(size_t n, int zeroed) { return loom_pool_take(n, zeroed, LOOM_MEM_COMM); }
+static void give(float *b, size_t n) { loom_pool_give(b, n); }
 
 size_t loom_zero_arena_multiple(int stage, int dp) { return stage >= 1 ? (size_t)dp : 1; }
 
@@ -92,8 +60,12 @@ static void land_oldest(struct loom_zero *z)
     int block = z->order[0];
     struct loom_zero_flight *f = &z->flights[block];
     z->wait_s += loom_comm_wait(f->handle);
-    float *dst = z->grad_shard + f->shard_off;
-    for (size_t i = 0; i < f->nrecv; i++) dst[i] += f->recv[i];
+    if (z->dtype && !z->grad_shard) {
+        loom_lp_accumulate(z->grad_shard_lp + f->shard_off, f->recv, f->nrecv, z->dtype);
+    } else {
+        float *dst = z->grad_shard + f->shard_off;
+        for (size_t i = 0; i < f->nrecv; i++) dst[i] += f->recv[i];
+    }
     give(f->buf, z->model->blocks[block].numel);
     give(f->recv, f->nrecv ? f->nrecv : 1);
     memset(f, 0, sizeof *f);
@@ -128,14 +100,35 @@ static void post_grads(struct loom_zero *z, int block)
 
 /* ---- stage 3: parameters -------------------------------------------------- */
 
+/* Unit buffers hold the unit's stored parameters: float32, or 16-bit under
+ * mixed precision (from the same pool, as half as many floats). */
+static size_t unit_floats(const struct loom_zero *z, const struct loom_zero_unit *x)
+{
+    size_t n = x->hi - x->lo;
+    return z->dtype ? (n + 1) / 2 : n;
+}
+
+static void point_blocks(struct loom_zero *z, const struct loom_zero_unit *x)
+{
+    for (int b = x->first; b <= x->last; b++) {
+        struct loom_block *blk = &z->model->blocks[b];
+        size_t off = z->block_lo[b] - x->lo;
+        if (!x->buf) blk->params = NULL, blk->params_lp = NULL;
+        else if (z->dtype) blk->params_lp = (uint16_t *)x->buf + off;
+        else blk->params = x->buf + off;
+    }
+}
+
 static void post_gather(struct loom_zero *z, int u)
 {
     struct loom_zero_unit *x = &z->units[u];
     if (x->buf) return; /* gathered or on its way */
-    x->buf = take(x->hi - x->lo, 0);
-    size_t mine = split(z, x->lo, x->hi);
-    const float *send = z->param_shard + (z->counts[z->dp_rank] ? mine - z->begin : 0);
-    x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, send, x->buf, z->counts, z->displs, LOOM_F32);
+    x->buf = take(unit_floats(z, x), 0);
+    size_t mine = split(z, x->lo, x->hi), at = z->counts[z->dp_rank] ? mine - z->begin : 0;
+    if (z->dtype)
+        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard_lp + at, x->buf, z->counts, z->displs, LOOM_U16);
+    else
+        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard + at, x->buf, z->counts, z->displs, LOOM_F32);
 }
 
 static void ensure_gathered(struct loom_zero *z, int u)
@@ -145,8 +138,7 @@ static void ensure_gathered(struct loom_zero *z, int u)
     if (x->handle) {
         z->wait_s += loom_comm_wait(x->handle);
         x->handle = NULL;
-        for (int b = x->first; b <= x->last; b++)
-            z->model->blocks[b].params = x->buf + (z->block_lo[b] - x->lo);
+        point_blocks(z, x);
     }
 }
 
@@ -158,9 +150,9 @@ static void release(struct loom_zero *z, int u)
         loom_comm_wait(x->handle);
         x->handle = NULL;
     }
-    give(x->buf, x->hi - x->lo);
+    give(x->buf, unit_floats(z, x));
     x->buf = NULL;
-    for (int b = x->first; b <= x->last; b++) z->model->blocks[b].params = NULL;
+    point_blocks(z, x);
 }
 
 static void prefetch(struct loom_zero *z, int u)
@@ -235,6 +227,7 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
 {
     LOOM_ASSERT(stage >= 0 && stage <= 3 && dp >= 1 && dp_rank >= 0 && dp_rank < dp);
     memset(z, 0, sizeof *z);
+    z->dtype = (enum loom_dtype)m->dtype;
     z->stage = stage;
     z->dp = dp;
     z->dp_rank = dp_rank;
@@ -252,8 +245,9 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
     z->end = z->begin + z->shard < m->num_params ? z->begin + z->shard : m->num_params;
     if (z->end < z->begin) z->end = z->begin; /* a rank whose shard is all padding */
     if (stage < 2) return;
-    LOOM_ASSERT(m->grads == NULL && z->shard <= 0x7fffffff);
-    z->grad_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_GRADS);
+    LOOM_ASSERT(m->grads == NULL && m->grads_lp == NULL && z->shard <= 0x7fffffff);
+    if (z->dtype) z->grad_shard_lp = loom_alloc(loom_mul_size(z->shard, sizeof(uint16_t)), LOOM_MEM_GRADS);
+    else z->grad_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_GRADS);
     z->flights = loom_alloc(sizeof *z->flights * (size_t)m->nblocks, LOOM_MEM_OTHER);
     z->order = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
     z->counts = loom_alloc(sizeof(int) * (size_t)dp, LOOM_MEM_OTHER);
@@ -264,13 +258,22 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
     if (stage < 3) return;
     /* keep this rank's shard of the parameters, let go of the arena (a model
      * without one is initialised shard by shard: loom_zero_init_weights) */
-    z->param_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_PARAMS);
-    if (m->params) {
-        memcpy(z->param_shard, m->params + z->begin, (z->end - z->begin) * sizeof(float));
-        loom_free(m->params);
-        m->params = NULL;
+    if (z->dtype) {
+        z->param_shard_lp = loom_alloc(loom_mul_size(z->shard, sizeof(uint16_t)), LOOM_MEM_PARAMS);
+        if (m->params_lp) {
+            memcpy(z->param_shard_lp, m->params_lp + z->begin, (z->end - z->begin) * sizeof(uint16_t));
+            loom_free(m->params_lp);
+            m->params_lp = NULL;
+        }
+    } else {
+        z->param_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_PARAMS);
+        if (m->params) {
+            memcpy(z->param_shard, m->params + z->begin, (z->end - z->begin) * sizeof(float));
+            loom_free(m->params);
+            m->params = NULL;
+        }
     }
-    for (int b = 0; b < m->nblocks; b++) m->blocks[b].params = NULL;
+    for (int b = 0; b < m->nblocks; b++) m->blocks[b].params = NULL, m->blocks[b].params_lp = NULL;
     make_units(z, min_params);
     m->pre_forward = pre_forward;
     m->post_forward = post_forward;
@@ -289,7 +292,8 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
             m->blocks[b].params = NULL;
         }
         size_t a = x->lo > z->begin ? x->lo : z->begin, e = x->hi < z->end ? x->hi : z->end;
-        if (a < e) memcpy(z->param_shard + (a - z->begin), buf + (a - x->lo), (e - a) * sizeof(float));
+        if (a < e && z->dtype) loom_lp_from_f32(z->param_shard_lp + (a - z->begin), buf + (a - x->lo), e - a, z->dtype);
+        else if (a < e) memcpy(z->param_shard + (a - z->begin), buf + (a - x->lo), (e - a) * sizeof(float));
         give(buf, x->hi - x->lo);
     }
 }
@@ -302,8 +306,10 @@ void loom_zero_free(struct loom_zero *z)
         m->pre_backward = m->grad_ready = m->pre_forward = m->post_forward = NULL;
         m->hook_ctx = NULL;
     }
-    drain_pool();
+    loom_pool_drain();
     loom_free(z->grad_shard);
+    loom_free(z->grad_shard_lp);
+    loom_free(z->param_shard_lp);
     loom_free(z->flights);
     loom_free(z->order);
     loom_free(z->counts);
@@ -318,30 +324,57 @@ void loom_zero_free(struct loom_zero *z)
 void loom_zero_begin_step(struct loom_zero *z)
 {
     z->wait_s = 0;
-    if (z->stage >= 2) memset(z->grad_shard, 0, z->shard * sizeof(float));
+    if (z->stage >= 2 && z->dtype) memset(z->grad_shard_lp, 0, z->shard * sizeof(uint16_t));
+    if (z->stage >= 2 && z->grad_shard) memset(z->grad_shard, 0, z->shard * sizeof(float));
 }
 
 void loom_zero_finish_backward(struct loom_zero *z)
 {
     while (z->stage >= 2 && z->norder > 0) land_oldest(z);
+    if (z->stage >= 2 && z->dtype && z->grad_shard) /* accumulated in float32: rounded once */
+        loom_lp_from_f32(z->grad_shard_lp, z->grad_shard, z->shard, z->dtype);
+}
+
+void loom_zero_accumulate_f32(struct loom_zero *z)
+{
+    LOOM_ASSERT(z->dtype && z->stage >= 2 && !z->grad_shard);
+    z->grad_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_GRADS);
 }
 
 double loom_zero_grad_norm(const struct loom_zero *z)
 {
-    if (z->stage < 2) return loom_grad_norm(z->model->blocks, z->model->nblocks);
-    double ss = loom_sum_squares(z->grad_shard, z->end - z->begin);
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, &ss, 1, LOOM_F64, LOOM_OP_SUM);
+    const struct loom_model *m = z->model;
+    double ss;
+    if (z->stage < 2 && z->dtype) ss = loom_lp_sum_squares(m->grads_lp, m->num_params, z->dtype);
+    else if (z->stage < 2) return loom_grad_norm(m->blocks, m->nblocks);
+    else if (z->dtype) ss = loom_lp_sum_squares(z->grad_shard_lp, z->end - z->begin, z->dtype);
+    else ss = loom_sum_squares(z->grad_shard, z->end - z->begin);
+    if (z->stage >= 2) loom_comm_allreduce_sync(LOOM_GROUP_DP, &ss, 1, LOOM_F64, LOOM_OP_SUM);
     return sqrt(ss);
 }
 
 float *loom_zero_params(const struct loom_zero *z)
 {
+    LOOM_ASSERT(!z->dtype);
     return z->stage == 3 ? z->param_shard : z->model->params + z->begin;
 }
 
 const float *loom_zero_grads(const struct loom_zero *z)
 {
+    LOOM_ASSERT(!z->dtype);
     return z->stage >= 2 ? z->grad_shard : z->model->grads + z->begin;
+}
+
+uint16_t *loom_zero_params_lp(const struct loom_zero *z)
+{
+    LOOM_ASSERT(z->dtype);
+    return z->stage == 3 ? z->param_shard_lp : z->model->params_lp + z->begin;
+}
+
+const uint16_t *loom_zero_grads_lp(const struct loom_zero *z)
+{
+    LOOM_ASSERT(z->dtype);
+    return z->stage >= 2 ? z->grad_shard_lp : z->model->grads_lp + z->begin;
 }
 
 void loom_zero_after_step(struct loom_zero *z)
@@ -351,23 +384,6 @@ void loom_zero_after_step(struct loom_zero *z)
         return;
     }
     if (z->stage == 0 || z->dp == 1) return;
-    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params, z->shard, LOOM_F32));
-}
-
-void loom_zero_materialize(struct loom_zero *z)
-{
-    if (z->stage != 3) return;
-    struct loom_model *m = z->model;
-    for (int u = 0; u < z->nunits; u++) release(z, u);
-    m->pre_forward = m->post_forward = NULL; /* parameters stay put from now on */
-    drain_pool();
-    m->params = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_PARAMS);
-    for (int u = 0; u < z->nunits; u++) {
-        struct loom_zero_unit *x = &z->units[u];
-        size_t mine = split(z, x->lo, x->hi);
-        const float *send = z->param_shard + (z->counts[z->dp_rank] ? mine - z->begin : 0);
-        loom_comm_wait(loom_comm_allgather_v(LOOM_GROUP_DP, send, m->params + x->lo, z->counts, z->displs, LOOM_F32));
-    }
-    for (int b = 0; b < m->nblocks; b++) m->blocks[b].params = m->params + z->block_lo[b];
-    z->nunits = 0; /* the units no longer own the blocks' parameters */
+    if (z->dtype) loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params_lp, z->shard, LOOM_U16));
+    else loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params, z->shard, LOOM_F32));
 }

@@ -26,7 +26,9 @@
  *   --load, no rank ever holds the whole model: weights are initialised
  *   unit by unit.
  *
- * Not yet: offload of the optimizer state.
+ * Mixed precision: the stored parameters (arena or shard, gathered units) and
+ * the reduced gradient shard are 16-bit; gradients travel in float32 (the
+ * reduce dtype) and are rounded once as they land in the shard.
  */
 #ifndef LOOM_PARALLEL_ZERO_H
 #define LOOM_PARALLEL_ZERO_H
@@ -34,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "loom/model.h"
 
 struct loom_zero_flight; /* a block's gradient on its way to the shards */
@@ -41,17 +44,20 @@ struct loom_zero_unit;   /* stage 3: blocks gathered together */
 
 struct loom_zero {
     int stage, dp, dp_rank;
+    enum loom_dtype dtype; /* the model's: float32, or the 16-bit dtype of mixed precision */
     size_t shard;      /* elements per rank (the padded arena / dp) */
     size_t begin, end; /* this rank's elements of the arena, end clipped to the parameters */
     struct loom_model *model;
     /* stage 2 */
-    float *grad_shard; /* (shard) this rank's reduced gradients */
+    float *grad_shard; /* (shard) this rank's reduced gradients (mixed precision: the float32 accumulator, or NULL) */
+    uint16_t *grad_shard_lp; /* (shard) the same under mixed precision */
     struct loom_zero_flight *flights; /* (nblocks) */
     int *order, norder; /* blocks posted, oldest first */
     int *counts, *displs; /* (dp) scratch */
     size_t *block_lo;     /* (nblocks) each block's offset in the (unsharded) arena */
     /* stage 3 */
     float *param_shard;   /* (shard) this rank's parameters */
+    uint16_t *param_shard_lp; /* (shard) the same under mixed precision */
     struct loom_zero_unit *units;
     int nunits, pinned;   /* the unit holding block 0 */
     int *unit_of;         /* (nblocks) */
@@ -74,16 +80,20 @@ void loom_zero_free(struct loom_zero *z);
  * backward, wait for every reduction. */
 void loom_zero_begin_step(struct loom_zero *z);
 void loom_zero_finish_backward(struct loom_zero *z);
+/* Mixed precision with gradient accumulation, stages 2-3: the micro-batches'
+ * reduced gradients accumulate in a float32 shard, rounded into the 16-bit
+ * shard once after the last (as DeepSpeed's bf16 optimizer accumulates in
+ * float32), so layouts that split the batch differently round the same sum. */
+void loom_zero_accumulate_f32(struct loom_zero *z);
 /* Global gradient norm (over shards at stage 2). */
 double loom_zero_grad_norm(const struct loom_zero *z);
-/* Parameters and gradients of this rank's elements [begin, end), for the optimizer. */
+/* Parameters and gradients of this rank's elements [begin, end), for the
+ * optimizer: float32, or (the _lp pair) the 16-bit ones of mixed precision. */
 float *loom_zero_params(const struct loom_zero *z);
 const float *loom_zero_grads(const struct loom_zero *z);
+uint16_t *loom_zero_params_lp(const struct loom_zero *z);
+const uint16_t *loom_zero_grads_lp(const struct loom_zero *z);
 /* After the optimizer step: stages 1-2 all-gather the new parameters; stage 3
  * lets go of the pinned unit (it is gathered afresh next time). */
 void loom_zero_after_step(struct loom_zero *z);
-/* Stage 3: the whole model's parameters in one arena again (to save them);
- * a no-op below stage 3. */
-void loom_zero_materialize(struct loom_zero *z);
-
 #endif

@@ -41,7 +41,8 @@ static int same_state(const struct loom_ckpt_state *a, const struct loom_ckpt_st
         a->hidden_size == b->hidden_size && a->num_attention_heads == b->num_attention_heads &&
         a->max_position_embeddings == b->max_position_embeddings && a->vocab_size == b->vocab_size &&
         a->world_size == b->world_size && a->dp == b->dp && a->tp == b->tp && a->pp == b->pp &&
-        a->zero_stage == b->zero_stage && a->has_loss_scaler == b->has_loss_scaler && a->nfiles == b->nfiles;
+        a->zero_stage == b->zero_stage && a->has_loss_scaler == b->has_loss_scaler && a->nfiles == b->nfiles &&
+        strcmp(a->model_type, b->model_type) == 0;
     if (same && a->has_loss_scaler)
         same = a->loss_scale == b->loss_scale && a->loss_scale_good_steps == b->loss_scale_good_steps &&
                a->loss_scale_hysteresis == b->loss_scale_hysteresis && a->skipped_steps == b->skipped_steps;
@@ -55,8 +56,11 @@ static void check_ranges(const struct loom_ckpt_state *st)
     REQUIRE(st->iteration >= 0 && st->optimizer_step >= 0 && st->optimizer_step <= st->iteration);
     REQUIRE(st->consumed_samples >= 0 && st->seed >= 0 && st->global_batch_size >= 1);
     REQUIRE(st->data_order >= 0 && st->data_order <= 1);
-    REQUIRE(st->num_layers >= 1 && st->hidden_size >= 1 && st->num_attention_heads >= 1);
-    REQUIRE(st->max_position_embeddings >= 1 && st->vocab_size >= 1);
+    REQUIRE(st->model_type[0] != '\0' && memchr(st->model_type, '\0', sizeof st->model_type));
+    if (strcmp(st->model_type, "gpt2") == 0) { /* the shape is GPT-2's only */
+        REQUIRE(st->num_layers >= 1 && st->hidden_size >= 1 && st->num_attention_heads >= 1);
+        REQUIRE(st->max_position_embeddings >= 1 && st->vocab_size >= 1);
+    }
     REQUIRE(st->world_size >= 1 && st->dp >= 1 && st->tp >= 1 && st->pp >= 1);
     REQUIRE(st->zero_stage >= 0 && st->zero_stage <= 3);
     REQUIRE(!st->has_loss_scaler || st->loss_scale > 0);

@@ -8,6 +8,12 @@ LayerNorm, LM head tied to wte, mean cross-entropy.
 Parameter names are Hugging Face GPT-2's (without the "transformer." prefix)
 and matmul weights are stored [in, out] like Hugging Face's Conv1D, so
 model.state_dict() maps one to one onto loom's safetensors files.
+
+set_act_dtype(model, torch.bfloat16 or torch.float16) emulates loom's
+act_dtype: every activation a loom kernel writes is rounded to that dtype
+(float32 first, as the kernel computed it, then the 16-bit dtype), and so is
+the gradient that reaches it in the backward; see round_act for the points.
+The attention probabilities stay unrounded (inside loom's attention kernel).
 """
 import math
 from dataclasses import dataclass
@@ -18,6 +24,37 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 LN_EPS = 1e-5
+
+
+class RoundAct(torch.autograd.Function):
+    """x rounded to `dtype` and back: x -> float32 -> dtype -> x's dtype, as
+    loom rounds what a float32 kernel wrote. The backward rounds the gradient
+    the same way, as loom rounds the activation gradient a kernel writes."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = dtype
+        return x.float().to(dtype).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.float().to(ctx.dtype).to(g.dtype), None
+
+
+def round_act(x, dtype):
+    """An activation as loom holds it: unchanged for dtype None (float32), else
+    RoundAct. Applied to the embedding output, both LayerNorm outputs and the
+    final one, qkv, the attention output (heads concatenated), both
+    projections, both residual sums, c_fc, GELU and the logits."""
+    return x if dtype is None else RoundAct.apply(x, dtype)
+
+
+def set_act_dtype(model, dtype):
+    """Holds every activation of the model in dtype (None: as computed)."""
+    for mod in model.modules():
+        if hasattr(mod, "act_dtype"):
+            mod.act_dtype = dtype
+    return model
 
 
 @dataclass
@@ -57,20 +94,21 @@ class Attention(nn.Module):
         self.heads = cfg.heads
         self.c_attn = Conv1D(cfg.hidden, 3 * cfg.hidden)
         self.c_proj = Conv1D(cfg.hidden, cfg.hidden)
+        self.act_dtype = None
 
     def forward(self, x):
         B, T, C = x.shape
         NH = self.heads
         HS = C // NH
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = round_act(self.c_attn(x), self.act_dtype).split(C, dim=2)
         q = q.view(B, T, NH, HS).transpose(1, 2)
         k = k.view(B, T, NH, HS).transpose(1, 2)
         v = v.view(B, T, NH, HS).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        return self.c_proj(y)
+        y = round_act((att @ v).transpose(1, 2).reshape(B, T, C), self.act_dtype)
+        return round_act(self.c_proj(y), self.act_dtype)
 
 
 class MLP(nn.Module):
@@ -78,9 +116,12 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = Conv1D(cfg.hidden, 4 * cfg.hidden)
         self.c_proj = Conv1D(4 * cfg.hidden, cfg.hidden)
+        self.act_dtype = None
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        a = self.act_dtype
+        h = round_act(self.c_fc(x), a)
+        return round_act(self.c_proj(round_act(F.gelu(h, approximate="tanh"), a)), a)
 
 
 class Block(nn.Module):
@@ -90,10 +131,12 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ln_2 = LayerNorm(cfg.hidden)
         self.mlp = MLP(cfg)
+        self.act_dtype = None
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        a = self.act_dtype
+        x = round_act(x + self.attn(round_act(self.ln_1(x), a)), a)
+        return round_act(x + self.mlp(round_act(self.ln_2(x), a)), a)
 
 
 class GPT2(nn.Module):
@@ -104,6 +147,7 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(cfg.max_pos, cfg.hidden)
         self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.num_layers)])
         self.ln_f = LayerNorm(cfg.hidden)
+        self.act_dtype = None
 
     def forward(self, idx, targets=None, keep=None):
         """idx (B,T) int64. Returns (logits (B,T,V), mean loss or None).
@@ -111,15 +155,15 @@ class GPT2(nn.Module):
         the first diverging layer)."""
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)[None]
+        x = round_act(self.wte(idx) + self.wpe(pos)[None], self.act_dtype)
         if keep is not None:
             keep["encoded"] = x
         for l, block in enumerate(self.h):
             x = block(x)
             if keep is not None:
                 keep[f"h.{l}"] = x
-        x = self.ln_f(x)
-        logits = x @ self.wte.weight.t()
+        x = round_act(self.ln_f(x), self.act_dtype)
+        logits = round_act(x @ self.wte.weight.t(), self.act_dtype)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

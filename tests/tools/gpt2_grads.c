@@ -1,9 +1,16 @@
 /*
  * Test tool: one forward and backward of GPT-2 from given weights and
  * tokens, writing the loss and every parameter gradient for comparison with
- * PyTorch (tests/test_model_torch.py).
+ * PyTorch (tests/test_model_torch.py, tests/test_act_dtype_torch.py) and
+ * between recompute settings (tests/test_recompute.py).
  *
- *   gpt2_grads WEIGHTS.safetensors TOKENS.i32 OUT.safetensors L C NH T V B [maxT]
+ *   gpt2_grads [OPTIONS] WEIGHTS.safetensors TOKENS.i32 OUT.safetensors L C NH T V B [maxT]
+ *
+ * OPTIONS (before the positional arguments), as the model takes them:
+ *   --act-dtype fp32|bf16|fp16              activations held in (m->act_dtype)
+ *   --recompute none|selective|full         with full: --recompute-method
+ *   --recompute-method uniform|block        uniform|block and
+ *   --recompute-num-layers N                --recompute-num-layers N
  *
  * TOKENS.i32 holds B rows of T+1 int32 tokens: inputs are each row's first
  * T, targets its last T. OUT holds "loss" [1], "logits" [B,T,V] and
@@ -11,22 +18,59 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/log.h"
 #include "io/safetensors.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
 
+/* The index of name in the NULL-terminated list, or -1. */
+static int pick(const char *name, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
+    static const char *const dtypes[] = {"fp32", "bf16", "fp16", NULL};
+    static const char *const granularities[] = {"none", "selective", "full", NULL};
+    static const char *const methods[] = {"none", "uniform", "block", NULL};
+    int act_dtype = 0, granularity = 0, method = 0, num_layers = 0;
+    int first = 1; /* the first positional argument */
+    for (; first + 1 < argc && strncmp(argv[first], "--", 2) == 0; first += 2) {
+        const char *opt = argv[first], *v = argv[first + 1];
+        int bad = 0;
+        if (strcmp(opt, "--act-dtype") == 0)
+            bad = (act_dtype = pick(v, dtypes)) < 0;
+        else if (strcmp(opt, "--recompute") == 0)
+            bad = (granularity = pick(v, granularities)) < 0;
+        else if (strcmp(opt, "--recompute-method") == 0)
+            bad = (method = pick(v, methods)) < 0;
+        else if (strcmp(opt, "--recompute-num-layers") == 0)
+            num_layers = atoi(v);
+        else
+            bad = 1;
+        if (bad) {
+            fprintf(stderr, "gpt2_grads: bad option %s %s\n", opt, v);
+            return 2;
+        }
+    }
+    argc -= first - 1;
+    argv += first - 1;
     if (argc != 10 && argc != 11) {
-        fprintf(stderr, "usage: gpt2_grads WEIGHTS TOKENS OUT L C NH T V B [maxT]\n");
+        fprintf(stderr, "usage: gpt2_grads [OPTIONS] WEIGHTS TOKENS OUT L C NH T V B [maxT]\n");
         return 2;
     }
     int maxT = argc == 11 ? atoi(argv[10]) : atoi(argv[7]);
     struct loom_gpt2_config cfg = {atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), maxT, atoi(argv[8])};
     int T = atoi(argv[7]), B = atoi(argv[9]);
     struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
+    m->act_dtype = (enum loom_dtype)act_dtype;
+    loom_gpt2_set_recompute(m, (enum loom_recompute)granularity, (enum loom_recompute_method)method,
+                            num_layers);
     if (loom_gpt2_load(m, argv[1])) {
         fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());
         return 2;

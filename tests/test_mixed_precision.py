@@ -1,0 +1,202 @@
+"""Mixed precision (--bf16, --fp16) end to end.
+
+Policy under test: parameters and gradients are stored in the 16-bit dtype,
+the optimizer keeps float32 master weights and moments (created from the
+16-bit parameters, as DeepSpeed does), kernels compute in float32 with
+activations rounded to the 16-bit dtype at their edges, gradients are
+reduced in float32 and rounded once.
+
+1. Every data-parallel layout (DDP bucketed, without overlap and naive,
+   ZeRO 1-3, at 2 ranks; DDP and ZeRO-3 at 4) gives the single-process
+   per-step loss under bf16 within 1e-5 relative. Every layout runs
+   micro-batches of the same size (the single process accumulates 4 of
+   them, 2 ranks 2 each, 4 ranks one): gradients are accumulated and reduced
+   in float32 and rounded to bf16 once per step, so the layouts differ only
+   by float32 summation order. (With micro-batches of different sizes the
+   BLAS takes other code paths, whose last-bit float32 differences can flip
+   a bf16 rounding of an activation: measured up to 5e-5.)
+2. bf16 training tracks float32: 200 steps of gpt2-tiny, final loss within 2%.
+3. fp16 dynamic loss scaling: a huge initial scale (2^40) forces overflows;
+   the scale halves (after hysteresis), overflow steps are skipped and
+   counted, and after loss_scale_window clean steps it doubles. The scale
+   and skip sequence loom reports equals what DeepSpeed's documented rules
+   (re-implemented below) give for the same overflow pattern.
+4. Model-state memory per rank under bf16 for ZeRO stages 0-3 within 5% of
+   the ZeRO paper's 2Psi + 2Psi + 12Psi split per stage.
+5. Non-finite values: a NaN weight makes the loss and every gradient NaN; by
+   default the run stops at step 1 with one error line naming the step and
+   the first block (in backward order) whose gradient went non-finite, on 1
+   and on 2 ranks; with --on-nonfinite skip every step is skipped and counted.
+6. Checkpoints keep mixed precision exact: bf16 (1 process and ZeRO-2 on 2
+   ranks) and fp16 (with its loss scaler state) resume bit for bit, and the
+   master weights are stored as optimizer.master.<name>.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_ddp import ENV, LOOM, check, write_corpus  # noqa: E402
+import test_ddp  # noqa: E402
+from pyref import ckpt, st  # noqa: E402
+
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+         "--max-position-embeddings", "16", "--vocab-size", "256"]
+
+
+def train(tmp, np_ranks, flags, tag, expect=0, model=MODEL):
+    metrics = os.path.join(tmp, tag + ".jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    cmd = [LOOM, "train", "--data-path", os.path.join(tmp, "train.bin")] + model + [
+        "--global-batch-size", "8", "--train-iters", "20", "--lr", "3e-3", "--lr-warmup-iters", "3",
+        "--lr-decay-iters", "20", "--clip-grad", "1.0", "--weight-decay", "0.1", "--log-interval", "1",
+        "--eval-iters", "0", "--threads", "1", "--seed", "11", "--metrics", metrics, "--comm-timeout", "60"] + flags
+    if np_ranks > 1:
+        cmd = ["mpirun", "-np", str(np_ranks), "--oversubscribe", "--bind-to", "none"] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    if expect is not None and p.returncode != expect:
+        raise SystemExit(f"{tag}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    rows = [json.loads(l) for l in open(metrics) if '"loss"' in l] if os.path.exists(metrics) else []
+    return p, rows
+
+
+def worst(a, b):
+    return max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
+
+
+def deepspeed_scales(overflows, initial, window, hysteresis, min_scale=1.0):
+    """DeepSpeed's DynamicLossScaler.update_scale (deepspeed/runtime/fp16/
+    loss_scaler.py, current version), step by step: the scale each step's
+    backward used, given which steps overflowed. An overflow uses up one unit
+    of hysteresis, or halves the scale (not below min_scale) when none is
+    left; a clean step doubles it when the clean steps before it since the
+    last overflow (cur_iter - last_overflow_iter - 1) are a positive multiple
+    of the window, and refills hysteresis."""
+    scale, hyst, last_overflow, used = initial, hysteresis, -1, []
+    for it, overflow in enumerate(overflows):
+        used.append(scale)
+        if overflow:
+            if hysteresis == 1 or hyst == 1:
+                scale = max(scale / 2, min_scale)
+            else:
+                hyst -= 1
+            last_overflow = it
+        else:
+            stable = it - last_overflow - 1
+            if stable > 0 and stable % window == 0:
+                hyst = hysteresis
+                scale *= 2
+    return used
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        write_corpus(tmp)
+        # 1. layouts under bf16, all with micro-batches of 2 sequences
+        _, ref = train(tmp, 1, ["--bf16", "--micro-batch-size", "2"], "bf16-single")
+        cases = [("DDP", 2, []), ("DDP naive", 2, ["--ddp-impl", "naive"]), ("DDP without overlap", 2, ["--no-overlap"]),
+                 ("ZeRO-1", 2, ["--zero-stage", "1"]), ("ZeRO-2", 2, ["--zero-stage", "2"]),
+                 ("ZeRO-3", 2, ["--zero-stage", "3"]), ("DDP", 4, []),
+                 ("ZeRO-3", 4, ["--zero-stage", "3", "--zero3-min-params", "3000"])]
+        for name, n, flags in cases:
+            _, rows = train(tmp, n, ["--bf16", "--micro-batch-size", "2"] + flags, f"bf16-{name}-{n}")
+            w = worst(rows, ref) if len(rows) == 20 else 1.0
+            check(f"bf16, {name} on {n} ranks ({4 // n} micro-batch(es) each): every step's loss within 1e-5 of 1 process"
+                  f" (worst {w:.1e})", w <= 1e-5)
+
+        # 2. bf16 tracks float32 over 200 steps
+        tiny = ["--model", "gpt2-tiny", "--train-iters", "200", "--lr-decay-iters", "200", "--global-batch-size", "16",
+                "--micro-batch-size", "16", "--log-interval", "1"]
+        _, f32 = train(tmp, 1, tiny, "tiny-fp32", model=[])
+        _, b16 = train(tmp, 1, tiny + ["--bf16"], "tiny-bf16", model=[])
+        end32, end16 = np.mean([r["loss"] for r in f32[-10:]]), np.mean([r["loss"] for r in b16[-10:]])
+        check(f"bf16 tracks fp32 over 200 steps: final loss {end16:.4f} vs {end32:.4f} (within 2%)",
+              len(b16) == 200 and abs(end16 - end32) / end32 <= 0.02)
+
+        # 3. fp16 loss scaling with forced overflows
+        window, hyst = 4, 2
+        _, rows = train(tmp, 1, ["--fp16", "--micro-batch-size", "8", "--initial-loss-scale", str(2 ** 36),
+                                 "--loss-scale-window", str(window), "--hysteresis", str(hyst), "--train-iters", "50",
+                                 "--lr-decay-iters", "50"], "fp16")
+        used = [r["loss_scale"] for r in rows]
+        over = [r["skipped"] == 1 for r in rows]
+        want = deepspeed_scales(over, 2.0 ** 36, window, hyst)
+        first = next((i for i, (a, b) in enumerate(zip(used, want)) if a != b), None)
+        check("fp16: the loss scale of every step follows DeepSpeed's rules for the overflows seen",
+              len(rows) == 50 and used == want, f"first difference at step {first}: loom {used}, rules {want}")
+        check(f"fp16: overflows skipped and counted ({sum(over)} of 50), the scale halved and grew again",
+              sum(over) >= 3 and rows[-1]["skipped_total"] == sum(over) and min(used) < 2 ** 36
+              and any(b > a for a, b in zip(used, used[1:])))
+        check("fp16: the loss falls once the scale fits", rows[-1]["loss"] < rows[0]["loss"] - 0.3)
+
+        # 4. model-state memory per rank, bf16, 2 ranks
+        n = 2
+        p, _ = train(tmp, 1, ["--micro-batch-size", "8", "--train-iters", "1"], "count")
+        psi = psi_of(p.stdout)
+        for stage in range(4):
+            _, rows = train(tmp, n, ["--bf16", "--micro-batch-size", "4", "--zero-stage", str(stage),
+                                     "--train-iters", "2"], f"mem{stage}")
+            want = {0: (2, 2, 12), 1: (2, 2, 12 / n), 2: (2, 2 / n, 12 / n), 3: (2 / n, 2 / n, 12 / n)}[stage]
+            bad = []
+            for r, row in enumerate(rows[-1]["mem_by_rank"]):
+                for key, per in zip(("params", "grads", "optimizer"), want):
+                    if abs(row[key] - per * psi) > 0.05 * per * psi:
+                        bad.append(f"rank {r} {key} {row[key]} vs {per * psi:.0f}")
+            check(f"bf16 ZeRO-{stage} on {n} ranks: params, grads, optimizer bytes per rank within 5% of "
+                  f"{want[0]:g}/{want[1]:g}/{want[2]:g} x Psi (Psi = {psi})", not bad, "; ".join(bad))
+
+        # 5. non-finite values
+        weights = os.path.join(tmp, "nan.safetensors")
+        _, _ = train(tmp, 1, ["--micro-batch-size", "8", "--train-iters", "1", "--save", os.path.join(tmp, "w")], "w")
+        w = {k: v for k, v in ckpt.assemble(os.path.join(tmp, "w")).items() if not k.startswith("optimizer.")}
+        w["h.1.mlp.c_fc.bias"][3] = np.nan
+        st.save(weights, w)
+        for n in (1, 2):
+            for prec in ([], ["--bf16"]):
+                p, rows = train(tmp, n, prec + ["--micro-batch-size", str(8 // n), "--load", weights], "nan",
+                                expect=None)
+                lines = [l for l in p.stderr.splitlines() if l.startswith("loom: error:")]
+                check(f"NaN weight, {'bf16' if prec else 'fp32'}, {n} rank(s): exit 1 at step 1, one line naming the step and block",
+                      p.returncode == 1 and len(lines) == 1 and "step 1" in lines[0] and "block 3 (ln_f.weight)" in lines[0],
+                      p.stderr[-400:])
+        p, rows = train(tmp, 2, ["--bf16", "--micro-batch-size", "4", "--load", weights, "--on-nonfinite", "skip",
+                                 "--train-iters", "3"], "nan-skip", expect=None)
+        check("--on-nonfinite skip: every step skipped and counted, exit 0",
+              p.returncode == 0 and [r["skipped"] for r in rows] == [1, 1, 1] and rows[-1]["skipped_total"] == 3,
+              p.stderr[-300:])
+
+        # 6. checkpoints under mixed precision resume exactly
+        for name, n, flags in (("bf16, 1 process", 1, ["--bf16", "--micro-batch-size", "8"]),
+                               ("bf16, ZeRO-2 on 2 ranks", 2, ["--bf16", "--micro-batch-size", "4", "--zero-stage", "2"]),
+                               ("fp16 with loss scaling", 1, ["--fp16", "--micro-batch-size", "8",
+                                                              "--initial-loss-scale", str(2 ** 20),
+                                                              "--loss-scale-window", "3"])):
+            full_dir, cut_dir = os.path.join(tmp, "full"), os.path.join(tmp, "cut")
+            for d in (full_dir, cut_dir):
+                subprocess.run(["rm", "-rf", d])
+            _, full = train(tmp, n, flags + ["--save", full_dir], "full")
+            _, a = train(tmp, n, flags + ["--save", cut_dir, "--train-iters", "10"], "cut1")
+            _, b = train(tmp, n, flags + ["--save", cut_dir, "--load", cut_dir], "cut2")
+            key = lambda rows: [(r["step"], r["loss"], r.get("loss_scale")) for r in rows]  # noqa: E731
+            x, y = ckpt.assemble(full_dir), ckpt.assemble(cut_dir)
+            same = sorted(x) == sorted(y) and all(x[k].tobytes() == y[k].tobytes() for k in x)
+            check(f"{name}: 10 + resume + 10 steps is the 20-step run bit for bit (losses, scales, all tensors)",
+                  key(a + b) == key(full) and same)
+            check(f"{name}: the checkpoint stores the master weights", any(k.startswith("optimizer.master.") for k in x))
+    print(f"{'PASS' if test_ddp.failures == 0 else 'FAIL'}: {test_ddp.failures} failure(s)")
+    return 1 if test_ddp.failures else 0
+
+
+def psi_of(stdout):
+    """The parameter count from loom's 'model: ...: N parameters' line."""
+    line = next(l for l in stdout.splitlines() if l.startswith("model:"))
+    return int(line.split(" parameters")[0].split()[-1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
