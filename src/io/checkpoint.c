@@ -144,10 +144,20 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
     const char **kv = calloc(2 * (2 * (size_t)n + (size_t)nextra) + 1, sizeof *kv);
     char *text = calloc(2 * (size_t)n + 1, KEY + VAL);
     int rc = LOOM_OK, nt = 0, nm = 0;
+    uint64_t *sums = NULL;
     if (!ts || !kv || !text) {
         rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
         goto done;
     }
+    sums = calloc((size_t)n + 1, sizeof *sums);
+    if (!sums) {
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
+        goto done;
+    }
+    /* the checksums, pieces spread over the threads */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++)
+        sums[i] = XXH3_64bits(pieces[i].data, (pieces[i].slice.hi - pieces[i].slice.lo) * sizeof(float));
     for (int i = 0; i < n; i++) {
         const struct loom_ckpt_piece *p = &pieces[i];
         const struct loom_ckpt_slice *s = &p->slice;
@@ -166,7 +176,7 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
         }
         char *key = text + (size_t)(2 * i) * (KEY + VAL), *val = key + KEY;
         snprintf(key, KEY, "loom.xxh3.%s", p->name);
-        snprintf(val, VAL, "%016" PRIx64, (uint64_t)XXH3_64bits(p->data, count * sizeof(float)));
+        snprintf(val, VAL, "%016" PRIx64, sums[i]);
         kv[2 * nm] = key, kv[2 * nm + 1] = val, nm++;
         if (!loom_ckpt_slice_is_whole(s)) {
             key = text + (size_t)(2 * i + 1) * (KEY + VAL), val = key + KEY;
@@ -179,6 +189,7 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
     rc = loom_st_write(path, ts, nt, kv, nm);
     if (rc == LOOM_OK) loom_ckpt_crash_point("after-rank-file");
 done:
+    free(sums);
     free(ts);
     free(kv);
     free(text);
