@@ -385,12 +385,26 @@ static uint64_t copy_piece(const struct piece *p, uint64_t lo, uint64_t hi, floa
     return copied;
 }
 
-/* Whether piece p holds any element of [lo, hi) (a cheap test on the box's
- * full-tensor extent; copy_piece is exact). */
+/* The full tensor's flat index of element k (row-major) of slice s's box. */
+static uint64_t box_to_full(const struct loom_ckpt_slice *s, uint64_t k)
+{
+    uint64_t full = 0, stride = 1;
+    for (int d = s->ndim - 1; d >= 0; d--) {
+        uint64_t ext = (uint64_t)(s->stop[d] - s->start[d]);
+        full += ((uint64_t)s->start[d] + k % ext) * stride;
+        k /= ext;
+        stride *= (uint64_t)s->shape[d];
+    }
+    return full;
+}
+
+/* Whether piece p may hold an element of [lo, hi): its elements lie between
+ * the full indices of its first and last (copy_piece is exact). */
 static int may_touch(const struct piece *p, uint64_t lo, uint64_t hi)
 {
-    if (box_is_whole(&p->s)) return p->s.lo < hi && lo < p->s.hi;
-    return 1;
+    const struct loom_ckpt_slice *s = &p->s;
+    if (s->hi == s->lo) return 0;
+    return box_to_full(s, s->lo) < hi && lo <= box_to_full(s, s->hi - 1);
 }
 
 int loom_ckpt_read(struct loom_ckpt_reader *r, const char *name, int ndim, const int64_t *shape, uint64_t lo,
