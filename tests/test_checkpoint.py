@@ -219,6 +219,22 @@ def crash_cases(tmp, base):
               f"exit {p.returncode} {p.stderr[-300:]} {os.listdir(d)}")
 
 
+def resave(tmp, base):
+    """A run resumed from iter_0000005 reaches iteration 10 again: the new iter_0000010 replaces
+    the old one in one exchange (a kill at any moment leaves a complete one), and holds the same bits."""
+    want = ckpt.assemble(os.path.join(base, "iter_0000010"))
+    for crash in (None, "before-latest"):
+        d = copy_save(base, os.path.join(tmp, f"resave-{crash}"))
+        env = dict(ENV, LOOM_TEST_CRASH_AT=crash) if crash else ENV
+        p, _ = train(tmp, d, 1, ["--train-iters", "10", "--save-interval", "5", "--load", os.path.join(d, "iter_0000005")],
+                     env=env, expect=None)
+        got = ckpt.assemble(os.path.join(d, "iter_0000010"))
+        check(f"saving iteration 10 again{' (killed before latest moved)' if crash else ''}: a complete iter_0000010"
+              f" with the same bits, latest names it",
+              p.returncode == (-signal.SIGKILL if crash else 0) and not same_tensors(want, got)
+              and open(os.path.join(d, "latest")).read().strip() == "iter_0000010", p.stderr[-300:])
+
+
 def random_kills(tmp):
     """kill -9 at random moments of a run that saves every step: latest always loads."""
     d = os.path.join(tmp, "random-kill")
@@ -278,6 +294,7 @@ def main():
               losses(rows) == losses(ref_rows)[:10] == losses(more)[:10])
         damage_cases(tmp, base)
         crash_cases(tmp, base)
+        resave(tmp, base)
         random_kills(tmp)
 
         # keep-last

@@ -117,6 +117,24 @@ static void test_damage(void)
     loom_ckpt_reader_close(r);
 }
 
+/* A tensor name with a newline (safetensors allows any string) must not
+ * reach a one-line error message. */
+static void test_hostile_name(void)
+{
+    float x[2] = {1, 2};
+    struct loom_ckpt_piece p = {"w\nsecond line", {0}, x};
+    const int64_t shape[1] = {2};
+    loom_ckpt_slice_whole(&p.slice, 1, shape);
+    char path[512];
+    snprintf(path, sizeof path, "%s/n.safetensors", dir);
+    CHECK(loom_ckpt_write_file(path, &p, 1, NULL, 0) == LOOM_OK);
+    const char *files[] = {"n.safetensors"};
+    struct loom_ckpt_reader *r;
+    CHECK(loom_ckpt_reader_open(&r, dir, files, 1) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "control characters") && !strchr(loom_error_message(), '\n'));
+    loom_ckpt_reader_close(r);
+}
+
 static void test_slice_text(void)
 {
     struct loom_ckpt_slice s, t;
@@ -183,6 +201,7 @@ int main(void)
     test_slice_text();
     test_assemble();
     test_damage();
+    test_hostile_name();
     test_state();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

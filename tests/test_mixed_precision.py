@@ -133,6 +133,9 @@ def main():
               sum(over) >= 3 and rows[-1]["skipped_total"] == sum(over) and min(used) < 2 ** 36
               and any(b > a for a, b in zip(used, used[1:])))
         check("fp16: the loss falls once the scale fits", rows[-1]["loss"] < rows[0]["loss"] - 0.3)
+        first = next(r for r in rows if not r["skipped"])
+        check(f"fp16: skipped steps do not advance the schedule: the first update (step {first['step']}) has step 1's lr",
+              abs(first["lr"] - 3e-3 / 3) < 1e-9, f"lr {first['lr']}")
 
         # 4. model-state memory per rank, bf16, 2 ranks
         n = 2
@@ -149,6 +152,14 @@ def main():
                         bad.append(f"rank {r} {key} {row[key]} vs {per * psi:.0f}")
             check(f"bf16 ZeRO-{stage} on {n} ranks: params, grads, optimizer bytes per rank within 5% of "
                   f"{want[0]:g}/{want[1]:g}/{want[2]:g} x Psi (Psi = {psi})", not bad, "; ".join(bad))
+
+        # memory does not grow from step to step (the float32 working copies go back to the pool)
+        for stage in (0, 3):
+            _, rows = train(tmp, 2, ["--bf16", "--micro-batch-size", "4", "--zero-stage", str(stage), "--train-iters", "8"],
+                            f"steady{stage}")
+            totals = [r["mem"]["total"] for r in rows[1:]]
+            check(f"bf16 ZeRO-{stage} on 2 ranks: the same peak memory at every step after the first",
+                  len(set(totals)) == 1, str(totals))
 
         # 5. non-finite values
         weights = os.path.join(tmp, "nan.safetensors")

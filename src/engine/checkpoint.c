@@ -159,12 +159,12 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
     st.tp = p->topo->tp;
     st.pp = p->topo->pp;
     st.zero_stage = p->zero->stage;
+    st.skipped_steps = p->skipped;
     if (p->scaler) {
         st.has_loss_scaler = 1;
         st.loss_scale = p->scaler->st.scale;
         st.loss_scale_good_steps = p->scaler->st.clean_steps;
         st.loss_scale_hysteresis = p->scaler->st.hysteresis;
-        st.skipped_steps = p->scaler->st.skipped_steps;
     }
     st.nfiles = p->topo->world;
     st.files = calloc((size_t)st.nfiles, sizeof *st.files);
@@ -265,7 +265,6 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         rc = for_each_tensor(m, lo, hi, read_tensor, &c);
         if (rc == LOOM_OK && m->dtype)
             loom_lp_from_f32(z->stage == 3 ? z->param_shard_lp : m->params_lp, weights, hi - lo, (enum loom_dtype)m->dtype);
-        loom_free(weights);
     }
     struct loom_adamw *opt = p->opt;
     if (rc == LOOM_OK && !p->cfg->finetune) {
@@ -294,10 +293,11 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         if (!p->cfg->finetune && loom_ckpt_has(c.r, name)) {
             c.prefix = MASTER, c.lo = opt->begin, c.dst = opt->master;
             rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
-        } else {
-            loom_adamw_set_master(opt, loom_zero_params_lp(z), opt->dtype);
+        } else { /* from the float32 weights just read, not their rounding */
+            memcpy(opt->master, weights + (opt->begin - lo), (opt->end - opt->begin) * sizeof(float));
         }
     }
+    loom_free(weights);
     if (rc == LOOM_OK && p->scaler && st->has_loss_scaler && !p->cfg->finetune) {
         const struct loom_loss_scaler_state ls = {st->loss_scale, st->loss_scale_good_steps, (int)st->loss_scale_hysteresis,
                                                   st->iteration, st->skipped_steps};
@@ -389,6 +389,7 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration, st
     int rc = try_candidates(p, cfg->load, restore_training, &st, &bytes, stats->dir, sizeof stats->dir);
     if (rc) return rc;
     *iteration = cfg->finetune ? 0 : st.iteration;
+    stats->skipped = cfg->finetune ? 0 : st.skipped_steps;
     if (!cfg->finetune) {
         if (st.seed != cfg->seed)
             loom_log_warn("the checkpoint's seed %" PRId64 " is used (not %" PRId64 "): data order and every random choice continue as saved",

@@ -39,12 +39,14 @@ struct loom_ckpt_parts {
     struct loom_zero *zero;
     struct loom_adamw *opt;
     struct loom_loss_scaler *scaler; /* fp16's, or NULL */
+    int64_t skipped;                 /* updates skipped so far (saved; restored into the stats) */
 };
 
 struct loom_ckpt_io_stats {
     double seconds;
     uint64_t bytes; /* written or read by this rank */
     char dir[512];  /* the checkpoint directory written or read */
+    int64_t skipped; /* loaded: the updates the run had skipped */
 };
 
 /* Whether --load names a checkpoint directory (not a weights file). */

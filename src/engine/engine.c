@@ -164,10 +164,10 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     if (rc == LOOM_OK && cfg->offload_optimizer == 2)
         rc = loom_engine_agree(e, loom_adamw_offload(&e->opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)));
     if (rc == LOOM_OK && from_dir) {
-        const struct loom_ckpt_parts parts = {cfg, &e->topo, m, &e->zero, &e->opt, e->have_scaler ? &e->scaler : NULL};
+        const struct loom_ckpt_parts parts = {cfg, &e->topo, m, &e->zero, &e->opt, e->have_scaler ? &e->scaler : NULL, 0};
         rc = loom_engine_agree(e, loom_checkpoint_load(&parts, &e->steps, &e->load_io));
         e->resumed = rc == LOOM_OK;
-        e->skipped = e->have_scaler ? e->scaler.st.skipped_steps : 0;
+        e->skipped = e->load_io.skipped;
     }
     if (rc) return rc;
     e->sched = loom_lr_schedule_from_config(cfg);
@@ -266,7 +266,8 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     const double scale = e->have_scaler ? e->scaler.st.scale : 1.0;
     double norm = loom_zero_grad_norm(&e->zero) / scale;
     const int64_t step = e->steps + 1;
-    const double lr = loom_lr_at(&e->sched, (int)step);
+    /* skipped steps do not advance the schedule (DeepSpeed and Megatron step it only on an update) */
+    const double lr = loom_lr_at(&e->sched, (int)(step - e->skipped));
     int skip = 0, rc = LOOM_OK;
     if (!isfinite(norm) || !isfinite(loss)) { /* the same on every rank: both are all-reduced */
         int b = e->have_scaler ? -1 : nonfinite_block(e);
@@ -295,8 +296,8 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
         else
             loom_adamw_step(&e->opt, e->model, loom_zero_params(&e->zero), loom_zero_grads(&e->zero), lr, grad_scale);
     }
+    if (e->have_prec) loom_precision_end_step(&e->prec); /* before ZeRO-3 lets go of the pinned unit */
     loom_zero_after_step(&e->zero);
-    if (e->have_prec) loom_precision_end_step(&e->prec);
     e->skipped += skip;
     e->steps = step;
     e->micro = e->backwards = 0;
@@ -323,7 +324,7 @@ int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
 int loom_engine_save(struct loom_engine *e)
 {
     const struct loom_ckpt_parts parts = {e->cfg, &e->topo, e->model, &e->zero, &e->opt,
-                                          e->have_scaler ? &e->scaler : NULL};
+                                          e->have_scaler ? &e->scaler : NULL, e->skipped};
     int rc = loom_checkpoint_save(&parts, e->steps, &e->save_io);
     if (rc && e->topo.rank != 0) loom_error_clear(); /* every rank holds the message: rank 0 prints it */
     return rc;

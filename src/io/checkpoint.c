@@ -259,6 +259,9 @@ static int index_file(struct loom_ckpt_reader *r, int f)
         p->file = f;
         p->t = t;
         char key[160];
+        for (const char *c = t->name; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                return loom_error_set(LOOM_ERR_INPUT, "%s: a tensor name holds control characters", st->path);
         if (t->dtype != LOOM_ST_F32)
             return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s is %s; checkpoints hold F32", st->path, t->name,
                                   loom_st_dtype_name(t->dtype));

@@ -123,7 +123,8 @@ struct loom_ckpt_state {
     int world_size, dp, tp, pp, zero_stage; /* the layout that wrote it (for the record) */
     int has_loss_scaler;
     double loss_scale;
-    int64_t loss_scale_good_steps, loss_scale_hysteresis, skipped_steps;
+    int64_t loss_scale_good_steps, loss_scale_hysteresis;
+    int64_t skipped_steps;    /* updates skipped for a non-finite gradient (they do not advance the schedule) */
     int nfiles;
     struct loom_ckpt_file *files; /* (nfiles), malloc'd; loom_ckpt_state_free */
 };

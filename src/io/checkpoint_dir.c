@@ -4,10 +4,12 @@
  * keeping the newest K, and finding what a --load path names with its
  * fallbacks. See checkpoint.h for the protocol and why it is crash-safe.
  */
+#define _GNU_SOURCE /* renameat2 */
 #include "io/checkpoint.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -50,8 +52,8 @@ void loom_ckpt_tmp_dir(const char *save, int64_t iteration, char *out, size_t n)
     snprintf(out, n, "%s/.tmp." ITER_PREFIX "%07" PRId64, save, iteration);
 }
 
-/* Removes what an interrupted save left in save: .tmp.iter_* and .old.iter_*
- * (one job writes a save directory at a time). */
+/* Removes what an interrupted save left in save: .tmp.iter_*, .old.iter_*
+ * and latest.tmp.* (one job writes a save directory at a time). */
 static int remove_leftovers(const char *save)
 {
     DIR *d = opendir(save);
@@ -60,7 +62,8 @@ static int remove_leftovers(const char *save)
     int rc = LOOM_OK;
     while (rc == LOOM_OK && (e = readdir(d))) {
         const char *n = e->d_name;
-        int stale = (strncmp(n, ".tmp.", 5) == 0 || strncmp(n, ".old.", 5) == 0) && iter_of(n + 5) >= 0;
+        int stale = ((strncmp(n, ".tmp.", 5) == 0 || strncmp(n, ".old.", 5) == 0) && iter_of(n + 5) >= 0) ||
+                    strncmp(n, LATEST ".tmp.", sizeof LATEST + 4) == 0;
         if (!stale) continue;
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", save, n);
@@ -123,6 +126,28 @@ static int list_iterations(const char *save, int64_t **out, int *n)
     return LOOM_OK;
 }
 
+/* Removes all but the newest keep checkpoints (never `current`): each loses
+ * its state file first, so a kill half-way leaves no directory that looks
+ * complete. Failures are warnings. */
+static void prune(const char *save, int64_t current, int keep)
+{
+    int64_t *its;
+    int n;
+    if (list_iterations(save, &its, &n)) {
+        loom_log_warn("%s", loom_error_message());
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (i < keep || its[i] == current) continue;
+        char dir[4200], state[4400];
+        loom_ckpt_iter_dir(save, its[i], dir, sizeof dir);
+        snprintf(state, sizeof state, "%s/%s", dir, LOOM_CKPT_STATE_FILE);
+        if ((unlink(state) != 0 && errno != ENOENT) || loom_fs_remove_tree(dir))
+            loom_log_warn("removing the old checkpoint %s: %s", dir, loom_error_is_set() ? loom_error_message() : strerror(errno));
+    }
+    free(its);
+}
+
 int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text, int keep_last)
 {
     char path[4200], final[4200], old[4200];
@@ -134,13 +159,17 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
     loom_ckpt_crash_point("before-rename");
     loom_ckpt_iter_dir(save, iteration, final, sizeof final);
     snprintf(old, sizeof old, "%s/.old." ITER_PREFIX "%07" PRId64, save, iteration);
-    if (loom_fs_is_dir(final)) { /* the same iteration saved again: move the old one aside first */
-        if ((rc = loom_fs_remove_tree(old))) return rc;
-        if (rename(final, old) != 0)
-            return loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", final, old, strerror(errno));
-    }
-    if (rename(tmp, final) != 0)
+    if (loom_fs_is_dir(final)) {
+        /* the same iteration saved again (a resumed run passing it once more):
+         * swap the two directories in one step, so a kill at any moment leaves
+         * a complete iter_N, then drop the old one */
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0)
+            return loom_error_set(LOOM_ERR_RUNTIME, "exchange %s and %s: %s", tmp, final, strerror(errno));
+        if (rename(tmp, old) != 0) /* the old one stays at tmp: the next save removes it */
+            loom_log_warn("rename %s to %s: %s", tmp, old, strerror(errno));
+    } else if (rename(tmp, final) != 0) {
         return loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", tmp, final, strerror(errno));
+    }
     if ((rc = loom_fs_fsync_dir(save))) return rc;
     loom_ckpt_crash_point("before-latest");
     char latest[4200], name[64];
@@ -149,18 +178,12 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
     text[0] = name, len[0] = strlen(name);
     if ((rc = loom_fs_write_atomic(latest, text, len, 1))) return rc;
     loom_ckpt_crash_point("after-latest");
-    if ((rc = loom_fs_remove_tree(old))) return rc;
-    if (keep_last <= 0) return LOOM_OK;
-    int64_t *its;
-    int n;
-    if ((rc = list_iterations(save, &its, &n))) return rc;
-    for (int i = 0; i < n && rc == LOOM_OK; i++) {
-        if (i < keep_last || its[i] == iteration) continue;
-        loom_ckpt_iter_dir(save, its[i], path, sizeof path);
-        rc = loom_fs_remove_tree(path);
-    }
-    free(its);
-    return rc;
+    /* the new checkpoint is committed: what follows is housekeeping, and a
+     * failure there is a warning, not a failed save */
+    if (loom_fs_remove_tree(old)) loom_log_warn("%s", loom_error_message());
+    if (keep_last > 0) prune(save, iteration, keep_last);
+    loom_error_clear();
+    return LOOM_OK;
 }
 
 static int add_dir(char ***dirs, int *n, const char *dir)

@@ -7,6 +7,7 @@
 #include "io/checkpoint.h"
 
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,7 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
     cJSON_AddNumberToObject(o, "version", FORMAT_VERSION);
     cJSON_AddNumberToObject(o, "iteration", (double)st->iteration);
     cJSON_AddNumberToObject(o, "consumed_samples", (double)st->consumed_samples);
+    cJSON_AddNumberToObject(o, "skipped_steps", (double)st->skipped_steps);
     cJSON *opt = cJSON_AddObjectToObject(o, "optimizer");
     cJSON_AddStringToObject(opt, "type", "AdamW");
     cJSON_AddNumberToObject(opt, "step", (double)st->optimizer_step);
@@ -64,7 +66,6 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
         cJSON_AddNumberToObject(ls, "scale", st->loss_scale);
         cJSON_AddNumberToObject(ls, "good_steps", (double)st->loss_scale_good_steps);
         cJSON_AddNumberToObject(ls, "hysteresis", (double)st->loss_scale_hysteresis);
-        cJSON_AddNumberToObject(ls, "skipped_steps", (double)st->skipped_steps);
     } else {
         cJSON_AddNullToObject(o, "loss_scaler");
     }
@@ -154,6 +155,13 @@ static const cJSON *get_object(const cJSON *o, const char *key, int *rc)
     return cJSON_IsObject(v) ? v : NULL;
 }
 
+static int printable(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) return 0;
+    return 1;
+}
+
 /* A plain file name: no directory part, no "..", not hidden, printable. */
 static int safe_file_name(const char *s)
 {
@@ -192,7 +200,11 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
     const cJSON *data = get_object(root, "data", &rc), *model = get_object(root, "model", &rc);
     const cJSON *layout = get_object(root, "layout", &rc);
     if (rc) goto done;
-    if ((rc = get_int(opt, "optimizer.", "step", 0, st->iteration, &st->optimizer_step))) goto done;
+    if ((rc = get_int(opt, "optimizer.", "step", 0, st->iteration < INT32_MAX ? st->iteration : INT32_MAX,
+                      &st->optimizer_step)))
+        goto done;
+    if (member(root, "skipped_steps") && (rc = get_int(root, "", "skipped_steps", 0, st->iteration, &st->skipped_steps)))
+        goto done;
     const cJSON *seed = member(rng, "seed");
     char *end;
     if (!cJSON_IsString(seed) || !*seed->valuestring ||
@@ -219,15 +231,15 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
         st->has_loss_scaler = 1;
         st->loss_scale = scale->valuedouble;
         if ((rc = get_int(ls, "loss_scaler.", "good_steps", 0, big, &st->loss_scale_good_steps)) ||
-            (rc = get_int(ls, "loss_scaler.", "hysteresis", 0, big, &st->loss_scale_hysteresis)) ||
-            (rc = get_int(ls, "loss_scaler.", "skipped_steps", 0, big, &st->skipped_steps)))
+            (rc = get_int(ls, "loss_scaler.", "hysteresis", 1, INT32_MAX, &st->loss_scale_hysteresis)))
             goto done;
     } else if (ls && !cJSON_IsNull(ls)) {
         rc = loom_error_set(LOOM_ERR_INPUT, "loss_scaler: expected an object or null");
         goto done;
     }
     const cJSON *type = member(model, "type");
-    if (!cJSON_IsString(type) || !*type->valuestring || strlen(type->valuestring) >= sizeof st->model_type) {
+    if (!cJSON_IsString(type) || !*type->valuestring || strlen(type->valuestring) >= sizeof st->model_type ||
+        !printable(type->valuestring)) {
         rc = loom_error_set(LOOM_ERR_INPUT, "model.type: expected a model name");
         goto done;
     }

@@ -16,8 +16,10 @@ int loom_fs_mkdir_p(const char *path);
  * cannot fsync a directory say so with EINVAL, which is not an error). */
 int loom_fs_fsync_dir(const char *dir);
 /* Writes the concatenation of `nparts` buffers to `path` crash-safely:
- * PATH.tmp.<pid>, fsync, rename, fsync of the directory. On failure `path`
- * is untouched and the temporary file is removed. LOOM_ERR_RUNTIME. */
+ * PATH.tmp.<pid>, fsync, rename, fsync of the directory. A failure before
+ * the rename leaves `path` untouched and removes the temporary file; only
+ * the final directory fsync can fail after `path` holds the new, complete
+ * file. LOOM_ERR_RUNTIME. */
 int loom_fs_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts);
 /* rm -rf; a missing path is not an error. LOOM_ERR_RUNTIME. */
 int loom_fs_remove_tree(const char *path);

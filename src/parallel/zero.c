@@ -113,9 +113,9 @@ static void point_blocks(struct loom_zero *z, const struct loom_zero_unit *x)
     for (int b = x->first; b <= x->last; b++) {
         struct loom_block *blk = &z->model->blocks[b];
         size_t off = z->block_lo[b] - x->lo;
-        if (!x->buf) blk->params = NULL, blk->params_lp = NULL;
-        else if (z->dtype) blk->params_lp = (uint16_t *)x->buf + off;
-        else blk->params = x->buf + off;
+        /* under mixed precision params is the precision layer's float32 copy */
+        if (z->dtype) blk->params_lp = x->buf ? (uint16_t *)x->buf + off : NULL;
+        else blk->params = x->buf ? x->buf + off : NULL;
     }
 }
 
