@@ -1,7 +1,9 @@
 """The parallel code under AddressSanitizer and UndefinedBehaviorSanitizer:
 build loom itself with both (the unit tests' sanitizer build covers only the
 modules they link) and train a tiny model at 2 ranks under DDP, ZeRO 1-3
-(with several-block gather units) and nvme offload, then at 1 rank with
+(with several-block gather units), nvme offload, and bf16/fp16 with
+activation recomputation (each run saves iteration 3 into the same directory,
+so all but the first replace the one before), then at 1 rank with
 evaluation, sampling and saving. Any sanitizer report fails the test. Leak
 detection is off: OpenMPI and OpenBLAS keep allocations until exit."""
 import os
@@ -42,7 +44,13 @@ with tempfile.TemporaryDirectory() as tmp:
     cases = {"ddp": [], "ddp naive": ["--ddp-impl", "naive"], "zero 1": ["--zero-stage", "1"],
              "zero 2": ["--zero-stage", "2"], "zero 3": ["--zero-stage", "3", "--zero3-min-params", "5000"],
              "zero 1 + nvme offload": ["--zero-stage", "1", "--offload-optimizer", "nvme", "--nvme-path", tmp,
-                                       "--offload-buffer-size", "0.002"]}
+                                       "--offload-buffer-size", "0.002"],
+             "bf16 ddp, accumulating": ["--bf16"],
+             "bf16 ddp naive, one micro-batch": ["--bf16", "--ddp-impl", "naive", "--micro-batch-size", "4"],
+             "bf16 zero 2": ["--bf16", "--zero-stage", "2"],
+             "bf16 zero 3 + full recompute": ["--bf16", "--zero-stage", "3", "--recompute-granularity", "full",
+                                             "--recompute-method", "uniform", "--recompute-num-layers", "1"],
+             "fp16 zero 1 + selective recompute": ["--fp16", "--zero-stage", "1", "--recompute-activations"]}
     for name, flags in cases.items():
         p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "-x", "ASAN_OPTIONS", "-x",
                             "UBSAN_OPTIONS", loom, "train"] + model + flags + ["--save", os.path.join(tmp, "s")],
