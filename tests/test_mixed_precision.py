@@ -14,7 +14,9 @@ reduced in float32 and rounded once.
    in float32 and rounded to bf16 once per step, so the layouts differ only
    by float32 summation order. (With micro-batches of different sizes the
    BLAS takes other code paths, whose last-bit float32 differences can flip
-   a bf16 rounding of an activation: measured up to 5e-5.)
+   a bf16 rounding of an activation: measured up to 5e-5.) With
+   --grad-reduce-dtype bf16 the sums over ranks are done in bf16 instead:
+   within 1e-3 of the float32 reduction, and not equal to it.
 2. bf16 training tracks float32: 200 steps of gpt2-tiny, final loss within 2%.
 3. fp16 dynamic loss scaling: a huge initial scale (2^40) forces overflows;
    the scale halves (after hysteresis), overflow steps are skipped and
@@ -108,6 +110,21 @@ def main():
             w = worst(rows, ref) if len(rows) == 20 else 1.0
             check(f"bf16, {name} on {n} ranks ({4 // n} micro-batch(es) each): every step's loss within 1e-5 of 1 process"
                   f" (worst {w:.1e})", w <= 1e-5)
+
+        # 16-bit gradient reduction (--grad-reduce-dtype): each rank's sum rounded once, the sums
+        # over ranks done in bf16; the loss tracks the float32 reduction to bf16 rounding of the
+        # reduced gradients (1e-3 leaves room for 20 steps of it), and differs from it (the path is used)
+        _, ref2 = train(tmp, 2, ["--bf16", "--micro-batch-size", "2"], "bf16-reduce-fp32")
+        for name, flags in (("DDP", []), ("DDP naive", ["--ddp-impl", "naive"]), ("ZeRO-1", ["--zero-stage", "1"]),
+                            ("ZeRO-2", ["--zero-stage", "2"]), ("ZeRO-3", ["--zero-stage", "3"])):
+            _, rows = train(tmp, 2, ["--bf16", "--micro-batch-size", "2", "--grad-reduce-dtype", "bf16"] + flags,
+                            f"bf16-reduce-{name}")
+            w = worst(rows, ref2) if len(rows) == 20 else 1.0
+            check(f"bf16 gradients reduced in bf16, {name} on 2 ranks: within 1e-3 of the fp32 reduction, not equal "
+                  f"(worst {w:.1e})", 0 < w <= 1e-3)
+        p, _ = train(tmp, 1, ["--grad-reduce-dtype", "bf16", "--micro-batch-size", "8"], "reduce-bad", expect=None)
+        check("--grad-reduce-dtype bf16 without --bf16: exit 2 naming it",
+              p.returncode == 2 and "--grad-reduce-dtype bf16" in p.stderr, p.stderr[-300:])
 
         # 2. bf16 tracks float32 over 200 steps
         tiny = ["--model", "gpt2-tiny", "--train-iters", "200", "--lr-decay-iters", "200", "--global-batch-size", "16",

@@ -60,6 +60,7 @@ struct loom_config {
     double initial_loss_scale, min_loss_scale;
     int loss_scale_window, hysteresis;
     int on_nonfinite; /* 0 abort, 1 skip */
+    int grad_reduce_dtype; /* 0 fp32, 1 bf16, 2 fp16 (enum loom_dtype) */
     /* data */
     int ndata_paths, nvalid_paths;
     char *data_paths[LOOM_MAX_DATA_PATHS];

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/dtype.h"
 #include "base/log.h"
 #include "loom/loom.h"
 
@@ -28,7 +29,7 @@ static const char *const group_names[] = {"world", "dp", "tp", "pp"};
 static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "group_names");
 static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast", "send", "recv"};
 static_assert(sizeof coll_names / sizeof coll_names[0] == LOOM_COLL_COUNT, "coll_names");
-static const size_t dtype_size[] = {4, 8, 8, 2};
+static const size_t dtype_size[] = {4, 8, 8, 2, 2, 2};
 static_assert(sizeof dtype_size / sizeof dtype_size[0] == LOOM_COMM_DTYPE_COUNT, "dtype_size");
 
 struct loom_comm_handle {
@@ -85,14 +86,39 @@ static MPI_Datatype mpi_dtype(enum loom_comm_dtype dt)
     case LOOM_F32: return MPI_FLOAT;
     case LOOM_F64: return MPI_DOUBLE;
     case LOOM_U64: return MPI_UINT64_T;
-    case LOOM_U16: return MPI_UINT16_T;
+    case LOOM_U16:
+    case LOOM_BF16:
+    case LOOM_F16: return MPI_UINT16_T;
     default: LOOM_ASSERT(0);
     }
     return MPI_DATATYPE_NULL;
 }
 
-static MPI_Op mpi_op(enum loom_op op)
+/* Sums of 16-bit floats as a 16-bit reduction does them: each addition in
+ * float32, rounded back (MPI has no bf16 type; the values travel as
+ * uint16). */
+static MPI_Op bf16_sum_op = MPI_OP_NULL, f16_sum_op = MPI_OP_NULL;
+
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
 {
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = loom_f32_to_bf16(loom_bf16_to_f32(a[i]) + loom_bf16_to_f32(b[i]));
+}
+
+static void f16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = loom_f32_to_f16(loom_f16_to_f32(a[i]) + loom_f16_to_f32(b[i]));
+}
+
+static MPI_Op mpi_op(enum loom_comm_dtype dt, enum loom_op op)
+{
+    if (dt == LOOM_BF16 || dt == LOOM_F16) {
+        LOOM_ASSERT(op == LOOM_OP_SUM);
+        return dt == LOOM_BF16 ? bf16_sum_op : f16_sum_op;
+    }
     switch (op) {
     case LOOM_OP_SUM: return MPI_SUM;
     case LOOM_OP_MIN: return MPI_MIN;
@@ -121,10 +147,10 @@ static void start(struct loom_comm_handle *h)
     LOOM_ASSERT(h->count <= (size_t)0x7fffffff);
     int err = MPI_SUCCESS;
     switch (h->coll) {
-    case LOOM_COLL_ALLREDUCE: err = MPI_Iallreduce(MPI_IN_PLACE, h->recv, n, t, mpi_op(h->op), c, &h->req); break;
+    case LOOM_COLL_ALLREDUCE: err = MPI_Iallreduce(MPI_IN_PLACE, h->recv, n, t, mpi_op(h->dt, h->op), c, &h->req); break;
     case LOOM_COLL_REDUCE_SCATTER:
-        if (h->counts) err = MPI_Ireduce_scatter(h->send, h->recv, h->counts, t, MPI_SUM, c, &h->req);
-        else err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, MPI_SUM, c, &h->req);
+        if (h->counts) err = MPI_Ireduce_scatter(h->send, h->recv, h->counts, t, mpi_op(h->dt, LOOM_OP_SUM), c, &h->req);
+        else err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, mpi_op(h->dt, LOOM_OP_SUM), c, &h->req);
         break;
     case LOOM_COLL_ALLGATHER:
         if (h->displs) {
@@ -220,6 +246,8 @@ void loom_comm_init(int *argc, char ***argv)
         MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
+    MPI_Op_create(f16_sum, 1, &f16_sum_op);
 #else
     (void)argc;
     (void)argv;
@@ -492,6 +520,8 @@ void loom_comm_finalize(void)
     if (mpi_on) {
         for (int g = 0; g < LOOM_GROUP_COUNT; g++)
             if (comms[g]) MPI_Comm_free(&comms[g]);
+        if (bf16_sum_op != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op);
+        if (f16_sum_op != MPI_OP_NULL) MPI_Op_free(&f16_sum_op);
         MPI_Finalize();
         mpi_on = 0;
     }

@@ -45,7 +45,9 @@ enum loom_comm_dtype {
     LOOM_F32 = 0,
     LOOM_F64 = 1,
     LOOM_U64 = 2,
-    LOOM_U16 = 3, /* 16-bit values moved, never reduced: bf16/fp16 parameters */
+    LOOM_U16 = 3,  /* 16-bit values moved, never reduced: bf16/fp16 parameters */
+    LOOM_BF16 = 4, /* bfloat16 summed: each addition in float32, rounded to bf16 */
+    LOOM_F16 = 5,  /* float16 summed the same way */
     LOOM_COMM_DTYPE_COUNT
 };
 

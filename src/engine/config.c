@@ -34,6 +34,7 @@ static_assert(sizeof optimizers / sizeof optimizers[0] == LOOM_OPTIMIZER_COUNT +
 static const char *const fsdp_strategies[] = {"none", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", NULL};
 static const char *const offload_devices[] = {"none", "cpu", "nvme", NULL};
 static const char *const nonfinite_actions[] = {"abort", "skip", NULL};
+static const char *const reduce_dtypes[] = {"fp32", "bf16", "fp16", NULL}; /* the order of enum loom_dtype */
 static const char *const ddp_impls[] = {"bucketed", "naive", NULL};
 static const char *const data_orders[] = {"shuffled", "sequential", NULL};
 static_assert(sizeof data_orders / sizeof data_orders[0] == LOOM_DATA_ORDER_COUNT + 1, "data_orders");
@@ -91,6 +92,7 @@ const struct setting loom_settings[] = {
     I64("--seed", "seed", "training", seed, 0, 9.2e18, "1234", "seed of initialisation and data order"),
     BOOL("--fp16", "fp16.enabled", "precision", fp16, "0", "fp16 mixed precision: fp16 parameters, gradients and activations, fp32 master weights and optimizer state, dynamic loss scaling"),
     BOOL("--bf16", "bf16.enabled", "precision", bf16, "0", "bf16 mixed precision: bf16 parameters, gradients and activations, fp32 master weights and optimizer state", .json_alt = "bfloat16.enabled"),
+    ENUM("--grad-reduce-dtype", "communication_data_type", "precision", grad_reduce_dtype, reduce_dtypes, "fp32", "dtype of the gradient reduction across ranks: fp32, or the compute dtype of --bf16/--fp16 (each addition in fp32, rounded: half the bytes)"),
     ENUM("--on-nonfinite", "on_nonfinite", "precision", on_nonfinite, nonfinite_actions, "abort", "a non-finite loss or gradient (bf16, fp32): abort the run, or skip the step (fp16: the loss scaler skips)"),
     DBL("--loss-scale", "fp16.loss_scale", "precision", loss_scale, 0, 1e38, "0", "static loss scale (0: dynamic)"),
     DBL("--initial-loss-scale", "fp16.initial_scale_power", "precision", initial_loss_scale, 1, 0x1p127, "4294967296", "initial dynamic loss scale (json: the power P of 2^P)", .conv = J_POW2),
@@ -580,6 +582,10 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
     int rc;
     if (cfg->fp16 && cfg->bf16)
         return loom_error_set(LOOM_ERR_INPUT, "%s and %s are both on: choose one", name_of(F(fp16)), name_of(F(bf16)));
+    if (cfg->grad_reduce_dtype && cfg->grad_reduce_dtype != (cfg->bf16 ? 1 : cfg->fp16 ? 2 : 0))
+        return loom_error_set(LOOM_ERR_INPUT, "%s %s: a 16-bit gradient reduction needs the same compute dtype (%s)",
+                              name_of(F(grad_reduce_dtype)), reduce_dtypes[cfg->grad_reduce_dtype],
+                              cfg->grad_reduce_dtype == 1 ? "--bf16" : "--fp16");
     if ((cfg->fp16 || cfg->bf16) && cfg->offload_optimizer == 2)
         return loom_error_set(LOOM_ERR_INPUT, "%s with %s nvme: mixed precision's master weights are not offloaded yet",
                               name_of(cfg->fp16 ? F(fp16) : F(bf16)), name_of(F(offload_optimizer)));

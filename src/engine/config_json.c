@@ -34,7 +34,6 @@ static const struct {
     {"memory_breakdown", "loom reports memory by category on every log line (--metrics) and at the end"},
     {"prescale_gradients", "loom averages gradients in fp32"},
     {"gradient_predivide_factor", "loom averages gradients in fp32"},
-    {"communication_data_type", "loom communicates in fp32"},
     {"zero_allow_untested_optimizer", "loom's optimizer is AdamW"},
     {"dump_state", "loom prints its resolved configuration (--dry-run)"},
     {"flops_profiler", "loom prints MFU on every log line"},

@@ -173,6 +173,11 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     e->sched = loom_lr_schedule_from_config(cfg);
     e->use_ddp = dp > 1 && e->zero.stage < 2;
     if (e->use_ddp) loom_ddp_init(&e->ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == 1);
+    if (cfg->grad_reduce_dtype) { /* checked with the config: the compute dtype */
+        const enum loom_comm_dtype r = cfg->grad_reduce_dtype == LOOM_DTYPE_BF16 ? LOOM_BF16 : LOOM_F16;
+        if (e->use_ddp) loom_ddp_reduce_in(&e->ddp, r);
+        if (e->zero.stage >= 2) loom_zero_reduce_in(&e->zero, r);
+    }
     if (m->dtype) { /* last: in front of the strategy's hooks */
         loom_precision_init(&e->prec, m);
         e->have_prec = 1;

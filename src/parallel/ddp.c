@@ -18,6 +18,11 @@ static double now_s(void)
 static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     LOOM_ASSERT(b->handle == NULL && b->grads);
+    if (d->reduce16) { /* --grad-reduce-dtype bf16/fp16: this rank's sum rounded once, then summed in 16 bits */
+        loom_lp_from_f32(b->grads_lp, b->grads, b->count, (enum loom_dtype)d->model->dtype);
+        b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads_lp, b->count, d->reduce16, LOOM_OP_SUM);
+        return;
+    }
     b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads, b->count, LOOM_F32, LOOM_OP_SUM);
 }
 
@@ -37,8 +42,10 @@ static double land_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     double t = loom_comm_wait(b->handle);
     b->handle = NULL;
+    if (d->reduce16 && !d->dtype) /* float32 accumulation: the arena holds the reduced sum for the step's rounding */
+        loom_lp_to_f32(b->grads, b->grads_lp, b->count, (enum loom_dtype)d->model->dtype);
     if (d->dtype) {
-        loom_lp_from_f32(b->grads_lp, b->grads, b->count, d->dtype);
+        if (!d->reduce16) loom_lp_from_f32(b->grads_lp, b->grads, b->count, d->dtype);
         loom_pool_give(b->grads, b->count);
         b->grads = NULL;
         for (int i = b->first_block; i <= b->last_block; i++) d->model->blocks[i].grads = NULL;
@@ -141,6 +148,12 @@ static void set_defer(struct loom_ddp *d, int defer)
     if (d->early_wte && d->model->ops->tied_embedding(d->model, &te)) *te.defer = defer;
 }
 
+void loom_ddp_reduce_in(struct loom_ddp *d, enum loom_comm_dtype dt)
+{
+    LOOM_ASSERT(dt == LOOM_F32 || (d->model->dtype && !d->early_wte));
+    d->reduce16 = dt == LOOM_F32 ? 0 : dt;
+}
+
 void loom_ddp_free(struct loom_ddp *d)
 {
     if (d->model) {
@@ -178,7 +191,7 @@ void loom_ddp_finish(struct loom_ddp *d)
     if (d->naive) {
         if (!d->dtype)
             d->all = (struct loom_ddp_bucket){.last_block = d->model->nblocks - 1, .grads = d->model->grads,
-                                              .count = d->model->num_params};
+                                              .grads_lp = d->model->grads_lp, .count = d->model->num_params};
         post_bucket(d, &d->all);
         land_bucket(d, &d->all);
     } else {

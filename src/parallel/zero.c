@@ -16,6 +16,7 @@
 struct loom_zero_flight {
     float *buf;              /* the block's full gradient, (numel), transient */
     float *recv;             /* this rank's segment of the sum, (nrecv) */
+    float *send16, *recv16;  /* --grad-reduce-dtype bf16/fp16: the same in 16 bits (pool buffers of floats) */
     size_t nrecv, shard_off; /* where the segment lands in grad_shard */
     struct loom_comm_handle *handle;
 };
@@ -60,13 +61,19 @@ static void land_oldest(struct loom_zero *z)
     int block = z->order[0];
     struct loom_zero_flight *f = &z->flights[block];
     z->wait_s += loom_comm_wait(f->handle);
+    const size_t n = z->model->blocks[block].numel;
+    if (z->reduce16) {
+        loom_lp_to_f32(f->recv, (const uint16_t *)f->recv16, f->nrecv, z->dtype);
+        give(f->send16, (n + 1) / 2);
+        give(f->recv16, f->nrecv / 2 + 1);
+    }
     if (z->dtype && !z->grad_shard) {
         loom_lp_accumulate(z->grad_shard_lp + f->shard_off, f->recv, f->nrecv, z->dtype);
     } else {
         float *dst = z->grad_shard + f->shard_off;
         for (size_t i = 0; i < f->nrecv; i++) dst[i] += f->recv[i];
     }
-    give(f->buf, z->model->blocks[block].numel);
+    give(f->buf, n);
     give(f->recv, f->nrecv ? f->nrecv : 1);
     memset(f, 0, sizeof *f);
     z->model->blocks[block].grads = NULL;
@@ -94,7 +101,15 @@ static void post_grads(struct loom_zero *z, int block)
     f->nrecv = (size_t)z->counts[z->dp_rank];
     if (!f->nrecv) f->shard_off = 0;
     f->recv = take(f->nrecv ? f->nrecv : 1, 0);
-    f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts, LOOM_F32);
+    if (z->reduce16) { /* this rank's gradient rounded once, summed in 16 bits */
+        const size_t n = hi - lo;
+        f->send16 = take((n + 1) / 2, 0);
+        f->recv16 = take(f->nrecv / 2 + 1, 0);
+        loom_lp_from_f32((uint16_t *)f->send16, f->buf, n, z->dtype);
+        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->send16, f->recv16, z->counts, z->reduce16);
+    } else {
+        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts, LOOM_F32);
+    }
     z->order[z->norder++] = block;
 }
 
@@ -333,6 +348,12 @@ void loom_zero_finish_backward(struct loom_zero *z)
     while (z->stage >= 2 && z->norder > 0) land_oldest(z);
     if (z->stage >= 2 && z->dtype && z->grad_shard) /* accumulated in float32: rounded once */
         loom_lp_from_f32(z->grad_shard_lp, z->grad_shard, z->shard, z->dtype);
+}
+
+void loom_zero_reduce_in(struct loom_zero *z, enum loom_comm_dtype dt)
+{
+    LOOM_ASSERT(dt == LOOM_F32 || (z->dtype && z->stage >= 2));
+    z->reduce16 = dt == LOOM_F32 ? 0 : dt;
 }
 
 void loom_zero_accumulate_f32(struct loom_zero *z)

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "comm/comm.h"
 #include "loom/model.h"
 
 struct loom_zero_flight; /* a block's gradient on its way to the shards */
@@ -45,6 +46,7 @@ struct loom_zero_unit;   /* stage 3: blocks gathered together */
 struct loom_zero {
     int stage, dp, dp_rank;
     enum loom_dtype dtype; /* the model's: float32, or the 16-bit dtype of mixed precision */
+    enum loom_comm_dtype reduce16; /* stages 2-3: LOOM_BF16/LOOM_F16 to reduce-scatter in 16 bits; 0: float32 */
     size_t shard;      /* elements per rank (the padded arena / dp) */
     size_t begin, end; /* this rank's elements of the arena, end clipped to the parameters */
     struct loom_model *model;
@@ -85,6 +87,9 @@ void loom_zero_finish_backward(struct loom_zero *z);
  * shard once after the last (as DeepSpeed's bf16 optimizer accumulates in
  * float32), so layouts that split the batch differently round the same sum. */
 void loom_zero_accumulate_f32(struct loom_zero *z);
+/* Stages 2-3 under mixed precision: reduce-scatter the gradients in the
+ * 16-bit dtype (--grad-reduce-dtype), each rank's block gradient rounded once. */
+void loom_zero_reduce_in(struct loom_zero *z, enum loom_comm_dtype dt);
 /* Global gradient norm (over shards at stage 2). */
 double loom_zero_grad_norm(const struct loom_zero *z);
 /* Parameters and gradients of this rank's elements [begin, end), for the
