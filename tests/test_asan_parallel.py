@@ -52,7 +52,9 @@ with tempfile.TemporaryDirectory() as tmp:
                                              "--recompute-method", "uniform", "--recompute-num-layers", "1"],
              "fp16 zero 1 + selective recompute": ["--fp16", "--zero-stage", "1", "--recompute-activations"],
              "fp16 zero 2, gradients reduced in fp16": ["--fp16", "--zero-stage", "2", "--grad-reduce-dtype", "fp16"],
-             "bf16 ddp, gradients reduced in bf16": ["--bf16", "--grad-reduce-dtype", "bf16"]}
+             "bf16 ddp, gradients reduced in bf16": ["--bf16", "--grad-reduce-dtype", "bf16"],
+             "bf16 zero 1 + nvme offload of master weights": ["--bf16", "--zero-stage", "1", "--offload-optimizer", "nvme",
+                                                               "--nvme-path", tmp, "--offload-buffer-size", "0.002"]}
     for name, flags in cases.items():
         p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "-x", "ASAN_OPTIONS", "-x",
                             "UBSAN_OPTIONS", loom, "train"] + model + flags + ["--save", os.path.join(tmp, "s")],

@@ -203,8 +203,6 @@ static void test_json(void)
     expect_json_error("{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}", "",
                       "fp16.enabled and bf16.enabled are both on: choose one");
     expect_json_error("{\"bf16\": {\"enabled\": true}}", "--fp16", "--fp16 and bf16.enabled are both on");
-    expect_json_error("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}}}",
-                      "--bf16", "--bf16 with zero_optimization.offload_optimizer.device nvme: mixed precision's master weights are not offloaded yet");
     expect_json_error("{}", "--fp16 --initial-loss-scale 1000", "--initial-loss-scale 1000: the dynamic loss scale must start at a power of 2");
     expect_json_error("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false}}}", "",
                       "L2-coupled weight decay");

@@ -29,9 +29,11 @@ reduced in float32 and rounded once.
    default the run stops at step 1 with one error line naming the step and
    the first block (in backward order) whose gradient went non-finite, on 1
    and on 2 ranks; with --on-nonfinite skip every step is skipped and counted.
-6. Checkpoints keep mixed precision exact: bf16 (1 process and ZeRO-2 on 2
-   ranks) and fp16 (with its loss scaler state) resume bit for bit, and the
-   master weights are stored as optimizer.master.<name>.
+6. Checkpoints keep mixed precision exact: bf16 (1 process, ZeRO-2 on 2
+   ranks, ZeRO-1 with the optimizer state and master weights offloaded to
+   NVMe) and fp16 (with its loss scaler state) resume bit for bit, and the
+   master weights are stored as optimizer.master.<name>. Offloading changes
+   no bit of a run.
 """
 import json
 import os
@@ -110,6 +112,13 @@ def main():
             w = worst(rows, ref) if len(rows) == 20 else 1.0
             check(f"bf16, {name} on {n} ranks ({4 // n} micro-batch(es) each): every step's loss within 1e-5 of 1 process"
                   f" (worst {w:.1e})", w <= 1e-5)
+
+        # master weights and moments offloaded to a file: the same run, bit for bit
+        _, off = train(tmp, 2, ["--bf16", "--micro-batch-size", "2", "--zero-stage", "2", "--offload-optimizer", "nvme",
+                                "--nvme-path", tmp, "--offload-buffer-size", "0.004"], "bf16-offload")
+        _, on = train(tmp, 2, ["--bf16", "--micro-batch-size", "2", "--zero-stage", "2"], "bf16-no-offload")
+        check("bf16 ZeRO-2 with the optimizer state and master weights offloaded to NVMe: the same losses bit for bit",
+              [r["loss"] for r in off] == [r["loss"] for r in on] and len(off) == 20)
 
         # 16-bit gradient reduction (--grad-reduce-dtype): each rank's sum rounded once, the sums
         # over ranks done in bf16; the loss tracks the float32 reduction to bf16 rounding of the
@@ -201,6 +210,9 @@ def main():
         # 6. checkpoints under mixed precision resume exactly
         for name, n, flags in (("bf16, 1 process", 1, ["--bf16", "--micro-batch-size", "8"]),
                                ("bf16, ZeRO-2 on 2 ranks", 2, ["--bf16", "--micro-batch-size", "4", "--zero-stage", "2"]),
+                               ("bf16, ZeRO-1 on 2 ranks with NVMe offload", 2,
+                                ["--bf16", "--micro-batch-size", "4", "--zero-stage", "1", "--offload-optimizer", "nvme",
+                                 "--nvme-path", tmp, "--offload-buffer-size", "0.004"]),
                                ("fp16 with loss scaling", 1, ["--fp16", "--micro-batch-size", "8",
                                                               "--initial-loss-scale", str(2 ** 20),
                                                               "--loss-scale-window", "3"])):

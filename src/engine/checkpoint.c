@@ -105,17 +105,21 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
         weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
         loom_lp_to_f32(weights, loom_zero_params_lp(p->zero) + (lo - p->zero->begin), hi - lo, (enum loom_dtype)m->dtype);
         s.params = weights;
-        s.master = opt->master + (lo - opt->begin);
     } else {
         s.params = loom_zero_params(p->zero) + (lo - p->zero->begin);
     }
-    float *moments = NULL; /* the offloaded moments of the part, read back for the write */
+    float *moments = NULL; /* the offloaded moments (and master weights) of the part, read back for the write */
     if (opt->fd >= 0) {
-        moments = loom_alloc(loom_mul_size(2 * (hi - lo) + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+        moments = loom_alloc(loom_mul_size(3 * (hi - lo) + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
         loom_adamw_get_state(opt, lo - opt->begin, hi - lo, moments, moments + (hi - lo));
         s.m = moments, s.v = moments + (hi - lo);
+        if (opt->has_master) {
+            loom_adamw_get_master(opt, lo - opt->begin, hi - lo, moments + 2 * (hi - lo));
+            s.master = moments + 2 * (hi - lo);
+        }
     } else {
         s.m = opt->m + (lo - opt->begin), s.v = opt->v + (lo - opt->begin);
+        if (opt->has_master) s.master = opt->master + (lo - opt->begin);
     }
     s.pieces = calloc(4 * (size_t)ntensors + 1, sizeof *s.pieces);
     s.names = calloc(4 * (size_t)ntensors + 1, sizeof *s.names);
@@ -286,15 +290,22 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         }
         if (rc == LOOM_OK) opt->t = (int)st->optimizer_step;
     }
-    if (rc == LOOM_OK && opt->master) {
-        /* the master weights: saved ones, else the 16-bit weights just read */
+    if (rc == LOOM_OK && opt->has_master) {
+        /* the master weights: saved ones, else the float32 weights just read
+         * (not their rounding); under offload through a buffer of the range */
         char name[128];
         snprintf(name, sizeof name, MASTER "%s", m->blocks[0].tensors[0].name);
+        const size_t n = opt->end - opt->begin;
         if (!p->cfg->finetune && loom_ckpt_has(c.r, name)) {
-            c.prefix = MASTER, c.lo = opt->begin, c.dst = opt->master;
+            float *master = opt->fd >= 0 ? loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OTHER) : opt->master;
+            c.prefix = MASTER, c.lo = opt->begin, c.dst = master;
             rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
-        } else { /* from the float32 weights just read, not their rounding */
-            memcpy(opt->master, weights + (opt->begin - lo), (opt->end - opt->begin) * sizeof(float));
+            if (opt->fd >= 0) {
+                if (rc == LOOM_OK) loom_adamw_set_master_range(opt, 0, n, master);
+                loom_free(master);
+            }
+        } else {
+            loom_adamw_set_master_range(opt, 0, n, weights + (opt->begin - lo));
         }
     }
     loom_free(weights);

@@ -586,9 +586,6 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
         return loom_error_set(LOOM_ERR_INPUT, "%s %s: a 16-bit gradient reduction needs the same compute dtype (%s)",
                               name_of(F(grad_reduce_dtype)), reduce_dtypes[cfg->grad_reduce_dtype],
                               cfg->grad_reduce_dtype == 1 ? "--bf16" : "--fp16");
-    if ((cfg->fp16 || cfg->bf16) && cfg->offload_optimizer == 2)
-        return loom_error_set(LOOM_ERR_INPUT, "%s with %s nvme: mixed precision's master weights are not offloaded yet",
-                              name_of(cfg->fp16 ? F(fp16) : F(bf16)), name_of(F(offload_optimizer)));
     if (cfg->fp16 && cfg->loss_scale == 0) {
         int e;
         if (frexp(cfg->initial_loss_scale, &e) != 0.5)

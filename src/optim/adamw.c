@@ -25,16 +25,20 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
     opt->t = 0;
     opt->fd = -1;
     opt->master = NULL;
+    opt->has_master = 0;
     opt->dtype = LOOM_DTYPE_F32;
     opt->chunk = end - begin;
     opt->m = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
     opt->v = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
 
+enum { LP_CHUNK = 1 << 16 }; /* elements of master weights and gradients handled at once under mixed precision */
+
 int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes)
 {
     const size_t n = opt->end - opt->begin;
-    int fd = loom_offload_create(dir, loom_mul_size(2 * n, sizeof(float)));
+    /* the file: m, then v, then (mixed precision) the master weights, n each */
+    int fd = loom_offload_create(dir, loom_mul_size((opt->has_master ? 3 : 2) * n, sizeof(float)));
     if (fd < 0) return LOOM_ERR_INPUT;
     size_t chunk = buffer_bytes / (2 * sizeof(float));
     if (chunk < 1) chunk = 1;
@@ -45,6 +49,11 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
     opt->v = loom_alloc(chunk * sizeof(float), LOOM_MEM_OPTIMIZER);
     opt->chunk = chunk;
     opt->fd = fd;
+    if (opt->has_master) { /* to the file; a buffer of LP_CHUNK stays */
+        loom_offload_write(fd, opt->master, n * sizeof(float), 2 * n * sizeof(float));
+        loom_free(opt->master);
+        opt->master = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OPTIMIZER);
+    }
     return LOOM_OK;
 }
 
@@ -159,18 +168,20 @@ static void step_f32(struct loom_adamw *opt, void *ctx, size_t k, size_t n, floa
     update_range(opt, a->params + k, a->grads + k, k, n, a->lr, wd, a->grad_scale);
 }
 
-enum { LP_CHUNK = 1 << 16 };
-
 /* Mixed precision: gradients from 16-bit, the update on the float32 master
  * weights, the new 16-bit parameters rounded from them. */
 static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
 {
     struct step_args *a = ctx;
+    const size_t total = opt->end - opt->begin;
     for (size_t done = 0; done < n;) {
         size_t c = n - done < LP_CHUNK ? n - done : LP_CHUNK, at = k + done;
+        float *master = opt->fd >= 0 ? opt->master : opt->master + at;
+        if (opt->fd >= 0) loom_offload_read(opt->fd, master, c * sizeof(float), (2 * total + at) * sizeof(float));
         loom_lp_to_f32(a->scratch, a->grads_lp + at, c, opt->dtype);
-        update_range(opt, opt->master + at, a->scratch, at, c, a->lr, wd, a->grad_scale);
-        loom_lp_from_f32(a->params_lp + at, opt->master + at, c, opt->dtype);
+        update_range(opt, master, a->scratch, at, c, a->lr, wd, a->grad_scale);
+        loom_lp_from_f32(a->params_lp + at, master, c, opt->dtype);
+        if (opt->fd >= 0) loom_offload_write(opt->fd, master, c * sizeof(float), (2 * total + at) * sizeof(float));
         done += c;
     }
 }
@@ -178,7 +189,7 @@ static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float
 void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *params, const float *grads,
                      double lr, float grad_scale)
 {
-    LOOM_ASSERT(!opt->master);
+    LOOM_ASSERT(!opt->has_master);
     opt->t++;
     struct step_args a = {params, grads, NULL, NULL, (float)lr, grad_scale, NULL};
     for_each_range(opt, m, step_f32, &a);
@@ -186,17 +197,40 @@ void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *
 
 void loom_adamw_set_master(struct loom_adamw *opt, const uint16_t *params_lp, enum loom_dtype dtype)
 {
-    LOOM_ASSERT(opt->fd < 0 && dtype != LOOM_DTYPE_F32);
+    LOOM_ASSERT(dtype != LOOM_DTYPE_F32);
+    const size_t n = opt->end - opt->begin;
     opt->dtype = dtype;
+    opt->has_master = 1;
     if (!opt->master)
-        opt->master = loom_alloc(loom_mul_size(opt->end - opt->begin + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
-    loom_lp_to_f32(opt->master, params_lp, opt->end - opt->begin, dtype);
+        opt->master = loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    for (size_t k = 0; k < n;) { /* in pieces the offload buffer holds */
+        size_t c = opt->fd >= 0 ? (n - k < LP_CHUNK ? n - k : LP_CHUNK) : n;
+        loom_lp_to_f32(opt->fd >= 0 ? opt->master : opt->master + k, params_lp + k, c, dtype);
+        if (opt->fd >= 0) loom_adamw_set_master_range(opt, k, c, opt->master);
+        k += c;
+    }
+}
+
+void loom_adamw_get_master(const struct loom_adamw *opt, size_t k, size_t n, float *dst)
+{
+    const size_t total = opt->end - opt->begin;
+    LOOM_ASSERT(opt->has_master && k + n <= total);
+    if (opt->fd < 0) memcpy(dst, opt->master + k, n * sizeof(float));
+    else loom_offload_read(opt->fd, dst, n * sizeof(float), (2 * total + k) * sizeof(float));
+}
+
+void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src)
+{
+    const size_t total = opt->end - opt->begin;
+    LOOM_ASSERT(opt->has_master && k + n <= total);
+    if (opt->fd < 0) memcpy(opt->master + k, src, n * sizeof(float));
+    else loom_offload_write(opt->fd, src, n * sizeof(float), (2 * total + k) * sizeof(float));
 }
 
 void loom_adamw_step_lp(struct loom_adamw *opt, const struct loom_model *m, uint16_t *params_lp,
                         const uint16_t *grads_lp, double lr, float grad_scale)
 {
-    LOOM_ASSERT(opt->master);
+    LOOM_ASSERT(opt->has_master);
     opt->t++;
     float *scratch = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
     struct step_args a = {NULL, NULL, params_lp, grads_lp, (float)lr, grad_scale, scratch};

@@ -18,7 +18,8 @@ struct loom_adamw {
     size_t begin, end; /* the range of the arena this optimizer updates */
     float *m, *v;      /* (end - begin) each; with offload, (chunk) each: the streaming buffer */
     int t;             /* optimizer steps taken */
-    float *master;     /* (end - begin) float32 master weights under mixed precision, else NULL */
+    float *master;     /* (end - begin) float32 master weights under mixed precision; with offload, a buffer */
+    int has_master;
     enum loom_dtype dtype; /* of the parameters the master weights are rounded to */
     int fd;            /* offload file holding m then v, or -1 */
     size_t chunk;      /* elements per streamed chunk */
@@ -33,8 +34,12 @@ void loom_adamw_free(struct loom_adamw *opt);
 
 /* Mixed precision: the float32 master weights of [begin, end), from the
  * 16-bit parameters (params_lp: (end - begin)), as DeepSpeed creates them from
- * the model's bf16/fp16 parameters. Not with offload. */
+ * the model's bf16/fp16 parameters. With offload they live in the file too. */
 void loom_adamw_set_master(struct loom_adamw *opt, const uint16_t *params_lp, enum loom_dtype dtype);
+/* Master weights of elements [k, k + n) of the range, wherever they live:
+ * copied out (checkpoints) and in (resume). */
+void loom_adamw_get_master(const struct loom_adamw *opt, size_t k, size_t n, float *dst);
+void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src);
 /* The step under mixed precision: 16-bit gradients in, the update on the
  * master weights, the 16-bit parameters rounded from them. */
 void loom_adamw_step_lp(struct loom_adamw *opt, const struct loom_model *m, uint16_t *params_lp,
