@@ -242,17 +242,27 @@ static int max_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size_
     return LOOM_OK;
 }
 
+/* The pieces of every file the trainer state lists. */
+static int open_reader(struct loom_ckpt_reader **r, const char *dir, const struct loom_ckpt_state *st)
+{
+    const char **files = calloc((size_t)st->nfiles, sizeof *files);
+    if (!files) {
+        *r = NULL;
+        return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    }
+    for (int i = 0; i < st->nfiles; i++) files[i] = st->files[i].name;
+    int rc = loom_ckpt_reader_open(r, dir, files, st->nfiles);
+    free(files);
+    return rc;
+}
+
 /* Reads what this rank's layout holds from checkpoint directory dir. */
 static int restore(const struct loom_ckpt_parts *p, const char *dir, const struct loom_ckpt_state *st, uint64_t *bytes)
 {
     struct loom_model *m = p->model;
     struct loom_zero *z = p->zero;
-    const char **files = calloc((size_t)st->nfiles, sizeof *files);
-    if (!files) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-    for (int i = 0; i < st->nfiles; i++) files[i] = st->files[i].name;
     struct load_ctx c = {0};
-    int rc = loom_ckpt_reader_open(&c.r, dir, files, st->nfiles);
-    free(files);
+    int rc = open_reader(&c.r, dir, st);
     /* The weights: a float32 run resuming a mixed-precision checkpoint takes
      * the master weights (the more precise copy); a mixed-precision run reads
      * float32 and rounds to its 16-bit storage. */
@@ -422,12 +432,8 @@ static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, str
                            uint64_t *bytes)
 {
     struct loom_model *m = p->model;
-    const char **files = calloc((size_t)st->nfiles, sizeof *files);
-    if (!files) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-    for (int i = 0; i < st->nfiles; i++) files[i] = st->files[i].name;
     struct load_ctx c = {0};
-    int rc = loom_ckpt_reader_open(&c.r, dir, files, st->nfiles);
-    free(files);
+    int rc = open_reader(&c.r, dir, st);
     c.prefix = "";
     c.dst = m->params;
     if (rc == LOOM_OK) rc = for_each_tensor(m, 0, m->num_params, read_tensor, &c);

@@ -231,27 +231,32 @@ void loom_engine_backward(struct loom_engine *e)
     e->backwards++;
 }
 
-/* The first block, in backward order, whose gradient is not finite: from
- * the precision layer, or by scanning the gradients this rank holds; the
- * highest over all ranks. -1 when none is. */
-static int nonfinite_block(struct loom_engine *e)
+/* Whether block i's reduced gradient, as far as this rank holds it (all of
+ * it below stage 2, its part of the shard from stage 2), has an inf or NaN. */
+static int block_nonfinite(const struct loom_engine *e, int i)
 {
     const struct loom_model *m = e->model;
     const struct loom_zero *z = &e->zero;
-    int64_t b = -1;
-    if (e->have_prec) {
-        b = e->prec.nonfinite_block;
-    } else if (z->stage < 2) {
-        for (int i = m->nblocks - 1; i >= 0 && b < 0; i--)
-            if (!isfinite(loom_sum_squares(m->blocks[i].grads, m->blocks[i].numel))) b = i;
-    } else {
-        for (int i = m->nblocks - 1; i >= 0 && b < 0; i--) {
-            size_t lo = z->block_lo[i], hi = lo + m->blocks[i].numel;
-            if (lo < z->begin) lo = z->begin;
-            if (hi > z->end) hi = z->end;
-            if (lo < hi && !isfinite(loom_sum_squares(z->grad_shard + (lo - z->begin), hi - lo))) b = i;
-        }
+    size_t lo = z->block_lo[i], hi = lo + m->blocks[i].numel, base = 0;
+    if (z->stage >= 2) {
+        lo = lo > z->begin ? lo : z->begin;
+        hi = hi < z->end ? hi : z->end;
+        base = z->begin;
     }
+    if (lo >= hi) return 0;
+    if (m->dtype)
+        return loom_lp_has_nonfinite((z->stage >= 2 ? z->grad_shard_lp : m->grads_lp) + (lo - base), hi - lo,
+                                     (enum loom_dtype)m->dtype);
+    return loom_has_nonfinite((z->stage >= 2 ? z->grad_shard : m->grads) + (lo - base), hi - lo);
+}
+
+/* The first block, in backward order (the highest), whose gradient is not
+ * finite on any rank; -1 when none is. */
+static int nonfinite_block(struct loom_engine *e)
+{
+    int64_t b = -1;
+    for (int i = e->model->nblocks - 1; i >= 0 && b < 0; i--)
+        if (block_nonfinite(e, i)) b = i;
     uint64_t v = (uint64_t)(b + 1);
     loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v, 1, LOOM_U64, LOOM_OP_MAX);
     return (int)v - 1;

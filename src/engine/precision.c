@@ -1,12 +1,9 @@
 /* Mixed precision's float32 working copies around blocks (see precision.h). */
 #include "engine/precision.h"
 
-#include <math.h>
-
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/pool.h"
-#include "kernels/kernels.h"
 
 static void take_params(struct loom_precision *p, int b)
 {
@@ -17,12 +14,18 @@ static void take_params(struct loom_precision *p, int b)
     loom_lp_to_f32(blk->params, blk->params_lp, blk->numel, p->dtype);
 }
 
-static void give_params(struct loom_precision *p, int b)
+static void release_params(struct loom_precision *p, int b)
 {
     struct loom_block *blk = &p->model->blocks[b];
-    if (!blk->params || b == p->pinned) return;
+    if (!blk->params) return;
     loom_pool_give(blk->params, blk->numel);
     blk->params = NULL;
+}
+
+/* After a block's use: its copy goes back, unless it is the pinned one. */
+static void give_params(struct loom_precision *p, int b)
+{
+    if (b != p->pinned) release_params(p, b);
 }
 
 static void pre_forward(void *ctx, int b)
@@ -60,7 +63,6 @@ static void grad_ready(void *ctx, int b)
     struct loom_precision *p = ctx;
     if (b >= 0) {
         struct loom_block *blk = &p->model->blocks[b];
-        if (p->nonfinite_block < 0 && !isfinite(loom_sum_squares(blk->grads, blk->numel))) p->nonfinite_block = b;
         if (p->own_grads[b] && !p->model->grads) {
             loom_lp_accumulate(blk->grads_lp, blk->grads, blk->numel, p->dtype);
             loom_pool_give(blk->grads, blk->numel);
@@ -83,7 +85,6 @@ void loom_precision_init(struct loom_precision *p, struct loom_model *m)
     p->pre_forward = m->pre_forward, p->post_forward = m->post_forward;
     p->pre_backward = m->pre_backward, p->grad_ready = m->grad_ready;
     p->ctx = m->hook_ctx;
-    p->nonfinite_block = -1;
     m->pre_forward = pre_forward, m->post_forward = post_forward;
     m->pre_backward = pre_backward, m->grad_ready = grad_ready;
     m->hook_ctx = p;
@@ -92,11 +93,7 @@ void loom_precision_init(struct loom_precision *p, struct loom_model *m)
 
 void loom_precision_end_step(struct loom_precision *p)
 {
-    int pinned = p->pinned;
-    p->pinned = -1;
-    if (pinned >= 0) give_params(p, pinned);
-    p->pinned = pinned;
-    p->nonfinite_block = -1;
+    if (p->pinned >= 0) release_params(p, p->pinned);
 }
 
 void loom_precision_free(struct loom_precision *p)

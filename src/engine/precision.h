@@ -13,9 +13,8 @@
  * - backward begin: the parameters again, and a zeroed float32 gradient
  *   buffer unless the strategy provides one (ZeRO-2/3 always; DDP in the
  *   backward that reduces, so the sum is rounded once in every layout).
- * - grads ready: the block's float32 gradient is checked for inf/NaN (the
- *   first block in backward order to go non-finite is remembered, for the
- *   message), then, if the buffer is ours, added into the 16-bit gradients
+ * - grads ready: if the float32 gradient buffer is ours, the block's
+ *   gradient is added into the 16-bit gradients
  *   (rounded); a strategy's buffer is reduced in float32 by the strategy.
  *   With gradient accumulation (the model has a float32 gradient arena as
  *   well), the block accumulates there instead, rounded once per step.
@@ -38,12 +37,11 @@ struct loom_precision {
     int *own_grads;     /* (nblocks) the block's float32 gradient buffer is ours (else a strategy's) */
     loom_block_hook pre_forward, post_forward, pre_backward, grad_ready; /* the strategy's */
     void *ctx;
-    int nonfinite_block; /* first block (in backward order) with an inf/NaN gradient this step, or -1 */
 };
 
 /* Installs the layer in front of the hooks the strategy installed. */
 void loom_precision_init(struct loom_precision *p, struct loom_model *m);
-/* After the optimizer step: lets go of the pinned block, clears the report. */
+/* After the optimizer step: lets go of the pinned block. */
 void loom_precision_end_step(struct loom_precision *p);
 void loom_precision_free(struct loom_precision *p);
 

@@ -18,12 +18,12 @@
 #include "base/mem.h"
 #include "comm/comm.h"
 #include "engine/config.h"
+#include "engine/engine_impl.h"
 #include "engine/mfu.h"
 #include "engine/report.h"
 #include "io/fs.h"
 #include "io/sampler.h"
 #include "io/synth.h"
-#include "engine/engine_impl.h"
 #include "kernels/kernels.h"
 #include "model/gpt2.h"
 
