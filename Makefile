@@ -78,7 +78,7 @@ ASAN_OBJ := $(LIB_SRC:%.c=$(BUILD)/asan/obj/%.o)
 ASAN_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/asan/tests/%)
 ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all announce deps test-deps demo test unit asan fuzz clean bench
+.PHONY: all announce deps test-deps demo test unit asan fuzz clean bench format check-format
 all: announce $(BUILD)/loom $(BUILD)/libloom.a $(TEST_BIN) $(EXAMPLE_BIN)
 
 announce:
@@ -183,6 +183,17 @@ test: test-deps
 
 bench: all
 	$(PYTHON) bench/throughput.py
+
+# Formatting: every C file follows .clang-format (`make format` applies it,
+# `make check-format` fails on any difference; CI runs the check).
+CLANG_FORMAT ?= clang-format
+FORMAT_SRC := $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+format:
+	@$(CLANG_FORMAT) -i $(FORMAT_SRC)
+
+check-format:
+	@$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_SRC) || \
+	  { echo "check-format: run 'make format' (clang-format, .clang-format)" >&2; exit 1; }
 
 clean:
 	rm -rf $(BUILD)

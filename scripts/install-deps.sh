@@ -14,7 +14,7 @@ for a in "$@"; do
 done
 
 pkgs="build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libcjson-dev libxxhash-dev"
-[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-torch python3-numpy clang libclang-rt-14-dev"
+[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-torch python3-numpy clang libclang-rt-14-dev clang-format"
 
 missing=""
 for p in $pkgs; do

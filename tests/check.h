@@ -8,26 +8,26 @@
 #define LOOM_TESTS_CHECK_H
 
 #include <math.h>
-#include <stdio.h>
 #include <stddef.h>
+#include <stdio.h>
 
 static int check_failures;
 static int check_count;
 
-#define CHECK(cond)                                                                    \
-    do {                                                                               \
-        check_count++;                                                                 \
-        if (!(cond)) {                                                                 \
-            check_failures++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);            \
-        }                                                                              \
+#define CHECK(cond)                                                                                          \
+    do {                                                                                                     \
+        check_count++;                                                                                       \
+        if (!(cond)) {                                                                                       \
+            check_failures++;                                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                  \
+        }                                                                                                    \
     } while (0)
 
 /* Max relative error |a-b| / max(|b|, floor) over the tensor; floor keeps
  * near-zero entries from dominating (it is the scale below which an absolute
  * error is what matters). */
-static inline int check_close(const char *name, const float *got, const float *want, size_t n,
-                              double rtol, double floor)
+static inline int check_close(const char *name, const float *got, const float *want, size_t n, double rtol,
+                              double floor)
 {
     double max_err = 0;
     int shown = 0;
@@ -47,8 +47,8 @@ static inline int check_close(const char *name, const float *got, const float *w
     check_count++;
     if (bad) {
         check_failures++;
-        fprintf(stderr, "FAIL %s: %zu of %zu mismatch, max rel err %.3g > tol %.3g\n", name, bad,
-                n, max_err, rtol);
+        fprintf(stderr, "FAIL %s: %zu of %zu mismatch, max rel err %.3g > tol %.3g\n", name, bad, n, max_err,
+                rtol);
         return 0;
     }
     return 1;

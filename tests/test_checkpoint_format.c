@@ -19,7 +19,10 @@ static char dir[256];
 
 enum { R = 4, CC = 6 }; /* the full tensor is (R, CC) */
 
-static float full_value(int i) { return (float)(i * 3 + 1) * 0.5f; }
+static float full_value(int i)
+{
+    return (float)(i * 3 + 1) * 0.5f;
+}
 
 /* Elements of the box [r0,r1) x [c0,c1) in row-major order: the data of a piece. */
 static void box_data(float *out, int r0, int r1, int c0, int c1)
@@ -78,20 +81,24 @@ static void test_assemble(void)
     CHECK(loom_ckpt_has(r, "w") && !loom_ckpt_has(r, "v"));
     /* the wrong shape, a missing tensor */
     const int64_t other[2] = {CC, R};
-    CHECK(loom_ckpt_read(r, "w", 2, other, 0, 4, got) == LOOM_ERR_INPUT && strstr(loom_error_message(), "shape"));
-    CHECK(loom_ckpt_read(r, "v", 2, shape, 0, 4, got) == LOOM_ERR_INPUT && strstr(loom_error_message(), "no tensor v"));
+    CHECK(loom_ckpt_read(r, "w", 2, other, 0, 4, got) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "shape"));
+    CHECK(loom_ckpt_read(r, "v", 2, shape, 0, 4, got) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "no tensor v"));
     loom_ckpt_reader_close(r);
 
     /* a gap: without the last piece, the elements it held are missing */
     CHECK(loom_ckpt_reader_open(&r, dir, files, 2) == LOOM_OK);
     CHECK(loom_ckpt_read(r, "w", 2, shape, 0, R * CC, got) == LOOM_ERR_INPUT &&
           strstr(loom_error_message(), "holds 17 of elements [0, 24)"));
-    CHECK(loom_ckpt_read(r, "w", 2, shape, 0, 3, got) == LOOM_OK && memcmp(got, want, 3 * sizeof(float)) == 0);
+    CHECK(loom_ckpt_read(r, "w", 2, shape, 0, 3, got) == LOOM_OK &&
+          memcmp(got, want, 3 * sizeof(float)) == 0);
     loom_ckpt_reader_close(r);
 
     /* overlap: the same piece twice */
     const char *twice[] = {"a.safetensors", "b.safetensors", "c.safetensors", "a.safetensors"};
-    CHECK(loom_ckpt_reader_open(&r, dir, twice, 4) == LOOM_ERR_INPUT && strstr(loom_error_message(), "overlap"));
+    CHECK(loom_ckpt_reader_open(&r, dir, twice, 4) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "overlap"));
     loom_ckpt_reader_close(r);
 }
 
@@ -145,15 +152,18 @@ static void test_slice_text(void)
     CHECK(loom_ckpt_slice_parse(buf, &t) == LOOM_OK && memcmp(&s, &t, sizeof s) == 0);
     CHECK(loom_ckpt_slice_box_numel(&t) == 6 && !loom_ckpt_slice_is_whole(&t));
     const char *bad[] = {
-        "", "[]", "{\"shape\":[4,6],\"box\":[[0,4]],\"range\":[0,1]}",              /* box of 1 dim for 2 */
-        "{\"shape\":[4,6],\"box\":[[0,5],[0,6]],\"range\":[0,1]}",                    /* past the dimension */
-        "{\"shape\":[4,6],\"box\":[[3,2],[0,6]],\"range\":[0,1]}",                    /* start after stop */
-        "{\"shape\":[4,6],\"box\":[[0,4],[0,6]],\"range\":[0,25]}",                   /* range past the box */
-        "{\"shape\":[4,6],\"box\":[[0,4],[0,6]],\"range\":[5,2]}",                    /* lo after hi */
-        "{\"shape\":[-4,6],\"box\":[[0,4],[0,6]],\"range\":[0,1]}",                   /* negative size */
-        "{\"shape\":[4.5,6],\"box\":[[0,4],[0,6]],\"range\":[0,1]}",                  /* not an integer */
-        "{\"shape\":[1099511627777,1099511627777],\"box\":[[0,1099511627777],[0,1099511627777]],\"range\":[0,1]}",
-        "{\"shape\":[1,1,1,1,1,1,1,1,1],\"box\":[],\"range\":[0,1]}",                 /* too many dims */
+        "",
+        "[]",
+        "{\"shape\":[4,6],\"box\":[[0,4]],\"range\":[0,1]}",         /* box of 1 dim for 2 */
+        "{\"shape\":[4,6],\"box\":[[0,5],[0,6]],\"range\":[0,1]}",   /* past the dimension */
+        "{\"shape\":[4,6],\"box\":[[3,2],[0,6]],\"range\":[0,1]}",   /* start after stop */
+        "{\"shape\":[4,6],\"box\":[[0,4],[0,6]],\"range\":[0,25]}",  /* range past the box */
+        "{\"shape\":[4,6],\"box\":[[0,4],[0,6]],\"range\":[5,2]}",   /* lo after hi */
+        "{\"shape\":[-4,6],\"box\":[[0,4],[0,6]],\"range\":[0,1]}",  /* negative size */
+        "{\"shape\":[4.5,6],\"box\":[[0,4],[0,6]],\"range\":[0,1]}", /* not an integer */
+        "{\"shape\":[1099511627777,1099511627777],\"box\":[[0,1099511627777],[0,1099511627777]],\"range\":[0,"
+        "1]}",
+        "{\"shape\":[1,1,1,1,1,1,1,1,1],\"box\":[],\"range\":[0,1]}", /* too many dims */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = loom_ckpt_slice_parse(bad[i], &t);
@@ -164,20 +174,39 @@ static void test_slice_text(void)
 static void test_state(void)
 {
     struct loom_ckpt_file files[2] = {{"rank_00000.safetensors"}, {"rank_00001.safetensors"}};
-    struct loom_ckpt_state st = {.iteration = 7, .optimizer_step = 6, .consumed_samples = 56, .seed = 9000000000000000001,
-                                 .data_order = 1, .global_batch_size = 8, .model_type = "gpt2", .num_layers = 2,
-                                 .hidden_size = 32, .num_attention_heads = 4, .max_position_embeddings = 16,
-                                 .vocab_size = 256, .world_size = 2, .dp = 2, .tp = 1, .pp = 1, .zero_stage = 3,
-                                 .has_loss_scaler = 1, .loss_scale = 65536, .loss_scale_good_steps = 3,
-                                 .loss_scale_hysteresis = 2, .skipped_steps = 1, .nfiles = 2, .files = files};
+    struct loom_ckpt_state st = {.iteration = 7,
+                                 .optimizer_step = 6,
+                                 .consumed_samples = 56,
+                                 .seed = 9000000000000000001,
+                                 .data_order = 1,
+                                 .global_batch_size = 8,
+                                 .model_type = "gpt2",
+                                 .num_layers = 2,
+                                 .hidden_size = 32,
+                                 .num_attention_heads = 4,
+                                 .max_position_embeddings = 16,
+                                 .vocab_size = 256,
+                                 .world_size = 2,
+                                 .dp = 2,
+                                 .tp = 1,
+                                 .pp = 1,
+                                 .zero_stage = 3,
+                                 .has_loss_scaler = 1,
+                                 .loss_scale = 65536,
+                                 .loss_scale_good_steps = 3,
+                                 .loss_scale_hysteresis = 2,
+                                 .skipped_steps = 1,
+                                 .nfiles = 2,
+                                 .files = files};
     char *text = loom_ckpt_state_format(&st, "{\"lr\":\"0.001\"}");
     CHECK(text != NULL);
     size_t n = strlen(text);
     CHECK(loom_ckpt_state_verify(text, n, "s") == LOOM_OK);
     struct loom_ckpt_state back;
     CHECK(loom_ckpt_state_parse(text, n, &back) == LOOM_OK);
-    CHECK(back.iteration == 7 && back.optimizer_step == 6 && back.seed == 9000000000000000001 && back.zero_stage == 3 &&
-          back.has_loss_scaler && back.loss_scale == 65536 && back.skipped_steps == 1 && back.nfiles == 2 &&
+    CHECK(back.iteration == 7 && back.optimizer_step == 6 && back.seed == 9000000000000000001 &&
+          back.zero_stage == 3 && back.has_loss_scaler && back.loss_scale == 65536 &&
+          back.skipped_steps == 1 && back.nfiles == 2 &&
           strcmp(back.files[1].name, "rank_00001.safetensors") == 0 && strcmp(back.model_type, "gpt2") == 0);
     loom_ckpt_state_free(&back);
     /* one changed digit anywhere fails the checksum */
@@ -185,13 +214,16 @@ static void test_state(void)
     CHECK(p != NULL);
     p = strchr(p, '7');
     *p = '8';
-    CHECK(loom_ckpt_state_verify(text, n, "s") == LOOM_ERR_INPUT && strstr(loom_error_message(), "fails its checksum"));
+    CHECK(loom_ckpt_state_verify(text, n, "s") == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "fails its checksum"));
     free(text);
     /* parse errors name the field */
     const char *bad = "{\"format\":\"loom-checkpoint\",\"version\":1,\"iteration\":-1}";
-    CHECK(loom_ckpt_state_parse(bad, strlen(bad), &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "iteration"));
+    CHECK(loom_ckpt_state_parse(bad, strlen(bad), &back) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "iteration"));
     bad = "{\"format\":\"loom-checkpoint\",\"version\":2}";
-    CHECK(loom_ckpt_state_parse(bad, strlen(bad), &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "version 2"));
+    CHECK(loom_ckpt_state_parse(bad, strlen(bad), &back) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "version 2"));
 }
 
 int main(void)

@@ -90,11 +90,11 @@ static int warned(const char *needle)
     return 0;
 }
 
-#define CHECK_ROW(cfg, name, want)                                                                 \
-    do {                                                                                           \
-        const char *got_ = row(cfg, name);                                                         \
-        if (strcmp(got_, want)) fprintf(stderr, "  row %s: '%s', want '%s'\n", name, got_, want);    \
-        CHECK(strcmp(got_, want) == 0);                                                            \
+#define CHECK_ROW(cfg, name, want)                                                                           \
+    do {                                                                                                     \
+        const char *got_ = row(cfg, name);                                                                   \
+        if (strcmp(got_, want)) fprintf(stderr, "  row %s: '%s', want '%s'\n", name, got_, want);            \
+        CHECK(strcmp(got_, want) == 0);                                                                      \
     } while (0)
 
 static void expect_json_error(const char *json, const char *flags, const char *needle)
@@ -113,15 +113,16 @@ static void test_json(void)
 {
     struct loom_config cfg;
     /* DeepSpeed's keys onto the rows; preset < JSON < flags */
-    CHECK(parse_json(&cfg,
-                     "{\"train_batch_size\": 32, \"gradient_accumulation_steps\": 4, \"gradient_clipping\": 0.5,"
-                     " \"steps_per_print\": 7, \"seed\": 99,"
-                     " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001, \"betas\": [0.8, 0.99],"
-                     "   \"eps\": 1e-6, \"weight_decay\": 0.05}},"
-                     " \"zero_optimization\": {\"stage\": 2, \"overlap_comm\": false, \"reduce_bucket_size\": 5e7,"
-                     "   \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nvme\"}},"
-                     " \"fp16\": {\"enabled\": false, \"initial_scale_power\": 16, \"loss_scale_window\": 500}}",
-                     "--lr 0.002 --gradient-accumulation-steps 4", 2) == LOOM_OK);
+    CHECK(parse_json(
+              &cfg,
+              "{\"train_batch_size\": 32, \"gradient_accumulation_steps\": 4, \"gradient_clipping\": 0.5,"
+              " \"steps_per_print\": 7, \"seed\": 99,"
+              " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001, \"betas\": [0.8, 0.99],"
+              "   \"eps\": 1e-6, \"weight_decay\": 0.05}},"
+              " \"zero_optimization\": {\"stage\": 2, \"overlap_comm\": false, \"reduce_bucket_size\": 5e7,"
+              "   \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nvme\"}},"
+              " \"fp16\": {\"enabled\": false, \"initial_scale_power\": 16, \"loss_scale_window\": 500}}",
+              "--lr 0.002 --gradient-accumulation-steps 4", 2) == LOOM_OK);
     CHECK(cfg.global_batch_size == 32 && cfg.gradient_accumulation_steps == 4 && cfg.micro_batch_size == 4);
     CHECK(cfg.clip_grad == 0.5 && cfg.log_interval == 7 && cfg.seed == 99);
     CHECK(cfg.optimizer == LOOM_OPTIMIZER_ADAMW && cfg.adam_beta1 == 0.8 && cfg.adam_beta2 == 0.99);
@@ -151,12 +152,14 @@ static void test_json(void)
     unlink(path);
 
     /* "auto" is "not given"; the batch triple resolves from flags and preset */
-    CHECK(parse_json(&cfg,
-                     "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\","
-                     " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", \"betas\": \"auto\"}},"
-                     " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": \"auto\"}}}",
-                     "--micro-batch-size 2", 1) == LOOM_OK);
-    CHECK(cfg.micro_batch_size == 2 && cfg.global_batch_size == 2 && cfg.lr == 3e-3 && cfg.adam_beta2 == 0.95);
+    CHECK(parse_json(
+              &cfg,
+              "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\","
+              " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", \"betas\": \"auto\"}},"
+              " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": \"auto\"}}}",
+              "--micro-batch-size 2", 1) == LOOM_OK);
+    CHECK(cfg.micro_batch_size == 2 && cfg.global_batch_size == 2 && cfg.lr == 3e-3 &&
+          cfg.adam_beta2 == 0.95);
     CHECK(cfg.lr_decay_style == LOOM_LR_WARMUP_LR && cfg.lr_warmup_style == LOOM_LR_WARMUP_LOG);
     CHECK_ROW(&cfg, "lr", "0.003 (preset)");
     CHECK_ROW(&cfg, "lr-warmup-style", "log (derived)");
@@ -166,7 +169,8 @@ static void test_json(void)
     CHECK(parse_json(&cfg,
                      "{\"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": 1e-5,"
                      " \"warmup_max_lr\": 2e-3, \"warmup_num_steps\": 10, \"total_num_steps\": 90,"
-                     " \"warmup_type\": \"linear\"}}}", "--train-iters 100", 1) == LOOM_OK);
+                     " \"warmup_type\": \"linear\"}}}",
+                     "--train-iters 100", 1) == LOOM_OK);
     CHECK(cfg.lr == 2e-3 && cfg.min_lr == 1e-5 && cfg.lr_warmup_iters == 10 && cfg.lr_decay_iters == 90);
     CHECK(cfg.lr_decay_style == LOOM_LR_WARMUP_DECAY_LR && cfg.lr_warmup_style == LOOM_LR_WARMUP_LINEAR);
     loom_config_free(&cfg);
@@ -190,27 +194,41 @@ static void test_json(void)
     }
 
     /* wrong types, ranges and disagreements, each named by its JSON path */
-    expect_json_error("{\"zero_optimization\": {\"stage\": 4}}", "", "zero_optimization.stage: expected 0-3, got 4");
-    expect_json_error("{\"zero_optimization\": {\"stage\": \"two\"}}", "", "zero_optimization.stage: expected an integer");
-    expect_json_error("{\"zero_optimization\": {\"stage\": 1.5}}", "", "zero_optimization.stage: expected an integer");
-    expect_json_error("{\"optimizer\": {\"params\": {\"lr\": true}}}", "", "optimizer.params.lr: expected a number");
-    expect_json_error("{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}", "", "optimizer.params.betas: expected an array of 2");
-    expect_json_error("{\"optimizer\": {\"type\": \"Lamb\"}}", "", "optimizer.type: expected one of adamw, adam, got 'Lamb'");
+    expect_json_error("{\"zero_optimization\": {\"stage\": 4}}", "",
+                      "zero_optimization.stage: expected 0-3, got 4");
+    expect_json_error("{\"zero_optimization\": {\"stage\": \"two\"}}", "",
+                      "zero_optimization.stage: expected an integer");
+    expect_json_error("{\"zero_optimization\": {\"stage\": 1.5}}", "",
+                      "zero_optimization.stage: expected an integer");
+    expect_json_error("{\"optimizer\": {\"params\": {\"lr\": true}}}", "",
+                      "optimizer.params.lr: expected a number");
+    expect_json_error("{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}", "",
+                      "optimizer.params.betas: expected an array of 2");
+    expect_json_error("{\"optimizer\": {\"type\": \"Lamb\"}}", "",
+                      "optimizer.type: expected one of adamw, adam, got 'Lamb'");
     expect_json_error("{\"optimizer\": 3}", "", "optimizer: expected an object, got 3");
-    expect_json_error("{\"fp16\": {\"initial_scale_power\": 200}}", "", "fp16.initial_scale_power: expected 0-127, got 200");
-    expect_json_error("{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 4}", "",
-                      "train_batch_size 32 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 4 x data-parallel size 1");
+    expect_json_error("{\"fp16\": {\"initial_scale_power\": 200}}", "",
+                      "fp16.initial_scale_power: expected 0-127, got 200");
+    expect_json_error("{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4, "
+                      "\"gradient_accumulation_steps\": 4}",
+                      "",
+                      "train_batch_size 32 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps "
+                      "4 x data-parallel size 1");
     expect_json_error("{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}", "",
                       "fp16.enabled and bf16.enabled are both on: choose one");
     expect_json_error("{\"bf16\": {\"enabled\": true}}", "--fp16", "--fp16 and bf16.enabled are both on");
-    expect_json_error("{}", "--fp16 --initial-loss-scale 1000", "--initial-loss-scale 1000: the dynamic loss scale must start at a power of 2");
+    expect_json_error("{}", "--fp16 --initial-loss-scale 1000",
+                      "--initial-loss-scale 1000: the dynamic loss scale must start at a power of 2");
     expect_json_error("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false}}}", "",
                       "L2-coupled weight decay");
     expect_json_error("{\"train_batch_size\": 8,}", "", "not valid JSON at line 1");
     expect_json_error("[1]", "", "expected a JSON object at the top level");
-    expect_error("--deepspeed-config /nonexistent/ds.json", "--deepspeed-config /nonexistent/ds.json: cannot open");
+    expect_error("--deepspeed-config /nonexistent/ds.json",
+                 "--deepspeed-config /nonexistent/ds.json: cannot open");
     /* Adam with adam_w_mode false is fine without weight decay: the two updates agree */
-    CHECK(parse_json(&cfg, "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false, \"weight_decay\": 0}}}",
+    CHECK(parse_json(&cfg,
+                     "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false, "
+                     "\"weight_decay\": 0}}}",
                      "", 1) == LOOM_OK);
     loom_config_free(&cfg);
     /* DeepSpeed's old spelling: zero_optimization true is stage 1 */
@@ -240,7 +258,8 @@ int main(void)
     CHECK(cfg.micro_batch_size == 4);
     CHECK(parse(&cfg, "--micro-batch-size 3 --gradient-accumulation-steps 5", 1) == LOOM_OK);
     CHECK(cfg.global_batch_size == 15);
-    CHECK(parse(&cfg, "--micro-batch-size 3 --gradient-accumulation-steps 5 --global-batch-size 15", 1) == LOOM_OK);
+    CHECK(parse(&cfg, "--micro-batch-size 3 --gradient-accumulation-steps 5 --global-batch-size 15", 1) ==
+          LOOM_OK);
     expect_error("--micro-batch-size 3 --gradient-accumulation-steps 5 --global-batch-size 16",
                  "--global-batch-size 16 != --micro-batch-size 3 x --gradient-accumulation-steps 5");
     expect_error("--micro-batch-size 3 --global-batch-size 16", "not divisible");

@@ -77,8 +77,7 @@ static float max_abs(const float *x, size_t n)
  * max |got - want| / max |want|. Entries near zero (results of
  * cancellation) are judged by the absolute error a float tensor of that
  * scale can have, not by their own size. */
-static int check_scaled(const char *name, const float *got, const float *want, size_t n,
-                        double tol)
+static int check_scaled(const char *name, const float *got, const float *want, size_t n, double tol)
 {
     double scale = max_abs(want, n);
     return check_close(name, got, want, n, tol, scale > 0 ? scale : 1e-30);
@@ -129,8 +128,7 @@ static void fd_grad(float *fd, float *x, size_t n, objective_fn f, void *ctx)
 }
 
 /* Checks an analytic gradient of x against finite differences. */
-static void fd_check(const char *name, const float *grad, float *x, size_t n, objective_fn f,
-                     void *ctx)
+static void fd_check(const char *name, const float *grad, float *x, size_t n, objective_fn f, void *ctx)
 {
     float *fd = malloc(n * sizeof(float));
     fd_grad(fd, x, n, f, ctx);
@@ -212,10 +210,15 @@ static double matmul_obj(void *p)
 static void test_matmul_fd(void)
 {
     const int N = 5, C = 7, OC = 6;
-    struct matmul_ctx c = {new_rand(N * C, 1.0f), new_rand(C * OC, 1.0f), new_rand(OC, 1.0f),
-                           new_const(N * OC, 0.0f), new_rand(N * OC, 1.0f), N, C, OC};
-    float *dinp = new_const(N * C, NAN), *dw = new_const(C * OC, 0.0f),
-          *db = new_const(OC, 0.0f);
+    struct matmul_ctx c = {new_rand(N * C, 1.0f),
+                           new_rand(C * OC, 1.0f),
+                           new_rand(OC, 1.0f),
+                           new_const(N * OC, 0.0f),
+                           new_rand(N * OC, 1.0f),
+                           N,
+                           C,
+                           OC};
+    float *dinp = new_const(N * C, NAN), *dw = new_const(C * OC, 0.0f), *db = new_const(OC, 0.0f);
     loom_matmul_backward(dinp, dw, db, c.wout, c.inp, c.w, N, C, OC);
     fd_check("matmul dinp vs fd", dinp, c.inp, N * C, matmul_obj, &c);
     fd_check("matmul dweight vs fd", dw, c.w, C * OC, matmul_obj, &c);
@@ -238,8 +241,8 @@ static double lm_head_obj(void *p)
 static void test_lm_head_fd(void)
 {
     const int N = 5, C = 8, V = 11;
-    struct lm_head_ctx c = {new_rand(N * C, 1.0f), new_rand(V * C, 1.0f),
-                            new_const(N * V, 0.0f), new_rand(N * V, 1.0f), N, C, V};
+    struct lm_head_ctx c = {
+        new_rand(N * C, 1.0f), new_rand(V * C, 1.0f), new_const(N * V, 0.0f), new_rand(N * V, 1.0f), N, C, V};
     float *dinp = new_const(N * C, NAN), *dwte = new_const(V * C, 0.0f);
     loom_lm_head_backward(dinp, dwte, c.wout, c.inp, c.wte, N, C, V);
     fd_check("lm_head dinp vs fd", dinp, c.inp, N * C, lm_head_obj, &c);
@@ -251,8 +254,7 @@ static void test_lm_head_fd(void)
 
 static void test_attention_vs_ref(int B, int T, int C, int NH)
 {
-    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C,
-                 natt = (size_t)B * NH * T * T;
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
     float *qkv = new_rand(nqkv, 2.0f);
     float *out = new_const(nout, NAN), *out_ref = new_const(nout, NAN);
     float *att = new_const(natt, NAN), *att_ref = new_const(natt, NAN);
@@ -304,9 +306,14 @@ static double attention_obj(void *p)
 static void test_attention_fd(void)
 {
     const int B = 2, T = 7, C = 12, NH = 3;
-    struct attention_ctx c = {new_rand(B * T * 3 * C, 1.0f), new_const(B * T * C, 0.0f),
-                              new_const(B * NH * T * T, 0.0f), new_rand(B * T * C, 1.0f),
-                              B, T, C, NH};
+    struct attention_ctx c = {new_rand(B * T * 3 * C, 1.0f),
+                              new_const(B * T * C, 0.0f),
+                              new_const(B * NH * T * T, 0.0f),
+                              new_rand(B * T * C, 1.0f),
+                              B,
+                              T,
+                              C,
+                              NH};
     attention_obj(&c);
     float *dqkv = new_const(B * T * 3 * C, NAN), *datt = new_const(B * NH * T * T, NAN);
     float *att = new_copy(c.att, B * NH * T * T);
@@ -332,9 +339,15 @@ static double layernorm_obj(void *p)
 static void test_layernorm(void)
 {
     const int N = 6, C = 10;
-    struct layernorm_ctx c = {new_rand(N * C, 2.0f), new_rand(C, 1.0f),   new_rand(C, 1.0f),
-                              new_const(N * C, 0.0f), new_const(N, 0.0f), new_const(N, 0.0f),
-                              new_rand(N * C, 1.0f), N, C};
+    struct layernorm_ctx c = {new_rand(N * C, 2.0f),
+                              new_rand(C, 1.0f),
+                              new_rand(C, 1.0f),
+                              new_const(N * C, 0.0f),
+                              new_const(N, 0.0f),
+                              new_const(N, 0.0f),
+                              new_rand(N * C, 1.0f),
+                              N,
+                              C};
     layernorm_obj(&c);
     /* forward against a double computation */
     float *want = malloc(N * C * sizeof(float)), *want_mean = malloc(N * sizeof(float)),
@@ -415,15 +428,20 @@ static void test_embedding(void)
     int32_t tokens[3 * 5];
     for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)(rng_next() % V);
     tokens[0] = tokens[1] = tokens[7] = 2;
-    struct embedding_ctx c = {tokens, new_rand(V * C, 1.0f), new_rand(maxT * C, 1.0f),
-                              new_const(B * T * C, 0.0f), new_rand(B * T * C, 1.0f), B, T, C};
+    struct embedding_ctx c = {tokens,
+                              new_rand(V * C, 1.0f),
+                              new_rand(maxT * C, 1.0f),
+                              new_const(B * T * C, 0.0f),
+                              new_rand(B * T * C, 1.0f),
+                              B,
+                              T,
+                              C};
     embedding_obj(&c);
     int fwd_ok = 1;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int j = 0; j < C; j++)
-                if (c.out[(b * T + t) * C + j] !=
-                    c.wte[tokens[b * T + t] * C + j] + c.wpe[t * C + j])
+                if (c.out[(b * T + t) * C + j] != c.wte[tokens[b * T + t] * C + j] + c.wpe[t * C + j])
                     fwd_ok = 0;
     CHECK(fwd_ok);
     float *dwte0 = new_rand(V * C, 1.0f), *dwpe0 = new_rand(maxT * C, 1.0f);
@@ -507,8 +525,8 @@ static void test_gelu(void)
     for (size_t i = 0; i < n; i++) {
         const double xd = x[i], k = sqrt(2.0 / M_PI), u = k * (xd + 0.044715 * xd * xd * xd);
         const double th = tanh(u);
-        const double want = 0.5 * (1.0 + th) + 0.5 * xd * (1.0 - th * th) * k *
-                                                   (1.0 + 3.0 * 0.044715 * xd * xd);
+        const double want =
+            0.5 * (1.0 + th) + 0.5 * xd * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * xd * xd);
         const double err = fabs(g[i] - want); /* gelu' lies in [-0.17, 1.13] */
         if (err > max_grad_err) max_grad_err = err;
     }
@@ -547,8 +565,7 @@ static double residual_obj(void *p)
 static void test_residual(void)
 {
     const size_t n = 37;
-    struct residual_ctx c = {new_rand(n, 1.0f), new_rand(n, 1.0f), new_const(n, 0.0f),
-                             new_rand(n, 1.0f), n};
+    struct residual_ctx c = {new_rand(n, 1.0f), new_rand(n, 1.0f), new_const(n, 0.0f), new_rand(n, 1.0f), n};
     float *da0 = new_rand(n, 1.0f), *db0 = new_rand(n, 1.0f);
     float *da = new_copy(da0, n), *db = new_copy(db0, n);
     loom_residual_backward(da, db, c.wout, n);
@@ -590,8 +607,7 @@ static void test_crossentropy_forward(int N, int V, float offset, int rising)
     int32_t *targets = malloc(N * sizeof(int32_t));
     for (int i = 0; i < N; i++) {
         targets[i] = (int32_t)(rng_next() % V);
-        for (int j = 0; j < V; j++)
-            logits[(size_t)i * V + j] += offset + (rising ? 10.0f * j / V : 0.0f);
+        for (int j = 0; j < V; j++) logits[(size_t)i * V + j] += offset + (rising ? 10.0f * j / V : 0.0f);
     }
     float *losses = new_const(N, NAN), *lse = new_const(N, NAN);
     float *want_loss = malloc(N * sizeof(float)), *want_lse = malloc(N * sizeof(float));
@@ -622,8 +638,8 @@ static void test_crossentropy(void)
 
     const int N = 6, V = 13;
     int32_t targets[6] = {0, 12, 5, 5, 3, 7};
-    struct ce_ctx c = {new_rand(N * V, 3.0f), new_const(N, 0.0f), new_const(N, 0.0f), targets,
-                       1.0f / N, N, V};
+    struct ce_ctx c = {
+        new_rand(N * V, 3.0f), new_const(N, 0.0f), new_const(N, 0.0f), targets, 1.0f / N, N, V};
     ce_obj(&c);
     float *lse = new_copy(c.lse, N), *dlogits = new_const(N * V, NAN);
     loom_crossentropy_backward(dlogits, lse, c.logits, targets, c.dloss, N, V);
@@ -644,12 +660,10 @@ static void test_adamw(void)
     /* parameters at GPT-2's init scale, so that the 5 updates of ~lr are a
      * large part of each value and a wrong update cannot hide in rounding */
     float *p = new_rand(n, 0.05f), *m = new_const(n, 0.0f), *v = new_const(n, 0.0f);
-    double *pd = malloc(n * sizeof(double)), *md = calloc(n, sizeof(double)),
-           *vd = calloc(n, sizeof(double));
+    double *pd = malloc(n * sizeof(double)), *md = calloc(n, sizeof(double)), *vd = calloc(n, sizeof(double));
     for (size_t i = 0; i < n; i++) pd[i] = p[i];
     float *grad = malloc(n * sizeof(float));
-    float *pf = malloc(n * sizeof(float)), *mf = malloc(n * sizeof(float)),
-          *vf = malloc(n * sizeof(float));
+    float *pf = malloc(n * sizeof(float)), *mf = malloc(n * sizeof(float)), *vf = malloc(n * sizeof(float));
     for (int t = 1; t <= 5; t++) {
         fill(grad, n, 1.0f);
         if (t == 3) grad[0] = 0.0f; /* v stays tiny: eps matters */

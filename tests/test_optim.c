@@ -11,23 +11,33 @@
 #include "optim/adamw.h"
 #include "optim/lr.h"
 
-static int near(double a, double b) { return fabs(a - b) <= 1e-12 * fmax(1.0, fabs(b)); }
+static int near(double a, double b)
+{
+    return fabs(a - b) <= 1e-12 * fmax(1.0, fabs(b));
+}
 /* relative, for rates of order 1e-3 */
-static int same(double a, double b) { return fabs(a - b) <= 1e-13 * fmax(1e-300, fabs(b)); }
+static int same(double a, double b)
+{
+    return fabs(a - b) <= 1e-13 * fmax(1e-300, fabs(b));
+}
 
-#define CHECK_LR(got, want)                                                                        \
-    do {                                                                                           \
-        double g_ = (got), w_ = (want);                                                            \
-        if (!same(g_, w_)) fprintf(stderr, "  %s = %.17g, want %.17g\n", #got, g_, w_);              \
-        CHECK(same(g_, w_));                                                                       \
+#define CHECK_LR(got, want)                                                                                  \
+    do {                                                                                                     \
+        double g_ = (got), w_ = (want);                                                                      \
+        if (!same(g_, w_)) fprintf(stderr, "  %s = %.17g, want %.17g\n", #got, g_, w_);                      \
+        CHECK(same(g_, w_));                                                                                 \
     } while (0)
 
 /* DeepSpeed's schedulers (deepspeed/runtime/lr_schedules.py), with it = last_batch_iteration. */
 static void test_deepspeed_schedules(void)
 {
     /* WarmupLR, log warmup (DeepSpeed's default): min + (max - min) * ln(it + 1) / ln(W), then max */
-    struct loom_lr_schedule s = {.max_lr = 1e-3, .min_lr = 1e-5, .warmup_iters = 10, .decay_iters = 100,
-                                 .style = LOOM_LR_WARMUP_LR, .warmup_style = LOOM_LR_WARMUP_LOG};
+    struct loom_lr_schedule s = {.max_lr = 1e-3,
+                                 .min_lr = 1e-5,
+                                 .warmup_iters = 10,
+                                 .decay_iters = 100,
+                                 .style = LOOM_LR_WARMUP_LR,
+                                 .warmup_style = LOOM_LR_WARMUP_LOG};
     CHECK_LR(loom_lr_deepspeed(&s, 0), 1e-5);
     CHECK_LR(loom_lr_deepspeed(&s, 4), 1e-5 + 9.9e-4 * (log(5.0) / log(10.0)));
     CHECK_LR(loom_lr_deepspeed(&s, 9), 1e-3);
@@ -45,8 +55,12 @@ static void test_deepspeed_schedules(void)
     CHECK_LR(loom_lr_deepspeed(&s, 2), 1e-3);
 
     /* WarmupDecayLR: the warmup, then min + (max - min) * (total - it) / (total - W), never below min */
-    struct loom_lr_schedule d = {.max_lr = 1e-3, .min_lr = 0, .warmup_iters = 100, .decay_iters = 1000,
-                                 .style = LOOM_LR_WARMUP_DECAY_LR, .warmup_style = LOOM_LR_WARMUP_LINEAR};
+    struct loom_lr_schedule d = {.max_lr = 1e-3,
+                                 .min_lr = 0,
+                                 .warmup_iters = 100,
+                                 .decay_iters = 1000,
+                                 .style = LOOM_LR_WARMUP_DECAY_LR,
+                                 .warmup_style = LOOM_LR_WARMUP_LINEAR};
     CHECK_LR(loom_lr_deepspeed(&d, 50), 5e-4);
     CHECK_LR(loom_lr_deepspeed(&d, 100), 1e-3);
     CHECK_LR(loom_lr_deepspeed(&d, 550), 5e-4);
@@ -61,16 +75,21 @@ static void test_deepspeed_schedules(void)
 
     /* WarmupCosineLR: ratios of the optimizer's lr. Warmup from warmup_min_ratio to 1, then
      * cos_min + (1 - cos_min) * (1 + cos(pi * (it - W + 1) / (total - W))) / 2 */
-    struct loom_lr_schedule c = {.max_lr = 3e-4, .warmup_iters = 50, .decay_iters = 1200,
-                                 .style = LOOM_LR_WARMUP_COSINE_LR, .warmup_style = LOOM_LR_WARMUP_LOG,
-                                 .warmup_min_ratio = 0.01, .cos_min_ratio = 0.1};
+    struct loom_lr_schedule c = {.max_lr = 3e-4,
+                                 .warmup_iters = 50,
+                                 .decay_iters = 1200,
+                                 .style = LOOM_LR_WARMUP_COSINE_LR,
+                                 .warmup_style = LOOM_LR_WARMUP_LOG,
+                                 .warmup_min_ratio = 0.01,
+                                 .cos_min_ratio = 0.1};
     CHECK_LR(loom_lr_deepspeed(&c, 0), 3e-4 * 0.01);
     CHECK_LR(loom_lr_deepspeed(&c, 24), 3e-4 * (0.01 + 0.99 * log(25.0) / log(50.0)));
     CHECK_LR(loom_lr_deepspeed(&c, 49), 3e-4);
     CHECK_LR(loom_lr_deepspeed(&c, 50), 3e-4 * (0.1 + 0.9 * (1 + cos(M_PI / 1150)) / 2));
     CHECK_LR(loom_lr_deepspeed(&c, 624), 3e-4 * (0.1 + 0.9 * 0.5));
     CHECK_LR(loom_lr_deepspeed(&c, 1199), 3e-4 * 0.1);
-    CHECK_LR(loom_lr_deepspeed(&c, 1199 + 575), 3e-4 * 0.55); /* past total_num_steps the cosine rises again */
+    CHECK_LR(loom_lr_deepspeed(&c, 1199 + 575),
+             3e-4 * 0.55);           /* past total_num_steps the cosine rises again */
     CHECK(loom_lr_at(&c, 1) == 0.0); /* DeepSpeed's first step: lr 0 */
     CHECK_LR(loom_lr_at(&c, 2), 3e-6);
     c.warmup_style = LOOM_LR_WARMUP_LINEAR;
@@ -79,13 +98,13 @@ static void test_deepspeed_schedules(void)
 
 int main(void)
 {
-    struct loom_lr_schedule s = {.max_lr = 1e-3, .min_lr = 1e-4, .warmup_iters = 10, .decay_iters = 110,
-                                 .style = LOOM_LR_COSINE};
-    CHECK(near(loom_lr_at(&s, 1), 1e-4));   /* warmup: 1/10 of the peak */
-    CHECK(near(loom_lr_at(&s, 10), 1e-3));  /* end of warmup: the peak */
+    struct loom_lr_schedule s = {
+        .max_lr = 1e-3, .min_lr = 1e-4, .warmup_iters = 10, .decay_iters = 110, .style = LOOM_LR_COSINE};
+    CHECK(near(loom_lr_at(&s, 1), 1e-4));    /* warmup: 1/10 of the peak */
+    CHECK(near(loom_lr_at(&s, 10), 1e-3));   /* end of warmup: the peak */
     CHECK(near(loom_lr_at(&s, 60), 5.5e-4)); /* half way: cosine midpoint */
-    CHECK(near(loom_lr_at(&s, 110), 1e-4)); /* decay end */
-    CHECK(near(loom_lr_at(&s, 500), 1e-4)); /* after: min */
+    CHECK(near(loom_lr_at(&s, 110), 1e-4));  /* decay end */
+    CHECK(near(loom_lr_at(&s, 500), 1e-4));  /* after: min */
     s.style = LOOM_LR_LINEAR;
     CHECK(near(loom_lr_at(&s, 35), 1e-3 - 0.25 * 9e-4));
     s.style = LOOM_LR_CONSTANT;

@@ -79,15 +79,15 @@ static void expect_bad_at(const char *path, const char *a, const char *b, int li
     struct loom_st st;
     int rc = loom_st_open(&st, path);
     const char *msg = loom_error_message();
-    int ok = rc == LOOM_ERR_INPUT && strstr(msg, path) && (!a || strstr(msg, a)) &&
-             (!b || strstr(msg, b)) && !strchr(msg, '\n') && st.map == NULL && st.ntensors == 0;
+    int ok = rc == LOOM_ERR_INPUT && strstr(msg, path) && (!a || strstr(msg, a)) && (!b || strstr(msg, b)) &&
+             !strchr(msg, '\n') && st.map == NULL && st.ntensors == 0;
     CHECK(ok);
     if (!ok) fprintf(stderr, "  line %d: rc %d, message: %s\n", line, rc, msg);
 }
 #define expect_bad(path, a, b) expect_bad_at(path, a, b, __LINE__)
 
 /* One header entry as JSON text: E("w", "F32", "[2]", "[0,8]"). */
-#define E(name, dtype, shape, offsets)                                                             \
+#define E(name, dtype, shape, offsets)                                                                       \
     "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":" offsets "}"
 
 /* A handcrafted header and data size; the file is expected to be rejected. */
@@ -215,24 +215,20 @@ static void test_round_trip(void)
     CHECK(t && loom_st_read_f32(t, buf, 3) == LOOM_OK);
     CHECK(buf[0] == 1.0f && buf[1] == -5.0f && buf[2] == 0.0f);
     t = loom_st_find(&st, "scalar");
-    CHECK(t && t->ndim == 0 && t->numel == 1 && loom_st_read_f32(t, buf, 1) == LOOM_OK &&
-          buf[0] == 42.0f);
+    CHECK(t && t->ndim == 0 && t->numel == 1 && loom_st_read_f32(t, buf, 1) == LOOM_OK && buf[0] == 42.0f);
     t = loom_st_find(&st, "empty");
     CHECK(t && t->numel == 0 && loom_st_read_f32(t, buf, 0) == LOOM_OK);
     t = loom_st_find(&st, "i32");
-    CHECK(t && loom_st_read_f32(t, buf, 5) == LOOM_ERR_INPUT &&
-          strstr(loom_error_message(), "I32"));
+    CHECK(t && loom_st_read_f32(t, buf, 5) == LOOM_ERR_INPUT && strstr(loom_error_message(), "I32"));
     t = loom_st_find(&st, "f64");
-    CHECK(t && loom_st_read_f32(t, buf, 4) == LOOM_ERR_INPUT &&
-          strstr(loom_error_message(), "f64"));
+    CHECK(t && loom_st_read_f32(t, buf, 4) == LOOM_ERR_INPUT && strstr(loom_error_message(), "f64"));
     loom_st_close(&st);
     CHECK(st.map == NULL);
     loom_st_close(&st); /* closing twice is harmless */
 
     /* Rewriting the same path replaces the file. */
     CHECK(loom_st_write(path, in, 1, NULL, 0) == LOOM_OK);
-    CHECK(loom_st_open(&st, path) == LOOM_OK && loom_st_count(&st) == 1 &&
-          loom_st_meta_count(&st) == 0);
+    CHECK(loom_st_open(&st, path) == LOOM_OK && loom_st_count(&st) == 1 && loom_st_meta_count(&st) == 0);
     loom_st_close(&st);
 
     /* No tensors at all is a valid file. */
@@ -285,10 +281,10 @@ static void test_bad_files(void)
 
     /* the header's bytes: strict UTF-8, no raw control byte or \u0000 in a string */
     bad_header("{\"w\xff\":{}}", 0, "not UTF-8", "0xff");
-    bad_header("{\"w\xc0\xaf\":{}}", 0, "not UTF-8", NULL);     /* overlong '/' */
-    bad_header("{\"w\xed\xa0\x80\":{}}", 0, "not UTF-8", NULL); /* a surrogate */
+    bad_header("{\"w\xc0\xaf\":{}}", 0, "not UTF-8", NULL);         /* overlong '/' */
+    bad_header("{\"w\xed\xa0\x80\":{}}", 0, "not UTF-8", NULL);     /* a surrogate */
     bad_header("{\"w\xf4\x90\x80\x80\":{}}", 0, "not UTF-8", NULL); /* past U+10FFFF */
-    bad_header("{\"w\":{}}\xc3", 0, "not UTF-8", NULL);              /* cut at the end */
+    bad_header("{\"w\":{}}\xc3", 0, "not UTF-8", NULL);             /* cut at the end */
     bad_header("{" E("a\tb", "U8", "[1]", "[0,1]") "}", 1, "control byte 0x09", NULL);
     bad_header("{" E("a\\u0000b", "U8", "[1]", "[0,1]") "}", 1, "u0000", NULL);
     bad_header("{\"__metadata__\":{\"k\":\"v\\u0000w\"}}", 0, "u0000", NULL);
@@ -298,8 +294,8 @@ static void test_bad_files(void)
     bad_header("{" E("w", "f32", "[1]", "[0,4]") "}", 4, "'w'", "f32");
     bad_header("{\"w\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'w'", "dtype");
     bad_header("{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'w'", "missing \"dtype\"");
-    bad_header("{\"w\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
-               4, "'w'", "twice");
+    bad_header("{\"w\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "'w'",
+               "twice");
     bad_header("{\"w\":[1]}", 4, "'w'", "not a JSON object");
 
     /* shape */
@@ -309,8 +305,7 @@ static void test_bad_files(void)
     bad_header("{" E("w", "F32", "[1e300]", "[0,4]") "}", 4, "'w'", "shape[0]");
     bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":1,\"data_offsets\":[0,4]}}", 4, "'w'", "shape");
     bad_header("{" E("w", "F32", "[1,1,1,1,1,1,1,1,1]", "[0,4]") "}", 4, "'w'", "dimensions");
-    bad_header("{" E("w", "F32", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 4, "'w'",
-               "overflow");
+    bad_header("{" E("w", "F32", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 4, "'w'", "overflow");
     bad_header("{" E("w", "F64", "[4294967296,1073741824]", "[0,4]") "}", 4, "'w'", "overflow");
     /* an empty tensor whose other dimensions would overflow a stride */
     bad_header("{" E("w", "F32", "[0,4294967296,4294967296]", "[0,0]") "}", 0, "'w'", "overflow");
@@ -328,8 +323,7 @@ static void test_bad_files(void)
     bad_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 8, "'w'", "missing \"data_offsets\"");
     bad_header("{" E("w", "F32", "[1]", "[\"0\",4]") "}", 8, "'w'", "data_offsets");
     bad_header("{" E("w", "F32", "[1]", "{\"0\":0,\"1\":4}") "}", 8, "'w'", "data_offsets");
-    bad_header("{" E("w", "U8", "[0]", "[9007199254740993,9007199254740993]") "}", 8, "'w'",
-               "data_offsets");
+    bad_header("{" E("w", "U8", "[0]", "[9007199254740993,9007199254740993]") "}", 8, "'w'", "data_offsets");
 
     /* spans outside the data area */
     bad_header("{" E("w", "F32", "[4]", "[0,16]") "}", 8, "'w'", "run past");
@@ -338,24 +332,20 @@ static void test_bad_files(void)
                "data_offsets");
 
     /* overlapping spans, including one inside another */
-    bad_header("{" E("a", "F32", "[2]", "[0,8]") "," E("b", "F32", "[2]", "[4,12]") "}", 12, "'a'",
-               "'b'");
+    bad_header("{" E("a", "F32", "[2]", "[0,8]") "," E("b", "F32", "[2]", "[4,12]") "}", 12, "'a'", "'b'");
 #define INSIDE E("in1", "U8", "[2]", "[2,4]") "," E("in2", "U8", "[2]", "[10,12]")
     const char *inside = "{" E("big", "U8", "[16]", "[0,16]") "," INSIDE "}";
 #undef INSIDE
     bad_header(inside, 16, "'big'", "overlap");
-    bad_header("{" E("a", "F32", "[2]", "[0,8]") "," E("b", "I32", "[2]", "[0,8]") "}", 8,
-               "overlap", NULL);
+    bad_header("{" E("a", "F32", "[2]", "[0,8]") "," E("b", "I32", "[2]", "[0,8]") "}", 8, "overlap", NULL);
 
     /* duplicate names (cJSON keeps both) */
-    bad_header("{" E("w", "F32", "[1]", "[0,4]") "," E("w", "F32", "[1]", "[4,8]") "}", 8, "'w'",
-               "twice");
+    bad_header("{" E("w", "F32", "[1]", "[0,4]") "," E("w", "F32", "[1]", "[4,8]") "}", 8, "'w'", "twice");
 
     /* metadata */
     bad_header("{\"__metadata__\":{\"k\":1}}", 0, "'k'", "not a string");
     bad_header("{\"__metadata__\":{\"k\":null}}", 0, "'k'", "not a string");
-    bad_header("{\"__metadata__\":{\"ok\":\"x\",\"nested\":{\"a\":\"b\"}}}", 0, "'nested'",
-               "not a string");
+    bad_header("{\"__metadata__\":{\"ok\":\"x\",\"nested\":{\"a\":\"b\"}}}", 0, "'nested'", "not a string");
     bad_header("{\"__metadata__\":[\"a\"]}", 0, "__metadata__", "not a JSON object");
     bad_header("{\"__metadata__\":{\"k\":\"a\",\"k\":\"b\"}}", 0, "'k'", "twice");
     bad_header("{\"__metadata__\":{},\"__metadata__\":{}}", 0, "__metadata__", "twice");
@@ -371,8 +361,7 @@ static void test_bad_files(void)
     struct loom_st st;
     CHECK(loom_st_open(&st, path) == LOOM_OK);
     const struct loom_st_tensor *t = loom_st_find(&st, "a");
-    CHECK(t && t->nbytes == 2 && ((const uint8_t *)t->data)[0] == 4 &&
-          ((const uint8_t *)t->data)[1] == 5);
+    CHECK(t && t->nbytes == 2 && ((const uint8_t *)t->data)[0] == 4 && ((const uint8_t *)t->data)[1] == 5);
     t = loom_st_find(&st, "s");
     CHECK(t && t->ndim == 0 && t->numel == 1 && ((const uint8_t *)t->data)[0] == 6);
     loom_st_close(&st);
@@ -473,8 +462,7 @@ static void test_f16_exhaustive(void)
             want = ldexp(1024 + mant, exp - 25);
         if (sign) want = -want;
         int ok = isnan(want) ? isnan(got[i]) : (double)got[i] == want && !!signbit(got[i]) == sign;
-        if (!ok && bad++ < 5)
-            fprintf(stderr, "  f16 0x%04x: got %.9g want %.9g\n", i, got[i], want);
+        if (!ok && bad++ < 5) fprintf(stderr, "  f16 0x%04x: got %.9g want %.9g\n", i, got[i], want);
     }
     CHECK(bad == 0);
 }
@@ -498,32 +486,26 @@ static void test_write_failures(void)
 
     /* bad arguments: nothing is created */
     path_in(path, sizeof path, "args.safetensors");
-    CHECK(loom_st_write(path, in, 2, NULL, 0) == LOOM_ERR_INPUT &&
-          strstr(loom_error_message(), "'x'"));
+    CHECK(loom_st_write(path, in, 2, NULL, 0) == LOOM_ERR_INPUT && strstr(loom_error_message(), "'x'"));
     struct loom_st_tensor_in odd = {
         .name = "__metadata__", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
     odd = (struct loom_st_tensor_in){
         .name = "y", .dtype = LOOM_ST_DTYPE_COUNT, .ndim = 1, .shape = {4}, .data = x};
-    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT &&
-          strstr(loom_error_message(), "'y'"));
-    odd = (struct loom_st_tensor_in){
-        .name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {-4}, .data = x};
+    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT && strstr(loom_error_message(), "'y'"));
+    odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {-4}, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
     odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 9, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
-    odd = (struct loom_st_tensor_in){
-        .name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = NULL};
+    odd =
+        (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = NULL};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
     odd = (struct loom_st_tensor_in){.name = "bad\xff", .dtype = LOOM_ST_F32, .data = x};
-    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT &&
-          strstr(loom_error_message(), "UTF-8"));
+    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT && strstr(loom_error_message(), "UTF-8"));
     const char *bad_meta[] = {"k", "\xed\xa0\x80"}; /* an encoded surrogate */
-    CHECK(loom_st_write(path, in, 1, bad_meta, 1) == LOOM_ERR_INPUT &&
-          strstr(loom_error_message(), "UTF-8"));
+    CHECK(loom_st_write(path, in, 1, bad_meta, 1) == LOOM_ERR_INPUT && strstr(loom_error_message(), "UTF-8"));
     const char *dup_meta[] = {"k", "1", "k", "2"};
-    CHECK(loom_st_write(path, in, 1, dup_meta, 2) == LOOM_ERR_INPUT &&
-          strstr(loom_error_message(), "'k'"));
+    CHECK(loom_st_write(path, in, 1, dup_meta, 2) == LOOM_ERR_INPUT && strstr(loom_error_message(), "'k'"));
     CHECK(!exists(path) && count_temps() == 0);
 
     /* A write error (the file size limit stands in for a full disk): the
@@ -547,8 +529,7 @@ static void test_write_failures(void)
           strstr(loom_error_message(), strerror(EFBIG)));
     CHECK(count_temps() == 0);
     struct loom_st st;
-    CHECK(loom_st_open(&st, path) == LOOM_OK && loom_st_find(&st, "x") &&
-          !loom_st_find(&st, "big"));
+    CHECK(loom_st_open(&st, path) == LOOM_OK && loom_st_find(&st, "x") && !loom_st_find(&st, "big"));
     loom_st_close(&st);
     unlink(path);
 }
@@ -558,8 +539,7 @@ static void test_dtype_table(void)
     for (int i = 0; i < LOOM_ST_DTYPE_COUNT; i++) {
         enum loom_st_dtype d;
         CHECK(loom_st_dtype_name((enum loom_st_dtype)i) != NULL);
-        CHECK(loom_st_dtype_parse(loom_st_dtype_name((enum loom_st_dtype)i), &d) == 0 &&
-              (int)d == i);
+        CHECK(loom_st_dtype_parse(loom_st_dtype_name((enum loom_st_dtype)i), &d) == 0 && (int)d == i);
         CHECK(loom_st_dtype_size((enum loom_st_dtype)i) > 0);
     }
     CHECK(loom_st_dtype_name(LOOM_ST_DTYPE_COUNT) == NULL);

@@ -213,8 +213,11 @@ int main(int argc, char **argv)
     struct loom_config cfg;
     int help, rc;
     if ((rc = loom_config_parse(&cfg, argc - 1, argv + 1, &help)) || help) {
-        if (rc) fprintf(stderr, "mlp_regression: error: %s\n", loom_error_message());
-        else printf("usage: mlp_regression [loom train flags, e.g. --zero-stage N, --deepspeed-config FILE]\n");
+        if (rc)
+            fprintf(stderr, "mlp_regression: error: %s\n", loom_error_message());
+        else
+            printf(
+                "usage: mlp_regression [loom train flags, e.g. --zero-stage N, --deepspeed-config FILE]\n");
         loom_config_free(&cfg);
         loom_finalize();
         return rc;
@@ -226,8 +229,10 @@ int main(int argc, char **argv)
         mlp_build(&net, cfg.micro_batch_size);
         rc = loom_engine_initialize(e, &net.base);
     }
-    struct data d = {&cfg, calloc((size_t)cfg.micro_batch_size * D + 1, sizeof(float)),
-                     calloc((size_t)cfg.micro_batch_size + 1, sizeof(float)), {0}};
+    struct data d = {&cfg,
+                     calloc((size_t)cfg.micro_batch_size * D + 1, sizeof(float)),
+                     calloc((size_t)cfg.micro_batch_size + 1, sizeof(float)),
+                     {0}};
     while (rc == LOOM_OK && loom_engine_steps_done(e) < cfg.train_iters) {
         struct loom_step_result res;
         rc = loom_engine_train_batch(e, next_batch, &d, &res);

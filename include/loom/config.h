@@ -21,11 +21,7 @@ enum loom_lr_decay_style {
 };
 
 /* How DeepSpeed's schedulers rise during warmup (Megatron's: linear only). */
-enum loom_lr_warmup_style {
-    LOOM_LR_WARMUP_LINEAR = 0,
-    LOOM_LR_WARMUP_LOG = 1,
-    LOOM_LR_WARMUP_STYLE_COUNT
-};
+enum loom_lr_warmup_style { LOOM_LR_WARMUP_LINEAR = 0, LOOM_LR_WARMUP_LOG = 1, LOOM_LR_WARMUP_STYLE_COUNT };
 
 enum loom_optimizer {
     LOOM_OPTIMIZER_ADAMW = 0,
@@ -41,25 +37,24 @@ struct loom_config {
     int dry_run;                /* resolve and print the configuration, then exit */
     /* model */
     char model[32]; /* preset name, "" for none */
-    int num_layers, hidden_size, num_attention_heads, seq_length, max_position_embeddings,
-        vocab_size;
+    int num_layers, hidden_size, num_attention_heads, seq_length, max_position_embeddings, vocab_size;
     /* batch: global = micro x accumulation x dp */
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;
     /* optimisation */
     int train_iters, lr_warmup_iters, lr_decay_iters;
     double lr, min_lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
-    int lr_decay_style; /* enum loom_lr_decay_style */
-    int lr_warmup_style; /* enum loom_lr_warmup_style */
+    int lr_decay_style;                           /* enum loom_lr_decay_style */
+    int lr_warmup_style;                          /* enum loom_lr_warmup_style */
     double lr_warmup_min_ratio, lr_cos_min_ratio; /* WarmupCosineLR */
-    int optimizer;   /* enum loom_optimizer */
-    int adam_w_mode; /* 0: Adam with L2-coupled weight decay (not implemented) */
+    int optimizer;                                /* enum loom_optimizer */
+    int adam_w_mode;                              /* 0: Adam with L2-coupled weight decay (not implemented) */
     int64_t seed;
     /* precision (mixed precision is not in the trainer yet) */
     int fp16, bf16;
     double loss_scale; /* 0: dynamic */
     double initial_loss_scale, min_loss_scale;
     int loss_scale_window, hysteresis;
-    int on_nonfinite; /* 0 abort, 1 skip */
+    int on_nonfinite;      /* 0 abort, 1 skip */
     int grad_reduce_dtype; /* 0 fp32, 1 bf16, 2 fp16 (enum loom_dtype) */
     /* data */
     int ndata_paths, nvalid_paths;
@@ -81,7 +76,7 @@ struct loom_config {
     int tensor_model_parallel_size, pipeline_model_parallel_size;
     double ddp_bucket_size; /* MB */
     int no_overlap;
-    int ddp_impl; /* 0 bucketed, 1 naive */
+    int ddp_impl;        /* 0 bucketed, 1 naive */
     double comm_timeout; /* seconds */
     int zero_stage;
     int fsdp_sharding_strategy; /* 0 unset, 1 FULL_SHARD, 2 SHARD_GRAD_OP, 3 NO_SHARD */

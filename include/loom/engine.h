@@ -36,13 +36,13 @@ struct loom_engine;
 
 /* What a step did. */
 struct loom_step_result {
-    int64_t step;     /* 1-based number of the step just taken */
-    double loss;      /* mean loss over the global batch */
-    double lr;        /* learning rate used */
-    double grad_norm; /* global gradient norm, before clipping */
+    int64_t step;       /* 1-based number of the step just taken */
+    double loss;        /* mean loss over the global batch */
+    double lr;          /* learning rate used */
+    double grad_norm;   /* global gradient norm, before clipping */
     double comm_wait_s; /* time blocked on gradient communication after the backward */
     double loss_scale;  /* fp16: the scale this step's backward used; 0 otherwise */
-    int skipped;        /* the update was skipped: a non-finite gradient (fp16 overflow, or --on-nonfinite skip) */
+    int skipped; /* the update was skipped: a non-finite gradient (fp16 overflow, or --on-nonfinite skip) */
     int64_t skipped_total; /* steps skipped so far */
 };
 
@@ -81,7 +81,8 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out);
 /* The same for a whole step: get(ctx, e, micro, &batch, &rows) gives each
  * micro-batch in turn. */
 typedef int (*loom_batch_fn)(void *ctx, struct loom_engine *e, int micro, const void **batch, int *rows);
-int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx, struct loom_step_result *out);
+int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
+                            struct loom_step_result *out);
 
 /* A checkpoint of the state after steps_done() steps in cfg.save (every
  * rank). LOOM_ERR_RUNTIME when it cannot be written; earlier ones stay. */

@@ -115,7 +115,8 @@ struct loom_model {
 /* Starts a model of nblocks empty blocks. */
 void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, const char *name, int nblocks);
 /* Appends a tensor to a block; shape has ndim (1..LOOM_TENSOR_MAX_DIMS) sizes. */
-struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim, const int64_t *shape);
+struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim,
+                                          const int64_t *shape);
 /* After the last tensor: counts the parameters. */
 void loom_model_layout_done(struct loom_model *m);
 
@@ -153,7 +154,13 @@ static inline void loom_model_grads_ready(struct loom_model *m, int b)
     if (m->grad_ready) m->grad_ready(m->hook_ctx, b);
 }
 /* The parameters and gradients of tensor i of block b. */
-static inline float *loom_param(const struct loom_block *b, int i) { return b->params + b->tensors[i].offset; }
-static inline float *loom_grad(const struct loom_block *b, int i) { return b->grads + b->tensors[i].offset; }
+static inline float *loom_param(const struct loom_block *b, int i)
+{
+    return b->params + b->tensors[i].offset;
+}
+static inline float *loom_grad(const struct loom_block *b, int i)
+{
+    return b->grads + b->tensors[i].offset;
+}
 
 #endif

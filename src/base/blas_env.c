@@ -8,12 +8,16 @@
 
 char *openblas_get_corename(void);
 
-const char *loom_blas_core_name(void) { return openblas_get_corename(); }
+const char *loom_blas_core_name(void)
+{
+    return openblas_get_corename();
+}
 
 static int is_generic(const char *core)
 {
-    static const char *const generic[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
-                                          "Atom", "Katmai", "Coppermine", "Northwood", "Banias", NULL};
+    static const char *const generic[] = {"Prescott",  "Core2",  "Penryn", "Dunnington",
+                                          "Nehalem",   "Atom",   "Katmai", "Coppermine",
+                                          "Northwood", "Banias", NULL};
     for (int i = 0; generic[i]; i++)
         if (strcmp(core, generic[i]) == 0) return 1;
     return 0;

@@ -167,15 +167,19 @@ void loom_dtype_round_trip(float *x, size_t n, enum loom_dtype dt)
 void loom_lp_from_f32(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt)
 {
     LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
-    if (dt == LOOM_DTYPE_BF16) loom_f32_to_bf16_array(dst, src, n);
-    else loom_f32_to_f16_array(dst, src, n);
+    if (dt == LOOM_DTYPE_BF16)
+        loom_f32_to_bf16_array(dst, src, n);
+    else
+        loom_f32_to_f16_array(dst, src, n);
 }
 
 void loom_lp_to_f32(float *dst, const uint16_t *src, size_t n, enum loom_dtype dt)
 {
     LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
-    if (dt == LOOM_DTYPE_BF16) loom_bf16_to_f32_array(dst, src, n);
-    else loom_f16_to_f32_array(dst, src, n);
+    if (dt == LOOM_DTYPE_BF16)
+        loom_bf16_to_f32_array(dst, src, n);
+    else
+        loom_f16_to_f32_array(dst, src, n);
 }
 
 void loom_lp_accumulate(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt)
@@ -187,7 +191,8 @@ void loom_lp_accumulate(uint16_t *dst, const float *src, size_t n, enum loom_dty
             dst[i] = bf16_from_bits(bits_of(float_of((uint32_t)dst[i] << 16) + src[i]));
     } else {
 #pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
-        for (size_t i = 0; i < n; i++) dst[i] = f16_from_bits(bits_of(float_of(f16_to_bits(dst[i])) + src[i]));
+        for (size_t i = 0; i < n; i++)
+            dst[i] = f16_from_bits(bits_of(float_of(f16_to_bits(dst[i])) + src[i]));
     }
 }
 

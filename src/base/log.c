@@ -12,7 +12,10 @@ static _Thread_local char error_msg[1024];
 static int log_rank;
 static void (*abort_fn)(int code);
 
-void loom_log_set_abort(void (*fn)(int code)) { abort_fn = fn; }
+void loom_log_set_abort(void (*fn)(int code))
+{
+    abort_fn = fn;
+}
 
 int loom_error_set(int status, const char *fmt, ...)
 {
@@ -23,16 +26,28 @@ int loom_error_set(int status, const char *fmt, ...)
     return status;
 }
 
-void loom_error_clear(void) { error_msg[0] = 0; }
-int loom_error_is_set(void) { return error_msg[0] != 0; }
+void loom_error_clear(void)
+{
+    error_msg[0] = 0;
+}
+int loom_error_is_set(void)
+{
+    return error_msg[0] != 0;
+}
 
 const char *loom_error_message(void)
 {
     return error_msg[0] ? error_msg : "unknown error";
 }
 
-void loom_log_set_rank(int rank) { log_rank = rank; }
-int loom_log_rank(void) { return log_rank; }
+void loom_log_set_rank(int rank)
+{
+    log_rank = rank;
+}
+int loom_log_rank(void)
+{
+    return log_rank;
+}
 
 void loom_log_warn(const char *fmt, ...)
 {
@@ -69,7 +84,7 @@ void loom_die(const char *fmt, ...)
 
 void loom_abort(const char *file, int line, const char *cond)
 {
-    fprintf(stderr, "loom: internal error: [rank %d] %s:%d: assertion failed: %s\n", log_rank, file,
-            line, cond);
+    fprintf(stderr, "loom: internal error: [rank %d] %s:%d: assertion failed: %s\n", log_rank, file, line,
+            cond);
     abort();
 }

@@ -43,9 +43,9 @@ void loom_log_set_rank(int rank);
 void loom_log_set_abort(void (*fn)(int code));
 int loom_log_rank(void);
 
-#define LOOM_ASSERT(cond)                                                                \
-    do {                                                                                 \
-        if (!(cond)) loom_abort(__FILE__, __LINE__, #cond);                              \
+#define LOOM_ASSERT(cond)                                                                                    \
+    do {                                                                                                     \
+        if (!(cond)) loom_abort(__FILE__, __LINE__, #cond);                                                  \
     } while (0)
 
 #endif

@@ -20,8 +20,7 @@ struct header {
 };
 #define MAGIC 0x6c6f6f6du
 
-static const char *const tag_names[] = {"params", "grads", "optimizer", "activations", "comm",
-                                        "other"};
+static const char *const tag_names[] = {"params", "grads", "optimizer", "activations", "comm", "other"};
 static_assert(sizeof tag_names / sizeof tag_names[0] == LOOM_MEM_COUNT, "tag_names");
 
 static int64_t current[LOOM_MEM_COUNT], peak[LOOM_MEM_COUNT];
@@ -46,8 +45,7 @@ void *loom_alloc(size_t bytes, enum loom_mem_tag tag)
     if (bytes > SIZE_MAX - 2 * HEADER) loom_die("size overflow allocating %s", tag_names[tag]);
     size_t total = (bytes + HEADER + 63) & ~(size_t)63;
     char *base = aligned_alloc(64, total);
-    if (!base)
-        loom_die("out of memory: cannot allocate %zu bytes for %s", bytes, tag_names[tag]);
+    if (!base) loom_die("out of memory: cannot allocate %zu bytes for %s", bytes, tag_names[tag]);
     memset(base + HEADER, 0, bytes);
     struct header *h = (struct header *)base;
     h->bytes = bytes;

@@ -13,7 +13,10 @@ static uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-void loom_rng_seed(struct loom_rng *rng, uint64_t seed) { rng->state = mix64(seed ^ 0x6c6f6f6dull); }
+void loom_rng_seed(struct loom_rng *rng, uint64_t seed)
+{
+    rng->state = mix64(seed ^ 0x6c6f6f6dull);
+}
 
 uint64_t loom_rng_u64(struct loom_rng *rng)
 {
@@ -21,7 +24,10 @@ uint64_t loom_rng_u64(struct loom_rng *rng)
     return mix64(rng->state);
 }
 
-float loom_rng_uniform(struct loom_rng *rng) { return (float)(loom_rng_u64(rng) >> 40) * 0x1.0p-24f; }
+float loom_rng_uniform(struct loom_rng *rng)
+{
+    return (float)(loom_rng_u64(rng) >> 40) * 0x1.0p-24f;
+}
 
 uint64_t loom_rng_below(struct loom_rng *rng, uint64_t n)
 {

@@ -35,10 +35,10 @@
 
 #include "base/log.h"
 #include "base/mem.h"
-#include "io/shard.h"
 #include "engine/checkpoint.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
+#include "io/shard.h"
 #include "loom/loom.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
@@ -88,21 +88,22 @@ _Static_assert(sizeof formats / sizeof formats[0] == CONVERT_FORMAT_COUNT, "one 
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: loom convert IN OUT [--to llmc|safetensors|hf] [--dtype float32|bfloat16]\n"
-            "                    [--num-attention-heads N]\n\n"
-            "Converts GPT-2 weights. IN is an llm.c checkpoint (e.g. gpt2_124M.bin), a safetensors\n"
-            "file under Hugging Face GPT-2 names, a Hugging Face directory (model.safetensors,\n"
-            "config.json) or a loom checkpoint (a --save directory or one iter_NNNNNNN in it, from\n"
-            "any parallel layout); its kind comes from its contents. OUT's kind comes from --to, else its name:\n"
-            "  NAME.bin          llm.c checkpoint (version 3, float32, unless --dtype or the source says)\n"
-            "  NAME.safetensors  one safetensors file\n"
-            "  DIR               (an existing directory, a name ending in / or without extension)\n"
-            "                    Hugging Face directory: model.safetensors + config.json\n"
-            "llm.c -> safetensors -> llm.c gives the same bytes back (padded vocabulary kept).\n\n"
-            "  --to FORMAT              force OUT's kind\n"
-            "  --dtype float32|bfloat16 llm.c output: version 3 (float32) or 5 (bfloat16)\n"
-            "  --num-attention-heads N  for a safetensors input that does not say\n");
+    fprintf(
+        f,
+        "usage: loom convert IN OUT [--to llmc|safetensors|hf] [--dtype float32|bfloat16]\n"
+        "                    [--num-attention-heads N]\n\n"
+        "Converts GPT-2 weights. IN is an llm.c checkpoint (e.g. gpt2_124M.bin), a safetensors\n"
+        "file under Hugging Face GPT-2 names, a Hugging Face directory (model.safetensors,\n"
+        "config.json) or a loom checkpoint (a --save directory or one iter_NNNNNNN in it, from\n"
+        "any parallel layout); its kind comes from its contents. OUT's kind comes from --to, else its name:\n"
+        "  NAME.bin          llm.c checkpoint (version 3, float32, unless --dtype or the source says)\n"
+        "  NAME.safetensors  one safetensors file\n"
+        "  DIR               (an existing directory, a name ending in / or without extension)\n"
+        "                    Hugging Face directory: model.safetensors + config.json\n"
+        "llm.c -> safetensors -> llm.c gives the same bytes back (padded vocabulary kept).\n\n"
+        "  --to FORMAT              force OUT's kind\n"
+        "  --dtype float32|bfloat16 llm.c output: version 3 (float32) or 5 (bfloat16)\n"
+        "  --num-attention-heads N  for a safetensors input that does not say\n");
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -288,8 +289,8 @@ static int read_checkpoint(const char *path, const struct convert_opts *o, struc
     int rc = loom_checkpoint_peek_model(path, &cfg);
     if (rc) return rc;
     if (o->heads && o->heads != cfg.heads)
-        return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d", o->heads,
-                              path, cfg.heads);
+        return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
+                              o->heads, path, cfg.heads);
     c->model = loom_gpt2_create_padded(&cfg, 1, 1, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_checkpoint_load_weights(&c->model->base, path))) {
         loom_gpt2_free(c->model);
@@ -466,8 +467,10 @@ int loom_convert(int argc, char **argv)
     else if ((rc = detect_output(o.out, &out_kind)))
         return rc;
     if (!formats[out_kind].write)
-        return loom_error_set(LOOM_ERR_INPUT, "--to %s: a %s is read, not written, by loom convert (loom train --save writes one)",
-                              formats[out_kind].name, formats[out_kind].what);
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--to %s: a %s is read, not written, by loom convert (loom train --save writes one)",
+            formats[out_kind].name, formats[out_kind].what);
     if (o.llmc_version && out_kind != CONVERT_LLMC)
         return loom_error_set(LOOM_ERR_INPUT, "--dtype applies to llm.c output only, and %s is %s output",
                               o.out, formats[out_kind].name);

@@ -50,16 +50,19 @@ int loom_launch(int argc, char **argv)
             char *end;
             long n = strtol(argv[++i], &end, 10);
             if (*end || n < 1 || n > 4096)
-                return loom_error_set(LOOM_ERR_INPUT, "--nproc-per-node: expected an integer in [1, 4096], got '%s'", argv[i]);
+                return loom_error_set(
+                    LOOM_ERR_INPUT, "--nproc-per-node: expected an integer in [1, 4096], got '%s'", argv[i]);
             nproc = (int)n;
         } else if (strcmp(argv[i], "--hostfile") == 0) {
             hostfile = argv[++i];
         } else {
-            return loom_error_set(LOOM_ERR_INPUT, "unknown launch flag %s (--nproc-per-node, --hostfile)", argv[i]);
+            return loom_error_set(LOOM_ERR_INPUT, "unknown launch flag %s (--nproc-per-node, --hostfile)",
+                                  argv[i]);
         }
     }
     if (nproc == 0) return loom_error_set(LOOM_ERR_INPUT, "loom launch needs --nproc-per-node N");
-    if (i >= argc - 1) return loom_error_set(LOOM_ERR_INPUT, "loom launch needs '-- train ARGS...' after its own flags");
+    if (i >= argc - 1)
+        return loom_error_set(LOOM_ERR_INPUT, "loom launch needs '-- train ARGS...' after its own flags");
     char **cmd = argv + i + 1;
     int ncmd = argc - i - 1;
     if (strcmp(cmd[0], "train") != 0)

@@ -24,19 +24,21 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "loom %s: training for transformer language models\n\n"
-               "usage: loom COMMAND [flags]\n\n"
-               "commands:\n"
-               "  train                      train a model (default: gpt2-tiny on the built-in corpus)\n"
-               "  eval --load W              validation loss of a checkpoint or weights file\n"
-               "  sample --load W            continue --prompt from a checkpoint or weights file\n"
-               "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
-               "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
-               "  convert IN OUT [--to llmc|safetensors|hf]   GPT-2 weights between llm.c .bin, safetensors and\n"
-               "                             Hugging Face directories; also exports loom checkpoints\n"
-               "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n\n"
-               "loom COMMAND --help lists the flags of a command; train's follow.\n\n",
-            LOOM_VERSION);
+    fprintf(
+        f,
+        "loom %s: training for transformer language models\n\n"
+        "usage: loom COMMAND [flags]\n\n"
+        "commands:\n"
+        "  train                      train a model (default: gpt2-tiny on the built-in corpus)\n"
+        "  eval --load W              validation loss of a checkpoint or weights file\n"
+        "  sample --load W            continue --prompt from a checkpoint or weights file\n"
+        "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
+        "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
+        "  convert IN OUT [--to llmc|safetensors|hf]   GPT-2 weights between llm.c .bin, safetensors and\n"
+        "                             Hugging Face directories; also exports loom checkpoints\n"
+        "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n\n"
+        "loom COMMAND --help lists the flags of a command; train's follow.\n\n",
+        LOOM_VERSION);
     loom_config_print_help(f, "train");
 }
 
@@ -52,7 +54,8 @@ static int parse_i64(const char *flag, const char *v, long long lo, long long hi
     char *end;
     long long x = strtoll(v, &end, 10);
     if (end == v || *end || x < lo || x > hi)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: expected an integer in [%lld, %lld], got '%s'", flag, lo, hi, v);
+        return loom_error_set(LOOM_ERR_INPUT, "%s: expected an integer in [%lld, %lld], got '%s'", flag, lo,
+                              hi, v);
     *out = x;
     return LOOM_OK;
 }
@@ -68,12 +71,14 @@ static int cmd_data(int argc, char **argv)
     if (strcmp(argv[0], "tokenize") == 0) {
         double frac = 0.1;
         if (argc != 3 && !(argc == 5 && strcmp(argv[3], "--val-fraction") == 0))
-            return loom_error_set(LOOM_ERR_INPUT, "usage: loom data tokenize IN.txt OUTDIR [--val-fraction X]");
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "usage: loom data tokenize IN.txt OUTDIR [--val-fraction X]");
         if (argc == 5) {
             char *end;
             frac = strtod(argv[4], &end);
             if (end == argv[4] || *end || !(frac > 0 && frac < 1))
-                return loom_error_set(LOOM_ERR_INPUT, "--val-fraction: expected a number in (0, 1), got '%s'", argv[4]);
+                return loom_error_set(LOOM_ERR_INPUT, "--val-fraction: expected a number in (0, 1), got '%s'",
+                                      argv[4]);
         }
         return loom_data_tokenize(argv[1], argv[2], frac);
     }
@@ -83,9 +88,13 @@ static int cmd_data(int argc, char **argv)
         long long tokens = LOOM_SYNTH_DEFAULT_TOKENS, seed = LOOM_SYNTH_DEFAULT_SEED;
         for (int i = 2; i < argc; i += 2) {
             if (i + 1 >= argc) return loom_error_set(LOOM_ERR_INPUT, "%s needs a value", argv[i]);
-            if (strcmp(argv[i], "--tokens") == 0) rc = parse_i64("--tokens", argv[i + 1], 1000, 1LL << 40, &tokens);
-            else if (strcmp(argv[i], "--seed") == 0) rc = parse_i64("--seed", argv[i + 1], 0, 1LL << 62, &seed);
-            else rc = loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data synth (--tokens, --seed)", argv[i]);
+            if (strcmp(argv[i], "--tokens") == 0)
+                rc = parse_i64("--tokens", argv[i + 1], 1000, 1LL << 40, &tokens);
+            else if (strcmp(argv[i], "--seed") == 0)
+                rc = parse_i64("--seed", argv[i + 1], 0, 1LL << 62, &seed);
+            else
+                rc = loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data synth (--tokens, --seed)",
+                                    argv[i]);
             if (rc) return rc;
         }
         double h;
@@ -123,7 +132,8 @@ int main(int argc, char **argv)
      * disk, instead of killing the process */
     signal(SIGXFSZ, SIG_IGN);
     loom_blas_select_core(argc, argv);
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? LOOM_ERR_INPUT : LOOM_OK;
     }
@@ -147,8 +157,11 @@ int main(int argc, char **argv)
             return 0;
         }
         if (strcmp(cmd, "train") != 0) {
-            if (!*cfg.load) rc = loom_error_set(LOOM_ERR_INPUT, "loom %s needs --load DIR (a checkpoint) or FILE.safetensors", cmd);
-            else rc = shape_from_weights(&cfg, argc - 2, argv + 2);
+            if (!*cfg.load)
+                rc = loom_error_set(LOOM_ERR_INPUT,
+                                    "loom %s needs --load DIR (a checkpoint) or FILE.safetensors", cmd);
+            else
+                rc = shape_from_weights(&cfg, argc - 2, argv + 2);
         }
         if (strcmp(cmd, "train") == 0) {
             /* every rank parses the same flags; setup agrees on errors across ranks */
@@ -171,7 +184,7 @@ int main(int argc, char **argv)
         loom_error_set(LOOM_ERR_INPUT, "'loom %s' is not available in this version", cmd);
         return fail(LOOM_ERR_INPUT);
     }
-    loom_error_set(LOOM_ERR_INPUT, "unknown command '%s' (train, eval, sample, data, convert, launch; see loom --help)",
-                   cmd);
+    loom_error_set(LOOM_ERR_INPUT,
+                   "unknown command '%s' (train, eval, sample, data, convert, launch; see loom --help)", cmd);
     return fail(LOOM_ERR_INPUT);
 }

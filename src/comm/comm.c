@@ -27,7 +27,8 @@
 
 static const char *const group_names[] = {"world", "dp", "tp", "pp"};
 static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "group_names");
-static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast", "send", "recv"};
+static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather",
+                                         "broadcast",  "send",           "recv"};
 static_assert(sizeof coll_names / sizeof coll_names[0] == LOOM_COLL_COUNT, "coll_names");
 static const size_t dtype_size[] = {4, 8, 8, 2, 2, 2};
 static_assert(sizeof dtype_size / sizeof dtype_size[0] == LOOM_COMM_DTYPE_COUNT, "dtype_size");
@@ -69,10 +70,22 @@ static MPI_Comm comms[LOOM_GROUP_COUNT];
 static int mpi_on;
 #endif
 
-void loom_comm_set_timeout(double seconds) { timeout_s = seconds; }
-void loom_comm_set_step(int64_t step) { cur_step = step; }
-int loom_comm_world_size(void) { return world_size; }
-int loom_comm_world_rank(void) { return world_rank; }
+void loom_comm_set_timeout(double seconds)
+{
+    timeout_s = seconds;
+}
+void loom_comm_set_step(int64_t step)
+{
+    cur_step = step;
+}
+int loom_comm_world_size(void)
+{
+    return world_size;
+}
+int loom_comm_world_rank(void)
+{
+    return world_rank;
+}
 
 void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
 {
@@ -83,13 +96,18 @@ void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
 static MPI_Datatype mpi_dtype(enum loom_comm_dtype dt)
 {
     switch (dt) {
-    case LOOM_F32: return MPI_FLOAT;
-    case LOOM_F64: return MPI_DOUBLE;
-    case LOOM_U64: return MPI_UINT64_T;
+    case LOOM_F32:
+        return MPI_FLOAT;
+    case LOOM_F64:
+        return MPI_DOUBLE;
+    case LOOM_U64:
+        return MPI_UINT64_T;
     case LOOM_U16:
     case LOOM_BF16:
-    case LOOM_F16: return MPI_UINT16_T;
-    default: LOOM_ASSERT(0);
+    case LOOM_F16:
+        return MPI_UINT16_T;
+    default:
+        LOOM_ASSERT(0);
     }
     return MPI_DATATYPE_NULL;
 }
@@ -120,10 +138,14 @@ static MPI_Op mpi_op(enum loom_comm_dtype dt, enum loom_op op)
         return dt == LOOM_BF16 ? bf16_sum_op : f16_sum_op;
     }
     switch (op) {
-    case LOOM_OP_SUM: return MPI_SUM;
-    case LOOM_OP_MIN: return MPI_MIN;
-    case LOOM_OP_MAX: return MPI_MAX;
-    default: LOOM_ASSERT(0);
+    case LOOM_OP_SUM:
+        return MPI_SUM;
+    case LOOM_OP_MIN:
+        return MPI_MIN;
+    case LOOM_OP_MAX:
+        return MPI_MAX;
+    default:
+        LOOM_ASSERT(0);
     }
     return MPI_OP_NULL;
 }
@@ -147,10 +169,14 @@ static void start(struct loom_comm_handle *h)
     LOOM_ASSERT(h->count <= (size_t)0x7fffffff);
     int err = MPI_SUCCESS;
     switch (h->coll) {
-    case LOOM_COLL_ALLREDUCE: err = MPI_Iallreduce(MPI_IN_PLACE, h->recv, n, t, mpi_op(h->dt, h->op), c, &h->req); break;
+    case LOOM_COLL_ALLREDUCE:
+        err = MPI_Iallreduce(MPI_IN_PLACE, h->recv, n, t, mpi_op(h->dt, h->op), c, &h->req);
+        break;
     case LOOM_COLL_REDUCE_SCATTER:
-        if (h->counts) err = MPI_Ireduce_scatter(h->send, h->recv, h->counts, t, mpi_op(h->dt, LOOM_OP_SUM), c, &h->req);
-        else err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, mpi_op(h->dt, LOOM_OP_SUM), c, &h->req);
+        if (h->counts)
+            err = MPI_Ireduce_scatter(h->send, h->recv, h->counts, t, mpi_op(h->dt, LOOM_OP_SUM), c, &h->req);
+        else
+            err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, mpi_op(h->dt, LOOM_OP_SUM), c, &h->req);
         break;
     case LOOM_COLL_ALLGATHER:
         if (h->displs) {
@@ -161,10 +187,17 @@ static void start(struct loom_comm_handle *h)
             err = MPI_Iallgather(h->send ? h->send : MPI_IN_PLACE, n, t, h->recv, n, t, c, &h->req);
         }
         break;
-    case LOOM_COLL_BROADCAST: err = MPI_Ibcast(h->recv, n, t, h->peer, c, &h->req); break;
-    case LOOM_COLL_SEND: err = MPI_Isend(h->send, n, t, h->peer, h->tag, c, &h->req); break;
-    case LOOM_COLL_RECV: err = MPI_Irecv(h->recv, n, t, h->peer, h->tag, c, &h->req); break;
-    default: LOOM_ASSERT(0);
+    case LOOM_COLL_BROADCAST:
+        err = MPI_Ibcast(h->recv, n, t, h->peer, c, &h->req);
+        break;
+    case LOOM_COLL_SEND:
+        err = MPI_Isend(h->send, n, t, h->peer, h->tag, c, &h->req);
+        break;
+    case LOOM_COLL_RECV:
+        err = MPI_Irecv(h->recv, n, t, h->peer, h->tag, c, &h->req);
+        break;
+    default:
+        LOOM_ASSERT(0);
     }
     mpi_check(err, coll_names[h->coll]);
 }
@@ -241,8 +274,10 @@ void loom_comm_init(int *argc, char ***argv)
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     if (world_size > 1 && provided < MPI_THREAD_MULTIPLE) {
-        fprintf(stderr, "loom: error: [rank %d] the MPI library does not provide MPI_THREAD_MULTIPLE (got level %d)\n",
-                world_rank, provided);
+        fprintf(
+            stderr,
+            "loom: error: [rank %d] the MPI library does not provide MPI_THREAD_MULTIPLE (got level %d)\n",
+            world_rank, provided);
         MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -278,9 +313,10 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     }
 #endif
     if (tp < 1 || pp < 1 || world_size % (tp * pp) != 0)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "world size %d is not divisible by tensor-parallel size %d x pipeline-parallel size %d",
-                              world_size, tp, pp);
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "world size %d is not divisible by tensor-parallel size %d x pipeline-parallel size %d",
+            world_size, tp, pp);
     t->tp = tp;
     t->pp = pp;
     t->dp = world_size / (tp * pp);
@@ -307,15 +343,18 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
 static void submit(struct loom_comm_handle *h)
 {
     pthread_mutex_lock(&lock);
-    if (queue_tail) queue_tail->next = h;
-    else queue_head = h;
+    if (queue_tail)
+        queue_tail->next = h;
+    else
+        queue_head = h;
     queue_tail = h;
     pthread_cond_signal(&posted);
     pthread_mutex_unlock(&lock);
 }
 
 static struct loom_comm_handle *build(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
-                                      size_t count, enum loom_comm_dtype dt, enum loom_op op, int peer, int tag)
+                                      size_t count, enum loom_comm_dtype dt, enum loom_op op, int peer,
+                                      int tag)
 {
     LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT && dt >= 0 && dt < LOOM_COMM_DTYPE_COUNT);
     struct loom_comm_handle *h = calloc(1, sizeof *h);
@@ -334,15 +373,20 @@ static struct loom_comm_handle *build(enum loom_coll coll, enum loom_group g, co
 }
 
 /* One rank in the group: every collective is the identity. */
-static int local_only(enum loom_group g) { return group_size[g] == 1 || !have_thread; }
+static int local_only(enum loom_group g)
+{
+    return group_size[g] == 1 || !have_thread;
+}
 
 static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
-                                     size_t count, enum loom_comm_dtype dt, enum loom_op op, int peer, int tag)
+                                     size_t count, enum loom_comm_dtype dt, enum loom_op op, int peer,
+                                     int tag)
 {
     struct loom_comm_handle *h = build(coll, g, send, recv, count, dt, op, peer, tag);
     if (local_only(g)) {
         size_t bytes = count * dtype_size[dt];
-        if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER) && send && send != recv && bytes)
+        if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER) && send && send != recv &&
+            bytes)
             memcpy(recv, send, bytes);
         LOOM_ASSERT(coll != LOOM_COLL_SEND && coll != LOOM_COLL_RECV);
         h->done = 1;
@@ -352,22 +396,23 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
     return h;
 }
 
-struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
-                                              enum loom_op op)
+struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count,
+                                             enum loom_comm_dtype dt, enum loom_op op)
 {
     return post(LOOM_COLL_ALLREDUCE, g, buf, buf, count, dt, op, 0, 0);
 }
 
-struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv, size_t count,
-                                                   enum loom_comm_dtype dt)
+struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv,
+                                                  size_t count, enum loom_comm_dtype dt)
 {
     return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
 }
 
 struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
-                                                     const int *counts, enum loom_comm_dtype dt)
+                                                    const int *counts, enum loom_comm_dtype dt)
 {
-    if (local_only(g)) return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, (size_t)counts[0], dt, LOOM_OP_SUM, 0, 0);
+    if (local_only(g))
+        return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, (size_t)counts[0], dt, LOOM_OP_SUM, 0, 0);
     const int n = group_size[g];
     int *copy = malloc(sizeof(int) * (size_t)n);
     if (!copy) loom_die("out of memory posting a collective");
@@ -379,12 +424,14 @@ struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const voi
     return h;
 }
 
-struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv, const int *counts,
-                                                const int *displs, enum loom_comm_dtype dt)
+struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv,
+                                               const int *counts, const int *displs, enum loom_comm_dtype dt)
 {
     if (local_only(g)) {
         struct loom_comm_handle *h = post(LOOM_COLL_ALLGATHER, g, NULL, NULL, 0, dt, LOOM_OP_SUM, 0, 0);
-        if (counts[0]) memcpy((char *)recv + (size_t)displs[0] * dtype_size[dt], send, (size_t)counts[0] * dtype_size[dt]);
+        if (counts[0])
+            memcpy((char *)recv + (size_t)displs[0] * dtype_size[dt], send,
+                   (size_t)counts[0] * dtype_size[dt]);
         return h;
     }
     const int n = group_size[g];
@@ -400,25 +447,25 @@ struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *se
 }
 
 struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
-                                              enum loom_comm_dtype dt)
+                                             enum loom_comm_dtype dt)
 {
     return post(LOOM_COLL_ALLGATHER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
 }
 
-struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
-                                              int root)
+struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count,
+                                             enum loom_comm_dtype dt, int root)
 {
     return post(LOOM_COLL_BROADCAST, g, buf, buf, count, dt, LOOM_OP_SUM, root, 0);
 }
 
-struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count, enum loom_comm_dtype dt,
-                                         int peer, int tag)
+struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count,
+                                        enum loom_comm_dtype dt, int peer, int tag)
 {
     return post(LOOM_COLL_SEND, g, buf, NULL, count, dt, LOOM_OP_SUM, peer, tag);
 }
 
-struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt, int peer,
-                                         int tag)
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
+                                        int peer, int tag)
 {
     return post(LOOM_COLL_RECV, g, NULL, buf, count, dt, LOOM_OP_SUM, peer, tag);
 }
@@ -450,7 +497,8 @@ double loom_comm_wait(struct loom_comm_handle *h)
         if (rc == ETIMEDOUT && !h->done) {
             pthread_mutex_unlock(&lock);
             fprintf(stderr,
-                    "loom: error: [rank %d] communication timeout: %s on the %s group (%zu bytes) not done after %g s at step %lld; aborting the job\n",
+                    "loom: error: [rank %d] communication timeout: %s on the %s group (%zu bytes) not done "
+                    "after %g s at step %lld; aborting the job\n",
                     world_rank, coll_names[h->coll], group_names[h->group], h->count * dtype_size[h->dt],
                     timeout_s, (long long)h->step);
             loom_comm_abort(LOOM_ERR_RUNTIME);
@@ -463,7 +511,8 @@ double loom_comm_wait(struct loom_comm_handle *h)
     return now_s() - t0;
 }
 
-void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt, enum loom_op op)
+void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
+                              enum loom_op op)
 {
     loom_comm_wait(loom_comm_allreduce(g, buf, count, dt, op));
 }

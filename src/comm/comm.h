@@ -51,12 +51,7 @@ enum loom_comm_dtype {
     LOOM_COMM_DTYPE_COUNT
 };
 
-enum loom_op {
-    LOOM_OP_SUM = 0,
-    LOOM_OP_MIN = 1,
-    LOOM_OP_MAX = 2,
-    LOOM_OP_COUNT
-};
+enum loom_op { LOOM_OP_SUM = 0, LOOM_OP_MIN = 1, LOOM_OP_MAX = 2, LOOM_OP_COUNT };
 
 struct loom_topology {
     int world, rank;
@@ -85,29 +80,29 @@ void loom_comm_set_step(int64_t step);
 
 /* In-place all-reduce of count elements. */
 struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count,
-                                              enum loom_comm_dtype dt, enum loom_op op);
+                                             enum loom_comm_dtype dt, enum loom_op op);
 /* recv (count) = this rank's slice of the sum of send (count x group size). */
 struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv,
-                                                   size_t count, enum loom_comm_dtype dt);
+                                                  size_t count, enum loom_comm_dtype dt);
 /* The uneven form: send holds the group's segments in rank order, counts[r]
  * elements for rank r; recv (counts[rank]) gets this rank's segment of the
  * sum. counts is copied. */
 struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
-                                                     const int *counts, enum loom_comm_dtype dt);
+                                                    const int *counts, enum loom_comm_dtype dt);
 /* recv (count x group size) = every rank's send (count), in rank order.
  * send NULL: in place, this rank's part already at recv + rank x count. */
-struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv,
-                                              size_t count, enum loom_comm_dtype dt);
+struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
+                                             enum loom_comm_dtype dt);
 /* The uneven form: rank r contributes counts[r] elements (send), placed at
  * recv + displs[r]. counts and displs are copied. */
-struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv, const int *counts,
-                                                const int *displs, enum loom_comm_dtype dt);
+struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv,
+                                               const int *counts, const int *displs, enum loom_comm_dtype dt);
 struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count,
-                                              enum loom_comm_dtype dt, int root);
+                                             enum loom_comm_dtype dt, int root);
 struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count,
-                                         enum loom_comm_dtype dt, int peer, int tag);
-struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count,
-                                         enum loom_comm_dtype dt, int peer, int tag);
+                                        enum loom_comm_dtype dt, int peer, int tag);
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
+                                        int peer, int tag);
 
 /* Waits for the handle until the deadline (then aborts the job) and frees it.
  * Returns the seconds spent waiting. */

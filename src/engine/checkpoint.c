@@ -34,14 +34,18 @@ static int for_each_tensor(const struct loom_model *m, size_t lo, size_t hi, ten
     for (int i = 0; i < m->nblocks; base += m->blocks[i].numel, i++)
         for (int j = 0; j < m->blocks[i].ntensors; j++) {
             const struct loom_tensor *t = &m->blocks[i].tensors[j];
-            size_t t_lo = base + t->offset, a = t_lo > lo ? t_lo : lo, b = t_lo + t->numel < hi ? t_lo + t->numel : hi;
+            size_t t_lo = base + t->offset, a = t_lo > lo ? t_lo : lo,
+                   b = t_lo + t->numel < hi ? t_lo + t->numel : hi;
             int rc;
             if (a < b && (rc = fn(ctx, t, t_lo, a, b))) return rc;
         }
     return LOOM_OK;
 }
 
-static int is_gpt2(const struct loom_model *m) { return strcmp(m->name, "gpt2") == 0; }
+static int is_gpt2(const struct loom_model *m)
+{
+    return strcmp(m->name, "gpt2") == 0;
+}
 
 /* This rank's part of the arena to write: its ZeRO shard, or at stage 0
  * (every rank holds everything) an even split, so writing is spread. */
@@ -62,7 +66,7 @@ static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
 
 struct save_ctx {
     const struct loom_ckpt_parts *p;
-    size_t lo;                 /* of this rank's part */
+    size_t lo;                            /* of this rank's part */
     const float *params, *m, *v, *master; /* at lo; master NULL without mixed precision */
     struct loom_ckpt_piece *pieces;
     char (*names)[96];
@@ -103,12 +107,14 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
     float *weights = NULL; /* mixed precision: the part's 16-bit weights in float32 (exact) */
     if (m->dtype) {
         weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
-        loom_lp_to_f32(weights, loom_zero_params_lp(p->zero) + (lo - p->zero->begin), hi - lo, (enum loom_dtype)m->dtype);
+        loom_lp_to_f32(weights, loom_zero_params_lp(p->zero) + (lo - p->zero->begin), hi - lo,
+                       (enum loom_dtype)m->dtype);
         s.params = weights;
     } else {
         s.params = loom_zero_params(p->zero) + (lo - p->zero->begin);
     }
-    float *moments = NULL; /* the offloaded moments (and master weights) of the part, read back for the write */
+    float *moments =
+        NULL; /* the offloaded moments (and master weights) of the part, read back for the write */
     if (opt->fd >= 0) {
         moments = loom_alloc(loom_mul_size(3 * (hi - lo) + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
         loom_adamw_get_state(opt, lo - opt->begin, hi - lo, moments, moments + (hi - lo));
@@ -173,7 +179,8 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
     st.nfiles = p->topo->world;
     st.files = calloc((size_t)st.nfiles, sizeof *st.files);
     if (!st.files) return NULL;
-    for (int r = 0; r < st.nfiles; r++) snprintf(st.files[r].name, sizeof st.files[r].name, "rank_%05d.safetensors", r);
+    for (int r = 0; r < st.nfiles; r++)
+        snprintf(st.files[r].name, sizeof st.files[r].name, "rank_%05d.safetensors", r);
     char *text = loom_ckpt_state_format(&st, NULL);
     loom_ckpt_state_free(&st);
     return text;
@@ -211,8 +218,8 @@ struct load_ctx {
     struct loom_ckpt_reader *r;
     const char *prefix;
     size_t lo;
-    float *dst;        /* at lo; NULL: per tensor into m, v and then the optimizer */
-    float *m, *v;      /* scratch of the largest tensor, for offloaded moments */
+    float *dst;   /* at lo; NULL: per tensor into m, v and then the optimizer */
+    float *m, *v; /* scratch of the largest tensor, for offloaded moments */
     struct loom_adamw *opt;
     uint64_t bytes;
 };
@@ -257,7 +264,8 @@ static int open_reader(struct loom_ckpt_reader **r, const char *dir, const struc
 }
 
 /* Reads what this rank's layout holds from checkpoint directory dir. */
-static int restore(const struct loom_ckpt_parts *p, const char *dir, const struct loom_ckpt_state *st, uint64_t *bytes)
+static int restore(const struct loom_ckpt_parts *p, const char *dir, const struct loom_ckpt_state *st,
+                   uint64_t *bytes)
 {
     struct loom_model *m = p->model;
     struct loom_zero *z = p->zero;
@@ -274,11 +282,14 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         snprintf(name, sizeof name, MASTER "%s", first->name);
         c.prefix = !m->dtype && loom_ckpt_has(c.r, name) ? MASTER : "";
         c.lo = lo;
-        if (m->dtype) c.dst = weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
-        else c.dst = z->stage == 3 ? z->param_shard : m->params;
+        if (m->dtype)
+            c.dst = weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
+        else
+            c.dst = z->stage == 3 ? z->param_shard : m->params;
         rc = for_each_tensor(m, lo, hi, read_tensor, &c);
         if (rc == LOOM_OK && m->dtype)
-            loom_lp_from_f32(z->stage == 3 ? z->param_shard_lp : m->params_lp, weights, hi - lo, (enum loom_dtype)m->dtype);
+            loom_lp_from_f32(z->stage == 3 ? z->param_shard_lp : m->params_lp, weights, hi - lo,
+                             (enum loom_dtype)m->dtype);
     }
     struct loom_adamw *opt = p->opt;
     if (rc == LOOM_OK && !p->cfg->finetune) {
@@ -307,7 +318,8 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         snprintf(name, sizeof name, MASTER "%s", m->blocks[0].tensors[0].name);
         const size_t n = opt->end - opt->begin;
         if (!p->cfg->finetune && loom_ckpt_has(c.r, name)) {
-            float *master = opt->fd >= 0 ? loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OTHER) : opt->master;
+            float *master =
+                opt->fd >= 0 ? loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OTHER) : opt->master;
             c.prefix = MASTER, c.lo = opt->begin, c.dst = master;
             rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
             if (opt->fd >= 0) {
@@ -320,8 +332,9 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
     }
     loom_free(weights);
     if (rc == LOOM_OK && p->scaler && st->has_loss_scaler && !p->cfg->finetune) {
-        const struct loom_loss_scaler_state ls = {st->loss_scale, st->loss_scale_good_steps, (int)st->loss_scale_hysteresis,
-                                                  st->iteration, st->skipped_steps};
+        const struct loom_loss_scaler_state ls = {st->loss_scale, st->loss_scale_good_steps,
+                                                  (int)st->loss_scale_hysteresis, st->iteration,
+                                                  st->skipped_steps};
         rc = loom_loss_scaler_restore(p->scaler, &ls);
     }
     loom_ckpt_reader_close(c.r);
@@ -330,14 +343,17 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
 }
 
 /* Settings the checkpoint fixes: a different model cannot take its tensors. */
-static int check_model(const struct loom_model *m, const struct loom_config *cfg, const struct loom_ckpt_state *st,
-                       const char *dir)
+static int check_model(const struct loom_model *m, const struct loom_config *cfg,
+                       const struct loom_ckpt_state *st, const char *dir)
 {
     if (strcmp(st->model_type, m->name) != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint holds a %s model, this run a %s", dir,
-                              st->model_type, m->name);
+        return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint holds a %s model, this run a %s",
+                              dir, st->model_type, m->name);
     if (!is_gpt2(m)) return LOOM_OK; /* every tensor's shape is checked as it is read */
-    const struct { const char *flag; int have, want; } rows[] = {
+    const struct {
+        const char *flag;
+        int have, want;
+    } rows[] = {
         {"--num-layers", st->num_layers, cfg->num_layers},
         {"--hidden-size", st->hidden_size, cfg->hidden_size},
         {"--num-attention-heads", st->num_attention_heads, cfg->num_attention_heads},
@@ -346,8 +362,8 @@ static int check_model(const struct loom_model *m, const struct loom_config *cfg
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (rows[i].have != rows[i].want)
-            return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint's model has %s %d, this run %d", dir,
-                                  rows[i].flag, rows[i].have, rows[i].want);
+            return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint's model has %s %d, this run %d",
+                                  dir, rows[i].flag, rows[i].have, rows[i].want);
     return LOOM_OK;
 }
 
@@ -401,7 +417,8 @@ static int try_candidates(const struct loom_ckpt_parts *p, const char *path, res
     return rc;
 }
 
-int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration, struct loom_ckpt_io_stats *stats)
+int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
+                         struct loom_ckpt_io_stats *stats)
 {
     struct loom_config *cfg = p->cfg;
     double t0 = loom_now();
@@ -413,11 +430,14 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration, st
     stats->skipped = cfg->finetune ? 0 : st.skipped_steps;
     if (!cfg->finetune) {
         if (st.seed != cfg->seed)
-            loom_log_warn("the checkpoint's seed %" PRId64 " is used (not %" PRId64 "): data order and every random choice continue as saved",
+            loom_log_warn("the checkpoint's seed %" PRId64 " is used (not %" PRId64
+                          "): data order and every random choice continue as saved",
                           st.seed, cfg->seed);
         cfg->seed = st.seed;
         if (st.global_batch_size != cfg->global_batch_size || st.data_order != cfg->data_order)
-            loom_log_warn("the checkpoint was trained with global batch %" PRId64 " and another data order or batch; the data continues from step %" PRId64 " in this run's order",
+            loom_log_warn("the checkpoint was trained with global batch %" PRId64
+                          " and another data order or batch; the data continues from step %" PRId64
+                          " in this run's order",
                           st.global_batch_size, st.iteration + 1);
     }
     loom_ckpt_state_free(&st);

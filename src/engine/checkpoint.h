@@ -44,8 +44,8 @@ struct loom_ckpt_parts {
 
 struct loom_ckpt_io_stats {
     double seconds;
-    uint64_t bytes; /* written or read by this rank */
-    char dir[512];  /* the checkpoint directory written or read */
+    uint64_t bytes;  /* written or read by this rank */
+    char dir[512];   /* the checkpoint directory written or read */
     int64_t skipped; /* loaded: the updates the run had skipped */
 };
 
@@ -56,13 +56,15 @@ int loom_checkpoint_is_dir(const char *path);
  * `iteration` steps, moves latest, keeps the newest --keep-last. A failure
  * (a full disk, say) is LOOM_ERR_RUNTIME on every rank, naming the file;
  * the previous checkpoints are untouched. */
-int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, struct loom_ckpt_io_stats *stats);
+int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration,
+                         struct loom_ckpt_io_stats *stats);
 
 /* Collective: restores weights, optimizer state (unless --finetune) and the
  * position from --load, a checkpoint or save directory; sets *iteration to
  * the steps already taken (0 with --finetune) and cfg->seed to the saved
  * seed. Must follow loom_zero_init and loom_adamw_init (and offload). */
-int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration, struct loom_ckpt_io_stats *stats);
+int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
+                         struct loom_ckpt_io_stats *stats);
 
 /* One process, weights only, into the parameter arena: from a checkpoint or
  * save directory, or (GPT-2) a weights .safetensors file. */

@@ -20,9 +20,15 @@
 #include "engine/config.h"
 #include "kernels/kernels.h"
 
-void loom_init(int *argc, char ***argv) { loom_comm_init(argc, argv); }
+void loom_init(int *argc, char ***argv)
+{
+    loom_comm_init(argc, argv);
+}
 
-void loom_finalize(void) { loom_comm_finalize(); }
+void loom_finalize(void)
+{
+    loom_comm_finalize();
+}
 
 int loom_engine_agree(const struct loom_engine *e, int rc)
 {
@@ -46,7 +52,9 @@ static int check_same_config(const struct loom_config *cfg)
         if (lo[i] != hi[i]) {
             const char *flag;
             loom_config_hash(cfg, i, &flag);
-            rc = loom_error_set(LOOM_ERR_INPUT, "ranks disagree on %s: every rank must be started with the same configuration", flag);
+            rc = loom_error_set(
+                LOOM_ERR_INPUT,
+                "ranks disagree on %s: every rank must be started with the same configuration", flag);
         }
     loom_free(lo);
     loom_free(hi);
@@ -67,7 +75,8 @@ static int check_same_weights(const struct loom_model *m)
     loom_comm_allreduce_sync(LOOM_GROUP_DP, &h[0], 1, LOOM_U64, LOOM_OP_MIN);
     loom_comm_allreduce_sync(LOOM_GROUP_DP, &h[1], 1, LOOM_U64, LOOM_OP_MAX);
     if (h[0] != h[1])
-        return loom_error_set(LOOM_ERR_RUNTIME, "ranks hold different initial weights (checksums %016llx and %016llx)",
+        return loom_error_set(LOOM_ERR_RUNTIME,
+                              "ranks hold different initial weights (checksums %016llx and %016llx)",
                               (unsigned long long)h[0], (unsigned long long)h[1]);
     return LOOM_OK;
 }
@@ -81,7 +90,9 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     int rc = loom_comm_setup(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
     loom_comm_set_timeout(cfg->comm_timeout);
     if (rc == LOOM_OK && (e->topo.tp > 1 || e->topo.pp > 1))
-        rc = loom_error_set(LOOM_ERR_INPUT, "tensor and pipeline parallelism are not available in this version (--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d)",
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "tensor and pipeline parallelism are not available in this version "
+                            "(--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d)",
                             e->topo.tp, e->topo.pp);
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, e->topo.dp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
@@ -96,7 +107,8 @@ static int load_weights_file(struct loom_model *m, const char *path)
 {
     if (!m->dtype) return loom_checkpoint_load_weights(m, path);
     float *tmp = loom_alloc(loom_mul_size(m->num_params + 1, sizeof(float)), LOOM_MEM_OTHER);
-    for (size_t b = 0, off = 0; b < (size_t)m->nblocks; off += m->blocks[b].numel, b++) m->blocks[b].params = tmp + off;
+    for (size_t b = 0, off = 0; b < (size_t)m->nblocks; off += m->blocks[b].numel, b++)
+        m->blocks[b].params = tmp + off;
     m->params = tmp;
     int rc = loom_checkpoint_load_weights(m, path);
     m->params = NULL;
@@ -135,11 +147,14 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * same (checked with the config), so no weight check is needed. */
     const int from_dir = *cfg->load && loom_checkpoint_is_dir(cfg->load);
     e->init_sharded = cfg->zero_stage == 3 && dp > 1 && (!*cfg->load || from_dir);
-    int arenas = (e->init_sharded ? 0 : LOOM_MODEL_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_MODEL_GRAD_ARENA : 0);
+    int arenas =
+        (e->init_sharded ? 0 : LOOM_MODEL_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_MODEL_GRAD_ARENA : 0);
     loom_model_alloc_arenas(m, loom_zero_arena_multiple(cfg->zero_stage, dp), arenas);
     int rc = LOOM_OK;
-    if (*cfg->load && !from_dir) rc = load_weights_file(m, cfg->load);
-    else if (!e->init_sharded && !from_dir) loom_model_init_weights(m, (uint64_t)cfg->seed);
+    if (*cfg->load && !from_dir)
+        rc = load_weights_file(m, cfg->load);
+    else if (!e->init_sharded && !from_dir)
+        loom_model_init_weights(m, (uint64_t)cfg->seed);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if (!e->init_sharded && !from_dir && (rc = loom_engine_agree(e, check_same_weights(m)))) return rc;
 
@@ -155,16 +170,21 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * rounds once per step (DeepSpeed's bf16 optimizer does the same), so the
      * rounded sum does not depend on how the layout splits the batch */
     if (m->dtype && cfg->gradient_accumulation_steps > 1) {
-        if (cfg->zero_stage >= 2) loom_zero_accumulate_f32(&e->zero);
-        else m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
+        if (cfg->zero_stage >= 2)
+            loom_zero_accumulate_f32(&e->zero);
+        else
+            m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
     }
     if (cfg->fp16) rc = loom_engine_agree(e, scaler_init(e));
     if (cfg->offload_optimizer == 1)
-        loom_log_warn("--offload-optimizer cpu: the CPU backend keeps the optimizer state in host memory already; nothing to move");
+        loom_log_warn("--offload-optimizer cpu: the CPU backend keeps the optimizer state in host memory "
+                      "already; nothing to move");
     if (rc == LOOM_OK && cfg->offload_optimizer == 2)
-        rc = loom_engine_agree(e, loom_adamw_offload(&e->opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)));
+        rc = loom_engine_agree(
+            e, loom_adamw_offload(&e->opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)));
     if (rc == LOOM_OK && from_dir) {
-        const struct loom_ckpt_parts parts = {cfg, &e->topo, m, &e->zero, &e->opt, e->have_scaler ? &e->scaler : NULL, 0};
+        const struct loom_ckpt_parts parts = {
+            cfg, &e->topo, m, &e->zero, &e->opt, e->have_scaler ? &e->scaler : NULL, 0};
         rc = loom_engine_agree(e, loom_checkpoint_load(&parts, &e->steps, &e->load_io));
         e->resumed = rc == LOOM_OK;
         e->skipped = e->load_io.skipped;
@@ -195,10 +215,22 @@ void loom_engine_free(struct loom_engine *e)
     free(e);
 }
 
-int loom_engine_dp_rank(const struct loom_engine *e) { return e->topo.dp_rank; }
-int loom_engine_dp_size(const struct loom_engine *e) { return e->topo.dp; }
-int loom_engine_accumulation(const struct loom_engine *e) { return e->cfg->gradient_accumulation_steps; }
-int64_t loom_engine_steps_done(const struct loom_engine *e) { return e->steps; }
+int loom_engine_dp_rank(const struct loom_engine *e)
+{
+    return e->topo.dp_rank;
+}
+int loom_engine_dp_size(const struct loom_engine *e)
+{
+    return e->topo.dp;
+}
+int loom_engine_accumulation(const struct loom_engine *e)
+{
+    return e->cfg->gradient_accumulation_steps;
+}
+int64_t loom_engine_steps_done(const struct loom_engine *e)
+{
+    return e->steps;
+}
 
 int loom_engine_micro_batch_rows(const struct loom_engine *e, int micro)
 {
@@ -269,7 +301,8 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     if (e->use_ddp) loom_ddp_finish(&e->ddp);
     loom_zero_finish_backward(&e->zero);
     struct loom_model *m = e->model;
-    if (m->dtype && m->grads) loom_lp_from_f32(m->grads_lp, m->grads, m->num_params, (enum loom_dtype)m->dtype);
+    if (m->dtype && m->grads)
+        loom_lp_from_f32(m->grads_lp, m->grads, m->num_params, (enum loom_dtype)m->dtype);
     double loss = e->loss_sum;
     loom_comm_allreduce_sync(LOOM_GROUP_DP, &loss, 1, LOOM_F64, LOOM_OP_SUM);
     loss /= (double)A * dp;
@@ -285,26 +318,34 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
             skip = 1; /* an fp16 overflow: the scaler's business */
         } else if (e->cfg->on_nonfinite == 1) {
             skip = 1;
-            loom_log_warn("step %lld: non-finite loss %g or gradient norm %g (first in block %d, %s); skipped (--on-nonfinite skip)",
+            loom_log_warn("step %lld: non-finite loss %g or gradient norm %g (first in block %d, %s); "
+                          "skipped (--on-nonfinite skip)",
                           (long long)step, loss, norm, b, b >= 0 ? e->model->blocks[b].tensors[0].name : "-");
         } else {
-            rc = loom_error_set(LOOM_ERR_RUNTIME, "step %lld: the loss (%g) or the gradient norm (%g) is not finite; the first block whose gradient went non-finite is block %d (%s). --on-nonfinite skip skips such steps",
-                                (long long)step, loss, norm, b, b >= 0 ? e->model->blocks[b].tensors[0].name : "none: the loss alone");
+            rc = loom_error_set(
+                LOOM_ERR_RUNTIME,
+                "step %lld: the loss (%g) or the gradient norm (%g) is not finite; the first block whose "
+                "gradient went non-finite is block %d (%s). --on-nonfinite skip skips such steps",
+                (long long)step, loss, norm, b,
+                b >= 0 ? e->model->blocks[b].tensors[0].name : "none: the loss alone");
         }
     }
     if (e->have_scaler) {
         enum loom_scaler_verdict v = loom_loss_scaler_update(&e->scaler, skip);
         if (v == LOOM_SCALER_SKIP_AT_MIN)
-            rc = loom_error_set(LOOM_ERR_RUNTIME, "step %lld: fp16 gradients overflow at the minimum loss scale %g: training has diverged",
-                                (long long)step, e->scaler.cfg.min_loss_scale);
+            rc = loom_error_set(
+                LOOM_ERR_RUNTIME,
+                "step %lld: fp16 gradients overflow at the minimum loss scale %g: training has diverged",
+                (long long)step, e->scaler.cfg.min_loss_scale);
     }
     if (rc == LOOM_OK && !skip) {
         const float grad_scale = (float)(loom_clip_coef(norm, e->cfg->clip_grad) / scale);
         if (e->model->dtype)
-            loom_adamw_step_lp(&e->opt, e->model, loom_zero_params_lp(&e->zero), loom_zero_grads_lp(&e->zero), lr,
-                               grad_scale);
+            loom_adamw_step_lp(&e->opt, e->model, loom_zero_params_lp(&e->zero), loom_zero_grads_lp(&e->zero),
+                               lr, grad_scale);
         else
-            loom_adamw_step(&e->opt, e->model, loom_zero_params(&e->zero), loom_zero_grads(&e->zero), lr, grad_scale);
+            loom_adamw_step(&e->opt, e->model, loom_zero_params(&e->zero), loom_zero_grads(&e->zero), lr,
+                            grad_scale);
     }
     if (e->have_prec) loom_precision_end_step(&e->prec); /* before ZeRO-3 lets go of the pinned unit */
     loom_zero_after_step(&e->zero);
@@ -312,9 +353,16 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     e->steps = step;
     e->micro = e->backwards = 0;
     if (out)
-        *out = (struct loom_step_result){step, loss, lr, norm,
-                                         e->use_ddp ? e->ddp.wait_s : e->zero.stage >= 2 ? e->zero.wait_s : -1,
-                                         e->have_scaler ? scale : 0, skip, e->skipped};
+        *out = (struct loom_step_result){step,
+                                         loss,
+                                         lr,
+                                         norm,
+                                         e->use_ddp           ? e->ddp.wait_s
+                                         : e->zero.stage >= 2 ? e->zero.wait_s
+                                                              : -1,
+                                         e->have_scaler ? scale : 0,
+                                         skip,
+                                         e->skipped};
     return loom_engine_agree(e, rc);
 }
 
@@ -333,8 +381,8 @@ int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
 
 int loom_engine_save(struct loom_engine *e)
 {
-    const struct loom_ckpt_parts parts = {e->cfg, &e->topo, e->model, &e->zero, &e->opt,
-                                          e->have_scaler ? &e->scaler : NULL, e->skipped};
+    const struct loom_ckpt_parts parts = {
+        e->cfg, &e->topo, e->model, &e->zero, &e->opt, e->have_scaler ? &e->scaler : NULL, e->skipped};
     int rc = loom_checkpoint_save(&parts, e->steps, &e->save_io);
     if (rc && e->topo.rank != 0) loom_error_clear(); /* every rank holds the message: rank 0 prints it */
     return rc;

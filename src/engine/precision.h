@@ -33,8 +33,8 @@
 struct loom_precision {
     struct loom_model *model;
     enum loom_dtype dtype;
-    int pinned;         /* the tied embedding's block (kept for the step), or -1 */
-    int *own_grads;     /* (nblocks) the block's float32 gradient buffer is ours (else a strategy's) */
+    int pinned;     /* the tied embedding's block (kept for the step), or -1 */
+    int *own_grads; /* (nblocks) the block's float32 gradient buffer is ours (else a strategy's) */
     loom_block_hook pre_forward, post_forward, pre_backward, grad_ready; /* the strategy's */
     void *ctx;
 };

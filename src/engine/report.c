@@ -2,10 +2,10 @@
 #include "engine/report.h"
 
 #include <errno.h>
-#include <stdint.h>
-#include <stdarg.h>
-#include <stdlib.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,9 +32,12 @@ const char *loom_fmt_duration(char *buf, size_t n, double s)
 {
     if (s < 0 || s != s) s = 0;
     long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, n, "%lds", t);
+    if (t >= 3600)
+        snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, n, "%lds", t);
     return buf;
 }
 
@@ -49,7 +52,8 @@ int loom_report_open(struct loom_report *r, const char *metrics_path)
     if (metrics_path && *metrics_path && loom_log_rank() == 0) {
         r->metrics = fopen(metrics_path, "a");
         if (!r->metrics)
-            return loom_error_set(LOOM_ERR_INPUT, "--metrics: cannot open %s: %s", metrics_path, strerror(errno));
+            return loom_error_set(LOOM_ERR_INPUT, "--metrics: cannot open %s: %s", metrics_path,
+                                  strerror(errno));
     }
     return LOOM_OK;
 }
@@ -103,41 +107,47 @@ static void mem_json(FILE *f, const struct loom_mem_stats *mem)
 /* A double as JSON: 17 digits, or null for inf and NaN (JSON has neither). */
 static const char *json_number(char *buf, size_t n, double x)
 {
-    if (isfinite(x)) snprintf(buf, n, "%.17g", x);
-    else snprintf(buf, n, "null");
+    if (isfinite(x))
+        snprintf(buf, n, "%.17g", x);
+    else
+        snprintf(buf, n, "null");
     return buf;
 }
 
-void loom_report_step(struct loom_report *r, const struct loom_step_stats *s, const struct loom_mem_stats *mem,
-                      const int64_t *mem_by_rank, int world)
+void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
+                      const struct loom_mem_stats *mem, const int64_t *mem_by_rank, int world)
 {
     int digits = snprintf(NULL, 0, "%d", s->total);
     char extra[96] = "";
     if (s->loss_scale > 0) snprintf(extra, sizeof extra, " | loss scale %g", s->loss_scale);
     if (s->skipped)
-        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " | skipped (non-finite gradient; %lld so far)",
-                 (long long)s->skipped_total);
-    loom_report_line(r, "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | %.1f ms/step%s\n",
-                     digits, s->step, s->total, s->loss, s->lr, s->grad_norm, s->tokens_per_s, 100 * s->mfu,
-                     s->ms_per_step, extra);
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                 " | skipped (non-finite gradient; %lld so far)", (long long)s->skipped_total);
+    loom_report_line(
+        r, "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | %.1f ms/step%s\n",
+        digits, s->step, s->total, s->loss, s->lr, s->grad_norm, s->tokens_per_s, 100 * s->mfu,
+        s->ms_per_step, extra);
     if (r->metrics) {
         char loss[32], norm[32];
         fprintf(r->metrics,
-                "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.6g,\"mfu\":%.6g,\"ms_per_step\":%.6g,\"mem\":",
-                s->step, json_number(loss, sizeof loss, s->loss), s->lr, json_number(norm, sizeof norm, s->grad_norm),
-                s->tokens_per_s, s->mfu, s->ms_per_step);
+                "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.6g,\"mfu\":%.6g,"
+                "\"ms_per_step\":%.6g,\"mem\":",
+                s->step, json_number(loss, sizeof loss, s->loss), s->lr,
+                json_number(norm, sizeof norm, s->grad_norm), s->tokens_per_s, s->mfu, s->ms_per_step);
         mem_json(r->metrics, mem);
         if (s->comm_wait_ms >= 0) fprintf(r->metrics, ",\"comm_wait_ms\":%.6g", s->comm_wait_ms);
         if (s->loss_scale > 0) fprintf(r->metrics, ",\"loss_scale\":%.17g", s->loss_scale);
         if (s->skipped || s->skipped_total || s->loss_scale > 0)
-            fprintf(r->metrics, ",\"skipped\":%d,\"skipped_total\":%lld", s->skipped, (long long)s->skipped_total);
+            fprintf(r->metrics, ",\"skipped\":%d,\"skipped_total\":%lld", s->skipped,
+                    (long long)s->skipped_total);
         if (mem_by_rank) {
             fputs(",\"mem_by_rank\":[", r->metrics);
             for (int k = 0; k < world; k++) {
                 const int64_t *row = mem_by_rank + (size_t)k * (LOOM_MEM_COUNT + 1);
                 fputs(k ? ",{" : "{", r->metrics);
                 for (int i = 0; i < LOOM_MEM_COUNT; i++)
-                    fprintf(r->metrics, "\"%s\":%lld,", loom_mem_tag_name((enum loom_mem_tag)i), (long long)row[i]);
+                    fprintf(r->metrics, "\"%s\":%lld,", loom_mem_tag_name((enum loom_mem_tag)i),
+                            (long long)row[i]);
                 fprintf(r->metrics, "\"total\":%lld}", (long long)row[LOOM_MEM_COUNT]);
             }
             fputs("]", r->metrics);

@@ -56,7 +56,9 @@ static int pick(const float *logits, int V, double temperature, int top_k, struc
 
 int loom_sample(struct loom_config *cfg)
 {
-    if (!*cfg->load) return loom_error_set(LOOM_ERR_INPUT, "loom sample needs --load DIR (a checkpoint) or FILE.safetensors");
+    if (!*cfg->load)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "loom sample needs --load DIR (a checkpoint) or FILE.safetensors");
     if (cfg->vocab_size > 256 && *cfg->prompt)
         loom_log_warn("the prompt is encoded byte by byte (GPT-2 BPE is not built in yet)");
     struct loom_gpt2_config mc = {cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads,
@@ -90,8 +92,10 @@ int loom_sample(struct loom_config *cfg)
         toks[n++] = next;
         if (cfg->vocab_size <= 256) {
             unsigned char c = (unsigned char)next;
-            if (c == '\n' || c == '\t' || (c >= 32 && c < 127)) putchar(c);
-            else printf("\\x%02x", c);
+            if (c == '\n' || c == '\t' || (c >= 32 && c < 127))
+                putchar(c);
+            else
+                printf("\\x%02x", c);
         } else {
             printf("<%d>", next);
         }

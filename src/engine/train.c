@@ -35,7 +35,7 @@ struct run {
     int have_valid;
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
     struct loom_gpt2 *model;
-    int32_t *inputs, *targets; /* (B,T) */
+    int32_t *inputs, *targets;    /* (B,T) */
     struct loom_gpt2_batch batch; /* pointing at them */
 };
 
@@ -44,9 +44,12 @@ static int builtin_corpus(struct run *r, char *train_path, char *valid_path, siz
 {
     struct loom_config *cfg = r->cfg;
     char dir[600];
-    if (*cfg->data_cache) snprintf(dir, sizeof dir, "%s", cfg->data_cache);
-    else if (getenv("XDG_CACHE_HOME")) snprintf(dir, sizeof dir, "%s/loom/synth", getenv("XDG_CACHE_HOME"));
-    else snprintf(dir, sizeof dir, "%s/.cache/loom/synth", getenv("HOME") ? getenv("HOME") : ".");
+    if (*cfg->data_cache)
+        snprintf(dir, sizeof dir, "%s", cfg->data_cache);
+    else if (getenv("XDG_CACHE_HOME"))
+        snprintf(dir, sizeof dir, "%s/loom/synth", getenv("XDG_CACHE_HOME"));
+    else
+        snprintf(dir, sizeof dir, "%s/.cache/loom/synth", getenv("HOME") ? getenv("HOME") : ".");
     snprintf(train_path, n, "%s/train.bin", dir);
     snprintf(valid_path, n, "%s/val.bin", dir);
     int rc;
@@ -108,8 +111,8 @@ static double evaluate(struct run *r)
     double sum = 0;
     for (int i = 0; i < cfg->eval_iters; i++)
         for (int a = 0; a < A; a++) {
-            loom_data_eval_batch(&r->valid, i, cfg->global_batch_size, loom_engine_micro_batch_rows(r->engine, a), B,
-                                 T, r->inputs, r->targets);
+            loom_data_eval_batch(&r->valid, i, cfg->global_batch_size,
+                                 loom_engine_micro_batch_rows(r->engine, a), B, T, r->inputs, r->targets);
             sum += loom_gpt2_forward(r->model, r->inputs, r->targets, B);
         }
     loom_comm_allreduce_sync(LOOM_GROUP_DP, &sum, 1, LOOM_F64, LOOM_OP_SUM);
@@ -122,7 +125,10 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int agree(struct run *r, int rc) { return loom_engine_agree(r->engine, rc); }
+static int agree(struct run *r, int rc)
+{
+    return loom_engine_agree(r->engine, rc);
+}
 
 /* --save must be usable before the first step, not after hours of training. */
 static int check_save_dir(const char *save)
@@ -191,7 +197,8 @@ static void print_memory(struct loom_report *rep)
         snprintf(line + l, sizeof line - l, "%s %s, ", loom_mem_tag_name((enum loom_mem_tag)i),
                  loom_fmt_bytes(b, sizeof b, (double)mem.peak[i]));
     }
-    loom_report_line(rep, "  peak memory: %stotal %s\n", line, loom_fmt_bytes(b, sizeof b, (double)mem.peak_total));
+    loom_report_line(rep, "  peak memory: %stotal %s\n", line,
+                     loom_fmt_bytes(b, sizeof b, (double)mem.peak_total));
 }
 
 /* Peak memory of every rank, gathered for rank 0's metrics: (world, COUNT+1). */
@@ -218,7 +225,8 @@ static void print_rss(const struct run *r, struct loom_report *rep)
     char line[1024] = "", b[32];
     for (int k = 0; k < r->topo->world && strlen(line) < sizeof line - 40; k++) {
         size_t l = strlen(line);
-        snprintf(line + l, sizeof line - l, "%s%s", k ? ", " : "", loom_fmt_bytes(b, sizeof b, (double)all[k]));
+        snprintf(line + l, sizeof line - l, "%s%s", k ? ", " : "",
+                 loom_fmt_bytes(b, sizeof b, (double)all[k]));
     }
     loom_report_line(rep, "  peak RSS by rank: %s\n", line);
     loom_free(all);
@@ -248,25 +256,32 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     char b[32], topo[96];
     loom_topology_format(r->topo, topo, sizeof topo);
     loom_report_line(rep, "model: GPT-2, %d layers, %d channels, %d heads, T=%d, V=%d: %zu parameters (%s)\n",
-                     cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads, cfg->seq_length, cfg->vocab_size, n,
-                     loom_fmt_bytes(b, sizeof b, 4.0 * n));
-    loom_report_line(rep, "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
+                     cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads, cfg->seq_length,
+                     cfg->vocab_size, n, loom_fmt_bytes(b, sizeof b, 4.0 * n));
+    loom_report_line(rep,
+                     "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
                      r->topo->world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
     if (zero->stage >= 2)
-        loom_report_line(rep, "data parallel: ZeRO stage %d, gradients reduce-scattered per block into shards of %zu parameters%s\n",
-                         zero->stage, zero->shard, zero->stage == 3 ? ", parameters gathered per unit with prefetch" : "");
+        loom_report_line(rep,
+                         "data parallel: ZeRO stage %d, gradients reduce-scattered per block into shards of "
+                         "%zu parameters%s\n",
+                         zero->stage, zero->shard,
+                         zero->stage == 3 ? ", parameters gathered per unit with prefetch" : "");
     else if (r->topo->dp > 1)
-        loom_report_line(rep, "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer state for %zu of %zu parameters)\n",
-                         ddp->naive ? "naive (one all-reduce)" : "bucketed", ddp->nbuckets, cfg->ddp_bucket_size,
-                         ddp->naive || !ddp->overlap ? "off" : "on", zero->stage, zero->end - zero->begin, n);
+        loom_report_line(rep,
+                         "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer "
+                         "state for %zu of %zu parameters)\n",
+                         ddp->naive ? "naive (one all-reduce)" : "bucketed", ddp->nbuckets,
+                         cfg->ddp_bucket_size, ddp->naive || !ddp->overlap ? "off" : "on", zero->stage,
+                         zero->end - zero->begin, n);
     if (zero->stage == 3)
         loom_report_line(rep, "ZeRO-3 gather units: %d (--zero3-min-params %lld)\n", zero->nunits,
                          (long long)cfg->zero3_min_params);
     if (e->resumed) {
         const struct loom_ckpt_io_stats *io = &e->load_io;
         loom_report_line(rep, "resumed at step %lld from %s: rank 0 read %s in %.2f s (%.0f MB/s)\n",
-                         (long long)e->steps + 1, io->dir, loom_fmt_bytes(b, sizeof b, (double)io->bytes), io->seconds,
-                         io->bytes / 1e6 / (io->seconds + 1e-9));
+                         (long long)e->steps + 1, io->dir, loom_fmt_bytes(b, sizeof b, (double)io->bytes),
+                         io->seconds, io->bytes / 1e6 / (io->seconds + 1e-9));
     }
 }
 
@@ -276,8 +291,9 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
     struct run *r = ctx;
     const struct loom_config *cfg = r->cfg;
     loom_data_batch(&r->train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
-                    (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size, loom_engine_micro_batch_rows(e, micro),
-                    cfg->micro_batch_size, cfg->seq_length, r->inputs, r->targets);
+                    (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size,
+                    loom_engine_micro_batch_rows(e, micro), cfg->micro_batch_size, cfg->seq_length, r->inputs,
+                    r->targets);
     r->batch = (struct loom_gpt2_batch){r->inputs, r->targets};
     *batch = &r->batch;
     *rows = cfg->micro_batch_size;
@@ -336,22 +352,32 @@ int loom_train(struct loom_config *cfg)
         step_tps[ran++] = tps;
         last_loss = res.loss;
         if (step % cfg->log_interval == 0 || step == cfg->train_iters || res.skipped) {
-            struct loom_step_stats s = {step, cfg->train_iters, res.loss, res.lr, res.grad_norm, tps,
-                                        tps * flops_per_token / peak, dt * 1e3,
-                                        res.comm_wait_s >= 0 ? res.comm_wait_s * 1e3 : -1, res.loss_scale,
-                                        res.skipped, res.skipped_total};
+            struct loom_step_stats s = {step,
+                                        cfg->train_iters,
+                                        res.loss,
+                                        res.lr,
+                                        res.grad_norm,
+                                        tps,
+                                        tps * flops_per_token / peak,
+                                        dt * 1e3,
+                                        res.comm_wait_s >= 0 ? res.comm_wait_s * 1e3 : -1,
+                                        res.loss_scale,
+                                        res.skipped,
+                                        res.skipped_total};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
             int64_t *by_rank = gather_memory(&r, &mem);
             loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
             loom_free(by_rank);
         }
-        if (r.have_valid && cfg->eval_iters > 0 && (step % cfg->eval_interval == 0 || step == cfg->train_iters)) {
+        if (r.have_valid && cfg->eval_iters > 0 &&
+            (step % cfg->eval_interval == 0 || step == cfg->train_iters)) {
             last_val = evaluate(&r);
             loom_report_eval(&rep, step, last_val, r.floor_nats);
         }
         loom_report_progress(&rep, step, cfg->train_iters, res.loss);
-        if (*cfg->save && ((cfg->save_interval && step % cfg->save_interval == 0) || step == cfg->train_iters))
+        if (*cfg->save &&
+            ((cfg->save_interval && step % cfg->save_interval == 0) || step == cfg->train_iters))
             rc = save(&r, &rep);
     }
     double elapsed = loom_now() - t_train;
@@ -360,8 +386,10 @@ int loom_train(struct loom_config *cfg)
     char dur[32];
     loom_report_line(&rep, "done: %d steps in %s\n", ran, loom_fmt_duration(dur, sizeof dur, elapsed));
     if (last_val >= 0 && r.floor_nats > 0)
-        loom_report_line(&rep, "  final train loss %.4f | val loss %.4f | corpus floor %.4f nats/token (val - floor = %+.4f)\n",
-                         last_loss, last_val, r.floor_nats, last_val - r.floor_nats);
+        loom_report_line(
+            &rep,
+            "  final train loss %.4f | val loss %.4f | corpus floor %.4f nats/token (val - floor = %+.4f)\n",
+            last_loss, last_val, r.floor_nats, last_val - r.floor_nats);
     else if (last_val >= 0)
         loom_report_line(&rep, "  final train loss %.4f | val loss %.4f\n", last_loss, last_val);
     else
@@ -387,11 +415,13 @@ int loom_eval(struct loom_config *cfg)
     if (rc == LOOM_OK && r.topo->world > 1)
         rc = loom_error_set(LOOM_ERR_INPUT, "loom eval runs in one process (got %d ranks)", r.topo->world);
     if (rc == LOOM_OK && !r.have_valid)
-        rc = loom_error_set(LOOM_ERR_INPUT, "loom eval needs --valid-data-path (or no --data-path, for the built-in corpus)");
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "loom eval needs --valid-data-path (or no --data-path, for the built-in corpus)");
     if (rc == LOOM_OK) {
         double val = evaluate(&r);
         if (r.floor_nats > 0)
-            loom_log_info("val loss %.4f over %d batches (corpus floor %.4f)\n", val, cfg->eval_iters, r.floor_nats);
+            loom_log_info("val loss %.4f over %d batches (corpus floor %.4f)\n", val, cfg->eval_iters,
+                          r.floor_nats);
         else
             loom_log_info("val loss %.4f over %d batches\n", val, cfg->eval_iters);
     }

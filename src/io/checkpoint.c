@@ -30,7 +30,8 @@ void loom_ckpt_slice_whole(struct loom_ckpt_slice *s, int ndim, const int64_t *s
     s->hi = loom_ckpt_slice_box_numel(s);
 }
 
-void loom_ckpt_slice_range(struct loom_ckpt_slice *s, int ndim, const int64_t *shape, uint64_t lo, uint64_t hi)
+void loom_ckpt_slice_range(struct loom_ckpt_slice *s, int ndim, const int64_t *shape, uint64_t lo,
+                           uint64_t hi)
 {
     loom_ckpt_slice_whole(s, ndim, shape);
     LOOM_ASSERT(lo <= hi && hi <= s->hi);
@@ -64,7 +65,8 @@ int loom_ckpt_slice_format(const struct loom_ckpt_slice *s, char *buf, size_t n)
     PUT("{\"shape\":[");
     for (int d = 0; d < s->ndim; d++) PUT("%s%" PRId64, d ? "," : "", s->shape[d]);
     PUT("],\"box\":[");
-    for (int d = 0; d < s->ndim; d++) PUT("%s[%" PRId64 ",%" PRId64 "]", d ? "," : "", s->start[d], s->stop[d]);
+    for (int d = 0; d < s->ndim; d++)
+        PUT("%s[%" PRId64 ",%" PRId64 "]", d ? "," : "", s->start[d], s->stop[d]);
     PUT("],\"range\":[%" PRIu64 ",%" PRIu64 "]}", s->lo, s->hi);
 #undef PUT
     return k < n ? LOOM_OK : loom_error_set(LOOM_ERR_RUNTIME, "slice description longer than %zu bytes", n);
@@ -94,7 +96,8 @@ int loom_ckpt_slice_parse(const char *json, struct loom_ckpt_slice *s)
     const cJSON *range = cJSON_GetObjectItemCaseSensitive(root, "range");
     int nd = cJSON_GetArraySize(shape);
     if (!cJSON_IsArray(shape) || nd > LOOM_CKPT_MAX_DIMS) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "slice shape is not an array of at most %d sizes", LOOM_CKPT_MAX_DIMS);
+        rc = loom_error_set(LOOM_ERR_INPUT, "slice shape is not an array of at most %d sizes",
+                            LOOM_CKPT_MAX_DIMS);
         goto done;
     }
     if (!cJSON_IsArray(box) || cJSON_GetArraySize(box) != nd) {
@@ -110,9 +113,11 @@ int loom_ckpt_slice_parse(const char *json, struct loom_ckpt_slice *s)
             rc = loom_error_set(LOOM_ERR_INPUT, "slice shape[%d] is not a size", d);
             goto done;
         }
-        if (!cJSON_IsArray(pair) || cJSON_GetArraySize(pair) != 2 || get_uint(cJSON_GetArrayItem(pair, 0), &a) ||
-            get_uint(cJSON_GetArrayItem(pair, 1), &b) || a > b || b > dim) {
-            rc = loom_error_set(LOOM_ERR_INPUT, "slice box[%d] is not a [start, stop] inside 0..%" PRIu64, d, dim);
+        if (!cJSON_IsArray(pair) || cJSON_GetArraySize(pair) != 2 ||
+            get_uint(cJSON_GetArrayItem(pair, 0), &a) || get_uint(cJSON_GetArrayItem(pair, 1), &b) || a > b ||
+            b > dim) {
+            rc = loom_error_set(LOOM_ERR_INPUT, "slice box[%d] is not a [start, stop] inside 0..%" PRIu64, d,
+                                dim);
             goto done;
         }
         s->shape[d] = (int64_t)dim;
@@ -124,9 +129,11 @@ int loom_ckpt_slice_parse(const char *json, struct loom_ckpt_slice *s)
         }
         numel *= b - a;
     }
-    if (!cJSON_IsArray(range) || cJSON_GetArraySize(range) != 2 || get_uint(cJSON_GetArrayItem(range, 0), &s->lo) ||
-        get_uint(cJSON_GetArrayItem(range, 1), &s->hi) || s->lo > s->hi || s->hi > numel) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "slice range is not a [lo, hi] inside the box's %" PRIu64 " elements", numel);
+    if (!cJSON_IsArray(range) || cJSON_GetArraySize(range) != 2 ||
+        get_uint(cJSON_GetArrayItem(range, 0), &s->lo) || get_uint(cJSON_GetArrayItem(range, 1), &s->hi) ||
+        s->lo > s->hi || s->hi > numel) {
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "slice range is not a [lo, hi] inside the box's %" PRIu64 " elements", numel);
         goto done;
     }
 done:
@@ -136,8 +143,8 @@ done:
 
 /* ---- writing ------------------------------------------------------------ */
 
-int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces, int n, const char *const *extra_kv,
-                         int nextra)
+int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces, int n,
+                         const char *const *extra_kv, int nextra)
 {
     enum { KEY = 96, VAL = 640 };
     struct loom_st_tensor_in *ts = calloc((size_t)n + 1, sizeof *ts);
@@ -232,7 +239,8 @@ static int same_shape(const struct loom_ckpt_slice *a, int ndim, const int64_t *
 static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape)
 {
     size_t k = (size_t)snprintf(buf, n, "[");
-    for (int d = 0; d < ndim && k < n; d++) k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", shape[d]);
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", shape[d]);
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
@@ -263,13 +271,14 @@ static int index_file(struct loom_ckpt_reader *r, int f)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 return loom_error_set(LOOM_ERR_INPUT, "%s: a tensor name holds control characters", st->path);
         if (t->dtype != LOOM_ST_F32)
-            return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s is %s; checkpoints hold F32", st->path, t->name,
-                                  loom_st_dtype_name(t->dtype));
+            return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s is %s; checkpoints hold F32", st->path,
+                                  t->name, loom_st_dtype_name(t->dtype));
         snprintf(key, sizeof key, "loom.xxh3.%s", t->name);
         const char *sum = loom_st_meta(st, key);
         char *end;
         if (!sum || strlen(sum) != 16 || (p->xxh = strtoull(sum, &end, 16), *end))
-            return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s has no checksum (metadata %s)", st->path, t->name, key);
+            return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s has no checksum (metadata %s)", st->path,
+                                  t->name, key);
         snprintf(key, sizeof key, "loom.slice.%s", t->name);
         const char *slice = loom_st_meta(st, key);
         if (slice) {
@@ -282,13 +291,15 @@ static int index_file(struct loom_ckpt_reader *r, int f)
             loom_ckpt_slice_whole(&p->s, t->ndim, t->shape);
         }
         if (p->s.hi - p->s.lo != t->numel)
-            return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s holds %" PRIu64 " elements but its slice names %" PRIu64,
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s: tensor %s holds %" PRIu64 " elements but its slice names %" PRIu64,
                                   st->path, t->name, t->numel, p->s.hi - p->s.lo);
     }
     return LOOM_OK;
 }
 
-int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const char *const *files, int nfiles)
+int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const char *const *files,
+                          int nfiles)
 {
     struct loom_ckpt_reader *r = calloc(1, sizeof *r);
     *out = r;
@@ -315,10 +326,13 @@ int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const 
             for (int b = a + 1; b < j; b++) {
                 const struct piece *x = &r->pieces[a], *y = &r->pieces[b];
                 if (!same_shape(&x->s, y->s.ndim, y->s.shape))
-                    return loom_error_set(LOOM_ERR_INPUT, "checkpoint %s: pieces of tensor %s in %s and %s disagree on its shape",
-                                          dir, x->name, r->files[x->file].path, r->files[y->file].path);
+                    return loom_error_set(
+                        LOOM_ERR_INPUT,
+                        "checkpoint %s: pieces of tensor %s in %s and %s disagree on its shape", dir, x->name,
+                        r->files[x->file].path, r->files[y->file].path);
                 if (pieces_overlap(&x->s, &y->s))
-                    return loom_error_set(LOOM_ERR_INPUT, "checkpoint %s: pieces of tensor %s in %s and %s overlap", dir,
+                    return loom_error_set(LOOM_ERR_INPUT,
+                                          "checkpoint %s: pieces of tensor %s in %s and %s overlap", dir,
                                           x->name, r->files[x->file].path, r->files[y->file].path);
             }
         i = j;
@@ -341,13 +355,18 @@ static int first_piece(const struct loom_ckpt_reader *r, const char *name)
     int lo = 0, hi = r->npieces;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
-        if (strcmp(r->pieces[mid].name, name) < 0) lo = mid + 1;
-        else hi = mid;
+        if (strcmp(r->pieces[mid].name, name) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < r->npieces && strcmp(r->pieces[lo].name, name) == 0 ? lo : -1;
 }
 
-int loom_ckpt_has(const struct loom_ckpt_reader *r, const char *name) { return first_piece(r, name) >= 0; }
+int loom_ckpt_has(const struct loom_ckpt_reader *r, const char *name)
+{
+    return first_piece(r, name) >= 0;
+}
 
 /* Copies the elements of piece p that fall in [lo, hi) of the full tensor;
  * returns how many. A box is walked row by row (its last dimension is
@@ -355,11 +374,13 @@ int loom_ckpt_has(const struct loom_ckpt_reader *r, const char *name) { return f
 static uint64_t copy_piece(const struct piece *p, uint64_t lo, uint64_t hi, float *dst)
 {
     const struct loom_ckpt_slice *s = &p->s;
-    const float *src = p->t->data; /* aligned in files loom writes; others are refused by dtype or copied bytewise */
+    const float *src =
+        p->t->data; /* aligned in files loom writes; others are refused by dtype or copied bytewise */
     uint64_t copied = 0;
     if (box_is_whole(s)) {
         uint64_t a = s->lo > lo ? s->lo : lo, b = s->hi < hi ? s->hi : hi;
-        if (a < b) memcpy(dst + (a - lo), (const char *)src + (a - s->lo) * sizeof(float), (b - a) * sizeof(float));
+        if (a < b)
+            memcpy(dst + (a - lo), (const char *)src + (a - s->lo) * sizeof(float), (b - a) * sizeof(float));
         return a < b ? b - a : 0;
     }
     const int nd = s->ndim;
@@ -381,7 +402,8 @@ static uint64_t copy_piece(const struct piece *p, uint64_t lo, uint64_t hi, floa
         uint64_t f0 = full + (x0 - row * inner), f1 = f0 + (x1 - x0);
         uint64_t a = f0 > lo ? f0 : lo, b = f1 < hi ? f1 : hi;
         if (a < b) {
-            memcpy(dst + (a - lo), (const char *)src + (x0 - s->lo + (a - f0)) * sizeof(float), (b - a) * sizeof(float));
+            memcpy(dst + (a - lo), (const char *)src + (x0 - s->lo + (a - f0)) * sizeof(float),
+                   (b - a) * sizeof(float));
             copied += b - a;
         }
     }
@@ -429,14 +451,18 @@ int loom_ckpt_read(struct loom_ckpt_reader *r, const char *name, int ndim, const
         if (!p->verified) {
             uint64_t h = XXH3_64bits(p->t->data, p->t->nbytes);
             if (h != p->xxh)
-                return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s fails its checksum (stored %016" PRIx64 ", computed %016" PRIx64 "): the file is damaged",
+                return loom_error_set(LOOM_ERR_INPUT,
+                                      "%s: tensor %s fails its checksum (stored %016" PRIx64
+                                      ", computed %016" PRIx64 "): the file is damaged",
                                       r->files[p->file].path, name, p->xxh, h);
             p->verified = 1;
         }
         copied += copy_piece(p, lo, hi, dst);
     }
     if (copied != hi - lo)
-        return loom_error_set(LOOM_ERR_INPUT, "checkpoint holds %" PRIu64 " of elements [%" PRIu64 ", %" PRIu64 ") of tensor %s",
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "checkpoint holds %" PRIu64 " of elements [%" PRIu64 ", %" PRIu64
+                              ") of tensor %s",
                               copied, lo, hi, name);
     return LOOM_OK;
 }

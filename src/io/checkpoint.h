@@ -52,17 +52,18 @@
 /* ---- slices ------------------------------------------------------------- */
 
 struct loom_ckpt_slice {
-    int ndim;                             /* of the full tensor, 0..LOOM_CKPT_MAX_DIMS */
-    int64_t shape[LOOM_CKPT_MAX_DIMS];    /* the full tensor */
-    int64_t start[LOOM_CKPT_MAX_DIMS];    /* the box: [start, stop) per dimension */
+    int ndim;                          /* of the full tensor, 0..LOOM_CKPT_MAX_DIMS */
+    int64_t shape[LOOM_CKPT_MAX_DIMS]; /* the full tensor */
+    int64_t start[LOOM_CKPT_MAX_DIMS]; /* the box: [start, stop) per dimension */
     int64_t stop[LOOM_CKPT_MAX_DIMS];
-    uint64_t lo, hi;                      /* flat range of the box, row-major */
+    uint64_t lo, hi; /* flat range of the box, row-major */
 };
 
 /* The slice that is the whole tensor of this shape. */
 void loom_ckpt_slice_whole(struct loom_ckpt_slice *s, int ndim, const int64_t *shape);
 /* The flat range [lo, hi) of the whole tensor (a data-parallel shard). */
-void loom_ckpt_slice_range(struct loom_ckpt_slice *s, int ndim, const int64_t *shape, uint64_t lo, uint64_t hi);
+void loom_ckpt_slice_range(struct loom_ckpt_slice *s, int ndim, const int64_t *shape, uint64_t lo,
+                           uint64_t hi);
 /* Elements in the box; whether the slice is the whole tensor. */
 uint64_t loom_ckpt_slice_box_numel(const struct loom_ckpt_slice *s);
 int loom_ckpt_slice_is_whole(const struct loom_ckpt_slice *s);
@@ -82,8 +83,8 @@ struct loom_ckpt_piece {
 
 /* Writes pieces (names unique) crash-safely to path with their slices and
  * checksums in the metadata, plus extra metadata pairs. */
-int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces, int n, const char *const *extra_kv,
-                         int nextra);
+int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces, int n,
+                         const char *const *extra_kv, int nextra);
 
 /* ---- reading ------------------------------------------------------------ */
 
@@ -93,7 +94,8 @@ struct loom_ckpt_reader;
  * indexes their pieces. LOOM_ERR_INPUT naming the file and tensor for a
  * malformed file or slice, or pieces of one tensor that disagree on its
  * shape. */
-int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const char *const *files, int nfiles);
+int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const char *const *files,
+                          int nfiles);
 void loom_ckpt_reader_close(struct loom_ckpt_reader *r);
 /* Whether any piece of tensor `name` exists. */
 int loom_ckpt_has(const struct loom_ckpt_reader *r, const char *name);
@@ -116,15 +118,15 @@ struct loom_ckpt_state {
     int64_t optimizer_step;   /* AdamW's t */
     int64_t consumed_samples; /* sequences trained on */
     int64_t seed;
-    int data_order;           /* enum loom_data_order */
+    int data_order; /* enum loom_data_order */
     int64_t global_batch_size;
-    char model_type[32];      /* the model's name ("gpt2", or a user model's) */
+    char model_type[32]; /* the model's name ("gpt2", or a user model's) */
     int num_layers, hidden_size, num_attention_heads, max_position_embeddings, vocab_size; /* gpt2 only */
     int world_size, dp, tp, pp, zero_stage; /* the layout that wrote it (for the record) */
     int has_loss_scaler;
     double loss_scale;
     int64_t loss_scale_good_steps, loss_scale_hysteresis;
-    int64_t skipped_steps;    /* updates skipped for a non-finite gradient (they do not advance the schedule) */
+    int64_t skipped_steps; /* updates skipped for a non-finite gradient (they do not advance the schedule) */
     int nfiles;
     struct loom_ckpt_file *files; /* (nfiles), malloc'd; loom_ckpt_state_free */
 };
@@ -155,7 +157,8 @@ int loom_ckpt_begin(const char *save, int64_t iteration);
  * tmp to iter_NNNNNNN (replacing an older one of the same iteration), fsyncs
  * SAVE, moves latest, then removes all but the newest keep_last checkpoints
  * (0: keep all). */
-int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text, int keep_last);
+int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text,
+                     int keep_last);
 /* Rank 0, after a failure: removes the temporary directory. */
 void loom_ckpt_abandon(const char *tmp);
 

@@ -79,7 +79,8 @@ int loom_ckpt_begin(const char *save, int64_t iteration)
     if (rc || (rc = remove_leftovers(save))) return rc;
     char tmp[4200];
     loom_ckpt_tmp_dir(save, iteration, tmp, sizeof tmp);
-    if (mkdir(tmp, 0755) != 0) return loom_error_set(LOOM_ERR_RUNTIME, "create directory %s: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0)
+        return loom_error_set(LOOM_ERR_RUNTIME, "create directory %s: %s", tmp, strerror(errno));
     return LOOM_OK;
 }
 
@@ -143,12 +144,14 @@ static void prune(const char *save, int64_t current, int keep)
         loom_ckpt_iter_dir(save, its[i], dir, sizeof dir);
         snprintf(state, sizeof state, "%s/%s", dir, LOOM_CKPT_STATE_FILE);
         if ((unlink(state) != 0 && errno != ENOENT) || loom_fs_remove_tree(dir))
-            loom_log_warn("removing the old checkpoint %s: %s", dir, loom_error_is_set() ? loom_error_message() : strerror(errno));
+            loom_log_warn("removing the old checkpoint %s: %s", dir,
+                          loom_error_is_set() ? loom_error_message() : strerror(errno));
     }
     free(its);
 }
 
-int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text, int keep_last)
+int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text,
+                     int keep_last)
 {
     char path[4200], final[4200], old[4200];
     snprintf(path, sizeof path, "%s/%s", tmp, LOOM_CKPT_STATE_FILE);
@@ -206,7 +209,8 @@ int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_sav
     struct stat st;
     if (stat(path, &st) != 0) return loom_error_set(LOOM_ERR_INPUT, "--load %s: %s", path, strerror(errno));
     if (S_ISREG(st.st_mode)) return LOOM_OK;
-    if (!S_ISDIR(st.st_mode)) return loom_error_set(LOOM_ERR_INPUT, "--load %s: not a file or directory", path);
+    if (!S_ISDIR(st.st_mode))
+        return loom_error_set(LOOM_ERR_INPUT, "--load %s: not a file or directory", path);
     char buf[4400];
     snprintf(buf, sizeof buf, "%s/%s", path, LOOM_CKPT_STATE_FILE);
     if (stat(buf, &st) == 0) return add_dir(dirs, ndirs, path); /* one checkpoint, named directly */
@@ -226,7 +230,8 @@ int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_sav
                 return rc;
             }
         } else {
-            loom_log_warn("%s/%s does not name a checkpoint ('%.40s'); looking for the newest one", path, LATEST, text);
+            loom_log_warn("%s/%s does not name a checkpoint ('%.40s'); looking for the newest one", path,
+                          LATEST, text);
         }
         free(text);
     }
@@ -240,7 +245,8 @@ int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_sav
     }
     free(its);
     if (rc == LOOM_OK && *ndirs == 0)
-        rc = loom_error_set(LOOM_ERR_INPUT, "--load %s: no checkpoint there (no %s naming one, no iter_NNNNNNN with %s)",
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "--load %s: no checkpoint there (no %s naming one, no iter_NNNNNNN with %s)",
                             path, LATEST, LOOM_CKPT_STATE_FILE);
     return rc;
 }

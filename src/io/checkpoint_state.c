@@ -98,7 +98,8 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
     size_t len = sizeof CHECKSUM_PREFIX - 1 + CHECKSUM_DIGITS + 3 + (blen - 1) + 1;
     char *out = malloc(len + 1);
     if (out) {
-        snprintf(out, len + 1, "%s%s\",\n%s\n", CHECKSUM_PREFIX, "0000000000000000", body + 1 + (body[1] == '\n'));
+        snprintf(out, len + 1, "%s%s\",\n%s\n", CHECKSUM_PREFIX, "0000000000000000",
+                 body + 1 + (body[1] == '\n'));
         len = strlen(out);
         char digits[CHECKSUM_DIGITS + 1];
         snprintf(digits, sizeof digits, "%016" PRIx64, state_hash(out, len));
@@ -112,30 +113,38 @@ int loom_ckpt_state_verify(const char *buf, size_t len, const char *path)
 {
     const size_t at = sizeof CHECKSUM_PREFIX - 1;
     if (len < at + CHECKSUM_DIGITS + 2 || memcmp(buf, CHECKSUM_PREFIX, at) != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: does not start with its checksum: not a loom trainer state", path);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: does not start with its checksum: not a loom trainer state", path);
     char digits[CHECKSUM_DIGITS + 1];
     memcpy(digits, buf + at, CHECKSUM_DIGITS);
     digits[CHECKSUM_DIGITS] = 0;
     for (int i = 0; i < CHECKSUM_DIGITS; i++)
         if (!strchr("0123456789abcdef", digits[i]) || !digits[i])
-            return loom_error_set(LOOM_ERR_INPUT, "%s: its checksum is not 16 hex digits: the file is damaged", path);
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s: its checksum is not 16 hex digits: the file is damaged", path);
     uint64_t stored = strtoull(digits, NULL, 16), computed = state_hash(buf, len);
     if (stored != computed)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: fails its checksum (stored %s, computed %016" PRIx64 "): the file is damaged",
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: fails its checksum (stored %s, computed %016" PRIx64
+                              "): the file is damaged",
                               path, digits, computed);
     return LOOM_OK;
 }
 
 /* ---- parsing ------------------------------------------------------------ */
 
-static const cJSON *member(const cJSON *o, const char *key) { return cJSON_GetObjectItemCaseSensitive(o, key); }
+static const cJSON *member(const cJSON *o, const char *key)
+{
+    return cJSON_GetObjectItemCaseSensitive(o, key);
+}
 
 static int get_int(const cJSON *o, const char *path, const char *key, int64_t lo, int64_t hi, int64_t *out)
 {
     const cJSON *v = member(o, key);
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
         v->valuedouble != (double)(int64_t)v->valuedouble)
-        return loom_error_set(LOOM_ERR_INPUT, "%s%s: expected an integer in [%" PRId64 ", %" PRId64 "]", path, key, lo, hi);
+        return loom_error_set(LOOM_ERR_INPUT, "%s%s: expected an integer in [%" PRId64 ", %" PRId64 "]", path,
+                              key, lo, hi);
     *out = (int64_t)v->valuedouble;
     return LOOM_OK;
 }
@@ -151,7 +160,8 @@ static int get_int32(const cJSON *o, const char *path, const char *key, int lo, 
 static const cJSON *get_object(const cJSON *o, const char *key, int *rc)
 {
     const cJSON *v = member(o, key);
-    if (!cJSON_IsObject(v) && *rc == LOOM_OK) *rc = loom_error_set(LOOM_ERR_INPUT, "%s: expected an object", key);
+    if (!cJSON_IsObject(v) && *rc == LOOM_OK)
+        *rc = loom_error_set(LOOM_ERR_INPUT, "%s: expected an object", key);
     return cJSON_IsObject(v) ? v : NULL;
 }
 
@@ -189,7 +199,8 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
     }
     if ((rc = get_int(root, "", "version", 1, 1000000, &version))) goto done;
     if (version != FORMAT_VERSION) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "version %" PRId64 " is not one this loom reads (%d)", version, FORMAT_VERSION);
+        rc = loom_error_set(LOOM_ERR_INPUT, "version %" PRId64 " is not one this loom reads (%d)", version,
+                            FORMAT_VERSION);
         goto done;
     }
     const int64_t big = (int64_t)1 << 53;
@@ -203,7 +214,8 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
     if ((rc = get_int(opt, "optimizer.", "step", 0, st->iteration < INT32_MAX ? st->iteration : INT32_MAX,
                       &st->optimizer_step)))
         goto done;
-    if (member(root, "skipped_steps") && (rc = get_int(root, "", "skipped_steps", 0, st->iteration, &st->skipped_steps)))
+    if (member(root, "skipped_steps") &&
+        (rc = get_int(root, "", "skipped_steps", 0, st->iteration, &st->skipped_steps)))
         goto done;
     const cJSON *seed = member(rng, "seed");
     char *end;
@@ -248,7 +260,8 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
         ((rc = get_int32(model, "model.", "num_layers", 1, 1 << 20, &st->num_layers)) ||
          (rc = get_int32(model, "model.", "hidden_size", 1, 1 << 20, &st->hidden_size)) ||
          (rc = get_int32(model, "model.", "num_attention_heads", 1, 1 << 20, &st->num_attention_heads)) ||
-         (rc = get_int32(model, "model.", "max_position_embeddings", 1, 1 << 24, &st->max_position_embeddings)) ||
+         (rc = get_int32(model, "model.", "max_position_embeddings", 1, 1 << 24,
+                         &st->max_position_embeddings)) ||
          (rc = get_int32(model, "model.", "vocab_size", 1, 1 << 30, &st->vocab_size))))
         goto done;
     if ((rc = get_int32(layout, "layout.", "world_size", 1, 1 << 24, &st->world_size)) ||
@@ -260,7 +273,8 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
     const cJSON *files = member(root, "files");
     int n = cJSON_GetArraySize(files);
     if (!cJSON_IsArray(files) || n < 1 || n > LOOM_CKPT_MAX_FILES) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "files: expected an array of 1 to %d file names", LOOM_CKPT_MAX_FILES);
+        rc = loom_error_set(LOOM_ERR_INPUT, "files: expected an array of 1 to %d file names",
+                            LOOM_CKPT_MAX_FILES);
         goto done;
     }
     st->files = calloc((size_t)n, sizeof *st->files);
@@ -277,7 +291,8 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
         }
         for (int k = 0; k < st->nfiles; k++)
             if (strcmp(st->files[k].name, f->valuestring) == 0) {
-                rc = loom_error_set(LOOM_ERR_INPUT, "files[%d]: %s is listed twice", st->nfiles, f->valuestring);
+                rc = loom_error_set(LOOM_ERR_INPUT, "files[%d]: %s is listed twice", st->nfiles,
+                                    f->valuestring);
                 goto done;
             }
         snprintf(st->files[st->nfiles++].name, sizeof st->files[0].name, "%s", f->valuestring);
@@ -296,7 +311,8 @@ int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st)
     snprintf(path, sizeof path, "%s/%s", dir, LOOM_CKPT_STATE_FILE);
     int rc = loom_fs_read_small(path, LOOM_CKPT_STATE_MAX_BYTES, &buf, &len);
     if (rc) return rc;
-    if ((rc = loom_ckpt_state_verify(buf, len, path)) == LOOM_OK && (rc = loom_ckpt_state_parse(buf, len, st))) {
+    if ((rc = loom_ckpt_state_verify(buf, len, path)) == LOOM_OK &&
+        (rc = loom_ckpt_state_parse(buf, len, st))) {
         char why[512];
         snprintf(why, sizeof why, "%s", loom_error_message());
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", path, why);

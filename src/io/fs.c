@@ -45,9 +45,12 @@ int loom_fs_fsync_dir(const char *dir)
 void loom_fs_dirname(const char *path, char *dir, size_t n)
 {
     const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, n, ".");
-    else if (slash == path) snprintf(dir, n, "/");
-    else snprintf(dir, n, "%.*s", (int)(slash - path), path);
+    if (!slash)
+        snprintf(dir, n, ".");
+    else if (slash == path)
+        snprintf(dir, n, "/");
+    else
+        snprintf(dir, n, "%.*s", (int)(slash - path), path);
 }
 
 int loom_fs_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts)
@@ -69,12 +72,14 @@ int loom_fs_write_atomic(const char *path, const void *const *parts, const size_
             ssize_t w = write(fd, p, left < WRITEBACK ? left : WRITEBACK);
             if (w < 0 && errno == EINTR) continue;
             if (w <= 0) {
-                rc = loom_error_set(LOOM_ERR_RUNTIME, "write %s: %s", tmp, w < 0 ? strerror(errno) : "no progress");
+                rc = loom_error_set(LOOM_ERR_RUNTIME, "write %s: %s", tmp,
+                                    w < 0 ? strerror(errno) : "no progress");
                 goto fail;
             }
             p += w, left -= (size_t)w, done += w;
             if (done - flushed >= (off_t)WRITEBACK) {
-                sync_file_range(fd, flushed, done - flushed, SYNC_FILE_RANGE_WRITE); /* a hint: errors surface at fsync */
+                sync_file_range(fd, flushed, done - flushed,
+                                SYNC_FILE_RANGE_WRITE); /* a hint: errors surface at fsync */
                 flushed = done;
             }
         }
@@ -118,11 +123,13 @@ int loom_fs_remove_tree(const char *path)
             char child[4096];
             if (snprintf(child, sizeof child, "%s/%s", path, e->d_name) >= (int)sizeof child)
                 rc = loom_error_set(LOOM_ERR_RUNTIME, "path too long under %s", path);
-            else rc = loom_fs_remove_tree(child);
+            else
+                rc = loom_fs_remove_tree(child);
         }
         closedir(d);
         if (rc) return rc;
-        if (rmdir(path) != 0) return loom_error_set(LOOM_ERR_RUNTIME, "remove directory %s: %s", path, strerror(errno));
+        if (rmdir(path) != 0)
+            return loom_error_set(LOOM_ERR_RUNTIME, "remove directory %s: %s", path, strerror(errno));
         return LOOM_OK;
     }
     if (unlink(path) != 0) return loom_error_set(LOOM_ERR_RUNTIME, "remove %s: %s", path, strerror(errno));
@@ -147,8 +154,8 @@ int loom_fs_read_small(const char *path, size_t max_bytes, char **out, size_t *l
         goto done;
     }
     if ((size_t)st.st_size > max_bytes) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: %lld bytes, more than the %zu allowed", path, (long long)st.st_size,
-                            max_bytes);
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s: %lld bytes, more than the %zu allowed", path,
+                            (long long)st.st_size, max_bytes);
         goto done;
     }
     size_t n = (size_t)st.st_size;

@@ -39,9 +39,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "safetensors I/O assumes a little-endian host");
-
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
 
 static const char *const dtype_names[] = {
     [LOOM_ST_F32] = "F32", [LOOM_ST_F16] = "F16", [LOOM_ST_BF16] = "BF16", [LOOM_ST_F64] = "F64",
@@ -57,8 +55,7 @@ static const unsigned char dtype_sizes[] = {
     [LOOM_ST_I64] = 8,  [LOOM_ST_U8] = 1,  [LOOM_ST_I8] = 1,   [LOOM_ST_U16] = 2, [LOOM_ST_I16] = 2,
     [LOOM_ST_BOOL] = 1, [LOOM_ST_U32] = 4, [LOOM_ST_U64] = 8,
 };
-static_assert(sizeof dtype_sizes == LOOM_ST_DTYPE_COUNT,
-              "dtype_sizes must size every loom_st_dtype");
+static_assert(sizeof dtype_sizes == LOOM_ST_DTYPE_COUNT, "dtype_sizes must size every loom_st_dtype");
 
 const char *loom_st_dtype_name(enum loom_st_dtype dtype)
 {
@@ -88,8 +85,7 @@ int loom_st_dtype_parse(const char *name, enum loom_st_dtype *out)
 const char *loom_st_shown(const char *s, char *buf, size_t cap)
 {
     size_t i = 0;
-    for (; s[i] && i + 4 < cap; i++)
-        buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+    for (; s[i] && i + 4 < cap; i++) buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
     if (s[i]) {
         memcpy(buf + i, "...", 3);
         i += 3;
@@ -178,8 +174,7 @@ static int check_header_bytes(const struct loom_st *st, const unsigned char *h, 
 
 static int cmp_tensor_name(const void *a, const void *b)
 {
-    return strcmp(((const struct loom_st_tensor *)a)->name,
-                  ((const struct loom_st_tensor *)b)->name);
+    return strcmp(((const struct loom_st_tensor *)a)->name, ((const struct loom_st_tensor *)b)->name);
 }
 
 static int cmp_tensor_span(const void *a, const void *b)
@@ -207,7 +202,7 @@ static int parse_meta(struct loom_st *st, const cJSON *m)
         const char *key = kv->string ? kv->string : "";
         if (!cJSON_IsString(kv) || !kv->valuestring)
             return loom_st_bad_file(st->path, "\"__metadata__\" entry '%s' is not a string",
-                            loom_st_shown(key, nb, sizeof nb));
+                                    loom_st_shown(key, nb, sizeof nb));
         st->meta[2 * st->nmeta] = key;
         st->meta[2 * st->nmeta + 1] = kv->valuestring;
         st->nmeta++;
@@ -216,13 +211,12 @@ static int parse_meta(struct loom_st *st, const cJSON *m)
     for (int i = 1; i < st->nmeta; i++)
         if (strcmp(st->meta[2 * i - 2], st->meta[2 * i]) == 0)
             return loom_st_bad_file(st->path, "\"__metadata__\" key '%s' appears twice",
-                            loom_st_shown(st->meta[2 * i], nb, sizeof nb));
+                                    loom_st_shown(st->meta[2 * i], nb, sizeof nb));
     return 0;
 }
 
 /* One header entry into *t; data_size is the size of the data area. */
-static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_size,
-                       struct loom_st_tensor *t)
+static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_size, struct loom_st_tensor *t)
 {
     char nb[80], vb[40];
     const char *name = loom_st_shown(t->name, nb, sizeof nb);
@@ -248,7 +242,7 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
         return loom_st_bad_file(path, "tensor '%s': dtype is not a string", name);
     if (loom_st_dtype_parse(dtype->valuestring, &t->dtype) != 0)
         return loom_st_bad_file(path, "tensor '%s': unknown dtype '%s'", name,
-                        loom_st_shown(dtype->valuestring, vb, sizeof vb));
+                                loom_st_shown(dtype->valuestring, vb, sizeof vb));
 
     if (!cJSON_IsArray(shape)) return loom_st_bad_file(path, "tensor '%s': shape is not an array", name);
     /* extent, the product of the non-zero dimensions, is bounded too, so the
@@ -258,11 +252,11 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
     for (const cJSON *d = shape->child; d; d = d->next) {
         if (t->ndim == LOOM_ST_MAX_DIMS)
             return loom_st_bad_file(path, "tensor '%s': shape has more than %d dimensions", name,
-                            LOOM_ST_MAX_DIMS);
+                                    LOOM_ST_MAX_DIMS);
         uint64_t v;
         if (json_uint(d, &v) != 0)
             return loom_st_bad_file(path, "tensor '%s': shape[%d] is not an integer in [0, 2^53)", name,
-                            t->ndim);
+                                    t->ndim);
         if (v != 0 && extent > (uint64_t)INT64_MAX / v)
             return loom_st_bad_file(path, "tensor '%s': shape's element count overflows", name);
         if (v != 0) extent *= v;
@@ -280,19 +274,18 @@ static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_s
     if (json_uint(offs->child, &begin) != 0 || json_uint(offs->child->next, &end) != 0)
         return loom_st_bad_file(path, "tensor '%s': data_offsets is not two integers in [0, 2^53)", name);
     if (begin > end)
-        return loom_st_bad_file(path,
-                        "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin after end",
-                        name, begin, end);
+        return loom_st_bad_file(path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] begin after end",
+                                name, begin, end);
     if (end - begin != need)
         return loom_st_bad_file(path,
-                        "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
-                        " bytes but shape and dtype %s need %" PRIu64,
-                        name, begin, end, end - begin, dtype_names[t->dtype], need);
+                                "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
+                                " bytes but shape and dtype %s need %" PRIu64,
+                                name, begin, end, end - begin, dtype_names[t->dtype], need);
     if (end > data_size)
         return loom_st_bad_file(path,
-                        "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] run past the %" PRIu64
-                        "-byte data area",
-                        name, begin, end, data_size);
+                                "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] run past the %" PRIu64
+                                "-byte data area",
+                                name, begin, end, data_size);
     t->numel = numel;
     t->nbytes = (size_t)need; /* need <= data_size <= map size: fits */
     t->offset = begin;
@@ -308,10 +301,9 @@ static int check_layout(struct loom_st *st)
     for (int i = 1; i < n; i++)
         if (strcmp(st->tensors[i - 1].name, st->tensors[i].name) == 0)
             return loom_st_bad_file(st->path, "tensor '%s' appears twice in the header",
-                            loom_st_shown(st->tensors[i].name, na, sizeof na));
+                                    loom_st_shown(st->tensors[i].name, na, sizeof na));
 
-    const struct loom_st_tensor **by_span =
-        loom_alloc(((size_t)n + 1) * sizeof *by_span, LOOM_MEM_OTHER);
+    const struct loom_st_tensor **by_span = loom_alloc(((size_t)n + 1) * sizeof *by_span, LOOM_MEM_OTHER);
     for (int i = 0; i < n; i++) by_span[i] = &st->tensors[i];
     qsort(by_span, (size_t)n, sizeof *by_span, cmp_tensor_span);
     const struct loom_st_tensor *last = NULL; /* the span reaching furthest so far */
@@ -319,12 +311,11 @@ static int check_layout(struct loom_st *st)
         const struct loom_st_tensor *t = by_span[i];
         if (t->nbytes == 0) continue; /* an empty span holds no byte to share */
         if (last && t->offset < last->offset + last->nbytes) {
-            rc = loom_st_bad_file(st->path,
-                          "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64
-                          ") overlap",
-                          loom_st_shown(last->name, na, sizeof na), last->offset,
-                          last->offset + (uint64_t)last->nbytes, loom_st_shown(t->name, nb, sizeof nb),
-                          t->offset, t->offset + (uint64_t)t->nbytes);
+            rc = loom_st_bad_file(
+                st->path,
+                "tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64 ", %" PRIu64 ") overlap",
+                loom_st_shown(last->name, na, sizeof na), last->offset, last->offset + (uint64_t)last->nbytes,
+                loom_st_shown(t->name, nb, sizeof nb), t->offset, t->offset + (uint64_t)t->nbytes);
             goto fail;
         }
         if (!last || t->offset + t->nbytes > last->offset + last->nbytes) last = t;
@@ -345,11 +336,11 @@ static int parse_header(struct loom_st *st)
     uint64_t hlen = read_le64(st->map);
     if (hlen > LOOM_ST_MAX_HEADER)
         return loom_st_bad_file(st->path, "header size %" PRIu64 " exceeds the limit of %" PRIu64 " bytes",
-                        hlen, LOOM_ST_MAX_HEADER);
+                                hlen, LOOM_ST_MAX_HEADER);
     if (hlen > size - 8)
-        return loom_st_bad_file(
-            st->path, "header size %" PRIu64 " exceeds the %" PRIu64 " bytes after the size field",
-            hlen, size - 8);
+        return loom_st_bad_file(st->path,
+                                "header size %" PRIu64 " exceeds the %" PRIu64 " bytes after the size field",
+                                hlen, size - 8);
     uint64_t data_size = size - 8 - hlen;
 
     if ((rc = check_header_bytes(st, st->map + 8, (size_t)hlen)) != 0) return rc;
@@ -360,14 +351,14 @@ static int parse_header(struct loom_st *st)
     if (!root) {
         size_t at = end && end >= text && end <= text + hlen ? (size_t)(end - text) : 0;
         rc = loom_st_bad_file(st->path, "header is not valid JSON (error near byte %zu of %" PRIu64 ")", at,
-                      hlen);
+                              hlen);
         goto fail;
     }
     st->json = root;
     for (const char *p = end; p < text + hlen; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             rc = loom_st_bad_file(st->path, "header has bytes after its JSON value, at byte %zu",
-                          (size_t)(p - text));
+                                  (size_t)(p - text));
             goto fail;
         }
     }
@@ -432,8 +423,8 @@ int loom_st_open(struct loom_st *st, const char *path)
     if (sb.st_size > 0) { /* an empty file cannot be mapped; parse_header rejects it */
         void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
-            rc = loom_error_set(LOOM_ERR_RUNTIME, "mmap %s (%lld bytes): %s", path,
-                                (long long)sb.st_size, strerror(errno));
+            rc = loom_error_set(LOOM_ERR_RUNTIME, "mmap %s (%lld bytes): %s", path, (long long)sb.st_size,
+                                strerror(errno));
             goto fail;
         }
         st->map = map;
@@ -486,7 +477,10 @@ const struct loom_st_tensor *loom_st_find(const struct loom_st *st, const char *
     return bsearch(&key, st->tensors, (size_t)st->ntensors, sizeof key, cmp_tensor_name);
 }
 
-int loom_st_count(const struct loom_st *st) { return st->ntensors; }
+int loom_st_count(const struct loom_st *st)
+{
+    return st->ntensors;
+}
 
 const struct loom_st_tensor *loom_st_at(const struct loom_st *st, int i)
 {
@@ -497,12 +491,14 @@ const struct loom_st_tensor *loom_st_at(const struct loom_st *st, int i)
 const char *loom_st_meta(const struct loom_st *st, const char *key)
 {
     if (st->nmeta == 0) return NULL;
-    const char **kv =
-        bsearch(&key, st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, loom_st_cmp_pair_key);
+    const char **kv = bsearch(&key, st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, loom_st_cmp_pair_key);
     return kv ? kv[1] : NULL;
 }
 
-int loom_st_meta_count(const struct loom_st *st) { return st->nmeta; }
+int loom_st_meta_count(const struct loom_st *st)
+{
+    return st->nmeta;
+}
 
 void loom_st_meta_at(const struct loom_st *st, int i, const char **key, const char **value)
 {

@@ -34,8 +34,7 @@ struct out_tensor {
 
 static int cmp_out_name(const void *a, const void *b)
 {
-    return strcmp(((const struct out_tensor *)a)->in->name,
-                  ((const struct out_tensor *)b)->in->name);
+    return strcmp(((const struct out_tensor *)a)->in->name, ((const struct out_tensor *)b)->in->name);
 }
 
 /* Data order: larger elements first, so each tensor stays aligned to its
@@ -55,10 +54,7 @@ static int valid_utf8(const char *str)
     while (*s) {
         unsigned c = *s++;
         if (c < 0x80) continue;
-        int more = c >= 0xc2 && c <= 0xdf   ? 1
-                   : c >= 0xe0 && c <= 0xef ? 2
-                   : c >= 0xf0 && c <= 0xf4 ? 3
-                                            : -1;
+        int more = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : -1;
         if (more < 0) return 0;
         unsigned cp = c & (0x3fu >> more);
         for (int k = 0; k < more; k++, s++) {
@@ -85,16 +81,15 @@ static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, in
             return loom_st_bad_file(path, "tensor name \"__metadata__\" is reserved");
         if (!valid_utf8(t->name)) return loom_st_bad_file(path, "tensor '%s': name is not UTF-8", name);
         if ((unsigned)t->dtype >= LOOM_ST_DTYPE_COUNT)
-            return loom_st_bad_file(path, "tensor '%s': dtype value %d is out of range", name,
-                            (int)t->dtype);
+            return loom_st_bad_file(path, "tensor '%s': dtype value %d is out of range", name, (int)t->dtype);
         if (t->ndim < 0 || t->ndim > LOOM_ST_MAX_DIMS)
             return loom_st_bad_file(path, "tensor '%s': ndim %d is outside 0..%d", name, t->ndim,
-                            LOOM_ST_MAX_DIMS);
+                                    LOOM_ST_MAX_DIMS);
         uint64_t numel = 1;
         for (int d = 0; d < t->ndim; d++) {
             if (t->shape[d] < 0 || (uint64_t)t->shape[d] > LOOM_ST_MAX_EXACT_INT)
-                return loom_st_bad_file(path, "tensor '%s': shape[%d] = %" PRId64 " is out of range", name,
-                                d, t->shape[d]);
+                return loom_st_bad_file(path, "tensor '%s': shape[%d] = %" PRId64 " is out of range", name, d,
+                                        t->shape[d]);
             uint64_t v = (uint64_t)t->shape[d];
             if (v != 0 && numel > UINT64_MAX / v)
                 return loom_st_bad_file(path, "tensor '%s': element count overflows", name);
@@ -111,7 +106,7 @@ static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, in
     for (int i = 1; i < n; i++)
         if (strcmp(out[i - 1].in->name, out[i].in->name) == 0)
             return loom_st_bad_file(path, "tensor '%s' is given twice",
-                            loom_st_shown(out[i].in->name, nb, sizeof nb));
+                                    loom_st_shown(out[i].in->name, nb, sizeof nb));
     qsort(out, (size_t)n, sizeof *out, cmp_out_layout);
     uint64_t offset = 0;
     for (int i = 0; i < n; i++) {
@@ -126,7 +121,7 @@ static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, in
             return loom_st_bad_file(path, "metadata %s %d is NULL", i % 2 ? "value" : "key", i / 2);
         if (!valid_utf8(meta_kv[i]))
             return loom_st_bad_file(path, "metadata %s '%s' is not UTF-8", i % 2 ? "value" : "key",
-                            loom_st_shown(meta_kv[i], nb, sizeof nb));
+                                    loom_st_shown(meta_kv[i], nb, sizeof nb));
     }
     int rc = 0;
     const char **keys = loom_alloc(((size_t)nmeta + 1) * sizeof *keys, LOOM_MEM_OTHER);
@@ -134,7 +129,8 @@ static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, in
     qsort(keys, (size_t)nmeta, sizeof *keys, loom_st_cmp_pair_key);
     for (int i = 1; i < nmeta; i++) {
         if (strcmp(keys[i - 1], keys[i]) == 0) {
-            rc = loom_st_bad_file(path, "metadata key '%s' is given twice", loom_st_shown(keys[i], nb, sizeof nb));
+            rc = loom_st_bad_file(path, "metadata key '%s' is given twice",
+                                  loom_st_shown(keys[i], nb, sizeof nb));
             break;
         }
     }
@@ -152,8 +148,7 @@ static int add_uint(cJSON *arr, uint64_t v)
 }
 
 /* The header JSON (cJSON-allocated), or NULL when out of memory. */
-static char *format_header(const struct out_tensor *out, int n, const char *const *meta_kv,
-                           int nmeta)
+static char *format_header(const struct out_tensor *out, int n, const char *const *meta_kv, int nmeta)
 {
     char *text = NULL;
     cJSON *root = cJSON_CreateObject();
@@ -173,8 +168,7 @@ static char *format_header(const struct out_tensor *out, int n, const char *cons
         for (int d = 0; d < t->ndim; d++)
             if (add_uint(shape, (uint64_t)t->shape[d]) != 0) goto fail;
         cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
-        if (!offs || add_uint(offs, out[i].offset) != 0 ||
-            add_uint(offs, out[i].offset + out[i].nbytes) != 0)
+        if (!offs || add_uint(offs, out[i].offset) != 0 || add_uint(offs, out[i].offset + out[i].nbytes) != 0)
             goto fail;
     }
     text = cJSON_PrintUnformatted(root);
@@ -205,7 +199,7 @@ int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
     if (padded > LOOM_ST_MAX_HEADER) {
         rc = loom_st_bad_file(path, "header of %zu bytes is over the readers' limit of %" PRIu64, padded,
-                      LOOM_ST_MAX_HEADER);
+                              LOOM_ST_MAX_HEADER);
         goto fail;
     }
     unsigned char size_le[8];

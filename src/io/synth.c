@@ -38,8 +38,8 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
-#include "io/shard.h"
 #include "io/fs.h"
+#include "io/shard.h"
 
 /* Letters by English frequency: rank i becomes this byte. */
 static const char symbol_bytes[] = "etaoinshrdlcumwfgypbvkjxqz";

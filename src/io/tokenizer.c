@@ -20,8 +20,8 @@
 
 #include "base/log.h"
 #include "base/mem.h"
-#include "io/shard.h"
 #include "io/fs.h"
+#include "io/shard.h"
 
 /* OUTDIR/name in a fresh allocation. */
 static char *join_path(const char *dir, const char *name)

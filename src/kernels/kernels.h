@@ -27,42 +27,41 @@
 /* ---- embedding ------------------------------------------------------------
  * out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). Tokens are already
  * validated to lie in [0, V). */
-void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                            int B, int T, int C);
+void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B,
+                            int T, int C);
 /* dwte (V,C) += scatter of dout; dwpe (maxT,C) += sum over batch. Either
  * may be NULL to skip it (data parallelism defers the dwte scatter). */
-void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                             int B, int T, int C);
+void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T,
+                             int C);
 
 /* ---- layernorm (eps 1e-5, biased variance, as torch.nn.LayerNorm) --------
  * out (N,C); saves mean (N) and rstd (N). */
-void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                            const float *weight, const float *bias, int N, int C);
+void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                            const float *bias, int N, int C);
 /* dinp (N,C) accumulates; dweight (C), dbias (C) accumulate. */
-void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, const float *mean,
-                             const float *rstd, int N, int C);
+void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *mean, const float *rstd, int N, int C);
 
 /* ---- matmul + bias -------------------------------------------------------
  * out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC). The weight is stored
  * [in, out], as Hugging Face GPT-2's Conv1D stores it. bias may be NULL. */
-void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                         int N, int C, int OC);
+void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
+                         int OC);
 /* dinp (N,C) is written (skipped when NULL); dweight (C,OC) and dbias (OC)
  * accumulate (dbias skipped when NULL). */
-void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const float *weight, int N, int C, int OC);
-void loom_matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias,
-                             int N, int C, int OC);
-void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
-                              const float *inp, const float *weight, int N, int C, int OC);
+void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const float *weight, int N, int C, int OC);
+void loom_matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N,
+                             int C, int OC);
+void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                              const float *weight, int N, int C, int OC);
 
 /* ---- LM head tied to the token embedding ----------------------------------
  * logits (N,V) = inp (N,C) @ wte^T, wte (V,C). No bias. */
 void loom_lm_head_forward(float *logits, const float *inp, const float *wte, int N, int C, int V);
 /* dinp (N,C) is written; dwte (V,C) accumulates. */
-void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
-                           const float *wte, int N, int C, int V);
+void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp, const float *wte,
+                           int N, int C, int V);
 
 /* ---- causal multi-head self-attention ------------------------------------
  * qkv (B,T,3C) holds [q | k | v] along the last axis, head h at columns
@@ -71,10 +70,9 @@ void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const
  * diagonal). */
 void loom_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 /* dqkv (B,T,3C) is written. datt (B,NH,T,T) is scratch space. */
-void loom_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
-                             const float *qkv, int B, int T, int C, int NH);
-void loom_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C,
-                                int NH);
+void loom_attention_backward(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv,
+                             int B, int T, int C, int NH);
+void loom_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
                                  const float *qkv, int B, int T, int C, int NH);
 
@@ -91,21 +89,20 @@ void loom_residual_backward(float *da, float *db, const float *dout, size_t n);
 /* ---- fused softmax + cross-entropy ----------------------------------------
  * losses (N): -log softmax(logits[i])[targets[i]], logits (N,V). Saves the
  * log-sum-exp of each row, lse (N). */
-void loom_crossentropy_forward(float *losses, float *lse, const float *logits,
-                               const int32_t *targets, int N, int V);
+void loom_crossentropy_forward(float *losses, float *lse, const float *logits, const int32_t *targets, int N,
+                               int V);
 /* dlogits (N,V) = dloss * (softmax(logits) - onehot(targets)), written;
  * dloss is d(objective)/d(losses[i]), the same for every row (1/N for a
  * mean). dlogits may alias logits (computed in place). */
-void loom_crossentropy_backward(float *dlogits, const float *lse, const float *logits,
-                                const int32_t *targets, float dloss, int N, int V);
+void loom_crossentropy_backward(float *dlogits, const float *lse, const float *logits, const int32_t *targets,
+                                float dloss, int N, int V);
 
 /* ---- AdamW (torch.optim.AdamW, one tensor) ---------------------------------
  * step t >= 1. grad is multiplied by grad_scale first (the clip coefficient).
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
  *   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)                      */
-void loom_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
-                       float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                       int t);
+void loom_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+                       float beta2, float eps, float weight_decay, float grad_scale, int t);
 
 /* ---- reductions ---------------------------------------------------------- */
 /* Sum of squares in double precision. */

@@ -38,18 +38,20 @@
 
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
 {
-    if (cfg->num_layers < 1) return loom_error_set(LOOM_ERR_INPUT, "--num-layers must be >= 1, got %d", cfg->num_layers);
-    if (cfg->hidden < 1) return loom_error_set(LOOM_ERR_INPUT, "--hidden-size must be >= 1, got %d", cfg->hidden);
-    if (cfg->heads < 1) return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads must be >= 1, got %d", cfg->heads);
+    if (cfg->num_layers < 1)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-layers must be >= 1, got %d", cfg->num_layers);
+    if (cfg->hidden < 1)
+        return loom_error_set(LOOM_ERR_INPUT, "--hidden-size must be >= 1, got %d", cfg->hidden);
+    if (cfg->heads < 1)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads must be >= 1, got %d", cfg->heads);
     if (cfg->hidden % cfg->heads != 0)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--hidden-size %d is not divisible by --num-attention-heads %d",
+        return loom_error_set(LOOM_ERR_INPUT, "--hidden-size %d is not divisible by --num-attention-heads %d",
                               cfg->hidden, cfg->heads);
     if (T > cfg->max_pos)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--seq-length %d exceeds --max-position-embeddings %d", T,
+        return loom_error_set(LOOM_ERR_INPUT, "--seq-length %d exceeds --max-position-embeddings %d", T,
                               cfg->max_pos);
-    if (cfg->vocab < 2) return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", cfg->vocab);
+    if (cfg->vocab < 2)
+        return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", cfg->vocab);
     return LOOM_OK;
 }
 
@@ -68,13 +70,14 @@ static void layout_blocks(struct loom_gpt2 *m)
     e->layer = -1;
     add_tensor(e, "wte.weight", 2, m->cfg.vocab, C);
     add_tensor(e, "wpe.weight", 2, m->cfg.max_pos, C);
-    static const struct { const char *suffix; int ndim, rows, cols; } layer_tensors[] = {
-        {"ln_1.weight", 1, 1, 0},        {"ln_1.bias", 1, 1, 0},
-        {"attn.c_attn.weight", 2, 1, 3}, {"attn.c_attn.bias", 1, 3, 0},
-        {"attn.c_proj.weight", 2, 1, 1}, {"attn.c_proj.bias", 1, 1, 0},
-        {"ln_2.weight", 1, 1, 0},        {"ln_2.bias", 1, 1, 0},
-        {"mlp.c_fc.weight", 2, 1, 4},    {"mlp.c_fc.bias", 1, 4, 0},
-        {"mlp.c_proj.weight", 2, 4, 1},  {"mlp.c_proj.bias", 1, 1, 0},
+    static const struct {
+        const char *suffix;
+        int ndim, rows, cols;
+    } layer_tensors[] = {
+        {"ln_1.weight", 1, 1, 0},      {"ln_1.bias", 1, 1, 0},          {"attn.c_attn.weight", 2, 1, 3},
+        {"attn.c_attn.bias", 1, 3, 0}, {"attn.c_proj.weight", 2, 1, 1}, {"attn.c_proj.bias", 1, 1, 0},
+        {"ln_2.weight", 1, 1, 0},      {"ln_2.bias", 1, 1, 0},          {"mlp.c_fc.weight", 2, 1, 4},
+        {"mlp.c_fc.bias", 1, 4, 0},    {"mlp.c_proj.weight", 2, 4, 1},  {"mlp.c_proj.bias", 1, 1, 0},
     };
     for (int l = 0; l < L; l++) {
         struct loom_block *b = &m->base.blocks[1 + l];
@@ -93,7 +96,10 @@ static void layout_blocks(struct loom_gpt2 *m)
     add_tensor(h, "ln_f.bias", 1, C, 0);
 }
 
-static float *act(size_t n) { return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS); }
+static float *act(size_t n)
+{
+    return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS);
+}
 
 /* Activations are held in act_dtype: round what a kernel just wrote. */
 static void round_act(const struct loom_gpt2 *m, float *buf, size_t n)
@@ -181,7 +187,7 @@ static void layer_buffers(const struct loom_gpt2 *m, struct loom_layer_acts *a, 
 
 static void free_layer_buffers(struct loom_layer_acts *a)
 {
-    float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->res2,
+    float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty,     a->att, a->res2,
                      a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
 }
@@ -282,7 +288,10 @@ static float forward(struct loom_model *model, const void *batch, int rows)
     return loom_gpt2_forward(loom_gpt2_of(model), b->inputs, b->targets, rows);
 }
 
-static void backward(struct loom_model *model, float loss_weight) { loom_gpt2_backward(loom_gpt2_of(model), loss_weight); }
+static void backward(struct loom_model *model, float loss_weight)
+{
+    loom_gpt2_backward(loom_gpt2_of(model), loss_weight);
+}
 
 static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *te)
 {
@@ -364,7 +373,6 @@ static void init_block(struct loom_model *model, int bi, uint64_t seed)
         }
     }
 }
-
 
 /* indices of the tensors of a layer block, in layout order */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
@@ -511,12 +519,12 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
         layer_backward(m, l, B);
         loom_model_grads_ready(&m->base, 1 + l);
     }
-    loom_embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres, m->inputs, B, T, C);
+    loom_embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
+                            m->inputs, B, T, C);
     loom_model_grads_ready(&m->base, 0);
 }
 
 double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)
 {
-    return 6.0 * (double)m->base.num_params +
-           12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    return 6.0 * (double)m->base.num_params + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
 }

@@ -21,11 +21,11 @@
 #include "loom/model.h"
 
 struct loom_gpt2_config {
-    int num_layers;  /* L */
-    int hidden;      /* C */
-    int heads;       /* NH */
-    int max_pos;     /* maxT, rows of wpe */
-    int vocab;       /* V */
+    int num_layers; /* L */
+    int hidden;     /* C */
+    int heads;      /* NH */
+    int max_pos;    /* maxT, rows of wpe */
+    int vocab;      /* V */
 };
 
 enum loom_block_kind {
@@ -88,12 +88,12 @@ struct loom_gpt2 {
     const int32_t *inputs, *targets;  /* of the last forward, (B,T) each */
     int fwd_B;                        /* rows in the last forward */
     /* backward scratch */
-    float *dres;  /* (B,T,C) gradient of the residual stream */
-    float *dbufC; /* (B,T,C) */
-    float *dqkv;  /* (B,T,3C) */
-    float *datt;  /* (B,NH,T,T) */
+    float *dres;            /* (B,T,C) gradient of the residual stream */
+    float *dbufC;           /* (B,T,C) */
+    float *dqkv;            /* (B,T,3C) */
+    float *datt;            /* (B,NH,T,T) */
     float *dbuf4a, *dbuf4b; /* (B,T,4C) */
-    float *scratchC; /* (B,T,C) forward scratch for projections */
+    float *scratchC;        /* (B,T,C) forward scratch for projections */
 
     int defer_wte_scatter; /* leave the dwte scatter out of this backward (loom_tied_embedding) */
 };

@@ -58,8 +58,11 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
             for (int d = 0; ok && d < t->ndim; d++) ok = s->shape[d] == t->shape[d];
             if (!ok) {
                 char want[64], got[96] = "";
-                if (t->ndim == 2) snprintf(want, sizeof want, "[%lld, %lld]", (long long)t->shape[0], (long long)t->shape[1]);
-                else snprintf(want, sizeof want, "[%lld]", (long long)t->shape[0]);
+                if (t->ndim == 2)
+                    snprintf(want, sizeof want, "[%lld, %lld]", (long long)t->shape[0],
+                             (long long)t->shape[1]);
+                else
+                    snprintf(want, sizeof want, "[%lld]", (long long)t->shape[0]);
                 for (int d = 0; d < s->ndim; d++) {
                     size_t l = strlen(got);
                     snprintf(got + l, sizeof got - l, "%s%lld", d ? ", " : "", (long long)s->shape[d]);
@@ -119,9 +122,20 @@ int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct
     snprintf(NH, sizeof NH, "%d", m->cfg.heads);
     snprintf(P, sizeof P, "%d", m->cfg.max_pos);
     snprintf(V, sizeof V, "%d", m->cfg.vocab);
-    const char *own[] = {"format", "pt", "loom.model", "gpt2", "loom.num_layers", L, "loom.hidden_size", C,
-                         "loom.num_attention_heads", NH, "loom.max_position_embeddings", P,
-                         "loom.vocab_size", V};
+    const char *own[] = {"format",
+                         "pt",
+                         "loom.model",
+                         "gpt2",
+                         "loom.num_layers",
+                         L,
+                         "loom.hidden_size",
+                         C,
+                         "loom.num_attention_heads",
+                         NH,
+                         "loom.max_position_embeddings",
+                         P,
+                         "loom.vocab_size",
+                         V};
     const int nown = (int)(sizeof own / sizeof own[0] / 2);
     const char **meta = calloc((size_t)(nown + nmeta) * 2, sizeof *meta);
     if (!meta) {
@@ -157,7 +171,8 @@ int loom_gpt2_peek_config(const char *path, struct loom_gpt2_config *cfg)
     const struct loom_st_tensor *wpe = find_tensor(&st, "wpe.weight");
     if (!wte || !wpe || wte->ndim != 2 || wpe->ndim != 2) {
         loom_st_close(&st);
-        return loom_error_set(LOOM_ERR_INPUT, "%s: not GPT-2 weights (no 2-D wte.weight and wpe.weight)", path);
+        return loom_error_set(LOOM_ERR_INPUT, "%s: not GPT-2 weights (no 2-D wte.weight and wpe.weight)",
+                              path);
     }
     cfg->vocab = (int)wte->shape[0];
     cfg->hidden = (int)wte->shape[1];

@@ -19,9 +19,9 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "io/fs.h"
 #include "io/safetensors.h"
 #include "io/shard.h"
-#include "io/fs.h"
 #include "model/gpt2_io.h"
 
 /* Bounds on the header fields: generous for any GPT-2, small enough that

@@ -17,7 +17,8 @@ void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, con
     m->blocks = loom_alloc(sizeof *m->blocks * (size_t)nblocks, LOOM_MEM_OTHER);
 }
 
-struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim, const int64_t *shape)
+struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim,
+                                          const int64_t *shape)
 {
     LOOM_ASSERT(b->ntensors < LOOM_BLOCK_MAX_TENSORS && ndim >= 1 && ndim <= LOOM_TENSOR_MAX_DIMS);
     struct loom_tensor *t = &b->tensors[b->ntensors++];
@@ -48,10 +49,16 @@ void loom_model_alloc_arenas(struct loom_model *m, size_t multiple, int arenas)
     LOOM_ASSERT(multiple >= 1 && !m->params && !m->grads && !m->params_lp && !m->grads_lp);
     m->arena_numel = (m->num_params + multiple - 1) / multiple * multiple;
     const size_t esize = m->dtype ? sizeof(uint16_t) : sizeof(float);
-    void *p = arenas & LOOM_MODEL_PARAM_ARENA ? loom_alloc(loom_mul_size(m->arena_numel, esize), LOOM_MEM_PARAMS) : NULL;
-    void *g = arenas & LOOM_MODEL_GRAD_ARENA ? loom_alloc(loom_mul_size(m->arena_numel, esize), LOOM_MEM_GRADS) : NULL;
-    if (m->dtype) m->params_lp = p, m->grads_lp = g;
-    else m->params = p, m->grads = g;
+    void *p = arenas & LOOM_MODEL_PARAM_ARENA
+                  ? loom_alloc(loom_mul_size(m->arena_numel, esize), LOOM_MEM_PARAMS)
+                  : NULL;
+    void *g = arenas & LOOM_MODEL_GRAD_ARENA
+                  ? loom_alloc(loom_mul_size(m->arena_numel, esize), LOOM_MEM_GRADS)
+                  : NULL;
+    if (m->dtype)
+        m->params_lp = p, m->grads_lp = g;
+    else
+        m->params = p, m->grads = g;
     for (size_t i = 0, off = 0; i < (size_t)m->nblocks; off += m->blocks[i].numel, i++) {
         struct loom_block *b = &m->blocks[i];
         b->params = m->params ? m->params + off : NULL;

@@ -32,7 +32,9 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
     opt->v = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
 
-enum { LP_CHUNK = 1 << 16 }; /* elements of master weights and gradients handled at once under mixed precision */
+enum {
+    LP_CHUNK = 1 << 16
+}; /* elements of master weights and gradients handled at once under mixed precision */
 
 int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes)
 {
@@ -96,8 +98,8 @@ void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const floa
 /* Updates elements [k, k + n) of the range (params and grads point at
  * element k), the moments in memory or streamed from the offload file chunk
  * by chunk. */
-static void update_range(struct loom_adamw *opt, float *params, const float *grads, size_t k, size_t n, float lr,
-                         float wd, float grad_scale)
+static void update_range(struct loom_adamw *opt, float *params, const float *grads, size_t k, size_t n,
+                         float lr, float wd, float grad_scale)
 {
     const size_t total = opt->end - opt->begin;
     for (size_t done = 0; done < n;) {
@@ -110,8 +112,8 @@ static void update_range(struct loom_adamw *opt, float *params, const float *gra
         } else {
             m += at, v += at;
         }
-        loom_adamw_update(params + done, m, v, grads + done, c, lr, (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
-                          wd, grad_scale, opt->t);
+        loom_adamw_update(params + done, m, v, grads + done, c, lr, (float)opt->beta1, (float)opt->beta2,
+                          (float)opt->eps, wd, grad_scale, opt->t);
         if (opt->fd >= 0) {
             loom_offload_write(opt->fd, m, c * sizeof(float), at * sizeof(float));
             loom_offload_write(opt->fd, v, c * sizeof(float), (total + at) * sizeof(float));
@@ -136,7 +138,8 @@ float loom_clip_coef(double norm, double max_norm)
 
 /* Calls fn for every tensor's part inside [begin, end), with its decay. */
 static void for_each_range(struct loom_adamw *opt, const struct loom_model *m,
-                           void (*fn)(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd), void *ctx)
+                           void (*fn)(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd),
+                           void *ctx)
 {
     size_t base = 0; /* the block's offset in the arena: blocks are consecutive */
     for (int i = 0; i < m->nblocks; base += m->blocks[i].numel, i++) {
@@ -177,11 +180,13 @@ static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float
     for (size_t done = 0; done < n;) {
         size_t c = n - done < LP_CHUNK ? n - done : LP_CHUNK, at = k + done;
         float *master = opt->fd >= 0 ? opt->master : opt->master + at;
-        if (opt->fd >= 0) loom_offload_read(opt->fd, master, c * sizeof(float), (2 * total + at) * sizeof(float));
+        if (opt->fd >= 0)
+            loom_offload_read(opt->fd, master, c * sizeof(float), (2 * total + at) * sizeof(float));
         loom_lp_to_f32(a->scratch, a->grads_lp + at, c, opt->dtype);
         update_range(opt, master, a->scratch, at, c, a->lr, wd, a->grad_scale);
         loom_lp_from_f32(a->params_lp + at, master, c, opt->dtype);
-        if (opt->fd >= 0) loom_offload_write(opt->fd, master, c * sizeof(float), (2 * total + at) * sizeof(float));
+        if (opt->fd >= 0)
+            loom_offload_write(opt->fd, master, c * sizeof(float), (2 * total + at) * sizeof(float));
         done += c;
     }
 }
@@ -201,8 +206,7 @@ void loom_adamw_set_master(struct loom_adamw *opt, const uint16_t *params_lp, en
     const size_t n = opt->end - opt->begin;
     opt->dtype = dtype;
     opt->has_master = 1;
-    if (!opt->master)
-        opt->master = loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    if (!opt->master) opt->master = loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
     for (size_t k = 0; k < n;) { /* in pieces the offload buffer holds */
         size_t c = opt->fd >= 0 ? (n - k < LP_CHUNK ? n - k : LP_CHUNK) : n;
         loom_lp_to_f32(opt->fd >= 0 ? opt->master : opt->master + k, params_lp + k, c, dtype);
@@ -215,16 +219,20 @@ void loom_adamw_get_master(const struct loom_adamw *opt, size_t k, size_t n, flo
 {
     const size_t total = opt->end - opt->begin;
     LOOM_ASSERT(opt->has_master && k + n <= total);
-    if (opt->fd < 0) memcpy(dst, opt->master + k, n * sizeof(float));
-    else loom_offload_read(opt->fd, dst, n * sizeof(float), (2 * total + k) * sizeof(float));
+    if (opt->fd < 0)
+        memcpy(dst, opt->master + k, n * sizeof(float));
+    else
+        loom_offload_read(opt->fd, dst, n * sizeof(float), (2 * total + k) * sizeof(float));
 }
 
 void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src)
 {
     const size_t total = opt->end - opt->begin;
     LOOM_ASSERT(opt->has_master && k + n <= total);
-    if (opt->fd < 0) memcpy(opt->master + k, src, n * sizeof(float));
-    else loom_offload_write(opt->fd, src, n * sizeof(float), (2 * total + k) * sizeof(float));
+    if (opt->fd < 0)
+        memcpy(opt->master + k, src, n * sizeof(float));
+    else
+        loom_offload_write(opt->fd, src, n * sizeof(float), (2 * total + k) * sizeof(float));
 }
 
 void loom_adamw_step_lp(struct loom_adamw *opt, const struct loom_model *m, uint16_t *params_lp,

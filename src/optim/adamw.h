@@ -18,11 +18,11 @@ struct loom_adamw {
     size_t begin, end; /* the range of the arena this optimizer updates */
     float *m, *v;      /* (end - begin) each; with offload, (chunk) each: the streaming buffer */
     int t;             /* optimizer steps taken */
-    float *master;     /* (end - begin) float32 master weights under mixed precision; with offload, a buffer */
+    float *master; /* (end - begin) float32 master weights under mixed precision; with offload, a buffer */
     int has_master;
     enum loom_dtype dtype; /* of the parameters the master weights are rounded to */
-    int fd;            /* offload file holding m then v, or -1 */
-    size_t chunk;      /* elements per streamed chunk */
+    int fd;                /* offload file holding m then v, or -1 */
+    size_t chunk;          /* elements per streamed chunk */
 };
 
 void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,

@@ -29,8 +29,8 @@ int loom_offload_create(const char *dir, size_t bytes)
     if (ftruncate(fd, (off_t)bytes) != 0) {
         int e = errno;
         close(fd);
-        loom_error_set(LOOM_ERR_INPUT, "--nvme-path %s: cannot size the optimizer file to %zu bytes: %s", dir, bytes,
-                       strerror(e));
+        loom_error_set(LOOM_ERR_INPUT, "--nvme-path %s: cannot size the optimizer file to %zu bytes: %s", dir,
+                       bytes, strerror(e));
         return -1;
     }
     return fd;
@@ -41,7 +41,9 @@ void loom_offload_read(int fd, void *buf, size_t bytes, size_t offset)
     char *p = buf;
     while (bytes) {
         ssize_t n = pread(fd, p, bytes, (off_t)offset);
-        if (n <= 0) loom_die("reading offloaded optimizer state (%zu bytes at %zu): %s", bytes, offset, n ? strerror(errno) : "end of file");
+        if (n <= 0)
+            loom_die("reading offloaded optimizer state (%zu bytes at %zu): %s", bytes, offset,
+                     n ? strerror(errno) : "end of file");
         p += n, bytes -= (size_t)n, offset += (size_t)n;
     }
 }
@@ -51,7 +53,9 @@ void loom_offload_write(int fd, const void *buf, size_t bytes, size_t offset)
     const char *p = buf;
     while (bytes) {
         ssize_t n = pwrite(fd, p, bytes, (off_t)offset);
-        if (n <= 0) loom_die("writing offloaded optimizer state (%zu bytes at %zu): %s", bytes, offset, n ? strerror(errno) : "no progress");
+        if (n <= 0)
+            loom_die("writing offloaded optimizer state (%zu bytes at %zu): %s", bytes, offset,
+                     n ? strerror(errno) : "no progress");
         p += n, bytes -= (size_t)n, offset += (size_t)n;
     }
 }

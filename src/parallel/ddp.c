@@ -18,7 +18,8 @@ static double now_s(void)
 static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     LOOM_ASSERT(b->handle == NULL && b->grads);
-    if (d->reduce16) { /* --grad-reduce-dtype bf16/fp16: this rank's sum rounded once, then summed in 16 bits */
+    if (d->reduce16) { /* --grad-reduce-dtype bf16/fp16: this rank's sum rounded once, then summed in 16 bits
+                        */
         loom_lp_from_f32(b->grads_lp, b->grads, b->count, (enum loom_dtype)d->model->dtype);
         b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads_lp, b->count, d->reduce16, LOOM_OP_SUM);
         return;
@@ -35,14 +36,16 @@ static void open_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
     struct loom_model *m = d->model;
     b->grads = loom_pool_take(b->count, 0, LOOM_MEM_COMM);
     loom_lp_to_f32(b->grads, b->grads_lp, b->count, d->dtype);
-    for (int i = b->first_block; i <= b->last_block; i++) m->blocks[i].grads = b->grads + (m->blocks[i].grads_lp - b->grads_lp);
+    for (int i = b->first_block; i <= b->last_block; i++)
+        m->blocks[i].grads = b->grads + (m->blocks[i].grads_lp - b->grads_lp);
 }
 
 static double land_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     double t = loom_comm_wait(b->handle);
     b->handle = NULL;
-    if (d->reduce16 && !d->dtype) /* float32 accumulation: the arena holds the reduced sum for the step's rounding */
+    if (d->reduce16 &&
+        !d->dtype) /* float32 accumulation: the arena holds the reduced sum for the step's rounding */
         loom_lp_to_f32(b->grads, b->grads_lp, b->count, (enum loom_dtype)d->model->dtype);
     if (d->dtype) {
         if (!d->reduce16) loom_lp_from_f32(b->grads_lp, b->grads, b->count, d->dtype);
@@ -90,9 +93,10 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
             struct loom_ddp_bucket *b = &d->buckets[d->nbuckets++];
             b->first_block = i;
             b->last_block = last;
-            b->grads = m->grads ? m->grads + (m->blocks[i].grads_lp ? (size_t)(m->blocks[i].grads_lp - m->grads_lp)
-                                                                     : (size_t)(m->blocks[i].grads - m->grads))
-                                : NULL;
+            b->grads = m->grads
+                           ? m->grads + (m->blocks[i].grads_lp ? (size_t)(m->blocks[i].grads_lp - m->grads_lp)
+                                                               : (size_t)(m->blocks[i].grads - m->grads))
+                           : NULL;
             b->grads_lp = m->blocks[i].grads_lp;
             b->count = count;
             b->handle = NULL;
@@ -111,8 +115,10 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
         d->wte = (struct loom_ddp_bucket){.grads = m->blocks[0].grads, .count = table->numel};
         tail->grads += table->numel;
         tail->count -= table->numel;
-        d->gathered_dres = loom_alloc(loom_mul_size((size_t)dp * te.max_rows, (size_t)te.width * sizeof(float)), LOOM_MEM_COMM);
-        d->gathered_tokens = loom_alloc(loom_mul_size((size_t)dp * te.max_rows, sizeof(float)), LOOM_MEM_COMM);
+        d->gathered_dres = loom_alloc(
+            loom_mul_size((size_t)dp * te.max_rows, (size_t)te.width * sizeof(float)), LOOM_MEM_COMM);
+        d->gathered_tokens =
+            loom_alloc(loom_mul_size((size_t)dp * te.max_rows, sizeof(float)), LOOM_MEM_COMM);
         d->my_tokens = loom_alloc(loom_mul_size(te.max_rows, sizeof(float)), LOOM_MEM_COMM);
     }
     m->grad_ready = on_grad_ready;
@@ -128,15 +134,17 @@ static void scatter_all_ranks(struct loom_ddp *d)
     const size_t rows = te.rows, C = (size_t)te.width;
     LOOM_ASSERT(rows == te.max_rows); /* every rank runs full micro-batches */
     for (size_t i = 0; i < rows; i++) d->my_tokens[i] = (float)te.tokens[i];
-    struct loom_comm_handle *h1 = loom_comm_allgather(LOOM_GROUP_DP, te.dout, d->gathered_dres, rows * C, LOOM_F32);
-    struct loom_comm_handle *h2 = loom_comm_allgather(LOOM_GROUP_DP, d->my_tokens, d->gathered_tokens, rows, LOOM_F32);
+    struct loom_comm_handle *h1 =
+        loom_comm_allgather(LOOM_GROUP_DP, te.dout, d->gathered_dres, rows * C, LOOM_F32);
+    struct loom_comm_handle *h2 =
+        loom_comm_allgather(LOOM_GROUP_DP, d->my_tokens, d->gathered_tokens, rows, LOOM_F32);
     loom_comm_wait(h1);
     loom_comm_wait(h2);
     int32_t *tokens = loom_alloc(rows * sizeof(int32_t), LOOM_MEM_COMM);
     for (int k = 0; k < d->dp; k++) {
         for (size_t i = 0; i < rows; i++) tokens[i] = (int32_t)d->gathered_tokens[(size_t)k * rows + i];
-        loom_embedding_backward(m->blocks[te.block].grads, NULL, d->gathered_dres + (size_t)k * rows * C, tokens, 1,
-                                (int)rows, (int)C);
+        loom_embedding_backward(m->blocks[te.block].grads, NULL, d->gathered_dres + (size_t)k * rows * C,
+                                tokens, 1, (int)rows, (int)C);
     }
     loom_free(tokens);
 }
@@ -176,7 +184,8 @@ void loom_ddp_begin_backward(struct loom_ddp *d, int sync)
     set_defer(d, sync);
     if (!d->dtype || !sync) return;
     if (d->naive) {
-        d->all = (struct loom_ddp_bucket){.last_block = d->model->nblocks - 1, .grads_lp = d->model->grads_lp,
+        d->all = (struct loom_ddp_bucket){.last_block = d->model->nblocks - 1,
+                                          .grads_lp = d->model->grads_lp,
                                           .count = d->model->num_params};
         open_bucket(d, &d->all);
     } else {
@@ -190,8 +199,10 @@ void loom_ddp_finish(struct loom_ddp *d)
     double t0 = now_s();
     if (d->naive) {
         if (!d->dtype)
-            d->all = (struct loom_ddp_bucket){.last_block = d->model->nblocks - 1, .grads = d->model->grads,
-                                              .grads_lp = d->model->grads_lp, .count = d->model->num_params};
+            d->all = (struct loom_ddp_bucket){.last_block = d->model->nblocks - 1,
+                                              .grads = d->model->grads,
+                                              .grads_lp = d->model->grads_lp,
+                                              .count = d->model->num_params};
         post_bucket(d, &d->all);
         land_bucket(d, &d->all);
     } else {

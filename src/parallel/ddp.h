@@ -32,8 +32,8 @@
 #ifndef LOOM_PARALLEL_DDP_H
 #define LOOM_PARALLEL_DDP_H
 
-#include "comm/comm.h"
 #include "base/dtype.h"
+#include "comm/comm.h"
 #include "loom/model.h"
 
 struct loom_ddp_bucket {
@@ -49,9 +49,9 @@ struct loom_ddp {
     enum loom_dtype dtype; /* the model's */
     int dp, overlap, naive;
     enum loom_comm_dtype reduce16; /* LOOM_BF16/LOOM_F16: gradients summed in 16 bits; 0: in float32 */
-    int early_wte; /* wte reduced from the LM head's backward on */
+    int early_wte;                 /* wte reduced from the LM head's backward on */
     struct loom_ddp_bucket wte;
-    struct loom_ddp_bucket all; /* naive: every gradient */
+    struct loom_ddp_bucket all;             /* naive: every gradient */
     float *gathered_dres, *gathered_tokens; /* (dp,rows,C), (dp,rows), for the deferred scatter */
     float *my_tokens;                       /* (rows) */
     int nbuckets;
@@ -61,7 +61,8 @@ struct loom_ddp {
     double wait_s;  /* exposed communication of the last step: all that follows the backward */
 };
 
-void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive);
+void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap,
+                   int naive);
 void loom_ddp_free(struct loom_ddp *d);
 /* Mixed precision: the dtype gradients are summed in across ranks, LOOM_F32
  * (the default) or the model's 16-bit one (--grad-reduce-dtype): each rank's

@@ -22,19 +22,28 @@ struct loom_zero_flight {
 };
 
 struct loom_zero_unit {
-    int first, last; /* blocks */
-    size_t lo, hi;   /* arena range */
-    float *buf;      /* gathered parameters, (hi - lo), or NULL */
+    int first, last;                 /* blocks */
+    size_t lo, hi;                   /* arena range */
+    float *buf;                      /* gathered parameters, (hi - lo), or NULL */
     struct loom_comm_handle *handle; /* gather in flight */
 };
 
 enum { MAX_LAYERS_IN_FLIGHT = 2 };
 
 /* Transient buffers come from the pool (base/pool.h), counted under comm. */
-static float *take(size_t n, int zeroed) { return loom_pool_take(n, zeroed, LOOM_MEM_COMM); }
-static void give(float *b, size_t n) { loom_pool_give(b, n); }
+static float *take(size_t n, int zeroed)
+{
+    return loom_pool_take(n, zeroed, LOOM_MEM_COMM);
+}
+static void give(float *b, size_t n)
+{
+    loom_pool_give(b, n);
+}
 
-size_t loom_zero_arena_multiple(int stage, int dp) { return stage >= 1 ? (size_t)dp : 1; }
+size_t loom_zero_arena_multiple(int stage, int dp)
+{
+    return stage >= 1 ? (size_t)dp : 1;
+}
 
 /* counts[r], and displs[r] from lo: the part of [lo, hi) in rank r's shard.
  * Returns the start of this rank's part (lo when it has none). */
@@ -129,8 +138,10 @@ static void point_blocks(struct loom_zero *z, const struct loom_zero_unit *x)
         struct loom_block *blk = &z->model->blocks[b];
         size_t off = z->block_lo[b] - x->lo;
         /* under mixed precision params is the precision layer's float32 copy */
-        if (z->dtype) blk->params_lp = x->buf ? (uint16_t *)x->buf + off : NULL;
-        else blk->params = x->buf ? x->buf + off : NULL;
+        if (z->dtype)
+            blk->params_lp = x->buf ? (uint16_t *)x->buf + off : NULL;
+        else
+            blk->params = x->buf ? x->buf + off : NULL;
     }
 }
 
@@ -141,9 +152,11 @@ static void post_gather(struct loom_zero *z, int u)
     x->buf = take(unit_floats(z, x), 0);
     size_t mine = split(z, x->lo, x->hi), at = z->counts[z->dp_rank] ? mine - z->begin : 0;
     if (z->dtype)
-        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard_lp + at, x->buf, z->counts, z->displs, LOOM_U16);
+        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard_lp + at, x->buf, z->counts, z->displs,
+                                          LOOM_U16);
     else
-        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard + at, x->buf, z->counts, z->displs, LOOM_F32);
+        x->handle =
+            loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard + at, x->buf, z->counts, z->displs, LOOM_F32);
 }
 
 static void ensure_gathered(struct loom_zero *z, int u)
@@ -238,7 +251,8 @@ static void make_units(struct loom_zero *z, int64_t min_params)
     z->pinned = z->unit_of[0];
 }
 
-void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m, int64_t min_params)
+void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
+                    int64_t min_params)
 {
     LOOM_ASSERT(stage >= 0 && stage <= 3 && dp >= 1 && dp_rank >= 0 && dp_rank < dp);
     memset(z, 0, sizeof *z);
@@ -261,8 +275,10 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
     if (z->end < z->begin) z->end = z->begin; /* a rank whose shard is all padding */
     if (stage < 2) return;
     LOOM_ASSERT(m->grads == NULL && m->grads_lp == NULL && z->shard <= 0x7fffffff);
-    if (z->dtype) z->grad_shard_lp = loom_alloc(loom_mul_size(z->shard, sizeof(uint16_t)), LOOM_MEM_GRADS);
-    else z->grad_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_GRADS);
+    if (z->dtype)
+        z->grad_shard_lp = loom_alloc(loom_mul_size(z->shard, sizeof(uint16_t)), LOOM_MEM_GRADS);
+    else
+        z->grad_shard = loom_alloc(loom_mul_size(z->shard, sizeof(float)), LOOM_MEM_GRADS);
     z->flights = loom_alloc(sizeof *z->flights * (size_t)m->nblocks, LOOM_MEM_OTHER);
     z->order = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
     z->counts = loom_alloc(sizeof(int) * (size_t)dp, LOOM_MEM_OTHER);
@@ -307,8 +323,10 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
             m->blocks[b].params = NULL;
         }
         size_t a = x->lo > z->begin ? x->lo : z->begin, e = x->hi < z->end ? x->hi : z->end;
-        if (a < e && z->dtype) loom_lp_from_f32(z->param_shard_lp + (a - z->begin), buf + (a - x->lo), e - a, z->dtype);
-        else if (a < e) memcpy(z->param_shard + (a - z->begin), buf + (a - x->lo), (e - a) * sizeof(float));
+        if (a < e && z->dtype)
+            loom_lp_from_f32(z->param_shard_lp + (a - z->begin), buf + (a - x->lo), e - a, z->dtype);
+        else if (a < e)
+            memcpy(z->param_shard + (a - z->begin), buf + (a - x->lo), (e - a) * sizeof(float));
         give(buf, x->hi - x->lo);
     }
 }
@@ -366,10 +384,14 @@ double loom_zero_grad_norm(const struct loom_zero *z)
 {
     const struct loom_model *m = z->model;
     double ss;
-    if (z->stage < 2 && z->dtype) ss = loom_lp_sum_squares(m->grads_lp, m->num_params, z->dtype);
-    else if (z->stage < 2) return loom_grad_norm(m->blocks, m->nblocks);
-    else if (z->dtype) ss = loom_lp_sum_squares(z->grad_shard_lp, z->end - z->begin, z->dtype);
-    else ss = loom_sum_squares(z->grad_shard, z->end - z->begin);
+    if (z->stage < 2 && z->dtype)
+        ss = loom_lp_sum_squares(m->grads_lp, m->num_params, z->dtype);
+    else if (z->stage < 2)
+        return loom_grad_norm(m->blocks, m->nblocks);
+    else if (z->dtype)
+        ss = loom_lp_sum_squares(z->grad_shard_lp, z->end - z->begin, z->dtype);
+    else
+        ss = loom_sum_squares(z->grad_shard, z->end - z->begin);
     if (z->stage >= 2) loom_comm_allreduce_sync(LOOM_GROUP_DP, &ss, 1, LOOM_F64, LOOM_OP_SUM);
     return sqrt(ss);
 }
@@ -405,6 +427,8 @@ void loom_zero_after_step(struct loom_zero *z)
         return;
     }
     if (z->stage == 0 || z->dp == 1) return;
-    if (z->dtype) loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params_lp, z->shard, LOOM_U16));
-    else loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params, z->shard, LOOM_F32));
+    if (z->dtype)
+        loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params_lp, z->shard, LOOM_U16));
+    else
+        loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params, z->shard, LOOM_F32));
 }

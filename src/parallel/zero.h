@@ -46,24 +46,26 @@ struct loom_zero_unit;   /* stage 3: blocks gathered together */
 struct loom_zero {
     int stage, dp, dp_rank;
     enum loom_dtype dtype; /* the model's: float32, or the 16-bit dtype of mixed precision */
-    enum loom_comm_dtype reduce16; /* stages 2-3: LOOM_BF16/LOOM_F16 to reduce-scatter in 16 bits; 0: float32 */
+    enum loom_comm_dtype
+        reduce16;      /* stages 2-3: LOOM_BF16/LOOM_F16 to reduce-scatter in 16 bits; 0: float32 */
     size_t shard;      /* elements per rank (the padded arena / dp) */
     size_t begin, end; /* this rank's elements of the arena, end clipped to the parameters */
     struct loom_model *model;
     /* stage 2 */
-    float *grad_shard; /* (shard) this rank's reduced gradients (mixed precision: the float32 accumulator, or NULL) */
-    uint16_t *grad_shard_lp; /* (shard) the same under mixed precision */
+    float *grad_shard; /* (shard) this rank's reduced gradients (mixed precision: the float32 accumulator, or
+                          NULL) */
+    uint16_t *grad_shard_lp;          /* (shard) the same under mixed precision */
     struct loom_zero_flight *flights; /* (nblocks) */
-    int *order, norder; /* blocks posted, oldest first */
-    int *counts, *displs; /* (dp) scratch */
-    size_t *block_lo;     /* (nblocks) each block's offset in the (unsharded) arena */
+    int *order, norder;               /* blocks posted, oldest first */
+    int *counts, *displs;             /* (dp) scratch */
+    size_t *block_lo;                 /* (nblocks) each block's offset in the (unsharded) arena */
     /* stage 3 */
-    float *param_shard;   /* (shard) this rank's parameters */
+    float *param_shard;       /* (shard) this rank's parameters */
     uint16_t *param_shard_lp; /* (shard) the same under mixed precision */
     struct loom_zero_unit *units;
-    int nunits, pinned;   /* the unit holding block 0 */
-    int *unit_of;         /* (nblocks) */
-    double wait_s;        /* this step's time blocked on gathers and reductions (stages 2-3) */
+    int nunits, pinned; /* the unit holding block 0 */
+    int *unit_of;       /* (nblocks) */
+    double wait_s;      /* this step's time blocked on gathers and reductions (stages 2-3) */
 };
 
 /* The arena multiple a model must be created with for this layout. */
@@ -71,7 +73,8 @@ size_t loom_zero_arena_multiple(int stage, int dp);
 /* At stage 3 the model's parameter arena (initialised or loaded, identical on
  * every rank) is split: this rank keeps its shard and the arena is freed.
  * min_params: the stage-3 gather unit size (0: one block per unit). */
-void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m, int64_t min_params);
+void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
+                    int64_t min_params);
 /* Stage 3 on a model created without a parameter arena: each rank builds
  * one gather unit at a time (the initialisation draws per tensor, so every
  * rank computes the same values) and keeps its shard of it. */

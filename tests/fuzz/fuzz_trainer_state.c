@@ -34,15 +34,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int same_state(const struct loom_ckpt_state *a, const struct loom_ckpt_state *b)
 {
-    int same =
-        a->iteration == b->iteration && a->optimizer_step == b->optimizer_step &&
-        a->consumed_samples == b->consumed_samples && a->seed == b->seed && a->data_order == b->data_order &&
-        a->global_batch_size == b->global_batch_size && a->num_layers == b->num_layers &&
-        a->hidden_size == b->hidden_size && a->num_attention_heads == b->num_attention_heads &&
-        a->max_position_embeddings == b->max_position_embeddings && a->vocab_size == b->vocab_size &&
-        a->world_size == b->world_size && a->dp == b->dp && a->tp == b->tp && a->pp == b->pp &&
-        a->zero_stage == b->zero_stage && a->has_loss_scaler == b->has_loss_scaler && a->nfiles == b->nfiles &&
-        strcmp(a->model_type, b->model_type) == 0;
+    int same = a->iteration == b->iteration && a->optimizer_step == b->optimizer_step &&
+               a->consumed_samples == b->consumed_samples && a->seed == b->seed &&
+               a->data_order == b->data_order && a->global_batch_size == b->global_batch_size &&
+               a->num_layers == b->num_layers && a->hidden_size == b->hidden_size &&
+               a->num_attention_heads == b->num_attention_heads &&
+               a->max_position_embeddings == b->max_position_embeddings && a->vocab_size == b->vocab_size &&
+               a->world_size == b->world_size && a->dp == b->dp && a->tp == b->tp && a->pp == b->pp &&
+               a->zero_stage == b->zero_stage && a->has_loss_scaler == b->has_loss_scaler &&
+               a->nfiles == b->nfiles && strcmp(a->model_type, b->model_type) == 0;
     if (same && a->has_loss_scaler)
         same = a->loss_scale == b->loss_scale && a->loss_scale_good_steps == b->loss_scale_good_steps &&
                a->loss_scale_hysteresis == b->loss_scale_hysteresis && a->skipped_steps == b->skipped_steps;

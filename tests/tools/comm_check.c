@@ -40,10 +40,15 @@ int main(int argc, char **argv)
     /* rank order: tp fastest, then dp, then pp */
     expect(r, "rank order", r == t.tp_rank + t.tp * (t.dp_rank + t.dp * t.pp_rank));
     const size_t n = 1000;
-    float *buf = malloc(sizeof(float) * n * (size_t)t.world), *out = malloc(sizeof(float) * n * (size_t)t.world);
-    struct { enum loom_group g; int size, me; } groups[] = {
-        {LOOM_GROUP_WORLD, t.world, r}, {LOOM_GROUP_DP, t.dp, t.dp_rank},
-        {LOOM_GROUP_TP, t.tp, t.tp_rank}, {LOOM_GROUP_PP, t.pp, t.pp_rank}};
+    float *buf = malloc(sizeof(float) * n * (size_t)t.world),
+          *out = malloc(sizeof(float) * n * (size_t)t.world);
+    struct {
+        enum loom_group g;
+        int size, me;
+    } groups[] = {{LOOM_GROUP_WORLD, t.world, r},
+                  {LOOM_GROUP_DP, t.dp, t.dp_rank},
+                  {LOOM_GROUP_TP, t.tp, t.tp_rank},
+                  {LOOM_GROUP_PP, t.pp, t.pp_rank}};
     for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
         enum loom_group g = groups[gi].g;
         int size = groups[gi].size, me = groups[gi].me;

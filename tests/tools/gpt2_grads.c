@@ -99,7 +99,7 @@ int main(int argc, char **argv)
     int n = 2;
     for (int i = 0; i < m->base.nblocks; i++) n += m->base.blocks[i].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
-    char (*names)[80] = calloc((size_t)n, sizeof *names);
+    char(*names)[80] = calloc((size_t)n, sizeof *names);
     ts[0] = (struct loom_st_tensor_in){"loss", LOOM_ST_F32, 1, {1}, &loss};
     ts[1] = (struct loom_st_tensor_in){"logits", LOOM_ST_F32, 3, {B, T, cfg.vocab}, logits};
     int k = 2;

@@ -33,13 +33,27 @@ struct dims {
 
 /* The keys of dims.txt, each required once. */
 enum dim_key {
-    K_B = 0, K_T = 1, K_C = 2, K_NH = 3, K_V = 4, K_MAXT = 5, K_OC = 6, K_DLOSS = 7, K_LR = 8,
-    K_BETA1 = 9, K_BETA2 = 10, K_EPS = 11, K_WD = 12, K_GRAD_SCALE = 13, K_STEPS = 14,
-    K_N_ADAMW = 15, K_COUNT
+    K_B = 0,
+    K_T = 1,
+    K_C = 2,
+    K_NH = 3,
+    K_V = 4,
+    K_MAXT = 5,
+    K_OC = 6,
+    K_DLOSS = 7,
+    K_LR = 8,
+    K_BETA1 = 9,
+    K_BETA2 = 10,
+    K_EPS = 11,
+    K_WD = 12,
+    K_GRAD_SCALE = 13,
+    K_STEPS = 14,
+    K_N_ADAMW = 15,
+    K_COUNT
 };
-static const char *const key_names[] = {
-    "B",     "T",     "C",   "NH",  "V",  "maxT",       "OC",    "dloss",
-    "lr",    "beta1", "beta2", "eps", "wd", "grad_scale", "steps", "n_adamw"};
+static const char *const key_names[] = {"B",  "T",          "C",     "NH",     "V",     "maxT",
+                                        "OC", "dloss",      "lr",    "beta1",  "beta2", "eps",
+                                        "wd", "grad_scale", "steps", "n_adamw"};
 _Static_assert(sizeof key_names / sizeof key_names[0] == K_COUNT, "key_names");
 
 static void die(const char *what, const char *path)
@@ -70,8 +84,7 @@ static void *read_bin(const char *kernel, const char *name, size_t n)
     size_t got = fread(buf, 4, n, f);
     int extra = fgetc(f);
     if (got != n || extra != EOF) {
-        fprintf(stderr, "kernel_probe: %s: expected %zu values of 4 bytes, size differs\n", path,
-                n);
+        fprintf(stderr, "kernel_probe: %s: expected %zu values of 4 bytes, size differs\n", path, n);
         exit(2);
     }
     fclose(f);
@@ -126,17 +139,27 @@ static void read_dims(struct dims *d)
             fprintf(stderr, "kernel_probe: %s: missing key %s\n", path, key_names[k]);
             exit(2);
         }
-    *d = (struct dims){.B = (int)v[K_B], .T = (int)v[K_T], .C = (int)v[K_C], .NH = (int)v[K_NH],
-                       .V = (int)v[K_V], .maxT = (int)v[K_MAXT], .OC = (int)v[K_OC],
-                       .steps = (int)v[K_STEPS], .n_adamw = (size_t)v[K_N_ADAMW],
-                       .dloss = (float)v[K_DLOSS], .lr = (float)v[K_LR],
-                       .beta1 = (float)v[K_BETA1], .beta2 = (float)v[K_BETA2],
-                       .eps = (float)v[K_EPS], .wd = (float)v[K_WD],
+    *d = (struct dims){.B = (int)v[K_B],
+                       .T = (int)v[K_T],
+                       .C = (int)v[K_C],
+                       .NH = (int)v[K_NH],
+                       .V = (int)v[K_V],
+                       .maxT = (int)v[K_MAXT],
+                       .OC = (int)v[K_OC],
+                       .steps = (int)v[K_STEPS],
+                       .n_adamw = (size_t)v[K_N_ADAMW],
+                       .dloss = (float)v[K_DLOSS],
+                       .lr = (float)v[K_LR],
+                       .beta1 = (float)v[K_BETA1],
+                       .beta2 = (float)v[K_BETA2],
+                       .eps = (float)v[K_EPS],
+                       .wd = (float)v[K_WD],
                        .grad_scale = (float)v[K_GRAD_SCALE]};
-    if (d->B < 1 || d->T < 1 || d->C < 1 || d->NH < 1 || d->C % d->NH || d->V < 1 ||
-        d->maxT < d->T || d->OC < 1 || d->steps < 1 || d->n_adamw < 1) {
-        fprintf(stderr, "kernel_probe: %s: inconsistent dims (B %d T %d C %d NH %d V %d maxT %d "
-                        "OC %d steps %d n_adamw %zu)\n",
+    if (d->B < 1 || d->T < 1 || d->C < 1 || d->NH < 1 || d->C % d->NH || d->V < 1 || d->maxT < d->T ||
+        d->OC < 1 || d->steps < 1 || d->n_adamw < 1) {
+        fprintf(stderr,
+                "kernel_probe: %s: inconsistent dims (B %d T %d C %d NH %d V %d maxT %d "
+                "OC %d steps %d n_adamw %zu)\n",
                 path, d->B, d->T, d->C, d->NH, d->V, d->maxT, d->OC, d->steps, d->n_adamw);
         exit(2);
     }
@@ -285,8 +308,8 @@ static void probe_adamw(const struct dims *d)
     float *m = filled(n, 0), *v = filled(n, 0);
     float *p_out = filled(S * n, NAN), *m_out = filled(S * n, NAN), *v_out = filled(S * n, NAN);
     for (int t = 1; t <= d->steps; t++) {
-        loom_adamw_update(p, m, v, grads + (size_t)(t - 1) * n, n, d->lr, d->beta1, d->beta2,
-                          d->eps, d->wd, d->grad_scale, t);
+        loom_adamw_update(p, m, v, grads + (size_t)(t - 1) * n, n, d->lr, d->beta1, d->beta2, d->eps, d->wd,
+                          d->grad_scale, t);
         memcpy(p_out + (size_t)(t - 1) * n, p, n * sizeof(float));
         memcpy(m_out + (size_t)(t - 1) * n, m, n * sizeof(float));
         memcpy(v_out + (size_t)(t - 1) * n, v, n * sizeof(float));

@@ -64,8 +64,7 @@ static int write_fixed(const char *out)
         {.name = "scalar", .dtype = LOOM_ST_F32, .ndim = 0, .data = &scalar},
         {.name = "empty", .dtype = LOOM_ST_F32, .ndim = 2, .shape = {0, 4}, .data = NULL},
     };
-    const char *meta[] = {"format",       "pt",      "producer",
-                          "loom st_tool", "unicode", "\xc3\xa9 \xe2\x9c\x93"};
+    const char *meta[] = {"format", "pt", "producer", "loom st_tool", "unicode", "\xc3\xa9 \xe2\x9c\x93"};
     return loom_st_write(out, t, (int)(sizeof t / sizeof t[0]), meta, 3);
 }
 
@@ -96,8 +95,7 @@ static int dump(const char *in)
         printf("] %zu %016" PRIx64 " ", t->nbytes, fnv1a64(t->data, t->nbytes));
         if (t->dtype == LOOM_ST_F32 || t->dtype == LOOM_ST_F16 || t->dtype == LOOM_ST_BF16 ||
             t->dtype == LOOM_ST_F64) {
-            float *buf =
-                loom_alloc(loom_mul_size((size_t)t->numel + 1, sizeof *buf), LOOM_MEM_OTHER);
+            float *buf = loom_alloc(loom_mul_size((size_t)t->numel + 1, sizeof *buf), LOOM_MEM_OTHER);
             rc = loom_st_read_f32(t, buf, (size_t)t->numel);
             double sum = 0;
             for (uint64_t j = 0; j < t->numel; j++) sum += buf[j];

@@ -16,9 +16,8 @@
 #include "base/log.h"
 
 /* param, m, v (n) updated; grad (n) */
-void loom_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
-                       float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                       int t)
+void loom_adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+                       float beta2, float eps, float weight_decay, float grad_scale, int t)
 {
     LOOM_ASSERT(t >= 1);
     const double b1 = beta1, b2 = beta2;

@@ -33,7 +33,10 @@
  * it all: waking the pool would cost more. */
 #define PAR_MIN ((size_t)1 << 18)
 
-static int min_int(int a, int b) { return a < b ? a : b; }
+static int min_int(int a, int b)
+{
+    return a < b ? a : b;
+}
 
 /* Softmax of row (n1) over its first n entries, the rest set to 0. */
 static void softmax_causal_row(float *row, int n, int n1)
@@ -60,8 +63,7 @@ void loom_attention_forward(float *out, float *att, const float *qkv, int B, int
     LOOM_ASSERT(NH >= 1 && C % NH == 0);
     const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)HS);
-#pragma omp parallel for collapse(2) schedule(static) \
-    if ((size_t)B * NH * T * T * HS >= PAR_MIN)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * NH * T * T * HS >= PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HS;
@@ -73,26 +75,25 @@ void loom_attention_forward(float *out, float *att, const float *qkv, int B, int
                 const int i1 = min_int(i0 + ROW_BLOCK, T), rows = i1 - i0;
                 float *ablk = a + (size_t)i0 * T;
                 /* S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, HS, scale,
-                            q + (size_t)i0 * C3, C3, k, C3, 0.0f, ablk, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, i1, HS, scale, q + (size_t)i0 * C3,
+                            C3, k, C3, 0.0f, ablk, T);
                 for (int i = i0; i < i1; i++) softmax_causal_row(a + (size_t)i * T, i + 1, T);
                 /* O[i0:i1] = P[i0:i1, 0:i1] V[0:i1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, i1, 1.0f, ablk, T,
-                            v, C3, 0.0f, o + (size_t)i0 * C, C);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, i1, 1.0f, ablk, T, v, C3,
+                            0.0f, o + (size_t)i0 * C, C);
             }
         }
 }
 
 /* dqkv (B,T,3C) written, datt (B,NH,T,T) scratch; dout (B,T,C),
  * att (B,NH,T,T), qkv (B,T,3C) */
-void loom_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
-                             const float *qkv, int B, int T, int C, int NH)
+void loom_attention_backward(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv,
+                             int B, int T, int C, int NH)
 {
     LOOM_ASSERT(NH >= 1 && C % NH == 0);
     const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)HS);
-#pragma omp parallel for collapse(2) schedule(static) \
-    if ((size_t)B * NH * T * T * HS >= PAR_MIN)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * NH * T * T * HS >= PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const size_t qoff = (size_t)b * T * C3 + (size_t)h * HS;
@@ -130,16 +131,15 @@ void loom_attention_backward(float *dqkv, float *datt, const float *dout, const 
                             dv + (size_t)j0 * C3, C3);
                 /* dK[j0:j1] = scale * dS[j0:T, j0:j1]^T Q[j0:T] */
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, HS, n, scale,
-                            ds + (size_t)j0 * T + j0, T, q + (size_t)j0 * C3, C3, 0.0f,
-                            dk + (size_t)j0 * C3, C3);
+                            ds + (size_t)j0 * T + j0, T, q + (size_t)j0 * C3, C3, 0.0f, dk + (size_t)j0 * C3,
+                            C3);
             }
         }
 }
 
 /* ---- reference versions: full T x T loops, double accumulators ----------- */
 
-void loom_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C,
-                                int NH)
+void loom_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
     const int HS = C / NH, C3 = 3 * C;
     const double scale = 1.0 / sqrt((double)HS);

@@ -42,8 +42,8 @@ static float row_logsumexp(const float *x, int V)
 }
 
 /* losses (N), lse (N); logits (N,V), targets (N) */
-void loom_crossentropy_forward(float *losses, float *lse, const float *logits,
-                               const int32_t *targets, int N, int V)
+void loom_crossentropy_forward(float *losses, float *lse, const float *logits, const int32_t *targets, int N,
+                               int V)
 {
 #pragma omp parallel for schedule(static) if ((size_t)N * V >= 32768)
     for (int i = 0; i < N; i++) {
@@ -58,8 +58,8 @@ void loom_crossentropy_forward(float *losses, float *lse, const float *logits,
 
 /* dlogits (N,V) written, may alias logits; lse (N); logits (N,V),
  * targets (N) */
-void loom_crossentropy_backward(float *dlogits, const float *lse, const float *logits,
-                                const int32_t *targets, float dloss, int N, int V)
+void loom_crossentropy_backward(float *dlogits, const float *lse, const float *logits, const int32_t *targets,
+                                float dloss, int N, int V)
 {
 #pragma omp parallel for schedule(static) if ((size_t)N * V >= 32768)
     for (int i = 0; i < N; i++) {

@@ -14,8 +14,8 @@
 #define COL_BLOCK 64 /* columns per task in the backward: one cache line x 4 */
 
 /* out (B,T,C), tokens (B,T), wte (V,C), wpe (maxT,C) */
-void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                            int B, int T, int C)
+void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B,
+                            int T, int C)
 {
     const size_t rows = (size_t)B * T;
 #pragma omp parallel for schedule(static) if (rows * (size_t)C >= 32768)
@@ -29,8 +29,8 @@ void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte,
 }
 
 /* dwte (V,C) and dwpe (maxT,C) accumulate; dout (B,T,C), tokens (B,T) */
-void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                             int B, int T, int C)
+void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T,
+                             int C)
 {
     const size_t rows = (size_t)B * T;
     const int nblocks = (C + COL_BLOCK - 1) / COL_BLOCK;

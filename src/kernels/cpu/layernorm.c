@@ -24,8 +24,8 @@
 #define MAX_C 8192 /* keeps the per-thread partial (16*C bytes) small on a thread's stack */
 
 /* out (N,C), mean (N), rstd (N); inp (N,C), weight (C), bias (C) */
-void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                            const float *weight, const float *bias, int N, int C)
+void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                            const float *bias, int N, int C)
 {
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= 32768)
     for (int i = 0; i < N; i++) {
@@ -48,9 +48,8 @@ void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *i
 
 /* One row of the backward: dinp (C) accumulates; dw, db (C) are this
  * thread's partial sums. */
-static void layernorm_backward_row(float *dinp, double *dw, double *db, const float *dout,
-                                   const float *inp, const float *weight, float mean, float rstd,
-                                   int C)
+static void layernorm_backward_row(float *dinp, double *dw, double *db, const float *dout, const float *inp,
+                                   const float *weight, float mean, float rstd, int C)
 {
     /* xhat = (x - mean) * rstd, g = dout * weight;
      * dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) */
@@ -75,9 +74,8 @@ static void layernorm_backward_row(float *dinp, double *dw, double *db, const fl
 
 /* dinp (N,C) accumulates, dweight (C) and dbias (C) accumulate;
  * dout (N,C), inp (N,C), weight (C), mean (N), rstd (N) */
-void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, const float *mean,
-                             const float *rstd, int N, int C)
+void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *mean, const float *rstd, int N, int C)
 {
     LOOM_ASSERT(C >= 1 && C <= MAX_C);
     double *partial[MAX_THREADS];
@@ -99,8 +97,8 @@ void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
         const int hi = (int)((int64_t)N * (tid + 1) / nthreads);
         for (int i = lo; i < hi; i++) {
             const size_t off = (size_t)i * C;
-            layernorm_backward_row(dinp + off, acc, acc + C, dout + off, inp + off, weight,
-                                   mean[i], rstd[i], C);
+            layernorm_backward_row(dinp + off, acc, acc + C, dout + off, inp + off, weight, mean[i], rstd[i],
+                                   C);
         }
 #pragma omp barrier
 #pragma omp for schedule(static)

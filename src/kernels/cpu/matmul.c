@@ -34,8 +34,8 @@ static void bias_backward(float *dbias, const float *dout, int N, int OC)
 }
 
 /* out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC) */
-void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                         int N, int C, int OC)
+void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
+                         int OC)
 {
     float beta = 0.0f;
     if (bias) {
@@ -48,56 +48,50 @@ void loom_matmul_forward(float *out, const float *inp, const float *weight, cons
         }
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, C, 1.0f, inp, C, weight, OC,
-                beta, out, OC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, C, 1.0f, inp, C, weight, OC, beta, out, OC);
 }
 
 /* dinp (N,C) = dout @ weight^T (written, skipped when NULL);
  * dweight (C,OC) += inp^T @ dout; dbias (OC) += sum over rows of dout */
-void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const float *weight, int N, int C, int OC)
+void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const float *weight, int N, int C, int OC)
 {
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight,
-                    OC, 0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f,
-                dweight, OC);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp,
+                    C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
     if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
 /* logits (N,V) = inp (N,C) @ wte (V,C)^T */
 void loom_lm_head_forward(float *logits, const float *inp, const float *wte, int N, int C, int V)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, V, C, 1.0f, inp, C, wte, C, 0.0f,
-                logits, V);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, V, C, 1.0f, inp, C, wte, C, 0.0f, logits, V);
 }
 
 /* dinp (N,C) = dlogits (N,V) @ wte (V,C), written; dwte (V,C) += dlogits^T @ inp */
-void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
-                           const float *wte, int N, int C, int V)
+void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp, const float *wte,
+                           int N, int C, int V)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C,
-                0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f,
-                dwte, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f, dwte, C);
 }
 
 /* ---- reference versions: plain loops, double accumulators ---------------- */
 
-void loom_matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias,
-                             int N, int C, int OC)
+void loom_matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N,
+                             int C, int OC)
 {
     for (int i = 0; i < N; i++)
         for (int o = 0; o < OC; o++) {
             double s = bias ? bias[o] : 0.0;
-            for (int c = 0; c < C; c++)
-                s += (double)inp[(size_t)i * C + c] * weight[(size_t)c * OC + o];
+            for (int c = 0; c < C; c++) s += (double)inp[(size_t)i * C + c] * weight[(size_t)c * OC + o];
             out[(size_t)i * OC + o] = (float)s;
         }
 }
 
-void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout,
-                              const float *inp, const float *weight, int N, int C, int OC)
+void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                              const float *weight, int N, int C, int OC)
 {
     if (dinp)
         for (int i = 0; i < N; i++)
@@ -110,8 +104,7 @@ void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const f
     for (int c = 0; c < C; c++)
         for (int o = 0; o < OC; o++) {
             double s = 0.0;
-            for (int i = 0; i < N; i++)
-                s += (double)inp[(size_t)i * C + c] * dout[(size_t)i * OC + o];
+            for (int i = 0; i < N; i++) s += (double)inp[(size_t)i * C + c] * dout[(size_t)i * OC + o];
             dweight[(size_t)c * OC + o] += (float)s;
         }
     if (dbias)
