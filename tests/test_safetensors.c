@@ -118,20 +118,20 @@ static void test_round_trip(void)
     uint8_t boolv[3] = {1, 0, 1};
     float scalar = 42.0f;
     struct loom_st_tensor_in in[] = {
-        {.name = "h.0.attn.c_proj", .dtype = LOOM_ST_F32, .ndim = 2, .shape = {2, 3}, .data = f32},
-        {.name = "f64", .dtype = LOOM_ST_F64, .ndim = 1, .shape = {3}, .data = f64},
-        {.name = "f16", .dtype = LOOM_ST_F16, .ndim = 2, .shape = {2, 2}, .data = f16},
-        {.name = "bf16", .dtype = LOOM_ST_BF16, .ndim = 1, .shape = {3}, .data = bf16},
-        {.name = "i32", .dtype = LOOM_ST_I32, .ndim = 1, .shape = {5}, .data = i32},
-        {.name = "i64", .dtype = LOOM_ST_I64, .ndim = 1, .shape = {2}, .data = i64},
-        {.name = "u8", .dtype = LOOM_ST_U8, .ndim = 1, .shape = {7}, .data = u8},
-        {.name = "i8", .dtype = LOOM_ST_I8, .ndim = 1, .shape = {3}, .data = i8},
-        {.name = "u16", .dtype = LOOM_ST_U16, .ndim = 1, .shape = {2}, .data = u16},
-        {.name = "i16", .dtype = LOOM_ST_I16, .ndim = 1, .shape = {2}, .data = i16},
-        {.name = "bool", .dtype = LOOM_ST_BOOL, .ndim = 1, .shape = {3}, .data = boolv},
-        {.name = "scalar", .dtype = LOOM_ST_F32, .ndim = 0, .data = &scalar},
-        {.name = "empty", .dtype = LOOM_ST_F32, .ndim = 3, .shape = {4, 0, 2}, .data = NULL},
-        {.name = "quote\"and\\slash\n", .dtype = LOOM_ST_U8, .ndim = 1, .shape = {1}, .data = u8},
+        {.name = "h.0.attn.c_proj", .dtype = LOOM_DTYPE_F32, .ndim = 2, .shape = {2, 3}, .data = f32},
+        {.name = "f64", .dtype = LOOM_DTYPE_F64, .ndim = 1, .shape = {3}, .data = f64},
+        {.name = "f16", .dtype = LOOM_DTYPE_F16, .ndim = 2, .shape = {2, 2}, .data = f16},
+        {.name = "bf16", .dtype = LOOM_DTYPE_BF16, .ndim = 1, .shape = {3}, .data = bf16},
+        {.name = "i32", .dtype = LOOM_DTYPE_I32, .ndim = 1, .shape = {5}, .data = i32},
+        {.name = "i64", .dtype = LOOM_DTYPE_I64, .ndim = 1, .shape = {2}, .data = i64},
+        {.name = "u8", .dtype = LOOM_DTYPE_U8, .ndim = 1, .shape = {7}, .data = u8},
+        {.name = "i8", .dtype = LOOM_DTYPE_I8, .ndim = 1, .shape = {3}, .data = i8},
+        {.name = "u16", .dtype = LOOM_DTYPE_U16, .ndim = 1, .shape = {2}, .data = u16},
+        {.name = "i16", .dtype = LOOM_DTYPE_I16, .ndim = 1, .shape = {2}, .data = i16},
+        {.name = "bool", .dtype = LOOM_DTYPE_BOOL, .ndim = 1, .shape = {3}, .data = boolv},
+        {.name = "scalar", .dtype = LOOM_DTYPE_F32, .ndim = 0, .data = &scalar},
+        {.name = "empty", .dtype = LOOM_DTYPE_F32, .ndim = 3, .shape = {4, 0, 2}, .data = NULL},
+        {.name = "quote\"and\\slash\n", .dtype = LOOM_DTYPE_U8, .ndim = 1, .shape = {1}, .data = u8},
     };
     int n = (int)(sizeof in / sizeof in[0]);
     const char *meta[] = {"format", "pt", "step", "120", "note", "tab\there \"quoted\" \xc3\xa9"};
@@ -387,8 +387,8 @@ static void test_open_memory(void)
     uint8_t u8[3] = {7, 8, 9};
     uint16_t bf16[2] = {0x3f80, 0xc0a0};
     struct loom_st_tensor_in in[] = {
-        {.name = "b", .dtype = LOOM_ST_BF16, .ndim = 1, .shape = {2}, .data = bf16},
-        {.name = "u", .dtype = LOOM_ST_U8, .ndim = 2, .shape = {1, 3}, .data = u8},
+        {.name = "b", .dtype = LOOM_DTYPE_BF16, .ndim = 1, .shape = {2}, .data = bf16},
+        {.name = "u", .dtype = LOOM_DTYPE_U8, .ndim = 2, .shape = {1, 3}, .data = u8},
     };
     const char *meta[] = {"format", "pt"};
     char path[512];
@@ -431,7 +431,7 @@ static void test_open_memory(void)
     CHECK(bad == 0);
 
     /* zero elements convert with no buffer at all */
-    struct loom_st_tensor empty = {.name = "e", .dtype = LOOM_ST_F32, .ndim = 1};
+    struct loom_st_tensor empty = {.name = "e", .dtype = LOOM_DTYPE_F32, .ndim = 1};
     CHECK(loom_st_read_f32(&empty, NULL, 0) == LOOM_OK);
 }
 
@@ -443,7 +443,7 @@ static void test_f16_exhaustive(void)
     static float got[65536];
     for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
     struct loom_st_tensor t = {.name = "all",
-                               .dtype = LOOM_ST_F16,
+                               .dtype = LOOM_DTYPE_F16,
                                .ndim = 1,
                                .shape = {65536},
                                .numel = 65536,
@@ -474,8 +474,8 @@ static void test_write_failures(void)
     float x[4] = {1, 2, 3, 4};
     char path[512];
     struct loom_st_tensor_in in[2] = {
-        {.name = "x", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = x},
-        {.name = "x", .dtype = LOOM_ST_F16, .ndim = 1, .shape = {2}, .data = x},
+        {.name = "x", .dtype = LOOM_DTYPE_F32, .ndim = 1, .shape = {4}, .data = x},
+        {.name = "x", .dtype = LOOM_DTYPE_F16, .ndim = 1, .shape = {2}, .data = x},
     };
 
     /* a directory that does not exist */
@@ -488,19 +488,20 @@ static void test_write_failures(void)
     path_in(path, sizeof path, "args.safetensors");
     CHECK(loom_st_write(path, in, 2, NULL, 0) == LOOM_ERR_INPUT && strstr(loom_error_message(), "'x'"));
     struct loom_st_tensor_in odd = {
-        .name = "__metadata__", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = x};
+        .name = "__metadata__", .dtype = LOOM_DTYPE_F32, .ndim = 1, .shape = {4}, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
     odd = (struct loom_st_tensor_in){
-        .name = "y", .dtype = LOOM_ST_DTYPE_COUNT, .ndim = 1, .shape = {4}, .data = x};
+        .name = "y", .dtype = LOOM_DTYPE_COUNT, .ndim = 1, .shape = {4}, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT && strstr(loom_error_message(), "'y'"));
-    odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {-4}, .data = x};
-    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
-    odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 9, .data = x};
-    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
     odd =
-        (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {4}, .data = NULL};
+        (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_DTYPE_F32, .ndim = 1, .shape = {-4}, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
-    odd = (struct loom_st_tensor_in){.name = "bad\xff", .dtype = LOOM_ST_F32, .data = x};
+    odd = (struct loom_st_tensor_in){.name = "y", .dtype = LOOM_DTYPE_F32, .ndim = 9, .data = x};
+    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
+    odd = (struct loom_st_tensor_in){
+        .name = "y", .dtype = LOOM_DTYPE_F32, .ndim = 1, .shape = {4}, .data = NULL};
+    CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT);
+    odd = (struct loom_st_tensor_in){.name = "bad\xff", .dtype = LOOM_DTYPE_F32, .data = x};
     CHECK(loom_st_write(path, &odd, 1, NULL, 0) == LOOM_ERR_INPUT && strstr(loom_error_message(), "UTF-8"));
     const char *bad_meta[] = {"k", "\xed\xa0\x80"}; /* an encoded surrogate */
     CHECK(loom_st_write(path, in, 1, bad_meta, 1) == LOOM_ERR_INPUT && strstr(loom_error_message(), "UTF-8"));
@@ -514,7 +515,7 @@ static void test_write_failures(void)
     CHECK(loom_st_write(path, in, 1, NULL, 0) == LOOM_OK);
     static float big[64 * 1024];
     struct loom_st_tensor_in large = {
-        .name = "big", .dtype = LOOM_ST_F32, .ndim = 1, .shape = {64 * 1024}, .data = big};
+        .name = "big", .dtype = LOOM_DTYPE_F32, .ndim = 1, .shape = {64 * 1024}, .data = big};
     struct rlimit old, lim;
     CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
     lim = old;
@@ -536,14 +537,14 @@ static void test_write_failures(void)
 
 static void test_dtype_table(void)
 {
-    for (int i = 0; i < LOOM_ST_DTYPE_COUNT; i++) {
-        enum loom_st_dtype d;
-        CHECK(loom_st_dtype_name((enum loom_st_dtype)i) != NULL);
-        CHECK(loom_st_dtype_parse(loom_st_dtype_name((enum loom_st_dtype)i), &d) == 0 && (int)d == i);
-        CHECK(loom_st_dtype_size((enum loom_st_dtype)i) > 0);
+    for (int i = 0; i < LOOM_DTYPE_COUNT; i++) {
+        enum loom_dtype d;
+        CHECK(loom_st_dtype_name((enum loom_dtype)i) != NULL);
+        CHECK(loom_st_dtype_parse(loom_st_dtype_name((enum loom_dtype)i), &d) == 0 && (int)d == i);
+        CHECK(loom_st_dtype_size((enum loom_dtype)i) > 0);
     }
-    CHECK(loom_st_dtype_name(LOOM_ST_DTYPE_COUNT) == NULL);
-    CHECK(loom_st_dtype_size(LOOM_ST_BF16) == 2 && loom_st_dtype_size(LOOM_ST_I64) == 8);
+    CHECK(loom_st_dtype_name(LOOM_DTYPE_COUNT) == NULL);
+    CHECK(loom_st_dtype_size(LOOM_DTYPE_BF16) == 2 && loom_st_dtype_size(LOOM_DTYPE_I64) == 8);
 }
 
 int main(void)

@@ -20,9 +20,17 @@
 #define PAR_MIN 65536
 
 static const char *const dtype_names[] = {
-    [LOOM_DTYPE_F32] = "fp32", [LOOM_DTYPE_BF16] = "bf16", [LOOM_DTYPE_F16] = "fp16"};
+    [LOOM_DTYPE_F32] = "fp32",  [LOOM_DTYPE_BF16] = "bf16", [LOOM_DTYPE_F16] = "fp16",
+    [LOOM_DTYPE_F64] = "fp64",  [LOOM_DTYPE_I32] = "int32", [LOOM_DTYPE_I64] = "int64",
+    [LOOM_DTYPE_U8] = "uint8",  [LOOM_DTYPE_I8] = "int8",   [LOOM_DTYPE_U16] = "uint16",
+    [LOOM_DTYPE_I16] = "int16", [LOOM_DTYPE_BOOL] = "bool", [LOOM_DTYPE_U32] = "uint32",
+    [LOOM_DTYPE_U64] = "uint64"};
 static_assert(sizeof dtype_names / sizeof dtype_names[0] == LOOM_DTYPE_COUNT, "dtype_names");
-static const size_t dtype_sizes[] = {[LOOM_DTYPE_F32] = 4, [LOOM_DTYPE_BF16] = 2, [LOOM_DTYPE_F16] = 2};
+static const size_t dtype_sizes[] = {
+    [LOOM_DTYPE_F32] = 4, [LOOM_DTYPE_BF16] = 2, [LOOM_DTYPE_F16] = 2,  [LOOM_DTYPE_F64] = 8,
+    [LOOM_DTYPE_I32] = 4, [LOOM_DTYPE_I64] = 8,  [LOOM_DTYPE_U8] = 1,   [LOOM_DTYPE_I8] = 1,
+    [LOOM_DTYPE_U16] = 2, [LOOM_DTYPE_I16] = 2,  [LOOM_DTYPE_BOOL] = 1, [LOOM_DTYPE_U32] = 4,
+    [LOOM_DTYPE_U64] = 8};
 static_assert(sizeof dtype_sizes / sizeof dtype_sizes[0] == LOOM_DTYPE_COUNT, "dtype_sizes");
 
 const char *loom_dtype_name(enum loom_dtype dt)
@@ -158,10 +166,10 @@ void loom_dtype_round_trip(float *x, size_t n, enum loom_dtype dt)
 #pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
         for (size_t i = 0; i < n; i++) x[i] = float_of(f16_to_bits(f16_from_bits(bits_of(x[i]))));
         return;
-    case LOOM_DTYPE_COUNT:
+    default:
         break;
     }
-    LOOM_ASSERT(!"dtype out of range");
+    LOOM_ASSERT(!"not a floating-point dtype of 32 bits or fewer");
 }
 
 void loom_lp_from_f32(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt)

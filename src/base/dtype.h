@@ -33,11 +33,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum loom_dtype { LOOM_DTYPE_F32 = 0, LOOM_DTYPE_BF16 = 1, LOOM_DTYPE_F16 = 2, LOOM_DTYPE_COUNT };
+/* The one element-type enum of the code base: buffers, communication,
+ * safetensors files. Values only grow at the end. */
+enum loom_dtype {
+    LOOM_DTYPE_F32 = 0,
+    LOOM_DTYPE_BF16 = 1,
+    LOOM_DTYPE_F16 = 2,
+    LOOM_DTYPE_F64 = 3,
+    LOOM_DTYPE_I32 = 4,
+    LOOM_DTYPE_I64 = 5,
+    LOOM_DTYPE_U8 = 6,
+    LOOM_DTYPE_I8 = 7,
+    LOOM_DTYPE_U16 = 8,
+    LOOM_DTYPE_I16 = 9,
+    LOOM_DTYPE_BOOL = 10,
+    LOOM_DTYPE_U32 = 11,
+    LOOM_DTYPE_U64 = 12,
+    LOOM_DTYPE_COUNT
+};
 
-/* "fp32", "bf16", "fp16"; NULL for a value out of range. */
+/* "fp32", "bf16", "fp16", "int32", ...; NULL for a value out of range. */
 const char *loom_dtype_name(enum loom_dtype dt);
-/* Bytes per element: 4, 2, 2. */
+/* Bytes per element. */
 size_t loom_dtype_size(enum loom_dtype dt);
 
 /* Scalars. 16-bit values travel as their bit patterns. */

@@ -30,13 +30,11 @@ static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "g
 static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather",
                                          "broadcast",  "send",           "recv"};
 static_assert(sizeof coll_names / sizeof coll_names[0] == LOOM_COLL_COUNT, "coll_names");
-static const size_t dtype_size[] = {4, 8, 8, 2, 2, 2};
-static_assert(sizeof dtype_size / sizeof dtype_size[0] == LOOM_COMM_DTYPE_COUNT, "dtype_size");
 
 struct loom_comm_handle {
     enum loom_coll coll;
     enum loom_group group;
-    enum loom_comm_dtype dt;
+    enum loom_dtype dt;
     enum loom_op op;
     const void *send;
     void *recv;
@@ -93,18 +91,20 @@ void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
 }
 
 #ifdef LOOM_HAVE_MPI
-static MPI_Datatype mpi_dtype(enum loom_comm_dtype dt)
+static MPI_Datatype mpi_dtype(enum loom_dtype dt)
 {
     switch (dt) {
-    case LOOM_F32:
+    case LOOM_DTYPE_F32:
         return MPI_FLOAT;
-    case LOOM_F64:
+    case LOOM_DTYPE_F64:
         return MPI_DOUBLE;
-    case LOOM_U64:
+    case LOOM_DTYPE_U64:
         return MPI_UINT64_T;
-    case LOOM_U16:
-    case LOOM_BF16:
-    case LOOM_F16:
+    case LOOM_DTYPE_I32:
+        return MPI_INT32_T;
+    case LOOM_DTYPE_U16:
+    case LOOM_DTYPE_BF16:
+    case LOOM_DTYPE_F16:
         return MPI_UINT16_T;
     default:
         LOOM_ASSERT(0);
@@ -131,11 +131,11 @@ static void f16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
     for (int i = 0; i < *len; i++) b[i] = loom_f32_to_f16(loom_f16_to_f32(a[i]) + loom_f16_to_f32(b[i]));
 }
 
-static MPI_Op mpi_op(enum loom_comm_dtype dt, enum loom_op op)
+static MPI_Op mpi_op(enum loom_dtype dt, enum loom_op op)
 {
-    if (dt == LOOM_BF16 || dt == LOOM_F16) {
+    if (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16) {
         LOOM_ASSERT(op == LOOM_OP_SUM);
-        return dt == LOOM_BF16 ? bf16_sum_op : f16_sum_op;
+        return dt == LOOM_DTYPE_BF16 ? bf16_sum_op : f16_sum_op;
     }
     switch (op) {
     case LOOM_OP_SUM:
@@ -353,10 +353,9 @@ static void submit(struct loom_comm_handle *h)
 }
 
 static struct loom_comm_handle *build(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
-                                      size_t count, enum loom_comm_dtype dt, enum loom_op op, int peer,
-                                      int tag)
+                                      size_t count, enum loom_dtype dt, enum loom_op op, int peer, int tag)
 {
-    LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT && dt >= 0 && dt < LOOM_COMM_DTYPE_COUNT);
+    LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT && dt >= 0 && dt < LOOM_DTYPE_COUNT);
     struct loom_comm_handle *h = calloc(1, sizeof *h);
     if (!h) loom_die("out of memory posting a collective");
     h->coll = coll;
@@ -379,12 +378,11 @@ static int local_only(enum loom_group g)
 }
 
 static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, const void *send, void *recv,
-                                     size_t count, enum loom_comm_dtype dt, enum loom_op op, int peer,
-                                     int tag)
+                                     size_t count, enum loom_dtype dt, enum loom_op op, int peer, int tag)
 {
     struct loom_comm_handle *h = build(coll, g, send, recv, count, dt, op, peer, tag);
     if (local_only(g)) {
-        size_t bytes = count * dtype_size[dt];
+        size_t bytes = count * loom_dtype_size(dt);
         if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER) && send && send != recv &&
             bytes)
             memcpy(recv, send, bytes);
@@ -396,20 +394,20 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
     return h;
 }
 
-struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count,
-                                             enum loom_comm_dtype dt, enum loom_op op)
+struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+                                             enum loom_op op)
 {
     return post(LOOM_COLL_ALLREDUCE, g, buf, buf, count, dt, op, 0, 0);
 }
 
 struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv,
-                                                  size_t count, enum loom_comm_dtype dt)
+                                                  size_t count, enum loom_dtype dt)
 {
     return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
 }
 
 struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
-                                                    const int *counts, enum loom_comm_dtype dt)
+                                                    const int *counts, enum loom_dtype dt)
 {
     if (local_only(g))
         return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, (size_t)counts[0], dt, LOOM_OP_SUM, 0, 0);
@@ -425,13 +423,13 @@ struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const voi
 }
 
 struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv,
-                                               const int *counts, const int *displs, enum loom_comm_dtype dt)
+                                               const int *counts, const int *displs, enum loom_dtype dt)
 {
     if (local_only(g)) {
         struct loom_comm_handle *h = post(LOOM_COLL_ALLGATHER, g, NULL, NULL, 0, dt, LOOM_OP_SUM, 0, 0);
         if (counts[0])
-            memcpy((char *)recv + (size_t)displs[0] * dtype_size[dt], send,
-                   (size_t)counts[0] * dtype_size[dt]);
+            memcpy((char *)recv + (size_t)displs[0] * loom_dtype_size(dt), send,
+                   (size_t)counts[0] * loom_dtype_size(dt));
         return h;
     }
     const int n = group_size[g];
@@ -447,24 +445,24 @@ struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *se
 }
 
 struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
-                                             enum loom_comm_dtype dt)
+                                             enum loom_dtype dt)
 {
     return post(LOOM_COLL_ALLGATHER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
 }
 
-struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count,
-                                             enum loom_comm_dtype dt, int root)
+struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+                                             int root)
 {
     return post(LOOM_COLL_BROADCAST, g, buf, buf, count, dt, LOOM_OP_SUM, root, 0);
 }
 
-struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count,
-                                        enum loom_comm_dtype dt, int peer, int tag)
+struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count, enum loom_dtype dt,
+                                        int peer, int tag)
 {
     return post(LOOM_COLL_SEND, g, buf, NULL, count, dt, LOOM_OP_SUM, peer, tag);
 }
 
-struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
                                         int peer, int tag)
 {
     return post(LOOM_COLL_RECV, g, NULL, buf, count, dt, LOOM_OP_SUM, peer, tag);
@@ -499,7 +497,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
             fprintf(stderr,
                     "loom: error: [rank %d] communication timeout: %s on the %s group (%zu bytes) not done "
                     "after %g s at step %lld; aborting the job\n",
-                    world_rank, coll_names[h->coll], group_names[h->group], h->count * dtype_size[h->dt],
+                    world_rank, coll_names[h->coll], group_names[h->group], h->count * loom_dtype_size(h->dt),
                     timeout_s, (long long)h->step);
             loom_comm_abort(LOOM_ERR_RUNTIME);
         }
@@ -511,8 +509,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
     return now_s() - t0;
 }
 
-void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
-                              enum loom_op op)
+void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_dtype dt, enum loom_op op)
 {
     loom_comm_wait(loom_comm_allreduce(g, buf, count, dt, op));
 }
@@ -520,12 +517,12 @@ void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum l
 int loom_comm_agree(int rc, int *first_rank)
 {
     uint64_t v[2] = {(uint64_t)rc, rc ? (uint64_t)world_rank : (uint64_t)world_size};
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v[0], 1, LOOM_U64, LOOM_OP_MAX);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v[0], 1, LOOM_DTYPE_U64, LOOM_OP_MAX);
     if (v[0]) {
         /* the lowest rank with the worst status prints */
         uint64_t mine = (uint64_t)rc == v[0] ? (uint64_t)world_rank : (uint64_t)world_size;
         v[1] = mine;
-        loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v[1], 1, LOOM_U64, LOOM_OP_MIN);
+        loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v[1], 1, LOOM_DTYPE_U64, LOOM_OP_MIN);
     }
     if (first_rank) *first_rank = (int)v[1];
     return (int)v[0];
@@ -539,7 +536,7 @@ int loom_comm_agree_shared(int rc)
     uint64_t words[128] = {0}; /* the message, as bytes */
     char *msg = (char *)words;
     if (world_rank == first) snprintf(msg, sizeof words, "%s", loom_error_message());
-    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, words, 128, LOOM_U64, first));
+    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, words, 128, LOOM_DTYPE_U64, first));
     msg[sizeof words - 1] = 0;
     loom_error_set(all, "%s", msg);
     return all;

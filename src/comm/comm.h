@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
+
 enum loom_group {
     LOOM_GROUP_WORLD = 0,
     LOOM_GROUP_DP = 1,
@@ -41,15 +43,8 @@ enum loom_coll {
     LOOM_COLL_COUNT
 };
 
-enum loom_comm_dtype {
-    LOOM_F32 = 0,
-    LOOM_F64 = 1,
-    LOOM_U64 = 2,
-    LOOM_U16 = 3,  /* 16-bit values moved, never reduced: bf16/fp16 parameters */
-    LOOM_BF16 = 4, /* bfloat16 summed: each addition in float32, rounded to bf16 */
-    LOOM_F16 = 5,  /* float16 summed the same way */
-    LOOM_COMM_DTYPE_COUNT
-};
+/* Element types are base/dtype.h's: BF16 and F16 are summed with each
+ * addition in float32, rounded to the dtype; every dtype moves as its bytes. */
 
 enum loom_op { LOOM_OP_SUM = 0, LOOM_OP_MIN = 1, LOOM_OP_MAX = 2, LOOM_OP_COUNT };
 
@@ -79,36 +74,36 @@ void loom_comm_set_timeout(double seconds);
 void loom_comm_set_step(int64_t step);
 
 /* In-place all-reduce of count elements. */
-struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count,
-                                             enum loom_comm_dtype dt, enum loom_op op);
+struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+                                             enum loom_op op);
 /* recv (count) = this rank's slice of the sum of send (count x group size). */
 struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv,
-                                                  size_t count, enum loom_comm_dtype dt);
+                                                  size_t count, enum loom_dtype dt);
 /* The uneven form: send holds the group's segments in rank order, counts[r]
  * elements for rank r; recv (counts[rank]) gets this rank's segment of the
  * sum. counts is copied. */
 struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
-                                                    const int *counts, enum loom_comm_dtype dt);
+                                                    const int *counts, enum loom_dtype dt);
 /* recv (count x group size) = every rank's send (count), in rank order.
  * send NULL: in place, this rank's part already at recv + rank x count. */
 struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
-                                             enum loom_comm_dtype dt);
+                                             enum loom_dtype dt);
 /* The uneven form: rank r contributes counts[r] elements (send), placed at
  * recv + displs[r]. counts and displs are copied. */
 struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv,
-                                               const int *counts, const int *displs, enum loom_comm_dtype dt);
-struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count,
-                                             enum loom_comm_dtype dt, int root);
-struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count,
-                                        enum loom_comm_dtype dt, int peer, int tag);
-struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
+                                               const int *counts, const int *displs, enum loom_dtype dt);
+struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
+                                             int root);
+struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count, enum loom_dtype dt,
+                                        int peer, int tag);
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
                                         int peer, int tag);
 
 /* Waits for the handle until the deadline (then aborts the job) and frees it.
  * Returns the seconds spent waiting. */
 double loom_comm_wait(struct loom_comm_handle *h);
 /* Blocking all-reduce: post and wait. */
-void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_comm_dtype dt,
+void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
                               enum loom_op op);
 
 /* Every rank learns the worst status of all: returns the largest rc of any

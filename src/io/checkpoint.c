@@ -172,7 +172,7 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
         if (count == 0) continue;
         struct loom_st_tensor_in *t = &ts[nt++];
         t->name = p->name;
-        t->dtype = LOOM_ST_F32;
+        t->dtype = LOOM_DTYPE_F32;
         t->data = p->data;
         if (s->lo == 0 && s->hi == loom_ckpt_slice_box_numel(s)) { /* the whole box */
             t->ndim = s->ndim;
@@ -270,7 +270,7 @@ static int index_file(struct loom_ckpt_reader *r, int f)
         for (const char *c = t->name; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 return loom_error_set(LOOM_ERR_INPUT, "%s: a tensor name holds control characters", st->path);
-        if (t->dtype != LOOM_ST_F32)
+        if (t->dtype != LOOM_DTYPE_F32)
             return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s is %s; checkpoints hold F32", st->path,
                                   t->name, loom_st_dtype_name(t->dtype));
         snprintf(key, sizeof key, "loom.xxh3.%s", t->name);

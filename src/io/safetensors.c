@@ -42,36 +42,37 @@
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
 
 static const char *const dtype_names[] = {
-    [LOOM_ST_F32] = "F32", [LOOM_ST_F16] = "F16", [LOOM_ST_BF16] = "BF16", [LOOM_ST_F64] = "F64",
-    [LOOM_ST_I32] = "I32", [LOOM_ST_I64] = "I64", [LOOM_ST_U8] = "U8",     [LOOM_ST_I8] = "I8",
-    [LOOM_ST_U16] = "U16", [LOOM_ST_I16] = "I16", [LOOM_ST_BOOL] = "BOOL", [LOOM_ST_U32] = "U32",
-    [LOOM_ST_U64] = "U64",
+    [LOOM_DTYPE_F32] = "F32", [LOOM_DTYPE_F16] = "F16", [LOOM_DTYPE_BF16] = "BF16", [LOOM_DTYPE_F64] = "F64",
+    [LOOM_DTYPE_I32] = "I32", [LOOM_DTYPE_I64] = "I64", [LOOM_DTYPE_U8] = "U8",     [LOOM_DTYPE_I8] = "I8",
+    [LOOM_DTYPE_U16] = "U16", [LOOM_DTYPE_I16] = "I16", [LOOM_DTYPE_BOOL] = "BOOL", [LOOM_DTYPE_U32] = "U32",
+    [LOOM_DTYPE_U64] = "U64",
 };
-static_assert(sizeof dtype_names / sizeof dtype_names[0] == LOOM_ST_DTYPE_COUNT,
+static_assert(sizeof dtype_names / sizeof dtype_names[0] == LOOM_DTYPE_COUNT,
               "dtype_names must name every loom_st_dtype");
 
 static const unsigned char dtype_sizes[] = {
-    [LOOM_ST_F32] = 4,  [LOOM_ST_F16] = 2, [LOOM_ST_BF16] = 2, [LOOM_ST_F64] = 8, [LOOM_ST_I32] = 4,
-    [LOOM_ST_I64] = 8,  [LOOM_ST_U8] = 1,  [LOOM_ST_I8] = 1,   [LOOM_ST_U16] = 2, [LOOM_ST_I16] = 2,
-    [LOOM_ST_BOOL] = 1, [LOOM_ST_U32] = 4, [LOOM_ST_U64] = 8,
+    [LOOM_DTYPE_F32] = 4, [LOOM_DTYPE_F16] = 2, [LOOM_DTYPE_BF16] = 2, [LOOM_DTYPE_F64] = 8,
+    [LOOM_DTYPE_I32] = 4, [LOOM_DTYPE_I64] = 8, [LOOM_DTYPE_U8] = 1,   [LOOM_DTYPE_I8] = 1,
+    [LOOM_DTYPE_U16] = 2, [LOOM_DTYPE_I16] = 2, [LOOM_DTYPE_BOOL] = 1, [LOOM_DTYPE_U32] = 4,
+    [LOOM_DTYPE_U64] = 8,
 };
-static_assert(sizeof dtype_sizes == LOOM_ST_DTYPE_COUNT, "dtype_sizes must size every loom_st_dtype");
+static_assert(sizeof dtype_sizes == LOOM_DTYPE_COUNT, "dtype_sizes must size every loom_st_dtype");
 
-const char *loom_st_dtype_name(enum loom_st_dtype dtype)
+const char *loom_st_dtype_name(enum loom_dtype dtype)
 {
-    return (unsigned)dtype < LOOM_ST_DTYPE_COUNT ? dtype_names[dtype] : NULL;
+    return (unsigned)dtype < LOOM_DTYPE_COUNT ? dtype_names[dtype] : NULL;
 }
 
-size_t loom_st_dtype_size(enum loom_st_dtype dtype)
+size_t loom_st_dtype_size(enum loom_dtype dtype)
 {
-    return (unsigned)dtype < LOOM_ST_DTYPE_COUNT ? dtype_sizes[dtype] : 0;
+    return (unsigned)dtype < LOOM_DTYPE_COUNT ? dtype_sizes[dtype] : 0;
 }
 
-int loom_st_dtype_parse(const char *name, enum loom_st_dtype *out)
+int loom_st_dtype_parse(const char *name, enum loom_dtype *out)
 {
-    for (int i = 0; i < LOOM_ST_DTYPE_COUNT; i++) {
+    for (int i = 0; i < LOOM_DTYPE_COUNT; i++) {
         if (strcmp(name, dtype_names[i]) == 0) {
-            *out = (enum loom_st_dtype)i;
+            *out = (enum loom_dtype)i;
             return 0;
         }
     }
@@ -517,24 +518,24 @@ int loom_st_read_f32(const struct loom_st_tensor *t, float *dst, size_t n)
                               loom_st_shown(t->name, nb, sizeof nb), t->numel, n);
     const unsigned char *p = t->data;
     switch (t->dtype) {
-    case LOOM_ST_F32:
+    case LOOM_DTYPE_F32:
         if (n > 0) memcpy(dst, p, n * sizeof(float)); /* dst may be NULL when n is 0 */
         return 0;
-    case LOOM_ST_F64:
+    case LOOM_DTYPE_F64:
         for (size_t i = 0; i < n; i++) {
             double d;
             memcpy(&d, p + 8 * i, sizeof d);
             dst[i] = (float)d;
         }
         return 0;
-    case LOOM_ST_F16:
+    case LOOM_DTYPE_F16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, sizeof h);
             dst[i] = loom_f16_to_f32(h);
         }
         return 0;
-    case LOOM_ST_BF16:
+    case LOOM_DTYPE_BF16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, sizeof h);

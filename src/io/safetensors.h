@@ -28,38 +28,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
+
 #define LOOM_ST_MAX_DIMS 8
 #define LOOM_ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes of JSON */
 
 /* Values grow only at the end. Names are the format's dtype strings. */
-enum loom_st_dtype {
-    LOOM_ST_F32 = 0,
-    LOOM_ST_F16 = 1,
-    LOOM_ST_BF16 = 2,
-    LOOM_ST_F64 = 3,
-    LOOM_ST_I32 = 4,
-    LOOM_ST_I64 = 5,
-    LOOM_ST_U8 = 6,
-    LOOM_ST_I8 = 7,
-    LOOM_ST_U16 = 8,
-    LOOM_ST_I16 = 9,
-    LOOM_ST_BOOL = 10,
-    LOOM_ST_U32 = 11,
-    LOOM_ST_U64 = 12,
-    LOOM_ST_DTYPE_COUNT
-};
+/* Tensor dtypes are base/dtype.h's enum loom_dtype. */
 
 /* "F32", "BF16", ...; NULL for a value out of range. */
-const char *loom_st_dtype_name(enum loom_st_dtype dtype);
+const char *loom_st_dtype_name(enum loom_dtype dtype);
 /* Bytes per element; 0 for a value out of range. */
-size_t loom_st_dtype_size(enum loom_st_dtype dtype);
+size_t loom_st_dtype_size(enum loom_dtype dtype);
 /* Parses a dtype string; returns 0 and sets *out, or -1 when unknown. */
-int loom_st_dtype_parse(const char *name, enum loom_st_dtype *out);
+int loom_st_dtype_parse(const char *name, enum loom_dtype *out);
 
 /* A tensor in an open file. */
 struct loom_st_tensor {
     const char *name;
-    enum loom_st_dtype dtype;
+    enum loom_dtype dtype;
     int ndim;                        /* 0 (a scalar) .. LOOM_ST_MAX_DIMS */
     int64_t shape[LOOM_ST_MAX_DIMS]; /* entries past ndim are 0 */
     uint64_t numel;                  /* product of shape (1 for a scalar) */
@@ -113,7 +100,7 @@ int loom_st_read_f32(const struct loom_st_tensor *t, float *dst, size_t n);
 /* A tensor to write: `data` holds numel(shape) * dtype size bytes. */
 struct loom_st_tensor_in {
     const char *name;
-    enum loom_st_dtype dtype;
+    enum loom_dtype dtype;
     int ndim;
     int64_t shape[LOOM_ST_MAX_DIMS];
     const void *data;

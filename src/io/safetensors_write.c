@@ -80,7 +80,7 @@ static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, in
         if (strcmp(t->name, "__metadata__") == 0)
             return loom_st_bad_file(path, "tensor name \"__metadata__\" is reserved");
         if (!valid_utf8(t->name)) return loom_st_bad_file(path, "tensor '%s': name is not UTF-8", name);
-        if ((unsigned)t->dtype >= LOOM_ST_DTYPE_COUNT)
+        if ((unsigned)t->dtype >= LOOM_DTYPE_COUNT)
             return loom_st_bad_file(path, "tensor '%s': dtype value %d is out of range", name, (int)t->dtype);
         if (t->ndim < 0 || t->ndim > LOOM_ST_MAX_DIMS)
             return loom_st_bad_file(path, "tensor '%s': ndim %d is outside 0..%d", name, t->ndim,

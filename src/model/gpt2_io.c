@@ -108,7 +108,7 @@ int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct
         for (int ti = 0; ti < b->ntensors; ti++, k++) {
             const struct loom_tensor *t = &b->tensors[ti];
             ts[k].name = t->name;
-            ts[k].dtype = LOOM_ST_F32;
+            ts[k].dtype = LOOM_DTYPE_F32;
             ts[k].ndim = t->ndim;
             ts[k].shape[0] = t->shape[0];
             ts[k].shape[1] = t->shape[1];

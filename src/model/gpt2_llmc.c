@@ -430,7 +430,7 @@ int loom_llmc_save_safetensors(const char *path, const struct loom_gpt2 *m,
         meta[2 * nmeta++ + 1] = vp;
         if (extra->wte_padding && extra->padded_vocab > m->cfg.vocab) {
             pad = (struct loom_st_tensor_in){.name = "llmc.wte_padding",
-                                             .dtype = LOOM_ST_F32,
+                                             .dtype = LOOM_DTYPE_F32,
                                              .ndim = 2,
                                              .shape = {extra->padded_vocab - m->cfg.vocab, m->cfg.hidden},
                                              .data = extra->wte_padding};

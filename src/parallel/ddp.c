@@ -24,7 +24,7 @@ static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
         b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads_lp, b->count, d->reduce16, LOOM_OP_SUM);
         return;
     }
-    b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads, b->count, LOOM_F32, LOOM_OP_SUM);
+    b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads, b->count, LOOM_DTYPE_F32, LOOM_OP_SUM);
 }
 
 /* Mixed precision: during the backward that reduces, a bucket's blocks
@@ -135,9 +135,9 @@ static void scatter_all_ranks(struct loom_ddp *d)
     LOOM_ASSERT(rows == te.max_rows); /* every rank runs full micro-batches */
     for (size_t i = 0; i < rows; i++) d->my_tokens[i] = (float)te.tokens[i];
     struct loom_comm_handle *h1 =
-        loom_comm_allgather(LOOM_GROUP_DP, te.dout, d->gathered_dres, rows * C, LOOM_F32);
+        loom_comm_allgather(LOOM_GROUP_DP, te.dout, d->gathered_dres, rows * C, LOOM_DTYPE_F32);
     struct loom_comm_handle *h2 =
-        loom_comm_allgather(LOOM_GROUP_DP, d->my_tokens, d->gathered_tokens, rows, LOOM_F32);
+        loom_comm_allgather(LOOM_GROUP_DP, d->my_tokens, d->gathered_tokens, rows, LOOM_DTYPE_F32);
     loom_comm_wait(h1);
     loom_comm_wait(h2);
     int32_t *tokens = loom_alloc(rows * sizeof(int32_t), LOOM_MEM_COMM);
@@ -156,10 +156,10 @@ static void set_defer(struct loom_ddp *d, int defer)
     if (d->early_wte && d->model->ops->tied_embedding(d->model, &te)) *te.defer = defer;
 }
 
-void loom_ddp_reduce_in(struct loom_ddp *d, enum loom_comm_dtype dt)
+void loom_ddp_reduce_in(struct loom_ddp *d, enum loom_dtype dt)
 {
-    LOOM_ASSERT(dt == LOOM_F32 || (d->model->dtype && !d->early_wte));
-    d->reduce16 = dt == LOOM_F32 ? 0 : dt;
+    LOOM_ASSERT(dt == LOOM_DTYPE_F32 || (d->model->dtype && !d->early_wte));
+    d->reduce16 = dt == LOOM_DTYPE_F32 ? 0 : dt;
 }
 
 void loom_ddp_free(struct loom_ddp *d)

@@ -48,8 +48,8 @@ struct loom_ddp {
     struct loom_model *model;
     enum loom_dtype dtype; /* the model's */
     int dp, overlap, naive;
-    enum loom_comm_dtype reduce16; /* LOOM_BF16/LOOM_F16: gradients summed in 16 bits; 0: in float32 */
-    int early_wte;                 /* wte reduced from the LM head's backward on */
+    enum loom_dtype reduce16; /* LOOM_DTYPE_BF16/LOOM_DTYPE_F16: gradients summed in 16 bits; 0: in float32 */
+    int early_wte;            /* wte reduced from the LM head's backward on */
     struct loom_ddp_bucket wte;
     struct loom_ddp_bucket all;             /* naive: every gradient */
     float *gathered_dres, *gathered_tokens; /* (dp,rows,C), (dp,rows), for the deferred scatter */
@@ -64,11 +64,11 @@ struct loom_ddp {
 void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap,
                    int naive);
 void loom_ddp_free(struct loom_ddp *d);
-/* Mixed precision: the dtype gradients are summed in across ranks, LOOM_F32
+/* Mixed precision: the dtype gradients are summed in across ranks, LOOM_DTYPE_F32
  * (the default) or the model's 16-bit one (--grad-reduce-dtype): each rank's
  * sum is rounded once and the sum over ranks is done in 16 bits, each
  * addition rounded (half the bytes on the wire). */
-void loom_ddp_reduce_in(struct loom_ddp *d, enum loom_comm_dtype dt);
+void loom_ddp_reduce_in(struct loom_ddp *d, enum loom_dtype dt);
 /* Before each micro-batch's backward: sync = 1 on the last one. */
 void loom_ddp_begin_backward(struct loom_ddp *d, int sync);
 /* After the last micro-batch's backward: posts what is left, waits for all. */

@@ -117,7 +117,7 @@ static void post_grads(struct loom_zero *z, int block)
         loom_lp_from_f32((uint16_t *)f->send16, f->buf, n, z->dtype);
         f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->send16, f->recv16, z->counts, z->reduce16);
     } else {
-        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts, LOOM_F32);
+        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts, LOOM_DTYPE_F32);
     }
     z->order[z->norder++] = block;
 }
@@ -153,10 +153,10 @@ static void post_gather(struct loom_zero *z, int u)
     size_t mine = split(z, x->lo, x->hi), at = z->counts[z->dp_rank] ? mine - z->begin : 0;
     if (z->dtype)
         x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard_lp + at, x->buf, z->counts, z->displs,
-                                          LOOM_U16);
+                                          LOOM_DTYPE_U16);
     else
-        x->handle =
-            loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard + at, x->buf, z->counts, z->displs, LOOM_F32);
+        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard + at, x->buf, z->counts, z->displs,
+                                          LOOM_DTYPE_F32);
 }
 
 static void ensure_gathered(struct loom_zero *z, int u)
@@ -368,10 +368,10 @@ void loom_zero_finish_backward(struct loom_zero *z)
         loom_lp_from_f32(z->grad_shard_lp, z->grad_shard, z->shard, z->dtype);
 }
 
-void loom_zero_reduce_in(struct loom_zero *z, enum loom_comm_dtype dt)
+void loom_zero_reduce_in(struct loom_zero *z, enum loom_dtype dt)
 {
-    LOOM_ASSERT(dt == LOOM_F32 || (z->dtype && z->stage >= 2));
-    z->reduce16 = dt == LOOM_F32 ? 0 : dt;
+    LOOM_ASSERT(dt == LOOM_DTYPE_F32 || (z->dtype && z->stage >= 2));
+    z->reduce16 = dt == LOOM_DTYPE_F32 ? 0 : dt;
 }
 
 void loom_zero_accumulate_f32(struct loom_zero *z)
@@ -392,7 +392,7 @@ double loom_zero_grad_norm(const struct loom_zero *z)
         ss = loom_lp_sum_squares(z->grad_shard_lp, z->end - z->begin, z->dtype);
     else
         ss = loom_sum_squares(z->grad_shard, z->end - z->begin);
-    if (z->stage >= 2) loom_comm_allreduce_sync(LOOM_GROUP_DP, &ss, 1, LOOM_F64, LOOM_OP_SUM);
+    if (z->stage >= 2) loom_comm_allreduce_sync(LOOM_GROUP_DP, &ss, 1, LOOM_DTYPE_F64, LOOM_OP_SUM);
     return sqrt(ss);
 }
 
@@ -428,7 +428,8 @@ void loom_zero_after_step(struct loom_zero *z)
     }
     if (z->stage == 0 || z->dp == 1) return;
     if (z->dtype)
-        loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params_lp, z->shard, LOOM_U16));
+        loom_comm_wait(
+            loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params_lp, z->shard, LOOM_DTYPE_U16));
     else
-        loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params, z->shard, LOOM_F32));
+        loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params, z->shard, LOOM_DTYPE_F32));
 }

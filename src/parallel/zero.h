@@ -46,9 +46,9 @@ struct loom_zero_unit;   /* stage 3: blocks gathered together */
 struct loom_zero {
     int stage, dp, dp_rank;
     enum loom_dtype dtype; /* the model's: float32, or the 16-bit dtype of mixed precision */
-    enum loom_comm_dtype
-        reduce16;      /* stages 2-3: LOOM_BF16/LOOM_F16 to reduce-scatter in 16 bits; 0: float32 */
-    size_t shard;      /* elements per rank (the padded arena / dp) */
+    enum loom_dtype
+        reduce16; /* stages 2-3: LOOM_DTYPE_BF16/LOOM_DTYPE_F16 to reduce-scatter in 16 bits; 0: float32 */
+    size_t shard; /* elements per rank (the padded arena / dp) */
     size_t begin, end; /* this rank's elements of the arena, end clipped to the parameters */
     struct loom_model *model;
     /* stage 2 */
@@ -92,7 +92,7 @@ void loom_zero_finish_backward(struct loom_zero *z);
 void loom_zero_accumulate_f32(struct loom_zero *z);
 /* Stages 2-3 under mixed precision: reduce-scatter the gradients in the
  * 16-bit dtype (--grad-reduce-dtype), each rank's block gradient rounded once. */
-void loom_zero_reduce_in(struct loom_zero *z, enum loom_comm_dtype dt);
+void loom_zero_reduce_in(struct loom_zero *z, enum loom_dtype dt);
 /* Global gradient norm (over shards at stage 2). */
 double loom_zero_grad_norm(const struct loom_zero *z);
 /* Parameters and gradients of this rank's elements [begin, end), for the

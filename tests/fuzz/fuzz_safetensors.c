@@ -61,7 +61,7 @@ static void check_tensors(const struct loom_st *st, const uint8_t *buf, size_t s
         REQUIRE(t->name && strcmp(t->name, "__metadata__") != 0);
         REQUIRE(i == 0 || strcmp(loom_st_at(st, i - 1)->name, t->name) < 0);
         REQUIRE(loom_st_find(st, t->name) == t);
-        REQUIRE((unsigned)t->dtype < LOOM_ST_DTYPE_COUNT);
+        REQUIRE((unsigned)t->dtype < LOOM_DTYPE_COUNT);
         REQUIRE(t->ndim >= 0 && t->ndim <= LOOM_ST_MAX_DIMS);
         uint64_t numel = 1;
         for (int d = 0; d < LOOM_ST_MAX_DIMS; d++) {
@@ -74,8 +74,8 @@ static void check_tensors(const struct loom_st *st, const uint8_t *buf, size_t s
         REQUIRE((const uint8_t *)t->data == area + t->offset);
         for (size_t k = 0; k < t->nbytes; k++) sum += ((const uint8_t *)t->data)[k];
 
-        int is_float = t->dtype == LOOM_ST_F32 || t->dtype == LOOM_ST_F16 || t->dtype == LOOM_ST_BF16 ||
-                       t->dtype == LOOM_ST_F64;
+        int is_float = t->dtype == LOOM_DTYPE_F32 || t->dtype == LOOM_DTYPE_F16 ||
+                       t->dtype == LOOM_DTYPE_BF16 || t->dtype == LOOM_DTYPE_F64;
         float *dst = malloc(((size_t)t->numel + 1) * sizeof *dst);
         REQUIRE(dst);
         int rc = loom_st_read_f32(t, dst, (size_t)t->numel);

@@ -100,15 +100,15 @@ int main(int argc, char **argv)
     for (int i = 0; i < m->base.nblocks; i++) n += m->base.blocks[i].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     char(*names)[80] = calloc((size_t)n, sizeof *names);
-    ts[0] = (struct loom_st_tensor_in){"loss", LOOM_ST_F32, 1, {1}, &loss};
-    ts[1] = (struct loom_st_tensor_in){"logits", LOOM_ST_F32, 3, {B, T, cfg.vocab}, logits};
+    ts[0] = (struct loom_st_tensor_in){"loss", LOOM_DTYPE_F32, 1, {1}, &loss};
+    ts[1] = (struct loom_st_tensor_in){"logits", LOOM_DTYPE_F32, 3, {B, T, cfg.vocab}, logits};
     int k = 2;
     for (int i = 0; i < m->base.nblocks; i++)
         for (int j = 0; j < m->base.blocks[i].ntensors; j++, k++) {
             const struct loom_tensor *t = &m->base.blocks[i].tensors[j];
             snprintf(names[k], sizeof names[k], "grad.%s", t->name);
             ts[k].name = names[k];
-            ts[k].dtype = LOOM_ST_F32;
+            ts[k].dtype = LOOM_DTYPE_F32;
             ts[k].ndim = t->ndim;
             ts[k].shape[0] = t->shape[0];
             ts[k].shape[1] = t->shape[1];

@@ -48,21 +48,21 @@ static int write_fixed(const char *out)
     uint64_t u64[1] = {UINT64_MAX};
     float scalar = 3.5f;
     const struct loom_st_tensor_in t[] = {
-        {.name = "f32.weight", .dtype = LOOM_ST_F32, .ndim = 2, .shape = {3, 5}, .data = f32},
-        {.name = "f64", .dtype = LOOM_ST_F64, .ndim = 1, .shape = {4}, .data = f64},
-        {.name = "f16", .dtype = LOOM_ST_F16, .ndim = 2, .shape = {2, 3}, .data = f16},
-        {.name = "bf16", .dtype = LOOM_ST_BF16, .ndim = 1, .shape = {4}, .data = bf16},
-        {.name = "i32", .dtype = LOOM_ST_I32, .ndim = 2, .shape = {2, 2}, .data = i32},
-        {.name = "i64", .dtype = LOOM_ST_I64, .ndim = 1, .shape = {3}, .data = i64},
-        {.name = "u8", .dtype = LOOM_ST_U8, .ndim = 1, .shape = {5}, .data = u8},
-        {.name = "i8", .dtype = LOOM_ST_I8, .ndim = 1, .shape = {4}, .data = i8},
-        {.name = "u16", .dtype = LOOM_ST_U16, .ndim = 1, .shape = {3}, .data = u16},
-        {.name = "i16", .dtype = LOOM_ST_I16, .ndim = 1, .shape = {3}, .data = i16},
-        {.name = "bool", .dtype = LOOM_ST_BOOL, .ndim = 2, .shape = {2, 2}, .data = boolv},
-        {.name = "u32", .dtype = LOOM_ST_U32, .ndim = 1, .shape = {2}, .data = u32},
-        {.name = "u64", .dtype = LOOM_ST_U64, .ndim = 1, .shape = {1}, .data = u64},
-        {.name = "scalar", .dtype = LOOM_ST_F32, .ndim = 0, .data = &scalar},
-        {.name = "empty", .dtype = LOOM_ST_F32, .ndim = 2, .shape = {0, 4}, .data = NULL},
+        {.name = "f32.weight", .dtype = LOOM_DTYPE_F32, .ndim = 2, .shape = {3, 5}, .data = f32},
+        {.name = "f64", .dtype = LOOM_DTYPE_F64, .ndim = 1, .shape = {4}, .data = f64},
+        {.name = "f16", .dtype = LOOM_DTYPE_F16, .ndim = 2, .shape = {2, 3}, .data = f16},
+        {.name = "bf16", .dtype = LOOM_DTYPE_BF16, .ndim = 1, .shape = {4}, .data = bf16},
+        {.name = "i32", .dtype = LOOM_DTYPE_I32, .ndim = 2, .shape = {2, 2}, .data = i32},
+        {.name = "i64", .dtype = LOOM_DTYPE_I64, .ndim = 1, .shape = {3}, .data = i64},
+        {.name = "u8", .dtype = LOOM_DTYPE_U8, .ndim = 1, .shape = {5}, .data = u8},
+        {.name = "i8", .dtype = LOOM_DTYPE_I8, .ndim = 1, .shape = {4}, .data = i8},
+        {.name = "u16", .dtype = LOOM_DTYPE_U16, .ndim = 1, .shape = {3}, .data = u16},
+        {.name = "i16", .dtype = LOOM_DTYPE_I16, .ndim = 1, .shape = {3}, .data = i16},
+        {.name = "bool", .dtype = LOOM_DTYPE_BOOL, .ndim = 2, .shape = {2, 2}, .data = boolv},
+        {.name = "u32", .dtype = LOOM_DTYPE_U32, .ndim = 1, .shape = {2}, .data = u32},
+        {.name = "u64", .dtype = LOOM_DTYPE_U64, .ndim = 1, .shape = {1}, .data = u64},
+        {.name = "scalar", .dtype = LOOM_DTYPE_F32, .ndim = 0, .data = &scalar},
+        {.name = "empty", .dtype = LOOM_DTYPE_F32, .ndim = 2, .shape = {0, 4}, .data = NULL},
     };
     const char *meta[] = {"format", "pt", "producer", "loom st_tool", "unicode", "\xc3\xa9 \xe2\x9c\x93"};
     return loom_st_write(out, t, (int)(sizeof t / sizeof t[0]), meta, 3);
@@ -93,8 +93,8 @@ static int dump(const char *in)
         printf("tensor %s %s [", t->name, loom_st_dtype_name(t->dtype));
         for (int d = 0; d < t->ndim; d++) printf(d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
         printf("] %zu %016" PRIx64 " ", t->nbytes, fnv1a64(t->data, t->nbytes));
-        if (t->dtype == LOOM_ST_F32 || t->dtype == LOOM_ST_F16 || t->dtype == LOOM_ST_BF16 ||
-            t->dtype == LOOM_ST_F64) {
+        if (t->dtype == LOOM_DTYPE_F32 || t->dtype == LOOM_DTYPE_F16 || t->dtype == LOOM_DTYPE_BF16 ||
+            t->dtype == LOOM_DTYPE_F64) {
             float *buf = loom_alloc(loom_mul_size((size_t)t->numel + 1, sizeof *buf), LOOM_MEM_OTHER);
             rc = loom_st_read_f32(t, buf, (size_t)t->numel);
             double sum = 0;
