@@ -212,7 +212,8 @@ static int read_weights(const char *path, const struct convert_opts *o, int head
     if (cfg.hidden % cfg.heads != 0)
         return loom_error_set(LOOM_ERR_INPUT, "%s: hidden size %d is not divisible by %d attention heads",
                               path, cfg.hidden, cfg.heads);
-    c->model = loom_gpt2_create_padded(&cfg, 1, 1, 1, LOOM_MODEL_PARAM_ARENA);
+    c->model = loom_gpt2_create(&cfg, 1, 1);
+    loom_model_alloc_arenas(&c->model->base, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_gpt2_load(c->model, path)) || (rc = loom_llmc_extra_load(path, c->model, &c->llmc))) {
         loom_gpt2_free(c->model);
         c->model = NULL;
@@ -291,7 +292,8 @@ static int read_checkpoint(const char *path, const struct convert_opts *o, struc
     if (o->heads && o->heads != cfg.heads)
         return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
                               o->heads, path, cfg.heads);
-    c->model = loom_gpt2_create_padded(&cfg, 1, 1, 1, LOOM_MODEL_PARAM_ARENA);
+    c->model = loom_gpt2_create(&cfg, 1, 1);
+    loom_model_alloc_arenas(&c->model->base, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_checkpoint_load_weights(&c->model->base, path))) {
         loom_gpt2_free(c->model);
         c->model = NULL;

@@ -67,6 +67,7 @@ int loom_sample(struct loom_config *cfg)
     if ((rc = loom_gpt2_config_check(&mc, T))) return rc;
     if (cfg->threads > 0) loom_threads_set(cfg->threads);
     struct loom_gpt2 *m = loom_gpt2_create(&mc, 1, T);
+    loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     if ((rc = loom_checkpoint_load_weights(&m->base, cfg->load))) {
         loom_gpt2_free(m);
         return rc;

@@ -158,7 +158,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     if (rc == LOOM_OK) rc = open_data(r);
     if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
-    r->model = loom_gpt2_create_padded(&mc, cfg->micro_batch_size, cfg->seq_length, 1, 0);
+    r->model = loom_gpt2_create(&mc, cfg->micro_batch_size, cfg->seq_length);
     loom_gpt2_set_recompute(r->model, (enum loom_recompute)cfg->recompute_granularity,
                             (enum loom_recompute_method)cfg->recompute_method, cfg->recompute_num_layers);
     if (training) /* activations in the compute dtype (eval computes in float32) */

@@ -317,12 +317,6 @@ struct loom_gpt2 *loom_gpt2_of(struct loom_model *m)
 
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T)
 {
-    return loom_gpt2_create_padded(cfg, B, T, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
-}
-
-struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
-                                          int arenas)
-{
     struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
     m->B = B;
@@ -335,9 +329,6 @@ struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, in
     m->base.user = m;
     layout_blocks(m);
     loom_model_layout_done(&m->base);
-    /* one arena each for parameters and gradients, blocks in order, so that a
-     * run of consecutive blocks is one contiguous range (a DDP bucket) */
-    if (arenas) loom_model_alloc_arenas(&m->base, multiple, arenas);
     return m;
 }
 

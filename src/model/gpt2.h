@@ -101,19 +101,12 @@ struct loom_gpt2 {
 /* Checks the shape settings; LOOM_ERR_INPUT naming what is wrong. */
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);
 
-/* A model for micro-batches of up to B sequences of T tokens, with its
- * parameter and gradient arenas; the activations are allocated by the first
- * forward, once the recompute settings are known. Weights are zero until
- * initialised or loaded. */
+/* A model for micro-batches of up to B sequences of T tokens, described
+ * (blocks and tensors); the caller allocates its arenas
+ * (loom_model_alloc_arenas; the engine does it for the layout). The
+ * activations are allocated by the first forward, once the recompute
+ * settings are known. Weights are zero until initialised or loaded. */
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T);
-/* The same with the arenas padded to a multiple of `multiple` elements, so a
- * data-parallel group can split them into equal shards, and only the arenas
- * asked for (LOOM_MODEL_PARAM_ARENA, LOOM_MODEL_GRAD_ARENA; 0 leaves them to
- * the engine): a strategy that provides the blocks' gradient buffers through
- * pre_backward (ZeRO-2) needs no gradient arena, one that gathers their
- * parameters (ZeRO-3) no parameter arena. */
-struct loom_gpt2 *loom_gpt2_create_padded(const struct loom_gpt2_config *cfg, int B, int T, size_t multiple,
-                                          int arenas);
 void loom_gpt2_free(struct loom_gpt2 *m);
 
 /* Recomputation (Megatron's): granularity NONE and SELECTIVE take method

@@ -326,7 +326,8 @@ int loom_llmc_read(const char *path, struct loom_gpt2 **out, struct loom_llmc_ex
                                    .max_pos = (int)d.maxT,
                                    .vocab = (int)d.V};
     if ((rc = loom_gpt2_config_check(&cfg, 1))) goto fail;
-    struct loom_gpt2 *m = loom_gpt2_create_padded(&cfg, 1, 1, 1, LOOM_MODEL_PARAM_ARENA);
+    struct loom_gpt2 *m = loom_gpt2_create(&cfg, 1, 1);
+    loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA);
     size_t npad = (size_t)(d.Vp - d.V) * (size_t)d.C;
     float *pad = npad ? loom_alloc(npad * sizeof(float), LOOM_MEM_PARAMS) : NULL;
     copy_params(m, &d, (unsigned char *)map + LOOM_LLMC_HEADER_BYTES, version, 1, pad);

@@ -68,6 +68,7 @@ int main(int argc, char **argv)
     struct loom_gpt2_config cfg = {atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), maxT, atoi(argv[8])};
     int T = atoi(argv[7]), B = atoi(argv[9]);
     struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
+    loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     m->act_dtype = (enum loom_dtype)act_dtype;
     loom_gpt2_set_recompute(m, (enum loom_recompute)granularity, (enum loom_recompute_method)method,
                             num_layers);

@@ -1,0 +1,90 @@
+/*
+ * Model families: the registry the trainer, the configuration, checkpoints
+ * and the CLI consult instead of naming a model. A family (GPT-2 today, the
+ * Llama family next) gives its presets, checks its shape settings, builds a
+ * model for a micro-batch shape, counts its FLOPs, and reads and writes the
+ * shape a weights file or a checkpoint records. Everything else (blocks,
+ * tensors, forward and backward over a range of blocks) is the model
+ * interface, loom/model.h.
+ *
+ * Adding a family: one `src/model/<name>.c` with its blocks and kernels
+ * calls, one `const struct loom_model_family` describing it, and a line in
+ * family.c's table. Not here: the model interface itself, weights formats
+ * (each family's own io file).
+ */
+#ifndef LOOM_MODEL_FAMILY_H
+#define LOOM_MODEL_FAMILY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/config.h"
+#include "loom/model.h"
+
+#define LOOM_PRESET_MAX_SETTINGS 16
+
+/* A preset (--model NAME): settings applied with the origin "preset", below
+ * the JSON config and the flags, each as the flag and its value as text. */
+struct loom_model_preset {
+    const char *name;    /* "gpt2-tiny" */
+    const char *summary; /* one line for --help: "GPT-2 124M" */
+    struct {
+        const char *flag, *value; /* "--num-layers", "12" */
+    } settings[LOOM_PRESET_MAX_SETTINGS];
+};
+
+/* The shape settings a file records (a checkpoint's trainer state, a
+ * weights file's metadata): name/value pairs the family writes and reads. */
+#define LOOM_MODEL_SHAPE_MAX 16
+struct loom_model_shape {
+    char type[32]; /* the family's name: "gpt2" */
+    int n;
+    struct {
+        char key[40]; /* the config.json / metadata key: "n_layer" */
+        int64_t value;
+    } kv[LOOM_MODEL_SHAPE_MAX];
+};
+
+struct loom_model_family {
+    const char *name; /* "gpt2": the model_type in checkpoints and config.json */
+    const char *title; /* "GPT-2", for reports */
+    const struct loom_model_preset *presets;
+    int npresets;
+    /* The shape settings (cfg's model fields) make a model of this family
+     * for sequences of T: LOOM_ERR_INPUT naming the flag otherwise. */
+    int (*check)(const struct loom_config *cfg, int T);
+    /* A model for micro-batches of up to B sequences of T tokens, described
+     * (blocks and tensors) without arenas; recomputation and the activation
+     * dtype from cfg. Freed with destroy. */
+    struct loom_model *(*create)(const struct loom_config *cfg, int B, int T, int training);
+    void (*destroy)(struct loom_model *m);
+    /* FLOPs of one training step (forward + backward) per token. */
+    double (*flops_per_token)(const struct loom_model *m);
+    /* One line: "12 layers, 768 channels, 12 heads, T=1024, V=50257". */
+    void (*describe)(const struct loom_model *m, char *buf, size_t n);
+    /* The model's shape as recorded in files, and back into cfg's fields. */
+    void (*shape_of)(const struct loom_config *cfg, struct loom_model_shape *out);
+    int (*apply_shape)(const struct loom_model_shape *shape, struct loom_config *cfg);
+    /* Optional (NULL: not supported). A weights file (the family's own
+     * format, e.g. safetensors under Hugging Face names): its shape into
+     * cfg's model fields; its weights into a model whose parameter arena
+     * exists (float32). */
+    int (*read_shape)(const char *path, struct loom_config *cfg);
+    int (*load_weights)(struct loom_model *m, const char *path);
+    int (*save_weights)(struct loom_model *m, const char *path);
+};
+
+/* The families, in registry order; NULL past the end. */
+const struct loom_model_family *loom_model_family_at(int i);
+/* By family name ("gpt2"), or NULL. */
+const struct loom_model_family *loom_model_family_find(const char *name);
+/* The family and preset of a preset name ("gpt2-medium"), or NULL. */
+const struct loom_model_family *loom_model_family_of_preset(const char *preset,
+                                                            const struct loom_model_preset **out);
+/* The family of a built model (by its name), or NULL for a user's model. */
+const struct loom_model_family *loom_model_family_of(const struct loom_model *m);
+
+/* The registered families. */
+extern const struct loom_model_family loom_gpt2_family;
+
+#endif
