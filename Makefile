@@ -63,8 +63,8 @@ LDLIBS += $(MPI_LIBS)
 endif
 
 # ---- sources ----------------------------------------------------------------
-LIB_SRC  := $(sort $(wildcard src/base/*.c src/kernels/cpu/*.c src/model/*.c src/optim/*.c \
-                             src/io/*.c src/engine/*.c src/comm/*.c src/parallel/*.c))
+# every folder of src/ but the CLI is the library
+LIB_SRC  := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/kernels/cpu/*.c)))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
