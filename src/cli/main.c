@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/sample.h"
 #include "base/blas_env.h"
 #include "base/log.h"
 #include "cli/convert.h"
@@ -15,7 +16,6 @@
 #include "comm/comm.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/sample.h"
 #include "io/synth.h"
 #include "io/tokenizer.h"
 #include "loom/loom.h"

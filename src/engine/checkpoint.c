@@ -7,10 +7,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/clock.h"
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "engine/report.h"
 #include "io/checkpoint.h"
 #include "model/gpt2_io.h"
 

@@ -4,7 +4,7 @@
  * over the last T tokens. The byte-level tokenizer decodes (GPT-2 BPE comes
  * with its tokenizer). Not here: a KV cache (each token reruns the window).
  */
-#include "engine/sample.h"
+#include "app/sample.h"
 
 #include <math.h>
 #include <stdlib.h>

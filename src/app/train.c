@@ -13,14 +13,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "app/mfu.h"
+#include "app/report.h"
 #include "base/blas_env.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "comm/comm.h"
 #include "engine/config.h"
 #include "engine/engine_impl.h"
-#include "engine/mfu.h"
-#include "engine/report.h"
 #include "io/fs.h"
 #include "io/sampler.h"
 #include "io/synth.h"
@@ -115,7 +116,7 @@ static double evaluate(struct run *r)
                                  loom_engine_micro_batch_rows(r->engine, a), B, T, r->inputs, r->targets);
             sum += loom_gpt2_forward(r->model, r->inputs, r->targets, B);
         }
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, &sum, 1, LOOM_DTYPE_F64, LOOM_OP_SUM);
+    loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo->dp) : 0;
 }
 
@@ -210,7 +211,8 @@ static int64_t *gather_memory(const struct run *r, const struct loom_mem_stats *
     for (int i = 0; i < LOOM_MEM_COUNT; i++) mine[i] = (uint64_t)mem->peak[i];
     mine[LOOM_MEM_COUNT] = (uint64_t)mem->peak_total;
     int64_t *all = loom_alloc(sizeof(int64_t) * k * (size_t)r->topo->world, LOOM_MEM_OTHER);
-    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, mine, all, k, LOOM_DTYPE_U64));
+    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(mine, k, LOOM_DTYPE_U64),
+                                       loom_buf_of(all, k * (size_t)r->topo->world, LOOM_DTYPE_U64)));
     return all;
 }
 
@@ -221,7 +223,8 @@ static void print_rss(const struct run *r, struct loom_report *rep)
     getrusage(RUSAGE_SELF, &ru);
     uint64_t mine = (uint64_t)ru.ru_maxrss * 1024;
     uint64_t *all = loom_alloc(sizeof(uint64_t) * (size_t)r->topo->world, LOOM_MEM_OTHER);
-    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, &mine, all, 1, LOOM_DTYPE_U64));
+    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(&mine, 1, LOOM_DTYPE_U64),
+                                       loom_buf_of(all, (size_t)r->topo->world, LOOM_DTYPE_U64)));
     char line[1024] = "", b[32];
     for (int k = 0; k < r->topo->world && strlen(line) < sizeof line - 40; k++) {
         size_t l = strlen(line);
@@ -322,7 +325,7 @@ int loom_train(struct loom_config *cfg)
         peak = loom_calibrate_peak_flops();
         peak_src = "calibrated by sgemm at start-up";
     }
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &peak, 1, LOOM_DTYPE_F64, LOOM_OP_SUM);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&peak, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     if (loom_log_rank() == 0) loom_config_print(stdout, cfg);
     report_layout(&r, &rep, peak, peak_src);
 

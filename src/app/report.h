@@ -3,8 +3,8 @@
  * terminal (plain lines otherwise), the metrics JSONL of DESIGN.md, and the
  * closing summary. Rank 0 alone prints and writes.
  */
-#ifndef LOOM_ENGINE_REPORT_H
-#define LOOM_ENGINE_REPORT_H
+#ifndef LOOM_APP_REPORT_H
+#define LOOM_APP_REPORT_H
 
 #include <stdio.h>
 
@@ -41,7 +41,6 @@ void loom_report_progress(struct loom_report *r, int step, int total, double los
 /* Prints a line, keeping the bar below it on a terminal. */
 void loom_report_line(struct loom_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-double loom_now(void);
 /* "1.5 GB" style sizes and "1m05s" durations, into buf. */
 const char *loom_fmt_bytes(char *buf, size_t n, double bytes);
 const char *loom_fmt_duration(char *buf, size_t n, double seconds);

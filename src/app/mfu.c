@@ -1,17 +1,10 @@
 /* sgemm calibration of the machine's peak FLOP/s (see mfu.h). */
-#include "engine/mfu.h"
+#include "app/mfu.h"
 
 #include <cblas.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/mem.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 double loom_calibrate_peak_flops(void)
 {
@@ -25,9 +18,9 @@ double loom_calibrate_peak_flops(void)
     }
     double best = 0;
     for (int r = 0; r < 4; r++) {
-        double t0 = now_s();
+        double t0 = loom_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        double dt = now_s() - t0;
+        double dt = loom_now() - t0;
         double flops = 2.0 * n * n * n / dt;
         if (r > 0 && flops > best) best = flops; /* the first run warms up */
     }

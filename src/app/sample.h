@@ -1,6 +1,6 @@
 /* `loom sample`: text continuation from saved weights (see sample.c). */
-#ifndef LOOM_ENGINE_SAMPLE_H
-#define LOOM_ENGINE_SAMPLE_H
+#ifndef LOOM_APP_SAMPLE_H
+#define LOOM_APP_SAMPLE_H
 
 #include "loom/config.h"
 

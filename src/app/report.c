@@ -1,5 +1,5 @@
 /* Log lines, progress bar, metrics JSONL (see report.h). */
-#include "engine/report.h"
+#include "app/report.h"
 
 #include <errno.h>
 #include <math.h>
@@ -7,17 +7,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/log.h"
-
-double loom_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 const char *loom_fmt_bytes(char *buf, size_t n, double bytes)
 {
