@@ -51,6 +51,7 @@ struct loom_comm_handle {
 };
 
 static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1};
+static int group_rank[LOOM_GROUP_COUNT]; /* this rank's place in each group */
 static double timeout_s = 600;
 static int64_t cur_step = -1;
 static int have_thread;
@@ -287,6 +288,7 @@ void loom_comm_init(int *argc, char ***argv)
     (void)argc;
     (void)argv;
 #endif
+    group_rank[LOOM_GROUP_WORLD] = world_rank;
     loom_log_set_rank(world_rank);
     if (world_size > 1) loom_log_set_abort(loom_comm_abort);
 }
@@ -327,6 +329,10 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     group_size[LOOM_GROUP_DP] = t->dp;
     group_size[LOOM_GROUP_TP] = tp;
     group_size[LOOM_GROUP_PP] = pp;
+    group_rank[LOOM_GROUP_WORLD] = world_rank;
+    group_rank[LOOM_GROUP_DP] = t->dp_rank;
+    group_rank[LOOM_GROUP_TP] = t->tp_rank;
+    group_rank[LOOM_GROUP_PP] = t->pp_rank;
 #ifdef LOOM_HAVE_MPI
     if (mpi_on && !comms[LOOM_GROUP_DP]) {
         /* colour: the coordinates that stay fixed within the group */
@@ -394,78 +400,97 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
     return h;
 }
 
-struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
-                                             enum loom_op op)
+/* The buffer's memory, for a CPU buffer of a dtype comm moves. */
+static void *data_of(struct loom_buf b)
 {
-    return post(LOOM_COLL_ALLREDUCE, g, buf, buf, count, dt, op, 0, 0);
+    LOOM_ASSERT(b.device == LOOM_DEVICE_CPU && b.dtype >= 0 && b.dtype < LOOM_DTYPE_COUNT);
+    return b.data;
 }
 
-struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv,
-                                                  size_t count, enum loom_dtype dt)
+struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, struct loom_buf b, enum loom_op op)
 {
-    return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
+    return post(LOOM_COLL_ALLREDUCE, g, data_of(b), data_of(b), b.numel, b.dtype, op, 0, 0);
 }
 
-struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
-                                                    const int *counts, enum loom_dtype dt)
+struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, struct loom_buf send,
+                                                  struct loom_buf recv)
 {
-    if (local_only(g))
-        return post(LOOM_COLL_REDUCE_SCATTER, g, send, recv, (size_t)counts[0], dt, LOOM_OP_SUM, 0, 0);
+    LOOM_ASSERT(send.dtype == recv.dtype && send.numel == recv.numel * (size_t)group_size[g]);
+    return post(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), recv.numel, recv.dtype,
+                LOOM_OP_SUM, 0, 0);
+}
+
+struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, struct loom_buf send,
+                                                    struct loom_buf recv, const int *counts)
+{
     const int n = group_size[g];
+    size_t total = 0;
+    for (int r = 0; r < n; r++) total += (size_t)counts[r];
+    LOOM_ASSERT(send.dtype == recv.dtype && send.numel == total &&
+                recv.numel == (size_t)counts[group_rank[g]]);
+    const enum loom_dtype dt = recv.dtype;
+    if (local_only(g))
+        return post(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), (size_t)counts[0], dt,
+                    LOOM_OP_SUM, 0, 0);
     int *copy = malloc(sizeof(int) * (size_t)n);
     if (!copy) loom_die("out of memory posting a collective");
-    size_t total = 0;
-    for (int r = 0; r < n; r++) total += (size_t)(copy[r] = counts[r]);
-    struct loom_comm_handle *h = build(LOOM_COLL_REDUCE_SCATTER, g, send, recv, total, dt, LOOM_OP_SUM, 0, 0);
+    for (int r = 0; r < n; r++) copy[r] = counts[r];
+    struct loom_comm_handle *h =
+        build(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), total, dt, LOOM_OP_SUM, 0, 0);
     h->counts = copy;
     submit(h);
     return h;
 }
 
-struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv,
-                                               const int *counts, const int *displs, enum loom_dtype dt)
+struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, struct loom_buf send, struct loom_buf recv,
+                                               const int *counts, const int *displs)
 {
+    const int n = group_size[g];
+    const enum loom_dtype dt = recv.dtype;
+    LOOM_ASSERT(send.dtype == dt && send.numel == (size_t)counts[group_rank[g]]);
+    for (int r = 0; r < n; r++)
+        LOOM_ASSERT(counts[r] >= 0 && displs[r] >= 0 && (size_t)displs[r] + (size_t)counts[r] <= recv.numel);
     if (local_only(g)) {
         struct loom_comm_handle *h = post(LOOM_COLL_ALLGATHER, g, NULL, NULL, 0, dt, LOOM_OP_SUM, 0, 0);
         if (counts[0])
-            memcpy((char *)recv + (size_t)displs[0] * loom_dtype_size(dt), send,
+            memcpy((char *)data_of(recv) + (size_t)displs[0] * loom_dtype_size(dt), data_of(send),
                    (size_t)counts[0] * loom_dtype_size(dt));
         return h;
     }
-    const int n = group_size[g];
     int *c = malloc(sizeof(int) * (size_t)n), *d = malloc(sizeof(int) * (size_t)n);
     if (!c || !d) loom_die("out of memory posting a collective");
     size_t total = 0;
     for (int r = 0; r < n; r++) total += (size_t)(c[r] = counts[r]), d[r] = displs[r];
-    struct loom_comm_handle *h = build(LOOM_COLL_ALLGATHER, g, send, recv, total, dt, LOOM_OP_SUM, 0, 0);
+    struct loom_comm_handle *h =
+        build(LOOM_COLL_ALLGATHER, g, data_of(send), data_of(recv), total, dt, LOOM_OP_SUM, 0, 0);
     h->counts = c;
     h->displs = d;
     submit(h);
     return h;
 }
 
-struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
-                                             enum loom_dtype dt)
+struct loom_comm_handle *loom_comm_allgather(enum loom_group g, struct loom_buf send, struct loom_buf recv)
 {
-    return post(LOOM_COLL_ALLGATHER, g, send, recv, count, dt, LOOM_OP_SUM, 0, 0);
+    const size_t count = recv.numel / (size_t)group_size[g];
+    LOOM_ASSERT(recv.numel == count * (size_t)group_size[g]);
+    LOOM_ASSERT(!send.data || (send.dtype == recv.dtype && send.numel == count));
+    return post(LOOM_COLL_ALLGATHER, g, send.data ? data_of(send) : NULL, data_of(recv), count, recv.dtype,
+                LOOM_OP_SUM, 0, 0);
 }
 
-struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
-                                             int root)
+struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, struct loom_buf b, int root)
 {
-    return post(LOOM_COLL_BROADCAST, g, buf, buf, count, dt, LOOM_OP_SUM, root, 0);
+    return post(LOOM_COLL_BROADCAST, g, data_of(b), data_of(b), b.numel, b.dtype, LOOM_OP_SUM, root, 0);
 }
 
-struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count, enum loom_dtype dt,
-                                        int peer, int tag)
+struct loom_comm_handle *loom_comm_send(enum loom_group g, struct loom_buf b, int peer, int tag)
 {
-    return post(LOOM_COLL_SEND, g, buf, NULL, count, dt, LOOM_OP_SUM, peer, tag);
+    return post(LOOM_COLL_SEND, g, data_of(b), NULL, b.numel, b.dtype, LOOM_OP_SUM, peer, tag);
 }
 
-struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
-                                        int peer, int tag)
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, struct loom_buf b, int peer, int tag)
 {
-    return post(LOOM_COLL_RECV, g, NULL, buf, count, dt, LOOM_OP_SUM, peer, tag);
+    return post(LOOM_COLL_RECV, g, NULL, data_of(b), b.numel, b.dtype, LOOM_OP_SUM, peer, tag);
 }
 
 static double now_s(void)
@@ -509,20 +534,20 @@ double loom_comm_wait(struct loom_comm_handle *h)
     return now_s() - t0;
 }
 
-void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_dtype dt, enum loom_op op)
+void loom_comm_allreduce_sync(enum loom_group g, struct loom_buf b, enum loom_op op)
 {
-    loom_comm_wait(loom_comm_allreduce(g, buf, count, dt, op));
+    loom_comm_wait(loom_comm_allreduce(g, b, op));
 }
 
 int loom_comm_agree(int rc, int *first_rank)
 {
     uint64_t v[2] = {(uint64_t)rc, rc ? (uint64_t)world_rank : (uint64_t)world_size};
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v[0], 1, LOOM_DTYPE_U64, LOOM_OP_MAX);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&v[0], 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
     if (v[0]) {
         /* the lowest rank with the worst status prints */
         uint64_t mine = (uint64_t)rc == v[0] ? (uint64_t)world_rank : (uint64_t)world_size;
         v[1] = mine;
-        loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v[1], 1, LOOM_DTYPE_U64, LOOM_OP_MIN);
+        loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&v[1], 1, LOOM_DTYPE_U64), LOOM_OP_MIN);
     }
     if (first_rank) *first_rank = (int)v[1];
     return (int)v[0];
@@ -536,7 +561,7 @@ int loom_comm_agree_shared(int rc)
     uint64_t words[128] = {0}; /* the message, as bytes */
     char *msg = (char *)words;
     if (world_rank == first) snprintf(msg, sizeof words, "%s", loom_error_message());
-    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, words, 128, LOOM_DTYPE_U64, first));
+    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, loom_buf_of(words, 128, LOOM_DTYPE_U64), first));
     msg[sizeof words - 1] = 0;
     loom_error_set(all, "%s", msg);
     return all;

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "base/dtype.h"
 
 enum loom_group {
@@ -73,38 +74,42 @@ void loom_comm_set_timeout(double seconds);
 /* The training step, named in timeout messages. */
 void loom_comm_set_step(int64_t step);
 
-/* In-place all-reduce of count elements. */
-struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
-                                             enum loom_op op);
-/* recv (count) = this rank's slice of the sum of send (count x group size). */
-struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, const void *send, void *recv,
-                                                  size_t count, enum loom_dtype dt);
-/* The uneven form: send holds the group's segments in rank order, counts[r]
- * elements for rank r; recv (counts[rank]) gets this rank's segment of the
- * sum. counts is copied. */
-struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, const void *send, void *recv,
-                                                    const int *counts, enum loom_dtype dt);
-/* recv (count x group size) = every rank's send (count), in rank order.
- * send NULL: in place, this rank's part already at recv + rank x count. */
-struct loom_comm_handle *loom_comm_allgather(enum loom_group g, const void *send, void *recv, size_t count,
-                                             enum loom_dtype dt);
-/* The uneven form: rank r contributes counts[r] elements (send), placed at
- * recv + displs[r]. counts and displs are copied. */
-struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, const void *send, void *recv,
-                                               const int *counts, const int *displs, enum loom_dtype dt);
-struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
-                                             int root);
-struct loom_comm_handle *loom_comm_send(enum loom_group g, const void *buf, size_t count, enum loom_dtype dt,
-                                        int peer, int tag);
-struct loom_comm_handle *loom_comm_recv(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
-                                        int peer, int tag);
+/* Collectives take typed buffers (base/buf.h): the element count is the
+ * buffer's numel, the MPI type and the 16-bit sum op come from its dtype
+ * (F32, F64, I32, U64, U16, BF16, F16; send and recv of one call share a
+ * dtype). Buffers stay the caller's and must not be touched until the handle
+ * is waited for. Counts below are in elements; "group size" is the size of g.
+ *
+ * In-place all-reduce of b (numel). */
+struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, struct loom_buf b, enum loom_op op);
+/* recv (n) = this rank's slice of the sum of send (n x group size). */
+struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, struct loom_buf send,
+                                                  struct loom_buf recv);
+/* The uneven form: send (sum of counts) holds the group's segments in rank
+ * order, counts[r] elements for rank r; recv (counts[rank]) gets this rank's
+ * segment of the sum. counts is copied. */
+struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, struct loom_buf send,
+                                                    struct loom_buf recv, const int *counts);
+/* recv (n x group size) = every rank's send (n), in rank order; n is
+ * recv.numel / group size. send.data NULL: in place, this rank's part
+ * already at recv + rank x n (send's numel and dtype are then not read). */
+struct loom_comm_handle *loom_comm_allgather(enum loom_group g, struct loom_buf send, struct loom_buf recv);
+/* The uneven form: rank r contributes counts[r] elements (send, numel
+ * counts[rank]), placed at recv + displs[r]; recv holds every segment.
+ * counts and displs are copied. */
+struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, struct loom_buf send, struct loom_buf recv,
+                                               const int *counts, const int *displs);
+/* b (numel) on every rank = b on rank root (of the group). */
+struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, struct loom_buf b, int root);
+/* b (numel) to / from group rank peer, matched by tag. */
+struct loom_comm_handle *loom_comm_send(enum loom_group g, struct loom_buf b, int peer, int tag);
+struct loom_comm_handle *loom_comm_recv(enum loom_group g, struct loom_buf b, int peer, int tag);
 
 /* Waits for the handle until the deadline (then aborts the job) and frees it.
  * Returns the seconds spent waiting. */
 double loom_comm_wait(struct loom_comm_handle *h);
 /* Blocking all-reduce: post and wait. */
-void loom_comm_allreduce_sync(enum loom_group g, void *buf, size_t count, enum loom_dtype dt,
-                              enum loom_op op);
+void loom_comm_allreduce_sync(enum loom_group g, struct loom_buf b, enum loom_op op);
 
 /* Every rank learns the worst status of all: returns the largest rc of any
  * rank, and in *first_rank the lowest rank that had it (the one that prints). */

@@ -45,8 +45,8 @@ static int check_same_config(const struct loom_config *cfg)
     uint64_t *lo = loom_alloc(sizeof(uint64_t) * (size_t)n, LOOM_MEM_OTHER);
     uint64_t *hi = loom_alloc(sizeof(uint64_t) * (size_t)n, LOOM_MEM_OTHER);
     for (int i = 0; i < n; i++) lo[i] = hi[i] = loom_config_hash(cfg, i, NULL);
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, lo, (size_t)n, LOOM_DTYPE_U64, LOOM_OP_MIN);
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, hi, (size_t)n, LOOM_DTYPE_U64, LOOM_OP_MAX);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(lo, (size_t)n, LOOM_DTYPE_U64), LOOM_OP_MIN);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(hi, (size_t)n, LOOM_DTYPE_U64), LOOM_OP_MAX);
     int rc = LOOM_OK;
     for (int i = 0; i < n && rc == LOOM_OK; i++)
         if (lo[i] != hi[i]) {
@@ -72,8 +72,8 @@ static int check_same_weights(const struct loom_model *m)
         for (size_t i = 0; i < m->num_params; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
     }
     h[1] = h[0];
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, &h[0], 1, LOOM_DTYPE_U64, LOOM_OP_MIN);
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, &h[1], 1, LOOM_DTYPE_U64, LOOM_OP_MAX);
+    loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&h[0], 1, LOOM_DTYPE_U64), LOOM_OP_MIN);
+    loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&h[1], 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
     if (h[0] != h[1])
         return loom_error_set(LOOM_ERR_RUNTIME,
                               "ranks hold different initial weights (checksums %016llx and %016llx)",
@@ -290,7 +290,7 @@ static int nonfinite_block(struct loom_engine *e)
     for (int i = e->model->nblocks - 1; i >= 0 && b < 0; i--)
         if (block_nonfinite(e, i)) b = i;
     uint64_t v = (uint64_t)(b + 1);
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, &v, 1, LOOM_DTYPE_U64, LOOM_OP_MAX);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&v, 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
     return (int)v - 1;
 }
 
@@ -304,7 +304,7 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     if (m->dtype && m->grads)
         loom_lp_from_f32(m->grads_lp, m->grads, m->num_params, (enum loom_dtype)m->dtype);
     double loss = e->loss_sum;
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, &loss, 1, LOOM_DTYPE_F64, LOOM_OP_SUM);
+    loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&loss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     loss /= (double)A * dp;
     const double scale = e->have_scaler ? e->scaler.st.scale : 1.0;
     double norm = loom_zero_grad_norm(&e->zero) / scale;

@@ -21,10 +21,11 @@ static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
     if (d->reduce16) { /* --grad-reduce-dtype bf16/fp16: this rank's sum rounded once, then summed in 16 bits
                         */
         loom_lp_from_f32(b->grads_lp, b->grads, b->count, (enum loom_dtype)d->model->dtype);
-        b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads_lp, b->count, d->reduce16, LOOM_OP_SUM);
+        b->handle =
+            loom_comm_allreduce(LOOM_GROUP_DP, loom_buf_of(b->grads_lp, b->count, d->reduce16), LOOM_OP_SUM);
         return;
     }
-    b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->grads, b->count, LOOM_DTYPE_F32, LOOM_OP_SUM);
+    b->handle = loom_comm_allreduce(LOOM_GROUP_DP, loom_buf_f32(b->grads, b->count), LOOM_OP_SUM);
 }
 
 /* Mixed precision: during the backward that reduces, a bucket's blocks
@@ -135,9 +136,10 @@ static void scatter_all_ranks(struct loom_ddp *d)
     LOOM_ASSERT(rows == te.max_rows); /* every rank runs full micro-batches */
     for (size_t i = 0; i < rows; i++) d->my_tokens[i] = (float)te.tokens[i];
     struct loom_comm_handle *h1 =
-        loom_comm_allgather(LOOM_GROUP_DP, te.dout, d->gathered_dres, rows * C, LOOM_DTYPE_F32);
-    struct loom_comm_handle *h2 =
-        loom_comm_allgather(LOOM_GROUP_DP, d->my_tokens, d->gathered_tokens, rows, LOOM_DTYPE_F32);
+        loom_comm_allgather(LOOM_GROUP_DP, loom_buf_of_const(te.dout, rows * C, LOOM_DTYPE_F32),
+                            loom_buf_f32(d->gathered_dres, rows * C * (size_t)d->dp));
+    struct loom_comm_handle *h2 = loom_comm_allgather(LOOM_GROUP_DP, loom_buf_f32(d->my_tokens, rows),
+                                                      loom_buf_f32(d->gathered_tokens, rows * (size_t)d->dp));
     loom_comm_wait(h1);
     loom_comm_wait(h2);
     int32_t *tokens = loom_alloc(rows * sizeof(int32_t), LOOM_MEM_COMM);

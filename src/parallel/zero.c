@@ -115,9 +115,11 @@ static void post_grads(struct loom_zero *z, int block)
         f->send16 = take((n + 1) / 2, 0);
         f->recv16 = take(f->nrecv / 2 + 1, 0);
         loom_lp_from_f32((uint16_t *)f->send16, f->buf, n, z->dtype);
-        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->send16, f->recv16, z->counts, z->reduce16);
+        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, loom_buf_of(f->send16, n, z->reduce16),
+                                               loom_buf_of(f->recv16, f->nrecv, z->reduce16), z->counts);
     } else {
-        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts, LOOM_DTYPE_F32);
+        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, loom_buf_f32(f->buf, hi - lo),
+                                               loom_buf_f32(f->recv, f->nrecv), z->counts);
     }
     z->order[z->norder++] = block;
 }
@@ -152,11 +154,13 @@ static void post_gather(struct loom_zero *z, int u)
     x->buf = take(unit_floats(z, x), 0);
     size_t mine = split(z, x->lo, x->hi), at = z->counts[z->dp_rank] ? mine - z->begin : 0;
     if (z->dtype)
-        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard_lp + at, x->buf, z->counts, z->displs,
-                                          LOOM_DTYPE_U16);
+        x->handle = loom_comm_allgather_v(
+            LOOM_GROUP_DP, loom_buf_of(z->param_shard_lp + at, (size_t)z->counts[z->dp_rank], LOOM_DTYPE_U16),
+            loom_buf_of(x->buf, x->hi - x->lo, LOOM_DTYPE_U16), z->counts, z->displs);
     else
-        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, z->param_shard + at, x->buf, z->counts, z->displs,
-                                          LOOM_DTYPE_F32);
+        x->handle = loom_comm_allgather_v(LOOM_GROUP_DP,
+                                          loom_buf_f32(z->param_shard + at, (size_t)z->counts[z->dp_rank]),
+                                          loom_buf_f32(x->buf, x->hi - x->lo), z->counts, z->displs);
 }
 
 static void ensure_gathered(struct loom_zero *z, int u)
@@ -392,7 +396,8 @@ double loom_zero_grad_norm(const struct loom_zero *z)
         ss = loom_lp_sum_squares(z->grad_shard_lp, z->end - z->begin, z->dtype);
     else
         ss = loom_sum_squares(z->grad_shard, z->end - z->begin);
-    if (z->stage >= 2) loom_comm_allreduce_sync(LOOM_GROUP_DP, &ss, 1, LOOM_DTYPE_F64, LOOM_OP_SUM);
+    if (z->stage >= 2)
+        loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     return sqrt(ss);
 }
 
@@ -429,7 +434,9 @@ void loom_zero_after_step(struct loom_zero *z)
     if (z->stage == 0 || z->dp == 1) return;
     if (z->dtype)
         loom_comm_wait(
-            loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params_lp, z->shard, LOOM_DTYPE_U16));
+            loom_comm_allgather(LOOM_GROUP_DP, loom_buf_of(NULL, 0, LOOM_DTYPE_U16),
+                                loom_buf_of(z->model->params_lp, z->shard * (size_t)z->dp, LOOM_DTYPE_U16)));
     else
-        loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, NULL, z->model->params, z->shard, LOOM_DTYPE_F32));
+        loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, loom_buf_f32(NULL, 0),
+                                           loom_buf_f32(z->model->params, z->shard * (size_t)z->dp)));
 }
