@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/dtype.h"
 #include "base/log.h"
 #include "loom/loom.h"
@@ -493,13 +494,6 @@ struct loom_comm_handle *loom_comm_recv(enum loom_group g, struct loom_buf b, in
     return post(LOOM_COLL_RECV, g, NULL, data_of(b), b.numel, b.dtype, LOOM_OP_SUM, peer, tag);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 double loom_comm_wait(struct loom_comm_handle *h)
 {
     if (h->done && !have_thread) {
@@ -508,7 +502,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
         free(h);
         return 0;
     }
-    double t0 = now_s();
+    double t0 = loom_now();
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += (time_t)timeout_s;
@@ -531,7 +525,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
     free(h->counts);
     free(h->displs);
     free(h);
-    return now_s() - t0;
+    return loom_now() - t0;
 }
 
 void loom_comm_allreduce_sync(enum loom_group g, struct loom_buf b, enum loom_op op)
