@@ -1,7 +1,9 @@
 /*
- * Unit test of the CPU kernels (src/kernels/cpu/), self-contained:
- *   - fast vs `_ref` for matmul, the LM head and attention, at odd sizes and
- *     across attention's row blocks;
+ * Unit test of the kernels, self-contained, run for every registered
+ * backend (kernels/backend.h; today "cpu") through its table:
+ *   - every table complete, the registry finds "cpu";
+ *   - the backend vs the reference table (the `_ref` loops) for matmul, the
+ *     LM head and attention, at odd sizes and across attention's row blocks;
  *   - every backward against central finite differences of the objective
  *     L = sum(out * w), w random, in double, Richardson-extrapolated from
  *     steps h and h/2 (error O(h^4)), so the estimate is good to ~1e-5 of
@@ -21,7 +23,26 @@
 #include <string.h>
 
 #include "check.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
+
+/* ---- the backend under test ---------------------------------------------- */
+
+/* Every test calls the kernels of K, the backend being tested, and holds
+ * them against REF (loom_kernels_ref), against double formulas and against
+ * finite differences. */
+static const struct loom_kernels *K, *REF;
+
+/* The backend's thread count; a backend without one runs both "thread
+ * counts" at its own, so the same-bits checks still compare two runs. */
+static void set_threads(int n)
+{
+    if (K->set_threads) K->set_threads(n);
+}
+
+static int get_threads(void)
+{
+    return K->get_threads ? K->get_threads() : 1;
+}
 
 /* ---- helpers -------------------------------------------------------------- */
 
@@ -143,8 +164,8 @@ static void test_matmul_vs_ref(int N, int C, int OC, int with_bias)
     float *inp = new_rand((size_t)N * C, 1.0f), *w = new_rand((size_t)C * OC, 1.0f);
     float *bias = with_bias ? new_rand(OC, 1.0f) : NULL;
     float *out = new_const((size_t)N * OC, NAN), *out_ref = new_const((size_t)N * OC, NAN);
-    loom_matmul_forward(out, inp, w, bias, N, C, OC);
-    loom_matmul_forward_ref(out_ref, inp, w, bias, N, C, OC);
+    K->matmul_forward(out, inp, w, bias, N, C, OC);
+    REF->matmul_forward(out_ref, inp, w, bias, N, C, OC);
     check_scaled("matmul fwd vs ref", out, out_ref, (size_t)N * OC, 1e-6);
 
     float *dout = new_rand((size_t)N * OC, 1.0f);
@@ -152,8 +173,8 @@ static void test_matmul_vs_ref(int N, int C, int OC, int with_bias)
     float *dw0 = new_rand((size_t)C * OC, 1.0f), *db0 = new_rand(OC, 1.0f);
     float *dw = new_copy(dw0, (size_t)C * OC), *dw_ref = new_copy(dw0, (size_t)C * OC);
     float *db = new_copy(db0, OC), *db_ref = new_copy(db0, OC);
-    loom_matmul_backward(dinp, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
-    loom_matmul_backward_ref(dinp_ref, dw_ref, with_bias ? db_ref : NULL, dout, inp, w, N, C, OC);
+    K->matmul_backward(dinp, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
+    REF->matmul_backward(dinp_ref, dw_ref, with_bias ? db_ref : NULL, dout, inp, w, N, C, OC);
     check_scaled("matmul dinp vs ref", dinp, dinp_ref, (size_t)N * C, 1e-6);
     check_scaled("matmul dweight vs ref", dw, dw_ref, (size_t)C * OC, 1e-6);
     check_scaled("matmul dbias vs ref", db, db_ref, OC, 1e-6);
@@ -161,7 +182,7 @@ static void test_matmul_vs_ref(int N, int C, int OC, int with_bias)
 
     /* dinp NULL: skipped, dweight still accumulates */
     float *dw2 = new_copy(dw0, (size_t)C * OC);
-    loom_matmul_backward(NULL, dw2, NULL, dout, inp, w, N, C, OC);
+    K->matmul_backward(NULL, dw2, NULL, dout, inp, w, N, C, OC);
     check_scaled("matmul dweight (dinp NULL)", dw2, dw_ref, (size_t)C * OC, 1e-6);
 
     free(inp), free(w), free(bias), free(out), free(out_ref), free(dout), free(dinp);
@@ -175,22 +196,31 @@ static void test_lm_head_vs_ref(int N, int C, int V)
     for (int v = 0; v < V; v++)
         for (int c = 0; c < C; c++) wT[(size_t)c * V + v] = wte[(size_t)v * C + c];
     float *logits = new_const((size_t)N * V, NAN), *logits_ref = new_const((size_t)N * V, NAN);
-    loom_lm_head_forward(logits, inp, wte, N, C, V);
-    loom_matmul_forward_ref(logits_ref, inp, wT, NULL, N, C, V);
+    K->lm_head_forward(logits, inp, wte, N, C, V);
+    REF->matmul_forward(logits_ref, inp, wT, NULL, N, C, V);
     check_scaled("lm_head fwd vs ref", logits, logits_ref, (size_t)N * V, 1e-6);
 
     float *dlogits = new_rand((size_t)N * V, 1.0f);
     float *dinp = new_const((size_t)N * C, NAN), *dinp_ref = new_const((size_t)N * C, NAN);
     float *dwte0 = new_rand((size_t)V * C, 1.0f), *dwte = new_copy(dwte0, (size_t)V * C);
     float *dwT = calloc((size_t)C * V, sizeof(float));
-    loom_lm_head_backward(dinp, dwte, dlogits, inp, wte, N, C, V);
-    loom_matmul_backward_ref(dinp_ref, dwT, NULL, dlogits, inp, wT, N, C, V);
+    K->lm_head_backward(dinp, dwte, dlogits, inp, wte, N, C, V);
+    REF->matmul_backward(dinp_ref, dwT, NULL, dlogits, inp, wT, N, C, V);
     float *dwte_ref = malloc((size_t)V * C * sizeof(float));
     for (int v = 0; v < V; v++)
         for (int c = 0; c < C; c++)
             dwte_ref[(size_t)v * C + c] = dwte0[(size_t)v * C + c] + dwT[(size_t)c * V + v];
     check_scaled("lm_head dinp vs ref", dinp, dinp_ref, (size_t)N * C, 1e-6);
     check_scaled("lm_head dwte vs ref", dwte, dwte_ref, (size_t)V * C, 1e-6);
+    /* and against the reference table's own LM head (wte as stored) */
+    float *hl = new_const((size_t)N * V, NAN), *hdinp = new_const((size_t)N * C, NAN);
+    float *hdwte = new_copy(dwte0, (size_t)V * C);
+    REF->lm_head_forward(hl, inp, wte, N, C, V);
+    REF->lm_head_backward(hdinp, hdwte, dlogits, inp, wte, N, C, V);
+    check_scaled("lm_head fwd vs ref lm_head", logits, hl, (size_t)N * V, 1e-6);
+    check_scaled("lm_head dinp vs ref lm_head", dinp, hdinp, (size_t)N * C, 1e-6);
+    check_scaled("lm_head dwte vs ref lm_head", dwte, hdwte, (size_t)V * C, 1e-6);
+    free(hl), free(hdinp), free(hdwte);
     free(inp), free(wte), free(wT), free(logits), free(logits_ref), free(dlogits), free(dinp);
     free(dinp_ref), free(dwte0), free(dwte), free(dwT), free(dwte_ref);
 }
@@ -203,7 +233,7 @@ struct matmul_ctx {
 static double matmul_obj(void *p)
 {
     struct matmul_ctx *c = p;
-    loom_matmul_forward(c->out, c->inp, c->w, c->bias, c->N, c->C, c->OC);
+    K->matmul_forward(c->out, c->inp, c->w, c->bias, c->N, c->C, c->OC);
     return dot(c->out, c->wout, (size_t)c->N * c->OC);
 }
 
@@ -219,7 +249,7 @@ static void test_matmul_fd(void)
                            C,
                            OC};
     float *dinp = new_const(N * C, NAN), *dw = new_const(C * OC, 0.0f), *db = new_const(OC, 0.0f);
-    loom_matmul_backward(dinp, dw, db, c.wout, c.inp, c.w, N, C, OC);
+    K->matmul_backward(dinp, dw, db, c.wout, c.inp, c.w, N, C, OC);
     fd_check("matmul dinp vs fd", dinp, c.inp, N * C, matmul_obj, &c);
     fd_check("matmul dweight vs fd", dw, c.w, C * OC, matmul_obj, &c);
     fd_check("matmul dbias vs fd", db, c.bias, OC, matmul_obj, &c);
@@ -234,7 +264,7 @@ struct lm_head_ctx {
 static double lm_head_obj(void *p)
 {
     struct lm_head_ctx *c = p;
-    loom_lm_head_forward(c->logits, c->inp, c->wte, c->N, c->C, c->V);
+    K->lm_head_forward(c->logits, c->inp, c->wte, c->N, c->C, c->V);
     return dot(c->logits, c->wout, (size_t)c->N * c->V);
 }
 
@@ -244,7 +274,7 @@ static void test_lm_head_fd(void)
     struct lm_head_ctx c = {
         new_rand(N * C, 1.0f), new_rand(V * C, 1.0f), new_const(N * V, 0.0f), new_rand(N * V, 1.0f), N, C, V};
     float *dinp = new_const(N * C, NAN), *dwte = new_const(V * C, 0.0f);
-    loom_lm_head_backward(dinp, dwte, c.wout, c.inp, c.wte, N, C, V);
+    K->lm_head_backward(dinp, dwte, c.wout, c.inp, c.wte, N, C, V);
     fd_check("lm_head dinp vs fd", dinp, c.inp, N * C, lm_head_obj, &c);
     fd_check("lm_head dwte vs fd", dwte, c.wte, V * C, lm_head_obj, &c);
     free(c.inp), free(c.wte), free(c.logits), free(c.wout), free(dinp), free(dwte);
@@ -258,8 +288,8 @@ static void test_attention_vs_ref(int B, int T, int C, int NH)
     float *qkv = new_rand(nqkv, 2.0f);
     float *out = new_const(nout, NAN), *out_ref = new_const(nout, NAN);
     float *att = new_const(natt, NAN), *att_ref = new_const(natt, NAN);
-    loom_attention_forward(out, att, qkv, B, T, C, NH);
-    loom_attention_forward_ref(out_ref, att_ref, qkv, B, T, C, NH);
+    K->attention_forward(out, att, qkv, B, T, C, NH);
+    REF->attention_forward(out_ref, att_ref, qkv, B, T, C, NH);
     char name[96];
     snprintf(name, sizeof name, "attention out vs ref (B=%d T=%d C=%d NH=%d)", B, T, C, NH);
     check_scaled(name, out, out_ref, nout, 1e-6);
@@ -283,8 +313,8 @@ static void test_attention_vs_ref(int B, int T, int C, int NH)
     float *dout = new_rand(nout, 1.0f);
     float *dqkv = new_const(nqkv, NAN), *dqkv_ref = new_const(nqkv, NAN);
     float *datt = new_const(natt, NAN), *datt_ref = new_const(natt, NAN);
-    loom_attention_backward(dqkv, datt, dout, att, qkv, B, T, C, NH);
-    loom_attention_backward_ref(dqkv_ref, datt_ref, dout, att_ref, qkv, B, T, C, NH);
+    K->attention_backward(dqkv, datt, dout, att, qkv, B, T, C, NH);
+    REF->attention_backward(dqkv_ref, datt_ref, dout, att_ref, qkv, B, T, C, NH);
     snprintf(name, sizeof name, "attention dqkv vs ref (B=%d T=%d C=%d NH=%d)", B, T, C, NH);
     check_scaled(name, dqkv, dqkv_ref, nqkv, 1e-6);
     free(qkv), free(out), free(out_ref), free(att), free(att_ref), free(dout), free(dqkv);
@@ -299,7 +329,7 @@ struct attention_ctx {
 static double attention_obj(void *p)
 {
     struct attention_ctx *c = p;
-    loom_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
+    K->attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH);
     return dot(c->out, c->wout, (size_t)c->B * c->T * c->C);
 }
 
@@ -317,7 +347,7 @@ static void test_attention_fd(void)
     attention_obj(&c);
     float *dqkv = new_const(B * T * 3 * C, NAN), *datt = new_const(B * NH * T * T, NAN);
     float *att = new_copy(c.att, B * NH * T * T);
-    loom_attention_backward(dqkv, datt, c.wout, att, c.qkv, B, T, C, NH);
+    K->attention_backward(dqkv, datt, c.wout, att, c.qkv, B, T, C, NH);
     fd_check("attention dqkv vs fd", dqkv, c.qkv, B * T * 3 * C, attention_obj, &c);
     free(c.qkv), free(c.out), free(c.att), free(c.wout), free(dqkv), free(datt), free(att);
 }
@@ -332,7 +362,7 @@ struct layernorm_ctx {
 static double layernorm_obj(void *p)
 {
     struct layernorm_ctx *c = p;
-    loom_layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+    K->layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
     return dot(c->out, c->wout, (size_t)c->N * c->C);
 }
 
@@ -370,7 +400,7 @@ static void test_layernorm(void)
     /* backward: everything accumulates onto random prior contents */
     float *dinp0 = new_rand(N * C, 1.0f), *dw0 = new_rand(C, 1.0f), *db0 = new_rand(C, 1.0f);
     float *dinp = new_copy(dinp0, N * C), *dw = new_copy(dw0, C), *db = new_copy(db0, C);
-    loom_layernorm_backward(dinp, dw, db, c.wout, c.inp, c.w, c.mean, c.rstd, N, C);
+    K->layernorm_backward(dinp, dw, db, c.wout, c.inp, c.w, c.mean, c.rstd, N, C);
     sub(dinp, dinp, dinp0, N * C), sub(dw, dw, dw0, C), sub(db, db, db0, C);
     fd_check("layernorm dinp vs fd", dinp, c.inp, N * C, layernorm_obj, &c);
     fd_check("layernorm dweight vs fd", dw, c.w, C, layernorm_obj, &c);
@@ -388,17 +418,17 @@ static void test_layernorm_threads(void)
     float *inp = new_rand((size_t)N * C, 2.0f), *w = new_rand(C, 1.0f), *b = new_rand(C, 1.0f);
     float *out = new_const((size_t)N * C, 0.0f), *mean = new_const(N, 0), *rstd = new_const(N, 0);
     float *dout = new_rand((size_t)N * C, 1.0f);
-    loom_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    K->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
     float *res[2][3];
-    const int saved = loom_threads_get();
+    const int saved = get_threads();
     for (int k = 0; k < 2; k++) {
-        loom_threads_set(k + 1);
+        set_threads(k + 1);
         res[k][0] = new_const((size_t)N * C, 0.0f);
         res[k][1] = new_const(C, 0.0f);
         res[k][2] = new_const(C, 0.0f);
-        loom_layernorm_backward(res[k][0], res[k][1], res[k][2], dout, inp, w, mean, rstd, N, C);
+        K->layernorm_backward(res[k][0], res[k][1], res[k][2], dout, inp, w, mean, rstd, N, C);
     }
-    loom_threads_set(saved);
+    set_threads(saved);
     CHECK(memcmp(res[0][0], res[1][0], (size_t)N * C * sizeof(float)) == 0); /* per row */
     check_scaled("layernorm dweight 1 vs 2 threads", res[1][1], res[0][1], C, 1e-6);
     check_scaled("layernorm dbias 1 vs 2 threads", res[1][2], res[0][2], C, 1e-6);
@@ -418,7 +448,7 @@ struct embedding_ctx {
 static double embedding_obj(void *p)
 {
     struct embedding_ctx *c = p;
-    loom_embedding_forward(c->out, c->tokens, c->wte, c->wpe, c->B, c->T, c->C);
+    K->embedding_forward(c->out, c->tokens, c->wte, c->wpe, c->B, c->T, c->C);
     return dot(c->out, c->wout, (size_t)c->B * c->T * c->C);
 }
 
@@ -446,7 +476,7 @@ static void test_embedding(void)
     CHECK(fwd_ok);
     float *dwte0 = new_rand(V * C, 1.0f), *dwpe0 = new_rand(maxT * C, 1.0f);
     float *dwte = new_copy(dwte0, V * C), *dwpe = new_copy(dwpe0, maxT * C);
-    loom_embedding_backward(dwte, dwpe, c.wout, tokens, B, T, C);
+    K->embedding_backward(dwte, dwpe, c.wout, tokens, B, T, C);
     sub(dwte, dwte, dwte0, V * C), sub(dwpe, dwpe, dwpe0, maxT * C);
     fd_check("embedding dwte vs fd", dwte, c.wte, V * C, embedding_obj, &c);
     fd_check("embedding dwpe vs fd", dwpe, c.wpe, maxT * C, embedding_obj, &c);
@@ -463,14 +493,14 @@ static void test_embedding_threads(void)
     for (int i = 0; i < B * T; i++) tokens[i] = (int32_t)(rng_next() % V);
     float *dout = new_rand((size_t)B * T * C, 1.0f);
     float *dwte[2], *dwpe[2];
-    const int saved = loom_threads_get();
+    const int saved = get_threads();
     for (int k = 0; k < 2; k++) {
-        loom_threads_set(k + 1);
+        set_threads(k + 1);
         dwte[k] = new_const((size_t)V * C, 0.0f);
         dwpe[k] = new_const((size_t)T * C, 0.0f);
-        loom_embedding_backward(dwte[k], dwpe[k], dout, tokens, B, T, C);
+        K->embedding_backward(dwte[k], dwpe[k], dout, tokens, B, T, C);
     }
-    loom_threads_set(saved);
+    set_threads(saved);
     CHECK(memcmp(dwte[0], dwte[1], (size_t)V * C * sizeof(float)) == 0);
     CHECK(memcmp(dwpe[0], dwpe[1], (size_t)T * C * sizeof(float)) == 0);
     free(tokens), free(dout), free(dwte[0]), free(dwte[1]), free(dwpe[0]), free(dwpe[1]);
@@ -491,7 +521,7 @@ struct unary_ctx {
 static double gelu_obj(void *p)
 {
     struct unary_ctx *c = p;
-    loom_gelu_forward(c->out, c->inp, c->n);
+    K->gelu_forward(c->out, c->inp, c->n);
     return dot(c->out, c->wout, c->n);
 }
 
@@ -503,7 +533,7 @@ static void test_gelu(void)
     const size_t n = 40001;
     float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) x[i] = -10.0f + 20.0f * (float)i / (float)(n - 1);
-    loom_gelu_forward(y, x, n);
+    K->gelu_forward(y, x, n);
     double max_rel = 0.0, max_abs_small = 0.0;
     for (size_t i = 0; i < n; i++) {
         const double want = gelu_double(x[i]), err = fabs(y[i] - want);
@@ -520,7 +550,7 @@ static void test_gelu(void)
     CHECK(max_abs_small <= 1e-9);
     /* gradient sweep against the derivative in double */
     float *ones = new_const(n, 1.0f), *g = malloc(n * sizeof(float));
-    loom_gelu_backward(g, ones, x, n);
+    K->gelu_backward(g, ones, x, n);
     double max_grad_err = 0.0;
     for (size_t i = 0; i < n; i++) {
         const double xd = x[i], k = sqrt(2.0 / M_PI), u = k * (xd + 0.044715 * xd * xd * xd);
@@ -534,8 +564,8 @@ static void test_gelu(void)
     CHECK(max_grad_err <= 1e-6);
     /* special values: NaN propagates, no NaN from far-negative inputs */
     float sx[4] = {NAN, -200.0f, 200.0f, 0.0f}, sy[4], sg[4], sd[4] = {1, 1, 1, 1};
-    loom_gelu_forward(sy, sx, 4);
-    loom_gelu_backward(sg, sd, sx, 4);
+    K->gelu_forward(sy, sx, 4);
+    K->gelu_backward(sg, sd, sx, 4);
     CHECK(isnan(sy[0]) && isnan(sg[0]));
     CHECK(fabsf(sy[1]) < 1e-20f && fabsf(sg[1]) < 1e-20f); /* ~0, and not NaN */
     CHECK(sy[2] == 200.0f && sg[2] == 1.0f);
@@ -545,7 +575,7 @@ static void test_gelu(void)
     /* finite differences; dinp is written (NaN prior) */
     struct unary_ctx c = {new_rand(64, 4.0f), new_const(64, 0.0f), new_rand(64, 1.0f), 64};
     float *dinp = new_const(64, NAN);
-    loom_gelu_backward(dinp, c.wout, c.inp, 64);
+    K->gelu_backward(dinp, c.wout, c.inp, 64);
     fd_check("gelu dinp vs fd", dinp, c.inp, 64, gelu_obj, &c);
     free(c.inp), free(c.out), free(c.wout), free(dinp);
 }
@@ -558,7 +588,7 @@ struct residual_ctx {
 static double residual_obj(void *p)
 {
     struct residual_ctx *c = p;
-    loom_residual_forward(c->out, c->a, c->b, c->n);
+    K->residual_forward(c->out, c->a, c->b, c->n);
     return dot(c->out, c->wout, c->n);
 }
 
@@ -568,13 +598,13 @@ static void test_residual(void)
     struct residual_ctx c = {new_rand(n, 1.0f), new_rand(n, 1.0f), new_const(n, 0.0f), new_rand(n, 1.0f), n};
     float *da0 = new_rand(n, 1.0f), *db0 = new_rand(n, 1.0f);
     float *da = new_copy(da0, n), *db = new_copy(db0, n);
-    loom_residual_backward(da, db, c.wout, n);
+    K->residual_backward(da, db, c.wout, n);
     sub(da, da, da0, n), sub(db, db, db0, n);
     fd_check("residual da vs fd", da, c.a, n, residual_obj, &c);
     fd_check("residual db vs fd", db, c.b, n, residual_obj, &c);
     /* da may be dout itself: db still gets the original dout */
     float *d = new_copy(c.wout, n), *db2 = new_const(n, 0.0f);
-    loom_residual_backward(d, db2, d, n);
+    K->residual_backward(d, db2, d, n);
     CHECK(memcmp(db2, c.wout, n * sizeof(float)) == 0);
     free(c.a), free(c.b), free(c.out), free(c.wout), free(da0), free(db0), free(da), free(db);
     free(d), free(db2);
@@ -592,7 +622,7 @@ struct ce_ctx {
 static double ce_obj(void *p)
 {
     struct ce_ctx *c = p;
-    loom_crossentropy_forward(c->losses, c->lse, c->logits, c->targets, c->N, c->V);
+    K->crossentropy_forward(c->losses, c->lse, c->logits, c->targets, c->N, c->V);
     double s = 0.0;
     for (int i = 0; i < c->N; i++) s += (double)c->dloss * c->losses[i];
     return s;
@@ -611,7 +641,7 @@ static void test_crossentropy_forward(int N, int V, float offset, int rising)
     }
     float *losses = new_const(N, NAN), *lse = new_const(N, NAN);
     float *want_loss = malloc(N * sizeof(float)), *want_lse = malloc(N * sizeof(float));
-    loom_crossentropy_forward(losses, lse, logits, targets, N, V);
+    K->crossentropy_forward(losses, lse, logits, targets, N, V);
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V;
         double mx = -INFINITY, s = 0.0;
@@ -642,11 +672,11 @@ static void test_crossentropy(void)
         new_rand(N * V, 3.0f), new_const(N, 0.0f), new_const(N, 0.0f), targets, 1.0f / N, N, V};
     ce_obj(&c);
     float *lse = new_copy(c.lse, N), *dlogits = new_const(N * V, NAN);
-    loom_crossentropy_backward(dlogits, lse, c.logits, targets, c.dloss, N, V);
+    K->crossentropy_backward(dlogits, lse, c.logits, targets, c.dloss, N, V);
     fd_check("crossentropy dlogits vs fd", dlogits, c.logits, N * V, ce_obj, &c);
     /* in place gives the same result */
     float *inplace = new_copy(c.logits, N * V);
-    loom_crossentropy_backward(inplace, lse, inplace, targets, c.dloss, N, V);
+    K->crossentropy_backward(inplace, lse, inplace, targets, c.dloss, N, V);
     CHECK(memcmp(inplace, dlogits, N * V * sizeof(float)) == 0);
     free(c.logits), free(c.losses), free(c.lse), free(lse), free(dlogits), free(inplace);
 }
@@ -667,7 +697,7 @@ static void test_adamw(void)
     for (int t = 1; t <= 5; t++) {
         fill(grad, n, 1.0f);
         if (t == 3) grad[0] = 0.0f; /* v stays tiny: eps matters */
-        loom_adamw_update(p, m, v, grad, n, lr, b1, b2, eps, wd, gs, t);
+        K->adamw_update(p, m, v, grad, n, lr, b1, b2, eps, wd, gs, t);
         for (size_t i = 0; i < n; i++) {
             const double g = (double)grad[i] * gs;
             pd[i] *= 1.0 - (double)lr * wd;
@@ -697,41 +727,75 @@ static void test_sum_squares(void)
         float *x = new_rand(n, 2.0f);
         double want = 0.0;
         for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
-        const int saved = loom_threads_get();
-        loom_threads_set(1);
-        const double s1 = loom_sum_squares(x, n);
-        loom_threads_set(2);
-        const double s2 = loom_sum_squares(x, n);
-        loom_threads_set(saved);
+        const int saved = get_threads();
+        set_threads(1);
+        const double s1 = K->sum_squares(x, n);
+        set_threads(2);
+        const double s2 = K->sum_squares(x, n);
+        set_threads(saved);
         CHECK(fabs(s1 - want) <= 1e-12 * want);
         CHECK(s1 == s2); /* fixed chunks: same bits at any thread count */
         free(x);
     }
 }
 
+/* Every required member of a table is set (in the order of backend.h). */
+static void check_complete(const char *name, const struct loom_kernels *k)
+{
+    const int set[] = {
+        k->embedding_forward != NULL,     k->embedding_backward != NULL, k->layernorm_forward != NULL,
+        k->layernorm_backward != NULL,    k->matmul_forward != NULL,     k->matmul_backward != NULL,
+        k->lm_head_forward != NULL,       k->lm_head_backward != NULL,   k->attention_forward != NULL,
+        k->attention_backward != NULL,    k->gelu_forward != NULL,       k->gelu_backward != NULL,
+        k->residual_forward != NULL,      k->residual_backward != NULL,  k->crossentropy_forward != NULL,
+        k->crossentropy_backward != NULL, k->adamw_update != NULL,       k->sum_squares != NULL,
+    };
+    int complete = 1;
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
+        if (!set[i]) {
+            fprintf(stderr, "%s: kernel %zu of the table is missing\n", name, i);
+            complete = 0;
+        }
+    CHECK(complete);
+}
+
 int main(void)
 {
-    test_matmul_vs_ref(7, 12, 5, 1);
-    test_matmul_vs_ref(33, 48, 20, 0);
-    test_matmul_vs_ref(64, 96, 130, 1);
-    test_lm_head_vs_ref(7, 12, 23);
-    test_matmul_fd();
-    test_lm_head_fd();
+    REF = loom_kernels_ref();
+    check_complete("ref", REF);
+    CHECK(loom_backend_count() >= 1 && loom_backend_get("cpu") == loom_backend_cpu());
+    CHECK(loom_backend_get("no-such-backend") == NULL);
+    /* the test's buffers are host memory: a backend on another device will
+     * need them staged through its copy first */
+    for (int i = 0; i < loom_backend_count(); i++) {
+        const struct loom_backend *be = loom_backend_at(i);
+        CHECK(be->device == LOOM_DEVICE_CPU);
+        printf("backend %s\n", be->name);
+        CHECK(be->alloc && be->free && be->memset && be->copy && be->convert);
+        check_complete(be->name, be->k);
+        K = be->k;
+        test_matmul_vs_ref(7, 12, 5, 1);
+        test_matmul_vs_ref(33, 48, 20, 0);
+        test_matmul_vs_ref(64, 96, 130, 1);
+        test_lm_head_vs_ref(7, 12, 23);
+        test_matmul_fd();
+        test_lm_head_fd();
 
-    test_attention_vs_ref(2, 7, 12, 3);
-    test_attention_vs_ref(1, 1, 8, 2);
-    test_attention_vs_ref(2, 64, 32, 2);  /* exactly one row block */
-    test_attention_vs_ref(1, 150, 48, 3); /* three row blocks, the last partial */
-    test_attention_fd();
+        test_attention_vs_ref(2, 7, 12, 3);
+        test_attention_vs_ref(1, 1, 8, 2);
+        test_attention_vs_ref(2, 64, 32, 2);  /* exactly one row block */
+        test_attention_vs_ref(1, 150, 48, 3); /* three row blocks, the last partial */
+        test_attention_fd();
 
-    test_layernorm();
-    test_layernorm_threads();
-    test_embedding();
-    test_embedding_threads();
-    test_gelu();
-    test_residual();
-    test_crossentropy();
-    test_adamw();
-    test_sum_squares();
+        test_layernorm();
+        test_layernorm_threads();
+        test_embedding();
+        test_embedding_threads();
+        test_gelu();
+        test_residual();
+        test_crossentropy();
+        test_adamw();
+        test_sum_squares();
+    }
     return check_summary("test_kernels");
 }

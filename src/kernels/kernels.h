@@ -17,6 +17,10 @@
  * loom_threads_set; matmuls go through cblas_sgemm. Each fast kernel that is
  * not trivially a loop has a plain `_ref` version beside it, which the tests
  * compare against.
+ *
+ * These are the CPU backend's kernels. Code that should run on any backend
+ * calls them through the table of kernels/backend.h (same names without the
+ * loom_ prefix); the free functions stay for the CPU-only tools.
  */
 #ifndef LOOM_KERNELS_H
 #define LOOM_KERNELS_H
@@ -62,6 +66,9 @@ void loom_lm_head_forward(float *logits, const float *inp, const float *wte, int
 /* dinp (N,C) is written; dwte (V,C) accumulates. */
 void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp, const float *wte,
                            int N, int C, int V);
+void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte, int N, int C, int V);
+void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                               const float *wte, int N, int C, int V);
 
 /* ---- causal multi-head self-attention ------------------------------------
  * qkv (B,T,3C) holds [q | k | v] along the last axis, head h at columns

@@ -1,7 +1,8 @@
 /*
- * kernel_probe DIR: runs every CPU kernel forward and backward on inputs
- * written by tests/test_kernels_torch.py and writes the results back, for
- * the comparison with PyTorch.
+ * kernel_probe DIR [BACKEND]: runs every kernel of the backend (default
+ * "cpu"; kernels/backend.h) forward and backward on inputs written by
+ * tests/test_kernels_torch.py and writes the results back, for the
+ * comparison with PyTorch.
  *
  * File convention, all in DIR:
  *   dims.txt              one "name value" pair per line: B T C NH V maxT OC
@@ -21,9 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 
 static const char *dir;
+static const struct loom_kernels *K; /* the backend probed */
 
 struct dims {
     int B, T, C, NH, V, maxT, OC, steps;
@@ -178,8 +180,8 @@ static void probe_embedding(const struct dims *d)
     float *wpe = read_bin("embedding", "wpe", d->maxT * C);
     float *dout = read_bin("embedding", "dout", N * C);
     float *out = filled(N * C, NAN), *dwte = filled(d->V * C, 0), *dwpe = filled(d->maxT * C, 0);
-    loom_embedding_forward(out, tokens, wte, wpe, d->B, d->T, d->C);
-    loom_embedding_backward(dwte, dwpe, dout, tokens, d->B, d->T, d->C);
+    K->embedding_forward(out, tokens, wte, wpe, d->B, d->T, d->C);
+    K->embedding_backward(dwte, dwpe, dout, tokens, d->B, d->T, d->C);
     write_bin("embedding", "out", out, N * C);
     write_bin("embedding", "dwte", dwte, d->V * C);
     write_bin("embedding", "dwpe", dwpe, d->maxT * C);
@@ -194,8 +196,8 @@ static void probe_layernorm(const struct dims *d)
     float *b = read_bin("layernorm", "bias", C), *dout = read_bin("layernorm", "dout", NC);
     float *out = filled(NC, NAN), *mean = filled(N, NAN), *rstd = filled(N, NAN);
     float *dinp = filled(NC, 0), *dw = filled(C, 0), *db = filled(C, 0);
-    loom_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
-    loom_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    K->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    K->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     write_bin("layernorm", "out", out, NC);
     write_bin("layernorm", "mean", mean, N);
     write_bin("layernorm", "rstd", rstd, N);
@@ -214,8 +216,8 @@ static void probe_matmul(const struct dims *d)
     float *dout = read_bin("matmul", "dout", (size_t)N * OC);
     float *out = filled((size_t)N * OC, NAN), *dinp = filled((size_t)N * C, NAN);
     float *dw = filled((size_t)C * OC, 0), *db = filled(OC, 0);
-    loom_matmul_forward(out, inp, w, b, N, C, OC);
-    loom_matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    K->matmul_forward(out, inp, w, b, N, C, OC);
+    K->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     write_bin("matmul", "out", out, (size_t)N * OC);
     write_bin("matmul", "dinp", dinp, (size_t)N * C);
     write_bin("matmul", "dweight", dw, (size_t)C * OC);
@@ -231,8 +233,8 @@ static void probe_lm_head(const struct dims *d)
     float *dlogits = read_bin("lm_head", "dlogits", (size_t)N * V);
     float *logits = filled((size_t)N * V, NAN), *dinp = filled((size_t)N * C, NAN);
     float *dwte = filled((size_t)V * C, 0);
-    loom_lm_head_forward(logits, inp, wte, N, C, V);
-    loom_lm_head_backward(dinp, dwte, dlogits, inp, wte, N, C, V);
+    K->lm_head_forward(logits, inp, wte, N, C, V);
+    K->lm_head_backward(dinp, dwte, dlogits, inp, wte, N, C, V);
     write_bin("lm_head", "logits", logits, (size_t)N * V);
     write_bin("lm_head", "dinp", dinp, (size_t)N * C);
     write_bin("lm_head", "dwte", dwte, (size_t)V * C);
@@ -246,8 +248,8 @@ static void probe_attention(const struct dims *d)
     float *qkv = read_bin("attention", "qkv", nqkv), *dout = read_bin("attention", "dout", nout);
     float *out = filled(nout, NAN), *att = filled(natt, NAN), *dqkv = filled(nqkv, NAN);
     float *datt = filled(natt, NAN);
-    loom_attention_forward(out, att, qkv, d->B, d->T, d->C, d->NH);
-    loom_attention_backward(dqkv, datt, dout, att, qkv, d->B, d->T, d->C, d->NH);
+    K->attention_forward(out, att, qkv, d->B, d->T, d->C, d->NH);
+    K->attention_backward(dqkv, datt, dout, att, qkv, d->B, d->T, d->C, d->NH);
     write_bin("attention", "out", out, nout);
     write_bin("attention", "att", att, natt);
     write_bin("attention", "dqkv", dqkv, nqkv);
@@ -259,8 +261,8 @@ static void probe_gelu(const struct dims *d)
     const size_t n = (size_t)d->B * d->T * 4 * d->C;
     float *inp = read_bin("gelu", "inp", n), *dout = read_bin("gelu", "dout", n);
     float *out = filled(n, NAN), *dinp = filled(n, NAN);
-    loom_gelu_forward(out, inp, n);
-    loom_gelu_backward(dinp, dout, inp, n);
+    K->gelu_forward(out, inp, n);
+    K->gelu_backward(dinp, dout, inp, n);
     write_bin("gelu", "out", out, n);
     write_bin("gelu", "dinp", dinp, n);
     free(inp), free(dout), free(out), free(dinp);
@@ -272,8 +274,8 @@ static void probe_residual(const struct dims *d)
     float *a = read_bin("residual", "a", n), *b = read_bin("residual", "b", n);
     float *dout = read_bin("residual", "dout", n);
     float *out = filled(n, NAN), *da = filled(n, 0), *db = filled(n, 0);
-    loom_residual_forward(out, a, b, n);
-    loom_residual_backward(da, db, dout, n);
+    K->residual_forward(out, a, b, n);
+    K->residual_backward(da, db, dout, n);
     write_bin("residual", "out", out, n);
     write_bin("residual", "da", da, n);
     write_bin("residual", "db", db, n);
@@ -291,8 +293,8 @@ static void probe_crossentropy(const struct dims *d)
             exit(2);
         }
     float *losses = filled(N, NAN), *lse = filled(N, NAN), *dlogits = filled((size_t)N * V, NAN);
-    loom_crossentropy_forward(losses, lse, logits, targets, N, V);
-    loom_crossentropy_backward(dlogits, lse, logits, targets, d->dloss, N, V);
+    K->crossentropy_forward(losses, lse, logits, targets, N, V);
+    K->crossentropy_backward(dlogits, lse, logits, targets, d->dloss, N, V);
     write_bin("crossentropy", "losses", losses, N);
     write_bin("crossentropy", "lse", lse, N);
     write_bin("crossentropy", "dlogits", dlogits, (size_t)N * V);
@@ -308,8 +310,8 @@ static void probe_adamw(const struct dims *d)
     float *m = filled(n, 0), *v = filled(n, 0);
     float *p_out = filled(S * n, NAN), *m_out = filled(S * n, NAN), *v_out = filled(S * n, NAN);
     for (int t = 1; t <= d->steps; t++) {
-        loom_adamw_update(p, m, v, grads + (size_t)(t - 1) * n, n, d->lr, d->beta1, d->beta2, d->eps, d->wd,
-                          d->grad_scale, t);
+        K->adamw_update(p, m, v, grads + (size_t)(t - 1) * n, n, d->lr, d->beta1, d->beta2, d->eps, d->wd,
+                        d->grad_scale, t);
         memcpy(p_out + (size_t)(t - 1) * n, p, n * sizeof(float));
         memcpy(m_out + (size_t)(t - 1) * n, m, n * sizeof(float));
         memcpy(v_out + (size_t)(t - 1) * n, v, n * sizeof(float));
@@ -322,11 +324,18 @@ static void probe_adamw(const struct dims *d)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: kernel_probe DIR (see the file convention in %s)\n", __FILE__);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: kernel_probe DIR [BACKEND] (see the file convention in %s)\n", __FILE__);
         return 2;
     }
     dir = argv[1];
+    const char *name = argc == 3 ? argv[2] : "cpu";
+    const struct loom_backend *be = loom_backend_get(name);
+    if (!be || be->device != LOOM_DEVICE_CPU) {
+        fprintf(stderr, "kernel_probe: no host-memory backend named '%s'\n", name);
+        return 2;
+    }
+    K = be->k;
     struct dims d = {0};
     read_dims(&d);
     probe_embedding(&d);

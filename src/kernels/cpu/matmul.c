@@ -2,8 +2,8 @@
  * Dense layers through cblas_sgemm: matmul + bias with the weight stored
  * [in, out] (Hugging Face GPT-2's Conv1D layout), and the LM head tied to
  * the token embedding (logits = inp @ wte^T). Plus plain triple-loop
- * `_ref` versions (double accumulators) that the tests hold the BLAS path
- * against.
+ * `_ref` versions of both (double accumulators) that the tests hold the
+ * BLAS path against.
  *
  * The BLAS is called outside any parallel region, so it uses every thread.
  * Deliberately not: a hand-written GEMM, or fused activations.
@@ -112,5 +112,32 @@ void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const f
             double s = 0.0;
             for (int i = 0; i < N; i++) s += dout[(size_t)i * OC + o];
             dbias[o] += (float)s;
+        }
+}
+
+void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte, int N, int C, int V)
+{
+    for (int i = 0; i < N; i++)
+        for (int v = 0; v < V; v++) {
+            double s = 0.0;
+            for (int c = 0; c < C; c++) s += (double)inp[(size_t)i * C + c] * wte[(size_t)v * C + c];
+            logits[(size_t)i * V + v] = (float)s;
+        }
+}
+
+void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                               const float *wte, int N, int C, int V)
+{
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int v = 0; v < V; v++) s += (double)dlogits[(size_t)i * V + v] * wte[(size_t)v * C + c];
+            dinp[(size_t)i * C + c] = (float)s;
+        }
+    for (int v = 0; v < V; v++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int i = 0; i < N; i++) s += (double)dlogits[(size_t)i * V + v] * inp[(size_t)i * C + c];
+            dwte[(size_t)v * C + c] += (float)s;
         }
 }

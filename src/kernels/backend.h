@@ -1,0 +1,124 @@
+/*
+ * The kernel backend interface: a table of kernels plus the memory
+ * operations a device needs, one `struct loom_backend` per device (ggml's
+ * ggml-backend-impl.h habit). The CPU backend (kernels/cpu/backend.c) is the
+ * first; a CUDA one plugs in beside it with its own table.
+ *
+ * Every kernel member has the signature, argument order and gradient rule
+ * of the free function of the same name in kernels/kernels.h, without the
+ * loom_ prefix: `k->matmul_forward(out, inp, weight, bias, N, C, OC)` is
+ * loom_matmul_forward on the CPU. Pointers are to the backend's device
+ * memory. Members are required unless marked optional, with what NULL means.
+ *
+ * loom_kernels_ref() is the reference table that tests/test_kernels.c holds
+ * every backend against: the plain `_ref` loops where they exist, and the
+ * CPU kernel itself where it has none.
+ *
+ * Not here: streams or asynchronous kernels, graph capture, choosing a
+ * backend from the configuration (the caller asks loom_backend_get by name).
+ */
+#ifndef LOOM_KERNELS_BACKEND_H
+#define LOOM_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/buf.h"
+#include "base/mem.h"
+
+struct loom_kernels {
+    /* ---- embedding: out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C) */
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B,
+                              int T, int C);
+    /* dwte (V,C), dwpe (maxT,C) accumulate; either may be NULL to skip it */
+    void (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
+                               int T, int C);
+
+    /* ---- layernorm: out (N,C); saves mean (N), rstd (N) */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                              const float *bias, int N, int C);
+    /* dinp (N,C), dweight (C), dbias (C) accumulate */
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                               const float *weight, const float *mean, const float *rstd, int N, int C);
+
+    /* ---- matmul: out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC, may be NULL) */
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
+                           int OC);
+    /* dinp (N,C) written (NULL: skipped); dweight (C,OC), dbias (OC, NULL: skipped) accumulate */
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, int N, int C, int OC);
+
+    /* ---- LM head: logits (N,V) = inp (N,C) @ wte (V,C)^T */
+    void (*lm_head_forward)(float *logits, const float *inp, const float *wte, int N, int C, int V);
+    /* dinp (N,C) written; dwte (V,C) accumulates */
+    void (*lm_head_backward)(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                             const float *wte, int N, int C, int V);
+
+    /* ---- causal attention: qkv (B,T,3C) -> out (B,T,C); saves att (B,NH,T,T) */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+    /* dqkv (B,T,3C) written; datt (B,NH,T,T) scratch */
+    void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *att,
+                               const float *qkv, int B, int T, int C, int NH);
+
+    /* ---- GELU (tanh form): out (n); dinp (n) written */
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
+
+    /* ---- residual: out (n) = a + b; da, db (n) accumulate dout */
+    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    void (*residual_backward)(float *da, float *db, const float *dout, size_t n);
+
+    /* ---- softmax + cross-entropy: losses (N), saves lse (N); logits (N,V) */
+    void (*crossentropy_forward)(float *losses, float *lse, const float *logits, const int32_t *targets,
+                                 int N, int V);
+    /* dlogits (N,V) written, may alias logits */
+    void (*crossentropy_backward)(float *dlogits, const float *lse, const float *logits,
+                                  const int32_t *targets, float dloss, int N, int V);
+
+    /* ---- AdamW on one tensor: param, m, v (n) updated in place, step t >= 1 */
+    void (*adamw_update)(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, float grad_scale, int t);
+
+    /* ---- reductions: sum of x (n) squared, in double, the same bits at any
+     * thread count */
+    double (*sum_squares)(const float *x, size_t n);
+
+    /* ---- settings */
+    /* optional: the backend's thread count (n >= 1); NULL: it has none to set */
+    void (*set_threads)(int n);
+    /* optional: the thread count in use; NULL: 1 */
+    int (*get_threads)(void);
+};
+
+struct loom_backend {
+    const char *name; /* "cpu": what loom_backend_get matches */
+    enum loom_device device;
+    const struct loom_kernels *k;
+    /* bytes of device memory, zero-filled, 64-byte aligned, counted under tag
+     * (base/mem.h); out of memory exits 1 naming tag and size */
+    void *(*alloc)(size_t bytes, enum loom_mem_tag tag);
+    void (*free)(void *p); /* p from alloc, or NULL */
+    void (*memset)(void *p, int value, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes); /* both on this device, not overlapping */
+    /* dst = src converted to dst's dtype (base/buf.h's rules), both on this device */
+    void (*convert)(struct loom_buf dst, struct loom_buf src);
+    /* optional: waits until every kernel and copy issued has finished; NULL:
+     * every call is synchronous (the CPU) */
+    void (*synchronize)(void);
+};
+
+/* The CPU backend: kernels/cpu/, the accounting allocator, base/buf.c. */
+const struct loom_backend *loom_backend_cpu(void);
+/* The reference kernels: the `_ref` loops for matmul, the LM head and
+ * attention; every other member is the CPU kernel, which is its own
+ * reference (tests/test_kernels.c checks those against double formulas and
+ * finite differences instead). */
+const struct loom_kernels *loom_kernels_ref(void);
+
+/* The registered backends, in order ("cpu" first): count, the i-th, and the
+ * one named name (NULL when none is). */
+int loom_backend_count(void);
+const struct loom_backend *loom_backend_at(int i);
+const struct loom_backend *loom_backend_get(const char *name);
+
+#endif

@@ -1,0 +1,61 @@
+/*
+ * The CPU backend: the table of kernels/backend.h pointing at the free
+ * functions of kernels/kernels.h, memory from the accounting allocator
+ * (base/mem.h), conversions from base/buf.c. Everything is synchronous.
+ * Deliberately not: kernels of its own (they stay free functions, which the
+ * table only names).
+ */
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/kernels.h"
+
+static const struct loom_kernels cpu_kernels = {
+    .embedding_forward = loom_embedding_forward,
+    .embedding_backward = loom_embedding_backward,
+    .layernorm_forward = loom_layernorm_forward,
+    .layernorm_backward = loom_layernorm_backward,
+    .matmul_forward = loom_matmul_forward,
+    .matmul_backward = loom_matmul_backward,
+    .lm_head_forward = loom_lm_head_forward,
+    .lm_head_backward = loom_lm_head_backward,
+    .attention_forward = loom_attention_forward,
+    .attention_backward = loom_attention_backward,
+    .gelu_forward = loom_gelu_forward,
+    .gelu_backward = loom_gelu_backward,
+    .residual_forward = loom_residual_forward,
+    .residual_backward = loom_residual_backward,
+    .crossentropy_forward = loom_crossentropy_forward,
+    .crossentropy_backward = loom_crossentropy_backward,
+    .adamw_update = loom_adamw_update,
+    .sum_squares = loom_sum_squares,
+    .set_threads = loom_threads_set,
+    .get_threads = loom_threads_get,
+};
+
+static void cpu_memset(void *p, int value, size_t bytes)
+{
+    if (bytes) memset(p, value, bytes);
+}
+
+static void cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static const struct loom_backend cpu_backend = {
+    .name = "cpu",
+    .device = LOOM_DEVICE_CPU,
+    .k = &cpu_kernels,
+    .alloc = loom_alloc,
+    .free = loom_free,
+    .memset = cpu_memset,
+    .copy = cpu_copy,
+    .convert = loom_buf_convert,
+    .synchronize = NULL,
+};
+
+const struct loom_backend *loom_backend_cpu(void)
+{
+    return &cpu_backend;
+}
