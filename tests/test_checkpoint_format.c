@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/mem.h"
 #include "check.h"
 #include "io/checkpoint.h"
 #include "loom/loom.h"
@@ -174,30 +175,28 @@ static void test_slice_text(void)
 static void test_state(void)
 {
     struct loom_ckpt_file files[2] = {{"rank_00000.safetensors"}, {"rank_00001.safetensors"}};
-    struct loom_ckpt_state st = {.iteration = 7,
-                                 .optimizer_step = 6,
-                                 .consumed_samples = 56,
-                                 .seed = 9000000000000000001,
-                                 .data_order = 1,
-                                 .global_batch_size = 8,
-                                 .model_type = "gpt2",
-                                 .num_layers = 2,
-                                 .hidden_size = 32,
-                                 .num_attention_heads = 4,
-                                 .max_position_embeddings = 16,
-                                 .vocab_size = 256,
-                                 .world_size = 2,
-                                 .dp = 2,
-                                 .tp = 1,
-                                 .pp = 1,
-                                 .zero_stage = 3,
-                                 .has_loss_scaler = 1,
-                                 .loss_scale = 65536,
-                                 .loss_scale_good_steps = 3,
-                                 .loss_scale_hysteresis = 2,
-                                 .skipped_steps = 1,
-                                 .nfiles = 2,
-                                 .files = files};
+    struct loom_ckpt_state st = {
+        .iteration = 7,
+        .optimizer_step = 6,
+        .consumed_samples = 56,
+        .seed = 9000000000000000001,
+        .data_order = 1,
+        .global_batch_size = 8,
+        .model = {.type = "gpt2",
+                  .n = 3,
+                  .kv = {{"num_layers", 2}, {"hidden_size", 32}, {"huge", -LOOM_CKPT_SHAPE_VALUE_MAX}}},
+        .world_size = 2,
+        .dp = 2,
+        .tp = 1,
+        .pp = 1,
+        .zero_stage = 3,
+        .has_loss_scaler = 1,
+        .loss_scale = 65536,
+        .loss_scale_good_steps = 3,
+        .loss_scale_hysteresis = 2,
+        .skipped_steps = 1,
+        .nfiles = 2,
+        .files = files};
     char *text = loom_ckpt_state_format(&st, "{\"lr\":\"0.001\"}");
     CHECK(text != NULL);
     size_t n = strlen(text);
@@ -207,8 +206,28 @@ static void test_state(void)
     CHECK(back.iteration == 7 && back.optimizer_step == 6 && back.seed == 9000000000000000001 &&
           back.zero_stage == 3 && back.has_loss_scaler && back.loss_scale == 65536 &&
           back.skipped_steps == 1 && back.nfiles == 2 &&
-          strcmp(back.files[1].name, "rank_00001.safetensors") == 0 && strcmp(back.model_type, "gpt2") == 0);
+          strcmp(back.files[1].name, "rank_00001.safetensors") == 0);
+    /* the model's shape comes back as written: type, keys in order, values */
+    CHECK(strcmp(back.model.type, "gpt2") == 0 && back.model.n == 3 &&
+          strcmp(back.model.kv[0].key, "num_layers") == 0 && back.model.kv[0].value == 2 &&
+          strcmp(back.model.kv[1].key, "hidden_size") == 0 && back.model.kv[1].value == 32 &&
+          strcmp(back.model.kv[2].key, "huge") == 0 && back.model.kv[2].value == -LOOM_CKPT_SHAPE_VALUE_MAX);
     loom_ckpt_state_free(&back);
+    /* a user's model: its type and no shape */
+    st.model = (struct loom_model_shape){.type = "mlp"};
+    char *user = loom_ckpt_state_format(&st, NULL);
+    CHECK(loom_ckpt_state_parse(user, strlen(user), &back) == LOOM_OK &&
+          strcmp(back.model.type, "mlp") == 0 && back.model.n == 0);
+    loom_ckpt_state_free(&back);
+    loom_free(user);
+    /* a shape setting that is not an integer is named */
+    char *q = strstr(text, "\"hidden_size\"");
+    CHECK(q && (q = strstr(q, "32")) != NULL);
+    char *broken = loom_xstrdup(text);
+    memcpy(broken + (q - text), "[]", 2);
+    CHECK(loom_ckpt_state_parse(broken, n, &back) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "model.hidden_size"));
+    loom_free(broken);
     /* one changed digit anywhere fails the checksum */
     char *p = strstr(text, "\"iteration\"");
     CHECK(p != NULL);
@@ -216,7 +235,7 @@ static void test_state(void)
     *p = '8';
     CHECK(loom_ckpt_state_verify(text, n, "s") == LOOM_ERR_INPUT &&
           strstr(loom_error_message(), "fails its checksum"));
-    free(text);
+    loom_free(text);
     /* parse errors name the field */
     const char *bad = "{\"format\":\"loom-checkpoint\",\"version\":1,\"iteration\":-1}";
     CHECK(loom_ckpt_state_parse(bad, strlen(bad), &back) == LOOM_ERR_INPUT &&

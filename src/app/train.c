@@ -19,6 +19,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/testpoint.h"
 #include "comm/comm.h"
 #include "engine/config.h"
 #include "engine/engine_impl.h"
@@ -333,10 +334,6 @@ int loom_train(struct loom_config *cfg)
     const double flops_per_token = loom_gpt2_flops_per_token(r.model);
     double *step_tps = loom_alloc(sizeof(double) * (size_t)cfg->train_iters, LOOM_MEM_OTHER);
     double t_train = loom_now(), last_loss = 0, last_val = -1;
-    /* LOOM_TEST_STALL=RANK:STEP makes one rank stop answering at a step: the
-     * failure tests use it to exercise the communication deadline. */
-    int stall_rank = -1, stall_step = -1;
-    if (getenv("LOOM_TEST_STALL")) sscanf(getenv("LOOM_TEST_STALL"), "%d:%d", &stall_rank, &stall_step);
     const int64_t done = loom_engine_steps_done(e);
     if (done >= cfg->train_iters)
         loom_report_line(&rep, "the checkpoint has taken %lld steps, --train-iters is %d: nothing to train\n",
@@ -344,8 +341,9 @@ int loom_train(struct loom_config *cfg)
     int ran = 0; /* steps completed in this run */
     while (loom_engine_steps_done(e) < cfg->train_iters && rc == LOOM_OK) {
         const int step = (int)loom_engine_steps_done(e) + 1;
-        if (r.topo->rank == stall_rank && step == stall_step)
-            for (;;) pause();
+        char point[32];
+        snprintf(point, sizeof point, "step %d", step);
+        loom_test_point(point); /* LOOM_TEST_STALL (base/testpoint.h) */
         loom_mem_reset_peak();
         double t0 = loom_now();
         struct loom_step_result res;

@@ -69,6 +69,25 @@ void loom_free(void *p)
     free(h);
 }
 
+void *loom_realloc(void *p, size_t bytes, enum loom_mem_tag tag)
+{
+    if (!p) return loom_alloc(bytes, tag);
+    const struct header *h = (const struct header *)((char *)p - HEADER);
+    LOOM_ASSERT(h->magic == MAGIC);
+    void *q = loom_alloc(bytes, (enum loom_mem_tag)h->tag);
+    memcpy(q, p, h->bytes < bytes ? h->bytes : bytes);
+    loom_free(p);
+    return q;
+}
+
+char *loom_xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = loom_alloc(n, LOOM_MEM_OTHER);
+    memcpy(d, s, n);
+    return d;
+}
+
 const char *loom_mem_tag_name(enum loom_mem_tag tag)
 {
     LOOM_ASSERT(tag >= 0 && tag < LOOM_MEM_COUNT);

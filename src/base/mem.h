@@ -31,6 +31,13 @@ struct loom_mem_stats {
 /* Zero-filled, 64-byte aligned; exits 1 naming tag and size when it fails. */
 void *loom_alloc(size_t bytes, enum loom_mem_tag tag);
 void loom_free(void *p);
+/* p (from loom_alloc, or NULL) resized to `bytes` under its tag (tag when p
+ * is NULL): the contents up to the smaller size are kept, the rest is zero.
+ * Exits 1 like loom_alloc. */
+void *loom_realloc(void *p, size_t bytes, enum loom_mem_tag tag);
+/* A copy of s through loom_alloc (LOOM_MEM_OTHER; loom_free it). Exits 1
+ * like loom_alloc. */
+char *loom_xstrdup(const char *s);
 
 /* n * size, exiting with a clear message on overflow (Lua's luaM_checksize). */
 size_t loom_mul_size(size_t n, size_t size);

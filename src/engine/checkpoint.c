@@ -5,24 +5,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "base/clock.h"
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "io/checkpoint.h"
+#include "io/fs.h"
 #include "model/gpt2_io.h"
 
 #define EXP_AVG "optimizer.exp_avg."
 #define EXP_AVG_SQ "optimizer.exp_avg_sq."
 #define MASTER "optimizer.master."
-
-int loom_checkpoint_is_dir(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 /* The tensor and its first element in the arena, for every tensor that
  * overlaps [lo, hi); the callback gets the overlap [a, b). */
@@ -45,6 +39,39 @@ static int for_each_tensor(const struct loom_model *m, size_t lo, size_t hi, ten
 static int is_gpt2(const struct loom_model *m)
 {
     return strcmp(m->name, "gpt2") == 0;
+}
+
+/* The model's type and the shape settings cfg gives it, as the trainer
+ * state records them. */
+static void shape_of(const struct loom_model *m, const struct loom_config *cfg, struct loom_model_shape *out)
+{
+    memset(out, 0, sizeof *out);
+    if (is_gpt2(m)) {
+        const struct {
+            const char *key;
+            int value;
+        } rows[] = {{"num_layers", cfg->num_layers},
+                    {"hidden_size", cfg->hidden_size},
+                    {"num_attention_heads", cfg->num_attention_heads},
+                    {"max_position_embeddings", cfg->max_position_embeddings},
+                    {"vocab_size", cfg->vocab_size}};
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++, out->n++) {
+            snprintf(out->kv[i].key, sizeof out->kv[i].key, "%s", rows[i].key);
+            out->kv[i].value = rows[i].value;
+        }
+    }
+    snprintf(out->type, sizeof out->type, "%s", m->name);
+}
+
+/* Whether the shape records setting `key`; its value into *value. */
+static int has_setting(const struct loom_model_shape *s, const char *key, int64_t *value)
+{
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->kv[i].key, key) == 0) {
+            *value = s->kv[i].value;
+            return 1;
+        }
+    return 0;
 }
 
 /* This rank's part of the arena to write: its ZeRO shard, or at stage 0
@@ -127,20 +154,15 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
         s.m = opt->m + (lo - opt->begin), s.v = opt->v + (lo - opt->begin);
         if (opt->has_master) s.master = opt->master + (lo - opt->begin);
     }
-    s.pieces = calloc(4 * (size_t)ntensors + 1, sizeof *s.pieces);
-    s.names = calloc(4 * (size_t)ntensors + 1, sizeof *s.names);
-    int rc;
-    if (!s.pieces || !s.names) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing a checkpoint");
-    } else {
-        for_each_tensor(m, lo, hi, add_pieces, &s);
-        char path[4300];
-        snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, p->topo->rank);
-        rc = loom_ckpt_write_file(path, s.pieces, s.n, NULL, 0);
-        *bytes = (s.master ? 4 : 3) * (uint64_t)(hi - lo) * sizeof(float);
-    }
-    free(s.pieces);
-    free(s.names);
+    s.pieces = loom_alloc(loom_mul_size(4 * (size_t)ntensors + 1, sizeof *s.pieces), LOOM_MEM_OTHER);
+    s.names = loom_alloc(loom_mul_size(4 * (size_t)ntensors + 1, sizeof *s.names), LOOM_MEM_OTHER);
+    for_each_tensor(m, lo, hi, add_pieces, &s);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, p->topo->rank);
+    int rc = loom_ckpt_write_file(path, s.pieces, s.n, NULL, 0);
+    *bytes = (s.master ? 4 : 3) * (uint64_t)(hi - lo) * sizeof(float);
+    loom_free(s.pieces);
+    loom_free(s.names);
     loom_free(moments);
     loom_free(weights);
     return rc;
@@ -156,14 +178,7 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
     st.seed = cfg->seed;
     st.data_order = cfg->data_order;
     st.global_batch_size = cfg->global_batch_size;
-    snprintf(st.model_type, sizeof st.model_type, "%s", p->model->name);
-    if (is_gpt2(p->model)) {
-        st.num_layers = cfg->num_layers;
-        st.hidden_size = cfg->hidden_size;
-        st.num_attention_heads = cfg->num_attention_heads;
-        st.max_position_embeddings = cfg->max_position_embeddings;
-        st.vocab_size = cfg->vocab_size;
-    }
+    shape_of(p->model, cfg, &st.model);
     st.world_size = p->topo->world;
     st.dp = p->topo->dp;
     st.tp = p->topo->tp;
@@ -177,8 +192,7 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
         st.loss_scale_hysteresis = p->scaler->st.hysteresis;
     }
     st.nfiles = p->topo->world;
-    st.files = calloc((size_t)st.nfiles, sizeof *st.files);
-    if (!st.files) return NULL;
+    st.files = loom_alloc(loom_mul_size((size_t)st.nfiles, sizeof *st.files), LOOM_MEM_OTHER);
     for (int r = 0; r < st.nfiles; r++)
         snprintf(st.files[r].name, sizeof st.files[r].name, "rank_%05d.safetensors", r);
     char *text = loom_ckpt_state_format(&st, NULL);
@@ -199,9 +213,8 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
     rc = loom_comm_agree_shared(write_part(p, tmp, &bytes));
     if (rc == LOOM_OK && root) {
         char *text = state_text(p, iteration);
-        rc = text ? loom_ckpt_commit(cfg->save, iteration, tmp, text, cfg->keep_last)
-                  : loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting the trainer state");
-        free(text);
+        rc = loom_ckpt_commit(cfg->save, iteration, tmp, text, cfg->keep_last);
+        loom_free(text);
     }
     rc = loom_comm_agree_shared(rc);
     if (rc && root) loom_ckpt_abandon(tmp);
@@ -252,14 +265,10 @@ static int max_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size_
 /* The pieces of every file the trainer state lists. */
 static int open_reader(struct loom_ckpt_reader **r, const char *dir, const struct loom_ckpt_state *st)
 {
-    const char **files = calloc((size_t)st->nfiles, sizeof *files);
-    if (!files) {
-        *r = NULL;
-        return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-    }
+    const char **files = loom_alloc(loom_mul_size((size_t)st->nfiles, sizeof *files), LOOM_MEM_OTHER);
     for (int i = 0; i < st->nfiles; i++) files[i] = st->files[i].name;
     int rc = loom_ckpt_reader_open(r, dir, files, st->nfiles);
-    free(files);
+    loom_free(files);
     return rc;
 }
 
@@ -346,38 +355,47 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
 static int check_model(const struct loom_model *m, const struct loom_config *cfg,
                        const struct loom_ckpt_state *st, const char *dir)
 {
-    if (strcmp(st->model_type, m->name) != 0)
+    if (strcmp(st->model.type, m->name) != 0)
         return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint holds a %s model, this run a %s",
-                              dir, st->model_type, m->name);
-    if (!is_gpt2(m)) return LOOM_OK; /* every tensor's shape is checked as it is read */
-    const struct {
-        const char *flag;
-        int have, want;
-    } rows[] = {
-        {"--num-layers", st->num_layers, cfg->num_layers},
-        {"--hidden-size", st->hidden_size, cfg->hidden_size},
-        {"--num-attention-heads", st->num_attention_heads, cfg->num_attention_heads},
-        {"--max-position-embeddings", st->max_position_embeddings, cfg->max_position_embeddings},
-        {"--vocab-size", st->vocab_size, cfg->vocab_size},
-    };
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-        if (rows[i].have != rows[i].want)
-            return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint's model has %s %d, this run %d",
-                                  dir, rows[i].flag, rows[i].have, rows[i].want);
+                              dir, st->model.type, m->name);
+    /* every shape setting of this run, as its flag (the settings' JSON keys
+     * are the flags' names with '_' for '-'); a user's model records none:
+     * every tensor's shape is checked as it is read */
+    struct loom_model_shape want;
+    shape_of(m, cfg, &want);
+    for (int i = 0; i < want.n; i++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", want.kv[i].key);
+        for (char *c = flag; *c; c++)
+            if (*c == '_') *c = '-';
+        int64_t have;
+        if (!has_setting(&st->model, want.kv[i].key, &have))
+            return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint does not record the model's %s",
+                                  dir, flag);
+        if (have != want.kv[i].value)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "--load %s: the checkpoint's model has %s %" PRId64 ", this run %" PRId64,
+                                  dir, flag, have, want.kv[i].value);
+    }
     return LOOM_OK;
 }
 
 /* Collective over candidates, newest first: the first that every rank reads
  * whole wins; a damaged one is reported and skipped when the path is a save
- * directory. `fn` restores from one checkpoint. */
+ * directory. `fn` restores from one checkpoint; it sets *final for a failure
+ * that is no damage and the same on every rank (another model), which no
+ * older checkpoint would mend: no fallback then. */
 typedef int (*restore_fn)(const struct loom_ckpt_parts *p, const char *dir, struct loom_ckpt_state *st,
-                          uint64_t *bytes);
+                          uint64_t *bytes, int *final);
 
 static int restore_training(const struct loom_ckpt_parts *p, const char *dir, struct loom_ckpt_state *st,
-                            uint64_t *bytes)
+                            uint64_t *bytes, int *final)
 {
     int rc = loom_comm_agree_shared(check_model(p->model, p->cfg, st, dir));
-    if (rc) return -rc; /* not damage: no fallback */
+    if (rc) {
+        *final = 1;
+        return rc;
+    }
     return restore(p, dir, st, bytes);
 }
 
@@ -391,10 +409,11 @@ static int try_candidates(const struct loom_ckpt_parts *p, const char *path, res
         struct loom_ckpt_state st;
         int got = loom_comm_agree_shared(loom_ckpt_state_read(dirs[c], &st));
         if (got == LOOM_OK) {
-            got = fn(p, dirs[c], &st, bytes);
-            if (got < 0) { /* a mismatch, the same on every rank: no fallback */
+            int final = 0;
+            got = fn(p, dirs[c], &st, bytes, &final);
+            if (final) {
                 loom_ckpt_state_free(&st);
-                rc = -got;
+                rc = got;
                 break;
             }
             got = loom_comm_agree_shared(got);
@@ -412,8 +431,7 @@ static int try_candidates(const struct loom_ckpt_parts *p, const char *path, res
         loom_log_warn("%s; falling back to %s", loom_error_message(), dirs[c + 1]);
         loom_error_clear();
     }
-    for (int c = 0; c < n; c++) free(dirs[c]);
-    free(dirs);
+    loom_ckpt_candidates_free(dirs, n);
     return rc;
 }
 
@@ -449,7 +467,7 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
 /* ---- one process, weights only ------------------------------------------ */
 
 static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, struct loom_ckpt_state *st,
-                           uint64_t *bytes)
+                           uint64_t *bytes, int *final)
 {
     struct loom_model *m = p->model;
     struct load_ctx c = {0};
@@ -464,7 +482,7 @@ static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, str
 
 int loom_checkpoint_load_weights(struct loom_model *m, const char *path)
 {
-    if (!loom_checkpoint_is_dir(path)) return loom_gpt2_load(loom_gpt2_of(m), path);
+    if (!loom_fs_is_dir(path)) return loom_gpt2_load(loom_gpt2_of(m), path);
     struct loom_ckpt_parts p = {.model = m};
     struct loom_ckpt_state st;
     uint64_t bytes;
@@ -474,29 +492,39 @@ int loom_checkpoint_load_weights(struct loom_model *m, const char *path)
     return rc;
 }
 
-int loom_checkpoint_peek_model(const char *path, struct loom_gpt2_config *cfg)
+/* The model the newest checkpoint with a readable trainer state records. */
+static int recorded_model(const char *path, struct loom_model_shape *out)
 {
-    if (!loom_checkpoint_is_dir(path)) return loom_gpt2_peek_config(path, cfg);
     char **dirs;
     int n, is_save;
     int rc = loom_ckpt_candidates(path, &dirs, &n, &is_save);
-    struct loom_ckpt_state st;
-    /* the first checkpoint with a readable state gives the shape */
     for (int c = 0; rc == LOOM_OK && c < n; c++) {
-        if (loom_ckpt_state_read(dirs[c], &st) == LOOM_OK) {
-            if (strcmp(st.model_type, "gpt2") != 0) {
-                rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not GPT-2", dirs[c], st.model_type);
-                loom_ckpt_state_free(&st);
-                break;
-            }
-            *cfg = (struct loom_gpt2_config){st.num_layers, st.hidden_size, st.num_attention_heads,
-                                             st.max_position_embeddings, st.vocab_size};
+        struct loom_ckpt_state st;
+        if ((rc = loom_ckpt_state_read(dirs[c], &st)) == LOOM_OK) {
+            *out = st.model;
             loom_ckpt_state_free(&st);
             break;
         }
-        if (c + 1 == n) rc = LOOM_ERR_INPUT;
+        if (c + 1 < n) rc = LOOM_OK; /* an older one may be readable */
     }
-    for (int c = 0; c < n; c++) free(dirs[c]);
-    free(dirs);
+    loom_ckpt_candidates_free(dirs, n);
     return rc;
+}
+
+int loom_checkpoint_peek_model(const char *path, struct loom_gpt2_config *cfg)
+{
+    if (!loom_fs_is_dir(path)) return loom_gpt2_peek_config(path, cfg);
+    struct loom_model_shape shape;
+    int rc = recorded_model(path, &shape);
+    if (rc) return rc;
+    if (strcmp(shape.type, "gpt2") != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not GPT-2", path, shape.type);
+    int64_t v[5] = {0};
+    has_setting(&shape, "num_layers", &v[0]);
+    has_setting(&shape, "hidden_size", &v[1]);
+    has_setting(&shape, "num_attention_heads", &v[2]);
+    has_setting(&shape, "max_position_embeddings", &v[3]);
+    has_setting(&shape, "vocab_size", &v[4]);
+    *cfg = (struct loom_gpt2_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]};
+    return LOOM_OK;
 }

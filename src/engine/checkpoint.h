@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "io/fs.h"
 #include "loom/config.h"
 #include "loom/model.h"
 #include "model/gpt2.h"
@@ -50,7 +51,10 @@ struct loom_ckpt_io_stats {
 };
 
 /* Whether --load names a checkpoint directory (not a weights file). */
-int loom_checkpoint_is_dir(const char *path);
+static inline int loom_checkpoint_is_dir(const char *path)
+{
+    return loom_fs_is_dir(path);
+}
 
 /* Collective over the world: writes SAVE/iter_NNNNNNN for the state after
  * `iteration` steps, moves latest, keeps the newest --keep-last. A failure

@@ -15,6 +15,8 @@
 #include <xxhash.h>
 
 #include "base/log.h"
+#include "base/mem.h"
+#include "base/testpoint.h"
 #include "io/safetensors.h"
 
 #define MAX_EXACT ((double)(1ull << 53)) /* JSON numbers above this are not exact integers */
@@ -147,20 +149,12 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
                          const char *const *extra_kv, int nextra)
 {
     enum { KEY = 96, VAL = 640 };
-    struct loom_st_tensor_in *ts = calloc((size_t)n + 1, sizeof *ts);
-    const char **kv = calloc(2 * (2 * (size_t)n + (size_t)nextra) + 1, sizeof *kv);
-    char *text = calloc(2 * (size_t)n + 1, KEY + VAL);
+    struct loom_st_tensor_in *ts = loom_alloc(loom_mul_size((size_t)n + 1, sizeof *ts), LOOM_MEM_OTHER);
+    const char **kv =
+        loom_alloc(loom_mul_size(2 * (2 * (size_t)n + (size_t)nextra) + 1, sizeof *kv), LOOM_MEM_OTHER);
+    char *text = loom_alloc(loom_mul_size(2 * (size_t)n + 1, KEY + VAL), LOOM_MEM_OTHER);
+    uint64_t *sums = loom_alloc(loom_mul_size((size_t)n + 1, sizeof *sums), LOOM_MEM_OTHER);
     int rc = LOOM_OK, nt = 0, nm = 0;
-    uint64_t *sums = NULL;
-    if (!ts || !kv || !text) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
-        goto done;
-    }
-    sums = calloc((size_t)n + 1, sizeof *sums);
-    if (!sums) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
-        goto done;
-    }
     /* the checksums, pieces spread over the threads */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++)
@@ -194,12 +188,12 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
     }
     for (int i = 0; i < nextra; i++, nm++) kv[2 * nm] = extra_kv[2 * i], kv[2 * nm + 1] = extra_kv[2 * i + 1];
     rc = loom_st_write(path, ts, nt, kv, nm);
-    if (rc == LOOM_OK) loom_ckpt_crash_point("after-rank-file");
+    if (rc == LOOM_OK) loom_test_point("after-rank-file");
 done:
-    free(sums);
-    free(ts);
-    free(kv);
-    free(text);
+    loom_free(sums);
+    loom_free(ts);
+    loom_free(kv);
+    loom_free(text);
     return rc;
 }
 
@@ -301,10 +295,9 @@ static int index_file(struct loom_ckpt_reader *r, int f)
 int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const char *const *files,
                           int nfiles)
 {
-    struct loom_ckpt_reader *r = calloc(1, sizeof *r);
+    struct loom_ckpt_reader *r = loom_alloc(sizeof *r, LOOM_MEM_OTHER);
     *out = r;
-    if (!r || !(r->files = calloc((size_t)nfiles + 1, sizeof *r->files)))
-        return loom_error_set(LOOM_ERR_RUNTIME, "out of memory opening checkpoint %s", dir);
+    r->files = loom_alloc(loom_mul_size((size_t)nfiles + 1, sizeof *r->files), LOOM_MEM_OTHER);
     int rc, total = 0;
     for (int f = 0; f < nfiles; f++) {
         char path[4200];
@@ -313,8 +306,7 @@ int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const 
         r->nfiles = f + 1;
         total += loom_st_count(&r->files[f]);
     }
-    if (!(r->pieces = calloc((size_t)total + 1, sizeof *r->pieces)))
-        return loom_error_set(LOOM_ERR_RUNTIME, "out of memory opening checkpoint %s", dir);
+    r->pieces = loom_alloc(loom_mul_size((size_t)total + 1, sizeof *r->pieces), LOOM_MEM_OTHER);
     for (int f = 0; f < nfiles; f++)
         if ((rc = index_file(r, f))) return rc;
     qsort(r->pieces, (size_t)r->npieces, sizeof *r->pieces, cmp_piece);
@@ -344,9 +336,9 @@ void loom_ckpt_reader_close(struct loom_ckpt_reader *r)
 {
     if (!r) return;
     for (int f = 0; f < r->nfiles; f++) loom_st_close(&r->files[f]);
-    free(r->files);
-    free(r->pieces);
-    free(r);
+    loom_free(r->files);
+    loom_free(r->pieces);
+    loom_free(r);
 }
 
 /* The first piece named `name`, or -1. */

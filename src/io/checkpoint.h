@@ -7,9 +7,10 @@
  * SAVE/latest holds the name of the newest complete one.
  *
  * Pieces. Each rank stores only what it owns: pieces of full tensors, each
- * under the full tensor's name (model weights under Hugging Face GPT-2
+ * under the full tensor's name (model weights under the model's tensor
  * names, optimizer moments as optimizer.exp_avg.<name> and
- * optimizer.exp_avg_sq.<name>). A piece is described by its slice (below);
+ * optimizer.exp_avg_sq.<name>, float32 master weights under mixed precision
+ * as optimizer.master.<name>). A piece is described by its slice (below);
  * a piece that is the whole tensor has the tensor's shape and no slice
  * entry, so a file written by one process is a plain safetensors file. The
  * metadata of every file holds, per stored tensor:
@@ -27,8 +28,10 @@
  * Trainer state: trainer_state.json, starting with {"checksum":"<16 hex>"
  * where the digits are XXH3-64 of the whole file with those 16 digits read
  * as zeros. It holds the iteration, the optimizer step, the seed and data
- * position, the model shape, the layout that wrote it, the files and (when
- * one exists) the loss scaler, plus every setting for the record.
+ * position, the model ("model": its "type" and, for a model family, the
+ * integer shape settings the family records, e.g. "num_layers"), the layout
+ * that wrote it, the files and (when one exists) the loss scaler, plus
+ * every setting for the record.
  *
  * Crash safety: a checkpoint is built in SAVE/.tmp.iter_NNNNNNN, every file
  * fsynced, renamed to iter_NNNNNNN, SAVE fsynced, and only then latest moves
@@ -44,10 +47,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/family.h" /* struct loom_model_shape */
+
 #define LOOM_CKPT_MAX_DIMS 8
 #define LOOM_CKPT_STATE_FILE "trainer_state.json"
 #define LOOM_CKPT_STATE_MAX_BYTES ((size_t)16 << 20)
 #define LOOM_CKPT_MAX_FILES 65536
+/* The model's shape settings lie in [-MAX, MAX]: exact as JSON numbers
+ * printed with 15 significant digits. */
+#define LOOM_CKPT_SHAPE_VALUE_MAX ((int64_t)1 << 48)
 
 /* ---- slices ------------------------------------------------------------- */
 
@@ -120,8 +128,9 @@ struct loom_ckpt_state {
     int64_t seed;
     int data_order; /* enum loom_data_order */
     int64_t global_batch_size;
-    char model_type[32]; /* the model's name ("gpt2", or a user model's) */
-    int num_layers, hidden_size, num_attention_heads, max_position_embeddings, vocab_size; /* gpt2 only */
+    /* The model: its type (the model's name) and, for a model of a registered
+     * family, its shape as the family records it (no pairs for a user's model). */
+    struct loom_model_shape model;
     int world_size, dp, tp, pp, zero_stage; /* the layout that wrote it (for the record) */
     int has_loss_scaler;
     double loss_scale;
@@ -162,18 +171,13 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
 /* Rank 0, after a failure: removes the temporary directory. */
 void loom_ckpt_abandon(const char *tmp);
 
-/* Fault injection for the crash tests: with LOOM_TEST_CRASH_AT=<point> the
- * process kills itself with SIGKILL at that point of a save. Points: after-rank-file (a rank's file
- * is in the temporary directory), before-rename, before-latest,
- * after-latest. */
-void loom_ckpt_crash_point(const char *point);
-
 /* What a --load path names. A checkpoint directory (holding trainer_state.json)
  * is the one candidate; a save directory gives its latest first, then every
  * other complete checkpoint, newest first (the fallbacks). Sets *ndirs = 0
  * and returns LOOM_OK when path is a regular file (weights only).
  * LOOM_ERR_INPUT when path does not exist or holds no checkpoint. The
- * caller frees dirs[i] and dirs with free(). */
+ * caller frees the list with loom_ckpt_candidates_free, whatever the status. */
 int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_save_dir);
+void loom_ckpt_candidates_free(char **dirs, int ndirs);
 
 #endif

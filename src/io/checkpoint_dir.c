@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,8 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/mem.h"
+#include "base/testpoint.h"
 #include "io/fs.h"
 
 #define ITER_PREFIX "iter_"
@@ -39,12 +40,6 @@ static int64_t iter_of(const char *name)
     for (size_t i = 0; i < n; i++)
         if (d[i] < '0' || d[i] > '9') return -1;
     return strtoll(d, NULL, 10);
-}
-
-void loom_ckpt_crash_point(const char *point)
-{
-    const char *at = getenv("LOOM_TEST_CRASH_AT");
-    if (at && strcmp(at, point) == 0) raise(SIGKILL);
 }
 
 void loom_ckpt_tmp_dir(const char *save, int64_t iteration, char *out, size_t n)
@@ -96,7 +91,7 @@ static int cmp_desc(const void *a, const void *b)
 }
 
 /* The iterations of the complete checkpoints in save (those holding a state
- * file), newest first; malloc'd. */
+ * file), newest first; loom_free *out. */
 static int list_iterations(const char *save, int64_t **out, int *n)
 {
     *out = NULL;
@@ -112,14 +107,9 @@ static int list_iterations(const char *save, int64_t **out, int *n)
         struct stat st;
         snprintf(state, sizeof state, "%s/%s/%s", save, e->d_name, LOOM_CKPT_STATE_FILE);
         if (stat(state, &st) != 0) continue;
-        if (*n == cap) {
-            int64_t *grown = realloc(*out, sizeof(int64_t) * (size_t)(cap = cap ? 2 * cap : 16));
-            if (!grown) {
-                closedir(d);
-                return loom_error_set(LOOM_ERR_RUNTIME, "out of memory listing %s", save);
-            }
-            *out = grown;
-        }
+        if (*n == cap)
+            *out = loom_realloc(*out, loom_mul_size((size_t)(cap = cap ? 2 * cap : 16), sizeof(int64_t)),
+                                LOOM_MEM_OTHER);
         (*out)[(*n)++] = it;
     }
     closedir(d);
@@ -147,7 +137,7 @@ static void prune(const char *save, int64_t current, int keep)
             loom_log_warn("removing the old checkpoint %s: %s", dir,
                           loom_error_is_set() ? loom_error_message() : strerror(errno));
     }
-    free(its);
+    loom_free(its);
 }
 
 int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text,
@@ -159,7 +149,7 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
     size_t len[1] = {strlen(state_text)};
     int rc = loom_fs_write_atomic(path, text, len, 1);
     if (rc) return rc;
-    loom_ckpt_crash_point("before-rename");
+    loom_test_point("before-rename");
     loom_ckpt_iter_dir(save, iteration, final, sizeof final);
     snprintf(old, sizeof old, "%s/.old." ITER_PREFIX "%07" PRId64, save, iteration);
     if (loom_fs_is_dir(final)) {
@@ -174,13 +164,13 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
         return loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", tmp, final, strerror(errno));
     }
     if ((rc = loom_fs_fsync_dir(save))) return rc;
-    loom_ckpt_crash_point("before-latest");
+    loom_test_point("before-latest");
     char latest[4200], name[64];
     snprintf(latest, sizeof latest, "%s/%s", save, LATEST);
     snprintf(name, sizeof name, ITER_PREFIX "%07" PRId64 "\n", iteration);
     text[0] = name, len[0] = strlen(name);
     if ((rc = loom_fs_write_atomic(latest, text, len, 1))) return rc;
-    loom_ckpt_crash_point("after-latest");
+    loom_test_point("after-latest");
     /* the new checkpoint is committed: what follows is housekeeping, and a
      * failure there is a warning, not a failed save */
     if (loom_fs_remove_tree(old)) loom_log_warn("%s", loom_error_message());
@@ -189,16 +179,18 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
     return LOOM_OK;
 }
 
-static int add_dir(char ***dirs, int *n, const char *dir)
+static void add_dir(char ***dirs, int *n, const char *dir)
 {
     for (int i = 0; i < *n; i++)
-        if (strcmp((*dirs)[i], dir) == 0) return LOOM_OK;
-    char **grown = realloc(*dirs, sizeof(char *) * (size_t)(*n + 1));
-    if (!grown) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-    *dirs = grown;
-    if (!(grown[*n] = strdup(dir))) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-    (*n)++;
-    return LOOM_OK;
+        if (strcmp((*dirs)[i], dir) == 0) return;
+    *dirs = loom_realloc(*dirs, loom_mul_size((size_t)*n + 1, sizeof(char *)), LOOM_MEM_OTHER);
+    (*dirs)[(*n)++] = loom_xstrdup(dir);
+}
+
+void loom_ckpt_candidates_free(char **dirs, int ndirs)
+{
+    for (int i = 0; i < ndirs; i++) loom_free(dirs[i]);
+    loom_free(dirs);
 }
 
 int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_save_dir)
@@ -213,7 +205,10 @@ int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_sav
         return loom_error_set(LOOM_ERR_INPUT, "--load %s: not a file or directory", path);
     char buf[4400];
     snprintf(buf, sizeof buf, "%s/%s", path, LOOM_CKPT_STATE_FILE);
-    if (stat(buf, &st) == 0) return add_dir(dirs, ndirs, path); /* one checkpoint, named directly */
+    if (stat(buf, &st) == 0) { /* one checkpoint, named directly */
+        add_dir(dirs, ndirs, path);
+        return LOOM_OK;
+    }
     *is_save_dir = 1;
     int rc;
     /* latest first, when it names a checkpoint directory */
@@ -225,26 +220,23 @@ int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_sav
         int64_t it = iter_of(text);
         if (it >= 0) {
             loom_ckpt_iter_dir(path, it, buf, sizeof buf);
-            if (loom_fs_is_dir(buf) && (rc = add_dir(dirs, ndirs, buf))) {
-                free(text);
-                return rc;
-            }
+            if (loom_fs_is_dir(buf)) add_dir(dirs, ndirs, buf);
         } else {
             loom_log_warn("%s/%s does not name a checkpoint ('%.40s'); looking for the newest one", path,
                           LATEST, text);
         }
-        free(text);
+        loom_free(text);
     }
     loom_error_clear();
     int64_t *its;
     int n;
     if ((rc = list_iterations(path, &its, &n))) return rc;
-    for (int i = 0; i < n && rc == LOOM_OK; i++) {
+    for (int i = 0; i < n; i++) {
         loom_ckpt_iter_dir(path, its[i], buf, sizeof buf);
-        rc = add_dir(dirs, ndirs, buf);
+        add_dir(dirs, ndirs, buf);
     }
-    free(its);
-    if (rc == LOOM_OK && *ndirs == 0)
+    loom_free(its);
+    if (*ndirs == 0)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "--load %s: no checkpoint there (no %s naming one, no iter_NNNNNNN with %s)",
                             path, LATEST, LOOM_CKPT_STATE_FILE);

@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "base/log.h"
+#include "base/mem.h"
 #include "io/fs.h"
 #include "io/sampler.h"
 
@@ -70,14 +71,9 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
         cJSON_AddNullToObject(o, "loss_scaler");
     }
     cJSON *model = cJSON_AddObjectToObject(o, "model");
-    cJSON_AddStringToObject(model, "type", st->model_type);
-    if (strcmp(st->model_type, "gpt2") == 0) {
-        cJSON_AddNumberToObject(model, "num_layers", st->num_layers);
-        cJSON_AddNumberToObject(model, "hidden_size", st->hidden_size);
-        cJSON_AddNumberToObject(model, "num_attention_heads", st->num_attention_heads);
-        cJSON_AddNumberToObject(model, "max_position_embeddings", st->max_position_embeddings);
-        cJSON_AddNumberToObject(model, "vocab_size", st->vocab_size);
-    }
+    cJSON_AddStringToObject(model, "type", st->model.type);
+    for (int i = 0; i < st->model.n; i++)
+        cJSON_AddNumberToObject(model, st->model.kv[i].key, (double)st->model.kv[i].value);
     cJSON *layout = cJSON_AddObjectToObject(o, "layout");
     cJSON_AddNumberToObject(layout, "world_size", st->world_size);
     cJSON_AddNumberToObject(layout, "data_parallel_size", st->dp);
@@ -96,15 +92,13 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
     /* {"checksum":"<16 digits>", then the body without its opening brace */
     size_t blen = strlen(body);
     size_t len = sizeof CHECKSUM_PREFIX - 1 + CHECKSUM_DIGITS + 3 + (blen - 1) + 1;
-    char *out = malloc(len + 1);
-    if (out) {
-        snprintf(out, len + 1, "%s%s\",\n%s\n", CHECKSUM_PREFIX, "0000000000000000",
-                 body + 1 + (body[1] == '\n'));
-        len = strlen(out);
-        char digits[CHECKSUM_DIGITS + 1];
-        snprintf(digits, sizeof digits, "%016" PRIx64, state_hash(out, len));
-        memcpy(out + sizeof CHECKSUM_PREFIX - 1, digits, CHECKSUM_DIGITS);
-    }
+    char *out = loom_alloc(len + 1, LOOM_MEM_OTHER);
+    snprintf(out, len + 1, "%s%s\",\n%s\n", CHECKSUM_PREFIX, "0000000000000000",
+             body + 1 + (body[1] == '\n'));
+    len = strlen(out);
+    char digits[CHECKSUM_DIGITS + 1];
+    snprintf(digits, sizeof digits, "%016" PRIx64, state_hash(out, len));
+    memcpy(out + sizeof CHECKSUM_PREFIX - 1, digits, CHECKSUM_DIGITS);
     cJSON_free(body);
     return out;
 }
@@ -138,9 +132,9 @@ static const cJSON *member(const cJSON *o, const char *key)
     return cJSON_GetObjectItemCaseSensitive(o, key);
 }
 
-static int get_int(const cJSON *o, const char *path, const char *key, int64_t lo, int64_t hi, int64_t *out)
+/* v, the member `key` of the object at `path`, as an integer in [lo, hi]. */
+static int int_of(const cJSON *v, const char *path, const char *key, int64_t lo, int64_t hi, int64_t *out)
 {
-    const cJSON *v = member(o, key);
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
         v->valuedouble != (double)(int64_t)v->valuedouble)
         return loom_error_set(LOOM_ERR_INPUT, "%s%s: expected an integer in [%" PRId64 ", %" PRId64 "]", path,
@@ -149,9 +143,14 @@ static int get_int(const cJSON *o, const char *path, const char *key, int64_t lo
     return LOOM_OK;
 }
 
+static int get_int(const cJSON *o, const char *path, const char *key, int64_t lo, int64_t hi, int64_t *out)
+{
+    return int_of(member(o, key), path, key, lo, hi, out);
+}
+
 static int get_int32(const cJSON *o, const char *path, const char *key, int lo, int hi, int *out)
 {
-    int64_t v;
+    int64_t v = 0;
     int rc = get_int(o, path, key, lo, hi, &v);
     if (rc == LOOM_OK) *out = (int)v;
     return rc;
@@ -180,6 +179,39 @@ static int safe_file_name(const char *s)
     for (size_t i = 0; i < n; i++)
         if (s[i] == '/' || s[i] == '\\' || (unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e) return 0;
     return 1;
+}
+
+/* "model": {"type": NAME, KEY: INTEGER, ...}: the type, then the family's
+ * shape settings in the file's order (unique keys, at most
+ * LOOM_MODEL_SHAPE_MAX, values within LOOM_CKPT_SHAPE_VALUE_MAX); which keys
+ * a family needs is the family's to check. */
+static int parse_model(const cJSON *model, struct loom_model_shape *out)
+{
+    const cJSON *type = member(model, "type");
+    if (!cJSON_IsString(type) || !*type->valuestring || strlen(type->valuestring) >= sizeof out->type ||
+        !printable(type->valuestring))
+        return loom_error_set(LOOM_ERR_INPUT, "model.type: expected a model name");
+    snprintf(out->type, sizeof out->type, "%s", type->valuestring);
+    const int64_t big = LOOM_CKPT_SHAPE_VALUE_MAX;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, model)
+    {
+        if (v == type) continue;
+        const char *key = v->string;
+        if (!key || !*key || strlen(key) >= sizeof out->kv[0].key || !printable(key))
+            return loom_error_set(LOOM_ERR_INPUT, "model: a key is empty, too long or not printable");
+        if (strcmp(key, "type") == 0) return loom_error_set(LOOM_ERR_INPUT, "model.type: given twice");
+        for (int i = 0; i < out->n; i++)
+            if (strcmp(out->kv[i].key, key) == 0)
+                return loom_error_set(LOOM_ERR_INPUT, "model.%s: given twice", key);
+        if (out->n == LOOM_MODEL_SHAPE_MAX)
+            return loom_error_set(LOOM_ERR_INPUT, "model: more than %d shape settings", LOOM_MODEL_SHAPE_MAX);
+        int rc = int_of(v, "model.", key, -big, big, &out->kv[out->n].value);
+        if (rc) return rc;
+        snprintf(out->kv[out->n].key, sizeof out->kv[0].key, "%s", key);
+        out->n++;
+    }
+    return LOOM_OK;
 }
 
 int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *st)
@@ -249,21 +281,7 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
         rc = loom_error_set(LOOM_ERR_INPUT, "loss_scaler: expected an object or null");
         goto done;
     }
-    const cJSON *type = member(model, "type");
-    if (!cJSON_IsString(type) || !*type->valuestring || strlen(type->valuestring) >= sizeof st->model_type ||
-        !printable(type->valuestring)) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "model.type: expected a model name");
-        goto done;
-    }
-    snprintf(st->model_type, sizeof st->model_type, "%s", type->valuestring);
-    if (strcmp(st->model_type, "gpt2") == 0 &&
-        ((rc = get_int32(model, "model.", "num_layers", 1, 1 << 20, &st->num_layers)) ||
-         (rc = get_int32(model, "model.", "hidden_size", 1, 1 << 20, &st->hidden_size)) ||
-         (rc = get_int32(model, "model.", "num_attention_heads", 1, 1 << 20, &st->num_attention_heads)) ||
-         (rc = get_int32(model, "model.", "max_position_embeddings", 1, 1 << 24,
-                         &st->max_position_embeddings)) ||
-         (rc = get_int32(model, "model.", "vocab_size", 1, 1 << 30, &st->vocab_size))))
-        goto done;
+    if ((rc = parse_model(model, &st->model))) goto done;
     if ((rc = get_int32(layout, "layout.", "world_size", 1, 1 << 24, &st->world_size)) ||
         (rc = get_int32(layout, "layout.", "data_parallel_size", 1, 1 << 24, &st->dp)) ||
         (rc = get_int32(layout, "layout.", "tensor_model_parallel_size", 1, 1 << 24, &st->tp)) ||
@@ -277,11 +295,7 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
                             LOOM_CKPT_MAX_FILES);
         goto done;
     }
-    st->files = calloc((size_t)n, sizeof *st->files);
-    if (!st->files) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-        goto done;
-    }
+    st->files = loom_alloc(loom_mul_size((size_t)n, sizeof *st->files), LOOM_MEM_OTHER);
     const cJSON *f;
     cJSON_ArrayForEach(f, files)
     {
@@ -317,13 +331,13 @@ int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st)
         snprintf(why, sizeof why, "%s", loom_error_message());
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", path, why);
     }
-    free(buf);
+    loom_free(buf);
     return rc;
 }
 
 void loom_ckpt_state_free(struct loom_ckpt_state *st)
 {
-    free(st->files);
+    loom_free(st->files);
     st->files = NULL;
     st->nfiles = 0;
 }

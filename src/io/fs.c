@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/mem.h"
 
 int loom_fs_mkdir_p(const char *path)
 {
@@ -159,11 +160,7 @@ int loom_fs_read_small(const char *path, size_t max_bytes, char **out, size_t *l
         goto done;
     }
     size_t n = (size_t)st.st_size;
-    buf = malloc(n + 1);
-    if (!buf) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory reading %s", path);
-        goto done;
-    }
+    buf = loom_alloc(n + 1, LOOM_MEM_OTHER);
     for (size_t got = 0; got < n;) {
         ssize_t r = read(fd, buf + got, n - got);
         if (r < 0 && errno == EINTR) continue;
@@ -178,7 +175,7 @@ int loom_fs_read_small(const char *path, size_t max_bytes, char **out, size_t *l
     *len = n;
     buf = NULL;
 done:
-    free(buf);
+    loom_free(buf);
     close(fd);
     return rc;
 }

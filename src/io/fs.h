@@ -24,8 +24,8 @@ int loom_fs_write_atomic(const char *path, const void *const *parts, const size_
 /* rm -rf; a missing path is not an error. LOOM_ERR_RUNTIME. */
 int loom_fs_remove_tree(const char *path);
 /* Reads a whole regular file of at most max_bytes into a NUL-terminated
- * malloc'd buffer (free()); LOOM_ERR_INPUT naming the file when it is
- * missing, not a regular file, too large or unreadable. */
+ * buffer (loom_free it); LOOM_ERR_INPUT naming the file when it is missing,
+ * not a regular file, too large or unreadable. */
 int loom_fs_read_small(const char *path, size_t max_bytes, char **out, size_t *len);
 /* Whether path is a directory (0 when it does not exist). */
 int loom_fs_is_dir(const char *path);

@@ -11,7 +11,7 @@
  *
  * Not here: reading the file from a directory (loom_ckpt_state_read).
  *
- * fuzz-sources: src/io/checkpoint_state.c src/io/fs.c src/base/log.c
+ * fuzz-sources: src/io/checkpoint_state.c src/io/fs.c src/base/log.c src/base/mem.c
  * fuzz-libs: -lcjson -lxxhash
  */
 #include <stdint.h>
@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/mem.h"
 #include "io/checkpoint.h"
 #include "loom/loom.h"
 
@@ -32,17 +33,22 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static int same_model(const struct loom_model_shape *a, const struct loom_model_shape *b)
+{
+    int same = strcmp(a->type, b->type) == 0 && a->n == b->n;
+    for (int i = 0; same && i < a->n; i++)
+        same = strcmp(a->kv[i].key, b->kv[i].key) == 0 && a->kv[i].value == b->kv[i].value;
+    return same;
+}
+
 static int same_state(const struct loom_ckpt_state *a, const struct loom_ckpt_state *b)
 {
     int same = a->iteration == b->iteration && a->optimizer_step == b->optimizer_step &&
                a->consumed_samples == b->consumed_samples && a->seed == b->seed &&
                a->data_order == b->data_order && a->global_batch_size == b->global_batch_size &&
-               a->num_layers == b->num_layers && a->hidden_size == b->hidden_size &&
-               a->num_attention_heads == b->num_attention_heads &&
-               a->max_position_embeddings == b->max_position_embeddings && a->vocab_size == b->vocab_size &&
-               a->world_size == b->world_size && a->dp == b->dp && a->tp == b->tp && a->pp == b->pp &&
-               a->zero_stage == b->zero_stage && a->has_loss_scaler == b->has_loss_scaler &&
-               a->nfiles == b->nfiles && strcmp(a->model_type, b->model_type) == 0;
+               same_model(&a->model, &b->model) && a->world_size == b->world_size && a->dp == b->dp &&
+               a->tp == b->tp && a->pp == b->pp && a->zero_stage == b->zero_stage &&
+               a->has_loss_scaler == b->has_loss_scaler && a->nfiles == b->nfiles;
     if (same && a->has_loss_scaler)
         same = a->loss_scale == b->loss_scale && a->loss_scale_good_steps == b->loss_scale_good_steps &&
                a->loss_scale_hysteresis == b->loss_scale_hysteresis && a->skipped_steps == b->skipped_steps;
@@ -56,10 +62,14 @@ static void check_ranges(const struct loom_ckpt_state *st)
     REQUIRE(st->iteration >= 0 && st->optimizer_step >= 0 && st->optimizer_step <= st->iteration);
     REQUIRE(st->consumed_samples >= 0 && st->seed >= 0 && st->global_batch_size >= 1);
     REQUIRE(st->data_order >= 0 && st->data_order <= 1);
-    REQUIRE(st->model_type[0] != '\0' && memchr(st->model_type, '\0', sizeof st->model_type));
-    if (strcmp(st->model_type, "gpt2") == 0) { /* the shape is GPT-2's only */
-        REQUIRE(st->num_layers >= 1 && st->hidden_size >= 1 && st->num_attention_heads >= 1);
-        REQUIRE(st->max_position_embeddings >= 1 && st->vocab_size >= 1);
+    const struct loom_model_shape *m = &st->model;
+    REQUIRE(m->type[0] != '\0' && memchr(m->type, '\0', sizeof m->type));
+    REQUIRE(m->n >= 0 && m->n <= LOOM_MODEL_SHAPE_MAX);
+    for (int i = 0; i < m->n; i++) { /* the shape: unique named integers, exact in a double */
+        REQUIRE(m->kv[i].key[0] != '\0' && memchr(m->kv[i].key, '\0', sizeof m->kv[i].key));
+        REQUIRE(strcmp(m->kv[i].key, "type") != 0);
+        REQUIRE(m->kv[i].value >= -LOOM_CKPT_SHAPE_VALUE_MAX && m->kv[i].value <= LOOM_CKPT_SHAPE_VALUE_MAX);
+        for (int k = 0; k < i; k++) REQUIRE(strcmp(m->kv[k].key, m->kv[i].key) != 0);
     }
     REQUIRE(st->world_size >= 1 && st->dp >= 1 && st->tp >= 1 && st->pp >= 1);
     REQUIRE(st->zero_stage >= 0 && st->zero_stage <= 3);
@@ -112,7 +122,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     REQUIRE(rc == LOOM_OK);
     REQUIRE(same_state(&st, &back));
     loom_ckpt_state_free(&back);
-    free(text);
+    loom_free(text);
     loom_ckpt_state_free(&st);
     free(buf);
     return 0;

@@ -93,6 +93,9 @@ states = {
     "bad_file_name": state(files=["rank_00000.safetensors", "../../etc/passwd"]),
     "bad_seed_number": state(rng={"seed": 1234}),
     "bad_truncated": state()[:200],
+    "valid_user_model": state(model={"type": "mlp"}, loss_scaler=None),
+    "bad_model_shape_fraction": state(model={"type": "gpt2", "num_layers": 2.5}),
+    "bad_model_key_twice": state().replace(b'"hidden_size": 64', b'"num_layers": 64'),
 }
 
 for sub, ext, files in (("safetensors", ".safetensors", seeds), ("trainer_state", ".json", states)):
