@@ -119,7 +119,7 @@ int main(void)
     CHECK(fabs(loom_clip_coef(4.0, 1.0) - 1.0 / (4.0 + 1e-6)) < 1e-7);
 
     float g1[3] = {3, 0, 0}, g2[2] = {0, 4};
-    struct loom_block blocks[2] = {{.numel = 3, .grads = g1}, {.numel = 2, .grads = g2}};
+    struct loom_block blocks[2] = {{.numel = 3, .work_grads = g1}, {.numel = 2, .work_grads = g2}};
     CHECK(fabs(loom_grad_norm(blocks, 2) - 5.0) < 1e-12);
     return check_summary("test_optim");
 }

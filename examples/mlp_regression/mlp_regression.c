@@ -17,8 +17,10 @@
  * of named tensors; the engine allocates their flat buffers for the layout
  * (under ZeRO-3 a block's parameters exist only between
  * loom_model_forward_begin and _end, and from loom_model_backward_begin to
- * loom_model_grads_ready); forward returns the micro-batch's mean loss;
- * backward accumulates (+=) loss_weight x its gradient.
+ * loom_model_grads_ready). Forward runs a range of blocks (here always all
+ * of them: this model keeps one micro-batch's activations, one slot) and
+ * leaves the micro-batch's mean loss in mb->loss; backward accumulates (+=)
+ * loss_weight x its gradient.
  */
 #include <math.h>
 #include <stdint.h>
@@ -79,10 +81,12 @@ struct mlp {
 
 static const int width_in[NLAYERS] = {D, H, H}, width_out[NLAYERS] = {H, H, 1};
 
-static float forward(struct loom_model *m, const void *vb, int rows)
+static void forward(struct loom_model *m, int first, int last, struct loom_micro *mb)
 {
     struct mlp *net = m->user;
-    const struct batch *b = vb;
+    const struct batch *b = mb->batch;
+    const int rows = mb->rows;
+    if (first != 0 || last != NLAYERS - 1) abort(); /* no pipeline stages for this model */
     net->rows = rows;
     net->y = b->y;
     memcpy(net->in[0], b->x, sizeof(float) * (size_t)rows * D);
@@ -104,10 +108,10 @@ static float forward(struct loom_model *m, const void *vb, int rows)
         double e = net->out[NLAYERS - 1][r] - b->y[r];
         loss += e * e;
     }
-    return (float)(loss / rows);
+    mb->loss = (float)(loss / rows);
 }
 
-static void backward(struct loom_model *m, float loss_weight)
+static void backward(struct loom_model *m, int first, int last, struct loom_micro *mb, float loss_weight)
 {
     struct mlp *net = m->user;
     const int rows = net->rows;
@@ -152,7 +156,8 @@ static void init_block(struct loom_model *m, int l, uint64_t seed)
     memset(b, 0, sizeof(float) * blk->tensors[1].numel);
 }
 
-static const struct loom_model_ops mlp_ops = {forward, backward, init_block, NULL};
+static const struct loom_model_ops mlp_ops = {
+    .forward = forward, .backward = backward, .init_block = init_block};
 
 static void mlp_build(struct mlp *net, int max_rows)
 {

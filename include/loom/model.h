@@ -1,26 +1,38 @@
 /*
- * A model as the engine sees it: an ordered list of blocks, each owning its
- * parameters and gradients in one flat buffer (consecutive slices of one
- * arena per kind, so consecutive blocks are one contiguous range), reached
- * through named tensors, plus forward/backward functions. This is all the
- * data-parallel strategies (DDP buckets, ZeRO shards and gather units),
- * the optimizer and checkpoints need to know about a model: GPT-2
- * (src/model/gpt2.c) is built this way, and so is any user's model
+ * A model as the engine sees it: an ordered list of blocks, each with a role
+ * (embedding, layer, head) and named tensors in one flat buffer per kind
+ * (parameters, gradients: consecutive slices of one arena each, so
+ * consecutive blocks are one contiguous range), plus forward and backward
+ * over a RANGE of blocks on one micro-batch SLOT. This is all the
+ * strategies (DDP buckets, ZeRO shards and gather units, mixed precision),
+ * the schedules, the optimizer and checkpoints need to know about a model:
+ * GPT-2 (src/model/gpt2.c) is built this way, and so is any user's model
  * (examples/).
  *
  * Building one: loom_model_init, then loom_block_add_tensor for every
- * tensor of every block (set the block's kind and layer as you like), then
- * loom_model_layout_done. The engine allocates the arenas for its layout
- * (padded for equal shards; no parameter arena under ZeRO-3, no gradient
- * arena under ZeRO-2/3) and initialises or loads the weights.
+ * tensor of every block (set the block's role and layer, and each tensor's
+ * init and tp_split as needed), then loom_model_layout_done. The engine
+ * allocates the arenas for its layout (padded for equal shards; no
+ * parameter arena under ZeRO-3, no gradient arena under ZeRO-2/3) and
+ * initialises or loads the weights.
  *
- * The forward and backward must announce each block to the strategies:
- * loom_model_forward_begin/end around the block's forward use of its
- * parameters, loom_model_backward_begin before the backward first touches a
- * block's parameters or gradients, loom_model_grads_ready once its
- * gradients are complete. Blocks finish the backward in any order; the
- * strategies work per block. Parameter gradients accumulate (+=): the engine
- * zeroes them once per step.
+ * Stage-local forward and backward. ops->forward(m, first, last, mb) runs
+ * blocks [first, last] for the micro-batch in slot mb->slot: when first is
+ * not the model's first block it reads mb->input (the activation a previous
+ * pipeline stage sent, boundary_numel floats), and when last is not the
+ * last block it writes mb->output for the next stage; a range that ends at
+ * the last block computes the loss into mb->loss. ops->backward runs the
+ * same range in reverse for the same slot, from mb->doutput (or the loss)
+ * to mb->dinput. A model keeps activations for ops->set_slots(m, n) slots,
+ * so a schedule may hold n micro-batches in flight (one without pipelining).
+ *
+ * Announcements: forward and backward announce each block to the model's
+ * strategy stack (loom/strategy.h): loom_model_forward_begin/end around the
+ * block's forward use of its parameters, loom_model_backward_begin before
+ * the backward first touches its parameters or gradients, and
+ * loom_model_grads_ready once its gradients are complete. Kernels read the
+ * float32 working views loom_param / loom_grad. Parameter gradients
+ * accumulate (+=): the engine zeroes them once per step.
  */
 #ifndef LOOM_MODEL_H
 #define LOOM_MODEL_H
@@ -28,9 +40,34 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/strategy.h"
+#include "loom/types.h"
+
 #define LOOM_BLOCK_MAX_TENSORS 16
 #define LOOM_TENSOR_NAME_MAX 64
 #define LOOM_TENSOR_MAX_DIMS 4
+
+/* What a block is in the model's order; a pipeline stage holds the
+ * embedding when it is first and the head when it is last. */
+enum loom_block_role {
+    LOOM_ROLE_EMBEDDING = 0, /* tokens in */
+    LOOM_ROLE_LAYER = 1,     /* the repeated transformer layer (or a user model's layer) */
+    LOOM_ROLE_HEAD = 2,      /* the loss out */
+    LOOM_ROLE_COUNT
+};
+
+/* How a tensor's initial values are drawn (loom_model_init_block). */
+enum loom_init {
+    LOOM_INIT_ZERO = 0,
+    LOOM_INIT_ONE = 1,
+    LOOM_INIT_NORMAL = 2, /* normal(0, init_std), from (seed, block, tensor) */
+    LOOM_INIT_COUNT
+};
+
+/* A tensor's tensor-parallel split: the dimension divided across the tp
+ * group (Megatron's column-parallel: the output dimension; row-parallel:
+ * the input), or replicated on every tp rank. */
+#define LOOM_TP_REPLICATED (-1)
 
 /* A named tensor inside its block's flat buffers. */
 struct loom_tensor {
@@ -39,26 +76,54 @@ struct loom_tensor {
     int64_t shape[LOOM_TENSOR_MAX_DIMS]; /* entries past ndim are 1 */
     size_t offset;                       /* into the block's params/grads, in elements */
     size_t numel;
-    int decay; /* weight decay applies (default: tensors of two or more dimensions) */
+    int decay;           /* weight decay applies (default: tensors of two or more dimensions) */
+    enum loom_init init; /* default: LOOM_INIT_NORMAL with init_std 0.02 */
+    double init_std;     /* LOOM_INIT_NORMAL's standard deviation */
+    int tp_split;        /* default: LOOM_TP_REPLICATED */
 };
 
+/* Who provides a block's float32 gradient view (loom_block_provide_grads). */
+#define LOOM_GRADS_NONE (-1)  /* nobody yet: the backward must not run */
+#define LOOM_GRADS_ARENA (-2) /* the model's float32 gradient arena */
+
 struct loom_block {
-    int kind;  /* the model's own label (GPT-2: enum loom_block_kind) */
-    int layer; /* the model's own index (GPT-2: the layer, -1 otherwise) */
+    enum loom_block_role role;
+    int layer; /* the model's own index (GPT-2: the layer; -1 for embedding and head) */
     int ntensors;
     struct loom_tensor tensors[LOOM_BLOCK_MAX_TENSORS];
     size_t numel;
-    float *params; /* (numel) */
-    float *grads;  /* (numel) */
-    /* Under mixed precision: the block's stored parameters and gradients in
-     * the 16-bit dtype; params/grads above are then float32 working copies
-     * that exist while the block is in use (the engine's precision layer). */
-    uint16_t *params_lp, *grads_lp;
+    size_t offset; /* of the block in the model's arenas */
+    /* The stored parameters and gradients, in the model's dtype: slices of
+     * the arenas, a strategy's buffers (ZeRO-3's gathered unit), or absent
+     * (.data NULL) while this rank does not hold them. */
+    struct loom_buf params, grads;
+    /* The float32 views the kernels read and accumulate into, valid from a
+     * block's announcement to the end of its use: the stored buffers
+     * themselves in float32 training, working copies under mixed precision. */
+    float *work_params; /* (numel) */
+    float *work_grads;  /* (numel) */
+    int grads_owner;    /* the stack index that provided work_grads, LOOM_GRADS_ARENA or LOOM_GRADS_NONE */
 };
 
-typedef void (*loom_block_hook)(void *ctx, int block);
-
 struct loom_model;
+
+/* One micro-batch in its activation slot, for a range of blocks. */
+struct loom_micro {
+    int slot;             /* 0 <= slot < the slots set */
+    const void *batch;    /* the model's own description of the examples (loom_lm_batch for token models) */
+    int rows;             /* examples in it */
+    const float *input;   /* (boundary_numel) into the range's first block, unless it is the model's first */
+    float *output;        /* (boundary_numel) out of the range's last block, unless it is the model's last */
+    const float *doutput; /* backward: the gradient at output (unless the range ends at the last block) */
+    float *dinput;        /* backward: receives the gradient at input (unless it starts at the first) */
+    double loss;          /* forward of a range ending at the last block: the micro-batch's mean loss */
+};
+
+/* A micro-batch of a token model: rows of T tokens; targets NULL computes
+ * logits only. */
+struct loom_lm_batch {
+    const int32_t *inputs, *targets; /* (rows, T) each */
+};
 
 /* A tied token embedding (GPT-2's wte, also its LM head): its gradient's
  * sparse part is a scatter of the embedding output's gradient by token. A
@@ -69,55 +134,64 @@ struct loom_tied_embedding {
     int block;             /* the block holding the table at its offset 0 */
     int vocab, width;      /* the table is (vocab, width) */
     size_t max_rows;       /* tokens per micro-batch at most */
-    size_t rows;           /* tokens of the last forward */
-    const int32_t *tokens; /* (rows) of the last forward */
+    size_t rows;           /* tokens of the last backward */
+    const int32_t *tokens; /* (rows) of the last backward */
     const float *dout;     /* (rows, width) gradient at the embedding's output, after the backward */
     int *defer;            /* set to 1: the backward leaves the scatter out */
 };
-/* The grad_ready event a model with a tied embedding sends as soon as the
+/* The grads_ready event a model with a tied embedding sends as soon as the
  * head's part of the table's gradient is complete. */
 #define LOOM_GRAD_READY_TIED_HEAD (-1)
 
 struct loom_model_ops {
-    /* Forward of one micro-batch of `rows` examples (`batch` is the model's
-     * own description of them); returns the micro-batch's mean loss. */
-    float (*forward)(struct loom_model *m, const void *batch, int rows);
-    /* Backward of loss_weight x the loss of the last forward. */
-    void (*backward)(struct loom_model *m, float loss_weight);
-    /* The initial values of block b's parameters, written to
-     * m->blocks[b].params; must depend on (seed, b) alone, so every rank
-     * computes the same and ZeRO-3 can initialise one block at a time. */
+    /* Forward and backward of blocks [first, last] for micro-batch mb (see
+     * the top of this file). The backward back-propagates loss_weight x the
+     * micro-batch's mean loss. */
+    void (*forward)(struct loom_model *m, int first, int last, struct loom_micro *mb);
+    void (*backward)(struct loom_model *m, int first, int last, struct loom_micro *mb, float loss_weight);
+    /* Optional (NULL: one slot only). Activations for n micro-batches in
+     * flight; before the first forward. */
+    void (*set_slots)(struct loom_model *m, int n);
+    /* Optional (NULL: no pipelining). Floats of the activation between two
+     * consecutive blocks, for `rows` examples. */
+    size_t (*boundary_numel)(const struct loom_model *m, int rows);
+    /* Optional (NULL: each tensor's init field, loom_model_init_block). The
+     * initial values of block b's parameters, written to its work_params
+     * (float32); must depend on (seed, b) alone, so every rank computes the
+     * same and ZeRO-3 can initialise one block at a time. */
     void (*init_block)(struct loom_model *m, int block, uint64_t seed);
     /* Optional (NULL: none): fills *te and returns 1 when the model has a
      * tied token embedding (see above). */
     int (*tied_embedding)(struct loom_model *m, struct loom_tied_embedding *te);
+    /* Optional (NULL: none): the logits of slot 0's last forward, (rows, T, V). */
+    const float *(*logits)(struct loom_model *m);
 };
 
 struct loom_model {
     const struct loom_model_ops *ops;
-    const char *name;
+    const char *name; /* the family's name ("gpt2"), or a user model's */
     int nblocks;
     struct loom_block *blocks;
     size_t num_params;
-    float *params, *grads; /* (arena_numel) each, blocks in order; either may be NULL */
-    size_t arena_numel;    /* num_params rounded up (zero padding), for equal shards */
-    /* The parameters' dtype: 0 float32; 1 bfloat16 or 2 float16 (mixed
-     * precision: the arenas are params_lp/grads_lp, float32 exists per block
-     * while in use). Set by the engine before it allocates the arenas. */
-    int dtype;
-    uint16_t *params_lp, *grads_lp;
-    /* The strategies' hooks (see the top of this file); ctx is theirs. */
-    loom_block_hook pre_forward, post_forward, pre_backward, grad_ready;
-    void *hook_ctx;
-    void *user; /* the model's own state */
+    size_t arena_numel; /* num_params rounded up (zero padding), for equal shards */
+    /* The parameters' storage dtype: F32, or BF16/F16 under mixed precision
+     * (then kernels compute on float32 working copies). Set by the engine
+     * before it allocates the arenas. */
+    enum loom_dtype dtype;
+    struct loom_buf params, grads; /* (arena_numel) each in dtype, blocks in order; .data NULL when absent */
+    /* Mixed precision with gradient accumulation: the float32 sum of the
+     * step's micro-batches, rounded into grads once per step; else absent. */
+    struct loom_buf grad_acc;
+    struct loom_strategy_stack stack; /* the strategies around the blocks, see loom/strategy.h */
+    void *user;                       /* the model's own state */
 };
 
-/* Starts a model of nblocks empty blocks. */
+/* Starts a model of nblocks empty blocks (role LAYER). */
 void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, const char *name, int nblocks);
 /* Appends a tensor to a block; shape has ndim (1..LOOM_TENSOR_MAX_DIMS) sizes. */
 struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim,
                                           const int64_t *shape);
-/* After the last tensor: counts the parameters. */
+/* After the last tensor: counts the parameters and places the blocks. */
 void loom_model_layout_done(struct loom_model *m);
 
 #define LOOM_MODEL_PARAM_ARENA 1
@@ -132,35 +206,49 @@ void loom_model_release(struct loom_model *m);
 /* Initial weights of every block (the parameter arena must exist; under
  * mixed precision each block is initialised in float32 and rounded). */
 void loom_model_init_weights(struct loom_model *m, uint64_t seed);
+/* Block b's initial float32 values into `out` (numel): the model's
+ * init_block, or each tensor's init field. */
+void loom_model_init_block(struct loom_model *m, int block, uint64_t seed, float *out);
 void loom_model_zero_grad(struct loom_model *m);
 /* The tensor with this name, or NULL; *block_out (if not NULL) gets its block index. */
 struct loom_tensor *loom_model_find(struct loom_model *m, const char *name, int *block_out);
+/* The first block with this role, or -1. */
+int loom_model_find_role(const struct loom_model *m, enum loom_block_role role);
 
-/* For forward and backward functions: announce a block to the strategies. */
-static inline void loom_model_forward_begin(struct loom_model *m, int b)
-{
-    if (m->pre_forward) m->pre_forward(m->hook_ctx, b);
-}
-static inline void loom_model_forward_end(struct loom_model *m, int b)
-{
-    if (m->post_forward) m->post_forward(m->hook_ctx, b);
-}
-static inline void loom_model_backward_begin(struct loom_model *m, int b)
-{
-    if (m->pre_backward) m->pre_backward(m->hook_ctx, b);
-}
-static inline void loom_model_grads_ready(struct loom_model *m, int b)
-{
-    if (m->grad_ready) m->grad_ready(m->hook_ctx, b);
-}
-/* The parameters and gradients of tensor i of block b. */
+/* The stack (loom/strategy.h): push in stack order. */
+void loom_model_push_strategy(struct loom_model *m, const struct loom_strategy *s, void *ctx);
+/* A block's stored buffers (the model's dtype) now at `params` / `grads`
+ * (NULL: not held): in float32 the kernels' views follow them. */
+void loom_block_hold_params(struct loom_model *m, int block, void *params);
+void loom_block_hold_grads(struct loom_model *m, int block, void *grads);
+/* Strategy `owner` (its stack index) provides the block's float32 gradient
+ * view for this backward (NULL with LOOM_GRADS_NONE takes it back). */
+void loom_block_provide_grads(struct loom_model *m, int block, float *grads, int owner);
+/* The stack index of a strategy context on m's stack, or -1. */
+int loom_model_strategy_index(const struct loom_model *m, const void *ctx);
+
+/* Forward of every block on one micro-batch in slot 0, outside any step:
+ * returns the mean loss (0 when the batch has no targets). The strategies'
+ * announcements still run (ZeRO-3 gathers). */
+float loom_model_eval(struct loom_model *m, const void *batch, int rows);
+/* The logits of the last loom_model_eval, (rows, T, V), or NULL when the
+ * model has none. */
+const float *loom_model_logits(struct loom_model *m);
+
+/* For forward and backward functions: announce a block to the stack. */
+void loom_model_forward_begin(struct loom_model *m, int b);
+void loom_model_forward_end(struct loom_model *m, int b);
+void loom_model_backward_begin(struct loom_model *m, int b);
+void loom_model_grads_ready(struct loom_model *m, int b);
+
+/* The float32 parameters and gradients of tensor i of block b. */
 static inline float *loom_param(const struct loom_block *b, int i)
 {
-    return b->params + b->tensors[i].offset;
+    return b->work_params + b->tensors[i].offset;
 }
 static inline float *loom_grad(const struct loom_block *b, int i)
 {
-    return b->grads + b->tensors[i].offset;
+    return b->work_grads + b->tensors[i].offset;
 }
 
 #endif

@@ -88,7 +88,7 @@ int loom_sample(struct loom_config *cfg)
         memset(window, 0, sizeof(int32_t) * (size_t)T);
         memcpy(window, toks + start, sizeof(int32_t) * (size_t)len);
         loom_gpt2_forward(m, window, NULL, 1);
-        int next = pick(m->logits + (size_t)(len - 1) * cfg->vocab_size, cfg->vocab_size, cfg->temperature,
+        int next = pick(loom_model_logits(&m->base) + (size_t)(len - 1) * cfg->vocab_size, cfg->vocab_size, cfg->temperature,
                         cfg->top_k, &rng);
         toks[n++] = next;
         if (cfg->vocab_size <= 256) {

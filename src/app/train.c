@@ -21,8 +21,10 @@
 #include "base/mem.h"
 #include "base/testpoint.h"
 #include "comm/comm.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "engine/engine_impl.h"
+#include "parallel/schedule.h"
+#include "parallel/stack.h"
 #include "io/fs.h"
 #include "io/sampler.h"
 #include "io/synth.h"
@@ -38,7 +40,7 @@ struct run {
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
     struct loom_gpt2 *model;
     int32_t *inputs, *targets;    /* (B,T) */
-    struct loom_gpt2_batch batch; /* pointing at them */
+    struct loom_lm_batch batch; /* pointing at them */
 };
 
 /* With no --data-path: the built-in corpus, generated into the cache once. */
@@ -250,12 +252,13 @@ static int save(struct run *r, struct loom_report *rep)
 }
 
 /* The strategy and layout, once, before the first step. */
+/* One strategy of the stack, indented under the layout line. */
+static void report_strategy(void *ctx, const char *text) { loom_report_line(ctx, "  %s\n", text); }
+
 static void report_layout(const struct run *r, struct loom_report *rep, double peak, const char *peak_src)
 {
     const struct loom_config *cfg = r->cfg;
     const struct loom_engine *e = r->engine;
-    const struct loom_zero *zero = &e->zero;
-    const struct loom_ddp *ddp = &e->ddp;
     const size_t n = r->model->base.num_params;
     char b[32], topo[96];
     loom_topology_format(r->topo, topo, sizeof topo);
@@ -265,22 +268,11 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     loom_report_line(rep,
                      "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
                      r->topo->world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
-    if (zero->stage >= 2)
-        loom_report_line(rep,
-                         "data parallel: ZeRO stage %d, gradients reduce-scattered per block into shards of "
-                         "%zu parameters%s\n",
-                         zero->stage, zero->shard,
-                         zero->stage == 3 ? ", parameters gathered per unit with prefetch" : "");
-    else if (r->topo->dp > 1)
-        loom_report_line(rep,
-                         "data parallel: %s, %d buckets of >= %g MB, overlap %s, ZeRO stage %d (optimizer "
-                         "state for %zu of %zu parameters)\n",
-                         ddp->naive ? "naive (one all-reduce)" : "bucketed", ddp->nbuckets,
-                         cfg->ddp_bucket_size, ddp->naive || !ddp->overlap ? "off" : "on", zero->stage,
-                         zero->end - zero->begin, n);
-    if (zero->stage == 3)
-        loom_report_line(rep, "ZeRO-3 gather units: %d (--zero3-min-params %lld)\n", zero->nunits,
-                         (long long)cfg->zero3_min_params);
+    char stack[128];
+    loom_stack_format(r->engine->model, stack, sizeof stack);
+    loom_report_line(rep, "strategies: %s; schedule: %s; optimizer state for %zu of %zu parameters\n", stack,
+                     loom_schedule_name(r->topo->pp), e->part.end - e->part.begin, n);
+    loom_stack_describe(r->engine->model, report_strategy, rep);
     if (e->resumed) {
         const struct loom_ckpt_io_stats *io = &e->load_io;
         loom_report_line(rep, "resumed at step %lld from %s: rank 0 read %s in %.2f s (%.0f MB/s)\n",
@@ -298,7 +290,7 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
                     (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size,
                     loom_engine_micro_batch_rows(e, micro), cfg->micro_batch_size, cfg->seq_length, r->inputs,
                     r->targets);
-    r->batch = (struct loom_gpt2_batch){r->inputs, r->targets};
+    r->batch = (struct loom_lm_batch){r->inputs, r->targets};
     *batch = &r->batch;
     *rows = cfg->micro_batch_size;
     return LOOM_OK;

@@ -16,15 +16,11 @@
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "loom/types.h"
 
-enum loom_device { LOOM_DEVICE_CPU = 0, LOOM_DEVICE_COUNT };
-
-struct loom_buf {
-    void *data;   /* (numel) of dtype; NULL: empty, or an in-place all-gather's send */
-    size_t numel; /* elements, not bytes */
-    enum loom_dtype dtype;
-    enum loom_device device;
-};
+/* enum loom_device and struct loom_buf are public: loom/types.h (a block holds buffers).
+ * .data is NULL only when numel is 0, for an in-place all-gather, or for
+ * what this rank does not hold. */
 
 /* A CPU buffer over memory the caller owns. */
 static inline struct loom_buf loom_buf_of(void *data, size_t numel, enum loom_dtype dt)

@@ -33,24 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The one element-type enum of the code base: buffers, communication,
- * safetensors files. Values only grow at the end. */
-enum loom_dtype {
-    LOOM_DTYPE_F32 = 0,
-    LOOM_DTYPE_BF16 = 1,
-    LOOM_DTYPE_F16 = 2,
-    LOOM_DTYPE_F64 = 3,
-    LOOM_DTYPE_I32 = 4,
-    LOOM_DTYPE_I64 = 5,
-    LOOM_DTYPE_U8 = 6,
-    LOOM_DTYPE_I8 = 7,
-    LOOM_DTYPE_U16 = 8,
-    LOOM_DTYPE_I16 = 9,
-    LOOM_DTYPE_BOOL = 10,
-    LOOM_DTYPE_U32 = 11,
-    LOOM_DTYPE_U64 = 12,
-    LOOM_DTYPE_COUNT
-};
+#include "loom/types.h" /* enum loom_dtype */
 
 /* "fp32", "bf16", "fp16", "int32", ...; NULL for a value out of range. */
 const char *loom_dtype_name(enum loom_dtype dt);

@@ -6,37 +6,61 @@
 enum { POOL = 32 };
 
 struct pooled {
-    float *buf;
-    size_t n;
+    void *data;
+    size_t bytes;
 };
 static struct pooled pool[POOL];
 
-float *loom_pool_take(size_t n, int zeroed, enum loom_mem_tag tag)
+static void *take_bytes(size_t bytes, int zeroed, enum loom_mem_tag tag)
 {
     for (int i = 0; i < POOL; i++)
-        if (pool[i].buf && pool[i].n == n) {
-            float *b = pool[i].buf;
-            pool[i].buf = NULL;
-            if (zeroed) memset(b, 0, n * sizeof(float));
-            return b;
+        if (pool[i].data && pool[i].bytes == bytes) {
+            void *p = pool[i].data;
+            pool[i].data = NULL;
+            if (zeroed) memset(p, 0, bytes);
+            return p;
         }
-    return loom_alloc(loom_mul_size(n, sizeof(float)), tag);
+    return loom_alloc(bytes, tag);
 }
 
-void loom_pool_give(float *b, size_t n)
+static void give_bytes(void *p, size_t bytes)
 {
+    if (!p) return;
     for (int i = 0; i < POOL; i++)
-        if (!pool[i].buf) {
-            pool[i] = (struct pooled){b, n};
+        if (!pool[i].data) {
+            pool[i] = (struct pooled){p, bytes};
             return;
         }
-    loom_free(b);
+    loom_free(p);
+}
+
+struct loom_buf loom_pool_take(size_t numel, enum loom_dtype dt, int zeroed, enum loom_mem_tag tag)
+{
+    return loom_buf_of(take_bytes(loom_mul_size(numel ? numel : 1, loom_dtype_size(dt)), zeroed, tag), numel,
+                       dt);
+}
+
+float *loom_pool_take_f32(size_t n, int zeroed, enum loom_mem_tag tag)
+{
+    return loom_pool_take(n, LOOM_DTYPE_F32, zeroed, tag).data;
+}
+
+void loom_pool_give(struct loom_buf *b)
+{
+    give_bytes(b->data, (b->numel ? b->numel : 1) * loom_dtype_size(b->dtype));
+    b->data = NULL;
+}
+
+void loom_pool_give_f32(float *data, size_t n)
+{
+    struct loom_buf b = loom_buf_f32(data, n);
+    loom_pool_give(&b);
 }
 
 void loom_pool_drain(void)
 {
     for (int i = 0; i < POOL; i++) {
-        loom_free(pool[i].buf);
-        pool[i].buf = NULL;
+        loom_free(pool[i].data);
+        pool[i].data = NULL;
     }
 }

@@ -14,31 +14,36 @@
 #include "cli/convert.h"
 #include "cli/launch.h"
 #include "comm/comm.h"
+#include "config/config.h"
 #include "engine/checkpoint.h"
-#include "engine/config.h"
+#include "io/checkpoint.h"
 #include "io/synth.h"
 #include "io/tokenizer.h"
 #include "loom/loom.h"
 #include "loom/train.h"
-#include "model/gpt2_io.h"
+#include "model/family.h"
 
 static void usage(FILE *f)
 {
-    fprintf(
-        f,
-        "loom %s: training for transformer language models\n\n"
-        "usage: loom COMMAND [flags]\n\n"
-        "commands:\n"
-        "  train                      train a model (default: gpt2-tiny on the built-in corpus)\n"
-        "  eval --load W              validation loss of a checkpoint or weights file\n"
-        "  sample --load W            continue --prompt from a checkpoint or weights file\n"
-        "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
-        "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
-        "  convert IN OUT [--to llmc|safetensors|hf]   GPT-2 weights between llm.c .bin, safetensors and\n"
-        "                             Hugging Face directories; also exports loom checkpoints\n"
-        "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n\n"
-        "loom COMMAND --help lists the flags of a command; train's follow.\n\n",
-        LOOM_VERSION);
+    const struct loom_model_family *fam;
+    fprintf(f,
+            "loom %s: training for transformer language models\n\n"
+            "usage: loom COMMAND [flags]\n\n"
+            "commands:\n"
+            "  train                      train a model (default: %s on the built-in corpus)\n"
+            "  eval --load W              validation loss of a checkpoint or weights file\n"
+            "  sample --load W            continue --prompt from a checkpoint or weights file\n"
+            "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
+            "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
+            "  convert IN OUT [--to llmc|safetensors|hf]   weights between llm.c .bin, safetensors and\n"
+            "                             Hugging Face directories; also exports loom checkpoints\n"
+            "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n\n"
+            "models (--model PRESET):\n",
+            LOOM_VERSION, loom_model_family_at(0)->presets[0].name);
+    for (int i = 0; (fam = loom_model_family_at(i)); i++)
+        for (int k = 0; k < fam->npresets; k++)
+            fprintf(f, "  %-26s %s\n", fam->presets[k].name, fam->presets[k].summary);
+    fprintf(f, "\nloom COMMAND --help lists the flags of a command; train's follow.\n\n");
     loom_config_print_help(f, "train");
 }
 
@@ -105,25 +110,55 @@ static int cmd_data(int argc, char **argv)
     return loom_error_set(LOOM_ERR_INPUT, "unknown data command '%s' (tokenize, synth)", argv[0]);
 }
 
-/* eval and sample: the model's shape comes from the weights file unless flags give it */
-static int shape_from_weights(struct loom_config *cfg, int argc, char **argv)
+/* The shape a checkpoint's trainer state records (the first readable
+ * checkpoint of a save directory), onto file's model settings. */
+static int checkpoint_shape(const char *path, struct loom_config *file)
 {
-    struct loom_gpt2_config wc;
-    int rc = loom_checkpoint_peek_model(cfg->load, &wc);
-    if (rc) return rc;
-    int given_layers = 0, given_heads = 0, given_seq = 0;
-    for (int i = 0; i < argc; i++) {
-        given_layers |= strncmp(argv[i], "--num-layers", 12) == 0;
-        given_heads |= strncmp(argv[i], "--num-attention-heads", 21) == 0;
-        given_seq |= strncmp(argv[i], "--seq-length", 12) == 0;
+    char **dirs;
+    int n, is_save;
+    int rc = loom_ckpt_candidates(path, &dirs, &n, &is_save);
+    struct loom_ckpt_state st;
+    for (int c = 0; rc == LOOM_OK && c < n; c++) {
+        if (loom_ckpt_state_read(dirs[c], &st) == LOOM_OK) {
+            const struct loom_model_family *fam = loom_model_family_find(st.model.type);
+            if (!fam)
+                rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, which no model family describes",
+                                    dirs[c], st.model.type);
+            else
+                rc = fam->apply_shape(&st.model, file);
+            loom_ckpt_state_free(&st);
+            break;
+        }
+        if (c + 1 == n) rc = LOOM_ERR_INPUT;
     }
-    if (!given_layers) cfg->num_layers = wc.num_layers;
-    if (!given_heads && wc.heads) cfg->num_attention_heads = wc.heads;
-    cfg->hidden_size = wc.hidden;
-    cfg->vocab_size = wc.vocab;
-    cfg->max_position_embeddings = wc.max_pos;
-    if (!given_seq && cfg->seq_length > wc.max_pos) cfg->seq_length = wc.max_pos;
-    return LOOM_OK;
+    for (int c = 0; c < n; c++) free(dirs[c]);
+    free(dirs);
+    return rc;
+}
+
+/* eval and sample: the model's shape comes from what --load names (a
+ * checkpoint, or weights of the --model preset's family), except the shape
+ * settings the flags or the JSON file give. */
+static int shape_from_load(struct loom_config *cfg)
+{
+    const struct loom_model_family *fam = loom_model_family_of_preset(cfg->model, NULL);
+    struct loom_config *file = malloc(sizeof *file); /* cfg with the file's shape; shares cfg's paths */
+    if (!file) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    memcpy(file, cfg, sizeof *file);
+    int rc;
+    if (loom_checkpoint_is_dir(cfg->load))
+        rc = checkpoint_shape(cfg->load, file);
+    else if (fam->read_shape)
+        rc = fam->read_shape(cfg->load, file);
+    else
+        rc = loom_error_set(LOOM_ERR_INPUT, "--load %s: %s models load from checkpoints only", cfg->load,
+                            fam->title);
+    if (rc == LOOM_OK) loom_config_adopt(cfg, file, "model");
+    free(file);
+    if (rc == LOOM_OK && !loom_config_given(cfg, "--seq-length") &&
+        cfg->seq_length > cfg->max_position_embeddings)
+        cfg->seq_length = cfg->max_position_embeddings;
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -161,7 +196,7 @@ int main(int argc, char **argv)
                 rc = loom_error_set(LOOM_ERR_INPUT,
                                     "loom %s needs --load DIR (a checkpoint) or FILE.safetensors", cmd);
             else
-                rc = shape_from_weights(&cfg, argc - 2, argv + 2);
+                rc = shape_from_load(&cfg);
         }
         if (strcmp(cmd, "train") == 0) {
             /* every rank parses the same flags; setup agrees on errors across ranks */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/buf.h"
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -78,9 +79,8 @@ static int has_setting(const struct loom_model_shape *s, const char *key, int64_
  * (every rank holds everything) an even split, so writing is spread. */
 static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
 {
-    const struct loom_zero *z = p->zero;
-    if (z->stage >= 1) {
-        *lo = z->begin, *hi = z->end;
+    if (p->zero_stage >= 1) {
+        *lo = p->part.begin, *hi = p->part.end;
         return;
     }
     size_t n = p->model->num_params, dp = (size_t)p->topo->dp, r = (size_t)p->topo->dp_rank;
@@ -134,11 +134,10 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
     float *weights = NULL; /* mixed precision: the part's 16-bit weights in float32 (exact) */
     if (m->dtype) {
         weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
-        loom_lp_to_f32(weights, loom_zero_params_lp(p->zero) + (lo - p->zero->begin), hi - lo,
-                       (enum loom_dtype)m->dtype);
+        loom_buf_convert(loom_buf_f32(weights, hi - lo), loom_buf_slice(p->store, lo - p->store_lo, hi - lo));
         s.params = weights;
     } else {
-        s.params = loom_zero_params(p->zero) + (lo - p->zero->begin);
+        s.params = (const float *)p->store.data + (lo - p->store_lo);
     }
     float *moments =
         NULL; /* the offloaded moments (and master weights) of the part, read back for the write */
@@ -183,7 +182,7 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
     st.dp = p->topo->dp;
     st.tp = p->topo->tp;
     st.pp = p->topo->pp;
-    st.zero_stage = p->zero->stage;
+    st.zero_stage = p->zero_stage;
     st.skipped_steps = p->skipped;
     if (p->scaler) {
         st.has_loss_scaler = 1;
@@ -277,13 +276,12 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
                    uint64_t *bytes)
 {
     struct loom_model *m = p->model;
-    struct loom_zero *z = p->zero;
     struct load_ctx c = {0};
     int rc = open_reader(&c.r, dir, st);
     /* The weights: a float32 run resuming a mixed-precision checkpoint takes
      * the master weights (the more precise copy); a mixed-precision run reads
      * float32 and rounds to its 16-bit storage. */
-    const size_t lo = z->stage == 3 ? z->begin : 0, hi = z->stage == 3 ? z->end : m->num_params;
+    const size_t lo = p->store_lo, hi = p->store_hi;
     float *weights = NULL;
     if (rc == LOOM_OK) {
         const struct loom_tensor *first = &m->blocks[0].tensors[0];
@@ -294,11 +292,10 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         if (m->dtype)
             c.dst = weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
         else
-            c.dst = z->stage == 3 ? z->param_shard : m->params;
+            c.dst = p->store.data;
         rc = for_each_tensor(m, lo, hi, read_tensor, &c);
         if (rc == LOOM_OK && m->dtype)
-            loom_lp_from_f32(z->stage == 3 ? z->param_shard_lp : m->params_lp, weights, hi - lo,
-                             (enum loom_dtype)m->dtype);
+            loom_buf_convert(loom_buf_slice(p->store, 0, hi - lo), loom_buf_f32(weights, hi - lo));
     }
     struct loom_adamw *opt = p->opt;
     if (rc == LOOM_OK && !p->cfg->finetune) {
@@ -473,7 +470,7 @@ static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, str
     struct load_ctx c = {0};
     int rc = open_reader(&c.r, dir, st);
     c.prefix = "";
-    c.dst = m->params;
+    c.dst = m->params.data;
     if (rc == LOOM_OK) rc = for_each_tensor(m, 0, m->num_params, read_tensor, &c);
     loom_ckpt_reader_close(c.r);
     *bytes = c.bytes;

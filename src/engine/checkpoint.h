@@ -37,7 +37,12 @@ struct loom_ckpt_parts {
     struct loom_config *cfg;
     const struct loom_topology *topo;
     struct loom_model *model; /* GPT-2 or any model of blocks */
-    struct loom_zero *zero;
+    int zero_stage;
+    struct loom_partition part; /* this rank's part of the arena (optimizer state) */
+    /* where this rank's parameters live, in the model's dtype: elements
+     * [store_lo, store_hi) of the arena (the stage-3 shard, else the arena) */
+    struct loom_buf store;
+    size_t store_lo, store_hi;
     struct loom_adamw *opt;
     struct loom_loss_scaler *scaler; /* fp16's, or NULL */
     int64_t skipped;                 /* updates skipped so far (saved; restored into the stats) */
@@ -66,7 +71,7 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration,
 /* Collective: restores weights, optimizer state (unless --finetune) and the
  * position from --load, a checkpoint or save directory; sets *iteration to
  * the steps already taken (0 with --finetune) and cfg->seed to the saved
- * seed. Must follow loom_zero_init and loom_adamw_init (and offload). */
+ * seed. Must follow the strategies' set-up and loom_adamw_init (and offload). */
 int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
                          struct loom_ckpt_io_stats *stats);
 

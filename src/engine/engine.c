@@ -1,12 +1,13 @@
 /*
  * The engine (loom/engine.h): ranks and resolved settings, the model's
- * arenas and weights for the layout, DDP or ZeRO around the model's blocks,
- * AdamW over this rank's range, the schedule, and the step. Rank r of dp
+ * arenas and weights for the layout, the strategy stack around the model's
+ * blocks (built in one place, build_stack), AdamW over this rank's range,
+ * the schedule of the step's micro-batches, and the step. Rank r of dp
  * takes rows [(r*A + a)*B, +B) of the global batch for micro-batch a, so
  * every layout trains on the same global batch; each rank back-propagates
  * its micro-batch mean times 1/(A x dp), so the sum over ranks and
- * micro-batches is the global mean. Not here: data, logging (engine/train.c
- * is GPT-2's trainer on top).
+ * micro-batches is the global mean. Not here: data, logging (app/train.c
+ * is the trainer on top).
  */
 #include "engine/engine_impl.h"
 
@@ -14,11 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "engine/config.h"
+#include "base/pool.h"
+#include "config/config.h"
 #include "kernels/kernels.h"
+#include "parallel/schedule.h"
+#include "parallel/stack.h"
 
 void loom_init(int *argc, char ***argv)
 {
@@ -65,10 +70,11 @@ static int check_same_config(const struct loom_config *cfg)
 static int check_same_weights(const struct loom_model *m)
 {
     uint64_t h[2] = {1469598103934665603ull, 0};
-    if (m->dtype) {
-        for (size_t i = 0; i < m->num_params; i++) h[0] = (h[0] ^ m->params_lp[i]) * 1099511628211ull;
+    if (loom_dtype_size(m->dtype) == 2) {
+        const uint16_t *w = m->params.data;
+        for (size_t i = 0; i < m->num_params; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
     } else {
-        const uint32_t *w = (const uint32_t *)m->params;
+        const uint32_t *w = m->params.data;
         for (size_t i = 0; i < m->num_params; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
     }
     h[1] = h[0];
@@ -105,16 +111,17 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
  * float32 copy rounded into the 16-bit arena under mixed precision. */
 static int load_weights_file(struct loom_model *m, const char *path)
 {
-    if (!m->dtype) return loom_checkpoint_load_weights(m, path);
-    float *tmp = loom_alloc(loom_mul_size(m->num_params + 1, sizeof(float)), LOOM_MEM_OTHER);
-    for (size_t b = 0, off = 0; b < (size_t)m->nblocks; off += m->blocks[b].numel, b++)
-        m->blocks[b].params = tmp + off;
-    m->params = tmp;
+    if (m->dtype == LOOM_DTYPE_F32) return loom_checkpoint_load_weights(m, path);
+    const struct loom_buf stored = m->params;
+    struct loom_buf tmp = loom_buf_alloc(m->num_params + 1, LOOM_DTYPE_F32, LOOM_MEM_OTHER);
+    m->params = loom_buf_slice(tmp, 0, m->num_params);
+    for (int b = 0; b < m->nblocks; b++) m->blocks[b].work_params = (float *)tmp.data + m->blocks[b].offset;
     int rc = loom_checkpoint_load_weights(m, path);
-    m->params = NULL;
-    for (int b = 0; b < m->nblocks; b++) m->blocks[b].params = NULL;
-    if (rc == LOOM_OK) loom_lp_from_f32(m->params_lp, tmp, m->num_params, (enum loom_dtype)m->dtype);
-    loom_free(tmp);
+    m->params = stored;
+    for (int b = 0; b < m->nblocks; b++) m->blocks[b].work_params = NULL;
+    if (rc == LOOM_OK)
+        loom_buf_convert(loom_buf_slice(stored, 0, m->num_params), loom_buf_slice(tmp, 0, m->num_params));
+    loom_buf_free(&tmp);
     return rc;
 }
 
@@ -130,8 +137,49 @@ static int scaler_init(struct loom_engine *e)
     sc.loss_scale_window = cfg->loss_scale_window;
     sc.hysteresis = cfg->hysteresis;
     sc.min_loss_scale = cfg->min_loss_scale;
-    e->have_scaler = 1;
-    return loom_loss_scaler_init(&e->scaler, &sc);
+    e->scaler = loom_alloc(sizeof *e->scaler, LOOM_MEM_OTHER);
+    return loom_loss_scaler_init(e->scaler, &sc);
+}
+
+/* The strategy stack for the layout, in stack order (loom/strategy.h): the
+ * data-parallel strategy that owns the stored parameters and gradients
+ * first (DDP below stage 2, plus ZeRO-1's post-step gather; ZeRO-2/3 reduce
+ * their own), mixed precision's float32 working views last. */
+static void build_stack(struct loom_engine *e)
+{
+    const struct loom_config *cfg = e->cfg;
+    struct loom_model *m = e->model;
+    const int dp = e->topo.dp, stage = cfg->zero_stage;
+    /* checked with the config: F32, or the compute dtype */
+    const enum loom_dtype reduce = (enum loom_dtype)cfg->grad_reduce_dtype;
+    const int accumulate_f32 = m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1;
+    if (dp > 1 && stage < 2) {
+        e->ddp = loom_alloc(sizeof *e->ddp, LOOM_MEM_OTHER);
+        loom_ddp_init(e->ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == LOOM_DDP_NAIVE,
+                      reduce);
+    }
+    if (stage >= 1) {
+        e->zero = loom_alloc(sizeof *e->zero, LOOM_MEM_OTHER);
+        loom_zero_init(e->zero, stage, dp, e->topo.dp_rank, m, cfg->zero3_min_params,
+                       stage >= 2 ? reduce : LOOM_DTYPE_F32, stage >= 2 && accumulate_f32);
+    }
+    if (m->dtype != LOOM_DTYPE_F32) {
+        e->prec = loom_alloc(sizeof *e->prec, LOOM_MEM_OTHER);
+        loom_precision_init(e->prec, m);
+    }
+}
+
+/* The optimizer's view of this rank's parameters and gradients [begin, end). */
+static struct loom_buf opt_params(const struct loom_engine *e)
+{
+    if (e->zero) return loom_zero_params(e->zero);
+    return loom_buf_slice(e->model->params, e->part.begin, e->part.end - e->part.begin);
+}
+
+static struct loom_buf opt_grads(const struct loom_engine *e)
+{
+    if (e->zero) return loom_zero_grads(e->zero);
+    return loom_buf_slice(e->model->grads, e->part.begin, e->part.end - e->part.begin);
 }
 
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
@@ -145,7 +193,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * (loom_zero_init_weights), or reads its shard from the checkpoint. The
      * initialisation draws from (seed, block), and every rank's seed is the
      * same (checked with the config), so no weight check is needed. */
-    const int from_dir = *cfg->load && loom_checkpoint_is_dir(cfg->load);
+    const int from_dir = *cfg->load && loom_fs_is_dir(cfg->load);
     e->init_sharded = cfg->zero_stage == 3 && dp > 1 && (!*cfg->load || from_dir);
     int arenas =
         (e->init_sharded ? 0 : LOOM_MODEL_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_MODEL_GRAD_ARENA : 0);
@@ -158,60 +206,63 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if (!e->init_sharded && !from_dir && (rc = loom_engine_agree(e, check_same_weights(m)))) return rc;
 
-    loom_zero_init(&e->zero, cfg->zero_stage, dp, e->topo.dp_rank, m, cfg->zero3_min_params);
-    e->have_zero = 1;
-    if (e->init_sharded && !from_dir) loom_zero_init_weights(&e->zero, (uint64_t)cfg->seed);
-    loom_adamw_init(&e->opt, e->zero.begin, e->zero.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps,
+    /* with gradient accumulation, mixed precision accumulates in float32 and
+     * rounds once per step (DeepSpeed's bf16 optimizer does the same), so the
+     * rounded sum does not depend on how the layout splits the batch; from
+     * stage 2 the accumulator is ZeRO's float32 shard */
+    if (m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1 && cfg->zero_stage < 2)
+        m->grad_acc = loom_buf_alloc(m->arena_numel, LOOM_DTYPE_F32, LOOM_MEM_GRADS);
+    e->part = loom_zero_partition(cfg->zero_stage, dp, e->topo.dp_rank, m);
+    build_stack(e);
+    if (e->init_sharded && !from_dir) loom_zero_init_weights(e->zero, (uint64_t)cfg->seed);
+    loom_adamw_init(&e->opt, e->part.begin, e->part.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps,
                     cfg->weight_decay);
     e->have_opt = 1;
     /* master weights from the 16-bit parameters, as DeepSpeed makes them */
-    if (m->dtype) loom_adamw_set_master(&e->opt, loom_zero_params_lp(&e->zero), (enum loom_dtype)m->dtype);
-    /* with gradient accumulation, mixed precision accumulates in float32 and
-     * rounds once per step (DeepSpeed's bf16 optimizer does the same), so the
-     * rounded sum does not depend on how the layout splits the batch */
-    if (m->dtype && cfg->gradient_accumulation_steps > 1) {
-        if (cfg->zero_stage >= 2)
-            loom_zero_accumulate_f32(&e->zero);
-        else
-            m->grads = loom_alloc(loom_mul_size(m->arena_numel, sizeof(float)), LOOM_MEM_GRADS);
-    }
+    if (m->dtype != LOOM_DTYPE_F32) loom_adamw_set_master(&e->opt, opt_params(e));
     if (cfg->fp16) rc = loom_engine_agree(e, scaler_init(e));
-    if (cfg->offload_optimizer == 1)
+    if (cfg->offload_optimizer == LOOM_OFFLOAD_CPU)
         loom_log_warn("--offload-optimizer cpu: the CPU backend keeps the optimizer state in host memory "
                       "already; nothing to move");
-    if (rc == LOOM_OK && cfg->offload_optimizer == 2)
+    if (rc == LOOM_OK && cfg->offload_optimizer == LOOM_OFFLOAD_NVME)
         rc = loom_engine_agree(
             e, loom_adamw_offload(&e->opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)));
     if (rc == LOOM_OK && from_dir) {
-        const struct loom_ckpt_parts parts = {
-            cfg, &e->topo, m, &e->zero, &e->opt, e->have_scaler ? &e->scaler : NULL, 0};
+        const int stage3 = cfg->zero_stage == 3;
+        const struct loom_ckpt_parts parts = {.cfg = cfg,
+                                              .topo = &e->topo,
+                                              .model = m,
+                                              .zero_stage = cfg->zero_stage,
+                                              .part = e->part,
+                                              .store = stage3 ? e->zero->param_shard : m->params,
+                                              .store_lo = stage3 ? e->part.begin : 0,
+                                              .store_hi = stage3 ? e->part.end : m->num_params,
+                                              .opt = &e->opt,
+                                              .scaler = e->scaler};
         rc = loom_engine_agree(e, loom_checkpoint_load(&parts, &e->steps, &e->load_io));
         e->resumed = rc == LOOM_OK;
         e->skipped = e->load_io.skipped;
     }
     if (rc) return rc;
     e->sched = loom_lr_schedule_from_config(cfg);
-    e->use_ddp = dp > 1 && e->zero.stage < 2;
-    if (e->use_ddp) loom_ddp_init(&e->ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == 1);
-    if (cfg->grad_reduce_dtype) { /* checked with the config: the compute dtype */
-        const enum loom_dtype r = (enum loom_dtype)cfg->grad_reduce_dtype;
-        if (e->use_ddp) loom_ddp_reduce_in(&e->ddp, r);
-        if (e->zero.stage >= 2) loom_zero_reduce_in(&e->zero, r);
-    }
-    if (m->dtype) { /* last: in front of the strategy's hooks */
-        loom_precision_init(&e->prec, m);
-        e->have_prec = 1;
-    }
+    if (m->ops->set_slots)
+        m->ops->set_slots(m, loom_schedule_slots(e->topo.pp, cfg->gradient_accumulation_steps));
     return LOOM_OK;
 }
 
 void loom_engine_free(struct loom_engine *e)
 {
     if (!e) return;
-    if (e->have_prec) loom_precision_free(&e->prec);
-    if (e->use_ddp) loom_ddp_free(&e->ddp);
-    if (e->have_zero) loom_zero_free(&e->zero);
+    if (e->prec) loom_precision_free(e->prec);
+    if (e->ddp) loom_ddp_free(e->ddp);
+    if (e->zero) loom_zero_free(e->zero);
+    loom_free(e->prec);
+    loom_free(e->ddp);
+    loom_free(e->zero);
+    loom_free(e->scaler);
     if (e->have_opt) loom_adamw_free(&e->opt);
+    if (e->model) e->model->stack.n = 0;
+    loom_pool_drain();
     free(e);
 }
 
@@ -237,30 +288,45 @@ int loom_engine_micro_batch_rows(const struct loom_engine *e, int micro)
     return (e->topo.dp_rank * e->cfg->gradient_accumulation_steps + micro) * e->cfg->micro_batch_size;
 }
 
-float loom_engine_forward(struct loom_engine *e, const void *batch, int rows)
+/* ---- one micro-batch: what the schedules call ------------------------------- */
+
+static void forward_micro(struct loom_engine *e, int slot, const void *batch, int rows)
 {
     const int A = e->cfg->gradient_accumulation_steps;
     LOOM_ASSERT(e->micro == e->backwards && e->micro < A); /* forward, backward, forward, ... then step */
+    struct loom_model *m = e->model;
     if (e->micro == 0) {
         loom_comm_set_step(e->steps + 1);
-        loom_model_zero_grad(e->model);
-        loom_zero_begin_step(&e->zero);
+        loom_model_zero_grad(m);
+        loom_stack_begin_step(m);
         e->loss_sum = 0;
     }
-    float loss = e->model->ops->forward(e->model, batch, rows);
-    e->loss_sum += loss;
+    e->mb = (struct loom_micro){.slot = slot, .batch = batch, .rows = rows};
+    m->ops->forward(m, 0, m->nblocks - 1, &e->mb);
+    e->loss_sum += (float)e->mb.loss;
     e->micro++;
-    return loss;
+}
+
+static void backward_micro(struct loom_engine *e, int slot)
+{
+    const int A = e->cfg->gradient_accumulation_steps;
+    LOOM_ASSERT(e->backwards + 1 == e->micro && e->mb.slot == slot);
+    struct loom_model *m = e->model;
+    loom_stack_begin_backward(m, e->backwards, e->micro == A);
+    const double scale = e->scaler ? e->scaler->st.scale : 1.0;
+    m->ops->backward(m, 0, m->nblocks - 1, &e->mb, (float)(scale / (A * e->topo.dp)));
+    e->backwards++;
+}
+
+float loom_engine_forward(struct loom_engine *e, const void *batch, int rows)
+{
+    forward_micro(e, 0, batch, rows);
+    return (float)e->mb.loss;
 }
 
 void loom_engine_backward(struct loom_engine *e)
 {
-    const int A = e->cfg->gradient_accumulation_steps;
-    LOOM_ASSERT(e->backwards + 1 == e->micro);
-    if (e->use_ddp) loom_ddp_begin_backward(&e->ddp, e->micro == A);
-    const double scale = e->have_scaler ? e->scaler.st.scale : 1.0;
-    e->model->ops->backward(e->model, (float)(scale / (A * e->topo.dp)));
-    e->backwards++;
+    backward_micro(e, 0);
 }
 
 /* Whether block i's reduced gradient, as far as this rank holds it (all of
@@ -268,18 +334,17 @@ void loom_engine_backward(struct loom_engine *e)
 static int block_nonfinite(const struct loom_engine *e, int i)
 {
     const struct loom_model *m = e->model;
-    const struct loom_zero *z = &e->zero;
-    size_t lo = z->block_lo[i], hi = lo + m->blocks[i].numel, base = 0;
-    if (z->stage >= 2) {
-        lo = lo > z->begin ? lo : z->begin;
-        hi = hi < z->end ? hi : z->end;
-        base = z->begin;
+    const int sharded = e->zero && e->zero->stage >= 2;
+    size_t lo = m->blocks[i].offset, hi = lo + m->blocks[i].numel, base = 0;
+    if (sharded) {
+        lo = lo > e->part.begin ? lo : e->part.begin;
+        hi = hi < e->part.end ? hi : e->part.end;
+        base = e->part.begin;
     }
     if (lo >= hi) return 0;
-    if (m->dtype)
-        return loom_lp_has_nonfinite((z->stage >= 2 ? z->grad_shard_lp : m->grads_lp) + (lo - base), hi - lo,
-                                     (enum loom_dtype)m->dtype);
-    return loom_has_nonfinite((z->stage >= 2 ? z->grad_shard : m->grads) + (lo - base), hi - lo);
+    const struct loom_buf g = loom_buf_slice(sharded ? e->zero->grad_shard : m->grads, lo - base, hi - lo);
+    if (g.dtype == LOOM_DTYPE_F32) return loom_has_nonfinite(g.data, g.numel);
+    return loom_lp_has_nonfinite(g.data, g.numel, g.dtype);
 }
 
 /* The first block, in backward order (the highest), whose gradient is not
@@ -294,95 +359,124 @@ static int nonfinite_block(struct loom_engine *e)
     return (int)v - 1;
 }
 
+/* The global gradient norm: over the shards from stage 2, else over the
+ * (reduced, identical) gradients every rank holds. */
+static double grad_norm(const struct loom_engine *e)
+{
+    const struct loom_model *m = e->model;
+    if (e->zero && e->zero->stage >= 2) return loom_zero_grad_norm(e->zero);
+    if (m->dtype != LOOM_DTYPE_F32) return sqrt(loom_lp_sum_squares(m->grads.data, m->num_params, m->dtype));
+    return loom_grad_norm(m->blocks, m->nblocks);
+}
+
 int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
 {
     const int A = e->cfg->gradient_accumulation_steps, dp = e->topo.dp;
     LOOM_ASSERT(e->micro == A && e->backwards == A);
-    if (e->use_ddp) loom_ddp_finish(&e->ddp);
-    loom_zero_finish_backward(&e->zero);
     struct loom_model *m = e->model;
-    if (m->dtype && m->grads)
-        loom_lp_from_f32(m->grads_lp, m->grads, m->num_params, (enum loom_dtype)m->dtype);
+    loom_stack_finish_backward(m);
+    if (m->grad_acc.data && m->grads.data) /* accumulated in float32: rounded once */
+        loom_buf_convert(loom_buf_slice(m->grads, 0, m->num_params),
+                         loom_buf_slice(m->grad_acc, 0, m->num_params));
     double loss = e->loss_sum;
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&loss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     loss /= (double)A * dp;
-    const double scale = e->have_scaler ? e->scaler.st.scale : 1.0;
-    double norm = loom_zero_grad_norm(&e->zero) / scale;
+    const double scale = e->scaler ? e->scaler->st.scale : 1.0;
+    double norm = grad_norm(e) / scale;
     const int64_t step = e->steps + 1;
     /* skipped steps do not advance the schedule (DeepSpeed and Megatron step it only on an update) */
     const double lr = loom_lr_at(&e->sched, (int)(step - e->skipped));
     int skip = 0, rc = LOOM_OK;
     if (!isfinite(norm) || !isfinite(loss)) { /* the same on every rank: both are all-reduced */
-        int b = e->have_scaler ? -1 : nonfinite_block(e);
-        if (e->have_scaler) {
+        int b = e->scaler ? -1 : nonfinite_block(e);
+        const char *name = b >= 0 ? m->blocks[b].tensors[0].name : NULL;
+        if (e->scaler) {
             skip = 1; /* an fp16 overflow: the scaler's business */
-        } else if (e->cfg->on_nonfinite == 1) {
+        } else if (e->cfg->on_nonfinite == LOOM_NONFINITE_SKIP) {
             skip = 1;
-            loom_log_warn("step %lld: non-finite loss %g or gradient norm %g (first in block %d, %s); "
-                          "skipped (--on-nonfinite skip)",
-                          (long long)step, loss, norm, b, b >= 0 ? e->model->blocks[b].tensors[0].name : "-");
+            loom_log_warn(
+                "step %lld: non-finite loss %g or gradient norm %g (first in block %d, %s); skipped "
+                "(--on-nonfinite skip)",
+                (long long)step, loss, norm, b, name ? name : "-");
         } else {
-            rc = loom_error_set(
-                LOOM_ERR_RUNTIME,
-                "step %lld: the loss (%g) or the gradient norm (%g) is not finite; the first block whose "
-                "gradient went non-finite is block %d (%s). --on-nonfinite skip skips such steps",
-                (long long)step, loss, norm, b,
-                b >= 0 ? e->model->blocks[b].tensors[0].name : "none: the loss alone");
+            rc = loom_error_set(LOOM_ERR_RUNTIME,
+                                "step %lld: the loss (%g) or the gradient norm (%g) is not finite; the first "
+                                "block whose gradient went non-finite is block %d (%s). --on-nonfinite skip "
+                                "skips such steps",
+                                (long long)step, loss, norm, b, name ? name : "none: the loss alone");
         }
     }
-    if (e->have_scaler) {
-        enum loom_scaler_verdict v = loom_loss_scaler_update(&e->scaler, skip);
+    if (e->scaler) {
+        enum loom_scaler_verdict v = loom_loss_scaler_update(e->scaler, skip);
         if (v == LOOM_SCALER_SKIP_AT_MIN)
             rc = loom_error_set(
                 LOOM_ERR_RUNTIME,
-                "step %lld: fp16 gradients overflow at the minimum loss scale %g: training has diverged",
-                (long long)step, e->scaler.cfg.min_loss_scale);
+                "step %lld: fp16 gradients overflow at the minimum loss scale %g: training has "
+                "diverged",
+                (long long)step, e->scaler->cfg.min_loss_scale);
     }
     if (rc == LOOM_OK && !skip) {
         const float grad_scale = (float)(loom_clip_coef(norm, e->cfg->clip_grad) / scale);
-        if (e->model->dtype)
-            loom_adamw_step_lp(&e->opt, e->model, loom_zero_params_lp(&e->zero), loom_zero_grads_lp(&e->zero),
-                               lr, grad_scale);
-        else
-            loom_adamw_step(&e->opt, e->model, loom_zero_params(&e->zero), loom_zero_grads(&e->zero), lr,
-                            grad_scale);
+        loom_adamw_step(&e->opt, m, opt_params(e), opt_grads(e), lr, grad_scale);
     }
-    if (e->have_prec) loom_precision_end_step(&e->prec); /* before ZeRO-3 lets go of the pinned unit */
-    loom_zero_after_step(&e->zero);
+    loom_stack_after_step(m);
     e->skipped += skip;
     e->steps = step;
     e->micro = e->backwards = 0;
     if (out)
-        *out = (struct loom_step_result){step,
-                                         loss,
-                                         lr,
-                                         norm,
-                                         e->use_ddp           ? e->ddp.wait_s
-                                         : e->zero.stage >= 2 ? e->zero.wait_s
-                                                              : -1,
-                                         e->have_scaler ? scale : 0,
-                                         skip,
-                                         e->skipped};
+        *out = (struct loom_step_result){
+            step, loss, lr, norm, loom_stack_comm_wait_s(m), e->scaler ? scale : 0, skip, e->skipped};
     return loom_engine_agree(e, rc);
 }
 
+/* train_batch through the layout's schedule */
+struct batch_source {
+    struct loom_engine *e;
+    loom_batch_fn get;
+    void *ctx;
+};
+
+static int source_get(void *ctx, int micro, const void **batch, int *rows)
+{
+    struct batch_source *s = ctx;
+    return s->get(s->ctx, s->e, micro, batch, rows);
+}
+
+static void source_forward(void *ctx, int micro, int slot, const void *batch, int rows)
+{
+    forward_micro(((struct batch_source *)ctx)->e, slot, batch, rows);
+}
+
+static void source_backward(void *ctx, int micro, int slot)
+{
+    backward_micro(((struct batch_source *)ctx)->e, slot);
+}
+
+static const struct loom_schedule_ops engine_schedule_ops = {source_get, source_forward, source_backward};
+
 int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx, struct loom_step_result *out)
 {
-    for (int a = 0; a < e->cfg->gradient_accumulation_steps; a++) {
-        const void *batch;
-        int rows;
-        int rc = get(ctx, e, a, &batch, &rows);
-        if (rc) return rc;
-        loom_engine_forward(e, batch, rows);
-        loom_engine_backward(e);
-    }
+    struct batch_source s = {e, get, ctx};
+    int rc = loom_schedule_for(e->topo.pp)(&engine_schedule_ops, &s, e->cfg->gradient_accumulation_steps);
+    if (rc) return rc;
     return loom_engine_step(e, out);
 }
 
 int loom_engine_save(struct loom_engine *e)
 {
-    const struct loom_ckpt_parts parts = {
-        e->cfg, &e->topo, e->model, &e->zero, &e->opt, e->have_scaler ? &e->scaler : NULL, e->skipped};
+    struct loom_model *m = e->model;
+    const int stage3 = e->cfg->zero_stage == 3;
+    const struct loom_ckpt_parts parts = {.cfg = e->cfg,
+                                          .topo = &e->topo,
+                                          .model = m,
+                                          .zero_stage = e->cfg->zero_stage,
+                                          .part = e->part,
+                                          .store = stage3 ? e->zero->param_shard : m->params,
+                                          .store_lo = stage3 ? e->part.begin : 0,
+                                          .store_hi = stage3 ? e->part.end : m->num_params,
+                                          .opt = &e->opt,
+                                          .scaler = e->scaler,
+                                          .skipped = e->skipped};
     int rc = loom_checkpoint_save(&parts, e->steps, &e->save_io);
     if (rc && e->topo.rank != 0) loom_error_clear(); /* every rank holds the message: rank 0 prints it */
     return rc;

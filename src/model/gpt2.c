@@ -1,7 +1,10 @@
 /*
- * GPT-2: parameter layout, initialisation, forward and backward over the
- * blocks. The forward saves what the backward needs; the backward walks the
- * blocks in reverse and calls the grad-ready hook after each one.
+ * GPT-2: parameter layout (with each tensor's initialisation and
+ * tensor-parallel split), forward and backward over a range of blocks for
+ * one micro-batch slot. Each slot holds what its forward saved for its
+ * backward, so a pipeline schedule can keep several micro-batches in
+ * flight; the backward walks the range in reverse and announces each block
+ * to the strategy stack when its gradients are ready.
  *
  * Activation recomputation (Megatron's):
  *   selective  no layer keeps its attention probabilities (B,NH,T,T); one
@@ -9,7 +12,7 @@
  *              of each layer recomputes them from its kept qkv.
  *   full       a recomputed layer keeps only its input (the residual stream
  *              into it, which is the previous layer's output res3); its
- *              forward runs into shared scratch (`slots`: one layer's
+ *              forward runs into shared scratch (`scratch`: one layer's
  *              activations, N layers' under the uniform method) and runs
  *              again, into the same scratch, right before its backward.
  * Both reuse the forward's code (layer_forward), so the recomputed values
@@ -21,7 +24,7 @@
  * buffers stay float32 and the kernels compute in float32, but every
  * activation a kernel writes is rounded to the dtype right after it
  * (round_act), and in the backward every activation gradient too. Parameter
- * gradients are not rounded here: the engine's precision layer owns them.
+ * gradients are not rounded here: the precision strategy owns them.
  *
  * Not here: loading and saving weights (gpt2_io.c), the optimizer, data.
  */
@@ -55,45 +58,69 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
     return LOOM_OK;
 }
 
-static void add_tensor(struct loom_block *b, const char *name, int ndim, int64_t d0, int64_t d1)
+/* One tensor with its initialisation and tensor-parallel split. */
+static void add_tensor(struct loom_block *b, const char *name, int ndim, int64_t d0, int64_t d1,
+                       enum loom_init init, double std, int tp_split)
 {
     const int64_t shape[2] = {d0, d1};
-    loom_block_add_tensor(b, name, ndim, shape);
+    struct loom_tensor *t = loom_block_add_tensor(b, name, ndim, shape);
+    t->init = init;
+    t->init_std = std;
+    t->tp_split = tp_split;
 }
 
+enum { REPL = LOOM_TP_REPLICATED };
+
+/* The blocks: [embedding, L layers, head]. Weights are stored [in, out]
+ * (Conv1D), so Megatron's column-parallel layers (c_attn, c_fc) split
+ * dimension 1 and its row-parallel ones (the c_proj) dimension 0; the
+ * embedding table is split by vocabulary rows. */
 static void layout_blocks(struct loom_gpt2 *m)
 {
     const int L = m->cfg.num_layers, C = m->cfg.hidden;
+    const double std = 0.02, proj_std = 0.02 / sqrt(2.0 * L);
     char name[LOOM_TENSOR_NAME_MAX];
     struct loom_block *e = &m->base.blocks[0];
-    e->kind = LOOM_BLOCK_EMBEDDING;
+    e->role = LOOM_ROLE_EMBEDDING;
     e->layer = -1;
-    add_tensor(e, "wte.weight", 2, m->cfg.vocab, C);
-    add_tensor(e, "wpe.weight", 2, m->cfg.max_pos, C);
+    add_tensor(e, "wte.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, std, 0);
+    add_tensor(e, "wpe.weight", 2, m->cfg.max_pos, C, LOOM_INIT_NORMAL, std, REPL);
     static const struct {
         const char *suffix;
         int ndim, rows, cols;
+        enum loom_init init;
+        int residual_proj; /* normal(0, 0.02/sqrt(2L)) instead of 0.02 */
+        int tp_split;
     } layer_tensors[] = {
-        {"ln_1.weight", 1, 1, 0},      {"ln_1.bias", 1, 1, 0},          {"attn.c_attn.weight", 2, 1, 3},
-        {"attn.c_attn.bias", 1, 3, 0}, {"attn.c_proj.weight", 2, 1, 1}, {"attn.c_proj.bias", 1, 1, 0},
-        {"ln_2.weight", 1, 1, 0},      {"ln_2.bias", 1, 1, 0},          {"mlp.c_fc.weight", 2, 1, 4},
-        {"mlp.c_fc.bias", 1, 4, 0},    {"mlp.c_proj.weight", 2, 4, 1},  {"mlp.c_proj.bias", 1, 1, 0},
+        {"ln_1.weight", 1, 1, 0, LOOM_INIT_ONE, 0, REPL},
+        {"ln_1.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL},
+        {"attn.c_attn.weight", 2, 1, 3, LOOM_INIT_NORMAL, 0, 1},
+        {"attn.c_attn.bias", 1, 3, 0, LOOM_INIT_ZERO, 0, 0},
+        {"attn.c_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL, 1, 0},
+        {"attn.c_proj.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL},
+        {"ln_2.weight", 1, 1, 0, LOOM_INIT_ONE, 0, REPL},
+        {"ln_2.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL},
+        {"mlp.c_fc.weight", 2, 1, 4, LOOM_INIT_NORMAL, 0, 1},
+        {"mlp.c_fc.bias", 1, 4, 0, LOOM_INIT_ZERO, 0, 0},
+        {"mlp.c_proj.weight", 2, 4, 1, LOOM_INIT_NORMAL, 1, 0},
+        {"mlp.c_proj.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL},
     };
     for (int l = 0; l < L; l++) {
         struct loom_block *b = &m->base.blocks[1 + l];
-        b->kind = LOOM_BLOCK_LAYER;
+        b->role = LOOM_ROLE_LAYER;
         b->layer = l;
         for (size_t i = 0; i < sizeof layer_tensors / sizeof layer_tensors[0]; i++) {
             snprintf(name, sizeof name, "h.%d.%s", l, layer_tensors[i].suffix);
             add_tensor(b, name, layer_tensors[i].ndim, (int64_t)layer_tensors[i].rows * C,
-                       (int64_t)layer_tensors[i].cols * C);
+                       (int64_t)layer_tensors[i].cols * C, layer_tensors[i].init,
+                       layer_tensors[i].residual_proj ? proj_std : std, layer_tensors[i].tp_split);
         }
     }
     struct loom_block *h = &m->base.blocks[L + 1];
-    h->kind = LOOM_BLOCK_HEAD;
+    h->role = LOOM_ROLE_HEAD;
     h->layer = -1;
-    add_tensor(h, "ln_f.weight", 1, C, 0);
-    add_tensor(h, "ln_f.bias", 1, C, 0);
+    add_tensor(h, "ln_f.weight", 1, C, 0, LOOM_INIT_ONE, 0, REPL);
+    add_tensor(h, "ln_f.bias", 1, C, 0, LOOM_INIT_ZERO, 0, REPL);
 }
 
 static float *act(size_t n)
@@ -144,9 +171,9 @@ static int keeps_output(const struct loom_gpt2 *m, int l)
     return !recomputed(m, l) || l == chunk_last(m, l);
 }
 
-static const float *layer_input(const struct loom_gpt2 *m, int l)
+static const float *layer_input(const struct loom_gpt2_acts *a, int l)
 {
-    return l > 0 ? m->layers[l - 1].res3 : m->encoded;
+    return l > 0 ? a->layers[l - 1].res3 : a->encoded;
 }
 
 /* Consecutive pieces of one buffer; with base NULL, only counted. */
@@ -192,47 +219,73 @@ static void free_layer_buffers(struct loom_layer_acts *a)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
 }
 
-/* Every activation buffer, for the recompute settings. A recomputed layer
- * gets no buffer of its own but its kept output; the recompute scratch (the
- * slots, or selective's shared att) is carved from the logits' buffer,
- * which grows to hold it when B*T*V floats would not. */
-static void alloc_activations(struct loom_gpt2 *m)
+/* One slot's activation buffers, for the recompute settings. A recomputed
+ * layer gets no buffer of its own but its kept output; the recompute
+ * scratch (a chunk of layers, or selective's shared att) is carved from the
+ * logits' buffer, which grows to hold it when B*T*V floats would not. */
+static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 {
     const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
-    const int nslots = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
+    const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T,
                  NV = loom_mul_size(N, (size_t)m->cfg.vocab);
-    m->layers = loom_alloc(sizeof *m->layers * (size_t)L, LOOM_MEM_OTHER);
-    if (nslots) m->slots = loom_alloc(sizeof *m->slots * (size_t)nslots, LOOM_MEM_OTHER);
-    /* measure the scratch, allocate, then carve it. The last slot's output
-     * is always a kept input (a chunk ends there), so it has no res3. */
+    a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
+    if (nscratch) a->scratch = loom_alloc(sizeof *a->scratch * (size_t)nscratch, LOOM_MEM_OTHER);
+    /* measure the scratch, allocate, then carve it. The last scratch
+     * layer's output is always a kept input (a chunk ends there), so it has
+     * no res3. */
     struct carve c = {NULL, 0};
     float *shared_att = NULL;
     for (int pass = 0; pass < 2; pass++) {
         c.used = 0;
-        for (int s = 0; s < nslots; s++) layer_buffers(m, &m->slots[s], &c, 1, s < nslots - 1);
+        for (int s = 0; s < nscratch; s++) layer_buffers(m, &a->scratch[s], &c, 1, s < nscratch - 1);
         if (selective) shared_att = piece(&c, att_numel(m));
         if (pass == 0) {
-            m->logits_numel = c.used > NV ? c.used : NV;
-            c.base = m->logits = act(m->logits_numel);
+            a->logits_numel = c.used > NV ? c.used : NV;
+            c.base = a->logits = act(a->logits_numel);
         }
     }
     for (int l = 0; l < L; l++) {
-        struct loom_layer_acts *a = &m->layers[l];
+        struct loom_layer_acts *x = &a->layers[l];
         if (recomputed(m, l)) {
-            *a = m->slots[l - chunk_first(m, l)];
-            if (keeps_output(m, l)) a->res3 = act(N * C);
+            *x = a->scratch[l - chunk_first(m, l)];
+            if (keeps_output(m, l)) x->res3 = act(N * C);
         } else {
-            layer_buffers(m, a, NULL, !selective, 1);
-            if (selective) a->att = shared_att;
+            layer_buffers(m, x, NULL, !selective, 1);
+            if (selective) x->att = shared_att;
         }
     }
-    m->encoded = act(N * C);
-    m->lnf = act(N * C);
-    m->lnf_mean = act(N);
-    m->lnf_rstd = act(N);
-    m->losses = act(N);
-    m->lse = act(N);
+    a->encoded = act(N * C);
+    a->lnf = act(N * C);
+    a->lnf_mean = act(N);
+    a->lnf_rstd = act(N);
+    a->losses = act(N);
+    a->lse = act(N);
+}
+
+static void free_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
+{
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        struct loom_layer_acts *x = &a->layers[l];
+        if (recomputed(m, l)) {
+            if (keeps_output(m, l)) loom_free(x->res3);
+            continue;
+        }
+        /* selective's shared att lives in the logits' buffer */
+        if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) x->att = NULL;
+        free_layer_buffers(x);
+    }
+    float *bufs[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->losses, a->lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    loom_free(a->layers);
+    loom_free(a->scratch);
+}
+
+static void alloc_activations(struct loom_gpt2 *m)
+{
+    const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T;
+    m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
+    for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
     m->dres = act(N * C);
     m->dbufC = act(N * C);
     m->dqkv = act(N * 3 * C);
@@ -244,30 +297,19 @@ static void alloc_activations(struct loom_gpt2 *m)
 
 static void free_activations(struct loom_gpt2 *m)
 {
-    if (!m->layers) return;
-    for (int l = 0; l < m->cfg.num_layers; l++) {
-        struct loom_layer_acts *a = &m->layers[l];
-        if (recomputed(m, l)) {
-            if (keeps_output(m, l)) loom_free(a->res3);
-            continue;
-        }
-        /* selective's shared att lives in the logits' buffer */
-        if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) a->att = NULL;
-        free_layer_buffers(a);
-    }
-    float *bufs[] = {m->encoded, m->lnf,   m->lnf_mean, m->lnf_rstd, m->logits, m->losses, m->lse,
-                     m->dres,    m->dbufC, m->dqkv,     m->datt,     m->dbuf4a, m->dbuf4b, m->scratchC};
+    if (!m->slots) return;
+    for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
+    float *bufs[] = {m->dres, m->dbufC, m->dqkv, m->datt, m->dbuf4a, m->dbuf4b, m->scratchC};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
-    loom_free(m->layers);
     loom_free(m->slots);
-    m->layers = m->slots = NULL;
+    m->slots = NULL;
 }
 
 void loom_gpt2_set_recompute(struct loom_gpt2 *m, enum loom_recompute granularity,
                              enum loom_recompute_method method, int num_layers)
 {
     const int L = m->cfg.num_layers;
-    LOOM_ASSERT(m->layers == NULL); /* the activations are laid out for it at the first forward */
+    LOOM_ASSERT(m->slots == NULL); /* the activations are laid out for it at the first forward */
     LOOM_ASSERT(granularity >= 0 && granularity < LOOM_RECOMPUTE_COUNT);
     if (granularity == LOOM_RECOMPUTE_FULL) {
         LOOM_ASSERT(num_layers >= 1 && num_layers <= L);
@@ -280,34 +322,51 @@ void loom_gpt2_set_recompute(struct loom_gpt2 *m, enum loom_recompute granularit
     m->recompute_num_layers = num_layers;
 }
 
-static void init_block(struct loom_model *model, int bi, uint64_t seed);
+/* ---- the loom_model interface ------------------------------------------------ */
 
-static float forward(struct loom_model *model, const void *batch, int rows)
+static void forward(struct loom_model *model, int first, int last, struct loom_micro *mb);
+static void backward(struct loom_model *model, int first, int last, struct loom_micro *mb, float loss_weight);
+
+static void set_slots(struct loom_model *model, int n)
 {
-    const struct loom_gpt2_batch *b = batch;
-    return loom_gpt2_forward(loom_gpt2_of(model), b->inputs, b->targets, rows);
+    struct loom_gpt2 *m = loom_gpt2_of(model);
+    LOOM_ASSERT(m->slots == NULL && n >= 1);
+    m->nslots = n;
 }
 
-static void backward(struct loom_model *model, float loss_weight)
+static size_t boundary_numel(const struct loom_model *model, int rows)
 {
-    loom_gpt2_backward(loom_gpt2_of(model), loss_weight);
+    const struct loom_gpt2 *m = model->user;
+    return (size_t)rows * m->T * m->cfg.hidden;
 }
 
 static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *te)
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
-    *te = (struct loom_tied_embedding){.block = 0,
+    const struct loom_gpt2_acts *a = m->slots ? &m->slots[m->bwd_slot] : NULL;
+    *te = (struct loom_tied_embedding){.block = m->emb,
                                        .vocab = m->cfg.vocab,
                                        .width = m->cfg.hidden,
                                        .max_rows = (size_t)m->B * m->T,
-                                       .rows = (size_t)m->fwd_B * m->T,
-                                       .tokens = m->inputs,
+                                       .rows = a ? (size_t)a->rows * m->T : 0,
+                                       .tokens = a ? a->inputs : NULL,
                                        .dout = m->dres,
                                        .defer = &m->defer_wte_scatter};
     return 1;
 }
 
-static const struct loom_model_ops gpt2_ops = {forward, backward, init_block, tied_embedding};
+static const float *logits(struct loom_model *model)
+{
+    struct loom_gpt2 *m = loom_gpt2_of(model);
+    return m->slots ? m->slots[0].logits : NULL;
+}
+
+static const struct loom_model_ops gpt2_ops = {.forward = forward,
+                                               .backward = backward,
+                                               .set_slots = set_slots,
+                                               .boundary_numel = boundary_numel,
+                                               .tied_embedding = tied_embedding,
+                                               .logits = logits};
 
 struct loom_gpt2 *loom_gpt2_of(struct loom_model *m)
 {
@@ -324,11 +383,14 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
     m->act_dtype = LOOM_DTYPE_F32;
     m->recompute = LOOM_RECOMPUTE_NONE;
     m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
+    m->nslots = 1;
     const int L = cfg->num_layers;
     loom_model_init(&m->base, &gpt2_ops, "gpt2", L + 2);
     m->base.user = m;
     layout_blocks(m);
     loom_model_layout_done(&m->base);
+    m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
+    m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
     return m;
 }
 
@@ -340,179 +402,210 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     loom_free(m);
 }
 
-static void init_block(struct loom_model *model, int bi, uint64_t seed)
-{
-    struct loom_gpt2 *m = loom_gpt2_of(model);
-    const double proj_std = 0.02 / sqrt(2.0 * m->cfg.num_layers);
-    {
-        struct loom_block *b = &m->base.blocks[bi];
-        for (int ti = 0; ti < b->ntensors; ti++) {
-            struct loom_tensor *t = &b->tensors[ti];
-            float *p = b->params + t->offset;
-            const char *leaf = strrchr(t->name, '.') + 1;
-            int is_norm = strstr(t->name, "ln_") != NULL;
-            if (strcmp(leaf, "bias") == 0) {
-                memset(p, 0, t->numel * sizeof *p);
-            } else if (is_norm) {
-                for (size_t i = 0; i < t->numel; i++) p[i] = 1.0f;
-            } else {
-                double std = strstr(t->name, "c_proj.weight") ? proj_std : 0.02;
-                struct loom_rng rng;
-                loom_rng_seed(&rng, loom_hash3(seed, (uint64_t)bi, (uint64_t)ti));
-                for (size_t i = 0; i < t->numel; i++) p[i] = (float)(std * loom_rng_normal(&rng));
-            }
-        }
-    }
-}
-
 /* indices of the tensors of a layer block, in layout order */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
 
-/* Layer l's forward over B rows, from its input res (B,T,C) into m->layers[l]
+/* Layer l's forward over B rows, from its input res (B,T,C) into a->layers[l]
  * (the recompute scratch for a recomputed layer). The backward reruns it to
  * recompute, so nothing here may depend on when it runs. */
-static void layer_forward(struct loom_gpt2 *m, int l, const float *res, int B)
+static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, const float *res, int B)
 {
     const int T = m->T, C = m->cfg.hidden, NH = m->cfg.heads, N = B * T;
     const size_t NC = (size_t)N * C;
     struct loom_block *b = &m->base.blocks[1 + l];
-    struct loom_layer_acts *a = &m->layers[l];
-    loom_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
+    struct loom_layer_acts *x = &a->layers[l];
+    loom_layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
                            N, C);
-    round_act(m, a->ln1, NC);
-    loom_matmul_forward(a->qkv, a->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * C);
-    round_act(m, a->qkv, 3 * NC);
-    loom_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
-    round_act(m, a->atty, NC);
-    loom_matmul_forward(m->scratchC, a->atty, loom_param(b, ATTPROJ_W), loom_param(b, ATTPROJ_B), N, C, C);
+    round_act(m, x->ln1, NC);
+    loom_matmul_forward(x->qkv, x->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * C);
+    round_act(m, x->qkv, 3 * NC);
+    loom_attention_forward(x->atty, x->att, x->qkv, B, T, C, NH);
+    round_act(m, x->atty, NC);
+    loom_matmul_forward(m->scratchC, x->atty, loom_param(b, ATTPROJ_W), loom_param(b, ATTPROJ_B), N, C, C);
     round_act(m, m->scratchC, NC);
-    loom_residual_forward(a->res2, res, m->scratchC, NC);
-    round_act(m, a->res2, NC);
-    loom_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, loom_param(b, LN2_W),
+    loom_residual_forward(x->res2, res, m->scratchC, NC);
+    round_act(m, x->res2, NC);
+    loom_layernorm_forward(x->ln2, x->ln2_mean, x->ln2_rstd, x->res2, loom_param(b, LN2_W),
                            loom_param(b, LN2_B), N, C);
-    round_act(m, a->ln2, NC);
-    loom_matmul_forward(a->fch, a->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * C);
-    round_act(m, a->fch, 4 * NC);
-    loom_gelu_forward(a->fch_gelu, a->fch, 4 * NC);
-    round_act(m, a->fch_gelu, 4 * NC);
-    loom_matmul_forward(m->scratchC, a->fch_gelu, loom_param(b, FCPROJ_W), loom_param(b, FCPROJ_B), N, 4 * C,
+    round_act(m, x->ln2, NC);
+    loom_matmul_forward(x->fch, x->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * C);
+    round_act(m, x->fch, 4 * NC);
+    loom_gelu_forward(x->fch_gelu, x->fch, 4 * NC);
+    round_act(m, x->fch_gelu, 4 * NC);
+    loom_matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W), loom_param(b, FCPROJ_B), N, 4 * C,
                         C);
     round_act(m, m->scratchC, NC);
-    loom_residual_forward(a->res3, a->res2, m->scratchC, NC);
-    round_act(m, a->res3, NC);
+    loom_residual_forward(x->res3, x->res2, m->scratchC, NC);
+    round_act(m, x->res3, NC);
 }
 
-float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_t *targets, int B)
+/* The layers [l0, l1] a block range [first, last] covers (l1 < l0: none). */
+static void layers_of(const struct loom_gpt2 *m, int first, int last, int *l0, int *l1)
 {
-    LOOM_ASSERT(B >= 1 && B <= m->B);
-    if (!m->layers) alloc_activations(m);
-    const int T = m->T, C = m->cfg.hidden, V = m->cfg.vocab;
-    const int L = m->cfg.num_layers, N = B * T;
-    m->inputs = inputs;
-    m->targets = targets;
-    m->fwd_B = B;
-    struct loom_block *emb = &m->base.blocks[0];
-    loom_model_forward_begin(&m->base, 0);
-    loom_embedding_forward(m->encoded, inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
-    round_act(m, m->encoded, (size_t)N * C);
-    loom_model_forward_end(&m->base, 0);
-    for (int l = 0; l < L; l++) {
-        loom_model_forward_begin(&m->base, 1 + l);
-        layer_forward(m, l, layer_input(m, l), B);
-        loom_model_forward_end(&m->base, 1 + l);
+    *l0 = (first > m->emb ? first : m->emb + 1) - 1;
+    *l1 = (last < m->head ? last : m->head - 1) - 1;
+}
+
+/* Blocks [first, last] on the slot's micro-batch. A range starting after the
+ * embedding reads its input into the residual buffer the previous layer
+ * would have written; one ending before the head writes its last layer's
+ * output out. The head, whose LM head reads the tied table, needs the
+ * embedding in the same range (pipeline stages give the last one its copy). */
+static void forward(struct loom_model *model, int first, int last, struct loom_micro *mb)
+{
+    struct loom_gpt2 *m = loom_gpt2_of(model);
+    const int B = mb->rows;
+    LOOM_ASSERT(B >= 1 && B <= m->B && mb->slot >= 0 && mb->slot < m->nslots);
+    LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks && (last != m->head || first == m->emb));
+    if (!m->slots) alloc_activations(m);
+    const int T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
+    const size_t NC = (size_t)N * C;
+    struct loom_gpt2_acts *a = &m->slots[mb->slot];
+    const struct loom_lm_batch *batch = mb->batch;
+    a->inputs = batch ? batch->inputs : NULL;
+    a->targets = batch ? batch->targets : NULL;
+    a->rows = B;
+    int l0, l1;
+    layers_of(m, first, last, &l0, &l1);
+    LOOM_ASSERT(first == m->emb || (mb->input && m->recompute != LOOM_RECOMPUTE_FULL));
+    if (first == m->emb) {
+        struct loom_block *emb = &model->blocks[m->emb];
+        loom_model_forward_begin(model, m->emb);
+        loom_embedding_forward(a->encoded, a->inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
+        round_act(m, a->encoded, NC);
+        loom_model_forward_end(model, m->emb);
+    } else {
+        memcpy((float *)layer_input(a, l0), mb->input, NC * sizeof(float));
     }
-    struct loom_block *head = &m->base.blocks[L + 1];
-    loom_model_forward_begin(&m->base, L + 1);
-    loom_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, layer_input(m, L), loom_param(head, 0),
+    for (int l = l0; l <= l1; l++) {
+        loom_model_forward_begin(model, 1 + l);
+        layer_forward(m, a, l, layer_input(a, l), B);
+        loom_model_forward_end(model, 1 + l);
+    }
+    if (last != m->head) {
+        memcpy(mb->output, layer_input(a, l1 + 1), NC * sizeof(float));
+        return;
+    }
+    struct loom_block *head = &model->blocks[m->head], *emb = &model->blocks[m->emb];
+    loom_model_forward_begin(model, m->head);
+    loom_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, 0),
                            loom_param(head, 1), N, C);
-    round_act(m, m->lnf, (size_t)N * C);
-    loom_model_forward_end(&m->base, L + 1);
-    loom_lm_head_forward(m->logits, m->lnf, loom_param(emb, 0), N, C, V);
-    round_act(m, m->logits, (size_t)N * V);
-    if (!targets) return 0.0f;
-    loom_crossentropy_forward(m->losses, m->lse, m->logits, targets, N, V);
+    round_act(m, a->lnf, NC);
+    loom_model_forward_end(model, m->head);
+    loom_lm_head_forward(a->logits, a->lnf, loom_param(emb, 0), N, C, V);
+    round_act(m, a->logits, (size_t)N * V);
+    mb->loss = 0;
+    if (!a->targets) return;
+    loom_crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
     double sum = 0;
-    for (int i = 0; i < N; i++) sum += m->losses[i];
-    return (float)(sum / N);
+    for (int i = 0; i < N; i++) sum += a->losses[i];
+    mb->loss = (float)(sum / N);
 }
 
 /* Layer l's backward over B rows: m->dres holds the gradient at its output
  * and receives the gradient at its input; its parameter gradients accumulate. */
-static void layer_backward(struct loom_gpt2 *m, int l, int B)
+static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, int B)
 {
     const int T = m->T, C = m->cfg.hidden, NH = m->cfg.heads, N = B * T;
     const size_t NC = (size_t)N * C;
     struct loom_block *b = &m->base.blocks[1 + l];
-    struct loom_layer_acts *a = &m->layers[l];
+    struct loom_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))) */
-    loom_matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), m->dres, a->fch_gelu,
+    loom_matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), m->dres, x->fch_gelu,
                          loom_param(b, FCPROJ_W), N, 4 * C, C);
     round_act(m, m->dbuf4a, 4 * NC);
-    loom_gelu_backward(m->dbuf4b, m->dbuf4a, a->fch, 4 * NC);
+    loom_gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NC);
     round_act(m, m->dbuf4b, 4 * NC);
-    loom_matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b, a->ln2,
+    loom_matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b, x->ln2,
                          loom_param(b, FC_W), N, C, 4 * C);
     round_act(m, m->dbufC, NC);
-    loom_layernorm_backward(m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), m->dbufC, a->res2,
-                            loom_param(b, LN2_W), a->ln2_mean, a->ln2_rstd, N, C);
+    loom_layernorm_backward(m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), m->dbufC, x->res2,
+                            loom_param(b, LN2_W), x->ln2_mean, x->ln2_rstd, N, C);
     round_act(m, m->dres, NC);
     /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
-    loom_matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), m->dres, a->atty,
+    loom_matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), m->dres, x->atty,
                          loom_param(b, ATTPROJ_W), N, C, C);
     round_act(m, m->dbufC, NC);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) {
         /* the probabilities again, from the kept qkv; the output (kept as atty) is dropped */
-        loom_attention_forward(m->scratchC, a->att, a->qkv, B, T, C, NH);
+        loom_attention_forward(m->scratchC, x->att, x->qkv, B, T, C, NH);
     }
     /* datt is the kernel's own scratch, read by nothing after it: not rounded */
-    loom_attention_backward(m->dqkv, m->datt, m->dbufC, a->att, a->qkv, B, T, C, NH);
+    loom_attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, C, NH);
     round_act(m, m->dqkv, 3 * NC);
-    loom_matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv, a->ln1,
+    loom_matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv, x->ln1,
                          loom_param(b, QKV_W), N, C, 3 * C);
     round_act(m, m->dbufC, NC);
-    loom_layernorm_backward(m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), m->dbufC, layer_input(m, l),
-                            loom_param(b, LN1_W), a->ln1_mean, a->ln1_rstd, N, C);
+    loom_layernorm_backward(m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), m->dbufC, layer_input(a, l),
+                            loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd, N, C);
     round_act(m, m->dres, NC);
+}
+
+static void backward(struct loom_model *model, int first, int last, struct loom_micro *mb, float loss_weight)
+{
+    struct loom_gpt2 *m = loom_gpt2_of(model);
+    struct loom_gpt2_acts *a = &m->slots[mb->slot];
+    const int B = a->rows, T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
+    const size_t NC = (size_t)N * C;
+    m->bwd_slot = mb->slot;
+    int l0, l1;
+    layers_of(m, first, last, &l0, &l1);
+    if (last == m->head) {
+        LOOM_ASSERT(a->targets != NULL);
+        struct loom_block *emb = &model->blocks[m->emb], *head = &model->blocks[m->head];
+        /* loss -> logits (in place) -> final norm */
+        loom_crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
+        round_act(m, a->logits, (size_t)N * V);
+        loom_model_backward_begin(model, m->emb);
+        loom_model_backward_begin(model, m->head);
+        loom_lm_head_backward(m->dbufC, loom_grad(emb, 0), a->logits, a->lnf, loom_param(emb, 0), N, C, V);
+        round_act(m, m->dbufC, NC);
+        loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
+        memset(m->dres, 0, NC * sizeof(float));
+        loom_layernorm_backward(m->dres, loom_grad(head, 0), loom_grad(head, 1), m->dbufC, layer_input(a, L),
+                                loom_param(head, 0), a->lnf_mean, a->lnf_rstd, N, C);
+        round_act(m, m->dres, NC);
+        loom_model_grads_ready(model, m->head);
+        /* the logits are dead from here on: the recompute scratch in their buffer is free */
+    } else {
+        memcpy(m->dres, mb->doutput, NC * sizeof(float));
+    }
+    /* m->dres is the gradient of the residual stream, flowing down */
+    for (int l = l1; l >= l0; l--) {
+        if (!recomputed(m, l)) {
+            loom_model_backward_begin(model, 1 + l);
+        } else if (l == chunk_last(m, l)) {
+            /* entering a chunk from the top: rerun its forward from its kept input */
+            const int cfirst = chunk_first(m, l);
+            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, 1 + k);
+            for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, layer_input(a, k), B);
+        }
+        layer_backward(m, a, l, B);
+        loom_model_grads_ready(model, 1 + l);
+    }
+    if (first != m->emb) {
+        memcpy(mb->dinput, m->dres, NC * sizeof(float));
+        return;
+    }
+    struct loom_block *emb = &model->blocks[m->emb];
+    if (last != m->head) loom_model_backward_begin(model, m->emb);
+    loom_embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
+                            a->inputs, B, T, C);
+    loom_model_grads_ready(model, m->emb);
+}
+
+float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_t *targets, int B)
+{
+    const struct loom_lm_batch batch = {inputs, targets};
+    struct loom_micro mb = {.slot = 0, .batch = &batch, .rows = B};
+    forward(&m->base, 0, m->base.nblocks - 1, &mb);
+    return (float)mb.loss;
 }
 
 void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
 {
-    LOOM_ASSERT(m->targets != NULL);
-    const int B = m->fwd_B, T = m->T, C = m->cfg.hidden, V = m->cfg.vocab;
-    const int L = m->cfg.num_layers, N = B * T;
-    struct loom_block *emb = &m->base.blocks[0], *head = &m->base.blocks[L + 1];
-
-    /* loss -> logits (in place) -> final norm */
-    loom_crossentropy_backward(m->logits, m->lse, m->logits, m->targets, loss_weight / (float)N, N, V);
-    round_act(m, m->logits, (size_t)N * V);
-    loom_model_backward_begin(&m->base, 0);
-    loom_model_backward_begin(&m->base, L + 1);
-    loom_lm_head_backward(m->dbufC, loom_grad(emb, 0), m->logits, m->lnf, loom_param(emb, 0), N, C, V);
-    round_act(m, m->dbufC, (size_t)N * C);
-    loom_model_grads_ready(&m->base, LOOM_GRAD_READY_TIED_HEAD);
-    memset(m->dres, 0, (size_t)N * C * sizeof(float));
-    loom_layernorm_backward(m->dres, loom_grad(head, 0), loom_grad(head, 1), m->dbufC, layer_input(m, L),
-                            loom_param(head, 0), m->lnf_mean, m->lnf_rstd, N, C);
-    round_act(m, m->dres, (size_t)N * C);
-    loom_model_grads_ready(&m->base, L + 1);
-    /* the logits are dead from here on: the recompute scratch in their buffer is free */
-
-    /* m->dres is the gradient of the residual stream, flowing down */
-    for (int l = L - 1; l >= 0; l--) {
-        if (!recomputed(m, l)) {
-            loom_model_backward_begin(&m->base, 1 + l);
-        } else if (l == chunk_last(m, l)) {
-            /* entering a chunk from the top: rerun its forward from its kept input */
-            const int first = chunk_first(m, l);
-            for (int k = l; k >= first; k--) loom_model_backward_begin(&m->base, 1 + k);
-            for (int k = first; k <= l; k++) layer_forward(m, k, layer_input(m, k), B);
-        }
-        layer_backward(m, l, B);
-        loom_model_grads_ready(&m->base, 1 + l);
-    }
-    loom_embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
-                            m->inputs, B, T, C);
-    loom_model_grads_ready(&m->base, 0);
+    struct loom_micro mb = {.slot = 0};
+    backward(&m->base, 0, m->base.nblocks - 1, &mb, loss_weight);
 }
 
 double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)

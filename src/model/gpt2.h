@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
 
 struct loom_gpt2_config {
@@ -26,31 +27,6 @@ struct loom_gpt2_config {
     int heads;      /* NH */
     int max_pos;    /* maxT, rows of wpe */
     int vocab;      /* V */
-};
-
-enum loom_block_kind {
-    LOOM_BLOCK_EMBEDDING = 0,
-    LOOM_BLOCK_LAYER = 1,
-    LOOM_BLOCK_HEAD = 2,
-    LOOM_BLOCK_KIND_COUNT
-};
-
-/* Activation recomputation, Megatron's --recompute-granularity. */
-enum loom_recompute {
-    LOOM_RECOMPUTE_NONE = 0,      /* keep every activation */
-    LOOM_RECOMPUTE_SELECTIVE = 1, /* keep no attention probabilities: recomputed from qkv */
-    LOOM_RECOMPUTE_FULL = 2,      /* keep only the inputs of recomputed layers: rerun their forward */
-    LOOM_RECOMPUTE_COUNT
-};
-
-/* Which layers full recomputation covers, Megatron's --recompute-method
- * with --recompute-num-layers N. Uniform's last chunk is shorter when N
- * does not divide L. */
-enum loom_recompute_method {
-    LOOM_RECOMPUTE_METHOD_NONE = 0,
-    LOOM_RECOMPUTE_UNIFORM = 1, /* every layer, in chunks of N: only each chunk's input is kept */
-    LOOM_RECOMPUTE_BLOCK = 2,   /* the first N layers, each keeping its input; the rest keep everything */
-    LOOM_RECOMPUTE_METHOD_COUNT
 };
 
 /* Saved forward state of one transformer layer, for B sequences of T. A
@@ -67,6 +43,21 @@ struct loom_layer_acts {
     float *res3;                      /* (B,T,C) residual after MLP: the layer's output */
 };
 
+/* The activations of one micro-batch slot: what its forward saved for its
+ * backward. */
+struct loom_gpt2_acts {
+    struct loom_layer_acts *layers;   /* (L) */
+    struct loom_layer_acts *scratch;  /* (N under uniform, else 1) full recomputation's scratch: a chunk */
+    float *encoded;                   /* (B,T,C) the embedding's output */
+    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (B,T) (B,T) */
+    float *logits;                    /* (B,T,V); holds dlogits after backward; holds the recompute scratch */
+    size_t logits_numel;              /* its buffer: B*T*V floats, or the recompute scratch's if larger */
+    float *losses, *lse;              /* (B,T) */
+    const int32_t *inputs, *targets;  /* of the last forward, (B,T) each */
+    const float *input;               /* (B,T,C) a range's input from the previous stage, or NULL */
+    int rows;                         /* B of the last forward */
+};
+
 struct loom_gpt2 {
     struct loom_model base; /* L + 2 blocks: [embedding, layers..., head]; base.user is this */
     struct loom_gpt2_config cfg;
@@ -77,23 +68,17 @@ struct loom_gpt2 {
     enum loom_recompute_method recompute_method;
     int recompute_num_layers; /* N */
 
-    /* activations, allocated by the first forward */
-    struct loom_layer_acts *layers;   /* (L) */
-    struct loom_layer_acts *slots;    /* (N under uniform, else 1) full recomputation's scratch: a chunk */
-    float *encoded;                   /* (B,T,C) */
-    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *logits;                    /* (B,T,V); holds dlogits after backward; holds the recompute scratch */
-    size_t logits_numel;              /* its buffer: B*T*V floats, or the recompute scratch's if larger */
-    float *losses, *lse;              /* (B,T) */
-    const int32_t *inputs, *targets;  /* of the last forward, (B,T) each */
-    int fwd_B;                        /* rows in the last forward */
-    /* backward scratch */
+    int nslots;                   /* micro-batches in flight (loom_model_ops.set_slots; default 1) */
+    struct loom_gpt2_acts *slots; /* (nslots), allocated by the first forward */
+    int emb, head;                /* the embedding's and the head's block */
+    /* backward scratch, shared by the slots (one backward runs at a time) */
     float *dres;            /* (B,T,C) gradient of the residual stream */
     float *dbufC;           /* (B,T,C) */
     float *dqkv;            /* (B,T,3C) */
     float *datt;            /* (B,NH,T,T) */
     float *dbuf4a, *dbuf4b; /* (B,T,4C) */
     float *scratchC;        /* (B,T,C) forward scratch for projections */
+    int bwd_slot;           /* the slot of the last backward */
 
     int defer_wte_scatter; /* leave the dwte scatter out of this backward (loom_tied_embedding) */
 };
@@ -118,23 +103,18 @@ void loom_gpt2_free(struct loom_gpt2 *m);
 void loom_gpt2_set_recompute(struct loom_gpt2 *m, enum loom_recompute granularity,
                              enum loom_recompute_method method, int num_layers);
 
-/* GPT-2 initialisation (the model's init_block): weights normal(0, 0.02),
- * residual output projections (attn.c_proj, mlp.c_proj) normal(0,
- * 0.02/sqrt(2L)), biases 0, LayerNorm gains 1. Each tensor draws from its own
- * stream seeded from (seed, block, tensor), so a block's initial weights do
- * not depend on any other's. loom_model_init_weights(&m->base, seed) runs it
- * over every block. */
+/* GPT-2 initialisation, set per tensor (loom_tensor.init): weights
+ * normal(0, 0.02), residual output projections (attn.c_proj, mlp.c_proj)
+ * normal(0, 0.02/sqrt(2L)), biases 0, LayerNorm gains 1. Each tensor draws
+ * from its own stream seeded from (seed, block, tensor), so a block's
+ * initial weights do not depend on any other's. */
 
 /* The GPT-2 behind a loom_model built by loom_gpt2_create. */
 struct loom_gpt2 *loom_gpt2_of(struct loom_model *m);
 
-/* A micro-batch for the model's forward (loom_model_ops.forward): rows of T
- * tokens; targets NULL computes logits only. */
-struct loom_gpt2_batch {
-    const int32_t *inputs, *targets; /* (rows, T) each */
-};
-
-/* Forward over B <= m->B rows of m->T tokens. With targets, returns the mean
+/* The model's batches are struct loom_lm_batch (loom/model.h).
+ *
+ * Forward of every block over B <= m->B rows of m->T tokens, in slot 0. With targets, returns the mean
  * loss over the B*T positions; without (NULL), computes logits only and
  * returns 0. With act_dtype BF16 or F16, every activation a kernel writes is
  * rounded to that dtype right after the kernel (the backward does the same

@@ -71,7 +71,7 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
                                     s->name, got, want);
                 goto fail;
             }
-            if ((rc = loom_st_read_f32(s, b->params + t->offset, t->numel))) goto fail;
+            if ((rc = loom_st_read_f32(s, b->work_params + t->offset, t->numel))) goto fail;
         }
     }
     /* GPT-2 tensors the model does not have are refused, not silently dropped */
@@ -112,7 +112,7 @@ int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct
             ts[k].ndim = t->ndim;
             ts[k].shape[0] = t->shape[0];
             ts[k].shape[1] = t->shape[1];
-            ts[k].data = b->params + t->offset;
+            ts[k].data = b->work_params + t->offset;
         }
     }
     for (int i = 0; i < nextra; i++) ts[k++] = extra[i];

@@ -173,7 +173,7 @@ static float *model_tensor(const struct loom_gpt2 *m, const struct llmc_dims *d,
     int64_t rows = dim_value(d, kinds[k].rows), cols = dim_value(d, kinds[k].cols);
     if (k == 0) rows = d->V; /* wte: the model has no padding rows */
     LOOM_ASSERT(t->numel == (size_t)(rows * cols));
-    return b->params + t->offset;
+    return b->work_params + t->offset;
 }
 
 /* Copies every parameter between the file's parameter area `area` and the

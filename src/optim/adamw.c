@@ -125,7 +125,7 @@ static void update_range(struct loom_adamw *opt, float *params, const float *gra
 double loom_grad_norm(const struct loom_block *blocks, int nblocks)
 {
     double ss = 0;
-    for (int i = 0; i < nblocks; i++) ss += loom_sum_squares(blocks[i].grads, blocks[i].numel);
+    for (int i = 0; i < nblocks; i++) ss += loom_sum_squares(blocks[i].work_grads, blocks[i].numel);
     return sqrt(ss);
 }
 
@@ -141,9 +141,9 @@ static void for_each_range(struct loom_adamw *opt, const struct loom_model *m,
                            void (*fn)(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd),
                            void *ctx)
 {
-    size_t base = 0; /* the block's offset in the arena: blocks are consecutive */
-    for (int i = 0; i < m->nblocks; base += m->blocks[i].numel, i++) {
+    for (int i = 0; i < m->nblocks; i++) {
         const struct loom_block *b = &m->blocks[i];
+        const size_t base = b->offset;
         for (int j = 0; j < b->ntensors; j++) {
             const struct loom_tensor *t = &b->tensors[j];
             /* the part of this tensor inside [begin, end) */
@@ -191,18 +191,11 @@ static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float
     }
 }
 
-void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *params, const float *grads,
-                     double lr, float grad_scale)
+void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
 {
-    LOOM_ASSERT(!opt->has_master);
-    opt->t++;
-    struct step_args a = {params, grads, NULL, NULL, (float)lr, grad_scale, NULL};
-    for_each_range(opt, m, step_f32, &a);
-}
-
-void loom_adamw_set_master(struct loom_adamw *opt, const uint16_t *params_lp, enum loom_dtype dtype)
-{
-    LOOM_ASSERT(dtype != LOOM_DTYPE_F32);
+    const uint16_t *params_lp = params.data;
+    const enum loom_dtype dtype = params.dtype;
+    LOOM_ASSERT(dtype == LOOM_DTYPE_BF16 || dtype == LOOM_DTYPE_F16);
     const size_t n = opt->end - opt->begin;
     opt->dtype = dtype;
     opt->has_master = 1;
@@ -235,13 +228,21 @@ void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, con
         loom_offload_write(opt->fd, src, n * sizeof(float), (2 * total + k) * sizeof(float));
 }
 
-void loom_adamw_step_lp(struct loom_adamw *opt, const struct loom_model *m, uint16_t *params_lp,
-                        const uint16_t *grads_lp, double lr, float grad_scale)
+void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, struct loom_buf params,
+                     struct loom_buf grads, double lr, float grad_scale)
 {
-    LOOM_ASSERT(opt->has_master);
+    LOOM_ASSERT(params.dtype == grads.dtype && params.numel >= opt->end - opt->begin &&
+                grads.numel >= opt->end - opt->begin);
     opt->t++;
+    if (params.dtype == LOOM_DTYPE_F32) {
+        LOOM_ASSERT(!opt->has_master);
+        struct step_args a = {params.data, grads.data, NULL, NULL, (float)lr, grad_scale, NULL};
+        for_each_range(opt, m, step_f32, &a);
+        return;
+    }
+    LOOM_ASSERT(opt->has_master && params.dtype == opt->dtype);
     float *scratch = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
-    struct step_args a = {NULL, NULL, params_lp, grads_lp, (float)lr, grad_scale, scratch};
+    struct step_args a = {NULL, NULL, params.data, grads.data, (float)lr, grad_scale, scratch};
     for_each_range(opt, m, step_lp, &a);
     loom_free(scratch);
 }

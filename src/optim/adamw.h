@@ -10,6 +10,7 @@
 #ifndef LOOM_OPTIM_ADAMW_H
 #define LOOM_OPTIM_ADAMW_H
 
+#include "base/buf.h"
 #include "base/dtype.h"
 #include "loom/model.h"
 
@@ -34,16 +35,13 @@ void loom_adamw_free(struct loom_adamw *opt);
 
 /* Mixed precision: the float32 master weights of [begin, end), from the
  * 16-bit parameters (params_lp: (end - begin)), as DeepSpeed creates them from
- * the model's bf16/fp16 parameters. With offload they live in the file too. */
-void loom_adamw_set_master(struct loom_adamw *opt, const uint16_t *params_lp, enum loom_dtype dtype);
+ * the model's bf16/fp16 parameters (params: (end - begin) in BF16 or F16).
+ * With offload they live in the file too. */
+void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params);
 /* Master weights of elements [k, k + n) of the range, wherever they live:
  * copied out (checkpoints) and in (resume). */
 void loom_adamw_get_master(const struct loom_adamw *opt, size_t k, size_t n, float *dst);
 void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src);
-/* The step under mixed precision: 16-bit gradients in, the update on the
- * master weights, the 16-bit parameters rounded from them. */
-void loom_adamw_step_lp(struct loom_adamw *opt, const struct loom_model *m, uint16_t *params_lp,
-                        const uint16_t *grads_lp, double lr, float grad_scale);
 
 /* The moments of elements [k, k + n) of the range (k from begin), wherever
  * they live (memory or the offload file): copied out, for checkpoints, and
@@ -59,10 +57,12 @@ double loom_grad_norm(const struct loom_block *blocks, int nblocks);
 float loom_clip_coef(double norm, double max_norm);
 
 /* One step at learning rate lr on the elements [begin, end) of the model's
- * arena: params and grads (end - begin each) hold them (slices of the arenas,
- * or ZeRO shards); gradients are multiplied by grad_scale first. The model
- * gives the tensor layout (which elements decay). */
-void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, float *params, const float *grads,
-                     double lr, float grad_scale);
+ * arena: params and grads (end - begin each, one dtype) hold them (slices of
+ * the arenas, or ZeRO shards); gradients are multiplied by grad_scale
+ * first. float32 updates the parameters in place; BF16/F16 (mixed
+ * precision) updates the float32 master weights and rounds the parameters
+ * from them. The model gives the tensor layout (which elements decay). */
+void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, struct loom_buf params,
+                     struct loom_buf grads, double lr, float grad_scale);
 
 #endif

@@ -13,8 +13,8 @@
  * Naive (--ddp-impl naive): one all-reduce of all gradients after the
  * backward: the reference the bucketed version is tested against.
  *
- * A tied token embedding (a model's loom_tied_embedding: GPT-2's wte) would
- * otherwise be the last and largest bucket
+ * A tied token embedding (a model's loom_tied_embedding) would otherwise be
+ * the last and largest bucket
  * (its gradient is complete only after the embedding's backward). With
  * overlap on, wte gets a bucket of its own, posted right after the LM
  * head's backward, and the embedding lookup's sparse share of its gradient
@@ -26,34 +26,36 @@
  * micro-batch mean times 1/(accumulation x dp), so the sum over ranks is
  * the global mean. Under mixed precision, during the backward that
  * reduces, the blocks accumulate into float32 bucket buffers that start from
- * the 16-bit gradients of earlier micro-batches; they are reduced in float32
- * and rounded once into the 16-bit gradients. Not here: sharding (zero.c).
+ * the 16-bit gradients of earlier micro-batches (DDP provides the blocks'
+ * gradient views, loom_block_provide_grads); they are reduced in float32
+ * (or the --grad-reduce-dtype) and rounded once into the 16-bit gradients.
+ * The strategy sits first on the stack. Not here: sharding (zero.c).
  */
 #ifndef LOOM_PARALLEL_DDP_H
 #define LOOM_PARALLEL_DDP_H
 
-#include "base/dtype.h"
+#include "base/buf.h"
 #include "comm/comm.h"
 #include "loom/model.h"
 
 struct loom_ddp_bucket {
     int first_block, last_block; /* blocks [first, last]; the first finishes last */
-    float *grads;                /* contiguous over those blocks (mixed precision: float32 in flight) */
-    uint16_t *grads_lp;          /* mixed precision: the blocks' 16-bit gradients */
-    size_t count;
+    struct loom_buf f32; /* float32 over those blocks: the arena, or (mixed precision) a buffer in flight */
+    struct loom_buf stored; /* mixed precision: the blocks' 16-bit gradients */
     struct loom_comm_handle *handle;
 };
 
 struct loom_ddp {
     struct loom_model *model;
-    enum loom_dtype dtype; /* the model's */
     int dp, overlap, naive;
-    enum loom_dtype reduce16; /* LOOM_DTYPE_BF16/LOOM_DTYPE_F16: gradients summed in 16 bits; 0: in float32 */
-    int early_wte;            /* wte reduced from the LM head's backward on */
+    int index;                    /* this strategy's place on the stack */
+    int pooled;                   /* mixed precision without a float32 accumulator: buckets in flight */
+    enum loom_dtype reduce_dtype; /* F32, or the 16-bit dtype gradients are summed in (--grad-reduce-dtype) */
+    int early_wte;                /* the tied table reduced from the LM head's backward on */
     struct loom_ddp_bucket wte;
-    struct loom_ddp_bucket all;             /* naive: every gradient */
-    float *gathered_dres, *gathered_tokens; /* (dp,rows,C), (dp,rows), for the deferred scatter */
-    float *my_tokens;                       /* (rows) */
+    struct loom_ddp_bucket all; /* naive: every gradient */
+    float *gathered_dres;       /* (dp,rows,C) for the deferred scatter */
+    int32_t *gathered_tokens;   /* (dp,rows) */
     int nbuckets;
     struct loom_ddp_bucket *buckets;
     int *bucket_of; /* (nblocks) */
@@ -61,17 +63,12 @@ struct loom_ddp {
     double wait_s;  /* exposed communication of the last step: all that follows the backward */
 };
 
-void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap,
-                   int naive);
+/* Builds the buckets and pushes the strategy on m's stack. reduce_dtype:
+ * F32, or under mixed precision the model's 16-bit dtype (--grad-reduce-dtype:
+ * each rank's sum is rounded once and the sum over ranks is done in 16
+ * bits, each addition rounded: half the bytes on the wire). */
+void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive,
+                   enum loom_dtype reduce_dtype);
 void loom_ddp_free(struct loom_ddp *d);
-/* Mixed precision: the dtype gradients are summed in across ranks, LOOM_DTYPE_F32
- * (the default) or the model's 16-bit one (--grad-reduce-dtype): each rank's
- * sum is rounded once and the sum over ranks is done in 16 bits, each
- * addition rounded (half the bytes on the wire). */
-void loom_ddp_reduce_in(struct loom_ddp *d, enum loom_dtype dt);
-/* Before each micro-batch's backward: sync = 1 on the last one. */
-void loom_ddp_begin_backward(struct loom_ddp *d, int sync);
-/* After the last micro-batch's backward: posts what is left, waits for all. */
-void loom_ddp_finish(struct loom_ddp *d);
 
 #endif

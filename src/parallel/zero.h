@@ -1,8 +1,9 @@
 /*
- * ZeRO (sharded data parallelism), stages 0-2. The parameter arena is padded
+ * ZeRO (sharded data parallelism), stages 1-3. The parameter arena is padded
  * to equal shards; rank r of dp owns elements [r*S, (r+1)*S).
  *
- * - stage 0: DDP (ddp.c averages the gradients); one optimizer over all.
+ * - stage 0: DDP (ddp.c averages the gradients); one optimizer over all
+ *   (no ZeRO strategy on the stack; the partition is the whole arena).
  * - stage 1: DDP for the gradients; the AdamW state covers this rank's shard
  *   only, each rank updates its shard and the parameters are all-gathered
  *   in place after the step.
@@ -27,8 +28,12 @@
  *   unit by unit.
  *
  * Mixed precision: the stored parameters (arena or shard, gathered units) and
- * the reduced gradient shard are 16-bit; gradients travel in float32 (the
- * reduce dtype) and are rounded once as they land in the shard.
+ * the reduced gradient shard are 16-bit; gradients travel in float32 (or the
+ * --grad-reduce-dtype) and are rounded once as they land in the shard.
+ *
+ * The strategy sits first on the stack (below mixed precision): it gathers
+ * before anyone reads the parameters and provides the blocks' float32
+ * gradient buffers (loom_block_provide_grads) at stages 2-3.
  */
 #ifndef LOOM_PARALLEL_ZERO_H
 #define LOOM_PARALLEL_ZERO_H
@@ -36,72 +41,70 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base/dtype.h"
+#include "base/buf.h"
 #include "comm/comm.h"
 #include "loom/model.h"
+
+/* This rank's part of the arena, for the optimizer: elements [begin, end)
+ * (end clipped to the parameters; begin == end for a rank whose shard is
+ * all padding), in shards of `shard` elements. Without sharding (stage 0)
+ * it is the whole model. */
+struct loom_partition {
+    size_t shard, begin, end;
+};
+
+/* The arena multiple a model must be created with for this layout. */
+size_t loom_zero_arena_multiple(int stage, int dp);
+struct loom_partition loom_zero_partition(int stage, int dp, int dp_rank, const struct loom_model *m);
 
 struct loom_zero_flight; /* a block's gradient on its way to the shards */
 struct loom_zero_unit;   /* stage 3: blocks gathered together */
 
 struct loom_zero {
     int stage, dp, dp_rank;
-    enum loom_dtype dtype; /* the model's: float32, or the 16-bit dtype of mixed precision */
-    enum loom_dtype
-        reduce16; /* stages 2-3: LOOM_DTYPE_BF16/LOOM_DTYPE_F16 to reduce-scatter in 16 bits; 0: float32 */
-    size_t shard; /* elements per rank (the padded arena / dp) */
-    size_t begin, end; /* this rank's elements of the arena, end clipped to the parameters */
+    int index; /* this strategy's place on the stack */
+    struct loom_partition part;
     struct loom_model *model;
+    enum loom_dtype
+        reduce_dtype; /* stages 2-3: F32, or the 16-bit dtype the gradients are reduce-scattered in */
     /* stage 2 */
-    float *grad_shard; /* (shard) this rank's reduced gradients (mixed precision: the float32 accumulator, or
-                          NULL) */
-    uint16_t *grad_shard_lp;          /* (shard) the same under mixed precision */
+    struct loom_buf grad_shard; /* (shard) this rank's reduced gradients, in the model's dtype */
+    struct loom_buf grad_acc;   /* (shard) mixed precision with accumulation: their float32 sum, or absent */
     struct loom_zero_flight *flights; /* (nblocks) */
     int *order, norder;               /* blocks posted, oldest first */
     int *counts, *displs;             /* (dp) scratch */
-    size_t *block_lo;                 /* (nblocks) each block's offset in the (unsharded) arena */
     /* stage 3 */
-    float *param_shard;       /* (shard) this rank's parameters */
-    uint16_t *param_shard_lp; /* (shard) the same under mixed precision */
+    struct loom_buf param_shard; /* (shard) this rank's parameters, in the model's dtype */
     struct loom_zero_unit *units;
-    int nunits, pinned; /* the unit holding block 0 */
+    int nunits, pinned; /* the unit holding the tied embedding's block */
     int *unit_of;       /* (nblocks) */
     double wait_s;      /* this step's time blocked on gathers and reductions (stages 2-3) */
 };
 
-/* The arena multiple a model must be created with for this layout. */
-size_t loom_zero_arena_multiple(int stage, int dp);
-/* At stage 3 the model's parameter arena (initialised or loaded, identical on
- * every rank) is split: this rank keeps its shard and the arena is freed.
- * min_params: the stage-3 gather unit size (0: one block per unit). */
+/* Pushes the strategy on m's stack. At stage 3 the model's parameter arena
+ * (initialised or loaded, identical on every rank) is split: this rank keeps
+ * its shard and the arena is freed. min_params: the stage-3 gather unit
+ * size (0: one block per unit). reduce_dtype: F32, or under mixed precision
+ * the model's 16-bit dtype (--grad-reduce-dtype, stages 2-3), each rank's
+ * block gradient rounded once. Mixed precision with gradient accumulation
+ * (accumulate_f32) keeps the micro-batches' reduced gradients in a float32
+ * shard, rounded into the 16-bit shard once after the last, as DeepSpeed's
+ * bf16 optimizer accumulates in float32, so layouts that split the batch
+ * differently round the same sum. */
 void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
-                    int64_t min_params);
+                    int64_t min_params, enum loom_dtype reduce_dtype, int accumulate_f32);
 /* Stage 3 on a model created without a parameter arena: each rank builds
  * one gather unit at a time (the initialisation draws per tensor, so every
  * rank computes the same values) and keeps its shard of it. */
 void loom_zero_init_weights(struct loom_zero *z, uint64_t seed);
 void loom_zero_free(struct loom_zero *z);
 
-/* Step boundaries: zero the shard's gradients; after the last micro-batch's
- * backward, wait for every reduction. */
-void loom_zero_begin_step(struct loom_zero *z);
-void loom_zero_finish_backward(struct loom_zero *z);
-/* Mixed precision with gradient accumulation, stages 2-3: the micro-batches'
- * reduced gradients accumulate in a float32 shard, rounded into the 16-bit
- * shard once after the last (as DeepSpeed's bf16 optimizer accumulates in
- * float32), so layouts that split the batch differently round the same sum. */
-void loom_zero_accumulate_f32(struct loom_zero *z);
-/* Stages 2-3 under mixed precision: reduce-scatter the gradients in the
- * 16-bit dtype (--grad-reduce-dtype), each rank's block gradient rounded once. */
-void loom_zero_reduce_in(struct loom_zero *z, enum loom_dtype dt);
-/* Global gradient norm (over shards at stage 2). */
+/* This rank's parameters and gradients [begin, end) for the optimizer, in
+ * the model's dtype: the stage-3 shard or a slice of the arena; the stage-2
+ * shard or a slice of the gradient arena. */
+struct loom_buf loom_zero_params(const struct loom_zero *z);
+struct loom_buf loom_zero_grads(const struct loom_zero *z);
+/* Global gradient norm over the shards (stages 2-3). */
 double loom_zero_grad_norm(const struct loom_zero *z);
-/* Parameters and gradients of this rank's elements [begin, end), for the
- * optimizer: float32, or (the _lp pair) the 16-bit ones of mixed precision. */
-float *loom_zero_params(const struct loom_zero *z);
-const float *loom_zero_grads(const struct loom_zero *z);
-uint16_t *loom_zero_params_lp(const struct loom_zero *z);
-const uint16_t *loom_zero_grads_lp(const struct loom_zero *z);
-/* After the optimizer step: stages 1-2 all-gather the new parameters; stage 3
- * lets go of the pinned unit (it is gathered afresh next time). */
-void loom_zero_after_step(struct loom_zero *z);
+
 #endif

@@ -94,7 +94,8 @@ int main(int argc, char **argv)
     /* keep the logits before backward turns them into dlogits */
     size_t nlogits = (size_t)B * T * cfg.vocab;
     float *logits = malloc(sizeof(float) * nlogits);
-    for (size_t i = 0; i < nlogits; i++) logits[i] = m->logits[i];
+    const float *model_logits = loom_model_logits(&m->base);
+    for (size_t i = 0; i < nlogits; i++) logits[i] = model_logits[i];
     loom_gpt2_backward(m, 1.0f);
 
     int n = 2;
@@ -113,7 +114,7 @@ int main(int argc, char **argv)
             ts[k].ndim = t->ndim;
             ts[k].shape[0] = t->shape[0];
             ts[k].shape[1] = t->shape[1];
-            ts[k].data = m->base.blocks[i].grads + t->offset;
+            ts[k].data = m->base.blocks[i].work_grads + t->offset;
         }
     if (loom_st_write(argv[3], ts, n, NULL, 0)) {
         fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());

@@ -1,0 +1,26 @@
+/*
+ * The strategy stack's step-level calls (loom/strategy.h): the engine and
+ * the schedules call these at step and micro-batch boundaries; the model's
+ * block announcements (loom_model_forward_begin, ...) are implemented here
+ * too. In stack order on the way in, in reverse on the way out. Not here:
+ * which strategies make up a stack (the engine builds it from the config).
+ */
+#ifndef LOOM_PARALLEL_STACK_H
+#define LOOM_PARALLEL_STACK_H
+
+#include <stdio.h>
+
+#include "loom/model.h"
+
+void loom_stack_begin_step(struct loom_model *m);
+void loom_stack_begin_backward(struct loom_model *m, int micro, int last);
+void loom_stack_finish_backward(struct loom_model *m);
+void loom_stack_after_step(struct loom_model *m);
+/* The largest communication wait any strategy reports for this step, or -1. */
+double loom_stack_comm_wait_s(struct loom_model *m);
+/* "ddp > precision", or "none" for an empty stack. */
+void loom_stack_format(const struct loom_model *m, char *buf, size_t n);
+/* One line per strategy, each through `line` (the run summary). */
+void loom_stack_describe(const struct loom_model *m, void (*line)(void *ctx, const char *text), void *ctx);
+
+#endif
