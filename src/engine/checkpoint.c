@@ -449,7 +449,7 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
                           "): data order and every random choice continue as saved",
                           st.seed, cfg->seed);
         cfg->seed = st.seed;
-        if (st.global_batch_size != cfg->global_batch_size || st.data_order != cfg->data_order)
+        if (st.global_batch_size != cfg->global_batch_size || st.data_order != (int)cfg->data_order)
             loom_log_warn("the checkpoint was trained with global batch %" PRId64
                           " and another data order or batch; the data continues from step %" PRId64
                           " in this run's order",
