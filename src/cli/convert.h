@@ -1,5 +1,5 @@
-/* `loom convert`: GPT-2 weights between llm.c checkpoints, safetensors files
- * and Hugging Face directories (see convert.c). */
+/* `loom convert`: weights between a model family's file formats (see
+ * convert.c). */
 #ifndef LOOM_CLI_CONVERT_H
 #define LOOM_CLI_CONVERT_H
 

@@ -6,14 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/clock.h"
 #include "base/buf.h"
+#include "base/clock.h"
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
-#include "model/gpt2_io.h"
+#include "model/family.h"
 
 #define EXP_AVG "optimizer.exp_avg."
 #define EXP_AVG_SQ "optimizer.exp_avg_sq."
@@ -37,30 +37,13 @@ static int for_each_tensor(const struct loom_model *m, size_t lo, size_t hi, ten
     return LOOM_OK;
 }
 
-static int is_gpt2(const struct loom_model *m)
-{
-    return strcmp(m->name, "gpt2") == 0;
-}
-
-/* The model's type and the shape settings cfg gives it, as the trainer
- * state records them. */
+/* The model's type and, for a model family's, the shape settings cfg gives
+ * it (a user's model has none), as the trainer state records them. */
 static void shape_of(const struct loom_model *m, const struct loom_config *cfg, struct loom_model_shape *out)
 {
+    const struct loom_model_family *family = loom_model_family_of(m);
     memset(out, 0, sizeof *out);
-    if (is_gpt2(m)) {
-        const struct {
-            const char *key;
-            int value;
-        } rows[] = {{"num_layers", cfg->num_layers},
-                    {"hidden_size", cfg->hidden_size},
-                    {"num_attention_heads", cfg->num_attention_heads},
-                    {"max_position_embeddings", cfg->max_position_embeddings},
-                    {"vocab_size", cfg->vocab_size}};
-        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++, out->n++) {
-            snprintf(out->kv[i].key, sizeof out->kv[i].key, "%s", rows[i].key);
-            out->kv[i].value = rows[i].value;
-        }
-    }
+    if (family) family->shape_of(cfg, out);
     snprintf(out->type, sizeof out->type, "%s", m->name);
 }
 
@@ -479,7 +462,14 @@ static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, str
 
 int loom_checkpoint_load_weights(struct loom_model *m, const char *path)
 {
-    if (!loom_fs_is_dir(path)) return loom_gpt2_load(loom_gpt2_of(m), path);
+    if (!loom_fs_is_dir(path)) { /* a weights file, in the model family's own format */
+        const struct loom_model_family *family = loom_model_family_of(m);
+        if (!family || !family->load_weights)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "--load %s: a %s model loads from checkpoint directories only", path,
+                                  m->name);
+        return family->load_weights(m, path);
+    }
     struct loom_ckpt_parts p = {.model = m};
     struct loom_ckpt_state st;
     uint64_t bytes;
@@ -508,20 +498,54 @@ static int recorded_model(const char *path, struct loom_model_shape *out)
     return rc;
 }
 
-int loom_checkpoint_peek_model(const char *path, struct loom_gpt2_config *cfg)
+/* The family of a recorded model; LOOM_ERR_INPUT naming path without one. */
+static int family_of_shape(const char *path, const struct loom_model_shape *shape,
+                           const struct loom_model_family **out)
 {
-    if (!loom_fs_is_dir(path)) return loom_gpt2_peek_config(path, cfg);
+    *out = loom_model_family_find(shape->type);
+    if (!*out)
+        return loom_error_set(
+            LOOM_ERR_INPUT, "%s holds a %s model, which no model family describes (its own program reads it)",
+            path, shape->type);
+    return LOOM_OK;
+}
+
+/* The family's message about a shape it refuses, with the checkpoint's path. */
+static int shape_error(const char *path, int rc)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", loom_error_message());
+    return loom_error_set(rc, "%s: %s", path, why);
+}
+
+int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg)
+{
     struct loom_model_shape shape;
+    const struct loom_model_family *family;
     int rc = recorded_model(path, &shape);
+    if (rc == LOOM_OK) rc = family_of_shape(path, &shape, &family);
+    if (rc == LOOM_OK && (rc = family->apply_shape(&shape, cfg))) rc = shape_error(path, rc);
+    return rc;
+}
+
+int loom_checkpoint_read_model(const char *path, int B, int T, struct loom_model **out)
+{
+    *out = NULL;
+    struct loom_model_shape shape;
+    const struct loom_model_family *family;
+    int rc = recorded_model(path, &shape);
+    if (rc == LOOM_OK) rc = family_of_shape(path, &shape, &family);
     if (rc) return rc;
-    if (strcmp(shape.type, "gpt2") != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not GPT-2", path, shape.type);
-    int64_t v[5] = {0};
-    has_setting(&shape, "num_layers", &v[0]);
-    has_setting(&shape, "hidden_size", &v[1]);
-    has_setting(&shape, "num_attention_heads", &v[2]);
-    has_setting(&shape, "max_position_embeddings", &v[3]);
-    has_setting(&shape, "vocab_size", &v[4]);
-    *cfg = (struct loom_gpt2_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]};
+    struct loom_config cfg; /* the model's settings: the recorded shape, defaults (zero) otherwise */
+    memset(&cfg, 0, sizeof cfg);
+    if ((rc = family->apply_shape(&shape, &cfg)) || (rc = family->check(&cfg, T)))
+        return shape_error(path, rc);
+    struct loom_model *m = family->create(&cfg, B, T, 0);
+    loom_model_alloc_arenas(m, 1, LOOM_MODEL_PARAM_ARENA);
+    if ((rc = loom_checkpoint_load_weights(m, path))) {
+        family->destroy(m);
+        return rc;
+    }
+    *out = m;
     return LOOM_OK;
 }

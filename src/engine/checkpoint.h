@@ -6,17 +6,19 @@
  * Each data-parallel rank writes one part of the parameter arena: its ZeRO
  * shard at stages 1-3, an even split of the (replicated) arena at stage 0,
  * so the writing is spread over the ranks whatever the stage. For every
- * tensor overlapping that part it writes the weights and both AdamW moments
- * as pieces with flat-range slices. To resume, a rank reads whatever its
+ * tensor overlapping that part it writes the weights, both AdamW moments and
+ * (under mixed precision) the float32 master weights as pieces with
+ * flat-range slices. To resume, a rank reads whatever its
  * layout holds: the whole weights (stages 0-2) or its shard (stage 3), and
  * the moments of its optimizer range, from whichever pieces hold them. The
  * step, the Adam step count, the seed (the sampler draws each batch from the
- * seed and the step, so the data position is the step) come from the
+ * seed and the step, so the data position is the step), fp16's loss scaler
+ * and the model's type and shape (its family's settings) come from the
  * trainer state. A --load of a save directory whose newest checkpoint is
  * damaged warns and falls back to the newest intact one.
  *
- * Not here: the loss scaler (stored once mixed precision exists), tensor-
- * and pipeline-parallel slices (the format describes them already).
+ * Not here: tensor- and pipeline-parallel slices (the format describes them
+ * already).
  */
 #ifndef LOOM_ENGINE_CHECKPOINT_H
 #define LOOM_ENGINE_CHECKPOINT_H
@@ -27,7 +29,6 @@
 #include "io/fs.h"
 #include "loom/config.h"
 #include "loom/model.h"
-#include "model/gpt2.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "parallel/zero.h"
@@ -36,7 +37,7 @@
 struct loom_ckpt_parts {
     struct loom_config *cfg;
     const struct loom_topology *topo;
-    struct loom_model *model; /* GPT-2 or any model of blocks */
+    struct loom_model *model; /* a model family's or a user's */
     int zero_stage;
     struct loom_partition part; /* this rank's part of the arena (optimizer state) */
     /* where this rank's parameters live, in the model's dtype: elements
@@ -76,9 +77,16 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
                          struct loom_ckpt_io_stats *stats);
 
 /* One process, weights only, into the parameter arena: from a checkpoint or
- * save directory, or (GPT-2) a weights .safetensors file. */
+ * save directory, or a weights file the model's family reads. */
 int loom_checkpoint_load_weights(struct loom_model *m, const char *path);
-/* The model shape stored with a checkpoint or weights file. */
-int loom_checkpoint_peek_model(const char *path, struct loom_gpt2_config *cfg);
+/* The model the newest readable checkpoint under path (a checkpoint or
+ * save directory) records: its shape onto cfg's model settings, through
+ * the model family (LOOM_ERR_INPUT when none describes it). A weights file
+ * is the family's to read (loom_model_family.read_shape). */
+int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg);
+/* One process: a new model of the family that checkpoint records, for
+ * micro-batches of B sequences of T, with the weights in a float32
+ * parameter arena; *out, freed with the family's destroy. */
+int loom_checkpoint_read_model(const char *path, int B, int T, struct loom_model **out);
 
 #endif

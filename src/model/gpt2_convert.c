@@ -1,0 +1,493 @@
+/*
+ * GPT-2's weights converter (model/convert.h), `loom convert IN OUT`: GPT-2
+ * weights from one format to another.
+ *
+ *   llmc         llm.c's checkpoint (gpt2_124M.bin; model/gpt2_llmc.h)
+ *   safetensors  one file under Hugging Face GPT-2 names
+ *   hf           a directory with model.safetensors and config.json, which
+ *                Hugging Face's GPT2LMHeadModel.from_pretrained loads
+ *
+ * Every input is read into one loom GPT-2 model in memory, with the llm.c
+ * facts that the model does not hold (header version, padded vocabulary and
+ * its rows) alongside; every output is written from that. A new input kind
+ * is one reader in the formats table plus a line in detect_input.
+ *
+ * The safetensors names are Hugging Face's without the `transformer.`
+ * prefix, as the hub's own gpt2 model.safetensors has them and as loom
+ * writes every weights file: GPT2LMHeadModel and GPT2Model both load that
+ * layout, and `loom eval`/`loom sample` read the converted file unchanged.
+ * The tied lm_head.weight is left out, as save_pretrained leaves it out.
+ *
+ *   checkpoint   (input only) a loom checkpoint: a save directory (its
+ *                latest) or one iter_NNNNNNN directory, any layout
+ *
+ * Not here: sharded Hugging Face checkpoints (model.safetensors.index.json),
+ * pytorch_model.bin, tokenizer files.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "io/checkpoint.h"
+#include "io/fs.h"
+#include "loom/loom.h"
+#include "model/convert.h"
+#include "model/family.h"
+#include "model/gpt2.h"
+#include "model/gpt2_io.h"
+#include "model/gpt2_llmc.h"
+
+enum convert_format {
+    CONVERT_LLMC = 0,
+    CONVERT_SAFETENSORS = 1,
+    CONVERT_HF_DIR = 2,
+    CONVERT_CHECKPOINT = 3, /* input only */
+    CONVERT_FORMAT_COUNT
+};
+
+/* The model between reading and writing. */
+struct converted {
+    struct loom_gpt2 *model;
+    struct loom_llmc_extra llmc; /* all zero unless the weights came from llm.c */
+};
+
+struct convert_opts {
+    const struct loom_convert_env *env;
+    const char *in, *out;
+    int to;           /* enum convert_format; -1 from OUT's name */
+    int llmc_version; /* --dtype; 0: the source's llm.c version, else float32 */
+    int heads;        /* --num-attention-heads; 0 from the input */
+};
+
+static int read_llmc(const char *path, const struct convert_opts *o, struct converted *c);
+static int read_safetensors(const char *path, const struct convert_opts *o, struct converted *c);
+static int read_hf_dir(const char *path, const struct convert_opts *o, struct converted *c);
+static int read_checkpoint(const char *path, const struct convert_opts *o, struct converted *c);
+static int write_llmc(const char *path, const struct convert_opts *o, const struct converted *c);
+static int write_safetensors(const char *path, const struct convert_opts *o, const struct converted *c);
+static int write_hf_dir(const char *path, const struct convert_opts *o, const struct converted *c);
+
+static const struct {
+    const char *name; /* for --to and messages */
+    const char *what; /* in the summary line */
+    int (*read)(const char *path, const struct convert_opts *o, struct converted *c);
+    int (*write)(const char *path, const struct convert_opts *o, const struct converted *c);
+} formats[] = {
+    [CONVERT_LLMC] = {"llmc", "llm.c checkpoint", read_llmc, write_llmc},
+    [CONVERT_SAFETENSORS] = {"safetensors", "safetensors", read_safetensors, write_safetensors},
+    [CONVERT_HF_DIR] = {"hf", "Hugging Face directory", read_hf_dir, write_hf_dir},
+    [CONVERT_CHECKPOINT] = {"checkpoint", "loom checkpoint", read_checkpoint, NULL},
+};
+_Static_assert(sizeof formats / sizeof formats[0] == CONVERT_FORMAT_COUNT, "one formats row per format");
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: loom convert IN OUT [--to llmc|safetensors|hf] [--dtype float32|bfloat16]\n"
+        "                    [--num-attention-heads N]\n\n"
+        "Converts GPT-2 weights. IN is an llm.c checkpoint (e.g. gpt2_124M.bin), a safetensors\n"
+        "file under Hugging Face GPT-2 names, a Hugging Face directory (model.safetensors,\n"
+        "config.json) or a loom checkpoint (a --save directory or one iter_NNNNNNN in it, from\n"
+        "any parallel layout); its kind comes from its contents. OUT's kind comes from --to, else its name:\n"
+        "  NAME.bin          llm.c checkpoint (version 3, float32, unless --dtype or the source says)\n"
+        "  NAME.safetensors  one safetensors file\n"
+        "  DIR               (an existing directory, a name ending in / or without extension)\n"
+        "                    Hugging Face directory: model.safetensors + config.json\n"
+        "llm.c -> safetensors -> llm.c gives the same bytes back (padded vocabulary kept).\n\n"
+        "  --to FORMAT              force OUT's kind\n"
+        "  --dtype float32|bfloat16 llm.c output: version 3 (float32) or 5 (bfloat16)\n"
+        "  --num-attention-heads N  for a safetensors input that does not say\n");
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* A safetensors file starts with a little-endian u64 header length and '{'. */
+static int sniff_safetensors(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    unsigned char b[9];
+    int ok = fread(b, 1, sizeof b, f) == sizeof b && b[8] == '{';
+    fclose(f);
+    return ok;
+}
+
+/* A loom checkpoint directory or a save directory holding them. */
+static int looks_like_checkpoint(const char *path)
+{
+    char buf[4200];
+    struct stat sb;
+    snprintf(buf, sizeof buf, "%s/" LOOM_CKPT_STATE_FILE, path);
+    if (stat(buf, &sb) == 0) return 1;
+    snprintf(buf, sizeof buf, "%s/latest", path);
+    return stat(buf, &sb) == 0;
+}
+
+static int detect_input(const char *path, enum convert_format *kind)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
+    if (S_ISDIR(sb.st_mode) && looks_like_checkpoint(path))
+        *kind = CONVERT_CHECKPOINT;
+    else if (S_ISDIR(sb.st_mode))
+        *kind = CONVERT_HF_DIR;
+    else if (loom_llmc_sniff(path))
+        *kind = CONVERT_LLMC;
+    else if (sniff_safetensors(path))
+        *kind = CONVERT_SAFETENSORS;
+    /* unrecognised contents: the reader its name asks for says what is wrong */
+    else if (ends_with(path, ".bin"))
+        *kind = CONVERT_LLMC;
+    else if (ends_with(path, ".safetensors"))
+        *kind = CONVERT_SAFETENSORS;
+    else
+        return loom_error_set(LOOM_ERR_INPUT, "%s: neither an llm.c checkpoint nor a safetensors file", path);
+    return LOOM_OK;
+}
+
+static int detect_output(const char *path, enum convert_format *kind)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    if (ends_with(path, ".bin"))
+        *kind = CONVERT_LLMC;
+    else if (ends_with(path, ".safetensors"))
+        *kind = CONVERT_SAFETENSORS;
+    else if (loom_fs_is_dir(path) || !*base || !strchr(base, '.'))
+        *kind = CONVERT_HF_DIR;
+    else
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "cannot tell the output format of %s from its name (.bin, "
+                              ".safetensors or a directory); give --to llmc|safetensors|hf",
+                              path);
+    return LOOM_OK;
+}
+
+/* ---- readers --------------------------------------------------------- */
+
+static int read_llmc(const char *path, const struct convert_opts *o, struct converted *c)
+{
+    int rc = loom_llmc_read(path, &c->model, &c->llmc);
+    if (rc == LOOM_OK && o->heads && o->heads != c->model->cfg.heads)
+        rc = loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
+                            o->heads, path, c->model->cfg.heads);
+    return rc;
+}
+
+/* Weights from a safetensors file; heads_hint (0: none) from a config.json. */
+static int read_weights(const char *path, const struct convert_opts *o, int heads_hint, struct converted *c)
+{
+    struct loom_gpt2_config cfg;
+    int rc = loom_gpt2_peek_config(path, &cfg);
+    if (rc) return rc;
+    if (heads_hint) cfg.heads = heads_hint;
+    if (o->heads) cfg.heads = o->heads;
+    if (!cfg.heads)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s does not say how many attention heads the model has (hidden size "
+                              "%d); give --num-attention-heads N",
+                              path, cfg.hidden);
+    if (cfg.num_layers < 1) return loom_error_set(LOOM_ERR_INPUT, "%s: no transformer layer (h.0.*)", path);
+    if (cfg.vocab < 2 || cfg.hidden < 1 || cfg.max_pos < 1)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: wte.weight and wpe.weight give V=%d C=%d maxT=%d", path,
+                              cfg.vocab, cfg.hidden, cfg.max_pos);
+    if (cfg.hidden % cfg.heads != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: hidden size %d is not divisible by %d attention heads",
+                              path, cfg.hidden, cfg.heads);
+    c->model = loom_gpt2_create(&cfg, 1, 1);
+    loom_model_alloc_arenas(&c->model->base, 1, LOOM_MODEL_PARAM_ARENA);
+    if ((rc = loom_gpt2_load(c->model, path)) || (rc = loom_llmc_extra_load(path, c->model, &c->llmc))) {
+        loom_gpt2_free(c->model);
+        c->model = NULL;
+    }
+    return rc;
+}
+
+static int read_safetensors(const char *path, const struct convert_opts *o, struct converted *c)
+{
+    return read_weights(path, o, 0, c);
+}
+
+static char *join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = loom_alloc(n, LOOM_MEM_OTHER);
+    snprintf(p, n, "%s%s%s", dir, ends_with(dir, "/") ? "" : "/", name);
+    return p;
+}
+
+/* n_head of a Hugging Face config.json (0 when the file is absent). */
+static int hf_config_heads(const char *path, int *heads)
+{
+    *heads = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errno == ENOENT ? LOOM_OK
+                               : loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    int too_long = !feof(f);
+    fclose(f);
+    if (too_long) return loom_error_set(LOOM_ERR_INPUT, "%s: longer than %zu bytes", path, sizeof buf - 1);
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    if (!j) return loom_error_set(LOOM_ERR_INPUT, "%s: not valid JSON", path);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const cJSON *nh = cJSON_GetObjectItemCaseSensitive(j, "n_head");
+    int rc = LOOM_OK;
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "gpt2") != 0)
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s: model_type is '%s', only gpt2 converts", path,
+                            type->valuestring);
+    else if (nh && !(cJSON_IsNumber(nh) && nh->valuedouble >= 1 && nh->valuedouble <= 65536 &&
+                     nh->valuedouble == (double)(int)nh->valuedouble))
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s: n_head is not a positive integer", path);
+    else if (nh)
+        *heads = (int)nh->valuedouble;
+    cJSON_Delete(j);
+    return rc;
+}
+
+static int read_hf_dir(const char *path, const struct convert_opts *o, struct converted *c)
+{
+    char *weights = join(path, "model.safetensors"), *config = join(path, "config.json");
+    int heads = 0, rc = LOOM_OK;
+    struct stat sb;
+    if (stat(weights, &sb) != 0)
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "%s: no model.safetensors (a Hugging Face GPT-2 directory holds "
+                            "model.safetensors and config.json; sharded checkpoints are not supported)",
+                            path);
+    if (rc == LOOM_OK) rc = hf_config_heads(config, &heads);
+    if (rc == LOOM_OK) rc = read_weights(weights, o, heads, c);
+    loom_free(weights);
+    loom_free(config);
+    return rc;
+}
+
+/* The weights of a loom checkpoint: a save directory (its latest, falling
+ * back past a damaged one) or one iter_NNNNNNN directory. */
+static int read_checkpoint(const char *path, const struct convert_opts *o, struct converted *c)
+{
+    struct loom_model *m;
+    int rc = o->env->read_checkpoint(path, &m);
+    if (rc) return rc;
+    const struct loom_model_family *family = loom_model_family_of(m);
+    if (family != &loom_gpt2_family)
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not %s", path, m->name,
+                            loom_gpt2_family.title);
+    else if (o->heads && o->heads != loom_gpt2_of(m)->cfg.heads)
+        rc = loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
+                            o->heads, path, loom_gpt2_of(m)->cfg.heads);
+    if (rc == LOOM_OK)
+        c->model = loom_gpt2_of(m);
+    else if (family)
+        family->destroy(m);
+    return rc;
+}
+
+/* ---- writers --------------------------------------------------------- */
+
+/* --dtype, else the source's llm.c version, else float32 */
+static int llmc_out_version(const struct convert_opts *o, const struct converted *c)
+{
+    if (o->llmc_version) return o->llmc_version;
+    return c->llmc.version ? c->llmc.version : LOOM_LLMC_VERSION_F32;
+}
+
+static int write_llmc(const char *path, const struct convert_opts *o, const struct converted *c)
+{
+    return loom_llmc_write(path, c->model, &c->llmc, llmc_out_version(o, c));
+}
+
+static int write_safetensors(const char *path, const struct convert_opts *o, const struct converted *c)
+{
+    return loom_llmc_save_safetensors(path, c->model, &c->llmc);
+}
+
+/* config.json as Hugging Face's GPT2Config writes it (keys sorted), for the
+ * architecture loom trains: GELU with the tanh approximation (gelu_new),
+ * LayerNorm eps 1e-5, LM head tied to wte. Dropouts keep GPT2Config's
+ * defaults; GPT-2's <|endoftext|> is its last token (50256 of 50257). */
+static char *hf_config_json(const struct loom_gpt2_config *cfg)
+{
+    cJSON *j = cJSON_CreateObject();
+    const char *arch[] = {"GPT2LMHeadModel"};
+    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
+    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(arch, 1));
+    cJSON_AddNumberToObject(j, "attn_pdrop", 0.1);
+    cJSON_AddNumberToObject(j, "bos_token_id", cfg->vocab - 1);
+    cJSON_AddNumberToObject(j, "embd_pdrop", 0.1);
+    cJSON_AddNumberToObject(j, "eos_token_id", cfg->vocab - 1);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);
+    cJSON_AddStringToObject(j, "model_type", "gpt2");
+    cJSON_AddNumberToObject(j, "n_ctx", cfg->max_pos);
+    cJSON_AddNumberToObject(j, "n_embd", cfg->hidden);
+    cJSON_AddNumberToObject(j, "n_head", cfg->heads);
+    cJSON_AddNullToObject(j, "n_inner");
+    cJSON_AddNumberToObject(j, "n_layer", cfg->num_layers);
+    cJSON_AddNumberToObject(j, "n_positions", cfg->max_pos);
+    cJSON_AddFalseToObject(j, "reorder_and_upcast_attn");
+    cJSON_AddNumberToObject(j, "resid_pdrop", 0.1);
+    cJSON_AddFalseToObject(j, "scale_attn_by_inverse_layer_idx");
+    cJSON_AddTrueToObject(j, "scale_attn_weights");
+    cJSON_AddNullToObject(j, "summary_activation");
+    cJSON_AddNumberToObject(j, "summary_first_dropout", 0.1);
+    cJSON_AddTrueToObject(j, "summary_proj_to_labels");
+    cJSON_AddStringToObject(j, "summary_type", "cls_index");
+    cJSON_AddTrueToObject(j, "summary_use_proj");
+    cJSON_AddTrueToObject(j, "tie_word_embeddings");
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+    cJSON_AddTrueToObject(j, "use_cache");
+    cJSON_AddNumberToObject(j, "vocab_size", cfg->vocab);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    return text;
+}
+
+static int write_hf_dir(const char *path, const struct convert_opts *o, const struct converted *c)
+{
+    int rc = loom_fs_mkdir_p(path);
+    if (rc) return rc;
+    char *weights = join(path, "model.safetensors"), *config = join(path, "config.json");
+    char *text = hf_config_json(&c->model->cfg);
+    if (!text) {
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting %s", config);
+    } else if ((rc = write_safetensors(weights, o, c)) == LOOM_OK) {
+        const void *parts[] = {text, "\n"};
+        const size_t sizes[] = {strlen(text), 1};
+        rc = loom_fs_write_atomic(config, parts, sizes, 2);
+    }
+    cJSON_free(text);
+    loom_free(weights);
+    loom_free(config);
+    return rc;
+}
+
+/* ---- command --------------------------------------------------------- */
+
+static int parse_args(int argc, char **argv, struct convert_opts *o, int *help)
+{
+    *o = (struct convert_opts){.env = o->env, .to = -1};
+    *help = 0;
+    int npos = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            *help = 1;
+            return LOOM_OK;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            if (npos == 2)
+                return loom_error_set(LOOM_ERR_INPUT, "loom convert takes IN and OUT; extra argument '%s'",
+                                      a);
+            if (npos++ == 0)
+                o->in = a;
+            else
+                o->out = a;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return loom_error_set(LOOM_ERR_INPUT, "%s needs a value (see loom convert --help)", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "--to") == 0) {
+            for (int f = 0; f < CONVERT_FORMAT_COUNT; f++)
+                if (strcmp(v, formats[f].name) == 0) o->to = f;
+            if (o->to < 0)
+                return loom_error_set(LOOM_ERR_INPUT, "--to: expected llmc, safetensors or hf, got '%s'", v);
+        } else if (strcmp(a, "--dtype") == 0) {
+            if (strcmp(v, "float32") == 0 || strcmp(v, "fp32") == 0)
+                o->llmc_version = LOOM_LLMC_VERSION_F32;
+            else if (strcmp(v, "bfloat16") == 0 || strcmp(v, "bf16") == 0)
+                o->llmc_version = LOOM_LLMC_VERSION_BF16;
+            else
+                return loom_error_set(LOOM_ERR_INPUT, "--dtype: expected float32 or bfloat16, got '%s'", v);
+        } else if (strcmp(a, "--num-attention-heads") == 0) {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (end == v || *end || x < 1 || x > 65536)
+                return loom_error_set(LOOM_ERR_INPUT,
+                                      "--num-attention-heads: expected an integer in [1, 65536], "
+                                      "got '%s'",
+                                      v);
+            o->heads = (int)x;
+        } else {
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "unknown flag %s for loom convert (--to, --dtype, "
+                                  "--num-attention-heads)",
+                                  a);
+        }
+    }
+    if (npos != 2) return loom_error_set(LOOM_ERR_INPUT, "usage: loom convert IN OUT [flags] (see --help)");
+    return LOOM_OK;
+}
+
+static void describe(char *buf, size_t cap, enum convert_format kind, const struct converted *c,
+                     int llmc_version)
+{
+    const struct loom_gpt2_config *m = &c->model->cfg;
+    int n = snprintf(buf, cap, "%s, L=%d C=%d NH=%d V=%d maxT=%d", formats[kind].what, m->num_layers,
+                     m->hidden, m->heads, m->vocab, m->max_pos);
+    if (kind == CONVERT_LLMC && n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, " Vp=%d, version %d (%s)",
+                 c->llmc.padded_vocab ? c->llmc.padded_vocab
+                                      : (m->vocab + LOOM_LLMC_VOCAB_MULTIPLE - 1) / LOOM_LLMC_VOCAB_MULTIPLE *
+                                            LOOM_LLMC_VOCAB_MULTIPLE,
+                 llmc_version, llmc_version == LOOM_LLMC_VERSION_BF16 ? "bfloat16" : "float32");
+}
+
+static int run(int argc, char **argv, const struct loom_convert_env *env)
+{
+    struct convert_opts o = {.env = env};
+    int help;
+    int rc = parse_args(argc, argv, &o, &help);
+    if (rc) return rc;
+    if (help) {
+        usage(stdout);
+        return LOOM_OK;
+    }
+    enum convert_format in_kind = CONVERT_LLMC, out_kind = CONVERT_LLMC;
+    if ((rc = detect_input(o.in, &in_kind))) return rc;
+    if (o.to >= 0)
+        out_kind = (enum convert_format)o.to;
+    else if ((rc = detect_output(o.out, &out_kind)))
+        return rc;
+    if (!formats[out_kind].write)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--to %s: a %s is read, not written, by loom convert (loom train --save writes one)",
+            formats[out_kind].name, formats[out_kind].what);
+    if (o.llmc_version && out_kind != CONVERT_LLMC)
+        return loom_error_set(LOOM_ERR_INPUT, "--dtype applies to llm.c output only, and %s is %s output",
+                              o.out, formats[out_kind].name);
+
+    struct converted c = {0};
+    if ((rc = formats[in_kind].read(o.in, &o, &c))) return rc;
+    if ((rc = formats[out_kind].write(o.out, &o, &c)) == LOOM_OK) {
+        char from[160], to[160];
+        describe(from, sizeof from, in_kind, &c, c.llmc.version);
+        describe(to, sizeof to, out_kind, &c, llmc_out_version(&o, &c));
+        printf("converted %s (%s)\n       to %s (%s)\n", o.in, from, o.out, to);
+    }
+    loom_gpt2_free(c.model);
+    loom_llmc_extra_free(&c.llmc);
+    return rc;
+}
+
+const struct loom_model_converter loom_gpt2_converter = {
+    .family = "gpt2",
+    .usage = usage,
+    .run = run,
+};
