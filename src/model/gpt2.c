@@ -37,7 +37,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
 {
@@ -384,6 +384,7 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
     m->recompute = LOOM_RECOMPUTE_NONE;
     m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
     m->nslots = 1;
+    m->k = loom_backend_cpu()->k;
     const int L = cfg->num_layers;
     loom_model_init(&m->base, &gpt2_ops, "gpt2", L + 2);
     m->base.user = m;
@@ -414,28 +415,28 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     const size_t NC = (size_t)N * C;
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_layer_acts *x = &a->layers[l];
-    loom_layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
-                           N, C);
+    m->k->layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
+                            N, C);
     round_act(m, x->ln1, NC);
-    loom_matmul_forward(x->qkv, x->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * C);
+    m->k->matmul_forward(x->qkv, x->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * C);
     round_act(m, x->qkv, 3 * NC);
-    loom_attention_forward(x->atty, x->att, x->qkv, B, T, C, NH);
+    m->k->attention_forward(x->atty, x->att, x->qkv, B, T, C, NH);
     round_act(m, x->atty, NC);
-    loom_matmul_forward(m->scratchC, x->atty, loom_param(b, ATTPROJ_W), loom_param(b, ATTPROJ_B), N, C, C);
+    m->k->matmul_forward(m->scratchC, x->atty, loom_param(b, ATTPROJ_W), loom_param(b, ATTPROJ_B), N, C, C);
     round_act(m, m->scratchC, NC);
-    loom_residual_forward(x->res2, res, m->scratchC, NC);
+    m->k->residual_forward(x->res2, res, m->scratchC, NC);
     round_act(m, x->res2, NC);
-    loom_layernorm_forward(x->ln2, x->ln2_mean, x->ln2_rstd, x->res2, loom_param(b, LN2_W),
-                           loom_param(b, LN2_B), N, C);
+    m->k->layernorm_forward(x->ln2, x->ln2_mean, x->ln2_rstd, x->res2, loom_param(b, LN2_W),
+                            loom_param(b, LN2_B), N, C);
     round_act(m, x->ln2, NC);
-    loom_matmul_forward(x->fch, x->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * C);
+    m->k->matmul_forward(x->fch, x->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * C);
     round_act(m, x->fch, 4 * NC);
-    loom_gelu_forward(x->fch_gelu, x->fch, 4 * NC);
+    m->k->gelu_forward(x->fch_gelu, x->fch, 4 * NC);
     round_act(m, x->fch_gelu, 4 * NC);
-    loom_matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W), loom_param(b, FCPROJ_B), N, 4 * C,
-                        C);
+    m->k->matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W), loom_param(b, FCPROJ_B), N, 4 * C,
+                         C);
     round_act(m, m->scratchC, NC);
-    loom_residual_forward(x->res3, x->res2, m->scratchC, NC);
+    m->k->residual_forward(x->res3, x->res2, m->scratchC, NC);
     round_act(m, x->res3, NC);
 }
 
@@ -471,7 +472,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     if (first == m->emb) {
         struct loom_block *emb = &model->blocks[m->emb];
         loom_model_forward_begin(model, m->emb);
-        loom_embedding_forward(a->encoded, a->inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
+        m->k->embedding_forward(a->encoded, a->inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
         round_act(m, a->encoded, NC);
         loom_model_forward_end(model, m->emb);
     } else {
@@ -488,15 +489,15 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     }
     struct loom_block *head = &model->blocks[m->head], *emb = &model->blocks[m->emb];
     loom_model_forward_begin(model, m->head);
-    loom_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, 0),
-                           loom_param(head, 1), N, C);
+    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, 0),
+                            loom_param(head, 1), N, C);
     round_act(m, a->lnf, NC);
     loom_model_forward_end(model, m->head);
-    loom_lm_head_forward(a->logits, a->lnf, loom_param(emb, 0), N, C, V);
+    m->k->lm_head_forward(a->logits, a->lnf, loom_param(emb, 0), N, C, V);
     round_act(m, a->logits, (size_t)N * V);
     mb->loss = 0;
     if (!a->targets) return;
-    loom_crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
+    m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += a->losses[i];
     mb->loss = (float)(sum / N);
@@ -511,33 +512,33 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))) */
-    loom_matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), m->dres, x->fch_gelu,
-                         loom_param(b, FCPROJ_W), N, 4 * C, C);
+    m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), m->dres, x->fch_gelu,
+                          loom_param(b, FCPROJ_W), N, 4 * C, C);
     round_act(m, m->dbuf4a, 4 * NC);
-    loom_gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NC);
+    m->k->gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NC);
     round_act(m, m->dbuf4b, 4 * NC);
-    loom_matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b, x->ln2,
-                         loom_param(b, FC_W), N, C, 4 * C);
+    m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b, x->ln2,
+                          loom_param(b, FC_W), N, C, 4 * C);
     round_act(m, m->dbufC, NC);
-    loom_layernorm_backward(m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), m->dbufC, x->res2,
-                            loom_param(b, LN2_W), x->ln2_mean, x->ln2_rstd, N, C);
+    m->k->layernorm_backward(m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), m->dbufC, x->res2,
+                             loom_param(b, LN2_W), x->ln2_mean, x->ln2_rstd, N, C);
     round_act(m, m->dres, NC);
     /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
-    loom_matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), m->dres, x->atty,
-                         loom_param(b, ATTPROJ_W), N, C, C);
+    m->k->matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), m->dres, x->atty,
+                          loom_param(b, ATTPROJ_W), N, C, C);
     round_act(m, m->dbufC, NC);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) {
         /* the probabilities again, from the kept qkv; the output (kept as atty) is dropped */
-        loom_attention_forward(m->scratchC, x->att, x->qkv, B, T, C, NH);
+        m->k->attention_forward(m->scratchC, x->att, x->qkv, B, T, C, NH);
     }
     /* datt is the kernel's own scratch, read by nothing after it: not rounded */
-    loom_attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, C, NH);
+    m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, C, NH);
     round_act(m, m->dqkv, 3 * NC);
-    loom_matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv, x->ln1,
-                         loom_param(b, QKV_W), N, C, 3 * C);
+    m->k->matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv, x->ln1,
+                          loom_param(b, QKV_W), N, C, 3 * C);
     round_act(m, m->dbufC, NC);
-    loom_layernorm_backward(m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), m->dbufC, layer_input(a, l),
-                            loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd, N, C);
+    m->k->layernorm_backward(m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), m->dbufC, layer_input(a, l),
+                             loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd, N, C);
     round_act(m, m->dres, NC);
 }
 
@@ -554,16 +555,16 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         LOOM_ASSERT(a->targets != NULL);
         struct loom_block *emb = &model->blocks[m->emb], *head = &model->blocks[m->head];
         /* loss -> logits (in place) -> final norm */
-        loom_crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
+        m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
         round_act(m, a->logits, (size_t)N * V);
         loom_model_backward_begin(model, m->emb);
         loom_model_backward_begin(model, m->head);
-        loom_lm_head_backward(m->dbufC, loom_grad(emb, 0), a->logits, a->lnf, loom_param(emb, 0), N, C, V);
+        m->k->lm_head_backward(m->dbufC, loom_grad(emb, 0), a->logits, a->lnf, loom_param(emb, 0), N, C, V);
         round_act(m, m->dbufC, NC);
         loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         memset(m->dres, 0, NC * sizeof(float));
-        loom_layernorm_backward(m->dres, loom_grad(head, 0), loom_grad(head, 1), m->dbufC, layer_input(a, L),
-                                loom_param(head, 0), a->lnf_mean, a->lnf_rstd, N, C);
+        m->k->layernorm_backward(m->dres, loom_grad(head, 0), loom_grad(head, 1), m->dbufC, layer_input(a, L),
+                                 loom_param(head, 0), a->lnf_mean, a->lnf_rstd, N, C);
         round_act(m, m->dres, NC);
         loom_model_grads_ready(model, m->head);
         /* the logits are dead from here on: the recompute scratch in their buffer is free */
@@ -589,8 +590,8 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     }
     struct loom_block *emb = &model->blocks[m->emb];
     if (last != m->head) loom_model_backward_begin(model, m->emb);
-    loom_embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
-                            a->inputs, B, T, C);
+    m->k->embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
+                             a->inputs, B, T, C);
     loom_model_grads_ready(model, m->emb);
 }
 

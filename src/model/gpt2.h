@@ -21,6 +21,8 @@
 #include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
 
+struct loom_kernels;
+
 struct loom_gpt2_config {
     int num_layers; /* L */
     int hidden;     /* C */
@@ -68,6 +70,7 @@ struct loom_gpt2 {
     enum loom_recompute_method recompute_method;
     int recompute_num_layers; /* N */
 
+    const struct loom_kernels *k; /* the backend's kernels (kernels/backend.h): the CPU's */
     int nslots;                   /* micro-batches in flight (loom_model_ops.set_slots; default 1) */
     struct loom_gpt2_acts *slots; /* (nslots), allocated by the first forward */
     int emb, head;                /* the embedding's and the head's block */
