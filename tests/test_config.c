@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "loom/loom.h"
 
 static int parse(struct loom_config *cfg, const char *line, int dp)
@@ -83,10 +83,10 @@ static const char *row(const struct loom_config *cfg, const char *name)
     return out;
 }
 
-static int warned(const char *needle)
+static int warned(const struct loom_config *cfg, const char *needle)
 {
-    for (int i = 0; loom_config_warning(i); i++)
-        if (strstr(loom_config_warning(i), needle)) return 1;
+    for (int i = 0; loom_config_warning(cfg, i); i++)
+        if (strstr(loom_config_warning(cfg, i), needle)) return 1;
     return 0;
 }
 
@@ -96,6 +96,76 @@ static int warned(const char *needle)
         if (strcmp(got_, want)) fprintf(stderr, "  row %s: '%s', want '%s'\n", name, got_, want);            \
         CHECK(strcmp(got_, want) == 0);                                                                      \
     } while (0)
+
+/* loom_config_parse alone (warnings kept, nothing derived) of "<flags>". */
+static int parse_only(struct loom_config *cfg, const char *line)
+{
+    char buf[1024], *argv[64];
+    int argc = 0, help;
+    snprintf(buf, sizeof buf, "%s", line);
+    for (char *tok = strtok(buf, " "); tok && argc < 64; tok = strtok(NULL, " ")) argv[argc++] = tok;
+    return loom_config_parse(cfg, argc, argv, &help);
+}
+
+/* Origins live in each configuration: loom_config_given, and two parses
+ * one after the other keep their own origins, JSON notes and warnings. */
+static void test_origins(void)
+{
+    struct loom_config a, b;
+    CHECK(parse(&a, "--num-layers 3 --micro-batch-size 2", 1) == LOOM_OK);
+    CHECK(loom_config_given(&a, "--num-layers") && loom_config_given(&a, "num-layers"));
+    CHECK(loom_config_given(&a, "micro-batch-size") &&
+          loom_config_origin(&a, "micro-batch-size") == LOOM_ORIGIN_FLAG);
+    CHECK(!loom_config_given(&a, "hidden-size") &&
+          loom_config_origin(&a, "hidden-size") == LOOM_ORIGIN_PRESET);
+    CHECK(!loom_config_given(&a, "weight-decay") &&
+          loom_config_origin(&a, "weight-decay") == LOOM_ORIGIN_DEFAULT);
+    CHECK(!loom_config_given(&a, "global-batch-size") &&
+          loom_config_origin(&a, "global-batch-size") == LOOM_ORIGIN_DERIVED);
+    loom_config_free(&a);
+    /* a JSON key is given too; a flag's prefix is not the flag */
+    CHECK(parse_json(&a, "{\"num_layers\": 5, \"train_micro_batch_size_per_gpu\": \"auto\"}", "", 1) ==
+          LOOM_OK);
+    CHECK(a.num_layers == 5 && loom_config_given(&a, "num-layers") &&
+          loom_config_origin(&a, "num-layers") == LOOM_ORIGIN_JSON);
+    CHECK(!loom_config_given(&a, "micro-batch-size") && a.micro_batch_size == 16);
+    loom_config_free(&a);
+    expect_error("--num-layers-x 3", "unknown flag --num-layers-x");
+
+    /* one after the other, different flags: nothing of the first shows in the second */
+    CHECK(parse(&a, "--lr 0.5 --seed 7", 1) == LOOM_OK);
+    CHECK(parse(&b, "--train-iters 90", 1) == LOOM_OK);
+    CHECK(loom_config_given(&a, "lr") && loom_config_given(&a, "seed") &&
+          !loom_config_given(&a, "train-iters"));
+    CHECK(!loom_config_given(&b, "lr") && !loom_config_given(&b, "seed") &&
+          loom_config_given(&b, "train-iters"));
+    CHECK(a.lr == 0.5 && a.seed == 7 && a.train_iters == 1200 && b.lr == 3e-3 && b.seed == 1234);
+    CHECK_ROW(&a, "lr", "0.5 (flag)");
+    CHECK_ROW(&b, "lr", "0.003 (preset)");
+    CHECK_ROW(&a, "train-iters", "1200 (preset)");
+    CHECK_ROW(&b, "train-iters", "90 (flag)");
+    loom_config_free(&a);
+    loom_config_free(&b);
+    /* a JSON file's notes and warnings stay with its configuration */
+    const char *path = json_file("{\"optimizer\": {\"params\": {\"lr\": 0.001}}}");
+    char line[256];
+    snprintf(line, sizeof line, "--deepspeed-config %s --lr 0.002", path);
+    CHECK(parse_only(&a, line) == LOOM_OK);
+    CHECK(parse_only(&b, "--lr 0.002") == LOOM_OK);
+    unlink(path);
+    CHECK(warned(&a, "--lr 0.002 overrides optimizer.params.lr 0.001") && !warned(&b, "overrides"));
+    CHECK(!loom_config_warning(&b, 0));
+    CHECK_ROW(&a, "lr", "0.002 (flag (json had 0.001))");
+    CHECK_ROW(&b, "lr", "0.002 (flag)");
+    /* parsing into the same structure again starts from nothing */
+    loom_config_free(&a);
+    CHECK(parse_only(&a, "--seed 3") == LOOM_OK);
+    CHECK(!warned(&a, "overrides") && !loom_config_given(&a, "lr") &&
+          !loom_config_given(&a, "deepspeed-config"));
+    CHECK_ROW(&a, "lr", "0.003 (preset)");
+    loom_config_free(&a);
+    loom_config_free(&b);
+}
 
 static void expect_json_error(const char *json, const char *flags, const char *needle)
 {
@@ -147,7 +217,7 @@ static void test_json(void)
     int argc = 0, help;
     for (char *tok = strtok(line, " "); tok; tok = strtok(NULL, " ")) argv[argc++] = tok;
     CHECK(loom_config_parse(&c2, argc, argv, &help) == LOOM_OK);
-    CHECK(warned("--lr 0.002 overrides optimizer.params.lr 0.001"));
+    CHECK(warned(&c2, "--lr 0.002 overrides optimizer.params.lr 0.001"));
     loom_config_free(&c2);
     unlink(path);
 
@@ -185,10 +255,11 @@ static void test_json(void)
         int ac = 0, h;
         for (char *tok = strtok(l2, " "); tok; tok = strtok(NULL, " ")) av[ac++] = tok;
         CHECK(loom_config_parse(&cfg, ac, av, &h) == LOOM_OK);
-        CHECK(warned("unknown key zero_optimization.stgae (nearest known key: zero_optimization.stage)"));
-        CHECK(warned("unknown key optimiser (nearest known key: optimizer)"));
-        CHECK(warned("zero_optimization.contiguous_gradients is accepted, not used"));
-        CHECK(warned("wall_clock_breakdown is accepted, not used"));
+        CHECK(
+            warned(&cfg, "unknown key zero_optimization.stgae (nearest known key: zero_optimization.stage)"));
+        CHECK(warned(&cfg, "unknown key optimiser (nearest known key: optimizer)"));
+        CHECK(warned(&cfg, "zero_optimization.contiguous_gradients is accepted, not used"));
+        CHECK(warned(&cfg, "wall_clock_breakdown is accepted, not used"));
         loom_config_free(&cfg);
         unlink(p);
     }
@@ -277,5 +348,6 @@ int main(void)
     expect_error("stray", "stray");
     expect_error("--lr-warmup-style log", "--lr-warmup-style log is for DeepSpeed's schedulers");
     test_json();
+    test_origins();
     return check_summary("test_config");
 }

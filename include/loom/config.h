@@ -1,14 +1,16 @@
 /*
  * The one configuration structure. Every field is described once in the
- * settings table (src/engine/config.c): its flag, type, bounds, default and
- * help; parsing, validation, --help and the printed configuration all come
- * from that table. Precedence: defaults < preset (--model) < flags.
+ * settings table (src/config/table.c): its flag, JSON key, type, bounds,
+ * default and help; parsing, validation, --help and the printed
+ * configuration all come from that table. Precedence: defaults < preset
+ * (--model) < DeepSpeed JSON < flags. Where each value came from is kept in
+ * the structure itself (cfg->rec), so parsing has no state of its own: two
+ * configurations can be parsed one after the other, or side by side.
  */
 #ifndef LOOM_CONFIG_H
 #define LOOM_CONFIG_H
 
 #include <stdint.h>
-
 enum loom_lr_decay_style {
     LOOM_LR_CONSTANT = 0,
     LOOM_LR_LINEAR = 1,
@@ -29,7 +31,90 @@ enum loom_optimizer {
     LOOM_OPTIMIZER_COUNT
 };
 
+/* Where the optimizer state lives (DeepSpeed's offload_optimizer.device). */
+enum loom_offload {
+    LOOM_OFFLOAD_NONE = 0,
+    LOOM_OFFLOAD_CPU = 1, /* a no-op on the CPU backend: the state is in host memory already */
+    LOOM_OFFLOAD_NVME = 2,
+    LOOM_OFFLOAD_COUNT
+};
+
+/* How data parallelism reduces gradients. */
+enum loom_ddp_impl {
+    LOOM_DDP_BUCKETED = 0, /* buckets all-reduced during the backward */
+    LOOM_DDP_NAIVE = 1,    /* one all-reduce after it: the reference */
+    LOOM_DDP_IMPL_COUNT
+};
+
+/* What a non-finite loss or gradient does outside fp16's loss scaler. */
+enum loom_on_nonfinite { LOOM_NONFINITE_ABORT = 0, LOOM_NONFINITE_SKIP = 1, LOOM_ON_NONFINITE_COUNT };
+
+/* FSDP's names for ZeRO stages. */
+enum loom_fsdp_strategy {
+    LOOM_FSDP_NONE = 0,          /* not given: --zero-stage decides */
+    LOOM_FSDP_FULL_SHARD = 1,    /* stage 3 */
+    LOOM_FSDP_SHARD_GRAD_OP = 2, /* stage 2 */
+    LOOM_FSDP_NO_SHARD = 3,      /* stage 0 */
+    LOOM_FSDP_STRATEGY_COUNT
+};
+
+/* The dtype gradients are summed in across ranks: the values of enum
+ * loom_dtype's F32, BF16 and F16. */
+enum loom_reduce_dtype {
+    LOOM_REDUCE_FP32 = 0,
+    LOOM_REDUCE_BF16 = 1, /* with --bf16 */
+    LOOM_REDUCE_FP16 = 2, /* with --fp16 */
+    LOOM_REDUCE_DTYPE_COUNT
+};
+
+/* Activation recomputation, Megatron's --recompute-granularity. */
+enum loom_recompute {
+    LOOM_RECOMPUTE_NONE = 0,      /* keep every activation */
+    LOOM_RECOMPUTE_SELECTIVE = 1, /* keep no attention probabilities: recomputed from qkv */
+    LOOM_RECOMPUTE_FULL = 2,      /* keep only the inputs of recomputed layers: rerun their forward */
+    LOOM_RECOMPUTE_COUNT
+};
+
+/* Which layers full recomputation covers, Megatron's --recompute-method
+ * with --recompute-num-layers N. Uniform's last chunk is shorter when N
+ * does not divide L. */
+enum loom_recompute_method {
+    LOOM_RECOMPUTE_METHOD_NONE = 0,
+    LOOM_RECOMPUTE_UNIFORM = 1, /* every layer, in chunks of N: only each chunk's input is kept */
+    LOOM_RECOMPUTE_BLOCK = 2,   /* the first N layers, each keeping its input; the rest keep everything */
+    LOOM_RECOMPUTE_METHOD_COUNT
+};
+
+/* The order training batches are drawn in (io/sampler.h). */
+enum loom_data_order { LOOM_DATA_SHUFFLED = 0, LOOM_DATA_SEQUENTIAL = 1, LOOM_DATA_ORDER_COUNT };
+
+/* Where a setting's value came from, in rising precedence; derived: computed
+ * from other settings. */
+enum loom_origin {
+    LOOM_ORIGIN_DEFAULT = 0,
+    LOOM_ORIGIN_PRESET = 1,
+    LOOM_ORIGIN_JSON = 2,
+    LOOM_ORIGIN_FLAG = 3,
+    LOOM_ORIGIN_DERIVED = 4,
+    LOOM_ORIGIN_COUNT
+};
+
 #define LOOM_MAX_DATA_PATHS 64
+#define LOOM_CONFIG_MAX_SETTINGS 96 /* rows of the settings table, at most */
+#define LOOM_CONFIG_MAX_WARNINGS 64
+
+/* What loom_config_parse records beside the values, by row of the settings
+ * table; read it through loom_config_origin, loom_config_given and the
+ * printed configuration. */
+struct loom_config_record {
+    uint8_t origin[LOOM_CONFIG_MAX_SETTINGS];        /* enum loom_origin */
+    const char *json_path[LOOM_CONFIG_MAX_SETTINGS]; /* the JSON key a value came from (static text) */
+    char json_had[LOOM_CONFIG_MAX_SETTINGS][128];    /* the JSON's value where a flag replaced it */
+    /* start-up warnings (unknown JSON keys, flags overriding the file),
+     * printed once by loom_config_resolve when the ranks are known */
+    char warnings[LOOM_CONFIG_MAX_WARNINGS][320];
+    int nwarnings, nwarnings_dropped;
+};
 
 struct loom_config {
     /* the run itself */
@@ -43,24 +128,24 @@ struct loom_config {
     /* optimisation */
     int train_iters, lr_warmup_iters, lr_decay_iters;
     double lr, min_lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
-    int lr_decay_style;                           /* enum loom_lr_decay_style */
-    int lr_warmup_style;                          /* enum loom_lr_warmup_style */
+    enum loom_lr_decay_style lr_decay_style;
+    enum loom_lr_warmup_style lr_warmup_style;
     double lr_warmup_min_ratio, lr_cos_min_ratio; /* WarmupCosineLR */
-    int optimizer;                                /* enum loom_optimizer */
-    int adam_w_mode;                              /* 0: Adam with L2-coupled weight decay (not implemented) */
+    enum loom_optimizer optimizer;
+    int adam_w_mode; /* 0: Adam with L2-coupled weight decay (not implemented) */
     int64_t seed;
     /* precision (mixed precision is not in the trainer yet) */
     int fp16, bf16;
     double loss_scale; /* 0: dynamic */
     double initial_loss_scale, min_loss_scale;
     int loss_scale_window, hysteresis;
-    int on_nonfinite;      /* 0 abort, 1 skip */
-    int grad_reduce_dtype; /* 0 fp32, 1 bf16, 2 fp16 (enum loom_dtype) */
+    enum loom_on_nonfinite on_nonfinite;
+    enum loom_reduce_dtype grad_reduce_dtype;
     /* data */
-    int ndata_paths, nvalid_paths;
+    int ndata_paths, nvalid_paths; /* entries of the next two */
     char *data_paths[LOOM_MAX_DATA_PATHS];
     char *valid_data_paths[LOOM_MAX_DATA_PATHS];
-    int data_order; /* 0 shuffled, 1 sequential (enum loom_data_order) */
+    enum loom_data_order data_order;
     char data_cache[512];
     /* logging and evaluation */
     int log_interval, eval_interval, eval_iters;
@@ -76,22 +161,24 @@ struct loom_config {
     int tensor_model_parallel_size, pipeline_model_parallel_size;
     double ddp_bucket_size; /* MB */
     int no_overlap;
-    int ddp_impl;        /* 0 bucketed, 1 naive */
+    enum loom_ddp_impl ddp_impl;
     double comm_timeout; /* seconds */
     int zero_stage;
-    int fsdp_sharding_strategy; /* 0 unset, 1 FULL_SHARD, 2 SHARD_GRAD_OP, 3 NO_SHARD */
+    enum loom_fsdp_strategy fsdp_sharding_strategy;
     int64_t zero3_min_params;
-    int offload_optimizer; /* 0 none, 1 cpu, 2 nvme */
+    enum loom_offload offload_optimizer;
     char nvme_path[512];
     double offload_buffer_size; /* MB */
     /* activation recomputation (Megatron's) */
     int recompute_activations; /* Megatron's shorthand for recompute_granularity selective */
-    int recompute_granularity; /* 0 none, 1 selective, 2 full (enum loom_recompute in model/gpt2.h) */
-    int recompute_method;      /* 0 none, 1 uniform, 2 block (enum loom_recompute_method) */
-    int recompute_num_layers;  /* N; 0: not given */
+    enum loom_recompute recompute_granularity;
+    enum loom_recompute_method recompute_method;
+    int recompute_num_layers; /* N; 0: not given */
     /* machine */
     int threads;
     double peak_tflops;
+    /* where each value came from, and the warnings (not a setting) */
+    struct loom_config_record rec;
 };
 
 /* Fills cfg from defaults, the --model preset, the JSON file of
@@ -104,5 +191,12 @@ struct loom_config {
 int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help);
 /* Frees what parsing allocated (data paths). */
 void loom_config_free(struct loom_config *cfg);
+
+/* Where the value of the setting named `flag` ("--num-layers" or
+ * "num-layers") came from. A name that is no setting is a bug: it aborts. */
+enum loom_origin loom_config_origin(const struct loom_config *cfg, const char *flag);
+/* Whether the user gave the setting: by a flag or in the JSON file (not a
+ * default, a preset, or derived from other settings). */
+int loom_config_given(const struct loom_config *cfg, const char *flag);
 
 #endif

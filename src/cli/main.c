@@ -114,8 +114,8 @@ static int cmd_data(int argc, char **argv)
  * checkpoint of a save directory), onto file's model settings. */
 static int checkpoint_shape(const char *path, struct loom_config *file)
 {
-    char **dirs;
-    int n, is_save;
+    char **dirs = NULL;
+    int n = 0, is_save;
     int rc = loom_ckpt_candidates(path, &dirs, &n, &is_save);
     struct loom_ckpt_state st;
     for (int c = 0; rc == LOOM_OK && c < n; c++) {
@@ -131,8 +131,7 @@ static int checkpoint_shape(const char *path, struct loom_config *file)
         }
         if (c + 1 == n) rc = LOOM_ERR_INPUT;
     }
-    for (int c = 0; c < n; c++) free(dirs[c]);
-    free(dirs);
+    loom_ckpt_candidates_free(dirs, n);
     return rc;
 }
 

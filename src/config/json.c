@@ -1,6 +1,6 @@
 /*
  * DeepSpeed JSON configs (--deepspeed-config FILE) read onto the settings
- * table: each row's JSON path (config.c) says where its value lives, so a
+ * table: each row's JSON path (table.c) says where its value lives, so a
  * key is described once, beside its flag. Around that:
  *   - keys DeepSpeed has that loom accepts without acting on, each said once
  *     with what loom does instead (the table below);
@@ -9,7 +9,7 @@
  *   - a wrong type or an out-of-range value: an error naming the path;
  *   - "auto" (the Hugging Face Trainer's placeholder) means "not given", so
  *     the value comes from the flags, the preset or the default.
- * Not here: the precedence of flags over the file (config.c), writing
+ * Not here: the precedence of flags over the file (parse.c), writing
  * configs, and any DeepSpeed feature loom does not have.
  */
 #include <cjson/cJSON.h>
@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 
 #include "base/log.h"
-#include "engine/config_impl.h"
+#include "config/config_impl.h"
 
 /* Keys DeepSpeed has that loom accepts and does not act on, with what loom
  * does instead. An object listed here is accepted whole. */
@@ -41,7 +41,7 @@ static const struct {
     {"wandb", "loom writes --metrics FILE (one JSON line per step)"},
     {"csv_monitor", "loom writes --metrics FILE (one JSON line per step)"},
     {"comms_logger", "loom reports exposed communication per step (comm_wait_ms in --metrics)"},
-    /* activation_checkpointing.number_checkpoints is --recompute-num-layers (config.c) */
+    /* activation_checkpointing.number_checkpoints is --recompute-num-layers (table.c) */
     {"activation_checkpointing.partition_activations",
      "it splits the kept inputs across tensor-parallel ranks, and loom has no tensor parallelism"},
     {"activation_checkpointing.cpu_checkpointing",
@@ -101,6 +101,7 @@ static const struct {
 };
 
 struct reader {
+    struct loom_config *cfg; /* where values and warnings go */
     const char *file;
     const cJSON *root;
     int scheduler; /* the file's scheduler.type when it is one of DeepSpeed's, else -1 */
@@ -199,7 +200,7 @@ static int check_object(struct reader *r, const cJSON *obj, const char *parent)
         case K_SETTING: /* its value is checked where it is applied */
             break;
         case K_IGNORED:
-            loom_config_warn("%s: %s is accepted, not used: %s", r->file, path, ignored_reason(path));
+            loom_config_warn(r->cfg, "%s: %s is accepted, not used: %s", r->file, path, ignored_reason(path));
             break;
         case K_ARRAY:
             if (!is_auto(c) && !(cJSON_IsArray(c) && cJSON_GetArraySize(c) == n))
@@ -216,7 +217,8 @@ static int check_object(struct reader *r, const cJSON *obj, const char *parent)
         case K_UNKNOWN: {
             char near[256];
             nearest_key(parent, c->string, near, sizeof near);
-            loom_config_warn("%s: unknown key %s (nearest known key: %s); ignored", r->file, path, near);
+            loom_config_warn(r->cfg, "%s: unknown key %s (nearest known key: %s); ignored", r->file, path,
+                             near);
             break;
         }
         }
@@ -296,6 +298,7 @@ static int apply_value(const struct reader *r, struct loom_config *cfg, const st
         return LOOM_OK;
     }
     case T_STRING:
+    case T_PRESET:
         if (!cJSON_IsString(c)) return bad(r, path, "a string", c);
         if (strlen(c->valuestring) >= s->size)
             return loom_error_set(LOOM_ERR_INPUT, "%s: %s: longer than %zu characters", r->file, path,
@@ -333,21 +336,22 @@ static int apply_value(const struct reader *r, struct loom_config *cfg, const st
 }
 
 /* Whether a scheduler.params key belongs to the file's scheduler; says so once when not. */
-static int scheduler_takes(const struct reader *r, const char *path)
+static int scheduler_takes(struct reader *r, const char *path)
 {
     if (r->scheduler < 0) return 1;
     for (size_t i = 0; i < sizeof scheduler_params / sizeof scheduler_params[0]; i++)
         if (strcmp(scheduler_params[i].path, path) == 0 &&
             !(scheduler_params[i].styles & (1u << r->scheduler))) {
-            loom_config_warn("%s: %s is not a parameter of %s (DeepSpeed would reject it); ignored", r->file,
-                             path, r->scheduler_name);
+            loom_config_warn(r->cfg, "%s: %s is not a parameter of %s (DeepSpeed would reject it); ignored",
+                             r->file, path, r->scheduler_name);
             return 0;
         }
     return 1;
 }
 
-static int apply_settings(struct reader *r, struct loom_config *cfg)
+static int apply_settings(struct reader *r)
 {
+    struct loom_config *cfg = r->cfg;
     int rc;
     for (int i = 0; i < loom_nsettings; i++) {
         const struct setting *s = &loom_settings[i];
@@ -360,23 +364,21 @@ static int apply_settings(struct reader *r, struct loom_config *cfg)
             if ((rc = apply_value(r, cfg, s, c, paths[k]))) return rc;
             loom_setting_format(value, sizeof value, cfg, s);
             if (first && strcmp(value, first_value) != 0)
-                loom_config_warn("%s: %s %s and %s %s differ; %s is used, as in DeepSpeed", r->file, first,
-                                 first_value, paths[k], value, paths[k]);
+                loom_config_warn(cfg, "%s: %s %s and %s %s differ; %s is used, as in DeepSpeed", r->file,
+                                 first, first_value, paths[k], value, paths[k]);
             first = paths[k];
             memcpy(first_value, value, sizeof value);
-            loom_setting_from_json(i, paths[k]);
+            loom_setting_from_json(cfg, i, paths[k]);
         }
     }
     /* DeepSpeed's old spelling: "zero_optimization": true is stage 1 */
     const cJSON *z = cJSON_GetObjectItemCaseSensitive(r->root, "zero_optimization");
     if (cJSON_IsBool(z)) {
-        for (int i = 0; i < loom_nsettings; i++)
-            if (loom_settings[i].json && strcmp(loom_settings[i].json, "zero_optimization.stage") == 0) {
-                *(int *)((char *)cfg + loom_settings[i].offset) = cJSON_IsTrue(z);
-                loom_setting_from_json(i, "zero_optimization");
-            }
-        loom_config_warn("%s: zero_optimization: %s is DeepSpeed's old spelling of {\"stage\": %d}", r->file,
-                         cJSON_IsTrue(z) ? "true" : "false", cJSON_IsTrue(z));
+        cfg->zero_stage = cJSON_IsTrue(z);
+        loom_setting_from_json(cfg, loom_setting_index(offsetof(struct loom_config, zero_stage)),
+                               "zero_optimization");
+        loom_config_warn(cfg, "%s: zero_optimization: %s is DeepSpeed's old spelling of {\"stage\": %d}",
+                         r->file, cJSON_IsTrue(z) ? "true" : "false", cJSON_IsTrue(z));
     }
     return LOOM_OK;
 }
@@ -385,18 +387,16 @@ static int apply_settings(struct reader *r, struct loom_config *cfg)
 static void find_scheduler(struct reader *r)
 {
     r->scheduler = -1;
-    const cJSON *t = lookup(r->root, "scheduler.type");
+    const struct setting *s =
+        &loom_settings[loom_setting_index(offsetof(struct loom_config, lr_decay_style))];
+    const cJSON *t = lookup(r->root, s->json);
     if (!cJSON_IsString(t)) return;
-    for (int i = 0; i < loom_nsettings; i++) {
-        const struct setting *s = &loom_settings[i];
-        if (!s->json || strcmp(s->json, "scheduler.type") != 0) continue;
-        for (int k = 0; s->choices[k]; k++)
-            if (strcasecmp(s->choices[k], t->valuestring) == 0 &&
-                (k == LOOM_LR_WARMUP_LR || k == LOOM_LR_WARMUP_DECAY_LR || k == LOOM_LR_WARMUP_COSINE_LR)) {
-                r->scheduler = k;
-                r->scheduler_name = s->choices[k];
-            }
-    }
+    for (int k = 0; s->choices[k]; k++)
+        if (strcasecmp(s->choices[k], t->valuestring) == 0 &&
+            (k == LOOM_LR_WARMUP_LR || k == LOOM_LR_WARMUP_DECAY_LR || k == LOOM_LR_WARMUP_COSINE_LR)) {
+            r->scheduler = k;
+            r->scheduler_name = s->choices[k];
+        }
 }
 
 static int read_file(const char *file, char **text, size_t *n)
@@ -469,7 +469,7 @@ int loom_config_read_json(struct loom_config *cfg, const char *file)
         free(text);
         return rc;
     }
-    struct reader r = {file, root, -1, NULL};
+    struct reader r = {cfg, file, root, -1, NULL};
     char d[96];
     if (!cJSON_IsObject(root))
         rc = loom_error_set(LOOM_ERR_INPUT,
@@ -477,7 +477,7 @@ int loom_config_read_json(struct loom_config *cfg, const char *file)
                             describe(root, d, sizeof d));
     if (rc == LOOM_OK) find_scheduler(&r);
     if (rc == LOOM_OK) rc = check_object(&r, root, "");
-    if (rc == LOOM_OK) rc = apply_settings(&r, cfg);
+    if (rc == LOOM_OK) rc = apply_settings(&r);
     cJSON_Delete(root);
     free(text);
     return rc;

@@ -32,8 +32,7 @@
 #include <stdint.h>
 
 #include "io/shard.h"
-
-enum loom_data_order { LOOM_DATA_SHUFFLED = 0, LOOM_DATA_SEQUENTIAL = 1, LOOM_DATA_ORDER_COUNT };
+#include "loom/config.h" /* enum loom_data_order */
 
 /* "shuffled", "sequential". */
 const char *loom_data_order_name(enum loom_data_order order);

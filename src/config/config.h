@@ -1,0 +1,38 @@
+/*
+ * The configuration inside loom: derived values and invariants once the
+ * data-parallel size is known, the start-up warnings parsing kept, --help,
+ * the printed configuration and the per-setting fingerprints the ranks
+ * compare. loom_config_parse, loom_config_free, loom_config_origin and
+ * loom_config_given are public: loom/config.h.
+ */
+#ifndef LOOM_CONFIG_CONFIG_H
+#define LOOM_CONFIG_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "loom/config.h"
+
+/* Prints the parse warnings (rank 0), derives the batch settings (global =
+ * micro x accumulation x dp) and the other derived values, and checks
+ * cross-setting invariants; dp is the data-parallel size. */
+int loom_config_resolve(struct loom_config *cfg, int dp);
+
+/* The i-th warning kept by loom_config_parse and not yet printed, or NULL. */
+const char *loom_config_warning(const struct loom_config *cfg, int i);
+
+/* Takes from `from` every setting of `group` ("model") whose value differs
+ * and that cfg's flags and JSON did not give; those become derived. */
+void loom_config_adopt(struct loom_config *cfg, const struct loom_config *from, const char *group);
+
+/* Every flag with its help, default and JSON key. */
+void loom_config_print_help(FILE *f, const char *command);
+/* The resolved configuration as one table, each setting with its origin:
+ * default, preset, json, flag, "flag (json had X)" or derived. */
+void loom_config_print(FILE *f, const struct loom_config *cfg);
+
+/* Per-setting fingerprints, to check that every rank runs the same config. */
+int loom_config_count(void);
+uint64_t loom_config_hash(const struct loom_config *cfg, int i, const char **flag);
+
+#endif

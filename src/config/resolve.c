@@ -1,0 +1,257 @@
+/*
+ * Resolving a parsed configuration once the data-parallel size is known:
+ * the batch invariant (global = micro x accumulation x dp, any two give the
+ * third), the learning-rate schedule's derived steps, Megatron's
+ * recomputation rules, FSDP's names for ZeRO stages, and the invariants
+ * between settings, each checked with every number in the message. Derived
+ * values get the origin "derived". Not here: parsing (parse.c), the checks
+ * a model family makes of its shape (model/family.h).
+ */
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "base/dtype.h"
+#include "base/log.h"
+#include "config/config.h"
+#include "config/config_impl.h"
+
+static_assert(LOOM_REDUCE_FP32 == (int)LOOM_DTYPE_F32 && LOOM_REDUCE_BF16 == (int)LOOM_DTYPE_BF16 &&
+                  LOOM_REDUCE_FP16 == (int)LOOM_DTYPE_F16,
+              "enum loom_reduce_dtype takes enum loom_dtype's values");
+
+#define F(field) offsetof(struct loom_config, field)
+
+/* A row's choice name, its origin, and how messages name it. */
+static const char *choice(size_t offset, int value)
+{
+    return loom_settings[loom_setting_index(offset)].choices[value];
+}
+static int origin_of(const struct loom_config *cfg, size_t offset)
+{
+    return cfg->rec.origin[loom_setting_index(offset)];
+}
+static void set_derived(struct loom_config *cfg, size_t offset)
+{
+    cfg->rec.origin[loom_setting_index(offset)] = LOOM_ORIGIN_DERIVED;
+}
+/* Given by the user, in the JSON file or as a flag. */
+static int given(const struct loom_config *cfg, size_t offset)
+{
+    return origin_of(cfg, offset) == LOOM_ORIGIN_JSON || origin_of(cfg, offset) == LOOM_ORIGIN_FLAG;
+}
+#define NAME(field) loom_setting_name(cfg, loom_setting_index(F(field)))
+
+static int is_deepspeed_schedule(enum loom_lr_decay_style style)
+{
+    return style == LOOM_LR_WARMUP_LR || style == LOOM_LR_WARMUP_DECAY_LR ||
+           style == LOOM_LR_WARMUP_COSINE_LR;
+}
+
+/* global = micro x accumulation x dp: two given, the third derived */
+static int resolve_batch(struct loom_config *cfg, int dp)
+{
+    int *mb = &cfg->micro_batch_size, *gb = &cfg->global_batch_size, *ga = &cfg->gradient_accumulation_steps;
+    const char *n_mb = NAME(micro_batch_size), *n_gb = NAME(global_batch_size),
+               *n_ga = NAME(gradient_accumulation_steps);
+    if (*mb == 0) {
+        if (*gb && *ga) {
+            if (*gb % (*ga * dp))
+                return loom_error_set(LOOM_ERR_INPUT,
+                                      "%s %d is not divisible by %s %d x data-parallel size %d", n_gb, *gb,
+                                      n_ga, *ga, dp);
+            *mb = *gb / (*ga * dp);
+        } else if (*gb) {
+            *ga = 1;
+            set_derived(cfg, F(gradient_accumulation_steps));
+            if (*gb % dp)
+                return loom_error_set(LOOM_ERR_INPUT, "%s %d is not divisible by data-parallel size %d", n_gb,
+                                      *gb, dp);
+            *mb = *gb / dp;
+        } else {
+            *mb = 1;
+        }
+        set_derived(cfg, F(micro_batch_size));
+    }
+    if (*ga == 0) {
+        if (*gb == 0)
+            *ga = 1;
+        else if (*gb % (*mb * dp))
+            return loom_error_set(LOOM_ERR_INPUT, "%s %d is not divisible by %s %d x data-parallel size %d",
+                                  n_gb, *gb, n_mb, *mb, dp);
+        else
+            *ga = *gb / (*mb * dp);
+        set_derived(cfg, F(gradient_accumulation_steps));
+    }
+    if (*gb == 0) {
+        *gb = *mb * *ga * dp;
+        set_derived(cfg, F(global_batch_size));
+    }
+    if ((long long)*mb * *ga * dp != *gb)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "batch sizes disagree: %s %d != %s %d x %s %d x data-parallel size %d", n_gb,
+                              *gb, n_mb, *mb, n_ga, *ga, dp);
+    return LOOM_OK;
+}
+
+static int resolve_schedule(struct loom_config *cfg)
+{
+    const int ds = is_deepspeed_schedule(cfg->lr_decay_style);
+    if (cfg->lr_decay_iters == 0) {
+        cfg->lr_decay_iters = cfg->train_iters;
+        set_derived(cfg, F(lr_decay_iters));
+    }
+    if (cfg->lr_warmup_iters > cfg->lr_decay_iters && !given(cfg, F(lr_warmup_iters))) {
+        cfg->lr_warmup_iters = cfg->lr_decay_iters / 10; /* a preset's warmup scales to a short run */
+        set_derived(cfg, F(lr_warmup_iters));
+    }
+    /* WarmupLR never decays: a warmup longer than the run is legal there */
+    if (cfg->lr_decay_style != LOOM_LR_WARMUP_LR && cfg->lr_warmup_iters > cfg->lr_decay_iters)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d", NAME(lr_warmup_iters),
+                              cfg->lr_warmup_iters, NAME(lr_decay_iters), cfg->lr_decay_iters);
+    if (cfg->lr_decay_style == LOOM_LR_WARMUP_COSINE_LR) {
+        int warmup = cfg->lr_warmup_iters > 2 ? cfg->lr_warmup_iters : 2;
+        if (cfg->lr_decay_iters <= warmup)
+            return loom_error_set(LOOM_ERR_INPUT, "WarmupCosineLR needs %s %d > %s %d (at least 2)",
+                                  NAME(lr_decay_iters), cfg->lr_decay_iters, NAME(lr_warmup_iters), warmup);
+        if (cfg->train_iters > cfg->lr_decay_iters)
+            loom_log_warn("WarmupCosineLR: %s %d < %s %d: past it the cosine rises again, as in DeepSpeed",
+                          NAME(lr_decay_iters), cfg->lr_decay_iters, NAME(train_iters), cfg->train_iters);
+    }
+    if (ds && !given(cfg, F(lr_warmup_style))) {
+        cfg->lr_warmup_style = LOOM_LR_WARMUP_LOG; /* DeepSpeed's default */
+        set_derived(cfg, F(lr_warmup_style));
+    }
+    if (!ds && cfg->lr_warmup_style != LOOM_LR_WARMUP_LINEAR)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s %s is for DeepSpeed's schedulers (WarmupLR, WarmupDecayLR, "
+                              "WarmupCosineLR); %s %s warms up linearly",
+                              NAME(lr_warmup_style), choice(F(lr_warmup_style), cfg->lr_warmup_style),
+                              NAME(lr_decay_style), choice(F(lr_decay_style), cfg->lr_decay_style));
+    if (cfg->min_lr > cfg->lr)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %g exceeds %s %g", NAME(min_lr), cfg->min_lr, NAME(lr),
+                              cfg->lr);
+    return LOOM_OK;
+}
+
+/* Megatron's rules (its arguments.py and TransformerConfig): full needs a
+ * method and a layer count of at most the layers, selective takes neither.
+ * Megatron ignores a method or count without a granularity; that is an
+ * error here. */
+static int resolve_recompute(struct loom_config *cfg)
+{
+    enum loom_recompute *g = &cfg->recompute_granularity;
+    enum loom_recompute_method *method = &cfg->recompute_method;
+    const int n = cfg->recompute_num_layers;
+    const char *n_g = NAME(recompute_granularity), *n_m = NAME(recompute_method),
+               *n_n = NAME(recompute_num_layers), *n_l = NAME(num_layers);
+    if (cfg->recompute_activations) {
+        if (given(cfg, F(recompute_granularity)) && *g != LOOM_RECOMPUTE_SELECTIVE)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s means --recompute-granularity selective, but %s %s is given",
+                                  NAME(recompute_activations), n_g, choice(F(recompute_granularity), *g));
+        *g = LOOM_RECOMPUTE_SELECTIVE;
+        if (!given(cfg, F(recompute_granularity))) set_derived(cfg, F(recompute_granularity));
+    }
+    /* DeepSpeed's number_checkpoints alone: that many layers, each keeping its input */
+    if (origin_of(cfg, F(recompute_num_layers)) == LOOM_ORIGIN_JSON && n > 0 &&
+        !given(cfg, F(recompute_granularity)) && !cfg->recompute_activations &&
+        !given(cfg, F(recompute_method))) {
+        *g = LOOM_RECOMPUTE_FULL;
+        *method = LOOM_RECOMPUTE_BLOCK;
+        set_derived(cfg, F(recompute_granularity));
+        set_derived(cfg, F(recompute_method));
+    }
+    if (*g != LOOM_RECOMPUTE_FULL) {
+        if (*method != LOOM_RECOMPUTE_METHOD_NONE)
+            return loom_error_set(LOOM_ERR_INPUT, "%s %s needs --recompute-granularity full (it is %s)", n_m,
+                                  choice(F(recompute_method), *method), choice(F(recompute_granularity), *g));
+        if (n)
+            return loom_error_set(LOOM_ERR_INPUT, "%s %d needs --recompute-granularity full (it is %s)", n_n,
+                                  n, choice(F(recompute_granularity), *g));
+        return LOOM_OK;
+    }
+    if (*method == LOOM_RECOMPUTE_METHOD_NONE)
+        return loom_error_set(LOOM_ERR_INPUT, "%s full needs --recompute-method uniform or block", n_g);
+    if (n == 0)
+        return loom_error_set(LOOM_ERR_INPUT, "%s full needs --recompute-num-layers N (1 to %s %d)", n_g, n_l,
+                              cfg->num_layers);
+    if (n > cfg->num_layers)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d", n_n, n, n_l, cfg->num_layers);
+    return LOOM_OK;
+}
+
+/* FSDP's names: each means one ZeRO stage. */
+static int resolve_fsdp(struct loom_config *cfg)
+{
+    static const int stage_of[] = {
+        [LOOM_FSDP_NONE] = 0,
+        [LOOM_FSDP_FULL_SHARD] = 3,
+        [LOOM_FSDP_SHARD_GRAD_OP] = 2,
+        [LOOM_FSDP_NO_SHARD] = 0,
+    };
+    static_assert(sizeof stage_of / sizeof stage_of[0] == LOOM_FSDP_STRATEGY_COUNT, "stage_of");
+    if (cfg->fsdp_sharding_strategy == LOOM_FSDP_NONE) return LOOM_OK;
+    const int want = stage_of[cfg->fsdp_sharding_strategy];
+    if (given(cfg, F(zero_stage)) && cfg->zero_stage != want)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--fsdp-sharding-strategy %s means --zero-stage %d, but %s %d is given",
+                              choice(F(fsdp_sharding_strategy), cfg->fsdp_sharding_strategy), want,
+                              NAME(zero_stage), cfg->zero_stage);
+    cfg->zero_stage = want;
+    set_derived(cfg, F(zero_stage));
+    return LOOM_OK;
+}
+
+/* Mixed precision: one compute dtype, a gradient reduction in fp32 or in it. */
+static int resolve_precision(struct loom_config *cfg)
+{
+    if (cfg->fp16 && cfg->bf16)
+        return loom_error_set(LOOM_ERR_INPUT, "%s and %s are both on: choose one", NAME(fp16), NAME(bf16));
+    const enum loom_reduce_dtype compute = cfg->bf16   ? LOOM_REDUCE_BF16
+                                           : cfg->fp16 ? LOOM_REDUCE_FP16
+                                                       : LOOM_REDUCE_FP32;
+    if (cfg->grad_reduce_dtype != LOOM_REDUCE_FP32 && cfg->grad_reduce_dtype != compute)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s %s: a 16-bit gradient reduction needs the same compute dtype (%s)",
+                              NAME(grad_reduce_dtype), choice(F(grad_reduce_dtype), cfg->grad_reduce_dtype),
+                              cfg->grad_reduce_dtype == LOOM_REDUCE_BF16 ? "--bf16" : "--fp16");
+    if (cfg->fp16 && cfg->loss_scale == 0) {
+        int e;
+        if (frexp(cfg->initial_loss_scale, &e) != 0.5)
+            return loom_error_set(LOOM_ERR_INPUT, "%s %g: the dynamic loss scale must start at a power of 2",
+                                  NAME(initial_loss_scale), cfg->initial_loss_scale);
+    }
+    return LOOM_OK;
+}
+
+int loom_config_resolve(struct loom_config *cfg, int dp)
+{
+    struct loom_config_record *r = &cfg->rec;
+    for (int i = 0; i < r->nwarnings; i++) loom_log_warn("%s", r->warnings[i]);
+    if (r->nwarnings_dropped)
+        loom_log_warn("and %d more warnings about the configuration", r->nwarnings_dropped);
+    r->nwarnings = r->nwarnings_dropped = 0;
+    int rc;
+    if ((rc = resolve_precision(cfg))) return rc;
+    if (cfg->optimizer == LOOM_OPTIMIZER_ADAM && !cfg->adam_w_mode && cfg->weight_decay > 0)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s false asks for Adam with L2-coupled weight decay, which loom does not "
+                              "implement (it implements AdamW's decoupled decay); use %s adamw, or %s 0",
+                              NAME(adam_w_mode), NAME(optimizer), NAME(weight_decay));
+    if ((rc = resolve_batch(cfg, dp))) return rc;
+    if ((rc = resolve_fsdp(cfg))) return rc;
+    if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME && !*cfg->nvme_path)
+        return loom_error_set(LOOM_ERR_INPUT, "%s nvme needs %s DIR", NAME(offload_optimizer),
+                              NAME(nvme_path));
+    if ((rc = resolve_schedule(cfg))) return rc;
+    if (cfg->seq_length > cfg->max_position_embeddings)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d", NAME(seq_length), cfg->seq_length,
+                              NAME(max_position_embeddings), cfg->max_position_embeddings);
+    if (cfg->hidden_size % cfg->num_attention_heads)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %d is not divisible by %s %d", NAME(hidden_size),
+                              cfg->hidden_size, NAME(num_attention_heads), cfg->num_attention_heads);
+    if ((rc = resolve_recompute(cfg))) return rc;
+    if (cfg->eval_interval == 0) cfg->eval_interval = cfg->train_iters;
+    return LOOM_OK;
+}

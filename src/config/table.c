@@ -1,0 +1,276 @@
+/*
+ * The settings table: each setting once, with its flag, its JSON path, type,
+ * bounds, default and one line of help; the choice tables of its enums; and
+ * the lookups by field, by flag and by nearest flag. Parsing (parse.c),
+ * DeepSpeed JSON (json.c), derived values (resolve.c), --help and the
+ * printed configuration (print.c) are all driven by these rows. Not here:
+ * presets, which come from the model families (model/family.h).
+ */
+#include <assert.h>
+#include <limits.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "config/config_impl.h"
+
+/* Each choice table names its enum's values in order, NULL-terminated. */
+#define CHOICES(name, count, ...)                                                                            \
+    static const char *const name[] = {__VA_ARGS__, NULL};                                                   \
+    static_assert(sizeof name / sizeof name[0] == (count) + 1, #name " must name every value")
+
+CHOICES(decay_styles, LOOM_LR_DECAY_STYLE_COUNT, "constant", "linear", "cosine", "WarmupLR", "WarmupDecayLR",
+        "WarmupCosineLR");
+CHOICES(warmup_styles, LOOM_LR_WARMUP_STYLE_COUNT, "linear", "log");
+CHOICES(optimizers, LOOM_OPTIMIZER_COUNT, "adamw", "adam");
+CHOICES(fsdp_strategies, LOOM_FSDP_STRATEGY_COUNT, "none", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD");
+CHOICES(offload_devices, LOOM_OFFLOAD_COUNT, "none", "cpu", "nvme");
+CHOICES(nonfinite_actions, LOOM_ON_NONFINITE_COUNT, "abort", "skip");
+CHOICES(reduce_dtypes, LOOM_REDUCE_DTYPE_COUNT, "fp32", "bf16", "fp16");
+CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
+CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
+CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
+CHOICES(recompute_methods, LOOM_RECOMPUTE_METHOD_COUNT, "none", "uniform", "block");
+
+#define F(field) offsetof(struct loom_config, field)
+#define SIZE(field) sizeof(((struct loom_config *)0)->field)
+/* 0, and a compile error unless an ENUM row's field is int-sized (rows store enums as int) */
+#define INT_SIZED(field) (0 * sizeof(char[SIZE(field) == sizeof(int) ? 1 : -1]))
+/* row(flag, json path, group, field, ..., help[, .conv = ..., .json_alt = ...]) */
+#define ROW(flag_, json_, group_, type_, field, lo, hi, def_, choices_, help_, ...)                          \
+    {                                                                                                        \
+        .flag = flag_, .json = json_, .group = group_, .type = type_, .offset = F(field), .min = lo,         \
+        .max = hi, .def = def_, .choices = choices_, .help = help_, __VA_ARGS__                              \
+    }
+#define INT(flag, json, group, field, lo, hi, def, help, ...)                                                \
+    ROW(flag, json, group, T_INT, field, lo, hi, def, NULL, help, __VA_ARGS__)
+#define I64(flag, json, group, field, lo, hi, def, help, ...)                                                \
+    ROW(flag, json, group, T_INT64, field, lo, hi, def, NULL, help, __VA_ARGS__)
+#define DBL(flag, json, group, field, lo, hi, def, help, ...)                                                \
+    ROW(flag, json, group, T_DOUBLE, field, lo, hi, def, NULL, help, __VA_ARGS__)
+#define STR(flag, json, group, field, def, help, ...)                                                        \
+    ROW(flag, json, group, T_STRING, field, 0, 0, def, NULL, help, .size = SIZE(field), __VA_ARGS__)
+#define BOOL(flag, json, group, field, def, help, ...)                                                       \
+    ROW(flag, json, group, T_BOOL, field, 0, 1, def, NULL, help, __VA_ARGS__)
+#define ENUM(flag, json, group, field, choices, def, help, ...)                                              \
+    ROW(flag, json, group, T_ENUM, field, 0, 0, def, choices, help, .size = INT_SIZED(field), __VA_ARGS__)
+#define PATHS(flag, json, group, field, count_field, help)                                                   \
+    ROW(flag, json, group, T_PATHS, field, 0, 0, NULL, NULL, help, .count = F(count_field))
+#define PRESET(flag, json, group, field, help)                                                               \
+    ROW(flag, json, group, T_PRESET, field, 0, 0, NULL, NULL, help, .size = SIZE(field))
+
+/* clang-format off */
+const struct setting loom_settings[] = {
+    STR("--deepspeed-config", NULL, "config", deepspeed_config, "",
+        "DeepSpeed JSON config FILE (alias --deepspeed_config): the json: keys below; flags override it"),
+    BOOL("--dry-run", NULL, "config", dry_run, "0",
+         "resolve and print the configuration, then exit (loom train, loom eval)"),
+
+    PRESET("--model", "model", "model", model, "preset of a model family:"),
+    INT("--num-layers", "num_layers", "model", num_layers, 1, 1024, NULL, "transformer layers (L)"),
+    INT("--hidden-size", "hidden_size", "model", hidden_size, 1, 65536, NULL, "channels (C)"),
+    INT("--num-attention-heads", "num_attention_heads", "model", num_attention_heads, 1, 1024, NULL,
+        "attention heads (NH)"),
+    INT("--seq-length", "seq_length", "model", seq_length, 1, 1 << 20, NULL, "tokens per sequence (T)"),
+    INT("--max-position-embeddings", "max_position_embeddings", "model", max_position_embeddings,
+        1, 1 << 20, NULL, "rows of the position embedding"),
+    INT("--vocab-size", "vocab_size", "model", vocab_size, 2, 1 << 24, NULL, "vocabulary size (V)"),
+
+    INT("--micro-batch-size", "train_micro_batch_size_per_gpu", "batch", micro_batch_size, 0, 1 << 20, "0",
+        "sequences per micro-batch per rank (0: derived)", .joint = 1),
+    INT("--global-batch-size", "train_batch_size", "batch", global_batch_size, 0, 1 << 24, "0",
+        "sequences per step, all ranks (0: derived)", .joint = 1),
+    INT("--gradient-accumulation-steps", "gradient_accumulation_steps", "batch",
+        gradient_accumulation_steps, 0, 1 << 20, "0", "micro-batches per step per rank (0: derived)",
+        .joint = 1),
+
+    INT("--train-iters", "train_iters", "training", train_iters, 1, INT_MAX, NULL, "optimizer steps"),
+    ENUM("--optimizer", "optimizer.type", "training", optimizer, optimizers, "adamw",
+         "adamw or adam, both the decoupled AdamW update (DeepSpeed's Adam and Megatron's adam are AdamW)"),
+    BOOL("--adam-w-mode", "optimizer.params.adam_w_mode", "training", adam_w_mode, "1",
+         "false: Adam with L2-coupled weight decay, not implemented (accepted with --weight-decay 0)"),
+    DBL("--lr", "optimizer.params.lr", "training", lr, 0, 10, NULL,
+        "peak learning rate (json: the scheduler's warmup_max_lr wins, as in DeepSpeed)",
+        .json_alt = "scheduler.params.warmup_max_lr"),
+    DBL("--min-lr", "scheduler.params.warmup_min_lr", "training", min_lr, 0, 10, "0",
+        "learning rate at the end of decay; WarmupLR and WarmupDecayLR also start their warmup there"),
+    INT("--lr-warmup-iters", "scheduler.params.warmup_num_steps", "training", lr_warmup_iters, 0, INT_MAX,
+        NULL, "warmup steps (DeepSpeed's schedulers: at least 2)"),
+    INT("--lr-decay-iters", "scheduler.params.total_num_steps", "training", lr_decay_iters, 0, INT_MAX, "0",
+        "step where decay reaches its floor (0: --train-iters)"),
+    ENUM("--lr-decay-style", "scheduler.type", "training", lr_decay_style, decay_styles, "cosine",
+         "constant, linear, cosine (Megatron's) or WarmupLR, WarmupDecayLR, WarmupCosineLR (DeepSpeed's)"),
+    ENUM("--lr-warmup-style", "scheduler.params.warmup_type", "training", lr_warmup_style, warmup_styles,
+         "linear", "linear or log (DeepSpeed's schedulers only; log unless given, as in DeepSpeed)"),
+    DBL("--lr-warmup-min-ratio", "scheduler.params.warmup_min_ratio", "training", lr_warmup_min_ratio, 0, 1,
+        "0", "WarmupCosineLR: warmup starts at this fraction of --lr"),
+    DBL("--lr-cos-min-ratio", "scheduler.params.cos_min_ratio", "training", lr_cos_min_ratio, 0, 1,
+        "0.0001", "WarmupCosineLR: cosine ends at this fraction of --lr"),
+    DBL("--weight-decay", "optimizer.params.weight_decay", "training", weight_decay, 0, 10, "0.1",
+        "decoupled weight decay (2-D tensors only)"),
+    DBL("--adam-beta1", "optimizer.params.betas[0]", "training", adam_beta1, 0, 0.999999, "0.9",
+        "AdamW beta1"),
+    DBL("--adam-beta2", "optimizer.params.betas[1]", "training", adam_beta2, 0, 0.999999999, "0.95",
+        "AdamW beta2"),
+    DBL("--adam-eps", "optimizer.params.eps", "training", adam_eps, 0, 1, "1e-8", "AdamW epsilon"),
+    DBL("--clip-grad", "gradient_clipping", "training", clip_grad, 0, 1e9, "1.0",
+        "global gradient-norm clip (0: off)"),
+    I64("--seed", "seed", "training", seed, 0, 9.2e18, "1234", "seed of initialisation and data order"),
+
+    BOOL("--fp16", "fp16.enabled", "precision", fp16, "0",
+         "fp16 mixed precision, dynamic loss scaling (fp32 master weights and optimizer state)"),
+    BOOL("--bf16", "bf16.enabled", "precision", bf16, "0",
+         "bf16 mixed precision (fp32 master weights and optimizer state)", .json_alt = "bfloat16.enabled"),
+    ENUM("--grad-reduce-dtype", "communication_data_type", "precision", grad_reduce_dtype, reduce_dtypes,
+         "fp32", "dtype of the gradient sum across ranks: fp32, or the compute dtype (half the bytes)"),
+    ENUM("--on-nonfinite", "on_nonfinite", "precision", on_nonfinite, nonfinite_actions, "abort",
+         "a non-finite loss or gradient (bf16, fp32): abort, or skip the step (fp16's loss scaler skips)"),
+    DBL("--loss-scale", "fp16.loss_scale", "precision", loss_scale, 0, 1e38, "0",
+        "static loss scale (0: dynamic)"),
+    DBL("--initial-loss-scale", "fp16.initial_scale_power", "precision", initial_loss_scale, 1, 0x1p127,
+        "4294967296", "initial dynamic loss scale (json: the power P of 2^P)", .conv = J_POW2),
+    DBL("--min-loss-scale", "fp16.min_loss_scale", "precision", min_loss_scale, 0, 1e38, "1",
+        "dynamic loss scale floor"),
+    INT("--loss-scale-window", "fp16.loss_scale_window", "precision", loss_scale_window, 1, INT_MAX, "1000",
+        "steps without overflow before the loss scale grows"),
+    INT("--hysteresis", "fp16.hysteresis", "precision", hysteresis, 1, INT_MAX, "2",
+        "overflows tolerated before the loss scale shrinks"),
+
+    PATHS("--data-path", "data_path", "data", data_paths, ndata_paths,
+          "training token shards: files or globs (default: the built-in corpus)"),
+    PATHS("--valid-data-path", "valid_data_path", "data", valid_data_paths, nvalid_paths,
+          "validation token shards"),
+    ENUM("--data-order", "data_order", "data", data_order, data_orders, "shuffled",
+         "shuffled (from seed and step) or sequential (llm.c order)"),
+    STR("--data-cache", "data_cache", "data", data_cache, "",
+        "where the built-in corpus is generated (default ~/.cache/loom)"),
+
+    INT("--log-interval", "steps_per_print", "logging", log_interval, 1, INT_MAX, NULL,
+        "steps between log lines"),
+    INT("--eval-interval", "eval_interval", "logging", eval_interval, 0, INT_MAX, NULL,
+        "steps between evaluations (0: only at the end)"),
+    INT("--eval-iters", "eval_iters", "logging", eval_iters, 0, INT_MAX, "10", "batches per evaluation"),
+    STR("--metrics", "metrics", "logging", metrics, "", "append one JSON line per logged step to FILE"),
+
+    STR("--load", "load", "checkpoint", load, "",
+        "resume from checkpoint DIR (latest or an iter_NNNNNNN), or start from weights FILE.safetensors"),
+    BOOL("--finetune", "finetune", "checkpoint", finetune, "0",
+         "with --load: take the weights only; step 0, fresh optimizer state"),
+    STR("--save", "save", "checkpoint", save, "",
+        "write checkpoints to DIR/iter_NNNNNNN (at --save-interval and at the end)"),
+    INT("--save-interval", "save_interval", "checkpoint", save_interval, 0, INT_MAX, "0",
+        "steps between checkpoints (0: only at the end)"),
+    INT("--keep-last", "keep_last", "checkpoint", keep_last, 0, INT_MAX, "0",
+        "keep only the K newest checkpoints (0: all)"),
+
+    STR("--prompt", "prompt", "sampling", prompt, "", "text to continue (loom sample)"),
+    INT("--max-new-tokens", "max_new_tokens", "sampling", max_new_tokens, 0, 1 << 20, "64",
+        "tokens to generate (loom sample)"),
+    DBL("--temperature", "temperature", "sampling", temperature, 0, 100, "1.0",
+        "softmax temperature, 0 for greedy (loom sample)"),
+    INT("--top-k", "top_k", "sampling", top_k, 0, 1 << 24, "0",
+        "sample among the k most likely tokens (0: all)"),
+
+    INT("--tensor-model-parallel-size", "tensor_model_parallel_size", "parallelism",
+        tensor_model_parallel_size, 1, 4096, "1", "tensor-parallel group size"),
+    INT("--pipeline-model-parallel-size", "pipeline_model_parallel_size", "parallelism",
+        pipeline_model_parallel_size, 1, 4096, "1", "pipeline stages"),
+    DBL("--ddp-bucket-size", "zero_optimization.reduce_bucket_size", "parallelism", ddp_bucket_size,
+        0.001, 1e6, "25", "MB of gradients per DDP all-reduce bucket (json: fp32 elements, 4 bytes each)",
+        .conv = J_ELEMENTS_MB),
+    BOOL("--no-overlap", "zero_optimization.overlap_comm", "parallelism", no_overlap, "0",
+         "reduce gradients after the backward, not during it (json: overlap_comm is the inverse)",
+         .conv = J_NOT),
+    ENUM("--ddp-impl", "ddp_impl", "parallelism", ddp_impl, ddp_impls, "bucketed",
+         "bucketed (overlapped) or naive (one all-reduce, the reference)"),
+    INT("--zero-stage", "zero_optimization.stage", "parallelism", zero_stage, 0, 3, "0",
+        "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 and gradients, 3 and parameters"),
+    ENUM("--fsdp-sharding-strategy", "fsdp_sharding_strategy", "parallelism", fsdp_sharding_strategy,
+         fsdp_strategies, "none", "FSDP's names: FULL_SHARD (stage 3), SHARD_GRAD_OP (2), NO_SHARD (0)"),
+    I64("--zero3-min-params", "zero3_min_params", "parallelism", zero3_min_params, 0, 9e15, "0",
+        "stage 3 gathers consecutive blocks until they hold N parameters (0: one block)"),
+    ENUM("--offload-optimizer", "zero_optimization.offload_optimizer.device", "parallelism",
+         offload_optimizer, offload_devices, "none",
+         "where the optimizer state lives: none, cpu (no-op on the CPU backend), nvme"),
+    STR("--nvme-path", "zero_optimization.offload_optimizer.nvme_path", "parallelism", nvme_path, "",
+        "directory for --offload-optimizer nvme"),
+    DBL("--offload-buffer-size", "offload_buffer_size", "parallelism", offload_buffer_size, 0.001, 1e6, "64",
+        "MB of optimizer state resident while streaming from nvme"),
+    DBL("--comm-timeout", "comm_timeout", "parallelism", comm_timeout, 0.1, 1e7, "600",
+        "seconds before a stuck collective aborts the job"),
+
+    BOOL("--recompute-activations", "recompute_activations", "recompute", recompute_activations, "0",
+         "Megatron's shorthand for --recompute-granularity selective"),
+    ENUM("--recompute-granularity", "recompute_granularity", "recompute", recompute_granularity,
+         recompute_granularities, "none",
+         "selective: recompute attention probabilities; full: rerun a recomputed layer's forward"),
+    ENUM("--recompute-method", "recompute_method", "recompute", recompute_method, recompute_methods, "none",
+         "which layers full recomputation covers: uniform (all, in chunks of N) or block (the first N)"),
+    INT("--recompute-num-layers", "activation_checkpointing.number_checkpoints", "recompute",
+        recompute_num_layers, 0, 1 << 20, "0",
+        "N: layers per chunk (uniform) or layers recomputed (block); 0: not given"),
+
+    INT("--threads", "threads", "machine", threads, 0, 4096, "0",
+        "threads for kernels and BLAS (0: all cores)"),
+    DBL("--peak-tflops", "peak_tflops", "machine", peak_tflops, 0, 1e6, "0",
+        "peak FLOP/s for MFU, in TFLOP/s (0: calibrate)"),
+};
+/* clang-format on */
+#define NSETTINGS ((int)(sizeof loom_settings / sizeof loom_settings[0]))
+static_assert(NSETTINGS <= LOOM_CONFIG_MAX_SETTINGS, "raise LOOM_CONFIG_MAX_SETTINGS (loom/config.h)");
+const int loom_nsettings = NSETTINGS;
+
+/* Other spellings of a flag. */
+static const struct {
+    const char *alias, *flag;
+} flag_aliases[] = {
+    {"--deepspeed_config", "--deepspeed-config"},
+};
+
+int loom_setting_index(size_t offset)
+{
+    for (int i = 0; i < NSETTINGS; i++)
+        if (loom_settings[i].offset == offset) return i;
+    LOOM_ASSERT(0);
+    return -1;
+}
+
+const struct setting *loom_setting_find(const char *flag, size_t len)
+{
+    for (size_t a = 0; a < sizeof flag_aliases / sizeof flag_aliases[0]; a++)
+        if (strlen(flag_aliases[a].alias) == len && strncmp(flag_aliases[a].alias, flag, len) == 0) {
+            flag = flag_aliases[a].flag;
+            len = strlen(flag);
+        }
+    for (int i = 0; i < NSETTINGS; i++)
+        if (strlen(loom_settings[i].flag) == len && strncmp(loom_settings[i].flag, flag, len) == 0)
+            return &loom_settings[i];
+    return NULL;
+}
+
+int loom_edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+const char *loom_setting_nearest(const char *flag)
+{
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    for (int i = 0; i < NSETTINGS; i++) {
+        int d = loom_edit_distance(flag, loom_settings[i].flag);
+        if (d < best_d) best_d = d, best = loom_settings[i].flag;
+    }
+    return best_d <= 4 || (best && strstr(best, flag + 2)) ? best : NULL;
+}

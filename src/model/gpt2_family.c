@@ -1,0 +1,188 @@
+/*
+ * GPT-2 as a model family (model/family.h): its presets, the check of its
+ * shape settings, a model built from the configuration (recomputation and,
+ * when training, the activation dtype), its FLOPs, and its shape as files
+ * record it (checkpoints: num_layers, hidden_size, num_attention_heads,
+ * max_position_embeddings, vocab_size; weights: gpt2_io.h). Not here: the
+ * model itself (gpt2.c) and its weights formats (gpt2_io.c, gpt2_llmc.c).
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "model/family.h"
+#include "model/gpt2.h"
+#include "model/gpt2_io.h"
+
+/* Presets: the shape and the training defaults that go with it. A preset's
+ * micro-batch applies only while no batch setting is given (config/parse.c). */
+/* clang-format off */
+static const struct loom_model_preset presets[] = {
+    {.name = "gpt2-tiny", .summary = "GPT-2 shape, 4 layers x 128 channels, bytes: a run in seconds",
+     .settings = {{"--num-layers", "4"}, {"--hidden-size", "128"}, {"--num-attention-heads", "4"},
+                  {"--seq-length", "64"}, {"--max-position-embeddings", "64"}, {"--vocab-size", "256"},
+                  {"--train-iters", "1200"}, {"--lr-warmup-iters", "100"}, {"--eval-interval", "200"},
+                  {"--log-interval", "100"}, {"--lr", "3e-3"}, {"--micro-batch-size", "16"}}},
+    {.name = "gpt2", .summary = "GPT-2 124M",
+     .settings = {{"--num-layers", "12"}, {"--hidden-size", "768"}, {"--num-attention-heads", "12"},
+                  {"--seq-length", "1024"}, {"--max-position-embeddings", "1024"}, {"--vocab-size", "50257"},
+                  {"--train-iters", "1000"}, {"--lr-warmup-iters", "100"}, {"--eval-interval", "250"},
+                  {"--log-interval", "10"}, {"--lr", "6e-4"}, {"--micro-batch-size", "4"}}},
+    {.name = "gpt2-medium", .summary = "GPT-2 350M",
+     .settings = {{"--num-layers", "24"}, {"--hidden-size", "1024"}, {"--num-attention-heads", "16"},
+                  {"--seq-length", "1024"}, {"--max-position-embeddings", "1024"}, {"--vocab-size", "50257"},
+                  {"--train-iters", "1000"}, {"--lr-warmup-iters", "100"}, {"--eval-interval", "250"},
+                  {"--log-interval", "10"}, {"--lr", "3e-4"}, {"--micro-batch-size", "4"}}},
+    {.name = "gpt2-large", .summary = "GPT-2 774M",
+     .settings = {{"--num-layers", "36"}, {"--hidden-size", "1280"}, {"--num-attention-heads", "20"},
+                  {"--seq-length", "1024"}, {"--max-position-embeddings", "1024"}, {"--vocab-size", "50257"},
+                  {"--train-iters", "1000"}, {"--lr-warmup-iters", "100"}, {"--eval-interval", "250"},
+                  {"--log-interval", "10"}, {"--lr", "2.5e-4"}, {"--micro-batch-size", "4"}}},
+    {.name = "gpt2-xl", .summary = "GPT-2 1.5B",
+     .settings = {{"--num-layers", "48"}, {"--hidden-size", "1600"}, {"--num-attention-heads", "25"},
+                  {"--seq-length", "1024"}, {"--max-position-embeddings", "1024"}, {"--vocab-size", "50257"},
+                  {"--train-iters", "1000"}, {"--lr-warmup-iters", "100"}, {"--eval-interval", "250"},
+                  {"--log-interval", "10"}, {"--lr", "2e-4"}, {"--micro-batch-size", "4"}}},
+};
+/* clang-format on */
+
+static struct loom_gpt2_config shape_of_config(const struct loom_config *cfg)
+{
+    return (struct loom_gpt2_config){.num_layers = cfg->num_layers,
+                                     .hidden = cfg->hidden_size,
+                                     .heads = cfg->num_attention_heads,
+                                     .max_pos = cfg->max_position_embeddings,
+                                     .vocab = cfg->vocab_size};
+}
+
+static struct loom_gpt2 *gpt2_of(const struct loom_model *m)
+{
+    return loom_gpt2_of((struct loom_model *)m);
+}
+
+static int check(const struct loom_config *cfg, int T)
+{
+    const struct loom_gpt2_config mc = shape_of_config(cfg);
+    return loom_gpt2_config_check(&mc, T);
+}
+
+static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training)
+{
+    const struct loom_gpt2_config mc = shape_of_config(cfg);
+    struct loom_gpt2 *m = loom_gpt2_create(&mc, B, T);
+    loom_gpt2_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
+    if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
+        m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+    return &m->base;
+}
+
+static void destroy(struct loom_model *m)
+{
+    if (m) loom_gpt2_free(loom_gpt2_of(m));
+}
+
+static double flops_per_token(const struct loom_model *m)
+{
+    return loom_gpt2_flops_per_token(gpt2_of(m));
+}
+
+static void describe(const struct loom_model *m, char *buf, size_t n)
+{
+    const struct loom_gpt2 *g = gpt2_of(m);
+    snprintf(buf, n, "%d layers, %d channels, %d heads, T=%d, V=%d", g->cfg.num_layers, g->cfg.hidden,
+             g->cfg.heads, g->T, g->cfg.vocab);
+}
+
+/* The shape keys, as checkpoints' trainer state has always written them. */
+#define F(field) offsetof(struct loom_config, field)
+static const struct {
+    const char *key;
+    size_t offset; /* of the int in struct loom_config */
+} shape_keys[] = {
+    {"num_layers", F(num_layers)},
+    {"hidden_size", F(hidden_size)},
+    {"num_attention_heads", F(num_attention_heads)},
+    {"max_position_embeddings", F(max_position_embeddings)},
+    {"vocab_size", F(vocab_size)},
+};
+#define NKEYS ((int)(sizeof shape_keys / sizeof shape_keys[0]))
+
+static void shape_of(const struct loom_config *cfg, struct loom_model_shape *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->type, sizeof out->type, "%s", loom_gpt2_family.name);
+    for (int k = 0; k < NKEYS; k++) {
+        snprintf(out->kv[k].key, sizeof out->kv[k].key, "%s", shape_keys[k].key);
+        out->kv[k].value = *(const int *)((const char *)cfg + shape_keys[k].offset);
+    }
+    out->n = NKEYS;
+}
+
+static int apply_shape(const struct loom_model_shape *shape, struct loom_config *cfg)
+{
+    if (strcmp(shape->type, loom_gpt2_family.name) != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "the file holds a %s model, not %s", shape->type,
+                              loom_gpt2_family.title);
+    int seen[NKEYS] = {0};
+    for (int i = 0; i < shape->n; i++) {
+        int k = 0;
+        while (k < NKEYS && strcmp(shape->kv[i].key, shape_keys[k].key) != 0) k++;
+        if (k == NKEYS)
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: not a %s shape setting", shape->kv[i].key,
+                                  loom_gpt2_family.title);
+        if (shape->kv[i].value < 1 || shape->kv[i].value > INT_MAX)
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected 1 to %d, got %lld", shape->kv[i].key,
+                                  INT_MAX, (long long)shape->kv[i].value);
+        seen[k] = 1;
+    }
+    for (int k = 0; k < NKEYS; k++)
+        if (!seen[k]) return loom_error_set(LOOM_ERR_INPUT, "model.%s: missing", shape_keys[k].key);
+    for (int i = 0; i < shape->n; i++)
+        for (int k = 0; k < NKEYS; k++)
+            if (strcmp(shape->kv[i].key, shape_keys[k].key) == 0)
+                *(int *)((char *)cfg + shape_keys[k].offset) = (int)shape->kv[i].value;
+    return LOOM_OK;
+}
+
+/* A safetensors file's shape; the heads only when the file says or the
+ * hidden size implies them (else cfg's stay). */
+static int read_shape(const char *path, struct loom_config *cfg)
+{
+    struct loom_gpt2_config wc;
+    int rc = loom_gpt2_peek_config(path, &wc);
+    if (rc) return rc;
+    cfg->num_layers = wc.num_layers;
+    cfg->hidden_size = wc.hidden;
+    cfg->max_position_embeddings = wc.max_pos;
+    cfg->vocab_size = wc.vocab;
+    if (wc.heads) cfg->num_attention_heads = wc.heads;
+    return LOOM_OK;
+}
+
+static int load_weights(struct loom_model *m, const char *path)
+{
+    return loom_gpt2_load(loom_gpt2_of(m), path);
+}
+
+static int save_weights(struct loom_model *m, const char *path)
+{
+    return loom_gpt2_save(loom_gpt2_of(m), path);
+}
+
+const struct loom_model_family loom_gpt2_family = {
+    .name = "gpt2",
+    .title = "GPT-2",
+    .presets = presets,
+    .npresets = (int)(sizeof presets / sizeof presets[0]),
+    .check = check,
+    .create = create,
+    .destroy = destroy,
+    .flops_per_token = flops_per_token,
+    .describe = describe,
+    .shape_of = shape_of,
+    .apply_shape = apply_shape,
+    .read_shape = read_shape,
+    .load_weights = load_weights,
+    .save_weights = save_weights,
+};
