@@ -198,7 +198,7 @@ static void test_json(void)
     CHECK(cfg.optimizer == LOOM_OPTIMIZER_ADAMW && cfg.adam_beta1 == 0.8 && cfg.adam_beta2 == 0.99);
     CHECK(cfg.adam_eps == 1e-6 && cfg.weight_decay == 0.05);
     CHECK(cfg.zero_stage == 2 && cfg.no_overlap == 1 && cfg.ddp_bucket_size == 200); /* 5e7 x 4 bytes */
-    CHECK(cfg.offload_optimizer == 2 && strcmp(cfg.nvme_path, "/nvme") == 0);
+    CHECK(cfg.offload_optimizer == LOOM_OFFLOAD_NVME && strcmp(cfg.nvme_path, "/nvme") == 0);
     CHECK(cfg.initial_loss_scale == 65536 && cfg.loss_scale_window == 500 && !cfg.fp16);
     CHECK(cfg.lr == 0.002 && cfg.num_layers == 4);
     CHECK_ROW(&cfg, "lr", "0.002 (flag (json had 0.001))");

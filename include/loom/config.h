@@ -11,6 +11,7 @@
 #define LOOM_CONFIG_H
 
 #include <stdint.h>
+
 enum loom_lr_decay_style {
     LOOM_LR_CONSTANT = 0,
     LOOM_LR_LINEAR = 1,
@@ -121,7 +122,7 @@ struct loom_config {
     char deepspeed_config[512]; /* JSON config file, "" for none */
     int dry_run;                /* resolve and print the configuration, then exit */
     /* model */
-    char model[32]; /* preset name, "" for none */
+    char model[32]; /* a preset of a model family (model/family.h) */
     int num_layers, hidden_size, num_attention_heads, seq_length, max_position_embeddings, vocab_size;
     /* batch: global = micro x accumulation x dp */
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;
@@ -134,7 +135,7 @@ struct loom_config {
     enum loom_optimizer optimizer;
     int adam_w_mode; /* 0: Adam with L2-coupled weight decay (not implemented) */
     int64_t seed;
-    /* precision (mixed precision is not in the trainer yet) */
+    /* mixed precision */
     int fp16, bf16;
     double loss_scale; /* 0: dynamic */
     double initial_loss_scale, min_loss_scale;
