@@ -16,7 +16,6 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "engine/checkpoint.h"
-#include "io/checkpoint.h"
 #include "io/synth.h"
 #include "io/tokenizer.h"
 #include "loom/loom.h"
@@ -110,31 +109,6 @@ static int cmd_data(int argc, char **argv)
     return loom_error_set(LOOM_ERR_INPUT, "unknown data command '%s' (tokenize, synth)", argv[0]);
 }
 
-/* The shape a checkpoint's trainer state records (the first readable
- * checkpoint of a save directory), onto file's model settings. */
-static int checkpoint_shape(const char *path, struct loom_config *file)
-{
-    char **dirs = NULL;
-    int n = 0, is_save;
-    int rc = loom_ckpt_candidates(path, &dirs, &n, &is_save);
-    struct loom_ckpt_state st;
-    for (int c = 0; rc == LOOM_OK && c < n; c++) {
-        if (loom_ckpt_state_read(dirs[c], &st) == LOOM_OK) {
-            const struct loom_model_family *fam = loom_model_family_find(st.model.type);
-            if (!fam)
-                rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, which no model family describes",
-                                    dirs[c], st.model.type);
-            else
-                rc = fam->apply_shape(&st.model, file);
-            loom_ckpt_state_free(&st);
-            break;
-        }
-        if (c + 1 == n) rc = LOOM_ERR_INPUT;
-    }
-    loom_ckpt_candidates_free(dirs, n);
-    return rc;
-}
-
 /* eval and sample: the model's shape comes from what --load names (a
  * checkpoint, or weights of the --model preset's family), except the shape
  * settings the flags or the JSON file give. */
@@ -146,7 +120,7 @@ static int shape_from_load(struct loom_config *cfg)
     memcpy(file, cfg, sizeof *file);
     int rc;
     if (loom_checkpoint_is_dir(cfg->load))
-        rc = checkpoint_shape(cfg->load, file);
+        rc = loom_checkpoint_read_shape(cfg->load, file);
     else if (fam->read_shape)
         rc = fam->read_shape(cfg->load, file);
     else
