@@ -21,7 +21,8 @@
 #include "base/mem.h"
 #include "base/pool.h"
 #include "config/config.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
+#include "kernels/kernels.h" /* loom_has_nonfinite */
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
 
@@ -103,7 +104,7 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, e->topo.dp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if ((rc = loom_engine_agree(e, check_same_config(cfg)))) return rc;
-    if (cfg->threads > 0) loom_threads_set(cfg->threads);
+    if (cfg->threads > 0) loom_backend_cpu()->k->set_threads(cfg->threads);
     return LOOM_OK;
 }
 

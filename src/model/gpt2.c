@@ -450,14 +450,17 @@ static void layers_of(const struct loom_gpt2 *m, int first, int last, int *l0, i
 /* Blocks [first, last] on the slot's micro-batch. A range starting after the
  * embedding reads its input into the residual buffer the previous layer
  * would have written; one ending before the head writes its last layer's
- * output out. The head, whose LM head reads the tied table, needs the
- * embedding in the same range (pipeline stages give the last one its copy). */
+ * output out. The head's LM head reads the tied table, which the embedding
+ * block holds: a range with the head but not the embedding announces that
+ * block around its use, so the model must hold it (one process; a pipeline's
+ * last stage will hold a copy synced through the embedding group). Full
+ * recomputation needs ranges that start at the embedding. */
 static void forward(struct loom_model *model, int first, int last, struct loom_micro *mb)
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
     const int B = mb->rows;
     LOOM_ASSERT(B >= 1 && B <= m->B && mb->slot >= 0 && mb->slot < m->nslots);
-    LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks && (last != m->head || first == m->emb));
+    LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks);
     if (!m->slots) alloc_activations(m);
     const int T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
     const size_t NC = (size_t)N * C;
@@ -466,6 +469,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     a->inputs = batch ? batch->inputs : NULL;
     a->targets = batch ? batch->targets : NULL;
     a->rows = B;
+    a->emb_open = 0;
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
     LOOM_ASSERT(first == m->emb || (mb->input && m->recompute != LOOM_RECOMPUTE_FULL));
@@ -488,6 +492,9 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         return;
     }
     struct loom_block *head = &model->blocks[m->head], *emb = &model->blocks[m->emb];
+    /* the LM head reads the tied table: announced again when the embedding
+     * is not in this range (its holder gathered or converted it once more) */
+    if (first != m->emb) loom_model_forward_begin(model, m->emb);
     loom_model_forward_begin(model, m->head);
     m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, 0),
                             loom_param(head, 1), N, C);
@@ -495,6 +502,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     loom_model_forward_end(model, m->head);
     m->k->lm_head_forward(a->logits, a->lnf, loom_param(emb, 0), N, C, V);
     round_act(m, a->logits, (size_t)N * V);
+    if (first != m->emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
     if (!a->targets) return;
     m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
@@ -558,6 +566,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
         round_act(m, a->logits, (size_t)N * V);
         loom_model_backward_begin(model, m->emb);
+        a->emb_open = 1; /* the embedding's gradients are open until its own backward */
         loom_model_backward_begin(model, m->head);
         m->k->lm_head_backward(m->dbufC, loom_grad(emb, 0), a->logits, a->lnf, loom_param(emb, 0), N, C, V);
         round_act(m, m->dbufC, NC);
@@ -589,10 +598,11 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         return;
     }
     struct loom_block *emb = &model->blocks[m->emb];
-    if (last != m->head) loom_model_backward_begin(model, m->emb);
+    if (!a->emb_open) loom_model_backward_begin(model, m->emb);
     m->k->embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
                              a->inputs, B, T, C);
     loom_model_grads_ready(model, m->emb);
+    a->emb_open = 0;
 }
 
 float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_t *targets, int B)

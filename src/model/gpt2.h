@@ -56,8 +56,8 @@ struct loom_gpt2_acts {
     size_t logits_numel;              /* its buffer: B*T*V floats, or the recompute scratch's if larger */
     float *losses, *lse;              /* (B,T) */
     const int32_t *inputs, *targets;  /* of the last forward, (B,T) each */
-    const float *input;               /* (B,T,C) a range's input from the previous stage, or NULL */
     int rows;                         /* B of the last forward */
+    int emb_open; /* the head's backward announced the embedding's gradients; its own backward closes them */
 };
 
 struct loom_gpt2 {

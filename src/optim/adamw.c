@@ -7,7 +7,7 @@
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 #include "optim/offload.h"
 
 #include <unistd.h>
@@ -112,8 +112,8 @@ static void update_range(struct loom_adamw *opt, float *params, const float *gra
         } else {
             m += at, v += at;
         }
-        loom_adamw_update(params + done, m, v, grads + done, c, lr, (float)opt->beta1, (float)opt->beta2,
-                          (float)opt->eps, wd, grad_scale, opt->t);
+        loom_backend_cpu()->k->adamw_update(params + done, m, v, grads + done, c, lr, (float)opt->beta1,
+                                            (float)opt->beta2, (float)opt->eps, wd, grad_scale, opt->t);
         if (opt->fd >= 0) {
             loom_offload_write(opt->fd, m, c * sizeof(float), at * sizeof(float));
             loom_offload_write(opt->fd, v, c * sizeof(float), (total + at) * sizeof(float));
@@ -125,7 +125,8 @@ static void update_range(struct loom_adamw *opt, float *params, const float *gra
 double loom_grad_norm(const struct loom_block *blocks, int nblocks)
 {
     double ss = 0;
-    for (int i = 0; i < nblocks; i++) ss += loom_sum_squares(blocks[i].work_grads, blocks[i].numel);
+    for (int i = 0; i < nblocks; i++)
+        ss += loom_backend_cpu()->k->sum_squares(blocks[i].work_grads, blocks[i].numel);
     return sqrt(ss);
 }
 

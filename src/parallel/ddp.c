@@ -7,7 +7,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/pool.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 
 static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
@@ -103,8 +103,9 @@ static void scatter_all_ranks(struct loom_ddp *d)
     loom_comm_wait(h1);
     loom_comm_wait(h2);
     for (int k = 0; k < d->dp; k++)
-        loom_embedding_backward(m->blocks[te.block].work_grads, NULL, d->gathered_dres + (size_t)k * rows * C,
-                                d->gathered_tokens + (size_t)k * rows, 1, (int)rows, (int)C);
+        loom_backend_cpu()->k->embedding_backward(
+            m->blocks[te.block].work_grads, NULL, d->gathered_dres + (size_t)k * rows * C,
+            d->gathered_tokens + (size_t)k * rows, 1, (int)rows, (int)C);
 }
 
 /* Tells the model whether its backward leaves the table's scatter to us. */

@@ -11,7 +11,7 @@
 #include "base/mem.h"
 #include "base/pool.h"
 #include "comm/comm.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 
 struct loom_zero_flight {
     struct loom_buf buf;            /* the block's full float32 gradient, transient */
@@ -413,7 +413,7 @@ double loom_zero_grad_norm(const struct loom_zero *z)
     LOOM_ASSERT(z->stage >= 2);
     const size_t n = z->part.end - z->part.begin;
     double ss = z->model->dtype == LOOM_DTYPE_F32
-                    ? loom_sum_squares(z->grad_shard.data, n)
+                    ? loom_backend_cpu()->k->sum_squares(z->grad_shard.data, n)
                     : loom_lp_sum_squares(z->grad_shard.data, n, z->model->dtype);
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     return sqrt(ss);
