@@ -1,12 +1,14 @@
 /*
- * The engine: one model trained under the data-parallel layout a config
- * asks for (one process, DDP, ZeRO-1/2/3, optimizer offload), with AdamW,
- * the learning-rate schedule, gradient clipping and checkpoints. The shape
- * is DeepSpeed's engine: forward, backward and step per micro-batch, or one
- * train_batch call per global batch. Changing the layout is changing the
- * config; the model and the loop stay.
+ * The engine: one model trained under the layout a config asks for (one
+ * process, DDP, ZeRO-1/2/3, mixed precision, optimizer offload: a stack of
+ * strategies around the model's blocks, loom/strategy.h), with AdamW, the
+ * learning-rate schedule, gradient clipping and checkpoints. The shape is
+ * DeepSpeed's engine: forward, backward and step per micro-batch, or one
+ * train_batch call per global batch, which runs the layout's schedule of
+ * micro-batches. Changing the layout is changing the config; the model and
+ * the loop stay.
  *
- *     loom_comm_init(&argc, &argv);
+ *     loom_init(&argc, &argv);
  *     loom_config_parse(&cfg, argc - 1, argv + 1, &help);   // flags and --deepspeed-config
  *     loom_engine_init(&e, &cfg);                  // ranks, batch sizes resolved
  *     build the model (loom/model.h) for micro-batches of cfg.micro_batch_size
@@ -68,7 +70,10 @@ int64_t loom_engine_steps_done(const struct loom_engine *e);
 int loom_engine_micro_batch_rows(const struct loom_engine *e, int micro);
 
 /* One micro-batch: forward (returns its mean loss), then backward. The
- * gradient is averaged over the global batch by the engine. */
+ * gradient is averaged over the global batch by the engine. Without
+ * pipeline parallelism only: a pipeline schedule interleaves micro-batches
+ * across stages, so a pipelined run trains through train_batch alone (as
+ * DeepSpeed's pipeline engine does). */
 float loom_engine_forward(struct loom_engine *e, const void *batch, int rows);
 void loom_engine_backward(struct loom_engine *e);
 /* After accumulation() forward/backward pairs: reduce, clip, update. A
@@ -78,8 +83,9 @@ void loom_engine_backward(struct loom_engine *e);
  * whose gradient went non-finite. */
 int loom_engine_step(struct loom_engine *e, struct loom_step_result *out);
 
-/* The same for a whole step: get(ctx, e, micro, &batch, &rows) gives each
- * micro-batch in turn. */
+/* The same for a whole step, through the layout's schedule
+ * (src/parallel/schedule.c): get(ctx, e, micro, &batch, &rows) gives each
+ * micro-batch when the schedule needs it. */
 typedef int (*loom_batch_fn)(void *ctx, struct loom_engine *e, int micro, const void **batch, int *rows);
 int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
                             struct loom_step_result *out);
