@@ -3,9 +3,11 @@
  *
  * The public entry point: status codes shared by every module, the version,
  * and the last error's message. Other public headers: loom/config.h (the one
- * settings structure), loom/model.h (a model of blocks), loom/engine.h (the
- * engine that trains one under any data-parallel layout) and loom/train.h
- * (the whole of `loom train`).
+ * settings structure), loom/types.h (dtypes and typed buffers),
+ * loom/model.h (a model of blocks), loom/strategy.h (what runs around the
+ * blocks), loom/engine.h (the engine that trains a model under any
+ * data-parallel layout) and loom/train.h (the whole of `loom train` and
+ * `loom eval`).
  */
 #ifndef LOOM_LOOM_H
 #define LOOM_LOOM_H

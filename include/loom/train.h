@@ -1,7 +1,8 @@
 /*
- * Running a training job from a resolved configuration: the whole of
- * `loom train`. The finer engine API (forward / backward / step per
- * micro-batch) grows out of this.
+ * The applications over the engine, from a resolved configuration: the
+ * whole of `loom train` and `loom eval` (src/app/train.c), for a model of
+ * the --model preset's family. The finer API, a step or a micro-batch at a
+ * time for any model, is loom/engine.h.
  */
 #ifndef LOOM_TRAIN_H
 #define LOOM_TRAIN_H

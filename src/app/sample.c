@@ -1,13 +1,13 @@
 /*
  * `loom sample`: continue a prompt with saved weights. Temperature and top-k
  * sampling from the model's last-position logits, the context window sliding
- * over the last T tokens. The byte-level tokenizer decodes (GPT-2 BPE comes
- * with its tokenizer). Not here: a KV cache (each token reruns the window).
+ * over the last T tokens, with a model of the --model preset's family. The
+ * byte-level tokenizer decodes (a BPE vocabulary comes with its tokenizer).
+ * Not here: a KV cache (each token reruns the window).
  */
 #include "app/sample.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -15,7 +15,7 @@
 #include "base/rng.h"
 #include "engine/checkpoint.h"
 #include "kernels/kernels.h"
-#include "model/gpt2.h"
+#include "model/family.h"
 
 static int pick(const float *logits, int V, double temperature, int top_k, struct loom_rng *rng)
 {
@@ -25,8 +25,7 @@ static int pick(const float *logits, int V, double temperature, int top_k, struc
     if (temperature <= 0) return best;
     float kth = -INFINITY; /* logits below the k-th largest are excluded */
     if (top_k > 0 && top_k < V) {
-        float *sorted = malloc(sizeof(float) * (size_t)V);
-        if (!sorted) loom_die("out of memory sampling");
+        float *sorted = loom_alloc(loom_mul_size((size_t)V, sizeof(float)), LOOM_MEM_OTHER);
         memcpy(sorted, logits, sizeof(float) * (size_t)V);
         /* partial selection: k passes are fine for the sizes sampled here */
         for (int k = 0; k < top_k; k++) {
@@ -38,7 +37,7 @@ static int pick(const float *logits, int V, double temperature, int top_k, struc
             sorted[mi] = t;
         }
         kth = sorted[top_k - 1];
-        free(sorted);
+        loom_free(sorted);
     }
     double sum = 0;
     for (int i = 0; i < V; i++)
@@ -60,16 +59,17 @@ int loom_sample(struct loom_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT,
                               "loom sample needs --load DIR (a checkpoint) or FILE.safetensors");
     if (cfg->vocab_size > 256 && *cfg->prompt)
-        loom_log_warn("the prompt is encoded byte by byte (GPT-2 BPE is not built in yet)");
-    struct loom_gpt2_config mc = {cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads,
-                                  cfg->max_position_embeddings, cfg->vocab_size};
+        loom_log_warn("the prompt is encoded byte by byte (no BPE tokenizer is built in yet)");
+    const struct loom_model_family *family = loom_model_family_of_preset(cfg->model, NULL);
+    if (!family)
+        return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
     int T = cfg->seq_length, rc;
-    if ((rc = loom_gpt2_config_check(&mc, T))) return rc;
+    if ((rc = family->check(cfg, T))) return rc;
     if (cfg->threads > 0) loom_threads_set(cfg->threads);
-    struct loom_gpt2 *m = loom_gpt2_create(&mc, 1, T);
-    loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
-    if ((rc = loom_checkpoint_load_weights(&m->base, cfg->load))) {
-        loom_gpt2_free(m);
+    struct loom_model *m = family->create(cfg, 1, T, 0);
+    loom_model_alloc_arenas(m, 1, LOOM_MODEL_PARAM_ARENA);
+    if ((rc = loom_checkpoint_load_weights(m, cfg->load))) {
+        family->destroy(m);
         return rc;
     }
     size_t plen = strlen(cfg->prompt);
@@ -82,13 +82,19 @@ int loom_sample(struct loom_config *cfg)
     struct loom_rng rng;
     loom_rng_seed(&rng, (uint64_t)cfg->seed);
     fwrite(cfg->prompt, 1, plen, stdout);
-    for (int k = 0; k < cfg->max_new_tokens; k++) {
+    const struct loom_lm_batch batch = {window, NULL}; /* logits only */
+    for (int k = 0; k < cfg->max_new_tokens && rc == LOOM_OK; k++) {
         size_t start = n > (size_t)T ? n - (size_t)T : 0;
         int len = (int)(n - start);
         memset(window, 0, sizeof(int32_t) * (size_t)T);
         memcpy(window, toks + start, sizeof(int32_t) * (size_t)len);
-        loom_gpt2_forward(m, window, NULL, 1);
-        int next = pick(loom_model_logits(&m->base) + (size_t)(len - 1) * cfg->vocab_size, cfg->vocab_size, cfg->temperature,
+        loom_model_eval(m, &batch, 1);
+        const float *logits = loom_model_logits(m);
+        if (!logits) {
+            rc = loom_error_set(LOOM_ERR_INPUT, "loom sample: a %s model gives no logits", family->title);
+            break;
+        }
+        int next = pick(logits + (size_t)(len - 1) * cfg->vocab_size, cfg->vocab_size, cfg->temperature,
                         cfg->top_k, &rng);
         toks[n++] = next;
         if (cfg->vocab_size <= 256) {
@@ -105,6 +111,6 @@ int loom_sample(struct loom_config *cfg)
     putchar('\n');
     loom_free(toks);
     loom_free(window);
-    loom_gpt2_free(m);
-    return LOOM_OK;
+    family->destroy(m);
+    return rc;
 }

@@ -1,8 +1,9 @@
 /*
- * `loom train` and `loom eval`: GPT-2 on token shards, driven through the
- * engine (engine.c: layout, strategy, optimizer, step, checkpoints) as any
- * model would be; here are the data, evaluation, the checkpoint cadence,
- * logging, metrics and the closing summary. Rank 0 alone prints and writes.
+ * `loom train` and `loom eval`: a model of the --model preset's family
+ * (model/family.h) on token shards, driven through the engine (engine.c:
+ * layout, strategies, optimizer, step, checkpoints) as any model would be;
+ * here are the data, evaluation, the checkpoint cadence, logging, metrics
+ * and the closing summary. Rank 0 alone prints and writes.
  */
 #include "loom/train.h"
 
@@ -23,13 +24,13 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "engine/engine_impl.h"
-#include "parallel/schedule.h"
-#include "parallel/stack.h"
 #include "io/fs.h"
 #include "io/sampler.h"
 #include "io/synth.h"
 #include "kernels/kernels.h"
-#include "model/gpt2.h"
+#include "model/family.h"
+#include "parallel/schedule.h"
+#include "parallel/stack.h"
 
 struct run {
     struct loom_config *cfg;
@@ -38,8 +39,9 @@ struct run {
     struct loom_data train, valid;
     int have_valid;
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
-    struct loom_gpt2 *model;
-    int32_t *inputs, *targets;    /* (B,T) */
+    const struct loom_model_family *family;
+    struct loom_model *model;   /* the family's; the engine's under training */
+    int32_t *inputs, *targets;  /* (B,T) */
     struct loom_lm_batch batch; /* pointing at them */
 };
 
@@ -117,7 +119,8 @@ static double evaluate(struct run *r)
         for (int a = 0; a < A; a++) {
             loom_data_eval_batch(&r->valid, i, cfg->global_batch_size,
                                  loom_engine_micro_batch_rows(r->engine, a), B, T, r->inputs, r->targets);
-            sum += loom_gpt2_forward(r->model, r->inputs, r->targets, B);
+            r->batch = (struct loom_lm_batch){r->inputs, r->targets};
+            sum += loom_model_eval(r->model, &r->batch, B);
         }
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo->dp) : 0;
@@ -143,8 +146,9 @@ static int check_save_dir(const char *save)
     return rc;
 }
 
-/* The engine, the data and GPT-2. Training hands the model to the engine
- * (which allocates, initialises or resumes it); eval loads weights only. */
+/* The engine, the data and the model. Training hands the model to the
+ * engine (which allocates, initialises or resumes it); eval loads weights
+ * only. */
 static int setup(struct run *r, struct loom_config *cfg, int training)
 {
     memset(r, 0, sizeof *r);
@@ -156,22 +160,19 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
         if (r->topo->rank == 0) loom_config_print(stdout, cfg);
         return LOOM_OK;
     }
-    struct loom_gpt2_config mc = {cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads,
-                                  cfg->max_position_embeddings, cfg->vocab_size};
-    rc = loom_gpt2_config_check(&mc, cfg->seq_length);
+    r->family = loom_model_family_of_preset(cfg->model, NULL);
+    rc = r->family
+             ? r->family->check(cfg, cfg->seq_length)
+             : loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
     if (rc == LOOM_OK) rc = open_data(r);
     if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
-    r->model = loom_gpt2_create(&mc, cfg->micro_batch_size, cfg->seq_length);
-    loom_gpt2_set_recompute(r->model, (enum loom_recompute)cfg->recompute_granularity,
-                            (enum loom_recompute_method)cfg->recompute_method, cfg->recompute_num_layers);
-    if (training) /* activations in the compute dtype (eval computes in float32) */
-        r->model->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+    r->model = r->family->create(cfg, cfg->micro_batch_size, cfg->seq_length, training);
     if (training) {
-        rc = loom_engine_initialize(r->engine, &r->model->base);
+        rc = loom_engine_initialize(r->engine, r->model);
     } else {
-        loom_model_alloc_arenas(&r->model->base, 1, LOOM_MODEL_PARAM_ARENA);
-        rc = agree(r, *cfg->load ? loom_checkpoint_load_weights(&r->model->base, cfg->load)
+        loom_model_alloc_arenas(r->model, 1, LOOM_MODEL_PARAM_ARENA);
+        rc = agree(r, *cfg->load ? loom_checkpoint_load_weights(r->model, cfg->load)
                                  : loom_error_set(LOOM_ERR_INPUT, "loom eval needs --load"));
     }
     if (rc) return rc;
@@ -184,7 +185,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
 static void teardown(struct run *r)
 {
     loom_engine_free(r->engine);
-    loom_gpt2_free(r->model);
+    if (r->model) r->family->destroy(r->model);
     loom_free(r->inputs);
     loom_free(r->targets);
     loom_data_close(&r->train);
@@ -253,18 +254,20 @@ static int save(struct run *r, struct loom_report *rep)
 
 /* The strategy and layout, once, before the first step. */
 /* One strategy of the stack, indented under the layout line. */
-static void report_strategy(void *ctx, const char *text) { loom_report_line(ctx, "  %s\n", text); }
+static void report_strategy(void *ctx, const char *text)
+{
+    loom_report_line(ctx, "  %s\n", text);
+}
 
 static void report_layout(const struct run *r, struct loom_report *rep, double peak, const char *peak_src)
 {
-    const struct loom_config *cfg = r->cfg;
     const struct loom_engine *e = r->engine;
-    const size_t n = r->model->base.num_params;
-    char b[32], topo[96];
+    const size_t n = r->model->num_params;
+    char b[32], topo[96], shape[256];
     loom_topology_format(r->topo, topo, sizeof topo);
-    loom_report_line(rep, "model: GPT-2, %d layers, %d channels, %d heads, T=%d, V=%d: %zu parameters (%s)\n",
-                     cfg->num_layers, cfg->hidden_size, cfg->num_attention_heads, cfg->seq_length,
-                     cfg->vocab_size, n, loom_fmt_bytes(b, sizeof b, 4.0 * n));
+    r->family->describe(r->model, shape, sizeof shape);
+    loom_report_line(rep, "model: %s, %s: %zu parameters (%s)\n", r->family->title, shape, n,
+                     loom_fmt_bytes(b, sizeof b, 4.0 * n));
     loom_report_line(rep,
                      "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
                      r->topo->world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
@@ -323,7 +326,7 @@ int loom_train(struct loom_config *cfg)
     report_layout(&r, &rep, peak, peak_src);
 
     const int T = cfg->seq_length, G = cfg->global_batch_size;
-    const double flops_per_token = loom_gpt2_flops_per_token(r.model);
+    const double flops_per_token = r.family->flops_per_token(r.model);
     double *step_tps = loom_alloc(sizeof(double) * (size_t)cfg->train_iters, LOOM_MEM_OTHER);
     double t_train = loom_now(), last_loss = 0, last_val = -1;
     const int64_t done = loom_engine_steps_done(e);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/mem.h"
 #include "loom/loom.h"
 
 static int count_hosts(const char *path, int *hosts)
@@ -85,8 +86,7 @@ int loom_launch(int argc, char **argv)
     snprintf(npn, sizeof npn, "%d", nproc);
     snprintf(thr, sizeof thr, "%d", threads);
     snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", threads_given ? 1 : threads);
-    const char **args = calloc((size_t)ncmd + 32, sizeof *args);
-    if (!args) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    const char **args = loom_alloc(loom_mul_size((size_t)ncmd + 32, sizeof *args), LOOM_MEM_OTHER);
     int n = 0;
     args[n++] = "mpirun";
     if (geteuid() == 0) args[n++] = "--allow-run-as-root";
@@ -114,6 +114,6 @@ int loom_launch(int argc, char **argv)
     for (int k = 0; k < n; k++) fprintf(stderr, " %s", args[k]);
     fputc('\n', stderr);
     execvp("mpirun", (char *const *)args);
-    free(args);
+    loom_free(args);
     return loom_error_set(LOOM_ERR_INPUT, "cannot run mpirun (is openmpi-bin installed?)");
 }
