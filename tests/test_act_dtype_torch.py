@@ -49,22 +49,19 @@ the gradient's alone, must put it at least twice as far from loom.
 
 Exits 1 on any failure.
 """
+import functools
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pyref import gpt2, st  # noqa: E402
+import lib
+from lib import rel_l2, without_key_bias
+from pyref import gpt2, st
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", "build")
-if not os.path.isabs(BUILD):
-    BUILD = os.path.join(ROOT, BUILD)
-TOOL = os.path.join(BUILD, "tests", "tools", "gpt2_grads")
+TOOL = lib.tool("gpt2_grads")
 
 LOSS_TOL = 1e-5
 TOL = {"bf16": 1e-3, "fp16": 5e-4}
@@ -78,28 +75,13 @@ CONFIGS = [
     ("1 layer, 1 head", 1, 32, 1, 16, 24, 61, 2, True),
 ]
 
-failures = 0
-
-
-def check(name, cond, detail=""):
-    global failures
-    print(f"   {'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
-    failures += 0 if cond else 1
+check = functools.partial(lib.check, indent="   ")
 
 
 def weights(cfg, seed):
     """GPT-2's initialisation, LayerNorm gains and biases moved off 1 and 0
     (so that their gradients are not trivially special); float32."""
-    model = gpt2.init_weights(gpt2.GPT2(cfg), seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.ndim == 1 and name.endswith(".weight"):
-                p.add_(0.2 * noise)
-            elif p.ndim == 1:
-                p.add_(0.05 * noise)
-    return gpt2.to_numpy(model, np.float32)
+    return gpt2.perturbed_weights(cfg, seed)
 
 
 class Unrounded(torch.autograd.Function):
@@ -143,12 +125,6 @@ def reference(cfg, w, rows, dtype, prec=torch.float64, skip=None, grad_only=Fals
     return out, calls[0]
 
 
-def rel_l2(got, ref):
-    d = np.linalg.norm((got.astype(np.float64) - ref).ravel())
-    n = np.linalg.norm(ref.ravel())
-    return d / n if n > 0 else d
-
-
 def grads_rel_l2(got, ref):
     """Relative L2 error of all parameter gradients taken together."""
     num = den = 0.0
@@ -159,13 +135,6 @@ def grads_rel_l2(got, ref):
     return (num / den) ** 0.5
 
 
-def without_key_bias(key, a):
-    if not key.endswith("attn.c_attn.bias"):
-        return a
-    c = a.shape[0] // 3
-    return np.r_[a[:c], a[2 * c:]]
-
-
 def run_case(name, L, C, NH, T, maxT, V, B, sharp, dt, seed, tmp):
     cfg = gpt2.Config(L, C, NH, V, maxT)
     w = weights(cfg, seed)
@@ -173,9 +142,8 @@ def run_case(name, L, C, NH, T, maxT, V, B, sharp, dt, seed, tmp):
     wpath, tpath, opath = (os.path.join(tmp, f) for f in ("w.safetensors", "t.i32", "o.safetensors"))
     st.save(wpath, w, {"format": "pt"})
     rows.astype("<i4").tofile(tpath)
-    args = [TOOL, "--act-dtype", dt, wpath, tpath, opath] + [str(x) for x in (L, C, NH, T, V, B, maxT)]
     print(f"== {name} {dt}: L={L} C={C} NH={NH} T={T} maxT={maxT} V={V} B={B}")
-    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    p = lib.run([TOOL, "--act-dtype", dt, wpath, tpath, opath, L, C, NH, T, V, B, maxT], timeout=300)
     if p.returncode != 0:
         check("gpt2_grads ran", False, f"exit {p.returncode}: {p.stderr.strip()}")
         return
@@ -215,16 +183,14 @@ def run_case(name, L, C, NH, T, maxT, V, B, sharp, dt, seed, tmp):
 
 
 def main():
-    if not os.access(TOOL, os.X_OK):
-        print(f"FAIL: {TOOL} not built (run make)")
+    if not lib.built(TOOL):
         return 1
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         for i, c in enumerate(CONFIGS):
             for dt in ("bf16", "fp16"):
                 run_case(*c, dt=dt, seed=100 + i, tmp=tmp)
-    print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
-    return 1 if failures else 0
+    return lib.verdict()
 
 
 if __name__ == "__main__":

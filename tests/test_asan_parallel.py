@@ -7,36 +7,28 @@ so all but the first replace the one before), then at 1 rank with
 evaluation, sampling and saving. Any sanitizer report fails the test. Leak
 detection is off: OpenMPI and OpenBLAS keep allocations until exit."""
 import os
-import subprocess
 import sys
 import tempfile
 
-BUILD = os.environ.get("BUILD", "build")
-OUT = os.path.abspath(os.path.join(BUILD, "asan-loom"))
-root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
-failures = 0
+import lib
+
+ENV = dict(lib.ENV, ASAN_OPTIONS="detect_leaks=0:abort_on_error=1", UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
 
 
 def check(name, p):
-    global failures
+    """Exit 0 and no sanitizer report."""
     bad = p.returncode != 0 or "AddressSanitizer" in p.stderr or "runtime error" in p.stderr
-    print(f"{'FAIL' if bad else 'ok  '} {name}")
-    if bad:
-        failures += 1
+    if not lib.check(name, not bad):
         print(p.stderr[-3000:])
 
 
-b = subprocess.run(["make", "-C", root, f"BUILD={OUT}", "-j2",
-                    "CC=gcc -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined",
-                    os.path.join(OUT, "loom")], capture_output=True, text=True)
+b = lib.make_asan_loom()
 if b.returncode != 0:
     print("FAIL sanitizer build of loom\n" + b.stderr[-2000:])
     sys.exit(1)
-loom = os.path.join(OUT, "loom")
+loom = lib.ASAN_LOOM
 with tempfile.TemporaryDirectory() as tmp:
-    subprocess.run([loom, "data", "synth", tmp, "--tokens", "60000"], check=True, capture_output=True, env=ENV)
+    lib.synth(tmp, 60000, exe=loom, env=ENV)
     model = ["--data-path", os.path.join(tmp, "train.bin"), "--valid-data-path", os.path.join(tmp, "val.bin"),
              "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
              "--global-batch-size", "8", "--micro-batch-size", "2", "--train-iters", "3", "--eval-iters", "1",
@@ -56,15 +48,12 @@ with tempfile.TemporaryDirectory() as tmp:
              "bf16 zero 1 + nvme offload of master weights": ["--bf16", "--zero-stage", "1", "--offload-optimizer", "nvme",
                                                                "--nvme-path", tmp, "--offload-buffer-size", "0.002"]}
     for name, flags in cases.items():
-        p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "-x", "ASAN_OPTIONS", "-x",
-                            "UBSAN_OPTIONS", loom, "train"] + model + flags + ["--save", os.path.join(tmp, "s")],
-                           capture_output=True, text=True, env=ENV, timeout=300)
+        p = lib.run_ranks(2, [loom, "train"] + model + flags + ["--save", os.path.join(tmp, "s")], expect=None,
+                          env=ENV, mpi_args=["-x", "ASAN_OPTIONS", "-x", "UBSAN_OPTIONS"])
         check(f"2 ranks, {name}", p)
-    p = subprocess.run([loom, "train"] + model + ["--save", os.path.join(tmp, "one")], capture_output=True, text=True,
-                       env=ENV, timeout=300)
+    p = lib.loom("train", *model, "--save", os.path.join(tmp, "one"), exe=loom, env=ENV, timeout=300)
     check("1 rank: train, evaluate, save", p)
-    p = subprocess.run([loom, "sample", "--load", os.path.join(tmp, "one"), "--prompt", " ab=",
-                        "--max-new-tokens", "8", "--top-k", "3"], capture_output=True, text=True, env=ENV, timeout=120)
+    p = lib.loom("sample", "--load", os.path.join(tmp, "one"), "--prompt", " ab=", "--max-new-tokens", "8",
+                 "--top-k", "3", exe=loom, env=ENV)
     check("1 rank: sample", p)
-print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
-sys.exit(1 if failures else 0)
+sys.exit(lib.verdict())

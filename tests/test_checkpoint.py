@@ -29,46 +29,28 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
-sys.path.insert(0, os.path.dirname(__file__))
-from test_ddp import ENV, LOOM, check, write_corpus  # noqa: E402
-import test_ddp  # noqa: E402
-from pyref import ckpt, st  # noqa: E402
+import lib
+from lib import ENV, LOOM, check
+from pyref import ckpt, st
 
 TOL = 1e-5
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-         "--max-position-embeddings", "16", "--vocab-size", "256"]
 
 
 def train(tmp, save, np_ranks, flags, env=None, expect=0, preexec=None):
     """Runs loom train; returns (process, metrics rows of this run)."""
     metrics = os.path.join(tmp, "metrics-%d.jsonl" % random.getrandbits(32))
-    cmd = [LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--data-order", "shuffled"] + MODEL + [
+    cmd = [LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--data-order", "shuffled", *lib.TINY_MODEL,
         "--global-batch-size", "8", "--micro-batch-size", "2", "--train-iters", "20", "--lr", "3e-3",
         "--lr-warmup-iters", "3", "--lr-decay-iters", "20", "--clip-grad", "0.5", "--weight-decay", "0.1", "--log-interval", "1",
         "--eval-iters", "0", "--threads", "1", "--seed", "7", "--metrics", metrics, "--save", save,
         "--ddp-bucket-size", "0.01", "--comm-timeout", "60"] + flags
-    if np_ranks > 1:
-        cmd = ["mpirun", "-np", str(np_ranks), "--oversubscribe", "--bind-to", "none"] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env or ENV, timeout=300, preexec_fn=preexec)
-    rows = []
-    if os.path.exists(metrics):
-        rows = [json.loads(l) for l in open(metrics) if '"loss"' in l]
-    if expect is not None and p.returncode != expect:
-        raise SystemExit(f"loom train {' '.join(flags)}: exit {p.returncode}, expected {expect}\n{p.stderr[-2000:]}")
-    return p, rows
+    p = lib.run_ranks(np_ranks, cmd, expect=expect, tag=f"loom train {' '.join(flags)}", env=env or ENV,
+                      preexec_fn=preexec)
+    return p, lib.metrics_rows(metrics)
 
 
 def losses(rows):
     return [(r["step"], r["loss"], r["grad_norm"]) for r in rows]
-
-
-def same_tensors(a, b):
-    """Names that differ in any bit (or exist in one only)."""
-    bad = sorted(set(a) ^ set(b))
-    bad += [k for k in set(a) & set(b) if a[k].tobytes() != b[k].tobytes()]
-    return bad
 
 
 def exact_resume(tmp, tag, np_ranks, flags):
@@ -80,7 +62,7 @@ def exact_resume(tmp, tag, np_ranks, flags):
     got, want = losses(first + second), losses(full)
     check(f"{tag}: 20 steps' loss and grad norm identical bit for bit after resuming at 10",
           got == want and len(got) == 20, f"first difference: {next((g, w) for g, w in zip(got, want) if g != w) if got != want and len(got) == len(want) else (len(got), len(want))}")
-    bad = same_tensors(ckpt.assemble(full_dir), ckpt.assemble(cut_dir))
+    bad = lib.differing(ckpt.assemble(full_dir), ckpt.assemble(cut_dir))
     check(f"{tag}: final weights and optimizer state identical bit for bit", not bad, str(bad[:4]))
     return full_dir, full
 
@@ -132,7 +114,7 @@ def damage_cases(tmp, base):
     os.truncate(f, os.path.getsize(f) // 2)
     resume("truncated rank file", d, True, rank0)
     p, _ = train(tmp, d, 1, ["--train-iters", "12", "--load", os.path.join(d, "iter_0000010")], expect=None)
-    lines = [l for l in p.stderr.splitlines() if l.startswith("loom: error:")]
+    lines = lib.error_lines(p.stderr)
     check("truncated rank file named directly: exit 2, one line naming the file",
           p.returncode == 2 and len(lines) == 1 and rank0 in lines[0], p.stderr[-400:])
 
@@ -172,7 +154,7 @@ def damage_cases(tmp, base):
         os.truncate(os.path.join(d, it, rank0), 100)
     p, _ = train(tmp, d, 1, ["--load", d], expect=None)
     check("all checkpoints damaged: exit 2 with one error line",
-          p.returncode == 2 and sum(l.startswith("loom: error:") for l in p.stderr.splitlines()) == 1, p.stderr[-400:])
+          p.returncode == 2 and len(lib.error_lines(p.stderr)) == 1, p.stderr[-400:])
 
     # a full disk: a file-size limit below the size of the rank file. The limit applies to every
     # file the process writes, and Open MPI's PMIx start-up writes a shared-memory store of a few MB:
@@ -188,7 +170,7 @@ def damage_cases(tmp, base):
 
     p, _ = train(tmp, d, 1, tiny + ["--train-iters", "4", "--load", d], env=dict(ENV, PMIX_MCA_gds="hash"),
                  expect=None, preexec=small_disk)
-    lines = [l for l in p.stderr.splitlines() if l.startswith("loom: error:")]
+    lines = lib.error_lines(p.stderr)
     check(f"full disk ({size} byte file, {limit} byte limit): exit 1, one line naming the file and the cause",
           p.returncode == 1 and len(lines) == 1 and rank0 in lines[0] and "too large" in lines[0].lower(),
           p.stderr[-400:])
@@ -231,7 +213,7 @@ def resave(tmp, base):
         got = ckpt.assemble(os.path.join(d, "iter_0000010"))
         check(f"saving iteration 10 again{' (killed before latest moved)' if crash else ''}: a complete iter_0000010"
               f" with the same bits, latest names it",
-              p.returncode == (-signal.SIGKILL if crash else 0) and not same_tensors(want, got)
+              p.returncode == (-signal.SIGKILL if crash else 0) and not lib.differing(want, got)
               and open(os.path.join(d, "latest")).read().strip() == "iter_0000010", p.stderr[-300:])
 
 
@@ -248,9 +230,8 @@ def random_kills(tmp):
         p.send_signal(signal.SIGKILL)
         p.wait()
         latest = ckpt.state(d)["iteration"] if os.path.exists(os.path.join(d, "latest")) else 0
-        q = subprocess.run([LOOM, "eval", "--load", d, "--data-path", os.path.join(tmp, "train.bin"),
-                            "--valid-data-path", os.path.join(tmp, "train.bin"), "--eval-iters", "1", "--threads", "1"],
-                           capture_output=True, text=True, env=ENV, timeout=120)
+        q = lib.loom("eval", "--load", d, "--data-path", os.path.join(tmp, "train.bin"), "--valid-data-path",
+                     os.path.join(tmp, "train.bin"), "--eval-iters", "1", "--threads", "1", env=ENV)
         check(f"random kill {trial + 1}: killed with latest at iteration {latest}; the checkpoint loads",
               latest > 0 and q.returncode == 0 and "val loss" in q.stdout, q.stderr[-300:])
 
@@ -258,7 +239,7 @@ def random_kills(tmp):
 def main():
     random.seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        write_corpus(tmp)
+        lib.write_corpus(tmp)
         # exact resume, every layout
         _, ref_rows = exact_resume(tmp, "single", 1, [])
         exact_resume(tmp, "single-accumulate", 1, ["--micro-batch-size", "1"])
@@ -277,10 +258,10 @@ def main():
         # loom convert reads a checkpoint of any layout: here the one ZeRO-3 on 4 ranks wrote
         d = os.path.join(tmp, "zero2-np2-to-zero3-np4-cut")
         hf = os.path.join(tmp, "hf")
-        p = subprocess.run([LOOM, "convert", d, hf], capture_output=True, text=True, env=ENV, timeout=120)
-        want = {k: v for k, v in ckpt.assemble(d).items() if not k.startswith("optimizer.")}
+        p = lib.loom("convert", d, hf, env=ENV)
+        want = ckpt.weights(d)
         got = st.load(os.path.join(hf, "model.safetensors")) if p.returncode == 0 else {}
-        bad = same_tensors(want, got)
+        bad = lib.differing(want, got)
         check("loom convert: a 4-rank ZeRO-3 checkpoint to a Hugging Face directory, every weight bit for bit",
               p.returncode == 0 and not bad and json.load(open(os.path.join(hf, "config.json")))["n_head"] == 4,
               p.stderr[-300:] + str(bad[:3]))
@@ -306,7 +287,7 @@ def main():
 
         # --finetune: the weights alone, from step 1, as from a weights file holding them
         weights = os.path.join(tmp, "w.safetensors")
-        st.save(weights, {k: v for k, v in ckpt.assemble(base).items() if not k.startswith("optimizer.")})
+        st.save(weights, ckpt.weights(base))
         _, a = train(tmp, os.path.join(tmp, "ft1"), 1, ["--train-iters", "5", "--load", base, "--finetune"])
         _, b = train(tmp, os.path.join(tmp, "ft2"), 1, ["--train-iters", "5", "--load", weights])
         check("--finetune starts at step 1 from the weights: same run as from a weights file",
@@ -324,11 +305,10 @@ def main():
                   "--hidden-size 32")]
         for name, flags, want in cases:
             p, rows = train(tmp, os.path.join(tmp, "bad"), 1, flags, expect=None)
-            lines = [l for l in p.stderr.splitlines() if l.startswith("loom: error:")]
+            lines = lib.error_lines(p.stderr)
             check(f"{name}: exit 2, one line naming it, no step run",
                   p.returncode == 2 and len(lines) == 1 and want in lines[0] and not rows, p.stderr[-300:])
-    print(f"{'PASS' if test_ddp.failures == 0 else 'FAIL'}: {test_ddp.failures} failure(s)")
-    return 1 if test_ddp.failures else 0
+    return lib.verdict()
 
 
 if __name__ == "__main__":

@@ -2,26 +2,12 @@
 `loom sample` on the saved weights (shape read from the file), `loom data
 tokenize` and `loom data synth`, and their bad input."""
 import os
-import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(__file__))
-from pyref import ckpt, shard, st  # noqa: E402
-
-BUILD = os.environ.get("BUILD", "build")
-LOOM = os.path.join(BUILD, "loom")
-failures = 0
-
-
-def check(name, cond, detail=""):
-    global failures
-    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
-    failures += 0 if cond else 1
-
-
-def loom(*args):
-    return subprocess.run([LOOM, *args], capture_output=True, text=True, timeout=120)
+import lib
+from lib import check, loom
+from pyref import ckpt, shard, st
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -54,7 +40,7 @@ with tempfile.TemporaryDirectory() as tmp:
     weights = save
     check("train --save writes a checkpoint named by latest", p.returncode == 0 and
           open(os.path.join(save, "latest")).read().strip() == "iter_0000030", p.stderr)
-    tensors = {k: v for k, v in ckpt.assemble(save).items() if not k.startswith("optimizer.")}
+    tensors = ckpt.weights(save)
     check("the checkpoint has Hugging Face names and [in, out] weights, and the model's shape",
           tensors["h.1.mlp.c_fc.weight"].shape == (32, 128) and "wte.weight" in tensors
           and ckpt.state(save)["model"]["num_attention_heads"] == 2, str(list(tensors)[:5]))
@@ -102,5 +88,4 @@ with tempfile.TemporaryDirectory() as tmp:
     p = loom("train", "--help")
     check("train --help lists the flags", p.returncode == 0 and "--micro-batch-size" in p.stdout)
 
-print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
-sys.exit(1 if failures else 0)
+sys.exit(lib.verdict())

@@ -4,6 +4,7 @@ single line on stderr, `loom: error: ...`, naming the culprit (the flag, file,
 tensor or value). Plus one positive smoke run. Tiny models throughout, so the
 whole file takes seconds. Exits 1 on any failure.
 """
+import functools
 import json
 import math
 import os
@@ -13,22 +14,13 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pyref import gpt2, shard, st  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", "build")
-if not os.path.isabs(BUILD):
-    BUILD = os.path.join(ROOT, BUILD)
-LOOM = os.path.join(BUILD, "loom")
+import lib
+from pyref import gpt2, shard, st
 
 L, C, NH, T, V, B = 1, 16, 2, 8, 256, 2
 TINY = ["--num-layers", L, "--hidden-size", C, "--num-attention-heads", NH, "--seq-length", T,
         "--vocab-size", V, "--micro-batch-size", B, "--train-iters", 1, "--eval-iters", 0, "--threads", 1]
-
-
-def loom(*args, timeout=60):
-    return subprocess.run([LOOM] + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+loom = functools.partial(lib.loom, timeout=60)
 
 
 class Files:
@@ -132,8 +124,7 @@ def smoke(f):
 
 
 def main():
-    if not os.access(LOOM, os.X_OK):
-        print(f"FAIL: {LOOM} not built (run make)")
+    if not lib.built(lib.LOOM):
         return 1
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -166,8 +157,7 @@ def main():
         for c in cases:
             fails += expect_error(*c)
         fails += smoke(f)
-    print(f"{'FAIL' if fails else 'PASS'}: {fails} failure(s)")
-    return 1 if fails else 0
+    return lib.verdict(fails)
 
 
 if __name__ == "__main__":

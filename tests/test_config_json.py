@@ -12,18 +12,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", "build")
-if not os.path.isabs(BUILD):
-    BUILD = os.path.join(ROOT, BUILD)
-LOOM = os.path.join(BUILD, "loom")
-CONFIGS = os.path.join(ROOT, "examples", "configs")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_mpi_yield_when_idle="1")
+import lib
+from lib import ENV, LOOM
+
+CONFIGS = os.path.join(lib.ROOT, "examples", "configs")
 
 # Mixed precision is not in the trainer yet, so configs that enable it must be
 # refused with a clear error. When fp16/bf16 training lands, set this to True:
@@ -85,25 +80,20 @@ EXPECTED = {
     },
 }
 
-failures = 0
-
 
 def fail(name, msg, p=None):
-    global failures
-    failures += 1
-    print(f"FAIL {name}: {msg}")
+    lib.check(name, False, msg)
     if p is not None:
         for x in (p.stderr.strip().splitlines() + p.stdout.strip().splitlines())[:8]:
             print(f"     {x}")
 
 
 def ok(name, msg=""):
-    print(f"ok   {name}{': ' + msg if msg else ''}")
+    lib.check(f"{name}{': ' + msg if msg else ''}", True)
 
 
 def loom(*args, cache=None, timeout=60):
-    env = dict(ENV, XDG_CACHE_HOME=cache) if cache else ENV
-    return subprocess.run([LOOM] + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env)
+    return lib.loom(*args, timeout=timeout, env=dict(ENV, XDG_CACHE_HOME=cache) if cache else ENV)
 
 
 ROW = re.compile(r"^  (\S+) +(.*?) +\((default|preset|json|flag|derived|flag \(json had .*\))\)$")
@@ -128,7 +118,7 @@ def warnings(p):
 
 
 def errors(p):
-    return [x for x in p.stderr.splitlines() if x.startswith("loom: error: ")]
+    return lib.error_lines(p.stderr)
 
 
 def check_rows(name, rows, want):
@@ -282,10 +272,8 @@ def dry_run_two_ranks(cache):
     if not shutil.which("mpirun"):
         print("skip dry run at 2 ranks: no mpirun")
         return
-    env = dict(ENV, XDG_CACHE_HOME=cache)
-    cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", LOOM, "train", "--deepspeed-config",
-           os.path.join(CONFIGS, "zero3_nvme.json"), "--dry-run", "--threads", "1"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    p = lib.run_ranks(2, [LOOM, "train", "--deepspeed-config", os.path.join(CONFIGS, "zero3_nvme.json"), "--dry-run",
+                          "--threads", "1"], expect=None, timeout=120, env=dict(ENV, XDG_CACHE_HOME=cache))
     rows = table(p.stdout)
     if p.returncode != 0 or p.stdout.count("configuration:") != 1:
         fail("dry run at 2 ranks", f"exit {p.returncode}; {p.stdout.count('configuration:')} tables printed", p)
@@ -320,8 +308,7 @@ def help_lists_everything(cache):
 
 
 def main():
-    if not os.access(LOOM, os.X_OK):
-        print(f"FAIL: {LOOM} not built (run make)")
+    if not lib.built(LOOM):
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         cache = os.path.join(tmp, "cache")
@@ -331,8 +318,7 @@ def main():
         dry_run_opens_nothing(tmp, cache)
         dry_run_two_ranks(cache)
         help_lists_everything(cache)
-    print(f"{'FAIL' if failures else 'PASS'}: {failures} failure(s)")
-    return 1 if failures else 0
+    return lib.verdict()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ Exits 1 on any failure.
 import json
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -31,29 +30,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pyref import gpt2, st  # noqa: E402
+import lib
+from lib import check
+from pyref import gpt2, st
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", "build")
-if not os.path.isabs(BUILD):
-    BUILD = os.path.join(ROOT, BUILD)
-LOOM = os.path.join(BUILD, "loom")
-GRADS = os.path.join(BUILD, "tests", "tools", "gpt2_grads")
+GRADS = lib.tool("gpt2_grads")
 LOGITS_TOL = 1e-5
 MAGIC = 20240326
 
-failures = 0
 
-
-def check(name, cond, detail=""):
-    global failures
-    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
-    failures += 0 if cond else 1
-
-
-def loom(*args, exe=LOOM, env=None):
-    return subprocess.run([exe, "convert", *args], capture_output=True, text=True, timeout=300, env=env)
+def loom(*args, exe=lib.LOOM, env=None):
+    """`loom convert ARGS`."""
+    return lib.loom("convert", *args, timeout=300, exe=exe, env=env)
 
 
 # ---- llm.c's side, written from its train_gpt2.py -------------------------
@@ -278,8 +266,8 @@ with tempfile.TemporaryDirectory() as tmp:
     rows = torch.randint(0, V, (B, T + 1), generator=torch.Generator().manual_seed(11), dtype=torch.int64)
     rows.numpy().astype("<i4").tofile(P("tokens.i32"))
     idx = rows[:, :T]
-    subprocess.run([GRADS, P("pad_hf/model.safetensors"), P("tokens.i32"), P("out.safetensors"), str(L), str(C),
-                    str(NH), str(T), str(V), str(B), str(maxT)], check=True, capture_output=True)
+    lib.run([GRADS, P("pad_hf/model.safetensors"), P("tokens.i32"), P("out.safetensors"), L, C, NH, T, V, B, maxT],
+            check=True)
     loom_logits = torch.from_numpy(st.load(P("out.safetensors"))["logits"]).double()
     model = gpt2.load_numpy(gpt2.GPT2(gpt2.Config(L, C, NH, V, maxT)),
                             {k: v for k, v in tensors.items() if k != "llmc.wte_padding"}).double()
@@ -357,17 +345,13 @@ with tempfile.TemporaryDirectory() as tmp:
     check("--to forces the output kind", p.returncode == 0 and os.path.isfile(P("forced")), p.stderr)
 
     # ---- sanitizer build, when there is one --------------------------------------
-    asan_dir = os.path.join(BUILD, "asan-loom")
-    if os.path.exists(os.path.join(asan_dir, "loom")):
-        b = subprocess.run(["make", "-C", ROOT, f"BUILD={asan_dir}", "-j2",
-                            "CC=gcc -fsanitize=address,undefined -fno-omit-frame-pointer "
-                            "-fno-sanitize-recover=undefined", os.path.join(asan_dir, "loom")],
-                           capture_output=True, text=True)
+    if os.path.exists(lib.ASAN_LOOM):
+        b = lib.make_asan_loom()
         if b.returncode != 0:
             print("skip sanitizer run: the sanitizer build of loom failed (test_asan_parallel reports it)")
         else:
             env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", UBSAN_OPTIONS="halt_on_error=1")
-            exe = os.path.join(asan_dir, "loom")
+            exe = lib.ASAN_LOOM
             runs = [loom(P("pad.bin"), P("asan_hf"), exe=exe, env=env),
                     loom(P("asan_hf"), P("asan.bin"), exe=exe, env=env)]
             ok = all(r.returncode == 0 for r in runs) and open(P("asan.bin"), "rb").read() == open(
@@ -379,7 +363,6 @@ with tempfile.TemporaryDirectory() as tmp:
             check("under ASan+UBSan: a round trip and every bad input, no report",
                   ok and clean, "".join(r.stderr for r in runs)[-3000:])
     else:
-        print(f"skip sanitizer run: no {asan_dir}/loom (test_asan_parallel builds it)")
+        print(f"skip sanitizer run: no {lib.ASAN_LOOM} (test_asan_parallel builds it)")
 
-print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
-sys.exit(1 if failures else 0)
+sys.exit(lib.verdict())

@@ -10,16 +10,8 @@ import sys
 import tempfile
 import time
 
-BUILD = os.environ.get("BUILD", "build")
-LOOM = os.path.abspath(os.path.join(BUILD, "loom"))
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-failures = 0
-
-
-def check(name, cond, detail=""):
-    global failures
-    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
-    failures += 0 if cond else 1
+import lib
+from lib import ENV, LOOM, check
 
 
 def model_args(tmp, iters=4):
@@ -28,13 +20,9 @@ def model_args(tmp, iters=4):
             str(iters), "--eval-iters", "0", "--threads", "1", "--log-interval", "1"]
 
 
-def mpirun(n, args, timeout=60, env=None, extra=()):
-    cmd = ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none", *extra, LOOM, "train"] + args
-    return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV, timeout=timeout)
-
-
-def error_lines(stderr):
-    return [l for l in stderr.splitlines() if l.startswith("loom: error:")]
+def train_on(n, args, timeout=60, env=ENV, extra=()):
+    """`loom train ARGS` on n ranks, whatever its exit status."""
+    return lib.run_ranks(n, [LOOM, "train"] + args, expect=None, timeout=timeout, env=env, mpi_args=extra)
 
 
 def ranks_of(marker):
@@ -58,8 +46,8 @@ def test_kill(tmp):
     metrics = os.path.join(tmp, "kill.jsonl")
     marker = os.path.join(tmp, "kill-marker")
     args = model_args(tmp, iters=100000) + ["--metrics", metrics, "--data-cache", marker]
-    cmd = ["mpirun", "-np", "2", "--bind-to", "none", LOOM, "train"] + args
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    p = subprocess.Popen(lib.mpirun(2, [LOOM, "train"] + args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env=ENV)
     deadline = time.time() + 60
     while time.time() < deadline and (not os.path.exists(metrics) or len(open(metrics).readlines()) < 3):
         time.sleep(0.2)
@@ -86,9 +74,9 @@ def test_kill(tmp):
 def test_stall(tmp):
     env = dict(ENV, LOOM_TEST_STALL="1:2")
     t0 = time.time()
-    p = mpirun(2, model_args(tmp) + ["--comm-timeout", "2"], env=env, extra=["-x", "LOOM_TEST_STALL"], timeout=60)
+    p = train_on(2, model_args(tmp) + ["--comm-timeout", "2"], env=env, extra=["-x", "LOOM_TEST_STALL"], timeout=60)
     took = time.time() - t0
-    lines = [l for l in error_lines(p.stderr) if "communication timeout" in l]
+    lines = [l for l in lib.error_lines(p.stderr) if "communication timeout" in l]
     check(f"stall: exit status {p.returncode} is 1", p.returncode == 1, p.stderr[-500:])
     check(f"stall: ended in {took:.1f} s (deadline 2 s)", took <= 20)
     check("stall: message names rank, group, collective, bytes, step",
@@ -108,8 +96,8 @@ def test_layouts(tmp):
                                      "--gradient-accumulation-steps", "3"], "batch sizes disagree"),
     ]
     for name, n, flags, needle in cases:
-        p = mpirun(n, model_args(tmp) + flags)
-        lines = error_lines(p.stderr)
+        p = train_on(n, model_args(tmp) + flags)
+        lines = lib.error_lines(p.stderr)
         check(f"layout: {name}: exit {p.returncode} == 2, one error line naming it",
               p.returncode == 2 and len(lines) == 1 and needle in lines[0], p.stderr[-600:])
 
@@ -118,35 +106,33 @@ def test_config_mismatch(tmp):
     base = model_args(tmp)
     cmd = ["mpirun", "--bind-to", "none", "-np", "1", LOOM, "train"] + base + ["--lr", "1e-3", ":",
            "-np", "1", LOOM, "train"] + base + ["--lr", "2e-3"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=60)
-    lines = error_lines(p.stderr)
+    p = lib.run(cmd, timeout=60, env=ENV)
+    lines = lib.error_lines(p.stderr)
     check(f"mismatch: exit {p.returncode} == 2, error names --lr",
           p.returncode == 2 and len(lines) == 1 and "ranks disagree on --lr" in lines[0], p.stderr[-600:])
 
 
 def test_launch(tmp):
     metrics = os.path.join(tmp, "launch.jsonl")
-    p = subprocess.run([LOOM, "launch", "--nproc-per-node", "2", "--", "train"] + model_args(tmp) +
-                       ["--metrics", metrics], capture_output=True, text=True, timeout=120)
+    p = lib.loom("launch", "--nproc-per-node", "2", "--", "train", *model_args(tmp), "--metrics", metrics)
     rows = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
     check(f"launch: 2 ranks train, exit {p.returncode} == 0", p.returncode == 0 and "ranks: 2" in p.stdout,
           p.stderr[-600:])
     check("launch: metrics carry per-rank memory",
           bool(rows) and "mem_by_rank" in rows[0] and len(rows[0]["mem_by_rank"]) == 2, str(rows[:1]))
-    p = subprocess.run([LOOM, "launch", "--nproc-per-node", "0", "--", "train"], capture_output=True, text=True)
+    p = lib.loom("launch", "--nproc-per-node", "0", "--", "train")
     check("launch: bad --nproc-per-node is exit 2", p.returncode == 2 and "--nproc-per-node" in p.stderr)
 
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([LOOM, "data", "synth", tmp, "--tokens", "100000"], check=True, capture_output=True)
+        lib.synth(tmp, 100000)
         test_layouts(tmp)
         test_config_mismatch(tmp)
         test_stall(tmp)
         test_kill(tmp)
         test_launch(tmp)
-    print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
-    return 1 if failures else 0
+    return lib.verdict()
 
 
 if __name__ == "__main__":

@@ -35,14 +35,14 @@ build folder (default build). Prints one line per check; exits 1 on any
 failure.
 """
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-BUILD = os.environ.get("BUILD", "build")
-PROBE = os.path.join(BUILD, "tests", "tools", "dtype_probe")
+import lib
+
+PROBE = lib.tool("dtype_probe")
 SIGN = 0x80000000
 
 # (name, output file, element type, input file): what the probe and PyTorch write.
@@ -188,8 +188,7 @@ def compare(label, name, ours, ref, inputs, nan_any):
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--torch-ref":
         return torch_reference(sys.argv[2])
-    if not os.access(PROBE, os.X_OK):
-        print(f"FAIL {PROBE} not built (make {PROBE})")
+    if not lib.built(PROBE):
         return 1
     failures = 0
     with tempfile.TemporaryDirectory() as d:
@@ -200,7 +199,7 @@ def main():
         }
         for name, a in inputs.items():
             a.tofile(os.path.join(d, name))
-        r = subprocess.run([PROBE, d], capture_output=True, text=True)
+        r = lib.run([PROBE, d])
         sys.stdout.write(r.stdout)
         sys.stdout.write(r.stderr)
         if r.returncode != 0:
@@ -215,8 +214,7 @@ def main():
             env.pop("ATEN_CPU_CAPABILITY", None)
             if capability:
                 env["ATEN_CPU_CAPABILITY"] = capability
-            r = subprocess.run([sys.executable, __file__, "--torch-ref", sub], env=env,
-                               capture_output=True, text=True)
+            r = lib.run([sys.executable, __file__, "--torch-ref", sub], env=env)
             if r.returncode != 0:
                 print(f"FAIL torch reference [{label}] exited {r.returncode}\n{r.stderr}")
                 failures += 1

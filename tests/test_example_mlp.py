@@ -11,31 +11,18 @@ one-process resume is exact bit for bit.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-BUILD = os.environ.get("BUILD", "build")
-EXAMPLE = os.path.join(BUILD, "examples", "mlp_regression")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_mpi_yield_when_idle="1")
+import lib
+from lib import check
+
+EXAMPLE = os.path.join(lib.BUILD, "examples", "mlp_regression")
 TOL = 1e-5
-failures = 0
-
-
-def check(name, cond, detail=""):
-    global failures
-    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
-    failures += 0 if cond else 1
 
 
 def run(np_ranks, args):
-    cmd = [EXAMPLE, "--threads", "1", "--comm-timeout", "60"] + args
-    if np_ranks > 1:
-        cmd = ["mpirun", "-np", str(np_ranks), "--oversubscribe", "--bind-to", "none"] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    if p.returncode:
-        raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-1500:]}")
+    p = lib.run_ranks(np_ranks, [EXAMPLE, "--threads", "1", "--comm-timeout", "60"] + args)
     return [(int(l.split()[1]), float(l.split()[3])) for l in p.stdout.splitlines() if l.startswith("step ")]
 
 
@@ -80,8 +67,7 @@ def main():
         first = run(1, common + ["--deepspeed-config", one, "--train-iters", "10", "--save", save1])
         second = run(1, common + ["--deepspeed-config", one, "--load", save1])
         check("1 process: 10 steps + resume + 10 steps is the 20-step run bit for bit", first + second == ref)
-    print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
-    return 1 if failures else 0
+    return lib.verdict()
 
 
 if __name__ == "__main__":

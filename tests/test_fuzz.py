@@ -19,8 +19,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-BUILD = os.path.join(ROOT, os.environ.get("BUILD", "build"))
+from lib import BUILD, ROOT
+
 SECONDS = int(os.environ.get("FUZZ_SECONDS", "60"))
 FUZZ_CC = os.environ.get("FUZZ_CC", "clang")
 

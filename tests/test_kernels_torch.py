@@ -20,7 +20,6 @@ build folder (default build). Prints one line per check; exits 1 on any
 failure.
 """
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -28,9 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import lib
+
 TOL = 1e-5
-BUILD = os.environ.get("BUILD", "build")
-PROBE = os.path.join(BUILD, "tests", "tools", "kernel_probe")
+PROBE = lib.tool("kernel_probe")
 
 B, T, C, NH, V = 2, 16, 48, 4, 97
 MAXT = T + 4  # wpe rows past T get no gradient
@@ -70,8 +70,7 @@ def check(name, ours, ref):
 
 
 def main():
-    if not os.access(PROBE, os.X_OK):
-        print(f"FAIL {PROBE} not built (make {PROBE})")
+    if not lib.built(PROBE):
         return 1
     torch.manual_seed(1234)
     g = {}  # every input, float32
@@ -120,7 +119,7 @@ def main():
             f.write(f"steps {ADAMW['steps']}\nn_adamw {ADAMW['n']}\n")
         for name, t in g.items():
             t.numpy().astype("<" + t.numpy().dtype.str[1:]).tofile(os.path.join(d, name + ".bin"))
-        r = subprocess.run([PROBE, d], capture_output=True, text=True)
+        r = lib.run([PROBE, d])
         if r.returncode != 0:
             print(f"FAIL kernel_probe exited {r.returncode}: {r.stderr.strip()}")
             return 1

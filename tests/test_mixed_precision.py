@@ -35,24 +35,19 @@ reduced in float32 and rounded once.
    master weights are stored as optimizer.master.<name>. Offloading changes
    no bit of a run.
 """
-import json
 import os
-import subprocess
+import shutil
 import sys
 import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_ddp import ENV, LOOM, check, write_corpus  # noqa: E402
-import test_ddp  # noqa: E402
-from pyref import ckpt, st  # noqa: E402
-
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-         "--max-position-embeddings", "16", "--vocab-size", "256"]
+import lib
+from lib import LOOM, check
+from pyref import ckpt, st
 
 
-def train(tmp, np_ranks, flags, tag, expect=0, model=MODEL):
+def train(tmp, np_ranks, flags, tag, expect=0, model=lib.TINY_MODEL):
     metrics = os.path.join(tmp, tag + ".jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
@@ -60,13 +55,8 @@ def train(tmp, np_ranks, flags, tag, expect=0, model=MODEL):
         "--global-batch-size", "8", "--train-iters", "20", "--lr", "3e-3", "--lr-warmup-iters", "3",
         "--lr-decay-iters", "20", "--clip-grad", "1.0", "--weight-decay", "0.1", "--log-interval", "1",
         "--eval-iters", "0", "--threads", "1", "--seed", "11", "--metrics", metrics, "--comm-timeout", "60"] + flags
-    if np_ranks > 1:
-        cmd = ["mpirun", "-np", str(np_ranks), "--oversubscribe", "--bind-to", "none"] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
-    if expect is not None and p.returncode != expect:
-        raise SystemExit(f"{tag}: exit {p.returncode}\n{p.stderr[-2000:]}")
-    rows = [json.loads(l) for l in open(metrics) if '"loss"' in l] if os.path.exists(metrics) else []
-    return p, rows
+    p = lib.run_ranks(np_ranks, cmd, expect=expect, tag=tag, timeout=600)
+    return p, lib.metrics_rows(metrics)
 
 
 def worst(a, b):
@@ -100,7 +90,7 @@ def deepspeed_scales(overflows, initial, window, hysteresis, min_scale=1.0):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        write_corpus(tmp)
+        lib.write_corpus(tmp)
         # 1. layouts under bf16, all with micro-batches of 2 sequences
         _, ref = train(tmp, 1, ["--bf16", "--micro-batch-size", "2"], "bf16-single")
         cases = [("DDP", 2, []), ("DDP naive", 2, ["--ddp-impl", "naive"]), ("DDP without overlap", 2, ["--no-overlap"]),
@@ -190,14 +180,14 @@ def main():
         # 5. non-finite values
         weights = os.path.join(tmp, "nan.safetensors")
         _, _ = train(tmp, 1, ["--micro-batch-size", "8", "--train-iters", "1", "--save", os.path.join(tmp, "w")], "w")
-        w = {k: v for k, v in ckpt.assemble(os.path.join(tmp, "w")).items() if not k.startswith("optimizer.")}
+        w = ckpt.weights(os.path.join(tmp, "w"))
         w["h.1.mlp.c_fc.bias"][3] = np.nan
         st.save(weights, w)
         for n in (1, 2):
             for prec in ([], ["--bf16"]):
                 p, rows = train(tmp, n, prec + ["--micro-batch-size", str(8 // n), "--load", weights], "nan",
                                 expect=None)
-                lines = [l for l in p.stderr.splitlines() if l.startswith("loom: error:")]
+                lines = lib.error_lines(p.stderr)
                 check(f"NaN weight, {'bf16' if prec else 'fp32'}, {n} rank(s): exit 1 at step 1, one line naming the step and block",
                       p.returncode == 1 and len(lines) == 1 and "step 1" in lines[0] and "block 3 (ln_f.weight)" in lines[0],
                       p.stderr[-400:])
@@ -218,18 +208,17 @@ def main():
                                                               "--loss-scale-window", "3"])):
             full_dir, cut_dir = os.path.join(tmp, "full"), os.path.join(tmp, "cut")
             for d in (full_dir, cut_dir):
-                subprocess.run(["rm", "-rf", d])
+                shutil.rmtree(d, ignore_errors=True)
             _, full = train(tmp, n, flags + ["--save", full_dir], "full")
             _, a = train(tmp, n, flags + ["--save", cut_dir, "--train-iters", "10"], "cut1")
             _, b = train(tmp, n, flags + ["--save", cut_dir, "--load", cut_dir], "cut2")
             key = lambda rows: [(r["step"], r["loss"], r.get("loss_scale")) for r in rows]  # noqa: E731
             x, y = ckpt.assemble(full_dir), ckpt.assemble(cut_dir)
-            same = sorted(x) == sorted(y) and all(x[k].tobytes() == y[k].tobytes() for k in x)
+            same = not lib.differing(x, y)
             check(f"{name}: 10 + resume + 10 steps is the 20-step run bit for bit (losses, scales, all tensors)",
                   key(a + b) == key(full) and same)
             check(f"{name}: the checkpoint stores the master weights", any(k.startswith("optimizer.master.") for k in x))
-    print(f"{'PASS' if test_ddp.failures == 0 else 'FAIL'}: {test_ddp.failures} failure(s)")
-    return 1 if test_ddp.failures else 0
+    return lib.verdict()
 
 
 def psi_of(stdout):

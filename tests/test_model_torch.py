@@ -15,21 +15,17 @@ Bounds: loss relative error <= 1e-5; logits and every gradient relative L2
 error ||loom - ref|| / ||ref|| <= 1e-4. Exits 1 on any failure.
 """
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pyref import gpt2, st  # noqa: E402
+import lib
+from lib import rel_l2
+from pyref import gpt2, st
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", "build")
-if not os.path.isabs(BUILD):
-    BUILD = os.path.join(ROOT, BUILD)
-TOOL = os.path.join(BUILD, "tests", "tools", "gpt2_grads")
+TOOL = lib.tool("gpt2_grads")
 
 LOSS_TOL = 1e-5
 REL_TOL = 1e-4
@@ -49,24 +45,7 @@ def random_weights(cfg, seed):
     GELU and even a linear function agree to about 1e-5, and the attention
     is nearly uniform, so a wrong nonlinearity would hide under the bound.
     float32, as loom stores them."""
-    model = gpt2.init_weights(gpt2.GPT2(cfg), seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.ndim == 2:
-                p.mul_(6.0)
-            elif p.ndim == 1 and name.endswith(".weight"):  # LayerNorm gains
-                p.add_(0.2 * noise)
-            elif p.ndim == 1:  # biases
-                p.add_(0.05 * noise)
-    return gpt2.to_numpy(model, np.float32)
-
-
-def rel_l2(got, ref):
-    d = np.linalg.norm((got.astype(np.float64) - ref).ravel())
-    n = np.linalg.norm(ref.ravel())
-    return d / n if n > 0 else d
+    return gpt2.perturbed_weights(cfg, seed, matrix_scale=6.0)
 
 
 def show_mismatches(got, ref, k=5):
@@ -86,10 +65,10 @@ def run_case(name, L, C, NH, T, maxT, V, B, seed, tmp):
     opath = os.path.join(tmp, f"o{seed}.safetensors")
     st.save(wpath, weights, {"format": "pt"})
     rows.astype("<i4").tofile(tpath)
-    args = [TOOL, wpath, tpath, opath] + [str(x) for x in (L, C, NH, T, V, B)]
+    args = [TOOL, wpath, tpath, opath, L, C, NH, T, V, B]
     if maxT != T:  # optional tenth argument: rows of wpe when they exceed T
-        args.append(str(maxT))
-    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        args.append(maxT)
+    p = lib.run(args, timeout=300)
     print(f"== {name}: L={L} C={C} NH={NH} T={T} maxT={maxT} V={V} B={B}")
     if p.returncode != 0:
         print(f"   FAIL gpt2_grads exited {p.returncode}: {p.stderr.strip()}")
@@ -148,16 +127,14 @@ def run_case(name, L, C, NH, T, maxT, V, B, seed, tmp):
 
 
 def main():
-    if not os.access(TOOL, os.X_OK):
-        print(f"FAIL: {TOOL} not built (run make)")
+    if not lib.built(TOOL):
         return 1
     torch.set_num_threads(1)
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
         for i, c in enumerate(CONFIGS):
             fails += run_case(*c, seed=100 + i, tmp=tmp)
-    print(f"{'FAIL' if fails else 'PASS'}: {fails} failure(s)")
-    return 1 if fails else 0
+    return lib.verdict(fails)
 
 
 if __name__ == "__main__":

@@ -30,22 +30,16 @@ Exits 1 on any failure.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pyref import ckpt, gpt2, shard, st  # noqa: E402
+import lib
+from lib import ENV, LOOM, check
+from pyref import ckpt, gpt2, shard, st
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", "build")
-if not os.path.isabs(BUILD):
-    BUILD = os.path.join(ROOT, BUILD)
-LOOM = os.path.join(BUILD, "loom")
-TOOL = os.path.join(BUILD, "tests", "tools", "gpt2_grads")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1")
+TOOL = lib.tool("gpt2_grads")
 L, STEPS = 4, 10
 
 FULL = ["--recompute-granularity", "full"]
@@ -60,14 +54,6 @@ SETTINGS = {  # name -> flags
     f"full uniform N={L}": FULL + ["--recompute-method", "uniform", "--recompute-num-layers", str(L)],
 }
 
-failures = 0
-
-
-def check(name, cond, detail=""):
-    global failures
-    print(f"{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
-    failures += 0 if cond else 1
-
 
 def train(tmp, tag, flags, ranks=1):
     """Per-step (loss, grad_norm) as printed, the checkpoint, and the peak activation bytes of the last step."""
@@ -77,17 +63,9 @@ def train(tmp, tag, flags, ranks=1):
            "--global-batch-size", "8", "--micro-batch-size", str(4 // ranks), "--log-interval", "1",
            "--eval-iters", "0", "--threads", str(2 // ranks), "--metrics", metrics, "--save", save,
            "--comm-timeout", "120"] + flags
-    if ranks > 1:
-        cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
-    if p.returncode != 0:
-        raise SystemExit(f"{tag}: exit {p.returncode}\n{p.stderr[-2000:]}")
-    rows = [json.loads(line) for line in open(metrics) if '"loss"' in line]
+    lib.run_ranks(ranks, cmd, tag=tag, timeout=600)
+    rows = lib.metrics_rows(metrics)
     return [(r["loss"], r["grad_norm"]) for r in rows], ckpt.assemble(save), rows[-1]["mem"]["activations"]
-
-
-def same_bits(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def compare(tag, ref, got):
@@ -97,9 +75,9 @@ def compare(tag, ref, got):
     check(f"{tag}: loss and grad_norm of all {STEPS} steps bit for bit",
           len(steps) == STEPS and not diff, f"steps {diff} differ: {steps[diff[0] - 1] if diff else ''} vs "
           f"{steps_ref[diff[0] - 1] if diff else ''}")
-    bad = sorted(k for k in ck_ref if k not in ck or not same_bits(ck[k], ck_ref[k]))
-    check(f"{tag}: all {len(ck_ref)} checkpoint tensors (weights, AdamW moments) bit for bit", not bad and
-          len(ck) == len(ck_ref), f"differ: {bad[:5]}")
+    bad = lib.differing(ck, ck_ref)
+    check(f"{tag}: all {len(ck_ref)} checkpoint tensors (weights, AdamW moments) bit for bit", not bad,
+          f"differ: {bad[:5]}")
 
 
 def model_alone(tmp):
@@ -120,15 +98,14 @@ def model_alone(tmp):
         outs = {}
         for name, flags in tool_settings.items():
             out = os.path.join(tmp, f"o-{dt}-{len(outs)}.safetensors")
-            p = subprocess.run([TOOL, "--act-dtype", dt] + flags + [wpath, tpath, out] +
-                               [str(x) for x in (L, C, NH, T, V, B)], capture_output=True, text=True, timeout=300)
+            p = lib.run([TOOL, "--act-dtype", dt] + flags + [wpath, tpath, out, L, C, NH, T, V, B], timeout=300)
             if p.returncode != 0:
                 check(f"gpt2_grads --act-dtype {dt} {' '.join(flags)}", False, p.stderr.strip())
                 continue
             outs[name] = st.load(out)
         ref = outs.pop("none")
         for name, got in outs.items():
-            bad = sorted(k for k in ref if not same_bits(got[k], ref[k]))
+            bad = lib.differing(got, ref)
             check(f"model alone, activations in {dt}, {name}: loss, logits and {len(ref) - 2} gradients bit for bit",
                   not bad, f"differ: {bad[:5]}")
 
@@ -148,9 +125,8 @@ def errors(tmp):
         (["--recompute-activations"] + FULL, "--recompute-activations means --recompute-granularity selective"),
     ]
     for flags, want in cases:
-        p = subprocess.run([LOOM, "train", "--num-layers", str(L), "--data-path", os.path.join(tmp, "train.bin"),
-                            "--train-iters", "1", "--eval-iters", "0"] + flags,
-                           capture_output=True, text=True, env=ENV, timeout=60)
+        p = lib.loom("train", "--num-layers", L, "--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1",
+                     "--eval-iters", "0", *flags, env=ENV, timeout=60)
         lines = [line for line in p.stderr.splitlines() if line.strip()]
         check(f"{' '.join(flags)}: exit 2, one line naming it", p.returncode == 2 and len(lines) == 1 and
               lines[0].startswith("loom: error:") and want in lines[0], f"exit {p.returncode}: {p.stderr.strip()}")
@@ -171,8 +147,7 @@ def main():
             json.dump({"activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False,
                                                    "contiguous_memory_optimization": False, "number_checkpoints": 2,
                                                    "synchronize_checkpoint_boundary": False, "profile": False}}, f)
-        p = subprocess.run([LOOM, "train", "--deepspeed-config", ds, "--num-layers", str(L), "--dry-run"],
-                           capture_output=True, text=True, env=ENV, timeout=60)
+        p = lib.loom("train", "--deepspeed-config", ds, "--num-layers", L, "--dry-run", env=ENV, timeout=60)
         rows = {line.split()[0]: line.split()[1:] for line in p.stdout.splitlines() if line.startswith("  recompute")}
         check("DeepSpeed activation_checkpointing.number_checkpoints 2: full, block, 2 layers",
               rows.get("recompute-granularity") == ["full", "(derived)"] and
@@ -197,8 +172,7 @@ def main():
         # (c), (d)
         model_alone(tmp)
         errors(tmp)
-    print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} failure(s)")
-    return 1 if failures else 0
+    return lib.verdict()
 
 
 if __name__ == "__main__":

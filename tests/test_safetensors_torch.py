@@ -17,14 +17,14 @@ import json
 import math
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-BUILD = os.environ.get("BUILD", "build")
-TOOL = os.path.join(BUILD, "tests", "tools", "st_tool")
+import lib
+
+TOOL = lib.tool("st_tool")
 
 DTYPES = {  # safetensors dtype -> numpy dtype (BF16 kept as its raw bits)
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
@@ -108,7 +108,7 @@ def f32_sum(dtype, arr):
 
 
 def dump(path):
-    r = subprocess.run([TOOL, "dump", path], capture_output=True, text=True)
+    r = lib.run([TOOL, "dump", path])
     meta, tensors = {}, {}
     for line in r.stdout.splitlines():
         parts = line.split(" ")
@@ -144,7 +144,7 @@ def expected_loom_file():
 
 def test_loom_writes(tmp):
     path = os.path.join(tmp, "loom.safetensors")
-    r = subprocess.run([TOOL, "write", path], capture_output=True, text=True)
+    r = lib.run([TOOL, "write", path])
     check(r.returncode == 0, "st_tool write: " + r.stderr)
     check(not [f for f in os.listdir(tmp) if ".tmp." in f], "temporary file left behind")
     meta, tensors, n, text, data_len = read_st(path)
@@ -252,8 +252,7 @@ def test_python_writes(tmp):
 
 
 def main():
-    if not os.access(TOOL, os.X_OK):
-        print(f"FAIL {TOOL} not built", file=sys.stderr)
+    if not lib.built(TOOL):
         return 1
     with tempfile.TemporaryDirectory(prefix="loom_st_py_") as tmp:
         test_loom_writes(tmp)

@@ -3,10 +3,10 @@
 
 Python writes the initial weights (tests/pyref/gpt2.py's GPT-2 initialisation,
 seeded) and a token shard, runs the real CLI with --data-order sequential and
---metrics, and replays the same steps in PyTorch: torch.optim.AdamW with two
-groups (weight decay on tensors of two or more dimensions only),
-torch.nn.utils.clip_grad_norm_, warmup + cosine schedule, and llm.c's
-sequential loader. Cases: one micro-batch per step (G == B), two accumulated
+--metrics, and replays the same steps in PyTorch (tests/pyref/train.py):
+torch.optim.AdamW with two groups (weight decay on tensors of two or more
+dimensions only), torch.nn.utils.clip_grad_norm_, warmup + cosine schedule,
+and llm.c's sequential loader. Cases: one micro-batch per step (G == B), two accumulated
 micro-batches (G == 2B), and a shard short enough that the data wraps.
 
 The reference is float32 like loom, so both make the same kind of rounding;
@@ -27,132 +27,31 @@ Checked per step:
              these 20 steps but the norm by ~1e-3.
 Exits 1 on any failure.
 """
-import json
-import math
 import os
-import subprocess
 import sys
 import tempfile
 
-import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pyref import gpt2, shard, st  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("BUILD", "build")
-if not os.path.isabs(BUILD):
-    BUILD = os.path.join(ROOT, BUILD)
-LOOM = os.path.join(BUILD, "loom")
-
-L, C, NH, T, V = 2, 64, 4, 32, 128
-B = 4
-ITERS = 20
-MAX_LR, MIN_LR, WARMUP = 1e-3, 1e-4, 5
-WD, BETA1, BETA2, EPS = 0.1, 0.9, 0.95, 1e-8
-SEED = 1234
+import lib
+from lib import rel
+from pyref import shard, st, train
+from pyref.train import B, ITERS, T
 
 LOSS_TOL, LR_TOL, NORM_TOL = 1e-4, 1e-8, 1e-4
 
 
-def lr_at(k):
-    """Learning rate of step k (1-based): linear warmup, then cosine decay to
-    MIN_LR at step ITERS."""
-    if WARMUP > 0 and k <= WARMUP:
-        return MAX_LR * k / WARMUP
-    if k >= ITERS:
-        return MIN_LR
-    ratio = (k - WARMUP) / (ITERS - WARMUP)
-    coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
-    return MIN_LR + coeff * (MAX_LR - MIN_LR)
-
-
-def make_tokens(n, seed):
-    """n tokens from a random sparse Markov chain (each token has a few likely
-    successors), so the model has something to learn and the loss moves."""
-    rng = np.random.default_rng(seed)
-    succ = rng.integers(0, V, size=(V, 4))
-    toks = np.empty(n, dtype=np.int64)
-    toks[0] = rng.integers(0, V)
-    choice = rng.integers(0, 4, size=n)
-    noise = rng.random(n) < 0.2
-    rand = rng.integers(0, V, size=n)
-    for i in range(1, n):
-        toks[i] = rand[i] if noise[i] else succ[toks[i - 1], choice[i]]
-    return toks
-
-
-def batch(tokens, step, G):
-    """llm.c's sequential loader: step s (0-based) reads G*T+1 tokens from
-    (s mod nblocks)*G*T; row b is inputs block[b*T:b*T+T], targets one on."""
-    nblocks = (len(tokens) - 1) // (G * T)
-    start = (step % nblocks) * G * T
-    block = tokens[start:start + G * T + 1]
-    x = np.stack([block[b * T:b * T + T] for b in range(G)])
-    y = np.stack([block[b * T + 1:b * T + T + 1] for b in range(G)])
-    return torch.from_numpy(x), torch.from_numpy(y)
-
-
-def reference(init, tokens, G, clip, dtype=torch.float32):
-    """Per step: (loss, lr, grad_norm) of PyTorch's run."""
-    torch.manual_seed(0)
-    model = gpt2.load_numpy(gpt2.GPT2(gpt2.Config(L, C, NH, V, T)).to(dtype), init)
-    opt = torch.optim.AdamW(gpt2.decay_groups(model, WD), lr=MAX_LR, betas=(BETA1, BETA2), eps=EPS)
-    A = G // B
-    out = []
-    for s in range(ITERS):
-        lr = lr_at(s + 1)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.zero_grad(set_to_none=True)
-        x, y = batch(tokens, s, G)
-        loss_sum = 0.0
-        for m in range(A):
-            _, loss = model(x[m * B:(m + 1) * B], y[m * B:(m + 1) * B])
-            (loss / A).backward()
-            loss_sum += loss.item()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
-        opt.step()
-        out.append((loss_sum / A, lr, norm))
-    return out
-
-
-def run_loom(init_path, data_path, G, clip, tmp, tag, extra=()):
-    metrics = os.path.join(tmp, f"m_{tag}.jsonl")
-    args = [LOOM, "train", "--load", init_path, "--data-path", data_path, "--data-order", "sequential",
-            "--num-layers", L, "--hidden-size", C, "--num-attention-heads", NH, "--seq-length", T,
-            "--max-position-embeddings", T, "--vocab-size", V, "--micro-batch-size", B,
-            "--global-batch-size", G, "--train-iters", ITERS, "--lr", MAX_LR, "--min-lr", MIN_LR,
-            "--lr-warmup-iters", WARMUP, "--lr-decay-style", "cosine", "--weight-decay", WD,
-            "--adam-beta1", BETA1, "--adam-beta2", BETA2, "--adam-eps", EPS, "--clip-grad", clip,
-            "--log-interval", 1, "--eval-iters", 0, "--metrics", metrics, "--threads", 2] + list(extra)
-    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        return None, f"loom exited {p.returncode}: {p.stderr.strip()[-2000:]}"
-    steps = {}
-    with open(metrics) as f:
-        for line in f:
-            d = json.loads(line)
-            if "loss" in d:
-                steps[d["step"]] = d
-    return steps, None
-
-
-def rel(a, b):
-    return abs(a - b) / abs(b)
-
-
 def run_case(name, G, ntokens, clip, init, init_path, tmp, seed):
-    tokens = make_tokens(ntokens, seed)
+    tokens = train.make_tokens(ntokens, seed)
     data_path = os.path.join(tmp, f"train_{seed}.bin")
     shard.write(data_path, tokens)
     nblocks = (ntokens - 1) // (G * T)
     print(f"== {name}: B={B} G={G} ({G // B} micro-batch(es) per step), {ntokens} tokens = {nblocks} blocks"
           f" of G*T{' (wraps)' if nblocks < ITERS else ''}, --clip-grad {clip}")
-    ref = reference(init, tokens, G, clip)
-    ref64 = reference(init, tokens, G, clip, torch.float64)
-    steps, err = run_loom(init_path, data_path, G, clip, tmp, name.replace(" ", "_").replace("=", ""))
+    ref = train.reference(init, tokens, G, clip)
+    ref64 = train.reference(init, tokens, G, clip, torch.float64)
+    metrics = os.path.join(tmp, f"m_{name.replace(' ', '_').replace('=', '')}.jsonl")
+    steps, err = lib.train_steps(train.loom_args(init_path, data_path, G, clip, metrics), metrics)
     if err:
         print(f"   FAIL {err}")
         return 1
@@ -189,13 +88,12 @@ def run_case(name, G, ntokens, clip, init, init_path, tmp, seed):
 
 
 def main():
-    if not os.access(LOOM, os.X_OK):
-        print(f"FAIL: {LOOM} not built (run make)")
+    if not lib.built(lib.LOOM):
         return 1
     torch.set_num_threads(2)
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
-        init = gpt2.to_numpy(gpt2.init_weights(gpt2.GPT2(gpt2.Config(L, C, NH, V, T)), SEED), np.float32)
+        init = train.initial_weights()
         init_path = os.path.join(tmp, "init.safetensors")
         st.save(init_path, init, {"format": "pt"})
         # (name, global batch, shard tokens, clip threshold). Unclipped
@@ -211,8 +109,7 @@ def main():
         ]
         for i, (name, G, n, clip) in enumerate(cases):
             fails += run_case(name, G, n, clip, init, init_path, tmp, seed=10 + i)
-    print(f"{'FAIL' if fails else 'PASS'}: {fails} failure(s)")
-    return 1 if fails else 0
+    return lib.verdict(fails)
 
 
 if __name__ == "__main__":

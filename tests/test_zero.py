@@ -3,35 +3,33 @@
 Equivalence: `--zero-stage 1` and `2` at 2 and 4 ranks (and 3 ranks with a
 parameter count that does not split evenly), with accumulation and clipping,
 give the single-process per-step loss and final weights (same tolerances and
-comparison as test_ddp.py, whose helpers this uses).
+comparison as test_ddp.py: lib.tiny_run and lib.compare_runs).
 Memory per rank, fp32 Adam with Psi parameters on N ranks, within 5%:
 stage 1: params 4 Psi, grads 4 Psi, optimizer 8 Psi/N; stage 2: params
 4 Psi, grads 4 Psi/N, optimizer 8 Psi/N; stage 3: all three / N (transient
 gradient buffers and gathered units are counted under comm). Stage 3 also
 runs with gather units of several blocks under FSDP's flag name, and a
 conflicting pair of flags is a one-line error."""
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(__file__))
-import test_ddp  # noqa: E402
-from test_ddp import LOOM, ENV, check, compare, run, write_corpus  # noqa: E402
-from pyref import st  # noqa: E402
+import lib
+from lib import check
+from pyref import st
+
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        write_corpus(tmp)
-        ref = run(tmp, "single", 1, ["--global-batch-size", "8", "--micro-batch-size", "1"])
+        lib.write_corpus(tmp)
+        ref = lib.tiny_run(tmp, "single", 1, ["--global-batch-size", "8", "--micro-batch-size", "1"])
         for stage in (1, 2, 3):
             for n in (2, 4):
                 tag = f"zero{stage}-np{n}-accum2"
-                got = run(tmp, tag, n, ["--global-batch-size", "8", "--micro-batch-size", str(8 // n // 2),
-                                        "--zero-stage", str(stage)])
-                compare(tag, ref, got)
-                rows = [json.loads(l) for l in open(os.path.join(tmp, f"{tag}.jsonl")) if '"loss"' in l]
+                got = lib.tiny_run(tmp, tag, n, ["--global-batch-size", "8", "--micro-batch-size", str(8 // n // 2),
+                                                 "--zero-stage", str(stage)])
+                lib.compare_runs(tag, ref, got)
+                rows = lib.metrics_rows(os.path.join(tmp, f"{tag}.jsonl"))
                 psi = sum(t.size for t in ref[1].values())
                 want = {"params": 4 * psi / (n if stage >= 3 else 1), "grads": 4 * psi / (n if stage >= 2 else 1),
                         "optimizer": 8 * psi / n}
@@ -41,32 +39,33 @@ def main():
                     check(f"{tag}: {key} bytes per rank within 5% of {value:.0f} (worst {worst:.2%}: {got_b})",
                           worst <= 0.05)
         # uneven shards: 3 ranks and a parameter count not divisible by 3 (V=255)
-        ref255 = run(tmp, "single-v255", 1, ["--global-batch-size", "6", "--micro-batch-size", "1",
-                                             "--vocab-size", "255"])
+        ref255 = lib.tiny_run(tmp, "single-v255", 1, ["--global-batch-size", "6", "--micro-batch-size", "1",
+                                                      "--vocab-size", "255"])
         psi = sum(t.size for t in ref255[1].values())
         check(f"uneven case: {psi} parameters do not split evenly in 3", psi % 3 != 0)
         for stage in (1, 2, 3):
             tag = f"zero{stage}-np3-uneven"
-            compare(tag, ref255, run(tmp, tag, 3, ["--global-batch-size", "6", "--micro-batch-size", "1",
-                                                   "--vocab-size", "255", "--zero-stage", str(stage)]))
+            flags = ["--global-batch-size", "6", "--micro-batch-size", "1", "--vocab-size", "255", "--zero-stage",
+                     str(stage)]
+            lib.compare_runs(tag, ref255, lib.tiny_run(tmp, tag, 3, flags))
         # stage 3 starting from a weights file (sharded from the loaded model, not initialised unit by unit)
         start = os.path.join(tmp, "start.safetensors")
         st.save(start, ref[1])
-        ref_load = run(tmp, "single-load", 1, ["--global-batch-size", "8", "--micro-batch-size", "1", "--load", start])
-        compare("zero3-np2-from-load", ref_load, run(tmp, "zero3-load", 2, ["--global-batch-size", "8",
-                "--micro-batch-size", "2", "--zero-stage", "3", "--load", start]))
+        ref_load = lib.tiny_run(tmp, "single-load", 1, ["--global-batch-size", "8", "--micro-batch-size", "1",
+                                                        "--load", start])
+        lib.compare_runs("zero3-np2-from-load", ref_load, lib.tiny_run(tmp, "zero3-load", 2, [
+            "--global-batch-size", "8", "--micro-batch-size", "2", "--zero-stage", "3", "--load", start]))
         # stage 3 with gather units of several blocks (FSDP's size-based wrap), by FSDP's name
-        compare("fsdp-full-shard-np2-units", ref, run(tmp, "fsdp-units", 2, ["--global-batch-size", "8",
-                "--micro-batch-size", "2", "--fsdp-sharding-strategy", "FULL_SHARD", "--zero3-min-params", "20000"]))
-        p = subprocess.run(["mpirun", "-np", "2", "--bind-to", "none", LOOM, "train", "--zero-stage", "2",
-                            "--fsdp-sharding-strategy", "FULL_SHARD",
-                            "--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1"],
-                           capture_output=True, text=True, env=ENV, timeout=60)
-        lines = [l for l in p.stderr.splitlines() if l.startswith("loom: error:")]
+        lib.compare_runs("fsdp-full-shard-np2-units", ref, lib.tiny_run(tmp, "fsdp-units", 2, [
+            "--global-batch-size", "8", "--micro-batch-size", "2", "--fsdp-sharding-strategy", "FULL_SHARD",
+            "--zero3-min-params", "20000"]))
+        p = lib.run_ranks(2, [lib.LOOM, "train", "--zero-stage", "2", "--fsdp-sharding-strategy", "FULL_SHARD",
+                              "--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1"],
+                          expect=None, timeout=60)
+        lines = lib.error_lines(p.stderr)
         check("conflicting --zero-stage and --fsdp-sharding-strategy: one error line, exit 2",
               p.returncode == 2 and len(lines) == 1 and "FULL_SHARD means --zero-stage 3" in lines[0], p.stderr[-400:])
-    print(f"{'PASS' if test_ddp.failures == 0 else 'FAIL'}: {test_ddp.failures} failure(s)")
-    return 1 if test_ddp.failures else 0
+    return lib.verdict()
 
 
 if __name__ == "__main__":

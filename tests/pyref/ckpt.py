@@ -55,3 +55,8 @@ def assemble(path):
     for name, c in covered.items():
         assert (c == 1).all(), f"{name}: pieces cover some elements {c.min()}..{c.max()} times"
     return full
+
+
+def weights(path):
+    """The model's tensors of a checkpoint: assemble() without the optimizer state."""
+    return {k: v for k, v in assemble(path).items() if not k.startswith("optimizer.")}

@@ -194,6 +194,25 @@ def init_weights(model, seed):
     return model
 
 
+def perturbed_weights(cfg, seed, matrix_scale=1.0):
+    """GPT-2's initialisation (init_weights), then every LayerNorm gain and
+    bias moved off 1 and 0 (normal noise of std 0.2 and 0.05, drawn in
+    named_parameters() order from a generator seeded seed + 1) and every
+    matrix multiplied by matrix_scale; as float32 arrays."""
+    model = init_weights(GPT2(cfg), seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if p.ndim == 2:
+                p.mul_(matrix_scale)
+            elif p.ndim == 1 and name.endswith(".weight"):  # LayerNorm gains
+                p.add_(0.2 * noise)
+            elif p.ndim == 1:  # biases
+                p.add_(0.05 * noise)
+    return to_numpy(model, np.float32)
+
+
 def to_numpy(model, dtype=np.float32):
     return {n: p.detach().cpu().numpy().astype(dtype) for n, p in model.named_parameters()}
 

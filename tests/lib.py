@@ -1,0 +1,251 @@
+"""What the Python tests share: where the build is, the environment mpirun
+needs, running loom (in one process or on N ranks), one line per check and
+the closing verdict, the corpus, and the comparisons that more than one test
+makes. Also the tiny GPT-2 run and its comparison that the data-parallel
+tests (test_ddp, test_zero, test_offload) all use.
+
+Tests run from the repository root as `env BUILD=build python3
+tests/test_x.py` (tests/run.sh). Python puts the script's folder first on
+sys.path, so a test needs only `import lib` and `from pyref import ...`.
+BUILD (default build) is the build folder, relative to the repository root
+or absolute.
+
+Not here: what a test proves. Its cases, flags, tolerances and messages stay
+in the test file; the PyTorch references are in tests/pyref/.
+
+numpy is imported by the functions that use it, so that the tests that only
+run programs (test_comm, test_fuzz, ...) need nothing beyond the standard
+library.
+"""
+import json
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("BUILD", "build")
+if not os.path.isabs(BUILD):
+    BUILD = os.path.join(ROOT, BUILD)
+LOOM = os.path.join(BUILD, "loom")
+# For mpirun: Open MPI refuses to start as root without the first two, and the
+# third makes a waiting rank give up its core (the runs oversubscribe).
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_mpi_yield_when_idle="1")
+
+
+def tool(name):
+    """A test program built from tests/tools/NAME.c."""
+    return os.path.join(BUILD, "tests", "tools", name)
+
+
+def built(path):
+    """Whether the program at path is there; when not, says FAIL with a hint."""
+    if os.access(path, os.X_OK):
+        return True
+    print(f"FAIL: {path} not built (run make)")
+    return False
+
+
+# ---- checks and the verdict -------------------------------------------------
+
+failures = 0  # checks of this process that failed so far
+
+
+def check(name, cond, detail="", indent=""):
+    """One line per check, 'ok   NAME' or 'FAIL NAME: DETAIL' (the detail only
+    on failure); a failed one counts in failures. Returns whether it passed."""
+    global failures
+    print(f"{indent}{'ok  ' if cond else 'FAIL'} {name}" + (f": {detail}" if detail and not cond else ""))
+    failures += 0 if cond else 1
+    return bool(cond)
+
+
+def verdict(fails=None):
+    """The closing line, PASS or FAIL with the count of failures (those of
+    check unless given); returns the exit status."""
+    n = failures if fails is None else fails
+    print(f"{'PASS' if n == 0 else 'FAIL'}: {n} failure(s)")
+    return 1 if n else 0
+
+
+# ---- running programs -------------------------------------------------------
+
+def run(cmd, timeout=None, env=None, **kw):
+    """cmd (each item made a string), its output captured as text; env None
+    passes this process's environment unchanged."""
+    return subprocess.run([str(a) for a in cmd], capture_output=True, text=True, timeout=timeout, env=env, **kw)
+
+
+def mpirun(n, cmd, mpi_args=()):
+    """The command that runs cmd on n ranks: under mpirun, oversubscribed and
+    unbound, with mpi_args before the program; cmd itself when n is 1."""
+    if n == 1:
+        return list(cmd)
+    return ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none", *mpi_args] + list(cmd)
+
+
+def run_ranks(n, cmd, expect=0, tag=None, timeout=300, env=ENV, mpi_args=(), **kw):
+    """cmd on n ranks (see mpirun) with ENV. An exit status other than expect
+    (None: any) ends the test with a message naming tag (default: cmd) and
+    stderr's tail."""
+    p = run(mpirun(n, cmd, mpi_args), timeout=timeout, env=env, **kw)
+    if expect is not None and p.returncode != expect:
+        name = tag or " ".join(str(a) for a in cmd)
+        raise SystemExit(f"{name}: exit {p.returncode}, expected {expect}\n{p.stderr[-2000:]}")
+    return p
+
+
+def loom(*args, timeout=120, env=None, exe=LOOM):
+    """`loom ARGS` in one process."""
+    return run([exe, *args], timeout=timeout, env=env)
+
+
+def error_lines(stderr):
+    """The 'loom: error:' lines of stderr."""
+    return [line for line in stderr.splitlines() if line.startswith("loom: error:")]
+
+
+def metrics_rows(path):
+    """The step rows (those with a loss) of a --metrics file; none when it is missing."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if '"loss"' in line]
+
+
+def train_steps(args, metrics, timeout=600):
+    """`loom train ARGS` in one process, ARGS naming metrics as --metrics.
+    Returns ({step: metrics row}, None), or (None, why) when loom failed."""
+    p = run([LOOM, "train", *args], timeout=timeout)
+    if p.returncode != 0:
+        return None, f"loom exited {p.returncode}: {p.stderr.strip()[-2000:]}"
+    return {r["step"]: r for r in metrics_rows(metrics)}, None
+
+
+def make(build, target, *settings):
+    """`make TARGET` of this repository into the build folder `build`, with
+    settings such as CC=...; output captured."""
+    return run(["make", "-C", ROOT, f"BUILD={build}", *settings, "-j2", target])
+
+
+ASAN_BUILD = os.path.join(BUILD, "asan-loom")
+ASAN_LOOM = os.path.join(ASAN_BUILD, "loom")
+
+
+def make_asan_loom():
+    """ASAN_LOOM: loom built with AddressSanitizer and UndefinedBehaviorSanitizer
+    (test_asan_parallel builds it; test_convert uses it when it is there)."""
+    return make(ASAN_BUILD, ASAN_LOOM,
+                "CC=gcc -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined")
+
+
+# ---- corpus -----------------------------------------------------------------
+
+def synth(dest, tokens, exe=LOOM, env=None):
+    """`loom data synth`: the built-in corpus of `tokens` tokens as dest/train.bin and dest/val.bin."""
+    subprocess.run([exe, "data", "synth", dest, "--tokens", str(tokens)], check=True, capture_output=True, env=env)
+
+
+def write_corpus(tmp):
+    """The built-in corpus as tmp/train.bin: gradients carry signal, not just noise (see compare_runs)."""
+    synth(os.path.join(tmp, "corpus"), 200000)
+    os.rename(os.path.join(tmp, "corpus", "train.bin"), os.path.join(tmp, "train.bin"))
+
+
+# ---- comparisons ------------------------------------------------------------
+
+def rel(a, b):
+    """Relative error of a against b."""
+    return abs(a - b) / abs(b)
+
+
+def rel_l2(got, ref):
+    """||got - ref|| / ||ref|| in float64 (the absolute error when ref is zero)."""
+    import numpy as np
+
+    d = np.linalg.norm((got.astype(np.float64) - ref).ravel())
+    n = np.linalg.norm(ref.ravel())
+    return d / n if n > 0 else d
+
+
+def without_key_bias(name, a):
+    """a, less the key third of attn.c_attn.bias ([q|k|v]) when name is one.
+    Its exact gradient is zero (softmax ignores a shift shared by all keys),
+    so what it holds is float rounding noise."""
+    import numpy as np
+
+    if not name.endswith("attn.c_attn.bias"):
+        return a
+    c = a.shape[0] // 3
+    return np.r_[a[:c], a[2 * c:]]
+
+
+def same_bits(a, b):
+    """Same dtype, shape and bytes."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def differing(a, b):
+    """Names of the tensors of {name: array} a and b that are in one only or
+    differ in any bit (dtype and shape included): those in one only first,
+    each part sorted."""
+    return sorted(set(a) ^ set(b)) + sorted(k for k in set(a) & set(b) if not same_bits(a[k], b[k]))
+
+
+# ---- the data-parallel tests' run: test_ddp, test_zero, test_offload --------
+
+TINY_MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+              "--max-position-embeddings", "16", "--vocab-size", "256"]
+STEPS = 20
+
+
+def tiny_run(tmp, tag, np_ranks, extra):
+    """TINY_MODEL trained STEPS steps on tmp/train.bin (write_corpus) on
+    np_ranks ranks with the flags extra, saved in tmp/TAG with metrics in
+    tmp/TAG.jsonl. Returns (per-step losses, final weights, stdout)."""
+    from pyref import ckpt
+
+    metrics = os.path.join(tmp, f"{tag}.jsonl")
+    save = os.path.join(tmp, tag)
+    cmd = [LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--data-order", "shuffled"] + TINY_MODEL + [
+        "--train-iters", str(STEPS), "--lr", "3e-3", "--lr-warmup-iters", "3", "--clip-grad", "0.5",
+        "--weight-decay", "0.1", "--log-interval", "1", "--eval-iters", "0", "--threads", "1", "--seed", "7",
+        "--metrics", metrics, "--save", save, "--ddp-bucket-size", "0.01", "--comm-timeout", "60"] + extra
+    p = run_ranks(np_ranks, cmd, tag=tag)
+    return [r["loss"] for r in metrics_rows(metrics)], ckpt.weights(save), p.stdout
+
+
+def compare_runs(tag, ref, got, tol=1e-5):
+    """One check line: tiny_run's got against ref, every step's loss and the
+    final weights within tol relative. Prints every step's losses on failure."""
+    import numpy as np
+
+    losses_ref, w_ref, _ = ref
+    losses, w, out = got
+    ok = len(losses) == STEPS
+    worst = 0.0
+    for a, b in zip(losses, losses_ref):
+        worst = max(worst, rel(a, b))
+    # Weights: the whole model's relative L2 error, and every tensor's. One
+    # slice is left out of the per-tensor check, and said so: the key part of
+    # attn.c_attn.bias (see without_key_bias). Adam scales its noise up to
+    # steps of size lr, different for any summation order; it is reported,
+    # and counted in the whole-model error.
+    wworst, wname = 0.0, ""
+    num = den = 0.0
+    for name, ref_t in w_ref.items():
+        got_t = w[name].astype(np.float64)
+        ref64 = ref_t.astype(np.float64)
+        num += float(np.sum((got_t - ref64) ** 2))
+        den += float(np.sum(ref64 ** 2))
+        got_t, ref64 = without_key_bias(name, got_t), without_key_bias(name, ref64)
+        d = np.linalg.norm(got_t - ref64) / max(np.linalg.norm(ref64), 1e-30)
+        if d > wworst:
+            wworst, wname = d, name
+    whole = (num / den) ** 0.5
+    wworst = max(wworst, whole)
+    ok = ok and worst <= tol and wworst <= tol
+    buckets = [line for line in out.splitlines() if line.startswith("data parallel")]
+    if not check(f"{tag:40s} loss max rel err {worst:.2e}, weights rel L2 whole {whole:.2e}, worst tensor "
+                 f"{wworst:.2e} ({wname}) (tol {tol:g}) {buckets[0] if buckets else ''}", ok):
+        for i, (a, b) in enumerate(zip(losses, losses_ref)):
+            print(f"    step {i + 1}: {a:.9f} vs {b:.9f}")
