@@ -1,10 +1,13 @@
 /*
- * MPI wrapper, topology and the communication thread (see comm.h).
+ * The comm layer over a transport (comm_backend.h; MPI in comm_mpi.c):
+ * topology, handles, the communication thread and the one wait path (see
+ * comm.h).
  *
- * Requests go into a FIFO; the thread starts each with the matching MPI_I*
- * call in posting order and polls MPI_Test over the started ones, sleeping
- * 20 us when none completed. Waiters block on a condition variable with the
- * deadline of --comm-timeout.
+ * Requests go into a FIFO; the thread starts each through the transport in
+ * posting order and tests the started ones, sleeping 20 us when none
+ * completed. Waiters block on a condition variable with the deadline of
+ * --comm-timeout. Without a transport (a build without MPI) the process is
+ * alone and every collective is the identity.
  */
 #include "comm/comm.h"
 
@@ -20,11 +23,8 @@
 #include "base/clock.h"
 #include "base/dtype.h"
 #include "base/log.h"
+#include "comm/comm_backend.h"
 #include "loom/loom.h"
-
-#ifdef LOOM_HAVE_MPI
-#include <mpi.h>
-#endif
 
 static const char *const group_names[] = {"world", "dp", "tp", "pp"};
 static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "group_names");
@@ -33,26 +33,19 @@ static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-ga
 static_assert(sizeof coll_names / sizeof coll_names[0] == LOOM_COLL_COUNT, "coll_names");
 
 struct loom_comm_handle {
-    enum loom_coll coll;
-    enum loom_group group;
-    enum loom_dtype dt;
-    enum loom_op op;
-    const void *send;
-    void *recv;
-    size_t count;
-    int peer, tag;
-    int *counts; /* reduce-scatter-v and all-gather-v: (group size), owned */
-    int *displs; /* all-gather-v: (group size), owned */
+    struct loom_comm_op op; /* what the transport starts */
+    int *counts;            /* reduce-scatter-v and all-gather-v: (group size), owned; op.counts */
+    int *displs;            /* all-gather-v: (group size), owned; op.displs */
     int64_t step;
     int done; /* guarded by lock */
     struct loom_comm_handle *next;
-#ifdef LOOM_HAVE_MPI
-    MPI_Request req;
-#endif
+    void *req; /* the transport's request, while started */
 };
 
+static const struct loom_comm_backend *transport; /* NULL: a single process, no transport */
 static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1};
 static int group_rank[LOOM_GROUP_COUNT]; /* this rank's place in each group */
+static int have_group[LOOM_GROUP_COUNT]; /* made by the transport */
 static double timeout_s = 600;
 static int64_t cur_step = -1;
 static int have_thread;
@@ -60,15 +53,8 @@ static int have_thread;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t posted = PTHREAD_COND_INITIALIZER, completed = PTHREAD_COND_INITIALIZER;
 static struct loom_comm_handle *queue_head, *queue_tail; /* posted, not started */
-#ifdef LOOM_HAVE_MPI
 static int stopping;
 static pthread_t thread;
-#endif
-
-#ifdef LOOM_HAVE_MPI
-static MPI_Comm comms[LOOM_GROUP_COUNT];
-static int mpi_on;
-#endif
 
 void loom_comm_set_timeout(double seconds)
 {
@@ -90,118 +76,6 @@ int loom_comm_world_rank(void)
 void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
 {
     snprintf(buf, n, "TP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->dp, t->pp, t->rank);
-}
-
-#ifdef LOOM_HAVE_MPI
-static MPI_Datatype mpi_dtype(enum loom_dtype dt)
-{
-    switch (dt) {
-    case LOOM_DTYPE_F32:
-        return MPI_FLOAT;
-    case LOOM_DTYPE_F64:
-        return MPI_DOUBLE;
-    case LOOM_DTYPE_U64:
-        return MPI_UINT64_T;
-    case LOOM_DTYPE_I32:
-        return MPI_INT32_T;
-    case LOOM_DTYPE_U16:
-    case LOOM_DTYPE_BF16:
-    case LOOM_DTYPE_F16:
-        return MPI_UINT16_T;
-    default:
-        LOOM_ASSERT(0);
-    }
-    return MPI_DATATYPE_NULL;
-}
-
-/* Sums of 16-bit floats as a 16-bit reduction does them: each addition in
- * float32, rounded back (MPI has no bf16 type; the values travel as
- * uint16). */
-static MPI_Op bf16_sum_op = MPI_OP_NULL, f16_sum_op = MPI_OP_NULL;
-
-static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
-{
-    const uint16_t *a = in;
-    uint16_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = loom_f32_to_bf16(loom_bf16_to_f32(a[i]) + loom_bf16_to_f32(b[i]));
-}
-
-static void f16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
-{
-    const uint16_t *a = in;
-    uint16_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = loom_f32_to_f16(loom_f16_to_f32(a[i]) + loom_f16_to_f32(b[i]));
-}
-
-static MPI_Op mpi_op(enum loom_dtype dt, enum loom_op op)
-{
-    if (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16) {
-        LOOM_ASSERT(op == LOOM_OP_SUM);
-        return dt == LOOM_DTYPE_BF16 ? bf16_sum_op : f16_sum_op;
-    }
-    switch (op) {
-    case LOOM_OP_SUM:
-        return MPI_SUM;
-    case LOOM_OP_MIN:
-        return MPI_MIN;
-    case LOOM_OP_MAX:
-        return MPI_MAX;
-    default:
-        LOOM_ASSERT(0);
-    }
-    return MPI_OP_NULL;
-}
-
-static void mpi_check(int err, const char *what)
-{
-    if (err == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(err, msg, &len);
-    fprintf(stderr, "loom: error: [rank %d] %s failed: %s\n", world_rank, what, msg);
-    MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
-    exit(LOOM_ERR_RUNTIME);
-}
-
-static void start(struct loom_comm_handle *h)
-{
-    MPI_Comm c = comms[h->group];
-    MPI_Datatype t = mpi_dtype(h->dt);
-    int n = (int)h->count;
-    LOOM_ASSERT(h->count <= (size_t)0x7fffffff);
-    int err = MPI_SUCCESS;
-    switch (h->coll) {
-    case LOOM_COLL_ALLREDUCE:
-        err = MPI_Iallreduce(MPI_IN_PLACE, h->recv, n, t, mpi_op(h->dt, h->op), c, &h->req);
-        break;
-    case LOOM_COLL_REDUCE_SCATTER:
-        if (h->counts)
-            err = MPI_Ireduce_scatter(h->send, h->recv, h->counts, t, mpi_op(h->dt, LOOM_OP_SUM), c, &h->req);
-        else
-            err = MPI_Ireduce_scatter_block(h->send, h->recv, n, t, mpi_op(h->dt, LOOM_OP_SUM), c, &h->req);
-        break;
-    case LOOM_COLL_ALLGATHER:
-        if (h->displs) {
-            int me;
-            MPI_Comm_rank(c, &me);
-            err = MPI_Iallgatherv(h->send, h->counts[me], t, h->recv, h->counts, h->displs, t, c, &h->req);
-        } else {
-            err = MPI_Iallgather(h->send ? h->send : MPI_IN_PLACE, n, t, h->recv, n, t, c, &h->req);
-        }
-        break;
-    case LOOM_COLL_BROADCAST:
-        err = MPI_Ibcast(h->recv, n, t, h->peer, c, &h->req);
-        break;
-    case LOOM_COLL_SEND:
-        err = MPI_Isend(h->send, n, t, h->peer, h->tag, c, &h->req);
-        break;
-    case LOOM_COLL_RECV:
-        err = MPI_Irecv(h->recv, n, t, h->peer, h->tag, c, &h->req);
-        break;
-    default:
-        LOOM_ASSERT(0);
-    }
-    mpi_check(err, coll_names[h->coll]);
 }
 
 /* The communication thread: start posted requests in order, test the active
@@ -233,14 +107,13 @@ static void *comm_thread(void *arg)
         }
         pthread_mutex_unlock(&lock);
         for (struct loom_comm_handle *h = batch; h; h = h->next) {
-            start(h);
+            h->req = transport->start(&h->op);
             active[nactive++] = h;
         }
         int moved = 0;
         for (int i = 0; i < nactive;) {
-            int flag = 0;
-            mpi_check(MPI_Test(&active[i]->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
-            if (flag) {
+            if (transport->test(active[i]->req)) {
+                active[i]->req = NULL;
                 pthread_mutex_lock(&lock);
                 active[i]->done = 1;
                 pthread_cond_broadcast(&completed);
@@ -257,38 +130,11 @@ static void *comm_thread(void *arg)
         }
     }
 }
-#endif
 
 void loom_comm_init(int *argc, char ***argv)
 {
-#ifdef LOOM_HAVE_MPI
-    /* Open MPI's non-blocking all-reduce: the ring algorithm moves each
-     * gradient byte through a rank once instead of the default's twice; for
-     * GPT-2 124M on 2 ranks it made a DDP step 8% faster (1.70 against 1.85 s,
-     * bench/ddp.py's setting). A value the user set wins. */
-    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
-    int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
-        fprintf(stderr, "loom: error: MPI_Init_thread failed\n");
-        exit(LOOM_ERR_RUNTIME);
-    }
-    mpi_on = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    if (world_size > 1 && provided < MPI_THREAD_MULTIPLE) {
-        fprintf(
-            stderr,
-            "loom: error: [rank %d] the MPI library does not provide MPI_THREAD_MULTIPLE (got level %d)\n",
-            world_rank, provided);
-        MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
-    }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
-    MPI_Op_create(f16_sum, 1, &f16_sum_op);
-#else
-    (void)argc;
-    (void)argv;
-#endif
+    transport = loom_comm_backend_mpi();
+    if (transport) transport->init(argc, argv, &world_size, &world_rank);
     group_rank[LOOM_GROUP_WORLD] = world_rank;
     loom_log_set_rank(world_rank);
     if (world_size > 1) loom_log_set_abort(loom_comm_abort);
@@ -300,21 +146,19 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     t->world = world_size;
     t->rank = world_rank;
     t->tp = t->pp = t->dp = 1;
-#ifdef LOOM_HAVE_MPI
     /* the world group and the thread first: even a bad layout is agreed on */
-    if (mpi_on && !comms[LOOM_GROUP_WORLD]) {
-        MPI_Comm_dup(MPI_COMM_WORLD, &comms[LOOM_GROUP_WORLD]);
-        MPI_Comm_set_errhandler(comms[LOOM_GROUP_WORLD], MPI_ERRORS_RETURN);
+    if (transport && !have_group[LOOM_GROUP_WORLD]) {
+        transport->create_group(LOOM_GROUP_WORLD, 0, world_rank);
+        have_group[LOOM_GROUP_WORLD] = 1;
         group_size[LOOM_GROUP_WORLD] = world_size;
         if (world_size > 1 && !have_thread) {
             if (pthread_create(&thread, NULL, comm_thread, NULL) != 0) {
                 fprintf(stderr, "loom: error: [rank %d] cannot start the communication thread\n", world_rank);
-                MPI_Abort(MPI_COMM_WORLD, LOOM_ERR_RUNTIME);
+                transport->abort(LOOM_ERR_RUNTIME);
             }
             have_thread = 1;
         }
     }
-#endif
     if (tp < 1 || pp < 1 || world_size % (tp * pp) != 0)
         return loom_error_set(
             LOOM_ERR_INPUT,
@@ -334,15 +178,13 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     group_rank[LOOM_GROUP_DP] = t->dp_rank;
     group_rank[LOOM_GROUP_TP] = t->tp_rank;
     group_rank[LOOM_GROUP_PP] = t->pp_rank;
-#ifdef LOOM_HAVE_MPI
-    if (mpi_on && !comms[LOOM_GROUP_DP]) {
+    if (transport && !have_group[LOOM_GROUP_DP]) {
         /* colour: the coordinates that stay fixed within the group */
-        MPI_Comm_split(MPI_COMM_WORLD, t->tp_rank + tp * t->pp_rank, t->dp_rank, &comms[LOOM_GROUP_DP]);
-        MPI_Comm_split(MPI_COMM_WORLD, t->dp_rank + t->dp * t->pp_rank, t->tp_rank, &comms[LOOM_GROUP_TP]);
-        MPI_Comm_split(MPI_COMM_WORLD, t->tp_rank + tp * t->dp_rank, t->pp_rank, &comms[LOOM_GROUP_PP]);
-        for (int g = 1; g < LOOM_GROUP_COUNT; g++) MPI_Comm_set_errhandler(comms[g], MPI_ERRORS_RETURN);
+        transport->create_group(LOOM_GROUP_DP, t->tp_rank + tp * t->pp_rank, t->dp_rank);
+        transport->create_group(LOOM_GROUP_TP, t->dp_rank + t->dp * t->pp_rank, t->tp_rank);
+        transport->create_group(LOOM_GROUP_PP, t->tp_rank + tp * t->dp_rank, t->pp_rank);
+        have_group[LOOM_GROUP_DP] = have_group[LOOM_GROUP_TP] = have_group[LOOM_GROUP_PP] = 1;
     }
-#endif
     return LOOM_OK;
 }
 
@@ -365,15 +207,15 @@ static struct loom_comm_handle *build(enum loom_coll coll, enum loom_group g, co
     LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT && dt >= 0 && dt < LOOM_DTYPE_COUNT);
     struct loom_comm_handle *h = calloc(1, sizeof *h);
     if (!h) loom_die("out of memory posting a collective");
-    h->coll = coll;
-    h->group = g;
-    h->send = send;
-    h->recv = recv;
-    h->count = count;
-    h->dt = dt;
-    h->op = op;
-    h->peer = peer;
-    h->tag = tag;
+    h->op = (struct loom_comm_op){.coll = coll,
+                                  .group = g,
+                                  .dt = dt,
+                                  .op = op,
+                                  .send = send,
+                                  .recv = recv,
+                                  .count = count,
+                                  .peer = peer,
+                                  .tag = tag};
     h->step = cur_step;
     return h;
 }
@@ -438,7 +280,7 @@ struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, struct lo
     for (int r = 0; r < n; r++) copy[r] = counts[r];
     struct loom_comm_handle *h =
         build(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), total, dt, LOOM_OP_SUM, 0, 0);
-    h->counts = copy;
+    h->op.counts = h->counts = copy;
     submit(h);
     return h;
 }
@@ -464,8 +306,8 @@ struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, struct loom_bu
     for (int r = 0; r < n; r++) total += (size_t)(c[r] = counts[r]), d[r] = displs[r];
     struct loom_comm_handle *h =
         build(LOOM_COLL_ALLGATHER, g, data_of(send), data_of(recv), total, dt, LOOM_OP_SUM, 0, 0);
-    h->counts = c;
-    h->displs = d;
+    h->op.counts = h->counts = c;
+    h->op.displs = h->displs = d;
     submit(h);
     return h;
 }
@@ -516,8 +358,8 @@ double loom_comm_wait(struct loom_comm_handle *h)
             fprintf(stderr,
                     "loom: error: [rank %d] communication timeout: %s on the %s group (%zu bytes) not done "
                     "after %g s at step %lld; aborting the job\n",
-                    world_rank, coll_names[h->coll], group_names[h->group], h->count * loom_dtype_size(h->dt),
-                    timeout_s, (long long)h->step);
+                    world_rank, coll_names[h->op.coll], group_names[h->op.group],
+                    h->op.count * loom_dtype_size(h->op.dt), timeout_s, (long long)h->step);
             loom_comm_abort(LOOM_ERR_RUNTIME);
         }
     }
@@ -565,15 +407,12 @@ void loom_comm_abort(int code)
 {
     fflush(stdout);
     fflush(stderr);
-#ifdef LOOM_HAVE_MPI
-    if (mpi_on && world_size > 1) MPI_Abort(MPI_COMM_WORLD, code);
-#endif
+    if (transport && world_size > 1) transport->abort(code);
     _exit(code);
 }
 
 void loom_comm_finalize(void)
 {
-#ifdef LOOM_HAVE_MPI
     if (have_thread) {
         pthread_mutex_lock(&lock);
         stopping = 1;
@@ -582,13 +421,9 @@ void loom_comm_finalize(void)
         pthread_join(thread, NULL);
         have_thread = 0;
     }
-    if (mpi_on) {
-        for (int g = 0; g < LOOM_GROUP_COUNT; g++)
-            if (comms[g]) MPI_Comm_free(&comms[g]);
-        if (bf16_sum_op != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op);
-        if (f16_sum_op != MPI_OP_NULL) MPI_Op_free(&f16_sum_op);
-        MPI_Finalize();
-        mpi_on = 0;
+    if (transport) {
+        transport->finalize();
+        transport = NULL;
+        for (int g = 0; g < LOOM_GROUP_COUNT; g++) have_group[g] = 0;
     }
-#endif
 }

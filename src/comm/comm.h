@@ -1,17 +1,18 @@
 /*
- * The communication layer: a thin wrapper over MPI.
+ * The communication layer: a thin layer over a transport (MPI today,
+ * comm_backend.h and comm_mpi.c; the layer itself is transport-free).
  *
  * - The topology: world = dp x tp x pp, rank order tp fastest, then dp, then
- *   pp (Megatron's order), one MPI communicator per group.
+ *   pp (Megatron's order), one transport group (MPI communicator) per group.
  * - Asynchronous collectives (all-reduce, reduce-scatter, all-gather,
  *   broadcast, send/recv) that return handles, and one wait path with a
  *   deadline: a collective not done in time prints rank, group, collective,
  *   bytes and step, then aborts the whole job (exit 1).
  * - Progress: MPI here makes no progress on its own, so one communication
- *   thread owns MPI after start-up. It starts requests in the order they are
- *   posted (the same order on every rank) and tests them, sleeping a few
- *   microseconds between tests so it does not take a core from compute.
- *   Collectives therefore advance while the caller computes.
+ *   thread drives the transport after start-up. It starts requests in the
+ *   order they are posted (the same order on every rank) and tests them,
+ *   sleeping a few microseconds between tests so it does not take a core
+ *   from compute. Collectives therefore advance while the caller computes.
  *
  * A single process (world 1) or a build without MPI runs every collective
  * as the identity, with no thread. Not here: NCCL, reduce ops other than
