@@ -494,6 +494,8 @@ static int recorded_model(const char *path, struct loom_model_shape *out)
         }
         if (c + 1 < n) rc = LOOM_OK; /* an older one may be readable */
     }
+    if (rc == LOOM_OK && n == 0) /* a regular file */
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s: a weights file, not a checkpoint directory", path);
     loom_ckpt_candidates_free(dirs, n);
     return rc;
 }
