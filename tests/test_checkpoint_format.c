@@ -184,7 +184,7 @@ static void test_state(void)
         .global_batch_size = 8,
         .model = {.type = "gpt2",
                   .n = 3,
-                  .kv = {{"num_layers", 2}, {"hidden_size", 32}, {"huge", -LOOM_CKPT_SHAPE_VALUE_MAX}}},
+                  .kv = {{"num_layers", 2}, {"hidden_size", 32}, {"huge", -LOOM_CKPT_INT_MAX}}},
         .world_size = 2,
         .dp = 2,
         .tp = 1,
@@ -211,7 +211,7 @@ static void test_state(void)
     CHECK(strcmp(back.model.type, "gpt2") == 0 && back.model.n == 3 &&
           strcmp(back.model.kv[0].key, "num_layers") == 0 && back.model.kv[0].value == 2 &&
           strcmp(back.model.kv[1].key, "hidden_size") == 0 && back.model.kv[1].value == 32 &&
-          strcmp(back.model.kv[2].key, "huge") == 0 && back.model.kv[2].value == -LOOM_CKPT_SHAPE_VALUE_MAX);
+          strcmp(back.model.kv[2].key, "huge") == 0 && back.model.kv[2].value == -LOOM_CKPT_INT_MAX);
     loom_ckpt_state_free(&back);
     /* a user's model: its type and no shape */
     st.model = (struct loom_model_shape){.type = "mlp"};
@@ -238,6 +238,10 @@ static void test_state(void)
     loom_free(text);
     /* parse errors name the field */
     const char *bad = "{\"format\":\"loom-checkpoint\",\"version\":1,\"iteration\":-1}";
+    CHECK(loom_ckpt_state_parse(bad, strlen(bad), &back) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "iteration"));
+    /* an integer past what prints exactly is refused, not rounded */
+    bad = "{\"format\":\"loom-checkpoint\",\"version\":1,\"iteration\":9007199254740992}";
     CHECK(loom_ckpt_state_parse(bad, strlen(bad), &back) == LOOM_ERR_INPUT &&
           strstr(loom_error_message(), "iteration"));
     bad = "{\"format\":\"loom-checkpoint\",\"version\":2}";

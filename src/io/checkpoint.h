@@ -53,9 +53,10 @@
 #define LOOM_CKPT_STATE_FILE "trainer_state.json"
 #define LOOM_CKPT_STATE_MAX_BYTES ((size_t)16 << 20)
 #define LOOM_CKPT_MAX_FILES 65536
-/* The model's shape settings lie in [-MAX, MAX]: exact as JSON numbers
- * printed with 15 significant digits. */
-#define LOOM_CKPT_SHAPE_VALUE_MAX ((int64_t)1 << 48)
+/* Integers of the trainer state (iteration, samples, loss-scaler steps, the
+ * model's shape settings) lie within +-LOOM_CKPT_INT_MAX: exact as JSON
+ * numbers printed with 15 significant digits, as cJSON prints them. */
+#define LOOM_CKPT_INT_MAX ((int64_t)1 << 48)
 
 /* ---- slices ------------------------------------------------------------- */
 

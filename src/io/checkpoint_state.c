@@ -183,7 +183,7 @@ static int safe_file_name(const char *s)
 
 /* "model": {"type": NAME, KEY: INTEGER, ...}: the type, then the family's
  * shape settings in the file's order (unique keys, at most
- * LOOM_MODEL_SHAPE_MAX, values within LOOM_CKPT_SHAPE_VALUE_MAX); which keys
+ * LOOM_MODEL_SHAPE_MAX, values within LOOM_CKPT_INT_MAX); which keys
  * a family needs is the family's to check. */
 static int parse_model(const cJSON *model, struct loom_model_shape *out)
 {
@@ -192,7 +192,7 @@ static int parse_model(const cJSON *model, struct loom_model_shape *out)
         !printable(type->valuestring))
         return loom_error_set(LOOM_ERR_INPUT, "model.type: expected a model name");
     snprintf(out->type, sizeof out->type, "%s", type->valuestring);
-    const int64_t big = LOOM_CKPT_SHAPE_VALUE_MAX;
+    const int64_t big = LOOM_CKPT_INT_MAX;
     const cJSON *v;
     cJSON_ArrayForEach(v, model)
     {
@@ -235,7 +235,7 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
                             FORMAT_VERSION);
         goto done;
     }
-    const int64_t big = (int64_t)1 << 53;
+    const int64_t big = LOOM_CKPT_INT_MAX;
     if ((rc = get_int(root, "", "iteration", 0, big, &st->iteration)) ||
         (rc = get_int(root, "", "consumed_samples", 0, big, &st->consumed_samples)))
         goto done;

@@ -60,6 +60,7 @@ static int same_state(const struct loom_ckpt_state *a, const struct loom_ckpt_st
 static void check_ranges(const struct loom_ckpt_state *st)
 {
     REQUIRE(st->iteration >= 0 && st->optimizer_step >= 0 && st->optimizer_step <= st->iteration);
+    REQUIRE(st->iteration <= LOOM_CKPT_INT_MAX && st->consumed_samples <= LOOM_CKPT_INT_MAX);
     REQUIRE(st->consumed_samples >= 0 && st->seed >= 0 && st->global_batch_size >= 1);
     REQUIRE(st->data_order >= 0 && st->data_order <= 1);
     const struct loom_model_shape *m = &st->model;
@@ -68,7 +69,7 @@ static void check_ranges(const struct loom_ckpt_state *st)
     for (int i = 0; i < m->n; i++) { /* the shape: unique named integers, exact in a double */
         REQUIRE(m->kv[i].key[0] != '\0' && memchr(m->kv[i].key, '\0', sizeof m->kv[i].key));
         REQUIRE(strcmp(m->kv[i].key, "type") != 0);
-        REQUIRE(m->kv[i].value >= -LOOM_CKPT_SHAPE_VALUE_MAX && m->kv[i].value <= LOOM_CKPT_SHAPE_VALUE_MAX);
+        REQUIRE(m->kv[i].value >= -LOOM_CKPT_INT_MAX && m->kv[i].value <= LOOM_CKPT_INT_MAX);
         for (int k = 0; k < i; k++) REQUIRE(strcmp(m->kv[k].key, m->kv[i].key) != 0);
     }
     REQUIRE(st->world_size >= 1 && st->dp >= 1 && st->tp >= 1 && st->pp >= 1);

@@ -94,6 +94,7 @@ states = {
     "bad_seed_number": state(rng={"seed": 1234}),
     "bad_truncated": state()[:200],
     "valid_user_model": state(model={"type": "mlp"}, loss_scaler=None),
+    "bad_iteration_not_exact": state(iteration=9007199254740992),
     "bad_model_shape_fraction": state(model={"type": "gpt2", "num_layers": 2.5}),
     "bad_model_key_twice": state().replace(b'"hidden_size": 64', b'"num_layers": 64'),
 }
