@@ -8,16 +8,30 @@ reduced in float32 and rounded once.
 
 1. Every data-parallel layout (DDP bucketed, without overlap and naive,
    ZeRO 1-3, at 2 ranks; DDP and ZeRO-3 at 4) gives the single-process
-   per-step loss under bf16 within 1e-5 relative. Every layout runs
+   per-step loss under bf16 within 1e-4 relative. Every layout runs
    micro-batches of the same size (the single process accumulates 4 of
    them, 2 ranks 2 each, 4 ranks one): gradients are accumulated and reduced
    in float32 and rounded to bf16 once per step, so the layouts differ only
-   by float32 summation order. (With micro-batches of different sizes the
-   BLAS takes other code paths, whose last-bit float32 differences can flip
-   a bf16 rounding of an activation: measured up to 5e-5.) With
+   by float32 summation order ((g1+g2)+(g3+g4) across ranks against
+   ((g1+g2)+g3)+g4 in one process). Where two such float32 sums differ in
+   their last bit, the one rounding to bf16 can land on neighbouring values:
+   measured with OpenBLAS's Haswell kernels, after 3 steps exactly one
+   weight of 34176 differs, by one bf16 ulp (2^-8 relative), and the loss
+   then moves by up to 2.9e-5 over 20 steps (with the SkylakeX kernels the
+   runs happen to stay bit for bit). An error of the kind this guards
+   against is far larger: updates scaled by 3/4 (one micro-batch of four
+   lost) move the loss by 6.8e-2. (With micro-batches of different
+   sizes the BLAS takes other code paths, whose last-bit float32 differences
+   can flip a bf16 rounding of an activation too: measured up to 5e-5.) With
    --grad-reduce-dtype bf16 the sums over ranks are done in bf16 instead:
    within 1e-3 of the float32 reduction, and not equal to it.
-2. bf16 training tracks float32: 200 steps of gpt2-tiny, final loss within 2%.
+2. bf16 training tracks float32: gpt2-tiny trained 400 steps to the end of
+   a decayed schedule, the mean loss of the last 20 steps within 2%. (Mid
+   schedule, this small model passes through loss plateaus whose timing
+   shifts between any two rounding paths: at step 200, float32 runs on two
+   BLAS kernels already differ by up to 10% on some seeds. At the end of the
+   decay the runs measured within 2% across seeds 1-3 and 11 and both
+   kernels; seed 11 within 0.2%.)
 3. fp16 dynamic loss scaling: a huge initial scale (2^40) forces overflows;
    the scale halves (after hysteresis), overflow steps are skipped and
    counted, and after loss_scale_window clean steps it doubles. The scale
@@ -100,8 +114,8 @@ def main():
         for name, n, flags in cases:
             _, rows = train(tmp, n, ["--bf16", "--micro-batch-size", "2"] + flags, f"bf16-{name}-{n}")
             w = worst(rows, ref) if len(rows) == 20 else 1.0
-            check(f"bf16, {name} on {n} ranks ({4 // n} micro-batch(es) each): every step's loss within 1e-5 of 1 process"
-                  f" (worst {w:.1e})", w <= 1e-5)
+            check(f"bf16, {name} on {n} ranks ({4 // n} micro-batch(es) each): every step's loss within 1e-4 of 1 process"
+                  f" (worst {w:.1e})", w <= 1e-4)
 
         # master weights and moments offloaded to a file: the same run, bit for bit
         _, off = train(tmp, 2, ["--bf16", "--micro-batch-size", "2", "--zero-stage", "2", "--offload-optimizer", "nvme",
@@ -125,14 +139,14 @@ def main():
         check("--grad-reduce-dtype bf16 without --bf16: exit 2 naming it",
               p.returncode == 2 and "--grad-reduce-dtype bf16" in p.stderr, p.stderr[-300:])
 
-        # 2. bf16 tracks float32 over 200 steps
-        tiny = ["--model", "gpt2-tiny", "--train-iters", "200", "--lr-decay-iters", "200", "--global-batch-size", "16",
-                "--micro-batch-size", "16", "--log-interval", "1"]
+        # 2. bf16 tracks float32 to the end of a decayed schedule (400 steps)
+        tiny = ["--model", "gpt2-tiny", "--train-iters", "400", "--lr-warmup-iters", "40", "--lr-decay-iters", "400",
+                "--global-batch-size", "16", "--micro-batch-size", "16", "--log-interval", "1"]
         _, f32 = train(tmp, 1, tiny, "tiny-fp32", model=[])
         _, b16 = train(tmp, 1, tiny + ["--bf16"], "tiny-bf16", model=[])
-        end32, end16 = np.mean([r["loss"] for r in f32[-10:]]), np.mean([r["loss"] for r in b16[-10:]])
-        check(f"bf16 tracks fp32 over 200 steps: final loss {end16:.4f} vs {end32:.4f} (within 2%)",
-              len(b16) == 200 and abs(end16 - end32) / end32 <= 0.02)
+        end32, end16 = np.mean([r["loss"] for r in f32[-20:]]), np.mean([r["loss"] for r in b16[-20:]])
+        check(f"bf16 tracks fp32 over 400 steps: final loss {end16:.4f} vs {end32:.4f} (within 2%)",
+              len(b16) == 400 and abs(end16 - end32) / end32 <= 0.02)
 
         # 3. fp16 loss scaling with forced overflows
         window, hyst = 4, 2

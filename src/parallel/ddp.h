@@ -24,11 +24,14 @@
  *
  * The average comes from the loss weight: each rank back-propagates its
  * micro-batch mean times 1/(accumulation x dp), so the sum over ranks is
- * the global mean. Under mixed precision, during the backward that
- * reduces, the blocks accumulate into float32 bucket buffers that start from
- * the 16-bit gradients of earlier micro-batches (DDP provides the blocks'
- * gradient views, loom_block_provide_grads); they are reduced in float32
- * (or the --grad-reduce-dtype) and rounded once into the 16-bit gradients.
+ * the global mean. Under mixed precision without gradient accumulation,
+ * during the backward that reduces, the blocks accumulate into float32
+ * bucket buffers that start from the 16-bit gradients (DDP provides the
+ * blocks' gradient views, loom_block_provide_grads); they are reduced in
+ * float32 (or the --grad-reduce-dtype) and rounded once into the 16-bit
+ * gradients. With accumulation the model's float32 accumulator (grad_acc,
+ * whose slices mixed precision provides) is reduced in place instead, and
+ * the engine rounds it once per step.
  * The strategy sits first on the stack. Not here: sharding (zero.c).
  */
 #ifndef LOOM_PARALLEL_DDP_H

@@ -10,10 +10,12 @@
  *   unit); post_forward: the buffer goes back. The block holding a tied
  *   embedding (used again by the LM head and its backward) keeps its copy
  *   from the forward to the end of the step.
- * - pre_backward: the parameters again, and a zeroed float32 gradient
- *   buffer unless a strategy before it provided one (ZeRO-2/3 always; DDP in
- *   the backward that reduces, so the sum is rounded once in every layout):
- *   the owner is recorded on the block (loom_block_provide_grads).
+ * - pre_backward: the parameters again, and a float32 gradient buffer
+ *   unless a strategy before it provided one (ZeRO-2/3 always; DDP in the
+ *   backward that reduces when there is no accumulation, so the sum is
+ *   rounded once in every layout): a slice of the model's float32
+ *   accumulator (grad_acc) with gradient accumulation, else a zeroed pooled
+ *   buffer. The owner is recorded on the block (loom_block_provide_grads).
  * - grads_ready: a gradient buffer of its own is added into the 16-bit
  *   gradients (rounded); with gradient accumulation (the model's float32
  *   grad_acc) the block accumulates there instead, rounded once per step.

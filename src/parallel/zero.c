@@ -243,7 +243,7 @@ static void after_step(void *ctx)
 {
     struct loom_zero *z = ctx;
     if (z->stage == 3) {
-        release(z, z->pinned);
+        if (z->pinned >= 0) release(z, z->pinned);
         return;
     }
     if (z->dp == 1) return;
@@ -311,9 +311,10 @@ static void make_units(struct loom_zero *z, int64_t min_params)
         held += (int64_t)m->blocks[b].numel;
         if (held >= min_params) held = 0;
     }
+    /* the unit holding a tied embedding stays gathered for the step (the
+     * LM head reads it at both ends); without one, no unit is pinned */
     struct loom_tied_embedding te;
-    const int tied = m->ops->tied_embedding && m->ops->tied_embedding(m, &te) ? te.block : 0;
-    z->pinned = z->unit_of[tied];
+    z->pinned = m->ops->tied_embedding && m->ops->tied_embedding(m, &te) ? z->unit_of[te.block] : -1;
 }
 
 void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,

@@ -76,7 +76,7 @@ struct loom_zero {
     /* stage 3 */
     struct loom_buf param_shard; /* (shard) this rank's parameters, in the model's dtype */
     struct loom_zero_unit *units;
-    int nunits, pinned; /* the unit holding the tied embedding's block */
+    int nunits, pinned; /* the unit holding the tied embedding's block (kept for the step), or -1 */
     int *unit_of;       /* (nblocks) */
     double wait_s;      /* this step's time blocked on gathers and reductions (stages 2-3) */
 };
