@@ -3,7 +3,7 @@
 change's cost is measured against the commit before it on one noisy machine.
 
 Cases: GPT-2 124M in one process with 2 threads (bench/throughput.py's
-B=4,T=64 shape), and DDP and ZeRO stages 1-3 on 2 ranks x 1 thread
+shapes, B=4,T=64 and B=8,T=256), and DDP and ZeRO stages 1-3 on 2 ranks x 1 thread
 (bench/zero.py's layout, global batch 8, T=64). Each run is a fresh process;
 its first step is dropped. Prints, per case, each build's median step time
 and the median of B/A over the rounds (> 1: B is slower).
@@ -31,6 +31,8 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_mpi_yield_when_idle="1")
 CASES = {
     "1proc-B4-T64": (1, ["--micro-batch-size", "4", "--global-batch-size", "4", "--threads", "2"]),
+    "1proc-B8-T256": (1, ["--micro-batch-size", "8", "--global-batch-size", "8", "--threads", "2",
+                          "--seq-length", "256"]),
     "ddp-2ranks": (2, ["--zero-stage", "0"]),
     "zero1-2ranks": (2, ["--zero-stage", "1"]),
     "zero2-2ranks": (2, ["--zero-stage", "2"]),

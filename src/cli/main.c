@@ -16,6 +16,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "engine/checkpoint.h"
+#include "io/fs.h"
 #include "io/synth.h"
 #include "io/tokenizer.h"
 #include "loom/loom.h"
@@ -119,7 +120,7 @@ static int shape_from_load(struct loom_config *cfg)
     if (!file) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
     memcpy(file, cfg, sizeof *file);
     int rc;
-    if (loom_checkpoint_is_dir(cfg->load))
+    if (loom_fs_is_dir(cfg->load)) /* a checkpoint directory, not a weights file */
         rc = loom_checkpoint_read_shape(cfg->load, file);
     else if (fam->read_shape)
         rc = fam->read_shape(cfg->load, file);

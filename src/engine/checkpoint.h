@@ -56,12 +56,6 @@ struct loom_ckpt_io_stats {
     int64_t skipped; /* loaded: the updates the run had skipped */
 };
 
-/* Whether --load names a checkpoint directory (not a weights file). */
-static inline int loom_checkpoint_is_dir(const char *path)
-{
-    return loom_fs_is_dir(path);
-}
-
 /* Collective over the world: writes SAVE/iter_NNNNNNN for the state after
  * `iteration` steps, moves latest, keeps the newest --keep-last. A failure
  * (a full disk, say) is LOOM_ERR_RUNTIME on every rank, naming the file;

@@ -47,7 +47,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/family.h" /* struct loom_model_shape */
+#include "io/model_shape.h"
 
 #define LOOM_CKPT_MAX_DIMS 8
 #define LOOM_CKPT_STATE_FILE "trainer_state.json"

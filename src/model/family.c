@@ -6,7 +6,10 @@
 static const struct loom_model_family *const families[] = {&loom_gpt2_family};
 #define NFAMILIES ((int)(sizeof families / sizeof families[0]))
 
-const struct loom_model_family *loom_model_family_at(int i) { return i >= 0 && i < NFAMILIES ? families[i] : NULL; }
+const struct loom_model_family *loom_model_family_at(int i)
+{
+    return i >= 0 && i < NFAMILIES ? families[i] : NULL;
+}
 
 const struct loom_model_family *loom_model_family_find(const char *name)
 {

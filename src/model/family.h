@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/model_shape.h"
 #include "loom/config.h"
 #include "loom/model.h"
 
@@ -33,20 +34,8 @@ struct loom_model_preset {
     } settings[LOOM_PRESET_MAX_SETTINGS];
 };
 
-/* The shape settings a file records (a checkpoint's trainer state, a
- * weights file's metadata): name/value pairs the family writes and reads. */
-#define LOOM_MODEL_SHAPE_MAX 16
-struct loom_model_shape {
-    char type[32]; /* the family's name: "gpt2" */
-    int n;
-    struct {
-        char key[40]; /* the config.json / metadata key: "n_layer" */
-        int64_t value;
-    } kv[LOOM_MODEL_SHAPE_MAX];
-};
-
 struct loom_model_family {
-    const char *name; /* "gpt2": the model_type in checkpoints and config.json */
+    const char *name;  /* "gpt2": the model_type in checkpoints and config.json */
     const char *title; /* "GPT-2", for reports */
     const struct loom_model_preset *presets;
     int npresets;
