@@ -8,7 +8,7 @@ NATIVE   ?= 1
 WERROR   ?= $(if $(CI),1,0)
 PYTHON   ?= /usr/bin/python3
 
-WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 CFLAGS := -std=gnu11 -O3 -g $(WARN) -Iinclude -Isrc -fno-math-errno
 ifeq ($(NATIVE),1)
 CFLAGS += -march=native

@@ -751,6 +751,7 @@ static void test_synth_corpus(void)
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
+    (void)st, (void)flag, (void)ftw;
     return remove(path);
 }
 

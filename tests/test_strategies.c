@@ -207,6 +207,7 @@ static void mlp_forward(struct loom_model *m, int first, int last, struct loom_m
 
 static void mlp_backward(struct loom_model *m, int first, int last, struct loom_micro *mb, float loss_weight)
 {
+    (void)first, (void)last, (void)mb;
     struct mlp *net = m->user;
     const int rows = net->rows;
     float *g = net->g, *gnext = net->gnext;

@@ -113,6 +113,7 @@ static void forward(struct loom_model *m, int first, int last, struct loom_micro
 
 static void backward(struct loom_model *m, int first, int last, struct loom_micro *mb, float loss_weight)
 {
+    (void)first, (void)last, (void)mb; /* one range: the whole model, one slot */
     struct mlp *net = m->user;
     const int rows = net->rows;
     /* d(mean squared error)/d(prediction) */

@@ -66,6 +66,7 @@ static MPI_Op bf16_sum_op = MPI_OP_NULL, f16_sum_op = MPI_OP_NULL;
 
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
 {
+    (void)type;
     const uint16_t *a = in;
     uint16_t *b = inout;
     for (int i = 0; i < *len; i++) b[i] = loom_f32_to_bf16(loom_bf16_to_f32(a[i]) + loom_bf16_to_f32(b[i]));
@@ -73,6 +74,7 @@ static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
 
 static void f16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
 {
+    (void)type;
     const uint16_t *a = in;
     uint16_t *b = inout;
     for (int i = 0; i < *len; i++) b[i] = loom_f32_to_f16(loom_f16_to_f32(a[i]) + loom_f16_to_f32(b[i]));

@@ -445,12 +445,16 @@ static int source_get(void *ctx, int micro, const void **batch, int *rows)
 
 static void source_forward(void *ctx, int micro, int slot, const void *batch, int rows)
 {
-    forward_micro(((struct batch_source *)ctx)->e, slot, batch, rows);
+    struct loom_engine *e = ((struct batch_source *)ctx)->e;
+    LOOM_ASSERT(micro == e->micro); /* every schedule runs the forwards in order */
+    forward_micro(e, slot, batch, rows);
 }
 
 static void source_backward(void *ctx, int micro, int slot)
 {
-    backward_micro(((struct batch_source *)ctx)->e, slot);
+    struct loom_engine *e = ((struct batch_source *)ctx)->e;
+    LOOM_ASSERT(micro == e->backwards); /* and the backwards */
+    backward_micro(e, slot);
 }
 
 static const struct loom_schedule_ops engine_schedule_ops = {source_get, source_forward, source_backward};

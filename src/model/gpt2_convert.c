@@ -313,6 +313,7 @@ static int write_llmc(const char *path, const struct convert_opts *o, const stru
 
 static int write_safetensors(const char *path, const struct convert_opts *o, const struct converted *c)
 {
+    (void)o;
     return loom_llmc_save_safetensors(path, c->model, &c->llmc);
 }
 

@@ -117,6 +117,7 @@ static void set_defer(struct loom_ddp *d, int defer)
 
 static void begin_backward(void *ctx, int micro, int last)
 {
+    (void)micro;
     struct loom_ddp *d = ctx;
     d->sync = last;
     set_defer(d, last);

@@ -213,7 +213,7 @@ static void pre_backward(void *ctx, int block)
     if (z->stage == 3) {
         int u = z->unit_of[block];
         ensure_gathered(z, u);
-        if (block == z->units[u].last && block != 0) prefetch(z, u - 1);
+        if (block == z->units[u].last) prefetch(z, u - 1);
     }
     grad_buffer(z, block);
 }
