@@ -166,7 +166,8 @@ static void describe(void *ctx, char *buf, size_t n)
         snprintf(buf, n, "DDP (naive): one all-reduce of all gradients after the backward, in %s",
                  loom_dtype_name(d->reduce_dtype));
     else
-        snprintf(buf, n, "DDP: %d buckets%s%s, reduced in %s", d->nbuckets,
+        snprintf(buf, n, "DDP: %d bucket%s of >= %g MB%s%s, reduced in %s", d->nbuckets,
+                 d->nbuckets == 1 ? "" : "s", d->bucket_mb,
                  d->overlap ? ", overlapped with the backward" : ", after the backward",
                  d->early_wte ? ", the tied embedding in its own early bucket" : "",
                  loom_dtype_name(d->reduce_dtype));
@@ -183,7 +184,7 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
                    enum loom_dtype reduce_dtype)
 {
     LOOM_ASSERT(reduce_dtype == LOOM_DTYPE_F32 || reduce_dtype == m->dtype);
-    *d = (struct loom_ddp){.model = m, .dp = dp, .overlap = overlap, .naive = naive};
+    *d = (struct loom_ddp){.model = m, .dp = dp, .overlap = overlap, .naive = naive, .bucket_mb = bucket_mb};
     d->reduce_dtype = reduce_dtype;
     d->pooled = m->dtype != LOOM_DTYPE_F32 && !m->grad_acc.data;
     d->buckets = loom_alloc(sizeof *d->buckets * (size_t)m->nblocks, LOOM_MEM_OTHER);

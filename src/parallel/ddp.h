@@ -51,6 +51,7 @@ struct loom_ddp_bucket {
 struct loom_ddp {
     struct loom_model *model;
     int dp, overlap, naive;
+    double bucket_mb;             /* --ddp-bucket-size */
     int index;                    /* this strategy's place on the stack */
     int pooled;                   /* mixed precision without a float32 accumulator: buckets in flight */
     enum loom_dtype reduce_dtype; /* F32, or the 16-bit dtype gradients are summed in (--grad-reduce-dtype) */
