@@ -1263,6 +1263,44 @@ static void run_layout(const struct layout *lay, int A, struct snapshot ref[2][2
                worst[1][1], worst[1][2], layout_desc);
 }
 
+/* A batch that fails on one rank (its last dp rank, at micro-batch 1):
+ * every rank's train_batch returns that status at once, before the next
+ * collective, so no rank waits for the others until the deadline. */
+static int failing_batch(void *ctx, struct loom_engine *e, int micro, const void **batch, int *rows)
+{
+    if (micro == 1 && loom_engine_dp_rank(e) == loom_engine_dp_size(e) - 1)
+        return loom_error_set(LOOM_ERR_INPUT, "no rows for micro-batch %d", micro);
+    return next_batch(ctx, e, micro, batch, rows);
+}
+
+static void batch_failure(const struct layout *lay)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s: a batch failing on one rank", lay->name);
+    current = name;
+    int nflags = 0;
+    while (lay->flags[nflags]) nflags++;
+    struct loom_config cfg;
+    struct loom_engine *e = NULL;
+    struct mlp net;
+    mlp_build(&net);
+    int rc = parse(&cfg, lay->flags, nflags, 2);
+    if (rc == LOOM_OK) rc = loom_engine_init(&e, &cfg);
+    if (rc == LOOM_OK) rc = loom_engine_initialize(e, &net.base);
+    expect(rc == LOOM_OK, "engine: %s", loom_error_message());
+    if (rc == LOOM_OK) {
+        struct data d = {.global = cfg.global_batch_size};
+        struct loom_step_result res;
+        rc = loom_engine_train_batch(e, failing_batch, &d, &res);
+        expect(rc == LOOM_ERR_INPUT, "train_batch returned %d on rank %d, want %d on every rank", rc, rank_,
+               LOOM_ERR_INPUT);
+    }
+    loom_engine_free(e);
+    mlp_free(&net);
+    loom_config_free(&cfg);
+    if (rank_ == 0) printf("%-56s every rank stops with the error\n", name);
+}
+
 /* Under mpirun (Open MPI or a PMI launcher), loom_init joins the job; alone,
  * the process runs without MPI. */
 static int launched_by_mpirun(void)
@@ -1287,6 +1325,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++)
         for (int A = 1; A <= 2; A++) run_layout(&layouts[i], A, ref, sc);
     free(sc);
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) batch_failure(&layouts[i]);
     for (int bf16 = 0; bf16 < 2; bf16++)
         for (int A = 0; A < 2; A++)
             for (int s = 0; s < STEPS; s++) snapshot_free(&ref[bf16][A][s]);

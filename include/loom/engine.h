@@ -55,7 +55,9 @@ int loom_engine_init(struct loom_engine **e, struct loom_config *cfg);
 /* Takes the model (described, arenas not allocated): allocates what the
  * layout keeps on this rank, initialises the weights from the seed (or
  * loads --load: a checkpoint resumes exactly), sets up the strategy, the
- * optimizer and the schedule. The engine does not own the model. */
+ * optimizer and the schedule. The engine does not own the model, but
+ * its strategies hold views into it: free the engine before the model.
+ * After a failed call the engine can only be freed. */
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *model);
 void loom_engine_free(struct loom_engine *e);
 

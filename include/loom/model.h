@@ -106,6 +106,7 @@ struct loom_block {
 };
 
 struct loom_model;
+struct loom_backend;
 
 /* One micro-batch in its activation slot, for a range of blocks. */
 struct loom_micro {
@@ -183,7 +184,13 @@ struct loom_model {
      * step's micro-batches, rounded into grads once per step; else absent. */
     struct loom_buf grad_acc;
     struct loom_strategy_stack stack; /* the strategies around the blocks, see loom/strategy.h */
-    void *user;                       /* the model's own state */
+    /* The kernels and allocator the model and its strategies use
+     * (src/kernels/backend.h): loom_model_init sets the CPU's. */
+    const struct loom_backend *backend;
+    /* The model family that built it (src/model/family.h), or NULL for a
+     * user's model: found by this pointer, never by name. */
+    const void *family;
+    void *user; /* the model's own state */
 };
 
 /* Starts a model of nblocks empty blocks (role LAYER). */
@@ -229,7 +236,9 @@ int loom_model_strategy_index(const struct loom_model *m, const void *ctx);
 
 /* Forward of every block on one micro-batch in slot 0, outside any step:
  * returns the mean loss (0 when the batch has no targets). The strategies'
- * announcements still run (ZeRO-3 gathers). */
+ * announcements still run (ZeRO-3 gathers); what a strategy keeps for the
+ * step (a tied embedding's gathered unit, its float32 copy) stays held until
+ * the next step ends or the engine is freed. */
 float loom_model_eval(struct loom_model *m, const void *batch, int rows);
 /* The logits of the last loom_model_eval, (rows, T, V), or NULL when the
  * model has none. */

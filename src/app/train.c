@@ -252,13 +252,13 @@ static int save(struct run *r, struct loom_report *rep)
     return rc;
 }
 
-/* The strategy and layout, once, before the first step. */
 /* One strategy of the stack, indented under the layout line. */
 static void report_strategy(void *ctx, const char *text)
 {
     loom_report_line(ctx, "  %s\n", text);
 }
 
+/* The strategy and layout, once, before the first step. */
 static void report_layout(const struct run *r, struct loom_report *rep, double peak, const char *peak_src)
 {
     const struct loom_engine *e = r->engine;

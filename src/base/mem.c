@@ -58,6 +58,16 @@ void *loom_alloc(size_t bytes, enum loom_mem_tag tag)
     return base + HEADER;
 }
 
+void loom_mem_retag(void *p, enum loom_mem_tag tag)
+{
+    struct header *h = (struct header *)((char *)p - HEADER);
+    LOOM_ASSERT(h->magic == MAGIC && tag >= 0 && tag < LOOM_MEM_COUNT);
+    if (h->tag == (int)tag) return;
+    __atomic_sub_fetch(&current[h->tag], (int64_t)h->bytes, __ATOMIC_RELAXED);
+    raise_peak(&peak[tag], __atomic_add_fetch(&current[tag], (int64_t)h->bytes, __ATOMIC_RELAXED));
+    h->tag = tag;
+}
+
 void loom_free(void *p)
 {
     if (!p) return;

@@ -31,6 +31,8 @@ struct loom_mem_stats {
 /* Zero-filled, 64-byte aligned; exits 1 naming tag and size when it fails. */
 void *loom_alloc(size_t bytes, enum loom_mem_tag tag);
 void loom_free(void *p);
+/* The allocation p counts under tag from now on (a reused buffer changes hands). */
+void loom_mem_retag(void *p, enum loom_mem_tag tag);
 /* p (from loom_alloc, or NULL) resized to `bytes` under its tag (tag when p
  * is NULL): the contents up to the smaller size are kept, the rest is zero.
  * Exits 1 like loom_alloc. */

@@ -17,6 +17,7 @@ static void *take_bytes(size_t bytes, int zeroed, enum loom_mem_tag tag)
         if (pool[i].data && pool[i].bytes == bytes) {
             void *p = pool[i].data;
             pool[i].data = NULL;
+            loom_mem_retag(p, tag); /* counted under its new holder's tag */
             if (zeroed) memset(p, 0, bytes);
             return p;
         }

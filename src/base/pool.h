@@ -4,7 +4,7 @@
  * gradient flights, DDP's float32 buckets under mixed precision, mixed
  * precision's float32 working copies). Fresh pages would cost a fault and a
  * clear each time. A buffer is matched by its size in bytes and counted
- * under the tag given when first allocated. Not thread-safe: the compute
+ * under the tag of whoever took it last. Not thread-safe: the compute
  * thread only. The engine drains it when it is freed.
  */
 #ifndef LOOM_BASE_POOL_H

@@ -116,7 +116,7 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
     for_each_tensor(m, lo, hi, count_tensors, &ntensors);
     struct save_ctx s = {p, lo, NULL, NULL, NULL, NULL, NULL, NULL, 0};
     float *weights = NULL; /* mixed precision: the part's 16-bit weights in float32 (exact) */
-    if (m->dtype) {
+    if (m->dtype != LOOM_DTYPE_F32) {
         weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
         loom_buf_convert(loom_buf_f32(weights, hi - lo), loom_buf_slice(p->store, lo - p->store_lo, hi - lo));
         s.params = weights;
@@ -272,14 +272,14 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         const struct loom_tensor *first = &m->blocks[0].tensors[0];
         char name[128];
         snprintf(name, sizeof name, MASTER "%s", first->name);
-        c.prefix = !m->dtype && loom_ckpt_has(c.r, name) ? MASTER : "";
+        c.prefix = m->dtype == LOOM_DTYPE_F32 && loom_ckpt_has(c.r, name) ? MASTER : "";
         c.lo = lo;
-        if (m->dtype)
+        if (m->dtype != LOOM_DTYPE_F32)
             c.dst = weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
         else
             c.dst = p->store.data;
         rc = for_each_tensor(m, lo, hi, read_tensor, &c);
-        if (rc == LOOM_OK && m->dtype)
+        if (rc == LOOM_OK && m->dtype != LOOM_DTYPE_F32)
             loom_buf_convert(loom_buf_slice(p->store, 0, hi - lo), loom_buf_f32(weights, hi - lo));
     }
     struct loom_adamw *opt = p->opt;

@@ -104,7 +104,8 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, e->topo.dp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if ((rc = loom_engine_agree(e, check_same_config(cfg)))) return rc;
-    if (cfg->threads > 0) loom_backend_cpu()->k->set_threads(cfg->threads);
+    if (cfg->threads > 0 && loom_backend_cpu()->k->set_threads)
+        loom_backend_cpu()->k->set_threads(cfg->threads);
     return LOOM_OK;
 }
 
@@ -304,7 +305,7 @@ static void forward_micro(struct loom_engine *e, int slot, const void *batch, in
     }
     e->mb = (struct loom_micro){.slot = slot, .batch = batch, .rows = rows};
     m->ops->forward(m, 0, m->nblocks - 1, &e->mb);
-    e->loss_sum += (float)e->mb.loss;
+    e->loss_sum += (float)e->mb.loss; /* a micro-batch loss is a float, as the models compute it */
     e->micro++;
 }
 
@@ -440,7 +441,8 @@ struct batch_source {
 static int source_get(void *ctx, int micro, const void **batch, int *rows)
 {
     struct batch_source *s = ctx;
-    return s->get(s->ctx, s->e, micro, batch, rows);
+    /* a batch that fails on one rank fails on all, before the next collective */
+    return loom_engine_agree(s->e, s->get(s->ctx, s->e, micro, batch, rows));
 }
 
 static void source_forward(void *ctx, int micro, int slot, const void *batch, int rows)

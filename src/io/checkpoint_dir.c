@@ -113,7 +113,7 @@ static int list_iterations(const char *save, int64_t **out, int *n)
         (*out)[(*n)++] = it;
     }
     closedir(d);
-    qsort(*out, (size_t)*n, sizeof **out, cmp_desc);
+    if (*n > 1) qsort(*out, (size_t)*n, sizeof **out, cmp_desc);
     return LOOM_OK;
 }
 

@@ -32,5 +32,5 @@ const struct loom_model_family *loom_model_family_of_preset(const char *preset,
 
 const struct loom_model_family *loom_model_family_of(const struct loom_model *m)
 {
-    return m->name ? loom_model_family_find(m->name) : NULL;
+    return m->family;
 }

@@ -70,7 +70,7 @@ const struct loom_model_family *loom_model_family_find(const char *name);
 /* The family and preset of a preset name ("gpt2-medium"), or NULL. */
 const struct loom_model_family *loom_model_family_of_preset(const char *preset,
                                                             const struct loom_model_preset **out);
-/* The family of a built model (by its name), or NULL for a user's model. */
+/* The family that built a model (its family pointer), or NULL for a user's model. */
 const struct loom_model_family *loom_model_family_of(const struct loom_model *m);
 
 /* The registered families. */

@@ -38,6 +38,7 @@
 #include "base/mem.h"
 #include "base/rng.h"
 #include "kernels/backend.h"
+#include "model/family.h"
 
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
 {
@@ -384,10 +385,11 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
     m->recompute = LOOM_RECOMPUTE_NONE;
     m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
     m->nslots = 1;
-    m->k = loom_backend_cpu()->k;
     const int L = cfg->num_layers;
     loom_model_init(&m->base, &gpt2_ops, "gpt2", L + 2);
     m->base.user = m;
+    m->base.family = &loom_gpt2_family;
+    m->k = m->base.backend->k;
     layout_blocks(m);
     loom_model_layout_done(&m->base);
     m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
+#include "kernels/backend.h"
 
 void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, const char *name, int nblocks)
 {
@@ -19,6 +20,7 @@ void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, con
     m->name = name;
     m->nblocks = nblocks;
     m->dtype = LOOM_DTYPE_F32;
+    m->backend = loom_backend_cpu();
     m->blocks = loom_alloc(sizeof *m->blocks * (size_t)nblocks, LOOM_MEM_OTHER);
     for (int i = 0; i < nblocks; i++) {
         m->blocks[i].role = LOOM_ROLE_LAYER;

@@ -98,8 +98,8 @@ void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const floa
 /* Updates elements [k, k + n) of the range (params and grads point at
  * element k), the moments in memory or streamed from the offload file chunk
  * by chunk. */
-static void update_range(struct loom_adamw *opt, float *params, const float *grads, size_t k, size_t n,
-                         float lr, float wd, float grad_scale)
+static void update_range(struct loom_adamw *opt, const struct loom_kernels *kern, float *params,
+                         const float *grads, size_t k, size_t n, float lr, float wd, float grad_scale)
 {
     const size_t total = opt->end - opt->begin;
     for (size_t done = 0; done < n;) {
@@ -112,8 +112,8 @@ static void update_range(struct loom_adamw *opt, float *params, const float *gra
         } else {
             m += at, v += at;
         }
-        loom_backend_cpu()->k->adamw_update(params + done, m, v, grads + done, c, lr, (float)opt->beta1,
-                                            (float)opt->beta2, (float)opt->eps, wd, grad_scale, opt->t);
+        kern->adamw_update(params + done, m, v, grads + done, c, lr, (float)opt->beta1, (float)opt->beta2,
+                           (float)opt->eps, wd, grad_scale, opt->t);
         if (opt->fd >= 0) {
             loom_offload_write(opt->fd, m, c * sizeof(float), at * sizeof(float));
             loom_offload_write(opt->fd, v, c * sizeof(float), (total + at) * sizeof(float));
@@ -163,13 +163,14 @@ struct step_args {
     uint16_t *params_lp;
     const uint16_t *grads_lp;
     float lr, grad_scale;
-    float *scratch; /* (LP_CHUNK) float32 gradients */
+    float *scratch;                  /* (LP_CHUNK) float32 gradients */
+    const struct loom_kernels *kern; /* the model's backend's */
 };
 
 static void step_f32(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
 {
     struct step_args *a = ctx;
-    update_range(opt, a->params + k, a->grads + k, k, n, a->lr, wd, a->grad_scale);
+    update_range(opt, a->kern, a->params + k, a->grads + k, k, n, a->lr, wd, a->grad_scale);
 }
 
 /* Mixed precision: gradients from 16-bit, the update on the float32 master
@@ -184,7 +185,7 @@ static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float
         if (opt->fd >= 0)
             loom_offload_read(opt->fd, master, c * sizeof(float), (2 * total + at) * sizeof(float));
         loom_lp_to_f32(a->scratch, a->grads_lp + at, c, opt->dtype);
-        update_range(opt, master, a->scratch, at, c, a->lr, wd, a->grad_scale);
+        update_range(opt, a->kern, master, a->scratch, at, c, a->lr, wd, a->grad_scale);
         loom_lp_from_f32(a->params_lp + at, master, c, opt->dtype);
         if (opt->fd >= 0)
             loom_offload_write(opt->fd, master, c * sizeof(float), (2 * total + at) * sizeof(float));
@@ -237,13 +238,14 @@ void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, struct 
     opt->t++;
     if (params.dtype == LOOM_DTYPE_F32) {
         LOOM_ASSERT(!opt->has_master);
-        struct step_args a = {params.data, grads.data, NULL, NULL, (float)lr, grad_scale, NULL};
+        struct step_args a = {params.data, grads.data, NULL, NULL,
+                              (float)lr,   grad_scale, NULL, m->backend->k};
         for_each_range(opt, m, step_f32, &a);
         return;
     }
     LOOM_ASSERT(opt->has_master && params.dtype == opt->dtype);
     float *scratch = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
-    struct step_args a = {NULL, NULL, params.data, grads.data, (float)lr, grad_scale, scratch};
+    struct step_args a = {NULL, NULL, params.data, grads.data, (float)lr, grad_scale, scratch, m->backend->k};
     for_each_range(opt, m, step_lp, &a);
     loom_free(scratch);
 }

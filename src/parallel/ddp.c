@@ -103,9 +103,9 @@ static void scatter_all_ranks(struct loom_ddp *d)
     loom_comm_wait(h1);
     loom_comm_wait(h2);
     for (int k = 0; k < d->dp; k++)
-        loom_backend_cpu()->k->embedding_backward(
-            m->blocks[te.block].work_grads, NULL, d->gathered_dres + (size_t)k * rows * C,
-            d->gathered_tokens + (size_t)k * rows, 1, (int)rows, (int)C);
+        m->backend->k->embedding_backward(m->blocks[te.block].work_grads, NULL,
+                                          d->gathered_dres + (size_t)k * rows * C,
+                                          d->gathered_tokens + (size_t)k * rows, 1, (int)rows, (int)C);
 }
 
 /* Tells the model whether its backward leaves the table's scatter to us. */
@@ -204,12 +204,12 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
     struct loom_tied_embedding te;
     /* (not under mixed precision: the deferred scatter would need float32 gradients) */
     d->early_wte = overlap && !naive && m->dtype == LOOM_DTYPE_F32 && m->ops->tied_embedding &&
-                   m->ops->tied_embedding(m, &te);
+                   m->ops->tied_embedding(m, &te) && te.block == d->buckets[d->nbuckets - 1].first_block &&
+                   m->blocks[te.block].tensors[0].offset == 0;
     if (d->early_wte) {
         /* the tied table out of the last bucket, into its own */
         const struct loom_tensor *table = &m->blocks[te.block].tensors[0];
         struct loom_ddp_bucket *tail = &d->buckets[d->nbuckets - 1];
-        LOOM_ASSERT(tail->first_block == te.block && table->offset == 0);
         d->wte = (struct loom_ddp_bucket){.f32 = loom_buf_slice(tail->f32, 0, table->numel)};
         tail->f32 = loom_buf_slice(tail->f32, table->numel, tail->f32.numel - table->numel);
         d->gathered_dres = loom_alloc(

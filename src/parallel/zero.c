@@ -382,6 +382,7 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
 
 void loom_zero_free(struct loom_zero *z)
 {
+    while (z->norder > 0) land_oldest(z); /* a step that failed may leave reductions in flight */
     for (int u = 0; u < z->nunits; u++) release(z, u);
     loom_buf_free(&z->grad_shard);
     loom_buf_free(&z->grad_acc);
@@ -414,7 +415,7 @@ double loom_zero_grad_norm(const struct loom_zero *z)
     LOOM_ASSERT(z->stage >= 2);
     const size_t n = z->part.end - z->part.begin;
     double ss = z->model->dtype == LOOM_DTYPE_F32
-                    ? loom_backend_cpu()->k->sum_squares(z->grad_shard.data, n)
+                    ? z->model->backend->k->sum_squares(z->grad_shard.data, n)
                     : loom_lp_sum_squares(z->grad_shard.data, n, z->model->dtype);
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     return sqrt(ss);
