@@ -375,18 +375,23 @@ void loom_comm_allreduce_sync(enum loom_group g, struct loom_buf b, enum loom_op
     loom_comm_wait(loom_comm_allreduce(g, b, op));
 }
 
-int loom_comm_agree(int rc, int *first_rank)
+int loom_comm_agree_in(enum loom_group g, int rc, int *first_rank)
 {
     uint64_t v[2] = {(uint64_t)rc, rc ? (uint64_t)world_rank : (uint64_t)world_size};
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&v[0], 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
+    loom_comm_allreduce_sync(g, loom_buf_of(&v[0], 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
     if (v[0]) {
         /* the lowest rank with the worst status prints */
         uint64_t mine = (uint64_t)rc == v[0] ? (uint64_t)world_rank : (uint64_t)world_size;
         v[1] = mine;
-        loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&v[1], 1, LOOM_DTYPE_U64), LOOM_OP_MIN);
+        loom_comm_allreduce_sync(g, loom_buf_of(&v[1], 1, LOOM_DTYPE_U64), LOOM_OP_MIN);
     }
     if (first_rank) *first_rank = (int)v[1];
     return (int)v[0];
+}
+
+int loom_comm_agree(int rc, int *first_rank)
+{
+    return loom_comm_agree_in(LOOM_GROUP_WORLD, rc, first_rank);
 }
 
 int loom_comm_agree_shared(int rc)

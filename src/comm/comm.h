@@ -115,6 +115,8 @@ void loom_comm_allreduce_sync(enum loom_group g, struct loom_buf b, enum loom_op
 /* Every rank learns the worst status of all: returns the largest rc of any
  * rank, and in *first_rank the lowest rank that had it (the one that prints). */
 int loom_comm_agree(int rc, int *first_rank);
+/* The same over the ranks of group g (first_rank is a world rank). */
+int loom_comm_agree_in(enum loom_group g, int rc, int *first_rank);
 /* The same, and every rank then holds the error message of that first rank
  * (so rank 0 can report what another rank saw). */
 int loom_comm_agree_shared(int rc);

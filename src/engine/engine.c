@@ -441,8 +441,12 @@ struct batch_source {
 static int source_get(void *ctx, int micro, const void **batch, int *rows)
 {
     struct batch_source *s = ctx;
-    /* a batch that fails on one rank fails on all, before the next collective */
-    return loom_engine_agree(s->e, s->get(s->ctx, s->e, micro, batch, rows));
+    if (micro == 0) loom_comm_set_step(s->e->steps + 1); /* a deadline here names the step about to run */
+    /* a batch that fails on one rank fails on every rank of its data-parallel
+     * group (which shares its batch), before the next collective */
+    int first, rc = loom_comm_agree_in(LOOM_GROUP_DP, s->get(s->ctx, s->e, micro, batch, rows), &first);
+    if (rc && first != s->e->topo.rank) loom_error_clear();
+    return rc;
 }
 
 static void source_forward(void *ctx, int micro, int slot, const void *batch, int rows)
