@@ -1,6 +1,7 @@
 """Distributed failures end the job cleanly: a rank killed mid-run, a rank
 that stops answering (the communication deadline), layouts that do not
-divide, ranks started with different settings, and the launcher."""
+divide, ranks started with different settings, `loom eval` (one process)
+started on two ranks, and the launcher."""
 import glob
 import json
 import os
@@ -102,6 +103,18 @@ def test_layouts(tmp):
               p.returncode == 2 and len(lines) == 1 and needle in lines[0], p.stderr[-600:])
 
 
+def test_eval_one_process(tmp):
+    """loom eval is one process: under mpirun every rank learns the world size and it refuses once."""
+    save = os.path.join(tmp, "eval-ckpt")
+    lib.run_ranks(1, [LOOM, "train"] + model_args(tmp, iters=1) + ["--save", save], tag="eval-ckpt")
+    p = lib.run_ranks(2, [LOOM, "eval", "--load", save, "--data-path", os.path.join(tmp, "train.bin"),
+                          "--valid-data-path", os.path.join(tmp, "train.bin"), "--eval-iters", "1"], expect=None)
+    lines = lib.error_lines(p.stderr)
+    check(f"eval on 2 ranks: exit {p.returncode} == 2, one error line naming the ranks",
+          p.returncode == 2 and len(lines) == 1 and "loom eval runs in one process (got 2 ranks)" in lines[0],
+          p.stderr[-600:])
+
+
 def test_config_mismatch(tmp):
     base = model_args(tmp)
     cmd = ["mpirun", "--bind-to", "none", "-np", "1", LOOM, "train"] + base + ["--lr", "1e-3", ":",
@@ -128,6 +141,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         lib.synth(tmp, 100000)
         test_layouts(tmp)
+        test_eval_one_process(tmp)
         test_config_mismatch(tmp)
         test_stall(tmp)
         test_kill(tmp)

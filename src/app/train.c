@@ -408,8 +408,10 @@ int loom_eval(struct loom_config *cfg)
         teardown(&r);
         return rc;
     }
-    if (rc == LOOM_OK && r.topo->world > 1)
+    if (rc == LOOM_OK && r.topo->world > 1) {
         rc = loom_error_set(LOOM_ERR_INPUT, "loom eval runs in one process (got %d ranks)", r.topo->world);
+        if (r.topo->rank != 0) loom_error_clear(); /* rank 0 says it */
+    }
     if (rc == LOOM_OK && !r.have_valid)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "loom eval needs --valid-data-path (or no --data-path, for the built-in corpus)");

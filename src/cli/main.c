@@ -181,7 +181,15 @@ int main(int argc, char **argv)
             loom_config_free(&cfg);
             return rc;
         }
-        if (rc == LOOM_OK && strcmp(cmd, "eval") == 0) rc = loom_eval(&cfg);
+        if (rc == LOOM_OK && strcmp(cmd, "eval") == 0) {
+            /* one process; under mpirun every rank learns the world size and refuses once */
+            loom_comm_init(&argc, &argv);
+            rc = loom_eval(&cfg);
+            if (rc) fail(rc);
+            loom_comm_finalize();
+            loom_config_free(&cfg);
+            return rc;
+        }
         if (rc == LOOM_OK && strcmp(cmd, "sample") == 0 && (rc = loom_config_resolve(&cfg, 1)) == LOOM_OK)
             rc = loom_sample(&cfg);
         loom_config_free(&cfg);
