@@ -26,15 +26,19 @@ static const struct loom_convert_env env = {.read_checkpoint = read_checkpoint};
 
 int loom_convert(int argc, char **argv)
 {
-    const struct loom_model_converter *cv;
+    const struct loom_model_family *f;
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            for (int k = 0; (cv = loom_model_converter_at(k)); k++) {
-                printf("%s%s weights:\n", k ? "\n" : "", loom_model_family_find(cv->family)->title);
-                cv->usage(stdout);
-            }
+            int shown = 0;
+            for (int k = 0; (f = loom_model_family_at(k)); k++)
+                if (f->converter) {
+                    printf("%s%s weights:\n", shown++ ? "\n" : "", f->title);
+                    f->converter->usage(stdout);
+                }
             return LOOM_OK;
         }
     /* one family converts today; with more, the input would pick its own */
-    return loom_model_converter_at(0)->run(argc, argv, &env);
+    for (int k = 0; (f = loom_model_family_at(k)); k++)
+        if (f->converter) return f->converter->run(argc, argv, &env);
+    return loom_error_set(LOOM_ERR_INPUT, "no model family has weights formats to convert");
 }

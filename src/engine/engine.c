@@ -184,6 +184,26 @@ static struct loom_buf opt_grads(const struct loom_engine *e)
     return loom_buf_slice(e->model->grads, e->part.begin, e->part.end - e->part.begin);
 }
 
+/* What a checkpoint reads and writes on this rank: the parameters where the
+ * layout keeps them (the stage-3 shard, else the arena), the optimizer's
+ * range, the loss scaler and the skipped steps. */
+static struct loom_ckpt_parts ckpt_parts(struct loom_engine *e)
+{
+    struct loom_model *m = e->model;
+    const int stage3 = e->cfg->zero_stage == 3;
+    return (struct loom_ckpt_parts){.cfg = e->cfg,
+                                    .topo = &e->topo,
+                                    .model = m,
+                                    .zero_stage = e->cfg->zero_stage,
+                                    .part = e->part,
+                                    .store = stage3 ? e->zero->param_shard : m->params,
+                                    .store_lo = stage3 ? e->part.begin : 0,
+                                    .store_hi = stage3 ? e->part.end : m->num_params,
+                                    .opt = &e->opt,
+                                    .scaler = e->scaler,
+                                    .skipped = e->skipped};
+}
+
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
 {
     struct loom_config *cfg = e->cfg;
@@ -230,17 +250,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
         rc = loom_engine_agree(
             e, loom_adamw_offload(&e->opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)));
     if (rc == LOOM_OK && from_dir) {
-        const int stage3 = cfg->zero_stage == 3;
-        const struct loom_ckpt_parts parts = {.cfg = cfg,
-                                              .topo = &e->topo,
-                                              .model = m,
-                                              .zero_stage = cfg->zero_stage,
-                                              .part = e->part,
-                                              .store = stage3 ? e->zero->param_shard : m->params,
-                                              .store_lo = stage3 ? e->part.begin : 0,
-                                              .store_hi = stage3 ? e->part.end : m->num_params,
-                                              .opt = &e->opt,
-                                              .scaler = e->scaler};
+        const struct loom_ckpt_parts parts = ckpt_parts(e);
         rc = loom_engine_agree(e, loom_checkpoint_load(&parts, &e->steps, &e->load_io));
         e->resumed = rc == LOOM_OK;
         e->skipped = e->load_io.skipped;
@@ -475,19 +485,7 @@ int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
 
 int loom_engine_save(struct loom_engine *e)
 {
-    struct loom_model *m = e->model;
-    const int stage3 = e->cfg->zero_stage == 3;
-    const struct loom_ckpt_parts parts = {.cfg = e->cfg,
-                                          .topo = &e->topo,
-                                          .model = m,
-                                          .zero_stage = e->cfg->zero_stage,
-                                          .part = e->part,
-                                          .store = stage3 ? e->zero->param_shard : m->params,
-                                          .store_lo = stage3 ? e->part.begin : 0,
-                                          .store_hi = stage3 ? e->part.end : m->num_params,
-                                          .opt = &e->opt,
-                                          .scaler = e->scaler,
-                                          .skipped = e->skipped};
+    const struct loom_ckpt_parts parts = ckpt_parts(e);
     int rc = loom_checkpoint_save(&parts, e->steps, &e->save_io);
     if (rc && e->topo.rank != 0) loom_error_clear(); /* every rank holds the message: rank 0 prints it */
     return rc;

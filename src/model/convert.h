@@ -1,13 +1,14 @@
 /*
  * `loom convert`: a model family's weights from one of its file formats to
- * another. A family with formats of its own registers a converter here
- * (GPT-2's: model/gpt2_convert.c); the command line dispatches to it and
- * lists every converter's formats in its help. Reading a loom checkpoint
+ * another. A family with formats of its own points at its converter
+ * (struct loom_model_family.converter; GPT-2's: model/gpt2_convert.c); the
+ * command line dispatches to it and lists every converter's formats in its
+ * help. Reading a loom checkpoint
  * takes the engine, which the model layer does not reach: the caller lends
  * that through struct loom_convert_env.
  *
  * Adding one: a `const struct loom_model_converter` beside the family's
- * weights code and a line in convert.c's table. Not here: the checkpoint
+ * weights code, named by the family's entry. Not here: the checkpoint
  * format (io/checkpoint.h), training.
  */
 #ifndef LOOM_MODEL_CONVERT_H
@@ -26,17 +27,12 @@ struct loom_convert_env {
 };
 
 struct loom_model_converter {
-    const char *family; /* the family's name (model/family.h) */
     /* The usage lines, flags and formats, for `loom convert --help`. */
     void (*usage)(FILE *f);
     /* argv: the arguments after `convert`; returns a loom status. */
     int (*run)(int argc, char **argv, const struct loom_convert_env *env);
 };
 
-/* The converters, in registry order; NULL past the end. */
-const struct loom_model_converter *loom_model_converter_at(int i);
-
-/* The registered converters. */
 extern const struct loom_model_converter loom_gpt2_converter;
 
 #endif

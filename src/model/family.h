@@ -22,6 +22,8 @@
 #include "loom/config.h"
 #include "loom/model.h"
 
+struct loom_model_converter;
+
 #define LOOM_PRESET_MAX_SETTINGS 16
 
 /* A preset (--model NAME): settings applied with the origin "preset", below
@@ -61,6 +63,9 @@ struct loom_model_family {
     int (*read_shape)(const char *path, struct loom_config *cfg);
     int (*load_weights)(struct loom_model *m, const char *path);
     int (*save_weights)(struct loom_model *m, const char *path);
+    /* Optional (NULL: none): `loom convert` between its weights formats
+     * (model/convert.h). */
+    const struct loom_model_converter *converter;
 };
 
 /* The families, in registry order; NULL past the end. */

@@ -488,7 +488,6 @@ static int run(int argc, char **argv, const struct loom_convert_env *env)
 }
 
 const struct loom_model_converter loom_gpt2_converter = {
-    .family = "gpt2",
     .usage = usage,
     .run = run,
 };

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "model/convert.h"
 #include "model/family.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
@@ -185,4 +186,5 @@ const struct loom_model_family loom_gpt2_family = {
     .read_shape = read_shape,
     .load_weights = load_weights,
     .save_weights = save_weights,
+    .converter = &loom_gpt2_converter,
 };

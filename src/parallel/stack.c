@@ -1,6 +1,7 @@
 /* The strategy stack's dispatch (see stack.h and loom/strategy.h). */
 #include "parallel/stack.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/log.h"

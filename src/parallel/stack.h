@@ -8,7 +8,7 @@
 #ifndef LOOM_PARALLEL_STACK_H
 #define LOOM_PARALLEL_STACK_H
 
-#include <stdio.h>
+#include <stddef.h>
 
 #include "loom/model.h"
 
