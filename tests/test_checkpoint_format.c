@@ -175,28 +175,31 @@ static void test_slice_text(void)
 static void test_state(void)
 {
     struct loom_ckpt_file files[2] = {{"rank_00000.safetensors"}, {"rank_00001.safetensors"}};
-    struct loom_ckpt_state st = {
-        .iteration = 7,
-        .optimizer_step = 6,
-        .consumed_samples = 56,
-        .seed = 9000000000000000001,
-        .data_order = 1,
-        .global_batch_size = 8,
-        .model = {.type = "gpt2",
-                  .n = 3,
-                  .kv = {{"num_layers", 2}, {"hidden_size", 32}, {"huge", -LOOM_CKPT_INT_MAX}}},
-        .world_size = 2,
-        .dp = 2,
-        .tp = 1,
-        .pp = 1,
-        .zero_stage = 3,
-        .has_loss_scaler = 1,
-        .loss_scale = 65536,
-        .loss_scale_good_steps = 3,
-        .loss_scale_hysteresis = 2,
-        .skipped_steps = 1,
-        .nfiles = 2,
-        .files = files};
+    struct loom_ckpt_state st = {.iteration = 7,
+                                 .optimizer_step = 6,
+                                 .consumed_samples = 56,
+                                 .seed = 9000000000000000001,
+                                 .data_order = 1,
+                                 .global_batch_size = 8,
+                                 .model = {.type = "gpt2",
+                                           .n = 5,
+                                           .kv = {{"num_layers", LOOM_SHAPE_INT, 2},
+                                                  {"hidden_size", LOOM_SHAPE_INT, 32},
+                                                  {"huge", LOOM_SHAPE_INT, -LOOM_CKPT_INT_MAX},
+                                                  {"norm_epsilon", LOOM_SHAPE_REAL, 0, 0.1},
+                                                  {"activation_function", LOOM_SHAPE_WORD, 0, 0, "gelu"}}},
+                                 .world_size = 2,
+                                 .dp = 2,
+                                 .tp = 1,
+                                 .pp = 1,
+                                 .zero_stage = 3,
+                                 .has_loss_scaler = 1,
+                                 .loss_scale = 65536,
+                                 .loss_scale_good_steps = 3,
+                                 .loss_scale_hysteresis = 2,
+                                 .skipped_steps = 1,
+                                 .nfiles = 2,
+                                 .files = files};
     char *text = loom_ckpt_state_format(&st, "{\"lr\":\"0.001\"}");
     CHECK(text != NULL);
     size_t n = strlen(text);
@@ -207,11 +210,25 @@ static void test_state(void)
           back.zero_stage == 3 && back.has_loss_scaler && back.loss_scale == 65536 &&
           back.skipped_steps == 1 && back.nfiles == 2 &&
           strcmp(back.files[1].name, "rank_00001.safetensors") == 0);
-    /* the model's shape comes back as written: type, keys in order, values */
-    CHECK(strcmp(back.model.type, "gpt2") == 0 && back.model.n == 3 &&
+    /* the model's shape comes back as written: type, keys in order, values
+     * of each kind (a real exactly) */
+    CHECK(strcmp(back.model.type, "gpt2") == 0 && back.model.n == 5 &&
           strcmp(back.model.kv[0].key, "num_layers") == 0 && back.model.kv[0].value == 2 &&
           strcmp(back.model.kv[1].key, "hidden_size") == 0 && back.model.kv[1].value == 32 &&
-          strcmp(back.model.kv[2].key, "huge") == 0 && back.model.kv[2].value == -LOOM_CKPT_INT_MAX);
+          strcmp(back.model.kv[2].key, "huge") == 0 && back.model.kv[2].value == -LOOM_CKPT_INT_MAX &&
+          back.model.kv[2].kind == LOOM_SHAPE_INT);
+    CHECK(back.model.kv[3].kind == LOOM_SHAPE_REAL && back.model.kv[3].real == 0.1 &&
+          back.model.kv[4].kind == LOOM_SHAPE_WORD && strcmp(back.model.kv[4].word, "gelu") == 0);
+    /* the text form reads back to the same value */
+    for (int i = 0; i < 5; i++) {
+        char text_value[64];
+        struct loom_shape_setting again;
+        memset(&again, 0, sizeof again);
+        loom_model_shape_text(&back.model.kv[i], text_value, sizeof text_value);
+        CHECK(loom_model_shape_parse(&again, text_value) && again.kind == back.model.kv[i].kind &&
+              again.value == back.model.kv[i].value && again.real == back.model.kv[i].real &&
+              strcmp(again.word, back.model.kv[i].word) == 0);
+    }
     loom_ckpt_state_free(&back);
     /* a user's model: its type and no shape */
     st.model = (struct loom_model_shape){.type = "mlp"};

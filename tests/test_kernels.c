@@ -357,17 +357,20 @@ static void test_attention_fd(void)
 struct layernorm_ctx {
     float *inp, *w, *b, *out, *mean, *rstd, *wout;
     int N, C;
+    float eps;
 };
 
 static double layernorm_obj(void *p)
 {
     struct layernorm_ctx *c = p;
-    K->layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+    K->layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, c->eps);
     return dot(c->out, c->wout, (size_t)c->N * c->C);
 }
 
-static void test_layernorm(void)
+/* eps: GPT-2's 1e-5, and a large one whose effect the checks would see */
+static void test_layernorm(float eps)
 {
+    printf("layernorm, eps %g\n", eps);
     const int N = 6, C = 10;
     struct layernorm_ctx c = {new_rand(N * C, 2.0f),
                               new_rand(C, 1.0f),
@@ -377,7 +380,8 @@ static void test_layernorm(void)
                               new_const(N, 0.0f),
                               new_rand(N * C, 1.0f),
                               N,
-                              C};
+                              C,
+                              eps};
     layernorm_obj(&c);
     /* forward against a double computation */
     float *want = malloc(N * C * sizeof(float)), *want_mean = malloc(N * sizeof(float)),
@@ -388,7 +392,7 @@ static void test_layernorm(void)
         for (int j = 0; j < C; j++) m += x[j];
         m /= C;
         for (int j = 0; j < C; j++) v += (x[j] - m) * (x[j] - m);
-        const double rs = 1.0 / sqrt(v / C + 1e-5);
+        const double rs = 1.0 / sqrt(v / C + (double)eps);
         for (int j = 0; j < C; j++) want[i * C + j] = (float)((x[j] - m) * rs * c.w[j] + c.b[j]);
         want_mean[i] = (float)m;
         want_rstd[i] = (float)rs;
@@ -418,7 +422,7 @@ static void test_layernorm_threads(void)
     float *inp = new_rand((size_t)N * C, 2.0f), *w = new_rand(C, 1.0f), *b = new_rand(C, 1.0f);
     float *out = new_const((size_t)N * C, 0.0f), *mean = new_const(N, 0), *rstd = new_const(N, 0);
     float *dout = new_rand((size_t)N * C, 1.0f);
-    K->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    K->layernorm_forward(out, mean, rstd, inp, w, b, N, C, 1e-5f);
     float *res[2][3];
     const int saved = get_threads();
     for (int k = 0; k < 2; k++) {
@@ -577,6 +581,61 @@ static void test_gelu(void)
     float *dinp = new_const(64, NAN);
     K->gelu_backward(dinp, c.wout, c.inp, 64);
     fd_check("gelu dinp vs fd", dinp, c.inp, 64, gelu_obj, &c);
+    free(c.inp), free(c.out), free(c.wout), free(dinp);
+}
+
+static double gelu_exact_obj(void *p)
+{
+    struct unary_ctx *c = p;
+    K->gelu_exact_forward(c->out, c->inp, c->n);
+    return dot(c->out, c->wout, c->n);
+}
+
+/* The exact (erf) form against its double formula, x Phi(x), and its
+ * derivative Phi(x) + x phi(x); against the tanh form, which differs by up
+ * to ~5e-4 (so a swapped kernel fails). */
+static void test_gelu_exact(void)
+{
+    const size_t n = 40001;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float)), *yt = malloc(n * sizeof(float));
+    float *ones = new_const(n, 1.0f), *g = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = -10.0f + 20.0f * (float)i / (float)(n - 1);
+    K->gelu_exact_forward(y, x, n);
+    K->gelu_forward(yt, x, n);
+    K->gelu_exact_backward(g, ones, x, n);
+    double max_rel = 0.0, max_abs_small = 0.0, max_grad_err = 0.0, max_tanh_diff = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double xd = x[i], cdf = 0.5 * erfc(-xd / sqrt(2.0));
+        const double want = xd * cdf, err = fabs(y[i] - want);
+        if (fabs(want) >= 1e-3) {
+            if (err / fabs(want) > max_rel) max_rel = err / fabs(want);
+        } else if (err > max_abs_small) {
+            max_abs_small = err;
+        }
+        const double dwant = cdf + xd * exp(-0.5 * xd * xd) / sqrt(2.0 * M_PI);
+        if (fabs(g[i] - dwant) > max_grad_err) max_grad_err = fabs(g[i] - dwant);
+        if (fabs(yt[i] - y[i]) > max_tanh_diff) max_tanh_diff = fabs(yt[i] - y[i]);
+    }
+    printf("exact gelu vs double on [-10,10]: max rel err %.3g (|gelu| >= 1e-3), max abs err %.3g below; "
+           "gelu' max abs err %.3g; tanh form differs by up to %.3g\n",
+           max_rel, max_abs_small, max_grad_err, max_tanh_diff);
+    CHECK(max_rel <= 1e-6);
+    CHECK(max_abs_small <= 1e-9);
+    CHECK(max_grad_err <= 1e-6);
+    CHECK(max_tanh_diff > 1e-4);
+    float sx[4] = {NAN, -200.0f, 200.0f, 0.0f}, sy[4], sg[4], sd[4] = {1, 1, 1, 1};
+    K->gelu_exact_forward(sy, sx, 4);
+    K->gelu_exact_backward(sg, sd, sx, 4);
+    CHECK(isnan(sy[0]) && isnan(sg[0]));
+    CHECK(fabsf(sy[1]) < 1e-20f && fabsf(sg[1]) < 1e-20f);
+    CHECK(sy[2] == 200.0f && sg[2] == 1.0f);
+    CHECK(sy[3] == 0.0f && sg[3] == 0.5f);
+    free(x), free(y), free(yt), free(ones), free(g);
+
+    struct unary_ctx c = {new_rand(64, 4.0f), new_const(64, 0.0f), new_rand(64, 1.0f), 64};
+    float *dinp = new_const(64, NAN);
+    K->gelu_exact_backward(dinp, c.wout, c.inp, 64);
+    fd_check("exact gelu dinp vs fd", dinp, c.inp, 64, gelu_exact_obj, &c);
     free(c.inp), free(c.out), free(c.wout), free(dinp);
 }
 
@@ -743,12 +802,13 @@ static void test_sum_squares(void)
 static void check_complete(const char *name, const struct loom_kernels *k)
 {
     const int set[] = {
-        k->embedding_forward != NULL,     k->embedding_backward != NULL, k->layernorm_forward != NULL,
-        k->layernorm_backward != NULL,    k->matmul_forward != NULL,     k->matmul_backward != NULL,
-        k->lm_head_forward != NULL,       k->lm_head_backward != NULL,   k->attention_forward != NULL,
-        k->attention_backward != NULL,    k->gelu_forward != NULL,       k->gelu_backward != NULL,
-        k->residual_forward != NULL,      k->residual_backward != NULL,  k->crossentropy_forward != NULL,
-        k->crossentropy_backward != NULL, k->adamw_update != NULL,       k->sum_squares != NULL,
+        k->embedding_forward != NULL,  k->embedding_backward != NULL,   k->layernorm_forward != NULL,
+        k->layernorm_backward != NULL, k->matmul_forward != NULL,       k->matmul_backward != NULL,
+        k->lm_head_forward != NULL,    k->lm_head_backward != NULL,     k->attention_forward != NULL,
+        k->attention_backward != NULL, k->gelu_forward != NULL,         k->gelu_backward != NULL,
+        k->gelu_exact_forward != NULL, k->gelu_exact_backward != NULL,  k->residual_forward != NULL,
+        k->residual_backward != NULL,  k->crossentropy_forward != NULL, k->crossentropy_backward != NULL,
+        k->adamw_update != NULL,       k->sum_squares != NULL,
     };
     int complete = 1;
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
@@ -787,11 +847,13 @@ int main(void)
         test_attention_vs_ref(1, 150, 48, 3); /* three row blocks, the last partial */
         test_attention_fd();
 
-        test_layernorm();
+        test_layernorm(1e-5f);
+        test_layernorm(0.1f);
         test_layernorm_threads();
         test_embedding();
         test_embedding_threads();
         test_gelu();
+        test_gelu_exact();
         test_residual();
         test_crossentropy();
         test_adamw();

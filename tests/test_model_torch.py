@@ -30,11 +30,14 @@ TOOL = lib.tool("gpt2_grads")
 LOSS_TOL = 1e-5
 REL_TOL = 1e-4
 
-# (name, L, C, NH, T, maxT, V, B)
+# (name, L, C, NH, T, maxT, V, B[, numerics]); numerics: Hugging Face's
+# config.json settings loom honours, as gpt2_grads options and pyref fields
 CONFIGS = [
     ("base", 2, 64, 4, 32, 32, 97, 3),
     ("T<maxT", 2, 48, 3, 20, 32, 97, 3),
     ("1 layer, 1 head", 1, 32, 1, 16, 24, 61, 2),
+    ("eps 0.1, exact GELU, untied head", 2, 64, 8, 32, 32, 97, 3,
+     {"eps": 0.1, "activation": "gelu", "untied": True}),
 ]
 
 
@@ -55,8 +58,9 @@ def show_mismatches(got, ref, k=5):
         print(f"      [{np.unravel_index(i, ref.shape)}] loom {g[i]: .9e} ref {r[i]: .9e} diff {err[i]:.3e}")
 
 
-def run_case(name, L, C, NH, T, maxT, V, B, seed, tmp):
-    cfg = gpt2.Config(L, C, NH, V, maxT)
+def run_case(name, L, C, NH, T, maxT, V, B, numerics=None, *, seed, tmp):
+    numerics = numerics or {}
+    cfg = gpt2.Config(L, C, NH, V, maxT, **numerics)
     weights = random_weights(cfg, seed)
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, V, size=(B, T + 1), dtype=np.int32)
@@ -65,11 +69,15 @@ def run_case(name, L, C, NH, T, maxT, V, B, seed, tmp):
     opath = os.path.join(tmp, f"o{seed}.safetensors")
     st.save(wpath, weights, {"format": "pt"})
     rows.astype("<i4").tofile(tpath)
-    args = [TOOL, wpath, tpath, opath, L, C, NH, T, V, B]
+    opts = []
+    if numerics:  # the float32 eps, as loom's config narrows it
+        opts = ["--norm-eps", repr(float(np.float32(cfg.eps))), "--activation", cfg.activation,
+                "--untied", int(cfg.untied)]
+    args = [TOOL, *opts, wpath, tpath, opath, L, C, NH, T, V, B]
     if maxT != T:  # optional tenth argument: rows of wpe when they exceed T
         args.append(maxT)
     p = lib.run(args, timeout=300)
-    print(f"== {name}: L={L} C={C} NH={NH} T={T} maxT={maxT} V={V} B={B}")
+    print(f"== {name}: L={L} C={C} NH={NH} T={T} maxT={maxT} V={V} B={B} {numerics or ''}")
     if p.returncode != 0:
         print(f"   FAIL gpt2_grads exited {p.returncode}: {p.stderr.strip()}")
         return 1

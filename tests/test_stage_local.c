@@ -25,7 +25,7 @@ enum { L = 3, C = 32, NH = 4, MAXT = 16, V = 64, B = 2, T = 8, MICRO = 2 };
 
 static struct loom_gpt2 *make_model(int slots)
 {
-    const struct loom_gpt2_config cfg = {L, C, NH, MAXT, V};
+    const struct loom_gpt2_config cfg = {L, C, NH, MAXT, V, LOOM_GPT2_NORM_EPS, LOOM_ACTIVATION_GELU_NEW, 0};
     struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     loom_model_init_weights(&m->base, 7);

@@ -68,6 +68,16 @@ enum loom_reduce_dtype {
     LOOM_REDUCE_DTYPE_COUNT
 };
 
+/* The MLP's activation (Hugging Face's activation_function). */
+enum loom_activation {
+    LOOM_ACTIVATION_GELU_NEW = 0, /* GELU, tanh approximation (GPT-2's; gelu_pytorch_tanh is the same) */
+    LOOM_ACTIVATION_GELU = 1,     /* GELU, exact (erf) */
+    LOOM_ACTIVATION_COUNT
+};
+/* Their names, as flags, checkpoints and Hugging Face's config.json say
+ * them; NULL-terminated. */
+extern const char *const loom_activation_names[LOOM_ACTIVATION_COUNT + 1];
+
 /* Activation recomputation, Megatron's --recompute-granularity. */
 enum loom_recompute {
     LOOM_RECOMPUTE_NONE = 0,      /* keep every activation */
@@ -124,6 +134,9 @@ struct loom_config {
     /* model */
     char model[32]; /* a preset of a model family (model/family.h) */
     int num_layers, hidden_size, num_attention_heads, seq_length, max_position_embeddings, vocab_size;
+    double norm_epsilon;                      /* LayerNorm's eps */
+    enum loom_activation activation_function; /* the MLP's */
+    int untie_embeddings_and_output_weights;  /* an LM head of its own, not the token embedding */
     /* batch: global = micro x accumulation x dp */
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;
     /* optimisation */

@@ -29,6 +29,8 @@ CHOICES(reduce_dtypes, LOOM_REDUCE_DTYPE_COUNT, "fp32", "bf16", "fp16");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
 CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
+/* public (loom/config.h): the names files record too */
+const char *const loom_activation_names[LOOM_ACTIVATION_COUNT + 1] = {"gelu_new", "gelu", NULL};
 CHOICES(recompute_methods, LOOM_RECOMPUTE_METHOD_COUNT, "none", "uniform", "block");
 
 #define F(field) offsetof(struct loom_config, field)
@@ -74,6 +76,13 @@ const struct setting loom_settings[] = {
     INT("--max-position-embeddings", "max_position_embeddings", "model", max_position_embeddings,
         1, 1 << 20, NULL, "rows of the position embedding"),
     INT("--vocab-size", "vocab_size", "model", vocab_size, 2, 1 << 24, NULL, "vocabulary size (V)"),
+    DBL("--norm-epsilon", "norm_epsilon", "model", norm_epsilon, 0, 1, "1e-5",
+        "LayerNorm's eps (Hugging Face's layer_norm_epsilon)"),
+    ENUM("--activation-function", "activation_function", "model", activation_function, loom_activation_names, "gelu_new",
+         "MLP activation: gelu_new (GELU, tanh approximation) or gelu (exact)"),
+    BOOL("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights", "model",
+         untie_embeddings_and_output_weights, "0",
+         "the LM head has its own weight (lm_head.weight), not the token embedding's"),
 
     INT("--micro-batch-size", "train_micro_batch_size_per_gpu", "batch", micro_batch_size, 0, 1 << 20, "0",
         "sequences per micro-batch per rank (0: derived)", .joint = 1),

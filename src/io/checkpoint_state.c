@@ -7,6 +7,7 @@
 #include "io/checkpoint.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,8 +73,14 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
     }
     cJSON *model = cJSON_AddObjectToObject(o, "model");
     cJSON_AddStringToObject(model, "type", st->model.type);
-    for (int i = 0; i < st->model.n; i++)
-        cJSON_AddNumberToObject(model, st->model.kv[i].key, (double)st->model.kv[i].value);
+    for (int i = 0; i < st->model.n; i++) {
+        const struct loom_shape_setting *kv = &st->model.kv[i];
+        if (kv->kind == LOOM_SHAPE_WORD)
+            cJSON_AddStringToObject(model, kv->key, kv->word);
+        else
+            cJSON_AddNumberToObject(model, kv->key,
+                                    kv->kind == LOOM_SHAPE_INT ? (double)kv->value : kv->real);
+    }
     cJSON *layout = cJSON_AddObjectToObject(o, "layout");
     cJSON_AddNumberToObject(layout, "world_size", st->world_size);
     cJSON_AddNumberToObject(layout, "data_parallel_size", st->dp);
@@ -181,10 +188,10 @@ static int safe_file_name(const char *s)
     return 1;
 }
 
-/* "model": {"type": NAME, KEY: INTEGER, ...}: the type, then the family's
+/* "model": {"type": NAME, KEY: VALUE, ...}: the type, then the family's
  * shape settings in the file's order (unique keys, at most
- * LOOM_MODEL_SHAPE_MAX, values within LOOM_CKPT_INT_MAX); which keys
- * a family needs is the family's to check. */
+ * LOOM_MODEL_SHAPE_MAX): an integer within LOOM_CKPT_INT_MAX, another finite
+ * number, or a word; which keys a family needs is the family's to check. */
 static int parse_model(const cJSON *model, struct loom_model_shape *out)
 {
     const cJSON *type = member(model, "type");
@@ -206,9 +213,22 @@ static int parse_model(const cJSON *model, struct loom_model_shape *out)
                 return loom_error_set(LOOM_ERR_INPUT, "model.%s: given twice", key);
         if (out->n == LOOM_MODEL_SHAPE_MAX)
             return loom_error_set(LOOM_ERR_INPUT, "model: more than %d shape settings", LOOM_MODEL_SHAPE_MAX);
-        int rc = int_of(v, "model.", key, -big, big, &out->kv[out->n].value);
-        if (rc) return rc;
-        snprintf(out->kv[out->n].key, sizeof out->kv[0].key, "%s", key);
+        struct loom_shape_setting *kv = &out->kv[out->n];
+        memset(kv, 0, sizeof *kv);
+        if (cJSON_IsString(v)) {
+            if (!loom_model_shape_parse(kv, v->valuestring) || kv->kind != LOOM_SHAPE_WORD)
+                return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number or a word", key);
+        } else if (cJSON_IsNumber(v) && isfinite(v->valuedouble) &&
+                   v->valuedouble != (double)(int64_t)v->valuedouble) {
+            kv->kind = LOOM_SHAPE_REAL;
+            kv->real = v->valuedouble;
+        } else {
+            int rc = int_of(v, "model.", key, -big, big, &kv->value);
+            if (rc) return rc;
+            kv->kind = LOOM_SHAPE_INT;
+            kv->real = (double)kv->value;
+        }
+        snprintf(kv->key, sizeof kv->key, "%s", key);
         out->n++;
     }
     return LOOM_OK;

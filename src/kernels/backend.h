@@ -36,7 +36,7 @@ struct loom_kernels {
 
     /* ---- layernorm: out (N,C); saves mean (N), rstd (N) */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                              const float *bias, int N, int C);
+                              const float *bias, int N, int C, float eps);
     /* dinp (N,C), dweight (C), dbias (C) accumulate */
     void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, const float *mean, const float *rstd, int N, int C);
@@ -63,6 +63,9 @@ struct loom_kernels {
     /* ---- GELU (tanh form): out (n); dinp (n) written */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
+    /* ---- GELU (exact, erf form): out (n); dinp (n) written */
+    void (*gelu_exact_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_exact_backward)(float *dinp, const float *dout, const float *inp, size_t n);
 
     /* ---- residual: out (n) = a + b; da, db (n) accumulate dout */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);

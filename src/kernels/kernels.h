@@ -38,10 +38,11 @@ void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte,
 void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T,
                              int C);
 
-/* ---- layernorm (eps 1e-5, biased variance, as torch.nn.LayerNorm) --------
- * out (N,C); saves mean (N) and rstd (N). */
+/* ---- layernorm (biased variance, as torch.nn.LayerNorm) -------------------
+ * out (N,C) = (inp - mean) / sqrt(var + eps) * weight + bias; saves mean (N)
+ * and rstd (N). GPT-2's eps is 1e-5. */
 void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                            const float *bias, int N, int C);
+                            const float *bias, int N, int C, float eps);
 /* dinp (N,C) accumulates; dweight (C), dbias (C) accumulate. */
 void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                              const float *weight, const float *mean, const float *rstd, int N, int C);
@@ -87,6 +88,11 @@ void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, co
 void loom_gelu_forward(float *out, const float *inp, size_t n);
 /* dinp (n) is written. */
 void loom_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);
+
+/* ---- GELU, exact (erf) form (torch.nn.functional.gelu(x)) ----------------- */
+void loom_gelu_exact_forward(float *out, const float *inp, size_t n);
+/* dinp (n) is written. */
+void loom_gelu_exact_backward(float *dinp, const float *dout, const float *inp, size_t n);
 
 /* ---- residual ------------------------------------------------------------ */
 void loom_residual_forward(float *out, const float *a, const float *b, size_t n);

@@ -122,6 +122,23 @@ static void layout_blocks(struct loom_gpt2 *m)
     h->layer = -1;
     add_tensor(h, "ln_f.weight", 1, C, 0, LOOM_INIT_ONE, 0, REPL);
     add_tensor(h, "ln_f.bias", 1, C, 0, LOOM_INIT_ZERO, 0, REPL);
+    if (m->cfg.untied) /* Hugging Face's name for GPT2LMHeadModel's own head */
+        add_tensor(h, "lm_head.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, std, 0);
+}
+
+/* The LM head's weight (V,C) and its gradient: the head block's own, or the
+ * tied token embedding's. */
+enum { LNF_W, LNF_B, LM_HEAD_W };
+static float *lm_head_weight(struct loom_gpt2 *m)
+{
+    return m->cfg.untied ? loom_param(&m->base.blocks[m->head], LM_HEAD_W)
+                         : loom_param(&m->base.blocks[m->emb], 0);
+}
+
+static float *lm_head_grad(struct loom_gpt2 *m)
+{
+    return m->cfg.untied ? loom_grad(&m->base.blocks[m->head], LM_HEAD_W)
+                         : loom_grad(&m->base.blocks[m->emb], 0);
 }
 
 static float *act(size_t n)
@@ -345,6 +362,7 @@ static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
     const struct loom_gpt2_acts *a = m->slots ? &m->slots[m->bwd_slot] : NULL;
+    if (m->cfg.untied) return 0; /* the head has its own weight */
     *te = (struct loom_tied_embedding){.block = m->emb,
                                        .vocab = m->cfg.vocab,
                                        .width = m->cfg.hidden,
@@ -418,7 +436,7 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_layer_acts *x = &a->layers[l];
     m->k->layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
-                            N, C);
+                            N, C, m->cfg.norm_eps);
     round_act(m, x->ln1, NC);
     m->k->matmul_forward(x->qkv, x->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * C);
     round_act(m, x->qkv, 3 * NC);
@@ -429,11 +447,14 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     m->k->residual_forward(x->res2, res, m->scratchC, NC);
     round_act(m, x->res2, NC);
     m->k->layernorm_forward(x->ln2, x->ln2_mean, x->ln2_rstd, x->res2, loom_param(b, LN2_W),
-                            loom_param(b, LN2_B), N, C);
+                            loom_param(b, LN2_B), N, C, m->cfg.norm_eps);
     round_act(m, x->ln2, NC);
     m->k->matmul_forward(x->fch, x->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * C);
     round_act(m, x->fch, 4 * NC);
-    m->k->gelu_forward(x->fch_gelu, x->fch, 4 * NC);
+    if (m->cfg.activation == LOOM_ACTIVATION_GELU)
+        m->k->gelu_exact_forward(x->fch_gelu, x->fch, 4 * NC);
+    else
+        m->k->gelu_forward(x->fch_gelu, x->fch, 4 * NC);
     round_act(m, x->fch_gelu, 4 * NC);
     m->k->matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W), loom_param(b, FCPROJ_B), N, 4 * C,
                          C);
@@ -493,18 +514,20 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         memcpy(mb->output, layer_input(a, l1 + 1), NC * sizeof(float));
         return;
     }
-    struct loom_block *head = &model->blocks[m->head], *emb = &model->blocks[m->emb];
-    /* the LM head reads the tied table: announced again when the embedding
-     * is not in this range (its holder gathered or converted it once more) */
-    if (first != m->emb) loom_model_forward_begin(model, m->emb);
+    struct loom_block *head = &model->blocks[m->head];
+    /* a tied LM head reads the embedding's table: announced again when the
+     * embedding is not in this range (its holder gathered or converted it
+     * once more) */
+    const int announce_emb = first != m->emb && !m->cfg.untied;
+    if (announce_emb) loom_model_forward_begin(model, m->emb);
     loom_model_forward_begin(model, m->head);
-    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, 0),
-                            loom_param(head, 1), N, C);
+    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, LNF_W),
+                            loom_param(head, LNF_B), N, C, m->cfg.norm_eps);
     round_act(m, a->lnf, NC);
-    loom_model_forward_end(model, m->head);
-    m->k->lm_head_forward(a->logits, a->lnf, loom_param(emb, 0), N, C, V);
+    m->k->lm_head_forward(a->logits, a->lnf, lm_head_weight(m), N, C, V);
     round_act(m, a->logits, (size_t)N * V);
-    if (first != m->emb) loom_model_forward_end(model, m->emb);
+    loom_model_forward_end(model, m->head);
+    if (announce_emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
     if (!a->targets) return;
     m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
@@ -525,7 +548,10 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), m->dres, x->fch_gelu,
                           loom_param(b, FCPROJ_W), N, 4 * C, C);
     round_act(m, m->dbuf4a, 4 * NC);
-    m->k->gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NC);
+    if (m->cfg.activation == LOOM_ACTIVATION_GELU)
+        m->k->gelu_exact_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NC);
+    else
+        m->k->gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NC);
     round_act(m, m->dbuf4b, 4 * NC);
     m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b, x->ln2,
                           loom_param(b, FC_W), N, C, 4 * C);
@@ -563,19 +589,21 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     layers_of(m, first, last, &l0, &l1);
     if (last == m->head) {
         LOOM_ASSERT(a->targets != NULL);
-        struct loom_block *emb = &model->blocks[m->emb], *head = &model->blocks[m->head];
+        struct loom_block *head = &model->blocks[m->head];
         /* loss -> logits (in place) -> final norm */
         m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
         round_act(m, a->logits, (size_t)N * V);
-        loom_model_backward_begin(model, m->emb);
-        a->emb_open = 1; /* the embedding's gradients are open until its own backward */
+        if (!m->cfg.untied) {
+            loom_model_backward_begin(model, m->emb);
+            a->emb_open = 1; /* the embedding's gradients are open until its own backward */
+        }
         loom_model_backward_begin(model, m->head);
-        m->k->lm_head_backward(m->dbufC, loom_grad(emb, 0), a->logits, a->lnf, loom_param(emb, 0), N, C, V);
+        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, a->lnf, lm_head_weight(m), N, C, V);
         round_act(m, m->dbufC, NC);
-        loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
+        if (!m->cfg.untied) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         memset(m->dres, 0, NC * sizeof(float));
-        m->k->layernorm_backward(m->dres, loom_grad(head, 0), loom_grad(head, 1), m->dbufC, layer_input(a, L),
-                                 loom_param(head, 0), a->lnf_mean, a->lnf_rstd, N, C);
+        m->k->layernorm_backward(m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), m->dbufC,
+                                 layer_input(a, L), loom_param(head, LNF_W), a->lnf_mean, a->lnf_rstd, N, C);
         round_act(m, m->dres, NC);
         loom_model_grads_ready(model, m->head);
         /* the logits are dead from here on: the recompute scratch in their buffer is free */

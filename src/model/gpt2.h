@@ -23,12 +23,17 @@
 
 struct loom_kernels;
 
+#define LOOM_GPT2_NORM_EPS 1e-5f /* GPT-2's LayerNorm eps */
+
 struct loom_gpt2_config {
-    int num_layers; /* L */
-    int hidden;     /* C */
-    int heads;      /* NH */
-    int max_pos;    /* maxT, rows of wpe */
-    int vocab;      /* V */
+    int num_layers;                  /* L */
+    int hidden;                      /* C */
+    int heads;                       /* NH */
+    int max_pos;                     /* maxT, rows of wpe */
+    int vocab;                       /* V */
+    float norm_eps;                  /* LayerNorm's eps (GPT-2: 1e-5) */
+    enum loom_activation activation; /* the MLP's: GELU tanh (GPT-2's) or exact */
+    int untied;                      /* the LM head has its own weight (lm_head.weight), not wte */
 };
 
 /* Saved forward state of one transformer layer, for B sequences of T. A

@@ -54,7 +54,10 @@ static struct loom_gpt2_config shape_of_config(const struct loom_config *cfg)
                                      .hidden = cfg->hidden_size,
                                      .heads = cfg->num_attention_heads,
                                      .max_pos = cfg->max_position_embeddings,
-                                     .vocab = cfg->vocab_size};
+                                     .vocab = cfg->vocab_size,
+                                     .norm_eps = (float)cfg->norm_epsilon,
+                                     .activation = cfg->activation_function,
+                                     .untied = cfg->untie_embeddings_and_output_weights};
 }
 
 static struct loom_gpt2 *gpt2_of(const struct loom_model *m)
@@ -91,21 +94,34 @@ static double flops_per_token(const struct loom_model *m)
 static void describe(const struct loom_model *m, char *buf, size_t n)
 {
     const struct loom_gpt2 *g = gpt2_of(m);
-    snprintf(buf, n, "%d layers, %d channels, %d heads, T=%d, V=%d", g->cfg.num_layers, g->cfg.hidden,
-             g->cfg.heads, g->T, g->cfg.vocab);
+    int len = snprintf(buf, n, "%d layers, %d channels, %d heads, T=%d, V=%d", g->cfg.num_layers,
+                       g->cfg.hidden, g->cfg.heads, g->T, g->cfg.vocab);
+    /* the numerics only where they are not GPT-2's */
+    if (len > 0 && (size_t)len < n && g->cfg.norm_eps != 1e-5f)
+        len += snprintf(buf + len, n - (size_t)len, ", LayerNorm eps %g", (double)g->cfg.norm_eps);
+    if (len > 0 && (size_t)len < n && g->cfg.activation != LOOM_ACTIVATION_GELU_NEW)
+        len += snprintf(buf + len, n - (size_t)len, ", %s", loom_activation_names[g->cfg.activation]);
+    if (len > 0 && (size_t)len < n && g->cfg.untied) snprintf(buf + len, n - (size_t)len, ", untied LM head");
 }
 
-/* The shape keys, as checkpoints' trainer state has always written them. */
+/* The shape settings as files record them: the keys checkpoints' trainer
+ * state has always written, then the numerics (absent from older files,
+ * which were all GPT-2's defaults). Each key is its flag's name with '_'. */
 #define F(field) offsetof(struct loom_config, field)
 static const struct {
     const char *key;
-    size_t offset; /* of the int in struct loom_config */
+    size_t offset;             /* of the field in struct loom_config */
+    enum loom_shape_kind kind; /* INT: an int; REAL: a double; WORD: an enum loom_activation */
+    const char *absent;        /* the value of a file without it; NULL: required */
 } shape_keys[] = {
-    {"num_layers", F(num_layers)},
-    {"hidden_size", F(hidden_size)},
-    {"num_attention_heads", F(num_attention_heads)},
-    {"max_position_embeddings", F(max_position_embeddings)},
-    {"vocab_size", F(vocab_size)},
+    {"num_layers", F(num_layers), LOOM_SHAPE_INT, NULL},
+    {"hidden_size", F(hidden_size), LOOM_SHAPE_INT, NULL},
+    {"num_attention_heads", F(num_attention_heads), LOOM_SHAPE_INT, NULL},
+    {"max_position_embeddings", F(max_position_embeddings), LOOM_SHAPE_INT, NULL},
+    {"vocab_size", F(vocab_size), LOOM_SHAPE_INT, NULL},
+    {"norm_epsilon", F(norm_epsilon), LOOM_SHAPE_REAL, "1e-5"},
+    {"activation_function", F(activation_function), LOOM_SHAPE_WORD, "gelu_new"},
+    {"untie_embeddings_and_output_weights", F(untie_embeddings_and_output_weights), LOOM_SHAPE_INT, "0"},
 };
 #define NKEYS ((int)(sizeof shape_keys / sizeof shape_keys[0]))
 
@@ -114,10 +130,42 @@ static void shape_of(const struct loom_config *cfg, struct loom_model_shape *out
     memset(out, 0, sizeof *out);
     snprintf(out->type, sizeof out->type, "%s", loom_gpt2_family.name);
     for (int k = 0; k < NKEYS; k++) {
-        snprintf(out->kv[k].key, sizeof out->kv[k].key, "%s", shape_keys[k].key);
-        out->kv[k].value = *(const int *)((const char *)cfg + shape_keys[k].offset);
+        const void *field = (const char *)cfg + shape_keys[k].offset;
+        if (shape_keys[k].kind == LOOM_SHAPE_INT)
+            loom_model_shape_add_int(out, shape_keys[k].key, *(const int *)field);
+        else if (shape_keys[k].kind == LOOM_SHAPE_REAL)
+            loom_model_shape_add_real(out, shape_keys[k].key, *(const double *)field);
+        else
+            loom_model_shape_add_word(out, shape_keys[k].key, loom_activation_names[*(const int *)field]);
     }
-    out->n = NKEYS;
+}
+
+/* One setting into cfg's field; LOOM_ERR_INPUT naming it when out of range. */
+static int apply_setting(int k, const struct loom_shape_setting *kv, struct loom_config *cfg)
+{
+    void *field = (char *)cfg + shape_keys[k].offset;
+    const char *key = shape_keys[k].key;
+    const int is_flag = strcmp(key, "untie_embeddings_and_output_weights") == 0;
+    if (shape_keys[k].kind == LOOM_SHAPE_INT) {
+        const int64_t lo = is_flag ? 0 : 1, hi = is_flag ? 1 : INT_MAX;
+        if (kv->kind != LOOM_SHAPE_INT || kv->value < lo || kv->value > hi)
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected an integer in [%lld, %lld]", key,
+                                  (long long)lo, (long long)hi);
+        *(int *)field = (int)kv->value;
+    } else if (shape_keys[k].kind == LOOM_SHAPE_REAL) {
+        if (kv->kind == LOOM_SHAPE_WORD || !(kv->real >= 0 && kv->real <= 1))
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number in [0, 1]", key);
+        *(double *)field = kv->real;
+    } else {
+        int a = 0;
+        while (a < LOOM_ACTIVATION_COUNT &&
+               !(kv->kind == LOOM_SHAPE_WORD && strcmp(kv->word, loom_activation_names[a]) == 0))
+            a++;
+        if (a == LOOM_ACTIVATION_COUNT)
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected gelu_new or gelu", key);
+        *(int *)field = a;
+    }
+    return LOOM_OK;
 }
 
 static int apply_shape(const struct loom_model_shape *shape, struct loom_config *cfg)
@@ -125,24 +173,28 @@ static int apply_shape(const struct loom_model_shape *shape, struct loom_config 
     if (strcmp(shape->type, loom_gpt2_family.name) != 0)
         return loom_error_set(LOOM_ERR_INPUT, "the file holds a %s model, not %s", shape->type,
                               loom_gpt2_family.title);
-    int seen[NKEYS] = {0};
     for (int i = 0; i < shape->n; i++) {
         int k = 0;
         while (k < NKEYS && strcmp(shape->kv[i].key, shape_keys[k].key) != 0) k++;
         if (k == NKEYS)
             return loom_error_set(LOOM_ERR_INPUT, "model.%s: not a %s shape setting", shape->kv[i].key,
                                   loom_gpt2_family.title);
-        if (shape->kv[i].value < 1 || shape->kv[i].value > INT_MAX)
-            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected 1 to %d, got %lld", shape->kv[i].key,
-                                  INT_MAX, (long long)shape->kv[i].value);
-        seen[k] = 1;
     }
-    for (int k = 0; k < NKEYS; k++)
-        if (!seen[k]) return loom_error_set(LOOM_ERR_INPUT, "model.%s: missing", shape_keys[k].key);
-    for (int i = 0; i < shape->n; i++)
-        for (int k = 0; k < NKEYS; k++)
-            if (strcmp(shape->kv[i].key, shape_keys[k].key) == 0)
-                *(int *)((char *)cfg + shape_keys[k].offset) = (int)shape->kv[i].value;
+    struct loom_config out = *cfg; /* all or nothing */
+    for (int k = 0; k < NKEYS; k++) {
+        const struct loom_shape_setting *kv = loom_model_shape_find(shape, shape_keys[k].key);
+        struct loom_shape_setting absent;
+        if (!kv && !shape_keys[k].absent)
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: missing", shape_keys[k].key);
+        if (!kv) {
+            memset(&absent, 0, sizeof absent);
+            loom_model_shape_parse(&absent, shape_keys[k].absent);
+            kv = &absent;
+        }
+        int rc = apply_setting(k, kv, &out);
+        if (rc) return rc;
+    }
+    *cfg = out;
     return LOOM_OK;
 }
 

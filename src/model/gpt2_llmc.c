@@ -324,7 +324,8 @@ int loom_llmc_read(const char *path, struct loom_gpt2 **out, struct loom_llmc_ex
                                    .hidden = (int)d.C,
                                    .heads = (int)d.NH,
                                    .max_pos = (int)d.maxT,
-                                   .vocab = (int)d.V};
+                                   .vocab = (int)d.V,
+                                   .norm_eps = LOOM_GPT2_NORM_EPS};
     if ((rc = loom_gpt2_config_check(&cfg, 1))) goto fail;
     struct loom_gpt2 *m = loom_gpt2_create(&cfg, 1, 1);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA);
@@ -381,6 +382,18 @@ int loom_llmc_write(const char *path, const struct loom_gpt2 *m, const struct lo
                               "%s: cannot write llm.c checkpoint version %d (3: float32, 5: bfloat16)", path,
                               version);
     const struct loom_gpt2_config *c = &m->cfg;
+    /* llm.c's header records the shape only: its GPT-2 is eps 1e-5, tanh GELU, tied */
+    if (c->norm_eps != LOOM_GPT2_NORM_EPS)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: llm.c's format cannot record LayerNorm eps %g (it is GPT-2's 1e-5 only)",
+                              path, (double)c->norm_eps);
+    if (c->activation != LOOM_ACTIVATION_GELU_NEW)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: llm.c's format cannot record the %s activation (it is gelu_new only)",
+                              path, loom_activation_names[c->activation]);
+    if (c->untied)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: llm.c's format cannot record an untied LM head (lm_head.weight)", path);
     struct llmc_dims d = {
         .maxT = c->max_pos, .V = c->vocab, .L = c->num_layers, .NH = c->heads, .C = c->hidden};
     int rc = padded_vocab(path, m, extra, &d.Vp);

@@ -1,9 +1,11 @@
 """A plain PyTorch GPT-2, the reference the C model is compared with.
 
-Token + learned position embeddings, pre-LayerNorm blocks (eps 1e-5), causal
-multi-head attention (one qkv projection ordered [q|k|v], heads split as
-view(B,T,NH,HS)), GELU (tanh approximation), 4x MLP, residuals, final
-LayerNorm, LM head tied to wte, mean cross-entropy.
+Token + learned position embeddings, pre-LayerNorm blocks (eps 1e-5 unless
+Config.eps says), causal multi-head attention (one qkv projection ordered
+[q|k|v], heads split as view(B,T,NH,HS)), GELU (tanh approximation, or the
+exact form with Config.activation "gelu"), 4x MLP, residuals, final
+LayerNorm, LM head tied to wte (or its own lm_head.weight (V,C) with
+Config.untied), mean cross-entropy.
 
 Parameter names are Hugging Face GPT-2's (without the "transformer." prefix)
 and matmul weights are stored [in, out] like Hugging Face's Conv1D, so
@@ -64,6 +66,9 @@ class Config:
     heads: int
     vocab: int
     max_pos: int
+    eps: float = LN_EPS
+    activation: str = "gelu_new"  # or "gelu" (exact)
+    untied: bool = False
 
 
 class Conv1D(nn.Module):
@@ -79,13 +84,14 @@ class Conv1D(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, n):
+    def __init__(self, n, eps=LN_EPS):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(n))
         self.bias = nn.Parameter(torch.zeros(n))
+        self.eps = eps
 
     def forward(self, x):
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, LN_EPS)
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
 class Attention(nn.Module):
@@ -116,20 +122,21 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = Conv1D(cfg.hidden, 4 * cfg.hidden)
         self.c_proj = Conv1D(4 * cfg.hidden, cfg.hidden)
+        self.approximate = "tanh" if cfg.activation == "gelu_new" else "none"
         self.act_dtype = None
 
     def forward(self, x):
         a = self.act_dtype
         h = round_act(self.c_fc(x), a)
-        return round_act(self.c_proj(round_act(F.gelu(h, approximate="tanh"), a)), a)
+        return round_act(self.c_proj(round_act(F.gelu(h, approximate=self.approximate), a)), a)
 
 
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.ln_1 = LayerNorm(cfg.hidden)
+        self.ln_1 = LayerNorm(cfg.hidden, cfg.eps)
         self.attn = Attention(cfg)
-        self.ln_2 = LayerNorm(cfg.hidden)
+        self.ln_2 = LayerNorm(cfg.hidden, cfg.eps)
         self.mlp = MLP(cfg)
         self.act_dtype = None
 
@@ -146,7 +153,9 @@ class GPT2(nn.Module):
         self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
         self.wpe = nn.Embedding(cfg.max_pos, cfg.hidden)
         self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.num_layers)])
-        self.ln_f = LayerNorm(cfg.hidden)
+        self.ln_f = LayerNorm(cfg.hidden, cfg.eps)
+        if cfg.untied:  # the head's own weight, (V,C) as nn.Linear and Hugging Face store it
+            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.act_dtype = None
 
     def forward(self, idx, targets=None, keep=None):
@@ -163,7 +172,8 @@ class GPT2(nn.Module):
             if keep is not None:
                 keep[f"h.{l}"] = x
         x = round_act(self.ln_f(x), self.act_dtype)
-        logits = round_act(x @ self.wte.weight.t(), self.act_dtype)
+        head = self.lm_head.weight if self.cfg.untied else self.wte.weight
+        logits = round_act(x @ head.t(), self.act_dtype)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -172,7 +182,7 @@ class GPT2(nn.Module):
 
 def param_names(cfg):
     """Every parameter name, in the model's order."""
-    return [n for n, _ in GPT2(Config(cfg.num_layers, 1, 1, 1, 1)).named_parameters()]
+    return [n for n, _ in GPT2(Config(cfg.num_layers, 1, 1, 1, 1, untied=cfg.untied)).named_parameters()]
 
 
 def init_weights(model, seed):

@@ -11,6 +11,9 @@
  *   --recompute none|selective|full         with full: --recompute-method
  *   --recompute-method uniform|block        uniform|block and
  *   --recompute-num-layers N                --recompute-num-layers N
+ *   --norm-eps X                            LayerNorm's eps (default 1e-5)
+ *   --activation gelu_new|gelu              the MLP's GELU
+ *   --untied 0|1                            an LM head of its own
  *
  * TOKENS.i32 holds B rows of T+1 int32 tokens: inputs are each row's first
  * T, targets its last T. OUT holds "loss" [1], "logits" [B,T,V] and
@@ -38,7 +41,8 @@ int main(int argc, char **argv)
     static const char *const dtypes[] = {"fp32", "bf16", "fp16", NULL};
     static const char *const granularities[] = {"none", "selective", "full", NULL};
     static const char *const methods[] = {"none", "uniform", "block", NULL};
-    int act_dtype = 0, granularity = 0, method = 0, num_layers = 0;
+    int act_dtype = 0, granularity = 0, method = 0, num_layers = 0, activation = 0, untied = 0;
+    float eps = LOOM_GPT2_NORM_EPS;
     int first = 1; /* the first positional argument */
     for (; first + 1 < argc && strncmp(argv[first], "--", 2) == 0; first += 2) {
         const char *opt = argv[first], *v = argv[first + 1];
@@ -51,6 +55,12 @@ int main(int argc, char **argv)
             bad = (method = pick(v, methods)) < 0;
         else if (strcmp(opt, "--recompute-num-layers") == 0)
             num_layers = atoi(v);
+        else if (strcmp(opt, "--norm-eps") == 0)
+            eps = strtof(v, NULL);
+        else if (strcmp(opt, "--activation") == 0)
+            bad = (activation = pick(v, loom_activation_names)) < 0;
+        else if (strcmp(opt, "--untied") == 0)
+            untied = atoi(v);
         else
             bad = 1;
         if (bad) {
@@ -65,7 +75,14 @@ int main(int argc, char **argv)
         return 2;
     }
     int maxT = argc == 11 ? atoi(argv[10]) : atoi(argv[7]);
-    struct loom_gpt2_config cfg = {atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), maxT, atoi(argv[8])};
+    struct loom_gpt2_config cfg = {atoi(argv[4]),
+                                   atoi(argv[5]),
+                                   atoi(argv[6]),
+                                   maxT,
+                                   atoi(argv[8]),
+                                   eps,
+                                   (enum loom_activation)activation,
+                                   untied};
     int T = atoi(argv[7]), B = atoi(argv[9]);
     struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);

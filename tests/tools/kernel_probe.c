@@ -196,7 +196,7 @@ static void probe_layernorm(const struct dims *d)
     float *b = read_bin("layernorm", "bias", C), *dout = read_bin("layernorm", "dout", NC);
     float *out = filled(NC, NAN), *mean = filled(N, NAN), *rstd = filled(N, NAN);
     float *dinp = filled(NC, 0), *dw = filled(C, 0), *db = filled(C, 0);
-    K->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    K->layernorm_forward(out, mean, rstd, inp, w, b, N, C, 1e-5f);
     K->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     write_bin("layernorm", "out", out, NC);
     write_bin("layernorm", "mean", mean, N);

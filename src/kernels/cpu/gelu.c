@@ -1,5 +1,8 @@
 /*
- * GELU, tanh form, as torch.nn.functional.gelu(x, approximate="tanh"):
+ * GELU, forward and backward, in two forms.
+ *
+ * The tanh form (GPT-2's, Hugging Face's gelu_new), as
+ * torch.nn.functional.gelu(x, approximate="tanh"):
  *   gelu(x) = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3).
  *
  * Computed through one exponential, using 0.5 (1 + tanh(u)) = sigmoid(2u):
@@ -8,9 +11,16 @@
  *   u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
  * This has no 1 + tanh cancellation for negative x, so the relative error
  * stays at the level of the exponential (vexp.h) everywhere, and the loop
- * vectorises. Deliberately not: the erf form.
+ * vectorises.
+ *
+ * The exact form (Hugging Face's and PyTorch's default "gelu"):
+ *   gelu(x)  = x Phi(x),  Phi(x) = 0.5 (1 + erf(x / sqrt 2)),
+ *   gelu'(x) = Phi(x) + x phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+ * Phi through erfc for negative x, where 1 + erf(x) would cancel.
  */
 #include "kernels/kernels.h"
+
+#include <math.h>
 
 #include "kernels/cpu/vexp.h"
 
@@ -48,5 +58,30 @@ void loom_gelu_backward(float *dinp, const float *dout, const float *inp, size_t
         const float s = 1.0f / (1.0f + e);
         const float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
         dinp[i] = dout[i] * (s + 2.0f * x * s * (e * s) * du);
+    }
+}
+
+/* Phi(x), the standard normal's distribution function, without cancellation
+ * in either tail. */
+static inline float normal_cdf(float x)
+{
+    return 0.5f * erfcf(-x * 0.70710678118654752f);
+}
+
+/* out, inp (n) */
+void loom_gelu_exact_forward(float *out, const float *inp, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] * normal_cdf(inp[i]);
+}
+
+/* dinp (n) written; dout, inp (n) */
+void loom_gelu_exact_backward(float *dinp, const float *dout, const float *inp, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        const float pdf = 0.39894228040143268f * expf(-0.5f * x * x); /* 1/sqrt(2 pi) */
+        dinp[i] = dout[i] * (normal_cdf(x) + x * pdf);
     }
 }

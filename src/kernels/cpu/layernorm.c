@@ -1,5 +1,5 @@
 /*
- * LayerNorm over the last axis (eps 1e-5, biased variance, as
+ * LayerNorm over the last axis (biased variance, eps added to it, as
  * torch.nn.LayerNorm), forward and backward.
  *
  * Rows are independent and split between threads. The backward's dweight
@@ -19,13 +19,12 @@
 
 #include "base/log.h"
 
-#define LN_EPS 1e-5f
 #define MAX_THREADS 256
 #define MAX_C 8192 /* keeps the per-thread partial (16*C bytes) small on a thread's stack */
 
 /* out (N,C), mean (N), rstd (N); inp (N,C), weight (C), bias (C) */
 void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                            const float *bias, int N, int C)
+                            const float *bias, int N, int C, float eps)
 {
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= 32768)
     for (int i = 0; i < N; i++) {
@@ -38,7 +37,7 @@ void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *i
         float v = 0.0f; /* two-pass variance: no cancellation */
 #pragma omp simd reduction(+ : v)
         for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-        const float rs = 1.0f / sqrtf(v / C + LN_EPS);
+        const float rs = 1.0f / sqrtf(v / C + eps);
 #pragma omp simd
         for (int c = 0; c < C; c++) o[c] = (x[c] - m) * rs * weight[c] + bias[c];
         mean[i] = m;
