@@ -2,7 +2,8 @@
 # Installs what loom needs on a Debian (bookworm) machine, and nothing that is
 # already there. `install-deps.sh` installs the build dependencies;
 # `install-deps.sh --test` adds what the test suite compares against
-# (PyTorch and NumPy from Debian, clang for the sanitizer and fuzzer builds).
+# (PyTorch and NumPy from Debian, venv for the test-only transformers from
+# PyPI, clang for the sanitizer and fuzzer builds).
 set -eu
 
 want_test=0
@@ -14,7 +15,7 @@ for a in "$@"; do
 done
 
 pkgs="build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libcjson-dev libxxhash-dev"
-[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-torch python3-numpy clang libclang-rt-14-dev clang-format"
+[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev clang-format"
 
 missing=""
 for p in $pkgs; do

@@ -249,3 +249,34 @@ def compare_runs(tag, ref, got, tol=1e-5):
                  f"{wworst:.2e} ({wname}) (tol {tol:g}) {buckets[0] if buckets else ''}", ok):
         for i, (a, b) in enumerate(zip(losses, losses_ref)):
             print(f"    step {i + 1}: {a:.9f} vs {b:.9f}")
+
+
+# ---- Hugging Face transformers ------------------------------------------------
+
+HF_TRANSFORMERS = "transformers==4.39.3"
+HF_VENV = os.path.join(BUILD, "test-venv")
+
+
+def hf_python():
+    """A Python that can `import transformers` (HF_TRANSFORMERS from PyPI):
+    the test-only virtual environment HF_VENV, made on first use from
+    /usr/bin/python3 with the system's packages visible (Debian's torch and
+    numpy are reused; pip adds transformers and what it needs). Returns the
+    interpreter's path; a failure to make it ends the test as a FAIL, one
+    line naming the step (not a skip: the tests that need it cannot run)."""
+    py = os.path.join(HF_VENV, "bin", "python3")
+    if os.access(py, os.X_OK) and run([py, "-c", "import transformers"]).returncode == 0:
+        return py
+    steps = [["/usr/bin/python3", "-m", "venv", "--system-site-packages", HF_VENV],
+             [os.path.join(HF_VENV, "bin", "pip"), "install", "-q", HF_TRANSFORMERS],
+             [py, "-c", "import transformers"]]
+    for cmd in steps:
+        try:
+            p = run(cmd, timeout=1800)
+            rc, why = p.returncode, (p.stderr.strip().splitlines() or [""])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            rc, why = None, str(e)
+        if rc != 0:
+            raise SystemExit(f"FAIL: cannot make the test virtual environment {HF_VENV} with {HF_TRANSFORMERS}: "
+                             f"`{' '.join(cmd)}` exited {rc}: {why}")
+    return py

@@ -2,7 +2,8 @@
  * The settings table: defaults < preset < JSON config < flags, the batch
  * invariant in each of its forms, bad values named in one line, and DeepSpeed
  * JSON keys read onto the same rows (conversions, "auto", unknown keys,
- * origins in the printed table).
+ * origins in the printed table). The model family's shape settings: the
+ * numerics' flags, and files written before they existed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "check.h"
 #include "config/config.h"
 #include "loom/loom.h"
+#include "model/family.h"
 
 static int parse(struct loom_config *cfg, const char *line, int dp)
 {
@@ -307,8 +309,55 @@ static void test_json(void)
     loom_config_free(&cfg);
 }
 
+/* GPT-2's shape settings as files record them: every setting survives
+ * shape_of -> apply_shape; a file from before the numerics (five integers)
+ * gives GPT-2's; an unknown key, a word that names no activation, a
+ * missing size are refused naming the setting. */
+static void test_shape_settings(void)
+{
+    const struct loom_model_family *f = &loom_gpt2_family;
+    struct loom_config cfg, back;
+    CHECK(parse(&cfg,
+                "--norm-epsilon 0.1 --activation-function gelu --untie-embeddings-and-output-weights "
+                "--num-attention-heads 8",
+                1) == LOOM_OK);
+    CHECK(cfg.norm_epsilon == 0.1 && cfg.activation_function == LOOM_ACTIVATION_GELU &&
+          cfg.untie_embeddings_and_output_weights == 1);
+    struct loom_model_shape s;
+    f->shape_of(&cfg, &s);
+    memset(&back, 0, sizeof back);
+    CHECK(f->apply_shape(&s, &back) == LOOM_OK);
+    CHECK(back.norm_epsilon == 0.1 && back.activation_function == LOOM_ACTIVATION_GELU &&
+          back.untie_embeddings_and_output_weights == 1 && back.num_attention_heads == 8 &&
+          back.hidden_size == cfg.hidden_size && back.vocab_size == cfg.vocab_size);
+    /* an older file: the five sizes only */
+    s.n = 5;
+    memset(&back, 0, sizeof back);
+    CHECK(f->apply_shape(&s, &back) == LOOM_OK);
+    CHECK(back.norm_epsilon == 1e-5 && back.activation_function == LOOM_ACTIVATION_GELU_NEW &&
+          back.untie_embeddings_and_output_weights == 0 && back.num_layers == cfg.num_layers);
+    /* refusals name the setting */
+    f->shape_of(&cfg, &s);
+    snprintf(s.kv[6].word, sizeof s.kv[6].word, "relu");
+    CHECK(f->apply_shape(&s, &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "activation_function"));
+    f->shape_of(&cfg, &s);
+    snprintf(s.kv[0].key, sizeof s.kv[0].key, "num_experts");
+    CHECK(f->apply_shape(&s, &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "num_experts"));
+    f->shape_of(&cfg, &s);
+    s.kv[5].real = 2.0; /* eps outside [0, 1] */
+    CHECK(f->apply_shape(&s, &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "norm_epsilon"));
+    f->shape_of(&cfg, &s);
+    s.kv[1] = s.kv[--s.n]; /* hidden_size missing */
+    CHECK(f->apply_shape(&s, &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "hidden_size"));
+    loom_config_free(&cfg);
+    /* the flags' values are checked as any setting's */
+    expect_error("--norm-epsilon -1", "--norm-epsilon");
+    expect_error("--activation-function relu", "--activation-function");
+}
+
 int main(void)
 {
+    test_shape_settings();
     struct loom_config cfg;
     /* preset, then flags over it */
     CHECK(parse(&cfg, "--model gpt2 --num-layers 2", 1) == LOOM_OK);

@@ -22,6 +22,7 @@ Exits 1 on any failure.
 """
 import json
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -217,7 +218,10 @@ with tempfile.TemporaryDirectory() as tmp:
     # a loom-style safetensors file (no llm.c metadata) -> llm.c
     ref = gpt2.init_weights(gpt2.GPT2(gpt2.Config(L, C, NH, V, maxT)), 5)
     plain = gpt2.to_numpy(ref)
-    st.save(P("plain.safetensors"), plain, {"format": "pt", "loom.num_attention_heads": NH})
+    # loom's metadata as loom wrote it before the numerics were settings: the shape alone
+    loom_meta = {"format": "pt", "loom.model": "gpt2", "loom.num_layers": L, "loom.hidden_size": C,
+                 "loom.num_attention_heads": NH, "loom.max_position_embeddings": maxT, "loom.vocab_size": V}
+    st.save(P("plain.safetensors"), plain, loom_meta)
     p = loom(P("plain.safetensors"), P("plain.bin"))
     hp, pp, padp = llmc_read(P("plain.bin")) if p.returncode == 0 else (np.zeros(8), {}, None)
     transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -232,18 +236,32 @@ with tempfile.TemporaryDirectory() as tmp:
     os.makedirs(P("hub"))
     st.save(P("hub/model.safetensors"), hf, {"format": "pt"})
     with open(P("hub/config.json"), "w") as f:
-        json.dump({"model_type": "gpt2", "n_head": NH, "n_embd": C, "n_layer": L}, f)
+        json.dump({"model_type": "gpt2", "n_head": NH, "n_embd": C, "n_layer": L, "n_positions": maxT,
+                   "vocab_size": V}, f)
     p = loom(P("hub"), P("hub.bin"))
     check("HF directory (prefixed names, lm_head, mask; heads from config.json) -> llm.c",
           p.returncode == 0 and open(P("hub.bin"), "rb").read() == open(P("plain.bin"), "rb").read(), p.stderr)
-    p = loom(P("hub/model.safetensors"), P("hub2.bin"))
-    check("safetensors without head count is exit 2 asking for --num-attention-heads",
-          p.returncode == 2 and "--num-attention-heads" in p.stderr and "model.safetensors" in p.stderr, p.stderr)
-    p = loom(P("hub/model.safetensors"), P("hub2.bin"), "--num-attention-heads", str(NH))
+    p = loom(P("hub/model.safetensors"), P("hub1.bin"))
+    check("HF directory's model.safetensors: heads from the config.json beside it",
+          p.returncode == 0 and open(P("hub1.bin"), "rb").read() == open(P("plain.bin"), "rb").read(), p.stderr)
+    os.makedirs(P("novocab"))
+    shutil.copy(P("hub/model.safetensors"), P("novocab/model.safetensors"))
+    with open(P("novocab/config.json"), "w") as f:  # no vocab_size: GPT2Config's 50257, not the tensors' V
+        json.dump({"model_type": "gpt2", "n_head": NH, "n_embd": C, "n_layer": L, "n_positions": maxT}, f)
+    p = loom(P("novocab"), P("hub3.bin"))
+    check("config.json whose vocab_size (absent: 50257) disagrees with wte.weight: exit 2 naming both",
+          p.returncode == 2 and "vocab_size 50257" in p.stderr and f"{V} rows of wte.weight" in p.stderr, p.stderr)
+    os.makedirs(P("bare"))
+    shutil.copy(P("hub/model.safetensors"), P("bare/model.safetensors"))
+    p = loom(P("bare/model.safetensors"), P("hub2.bin"))
+    check("safetensors without head count (no metadata, no config.json) is exit 2 asking for "
+          "--num-attention-heads", p.returncode == 2 and "--num-attention-heads" in p.stderr and
+          "model.safetensors" in p.stderr, p.stderr)
+    p = loom(P("bare/model.safetensors"), P("hub2.bin"), "--num-attention-heads", str(NH))
     check("... and converts with it", p.returncode == 0 and open(P("hub2.bin"), "rb").read() ==
           open(P("plain.bin"), "rb").read(), p.stderr)
     stray = dict(plain, **{"h.2.mlp.c_fc.weight": plain["h.1.mlp.c_fc.weight"]})
-    st.save(P("stray.safetensors"), stray, {"format": "pt", "loom.num_attention_heads": NH})
+    st.save(P("stray.safetensors"), stray, loom_meta)
     p = loom(P("stray.safetensors"), P("stray.bin"))
     check("a GPT-2 tensor the model lacks (h.2.* in a 2-layer file) is still refused",
           p.returncode == 2 and "h.2.mlp.c_fc.weight" in p.stderr, p.stderr)

@@ -10,8 +10,9 @@
  * send/recv would carry them. Also: slot 1's forward leaves slot 0's saved
  * activations intact (its backward still matches), the announcements reach
  * a recording strategy once per block and micro-batch, and loom_model_eval
- * equals the forward's loss. Tolerance: none (exact), because nothing in the
- * arithmetic differs.
+ * equals the forward's loss. All of it with the LM head tied to the
+ * embedding (GPT-2's) and with a head of its own. Tolerance: none (exact),
+ * because nothing in the arithmetic differs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +24,12 @@
 
 enum { L = 3, C = 32, NH = 4, MAXT = 16, V = 64, B = 2, T = 8, MICRO = 2 };
 
+static int untied; /* the models made have an LM head of their own */
+
 static struct loom_gpt2 *make_model(int slots)
 {
-    const struct loom_gpt2_config cfg = {L, C, NH, MAXT, V, LOOM_GPT2_NORM_EPS, LOOM_ACTIVATION_GELU_NEW, 0};
+    const struct loom_gpt2_config cfg = {L,     C, NH, MAXT, V, LOOM_GPT2_NORM_EPS, LOOM_ACTIVATION_GELU_NEW,
+                                         untied};
     struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     loom_model_init_weights(&m->base, 7);
@@ -59,7 +63,7 @@ static const struct loom_strategy counting = {.name = "count",
                                               .pre_backward = c_pre_backward,
                                               .grads_ready = c_grads_ready};
 
-int main(void)
+static void run(void)
 {
     int32_t tokens[MICRO][B * T], targets[MICRO][B * T];
     for (int k = 0; k < MICRO; k++)
@@ -121,7 +125,8 @@ int main(void)
 
         char name[64];
         for (int k = 0; k < MICRO; k++) {
-            snprintf(name, sizeof name, "split %d: micro-batch %d loss", split, k);
+            snprintf(name, sizeof name, "%s, split %d: micro-batch %d loss", untied ? "untied" : "tied",
+                     split, k);
             if (second[k].loss != ref_loss[k]) {
                 fprintf(stderr, "FAIL %s: %.17g != %.17g\n", name, second[k].loss, ref_loss[k]);
                 check_failures++;
@@ -129,11 +134,12 @@ int main(void)
             check_count++;
         }
         for (int b = 0; b < n; b++) {
-            snprintf(name, sizeof name, "split %d: block %d gradients", split, b);
+            snprintf(name, sizeof name, "%s, split %d: block %d gradients", untied ? "untied" : "tied", split,
+                     b);
             check_close(name, m->blocks[b].work_grads, r->blocks[b].work_grads, m->blocks[b].numel, 0, 1);
-            /* every block announced once per micro-batch, the embedding twice:
-             * the second range holds the head, whose LM head reads its table */
-            CHECK(seen.fwd_begin[b] == (b == g->emb ? 2 : 1) * MICRO);
+            /* every block announced once per micro-batch, the tied embedding
+             * twice: the second range holds the head, whose LM head reads its table */
+            CHECK(seen.fwd_begin[b] == (b == g->emb && !untied ? 2 : 1) * MICRO);
             CHECK(seen.fwd_end[b] == seen.fwd_begin[b]);
             CHECK(seen.bwd_begin[b] == MICRO);
             CHECK(seen.ready[b] == MICRO);
@@ -145,5 +151,10 @@ int main(void)
         loom_gpt2_free(g);
     }
     loom_gpt2_free(ref);
+}
+
+int main(void)
+{
+    for (untied = 0; untied <= 1; untied++) run();
     return check_summary("test_stage_local");
 }

@@ -157,8 +157,14 @@ void loom_report_eval(struct loom_report *r, int step, double val_loss, double f
                          floor_nats, val_loss - floor_nats);
     else
         loom_report_line(r, "eval at step %d | val loss %.4f\n", step, val_loss);
-    if (r->metrics) {
-        fprintf(r->metrics, "{\"step\":%d,\"val_loss\":%.9g}\n", step, val_loss);
-        fflush(r->metrics);
-    }
+    loom_report_eval_row(r, step, val_loss);
+}
+
+void loom_report_eval_row(struct loom_report *r, int step, double val_loss)
+{
+    if (!r->metrics) return;
+    char v[32] = "null"; /* JSON has no NaN */
+    if (isfinite(val_loss)) snprintf(v, sizeof v, "%.9g", val_loss);
+    fprintf(r->metrics, "{\"step\":%d,\"val_loss\":%s}\n", step, v);
+    fflush(r->metrics);
 }

@@ -36,6 +36,9 @@ void loom_report_close(struct loom_report *r);
 void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
                       const struct loom_mem_stats *mem, const int64_t *mem_by_rank, int world);
 void loom_report_eval(struct loom_report *r, int step, double val_loss, double floor_nats);
+/* The evaluation's metrics line alone ({"step":N,"val_loss":F}; null when
+ * not finite). */
+void loom_report_eval_row(struct loom_report *r, int step, double val_loss);
 /* Redraws the progress bar (terminal only). */
 void loom_report_progress(struct loom_report *r, int step, int total, double loss);
 /* Prints a line, keeping the bar below it on a terminal. */

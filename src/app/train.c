@@ -45,10 +45,11 @@ struct run {
     struct loom_lm_batch batch; /* pointing at them */
 };
 
-/* With no --data-path: the built-in corpus, generated into the cache once. */
-static int builtin_corpus(struct run *r, char *train_path, char *valid_path, size_t n)
+/* With no --data-path: the built-in corpus, generated into the cache once;
+ * its entropy rate into *floor_nats. */
+static int builtin_corpus(const struct loom_config *cfg, char *train_path, char *valid_path, size_t n,
+                          double *floor_nats)
 {
-    struct loom_config *cfg = r->cfg;
     char dir[600];
     if (*cfg->data_cache)
         snprintf(dir, sizeof dir, "%s", cfg->data_cache);
@@ -68,33 +69,41 @@ static int builtin_corpus(struct run *r, char *train_path, char *valid_path, siz
     double cached = -1;
     if (stat(train_path, &st) == 0 && stat(valid_path, &st) == 0 &&
         loom_synth_read_floor(dir, &cached) == LOOM_OK && cached == loom_synth_entropy_rate(&want)) {
-        r->floor_nats = cached;
+        *floor_nats = cached;
         return LOOM_OK;
     }
     if ((rc = loom_fs_mkdir_p(dir))) return rc;
     loom_log_info("generating the built-in corpus in %s\n", dir);
-    return loom_data_synth(dir, LOOM_SYNTH_DEFAULT_TOKENS, LOOM_SYNTH_DEFAULT_SEED, &r->floor_nats);
+    return loom_data_synth(dir, LOOM_SYNTH_DEFAULT_TOKENS, LOOM_SYNTH_DEFAULT_SEED, floor_nats);
 }
 
-static int open_data(struct run *r)
+/* The training data (when training) and the validation data: the flags'
+ * files, else the built-in corpus. Its entropy floor is printed only beside
+ * a validation loss measured on it. */
+static int open_data(struct run *r, int training)
 {
     struct loom_config *cfg = r->cfg;
     int rc;
-    if (cfg->ndata_paths == 0) {
+    const int builtin_train = training && cfg->ndata_paths == 0;
+    const int builtin_valid = cfg->ndata_paths == 0 && cfg->nvalid_paths == 0;
+    if (builtin_train || builtin_valid) {
         char train_path[700], valid_path[700];
-        if ((rc = builtin_corpus(r, train_path, valid_path, sizeof train_path))) return rc;
+        double floor_nats = 0;
+        if ((rc = builtin_corpus(cfg, train_path, valid_path, sizeof train_path, &floor_nats))) return rc;
         const char *tp = train_path, *vp = valid_path;
-        if ((rc = loom_data_open(&r->train, &tp, 1, cfg->vocab_size))) return rc;
-        if (cfg->nvalid_paths == 0) {
+        if (builtin_train && (rc = loom_data_open(&r->train, &tp, 1, cfg->vocab_size))) return rc;
+        if (builtin_valid) {
             if ((rc = loom_data_open(&r->valid, &vp, 1, cfg->vocab_size))) return rc;
             r->have_valid = 1;
+            r->floor_nats = floor_nats;
         }
-    } else if ((rc = loom_data_open(&r->train, (const char *const *)cfg->data_paths, cfg->ndata_paths,
-                                    cfg->vocab_size))) {
-        return rc;
     }
-    if ((rc = loom_data_check(&r->train, (enum loom_data_order)cfg->data_order, cfg->global_batch_size,
-                              cfg->seq_length)))
+    if (training && cfg->ndata_paths &&
+        (rc = loom_data_open(&r->train, (const char *const *)cfg->data_paths, cfg->ndata_paths,
+                             cfg->vocab_size)))
+        return rc;
+    if (training && (rc = loom_data_check(&r->train, (enum loom_data_order)cfg->data_order,
+                                          cfg->global_batch_size, cfg->seq_length)))
         return rc;
     if (cfg->nvalid_paths) {
         if ((rc = loom_data_open(&r->valid, (const char *const *)cfg->valid_data_paths, cfg->nvalid_paths,
@@ -164,7 +173,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     rc = r->family
              ? r->family->check(cfg, cfg->seq_length)
              : loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
-    if (rc == LOOM_OK) rc = open_data(r);
+    if (rc == LOOM_OK) rc = open_data(r, training);
     if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
     r->model = r->family->create(cfg, cfg->micro_batch_size, cfg->seq_length, training);
@@ -415,13 +424,16 @@ int loom_eval(struct loom_config *cfg)
     if (rc == LOOM_OK && !r.have_valid)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "loom eval needs --valid-data-path (or no --data-path, for the built-in corpus)");
-    if (rc == LOOM_OK) {
+    struct loom_report rep = {0};
+    if (rc == LOOM_OK && (rc = loom_report_open(&rep, cfg->metrics)) == LOOM_OK) {
         double val = evaluate(&r);
         if (r.floor_nats > 0)
             loom_log_info("val loss %.4f over %d batches (corpus floor %.4f)\n", val, cfg->eval_iters,
                           r.floor_nats);
         else
             loom_log_info("val loss %.4f over %d batches\n", val, cfg->eval_iters);
+        loom_report_eval_row(&rep, 0, val); /* --metrics: the value in full */
+        loom_report_close(&rep);
     }
     teardown(&r);
     return rc;

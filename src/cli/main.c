@@ -110,25 +110,13 @@ static int cmd_data(int argc, char **argv)
     return loom_error_set(LOOM_ERR_INPUT, "unknown data command '%s' (tokenize, synth)", argv[0]);
 }
 
-/* eval and sample: the model's shape comes from what --load names (a
- * checkpoint, or weights of the --model preset's family), except the shape
- * settings the flags or the JSON file give. */
+/* train, eval and sample: the model's shape comes from what --load names
+ * (a loom checkpoint, or a weights source of the --model preset's family):
+ * the flags and the JSON file may repeat it, not contradict it. The
+ * sequence follows a shorter position table unless it is given. */
 static int shape_from_load(struct loom_config *cfg)
 {
-    const struct loom_model_family *fam = loom_model_family_of_preset(cfg->model, NULL);
-    struct loom_config *file = malloc(sizeof *file); /* cfg with the file's shape; shares cfg's paths */
-    if (!file) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-    memcpy(file, cfg, sizeof *file);
-    int rc;
-    if (loom_fs_is_dir(cfg->load)) /* a checkpoint directory, not a weights file */
-        rc = loom_checkpoint_read_shape(cfg->load, file);
-    else if (fam->read_shape)
-        rc = fam->read_shape(cfg->load, file);
-    else
-        rc = loom_error_set(LOOM_ERR_INPUT, "--load %s: %s models load from checkpoints only", cfg->load,
-                            fam->title);
-    if (rc == LOOM_OK) loom_config_adopt(cfg, file, "model");
-    free(file);
+    int rc = loom_checkpoint_read_shape(cfg->load, cfg);
     if (rc == LOOM_OK && !loom_config_given(cfg, "--seq-length") &&
         cfg->seq_length > cfg->max_position_embeddings)
         cfg->seq_length = cfg->max_position_embeddings;
@@ -165,17 +153,19 @@ int main(int argc, char **argv)
             loom_config_free(&cfg);
             return 0;
         }
-        if (strcmp(cmd, "train") != 0) {
-            if (!*cfg.load)
-                rc = loom_error_set(LOOM_ERR_INPUT,
-                                    "loom %s needs --load DIR (a checkpoint) or FILE.safetensors", cmd);
-            else
-                rc = shape_from_load(&cfg);
-        }
+        if (strcmp(cmd, "train") != 0 && !*cfg.load)
+            rc = loom_error_set(LOOM_ERR_INPUT,
+                                "loom %s needs --load (a checkpoint, a Hugging Face directory, a safetensors "
+                                "file or an llm.c checkpoint)",
+                                cmd);
+        else if (*cfg.load)
+            rc = shape_from_load(&cfg);
         if (strcmp(cmd, "train") == 0) {
             /* every rank parses the same flags; setup agrees on errors across ranks */
             loom_comm_init(&argc, &argv);
-            rc = loom_train(&cfg);
+            if (rc && loom_comm_world_rank() != 0)
+                loom_error_clear(); /* every rank read the same file: rank 0 says it */
+            rc = rc ? rc : loom_train(&cfg);
             if (rc) fail(rc);
             loom_comm_finalize();
             loom_config_free(&cfg);

@@ -11,6 +11,7 @@
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "config/config.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
 #include "model/family.h"
@@ -45,17 +46,6 @@ static void shape_of(const struct loom_model *m, const struct loom_config *cfg, 
     memset(out, 0, sizeof *out);
     if (family) family->shape_of(cfg, out);
     snprintf(out->type, sizeof out->type, "%s", m->name);
-}
-
-/* Whether the shape records setting `key`; its value into *value. */
-static int has_setting(const struct loom_model_shape *s, const char *key, int64_t *value)
-{
-    for (int i = 0; i < s->n; i++)
-        if (strcmp(s->kv[i].key, key) == 0) {
-            *value = s->kv[i].value;
-            return 1;
-        }
-    return 0;
 }
 
 /* This rank's part of the arena to write: its ZeRO shard, or at stage 0
@@ -333,31 +323,45 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
     return rc;
 }
 
-/* Settings the checkpoint fixes: a different model cannot take its tensors. */
+/* Settings the checkpoint fixes: a different model cannot take its tensors,
+ * nor compute what was trained. A family's shape is read as the family
+ * reads it (settings an older checkpoint lacks take their value of then);
+ * a user's model records none: every tensor's shape is checked as it is
+ * read. */
 static int check_model(const struct loom_model *m, const struct loom_config *cfg,
                        const struct loom_ckpt_state *st, const char *dir)
 {
     if (strcmp(st->model.type, m->name) != 0)
         return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint holds a %s model, this run a %s",
                               dir, st->model.type, m->name);
-    /* every shape setting of this run, as its flag (the settings' JSON keys
-     * are the flags' names with '_' for '-'); a user's model records none:
-     * every tensor's shape is checked as it is read */
-    struct loom_model_shape want;
-    shape_of(m, cfg, &want);
+    const struct loom_model_family *family = loom_model_family_of(m);
+    if (!family) return LOOM_OK;
+    struct loom_config *recorded = malloc(sizeof *recorded); /* cfg with the checkpoint's shape */
+    if (!recorded) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    memcpy(recorded, cfg, sizeof *recorded);
+    int rc = family->apply_shape(&st->model, recorded);
+    struct loom_model_shape want, have;
+    if (rc == LOOM_OK) {
+        family->shape_of(cfg, &want);
+        family->shape_of(recorded, &have);
+    }
+    free(recorded);
+    if (rc) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        return loom_error_set(LOOM_ERR_INPUT, "--load %s: %s", dir, why);
+    }
+    /* the settings' JSON keys are the flags' names with '_' for '-' */
     for (int i = 0; i < want.n; i++) {
-        char flag[64];
+        char flag[64], a[48], b[48];
         snprintf(flag, sizeof flag, "--%s", want.kv[i].key);
         for (char *c = flag; *c; c++)
             if (*c == '_') *c = '-';
-        int64_t have;
-        if (!has_setting(&st->model, want.kv[i].key, &have))
-            return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint does not record the model's %s",
-                                  dir, flag);
-        if (have != want.kv[i].value)
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "--load %s: the checkpoint's model has %s %" PRId64 ", this run %" PRId64,
-                                  dir, flag, have, want.kv[i].value);
+        loom_model_shape_text(&have.kv[i], a, sizeof a);
+        loom_model_shape_text(&want.kv[i], b, sizeof b);
+        if (strcmp(a, b) != 0)
+            return loom_error_set(LOOM_ERR_INPUT, "--load %s: the checkpoint's model has %s %s, this run %s",
+                                  dir, flag, a, b);
     }
     return LOOM_OK;
 }
@@ -465,12 +469,11 @@ static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, str
 
 int loom_checkpoint_load_weights(struct loom_model *m, const char *path)
 {
-    if (!loom_fs_is_dir(path)) { /* a weights file, in the model family's own format */
+    if (!loom_ckpt_is_checkpoint(path)) { /* a weights source, in the model family's own formats */
         const struct loom_model_family *family = loom_model_family_of(m);
         if (!family || !family->load_weights)
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "--load %s: a %s model loads from checkpoint directories only", path,
-                                  m->name);
+            return loom_error_set(LOOM_ERR_INPUT, "--load %s: a %s model loads from loom checkpoints only",
+                                  path, m->name);
         return family->load_weights(m, path);
     }
     struct loom_ckpt_parts p = {.model = m};
@@ -523,14 +526,62 @@ static int shape_error(const char *path, int rc)
     return loom_error_set(rc, "%s: %s", path, why);
 }
 
+/* A shape setting's flag: its key with '-' for '_'. */
+static void flag_of(const char *key, char *flag, size_t n)
+{
+    snprintf(flag, n, "--%s", key);
+    for (char *c = flag; *c; c++)
+        if (*c == '_') *c = '-';
+}
+
+/* The file's settings onto cfg (loom_checkpoint_read_shape's rule). */
+static int take_shape(const char *path, const struct loom_model_family *family,
+                      const struct loom_model_shape *file, struct loom_config *cfg)
+{
+    struct loom_model_shape merged;
+    family->shape_of(cfg, &merged); /* cfg's settings, replaced by the file's */
+    for (int i = 0; i < merged.n; i++) {
+        const struct loom_shape_setting *f = loom_model_shape_find(file, merged.kv[i].key);
+        if (!f) continue;
+        char flag[64], a[48], b[48];
+        flag_of(merged.kv[i].key, flag, sizeof flag);
+        loom_model_shape_text(&merged.kv[i], a, sizeof a);
+        loom_model_shape_text(f, b, sizeof b);
+        if (strcmp(a, b) != 0 && loom_config_given(cfg, flag))
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s %s contradicts --load %s, which holds a model with %s %s", flag, a,
+                                  path, flag, b);
+        merged.kv[i] = *f;
+    }
+    struct loom_config *out = malloc(sizeof *out); /* cfg with the merged shape; shares cfg's paths */
+    if (!out) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    memcpy(out, cfg, sizeof *out);
+    int rc = family->apply_shape(&merged, out);
+    if (rc == LOOM_OK)
+        loom_config_adopt(cfg, out, "model");
+    else
+        rc = shape_error(path, rc);
+    free(out);
+    return rc;
+}
+
 int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg)
 {
     struct loom_model_shape shape;
     const struct loom_model_family *family;
-    int rc = recorded_model(path, &shape);
-    if (rc == LOOM_OK) rc = family_of_shape(path, &shape, &family);
-    if (rc == LOOM_OK && (rc = family->apply_shape(&shape, cfg))) rc = shape_error(path, rc);
-    return rc;
+    int rc;
+    if (loom_ckpt_is_checkpoint(path)) {
+        if ((rc = recorded_model(path, &shape)) || (rc = family_of_shape(path, &shape, &family))) return rc;
+    } else {
+        family = loom_model_family_of_preset(cfg->model, NULL);
+        if (!family)
+            return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
+        if (!family->read_shape)
+            return loom_error_set(LOOM_ERR_INPUT, "--load %s: %s models load from loom checkpoints only",
+                                  path, family->title);
+        if ((rc = family->read_shape(path, cfg, &shape))) return rc;
+    }
+    return take_shape(path, family, &shape, cfg);
 }
 
 int loom_checkpoint_read_model(const char *path, int B, int T, struct loom_model **out)

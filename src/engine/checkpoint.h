@@ -71,12 +71,16 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
                          struct loom_ckpt_io_stats *stats);
 
 /* One process, weights only, into the parameter arena: from a checkpoint or
- * save directory, or a weights file the model's family reads. */
+ * save directory, or a weights source the model's family reads (a file, a
+ * Hugging Face directory). */
 int loom_checkpoint_load_weights(struct loom_model *m, const char *path);
-/* The model the newest readable checkpoint under path (a checkpoint or
- * save directory) records: its shape onto cfg's model settings, through
- * the model family (LOOM_ERR_INPUT when none describes it). A weights file
- * is the family's to read (loom_model_family.read_shape). */
+/* The model what --load names holds, onto cfg's model settings: the newest
+ * readable checkpoint's recorded shape (a checkpoint or save directory),
+ * else what the --model preset's family reads from a weights source
+ * (loom_model_family.read_shape). Every setting the file states replaces
+ * cfg's, except one the flags or the JSON file give: a different value
+ * there is LOOM_ERR_INPUT naming the flag and both values. A setting the
+ * file does not state keeps cfg's value. */
 int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg);
 /* One process: a new model of the family that checkpoint records, for
  * micro-batches of B sequences of T, with the weights in a float32

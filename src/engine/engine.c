@@ -21,6 +21,7 @@
 #include "base/mem.h"
 #include "base/pool.h"
 #include "config/config.h"
+#include "io/checkpoint.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* loom_has_nonfinite */
 #include "parallel/schedule.h"
@@ -215,7 +216,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * (loom_zero_init_weights), or reads its shard from the checkpoint. The
      * initialisation draws from (seed, block), and every rank's seed is the
      * same (checked with the config), so no weight check is needed. */
-    const int from_dir = *cfg->load && loom_fs_is_dir(cfg->load);
+    const int from_dir = *cfg->load && loom_ckpt_is_checkpoint(cfg->load);
     e->init_sharded = cfg->zero_stage == 3 && dp > 1 && (!*cfg->load || from_dir);
     int arenas =
         (e->init_sharded ? 0 : LOOM_MODEL_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_MODEL_GRAD_ARENA : 0);

@@ -193,6 +193,25 @@ void loom_ckpt_candidates_free(char **dirs, int ndirs)
     loom_free(dirs);
 }
 
+int loom_ckpt_is_checkpoint(const char *path)
+{
+    if (!loom_fs_is_dir(path)) return 0;
+    char buf[4400];
+    struct stat st;
+    snprintf(buf, sizeof buf, "%s/%s", path, LOOM_CKPT_STATE_FILE);
+    if (stat(buf, &st) == 0) return 1;
+    snprintf(buf, sizeof buf, "%s/%s", path, LATEST);
+    if (stat(buf, &st) == 0) return 1;
+    int64_t *its;
+    int n;
+    if (list_iterations(path, &its, &n) != LOOM_OK) {
+        loom_error_clear();
+        return 0;
+    }
+    loom_free(its);
+    return n > 0;
+}
+
 int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_save_dir)
 {
     *dirs = NULL;

@@ -218,8 +218,7 @@ static int parse_model(const cJSON *model, struct loom_model_shape *out)
         if (cJSON_IsString(v)) {
             if (!loom_model_shape_parse(kv, v->valuestring) || kv->kind != LOOM_SHAPE_WORD)
                 return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number or a word", key);
-        } else if (cJSON_IsNumber(v) && isfinite(v->valuedouble) &&
-                   v->valuedouble != (double)(int64_t)v->valuedouble) {
+        } else if (cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble != floor(v->valuedouble)) {
             kv->kind = LOOM_SHAPE_REAL;
             kv->real = v->valuedouble;
         } else {

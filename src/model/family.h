@@ -56,11 +56,15 @@ struct loom_model_family {
     /* The model's shape as recorded in files, and back into cfg's fields. */
     void (*shape_of)(const struct loom_config *cfg, struct loom_model_shape *out);
     int (*apply_shape)(const struct loom_model_shape *shape, struct loom_config *cfg);
-    /* Optional (NULL: not supported). A weights file (the family's own
-     * format, e.g. safetensors under Hugging Face names): its shape into
-     * cfg's model fields; its weights into a model whose parameter arena
-     * exists (float32). */
-    int (*read_shape)(const char *path, struct loom_config *cfg);
+    /* Optional (NULL: models of this family load from loom checkpoints
+     * only). A weights source in the family's own formats, what --load
+     * names when it is not a loom checkpoint (GPT-2: a safetensors file, a
+     * Hugging Face directory, an llm.c checkpoint). read_shape: the shape
+     * settings the source states (what it cannot tell is left out, and cfg's
+     * values stand; LOOM_ERR_INPUT when cfg does not give one the family
+     * cannot do without); load_weights: its weights into a model whose
+     * parameter arena exists (float32). */
+    int (*read_shape)(const char *path, const struct loom_config *cfg, struct loom_model_shape *out);
     int (*load_weights)(struct loom_model *m, const char *path);
     int (*save_weights)(struct loom_model *m, const char *path);
     /* Optional (NULL: none): `loom convert` between its weights formats

@@ -436,7 +436,7 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_layer_acts *x = &a->layers[l];
     m->k->layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
-                            N, C, m->cfg.norm_eps);
+                            N, C, (float)m->cfg.norm_eps);
     round_act(m, x->ln1, NC);
     m->k->matmul_forward(x->qkv, x->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * C);
     round_act(m, x->qkv, 3 * NC);
@@ -447,7 +447,7 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     m->k->residual_forward(x->res2, res, m->scratchC, NC);
     round_act(m, x->res2, NC);
     m->k->layernorm_forward(x->ln2, x->ln2_mean, x->ln2_rstd, x->res2, loom_param(b, LN2_W),
-                            loom_param(b, LN2_B), N, C, m->cfg.norm_eps);
+                            loom_param(b, LN2_B), N, C, (float)m->cfg.norm_eps);
     round_act(m, x->ln2, NC);
     m->k->matmul_forward(x->fch, x->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * C);
     round_act(m, x->fch, 4 * NC);
@@ -522,7 +522,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     if (announce_emb) loom_model_forward_begin(model, m->emb);
     loom_model_forward_begin(model, m->head);
     m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, LNF_W),
-                            loom_param(head, LNF_B), N, C, m->cfg.norm_eps);
+                            loom_param(head, LNF_B), N, C, (float)m->cfg.norm_eps);
     round_act(m, a->lnf, NC);
     m->k->lm_head_forward(a->logits, a->lnf, lm_head_weight(m), N, C, V);
     round_act(m, a->logits, (size_t)N * V);

@@ -23,7 +23,7 @@
 
 struct loom_kernels;
 
-#define LOOM_GPT2_NORM_EPS 1e-5f /* GPT-2's LayerNorm eps */
+#define LOOM_GPT2_NORM_EPS 1e-5 /* GPT-2's LayerNorm eps */
 
 struct loom_gpt2_config {
     int num_layers;                  /* L */
@@ -31,7 +31,7 @@ struct loom_gpt2_config {
     int heads;                       /* NH */
     int max_pos;                     /* maxT, rows of wpe */
     int vocab;                       /* V */
-    float norm_eps;                  /* LayerNorm's eps (GPT-2: 1e-5) */
+    double norm_eps;                 /* LayerNorm's eps (GPT-2: 1e-5; the kernel adds it in float) */
     enum loom_activation activation; /* the MLP's: GELU tanh (GPT-2's) or exact */
     int untied;                      /* the LM head has its own weight (lm_head.weight), not wte */
 };
@@ -90,6 +90,13 @@ struct loom_gpt2 {
 
     int defer_wte_scatter; /* leave the dwte scatter out of this backward (loom_tied_embedding) */
 };
+
+/* The model's settings as files record them (the GPT-2 family's shape,
+ * model/family.h), and back; absent numerics take GPT-2's. In
+ * gpt2_family.c. */
+struct loom_model_shape;
+void loom_gpt2_shape(const struct loom_gpt2_config *cfg, struct loom_model_shape *out);
+int loom_gpt2_config_of_shape(const struct loom_model_shape *shape, struct loom_gpt2_config *out);
 
 /* Checks the shape settings; LOOM_ERR_INPUT naming what is wrong. */
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);

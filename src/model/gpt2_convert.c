@@ -40,6 +40,7 @@
 #include "model/convert.h"
 #include "model/family.h"
 #include "model/gpt2.h"
+#include "model/gpt2_hf.h"
 #include "model/gpt2_io.h"
 #include "model/gpt2_llmc.h"
 
@@ -66,8 +67,7 @@ struct convert_opts {
 };
 
 static int read_llmc(const char *path, const struct convert_opts *o, struct converted *c);
-static int read_safetensors(const char *path, const struct convert_opts *o, struct converted *c);
-static int read_hf_dir(const char *path, const struct convert_opts *o, struct converted *c);
+static int read_source(const char *path, const struct convert_opts *o, struct converted *c);
 static int read_checkpoint(const char *path, const struct convert_opts *o, struct converted *c);
 static int write_llmc(const char *path, const struct convert_opts *o, const struct converted *c);
 static int write_safetensors(const char *path, const struct convert_opts *o, const struct converted *c);
@@ -80,8 +80,8 @@ static const struct {
     int (*write)(const char *path, const struct convert_opts *o, const struct converted *c);
 } formats[] = {
     [CONVERT_LLMC] = {"llmc", "llm.c checkpoint", read_llmc, write_llmc},
-    [CONVERT_SAFETENSORS] = {"safetensors", "safetensors", read_safetensors, write_safetensors},
-    [CONVERT_HF_DIR] = {"hf", "Hugging Face directory", read_hf_dir, write_hf_dir},
+    [CONVERT_SAFETENSORS] = {"safetensors", "safetensors", read_source, write_safetensors},
+    [CONVERT_HF_DIR] = {"hf", "Hugging Face directory", read_source, write_hf_dir},
     [CONVERT_CHECKPOINT] = {"checkpoint", "loom checkpoint", read_checkpoint, NULL},
 };
 _Static_assert(sizeof formats / sizeof formats[0] == CONVERT_FORMAT_COUNT, "one formats row per format");
@@ -123,23 +123,12 @@ static int sniff_safetensors(const char *path)
     return ok;
 }
 
-/* A loom checkpoint directory or a save directory holding them. */
-static int looks_like_checkpoint(const char *path)
-{
-    char buf[4200];
-    struct stat sb;
-    snprintf(buf, sizeof buf, "%s/" LOOM_CKPT_STATE_FILE, path);
-    if (stat(buf, &sb) == 0) return 1;
-    snprintf(buf, sizeof buf, "%s/latest", path);
-    return stat(buf, &sb) == 0;
-}
-
 static int detect_input(const char *path, enum convert_format *kind)
 {
     struct stat sb;
     if (stat(path, &sb) != 0)
         return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode) && looks_like_checkpoint(path))
+    if (loom_ckpt_is_checkpoint(path))
         *kind = CONVERT_CHECKPOINT;
     else if (S_ISDIR(sb.st_mode))
         *kind = CONVERT_HF_DIR;
@@ -186,93 +175,40 @@ static int read_llmc(const char *path, const struct convert_opts *o, struct conv
     return rc;
 }
 
-/* Weights from a safetensors file; heads_hint (0: none) from a config.json. */
-static int read_weights(const char *path, const struct convert_opts *o, int heads_hint, struct converted *c)
+/* A weights source (model/gpt2_io.h: a safetensors file, or a Hugging Face
+ * directory), its shape as the source states it; the heads from
+ * --num-attention-heads where it does not. */
+static int read_source(const char *path, const struct convert_opts *o, struct converted *c)
 {
-    struct loom_gpt2_config cfg;
-    int rc = loom_gpt2_peek_config(path, &cfg);
+    struct loom_model_shape shape;
+    int rc = loom_gpt2_source_shape(path, &shape);
     if (rc) return rc;
-    if (heads_hint) cfg.heads = heads_hint;
-    if (o->heads) cfg.heads = o->heads;
-    if (!cfg.heads)
+    const struct loom_shape_setting *nh = loom_model_shape_find(&shape, "num_attention_heads");
+    const struct loom_shape_setting *C = loom_model_shape_find(&shape, "hidden_size");
+    if (nh && o->heads && nh->value != o->heads)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %lld",
+                              o->heads, path, (long long)nh->value);
+    if (!nh && !o->heads)
         return loom_error_set(LOOM_ERR_INPUT,
-                              "%s does not say how many attention heads the model has (hidden size "
-                              "%d); give --num-attention-heads N",
-                              path, cfg.hidden);
-    if (cfg.num_layers < 1) return loom_error_set(LOOM_ERR_INPUT, "%s: no transformer layer (h.0.*)", path);
-    if (cfg.vocab < 2 || cfg.hidden < 1 || cfg.max_pos < 1)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: wte.weight and wpe.weight give V=%d C=%d maxT=%d", path,
-                              cfg.vocab, cfg.hidden, cfg.max_pos);
-    if (cfg.hidden % cfg.heads != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: hidden size %d is not divisible by %d attention heads",
-                              path, cfg.hidden, cfg.heads);
+                              "%s does not say how many attention heads the model has (hidden size %lld, no "
+                              "config.json beside it); give --num-attention-heads N",
+                              path, C ? (long long)C->value : 0LL);
+    if (!nh) loom_model_shape_add_int(&shape, "num_attention_heads", o->heads);
+    struct loom_gpt2_config cfg;
+    if ((rc = loom_gpt2_config_of_shape(&shape, &cfg)) || (rc = loom_gpt2_config_check(&cfg, 1))) {
+        char why[300];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        return loom_error_set(rc, "%s: %s", path, why);
+    }
+    char file[4200];
+    if ((rc = loom_gpt2_source_file(path, file, sizeof file))) return rc;
     c->model = loom_gpt2_create(&cfg, 1, 1);
     loom_model_alloc_arenas(&c->model->base, 1, LOOM_MODEL_PARAM_ARENA);
-    if ((rc = loom_gpt2_load(c->model, path)) || (rc = loom_llmc_extra_load(path, c->model, &c->llmc))) {
+    if ((rc = loom_gpt2_source_load(c->model, path)) ||
+        (rc = loom_llmc_extra_load(file, c->model, &c->llmc))) {
         loom_gpt2_free(c->model);
         c->model = NULL;
     }
-    return rc;
-}
-
-static int read_safetensors(const char *path, const struct convert_opts *o, struct converted *c)
-{
-    return read_weights(path, o, 0, c);
-}
-
-static char *join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = loom_alloc(n, LOOM_MEM_OTHER);
-    snprintf(p, n, "%s%s%s", dir, ends_with(dir, "/") ? "" : "/", name);
-    return p;
-}
-
-/* n_head of a Hugging Face config.json (0 when the file is absent). */
-static int hf_config_heads(const char *path, int *heads)
-{
-    *heads = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return errno == ENOENT ? LOOM_OK
-                               : loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
-    char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    int too_long = !feof(f);
-    fclose(f);
-    if (too_long) return loom_error_set(LOOM_ERR_INPUT, "%s: longer than %zu bytes", path, sizeof buf - 1);
-    buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
-    if (!j) return loom_error_set(LOOM_ERR_INPUT, "%s: not valid JSON", path);
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    const cJSON *nh = cJSON_GetObjectItemCaseSensitive(j, "n_head");
-    int rc = LOOM_OK;
-    if (cJSON_IsString(type) && strcmp(type->valuestring, "gpt2") != 0)
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: model_type is '%s', only gpt2 converts", path,
-                            type->valuestring);
-    else if (nh && !(cJSON_IsNumber(nh) && nh->valuedouble >= 1 && nh->valuedouble <= 65536 &&
-                     nh->valuedouble == (double)(int)nh->valuedouble))
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: n_head is not a positive integer", path);
-    else if (nh)
-        *heads = (int)nh->valuedouble;
-    cJSON_Delete(j);
-    return rc;
-}
-
-static int read_hf_dir(const char *path, const struct convert_opts *o, struct converted *c)
-{
-    char *weights = join(path, "model.safetensors"), *config = join(path, "config.json");
-    int heads = 0, rc = LOOM_OK;
-    struct stat sb;
-    if (stat(weights, &sb) != 0)
-        rc = loom_error_set(LOOM_ERR_INPUT,
-                            "%s: no model.safetensors (a Hugging Face GPT-2 directory holds "
-                            "model.safetensors and config.json; sharded checkpoints are not supported)",
-                            path);
-    if (rc == LOOM_OK) rc = hf_config_heads(config, &heads);
-    if (rc == LOOM_OK) rc = read_weights(weights, o, heads, c);
-    loom_free(weights);
-    loom_free(config);
     return rc;
 }
 
@@ -317,63 +253,39 @@ static int write_safetensors(const char *path, const struct convert_opts *o, con
     return loom_llmc_save_safetensors(path, c->model, &c->llmc);
 }
 
-/* config.json as Hugging Face's GPT2Config writes it (keys sorted), for the
- * architecture loom trains: GELU with the tanh approximation (gelu_new),
- * LayerNorm eps 1e-5, LM head tied to wte. Dropouts keep GPT2Config's
- * defaults; GPT-2's <|endoftext|> is its last token (50256 of 50257). */
-static char *hf_config_json(const struct loom_gpt2_config *cfg)
+static char *join(const char *dir, const char *name)
 {
-    cJSON *j = cJSON_CreateObject();
-    const char *arch[] = {"GPT2LMHeadModel"};
-    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
-    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(arch, 1));
-    cJSON_AddNumberToObject(j, "attn_pdrop", 0.1);
-    cJSON_AddNumberToObject(j, "bos_token_id", cfg->vocab - 1);
-    cJSON_AddNumberToObject(j, "embd_pdrop", 0.1);
-    cJSON_AddNumberToObject(j, "eos_token_id", cfg->vocab - 1);
-    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
-    cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);
-    cJSON_AddStringToObject(j, "model_type", "gpt2");
-    cJSON_AddNumberToObject(j, "n_ctx", cfg->max_pos);
-    cJSON_AddNumberToObject(j, "n_embd", cfg->hidden);
-    cJSON_AddNumberToObject(j, "n_head", cfg->heads);
-    cJSON_AddNullToObject(j, "n_inner");
-    cJSON_AddNumberToObject(j, "n_layer", cfg->num_layers);
-    cJSON_AddNumberToObject(j, "n_positions", cfg->max_pos);
-    cJSON_AddFalseToObject(j, "reorder_and_upcast_attn");
-    cJSON_AddNumberToObject(j, "resid_pdrop", 0.1);
-    cJSON_AddFalseToObject(j, "scale_attn_by_inverse_layer_idx");
-    cJSON_AddTrueToObject(j, "scale_attn_weights");
-    cJSON_AddNullToObject(j, "summary_activation");
-    cJSON_AddNumberToObject(j, "summary_first_dropout", 0.1);
-    cJSON_AddTrueToObject(j, "summary_proj_to_labels");
-    cJSON_AddStringToObject(j, "summary_type", "cls_index");
-    cJSON_AddTrueToObject(j, "summary_use_proj");
-    cJSON_AddTrueToObject(j, "tie_word_embeddings");
-    cJSON_AddStringToObject(j, "torch_dtype", "float32");
-    cJSON_AddTrueToObject(j, "use_cache");
-    cJSON_AddNumberToObject(j, "vocab_size", cfg->vocab);
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j);
-    return text;
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = loom_alloc(n, LOOM_MEM_OTHER);
+    snprintf(p, n, "%s%s%s", dir, ends_with(dir, "/") ? "" : "/", name);
+    return p;
 }
 
+/* A JSON text written crash-safely, with a final newline; consumes text. */
+static int write_json(const char *path, char *text)
+{
+    if (!text) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting %s", path);
+    const void *parts[] = {text, "\n"};
+    const size_t sizes[] = {strlen(text), 1};
+    int rc = loom_fs_write_atomic(path, parts, sizes, 2);
+    cJSON_free(text);
+    return rc;
+}
+
+/* model.safetensors, config.json and generation_config.json, as
+ * save_pretrained writes them. */
 static int write_hf_dir(const char *path, const struct convert_opts *o, const struct converted *c)
 {
     int rc = loom_fs_mkdir_p(path);
     if (rc) return rc;
     char *weights = join(path, "model.safetensors"), *config = join(path, "config.json");
-    char *text = hf_config_json(&c->model->cfg);
-    if (!text) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting %s", config);
-    } else if ((rc = write_safetensors(weights, o, c)) == LOOM_OK) {
-        const void *parts[] = {text, "\n"};
-        const size_t sizes[] = {strlen(text), 1};
-        rc = loom_fs_write_atomic(config, parts, sizes, 2);
-    }
-    cJSON_free(text);
+    char *generation = join(path, "generation_config.json");
+    if ((rc = write_safetensors(weights, o, c)) == LOOM_OK &&
+        (rc = write_json(config, loom_gpt2_hf_config_json(&c->model->cfg))) == LOOM_OK)
+        rc = write_json(generation, loom_gpt2_hf_generation_config_json(&c->model->cfg));
     loom_free(weights);
     loom_free(config);
+    loom_free(generation);
     return rc;
 }
 

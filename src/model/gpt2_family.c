@@ -55,7 +55,7 @@ static struct loom_gpt2_config shape_of_config(const struct loom_config *cfg)
                                      .heads = cfg->num_attention_heads,
                                      .max_pos = cfg->max_position_embeddings,
                                      .vocab = cfg->vocab_size,
-                                     .norm_eps = (float)cfg->norm_epsilon,
+                                     .norm_eps = cfg->norm_epsilon,
                                      .activation = cfg->activation_function,
                                      .untied = cfg->untie_embeddings_and_output_weights};
 }
@@ -97,8 +97,8 @@ static void describe(const struct loom_model *m, char *buf, size_t n)
     int len = snprintf(buf, n, "%d layers, %d channels, %d heads, T=%d, V=%d", g->cfg.num_layers,
                        g->cfg.hidden, g->cfg.heads, g->T, g->cfg.vocab);
     /* the numerics only where they are not GPT-2's */
-    if (len > 0 && (size_t)len < n && g->cfg.norm_eps != 1e-5f)
-        len += snprintf(buf + len, n - (size_t)len, ", LayerNorm eps %g", (double)g->cfg.norm_eps);
+    if (len > 0 && (size_t)len < n && g->cfg.norm_eps != LOOM_GPT2_NORM_EPS)
+        len += snprintf(buf + len, n - (size_t)len, ", LayerNorm eps %g", g->cfg.norm_eps);
     if (len > 0 && (size_t)len < n && g->cfg.activation != LOOM_ACTIVATION_GELU_NEW)
         len += snprintf(buf + len, n - (size_t)len, ", %s", loom_activation_names[g->cfg.activation]);
     if (len > 0 && (size_t)len < n && g->cfg.untied) snprintf(buf + len, n - (size_t)len, ", untied LM head");
@@ -198,24 +198,50 @@ static int apply_shape(const struct loom_model_shape *shape, struct loom_config 
     return LOOM_OK;
 }
 
-/* A safetensors file's shape; the heads only when the file says or the
- * hidden size implies them (else cfg's stay). */
-static int read_shape(const char *path, struct loom_config *cfg)
+void loom_gpt2_shape(const struct loom_gpt2_config *c, struct loom_model_shape *out)
 {
-    struct loom_gpt2_config wc;
-    int rc = loom_gpt2_peek_config(path, &wc);
-    if (rc) return rc;
-    cfg->num_layers = wc.num_layers;
-    cfg->hidden_size = wc.hidden;
-    cfg->max_position_embeddings = wc.max_pos;
-    cfg->vocab_size = wc.vocab;
-    if (wc.heads) cfg->num_attention_heads = wc.heads;
-    return LOOM_OK;
+    struct loom_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.num_layers = c->num_layers;
+    cfg.hidden_size = c->hidden;
+    cfg.num_attention_heads = c->heads;
+    cfg.max_position_embeddings = c->max_pos;
+    cfg.vocab_size = c->vocab;
+    cfg.norm_epsilon = c->norm_eps;
+    cfg.activation_function = c->activation;
+    cfg.untie_embeddings_and_output_weights = c->untied;
+    shape_of(&cfg, out);
+}
+
+int loom_gpt2_config_of_shape(const struct loom_model_shape *shape, struct loom_gpt2_config *out)
+{
+    struct loom_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int rc = apply_shape(shape, &cfg);
+    if (rc == LOOM_OK) *out = shape_of_config(&cfg);
+    return rc;
+}
+
+/* What a weights source states (model/gpt2_io.h). The heads are the one
+ * setting no default can stand for: a source that does not state them
+ * needs --num-attention-heads. */
+static int read_shape(const char *path, const struct loom_config *cfg, struct loom_model_shape *out)
+{
+    int rc = loom_gpt2_source_shape(path, out);
+    if (rc == LOOM_OK && !loom_model_shape_find(out, "num_attention_heads") &&
+        !loom_config_given(cfg, "--num-attention-heads")) {
+        const struct loom_shape_setting *C = loom_model_shape_find(out, "hidden_size");
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "%s does not say how many attention heads the model has (hidden size %lld, no "
+                            "config.json beside it): give --num-attention-heads",
+                            path, C ? (long long)C->value : 0LL);
+    }
+    return rc;
 }
 
 static int load_weights(struct loom_model *m, const char *path)
 {
-    return loom_gpt2_load(loom_gpt2_of(m), path);
+    return loom_gpt2_source_load(loom_gpt2_of(m), path);
 }
 
 static int save_weights(struct loom_model *m, const char *path)

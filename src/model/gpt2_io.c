@@ -6,9 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/log.h"
 #include "io/safetensors.h"
+#include "model/gpt2_hf.h"
+#include "model/gpt2_llmc.h"
 
 static const struct loom_st_tensor *find_tensor(const struct loom_st *st, const char *name)
 {
@@ -38,6 +41,26 @@ static int ignorable(const char *name)
     for (size_t i = 0; i < sizeof gpt2_names / sizeof gpt2_names[0]; i++)
         if (strncmp(n, gpt2_names[i], strlen(gpt2_names[i])) == 0) return 0;
     return 1;
+}
+
+/* An lm_head.weight beside a tied model's wte must equal it (as the
+ * model's float32 values: the file may hold another dtype of both). */
+static int check_tied_head(struct loom_gpt2 *m, const char *path, const struct loom_st_tensor *head)
+{
+    const struct loom_block *emb = &m->base.blocks[m->emb];
+    const size_t n = (size_t)m->cfg.vocab * (size_t)m->cfg.hidden;
+    if (head->ndim != 2 || head->shape[0] != m->cfg.vocab || head->shape[1] != m->cfg.hidden)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: lm_head.weight does not have wte.weight's shape", path);
+    float *w = malloc(n * sizeof(float));
+    if (!w) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory reading %s", path);
+    int rc = loom_st_read_f32(head, w, n);
+    if (rc == LOOM_OK && memcmp(w, emb->work_params, n * sizeof(float)) != 0)
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "%s: lm_head.weight differs from wte.weight, so the LM head is not tied "
+                            "(tie_word_embeddings false): give --untie-embeddings-and-output-weights",
+                            path);
+    free(w);
+    return rc;
 }
 
 int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
@@ -74,6 +97,10 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
             if ((rc = loom_st_read_f32(s, b->work_params + t->offset, t->numel))) goto fail;
         }
     }
+    /* a tied model must not drop an LM head of the file's own: that is
+     * another model (tie_word_embeddings false) */
+    const struct loom_st_tensor *head = m->cfg.untied ? NULL : find_tensor(&st, "lm_head.weight");
+    if (head && (rc = check_tied_head(m, path, head))) goto fail;
     /* GPT-2 tensors the model does not have are refused, not silently dropped */
     for (int i = 0; i < loom_st_count(&st); i++) {
         const char *name = loom_st_at(&st, i)->name;
@@ -101,13 +128,28 @@ int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct
     int n = nextra;
     for (int bi = 0; bi < m->base.nblocks; bi++) n += m->base.blocks[bi].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
-    if (!ts) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
+    /* names, and the metadata's keys and values, each as text */
+    char(*names)[LOOM_TENSOR_NAME_MAX + 16] = calloc((size_t)n, sizeof *names);
+    struct loom_model_shape shape;
+    loom_gpt2_shape(&m->cfg, &shape);
+    const int nown = 2 + shape.n;
+    const char **meta = calloc((size_t)(nown + nmeta) * 2, sizeof *meta);
+    char(*text)[2][64] = calloc((size_t)shape.n, sizeof *text);
+    int rc = LOOM_OK;
+    if (!ts || !names || !meta || !text) {
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
+        goto done;
+    }
     int k = 0;
     for (int bi = 0; bi < m->base.nblocks; bi++) {
         const struct loom_block *b = &m->base.blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++, k++) {
             const struct loom_tensor *t = &b->tensors[ti];
-            ts[k].name = t->name;
+            /* an untied model under GPT2LMHeadModel's own names (transformer.h.0...,
+             * lm_head.weight), which transformers needs once a head is beside the body */
+            const int prefixed = m->cfg.untied && strcmp(t->name, "lm_head.weight") != 0;
+            snprintf(names[k], sizeof names[k], "%s%s", prefixed ? "transformer." : "", t->name);
+            ts[k].name = names[k];
             ts[k].dtype = LOOM_DTYPE_F32;
             ts[k].ndim = t->ndim;
             ts[k].shape[0] = t->shape[0];
@@ -116,49 +158,52 @@ int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct
         }
     }
     for (int i = 0; i < nextra; i++) ts[k++] = extra[i];
-    char L[16], C[16], NH[16], P[16], V[16];
-    snprintf(L, sizeof L, "%d", m->cfg.num_layers);
-    snprintf(C, sizeof C, "%d", m->cfg.hidden);
-    snprintf(NH, sizeof NH, "%d", m->cfg.heads);
-    snprintf(P, sizeof P, "%d", m->cfg.max_pos);
-    snprintf(V, sizeof V, "%d", m->cfg.vocab);
-    const char *own[] = {"format",
-                         "pt",
-                         "loom.model",
-                         "gpt2",
-                         "loom.num_layers",
-                         L,
-                         "loom.hidden_size",
-                         C,
-                         "loom.num_attention_heads",
-                         NH,
-                         "loom.max_position_embeddings",
-                         P,
-                         "loom.vocab_size",
-                         V};
-    const int nown = (int)(sizeof own / sizeof own[0] / 2);
-    const char **meta = calloc((size_t)(nown + nmeta) * 2, sizeof *meta);
-    if (!meta) {
-        free(ts);
-        return loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
+    /* the model's shape, each setting as loom.<key> */
+    meta[0] = "format", meta[1] = "pt", meta[2] = "loom.model", meta[3] = "gpt2";
+    for (int i = 0; i < shape.n; i++) {
+        snprintf(text[i][0], sizeof text[i][0], "loom.%s", shape.kv[i].key);
+        loom_model_shape_text(&shape.kv[i], text[i][1], sizeof text[i][1]);
+        meta[4 + 2 * i] = text[i][0];
+        meta[5 + 2 * i] = text[i][1];
     }
-    memcpy(meta, own, sizeof own);
     for (int i = 0; i < 2 * nmeta; i++) meta[2 * nown + i] = meta_kv[i];
-    int rc = loom_st_write(path, ts, n, meta, nown + nmeta);
+    rc = loom_st_write(path, ts, n, meta, nown + nmeta);
+done:
+    free(text);
     free(meta);
+    free(names);
     free(ts);
     return rc;
 }
 
-static int meta_int(const struct loom_st *st, const char *key, int *out)
+int loom_gpt2_read_metadata(const char *path, struct loom_model_shape *out, int *found)
 {
-    const char *v = loom_st_meta(st, key);
-    if (!v) return 0;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x <= 0 || x > (1 << 24)) return 0;
-    *out = (int)x;
-    return 1;
+    struct loom_st st;
+    int rc = loom_st_open(&st, path);
+    if (rc) return rc;
+    memset(out, 0, sizeof *out);
+    const char *model = loom_st_meta(&st, "loom.model");
+    *found = model != NULL;
+    if (model) {
+        snprintf(out->type, sizeof out->type, "%s", model);
+        struct loom_model_shape keys; /* the settings a GPT-2 records */
+        const struct loom_gpt2_config any = {0};
+        loom_gpt2_shape(&any, &keys);
+        for (int i = 0; i < keys.n && rc == LOOM_OK; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "loom.%s", keys.kv[i].key);
+            const char *v = loom_st_meta(&st, key);
+            if (!v) continue; /* older files: the family knows what its absence means */
+            struct loom_shape_setting *kv = &out->kv[out->n];
+            if (!loom_model_shape_parse(kv, v))
+                rc = loom_error_set(LOOM_ERR_INPUT, "%s: metadata %s is '%s', not a setting's value", path,
+                                    key, v);
+            snprintf(kv->key, sizeof kv->key, "%s", keys.kv[i].key);
+            out->n++;
+        }
+    }
+    loom_st_close(&st);
+    return rc;
 }
 
 int loom_gpt2_peek_config(const char *path, struct loom_gpt2_config *cfg)
@@ -167,6 +212,7 @@ int loom_gpt2_peek_config(const char *path, struct loom_gpt2_config *cfg)
     int rc = loom_st_open(&st, path);
     if (rc) return rc;
     memset(cfg, 0, sizeof *cfg);
+    cfg->norm_eps = LOOM_GPT2_NORM_EPS;
     const struct loom_st_tensor *wte = find_tensor(&st, "wte.weight");
     const struct loom_st_tensor *wpe = find_tensor(&st, "wpe.weight");
     if (!wte || !wpe || wte->ndim != 2 || wpe->ndim != 2) {
@@ -183,7 +229,149 @@ int loom_gpt2_peek_config(const char *path, struct loom_gpt2_config *cfg)
     static const int family[][2] = {{768, 12}, {1024, 16}, {1280, 20}, {1600, 25}};
     for (size_t i = 0; i < sizeof family / sizeof family[0]; i++)
         if (family[i][0] == cfg->hidden) cfg->heads = family[i][1];
-    meta_int(&st, "loom.num_attention_heads", &cfg->heads);
+    /* an LM head of its own: lm_head.weight, unless it only repeats wte */
+    const struct loom_st_tensor *head = loom_st_find(&st, "lm_head.weight");
+    if (head && head->ndim == 2 && head->shape[0] == wte->shape[0] && head->shape[1] == wte->shape[1]) {
+        size_t n = (size_t)cfg->vocab * (size_t)cfg->hidden;
+        float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+        if (!a || !b)
+            rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory reading %s", path);
+        else if ((rc = loom_st_read_f32(wte, a, n)) == LOOM_OK &&
+                 (rc = loom_st_read_f32(head, b, n)) == LOOM_OK)
+            cfg->untied = memcmp(a, b, n * sizeof(float)) != 0;
+        free(a);
+        free(b);
+    } else if (head) {
+        cfg->untied = 1; /* the loader says what is wrong with its shape */
+    }
     loom_st_close(&st);
+    return rc;
+}
+
+/* ---- weights sources: what --load names ---------------------------------- */
+
+static int is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* llm.c's magic, or a .bin name (whose reader then says what is wrong) */
+static int is_llmc(const char *path)
+{
+    size_t n = strlen(path);
+    return !is_dir(path) && (loom_llmc_sniff(path) || (n > 4 && strcmp(path + n - 4, ".bin") == 0));
+}
+
+int loom_gpt2_source_file(const char *path, char *file, size_t n)
+{
+    if (!is_dir(path)) {
+        snprintf(file, n, "%s", path);
+        return LOOM_OK;
+    }
+    size_t len = strlen(path);
+    snprintf(file, n, "%s%smodel.safetensors", path, len && path[len - 1] == '/' ? "" : "/");
+    if (!exists(file))
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s: no checkpoint there (no trainer_state.json, latest or iter_NNNNNNN) and no "
+            "model.safetensors of a Hugging Face directory (sharded ones are not supported)",
+            path);
     return LOOM_OK;
+}
+
+/* The config.json that describes path: in the directory, or beside the file. */
+static void config_path(const char *path, char *out, size_t n)
+{
+    if (is_dir(path)) {
+        size_t len = strlen(path);
+        snprintf(out, n, "%s%sconfig.json", path, len && path[len - 1] == '/' ? "" : "/");
+        return;
+    }
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(out, n, "config.json");
+    else
+        snprintf(out, n, "%.*s/config.json", (int)(slash - path), path);
+}
+
+/* The sizes config.json gives (GPT2Config's defaults where a field is
+ * absent) against those of the tensors beside it. */
+static int check_config_tensors(const char *config, const struct loom_model_shape *shape, const char *file,
+                                const struct loom_gpt2_config *t)
+{
+    static const struct {
+        const char *key, *field, *tensors;
+    } sizes[] = {{"num_layers", "n_layer", "layers (h.N.*)"},
+                 {"hidden_size", "n_embd", "columns of wte.weight"},
+                 {"max_position_embeddings", "n_positions", "rows of wpe.weight"},
+                 {"vocab_size", "vocab_size", "rows of wte.weight"}};
+    const int have[] = {t->num_layers, t->hidden, t->max_pos, t->vocab};
+    for (int i = 0; i < 4; i++) {
+        const struct loom_shape_setting *kv = loom_model_shape_find(shape, sizes[i].key);
+        if (kv && kv->value != have[i])
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "%s says %s %lld (GPT2Config's default when the field is absent), but %s has "
+                "%d %s",
+                config, sizes[i].field, (long long)kv->value, file, have[i], sizes[i].tensors);
+    }
+    return LOOM_OK;
+}
+
+int loom_gpt2_source_shape(const char *path, struct loom_model_shape *out)
+{
+    memset(out, 0, sizeof *out);
+    struct loom_gpt2_config c;
+    int rc;
+    if (is_llmc(path)) { /* llm.c: the header holds it all */
+        if ((rc = loom_llmc_read_config(path, &c))) return rc;
+        loom_gpt2_shape(&c, out);
+        return LOOM_OK;
+    }
+    char file[4200], config[4200];
+    if ((rc = loom_gpt2_source_file(path, file, sizeof file))) return rc;
+    int found;
+    if ((rc = loom_gpt2_read_metadata(file, out, &found))) return rc;
+    if (found) { /* loom wrote it: every setting, older files' absent ones GPT-2's */
+        if (strcmp(out->type, "gpt2") != 0)
+            return loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not GPT-2", file, out->type);
+        if ((rc = loom_gpt2_config_of_shape(out, &c))) {
+            char why[300];
+            snprintf(why, sizeof why, "%s", loom_error_message());
+            return loom_error_set(rc, "%s: %s", file, why);
+        }
+        loom_gpt2_shape(&c, out);
+        return LOOM_OK;
+    }
+    if ((rc = loom_gpt2_peek_config(file, &c))) return rc;
+    config_path(path, config, sizeof config);
+    if (exists(config)) {
+        if ((rc = loom_gpt2_hf_read_config(config, out))) return rc;
+        return check_config_tensors(config, out, file, &c);
+    }
+    /* the tensors alone: no numerics, and the heads only from GPT-2's widths */
+    memset(out, 0, sizeof *out);
+    snprintf(out->type, sizeof out->type, "gpt2");
+    loom_model_shape_add_int(out, "num_layers", c.num_layers);
+    loom_model_shape_add_int(out, "hidden_size", c.hidden);
+    if (c.heads) loom_model_shape_add_int(out, "num_attention_heads", c.heads);
+    loom_model_shape_add_int(out, "max_position_embeddings", c.max_pos);
+    loom_model_shape_add_int(out, "vocab_size", c.vocab);
+    loom_model_shape_add_int(out, "untie_embeddings_and_output_weights", c.untied);
+    return LOOM_OK;
+}
+
+int loom_gpt2_source_load(struct loom_gpt2 *m, const char *path)
+{
+    if (is_llmc(path)) return loom_llmc_load(m, path);
+    char file[4200];
+    int rc = loom_gpt2_source_file(path, file, sizeof file);
+    return rc ? rc : loom_gpt2_load(m, file);
 }

@@ -386,7 +386,7 @@ int loom_llmc_write(const char *path, const struct loom_gpt2 *m, const struct lo
     if (c->norm_eps != LOOM_GPT2_NORM_EPS)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s: llm.c's format cannot record LayerNorm eps %g (it is GPT-2's 1e-5 only)",
-                              path, (double)c->norm_eps);
+                              path, c->norm_eps);
     if (c->activation != LOOM_ACTIVATION_GELU_NEW)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s: llm.c's format cannot record the %s activation (it is gelu_new only)",
@@ -513,4 +513,52 @@ void loom_llmc_extra_free(struct loom_llmc_extra *extra)
 {
     loom_free(extra->wte_padding);
     memset(extra, 0, sizeof *extra);
+}
+
+int loom_llmc_read_config(const char *path, struct loom_gpt2_config *cfg)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
+    int32_t h[LOOM_LLMC_HEADER_INTS];
+    const int whole = fread(h, sizeof h, 1, f) == 1;
+    fclose(f);
+    if (!whole)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: shorter than llm.c's %d-byte header", path,
+                              LOOM_LLMC_HEADER_BYTES);
+    struct llmc_dims d = {0};
+    int rc = check_header(path, h, &d);
+    if (rc) return rc;
+    *cfg = (struct loom_gpt2_config){.num_layers = (int)d.L,
+                                     .hidden = (int)d.C,
+                                     .heads = (int)d.NH,
+                                     .max_pos = (int)d.maxT,
+                                     .vocab = (int)d.V,
+                                     .norm_eps = LOOM_GPT2_NORM_EPS,
+                                     .activation = LOOM_ACTIVATION_GELU_NEW,
+                                     .untied = 0};
+    return LOOM_OK;
+}
+
+int loom_llmc_load(struct loom_gpt2 *m, const char *path)
+{
+    struct loom_gpt2 *file;
+    struct loom_llmc_extra extra;
+    int rc = loom_llmc_read(path, &file, &extra);
+    if (rc) return rc;
+    const struct loom_gpt2_config *a = &file->cfg, *b = &m->cfg;
+    if (a->num_layers != b->num_layers || a->hidden != b->hidden || a->heads != b->heads ||
+        a->max_pos != b->max_pos || a->vocab != b->vocab || b->untied || b->norm_eps != a->norm_eps ||
+        b->activation != a->activation) {
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "%s holds GPT-2 L=%d C=%d NH=%d maxT=%d V=%d (eps 1e-5, gelu_new, tied), not the "
+                            "model of this run",
+                            path, a->num_layers, a->hidden, a->heads, a->max_pos, a->vocab);
+    } else {
+        for (int i = 0; i < m->base.nblocks; i++)
+            memcpy(m->base.blocks[i].work_params, file->base.blocks[i].work_params,
+                   m->base.blocks[i].numel * sizeof(float));
+    }
+    loom_gpt2_free(file);
+    loom_llmc_extra_free(&extra);
+    return rc;
 }

@@ -55,6 +55,15 @@ int loom_llmc_sniff(const char *path);
  * with one line naming the file and what is wrong with it. */
 int loom_llmc_read(const char *path, struct loom_gpt2 **out, struct loom_llmc_extra *extra);
 
+/* The model an llm.c checkpoint holds, from its header alone (checked as
+ * loom_llmc_read checks it): the shape, and GPT-2's numerics, the only ones
+ * llm.c has. */
+int loom_llmc_read_config(const char *path, struct loom_gpt2_config *cfg);
+
+/* Reads an llm.c checkpoint's weights into `m`, whose parameter arena
+ * exists: its shape must be the file's (LOOM_ERR_INPUT naming both). */
+int loom_llmc_load(struct loom_gpt2 *m, const char *path);
+
 /* Writes `m` as an llm.c checkpoint of `version` (LOOM_LLMC_VERSION_F32 or
  * _BF16; bfloat16 rounds to nearest even) crash-safely. Vp and the padding
  * rows come from `extra` when it has them; otherwise Vp is V rounded up to

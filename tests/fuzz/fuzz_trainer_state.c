@@ -11,7 +11,7 @@
  *
  * Not here: reading the file from a directory (loom_ckpt_state_read).
  *
- * fuzz-sources: src/io/checkpoint_state.c src/io/fs.c src/base/log.c src/base/mem.c
+ * fuzz-sources: src/io/checkpoint_state.c src/io/model_shape.c src/io/fs.c src/base/log.c src/base/mem.c
  * fuzz-libs: -lcjson -lxxhash
  */
 #include <stdint.h>
@@ -37,7 +37,9 @@ static int same_model(const struct loom_model_shape *a, const struct loom_model_
 {
     int same = strcmp(a->type, b->type) == 0 && a->n == b->n;
     for (int i = 0; same && i < a->n; i++)
-        same = strcmp(a->kv[i].key, b->kv[i].key) == 0 && a->kv[i].value == b->kv[i].value;
+        same = strcmp(a->kv[i].key, b->kv[i].key) == 0 && a->kv[i].kind == b->kv[i].kind &&
+               a->kv[i].value == b->kv[i].value && a->kv[i].real == b->kv[i].real &&
+               strcmp(a->kv[i].word, b->kv[i].word) == 0;
     return same;
 }
 
@@ -70,6 +72,12 @@ static void check_ranges(const struct loom_ckpt_state *st)
         REQUIRE(m->kv[i].key[0] != '\0' && memchr(m->kv[i].key, '\0', sizeof m->kv[i].key));
         REQUIRE(strcmp(m->kv[i].key, "type") != 0);
         REQUIRE(m->kv[i].value >= -LOOM_CKPT_INT_MAX && m->kv[i].value <= LOOM_CKPT_INT_MAX);
+        /* a setting is an integer, a finite real, or a printable word */
+        REQUIRE(m->kv[i].kind == LOOM_SHAPE_INT || m->kv[i].kind == LOOM_SHAPE_REAL ||
+                m->kv[i].kind == LOOM_SHAPE_WORD);
+        REQUIRE(m->kv[i].kind != LOOM_SHAPE_REAL ||
+                (m->kv[i].real == m->kv[i].real && m->kv[i].real - m->kv[i].real == 0));
+        REQUIRE(memchr(m->kv[i].word, '\0', sizeof m->kv[i].word));
         for (int k = 0; k < i; k++) REQUIRE(strcmp(m->kv[k].key, m->kv[i].key) != 0);
     }
     REQUIRE(st->world_size >= 1 && st->dp >= 1 && st->tp >= 1 && st->pp >= 1);

@@ -95,7 +95,12 @@ states = {
     "bad_truncated": state()[:200],
     "valid_user_model": state(model={"type": "mlp"}, loss_scaler=None),
     "bad_iteration_not_exact": state(iteration=9007199254740992),
-    "bad_model_shape_fraction": state(model={"type": "gpt2", "num_layers": 2.5}),
+    "valid_model_settings": state(model={"type": "gpt2", "num_layers": 2, "hidden_size": 64,
+                                         "num_attention_heads": 4, "max_position_embeddings": 128,
+                                         "vocab_size": 256, "norm_epsilon": 0.1, "activation_function": "gelu",
+                                         "untie_embeddings_and_output_weights": 1}),
+    "bad_model_shape_huge": state(model={"type": "gpt2", "num_layers": 2.5e33}),
+    "bad_model_setting_word": state(model={"type": "gpt2", "activation_function": "ge\"lu"}),
     "bad_model_key_twice": state().replace(b'"hidden_size": 64', b'"num_layers": 64'),
 }
 

@@ -42,7 +42,7 @@ int main(int argc, char **argv)
     static const char *const granularities[] = {"none", "selective", "full", NULL};
     static const char *const methods[] = {"none", "uniform", "block", NULL};
     int act_dtype = 0, granularity = 0, method = 0, num_layers = 0, activation = 0, untied = 0;
-    float eps = LOOM_GPT2_NORM_EPS;
+    double eps = LOOM_GPT2_NORM_EPS;
     int first = 1; /* the first positional argument */
     for (; first + 1 < argc && strncmp(argv[first], "--", 2) == 0; first += 2) {
         const char *opt = argv[first], *v = argv[first + 1];
@@ -56,7 +56,7 @@ int main(int argc, char **argv)
         else if (strcmp(opt, "--recompute-num-layers") == 0)
             num_layers = atoi(v);
         else if (strcmp(opt, "--norm-eps") == 0)
-            eps = strtof(v, NULL);
+            eps = strtod(v, NULL);
         else if (strcmp(opt, "--activation") == 0)
             bad = (activation = pick(v, loom_activation_names)) < 0;
         else if (strcmp(opt, "--untied") == 0)
