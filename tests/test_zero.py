@@ -48,6 +48,15 @@ def main():
             flags = ["--global-batch-size", "6", "--micro-batch-size", "1", "--vocab-size", "255", "--zero-stage",
                      str(stage)]
             lib.compare_runs(tag, ref255, lib.tiny_run(tmp, tag, 3, flags))
+        # the numerics Hugging Face's configs carry: an LM head of its own (one tensor more, in the head
+        # block, and no tied table for DDP's early bucket or ZeRO's pinned unit), exact GELU, another eps
+        numerics = ["--untie-embeddings-and-output-weights", "--activation-function", "gelu", "--norm-epsilon", "1e-3"]
+        ref_u = lib.tiny_run(tmp, "single-untied", 1, ["--global-batch-size", "8", "--micro-batch-size", "1", *numerics])
+        check("untied: the checkpoint holds lm_head.weight", "lm_head.weight" in ref_u[1])
+        for stage in (0, 2, 3):
+            tag = f"untied-gelu-eps-zero{stage}-np2"
+            lib.compare_runs(tag, ref_u, lib.tiny_run(tmp, tag, 2, [
+                "--global-batch-size", "8", "--micro-batch-size", "2", "--zero-stage", str(stage), *numerics]))
         # stage 3 starting from a weights file (sharded from the loaded model, not initialised unit by unit)
         start = os.path.join(tmp, "start.safetensors")
         st.save(start, ref[1])
