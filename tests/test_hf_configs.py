@@ -305,6 +305,10 @@ def flags(heads, everything):
     refused("--hidden-size 32 on a 64-channel file", p, "--hidden-size", 32, 64)
     _, p = evaluate(hf, vbin, "--num-layers", "3")
     refused("--num-layers 3 on a 2-layer file", p, "--num-layers", 3, 2)
+    p = lib.loom("train", "--dry-run", "--load", hf, "--data-path", vbin)
+    line = [ln for ln in p.stdout.splitlines() if ln.split()[:1] == ["num-attention-heads"]]
+    check("train --dry-run --load DIR: the settings table says the heads came from --load",
+          p.returncode == 0 and line and line[0].split()[1:] == ["8", "(--load)"], f"{tail(p)} {line}")
     _, _, vbin6, want6, hf6 = everything
     got, p = evaluate(hf6, vbin6, "--num-attention-heads", "8", "--norm-epsilon", "0.1", "--activation-function",
                       "gelu", "--untie-embeddings-and-output-weights", "--hidden-size", C, "--num-layers", L,

@@ -100,13 +100,14 @@ enum loom_recompute_method {
 enum loom_data_order { LOOM_DATA_SHUFFLED = 0, LOOM_DATA_SEQUENTIAL = 1, LOOM_DATA_ORDER_COUNT };
 
 /* Where a setting's value came from, in rising precedence; derived: computed
- * from other settings. */
+ * from other settings; load: the model --load names (loom_config_adopt). */
 enum loom_origin {
     LOOM_ORIGIN_DEFAULT = 0,
     LOOM_ORIGIN_PRESET = 1,
     LOOM_ORIGIN_JSON = 2,
     LOOM_ORIGIN_FLAG = 3,
     LOOM_ORIGIN_DERIVED = 4,
+    LOOM_ORIGIN_LOAD = 5,
     LOOM_ORIGIN_COUNT
 };
 

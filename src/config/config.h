@@ -22,7 +22,8 @@ int loom_config_resolve(struct loom_config *cfg, int dp);
 const char *loom_config_warning(const struct loom_config *cfg, int i);
 
 /* Takes from `from` every setting of `group` ("model") whose value differs
- * and that cfg's flags and JSON did not give; those become derived. */
+ * and that cfg's flags and JSON did not give; their origin becomes
+ * LOOM_ORIGIN_LOAD (the model --load names). */
 void loom_config_adopt(struct loom_config *cfg, const struct loom_config *from, const char *group);
 
 /* Every flag with its help, default and JSON key. */

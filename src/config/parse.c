@@ -183,7 +183,7 @@ void loom_config_adopt(struct loom_config *cfg, const struct loom_config *from, 
         const char *src = (const char *)from + s->offset;
         if (memcmp(dst, src, n) == 0) continue;
         memcpy(dst, src, n);
-        cfg->rec.origin[i] = LOOM_ORIGIN_DERIVED;
+        cfg->rec.origin[i] = LOOM_ORIGIN_LOAD;
     }
 }
 

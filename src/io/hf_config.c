@@ -79,9 +79,10 @@ int loom_hf_config_read(const char *path, const struct loom_hf_field *fields, in
         int k = 0;
         while (k < n && strcmp(fields[k].name, v->string) != 0) k++;
         if (k == n) {
-            rc = loom_error_set(LOOM_ERR_INPUT,
-                                "%s: unknown field %s (%s): loom's %s cannot honour it, so it refuses the file",
-                                path, v->string, value, model);
+            rc = loom_error_set(
+                LOOM_ERR_INPUT,
+                "%s: unknown field %s (%s): loom's %s cannot honour it, so it refuses the file", path,
+                v->string, value, model);
             break;
         }
         if (fields[k].rule != LOOM_HF_ONLY) continue;

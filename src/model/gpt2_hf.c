@@ -113,8 +113,8 @@ static int read_int(const char *path, const cJSON *j, const char *name, int def,
         v->valuedouble != floor(v->valuedouble)) {
         char text[80];
         loom_hf_value_text(v, text, sizeof text);
-        return loom_error_set(LOOM_ERR_INPUT, "%s: %s is %s; expected an integer from 1 to %d", path, name, text,
-                              1 << 24);
+        return loom_error_set(LOOM_ERR_INPUT, "%s: %s is %s; expected an integer from 1 to %d", path, name,
+                              text, 1 << 24);
     }
     *out = (int)v->valuedouble;
     return LOOM_OK;
@@ -163,9 +163,9 @@ static int read_numerics(const char *path, const cJSON *j, int C, double *eps, i
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "architectures")) && !cJSON_IsNull(v)) {
         const cJSON *a;
         int ok = cJSON_IsArray(v);
-        cJSON_ArrayForEach(a, v) ok = ok && cJSON_IsString(a) &&
-                                      (strcmp(a->valuestring, "GPT2LMHeadModel") == 0 ||
-                                       strcmp(a->valuestring, "GPT2Model") == 0);
+        cJSON_ArrayForEach(a, v) ok =
+            ok && cJSON_IsString(a) &&
+            (strcmp(a->valuestring, "GPT2LMHeadModel") == 0 || strcmp(a->valuestring, "GPT2Model") == 0);
         if (!ok) return refuse(path, v, "[\"GPT2LMHeadModel\"] and [\"GPT2Model\"] (a language model)");
     }
     return LOOM_OK;
