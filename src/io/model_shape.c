@@ -51,10 +51,12 @@ void loom_model_shape_text(const struct loom_shape_setting *kv, char *buf, size_
     if (kv->kind == LOOM_SHAPE_INT) {
         snprintf(buf, n, "%lld", (long long)kv->value);
     } else if (kv->kind == LOOM_SHAPE_REAL) {
+        char text[32];
         for (int digits = 1; digits <= 17; digits++) { /* the shortest that reads back */
-            snprintf(buf, n, "%.*g", digits, kv->real);
-            if (strtod(buf, NULL) == kv->real) break;
+            snprintf(text, sizeof text, "%.*g", digits, kv->real);
+            if (strtod(text, NULL) == kv->real) break;
         }
+        snprintf(buf, n, "%s", text);
     } else {
         snprintf(buf, n, "%s", kv->word);
     }
