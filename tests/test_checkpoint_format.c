@@ -4,7 +4,10 @@
  * splits) and flat ranges of a box (ZeRO shards), written by "ranks" into
  * separate files and assembled into any flat range of the full tensor;
  * slice descriptions that are refused; pieces that overlap, leave a gap, or
- * fail their checksum; the trainer state's checksum and round trip.
+ * fail their checksum; boxes cut in a view of the tensor (GPT-2's fused
+ * q|k|v weight split by heads) written by one tensor-parallel size and read
+ * back, whole or as the boxes of another; the trainer state's checksum and
+ * round trip.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +42,22 @@ static void box_slice(struct loom_ckpt_slice *s, int r0, int r1, int c0, int c1,
     loom_ckpt_slice_whole(s, 2, shape);
     s->start[0] = r0, s->stop[0] = r1, s->start[1] = c0, s->stop[1] = c1;
     s->lo = lo, s->hi = hi;
+}
+
+/* Elements [s->lo, s->hi) of s's box (cut in its view) of the tensor whose
+ * flat element i is full_value(i), one element at a time: the reference. */
+static void slice_ref(float *out, const struct loom_ckpt_slice *s)
+{
+    for (uint64_t k = s->lo; k < s->hi; k++) {
+        uint64_t rest = k, flat = 0, stride = 1;
+        for (int d = s->ndim - 1; d >= 0; d--) {
+            uint64_t ext = (uint64_t)(s->stop[d] - s->start[d]);
+            flat += ((uint64_t)s->start[d] + rest % ext) * stride;
+            rest /= ext;
+            stride *= (uint64_t)s->shape[d];
+        }
+        out[k - s->lo] = full_value((int)flat);
+    }
 }
 
 /* A tensor-parallel split of the columns (two halves), the second half
@@ -172,6 +191,294 @@ static void test_slice_text(void)
     }
 }
 
+/* ---- boxes cut in a view ---------------------------------------------------- */
+
+enum { C = 6, QKV = C * 3 * C }; /* attn.c_attn.weight is (C, 3*C): columns [q | k | v] */
+
+static const int64_t qkv_shape[2] = {C, 3 * C}, qkv_view[3] = {C, 3, C};
+
+static void write_piece(const char *file, const char *name, const struct loom_ckpt_slice *s,
+                        const float *data)
+{
+    struct loom_ckpt_piece p = {name, *s, data};
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    CHECK(loom_ckpt_write_file(path, &p, 1, NULL, 0) == LOOM_OK);
+}
+
+/* Rank r of t's box of the view (C, 3, C): the columns of its heads in q, k and v. */
+static void qkv_box(struct loom_ckpt_slice *s, int r, int t, uint64_t lo, uint64_t hi)
+{
+    const int64_t start[3] = {0, 0, r * C / t}, stop[3] = {C, 3, (r + 1) * C / t};
+    loom_ckpt_slice_view(s, 2, qkv_shape, 3, qkv_view, start, stop, lo, hi);
+}
+
+/* What rank r of t holds of the (C, 3*C) tensor full_value: (C, 3, C/t)
+ * row-major, its columns of q, then of k, then of v, in each row. */
+static void qkv_local(float *out, int r, int t)
+{
+    int k = 0;
+    for (int i = 0; i < C; i++)
+        for (int part = 0; part < 3; part++)
+            for (int c = r * C / t; c < (r + 1) * C / t; c++) out[k++] = full_value(i * 3 * C + part * C + c);
+}
+
+/* T = 2 ranks: rank 0's box in one file, rank 1's split by ZeRO into two
+ * flat ranges of its box, two files. */
+static void write_qkv_tp2(void)
+{
+    float local[QKV / 2];
+    struct loom_ckpt_slice s;
+    qkv_local(local, 0, 2);
+    qkv_box(&s, 0, 2, 0, QKV / 2);
+    write_piece("tp0.safetensors", "qkv", &s, local);
+    qkv_local(local, 1, 2);
+    qkv_box(&s, 1, 2, 0, 20);
+    write_piece("tp1a.safetensors", "qkv", &s, local);
+    qkv_box(&s, 1, 2, 20, QKV / 2);
+    write_piece("tp1b.safetensors", "qkv", &s, local + 20);
+}
+
+static void test_view_text(void)
+{
+    struct loom_ckpt_slice s, t;
+    qkv_box(&s, 1, 2, 0, QKV / 2);
+    char buf[256];
+    CHECK(loom_ckpt_slice_format(&s, buf, sizeof buf) == LOOM_OK);
+    CHECK(strcmp(buf, "{\"shape\":[6,18],\"view\":[6,3,6],\"box\":[[0,6],[0,3],[3,6]],\"range\":[0,54]}") ==
+          0);
+    CHECK(loom_ckpt_slice_parse(buf, &t) == LOOM_OK && memcmp(&s, &t, sizeof s) == 0);
+    CHECK(t.tndim == 2 && t.tshape[1] == 18 && t.ndim == 3 && t.shape[2] == 6);
+    CHECK(loom_ckpt_slice_box_numel(&t) == QKV / 2 && !loom_ckpt_slice_is_whole(&t));
+    /* the whole view's box is the whole tensor, whatever the view */
+    qkv_box(&s, 0, 1, 0, QKV);
+    CHECK(loom_ckpt_slice_is_whole(&s));
+    /* a view that is the shape is no view: the text is the old one */
+    const int64_t start[2] = {1, 2}, stop[2] = {3, 5}, shape[2] = {R, CC};
+    loom_ckpt_slice_view(&s, 2, shape, 2, shape, start, stop, 1, 5);
+    CHECK(loom_ckpt_slice_format(&s, buf, sizeof buf) == LOOM_OK);
+    CHECK(strcmp(buf, "{\"shape\":[4,6],\"box\":[[1,3],[2,5]],\"range\":[1,5]}") == 0);
+    /* an old slice parses with the tensor's shape as its view */
+    CHECK(loom_ckpt_slice_parse(buf, &t) == LOOM_OK && memcmp(&s, &t, sizeof s) == 0);
+    CHECK(t.tndim == 2 && t.tshape[0] == R && t.tshape[1] == CC);
+    struct {
+        const char *json, *why;
+    } bad[] = {
+        {"{\"shape\":[6,18],\"view\":[6,3,5],\"box\":[[0,6],[0,3],[0,5]],\"range\":[0,1]}", "not a view"},
+        {"{\"shape\":[6,18],\"view\":[6,3,6],\"box\":[[0,6],[0,4],[0,6]],\"range\":[0,1]}", "box[1]"},
+        {"{\"shape\":[6,18],\"view\":[6,3,6],\"box\":[[0,6],[0,18]],\"range\":[0,1]}", "3 [start, stop]"},
+        {"{\"shape\":[6,18],\"view\":[6,18],\"box\":[[0,6],[0,18]],\"range\":[0,109]}", "range"},
+        {"{\"shape\":[6,18],\"view\":[6,-3,-6],\"box\":[[0,6],[0,0],[0,0]],\"range\":[0,0]}", "view[1]"},
+        {"{\"shape\":[6,18],\"view\":{},\"box\":[],\"range\":[0,0]}", "view"},
+        {"{\"shape\":[6,18],\"view\":null,\"box\":[],\"range\":[0,0]}", "view"},
+        {"{\"shape\":[6,18],\"view\":[1,1,1,1,1,1,1,1,108],\"box\":[],\"range\":[0,0]}", "view"},
+        {"{\"shape\":[1099511627776,1099511627776],\"view\":[1099511627776,1099511627776],\"box\":[[0,1],[0,"
+         "1]],"
+         "\"range\":[0,1]}",
+         "2^53"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = loom_ckpt_slice_parse(bad[i].json, &t);
+        CHECK(rc == LOOM_ERR_INPUT && strstr(loom_error_message(), bad[i].why) &&
+              !strchr(loom_error_message(), '\n'));
+    }
+}
+
+static void test_view_read(void)
+{
+    float full[QKV], got[QKV], want[QKV];
+    for (int i = 0; i < QKV; i++) full[i] = full_value(i);
+    struct loom_ckpt_reader *r;
+    struct loom_ckpt_slice s;
+
+    /* T = 2 pieces cut in the view read back whole, and as every flat range */
+    write_qkv_tp2();
+    const char *tp2[] = {"tp0.safetensors", "tp1a.safetensors", "tp1b.safetensors"};
+    CHECK(loom_ckpt_reader_open(&r, dir, tp2, 3) == LOOM_OK);
+    CHECK(loom_ckpt_read(r, "qkv", 2, qkv_shape, 0, QKV, got) == LOOM_OK &&
+          memcmp(got, full, sizeof full) == 0);
+    int all_ok = 1;
+    for (int lo = 0; lo < QKV; lo++)
+        for (int hi = lo + 1; hi <= QKV; hi++) {
+            int rc = loom_ckpt_read(r, "qkv", 2, qkv_shape, (uint64_t)lo, (uint64_t)hi, got);
+            all_ok &= rc == LOOM_OK && memcmp(got, full + lo, sizeof(float) * (size_t)(hi - lo)) == 0;
+        }
+    CHECK(all_ok);
+    /* the view is not the tensor's shape */
+    CHECK(loom_ckpt_read(r, "qkv", 3, qkv_view, 0, QKV, got) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "has shape [6, 18], the model needs [6, 3, 6]"));
+    /* boxes of T = 2 and T = 3 (each whole, then a ZeRO range of it) from the T = 2 pieces */
+    for (int t = 2; t <= 3; t++)
+        for (int rank = 0; rank < t; rank++) {
+            const uint64_t n = QKV / (uint64_t)t;
+            qkv_local(want, rank, t);
+            qkv_box(&s, rank, t, 0, n);
+            memset(got, 0, sizeof got);
+            CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_OK &&
+                  memcmp(got, want, n * sizeof(float)) == 0);
+            qkv_box(&s, rank, t, 5, n - 3);
+            memset(got, 0, sizeof got);
+            CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_OK &&
+                  memcmp(got, want + 5, (n - 8) * sizeof(float)) == 0);
+        }
+    /* the same box in another view: the columns of rank 1 of 2 in the view (3*C, C) */
+    {
+        const int64_t view[2] = {3 * C, C}, start[2] = {0, C / 2}, stop[2] = {3 * C, C};
+        loom_ckpt_slice_view(&s, 2, qkv_shape, 2, view, start, stop, 0, QKV / 2);
+        qkv_local(want, 1, 2);
+        CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_OK &&
+              memcmp(got, want, QKV / 2 * sizeof(float)) == 0);
+    }
+    /* the whole tensor as a slice */
+    loom_ckpt_slice_whole(&s, 2, qkv_shape);
+    CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_OK && memcmp(got, full, sizeof full) == 0);
+    /* a wrong tensor shape, a missing tensor */
+    const int64_t wrong[2] = {3 * C, C};
+    loom_ckpt_slice_whole(&s, 2, wrong);
+    CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_ERR_INPUT && strstr(loom_error_message(), "shape"));
+    CHECK(loom_ckpt_read_slice(r, "none", &s, got) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "no tensor none"));
+    loom_ckpt_reader_close(r);
+
+    /* rank 0's file alone: T = 3 rank 1 needs columns 2..4 of each part, and only 2 is there */
+    CHECK(loom_ckpt_reader_open(&r, dir, tp2, 1) == LOOM_OK);
+    qkv_box(&s, 1, 3, 0, QKV / 3);
+    CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(),
+                 "holds 18 of elements [0, 36) of box [0:6, 0:3, 2:4] of view [6, 3, 6] of tensor qkv"));
+    loom_ckpt_reader_close(r);
+
+    /* a one-process file: the whole tensor, read back as each rank's box */
+    loom_ckpt_slice_whole(&s, 2, qkv_shape);
+    write_piece("one.safetensors", "qkv", &s, full);
+    const char *one[] = {"one.safetensors"};
+    CHECK(loom_ckpt_reader_open(&r, dir, one, 1) == LOOM_OK);
+    for (int t = 1; t <= 3; t++)
+        for (int rank = 0; rank < t; rank++) {
+            const uint64_t n = QKV / (uint64_t)t;
+            qkv_local(want, rank, t);
+            qkv_box(&s, rank, t, 0, n);
+            memset(got, 0, sizeof got);
+            CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_OK &&
+                  memcmp(got, want, n * sizeof(float)) == 0);
+        }
+    loom_ckpt_reader_close(r);
+
+    /* a whole piece described in a view is stored as the whole tensor, with
+     * the tensor's shape and no slice */
+    qkv_box(&s, 0, 1, 0, QKV);
+    write_piece("oneview.safetensors", "qkv", &s, full);
+    const char *oneview[] = {"oneview.safetensors"};
+    CHECK(loom_ckpt_reader_open(&r, dir, oneview, 1) == LOOM_OK);
+    CHECK(loom_ckpt_read(r, "qkv", 2, qkv_shape, 0, QKV, got) == LOOM_OK &&
+          memcmp(got, full, sizeof full) == 0);
+    loom_ckpt_reader_close(r);
+
+    /* pieces in different views that share no element: rank 0's box in the
+     * view (C, 3, C), rank 1's in the view (3*C, C) */
+    {
+        const int64_t view[2] = {3 * C, C}, start[2] = {0, C / 2}, stop[2] = {3 * C, C},
+                      wide[2] = {0, C / 2 - 1};
+        loom_ckpt_slice_view(&s, 2, qkv_shape, 2, view, start, stop, 0, QKV / 2);
+        qkv_local(want, 1, 2);
+        write_piece("rows1.safetensors", "qkv", &s, want);
+        const char *mixed[] = {"tp0.safetensors", "rows1.safetensors"};
+        CHECK(loom_ckpt_reader_open(&r, dir, mixed, 2) == LOOM_OK);
+        CHECK(loom_ckpt_read(r, "qkv", 2, qkv_shape, 0, QKV, got) == LOOM_OK &&
+              memcmp(got, full, sizeof full) == 0);
+        loom_ckpt_reader_close(r);
+        /* one column more, which rank 0 holds too */
+        float more[QKV];
+        loom_ckpt_slice_view(&s, 2, qkv_shape, 2, view, wide, stop, 0, 3 * C * (C / 2 + 1));
+        slice_ref(more, &s);
+        write_piece("rows1.safetensors", "qkv", &s, more);
+        CHECK(loom_ckpt_reader_open(&r, dir, mixed, 2) == LOOM_ERR_INPUT &&
+              strstr(loom_error_message(), "overlap"));
+        loom_ckpt_reader_close(r);
+        /* the whole tensor beside the view pieces */
+        const char *both[] = {"tp0.safetensors", "one.safetensors"};
+        CHECK(loom_ckpt_reader_open(&r, dir, both, 2) == LOOM_ERR_INPUT &&
+              strstr(loom_error_message(), "overlap"));
+        loom_ckpt_reader_close(r);
+        /* a ZeRO range of the tensor's flat order that meets rank 0's box only past its first row */
+        loom_ckpt_slice_range(&s, 2, qkv_shape, C / 2, C);
+        write_piece("flat.safetensors", "qkv", &s, full + C / 2);
+        const char *flat[] = {"tp0.safetensors", "flat.safetensors"};
+        CHECK(loom_ckpt_reader_open(&r, dir, flat, 2) == LOOM_OK);
+        loom_ckpt_reader_close(r);
+        loom_ckpt_slice_range(&s, 2, qkv_shape, 3 * C + C / 2 - 1, 3 * C + C / 2);
+        write_piece("flat.safetensors", "qkv", &s, full + 3 * C + C / 2 - 1);
+        CHECK(loom_ckpt_reader_open(&r, dir, flat, 2) == LOOM_ERR_INPUT &&
+              strstr(loom_error_message(), "overlap"));
+        loom_ckpt_reader_close(r);
+    }
+
+    /* pieces that agree on their elements but not on the tensor's shape */
+    {
+        const int64_t other[2] = {3 * C, C}, start[2] = {0, C / 2}, stop[2] = {3 * C, C};
+        loom_ckpt_slice_view(&s, 2, other, 2, other, start, stop, 0, QKV / 2);
+        write_piece("rows1.safetensors", "qkv", &s, want);
+        const char *mixed[] = {"tp0.safetensors", "rows1.safetensors"};
+        CHECK(loom_ckpt_reader_open(&r, dir, mixed, 2) == LOOM_ERR_INPUT &&
+              strstr(loom_error_message(), "disagree on its shape"));
+        loom_ckpt_reader_close(r);
+    }
+
+    /* a damaged view piece fails its checksum when a box needs it */
+    write_qkv_tp2();
+    char path[512];
+    snprintf(path, sizeof path, "%s/tp1b.safetensors", dir);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    fseek(f, -4, SEEK_END);
+    fputc(0x55, f);
+    fclose(f);
+    CHECK(loom_ckpt_reader_open(&r, dir, tp2, 3) == LOOM_OK);
+    qkv_box(&s, 0, 2, 0, QKV / 2);
+    CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_OK);
+    qkv_box(&s, 2, 3, 0, QKV / 3);
+    CHECK(loom_ckpt_read_slice(r, "qkv", &s, got) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "tp1b.safetensors: tensor qkv fails its checksum"));
+    loom_ckpt_reader_close(r);
+}
+
+/* A row split (the (4*C, C) c_proj-style weight of a row-parallel layer):
+ * boxes of the tensor's own shape, no view. */
+static void test_row_split(void)
+{
+    enum { ROWS = 4 * C, N = ROWS * C };
+    const int64_t shape[2] = {ROWS, C};
+    float full[N], got[N], want[N];
+    for (int i = 0; i < N; i++) full[i] = full_value(i);
+    struct loom_ckpt_slice s;
+    const char *files[] = {"row0.safetensors", "row1.safetensors"};
+    for (int rank = 0; rank < 2; rank++) {
+        const int64_t start[2] = {rank * ROWS / 2, 0}, stop[2] = {(rank + 1) * ROWS / 2, C};
+        loom_ckpt_slice_view(&s, 2, shape, 2, shape, start, stop, 0, N / 2);
+        char buf[256];
+        CHECK(loom_ckpt_slice_format(&s, buf, sizeof buf) == LOOM_OK && !strstr(buf, "view"));
+        write_piece(files[rank], "proj", &s, full + rank * N / 2);
+    }
+    struct loom_ckpt_reader *r;
+    CHECK(loom_ckpt_reader_open(&r, dir, files, 2) == LOOM_OK);
+    CHECK(loom_ckpt_read(r, "proj", 2, shape, 0, N, got) == LOOM_OK && memcmp(got, full, sizeof full) == 0);
+    /* the rows of T = 3, and the columns of T = 2 */
+    for (int rank = 0; rank < 3; rank++) {
+        const int64_t start[2] = {rank * ROWS / 3, 0}, stop[2] = {(rank + 1) * ROWS / 3, C};
+        loom_ckpt_slice_view(&s, 2, shape, 2, shape, start, stop, 0, N / 3);
+        CHECK(loom_ckpt_read_slice(r, "proj", &s, got) == LOOM_OK &&
+              memcmp(got, full + rank * N / 3, N / 3 * sizeof(float)) == 0);
+    }
+    for (int rank = 0; rank < 2; rank++) {
+        const int64_t start[2] = {0, rank * C / 2}, stop[2] = {ROWS, (rank + 1) * C / 2};
+        loom_ckpt_slice_view(&s, 2, shape, 2, shape, start, stop, 0, N / 2);
+        slice_ref(want, &s);
+        CHECK(loom_ckpt_read_slice(r, "proj", &s, got) == LOOM_OK &&
+              memcmp(got, want, N / 2 * sizeof(float)) == 0);
+    }
+    loom_ckpt_reader_close(r);
+}
+
 static void test_state(void)
 {
     struct loom_ckpt_file files[2] = {{"rank_00000.safetensors"}, {"rank_00001.safetensors"}};
@@ -274,6 +581,9 @@ int main(void)
     test_assemble();
     test_damage();
     test_hostile_name();
+    test_view_text();
+    test_view_read();
+    test_row_split();
     test_state();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -13,7 +13,12 @@
  *     pre-filled with NaN, so reading them fails the check);
  *   - GELU and the cross-entropy's log-sum-exp against double formulas;
  *     AdamW against a double scalar loop; sum of squares and the embedding
- *     backward give the same bits at 1 and 2 threads.
+ *     backward give the same bits at 1 and 2 threads;
+ *   - the vocabulary-parallel embedding and cross-entropy, the vocabulary
+ *     split 1, 2 and 3 ways (uneven shards, tokens and targets at every
+ *     shard border) and recombined, against the unsplit kernels: exact for
+ *     the embedding and for dlogits given the same lse, 1e-6 for lse, loss
+ *     and dlogits from the recombined lse.
  * The PyTorch comparison is tests/test_kernels_torch.py.
  */
 #include <math.h>
@@ -510,6 +515,105 @@ static void test_embedding_threads(void)
     free(tokens), free(dout), free(dwte[0]), free(dwte[1]), free(dwpe[0]), free(dwpe[1]);
 }
 
+/* ---- vocabulary-parallel embedding and cross-entropy ---------------------------- */
+
+/* Shard r of S of a vocabulary of V: rows [v0, v0 + Vl), v0 = r*V/S, so
+ * the shards are uneven when S does not divide V. */
+static void shard_of(int r, int S, int V, int *v0, int *Vl)
+{
+    *v0 = (int)((int64_t)r * V / S);
+    *Vl = (int)((int64_t)(r + 1) * V / S) - *v0;
+}
+
+/* The ids at the borders of every shard of the 2- and 3-way splits (v0-1,
+ * v0, v0+Vl-1, v0+Vl, within [0, V)) into ids; returns how many (20). */
+static int border_ids(int32_t *ids, int V)
+{
+    int n = 0;
+    for (int S = 2; S <= 3; S++)
+        for (int r = 0; r < S; r++) {
+            int v0, Vl;
+            shard_of(r, S, V, &v0, &Vl);
+            const int b[4] = {v0 - 1, v0, v0 + Vl - 1, v0 + Vl};
+            for (int k = 0; k < 4; k++) ids[n++] = b[k] < 0 ? 0 : b[k] >= V ? V - 1 : b[k];
+        }
+    return n;
+}
+
+/* Split S ways, the embedding summed over the shards (wpe on shard 0 only)
+ * is the unsplit one, exactly; the shards' dwte concatenated are the
+ * unsplit dwte and every shard's dwpe is the unsplit dwpe, exactly, onto
+ * random prior contents. S = 1 is the unsplit kernel itself, bit for bit. */
+static void test_embedding_vp(int B, int T, int C)
+{
+    const int V = 97, maxT = T + 3, n = B * T;
+    const size_t nout = (size_t)n * C;
+    int32_t *tokens = malloc(n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) tokens[i] = (int32_t)(rng_next() % V);
+    int32_t borders[20];
+    const int nb = border_ids(borders, V);
+    for (int i = 0; i < nb && i < n; i++) tokens[(size_t)i * n / nb] = borders[i]; /* spread over (b,t) */
+    float *wte = new_rand((size_t)V * C, 1.0f), *wpe = new_rand((size_t)maxT * C, 1.0f);
+    float *dout = new_rand(nout, 1.0f);
+    float *dwte0 = new_rand((size_t)V * C, 1.0f), *dwpe0 = new_rand((size_t)maxT * C, 1.0f);
+    float *out = new_const(nout, NAN), *dwte = new_copy(dwte0, (size_t)V * C);
+    float *dwpe = new_copy(dwpe0, (size_t)maxT * C);
+    K->embedding_forward(out, tokens, wte, wpe, B, T, C);
+    K->embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+
+    float *sum = malloc(nout * sizeof(float)), *part = malloc(nout * sizeof(float));
+    float *cat = malloc((size_t)V * C * sizeof(float)), *dwpe_r = malloc((size_t)maxT * C * sizeof(float));
+    for (int S = 1; S <= 3; S++) {
+        int fwd_ok = 1, zero_ok = 1, dwpe_ok = 1, skip_ok = 1;
+        for (size_t i = 0; i < nout; i++) sum[i] = 0.0f;
+        for (int r = 0; r < S; r++) {
+            int v0, Vl;
+            shard_of(r, S, V, &v0, &Vl);
+            const float *wte_r = wte + (size_t)v0 * C;
+            float *dwte_r = cat + (size_t)v0 * C;
+            for (size_t i = 0; i < nout; i++) part[i] = NAN;
+            K->embedding_vp_forward(part, tokens, wte_r, r == 0 ? wpe : NULL, v0, Vl, B, T, C);
+            for (size_t i = 0; i < nout; i++) sum[i] += part[i];
+            /* without wpe, the rows of the other shards' tokens are zeros */
+            for (int i = 0; r > 0 && i < n; i++)
+                for (int c = 0; c < C; c++) {
+                    const int mine = tokens[i] >= v0 && tokens[i] < v0 + Vl;
+                    const float want = mine ? wte[(size_t)tokens[i] * C + c] : 0.0f;
+                    if (part[(size_t)i * C + c] != want) zero_ok = 0;
+                }
+            memcpy(dwte_r, dwte0 + (size_t)v0 * C, (size_t)Vl * C * sizeof(float));
+            memcpy(dwpe_r, dwpe0, (size_t)maxT * C * sizeof(float));
+            K->embedding_vp_backward(dwte_r, dwpe_r, dout, tokens, v0, Vl, B, T, C);
+            if (memcmp(dwpe_r, dwpe, (size_t)maxT * C * sizeof(float)) != 0) dwpe_ok = 0;
+            /* NULL skips: dwte alone, dwpe alone */
+            float *a = new_copy(dwte0 + (size_t)v0 * C, (size_t)Vl * C),
+                  *b = new_copy(dwpe0, (size_t)maxT * C);
+            K->embedding_vp_backward(a, NULL, dout, tokens, v0, Vl, B, T, C);
+            K->embedding_vp_backward(NULL, b, dout, tokens, v0, Vl, B, T, C);
+            if (memcmp(a, dwte_r, (size_t)Vl * C * sizeof(float)) != 0) skip_ok = 0;
+            if (memcmp(b, dwpe, (size_t)maxT * C * sizeof(float)) != 0) skip_ok = 0;
+            free(a), free(b);
+        }
+        for (size_t i = 0; i < nout; i++)
+            if (sum[i] != out[i] || (S == 1 && memcmp(&sum[i], &out[i], sizeof(float)) != 0)) fwd_ok = 0;
+        printf("embedding, vocabulary split %d ways (B=%d T=%d C=%d V=%d)\n", S, B, T, C, V);
+        CHECK(fwd_ok);
+        CHECK(zero_ok);
+        CHECK(memcmp(cat, dwte, (size_t)V * C * sizeof(float)) == 0);
+        CHECK(dwpe_ok);
+        CHECK(skip_ok);
+    }
+    /* one rank without wpe: the token rows alone */
+    float *bare = new_const(nout, NAN);
+    K->embedding_vp_forward(bare, tokens, wte, NULL, 0, V, B, T, C);
+    int bare_ok = 1;
+    for (int i = 0; i < n; i++)
+        if (memcmp(bare + (size_t)i * C, wte + (size_t)tokens[i] * C, C * sizeof(float)) != 0) bare_ok = 0;
+    CHECK(bare_ok);
+    free(tokens), free(wte), free(wpe), free(dout), free(dwte0), free(dwpe0), free(out), free(dwte);
+    free(dwpe), free(sum), free(part), free(cat), free(dwpe_r), free(bare);
+}
+
 /* ---- GELU, residual ------------------------------------------------------------ */
 
 static double gelu_double(double x)
@@ -740,6 +844,124 @@ static void test_crossentropy(void)
     free(c.logits), free(c.losses), free(c.lse), free(lse), free(dlogits), free(inplace);
 }
 
+/* Split S ways over the vocabulary: the global max (max of the shards')
+ * exactly, the sum of the shards' sumexp against double, lse = max +
+ * log(sum) and the loss from the shards' target logits against the fused
+ * forward, to 1e-6; the shards' dlogits concatenated are the fused
+ * backward's, bit for bit with the fused lse, and to 1e-6 of the tensor's
+ * scale with the combined lse (whose absolute error, about an ulp of lse,
+ * is the relative error it puts in every probability). Targets include
+ * every shard border. */
+static void test_crossentropy_vp(int N, int V, float offset, int rising)
+{
+    float *logits = new_rand((size_t)N * V, 3.0f);
+    int32_t *targets = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) {
+        targets[i] = (int32_t)(rng_next() % V);
+        for (int j = 0; j < V; j++) logits[(size_t)i * V + j] += offset + (rising ? 10.0f * j / V : 0.0f);
+    }
+    int32_t borders[20];
+    const int nb = border_ids(borders, V);
+    for (int i = 0; i < nb && i < N; i++) targets[i] = borders[i];
+    const float dloss = 1.0f / N;
+    float *losses = new_const(N, NAN), *lse = new_const(N, NAN);
+    float *dlogits = new_const((size_t)N * V, NAN);
+    K->crossentropy_forward(losses, lse, logits, targets, N, V);
+    K->crossentropy_backward(dlogits, lse, logits, targets, dloss, N, V);
+    float *want_max = malloc(N * sizeof(float)), *want_sum = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        float mx = -INFINITY;
+        double s = 0.0;
+        for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        for (int j = 0; j < V; j++) s += exp((double)x[j] - mx);
+        want_max[i] = mx, want_sum[i] = (float)s;
+    }
+    const double lse_scale = max_abs(lse, N) > 1.0f ? max_abs(lse, N) : 1.0;
+
+    float *gmax = malloc(N * sizeof(float)), *gsum = malloc(N * sizeof(float));
+    float *gtl = malloc(N * sizeof(float)), *vlse = malloc(N * sizeof(float)),
+          *vloss = malloc(N * sizeof(float));
+    float *rmax = malloc(N * sizeof(float)), *rsum = malloc(N * sizeof(float)),
+          *rtl = malloc(N * sizeof(float));
+    float *cat = malloc((size_t)N * V * sizeof(float)), *cat2 = malloc((size_t)N * V * sizeof(float));
+    float *shard = malloc((size_t)N * V * sizeof(float)), *d = malloc((size_t)N * V * sizeof(float));
+    for (int S = 1; S <= 3; S++) {
+        char name[112];
+        int written = 1, tl_ok = 1, inplace_ok = 1;
+        for (int i = 0; i < N; i++) gmax[i] = -INFINITY, gsum[i] = 0.0f, gtl[i] = 0.0f;
+        /* pass 1: row max; pass 2: sums and target logits (the all-reduces
+         * are the loops over r) */
+        for (int pass = 1; pass <= 2; pass++)
+            for (int r = 0; r < S; r++) {
+                int v0, Vl;
+                shard_of(r, S, V, &v0, &Vl);
+                for (int i = 0; i < N; i++)
+                    memcpy(shard + (size_t)i * Vl, logits + (size_t)i * V + v0, Vl * sizeof(float));
+                for (int i = 0; i < N; i++) rmax[i] = rsum[i] = rtl[i] = NAN;
+                if (pass == 1) {
+                    K->crossentropy_vp_max(rmax, shard, N, Vl);
+                    for (int i = 0; i < N; i++) {
+                        if (isnan(rmax[i])) written = 0;
+                        gmax[i] = rmax[i] > gmax[i] ? rmax[i] : gmax[i];
+                    }
+                } else {
+                    K->crossentropy_vp_stats(rsum, rtl, shard, gmax, targets, v0, N, Vl);
+                    for (int i = 0; i < N; i++) {
+                        if (isnan(rsum[i]) || isnan(rtl[i])) written = 0;
+                        const int mine = targets[i] >= v0 && targets[i] < v0 + Vl;
+                        if (rtl[i] != (mine ? logits[(size_t)i * V + targets[i]] : 0.0f)) tl_ok = 0;
+                        gsum[i] += rsum[i], gtl[i] += rtl[i];
+                    }
+                }
+            }
+        for (int i = 0; i < N; i++) {
+            vlse[i] = (float)((double)gmax[i] + log((double)gsum[i]));
+            vloss[i] = vlse[i] - gtl[i];
+        }
+        /* backward per shard, with the fused lse and with the combined one */
+        for (int r = 0; r < S; r++) {
+            int v0, Vl;
+            shard_of(r, S, V, &v0, &Vl);
+            for (int i = 0; i < N; i++)
+                memcpy(shard + (size_t)i * Vl, logits + (size_t)i * V + v0, Vl * sizeof(float));
+            for (size_t i = 0; i < (size_t)N * Vl; i++) d[i] = NAN;
+            K->crossentropy_vp_backward(d, lse, shard, targets, v0, dloss, N, Vl);
+            for (int i = 0; i < N; i++)
+                memcpy(cat + (size_t)i * V + v0, d + (size_t)i * Vl, Vl * sizeof(float));
+            K->crossentropy_vp_backward(shard, lse, shard, targets, v0, dloss, N, Vl); /* in place */
+            if (memcmp(shard, d, (size_t)N * Vl * sizeof(float)) != 0) inplace_ok = 0;
+            for (int i = 0; i < N; i++)
+                memcpy(shard + (size_t)i * Vl, logits + (size_t)i * V + v0, Vl * sizeof(float));
+            K->crossentropy_vp_backward(d, vlse, shard, targets, v0, dloss, N, Vl);
+            for (int i = 0; i < N; i++)
+                memcpy(cat2 + (size_t)i * V + v0, d + (size_t)i * Vl, Vl * sizeof(float));
+        }
+        printf("crossentropy, vocabulary split %d ways (N=%d V=%d offset %g)\n", S, N, V, offset);
+        CHECK(written);
+        CHECK(memcmp(gmax, want_max, N * sizeof(float)) == 0); /* a max is exact */
+        CHECK(tl_ok);
+        CHECK(inplace_ok);
+        snprintf(name, sizeof name, "crossentropy_vp sumexp vs double (S=%d V=%d offset %g)", S, V, offset);
+        check_close(name, gsum, want_sum, N, 1e-6, 1.0); /* every sum is >= 1 */
+        snprintf(name, sizeof name, "crossentropy_vp lse vs fused (S=%d V=%d offset %g)", S, V, offset);
+        check_scaled(name, vlse, lse, N, 1e-6);
+        snprintf(name, sizeof name, "crossentropy_vp loss vs fused (S=%d V=%d offset %g)", S, V, offset);
+        check_close(name, vloss, losses, N, 1e-6, lse_scale); /* cancels: judged at lse's scale */
+        snprintf(name, sizeof name, "crossentropy_vp dlogits vs fused (S=%d V=%d offset %g)", S, V, offset);
+        CHECK(memcmp(cat, dlogits, (size_t)N * V * sizeof(float)) == 0);
+        check_scaled(name, cat2, dlogits, (size_t)N * V, 1e-6);
+    }
+    /* a shard holding no columns: max -inf, sum 0, target logit 0 */
+    float m0 = 0.0f, s0 = NAN, t0 = NAN, g0 = 1.0f;
+    K->crossentropy_vp_max(&m0, logits, 1, 0);
+    K->crossentropy_vp_stats(&s0, &t0, logits, &g0, targets, 0, 1, 0);
+    CHECK(m0 == -INFINITY && s0 == 0.0f && t0 == 0.0f);
+    free(logits), free(targets), free(losses), free(lse), free(dlogits), free(want_max), free(want_sum);
+    free(gmax), free(gsum), free(gtl), free(vlse), free(vloss), free(rmax), free(rsum), free(rtl);
+    free(cat), free(cat2), free(shard), free(d);
+}
+
 /* ---- AdamW, sum of squares --------------------------------------------------------- */
 
 static void test_adamw(void)
@@ -802,13 +1024,31 @@ static void test_sum_squares(void)
 static void check_complete(const char *name, const struct loom_kernels *k)
 {
     const int set[] = {
-        k->embedding_forward != NULL,  k->embedding_backward != NULL,   k->layernorm_forward != NULL,
-        k->layernorm_backward != NULL, k->matmul_forward != NULL,       k->matmul_backward != NULL,
-        k->lm_head_forward != NULL,    k->lm_head_backward != NULL,     k->attention_forward != NULL,
-        k->attention_backward != NULL, k->gelu_forward != NULL,         k->gelu_backward != NULL,
-        k->gelu_exact_forward != NULL, k->gelu_exact_backward != NULL,  k->residual_forward != NULL,
-        k->residual_backward != NULL,  k->crossentropy_forward != NULL, k->crossentropy_backward != NULL,
-        k->adamw_update != NULL,       k->sum_squares != NULL,
+        k->embedding_forward != NULL,
+        k->embedding_backward != NULL,
+        k->embedding_vp_forward != NULL,
+        k->embedding_vp_backward != NULL,
+        k->layernorm_forward != NULL,
+        k->layernorm_backward != NULL,
+        k->matmul_forward != NULL,
+        k->matmul_backward != NULL,
+        k->lm_head_forward != NULL,
+        k->lm_head_backward != NULL,
+        k->attention_forward != NULL,
+        k->attention_backward != NULL,
+        k->gelu_forward != NULL,
+        k->gelu_backward != NULL,
+        k->gelu_exact_forward != NULL,
+        k->gelu_exact_backward != NULL,
+        k->residual_forward != NULL,
+        k->residual_backward != NULL,
+        k->crossentropy_forward != NULL,
+        k->crossentropy_backward != NULL,
+        k->crossentropy_vp_max != NULL,
+        k->crossentropy_vp_stats != NULL,
+        k->crossentropy_vp_backward != NULL,
+        k->adamw_update != NULL,
+        k->sum_squares != NULL,
     };
     int complete = 1;
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
@@ -856,6 +1096,12 @@ int main(void)
         test_gelu_exact();
         test_residual();
         test_crossentropy();
+        test_embedding_vp(4, 6, 70);   /* two column bands, the second partial */
+        test_embedding_vp(4, 64, 200); /* the parallel path */
+        test_crossentropy_vp(24, 97, 0.0f, 0);
+        test_crossentropy_vp(24, 5000, 0.0f, 1); /* shards longer than a chunk, max late in the row */
+        test_crossentropy_vp(24, 5000, 80.0f, 1);
+        test_crossentropy_vp(24, 5000, -80.0f, 0);
         test_adamw();
         test_sum_squares();
     }

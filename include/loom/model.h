@@ -66,8 +66,13 @@ enum loom_init {
 
 /* A tensor's tensor-parallel split: the dimension divided across the tp
  * group (Megatron's column-parallel: the output dimension; row-parallel:
- * the input), or replicated on every tp rank. */
+ * the input), or replicated on every tp rank. The dimension indexes the
+ * tensor's view: its shape regrouped (GPT-2's c_attn [C, 3C] as [C, 3, C],
+ * so that a rank's q, k and v columns are one box), or the shape itself.
+ * Rank r of T holds [r n / T, (r + 1) n / T) of the n entries of that
+ * dimension (uneven when T does not divide n). */
 #define LOOM_TP_REPLICATED (-1)
+#define LOOM_TP_VIEW_MAX_DIMS 4
 
 /* A named tensor inside its block's flat buffers. */
 struct loom_tensor {
@@ -79,7 +84,17 @@ struct loom_tensor {
     int decay;           /* weight decay applies (default: tensors of two or more dimensions) */
     enum loom_init init; /* default: LOOM_INIT_NORMAL with init_std 0.02 */
     double init_std;     /* LOOM_INIT_NORMAL's standard deviation */
-    int tp_split;        /* default: LOOM_TP_REPLICATED */
+    /* Tensor parallelism (loom_block_add_tensor_split): shape and numel are
+     * this rank's part, the box [tp_lo, tp_hi) of view[tp_split] with every
+     * other view dimension whole, in row-major order; full is the whole
+     * tensor. Unsplit: tp_split LOOM_TP_REPLICATED, full = shape, view =
+     * shape. Initialisation draws the whole tensor's stream and keeps the
+     * box, so a rank's part is the slice of the unsplit model's tensor. */
+    int tp_split;
+    int64_t full[LOOM_TENSOR_MAX_DIMS]; /* entries past ndim are 1 */
+    int view_ndim;
+    int64_t view[LOOM_TP_VIEW_MAX_DIMS];
+    int64_t tp_lo, tp_hi;
 };
 
 /* Who provides a block's float32 gradient view (loom_block_provide_grads). */
@@ -190,6 +205,9 @@ struct loom_model {
     /* The model family that built it (src/model/family.h), or NULL for a
      * user's model: found by this pointer, never by name. */
     const void *family;
+    /* The tensor-parallel group its split tensors are parts over (1 and 0
+     * unless the model was built for one). */
+    int tp, tp_rank;
     void *user; /* the model's own state */
 };
 
@@ -198,6 +216,19 @@ void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, con
 /* Appends a tensor to a block; shape has ndim (1..LOOM_TENSOR_MAX_DIMS) sizes. */
 struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim,
                                           const int64_t *shape);
+/* Appends rank tp_rank's part of a tensor split over a tp group of tp
+ * ranks: full (ndim sizes) is the whole tensor, view (view_ndim sizes, a
+ * regrouping of full: consecutive view dimensions multiply to each full
+ * one; NULL: full itself) the dims dimension split of which is divided.
+ * split LOOM_TP_REPLICATED (or tp 1): the whole tensor on every rank. */
+struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char *name, int ndim,
+                                                const int64_t *full, int view_ndim, const int64_t *view,
+                                                int split, int tp, int tp_rank);
+/* Rank r's part [lo, hi) of n entries split over tp ranks. */
+void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi);
+/* The part (t->numel floats) t holds of its whole tensor full (row-major,
+ * the product of t->full floats): the whole of it unless t is split. */
+void loom_tensor_take_part(const struct loom_tensor *t, const float *full, float *part);
 /* After the last tensor: counts the parameters and places the blocks. */
 void loom_model_layout_done(struct loom_model *m);
 

@@ -66,7 +66,7 @@ int loom_sample(struct loom_config *cfg)
     int T = cfg->seq_length, rc;
     if ((rc = family->check(cfg, T))) return rc;
     if (cfg->threads > 0) loom_threads_set(cfg->threads);
-    struct loom_model *m = family->create(cfg, 1, T, 0);
+    struct loom_model *m = family->create(cfg, 1, T, 0, 0);
     loom_model_alloc_arenas(m, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_checkpoint_load_weights(m, cfg->load))) {
         family->destroy(m);

@@ -176,7 +176,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     if (rc == LOOM_OK) rc = open_data(r, training);
     if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
-    r->model = r->family->create(cfg, cfg->micro_batch_size, cfg->seq_length, training);
+    r->model = r->family->create(cfg, cfg->micro_batch_size, cfg->seq_length, training, r->topo->tp_rank);
     if (training) {
         rc = loom_engine_initialize(r->engine, r->model);
     } else {

@@ -38,6 +38,22 @@ static int for_each_tensor(const struct loom_model *m, size_t lo, size_t hi, ten
     return LOOM_OK;
 }
 
+/* Elements [lo, hi) of the part of the full tensor this rank holds as t:
+ * the whole tensor, or under tensor parallelism the box of its tp rank in
+ * the tensor's view (loom/model.h), as a checkpoint slice. */
+static void tensor_slice(const struct loom_tensor *t, uint64_t lo, uint64_t hi, struct loom_ckpt_slice *s)
+{
+    if (t->tp_split == LOOM_TP_REPLICATED) {
+        loom_ckpt_slice_range(s, t->ndim, t->shape, lo, hi);
+        return;
+    }
+    int64_t start[LOOM_TP_VIEW_MAX_DIMS], stop[LOOM_TP_VIEW_MAX_DIMS];
+    for (int d = 0; d < t->view_ndim; d++) start[d] = 0, stop[d] = t->view[d];
+    start[t->tp_split] = t->tp_lo;
+    stop[t->tp_split] = t->tp_hi;
+    loom_ckpt_slice_view(s, t->ndim, t->full, t->view_ndim, t->view, start, stop, lo, hi);
+}
+
 /* The model's type and, for a model family's, the shape settings cfg gives
  * it (a user's model has none), as the trainer state records them. */
 static void shape_of(const struct loom_model *m, const struct loom_config *cfg, struct loom_model_shape *out)
@@ -76,13 +92,15 @@ struct save_ctx {
 static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
 {
     struct save_ctx *s = ctx;
+    /* a tensor the tp group replicates: written by its tp rank 0 */
+    if (t->tp_split == LOOM_TP_REPLICATED && s->p->model->tp_rank != 0) return LOOM_OK;
     const char *prefix[4] = {"", EXP_AVG, EXP_AVG_SQ, MASTER};
     const float *src[4] = {s->params, s->m, s->v, s->master};
     for (int k = 0; k < (s->master ? 4 : 3); k++) {
         struct loom_ckpt_piece *pc = &s->pieces[s->n];
         snprintf(s->names[s->n], sizeof s->names[0], "%s%s", prefix[k], t->name);
         pc->name = s->names[s->n];
-        loom_ckpt_slice_range(&pc->slice, t->ndim, t->shape, a - t_lo, b - t_lo);
+        tensor_slice(t, a - t_lo, b - t_lo, &pc->slice);
         pc->data = src[k] + (a - s->lo);
         s->n++;
     }
@@ -215,15 +233,17 @@ static int read_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size
     struct load_ctx *c = ctx;
     char name[128];
     int rc;
+    struct loom_ckpt_slice want;
+    tensor_slice(t, a - t_lo, b - t_lo, &want);
     c->bytes += (b - a) * sizeof(float);
     if (c->dst) {
         snprintf(name, sizeof name, "%s%s", c->prefix, t->name);
-        return loom_ckpt_read(c->r, name, t->ndim, t->shape, a - t_lo, b - t_lo, c->dst + (a - c->lo));
+        return loom_ckpt_read_slice(c->r, name, &want, c->dst + (a - c->lo));
     }
     snprintf(name, sizeof name, EXP_AVG "%s", t->name);
-    if ((rc = loom_ckpt_read(c->r, name, t->ndim, t->shape, a - t_lo, b - t_lo, c->m))) return rc;
+    if ((rc = loom_ckpt_read_slice(c->r, name, &want, c->m))) return rc;
     snprintf(name, sizeof name, EXP_AVG_SQ "%s", t->name);
-    if ((rc = loom_ckpt_read(c->r, name, t->ndim, t->shape, a - t_lo, b - t_lo, c->v))) return rc;
+    if ((rc = loom_ckpt_read_slice(c->r, name, &want, c->v))) return rc;
     loom_adamw_set_state(c->opt, a - c->opt->begin, b - a, c->m, c->v);
     return LOOM_OK;
 }
@@ -594,9 +614,10 @@ int loom_checkpoint_read_model(const char *path, int B, int T, struct loom_model
     if (rc) return rc;
     struct loom_config cfg; /* the model's settings: the recorded shape, defaults (zero) otherwise */
     memset(&cfg, 0, sizeof cfg);
+    cfg.tensor_model_parallel_size = 1; /* the whole model, in one process */
     if ((rc = family->apply_shape(&shape, &cfg)) || (rc = family->check(&cfg, T)))
         return shape_error(path, rc);
-    struct loom_model *m = family->create(&cfg, B, T, 0);
+    struct loom_model *m = family->create(&cfg, B, T, 0, 0);
     loom_model_alloc_arenas(m, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_checkpoint_load_weights(m, path))) {
         family->destroy(m);

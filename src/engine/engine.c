@@ -97,11 +97,11 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     e->cfg = cfg;
     int rc = loom_comm_setup(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
     loom_comm_set_timeout(cfg->comm_timeout);
-    if (rc == LOOM_OK && (e->topo.tp > 1 || e->topo.pp > 1))
-        rc = loom_error_set(LOOM_ERR_INPUT,
-                            "tensor and pipeline parallelism are not available in this version "
-                            "(--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d)",
-                            e->topo.tp, e->topo.pp);
+    if (rc == LOOM_OK && e->topo.pp > 1)
+        rc = loom_error_set(
+            LOOM_ERR_INPUT,
+            "pipeline parallelism is not available in this version (--pipeline-model-parallel-size %d)",
+            e->topo.pp);
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, e->topo.dp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if ((rc = loom_engine_agree(e, check_same_config(cfg)))) return rc;
@@ -372,11 +372,45 @@ static int nonfinite_block(struct loom_engine *e)
     return (int)v - 1;
 }
 
+/* Sum of squares of the gradients g holds for the model's arena range
+ * [lo, hi), a tensor the tp group replicates counted on tp rank 0 only (every
+ * tp rank holds the same gradient for it). */
+static double tp_sum_squares(const struct loom_model *m, struct loom_buf g, size_t lo, size_t hi)
+{
+    double ss = 0;
+    for (int bi = 0; bi < m->nblocks; bi++) {
+        const struct loom_block *b = &m->blocks[bi];
+        for (int ti = 0; ti < b->ntensors; ti++) {
+            const struct loom_tensor *t = &b->tensors[ti];
+            const size_t t_lo = b->offset + t->offset, t_hi = t_lo + t->numel;
+            const size_t a = t_lo > lo ? t_lo : lo, z = t_hi < hi ? t_hi : hi;
+            if (a >= z || (t->tp_split == LOOM_TP_REPLICATED && m->tp_rank != 0)) continue;
+            const struct loom_buf part = loom_buf_slice(g, a - lo, z - a);
+            ss += g.dtype == LOOM_DTYPE_F32 ? m->backend->k->sum_squares(part.data, z - a)
+                                            : loom_lp_sum_squares(part.data, z - a, g.dtype);
+        }
+    }
+    return ss;
+}
+
 /* The global gradient norm: over the shards from stage 2, else over the
- * (reduced, identical) gradients every rank holds. */
+ * (reduced, identical) gradients every rank holds; with tensor parallelism,
+ * each tp rank's part once and the replicated tensors once, summed over the
+ * tp group. */
 static double grad_norm(const struct loom_engine *e)
 {
     const struct loom_model *m = e->model;
+    if (m->tp > 1) {
+        double ss;
+        if (e->zero && e->zero->stage >= 2) {
+            ss = tp_sum_squares(m, loom_zero_grads(e->zero), e->part.begin, e->part.end);
+            loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+        } else {
+            ss = tp_sum_squares(m, loom_buf_slice(m->grads, 0, m->num_params), 0, m->num_params);
+        }
+        loom_comm_allreduce_sync(LOOM_GROUP_TP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+        return sqrt(ss);
+    }
     if (e->zero && e->zero->stage >= 2) return loom_zero_grad_norm(e->zero);
     if (m->dtype != LOOM_DTYPE_F32) return sqrt(loom_lp_sum_squares(m->grads.data, m->num_params, m->dtype));
     return loom_grad_norm(m->blocks, m->nblocks);

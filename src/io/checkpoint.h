@@ -15,15 +15,24 @@
  * entry, so a file written by one process is a plain safetensors file. The
  * metadata of every file holds, per stored tensor:
  *   loom.xxh3.<name>   16 hex digits, XXH3-64 of the stored bytes
- *   loom.slice.<name>  {"shape":[full dims],"box":[[start,stop],..],"range":[lo,hi]}
- *                      (only for a piece that is not the whole tensor)
- * A slice first cuts a box out of the full tensor (tensor- and
- * pipeline-parallel splits: a [start, stop) per dimension), then takes the
- * flat range [lo, hi) of the box in row-major order (a data-parallel shard:
- * ZeRO flattens and splits what the rank holds). The stored tensor is that
- * range, 1-D, or the box's shape when the range is the whole box. A loader
- * asks for a flat range of a full tensor and gets it assembled from
- * whichever pieces overlap it, each verified against its checksum first.
+ *   loom.slice.<name>  {"shape":[tensor dims],"view":[view dims],"box":[[start,stop],..],"range":[lo,hi]}
+ *                      (only for a piece that is not the whole tensor;
+ *                      "view" only when it differs from "shape")
+ * A slice first cuts a box out of the tensor seen in a view (tensor- and
+ * pipeline-parallel splits: a [start, stop) per dimension of the view),
+ * then takes the flat range [lo, hi) of the box in row-major order (a
+ * data-parallel shard: ZeRO flattens and splits what the rank holds). The
+ * view is a row-major reshape of the tensor (same elements in the same
+ * order, so a flat index means the same element in both); without one it
+ * is the tensor's shape. It lets one box say what would take several in
+ * the tensor's own shape: GPT-2's attn.c_attn.weight (C, 3*C) holds the
+ * columns [q | k | v], and a tensor-parallel rank r of T holds the columns
+ * of its heads in each, one box [[0,C],[0,3],[r*C/T,(r+1)*C/T]] of the view
+ * (C, 3, C). The stored tensor is that range, 1-D, or the box's shape when
+ * the range is the whole box. A loader asks for a flat range of a full
+ * tensor, or for a flat range of a box of any view of it, and gets it
+ * assembled from whichever pieces overlap it (pieces of one tensor may be
+ * cut in different views), each verified against its checksum first.
  *
  * Trainer state: trainer_state.json, starting with {"checksum":"<16 hex>"
  * where the digits are XXH3-64 of the whole file with those 16 digits read
@@ -61,22 +70,32 @@
 /* ---- slices ------------------------------------------------------------- */
 
 struct loom_ckpt_slice {
-    int ndim;                          /* of the full tensor, 0..LOOM_CKPT_MAX_DIMS */
-    int64_t shape[LOOM_CKPT_MAX_DIMS]; /* the full tensor */
-    int64_t start[LOOM_CKPT_MAX_DIMS]; /* the box: [start, stop) per dimension */
+    int ndim;                          /* of the view, 0..LOOM_CKPT_MAX_DIMS */
+    int64_t shape[LOOM_CKPT_MAX_DIMS]; /* the view the box is cut in (else the tensor's shape) */
+    int64_t start[LOOM_CKPT_MAX_DIMS]; /* the box: [start, stop) per dimension of the view */
     int64_t stop[LOOM_CKPT_MAX_DIMS];
-    uint64_t lo, hi; /* flat range of the box, row-major */
+    uint64_t lo, hi;                    /* flat range of the box, row-major */
+    int tndim;                          /* of the tensor, 0..LOOM_CKPT_MAX_DIMS */
+    int64_t tshape[LOOM_CKPT_MAX_DIMS]; /* the tensor: as many elements as the view */
 };
 
-/* The slice that is the whole tensor of this shape. */
+/* The slice that is the whole tensor of this shape (the view is the shape). */
 void loom_ckpt_slice_whole(struct loom_ckpt_slice *s, int ndim, const int64_t *shape);
 /* The flat range [lo, hi) of the whole tensor (a data-parallel shard). */
 void loom_ckpt_slice_range(struct loom_ckpt_slice *s, int ndim, const int64_t *shape, uint64_t lo,
                            uint64_t hi);
-/* Elements in the box; whether the slice is the whole tensor. */
+/* The box [start, stop) of the tensor of shape tshape seen in view (a
+ * row-major reshape: as many elements), then its flat range [lo, hi).
+ * Asserts that it all fits. */
+void loom_ckpt_slice_view(struct loom_ckpt_slice *s, int tndim, const int64_t *tshape, int vndim,
+                          const int64_t *view, const int64_t *start, const int64_t *stop, uint64_t lo,
+                          uint64_t hi);
+/* Elements in the box; whether the slice is the whole tensor (the whole
+ * view's box and the whole box's range, whatever the view). */
 uint64_t loom_ckpt_slice_box_numel(const struct loom_ckpt_slice *s);
 int loom_ckpt_slice_is_whole(const struct loom_ckpt_slice *s);
-/* JSON text of a slice; parsing checks every bound and returns
+/* JSON text of a slice; parsing checks every bound (a view's sizes hold as
+ * many elements as the shape's, the box lies in the view) and returns
  * LOOM_ERR_INPUT with what is wrong (the caller adds file and tensor). */
 int loom_ckpt_slice_format(const struct loom_ckpt_slice *s, char *buf, size_t n);
 int loom_ckpt_slice_parse(const char *json, struct loom_ckpt_slice *s);
@@ -101,8 +120,9 @@ struct loom_ckpt_reader;
 
 /* Opens (maps and validates) the files of checkpoint directory dir and
  * indexes their pieces. LOOM_ERR_INPUT naming the file and tensor for a
- * malformed file or slice, or pieces of one tensor that disagree on its
- * shape. */
+ * malformed file or slice, pieces of one tensor that disagree on its shape
+ * (the tensor's, whatever their views), or pieces that claim an element
+ * twice. */
 int loom_ckpt_reader_open(struct loom_ckpt_reader **out, const char *dir, const char *const *files,
                           int nfiles);
 void loom_ckpt_reader_close(struct loom_ckpt_reader *r);
@@ -115,6 +135,12 @@ int loom_ckpt_has(const struct loom_ckpt_reader *r, const char *name);
  * piece holds. */
 int loom_ckpt_read(struct loom_ckpt_reader *r, const char *name, int ndim, const int64_t *shape, uint64_t lo,
                    uint64_t hi, float *dst);
+/* Reads elements [want->lo, want->hi) of want's box, cut in want's view of
+ * tensor `name` (which must have shape want->tshape), into dst (want->hi -
+ * want->lo floats) in the box's row-major order, from whichever pieces hold
+ * them, in any view. Checksums and errors as loom_ckpt_read. */
+int loom_ckpt_read_slice(struct loom_ckpt_reader *r, const char *name, const struct loom_ckpt_slice *want,
+                         float *dst);
 
 /* ---- trainer state ------------------------------------------------------ */
 

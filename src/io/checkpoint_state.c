@@ -75,11 +75,15 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
     cJSON_AddStringToObject(model, "type", st->model.type);
     for (int i = 0; i < st->model.n; i++) {
         const struct loom_shape_setting *kv = &st->model.kv[i];
-        if (kv->kind == LOOM_SHAPE_WORD)
+        if (kv->kind == LOOM_SHAPE_WORD) {
             cJSON_AddStringToObject(model, kv->key, kv->word);
-        else
-            cJSON_AddNumberToObject(model, kv->key,
-                                    kv->kind == LOOM_SHAPE_INT ? (double)kv->value : kv->real);
+        } else if (kv->kind == LOOM_SHAPE_INT) {
+            cJSON_AddNumberToObject(model, kv->key, (double)kv->value);
+        } else { /* the shortest text that reads back to the same double (cJSON's printing may round) */
+            char text[40];
+            loom_model_shape_text(kv, text, sizeof text);
+            cJSON_AddRawToObject(model, kv->key, text);
+        }
     }
     cJSON *layout = cJSON_AddObjectToObject(o, "layout");
     cJSON_AddNumberToObject(layout, "world_size", st->world_size);

@@ -33,6 +33,14 @@ struct loom_kernels {
     /* dwte (V,C), dwpe (maxT,C) accumulate; either may be NULL to skip it */
     void (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
                                int T, int C);
+    /* ---- vocabulary-parallel embedding: this rank's rows [v0, v0+Vl) of wte (Vl,C);
+     * out (B,T,C) written, zero for other tokens, wpe (maxT,C) added when not NULL */
+    void (*embedding_vp_forward)(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                                 int v0, int Vl, int B, int T, int C);
+    /* dwte (Vl,C) accumulates this rank's tokens only, dwpe (maxT,C) accumulates;
+     * either may be NULL to skip it */
+    void (*embedding_vp_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int v0,
+                                  int Vl, int B, int T, int C);
 
     /* ---- layernorm: out (N,C); saves mean (N), rstd (N) */
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp, const float *weight,
@@ -77,6 +85,16 @@ struct loom_kernels {
     /* dlogits (N,V) written, may alias logits */
     void (*crossentropy_backward)(float *dlogits, const float *lse, const float *logits,
                                   const int32_t *targets, float dloss, int N, int V);
+    /* ---- vocabulary-parallel cross-entropy: logits (N,V) are this rank's columns
+     * [v0, v0+V); rowmax (N) written */
+    void (*crossentropy_vp_max)(float *rowmax, const float *logits, int N, int V);
+    /* sumexp (N) of exp(logits - max), max (N) the whole vocabulary's, and
+     * target_logit (N) (0 where another rank holds the target), written */
+    void (*crossentropy_vp_stats)(float *sumexp, float *target_logit, const float *logits, const float *max,
+                                  const int32_t *targets, int v0, int N, int V);
+    /* dlogits (N,V) written, may alias logits; lse (N) the whole vocabulary's */
+    void (*crossentropy_vp_backward)(float *dlogits, const float *lse, const float *logits,
+                                     const int32_t *targets, int v0, float dloss, int N, int V);
 
     /* ---- AdamW on one tensor: param, m, v (n) updated in place, step t >= 1 */
     void (*adamw_update)(float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,

@@ -38,6 +38,23 @@ void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte,
 void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T,
                              int C);
 
+/* ---- vocabulary-parallel embedding (Megatron) ------------------------------
+ * A tensor-parallel rank holds the rows [v0, v0 + Vl) of the token table.
+ * out (B,T,C) = (tokens[b,t] in [v0, v0+Vl) ? wte[tokens[b,t] - v0] : 0)
+ *             + (wpe ? wpe[t] : 0), written; wte (Vl,C), wpe (maxT,C) or
+ * NULL. Summed over the ranks (wpe passed on one of them) it is
+ * loom_embedding_forward's out, exactly; with v0 = 0, Vl = V it is that
+ * out, bit for bit. */
+void loom_embedding_vp_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int v0,
+                               int Vl, int B, int T, int C);
+/* dwte (Vl,C) accumulates the dout rows of the tokens in [v0, v0+Vl), the
+ * others skipped; dwpe (maxT,C) accumulates the sum over the batch. Either
+ * may be NULL to skip it. The same order of additions as
+ * loom_embedding_backward: the ranks' dwte concatenated are its dwte, bit
+ * for bit. */
+void loom_embedding_vp_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int v0,
+                                int Vl, int B, int T, int C);
+
 /* ---- layernorm (biased variance, as torch.nn.LayerNorm) -------------------
  * out (N,C) = (inp - mean) / sqrt(var + eps) * weight + bias; saves mean (N)
  * and rstd (N). GPT-2's eps is 1e-5. */
@@ -109,6 +126,29 @@ void loom_crossentropy_forward(float *losses, float *lse, const float *logits, c
  * mean). dlogits may alias logits (computed in place). */
 void loom_crossentropy_backward(float *dlogits, const float *lse, const float *logits, const int32_t *targets,
                                 float dloss, int N, int V);
+
+/* ---- vocabulary-parallel cross-entropy (Megatron) --------------------------
+ * A tensor-parallel rank holds the logits (N,V) of the vocabulary columns
+ * [v0, v0 + V); targets (N) are ids in the whole vocabulary. The caller
+ * combines the ranks between the calls:
+ *   max    = all-reduce max of rowmax;
+ *   lse    = max + log(all-reduce sum of sumexp);
+ *   losses = lse - all-reduce sum of target_logit.
+ * They agree with loom_crossentropy_forward to float rounding (~1e-7
+ * relative). */
+/* rowmax (N) = the max of each row of logits (N,V), written. */
+void loom_crossentropy_vp_max(float *rowmax, const float *logits, int N, int V);
+/* Given the whole vocabulary's row max (N): sumexp[i] = sum_j exp(logits[i,j]
+ * - max[i]) over this rank's V columns, and target_logit[i] =
+ * logits[i, targets[i] - v0] when targets[i] is in [v0, v0+V), else 0; both
+ * (N), written. */
+void loom_crossentropy_vp_stats(float *sumexp, float *target_logit, const float *logits, const float *max,
+                                const int32_t *targets, int v0, int N, int V);
+/* dlogits (N,V) = dloss * (exp(logits - lse[i]) - [targets[i] == v0 + j]),
+ * written, may alias logits; lse (N) is the whole vocabulary's. With v0 = 0
+ * and the whole vocabulary it is loom_crossentropy_backward, bit for bit. */
+void loom_crossentropy_vp_backward(float *dlogits, const float *lse, const float *logits,
+                                   const int32_t *targets, int v0, float dloss, int N, int V);
 
 /* ---- AdamW (torch.optim.AdamW, one tensor) ---------------------------------
  * step t >= 1. grad is multiplied by grad_scale first (the clip coefficient).

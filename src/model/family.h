@@ -46,8 +46,9 @@ struct loom_model_family {
     int (*check)(const struct loom_config *cfg, int T);
     /* A model for micro-batches of up to B sequences of T tokens, described
      * (blocks and tensors) without arenas; recomputation and the activation
-     * dtype from cfg. Freed with destroy. */
-    struct loom_model *(*create)(const struct loom_config *cfg, int B, int T, int training);
+     * dtype from cfg; rank tp_rank's part when cfg's tensor-parallel size is
+     * above 1. Freed with destroy. */
+    struct loom_model *(*create)(const struct loom_config *cfg, int B, int T, int training, int tp_rank);
     void (*destroy)(struct loom_model *m);
     /* FLOPs of one training step (forward + backward) per token. */
     double (*flops_per_token)(const struct loom_model *m);

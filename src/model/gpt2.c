@@ -39,6 +39,7 @@
 #include "base/rng.h"
 #include "kernels/backend.h"
 #include "model/family.h"
+#include "parallel/tensor.h"
 
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
 {
@@ -59,23 +60,27 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
     return LOOM_OK;
 }
 
-/* One tensor with its initialisation and tensor-parallel split. */
-static void add_tensor(struct loom_block *b, const char *name, int ndim, int64_t d0, int64_t d1,
-                       enum loom_init init, double std, int tp_split)
+/* One tensor, its initialisation, and its tensor-parallel split: dimension
+ * tp_split of view (NULL: the tensor's own shape), or REPL. */
+static void add_tensor(struct loom_gpt2 *m, struct loom_block *b, const char *name, int ndim, int64_t d0,
+                       int64_t d1, enum loom_init init, double std, int tp_split, int view_ndim,
+                       const int64_t *view)
 {
     const int64_t shape[2] = {d0, d1};
-    struct loom_tensor *t = loom_block_add_tensor(b, name, ndim, shape);
+    struct loom_tensor *t =
+        loom_block_add_tensor_split(b, name, ndim, shape, view_ndim, view, tp_split, m->tp, m->tp_rank);
     t->init = init;
     t->init_std = std;
-    t->tp_split = tp_split;
 }
 
 enum { REPL = LOOM_TP_REPLICATED };
 
 /* The blocks: [embedding, L layers, head]. Weights are stored [in, out]
  * (Conv1D), so Megatron's column-parallel layers (c_attn, c_fc) split
- * dimension 1 and its row-parallel ones (the c_proj) dimension 0; the
- * embedding table is split by vocabulary rows. */
+ * dimension 1 and its row-parallel ones (the c_proj) dimension 0; c_attn's
+ * columns [q | k | v] split in the view [C, 3, C], so a rank holds q, k and
+ * v of its heads; the embedding table and an untied LM head are split by
+ * vocabulary rows. */
 static void layout_blocks(struct loom_gpt2 *m)
 {
     const int L = m->cfg.num_layers, C = m->cfg.hidden;
@@ -84,27 +89,29 @@ static void layout_blocks(struct loom_gpt2 *m)
     struct loom_block *e = &m->base.blocks[0];
     e->role = LOOM_ROLE_EMBEDDING;
     e->layer = -1;
-    add_tensor(e, "wte.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, std, 0);
-    add_tensor(e, "wpe.weight", 2, m->cfg.max_pos, C, LOOM_INIT_NORMAL, std, REPL);
+    add_tensor(m, e, "wte.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, std, 0, 0, NULL);
+    add_tensor(m, e, "wpe.weight", 2, m->cfg.max_pos, C, LOOM_INIT_NORMAL, std, REPL, 0, NULL);
+    const int64_t qkv_view[3] = {C, 3, C}, qkv_bias_view[2] = {3, C};
     static const struct {
         const char *suffix;
         int ndim, rows, cols;
         enum loom_init init;
         int residual_proj; /* normal(0, 0.02/sqrt(2L)) instead of 0.02 */
-        int tp_split;
+        int tp_split;      /* in the view when the tensor has one */
+        int qkv;           /* 2: c_attn.weight's view, 1: its bias's, 0: none */
     } layer_tensors[] = {
-        {"ln_1.weight", 1, 1, 0, LOOM_INIT_ONE, 0, REPL},
-        {"ln_1.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL},
-        {"attn.c_attn.weight", 2, 1, 3, LOOM_INIT_NORMAL, 0, 1},
-        {"attn.c_attn.bias", 1, 3, 0, LOOM_INIT_ZERO, 0, 0},
-        {"attn.c_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL, 1, 0},
-        {"attn.c_proj.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL},
-        {"ln_2.weight", 1, 1, 0, LOOM_INIT_ONE, 0, REPL},
-        {"ln_2.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL},
-        {"mlp.c_fc.weight", 2, 1, 4, LOOM_INIT_NORMAL, 0, 1},
-        {"mlp.c_fc.bias", 1, 4, 0, LOOM_INIT_ZERO, 0, 0},
-        {"mlp.c_proj.weight", 2, 4, 1, LOOM_INIT_NORMAL, 1, 0},
-        {"mlp.c_proj.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL},
+        {"ln_1.weight", 1, 1, 0, LOOM_INIT_ONE, 0, REPL, 0},
+        {"ln_1.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL, 0},
+        {"attn.c_attn.weight", 2, 1, 3, LOOM_INIT_NORMAL, 0, 2, 2},
+        {"attn.c_attn.bias", 1, 3, 0, LOOM_INIT_ZERO, 0, 1, 1},
+        {"attn.c_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL, 1, 0, 0},
+        {"attn.c_proj.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL, 0},
+        {"ln_2.weight", 1, 1, 0, LOOM_INIT_ONE, 0, REPL, 0},
+        {"ln_2.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL, 0},
+        {"mlp.c_fc.weight", 2, 1, 4, LOOM_INIT_NORMAL, 0, 1, 0},
+        {"mlp.c_fc.bias", 1, 4, 0, LOOM_INIT_ZERO, 0, 0, 0},
+        {"mlp.c_proj.weight", 2, 4, 1, LOOM_INIT_NORMAL, 1, 0, 0},
+        {"mlp.c_proj.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL, 0},
     };
     for (int l = 0; l < L; l++) {
         struct loom_block *b = &m->base.blocks[1 + l];
@@ -112,18 +119,23 @@ static void layout_blocks(struct loom_gpt2 *m)
         b->layer = l;
         for (size_t i = 0; i < sizeof layer_tensors / sizeof layer_tensors[0]; i++) {
             snprintf(name, sizeof name, "h.%d.%s", l, layer_tensors[i].suffix);
-            add_tensor(b, name, layer_tensors[i].ndim, (int64_t)layer_tensors[i].rows * C,
+            const int q = layer_tensors[i].qkv;
+            add_tensor(m, b, name, layer_tensors[i].ndim, (int64_t)layer_tensors[i].rows * C,
                        (int64_t)layer_tensors[i].cols * C, layer_tensors[i].init,
-                       layer_tensors[i].residual_proj ? proj_std : std, layer_tensors[i].tp_split);
+                       layer_tensors[i].residual_proj ? proj_std : std, layer_tensors[i].tp_split,
+                       q ? q + 1 : 0,
+                       q == 2   ? qkv_view
+                       : q == 1 ? qkv_bias_view
+                                : NULL);
         }
     }
     struct loom_block *h = &m->base.blocks[L + 1];
     h->role = LOOM_ROLE_HEAD;
     h->layer = -1;
-    add_tensor(h, "ln_f.weight", 1, C, 0, LOOM_INIT_ONE, 0, REPL);
-    add_tensor(h, "ln_f.bias", 1, C, 0, LOOM_INIT_ZERO, 0, REPL);
+    add_tensor(m, h, "ln_f.weight", 1, C, 0, LOOM_INIT_ONE, 0, REPL, 0, NULL);
+    add_tensor(m, h, "ln_f.bias", 1, C, 0, LOOM_INIT_ZERO, 0, REPL, 0, NULL);
     if (m->cfg.untied) /* Hugging Face's name for GPT2LMHeadModel's own head */
-        add_tensor(h, "lm_head.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, std, 0);
+        add_tensor(m, h, "lm_head.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, std, 0, 0, NULL);
 }
 
 /* The LM head's weight (V,C) and its gradient: the head block's own, or the
@@ -156,7 +168,7 @@ static void round_act(const struct loom_gpt2 *m, float *buf, size_t n)
 
 static size_t att_numel(const struct loom_gpt2 *m)
 {
-    return (size_t)m->B * m->cfg.heads * m->T * m->T;
+    return (size_t)m->B * m->NHl * m->T * m->T;
 }
 
 /* Whether full recomputation reruns layer l's forward in the backward. */
@@ -214,19 +226,19 @@ static float *piece(struct carve *c, size_t n)
 static void layer_buffers(const struct loom_gpt2 *m, struct loom_layer_acts *a, struct carve *c, int with_att,
                           int with_res3)
 {
-    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden;
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl;
     a->ln1 = piece(c, N * C);
     a->ln1_mean = piece(c, N);
     a->ln1_rstd = piece(c, N);
-    a->qkv = piece(c, N * 3 * C);
-    a->atty = piece(c, N * C);
+    a->qkv = piece(c, N * 3 * Cl);
+    a->atty = piece(c, N * Cl);
     a->att = with_att ? piece(c, att_numel(m)) : NULL;
     a->res2 = piece(c, N * C);
     a->ln2 = piece(c, N * C);
     a->ln2_mean = piece(c, N);
     a->ln2_rstd = piece(c, N);
-    a->fch = piece(c, N * 4 * C);
-    a->fch_gelu = piece(c, N * 4 * C);
+    a->fch = piece(c, N * 4 * Cl);
+    a->fch_gelu = piece(c, N * 4 * Cl);
     a->res3 = with_res3 ? piece(c, N * C) : NULL;
 }
 
@@ -245,8 +257,7 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 {
     const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
-    const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T,
-                 NV = loom_mul_size(N, (size_t)m->cfg.vocab);
+    const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T, NV = loom_mul_size(N, (size_t)m->Vl);
     a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
     if (nscratch) a->scratch = loom_alloc(sizeof *a->scratch * (size_t)nscratch, LOOM_MEM_OTHER);
     /* measure the scratch, allocate, then carve it. The last scratch
@@ -301,23 +312,24 @@ static void free_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 
 static void alloc_activations(struct loom_gpt2 *m)
 {
-    const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T;
+    const size_t C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl, N = (size_t)m->B * m->T;
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
     m->dres = act(N * C);
     m->dbufC = act(N * C);
-    m->dqkv = act(N * 3 * C);
+    m->dqkv = act(N * 3 * Cl);
     m->datt = act(att_numel(m));
-    m->dbuf4a = act(N * 4 * C);
-    m->dbuf4b = act(N * 4 * C);
+    m->dbuf4a = act(N * 4 * Cl);
+    m->dbuf4b = act(N * 4 * Cl);
     m->scratchC = act(N * C);
+    if (m->tp > 1) m->ce_stats = act(3 * N);
 }
 
 static void free_activations(struct loom_gpt2 *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->dres, m->dbufC, m->dqkv, m->datt, m->dbuf4a, m->dbuf4b, m->scratchC};
+    float *bufs[] = {m->dres, m->dbufC, m->dqkv, m->datt, m->dbuf4a, m->dbuf4b, m->scratchC, m->ce_stats};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->slots);
     m->slots = NULL;
@@ -364,7 +376,7 @@ static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *
     const struct loom_gpt2_acts *a = m->slots ? &m->slots[m->bwd_slot] : NULL;
     if (m->cfg.untied) return 0; /* the head has its own weight */
     *te = (struct loom_tied_embedding){.block = m->emb,
-                                       .vocab = m->cfg.vocab,
+                                       .vocab = m->Vl,
                                        .width = m->cfg.hidden,
                                        .max_rows = (size_t)m->B * m->T,
                                        .rows = a ? (size_t)a->rows * m->T : 0,
@@ -377,6 +389,7 @@ static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *
 static const float *logits(struct loom_model *model)
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
+    LOOM_ASSERT(m->tp == 1); /* a tp rank holds its vocabulary's columns only */
     return m->slots ? m->slots[0].logits : NULL;
 }
 
@@ -395,8 +408,22 @@ struct loom_gpt2 *loom_gpt2_of(struct loom_model *m)
 
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T)
 {
+    return loom_gpt2_create_tp(cfg, B, T, 1, 0);
+}
+
+struct loom_gpt2 *loom_gpt2_create_tp(const struct loom_gpt2_config *cfg, int B, int T, int tp, int tp_rank)
+{
+    LOOM_ASSERT(tp >= 1 && tp_rank >= 0 && tp_rank < tp && cfg->hidden % tp == 0 && cfg->heads % tp == 0);
     struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
+    m->tp = tp;
+    m->tp_rank = tp_rank;
+    m->Cl = cfg->hidden / tp;
+    m->NHl = cfg->heads / tp;
+    int64_t v0, v1;
+    loom_tp_part(cfg->vocab, tp, tp_rank, &v0, &v1);
+    m->v0 = (int)v0;
+    m->Vl = (int)(v1 - v0);
     m->B = B;
     m->T = T;
     m->act_dtype = LOOM_DTYPE_F32;
@@ -405,6 +432,8 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
     m->nslots = 1;
     const int L = cfg->num_layers;
     loom_model_init(&m->base, &gpt2_ops, "gpt2", L + 2);
+    m->base.tp = tp;
+    m->base.tp_rank = tp_rank;
     m->base.user = m;
     m->base.family = &loom_gpt2_family;
     m->k = m->base.backend->k;
@@ -431,33 +460,41 @@ enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_
  * recompute, so nothing here may depend on when it runs. */
 static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, const float *res, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, NH = m->cfg.heads, N = B * T;
-    const size_t NC = (size_t)N * C;
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T;
+    const size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
+    /* a row-parallel projection's bias is added once, by tp rank 0, to the
+     * partial sums the all-reduce adds up */
+    const int own_bias = m->tp_rank == 0;
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_layer_acts *x = &a->layers[l];
     m->k->layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
                             N, C, (float)m->cfg.norm_eps);
     round_act(m, x->ln1, NC);
-    m->k->matmul_forward(x->qkv, x->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * C);
-    round_act(m, x->qkv, 3 * NC);
-    m->k->attention_forward(x->atty, x->att, x->qkv, B, T, C, NH);
-    round_act(m, x->atty, NC);
-    m->k->matmul_forward(m->scratchC, x->atty, loom_param(b, ATTPROJ_W), loom_param(b, ATTPROJ_B), N, C, C);
+    /* column-parallel QKV (this rank's heads), attention on them, row-parallel output projection */
+    m->k->matmul_forward(x->qkv, x->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * Cl);
+    round_act(m, x->qkv, 3 * NCl);
+    m->k->attention_forward(x->atty, x->att, x->qkv, B, T, Cl, NHl);
+    round_act(m, x->atty, NCl);
+    m->k->matmul_forward(m->scratchC, x->atty, loom_param(b, ATTPROJ_W),
+                         own_bias ? loom_param(b, ATTPROJ_B) : NULL, N, Cl, C);
+    if (m->tp > 1) loom_tp_reduce_forward(m->scratchC, NC);
     round_act(m, m->scratchC, NC);
     m->k->residual_forward(x->res2, res, m->scratchC, NC);
     round_act(m, x->res2, NC);
     m->k->layernorm_forward(x->ln2, x->ln2_mean, x->ln2_rstd, x->res2, loom_param(b, LN2_W),
                             loom_param(b, LN2_B), N, C, (float)m->cfg.norm_eps);
     round_act(m, x->ln2, NC);
-    m->k->matmul_forward(x->fch, x->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * C);
-    round_act(m, x->fch, 4 * NC);
+    /* column-parallel fc, GELU on this rank's columns, row-parallel projection */
+    m->k->matmul_forward(x->fch, x->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * Cl);
+    round_act(m, x->fch, 4 * NCl);
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
-        m->k->gelu_exact_forward(x->fch_gelu, x->fch, 4 * NC);
+        m->k->gelu_exact_forward(x->fch_gelu, x->fch, 4 * NCl);
     else
-        m->k->gelu_forward(x->fch_gelu, x->fch, 4 * NC);
-    round_act(m, x->fch_gelu, 4 * NC);
-    m->k->matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W), loom_param(b, FCPROJ_B), N, 4 * C,
-                         C);
+        m->k->gelu_forward(x->fch_gelu, x->fch, 4 * NCl);
+    round_act(m, x->fch_gelu, 4 * NCl);
+    m->k->matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W),
+                         own_bias ? loom_param(b, FCPROJ_B) : NULL, N, 4 * Cl, C);
+    if (m->tp > 1) loom_tp_reduce_forward(m->scratchC, NC);
     round_act(m, m->scratchC, NC);
     m->k->residual_forward(x->res3, x->res2, m->scratchC, NC);
     round_act(m, x->res3, NC);
@@ -468,6 +505,23 @@ static void layers_of(const struct loom_gpt2 *m, int first, int last, int *l0, i
 {
     *l0 = (first > m->emb ? first : m->emb + 1) - 1;
     *l1 = (last < m->head ? last : m->head - 1) - 1;
+}
+
+/* The loss of every row from this rank's logits (N, Vl) of vocabulary rows
+ * [v0, v0 + Vl), never gathering the whole vocabulary: the row max, then the
+ * sum of exponentials and the target's logit, each reduced over the tp
+ * group; lse = max + log(sum), loss = lse - target logit. */
+static void vocab_parallel_crossentropy(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int N)
+{
+    float *rowmax = m->ce_stats, *sums = m->ce_stats + N; /* sums: N sums of exponentials, N target logits */
+    m->k->crossentropy_vp_max(rowmax, a->logits, N, m->Vl);
+    loom_tp_allreduce(rowmax, (size_t)N, LOOM_OP_MAX);
+    m->k->crossentropy_vp_stats(sums, sums + N, a->logits, rowmax, a->targets, m->v0, N, m->Vl);
+    loom_tp_allreduce(sums, 2 * (size_t)N, LOOM_OP_SUM);
+    for (int i = 0; i < N; i++) {
+        a->lse[i] = rowmax[i] + logf(sums[i]);
+        a->losses[i] = a->lse[i] - sums[N + i];
+    }
 }
 
 /* Blocks [first, last] on the slot's micro-batch. A range starting after the
@@ -485,7 +539,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     LOOM_ASSERT(B >= 1 && B <= m->B && mb->slot >= 0 && mb->slot < m->nslots);
     LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks);
     if (!m->slots) alloc_activations(m);
-    const int T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
+    const int T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T;
     const size_t NC = (size_t)N * C;
     struct loom_gpt2_acts *a = &m->slots[mb->slot];
     const struct loom_lm_batch *batch = mb->batch;
@@ -499,7 +553,13 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     if (first == m->emb) {
         struct loom_block *emb = &model->blocks[m->emb];
         loom_model_forward_begin(model, m->emb);
-        m->k->embedding_forward(a->encoded, a->inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
+        if (m->tp == 1) {
+            m->k->embedding_forward(a->encoded, a->inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
+        } else { /* vocab-parallel: this rank's rows, the positions added once (tp rank 0), summed */
+            m->k->embedding_vp_forward(a->encoded, a->inputs, loom_param(emb, 0),
+                                       m->tp_rank == 0 ? loom_param(emb, 1) : NULL, m->v0, Vl, B, T, C);
+            loom_tp_reduce_forward(a->encoded, NC);
+        }
         round_act(m, a->encoded, NC);
         loom_model_forward_end(model, m->emb);
     } else {
@@ -524,13 +584,16 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, LNF_W),
                             loom_param(head, LNF_B), N, C, (float)m->cfg.norm_eps);
     round_act(m, a->lnf, NC);
-    m->k->lm_head_forward(a->logits, a->lnf, lm_head_weight(m), N, C, V);
-    round_act(m, a->logits, (size_t)N * V);
+    m->k->lm_head_forward(a->logits, a->lnf, lm_head_weight(m), N, C, Vl);
+    round_act(m, a->logits, (size_t)N * Vl);
     loom_model_forward_end(model, m->head);
     if (announce_emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
     if (!a->targets) return;
-    m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
+    if (m->tp == 1)
+        m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, Vl);
+    else
+        vocab_parallel_crossentropy(m, a, N);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += a->losses[i];
     mb->loss = (float)(sum / N);
@@ -540,38 +603,41 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
  * and receives the gradient at its input; its parameter gradients accumulate. */
 static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, NH = m->cfg.heads, N = B * T;
-    const size_t NC = (size_t)N * C;
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T;
+    const size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_layer_acts *x = &a->layers[l];
-    /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))) */
+    /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); the replicated
+     * bias's gradient is the same on every tp rank (the same dres) */
     m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), m->dres, x->fch_gelu,
-                          loom_param(b, FCPROJ_W), N, 4 * C, C);
-    round_act(m, m->dbuf4a, 4 * NC);
+                          loom_param(b, FCPROJ_W), N, 4 * Cl, C);
+    round_act(m, m->dbuf4a, 4 * NCl);
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
-        m->k->gelu_exact_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NC);
+        m->k->gelu_exact_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NCl);
     else
-        m->k->gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NC);
-    round_act(m, m->dbuf4b, 4 * NC);
+        m->k->gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NCl);
+    round_act(m, m->dbuf4b, 4 * NCl);
     m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b, x->ln2,
-                          loom_param(b, FC_W), N, C, 4 * C);
+                          loom_param(b, FC_W), N, C, 4 * Cl);
+    if (m->tp > 1) loom_tp_copy_backward(m->dbufC, NC); /* partial over this rank's columns */
     round_act(m, m->dbufC, NC);
     m->k->layernorm_backward(m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), m->dbufC, x->res2,
                              loom_param(b, LN2_W), x->ln2_mean, x->ln2_rstd, N, C);
     round_act(m, m->dres, NC);
     /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
     m->k->matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), m->dres, x->atty,
-                          loom_param(b, ATTPROJ_W), N, C, C);
-    round_act(m, m->dbufC, NC);
+                          loom_param(b, ATTPROJ_W), N, Cl, C);
+    round_act(m, m->dbufC, NCl);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) {
         /* the probabilities again, from the kept qkv; the output (kept as atty) is dropped */
-        m->k->attention_forward(m->scratchC, x->att, x->qkv, B, T, C, NH);
+        m->k->attention_forward(m->scratchC, x->att, x->qkv, B, T, Cl, NHl);
     }
     /* datt is the kernel's own scratch, read by nothing after it: not rounded */
-    m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, C, NH);
-    round_act(m, m->dqkv, 3 * NC);
+    m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, Cl, NHl);
+    round_act(m, m->dqkv, 3 * NCl);
     m->k->matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv, x->ln1,
-                          loom_param(b, QKV_W), N, C, 3 * C);
+                          loom_param(b, QKV_W), N, C, 3 * Cl);
+    if (m->tp > 1) loom_tp_copy_backward(m->dbufC, NC);
     round_act(m, m->dbufC, NC);
     m->k->layernorm_backward(m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), m->dbufC, layer_input(a, l),
                              loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd, N, C);
@@ -582,7 +648,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
     struct loom_gpt2_acts *a = &m->slots[mb->slot];
-    const int B = a->rows, T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
+    const int B = a->rows, T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T;
     const size_t NC = (size_t)N * C;
     m->bwd_slot = mb->slot;
     int l0, l1;
@@ -591,14 +657,20 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         LOOM_ASSERT(a->targets != NULL);
         struct loom_block *head = &model->blocks[m->head];
         /* loss -> logits (in place) -> final norm */
-        m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
-        round_act(m, a->logits, (size_t)N * V);
+        if (m->tp == 1)
+            m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N,
+                                        Vl);
+        else
+            m->k->crossentropy_vp_backward(a->logits, a->lse, a->logits, a->targets, m->v0,
+                                           loss_weight / (float)N, N, Vl);
+        round_act(m, a->logits, (size_t)N * Vl);
         if (!m->cfg.untied) {
             loom_model_backward_begin(model, m->emb);
             a->emb_open = 1; /* the embedding's gradients are open until its own backward */
         }
         loom_model_backward_begin(model, m->head);
-        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, a->lnf, lm_head_weight(m), N, C, V);
+        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, a->lnf, lm_head_weight(m), N, C, Vl);
+        if (m->tp > 1) loom_tp_copy_backward(m->dbufC, NC); /* partial over this rank's vocabulary */
         round_act(m, m->dbufC, NC);
         if (!m->cfg.untied) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         memset(m->dres, 0, NC * sizeof(float));
@@ -629,8 +701,12 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     }
     struct loom_block *emb = &model->blocks[m->emb];
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
-    m->k->embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
-                             a->inputs, B, T, C);
+    if (m->tp == 1)
+        m->k->embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
+                                 a->inputs, B, T, C);
+    else /* this rank's vocabulary rows; the positions' gradient is the same on every tp rank */
+        m->k->embedding_vp_backward(loom_grad(emb, 0), loom_grad(emb, 1), m->dres, a->inputs, m->v0, m->Vl, B,
+                                    T, C);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;
 }
@@ -651,5 +727,6 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
 
 double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)
 {
-    return 6.0 * (double)m->base.num_params + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    /* this rank's share: its parameters, its heads' attention */
+    return 6.0 * (double)m->base.num_params + 12.0 * m->cfg.num_layers * (double)m->T * m->Cl;
 }

@@ -75,6 +75,12 @@ struct loom_gpt2 {
     enum loom_recompute_method recompute_method;
     int recompute_num_layers; /* N */
 
+    /* tensor parallelism: this rank's part of the tp group of tp ranks */
+    int tp, tp_rank;
+    int Cl, NHl;     /* hidden / tp channels and heads / tp heads of attention and MLP (x4) */
+    int v0, Vl;      /* vocabulary rows [v0, v0 + Vl) of wte and the LM head */
+    float *ce_stats; /* (3, B*T) the vocab-parallel cross-entropy's row statistics, tp > 1 only */
+
     const struct loom_kernels *k; /* the backend's kernels (kernels/backend.h): the CPU's */
     int nslots;                   /* micro-batches in flight (loom_model_ops.set_slots; default 1) */
     struct loom_gpt2_acts *slots; /* (nslots), allocated by the first forward */
@@ -107,6 +113,11 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);
  * activations are allocated by the first forward, once the recompute
  * settings are known. Weights are zero until initialised or loaded. */
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T);
+/* The same as rank tp_rank of a tensor-parallel group of tp (Megatron's
+ * layout: column-parallel c_attn and c_fc, row-parallel c_proj,
+ * vocab-parallel wte and LM head; layers use parallel/tensor.h). hidden and
+ * heads must divide by tp; the vocabulary splits unevenly when it does not. */
+struct loom_gpt2 *loom_gpt2_create_tp(const struct loom_gpt2_config *cfg, int B, int T, int tp, int tp_rank);
 void loom_gpt2_free(struct loom_gpt2 *m);
 
 /* Recomputation (Megatron's): granularity NONE and SELECTIVE take method

@@ -68,13 +68,21 @@ static struct loom_gpt2 *gpt2_of(const struct loom_model *m)
 static int check(const struct loom_config *cfg, int T)
 {
     const struct loom_gpt2_config mc = shape_of_config(cfg);
-    return loom_gpt2_config_check(&mc, T);
+    int rc = loom_gpt2_config_check(&mc, T);
+    const int tp = cfg->tensor_model_parallel_size;
+    if (rc == LOOM_OK && mc.heads % tp != 0) /* the hidden size then divides too, and the MLP's 4x */
+        rc = loom_error_set(
+            LOOM_ERR_INPUT,
+            "--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d: each "
+            "tensor-parallel rank computes whole heads",
+            mc.heads, tp);
+    return rc;
 }
 
-static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training)
+static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank)
 {
     const struct loom_gpt2_config mc = shape_of_config(cfg);
-    struct loom_gpt2 *m = loom_gpt2_create(&mc, B, T);
+    struct loom_gpt2 *m = loom_gpt2_create_tp(&mc, B, T, cfg->tensor_model_parallel_size, tp_rank);
     loom_gpt2_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;

@@ -51,14 +51,17 @@ static int check_tied_head(struct loom_gpt2 *m, const char *path, const struct l
     const size_t n = (size_t)m->cfg.vocab * (size_t)m->cfg.hidden;
     if (head->ndim != 2 || head->shape[0] != m->cfg.vocab || head->shape[1] != m->cfg.hidden)
         return loom_error_set(LOOM_ERR_INPUT, "%s: lm_head.weight does not have wte.weight's shape", path);
-    float *w = malloc(n * sizeof(float));
-    if (!w) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory reading %s", path);
-    int rc = loom_st_read_f32(head, w, n);
-    if (rc == LOOM_OK && memcmp(w, emb->work_params, n * sizeof(float)) != 0)
+    const struct loom_tensor *wte = &emb->tensors[0]; /* this model's part of it */
+    float *w = malloc(n * sizeof(float)), *part = malloc(wte->numel * sizeof(float));
+    int rc = w && part ? loom_st_read_f32(head, w, n)
+                       : loom_error_set(LOOM_ERR_RUNTIME, "out of memory reading %s", path);
+    if (rc == LOOM_OK) loom_tensor_take_part(wte, w, part);
+    if (rc == LOOM_OK && memcmp(part, emb->work_params, wte->numel * sizeof(float)) != 0)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "%s: lm_head.weight differs from wte.weight, so the LM head is not tied "
                             "(tie_word_embeddings false): give --untie-embeddings-and-output-weights",
                             path);
+    free(part);
     free(w);
     return rc;
 }
@@ -77,15 +80,14 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
                 rc = loom_error_set(LOOM_ERR_INPUT, "%s: missing tensor %s", path, t->name);
                 goto fail;
             }
-            int ok = s->ndim == t->ndim;
-            for (int d = 0; ok && d < t->ndim; d++) ok = s->shape[d] == t->shape[d];
+            int ok = s->ndim == t->ndim; /* the whole tensor's shape, whatever part this model holds */
+            for (int d = 0; ok && d < t->ndim; d++) ok = s->shape[d] == t->full[d];
             if (!ok) {
                 char want[64], got[96] = "";
                 if (t->ndim == 2)
-                    snprintf(want, sizeof want, "[%lld, %lld]", (long long)t->shape[0],
-                             (long long)t->shape[1]);
+                    snprintf(want, sizeof want, "[%lld, %lld]", (long long)t->full[0], (long long)t->full[1]);
                 else
-                    snprintf(want, sizeof want, "[%lld]", (long long)t->shape[0]);
+                    snprintf(want, sizeof want, "[%lld]", (long long)t->full[0]);
                 for (int d = 0; d < s->ndim; d++) {
                     size_t l = strlen(got);
                     snprintf(got + l, sizeof got - l, "%s%lld", d ? ", " : "", (long long)s->shape[d]);
@@ -94,7 +96,22 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
                                     s->name, got, want);
                 goto fail;
             }
-            if ((rc = loom_st_read_f32(s, b->work_params + t->offset, t->numel))) goto fail;
+            if (t->tp_split == LOOM_TP_REPLICATED) {
+                if ((rc = loom_st_read_f32(s, b->work_params + t->offset, t->numel))) goto fail;
+                continue;
+            }
+            /* a tensor-parallel part: the whole tensor, then this rank's box of it */
+            size_t n = 1;
+            for (int d = 0; d < t->ndim; d++) n *= (size_t)t->full[d];
+            float *whole = malloc(n * sizeof(float));
+            if (!whole) {
+                rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory reading %s", path);
+                goto fail;
+            }
+            if ((rc = loom_st_read_f32(s, whole, n)) == LOOM_OK)
+                loom_tensor_take_part(t, whole, b->work_params + t->offset);
+            free(whole);
+            if (rc) goto fail;
         }
     }
     /* a tied model must not drop an LM head of the file's own: that is

@@ -554,9 +554,13 @@ int loom_llmc_load(struct loom_gpt2 *m, const char *path)
                             "model of this run",
                             path, a->num_layers, a->hidden, a->heads, a->max_pos, a->vocab);
     } else {
-        for (int i = 0; i < m->base.nblocks; i++)
-            memcpy(m->base.blocks[i].work_params, file->base.blocks[i].work_params,
-                   m->base.blocks[i].numel * sizeof(float));
+        for (int i = 0; i < m->base.nblocks; i++) /* this model's part of each tensor (tensor parallelism) */
+            for (int k = 0; k < m->base.blocks[i].ntensors; k++) {
+                const struct loom_tensor *t = &m->base.blocks[i].tensors[k];
+                loom_tensor_take_part(
+                    t, file->base.blocks[i].work_params + file->base.blocks[i].tensors[k].offset,
+                    m->base.blocks[i].work_params + t->offset);
+            }
     }
     loom_gpt2_free(file);
     loom_llmc_extra_free(&extra);

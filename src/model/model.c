@@ -21,6 +21,7 @@ void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, con
     m->nblocks = nblocks;
     m->dtype = LOOM_DTYPE_F32;
     m->backend = loom_backend_cpu();
+    m->tp = 1;
     m->blocks = loom_alloc(sizeof *m->blocks * (size_t)nblocks, LOOM_MEM_OTHER);
     for (int i = 0; i < nblocks; i++) {
         m->blocks[i].role = LOOM_ROLE_LAYER;
@@ -28,27 +29,85 @@ void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, con
     }
 }
 
-struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim,
-                                          const int64_t *shape)
+void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi)
+{
+    LOOM_ASSERT(tp >= 1 && r >= 0 && r < tp && n >= 0);
+    *lo = n * r / tp;
+    *hi = n * (r + 1) / tp;
+}
+
+struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char *name, int ndim,
+                                                const int64_t *full, int view_ndim, const int64_t *view,
+                                                int split, int tp, int tp_rank)
 {
     LOOM_ASSERT(b->ntensors < LOOM_BLOCK_MAX_TENSORS && ndim >= 1 && ndim <= LOOM_TENSOR_MAX_DIMS);
+    const int own_view = view == NULL; /* the view is full itself: dimension d is view dimension d */
+    if (own_view) view_ndim = ndim, view = full;
+    LOOM_ASSERT(view_ndim >= 1 && view_ndim <= LOOM_TP_VIEW_MAX_DIMS);
+    if (tp == 1) split = LOOM_TP_REPLICATED;
+    LOOM_ASSERT(split == LOOM_TP_REPLICATED || (split >= 0 && split < view_ndim));
     struct loom_tensor *t = &b->tensors[b->ntensors++];
+    memset(t, 0, sizeof *t);
     LOOM_ASSERT(strlen(name) < sizeof t->name);
     strcpy(t->name, name);
     t->ndim = ndim;
-    t->numel = 1;
+    t->view_ndim = view_ndim;
+    for (int d = 0; d < view_ndim; d++) t->view[d] = view[d];
+    t->tp_split = split;
+    if (split != LOOM_TP_REPLICATED) loom_tp_part(view[split], tp, tp_rank, &t->tp_lo, &t->tp_hi);
+    /* the part's shape: the full dims, the one holding the split view
+     * dimension shrunk by the part's fraction of it */
+    int v = 0;
     for (int d = 0; d < LOOM_TENSOR_MAX_DIMS; d++) {
-        t->shape[d] = d < ndim ? shape[d] : 1;
-        LOOM_ASSERT(t->shape[d] >= 1);
-        t->numel = loom_mul_size(t->numel, (size_t)t->shape[d]);
+        t->full[d] = d < ndim ? full[d] : 1;
+        LOOM_ASSERT(t->full[d] >= 1);
+        t->shape[d] = t->full[d];
+        if (d >= ndim) continue;
+        int64_t prod = 1;
+        int v0 = v;
+        if (own_view)
+            prod = view[v++];
+        else
+            while (v < view_ndim && prod < full[d]) prod *= view[v++];
+        LOOM_ASSERT(prod == full[d]); /* the view regroups full */
+        if (split != LOOM_TP_REPLICATED && split >= v0 && split < v)
+            t->shape[d] = full[d] / view[split] * (t->tp_hi - t->tp_lo);
     }
+    LOOM_ASSERT(v == view_ndim);
+    t->numel = 1;
+    for (int d = 0; d < LOOM_TENSOR_MAX_DIMS; d++) t->numel = loom_mul_size(t->numel, (size_t)t->shape[d]);
     t->offset = b->numel;
     t->decay = ndim >= 2;
     t->init = LOOM_INIT_NORMAL;
     t->init_std = 0.02;
-    t->tp_split = LOOM_TP_REPLICATED;
     b->numel += t->numel;
     return t;
+}
+
+void loom_tensor_take_part(const struct loom_tensor *t, const float *full, float *part)
+{
+    if (t->tp_split == LOOM_TP_REPLICATED) {
+        memcpy(part, full, t->numel * sizeof(float));
+        return;
+    }
+    /* runs of `inner` contiguous entries, one per index of the dims up to the split one */
+    int64_t inner = 1, outer = 1;
+    for (int d = t->tp_split + 1; d < t->view_ndim; d++) inner *= t->view[d];
+    for (int d = 0; d <= t->tp_split; d++) outer *= t->view[d];
+    size_t j = 0;
+    for (int64_t o = 0; o < outer; o++) {
+        const int64_t k = o % t->view[t->tp_split];
+        if (k < t->tp_lo || k >= t->tp_hi) continue;
+        memcpy(part + j, full + o * inner, (size_t)inner * sizeof(float));
+        j += (size_t)inner;
+    }
+    LOOM_ASSERT(j == t->numel);
+}
+
+struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim,
+                                          const int64_t *shape)
+{
+    return loom_block_add_tensor_split(b, name, ndim, shape, 0, NULL, LOOM_TP_REPLICATED, 1, 0);
 }
 
 void loom_model_layout_done(struct loom_model *m)
@@ -135,7 +194,22 @@ void loom_model_init_block(struct loom_model *m, int bi, uint64_t seed, float *o
             /* each tensor its own stream: a block's values depend on no other's */
             struct loom_rng rng;
             loom_rng_seed(&rng, loom_hash3(seed, (uint64_t)bi, (uint64_t)ti));
-            for (size_t i = 0; i < t->numel; i++) p[i] = (float)(t->init_std * loom_rng_normal(&rng));
+            if (t->tp_split == LOOM_TP_REPLICATED) {
+                for (size_t i = 0; i < t->numel; i++) p[i] = (float)(t->init_std * loom_rng_normal(&rng));
+                break;
+            }
+            /* a part: the whole tensor's stream, keeping the box's entries
+             * (visited in the box's row-major order) */
+            int64_t inner = 1, total = 1;
+            for (int d = t->tp_split + 1; d < t->view_ndim; d++) inner *= t->view[d];
+            for (int d = 0; d < t->view_ndim; d++) total *= t->view[d];
+            size_t j = 0;
+            for (int64_t i = 0; i < total; i++) {
+                const float x = (float)(t->init_std * loom_rng_normal(&rng));
+                const int64_t k = i / inner % t->view[t->tp_split];
+                if (k >= t->tp_lo && k < t->tp_hi) p[j++] = x;
+            }
+            LOOM_ASSERT(j == t->numel);
             break;
         }
         default:

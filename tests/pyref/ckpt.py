@@ -2,9 +2,12 @@
 description in src/io/checkpoint.h: a checkpoint directory holds
 trainer_state.json and one safetensors file per rank; each stored tensor is a
 piece of the full tensor of its name, described by metadata
-loom.slice.<name> = {"shape": full, "box": [[start, stop], ...], "range": [lo, hi]}
-(absent: the piece is the whole tensor). assemble() rebuilds every full
-tensor and checks that its pieces cover it exactly once.
+loom.slice.<name> = {"shape": full, "view": dims, "box": [[start, stop], ...], "range": [lo, hi]}
+(absent: the piece is the whole tensor; "view", when present, is the full
+shape regrouped, row-major, and the box is cut in it: a tensor-parallel
+rank's q, k and v columns of c_attn [C, 3C] are the box [:, :, part] of the
+view [C, 3, C]). assemble() rebuilds every full tensor and checks that its
+pieces cover it exactly once.
 """
 import json
 import os
@@ -44,14 +47,17 @@ def assemble(path):
                 full[name] = np.zeros(shape, np.float32)
                 covered[name] = np.zeros(shape, np.int32)
             assert full[name].shape == shape, f"{name}: pieces disagree on the shape"
+            dims = tuple(spec.get("view", shape))
+            assert int(np.prod(dims)) == int(np.prod(shape)), f"{name}: view {dims} is not a regrouping of {shape}"
+            target, ctarget = full[name].reshape(dims), covered[name].reshape(dims)  # views of the arrays
             box = tuple(slice(a, b) for a, b in spec["box"])
             lo, hi = spec["range"]
-            view = full[name][box].reshape(-1)  # a copy when the box is not contiguous
-            cview = covered[name][box].reshape(-1)
+            view = target[box].reshape(-1)  # a copy when the box is not contiguous
+            cview = ctarget[box].reshape(-1)
             view[lo:hi] = piece.reshape(-1)
             cview[lo:hi] += 1
-            full[name][box] = view.reshape(full[name][box].shape)
-            covered[name][box] = cview.reshape(covered[name][box].shape)
+            target[box] = view.reshape(target[box].shape)
+            ctarget[box] = cview.reshape(ctarget[box].shape)
     for name, c in covered.items():
         assert (c == 1).all(), f"{name}: pieces cover some elements {c.min()}..{c.max()} times"
     return full

@@ -1,0 +1,36 @@
+/*
+ * Tensor parallelism (Megatron-LM's): the communication a model's layers
+ * use on their local parts, written once as forward/backward pairs over the
+ * tensor-parallel group (comm/comm.h's LOOM_GROUP_TP). With one rank in the
+ * group every one of them is the identity.
+ *
+ *   copy    f: identity forward; all-reduce of the gradient backward. Enters
+ *           a column-parallel region (QKV, MLP fc, the vocab-parallel LM head):
+ *           each rank's input gradient is a partial sum over its columns.
+ *   reduce  g: all-reduce forward; identity backward. Leaves a row-parallel
+ *           region (the attention and MLP output projections, the
+ *           vocab-parallel embedding): each rank's output is a partial sum.
+ *
+ * The vocab-parallel cross-entropy's statistics (row max, sum of
+ * exponentials, target logit) are reduced with loom_tp_allreduce. Which
+ * tensors are split, and how, is each tensor's declaration (loom/model.h:
+ * tp_split, view); the gradients of replicated tensors need no sync without
+ * sequence parallelism, since every tp rank computes them from the same
+ * inputs. Not here: sequence parallelism's scatter/gather pairs, pipeline
+ * send/recv (schedule.c).
+ */
+#ifndef LOOM_PARALLEL_TENSOR_H
+#define LOOM_PARALLEL_TENSOR_H
+
+#include <stddef.h>
+
+#include "comm/comm.h"
+
+/* f's backward: dx (n floats) summed over the tp group, in place. */
+void loom_tp_copy_backward(float *dx, size_t n);
+/* g's forward: y (n floats) summed over the tp group, in place. */
+void loom_tp_reduce_forward(float *y, size_t n);
+/* x (n floats) reduced over the tp group with op, in place. */
+void loom_tp_allreduce(float *x, size_t n, enum loom_op op);
+
+#endif

@@ -1,0 +1,141 @@
+"""Tensor parallelism (Megatron's) keeps the math.
+
+Equivalence (lib.tiny_run and lib.compare_runs, as test_ddp.py and
+test_zero.py: per-step loss over 20 steps within 1e-5 relative, and the final
+weights assembled from every rank's pieces within 1e-5) against one process
+reaching the same global batch:
+  - --tensor-model-parallel-size 2 and 4 (heads, c_attn's q/k/v columns, the
+    MLP and the vocabulary split; 255 tokens split unevenly);
+  - TP 2 x DP 2 under DDP and ZeRO-1, 2 and 3;
+  - TP 2 with an untied LM head and exact GELU (the vocab-parallel head of its own);
+  - bf16 under TP 2 against bf16 in one process: within 1e-4, not bit for
+    bit, since tensor parallelism changes the order of the float32 sums
+    (partial products added by the all-reduce; the vocab-parallel softmax's
+    sums), and a bf16 activation rounded from a value that moved by one
+    float32 rounding can land one bf16 step (2^-8 relative) away; those
+    flips average out in the loss to ~1e-5 (measured 4e-5 at worst), and
+    leave the bf16 weights within a bf16 step (4e-3; measured 1.4e-3 for
+    the worst tensor, 3.7e-4 for the whole model);
+  - a checkpoint saved under TP 2 x DP 2 resumes in one process, and one
+    saved in one process resumes under TP 2, continuing with the
+    uninterrupted run's losses (1e-5); `loom convert` exports the TP
+    checkpoint to the same weights.
+Memory (loom's accounting, GPT-2 124M, one step): parameter, gradient and
+optimizer bytes per rank at TP 2 are half the one-process bytes within 5%
+(the replicated position table, norms and row-parallel biases are 0.7% of
+the model).
+Errors, each exit 2 and one line: heads not divisible by T, a world size T
+does not divide, T larger than the world.
+"""
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import lib
+from lib import check
+from pyref import ckpt
+
+BATCH = ["--global-batch-size", "8"]
+
+
+def run(tmp, tag, n, extra):
+    return lib.tiny_run(tmp, tag, n, BATCH + extra)
+
+
+def equivalence(tmp):
+    ref = run(tmp, "single", 1, ["--micro-batch-size", "1", "--vocab-size", "255"])
+    for tp, n, extra in ((2, 2, []), (4, 4, []),
+                         (2, 4, ["--zero-stage", "0"]), (2, 4, ["--zero-stage", "1"]),
+                         (2, 4, ["--zero-stage", "2"]), (2, 4, ["--zero-stage", "3"])):
+        tag = f"tp{tp}-np{n}" + (f"-zero{extra[1]}" if extra else "")
+        got = run(tmp, tag, n, ["--micro-batch-size", "2", "--vocab-size", "255",
+                                "--tensor-model-parallel-size", str(tp)] + extra)
+        lib.compare_runs(tag, ref, got)
+    numerics = ["--untie-embeddings-and-output-weights", "--activation-function", "gelu"]
+    ref_u = run(tmp, "single-untied", 1, ["--micro-batch-size", "1"] + numerics)
+    lib.compare_runs("tp2-untied-gelu", ref_u, run(tmp, "tp2-untied", 2, [
+        "--micro-batch-size", "2", "--tensor-model-parallel-size", "2"] + numerics))
+    # bf16 weights: a flipped rounding is one bf16 step, 2^-8 = 3.9e-3 of that element (see the top)
+    ref_b = run(tmp, "single-bf16", 1, ["--micro-batch-size", "2", "--bf16"])
+    lib.compare_runs("tp2-bf16", ref_b, run(tmp, "tp2-bf16", 2, [
+        "--micro-batch-size", "2", "--bf16", "--tensor-model-parallel-size", "2"]), tol=1e-4, wtol=4e-3)
+    return ref
+
+
+def resume(tmp, ref):
+    """TP 2 x DP 2 -> one process, and one process -> TP 2, from step 10 of 20."""
+    first = ["--micro-batch-size", "1", "--vocab-size", "255", "--save-interval", "10"]
+    for tag, n, save_flags, load_n, load_flags in (
+            ("tp2dp2-to-1", 4, ["--tensor-model-parallel-size", "2", "--zero-stage", "1"], 1, []),
+            ("1-to-tp2", 1, [], 2, ["--tensor-model-parallel-size", "2"])):
+        run(tmp, f"{tag}-first", n, first + save_flags)
+        at10 = os.path.join(tmp, f"{tag}-first", "iter_0000010")
+        losses, weights, _ = run(tmp, tag, load_n, ["--micro-batch-size", "1", "--vocab-size", "255",
+                                                    "--load", at10] + load_flags)
+        worst = max(lib.rel(a, b) for a, b in zip(losses, ref[0][10:]))
+        check(f"{tag}: steps 11-20 after the resume are the uninterrupted run's (worst rel {worst:.1e}, tol 1e-5)",
+              len(losses) == 10 and worst <= 1e-5, f"{losses} vs {ref[0][10:]}")
+    # the TP checkpoint exported whole
+    src = os.path.join(tmp, "tp2dp2-to-1-first", "iter_0000010")
+    out = os.path.join(tmp, "tp-export.safetensors")
+    p = lib.loom("convert", src, out, timeout=300)
+    if p.returncode == 0:
+        from pyref import st
+        exported, assembled = st.load(out), ckpt.weights(src)
+        same = sorted(exported) == sorted(assembled) and all(np.array_equal(exported[k], assembled[k])
+                                                              for k in assembled)
+        check("loom convert of a TP 2 x DP 2 checkpoint: the assembled tensors, bit for bit", same)
+    else:
+        check("loom convert of a TP 2 x DP 2 checkpoint", False, p.stderr)
+
+
+def memory(tmp):
+    """GPT-2 124M, one step: per-rank bytes at TP 2 against one process."""
+    flags = ["train", "--model", "gpt2", "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "1",
+             "--train-iters", "1", "--eval-iters", "0", "--log-interval", "1", "--threads", "1",
+             "--data-path", os.path.join(tmp, "train.bin"), "--comm-timeout", "120"]
+    rows = {}
+    for tp in (1, 2):
+        metrics = os.path.join(tmp, f"mem-tp{tp}.jsonl")
+        lib.run_ranks(tp, [lib.LOOM] + flags + ["--tensor-model-parallel-size", str(tp), "--metrics", metrics],
+                      tag=f"gpt2 124M at tp {tp}", timeout=600)
+        row = lib.metrics_rows(metrics)[-1]
+        rows[tp] = row.get("mem_by_rank") or [row["mem"]]
+    for key in ("params", "grads", "optimizer"):
+        one = rows[1][0][key]
+        per = [r[key] for r in rows[2]]
+        worst = max(abs(b - one / 2) / (one / 2) for b in per)
+        check(f"GPT-2 124M, TP 2: {key} bytes per rank within 5% of half of one process's "
+              f"({one / 2 / 2**20:.1f} MiB; got {', '.join(f'{b / 2**20:.1f}' for b in per)} MiB, worst {worst:.2%})",
+              worst <= 0.05)
+
+
+def errors(tmp):
+    base = [lib.LOOM, "train", "--data-path", os.path.join(tmp, "train.bin")] + lib.TINY_MODEL + [
+        "--train-iters", "1", "--comm-timeout", "30"]
+    for tag, n, extra, words in (
+            ("heads not divisible by T", 3, ["--tensor-model-parallel-size", "3"], ["--num-attention-heads 4",
+                                                                                  "--tensor-model-parallel-size 3"]),
+            ("a world T does not divide", 3, ["--tensor-model-parallel-size", "2"], ["3"]),
+            ("T larger than the world", 2, ["--tensor-model-parallel-size", "4"], ["4", "2"])):
+        p = lib.run_ranks(n, base + extra, expect=None, tag=tag)
+        lines = lib.error_lines(p.stderr)
+        check(f"{tag}: exit 2, one line naming the sizes", p.returncode == 2 and len(lines) == 1 and
+              all(w in lines[0] for w in words), p.stderr[-600:])
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        lib.write_corpus(tmp)
+        ref = equivalence(tmp)
+        resume(tmp, ref)
+        errors(tmp)
+        memory(tmp)
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
