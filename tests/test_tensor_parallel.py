@@ -1,4 +1,4 @@
-"""Tensor parallelism (Megatron's) keeps the math.
+"""Tensor and sequence parallelism (Megatron's) keep the math.
 
 Equivalence (lib.tiny_run and lib.compare_runs, as test_ddp.py and
 test_zero.py: per-step loss over 20 steps within 1e-5 relative, and the final
@@ -7,6 +7,8 @@ reaching the same global batch:
   - --tensor-model-parallel-size 2 and 4 (heads, c_attn's q/k/v columns, the
     MLP and the vocabulary split; 255 tokens split unevenly);
   - TP 2 x DP 2 under DDP and ZeRO-1, 2 and 3;
+  - --sequence-parallel at TP 2 and 4, with TP 2 x DP 2 under ZeRO-3, and
+    with full and selective recomputation;
   - TP 2 with an untied LM head and exact GELU (the vocab-parallel head of its own);
   - bf16 under TP 2 against bf16 in one process: within 1e-4, not bit for
     bit, since tensor parallelism changes the order of the float32 sums
@@ -17,15 +19,18 @@ reaching the same global batch:
     leave the bf16 weights within a bf16 step (4e-3; measured 1.4e-3 for
     the worst tensor, 3.7e-4 for the whole model);
   - a checkpoint saved under TP 2 x DP 2 resumes in one process, and one
-    saved in one process resumes under TP 2, continuing with the
+    saved in one process resumes under TP 2 with SP, continuing with the
     uninterrupted run's losses (1e-5); `loom convert` exports the TP
     checkpoint to the same weights.
 Memory (loom's accounting, GPT-2 124M, one step): parameter, gradient and
 optimizer bytes per rank at TP 2 are half the one-process bytes within 5%
 (the replicated position table, norms and row-parallel biases are 0.7% of
-the model).
+the model); SP at TP 2 saves at least 90% of the rows it stops holding
+(each layer's two norm inputs and outputs, half of B*T*C floats each) in
+activation bytes, the table of both printed.
 Errors, each exit 2 and one line: heads not divisible by T, a world size T
-does not divide, T larger than the world.
+does not divide, T larger than the world, --sequence-parallel without T > 1,
+a sequence length T does not divide under SP.
 """
 import json
 import os
@@ -54,6 +59,14 @@ def equivalence(tmp):
         got = run(tmp, tag, n, ["--micro-batch-size", "2", "--vocab-size", "255",
                                 "--tensor-model-parallel-size", str(tp)] + extra)
         lib.compare_runs(tag, ref, got)
+    for tp, n, extra in ((2, 2, []), (4, 4, []), (2, 4, ["--zero-stage", "3"]),
+                         (2, 2, ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                 "--recompute-num-layers", "1"]),
+                         (2, 2, ["--recompute-granularity", "selective"])):
+        tag = f"sp-tp{tp}-np{n}" + (f"-{extra[0].lstrip('-')}-{extra[1]}" if extra else "")
+        got = run(tmp, tag, n, ["--micro-batch-size", str(2 * n // tp), "--vocab-size", "255",
+                                "--tensor-model-parallel-size", str(tp), "--sequence-parallel"] + extra)
+        lib.compare_runs(tag, ref, got)
     numerics = ["--untie-embeddings-and-output-weights", "--activation-function", "gelu"]
     ref_u = run(tmp, "single-untied", 1, ["--micro-batch-size", "1"] + numerics)
     lib.compare_runs("tp2-untied-gelu", ref_u, run(tmp, "tp2-untied", 2, [
@@ -70,7 +83,7 @@ def resume(tmp, ref):
     first = ["--micro-batch-size", "1", "--vocab-size", "255", "--save-interval", "10"]
     for tag, n, save_flags, load_n, load_flags in (
             ("tp2dp2-to-1", 4, ["--tensor-model-parallel-size", "2", "--zero-stage", "1"], 1, []),
-            ("1-to-tp2", 1, [], 2, ["--tensor-model-parallel-size", "2"])):
+            ("1-to-tp2-sp", 1, [], 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"])):
         run(tmp, f"{tag}-first", n, first + save_flags)
         at10 = os.path.join(tmp, f"{tag}-first", "iter_0000010")
         losses, weights, _ = run(tmp, tag, load_n, ["--micro-batch-size", "1", "--vocab-size", "255",
@@ -93,17 +106,26 @@ def resume(tmp, ref):
 
 
 def memory(tmp):
-    """GPT-2 124M, one step: per-rank bytes at TP 2 against one process."""
-    flags = ["train", "--model", "gpt2", "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "1",
-             "--train-iters", "1", "--eval-iters", "0", "--log-interval", "1", "--threads", "1",
+    """GPT-2 124M, one step: per-rank bytes at TP 2 (and with SP) against one process."""
+    B, T, L, C = 2, 128, 12, 768
+    flags = ["train", "--model", "gpt2", "--seq-length", str(T), "--micro-batch-size", str(B), "--global-batch-size",
+             str(B), "--train-iters", "1", "--eval-iters", "0", "--log-interval", "1", "--threads", "1",
              "--data-path", os.path.join(tmp, "train.bin"), "--comm-timeout", "120"]
     rows = {}
-    for tp in (1, 2):
-        metrics = os.path.join(tmp, f"mem-tp{tp}.jsonl")
-        lib.run_ranks(tp, [lib.LOOM] + flags + ["--tensor-model-parallel-size", str(tp), "--metrics", metrics],
-                      tag=f"gpt2 124M at tp {tp}", timeout=600)
+    for key, n, extra in ((1, 1, []), (2, 2, ["--tensor-model-parallel-size", "2"]),
+                          ("sp", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"])):
+        metrics = os.path.join(tmp, f"mem-{key}.jsonl")
+        lib.run_ranks(n, [lib.LOOM] + flags + extra + ["--metrics", metrics], tag=f"gpt2 124M {extra}", timeout=600)
         row = lib.metrics_rows(metrics)[-1]
-        rows[tp] = row.get("mem_by_rank") or [row["mem"]]
+        rows[key] = row.get("mem_by_rank") or [row["mem"]]
+    print(f"GPT-2 124M, B={B} T={T}, activation MiB per rank: one process "
+          f"{rows[1][0]['activations'] / 2**20:.1f}, TP 2 {rows[2][0]['activations'] / 2**20:.1f}, "
+          f"TP 2 + SP {rows['sp'][0]['activations'] / 2**20:.1f} "
+          f"({rows['sp'][0]['activations'] / rows[2][0]['activations']:.1%} of TP 2)")
+    held = L * 4 * (B * T // 2) * C * 4  # bytes: ln1, res2, ln2, res3 per layer, half the rows each
+    saved = min(rows[2][r]['activations'] - rows['sp'][r]['activations'] for r in range(2))
+    check(f"SP at TP 2 saves {saved / 2**20:.1f} MiB of activations per rank, at least 90% of the "
+          f"{held / 2**20:.1f} MiB of rows it no longer holds", saved >= 0.9 * held)
     for key in ("params", "grads", "optimizer"):
         one = rows[1][0][key]
         per = [r[key] for r in rows[2]]
@@ -120,7 +142,11 @@ def errors(tmp):
             ("heads not divisible by T", 3, ["--tensor-model-parallel-size", "3"], ["--num-attention-heads 4",
                                                                                   "--tensor-model-parallel-size 3"]),
             ("a world T does not divide", 3, ["--tensor-model-parallel-size", "2"], ["3"]),
-            ("T larger than the world", 2, ["--tensor-model-parallel-size", "4"], ["4", "2"])):
+            ("T larger than the world", 2, ["--tensor-model-parallel-size", "4"], ["4", "2"]),
+            ("--sequence-parallel without T > 1", 1, ["--sequence-parallel"], ["--sequence-parallel",
+                                                                              "--tensor-model-parallel-size"]),
+            ("a sequence T does not divide under SP", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                                          "--seq-length", "15"], ["--seq-length 15", "2"])):
         p = lib.run_ranks(n, base + extra, expect=None, tag=tag)
         lines = lib.error_lines(p.stderr)
         check(f"{tag}: exit 2, one line naming the sizes", p.returncode == 2 and len(lines) == 1 and

@@ -174,6 +174,7 @@ struct loom_config {
     double temperature;
     /* parallelism */
     int tensor_model_parallel_size, pipeline_model_parallel_size;
+    int sequence_parallel; /* with tensor parallelism: the rows of the norm regions split over the tp group */
     double ddp_bucket_size; /* MB */
     int no_overlap;
     enum loom_ddp_impl ddp_impl;

@@ -128,6 +128,7 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
                 s->step, json_number(loss, sizeof loss, s->loss), s->lr,
                 json_number(norm, sizeof norm, s->grad_norm), s->tokens_per_s, s->mfu, s->ms_per_step);
         mem_json(r->metrics, mem);
+        if (*r->layout) fprintf(r->metrics, ",\"layout\":\"%s\"", r->layout);
         if (s->comm_wait_ms >= 0) fprintf(r->metrics, ",\"comm_wait_ms\":%.6g", s->comm_wait_ms);
         if (s->loss_scale > 0) fprintf(r->metrics, ",\"loss_scale\":%.17g", s->loss_scale);
         if (s->skipped || s->skipped_total || s->loss_scale > 0)

@@ -22,10 +22,11 @@ struct loom_step_stats {
 };
 
 struct loom_report {
-    int tty;        /* stdout is a terminal: draw the bar */
-    int bar_shown;  /* a bar line is on screen */
-    FILE *metrics;  /* NULL when --metrics is not given */
-    double t_start; /* seconds, monotonic */
+    int tty;         /* stdout is a terminal: draw the bar */
+    int bar_shown;   /* a bar line is on screen */
+    FILE *metrics;   /* NULL when --metrics is not given */
+    char layout[64]; /* "TP(2)-DP(2)-PP(1)", and "+SP", for the metrics rows; empty: none */
+    double t_start;  /* seconds, monotonic */
 };
 
 /* Opens the metrics file for appending; LOOM_ERR_INPUT naming it on failure. */

@@ -271,15 +271,30 @@ static void report_strategy(void *ctx, const char *text)
 static void report_layout(const struct run *r, struct loom_report *rep, double peak, const char *peak_src)
 {
     const struct loom_engine *e = r->engine;
-    const size_t n = r->model->num_params;
-    char b[32], topo[96], shape[256];
+    const struct loom_model *m = r->model;
+    const size_t n = m->num_params;
+    char b[32], topo[96], shape[256], part[96] = "";
     loom_topology_format(r->topo, topo, sizeof topo);
-    r->family->describe(r->model, shape, sizeof shape);
-    loom_report_line(rep, "model: %s, %s: %zu parameters (%s)\n", r->family->title, shape, n,
+    r->family->describe(m, shape, sizeof shape);
+    snprintf(rep->layout, sizeof rep->layout, "TP(%d)-DP(%d)-PP(%d)%s", r->topo->tp, r->topo->dp, r->topo->pp,
+             r->cfg->sequence_parallel ? "+SP" : "");
+    if (m->tp > 1) { /* the whole model's count, from the tensors' full shapes */
+        double whole = 0;
+        for (int bi = 0; bi < m->nblocks; bi++)
+            for (int ti = 0; ti < m->blocks[bi].ntensors; ti++) {
+                double k = 1;
+                for (int d = 0; d < m->blocks[bi].tensors[ti].ndim; d++)
+                    k *= (double)m->blocks[bi].tensors[ti].full[d];
+                whole += k;
+            }
+        snprintf(part, sizeof part, " of %.0f, this tensor-parallel rank's part", whole);
+    }
+    loom_report_line(rep, "model: %s, %s: %zu parameters%s (%s)\n", r->family->title, shape, n, part,
                      loom_fmt_bytes(b, sizeof b, 4.0 * n));
-    loom_report_line(rep,
-                     "ranks: %d (%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
-                     r->topo->world, topo, loom_threads_get(), loom_blas_core_name(), peak / 1e9, peak_src);
+    loom_report_line(
+        rep, "ranks: %d (%s%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
+        r->topo->world, topo, r->cfg->sequence_parallel ? ", sequence parallel" : "", loom_threads_get(),
+        loom_blas_core_name(), peak / 1e9, peak_src);
     char stack[128];
     loom_stack_format(r->engine->model, stack, sizeof stack);
     loom_report_line(rep, "strategies: %s; schedule: %s; optimizer state for %zu of %zu parameters\n", stack,

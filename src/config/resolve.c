@@ -252,6 +252,14 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d is not divisible by %s %d", NAME(hidden_size),
                               cfg->hidden_size, NAME(num_attention_heads), cfg->num_attention_heads);
     if ((rc = resolve_recompute(cfg))) return rc;
+    if (cfg->sequence_parallel && cfg->tensor_model_parallel_size < 2)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s splits the sequence within a tensor-parallel group: it needs %s 2 or more",
+                              NAME(sequence_parallel), NAME(tensor_model_parallel_size));
+    if (cfg->sequence_parallel && cfg->seq_length % cfg->tensor_model_parallel_size)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: %s %d is not divisible by %s %d", NAME(sequence_parallel),
+                              NAME(seq_length), cfg->seq_length, NAME(tensor_model_parallel_size),
+                              cfg->tensor_model_parallel_size);
     if (cfg->eval_interval == 0) cfg->eval_interval = cfg->train_iters;
     return LOOM_OK;
 }

@@ -181,6 +181,8 @@ const struct setting loom_settings[] = {
 
     INT("--tensor-model-parallel-size", "tensor_model_parallel_size", "parallelism",
         tensor_model_parallel_size, 1, 4096, "1", "tensor-parallel group size"),
+    BOOL("--sequence-parallel", "sequence_parallel", "parallelism", sequence_parallel, "0",
+         "Megatron's sequence parallelism: norms and residuals split along the sequence in the tp group"),
     INT("--pipeline-model-parallel-size", "pipeline_model_parallel_size", "parallelism",
         pipeline_model_parallel_size, 1, 4096, "1", "pipeline stages"),
     DBL("--ddp-bucket-size", "zero_optimization.reduce_bucket_size", "parallelism", ddp_bucket_size,

@@ -222,24 +222,32 @@ static float *piece(struct carve *c, size_t n)
     return p;
 }
 
+/* The rows of the residual stream this rank holds of N: all of them, or
+ * its 1/tp share under sequence parallelism. */
+static int rows_held(const struct loom_gpt2 *m, int N)
+{
+    return m->sp ? N / m->tp : N;
+}
+
 /* A layer's saved state; att and res3 only when asked for. */
 static void layer_buffers(const struct loom_gpt2 *m, struct loom_layer_acts *a, struct carve *c, int with_att,
                           int with_res3)
 {
-    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl;
-    a->ln1 = piece(c, N * C);
-    a->ln1_mean = piece(c, N);
-    a->ln1_rstd = piece(c, N);
+    const size_t N = (size_t)m->B * m->T, Nr = (size_t)rows_held(m, (int)N), C = (size_t)m->cfg.hidden,
+                 Cl = (size_t)m->Cl;
+    a->ln1 = piece(c, Nr * C);
+    a->ln1_mean = piece(c, Nr);
+    a->ln1_rstd = piece(c, Nr);
     a->qkv = piece(c, N * 3 * Cl);
     a->atty = piece(c, N * Cl);
     a->att = with_att ? piece(c, att_numel(m)) : NULL;
-    a->res2 = piece(c, N * C);
-    a->ln2 = piece(c, N * C);
-    a->ln2_mean = piece(c, N);
-    a->ln2_rstd = piece(c, N);
+    a->res2 = piece(c, Nr * C);
+    a->ln2 = piece(c, Nr * C);
+    a->ln2_mean = piece(c, Nr);
+    a->ln2_rstd = piece(c, Nr);
     a->fch = piece(c, N * 4 * Cl);
     a->fch_gelu = piece(c, N * 4 * Cl);
-    a->res3 = with_res3 ? piece(c, N * C) : NULL;
+    a->res3 = with_res3 ? piece(c, Nr * C) : NULL;
 }
 
 static void free_layer_buffers(struct loom_layer_acts *a)
@@ -257,7 +265,8 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 {
     const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
-    const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T, NV = loom_mul_size(N, (size_t)m->Vl);
+    const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T, Nr = (size_t)rows_held(m, (int)N),
+                 NV = loom_mul_size(N, (size_t)m->Vl);
     a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
     if (nscratch) a->scratch = loom_alloc(sizeof *a->scratch * (size_t)nscratch, LOOM_MEM_OTHER);
     /* measure the scratch, allocate, then carve it. The last scratch
@@ -278,16 +287,16 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
         struct loom_layer_acts *x = &a->layers[l];
         if (recomputed(m, l)) {
             *x = a->scratch[l - chunk_first(m, l)];
-            if (keeps_output(m, l)) x->res3 = act(N * C);
+            if (keeps_output(m, l)) x->res3 = act(Nr * C);
         } else {
             layer_buffers(m, x, NULL, !selective, 1);
             if (selective) x->att = shared_att;
         }
     }
-    a->encoded = act(N * C);
-    a->lnf = act(N * C);
-    a->lnf_mean = act(N);
-    a->lnf_rstd = act(N);
+    a->encoded = act(Nr * C);
+    a->lnf = act(Nr * C);
+    a->lnf_mean = act(Nr);
+    a->lnf_rstd = act(Nr);
     a->losses = act(N);
     a->lse = act(N);
 }
@@ -312,10 +321,17 @@ static void free_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 
 static void alloc_activations(struct loom_gpt2 *m)
 {
-    const size_t C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl, N = (size_t)m->B * m->T;
+    const size_t C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl, N = (size_t)m->B * m->T,
+                 Nr = (size_t)rows_held(m, (int)N);
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
-    m->dres = act(N * C);
+    m->dres = act(Nr * C);
+    if (m->sp) {
+        m->gathered = act(N * C);
+        m->scratchL = act(Nr * C);
+        m->dbufL = act(Nr * C);
+        m->norm_grads = act(2 * C);
+    }
     m->dbufC = act(N * C);
     m->dqkv = act(N * 3 * Cl);
     m->datt = act(att_numel(m));
@@ -329,10 +345,17 @@ static void free_activations(struct loom_gpt2 *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->dres, m->dbufC, m->dqkv, m->datt, m->dbuf4a, m->dbuf4b, m->scratchC, m->ce_stats};
+    float *bufs[] = {m->dres,     m->dbufC,    m->dqkv,     m->datt,     m->dbuf4a, m->dbuf4b,
+                     m->scratchC, m->ce_stats, m->gathered, m->scratchL, m->dbufL,  m->norm_grads};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->slots);
     m->slots = NULL;
+}
+
+void loom_gpt2_set_sequence_parallel(struct loom_gpt2 *m, int on)
+{
+    LOOM_ASSERT(m->slots == NULL && (!on || (m->tp > 1 && m->T % m->tp == 0)));
+    m->sp = on;
 }
 
 void loom_gpt2_set_recompute(struct loom_gpt2 *m, enum loom_recompute granularity,
@@ -367,7 +390,7 @@ static void set_slots(struct loom_model *model, int n)
 static size_t boundary_numel(const struct loom_model *model, int rows)
 {
     const struct loom_gpt2 *m = model->user;
-    return (size_t)rows * m->T * m->cfg.hidden;
+    return (size_t)rows_held(m, rows * m->T) * m->cfg.hidden;
 }
 
 static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *te)
@@ -455,37 +478,111 @@ void loom_gpt2_free(struct loom_gpt2 *m)
 /* indices of the tensors of a layer block, in layout order */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
 
-/* Layer l's forward over B rows, from its input res (B,T,C) into a->layers[l]
- * (the recompute scratch for a recomputed layer). The backward reruns it to
- * recompute, so nothing here may depend on when it runs. */
+/* ---- tensor-parallel regions --------------------------------------------------
+ * A column-parallel matmul reads every row of its input; a row-parallel one
+ * leaves a partial sum over this rank's columns. Without sequence
+ * parallelism every rank holds every row and the partial sums are
+ * all-reduced (Megatron's f and g, parallel/tensor.h); with it a rank holds
+ * its rows between the regions, gathered at the entry and reduce-scattered
+ * at the exit, and the backward does the converse. N rows of C. */
+
+/* The rows a region reads: x itself, or every rank's rows gathered. */
+static const float *region_input(struct loom_gpt2 *m, const float *x, int N)
+{
+    if (!m->sp) return x;
+    loom_tp_gather(m->gathered, x, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
+    return m->gathered;
+}
+
+/* A region's output from its partial sums (N,C): summed in place, or this
+ * rank's rows of the sum in m->scratchL. Returns the rows this rank holds. */
+static float *region_output(struct loom_gpt2 *m, float *partial, int N)
+{
+    if (m->tp == 1) return partial;
+    if (!m->sp) {
+        loom_tp_reduce_forward(partial, (size_t)N * m->cfg.hidden);
+        return partial;
+    }
+    loom_tp_reduce_scatter(m->scratchL, partial, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
+    return m->scratchL;
+}
+
+/* The gradient at a region's output, every row of it: dres itself, or every
+ * rank's rows gathered (the backward of the reduce-scatter). */
+static const float *region_output_grad(struct loom_gpt2 *m, const float *dres, int N)
+{
+    return region_input(m, dres, N);
+}
+
+/* The gradient at a region's input from its partial sums over this rank's
+ * columns (N,C): summed in place, or this rank's rows of the sum in
+ * m->dbufL (the backward of the gather). Returns the rows this rank holds. */
+static float *region_input_grad(struct loom_gpt2 *m, float *partial, int N)
+{
+    if (m->tp == 1) return partial;
+    if (!m->sp) {
+        loom_tp_copy_backward(partial, (size_t)N * m->cfg.hidden);
+        return partial;
+    }
+    loom_tp_reduce_scatter(m->dbufL, partial, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
+    return m->dbufL;
+}
+
+/* LayerNorm's backward over the rows this rank holds; under sequence
+ * parallelism its weight and bias gradients are partial sums over those
+ * rows, summed over the tp group before they accumulate. */
+static void norm_backward(struct loom_gpt2 *m, float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, const float *mean, const float *rstd, int Nr)
+{
+    const int C = m->cfg.hidden;
+    if (!m->sp) {
+        m->k->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, Nr, C);
+        return;
+    }
+    float *g = m->norm_grads;
+    memset(g, 0, 2 * (size_t)C * sizeof *g);
+    m->k->layernorm_backward(dinp, g, g + C, dout, inp, weight, mean, rstd, Nr, C);
+    loom_tp_allreduce(g, 2 * (size_t)C, LOOM_OP_SUM);
+    for (int c = 0; c < C; c++) {
+        dweight[c] += g[c];
+        dbias[c] += g[C + c];
+    }
+}
+
+/* Layer l's forward over B rows, from its input res (the rows this rank
+ * holds, of B*T) into a->layers[l] (the recompute scratch for a recomputed
+ * layer). The backward reruns it to recompute, so nothing here may depend
+ * on when it runs. */
 static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, const float *res, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T;
-    const size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T, Nr = rows_held(m, N);
+    const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
     /* a row-parallel projection's bias is added once, by tp rank 0, to the
-     * partial sums the all-reduce adds up */
+     * partial sums the reduction adds up */
     const int own_bias = m->tp_rank == 0;
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_layer_acts *x = &a->layers[l];
     m->k->layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
-                            N, C, (float)m->cfg.norm_eps);
-    round_act(m, x->ln1, NC);
+                            Nr, C, (float)m->cfg.norm_eps);
+    round_act(m, x->ln1, NrC);
     /* column-parallel QKV (this rank's heads), attention on them, row-parallel output projection */
-    m->k->matmul_forward(x->qkv, x->ln1, loom_param(b, QKV_W), loom_param(b, QKV_B), N, C, 3 * Cl);
+    m->k->matmul_forward(x->qkv, region_input(m, x->ln1, N), loom_param(b, QKV_W), loom_param(b, QKV_B), N, C,
+                         3 * Cl);
     round_act(m, x->qkv, 3 * NCl);
     m->k->attention_forward(x->atty, x->att, x->qkv, B, T, Cl, NHl);
     round_act(m, x->atty, NCl);
     m->k->matmul_forward(m->scratchC, x->atty, loom_param(b, ATTPROJ_W),
                          own_bias ? loom_param(b, ATTPROJ_B) : NULL, N, Cl, C);
-    if (m->tp > 1) loom_tp_reduce_forward(m->scratchC, NC);
-    round_act(m, m->scratchC, NC);
-    m->k->residual_forward(x->res2, res, m->scratchC, NC);
-    round_act(m, x->res2, NC);
+    float *proj = region_output(m, m->scratchC, N);
+    round_act(m, proj, NrC);
+    m->k->residual_forward(x->res2, res, proj, NrC);
+    round_act(m, x->res2, NrC);
     m->k->layernorm_forward(x->ln2, x->ln2_mean, x->ln2_rstd, x->res2, loom_param(b, LN2_W),
-                            loom_param(b, LN2_B), N, C, (float)m->cfg.norm_eps);
-    round_act(m, x->ln2, NC);
+                            loom_param(b, LN2_B), Nr, C, (float)m->cfg.norm_eps);
+    round_act(m, x->ln2, NrC);
     /* column-parallel fc, GELU on this rank's columns, row-parallel projection */
-    m->k->matmul_forward(x->fch, x->ln2, loom_param(b, FC_W), loom_param(b, FC_B), N, C, 4 * Cl);
+    m->k->matmul_forward(x->fch, region_input(m, x->ln2, N), loom_param(b, FC_W), loom_param(b, FC_B), N, C,
+                         4 * Cl);
     round_act(m, x->fch, 4 * NCl);
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
         m->k->gelu_exact_forward(x->fch_gelu, x->fch, 4 * NCl);
@@ -494,10 +591,10 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     round_act(m, x->fch_gelu, 4 * NCl);
     m->k->matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W),
                          own_bias ? loom_param(b, FCPROJ_B) : NULL, N, 4 * Cl, C);
-    if (m->tp > 1) loom_tp_reduce_forward(m->scratchC, NC);
-    round_act(m, m->scratchC, NC);
-    m->k->residual_forward(x->res3, x->res2, m->scratchC, NC);
-    round_act(m, x->res3, NC);
+    proj = region_output(m, m->scratchC, N);
+    round_act(m, proj, NrC);
+    m->k->residual_forward(x->res3, x->res2, proj, NrC);
+    round_act(m, x->res3, NrC);
 }
 
 /* The layers [l0, l1] a block range [first, last] covers (l1 < l0: none). */
@@ -539,8 +636,8 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     LOOM_ASSERT(B >= 1 && B <= m->B && mb->slot >= 0 && mb->slot < m->nslots);
     LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks);
     if (!m->slots) alloc_activations(m);
-    const int T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T;
-    const size_t NC = (size_t)N * C;
+    const int T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T, Nr = rows_held(m, N);
+    const size_t NrC = (size_t)Nr * C;
     struct loom_gpt2_acts *a = &m->slots[mb->slot];
     const struct loom_lm_batch *batch = mb->batch;
     a->inputs = batch ? batch->inputs : NULL;
@@ -555,15 +652,15 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         loom_model_forward_begin(model, m->emb);
         if (m->tp == 1) {
             m->k->embedding_forward(a->encoded, a->inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
-        } else { /* vocab-parallel: this rank's rows, the positions added once (tp rank 0), summed */
-            m->k->embedding_vp_forward(a->encoded, a->inputs, loom_param(emb, 0),
+        } else { /* vocab-parallel: this rank's vocabulary, the positions added once (tp rank 0), summed */
+            m->k->embedding_vp_forward(m->scratchC, a->inputs, loom_param(emb, 0),
                                        m->tp_rank == 0 ? loom_param(emb, 1) : NULL, m->v0, Vl, B, T, C);
-            loom_tp_reduce_forward(a->encoded, NC);
+            memcpy(a->encoded, region_output(m, m->scratchC, N), NrC * sizeof(float));
         }
-        round_act(m, a->encoded, NC);
+        round_act(m, a->encoded, NrC);
         loom_model_forward_end(model, m->emb);
     } else {
-        memcpy((float *)layer_input(a, l0), mb->input, NC * sizeof(float));
+        memcpy((float *)layer_input(a, l0), mb->input, NrC * sizeof(float));
     }
     for (int l = l0; l <= l1; l++) {
         loom_model_forward_begin(model, 1 + l);
@@ -571,7 +668,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         loom_model_forward_end(model, 1 + l);
     }
     if (last != m->head) {
-        memcpy(mb->output, layer_input(a, l1 + 1), NC * sizeof(float));
+        memcpy(mb->output, layer_input(a, l1 + 1), NrC * sizeof(float));
         return;
     }
     struct loom_block *head = &model->blocks[m->head];
@@ -582,9 +679,9 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     if (announce_emb) loom_model_forward_begin(model, m->emb);
     loom_model_forward_begin(model, m->head);
     m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, LNF_W),
-                            loom_param(head, LNF_B), N, C, (float)m->cfg.norm_eps);
-    round_act(m, a->lnf, NC);
-    m->k->lm_head_forward(a->logits, a->lnf, lm_head_weight(m), N, C, Vl);
+                            loom_param(head, LNF_B), Nr, C, (float)m->cfg.norm_eps);
+    round_act(m, a->lnf, NrC);
+    m->k->lm_head_forward(a->logits, region_input(m, a->lnf, N), lm_head_weight(m), N, C, Vl);
     round_act(m, a->logits, (size_t)N * Vl);
     loom_model_forward_end(model, m->head);
     if (announce_emb) loom_model_forward_end(model, m->emb);
@@ -600,16 +697,18 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
 }
 
 /* Layer l's backward over B rows: m->dres holds the gradient at its output
- * and receives the gradient at its input; its parameter gradients accumulate. */
+ * (the rows this rank holds) and receives the gradient at its input; its
+ * parameter gradients accumulate. */
 static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T;
-    const size_t NC = (size_t)N * C, NCl = (size_t)N * Cl;
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T, Nr = rows_held(m, N);
+    const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_layer_acts *x = &a->layers[l];
-    /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); the replicated
-     * bias's gradient is the same on every tp rank (the same dres) */
-    m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), m->dres, x->fch_gelu,
+    /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); the replicated bias's
+     * gradient sums every row of dout, so it is the same on every tp rank */
+    const float *dout = region_output_grad(m, m->dres, N);
+    m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), dout, x->fch_gelu,
                           loom_param(b, FCPROJ_W), N, 4 * Cl, C);
     round_act(m, m->dbuf4a, 4 * NCl);
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
@@ -617,15 +716,16 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     else
         m->k->gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NCl);
     round_act(m, m->dbuf4b, 4 * NCl);
-    m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b, x->ln2,
-                          loom_param(b, FC_W), N, C, 4 * Cl);
-    if (m->tp > 1) loom_tp_copy_backward(m->dbufC, NC); /* partial over this rank's columns */
-    round_act(m, m->dbufC, NC);
-    m->k->layernorm_backward(m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), m->dbufC, x->res2,
-                             loom_param(b, LN2_W), x->ln2_mean, x->ln2_rstd, N, C);
-    round_act(m, m->dres, NC);
+    m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b,
+                          region_input(m, x->ln2, N), loom_param(b, FC_W), N, C, 4 * Cl);
+    float *dln = region_input_grad(m, m->dbufC, N); /* partial over this rank's columns */
+    round_act(m, dln, NrC);
+    norm_backward(m, m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), dln, x->res2, loom_param(b, LN2_W),
+                  x->ln2_mean, x->ln2_rstd, Nr);
+    round_act(m, m->dres, NrC);
     /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
-    m->k->matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), m->dres, x->atty,
+    dout = region_output_grad(m, m->dres, N);
+    m->k->matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), dout, x->atty,
                           loom_param(b, ATTPROJ_W), N, Cl, C);
     round_act(m, m->dbufC, NCl);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) {
@@ -635,21 +735,22 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     /* datt is the kernel's own scratch, read by nothing after it: not rounded */
     m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, Cl, NHl);
     round_act(m, m->dqkv, 3 * NCl);
-    m->k->matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv, x->ln1,
-                          loom_param(b, QKV_W), N, C, 3 * Cl);
-    if (m->tp > 1) loom_tp_copy_backward(m->dbufC, NC);
-    round_act(m, m->dbufC, NC);
-    m->k->layernorm_backward(m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), m->dbufC, layer_input(a, l),
-                             loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd, N, C);
-    round_act(m, m->dres, NC);
+    m->k->matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv,
+                          region_input(m, x->ln1, N), loom_param(b, QKV_W), N, C, 3 * Cl);
+    dln = region_input_grad(m, m->dbufC, N);
+    round_act(m, dln, NrC);
+    norm_backward(m, m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), dln, layer_input(a, l),
+                  loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd, Nr);
+    round_act(m, m->dres, NrC);
 }
 
 static void backward(struct loom_model *model, int first, int last, struct loom_micro *mb, float loss_weight)
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
     struct loom_gpt2_acts *a = &m->slots[mb->slot];
-    const int B = a->rows, T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T;
-    const size_t NC = (size_t)N * C;
+    const int B = a->rows, T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T,
+              Nr = rows_held(m, N);
+    const size_t NrC = (size_t)Nr * C;
     m->bwd_slot = mb->slot;
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
@@ -669,18 +770,19 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             a->emb_open = 1; /* the embedding's gradients are open until its own backward */
         }
         loom_model_backward_begin(model, m->head);
-        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, a->lnf, lm_head_weight(m), N, C, Vl);
-        if (m->tp > 1) loom_tp_copy_backward(m->dbufC, NC); /* partial over this rank's vocabulary */
-        round_act(m, m->dbufC, NC);
+        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, region_input(m, a->lnf, N),
+                               lm_head_weight(m), N, C, Vl);
+        float *dlnf = region_input_grad(m, m->dbufC, N); /* partial over this rank's vocabulary */
+        round_act(m, dlnf, NrC);
         if (!m->cfg.untied) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
-        memset(m->dres, 0, NC * sizeof(float));
-        m->k->layernorm_backward(m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), m->dbufC,
-                                 layer_input(a, L), loom_param(head, LNF_W), a->lnf_mean, a->lnf_rstd, N, C);
-        round_act(m, m->dres, NC);
+        memset(m->dres, 0, NrC * sizeof(float));
+        norm_backward(m, m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), dlnf, layer_input(a, L),
+                      loom_param(head, LNF_W), a->lnf_mean, a->lnf_rstd, Nr);
+        round_act(m, m->dres, NrC);
         loom_model_grads_ready(model, m->head);
         /* the logits are dead from here on: the recompute scratch in their buffer is free */
     } else {
-        memcpy(m->dres, mb->doutput, NC * sizeof(float));
+        memcpy(m->dres, mb->doutput, NrC * sizeof(float));
     }
     /* m->dres is the gradient of the residual stream, flowing down */
     for (int l = l1; l >= l0; l--) {
@@ -696,7 +798,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         loom_model_grads_ready(model, 1 + l);
     }
     if (first != m->emb) {
-        memcpy(mb->dinput, m->dres, NC * sizeof(float));
+        memcpy(mb->dinput, m->dres, NrC * sizeof(float));
         return;
     }
     struct loom_block *emb = &model->blocks[m->emb];
@@ -704,9 +806,10 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     if (m->tp == 1)
         m->k->embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
                                  a->inputs, B, T, C);
-    else /* this rank's vocabulary rows; the positions' gradient is the same on every tp rank */
-        m->k->embedding_vp_backward(loom_grad(emb, 0), loom_grad(emb, 1), m->dres, a->inputs, m->v0, m->Vl, B,
-                                    T, C);
+    else /* this rank's vocabulary rows, from every row's gradient; the positions' gradient is the same on
+          * every tp rank */
+        m->k->embedding_vp_backward(loom_grad(emb, 0), loom_grad(emb, 1), region_output_grad(m, m->dres, N),
+                                    a->inputs, m->v0, m->Vl, B, T, C);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;
 }

@@ -80,6 +80,14 @@ struct loom_gpt2 {
     int Cl, NHl;     /* hidden / tp channels and heads / tp heads of attention and MLP (x4) */
     int v0, Vl;      /* vocabulary rows [v0, v0 + Vl) of wte and the LM head */
     float *ce_stats; /* (3, B*T) the vocab-parallel cross-entropy's row statistics, tp > 1 only */
+    /* sequence parallelism (set before the first forward): between the
+     * tensor-parallel regions this rank holds rows [r N/tp, (r+1) N/tp) of
+     * the N = B*T rows (the residual stream, the norms' inputs and outputs) */
+    int sp;
+    float *gathered;   /* (B*T, C) every rank's rows, gathered at a region's entry; sp only */
+    float *scratchL;   /* (B*T/tp, C) this rank's rows of a region's output; sp only */
+    float *dbufL;      /* (B*T/tp, C) this rank's rows of a region's input gradient; sp only */
+    float *norm_grads; /* (2C) one norm's weight and bias gradient before the tp sum; sp only */
 
     const struct loom_kernels *k; /* the backend's kernels (kernels/backend.h): the CPU's */
     int nslots;                   /* micro-batches in flight (loom_model_ops.set_slots; default 1) */
@@ -119,6 +127,10 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
  * heads must divide by tp; the vocabulary splits unevenly when it does not. */
 struct loom_gpt2 *loom_gpt2_create_tp(const struct loom_gpt2_config *cfg, int B, int T, int tp, int tp_rank);
 void loom_gpt2_free(struct loom_gpt2 *m);
+
+/* Megatron's sequence parallelism on a tensor-parallel model (tp > 1, T
+ * divisible by tp): before the first forward. */
+void loom_gpt2_set_sequence_parallel(struct loom_gpt2 *m, int on);
 
 /* Recomputation (Megatron's): granularity NONE and SELECTIVE take method
  * NONE and num_layers 0; FULL takes UNIFORM or BLOCK with 1 <= num_layers

@@ -84,6 +84,7 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     const struct loom_gpt2_config mc = shape_of_config(cfg);
     struct loom_gpt2 *m = loom_gpt2_create_tp(&mc, B, T, cfg->tensor_model_parallel_size, tp_rank);
     loom_gpt2_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
+    if (cfg->sequence_parallel) loom_gpt2_set_sequence_parallel(m, 1);
     if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
     return &m->base;

@@ -17,3 +17,15 @@ void loom_tp_reduce_forward(float *y, size_t n)
 {
     loom_tp_allreduce(y, n, LOOM_OP_SUM);
 }
+
+void loom_tp_gather(float *full, const float *local, size_t n_local, int tp)
+{
+    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_TP, loom_buf_f32((float *)local, n_local),
+                                       loom_buf_f32(full, n_local * (size_t)tp)));
+}
+
+void loom_tp_reduce_scatter(float *local, const float *full, size_t n_local, int tp)
+{
+    loom_comm_wait(loom_comm_reduce_scatter(LOOM_GROUP_TP, loom_buf_f32((float *)full, n_local * (size_t)tp),
+                                            loom_buf_f32(local, n_local)));
+}

@@ -16,8 +16,9 @@
  * tensors are split, and how, is each tensor's declaration (loom/model.h:
  * tp_split, view); the gradients of replicated tensors need no sync without
  * sequence parallelism, since every tp rank computes them from the same
- * inputs. Not here: sequence parallelism's scatter/gather pairs, pipeline
- * send/recv (schedule.c).
+ * inputs (with sequence parallelism each rank sees its rows only, and the
+ * norms' gradients are summed over the group by the model). Not here:
+ * pipeline send/recv (schedule.c).
  */
 #ifndef LOOM_PARALLEL_TENSOR_H
 #define LOOM_PARALLEL_TENSOR_H
@@ -32,5 +33,15 @@ void loom_tp_copy_backward(float *dx, size_t n);
 void loom_tp_reduce_forward(float *y, size_t n);
 /* x (n floats) reduced over the tp group with op, in place. */
 void loom_tp_allreduce(float *x, size_t n, enum loom_op op);
+
+/* Sequence parallelism (Megatron's SP): between the tensor-parallel regions
+ * each tp rank holds its own rows (a 1/tp share of the B*T rows, in rank
+ * order). gather: every rank's rows (n_local floats each) into full, in
+ * rank order; the forward entering a region, and the backward of
+ * reduce_scatter. reduce_scatter: this rank's rows (n_local floats) of the
+ * sum over the group of full; the forward leaving a region, and the
+ * backward of gather. tp: the group's size. */
+void loom_tp_gather(float *full, const float *local, size_t n_local, int tp);
+void loom_tp_reduce_scatter(float *local, const float *full, size_t n_local, int tp);
 
 #endif
