@@ -1,8 +1,9 @@
 """The parallel code under AddressSanitizer and UndefinedBehaviorSanitizer:
 build loom itself with both (the unit tests' sanitizer build covers only the
 modules they link) and train a tiny model at 2 ranks under DDP, ZeRO 1-3
-(with several-block gather units), nvme offload, and bf16/fp16 with
-activation recomputation (each run saves iteration 3 into the same directory,
+(with several-block gather units), nvme offload, bf16/fp16 with
+activation recomputation, and tensor parallelism (with sequence
+parallelism, an untied head, bf16 and full recomputation) (each run saves iteration 3 into the same directory,
 so all but the first replace the one before), then at 1 rank with
 evaluation, sampling and saving. Any sanitizer report fails the test. Leak
 detection is off: OpenMPI and OpenBLAS keep allocations until exit."""
@@ -46,7 +47,14 @@ with tempfile.TemporaryDirectory() as tmp:
              "fp16 zero 2, gradients reduced in fp16": ["--fp16", "--zero-stage", "2", "--grad-reduce-dtype", "fp16"],
              "bf16 ddp, gradients reduced in bf16": ["--bf16", "--grad-reduce-dtype", "bf16"],
              "bf16 zero 1 + nvme offload of master weights": ["--bf16", "--zero-stage", "1", "--offload-optimizer", "nvme",
-                                                               "--nvme-path", tmp, "--offload-buffer-size", "0.002"]}
+                                                               "--nvme-path", tmp, "--offload-buffer-size", "0.002"],
+             "tp 2": ["--tensor-model-parallel-size", "2"],
+             "tp 2 + sp, untied head, exact gelu": ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                                    "--untie-embeddings-and-output-weights",
+                                                    "--activation-function", "gelu"],
+             "tp 2 + sp, bf16, full recompute": ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--bf16",
+                                                 "--recompute-granularity", "full", "--recompute-method", "uniform",
+                                                 "--recompute-num-layers", "1"]}
     for name, flags in cases.items():
         p = lib.run_ranks(2, [loom, "train"] + model + flags + ["--save", os.path.join(tmp, "s")], expect=None,
                           env=ENV, mpi_args=["-x", "ASAN_OPTIONS", "-x", "UBSAN_OPTIONS"])
