@@ -14,6 +14,11 @@
  *   --norm-eps X                            LayerNorm's eps (default 1e-5)
  *   --activation gelu_new|gelu              the MLP's GELU
  *   --untied 0|1                            an LM head of its own
+ *   --tp T                                  under mpirun with T ranks: each rank is tensor-parallel
+ *                                           rank r (loom_gpt2_create_tp) and writes OUT.rank<r>
+ *                                           with its parts: the logits of its vocabulary, the
+ *                                           gradients of its part of each tensor
+ *   --sp 0|1                                with --tp: sequence parallelism
  *
  * TOKENS.i32 holds B rows of T+1 int32 tokens: inputs are each row's first
  * T, targets its last T. OUT holds "loss" [1], "logits" [B,T,V] and
@@ -24,6 +29,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "comm/comm.h"
 #include "io/safetensors.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
@@ -43,6 +49,7 @@ int main(int argc, char **argv)
     static const char *const methods[] = {"none", "uniform", "block", NULL};
     int act_dtype = 0, granularity = 0, method = 0, num_layers = 0, activation = 0, untied = 0;
     double eps = LOOM_GPT2_NORM_EPS;
+    int tp = 1, sp = 0;
     int first = 1; /* the first positional argument */
     for (; first + 1 < argc && strncmp(argv[first], "--", 2) == 0; first += 2) {
         const char *opt = argv[first], *v = argv[first + 1];
@@ -61,6 +68,10 @@ int main(int argc, char **argv)
             bad = (activation = pick(v, loom_activation_names)) < 0;
         else if (strcmp(opt, "--untied") == 0)
             untied = atoi(v);
+        else if (strcmp(opt, "--tp") == 0)
+            bad = (tp = atoi(v)) < 1;
+        else if (strcmp(opt, "--sp") == 0)
+            sp = atoi(v);
         else
             bad = 1;
         if (bad) {
@@ -84,7 +95,16 @@ int main(int argc, char **argv)
                                    (enum loom_activation)activation,
                                    untied};
     int T = atoi(argv[7]), B = atoi(argv[9]);
-    struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
+    struct loom_topology topo = {.tp = 1, .tp_rank = 0};
+    if (tp > 1) {
+        loom_comm_init(&argc, &argv);
+        if (loom_comm_setup(&topo, tp, 1)) {
+            fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());
+            return 2;
+        }
+    }
+    struct loom_gpt2 *m = loom_gpt2_create_tp(&cfg, B, T, tp, topo.tp_rank);
+    if (sp) loom_gpt2_set_sequence_parallel(m, 1);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     m->act_dtype = (enum loom_dtype)act_dtype;
     loom_gpt2_set_recompute(m, (enum loom_recompute)granularity, (enum loom_recompute_method)method,
@@ -109,9 +129,9 @@ int main(int argc, char **argv)
     loom_model_zero_grad(&m->base);
     float loss = loom_gpt2_forward(m, inp, tgt, B);
     /* keep the logits before backward turns them into dlogits */
-    size_t nlogits = (size_t)B * T * cfg.vocab;
+    size_t nlogits = (size_t)B * T * m->Vl; /* this rank's vocabulary */
     float *logits = malloc(sizeof(float) * nlogits);
-    const float *model_logits = loom_model_logits(&m->base);
+    const float *model_logits = m->slots[0].logits;
     for (size_t i = 0; i < nlogits; i++) logits[i] = model_logits[i];
     loom_gpt2_backward(m, 1.0f);
 
@@ -120,7 +140,7 @@ int main(int argc, char **argv)
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     char(*names)[80] = calloc((size_t)n, sizeof *names);
     ts[0] = (struct loom_st_tensor_in){"loss", LOOM_DTYPE_F32, 1, {1}, &loss};
-    ts[1] = (struct loom_st_tensor_in){"logits", LOOM_DTYPE_F32, 3, {B, T, cfg.vocab}, logits};
+    ts[1] = (struct loom_st_tensor_in){"logits", LOOM_DTYPE_F32, 3, {B, T, m->Vl}, logits};
     int k = 2;
     for (int i = 0; i < m->base.nblocks; i++)
         for (int j = 0; j < m->base.blocks[i].ntensors; j++, k++) {
@@ -133,7 +153,12 @@ int main(int argc, char **argv)
             ts[k].shape[1] = t->shape[1];
             ts[k].data = m->base.blocks[i].work_grads + t->offset;
         }
-    if (loom_st_write(argv[3], ts, n, NULL, 0)) {
+    char out[4200];
+    if (tp > 1)
+        snprintf(out, sizeof out, "%s.rank%d", argv[3], topo.tp_rank);
+    else
+        snprintf(out, sizeof out, "%s", argv[3]);
+    if (loom_st_write(out, ts, n, NULL, 0)) {
         fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());
         return 1;
     }
@@ -145,5 +170,6 @@ int main(int argc, char **argv)
     free(tgt);
     free(logits);
     loom_gpt2_free(m);
+    if (tp > 1) loom_comm_finalize();
     return 0;
 }
