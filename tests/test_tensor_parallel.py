@@ -10,7 +10,9 @@ reaching the same global batch:
   - --sequence-parallel at TP 2 and 4, with TP 2 x DP 2 under ZeRO-3, and
     with full and selective recomputation;
   - TP 2 with an untied LM head and exact GELU (the vocab-parallel head of its own);
-  - bf16 under TP 2 against bf16 in one process: within 1e-4, not bit for
+  - TP 2 x DP 2 with ZeRO-2 and clipping from a DeepSpeed JSON file;
+  - fp16 (dynamic loss scaler) and bf16 under TP 2 against the same dtype
+    in one process: within 1e-4, not bit for
     bit, since tensor parallelism changes the order of the float32 sums
     (partial products added by the all-reduce; the vocab-parallel softmax's
     sums), and a bf16 activation rounded from a value that moved by one
@@ -79,6 +81,18 @@ def equivalence(tmp):
     ref_u = run(tmp, "single-untied", 1, ["--micro-batch-size", "1"] + numerics)
     lib.compare_runs("tp2-untied-gelu", ref_u, run(tmp, "tp2-untied", 2, [
         "--micro-batch-size", "2", "--tensor-model-parallel-size", "2"] + numerics))
+    # the layout from a DeepSpeed JSON file: ZeRO-2 and clipping there, the tp size as a top-level key
+    cfg = os.path.join(tmp, "ds.json")
+    with open(cfg, "w") as f:
+        json.dump({"zero_optimization": {"stage": 2}, "gradient_clipping": 0.5, "tensor_model_parallel_size": 2}, f)
+    lib.compare_runs("tp2-np4-zero2-from-json", ref, run(tmp, "tp2-json", 4, [
+        "--micro-batch-size", "2", "--vocab-size", "255", "--deepspeed-config", cfg]))
+    # fp16 with its dynamic loss scaler: the overflow check is the gradient norm, summed over the tp group,
+    # so every rank skips the same steps; fp16 weights: one step is 2^-11 = 4.9e-4 of an element, and a few
+    # flipped roundings stay within two steps (measured 2.4e-4 for the worst tensor)
+    ref_h = run(tmp, "single-fp16", 1, ["--micro-batch-size", "2", "--fp16"])
+    lib.compare_runs("tp2-fp16", ref_h, run(tmp, "tp2-fp16", 2, [
+        "--micro-batch-size", "2", "--fp16", "--tensor-model-parallel-size", "2"]), tol=1e-4, wtol=1e-3)
     # bf16 weights: a flipped rounding is one bf16 step, 2^-8 = 3.9e-3 of that element (see the top)
     ref_b = run(tmp, "single-bf16", 1, ["--micro-batch-size", "2", "--bf16"])
     lib.compare_runs("tp2-bf16", ref_b, run(tmp, "tp2-bf16", 2, [

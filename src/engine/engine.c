@@ -26,6 +26,7 @@
 #include "kernels/kernels.h" /* loom_has_nonfinite */
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
+#include "parallel/tensor.h"
 
 void loom_init(int *argc, char ***argv)
 {
@@ -470,9 +471,11 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     e->skipped += skip;
     e->steps = step;
     e->micro = e->backwards = 0;
+    double wait = loom_stack_comm_wait_s(m);
+    if (m->tp > 1)
+        wait = (wait > 0 ? wait : 0) + loom_tp_comm_take_s(); /* the layers' blocking collectives */
     if (out)
-        *out = (struct loom_step_result){
-            step, loss, lr, norm, loom_stack_comm_wait_s(m), e->scaler ? scale : 0, skip, e->skipped};
+        *out = (struct loom_step_result){step, loss, lr, norm, wait, e->scaler ? scale : 0, skip, e->skipped};
     return loom_engine_agree(e, rc);
 }
 

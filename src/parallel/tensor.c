@@ -3,9 +3,19 @@
  */
 #include "parallel/tensor.h"
 
+/* Seconds the collectives of this process waited since the last take. */
+static double waited;
+
+double loom_tp_comm_take_s(void)
+{
+    const double w = waited;
+    waited = 0;
+    return w;
+}
+
 void loom_tp_allreduce(float *x, size_t n, enum loom_op op)
 {
-    loom_comm_allreduce_sync(LOOM_GROUP_TP, loom_buf_f32(x, n), op);
+    waited += loom_comm_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_f32(x, n), op));
 }
 
 void loom_tp_copy_backward(float *dx, size_t n)
@@ -20,12 +30,12 @@ void loom_tp_reduce_forward(float *y, size_t n)
 
 void loom_tp_gather(float *full, const float *local, size_t n_local, int tp)
 {
-    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_TP, loom_buf_f32((float *)local, n_local),
-                                       loom_buf_f32(full, n_local * (size_t)tp)));
+    waited += loom_comm_wait(loom_comm_allgather(LOOM_GROUP_TP, loom_buf_f32((float *)local, n_local),
+                                                 loom_buf_f32(full, n_local * (size_t)tp)));
 }
 
 void loom_tp_reduce_scatter(float *local, const float *full, size_t n_local, int tp)
 {
-    loom_comm_wait(loom_comm_reduce_scatter(LOOM_GROUP_TP, loom_buf_f32((float *)full, n_local * (size_t)tp),
-                                            loom_buf_f32(local, n_local)));
+    waited += loom_comm_wait(loom_comm_reduce_scatter(
+        LOOM_GROUP_TP, loom_buf_f32((float *)full, n_local * (size_t)tp), loom_buf_f32(local, n_local)));
 }
