@@ -11,6 +11,8 @@ reaching the same global batch:
     with full and selective recomputation;
   - TP 2 with an untied LM head and exact GELU (the vocab-parallel head of its own);
   - TP 2 x DP 2 with ZeRO-2 and clipping from a DeepSpeed JSON file;
+  - TP 2 x DP 2 with ZeRO-3 starting from a weights file (each rank loads
+    its part of every tensor);
   - fp16 (dynamic loss scaler) and bf16 under TP 2 against the same dtype
     in one process: within 1e-4, not bit for
     bit, since tensor parallelism changes the order of the float32 sums
@@ -77,6 +79,14 @@ def equivalence(tmp):
         got = run(tmp, tag, n, ["--micro-batch-size", str(2 * n // tp), "--vocab-size", "255",
                                 "--tensor-model-parallel-size", str(tp), "--sequence-parallel"] + extra)
         lib.compare_runs(tag, ref, got)
+    # starting from a weights file (each rank takes its part of every tensor), ZeRO-3 over the dp ranks
+    start = os.path.join(tmp, "start.safetensors")
+    st.save(start, ref[1])
+    ref_load = run(tmp, "single-load", 1, ["--micro-batch-size", "1", "--vocab-size", "255", "--load", start,
+                                           "--num-attention-heads", "4"])
+    lib.compare_runs("tp2-np4-zero3-from-load", ref_load, run(tmp, "tp2-load", 4, [
+        "--micro-batch-size", "2", "--vocab-size", "255", "--load", start, "--num-attention-heads", "4",
+        "--tensor-model-parallel-size", "2", "--zero-stage", "3"]))
     numerics = ["--untie-embeddings-and-output-weights", "--activation-function", "gelu"]
     ref_u = run(tmp, "single-untied", 1, ["--micro-batch-size", "1"] + numerics)
     lib.compare_runs("tp2-untied-gelu", ref_u, run(tmp, "tp2-untied", 2, [
