@@ -26,6 +26,15 @@
  * (round_act), and in the backward every activation gradient too. Parameter
  * gradients are not rounded here: the precision strategy owns them.
  *
+ * Tensor parallelism (m->tp > 1): the layers compute on the rank's part
+ * (Cl = C/tp channels of attention and 4 Cl of the MLP, NH/tp heads, Vl
+ * vocabulary rows); the regions between column- and row-parallel matmuls
+ * are entered and left through region_input/region_output (and their
+ * gradient forms), which are the identity in one process, all-reduces
+ * under TP, and gathers/reduce-scatters of each rank's rows under
+ * sequence parallelism (m->sp), where the residual stream, the norms and
+ * their saved state hold rows_held() = B*T/tp rows.
+ *
  * Not here: loading and saving weights (gpt2_io.c), the optimizer, data.
  */
 #include "model/gpt2.h"

@@ -2,14 +2,19 @@
  * GPT-2 as a loom_model (loom/model.h): the embedding block (wte, wpe), L
  * transformer layers, and the head block (final LayerNorm; the LM head is
  * tied to wte, which the embedding block owns, and offered to data-parallel
- * strategies as a loom_tied_embedding). Tensors carry Hugging Face GPT-2
- * names.
+ * strategies as a loom_tied_embedding, or with `untied` a weight of its own,
+ * lm_head.weight). Tensors carry Hugging Face GPT-2 names. The numerics
+ * Hugging Face's configs carry are settings: LayerNorm's eps, the MLP's
+ * GELU (tanh or exact).
  *
  * Matmul weights are stored [in, out] as Hugging Face's Conv1D stores them.
  * The vocabulary is not padded. Activations can be recomputed in the
  * backward instead of kept (Megatron's selective and full recomputation),
- * and rounded to a 16-bit dtype where each kernel writes them. Not here: the
- * optimizer, data, parallelism.
+ * and rounded to a 16-bit dtype where each kernel writes them. A model
+ * built for a tensor-parallel group (loom_gpt2_create_tp) holds and
+ * computes its rank's part of every layer, Megatron's way, with sequence
+ * parallelism as an option; the communication is parallel/tensor.h's.
+ * Not here: the optimizer, data, data parallelism.
  */
 #ifndef LOOM_MODEL_GPT2_H
 #define LOOM_MODEL_GPT2_H
