@@ -308,7 +308,42 @@ def main():
             lines = lib.error_lines(p.stderr)
             check(f"{name}: exit 2, one line naming it, no step run",
                   p.returncode == 2 and len(lines) == 1 and want in lines[0] and not rows, p.stderr[-300:])
+        recorded_model(tmp, base)
     return lib.verdict()
+
+
+def recorded_model(tmp, base):
+    """The model a checkpoint records is read as its family reads it, by
+    eval as by train: a setting the family does not know is refused, and one
+    an older checkpoint lacks has its value of then (here a flag giving
+    another is a contradiction). The edited trainer state is resealed with
+    its checksum (tests/tools/state_tool) so the checks behind it run."""
+    seal = lib.tool("state_tool")
+    for tag, edit, flags, want in (
+            ("a model setting the family does not know", lambda m: dict(m, rotary_base=10000), [], "rotary_base"),
+            ("a checkpoint from before norm_epsilon, and --norm-epsilon 0.01",
+             lambda m: {k: v for k, v in m.items() if k != "norm_epsilon"}, ["--norm-epsilon", "0.01"],
+             "--norm-epsilon")):
+        d = os.path.join(tmp, "edited-" + tag.split()[1])
+        copy_save(base, d)
+        it = ckpt.checkpoint_dir(d)  # that checkpoint alone: no fallback to an older one
+        state = os.path.join(it, "trainer_state.json")
+        doc = json.load(open(state))
+        doc["model"] = edit(doc["model"])
+        with open(state, "w") as f:
+            f.write(json.dumps(doc, separators=(",", ":")))  # the checksum stays the first key
+        p = lib.run([seal, "seal", state])
+        check(f"{tag}: the edited trainer state is sealed", p.returncode == 0, p.stderr)
+        for cmd in ("eval", "train"):
+            p = lib.loom(cmd, "--load", it, *flags, "--train-iters", "1", "--data-path", os.path.join(tmp, "train.bin"),
+                         "--valid-data-path", os.path.join(tmp, "train.bin"), "--eval-iters", "1", timeout=300)
+            lines = lib.error_lines(p.stderr)
+            check(f"loom {cmd} of {tag}: exit 2, one line naming it",
+                  p.returncode == 2 and len(lines) == 1 and want in lines[0], p.stderr[-300:])
+        if flags:  # without the contradicting flag, the older checkpoint evaluates (GPT-2's eps 1e-5)
+            p = lib.loom("eval", "--load", it, "--valid-data-path", os.path.join(tmp, "train.bin"), "--eval-iters",
+                         "1", timeout=300)
+            check(f"loom eval of {tag.split(',')[0]}, no flag: runs", p.returncode == 0, p.stderr[-300:])
 
 
 if __name__ == "__main__":

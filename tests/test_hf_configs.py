@@ -319,6 +319,20 @@ def flags(heads, everything):
     _, p = evaluate(hf6, vbin6, "--activation-function", "gelu_new")
     refused("--activation-function gelu_new on a gelu config.json", p, "--activation-function")
 
+    # a Hugging Face Trainer checkpoint-N directory: its own trainer_state.json beside the model
+    trainer = os.path.join(TMP, "checkpoint-500")
+    shutil.copytree(hf, trainer)
+    with open(os.path.join(trainer, "trainer_state.json"), "w") as f:
+        json.dump({"best_metric": None, "epoch": 1.0, "global_step": 500, "log_history": []}, f)
+    got, p = evaluate(trainer, vbin)
+    same_loss("a Hugging Face Trainer checkpoint-N directory (its trainer_state.json is not loom's)", got, p, want)
+    # loom's metadata and a config.json beside it that disagree: one of them is wrong
+    exported = os.path.join(TMP, "exported")
+    q = lib.loom("convert", hf, exported, timeout=300)
+    cfg_e = read_config(exported) if q.returncode == 0 else {}
+    write_config(exported, dict(cfg_e, n_head=4))
+    _, p = evaluate(exported, vbin)
+    refused("loom's metadata says 8 heads, the config.json beside it 4", p, "num_attention_heads", 8, 4)
     # a bare safetensors file: Hugging Face's names, no config.json, no metadata
     bare_dir = os.path.join(TMP, "bare")
     os.makedirs(bare_dir)

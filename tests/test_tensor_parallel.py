@@ -250,6 +250,15 @@ def errors(tmp):
         lines = lib.error_lines(p.stderr)
         check(f"{tag}: exit 2, one line naming the sizes", p.returncode == 2 and len(lines) == 1 and
               all(w in lines[0] for w in words), p.stderr[-600:])
+    # sampling runs in one process, whatever layout saved the checkpoint
+    save = os.path.join(tmp, "tp2-np2")
+    p = lib.loom("sample", "--load", save, "--prompt", "ab", "--max-new-tokens", "4",
+                 "--tensor-model-parallel-size", "2")
+    lines = lib.error_lines(p.stderr)
+    check("loom sample with --tensor-model-parallel-size 2: exit 2, one line",
+          p.returncode == 2 and len(lines) == 1 and "--tensor-model-parallel-size 2" in lines[0], p.stderr[-600:])
+    p = lib.loom("sample", "--load", save, "--prompt", "ab", "--max-new-tokens", "4")
+    check("loom sample of a TP 2 checkpoint in one process", p.returncode == 0, p.stderr[-600:])
 
 
 def main():

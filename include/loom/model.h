@@ -89,7 +89,8 @@ struct loom_tensor {
      * other view dimension whole, in row-major order; full is the whole
      * tensor. Unsplit: tp_split LOOM_TP_REPLICATED, full = shape, view =
      * shape. Initialisation draws the whole tensor's stream and keeps the
-     * box, so a rank's part is the slice of the unsplit model's tensor. */
+     * box, so a rank's part is the slice of the unsplit model's tensor. Set
+     * through loom_block_add_tensor_split only (never assigned after). */
     int tp_split;
     int64_t full[LOOM_TENSOR_MAX_DIMS]; /* entries past ndim are 1 */
     int view_ndim;

@@ -60,6 +60,12 @@ int loom_sample(struct loom_config *cfg)
                               "loom sample needs --load DIR (a checkpoint) or FILE.safetensors");
     if (cfg->vocab_size > 256 && *cfg->prompt)
         loom_log_warn("the prompt is encoded byte by byte (no BPE tokenizer is built in yet)");
+    if (cfg->tensor_model_parallel_size > 1 || cfg->sequence_parallel)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "loom sample runs in one process (any checkpoint loads there): "
+                              "--tensor-model-parallel-size %d%s is for training",
+                              cfg->tensor_model_parallel_size,
+                              cfg->sequence_parallel ? " --sequence-parallel" : "");
     const struct loom_model_family *family = loom_model_family_of_preset(cfg->model, NULL);
     if (!family)
         return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);

@@ -31,6 +31,7 @@
 #include "model/family.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
+#include "parallel/tensor.h"
 
 struct run {
     struct loom_config *cfg;
@@ -132,6 +133,7 @@ static double evaluate(struct run *r)
             sum += loom_model_eval(r->model, &r->batch, B);
         }
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+    loom_tp_comm_take_s(); /* the evaluation's tensor-parallel waits are no step's */
     return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo->dp) : 0;
 }
 

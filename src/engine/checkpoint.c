@@ -592,6 +592,14 @@ int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg)
     int rc;
     if (loom_ckpt_is_checkpoint(path)) {
         if ((rc = recorded_model(path, &shape)) || (rc = family_of_shape(path, &shape, &family))) return rc;
+        /* as the family reads it: every setting (an older file's absent ones
+         * their value of then), and nothing it does not know */
+        struct loom_config *recorded = malloc(sizeof *recorded);
+        if (!recorded) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+        memcpy(recorded, cfg, sizeof *recorded);
+        if ((rc = family->apply_shape(&shape, recorded)) == LOOM_OK) family->shape_of(recorded, &shape);
+        free(recorded);
+        if (rc) return shape_error(path, rc);
     } else {
         family = loom_model_family_of_preset(cfg->model, NULL);
         if (!family)

@@ -198,8 +198,10 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
 /* Rank 0, after a failure: removes the temporary directory. */
 void loom_ckpt_abandon(const char *tmp);
 
-/* Whether path is a loom checkpoint: a directory holding trainer_state.json,
- * or a save directory (with latest, or with an iter_NNNNNNN). Anything else
+/* Whether path is a loom checkpoint: a directory holding loom's
+ * trainer_state.json (not Hugging Face Trainer's, which a checkpoint-N
+ * directory holds beside its weights), or a save directory (with latest,
+ * or with an iter_NNNNNNN). Anything else
  * --load names is a model family's weights source (a file, a Hugging Face
  * directory). */
 int loom_ckpt_is_checkpoint(const char *path);

@@ -193,13 +193,26 @@ void loom_ckpt_candidates_free(char **dirs, int ndirs)
     loom_free(dirs);
 }
 
+/* Whether file starts as loom's trainer state does ({"checksum":...):
+ * Hugging Face's Trainer writes a trainer_state.json of its own. */
+static int loom_state_file(const char *file)
+{
+    FILE *f = fopen(file, "rb");
+    if (!f) return 0;
+    char head[16] = "";
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    head[n] = '\0';
+    return strncmp(head, "{\"checksum\"", 11) == 0;
+}
+
 int loom_ckpt_is_checkpoint(const char *path)
 {
     if (!loom_fs_is_dir(path)) return 0;
     char buf[4400];
     struct stat st;
     snprintf(buf, sizeof buf, "%s/%s", path, LOOM_CKPT_STATE_FILE);
-    if (stat(buf, &st) == 0) return 1;
+    if (stat(buf, &st) == 0) return loom_state_file(buf);
     snprintf(buf, sizeof buf, "%s/%s", path, LATEST);
     if (stat(buf, &st) == 0) return 1;
     int64_t *its;

@@ -43,7 +43,11 @@ struct loom_gpt2_config {
 
 /* Saved forward state of one transformer layer, for B sequences of T. A
  * recomputed layer has none of its own: its pointers lead into the shared
- * recompute scratch, except res3 when it is a kept input. */
+ * recompute scratch, except res3 when it is a kept input. Sizes are one
+ * process's; under tensor parallelism C, 3C, 4C and NH below are this
+ * rank's C/tp, 3C/tp, 4C/tp and NH/tp where the layer is split (qkv, atty,
+ * att, fch), and under sequence parallelism the rows of the residual stream
+ * and the norms (ln*, res*) are B*T/tp. */
 struct loom_layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
     float *qkv;                       /* (B,T,3C) */

@@ -57,10 +57,12 @@ static int check_tied_head(struct loom_gpt2 *m, const char *path, const struct l
                        : loom_error_set(LOOM_ERR_RUNTIME, "out of memory reading %s", path);
     if (rc == LOOM_OK) loom_tensor_take_part(wte, w, part);
     if (rc == LOOM_OK && memcmp(part, emb->work_params, wte->numel * sizeof(float)) != 0)
-        rc = loom_error_set(LOOM_ERR_INPUT,
-                            "%s: lm_head.weight differs from wte.weight, so the LM head is not tied "
-                            "(tie_word_embeddings false): give --untie-embeddings-and-output-weights",
-                            path);
+        rc =
+            loom_error_set(LOOM_ERR_INPUT,
+                           "%s: lm_head.weight differs from wte.weight, so the LM head is not tied, but the "
+                           "model described for it is (tie_word_embeddings true in its config.json or loom's "
+                           "metadata; for a bare file, --untie-embeddings-and-output-weights says otherwise)",
+                           path);
     free(part);
     free(w);
     return rc;
@@ -356,6 +358,7 @@ int loom_gpt2_source_shape(const char *path, struct loom_model_shape *out)
     if ((rc = loom_gpt2_source_file(path, file, sizeof file))) return rc;
     int found;
     if ((rc = loom_gpt2_read_metadata(file, out, &found))) return rc;
+    config_path(path, config, sizeof config);
     if (found) { /* loom wrote it: every setting, older files' absent ones GPT-2's */
         if (strcmp(out->type, "gpt2") != 0)
             return loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not GPT-2", file, out->type);
@@ -365,10 +368,20 @@ int loom_gpt2_source_shape(const char *path, struct loom_model_shape *out)
             return loom_error_set(rc, "%s: %s", file, why);
         }
         loom_gpt2_shape(&c, out);
+        /* a config.json beside it describes the same model, or one of them is wrong */
+        struct loom_model_shape described;
+        if (exists(config) && (rc = loom_gpt2_hf_read_config(config, &described))) return rc;
+        for (int i = 0; exists(config) && i < out->n; i++) {
+            char a[48], b[48];
+            loom_model_shape_text(&out->kv[i], a, sizeof a);
+            loom_model_shape_text(loom_model_shape_find(&described, out->kv[i].key), b, sizeof b);
+            if (strcmp(a, b) != 0)
+                return loom_error_set(LOOM_ERR_INPUT, "%s records %s %s, but %s beside it says %s", file,
+                                      out->kv[i].key, a, config, b);
+        }
         return LOOM_OK;
     }
     if ((rc = loom_gpt2_peek_config(file, &c))) return rc;
-    config_path(path, config, sizeof config);
     if (exists(config)) {
         if ((rc = loom_gpt2_hf_read_config(config, out))) return rc;
         return check_config_tensors(config, out, file, &c);
