@@ -21,7 +21,9 @@ reaching the same global batch:
     float32 rounding can land one bf16 step (2^-8 relative) away; those
     flips average out in the loss to ~1e-5 (measured 4e-5 at worst), and
     leave the bf16 weights within a bf16 step (4e-3; measured 1.4e-3 for
-    the worst tensor, 3.7e-4 for the whole model);
+    the worst tensor, 3.7e-4 for the whole model); at one TP degree, DP 2
+    (DDP, ZeRO-2, ZeRO-3 with SP) gives the TP 2 bf16 run's losses bit for
+    bit with the same micro-batch size, as DDP gives one process's;
   - a checkpoint saved under TP 2 x DP 2 resumes in one process, and one
     saved in one process resumes under TP 2 with SP, continuing with the
     uninterrupted run's losses (1e-5); `loom convert` exports the TP
@@ -105,8 +107,15 @@ def equivalence(tmp):
         "--micro-batch-size", "2", "--fp16", "--tensor-model-parallel-size", "2"]), tol=1e-4, wtol=1e-3)
     # bf16 weights: a flipped rounding is one bf16 step, 2^-8 = 3.9e-3 of that element (see the top)
     ref_b = run(tmp, "single-bf16", 1, ["--micro-batch-size", "2", "--bf16"])
-    lib.compare_runs("tp2-bf16", ref_b, run(tmp, "tp2-bf16", 2, [
-        "--micro-batch-size", "2", "--bf16", "--tensor-model-parallel-size", "2"]), tol=1e-4, wtol=4e-3)
+    tp2_b = run(tmp, "tp2-bf16", 2, ["--micro-batch-size", "2", "--bf16", "--tensor-model-parallel-size", "2"])
+    lib.compare_runs("tp2-bf16", ref_b, tp2_b, tol=1e-4, wtol=4e-3)
+    # at one tensor-parallel degree, data parallelism, ZeRO and SP change no sample's arithmetic: with the same
+    # micro-batch size the bf16 losses are the TP 2 run's bit for bit, as DDP's are one process's
+    for tag, extra in (("tp2-dp2-bf16", []), ("tp2-dp2-zero2-bf16", ["--zero-stage", "2"]),
+                       ("tp2-dp2-zero3-sp-bf16", ["--zero-stage", "3", "--sequence-parallel"])):
+        got = run(tmp, tag, 4, ["--micro-batch-size", "2", "--bf16", "--tensor-model-parallel-size", "2"] + extra)
+        check(f"{tag}: every step's loss is the TP 2 bf16 run's, bit for bit", got[0] == tp2_b[0],
+              f"{got[0]} vs {tp2_b[0]}")
     return ref
 
 
