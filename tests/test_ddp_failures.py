@@ -95,6 +95,8 @@ def test_layouts(tmp):
          "--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 2"),
         ("batch sizes disagree", 2, ["--global-batch-size", "8", "--micro-batch-size", "2",
                                      "--gradient-accumulation-steps", "3"], "batch sizes disagree"),
+        ("an unknown flag, said once, not by every rank", 2, ["--bogus-flag", "1"], "unknown flag --bogus-flag"),
+        ("a --load path that does not exist, said once", 2, ["--load", "MISSING"], "MISSING"),
     ]
     for name, n, flags, needle in cases:
         p = train_on(n, model_args(tmp) + flags)

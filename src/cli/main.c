@@ -146,7 +146,13 @@ int main(int argc, char **argv)
         int help;
         if ((rc = loom_config_parse(&cfg, argc - 2, argv + 2, &help))) {
             loom_config_free(&cfg);
-            return fail(rc);
+            if (strcmp(cmd, "sample") == 0) return fail(rc);
+            /* under mpirun every rank parsed the same flags: rank 0 says what is wrong, once */
+            loom_comm_init(&argc, &argv);
+            if (loom_comm_world_rank() != 0) loom_error_clear();
+            fail(rc);
+            loom_comm_finalize();
+            return rc;
         }
         if (help) {
             loom_config_print_help(stdout, cmd);
