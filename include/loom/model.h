@@ -227,6 +227,9 @@ struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char
                                                 int split, int tp, int tp_rank);
 /* Rank r's part [lo, hi) of n entries split over tp ranks. */
 void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi);
+/* The whole model's parameter count, from its tensors' full shapes: the same
+ * as num_params unless the model holds a tensor-parallel rank's part. */
+double loom_model_full_params(const struct loom_model *m);
 /* The part (t->numel floats) t holds of its whole tensor full (row-major,
  * the product of t->full floats): the whole of it unless t is split. */
 void loom_tensor_take_part(const struct loom_tensor *t, const float *full, float *part);

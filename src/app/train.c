@@ -280,17 +280,8 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     r->family->describe(m, shape, sizeof shape);
     snprintf(rep->layout, sizeof rep->layout, "TP(%d)-DP(%d)-PP(%d)%s", r->topo->tp, r->topo->dp, r->topo->pp,
              r->cfg->sequence_parallel ? "+SP" : "");
-    if (m->tp > 1) { /* the whole model's count, from the tensors' full shapes */
-        double whole = 0;
-        for (int bi = 0; bi < m->nblocks; bi++)
-            for (int ti = 0; ti < m->blocks[bi].ntensors; ti++) {
-                double k = 1;
-                for (int d = 0; d < m->blocks[bi].tensors[ti].ndim; d++)
-                    k *= (double)m->blocks[bi].tensors[ti].full[d];
-                whole += k;
-            }
-        snprintf(part, sizeof part, " of %.0f, this tensor-parallel rank's part", whole);
-    }
+    if (m->tp > 1)
+        snprintf(part, sizeof part, " of %.0f, this tensor-parallel rank's part", loom_model_full_params(m));
     loom_report_line(rep, "model: %s, %s: %zu parameters%s (%s)\n", r->family->title, shape, n, part,
                      loom_fmt_bytes(b, sizeof b, 4.0 * n));
     loom_report_line(

@@ -348,6 +348,29 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
  * reads it (settings an older checkpoint lacks take their value of then);
  * a user's model records none: every tensor's shape is checked as it is
  * read. */
+/* A shape setting's flag: its key with '-' for '_'. */
+static void flag_of(const char *key, char *flag, size_t n)
+{
+    snprintf(flag, n, "--%s", key);
+    for (char *c = flag; *c; c++)
+        if (*c == '_') *c = '-';
+}
+
+/* A recorded shape as the family reads it, in place: every setting (an
+ * older file's absent ones at their value of then), nothing it does not
+ * know (the family's LOOM_ERR_INPUT otherwise). cfg lends the other fields. */
+static int family_shape(const struct loom_model_family *family, struct loom_model_shape *shape,
+                        const struct loom_config *cfg)
+{
+    struct loom_config *read = malloc(sizeof *read);
+    if (!read) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    memcpy(read, cfg, sizeof *read);
+    int rc = family->apply_shape(shape, read);
+    if (rc == LOOM_OK) family->shape_of(read, shape);
+    free(read);
+    return rc;
+}
+
 static int check_model(const struct loom_model *m, const struct loom_config *cfg,
                        const struct loom_ckpt_state *st, const char *dir)
 {
@@ -356,27 +379,17 @@ static int check_model(const struct loom_model *m, const struct loom_config *cfg
                               dir, st->model.type, m->name);
     const struct loom_model_family *family = loom_model_family_of(m);
     if (!family) return LOOM_OK;
-    struct loom_config *recorded = malloc(sizeof *recorded); /* cfg with the checkpoint's shape */
-    if (!recorded) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-    memcpy(recorded, cfg, sizeof *recorded);
-    int rc = family->apply_shape(&st->model, recorded);
-    struct loom_model_shape want, have;
-    if (rc == LOOM_OK) {
-        family->shape_of(cfg, &want);
-        family->shape_of(recorded, &have);
-    }
-    free(recorded);
+    struct loom_model_shape want, have = st->model;
+    int rc = family_shape(family, &have, cfg);
     if (rc) {
         char why[400];
         snprintf(why, sizeof why, "%s", loom_error_message());
-        return loom_error_set(LOOM_ERR_INPUT, "--load %s: %s", dir, why);
+        return loom_error_set(rc, "--load %s: %s", dir, why);
     }
-    /* the settings' JSON keys are the flags' names with '_' for '-' */
+    family->shape_of(cfg, &want);
     for (int i = 0; i < want.n; i++) {
         char flag[64], a[48], b[48];
-        snprintf(flag, sizeof flag, "--%s", want.kv[i].key);
-        for (char *c = flag; *c; c++)
-            if (*c == '_') *c = '-';
+        flag_of(want.kv[i].key, flag, sizeof flag);
         loom_model_shape_text(&have.kv[i], a, sizeof a);
         loom_model_shape_text(&want.kv[i], b, sizeof b);
         if (strcmp(a, b) != 0)
@@ -547,13 +560,6 @@ static int shape_error(const char *path, int rc)
 }
 
 /* A shape setting's flag: its key with '-' for '_'. */
-static void flag_of(const char *key, char *flag, size_t n)
-{
-    snprintf(flag, n, "--%s", key);
-    for (char *c = flag; *c; c++)
-        if (*c == '_') *c = '-';
-}
-
 /* The file's settings onto cfg (loom_checkpoint_read_shape's rule). */
 static int take_shape(const char *path, const struct loom_model_family *family,
                       const struct loom_model_shape *file, struct loom_config *cfg)
@@ -592,14 +598,7 @@ int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg)
     int rc;
     if (loom_ckpt_is_checkpoint(path)) {
         if ((rc = recorded_model(path, &shape)) || (rc = family_of_shape(path, &shape, &family))) return rc;
-        /* as the family reads it: every setting (an older file's absent ones
-         * their value of then), and nothing it does not know */
-        struct loom_config *recorded = malloc(sizeof *recorded);
-        if (!recorded) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
-        memcpy(recorded, cfg, sizeof *recorded);
-        if ((rc = family->apply_shape(&shape, recorded)) == LOOM_OK) family->shape_of(recorded, &shape);
-        free(recorded);
-        if (rc) return shape_error(path, rc);
+        if ((rc = family_shape(family, &shape, cfg))) return shape_error(path, rc);
     } else {
         family = loom_model_family_of_preset(cfg->model, NULL);
         if (!family)

@@ -840,13 +840,5 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
 double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)
 {
     /* the whole model's (MFU divides by the whole job's peak), whatever part this rank holds */
-    double n = 0;
-    for (int b = 0; b < m->base.nblocks; b++)
-        for (int t = 0; t < m->base.blocks[b].ntensors; t++) {
-            const struct loom_tensor *x = &m->base.blocks[b].tensors[t];
-            double k = 1;
-            for (int d = 0; d < x->ndim; d++) k *= (double)x->full[d];
-            n += k;
-        }
-    return 6.0 * n + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    return 6.0 * loom_model_full_params(&m->base) + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
 }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "base/log.h"
+#include "io/fs.h"
 #include "io/safetensors.h"
 #include "model/gpt2_hf.h"
 #include "model/gpt2_llmc.h"
@@ -269,12 +270,6 @@ int loom_gpt2_peek_config(const char *path, struct loom_gpt2_config *cfg)
 
 /* ---- weights sources: what --load names ---------------------------------- */
 
-static int is_dir(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 static int exists(const char *path)
 {
     struct stat sb;
@@ -285,17 +280,23 @@ static int exists(const char *path)
 static int is_llmc(const char *path)
 {
     size_t n = strlen(path);
-    return !is_dir(path) && (loom_llmc_sniff(path) || (n > 4 && strcmp(path + n - 4, ".bin") == 0));
+    return !loom_fs_is_dir(path) && (loom_llmc_sniff(path) || (n > 4 && strcmp(path + n - 4, ".bin") == 0));
+}
+
+/* dir/name into out. */
+static void in_dir(const char *dir, const char *name, char *out, size_t n)
+{
+    size_t len = strlen(dir);
+    snprintf(out, n, "%s%s%s", dir, len && dir[len - 1] == '/' ? "" : "/", name);
 }
 
 int loom_gpt2_source_file(const char *path, char *file, size_t n)
 {
-    if (!is_dir(path)) {
+    if (!loom_fs_is_dir(path)) {
         snprintf(file, n, "%s", path);
         return LOOM_OK;
     }
-    size_t len = strlen(path);
-    snprintf(file, n, "%s%smodel.safetensors", path, len && path[len - 1] == '/' ? "" : "/");
+    in_dir(path, "model.safetensors", file, n);
     if (!exists(file))
         return loom_error_set(
             LOOM_ERR_INPUT,
@@ -308,16 +309,12 @@ int loom_gpt2_source_file(const char *path, char *file, size_t n)
 /* The config.json that describes path: in the directory, or beside the file. */
 static void config_path(const char *path, char *out, size_t n)
 {
-    if (is_dir(path)) {
-        size_t len = strlen(path);
-        snprintf(out, n, "%s%sconfig.json", path, len && path[len - 1] == '/' ? "" : "/");
-        return;
-    }
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(out, n, "config.json");
+    char dir[4096];
+    if (loom_fs_is_dir(path))
+        snprintf(dir, sizeof dir, "%s", path);
     else
-        snprintf(out, n, "%.*s/config.json", (int)(slash - path), path);
+        loom_fs_dirname(path, dir, sizeof dir);
+    in_dir(dir, "config.json", out, n);
 }
 
 /* The sizes config.json gives (GPT2Config's defaults where a field is
@@ -359,6 +356,7 @@ int loom_gpt2_source_shape(const char *path, struct loom_model_shape *out)
     int found;
     if ((rc = loom_gpt2_read_metadata(file, out, &found))) return rc;
     config_path(path, config, sizeof config);
+    const int have_config = exists(config);
     if (found) { /* loom wrote it: every setting, older files' absent ones GPT-2's */
         if (strcmp(out->type, "gpt2") != 0)
             return loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not GPT-2", file, out->type);
@@ -370,8 +368,8 @@ int loom_gpt2_source_shape(const char *path, struct loom_model_shape *out)
         loom_gpt2_shape(&c, out);
         /* a config.json beside it describes the same model, or one of them is wrong */
         struct loom_model_shape described;
-        if (exists(config) && (rc = loom_gpt2_hf_read_config(config, &described))) return rc;
-        for (int i = 0; exists(config) && i < out->n; i++) {
+        if (have_config && (rc = loom_gpt2_hf_read_config(config, &described))) return rc;
+        for (int i = 0; have_config && i < out->n; i++) {
             char a[48], b[48];
             loom_model_shape_text(&out->kv[i], a, sizeof a);
             loom_model_shape_text(loom_model_shape_find(&described, out->kv[i].key), b, sizeof b);
@@ -382,7 +380,7 @@ int loom_gpt2_source_shape(const char *path, struct loom_model_shape *out)
         return LOOM_OK;
     }
     if ((rc = loom_gpt2_peek_config(file, &c))) return rc;
-    if (exists(config)) {
+    if (have_config) {
         if ((rc = loom_gpt2_hf_read_config(config, out))) return rc;
         return check_config_tensors(config, out, file, &c);
     }

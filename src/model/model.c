@@ -84,6 +84,19 @@ struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char
     return t;
 }
 
+double loom_model_full_params(const struct loom_model *m)
+{
+    double n = 0;
+    for (int b = 0; b < m->nblocks; b++)
+        for (int t = 0; t < m->blocks[b].ntensors; t++) {
+            const struct loom_tensor *x = &m->blocks[b].tensors[t];
+            double k = 1;
+            for (int d = 0; d < x->ndim; d++) k *= (double)x->full[d];
+            n += k;
+        }
+    return n;
+}
+
 void loom_tensor_take_part(const struct loom_tensor *t, const float *full, float *part)
 {
     if (t->tp_split == LOOM_TP_REPLICATED) {
