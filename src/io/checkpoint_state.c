@@ -65,7 +65,9 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
     cJSON_AddNumberToObject(data, "next_step", (double)st->iteration + 1);
     if (st->has_loss_scaler) {
         cJSON *ls = cJSON_AddObjectToObject(o, "loss_scaler");
-        cJSON_AddNumberToObject(ls, "scale", st->loss_scale);
+        char scale[40]; /* exactly: cJSON's printing may round */
+        loom_real_text(st->loss_scale, scale, sizeof scale);
+        cJSON_AddRawToObject(ls, "scale", scale);
         cJSON_AddNumberToObject(ls, "good_steps", (double)st->loss_scale_good_steps);
         cJSON_AddNumberToObject(ls, "hysteresis", (double)st->loss_scale_hysteresis);
     } else {

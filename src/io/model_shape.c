@@ -46,17 +46,22 @@ const struct loom_shape_setting *loom_model_shape_find(const struct loom_model_s
     return NULL;
 }
 
+void loom_real_text(double x, char *buf, size_t n)
+{
+    char text[32];
+    for (int digits = 1; digits <= 17; digits++) { /* 17 always reads back */
+        snprintf(text, sizeof text, "%.*g", digits, x);
+        if (strtod(text, NULL) == x) break;
+    }
+    snprintf(buf, n, "%s", text);
+}
+
 void loom_model_shape_text(const struct loom_shape_setting *kv, char *buf, size_t n)
 {
     if (kv->kind == LOOM_SHAPE_INT) {
         snprintf(buf, n, "%lld", (long long)kv->value);
     } else if (kv->kind == LOOM_SHAPE_REAL) {
-        char text[32];
-        for (int digits = 1; digits <= 17; digits++) { /* the shortest that reads back */
-            snprintf(text, sizeof text, "%.*g", digits, kv->real);
-            if (strtod(text, NULL) == kv->real) break;
-        }
-        snprintf(buf, n, "%s", text);
+        loom_real_text(kv->real, buf, n);
     } else {
         snprintf(buf, n, "%s", kv->word);
     }

@@ -40,6 +40,11 @@ void loom_model_shape_add_real(struct loom_model_shape *s, const char *key, doub
 void loom_model_shape_add_word(struct loom_model_shape *s, const char *key, const char *word);
 /* The setting named key, or NULL. */
 const struct loom_shape_setting *loom_model_shape_find(const struct loom_model_shape *s, const char *key);
+/* x as the shortest decimal text that reads back to exactly x ("0.1",
+ * "1e-05", "0.30000000000000004"); x finite. Every JSON writer that must
+ * round-trip a double uses it: cJSON's own printing accepts 15 digits that
+ * read back only within an epsilon. */
+void loom_real_text(double x, char *buf, size_t n);
 /* A setting's value as text: "12", "1e-05" (the shortest that reads back
  * to the same double), "gelu_new". */
 void loom_model_shape_text(const struct loom_shape_setting *kv, char *buf, size_t n);

@@ -213,12 +213,9 @@ char *loom_gpt2_hf_config_json(const struct loom_gpt2_config *cfg)
     cJSON_AddNumberToObject(j, "embd_pdrop", 0.1);
     cJSON_AddNumberToObject(j, "eos_token_id", cfg->vocab - 1);
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);
-    { /* the shortest text that reads back to the same double (cJSON's printing may round) */
-        struct loom_shape_setting eps = {.kind = LOOM_SHAPE_REAL, .real = cfg->norm_eps};
-        char text[40];
-        loom_model_shape_text(&eps, text, sizeof text);
-        cJSON_AddRawToObject(j, "layer_norm_epsilon", text);
-    }
+    char eps[40]; /* exactly: cJSON's printing may round */
+    loom_real_text(cfg->norm_eps, eps, sizeof eps);
+    cJSON_AddRawToObject(j, "layer_norm_epsilon", eps);
     cJSON_AddStringToObject(j, "model_type", "gpt2");
     cJSON_AddNumberToObject(j, "n_ctx", cfg->max_pos);
     cJSON_AddNumberToObject(j, "n_embd", cfg->hidden);
