@@ -96,6 +96,14 @@ enum loom_recompute_method {
     LOOM_RECOMPUTE_METHOD_COUNT
 };
 
+/* The pipeline schedule (parallel/schedule.h), Megatron's and DeepSpeed's. */
+enum loom_pipeline_schedule {
+    LOOM_PIPELINE_SCHEDULE_1F1B = 0,        /* one forward, one backward (PipeDream-Flush) */
+    LOOM_PIPELINE_SCHEDULE_GPIPE = 1,       /* every forward, then every backward */
+    LOOM_PIPELINE_SCHEDULE_INTERLEAVED = 2, /* 1f1b over virtual stages */
+    LOOM_PIPELINE_SCHEDULE_COUNT
+};
+
 /* The order training batches are drawn in (io/sampler.h). */
 enum loom_data_order { LOOM_DATA_SHUFFLED = 0, LOOM_DATA_SEQUENTIAL = 1, LOOM_DATA_ORDER_COUNT };
 
@@ -175,7 +183,12 @@ struct loom_config {
     /* parallelism */
     int tensor_model_parallel_size, pipeline_model_parallel_size;
     int sequence_parallel; /* with tensor parallelism: the rows of the norm regions split over the tp group */
-    double ddp_bucket_size; /* MB */
+    enum loom_pipeline_schedule pipeline_schedule;
+    int num_layers_per_virtual_pipeline_stage; /* interleaved: layers per model chunk; 0: not given */
+    /* Megatron's uneven ends: layers of the first and the last stage (0: balanced) */
+    int decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers;
+    int use_distributed_optimizer; /* Megatron's name for ZeRO-1 over the data-parallel group */
+    double ddp_bucket_size;        /* MB */
     int no_overlap;
     enum loom_ddp_impl ddp_impl;
     double comm_timeout; /* seconds */

@@ -91,6 +91,15 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out);
 typedef int (*loom_batch_fn)(void *ctx, struct loom_engine *e, int micro, const void **batch, int *rows);
 int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
                             struct loom_step_result *out);
+/* How many micro-batches the schedule keeps in flight: a batch `get` gives
+ * for micro-batch k must stay valid until k + this many have been asked for
+ * (1 without pipelining). */
+int loom_engine_batches_in_flight(const struct loom_engine *e);
+/* The mean loss of one micro-batch of validation data, outside any step,
+ * through every pipeline stage (every rank calls it; ranks without the
+ * model's head get 0). index: the batch's place in this evaluation (the
+ * first is 0). */
+float loom_engine_eval(struct loom_engine *e, const void *batch, int rows, int index);
 
 /* A checkpoint of the state after steps_done() steps in cfg.save (every
  * rank). LOOM_ERR_RUNTIME when it cannot be written; earlier ones stay. */

@@ -105,6 +105,9 @@ struct loom_tensor {
 struct loom_block {
     enum loom_block_role role;
     int layer; /* the model's own index (GPT-2: the layer; -1 for embedding and head) */
+    /* the block's place in the whole model (its position unless the model
+     * holds a pipeline stage's blocks only): initialisation draws from it */
+    int index;
     int ntensors;
     struct loom_tensor tensors[LOOM_BLOCK_MAX_TENSORS];
     size_t numel;
@@ -134,6 +137,7 @@ struct loom_micro {
     const float *doutput; /* backward: the gradient at output (unless the range ends at the last block) */
     float *dinput;        /* backward: receives the gradient at input (unless it starts at the first) */
     double loss;          /* forward of a range ending at the last block: the micro-batch's mean loss */
+    int micro, micros;    /* its place in the step: micro-batch micro of micros (0 of 1 outside a step) */
 };
 
 /* A micro-batch of a token model: rows of T tokens; targets NULL computes

@@ -66,13 +66,18 @@ int loom_sample(struct loom_config *cfg)
                               "--tensor-model-parallel-size %d%s is for training",
                               cfg->tensor_model_parallel_size,
                               cfg->sequence_parallel ? " --sequence-parallel" : "");
+    if (cfg->pipeline_model_parallel_size > 1)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "loom sample runs in one process (any checkpoint loads there): "
+                              "--pipeline-model-parallel-size %d is for training",
+                              cfg->pipeline_model_parallel_size);
     const struct loom_model_family *family = loom_model_family_of_preset(cfg->model, NULL);
     if (!family)
         return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
     int T = cfg->seq_length, rc;
     if ((rc = family->check(cfg, T))) return rc;
     if (cfg->threads > 0) loom_threads_set(cfg->threads);
-    struct loom_model *m = family->create(cfg, 1, T, 0, 0);
+    struct loom_model *m = family->create(cfg, 1, T, 0, 0, 0);
     loom_model_alloc_arenas(m, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_checkpoint_load_weights(m, cfg->load))) {
         family->destroy(m);

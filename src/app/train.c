@@ -41,9 +41,10 @@ struct run {
     int have_valid;
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
     const struct loom_model_family *family;
-    struct loom_model *model;   /* the family's; the engine's under training */
-    int32_t *inputs, *targets;  /* (B,T) */
-    struct loom_lm_batch batch; /* pointing at them */
+    struct loom_model *model;      /* the family's; the engine's under training */
+    int nbatches;                  /* the micro-batches the schedule keeps in flight */
+    int32_t *inputs, *targets;     /* (nbatches, B, T) */
+    struct loom_lm_batch *batches; /* (nbatches) pointing at them */
 };
 
 /* With no --data-path: the built-in corpus, generated into the cache once;
@@ -129,10 +130,13 @@ static double evaluate(struct run *r)
         for (int a = 0; a < A; a++) {
             loom_data_eval_batch(&r->valid, i, cfg->global_batch_size,
                                  loom_engine_micro_batch_rows(r->engine, a), B, T, r->inputs, r->targets);
-            r->batch = (struct loom_lm_batch){r->inputs, r->targets};
-            sum += loom_model_eval(r->model, &r->batch, B);
+            r->batches[0] = (struct loom_lm_batch){r->inputs, r->targets};
+            sum += loom_engine_eval(r->engine, &r->batches[0], B, i * A + a);
         }
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+    /* the last stage has the loss */
+    if (r->topo->pp > 1)
+        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     loom_tp_comm_take_s(); /* the evaluation's tensor-parallel waits are no step's */
     return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo->dp) : 0;
 }
@@ -178,7 +182,8 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     if (rc == LOOM_OK) rc = open_data(r, training);
     if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
-    r->model = r->family->create(cfg, cfg->micro_batch_size, cfg->seq_length, training, r->topo->tp_rank);
+    r->model = r->family->create(cfg, cfg->micro_batch_size, cfg->seq_length, training, r->topo->tp_rank,
+                                 r->topo->pp_rank);
     if (training) {
         rc = loom_engine_initialize(r->engine, r->model);
     } else {
@@ -187,9 +192,11 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
                                  : loom_error_set(LOOM_ERR_INPUT, "loom eval needs --load"));
     }
     if (rc) return rc;
-    size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
+    r->nbatches = training ? loom_engine_batches_in_flight(r->engine) : 1;
+    size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length * (size_t)r->nbatches;
     r->inputs = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
     r->targets = loom_alloc(n * sizeof(int32_t), LOOM_MEM_OTHER);
+    r->batches = loom_alloc(sizeof *r->batches * (size_t)r->nbatches, LOOM_MEM_OTHER);
     return LOOM_OK;
 }
 
@@ -199,6 +206,7 @@ static void teardown(struct run *r)
     if (r->model) r->family->destroy(r->model);
     loom_free(r->inputs);
     loom_free(r->targets);
+    loom_free(r->batches);
     loom_data_close(&r->train);
     if (r->have_valid) loom_data_close(&r->valid);
 }
@@ -291,7 +299,8 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     char stack[128];
     loom_stack_format(r->engine->model, stack, sizeof stack);
     loom_report_line(rep, "strategies: %s; schedule: %s; optimizer state for %zu of %zu parameters\n", stack,
-                     loom_schedule_name(r->topo->pp), e->part.end - e->part.begin, n);
+                     loom_schedule_name(r->cfg->pipeline_schedule, r->topo->pp), e->part.end - e->part.begin,
+                     n);
     loom_stack_describe(r->engine->model, report_strategy, rep);
     if (e->resumed) {
         const struct loom_ckpt_io_stats *io = &e->load_io;
@@ -306,12 +315,16 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
 {
     struct run *r = ctx;
     const struct loom_config *cfg = r->cfg;
+    /* the micro-batches in flight are consecutive: micro % nbatches is free */
+    const int k = micro % r->nbatches;
+    const size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
+    int32_t *inputs = r->inputs + (size_t)k * n, *targets = r->targets + (size_t)k * n;
     loom_data_batch(&r->train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
                     (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size,
-                    loom_engine_micro_batch_rows(e, micro), cfg->micro_batch_size, cfg->seq_length, r->inputs,
-                    r->targets);
-    r->batch = (struct loom_lm_batch){r->inputs, r->targets};
-    *batch = &r->batch;
+                    loom_engine_micro_batch_rows(e, micro), cfg->micro_batch_size, cfg->seq_length, inputs,
+                    targets);
+    r->batches[k] = (struct loom_lm_batch){inputs, targets};
+    *batch = &r->batches[k];
     *rows = cfg->micro_batch_size;
     return LOOM_OK;
 }

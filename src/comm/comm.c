@@ -26,7 +26,7 @@
 #include "comm/comm_backend.h"
 #include "loom/loom.h"
 
-static const char *const group_names[] = {"world", "dp", "tp", "pp"};
+static const char *const group_names[] = {"world", "dp", "tp", "pp", "embedding"};
 static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "group_names");
 static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather",
                                          "broadcast",  "send",           "recv"};
@@ -43,7 +43,7 @@ struct loom_comm_handle {
 };
 
 static const struct loom_comm_backend *transport; /* NULL: a single process, no transport */
-static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1};
+static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1, 1};
 static int group_rank[LOOM_GROUP_COUNT]; /* this rank's place in each group */
 static int have_group[LOOM_GROUP_COUNT]; /* made by the transport */
 static double timeout_s = 600;
@@ -178,12 +178,19 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     group_rank[LOOM_GROUP_DP] = t->dp_rank;
     group_rank[LOOM_GROUP_TP] = t->tp_rank;
     group_rank[LOOM_GROUP_PP] = t->pp_rank;
+    const int ends = pp > 1 && (t->pp_rank == 0 || t->pp_rank == pp - 1);
+    group_size[LOOM_GROUP_EMBEDDING] = ends ? 2 : 1;
+    group_rank[LOOM_GROUP_EMBEDDING] = ends && t->pp_rank > 0;
     if (transport && !have_group[LOOM_GROUP_DP]) {
         /* colour: the coordinates that stay fixed within the group */
         transport->create_group(LOOM_GROUP_DP, t->tp_rank + tp * t->pp_rank, t->dp_rank);
         transport->create_group(LOOM_GROUP_TP, t->dp_rank + t->dp * t->pp_rank, t->tp_rank);
         transport->create_group(LOOM_GROUP_PP, t->tp_rank + tp * t->dp_rank, t->pp_rank);
+        /* a rank between the ends: a group of its own */
+        transport->create_group(LOOM_GROUP_EMBEDDING,
+                                ends ? t->tp_rank + tp * t->dp_rank : world_size + world_rank, t->pp_rank);
         have_group[LOOM_GROUP_DP] = have_group[LOOM_GROUP_TP] = have_group[LOOM_GROUP_PP] = 1;
+        have_group[LOOM_GROUP_EMBEDDING] = 1;
     }
     return LOOM_OK;
 }

@@ -32,6 +32,10 @@ enum loom_group {
     LOOM_GROUP_DP = 1,
     LOOM_GROUP_TP = 2,
     LOOM_GROUP_PP = 3,
+    /* the first and the last pipeline stage of a (dp, tp) position
+     * (Megatron's embedding group: a tied embedding and its LM head); one
+     * rank alone on the stages between and when pp = 1 */
+    LOOM_GROUP_EMBEDDING = 4,
     LOOM_GROUP_COUNT
 };
 

@@ -203,6 +203,71 @@ static int resolve_fsdp(struct loom_config *cfg)
     return LOOM_OK;
 }
 
+/* Pipeline parallelism (Megatron's rules): a stage has a layer at least;
+ * virtual stages divide the layers; Megatron's distributed optimizer is
+ * ZeRO-1. The world's divisibility is checked with the topology. */
+static int resolve_pipeline(struct loom_config *cfg)
+{
+    const int pp = cfg->pipeline_model_parallel_size, L = cfg->num_layers;
+    const int vl = cfg->num_layers_per_virtual_pipeline_stage, first = cfg->decoder_first_pipeline_num_layers,
+              last = cfg->decoder_last_pipeline_num_layers;
+    if (cfg->use_distributed_optimizer) {
+        if (given(cfg, F(zero_stage)) && cfg->zero_stage != 1)
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "%s is ZeRO-1 (the optimizer state sharded over the data-parallel group), but "
+                "%s %d is given",
+                NAME(use_distributed_optimizer), NAME(zero_stage), cfg->zero_stage);
+        cfg->zero_stage = 1;
+        if (!given(cfg, F(zero_stage))) set_derived(cfg, F(zero_stage));
+    }
+    if (pp > L)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d: every stage needs a layer",
+                              NAME(pipeline_model_parallel_size), pp, NAME(num_layers), L);
+    if (vl && cfg->pipeline_schedule != LOOM_PIPELINE_SCHEDULE_INTERLEAVED) {
+        if (given(cfg, F(pipeline_schedule)))
+            return loom_error_set(LOOM_ERR_INPUT, "%s %d needs %s interleaved (it is %s)",
+                                  NAME(num_layers_per_virtual_pipeline_stage), vl, NAME(pipeline_schedule),
+                                  choice(F(pipeline_schedule), cfg->pipeline_schedule));
+        cfg->pipeline_schedule = LOOM_PIPELINE_SCHEDULE_INTERLEAVED;
+        set_derived(cfg, F(pipeline_schedule));
+    }
+    if (pp > 1 && cfg->pipeline_schedule == LOOM_PIPELINE_SCHEDULE_INTERLEAVED) {
+        if (!vl)
+            return loom_error_set(LOOM_ERR_INPUT, "%s interleaved needs %s N", NAME(pipeline_schedule),
+                                  NAME(num_layers_per_virtual_pipeline_stage));
+        if (L % (vl * pp) || L / (vl * pp) < 2)
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "%s %d: %s %d is not divisible into %s %d stages of two or more chunks of %d "
+                "layers",
+                NAME(num_layers_per_virtual_pipeline_stage), vl, NAME(num_layers), L,
+                NAME(pipeline_model_parallel_size), pp, vl);
+        if (first || last)
+            return loom_error_set(LOOM_ERR_INPUT, "%s and %s do not combine with the interleaved schedule",
+                                  NAME(decoder_first_pipeline_num_layers),
+                                  NAME(decoder_last_pipeline_num_layers));
+        const int m = cfg->gradient_accumulation_steps;
+        if (m % pp)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "the interleaved schedule needs the micro-batches per step (%s %d) to be a "
+                                  "multiple of %s %d",
+                                  NAME(gradient_accumulation_steps), m, NAME(pipeline_model_parallel_size),
+                                  pp);
+    }
+    if (first || last) {
+        const int middle = pp - (first > 0) - (last > 0), rest = L - first - last;
+        if (pp < 2 || rest < middle || (middle == 0 && rest != 0))
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s %d and %s %d leave %d of %s %d layers for the %d other stages of %s %d "
+                                  "(each needs one at least, and none may be left over)",
+                                  NAME(decoder_first_pipeline_num_layers), first,
+                                  NAME(decoder_last_pipeline_num_layers), last, rest, NAME(num_layers), L,
+                                  middle, NAME(pipeline_model_parallel_size), pp);
+    }
+    return LOOM_OK;
+}
+
 /* Mixed precision: one compute dtype, a gradient reduction in fp32 or in it. */
 static int resolve_precision(struct loom_config *cfg)
 {
@@ -241,6 +306,7 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
                               NAME(adam_w_mode), NAME(optimizer), NAME(weight_decay));
     if ((rc = resolve_batch(cfg, dp))) return rc;
     if ((rc = resolve_fsdp(cfg))) return rc;
+    if ((rc = resolve_pipeline(cfg))) return rc;
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME && !*cfg->nvme_path)
         return loom_error_set(LOOM_ERR_INPUT, "%s nvme needs %s DIR", NAME(offload_optimizer),
                               NAME(nvme_path));

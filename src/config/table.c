@@ -32,6 +32,7 @@ CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "ful
 /* public (loom/config.h): the names files record too */
 const char *const loom_activation_names[LOOM_ACTIVATION_COUNT + 1] = {"gelu_new", "gelu", NULL};
 CHOICES(recompute_methods, LOOM_RECOMPUTE_METHOD_COUNT, "none", "uniform", "block");
+CHOICES(pipeline_schedules, LOOM_PIPELINE_SCHEDULE_COUNT, "1f1b", "gpipe", "interleaved");
 
 #define F(field) offsetof(struct loom_config, field)
 #define SIZE(field) sizeof(((struct loom_config *)0)->field)
@@ -185,6 +186,17 @@ const struct setting loom_settings[] = {
          "Megatron's sequence parallelism: norms and residuals split along the sequence in the tp group"),
     INT("--pipeline-model-parallel-size", "pipeline_model_parallel_size", "parallelism",
         pipeline_model_parallel_size, 1, 4096, "1", "pipeline stages"),
+    ENUM("--pipeline-schedule", "pipeline_schedule", "parallelism", pipeline_schedule, pipeline_schedules,
+         "1f1b", "1f1b, gpipe (all forwards, then all backwards) or interleaved (virtual stages)"),
+    INT("--num-layers-per-virtual-pipeline-stage", "num_layers_per_virtual_pipeline_stage", "parallelism",
+        num_layers_per_virtual_pipeline_stage, 0, 1 << 20, "0",
+        "interleaved schedule: layers per model chunk (0: not given)"),
+    INT("--decoder-first-pipeline-num-layers", "decoder_first_pipeline_num_layers", "parallelism",
+        decoder_first_pipeline_num_layers, 0, 1 << 20, "0", "layers on the first pipeline stage (0: balanced)"),
+    INT("--decoder-last-pipeline-num-layers", "decoder_last_pipeline_num_layers", "parallelism",
+        decoder_last_pipeline_num_layers, 0, 1 << 20, "0", "layers on the last pipeline stage (0: balanced)"),
+    BOOL("--use-distributed-optimizer", "use_distributed_optimizer", "parallelism", use_distributed_optimizer,
+         "0", "Megatron's distributed optimizer: ZeRO-1 (optimizer state sharded over the data-parallel group)"),
     DBL("--ddp-bucket-size", "zero_optimization.reduce_bucket_size", "parallelism", ddp_bucket_size,
         0.001, 1e6, "25", "MB of gradients per DDP all-reduce bucket (json: fp32 elements, 4 bytes each)",
         .conv = J_ELEMENTS_MB),

@@ -624,7 +624,7 @@ int loom_checkpoint_read_model(const char *path, int B, int T, struct loom_model
     cfg.tensor_model_parallel_size = 1; /* the whole model, in one process */
     if ((rc = family->apply_shape(&shape, &cfg)) || (rc = family->check(&cfg, T)))
         return shape_error(path, rc);
-    struct loom_model *m = family->create(&cfg, B, T, 0, 0);
+    struct loom_model *m = family->create(&cfg, B, T, 0, 0, 0);
     loom_model_alloc_arenas(m, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_checkpoint_load_weights(m, path))) {
         family->destroy(m);

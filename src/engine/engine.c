@@ -24,6 +24,7 @@
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* loom_has_nonfinite */
+#include "parallel/pipeline.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
 #include "parallel/tensor.h"
@@ -98,11 +99,6 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     e->cfg = cfg;
     int rc = loom_comm_setup(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
     loom_comm_set_timeout(cfg->comm_timeout);
-    if (rc == LOOM_OK && e->topo.pp > 1)
-        rc = loom_error_set(
-            LOOM_ERR_INPUT,
-            "pipeline parallelism is not available in this version (--pipeline-model-parallel-size %d)",
-            e->topo.pp);
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, e->topo.dp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if ((rc = loom_engine_agree(e, check_same_config(cfg)))) return rc;
@@ -206,6 +202,35 @@ static struct loom_ckpt_parts ckpt_parts(struct loom_engine *e)
                                     .skipped = e->skipped};
 }
 
+/* This stage's plan of a step, its model chunks' block ranges (runs of
+ * consecutive block indices: chunk c holds the c-th run) and the activation
+ * slots the plan keeps in flight. */
+static void plan_schedule(struct loom_engine *e)
+{
+    const struct loom_config *cfg = e->cfg;
+    struct loom_model *m = e->model;
+    const int chunks = e->topo.pp > 1 ? loom_pp_chunks(cfg) : 1;
+    loom_schedule_plan(&e->plan, cfg->pipeline_schedule, e->topo.pp, e->topo.pp_rank, chunks,
+                       cfg->gradient_accumulation_steps);
+    e->chunk_first = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER);
+    e->chunk_last = e->chunk_first + chunks;
+    int c = 0;
+    e->chunk_first[0] = 0;
+    for (int b = 1; b < m->nblocks; b++)
+        if (m->blocks[b].index != m->blocks[b - 1].index + 1) {
+            e->chunk_last[c++] = b - 1;
+            LOOM_ASSERT(c < chunks);
+            e->chunk_first[c] = b;
+        }
+    e->chunk_last[c] = m->nblocks - 1;
+    LOOM_ASSERT(c == chunks - 1);
+    e->mbs = loom_alloc(sizeof *e->mbs * (size_t)e->plan.slots, LOOM_MEM_OTHER);
+    if (m->ops->set_slots)
+        m->ops->set_slots(m, e->plan.slots);
+    else
+        LOOM_ASSERT(e->plan.slots == 1);
+}
+
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
 {
     struct loom_config *cfg = e->cfg;
@@ -259,8 +284,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     }
     if (rc) return rc;
     e->sched = loom_lr_schedule_from_config(cfg);
-    if (m->ops->set_slots)
-        m->ops->set_slots(m, loom_schedule_slots(e->topo.pp, cfg->gradient_accumulation_steps));
+    plan_schedule(e);
     return LOOM_OK;
 }
 
@@ -274,6 +298,9 @@ void loom_engine_free(struct loom_engine *e)
     loom_free(e->ddp);
     loom_free(e->zero);
     loom_free(e->scaler);
+    loom_schedule_plan_free(&e->plan);
+    loom_free(e->mbs);
+    loom_free(e->chunk_first);
     if (e->have_opt) loom_adamw_free(&e->opt);
     if (e->model) e->model->stack.n = 0;
     loom_pool_drain();
@@ -304,43 +331,62 @@ int loom_engine_micro_batch_rows(const struct loom_engine *e, int micro)
 
 /* ---- one micro-batch: what the schedules call ------------------------------- */
 
-static void forward_micro(struct loom_engine *e, int slot, const void *batch, int rows)
+/* The forward of micro-batch `micro` through model chunk `chunk` of this
+ * stage, in slot `slot` (in: the previous stage's output, out: for the
+ * next; NULL at the model's ends). Micro-batches enter in order, and the
+ * step starts with the first. */
+static void forward_micro(struct loom_engine *e, struct loom_micro *mb, int micro, int chunk, int slot,
+                          const void *batch, int rows, const float *in, float *out)
 {
     const int A = e->cfg->gradient_accumulation_steps;
-    LOOM_ASSERT(e->micro == e->backwards && e->micro < A); /* forward, backward, forward, ... then step */
     struct loom_model *m = e->model;
-    if (e->micro == 0) {
-        loom_comm_set_step(e->steps + 1);
-        loom_model_zero_grad(m);
-        loom_stack_begin_step(m);
-        e->loss_sum = 0;
+    if (chunk == 0) {
+        LOOM_ASSERT(micro == e->micro && micro < A);
+        if (micro == 0) {
+            loom_comm_set_step(e->steps + 1);
+            loom_model_zero_grad(m);
+            loom_stack_begin_step(m);
+            e->loss_sum = 0;
+        }
+        *mb = (struct loom_micro){.slot = slot, .batch = batch, .rows = rows, .micro = micro, .micros = A};
+        e->micro++;
     }
-    e->mb = (struct loom_micro){.slot = slot, .batch = batch, .rows = rows};
-    m->ops->forward(m, 0, m->nblocks - 1, &e->mb);
-    e->loss_sum += (float)e->mb.loss; /* a micro-batch loss is a float, as the models compute it */
-    e->micro++;
+    LOOM_ASSERT(mb->micro == micro && mb->slot == slot);
+    mb->input = in;
+    mb->output = out;
+    mb->loss = 0;
+    m->ops->forward(m, e->chunk_first[chunk], e->chunk_last[chunk], mb);
+    /* a micro-batch loss is a float, as the models compute it; only the stage with the head has one */
+    if (e->chunk_last[chunk] == m->nblocks - 1) e->loss_sum += (float)mb->loss;
 }
 
-static void backward_micro(struct loom_engine *e, int slot)
+/* Its backward (dout: the next stage's input gradient, din: for the
+ * previous stage). Micro-batches leave in order. */
+static void backward_micro(struct loom_engine *e, struct loom_micro *mb, int micro, int chunk,
+                           const float *dout, float *din)
 {
     const int A = e->cfg->gradient_accumulation_steps;
-    LOOM_ASSERT(e->backwards + 1 == e->micro && e->mb.slot == slot);
+    LOOM_ASSERT(mb->micro == micro && micro == e->backwards && micro < e->micro);
     struct loom_model *m = e->model;
-    loom_stack_begin_backward(m, e->backwards, e->micro == A);
+    loom_stack_begin_backward(m, micro, micro == A - 1);
+    mb->doutput = dout;
+    mb->dinput = din;
     const double scale = e->scaler ? e->scaler->st.scale : 1.0;
-    m->ops->backward(m, 0, m->nblocks - 1, &e->mb, (float)(scale / (A * e->topo.dp)));
-    e->backwards++;
+    m->ops->backward(m, e->chunk_first[chunk], e->chunk_last[chunk], mb, (float)(scale / (A * e->topo.dp)));
+    if (chunk == 0) e->backwards++;
 }
 
 float loom_engine_forward(struct loom_engine *e, const void *batch, int rows)
 {
-    forward_micro(e, 0, batch, rows);
+    LOOM_ASSERT(e->topo.pp == 1 && e->micro == e->backwards); /* forward, backward, forward, ... then step */
+    forward_micro(e, &e->mb, e->micro, 0, 0, batch, rows, NULL, NULL);
     return (float)e->mb.loss;
 }
 
 void loom_engine_backward(struct loom_engine *e)
 {
-    backward_micro(e, 0);
+    LOOM_ASSERT(e->backwards + 1 == e->micro);
+    backward_micro(e, &e->mb, e->backwards, 0, NULL, NULL);
 }
 
 /* Whether block i's reduced gradient, as far as this rank holds it (all of
@@ -398,7 +444,7 @@ static double tp_sum_squares(const struct loom_model *m, struct loom_buf g, size
  * (reduced, identical) gradients every rank holds; with tensor parallelism,
  * each tp rank's part once and the replicated tensors once, summed over the
  * tp group. */
-static double grad_norm(const struct loom_engine *e)
+static double stage_grad_norm(const struct loom_engine *e)
 {
     const struct loom_model *m = e->model;
     if (m->tp > 1) {
@@ -417,6 +463,16 @@ static double grad_norm(const struct loom_engine *e)
     return loom_grad_norm(m->blocks, m->nblocks);
 }
 
+/* The global norm over every pipeline stage's. */
+static double grad_norm(const struct loom_engine *e)
+{
+    double norm = stage_grad_norm(e);
+    if (e->topo.pp == 1) return norm;
+    double ss = norm * norm;
+    loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+    return sqrt(ss);
+}
+
 int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
 {
     const int A = e->cfg->gradient_accumulation_steps, dp = e->topo.dp;
@@ -426,8 +482,12 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     if (m->grad_acc.data && m->grads.data) /* accumulated in float32: rounded once */
         loom_buf_convert(loom_buf_slice(m->grads, 0, m->num_params),
                          loom_buf_slice(m->grad_acc, 0, m->num_params));
+    double pp_wait = loom_pp_flush(); /* the tied table's sends of this step */
     double loss = e->loss_sum;
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&loss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+    /* the head's stage has the loss: every stage learns it */
+    if (e->topo.pp > 1)
+        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&loss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     loss /= (double)A * dp;
     const double scale = e->scaler ? e->scaler->st.scale : 1.0;
     double norm = grad_norm(e) / scale;
@@ -472,6 +532,8 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     e->steps = step;
     e->micro = e->backwards = 0;
     double wait = loom_stack_comm_wait_s(m);
+    if (e->topo.pp > 1) /* blocked on the neighbouring stages */
+        wait = (wait > 0 ? wait : 0) + e->pipe_times.wait_s + pp_wait;
     if (m->tp > 1)
         wait = (wait > 0 ? wait : 0) + loom_tp_comm_take_s(); /* the layers' blocking collectives */
     if (out)
@@ -497,28 +559,94 @@ static int source_get(void *ctx, int micro, const void **batch, int *rows)
     return rc;
 }
 
-static void source_forward(void *ctx, int micro, int slot, const void *batch, int rows)
+static void source_forward(void *ctx, int micro, int chunk, int slot, const void *batch, int rows,
+                           const float *in, float *out)
 {
     struct loom_engine *e = ((struct batch_source *)ctx)->e;
-    LOOM_ASSERT(micro == e->micro); /* every schedule runs the forwards in order */
-    forward_micro(e, slot, batch, rows);
+    forward_micro(e, &e->mbs[slot], micro, chunk, slot, batch, rows, in, out);
 }
 
-static void source_backward(void *ctx, int micro, int slot)
+static void source_backward(void *ctx, int micro, int chunk, int slot, const float *dout, float *din)
 {
     struct loom_engine *e = ((struct batch_source *)ctx)->e;
-    LOOM_ASSERT(micro == e->backwards); /* and the backwards */
-    backward_micro(e, slot);
+    backward_micro(e, &e->mbs[slot], micro, chunk, dout, din);
 }
 
 static const struct loom_schedule_ops engine_schedule_ops = {source_get, source_forward, source_backward};
 
+static size_t boundary(const struct loom_engine *e)
+{
+    const struct loom_model *m = e->model;
+    return e->topo.pp > 1 ? m->ops->boundary_numel(m, e->cfg->micro_batch_size) : 0;
+}
+
 int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx, struct loom_step_result *out)
 {
     struct batch_source s = {e, get, ctx};
-    int rc = loom_schedule_for(e->topo.pp)(&engine_schedule_ops, &s, e->cfg->gradient_accumulation_steps);
+    int rc = loom_schedule_run(&e->plan, &engine_schedule_ops, &s, boundary(e), &e->pipe_times);
     if (rc) return rc;
     return loom_engine_step(e, out);
+}
+
+int loom_engine_batches_in_flight(const struct loom_engine *e)
+{
+    return e->plan.slots;
+}
+
+/* ---- evaluation through the pipeline -------------------------------------- */
+
+struct eval_source {
+    struct loom_engine *e;
+    const void *batch;
+    int rows, index;
+    double loss;
+};
+
+static int eval_get(void *ctx, int micro, const void **batch, int *rows)
+{
+    (void)micro;
+    struct eval_source *s = ctx;
+    *batch = s->batch;
+    *rows = s->rows;
+    return LOOM_OK;
+}
+
+static void eval_forward(void *ctx, int micro, int chunk, int slot, const void *batch, int rows,
+                         const float *in, float *out)
+{
+    (void)micro;
+    struct eval_source *s = ctx;
+    struct loom_engine *e = s->e;
+    struct loom_model *m = e->model;
+    struct loom_micro *mb = &e->mbs[slot];
+    if (chunk == 0) *mb = (struct loom_micro){.slot = slot, .batch = batch, .rows = rows, .micro = s->index};
+    mb->input = in;
+    mb->output = out;
+    m->ops->forward(m, e->chunk_first[chunk], e->chunk_last[chunk], mb);
+    if (e->chunk_last[chunk] == m->nblocks - 1) s->loss = mb->loss;
+}
+
+static void eval_backward(void *ctx, int micro, int chunk, int slot, const float *dout, float *din)
+{
+    (void)ctx, (void)micro, (void)chunk, (void)slot, (void)dout, (void)din;
+    LOOM_ASSERT(!"an evaluation has no backward");
+}
+
+float loom_engine_eval(struct loom_engine *e, const void *batch, int rows, int index)
+{
+    if (e->topo.pp == 1) return loom_model_eval(e->model, batch, rows);
+    /* every chunk's forward in the model's order, nothing kept for a backward */
+    struct loom_pipe_plan plan = {
+        .pp = e->topo.pp, .stage = e->topo.pp_rank, .chunks = e->plan.chunks, .micro_batches = 1, .slots = 1};
+    plan.passes = loom_alloc(sizeof *plan.passes * (size_t)plan.chunks, LOOM_MEM_OTHER);
+    for (int c = 0; c < plan.chunks; c++)
+        plan.passes[plan.n++] = (struct loom_pipe_pass){LOOM_PASS_FORWARD, LOOM_PHASE_STEADY, 0, c};
+    static const struct loom_schedule_ops ops = {eval_get, eval_forward, eval_backward};
+    struct eval_source s = {e, batch, rows, index, 0};
+    loom_schedule_run(&plan, &ops, &s, boundary(e), NULL);
+    loom_pp_flush();
+    loom_schedule_plan_free(&plan);
+    return (float)s.loss;
 }
 
 int loom_engine_save(struct loom_engine *e)

@@ -14,6 +14,7 @@
 #include "optim/lr.h"
 #include "parallel/ddp.h"
 #include "parallel/precision.h"
+#include "parallel/schedule.h"
 #include "parallel/zero.h"
 
 struct loom_engine {
@@ -37,8 +38,14 @@ struct loom_engine {
     int64_t steps;                     /* optimizer steps done */
     int micro;                         /* micro-batches of the current step so far (forward) */
     int backwards;                     /* of which backward done */
-    struct loom_micro mb;              /* the last forward's micro-batch */
+    struct loom_micro mb;              /* the last forward's micro-batch (no pipelining) */
     double loss_sum;                   /* this rank's micro-batch losses of the current step */
+    /* the schedule (parallel/schedule.h): this stage's plan of a step, a
+     * micro-batch per activation slot, the block range of each model chunk */
+    struct loom_pipe_plan plan;
+    struct loom_micro *mbs;                /* (plan.slots) */
+    int *chunk_first, *chunk_last;         /* (plan.chunks) */
+    struct loom_schedule_times pipe_times; /* of the last step */
 };
 
 /* Agrees on a status across all ranks; only the lowest failing rank keeps

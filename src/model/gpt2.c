@@ -48,6 +48,7 @@
 #include "base/rng.h"
 #include "kernels/backend.h"
 #include "model/family.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor.h"
 
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
@@ -90,16 +91,19 @@ enum { REPL = LOOM_TP_REPLICATED };
  * columns [q | k | v] split in the view [C, 3, C], so a rank holds q, k and
  * v of its heads; the embedding table and an untied LM head are split by
  * vocabulary rows. */
-static void layout_blocks(struct loom_gpt2 *m)
+static void layout_blocks(struct loom_gpt2 *m, int embedding, int head)
 {
     const int L = m->cfg.num_layers, C = m->cfg.hidden;
     const double std = 0.02, proj_std = 0.02 / sqrt(2.0 * L);
     char name[LOOM_TENSOR_NAME_MAX];
-    struct loom_block *e = &m->base.blocks[0];
-    e->role = LOOM_ROLE_EMBEDDING;
-    e->layer = -1;
-    add_tensor(m, e, "wte.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, std, 0, 0, NULL);
-    add_tensor(m, e, "wpe.weight", 2, m->cfg.max_pos, C, LOOM_INIT_NORMAL, std, REPL, 0, NULL);
+    if (embedding) {
+        struct loom_block *e = &m->base.blocks[0];
+        e->role = LOOM_ROLE_EMBEDDING;
+        e->layer = -1;
+        e->index = 0;
+        add_tensor(m, e, "wte.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, std, 0, 0, NULL);
+        add_tensor(m, e, "wpe.weight", 2, m->cfg.max_pos, C, LOOM_INIT_NORMAL, std, REPL, 0, NULL);
+    }
     const int64_t qkv_view[3] = {C, 3, C}, qkv_bias_view[2] = {3, C};
     static const struct {
         const char *suffix;
@@ -123,9 +127,11 @@ static void layout_blocks(struct loom_gpt2 *m)
         {"mlp.c_proj.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL, 0},
     };
     for (int l = 0; l < L; l++) {
-        struct loom_block *b = &m->base.blocks[1 + l];
+        if (m->layer_block[l] < 0) continue;
+        struct loom_block *b = &m->base.blocks[m->layer_block[l]];
         b->role = LOOM_ROLE_LAYER;
         b->layer = l;
+        b->index = 1 + l;
         for (size_t i = 0; i < sizeof layer_tensors / sizeof layer_tensors[0]; i++) {
             snprintf(name, sizeof name, "h.%d.%s", l, layer_tensors[i].suffix);
             const int q = layer_tensors[i].qkv;
@@ -138,9 +144,11 @@ static void layout_blocks(struct loom_gpt2 *m)
                                 : NULL);
         }
     }
-    struct loom_block *h = &m->base.blocks[L + 1];
+    if (!head) return;
+    struct loom_block *h = &m->base.blocks[m->base.nblocks - 1];
     h->role = LOOM_ROLE_HEAD;
     h->layer = -1;
+    h->index = L + 1;
     add_tensor(m, h, "ln_f.weight", 1, C, 0, LOOM_INIT_ONE, 0, REPL, 0, NULL);
     add_tensor(m, h, "ln_f.bias", 1, C, 0, LOOM_INIT_ZERO, 0, REPL, 0, NULL);
     if (m->cfg.untied) /* Hugging Face's name for GPT2LMHeadModel's own head */
@@ -152,14 +160,21 @@ static void layout_blocks(struct loom_gpt2 *m)
 enum { LNF_W, LNF_B, LM_HEAD_W };
 static float *lm_head_weight(struct loom_gpt2 *m)
 {
-    return m->cfg.untied ? loom_param(&m->base.blocks[m->head], LM_HEAD_W)
-                         : loom_param(&m->base.blocks[m->emb], 0);
+    if (m->cfg.untied) return loom_param(&m->base.blocks[m->head], LM_HEAD_W);
+    return m->emb >= 0 ? loom_param(&m->base.blocks[m->emb], 0) : m->tied_copy;
 }
 
 static float *lm_head_grad(struct loom_gpt2 *m)
 {
-    return m->cfg.untied ? loom_grad(&m->base.blocks[m->head], LM_HEAD_W)
-                         : loom_grad(&m->base.blocks[m->emb], 0);
+    if (m->cfg.untied) return loom_grad(&m->base.blocks[m->head], LM_HEAD_W);
+    return m->emb >= 0 ? loom_grad(&m->base.blocks[m->emb], 0) : m->tied_grad;
+}
+
+/* Whether the tied table crosses stages: the embedding's stage sends it to
+ * the head's (parallel/pipeline.h). */
+static int tied_across_stages(const struct loom_gpt2 *m)
+{
+    return m->pipelined && !m->cfg.untied && (m->emb >= 0) != (m->head >= 0);
 }
 
 static float *act(size_t n)
@@ -184,23 +199,26 @@ static size_t att_numel(const struct loom_gpt2 *m)
 static int recomputed(const struct loom_gpt2 *m, int l)
 {
     if (m->recompute != LOOM_RECOMPUTE_FULL) return 0;
-    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l < m->recompute_num_layers;
+    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l - m->chunk_lo[l] < m->recompute_num_layers;
 }
 
 /* Layers recomputed together: chunks of N under uniform (the last one
- * shorter when N does not divide L, as in Megatron), else one. */
+ * shorter when N does not divide L, as in Megatron), else one; counted from
+ * the first layer of the pipeline model chunk, as Megatron counts them per
+ * stage. */
 static int chunk_len(const struct loom_gpt2 *m)
 {
     return m->recompute_method == LOOM_RECOMPUTE_UNIFORM ? m->recompute_num_layers : 1;
 }
 static int chunk_first(const struct loom_gpt2 *m, int l)
 {
-    return l - l % chunk_len(m);
+    const int lo = m->chunk_lo[l];
+    return l - (l - lo) % chunk_len(m);
 }
 static int chunk_last(const struct loom_gpt2 *m, int l)
 {
     const int last = chunk_first(m, l) + chunk_len(m) - 1;
-    return last < m->cfg.num_layers - 1 ? last : m->cfg.num_layers - 1;
+    return last < m->chunk_hi[l] ? last : m->chunk_hi[l];
 }
 
 /* Whether layer l's output res3 has its own buffer: the next layer's input
@@ -210,9 +228,12 @@ static int keeps_output(const struct loom_gpt2 *m, int l)
     return !recomputed(m, l) || l == chunk_last(m, l);
 }
 
-static const float *layer_input(const struct loom_gpt2_acts *a, int l)
+/* Layer l's input: the embedding's output, a pipeline chunk's received
+ * input, or the previous layer's output. */
+static float *layer_input(const struct loom_gpt2_acts *a, int l)
 {
-    return l > 0 ? a->layers[l - 1].res3 : a->encoded;
+    if (l == 0) return a->encoded;
+    return a->chunk_input[l] ? a->chunk_input[l] : a->layers[l - 1].res3;
 }
 
 /* Consecutive pieces of one buffer; with base NULL, only counted. */
@@ -275,8 +296,9 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
     const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T, Nr = (size_t)rows_held(m, (int)N),
-                 NV = loom_mul_size(N, (size_t)m->Vl);
+                 NV = m->head >= 0 ? loom_mul_size(N, (size_t)m->Vl) : 0;
     a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
+    a->chunk_input = loom_alloc(sizeof *a->chunk_input * (size_t)L, LOOM_MEM_OTHER);
     if (nscratch) a->scratch = loom_alloc(sizeof *a->scratch * (size_t)nscratch, LOOM_MEM_OTHER);
     /* measure the scratch, allocate, then carve it. The last scratch
      * layer's output is always a kept input (a chunk ends there), so it has
@@ -288,12 +310,14 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
         for (int s = 0; s < nscratch; s++) layer_buffers(m, &a->scratch[s], &c, 1, s < nscratch - 1);
         if (selective) shared_att = piece(&c, att_numel(m));
         if (pass == 0) {
-            a->logits_numel = c.used > NV ? c.used : NV;
+            a->logits_numel = c.used > NV ? c.used : NV > 0 ? NV : 1;
             c.base = a->logits = act(a->logits_numel);
         }
     }
     for (int l = 0; l < L; l++) {
         struct loom_layer_acts *x = &a->layers[l];
+        if (m->layer_block[l] < 0) continue; /* another stage's */
+        if (l > 0 && m->chunk_lo[l] == l) a->chunk_input[l] = act(Nr * C);
         if (recomputed(m, l)) {
             *x = a->scratch[l - chunk_first(m, l)];
             if (keeps_output(m, l)) x->res3 = act(Nr * C);
@@ -314,6 +338,8 @@ static void free_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 {
     for (int l = 0; l < m->cfg.num_layers; l++) {
         struct loom_layer_acts *x = &a->layers[l];
+        if (m->layer_block[l] < 0) continue;
+        loom_free(a->chunk_input[l]);
         if (recomputed(m, l)) {
             if (keeps_output(m, l)) loom_free(x->res3);
             continue;
@@ -325,6 +351,7 @@ static void free_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
     float *bufs[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->losses, a->lse};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(a->layers);
+    loom_free(a->chunk_input);
     loom_free(a->scratch);
 }
 
@@ -406,7 +433,7 @@ static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
     const struct loom_gpt2_acts *a = m->slots ? &m->slots[m->bwd_slot] : NULL;
-    if (m->cfg.untied) return 0; /* the head has its own weight */
+    if (m->cfg.untied || m->emb < 0 || m->head < 0) return 0; /* the head has its own weight, or a copy */
     *te = (struct loom_tied_embedding){.block = m->emb,
                                        .vocab = m->Vl,
                                        .width = m->cfg.hidden,
@@ -445,7 +472,19 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
 
 struct loom_gpt2 *loom_gpt2_create_tp(const struct loom_gpt2_config *cfg, int B, int T, int tp, int tp_rank)
 {
+    const int lo = 0, hi = cfg->num_layers - 1;
+    struct loom_gpt2 *m = loom_gpt2_create_stage(cfg, B, T, tp, tp_rank, 1, &lo, &hi, 1, 1);
+    m->pipelined = 0;
+    return m;
+}
+
+struct loom_gpt2 *loom_gpt2_create_stage(const struct loom_gpt2_config *cfg, int B, int T, int tp,
+                                         int tp_rank, int chunks, const int *lo, const int *hi, int embedding,
+                                         int head)
+{
     LOOM_ASSERT(tp >= 1 && tp_rank >= 0 && tp_rank < tp && cfg->hidden % tp == 0 && cfg->heads % tp == 0);
+    LOOM_ASSERT(chunks >= 1 && (!embedding || lo[0] == 0) &&
+                (!head || hi[chunks - 1] == cfg->num_layers - 1));
     struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
     m->tp = tp;
@@ -463,16 +502,36 @@ struct loom_gpt2 *loom_gpt2_create_tp(const struct loom_gpt2_config *cfg, int B,
     m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
     m->nslots = 1;
     const int L = cfg->num_layers;
-    loom_model_init(&m->base, &gpt2_ops, "gpt2", L + 2);
+    m->layer_block = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
+    m->chunk_lo = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
+    m->chunk_hi = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
+    for (int l = 0; l < L; l++) m->layer_block[l] = -1;
+    int nblocks = embedding;
+    for (int c = 0; c < chunks; c++) {
+        LOOM_ASSERT(lo[c] <= hi[c] && hi[c] < L && (c == 0 || lo[c] > hi[c - 1]));
+        for (int l = lo[c]; l <= hi[c]; l++) {
+            m->layer_block[l] = nblocks++;
+            m->chunk_lo[l] = lo[c];
+            m->chunk_hi[l] = hi[c];
+        }
+    }
+    nblocks += head;
+    loom_model_init(&m->base, &gpt2_ops, "gpt2", nblocks);
     m->base.tp = tp;
     m->base.tp_rank = tp_rank;
     m->base.user = m;
     m->base.family = &loom_gpt2_family;
     m->k = m->base.backend->k;
-    layout_blocks(m);
+    m->pipelined = 1;
+    layout_blocks(m, embedding, head);
     loom_model_layout_done(&m->base);
     m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
     m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
+    if (tied_across_stages(m)) {
+        const size_t n = (size_t)m->Vl * cfg->hidden;
+        m->tied_copy = loom_alloc(n * sizeof(float), m->head >= 0 ? LOOM_MEM_PARAMS : LOOM_MEM_COMM);
+        m->tied_grad = loom_alloc(n * sizeof(float), m->head >= 0 ? LOOM_MEM_GRADS : LOOM_MEM_COMM);
+    }
     return m;
 }
 
@@ -481,6 +540,11 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     if (!m) return;
     loom_model_release(&m->base);
     free_activations(m);
+    loom_free(m->layer_block);
+    loom_free(m->chunk_lo);
+    loom_free(m->chunk_hi);
+    loom_free(m->tied_copy);
+    loom_free(m->tied_grad);
     loom_free(m);
 }
 
@@ -569,7 +633,7 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     /* a row-parallel projection's bias is added once, by tp rank 0, to the
      * partial sums the reduction adds up */
     const int own_bias = m->tp_rank == 0;
-    struct loom_block *b = &m->base.blocks[1 + l];
+    struct loom_block *b = &m->base.blocks[m->layer_block[l]];
     struct loom_layer_acts *x = &a->layers[l];
     m->k->layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
                             Nr, C, (float)m->cfg.norm_eps);
@@ -609,8 +673,18 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
 /* The layers [l0, l1] a block range [first, last] covers (l1 < l0: none). */
 static void layers_of(const struct loom_gpt2 *m, int first, int last, int *l0, int *l1)
 {
-    *l0 = (first > m->emb ? first : m->emb + 1) - 1;
-    *l1 = (last < m->head ? last : m->head - 1) - 1;
+    /* no layer: [0, -1] before them (the embedding alone), [L, L-1] after (the head alone) */
+    *l0 = last == m->head && first == m->head ? m->cfg.num_layers : 0;
+    *l1 = *l0 - 1;
+    int seen = 0;
+    for (int b = first; b <= last; b++) {
+        const struct loom_block *blk = &m->base.blocks[b];
+        if (blk->role != LOOM_ROLE_LAYER) continue;
+        if (!seen) *l0 = blk->layer;
+        LOOM_ASSERT(!seen || blk->layer == *l1 + 1); /* consecutive layers: one pipeline chunk */
+        *l1 = blk->layer;
+        seen = 1;
+    }
 }
 
 /* The loss of every row from this rank's logits (N, Vl) of vocabulary rows
@@ -655,7 +729,10 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     a->emb_open = 0;
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
-    LOOM_ASSERT(first == m->emb || (mb->input && m->recompute != LOOM_RECOMPUTE_FULL));
+    /* full recomputation reruns layers from their kept inputs: a range
+     * starting at a layer must start a pipeline chunk (its input is kept) */
+    LOOM_ASSERT(first == m->emb ||
+                (mb->input && (m->recompute != LOOM_RECOMPUTE_FULL || (l0 < L && a->chunk_input[l0]))));
     if (first == m->emb) {
         struct loom_block *emb = &model->blocks[m->emb];
         loom_model_forward_begin(model, m->emb);
@@ -667,27 +744,35 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
             memcpy(a->encoded, region_output(m, m->scratchC, N), NrC * sizeof(float));
         }
         round_act(m, a->encoded, NrC);
+        if (tied_across_stages(m) && mb->micro == 0) { /* the table, to the head's stage */
+            memcpy(m->tied_copy, loom_param(emb, 0), (size_t)Vl * C * sizeof(float));
+            loom_pp_tied_weights_send(m->tied_copy, (size_t)Vl * C);
+        }
         loom_model_forward_end(model, m->emb);
     } else {
-        memcpy((float *)layer_input(a, l0), mb->input, NrC * sizeof(float));
+        memcpy(l0 < L ? layer_input(a, l0) : a->layers[L - 1].res3, mb->input, NrC * sizeof(float));
     }
     for (int l = l0; l <= l1; l++) {
-        loom_model_forward_begin(model, 1 + l);
+        loom_model_forward_begin(model, m->layer_block[l]);
         layer_forward(m, a, l, layer_input(a, l), B);
-        loom_model_forward_end(model, 1 + l);
+        loom_model_forward_end(model, m->layer_block[l]);
     }
     if (last != m->head) {
-        memcpy(mb->output, layer_input(a, l1 + 1), NrC * sizeof(float));
+        memcpy(mb->output, l1 >= 0 ? a->layers[l1].res3 : a->encoded, NrC * sizeof(float));
         return;
     }
     struct loom_block *head = &model->blocks[m->head];
     /* a tied LM head reads the embedding's table: announced again when the
      * embedding is not in this range (its holder gathered or converted it
      * once more) */
-    const int announce_emb = first != m->emb && !m->cfg.untied;
+    const int announce_emb = first != m->emb && !m->cfg.untied && m->emb >= 0;
     if (announce_emb) loom_model_forward_begin(model, m->emb);
+    if (tied_across_stages(m) && mb->micro == 0) { /* the table, from the embedding's stage */
+        loom_pp_tied_weights_recv(m->tied_copy, (size_t)Vl * C);
+        memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
+    }
     loom_model_forward_begin(model, m->head);
-    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(a, L), loom_param(head, LNF_W),
+    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->layers[L - 1].res3, loom_param(head, LNF_W),
                             loom_param(head, LNF_B), Nr, C, (float)m->cfg.norm_eps);
     round_act(m, a->lnf, NrC);
     m->k->lm_head_forward(a->logits, region_input(m, a->lnf, N), lm_head_weight(m), N, C, Vl);
@@ -712,7 +797,7 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
 {
     const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T, Nr = rows_held(m, N);
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
-    struct loom_block *b = &m->base.blocks[1 + l];
+    struct loom_block *b = &m->base.blocks[m->layer_block[l]];
     struct loom_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); the replicated bias's
      * gradient sums every row of dout, so it is the same on every tp rank */
@@ -774,7 +859,8 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             m->k->crossentropy_vp_backward(a->logits, a->lse, a->logits, a->targets, m->v0,
                                            loss_weight / (float)N, N, Vl);
         round_act(m, a->logits, (size_t)N * Vl);
-        if (!m->cfg.untied) {
+        const int tied_here = !m->cfg.untied && m->emb >= 0;
+        if (tied_here) {
             loom_model_backward_begin(model, m->emb);
             a->emb_open = 1; /* the embedding's gradients are open until its own backward */
         }
@@ -783,9 +869,12 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
                                lm_head_weight(m), N, C, Vl);
         float *dlnf = region_input_grad(m, m->dbufC, N); /* partial over this rank's vocabulary */
         round_act(m, dlnf, NrC);
-        if (!m->cfg.untied) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
+        if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
+        /* the copy's gradient over the step, to the embedding's stage */
+        if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+            loom_pp_tied_grads_send(m->tied_grad, (size_t)Vl * C);
         memset(m->dres, 0, NrC * sizeof(float));
-        norm_backward(m, m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), dlnf, layer_input(a, L),
+        norm_backward(m, m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), dlnf, a->layers[L - 1].res3,
                       loom_param(head, LNF_W), a->lnf_mean, a->lnf_rstd, Nr);
         round_act(m, m->dres, NrC);
         loom_model_grads_ready(model, m->head);
@@ -796,15 +885,15 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     /* m->dres is the gradient of the residual stream, flowing down */
     for (int l = l1; l >= l0; l--) {
         if (!recomputed(m, l)) {
-            loom_model_backward_begin(model, 1 + l);
+            loom_model_backward_begin(model, m->layer_block[l]);
         } else if (l == chunk_last(m, l)) {
             /* entering a chunk from the top: rerun its forward from its kept input */
             const int cfirst = chunk_first(m, l);
-            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, 1 + k);
+            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, m->layer_block[k]);
             for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, layer_input(a, k), B);
         }
         layer_backward(m, a, l, B);
-        loom_model_grads_ready(model, 1 + l);
+        loom_model_grads_ready(model, m->layer_block[l]);
     }
     if (first != m->emb) {
         memcpy(mb->dinput, m->dres, NrC * sizeof(float));
@@ -819,6 +908,9 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
           * every tp rank */
         m->k->embedding_vp_backward(loom_grad(emb, 0), loom_grad(emb, 1), region_output_grad(m, m->dres, N),
                                     a->inputs, m->v0, m->Vl, B, T, C);
+    /* the head's share, from its stage, once per step */
+    if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+        loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)Vl * C);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;
 }
@@ -826,19 +918,26 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
 float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_t *targets, int B)
 {
     const struct loom_lm_batch batch = {inputs, targets};
-    struct loom_micro mb = {.slot = 0, .batch = &batch, .rows = B};
+    struct loom_micro mb = {.slot = 0, .batch = &batch, .rows = B, .micros = 1};
     forward(&m->base, 0, m->base.nblocks - 1, &mb);
     return (float)mb.loss;
 }
 
 void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
 {
-    struct loom_micro mb = {.slot = 0};
+    struct loom_micro mb = {.slot = 0, .micros = 1};
     backward(&m->base, 0, m->base.nblocks - 1, &mb, loss_weight);
 }
 
 double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)
 {
     /* the whole model's (MFU divides by the whole job's peak), whatever part this rank holds */
-    return 6.0 * loom_model_full_params(&m->base) + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    return 6.0 * loom_gpt2_num_params(&m->cfg) + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+}
+
+double loom_gpt2_num_params(const struct loom_gpt2_config *cfg)
+{
+    const double C = cfg->hidden, V = cfg->vocab;
+    return V * C * (cfg->untied ? 2 : 1) + (double)cfg->max_pos * C +
+           cfg->num_layers * (12 * C * C + 13 * C) + 2 * C;
 }

@@ -72,6 +72,9 @@ struct loom_gpt2_acts {
     const int32_t *inputs, *targets;  /* of the last forward, (B,T) each */
     int rows;                         /* B of the last forward */
     int emb_open; /* the head's backward announced the embedding's gradients; its own backward closes them */
+    /* (L) the input of a pipeline model chunk that starts at layer l > 0 (the
+     * previous stage's output), else NULL */
+    float **chunk_input;
 };
 
 struct loom_gpt2 {
@@ -112,6 +115,17 @@ struct loom_gpt2 {
     int bwd_slot;           /* the slot of the last backward */
 
     int defer_wte_scatter; /* leave the dwte scatter out of this backward (loom_tied_embedding) */
+
+    /* pipeline parallelism (loom_gpt2_create_stage): the layers this model
+     * holds, in model chunks of consecutive layers */
+    int *layer_block;         /* (L) the block of layer l, or -1 when another stage holds it */
+    int *chunk_lo, *chunk_hi; /* (L) the first and last layer of layer l's chunk */
+    int pipelined;            /* pp > 1: a tied table and its LM head may be on different stages */
+    /* a tied LM head on another stage than the embedding (parallel/pipeline.h):
+     * on the last stage, the copy of the table (Vl, C) the head reads and its
+     * gradient; on the first stage, the table's send buffer and the received
+     * gradient; else NULL */
+    float *tied_copy, *tied_grad;
 };
 
 /* The model's settings as files record them (the GPT-2 family's shape,
@@ -135,6 +149,16 @@ struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, in
  * vocab-parallel wte and LM head; layers use parallel/tensor.h). hidden and
  * heads must divide by tp; the vocabulary splits unevenly when it does not. */
 struct loom_gpt2 *loom_gpt2_create_tp(const struct loom_gpt2_config *cfg, int B, int T, int tp, int tp_rank);
+/* One pipeline stage of it (of pp > 1 stages): the layers lo[c]..hi[c] of
+ * each of its `chunks` model chunks (increasing), the embedding when
+ * `embedding` (its first chunk starts the model) and the final norm and LM
+ * head when `head`. Blocks keep their index in the whole model (loom_block
+ * .index), so initialisation draws the whole model's values. */
+/* The whole model's parameter count. */
+double loom_gpt2_num_params(const struct loom_gpt2_config *cfg);
+struct loom_gpt2 *loom_gpt2_create_stage(const struct loom_gpt2_config *cfg, int B, int T, int tp,
+                                         int tp_rank, int chunks, const int *lo, const int *hi, int embedding,
+                                         int head);
 void loom_gpt2_free(struct loom_gpt2 *m);
 
 /* Megatron's sequence parallelism on a tensor-parallel model (tp > 1, T

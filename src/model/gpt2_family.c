@@ -11,10 +11,12 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/mem.h"
 #include "model/convert.h"
 #include "model/family.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
+#include "parallel/pipeline.h"
 
 /* Presets: the shape and the training defaults that go with it. A preset's
  * micro-batch applies only while no batch setting is given (config/parse.c). */
@@ -79,10 +81,21 @@ static int check(const struct loom_config *cfg, int T)
     return rc;
 }
 
-static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank)
+static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank,
+                                 int pp_rank)
 {
     const struct loom_gpt2_config mc = shape_of_config(cfg);
-    struct loom_gpt2 *m = loom_gpt2_create_tp(&mc, B, T, cfg->tensor_model_parallel_size, tp_rank);
+    const int pp = cfg->pipeline_model_parallel_size, tp = cfg->tensor_model_parallel_size;
+    struct loom_gpt2 *m;
+    if (pp > 1) { /* this stage's chunks of layers (parallel/pipeline.h) */
+        const int chunks = loom_pp_chunks(cfg);
+        int *lo = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER), *hi = lo + chunks;
+        for (int c = 0; c < chunks; c++) loom_pp_layers(cfg, pp_rank, c, &lo[c], &hi[c]);
+        m = loom_gpt2_create_stage(&mc, B, T, tp, tp_rank, chunks, lo, hi, pp_rank == 0, pp_rank == pp - 1);
+        loom_free(lo);
+    } else {
+        m = loom_gpt2_create_tp(&mc, B, T, tp, tp_rank);
+    }
     loom_gpt2_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (cfg->sequence_parallel) loom_gpt2_set_sequence_parallel(m, 1);
     if (training) /* activations in the compute dtype (eval and sampling compute in float32) */

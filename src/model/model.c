@@ -25,6 +25,7 @@ void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, con
     m->blocks = loom_alloc(sizeof *m->blocks * (size_t)nblocks, LOOM_MEM_OTHER);
     for (int i = 0; i < nblocks; i++) {
         m->blocks[i].role = LOOM_ROLE_LAYER;
+        m->blocks[i].index = i;
         m->blocks[i].grads_owner = LOOM_GRADS_NONE;
     }
 }
@@ -206,7 +207,7 @@ void loom_model_init_block(struct loom_model *m, int bi, uint64_t seed, float *o
         case LOOM_INIT_NORMAL: {
             /* each tensor its own stream: a block's values depend on no other's */
             struct loom_rng rng;
-            loom_rng_seed(&rng, loom_hash3(seed, (uint64_t)bi, (uint64_t)ti));
+            loom_rng_seed(&rng, loom_hash3(seed, (uint64_t)b->index, (uint64_t)ti));
             if (t->tp_split == LOOM_TP_REPLICATED) {
                 for (size_t i = 0; i < t->numel; i++) p[i] = (float)(t->init_std * loom_rng_normal(&rng));
                 break;

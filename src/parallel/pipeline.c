@@ -1,0 +1,78 @@
+/* Pipeline placement and the tied embedding's exchange (see pipeline.h). */
+#include "parallel/pipeline.h"
+
+#include "base/buf.h"
+#include "base/log.h"
+#include "comm/comm.h"
+#include "loom/config.h"
+
+int loom_pp_chunks(const struct loom_config *cfg)
+{
+    const int pp = cfg->pipeline_model_parallel_size, vl = cfg->num_layers_per_virtual_pipeline_stage;
+    if (pp == 1 || cfg->pipeline_schedule != LOOM_PIPELINE_SCHEDULE_INTERLEAVED || vl == 0) return 1;
+    return cfg->num_layers / (vl * pp);
+}
+
+void loom_pp_layers(const struct loom_config *cfg, int stage, int chunk, int *lo, int *hi)
+{
+    const int pp = cfg->pipeline_model_parallel_size, L = cfg->num_layers, chunks = loom_pp_chunks(cfg);
+    LOOM_ASSERT(stage >= 0 && stage < pp && chunk >= 0 && chunk < chunks);
+    if (chunks > 1) { /* model chunk chunk x pp + stage, of equal chunks */
+        const int per = L / (chunks * pp), c = chunk * pp + stage;
+        *lo = c * per;
+        *hi = *lo + per - 1;
+        return;
+    }
+    const int first = pp > 1 ? cfg->decoder_first_pipeline_num_layers : 0,
+              last = pp > 1 ? cfg->decoder_last_pipeline_num_layers : 0;
+    /* the stages without a fixed count share the layers between the fixed ends */
+    const int s0 = first > 0, s1 = pp - (last > 0); /* stages [s0, s1) share layers [first, L - last) */
+    if (first > 0 && stage == 0) {
+        *lo = 0;
+        *hi = first - 1;
+    } else if (last > 0 && stage == pp - 1) {
+        *lo = L - last;
+        *hi = L - 1;
+    } else {
+        const int n = s1 - s0, k = stage - s0, rest = L - first - last;
+        *lo = first + (int)((long)k * rest / n);
+        *hi = first + (int)((long)(k + 1) * rest / n) - 1;
+    }
+}
+
+/* The sends in flight: the first stage's table, the last stage's gradient.
+ * A send's buffer stays the model's and untouched until loom_pp_flush. */
+static struct loom_comm_handle *weights_sending, *grads_sending;
+enum { TAG_WEIGHTS = 3, TAG_GRADS = 4 }; /* group ranks: 0 the first stage, 1 the last */
+
+void loom_pp_tied_weights_send(const float *table, size_t n)
+{
+    LOOM_ASSERT(!weights_sending);
+    weights_sending = loom_comm_send(LOOM_GROUP_EMBEDDING, loom_buf_f32((float *)table, n), 1, TAG_WEIGHTS);
+}
+
+void loom_pp_tied_weights_recv(float *copy, size_t n)
+{
+    loom_comm_wait(loom_comm_recv(LOOM_GROUP_EMBEDDING, loom_buf_f32(copy, n), 0, TAG_WEIGHTS));
+}
+
+void loom_pp_tied_grads_send(const float *grad, size_t n)
+{
+    LOOM_ASSERT(!grads_sending);
+    grads_sending = loom_comm_send(LOOM_GROUP_EMBEDDING, loom_buf_f32((float *)grad, n), 0, TAG_GRADS);
+}
+
+void loom_pp_tied_grads_add(float *grad, float *scratch, size_t n)
+{
+    loom_comm_wait(loom_comm_recv(LOOM_GROUP_EMBEDDING, loom_buf_f32(scratch, n), 1, TAG_GRADS));
+    for (size_t i = 0; i < n; i++) grad[i] += scratch[i];
+}
+
+double loom_pp_flush(void)
+{
+    double t = 0;
+    if (weights_sending) t += loom_comm_wait(weights_sending);
+    if (grads_sending) t += loom_comm_wait(grads_sending);
+    weights_sending = grads_sending = NULL;
+    return t;
+}

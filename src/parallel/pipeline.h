@@ -1,0 +1,50 @@
+/*
+ * Pipeline parallelism's placement and its one model-level exchange.
+ *
+ * Placement: which layers each pipeline stage holds. The model's L layers
+ * are cut into pp x chunks model chunks (chunks > 1: Megatron's virtual
+ * stages, chunk c of stage s is model chunk c pp + s); the embedding goes
+ * with the first model chunk, the final norm, LM head and loss with the
+ * last. Without virtual stages the layers are balanced (stage s holds
+ * [s L / pp, (s+1) L / pp)), or Megatron's --decoder-first/last-pipeline-
+ * num-layers fix the ends and the stages between share the rest.
+ *
+ * The tied embedding (Megatron's embedding group, comm.h's
+ * LOOM_GROUP_EMBEDDING): when the LM head reads the token embedding and
+ * the head is on another stage, the last stage keeps a copy of the table
+ * that it does not train. The first stage sends its table (float32, as its
+ * kernels read it) at the first forward of every step and evaluation; the
+ * last stage sends the copy's gradient, summed over the step's
+ * micro-batches, after the head's last backward, and the first stage adds
+ * it to the table's gradient before its own last backward of the embedding
+ * completes it. So the table is trained once, by the stage that owns it,
+ * and the optimizer, checkpoints and the gradient norm see it once.
+ *
+ * Not here: the schedules and their point-to-point helpers (schedule.h).
+ */
+#ifndef LOOM_PARALLEL_PIPELINE_H
+#define LOOM_PARALLEL_PIPELINE_H
+
+#include <stddef.h>
+
+struct loom_config;
+
+/* Model chunks per stage: L / (layers per virtual stage x pp) under the
+ * interleaved schedule, else 1. */
+int loom_pp_chunks(const struct loom_config *cfg);
+/* The layers [*lo, *hi] of chunk `chunk` of stage `stage`. */
+void loom_pp_layers(const struct loom_config *cfg, int stage, int chunk, int *lo, int *hi);
+
+/* The tied table's exchange (n floats: this tensor-parallel rank's rows).
+ * The sends do not block; their buffers must stay untouched until
+ * loom_pp_flush, which the engine calls at the end of every step and
+ * evaluation. The receives block. */
+void loom_pp_tied_weights_send(const float *table, size_t n);
+void loom_pp_tied_weights_recv(float *copy, size_t n);
+void loom_pp_tied_grads_send(const float *grad, size_t n);
+/* Receives the copy's gradient into scratch (n) and adds it to grad. */
+void loom_pp_tied_grads_add(float *grad, float *scratch, size_t n);
+/* Waits for the sends in flight; returns the seconds it waited. */
+double loom_pp_flush(void);
+
+#endif
