@@ -95,6 +95,10 @@ int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
  * for micro-batch k must stay valid until k + this many have been asked for
  * (1 without pipelining). */
 int loom_engine_batches_in_flight(const struct loom_engine *e);
+/* The last step's schedule on this rank: seconds in forward and backward
+ * passes, blocked on the neighbouring pipeline stages, and in all. */
+void loom_engine_schedule_times(const struct loom_engine *e, double *compute_s, double *wait_s,
+                                double *total_s);
 /* The mean loss of one micro-batch of validation data, outside any step,
  * through every pipeline stage (every rank calls it; ranks without the
  * model's head get 0). index: the batch's place in this evaluation (the

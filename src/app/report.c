@@ -134,6 +134,19 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
         if (s->skipped || s->skipped_total || s->loss_scale > 0)
             fprintf(r->metrics, ",\"skipped\":%d,\"skipped_total\":%lld", s->skipped,
                     (long long)s->skipped_total);
+        if (s->pipeline) { /* each stage's idle share of its schedule, and their mean: the bubble */
+            double sum = 0;
+            fputs(",\"pipeline\":{\"stages\":[", r->metrics);
+            for (int k = 0; k < s->pp; k++) {
+                const double *st = s->pipeline + 4 * (size_t)k, bubble = st[2] > 0 ? 1 - st[0] / st[2] : 0;
+                sum += bubble;
+                fprintf(r->metrics,
+                        "%s{\"compute_ms\":%.6g,\"idle_ms\":%.6g,\"total_ms\":%.6g,\"bubble\":%.6g,"
+                        "\"activations\":%.0f}",
+                        k ? "," : "", st[0], st[1], st[2], bubble, st[3]);
+            }
+            fprintf(r->metrics, "],\"bubble\":%.6g}", sum / s->pp);
+        }
         if (mem_by_rank) {
             fputs(",\"mem_by_rank\":[", r->metrics);
             for (int k = 0; k < world; k++) {

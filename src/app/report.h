@@ -19,6 +19,11 @@ struct loom_step_stats {
     double loss_scale;   /* fp16's loss scale of the step; 0: none */
     int skipped;         /* the update was skipped (non-finite gradient) */
     int64_t skipped_total;
+    /* pipeline parallelism: pp stages, and for each (its first rank) the
+     * step's schedule in ms computing, idle (blocked on the neighbouring
+     * stages) and in all, and its peak activation bytes; NULL: none */
+    int pp;
+    const double *pipeline; /* (pp, 4) */
 };
 
 struct loom_report {

@@ -29,6 +29,7 @@
 #include "io/synth.h"
 #include "kernels/kernels.h"
 #include "model/family.h"
+#include "parallel/pipeline.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
 #include "parallel/tensor.h"
@@ -161,6 +162,28 @@ static int check_save_dir(const char *save)
     return rc;
 }
 
+/* --dry-run under pipeline parallelism: which layers each stage holds, on
+ * which ranks. */
+static void print_stage_map(const struct loom_config *cfg, const struct loom_topology *t)
+{
+    if (t->pp == 1) return;
+    const int chunks = loom_pp_chunks(cfg), per = t->tp * t->dp;
+    printf("pipeline: %d stages, schedule %s, %d micro-batches per step%s\n", t->pp,
+           loom_schedule_name(cfg->pipeline_schedule, t->pp), cfg->gradient_accumulation_steps,
+           chunks > 1 ? ", model chunks per stage (virtual stages)" : "");
+    for (int s = 0; s < t->pp; s++) {
+        char line[1024];
+        int n = snprintf(line, sizeof line, "  stage %d (ranks %d-%d):%s", s, s * per, (s + 1) * per - 1,
+                         s == 0 ? " embedding," : "");
+        for (int c = 0; c < chunks && n < (int)sizeof line; c++) {
+            int lo, hi;
+            loom_pp_layers(cfg, s, c, &lo, &hi);
+            n += snprintf(line + n, sizeof line - (size_t)n, "%s layers %d-%d", c ? ";" : "", lo, hi);
+        }
+        printf("%s%s\n", line, s == t->pp - 1 ? ", final norm, LM head and loss" : "");
+    }
+}
+
 /* The engine, the data and the model. Training hands the model to the
  * engine (which allocates, initialises or resumes it); eval loads weights
  * only. */
@@ -172,7 +195,10 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     r->topo = &r->engine->topo;
     if (rc) return rc;
     if (cfg->dry_run) { /* --dry-run: the configuration resolved on every rank; open and build nothing */
-        if (r->topo->rank == 0) loom_config_print(stdout, cfg);
+        if (r->topo->rank == 0) {
+            loom_config_print(stdout, cfg);
+            print_stage_map(cfg, r->topo);
+        }
         return LOOM_OK;
     }
     r->family = loom_model_family_of_preset(cfg->model, NULL);
@@ -237,6 +263,26 @@ static int64_t *gather_memory(const struct run *r, const struct loom_mem_stats *
     loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(mine, k, LOOM_DTYPE_U64),
                                        loom_buf_of(all, k * (size_t)r->topo->world, LOOM_DTYPE_U64)));
     return all;
+}
+
+/* Each pipeline stage's schedule times (ms) and peak activation bytes, as
+ * its first rank saw them: (pp, 4) for rank 0's metrics, or NULL. */
+static double *gather_pipeline(const struct run *r, const int64_t *mem_by_rank)
+{
+    const struct loom_topology *t = r->topo;
+    if (t->pp == 1) return NULL;
+    double mine[3], *all = loom_alloc(sizeof(double) * 3 * (size_t)t->world, LOOM_MEM_OTHER);
+    loom_engine_schedule_times(r->engine, &mine[0], &mine[1], &mine[2]);
+    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(mine, 3, LOOM_DTYPE_F64),
+                                       loom_buf_of(all, 3 * (size_t)t->world, LOOM_DTYPE_F64)));
+    double *out = loom_alloc(sizeof(double) * 4 * (size_t)t->pp, LOOM_MEM_OTHER);
+    for (int s = 0; s < t->pp; s++) {
+        const int rank = s * t->tp * t->dp; /* rank order: tp fastest, then dp, then pp */
+        for (int i = 0; i < 3; i++) out[4 * s + i] = all[3 * rank + i] * 1e3;
+        out[4 * s + 3] = (double)mem_by_rank[(size_t)rank * (LOOM_MEM_COUNT + 1) + LOOM_MEM_ACTIVATIONS];
+    }
+    loom_free(all);
+    return out;
 }
 
 /* Peak resident set of every rank (the process as the OS sees it). */
@@ -389,12 +435,17 @@ int loom_train(struct loom_config *cfg)
                                         res.comm_wait_s >= 0 ? res.comm_wait_s * 1e3 : -1,
                                         res.loss_scale,
                                         res.skipped,
-                                        res.skipped_total};
+                                        res.skipped_total,
+                                        r.topo->pp,
+                                        NULL};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
             int64_t *by_rank = gather_memory(&r, &mem);
+            double *pipeline = gather_pipeline(&r, by_rank);
+            s.pipeline = pipeline;
             loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
             loom_free(by_rank);
+            loom_free(pipeline);
         }
         if (r.have_valid && cfg->eval_iters > 0 &&
             (step % cfg->eval_interval == 0 || step == cfg->train_iters)) {

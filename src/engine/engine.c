@@ -366,7 +366,9 @@ static void backward_micro(struct loom_engine *e, struct loom_micro *mb, int mic
                            const float *dout, float *din)
 {
     const int A = e->cfg->gradient_accumulation_steps;
-    LOOM_ASSERT(mb->micro == micro && micro == e->backwards && micro < e->micro);
+    /* a micro-batch's last backward (through chunk 0) comes in order */
+    LOOM_ASSERT(mb->micro == micro && micro >= e->backwards && micro < e->micro &&
+                (chunk > 0 || micro == e->backwards));
     struct loom_model *m = e->model;
     loom_stack_begin_backward(m, micro, micro == A - 1);
     mb->doutput = dout;
@@ -591,6 +593,14 @@ int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
 int loom_engine_batches_in_flight(const struct loom_engine *e)
 {
     return e->plan.slots;
+}
+
+void loom_engine_schedule_times(const struct loom_engine *e, double *compute_s, double *wait_s,
+                                double *total_s)
+{
+    *compute_s = e->pipe_times.compute_s;
+    *wait_s = e->pipe_times.wait_s;
+    *total_s = e->pipe_times.total_s;
 }
 
 /* ---- evaluation through the pipeline -------------------------------------- */
