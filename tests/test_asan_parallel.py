@@ -3,7 +3,9 @@ build loom itself with both (the unit tests' sanitizer build covers only the
 modules they link) and train a tiny model at 2 ranks under DDP, ZeRO 1-3
 (with several-block gather units), nvme offload, bf16/fp16 with
 activation recomputation, and tensor parallelism (with sequence
-parallelism, an untied head, bf16 and full recomputation) (each run saves iteration 3 into the same directory,
+parallelism, an untied head, bf16 and full recomputation), and pipeline
+parallelism (1f1b, gpipe with bf16 and recomputation, interleaved with fp16
+and an untied head) (each run saves iteration 3 into the same directory,
 so all but the first replace the one before), then at 1 rank with
 evaluation, sampling and saving. Any sanitizer report fails the test. Leak
 detection is off: OpenMPI and OpenBLAS keep allocations until exit."""
@@ -54,7 +56,14 @@ with tempfile.TemporaryDirectory() as tmp:
                                                     "--activation-function", "gelu"],
              "tp 2 + sp, bf16, full recompute": ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--bf16",
                                                  "--recompute-granularity", "full", "--recompute-method", "uniform",
-                                                 "--recompute-num-layers", "1"]}
+                                                 "--recompute-num-layers", "1"],
+             "pp 2, 1f1b": ["--pipeline-model-parallel-size", "2"],
+             "pp 2, gpipe, bf16, full recompute": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
+                                                   "gpipe", "--bf16", "--recompute-granularity", "full",
+                                                   "--recompute-method", "uniform", "--recompute-num-layers", "1"],
+             "pp 2, interleaved, fp16, untied head": ["--pipeline-model-parallel-size", "2", "--num-layers", "4",
+                                                      "--num-layers-per-virtual-pipeline-stage", "1", "--fp16",
+                                                      "--untie-embeddings-and-output-weights"]}
     for name, flags in cases.items():
         p = lib.run_ranks(2, [loom, "train"] + model + flags + ["--save", os.path.join(tmp, "s")], expect=None,
                           env=ENV, mpi_args=["-x", "ASAN_OPTIONS", "-x", "UBSAN_OPTIONS"])

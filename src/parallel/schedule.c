@@ -152,14 +152,27 @@ const char *loom_schedule_name(int schedule, int pp)
  * (receive forward, send backward) or last (send forward, receive
  * backward) chunk. Activations go forward with one tag and gradients back
  * with another; between two stages each kind arrives in the order it was
- * sent, which is the order both stages run their passes in. */
+ * sent, which is the order both stages run their passes in. So each kind's
+ * next receive is posted as soon as the one before is taken, into the
+ * other of two buffers: the transfer runs while this stage computes. */
 
 enum { TAG_ACTIVATION = 1, TAG_GRADIENT = 2 };
+enum { ACTIVATION = 0, GRADIENT = 1 };
+
+/* The receives of one kind: two buffers, the one posted ahead, and how many
+ * are still to come this step. */
+struct inbox {
+    float *buf[2];
+    int next; /* the buffer the posted receive fills */
+    struct loom_comm_handle *posted;
+    int left;
+    int peer, tag;
+};
 
 struct runner {
     const struct loom_pipe_plan *p;
     size_t boundary;
-    float *recv_buf;                   /* (boundary) the received activation or gradient */
+    struct inbox in[2];                /* activations from the previous stage, gradients from the next */
     float *send_bufs;                  /* (slots x chunks x 2, boundary): outputs and input gradients */
     struct loom_comm_handle **sending; /* (slots x chunks x 2) the send in flight from each, or NULL */
     const void **batches;              /* (slots) */
@@ -205,18 +218,33 @@ static void post_send(struct runner *r, int slot, int chunk, int kind, int peer,
         loom_comm_send(LOOM_GROUP_PP, loom_buf_f32(r->send_bufs + i * r->boundary, r->boundary), peer, tag);
 }
 
-static const float *recv_into(struct runner *r, int peer, int tag)
+static void post_recv(struct runner *r, struct inbox *b)
 {
+    b->posted = b->left > 0 ? loom_comm_recv(LOOM_GROUP_PP, loom_buf_f32(b->buf[b->next], r->boundary), b->peer,
+                                             b->tag)
+                            : NULL;
+}
+
+/* The next message of a kind (valid until the one after it is taken); the
+ * receive after it is posted at once. */
+static const float *recv_into(struct runner *r, int kind)
+{
+    struct inbox *b = &r->in[kind];
+    LOOM_ASSERT(b->posted && b->left > 0);
     double t0 = loom_now();
-    loom_comm_wait(loom_comm_recv(LOOM_GROUP_PP, loom_buf_f32(r->recv_buf, r->boundary), peer, tag));
+    loom_comm_wait(b->posted);
     r->wait_s += loom_now() - t0;
-    return r->recv_buf;
+    const float *got = b->buf[b->next];
+    b->left--;
+    b->next ^= 1;
+    post_recv(r, b);
+    return got;
 }
 
 /* recv_forward: the previous stage's output, unless this is the model's first chunk. */
 static const float *recv_forward(struct runner *r, int chunk)
 {
-    return model_first(r, chunk) ? NULL : recv_into(r, prev_stage(r), TAG_ACTIVATION);
+    return model_first(r, chunk) ? NULL : recv_into(r, ACTIVATION);
 }
 
 /* send_forward: the output to the next stage, unless this is the model's last chunk. */
@@ -228,7 +256,7 @@ static void send_forward(struct runner *r, int slot, int chunk)
 /* recv_backward: the gradient at the output, unless this is the model's last chunk. */
 static const float *recv_backward(struct runner *r, int chunk)
 {
-    return model_last(r, chunk) ? NULL : recv_into(r, next_stage(r), TAG_GRADIENT);
+    return model_last(r, chunk) ? NULL : recv_into(r, GRADIENT);
 }
 
 /* send_backward: the gradient at the input, unless this is the model's first chunk. */
@@ -244,7 +272,18 @@ int loom_schedule_run(const struct loom_pipe_plan *p, const struct loom_schedule
     const size_t nbufs = (size_t)p->slots * p->chunks * 2;
     struct runner r = {.p = p, .boundary = boundary};
     if (p->pp > 1) {
-        r.recv_buf = loom_alloc(loom_mul_size(boundary, sizeof(float)), LOOM_MEM_COMM);
+        r.in[ACTIVATION] = (struct inbox){.peer = prev_stage(&r), .tag = TAG_ACTIVATION};
+        r.in[GRADIENT] = (struct inbox){.peer = next_stage(&r), .tag = TAG_GRADIENT};
+        for (int i = 0; i < p->n; i++) { /* the messages this stage will receive */
+            const struct loom_pipe_pass *x = &p->passes[i];
+            if (x->pass == LOOM_PASS_FORWARD ? !model_first(&r, x->chunk) : !model_last(&r, x->chunk))
+                r.in[x->pass == LOOM_PASS_FORWARD ? ACTIVATION : GRADIENT].left++;
+        }
+        for (int k = 0; k < 2; k++) {
+            for (int j = 0; j < 2 && r.in[k].left; j++)
+                r.in[k].buf[j] = loom_alloc(loom_mul_size(boundary, sizeof(float)), LOOM_MEM_COMM);
+            post_recv(&r, &r.in[k]);
+        }
         r.send_bufs = loom_alloc(loom_mul_size(nbufs * boundary, sizeof(float)), LOOM_MEM_COMM);
         r.sending = loom_alloc(nbufs * sizeof *r.sending, LOOM_MEM_OTHER);
     }
@@ -274,7 +313,11 @@ int loom_schedule_run(const struct loom_pipe_plan *p, const struct loom_schedule
     }
     for (size_t i = 0; r.sending && i < nbufs; i++)
         if (r.sending[i]) r.wait_s += loom_comm_wait(r.sending[i]);
-    loom_free(r.recv_buf);
+    for (int k = 0; k < 2; k++) {
+        if (r.in[k].posted) loom_comm_wait(r.in[k].posted); /* only after a failed batch */
+        loom_free(r.in[k].buf[0]);
+        loom_free(r.in[k].buf[1]);
+    }
     loom_free(r.send_bufs);
     loom_free(r.sending);
     loom_free(r.batches);
