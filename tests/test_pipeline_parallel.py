@@ -26,7 +26,8 @@ Mixed precision, against one process in the same dtype:
     and bit for bit (losses and weights) T 2 x DP 2 with the distributed
     optimizer in bf16 on the same micro-batches: pipelining adds no rounding.
 Resume: a checkpoint saved at step 10 under P 2 x T 2 continues in one
-process and under DP 2 x ZeRO-3 with the uninterrupted run's losses (1e-5).
+process and under DP 2 x ZeRO-3 with the uninterrupted run's losses (1e-5);
+`loom convert` exports it whole (the assembled tensors, bit for bit).
 Memory: the measured per-stage activation peak (loom's accounting) is
 F + k S for stage s, where k is the micro-batches the schedule keeps in
 flight there: all m under GPipe, min(P - s, m) under 1F1B; F and S (a
@@ -117,6 +118,16 @@ def resume(tmp, ref):
         worst = max((lib.rel(a, b) for a, b in zip(losses, ref[0][10:])), default=1.0)
         check(f"{tag}: steps 11-20 after the resume are the uninterrupted run's (worst rel {worst:.1e}, tol 1e-5)",
               len(losses) == 10 and worst <= 1e-5, f"{losses} vs {ref[0][10:]}")
+    out = os.path.join(tmp, "pp-export.safetensors")
+    p = lib.loom("convert", at10, out, timeout=300)
+    if p.returncode == 0:
+        from pyref import ckpt, st
+        exported, assembled = st.load(out), ckpt.weights(at10)
+        same = sorted(exported) == sorted(assembled) and all(lib.same_bits(exported[k], assembled[k])
+                                                              for k in assembled)
+        check("loom convert of a P 2 x T 2 checkpoint: the assembled tensors, bit for bit", same)
+    else:
+        check("loom convert of a P 2 x T 2 checkpoint", False, p.stderr)
 
 
 def stage_activations(tmp, tag, P, m, schedule):

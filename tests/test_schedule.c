@@ -215,8 +215,8 @@ int main(void)
                     CHECK(near(idle_i[s], want_i));
                     CHECK(idle_i[s] < idle_f[s]);
                     if (!near(idle_i[s], want_i))
-                        fprintf(stderr, "  interleaved P=%d m=%d v=%d stage %d: idle %.4f, want %.4f\n", P, m, v,
-                                s, idle_i[s], want_i);
+                        fprintf(stderr, "  interleaved P=%d m=%d v=%d stage %d: idle %.4f, want %.4f\n", P, m,
+                                v, s, idle_i[s], want_i);
                 }
             }
         }

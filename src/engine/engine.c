@@ -413,12 +413,21 @@ static int block_nonfinite(const struct loom_engine *e, int i)
  * finite on any rank; -1 when none is. */
 static int nonfinite_block(struct loom_engine *e)
 {
-    int64_t b = -1;
+    int64_t b = -1; /* by its index in the whole model: pipeline stages hold different blocks */
     for (int i = e->model->nblocks - 1; i >= 0 && b < 0; i--)
-        if (block_nonfinite(e, i)) b = i;
+        if (block_nonfinite(e, i)) b = e->model->blocks[i].index;
     uint64_t v = (uint64_t)(b + 1);
     loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&v, 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
     return (int)v - 1;
+}
+
+/* The first tensor of the block with this index in the whole model, when
+ * this rank holds it. */
+static const char *block_name(const struct loom_model *m, int index)
+{
+    for (int i = 0; i < m->nblocks; i++)
+        if (m->blocks[i].index == index) return m->blocks[i].tensors[0].name;
+    return index >= 0 ? "on another pipeline stage" : NULL;
 }
 
 /* Sum of squares of the gradients g holds for the model's arena range
@@ -499,7 +508,7 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     int skip = 0, rc = LOOM_OK;
     if (!isfinite(norm) || !isfinite(loss)) { /* the same on every rank: both are all-reduced */
         int b = e->scaler ? -1 : nonfinite_block(e);
-        const char *name = b >= 0 ? m->blocks[b].tensors[0].name : NULL;
+        const char *name = block_name(m, b);
         if (e->scaler) {
             skip = 1; /* an fp16 overflow: the scaler's business */
         } else if (e->cfg->on_nonfinite == LOOM_NONFINITE_SKIP) {

@@ -530,7 +530,8 @@ struct loom_gpt2 *loom_gpt2_create_stage(const struct loom_gpt2_config *cfg, int
     if (tied_across_stages(m)) {
         const size_t n = (size_t)m->Vl * cfg->hidden;
         m->tied_copy = loom_alloc(n * sizeof(float), m->head >= 0 ? LOOM_MEM_PARAMS : LOOM_MEM_COMM);
-        m->tied_grad = loom_alloc(n * sizeof(float), m->head >= 0 ? LOOM_MEM_GRADS : LOOM_MEM_COMM);
+        /* the first stage receives the gradient where it sent the table from */
+        m->tied_grad = m->head >= 0 ? loom_alloc(n * sizeof(float), LOOM_MEM_GRADS) : m->tied_copy;
     }
     return m;
 }
@@ -543,8 +544,8 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     loom_free(m->layer_block);
     loom_free(m->chunk_lo);
     loom_free(m->chunk_hi);
+    if (m->tied_grad != m->tied_copy) loom_free(m->tied_grad);
     loom_free(m->tied_copy);
-    loom_free(m->tied_grad);
     loom_free(m);
 }
 

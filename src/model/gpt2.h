@@ -123,8 +123,8 @@ struct loom_gpt2 {
     int pipelined;            /* pp > 1: a tied table and its LM head may be on different stages */
     /* a tied LM head on another stage than the embedding (parallel/pipeline.h):
      * on the last stage, the copy of the table (Vl, C) the head reads and its
-     * gradient; on the first stage, the table's send buffer and the received
-     * gradient; else NULL */
+     * gradient; on the first stage, one buffer for both: the table's send
+     * buffer, then the received gradient; else NULL */
     float *tied_copy, *tied_grad;
 };
 

@@ -64,6 +64,10 @@ void loom_pp_tied_grads_send(const float *grad, size_t n)
 
 void loom_pp_tied_grads_add(float *grad, float *scratch, size_t n)
 {
+    if (weights_sending) { /* scratch may be the table's send buffer: that send is long done */
+        loom_comm_wait(weights_sending);
+        weights_sending = NULL;
+    }
     loom_comm_wait(loom_comm_recv(LOOM_GROUP_EMBEDDING, loom_buf_f32(scratch, n), 1, TAG_GRADS));
     for (size_t i = 0; i < n; i++) grad[i] += scratch[i];
 }

@@ -42,7 +42,8 @@ void loom_pp_layers(const struct loom_config *cfg, int stage, int chunk, int *lo
 void loom_pp_tied_weights_send(const float *table, size_t n);
 void loom_pp_tied_weights_recv(float *copy, size_t n);
 void loom_pp_tied_grads_send(const float *grad, size_t n);
-/* Receives the copy's gradient into scratch (n) and adds it to grad. */
+/* Receives the copy's gradient into scratch (n) and adds it to grad;
+ * scratch may be the buffer the table was sent from. */
 void loom_pp_tied_grads_add(float *grad, float *scratch, size_t n);
 /* Waits for the sends in flight; returns the seconds it waited. */
 double loom_pp_flush(void);

@@ -220,8 +220,8 @@ static void post_send(struct runner *r, int slot, int chunk, int kind, int peer,
 
 static void post_recv(struct runner *r, struct inbox *b)
 {
-    b->posted = b->left > 0 ? loom_comm_recv(LOOM_GROUP_PP, loom_buf_f32(b->buf[b->next], r->boundary), b->peer,
-                                             b->tag)
+    b->posted = b->left > 0 ? loom_comm_recv(LOOM_GROUP_PP, loom_buf_f32(b->buf[b->next], r->boundary),
+                                             b->peer, b->tag)
                             : NULL;
 }
 
