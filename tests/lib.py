@@ -214,6 +214,20 @@ def tiny_run(tmp, tag, np_ranks, extra):
     return [r["loss"] for r in metrics_rows(metrics)], ckpt.weights(save), p.stdout
 
 
+def check_export(tag, src, out):
+    """One check line: `loom convert` of checkpoint src to the safetensors
+    file out gives the tensors assembled from src's pieces, bit for bit."""
+    from pyref import ckpt, st
+
+    p = loom("convert", src, out, timeout=300)
+    if p.returncode != 0:
+        check(f"loom convert of {tag}", False, p.stderr)
+        return
+    exported, assembled = st.load(out), ckpt.weights(src)
+    same = sorted(exported) == sorted(assembled) and all(same_bits(exported[k], assembled[k]) for k in assembled)
+    check(f"loom convert of {tag}: the assembled tensors, bit for bit", same)
+
+
 def compare_runs(tag, ref, got, tol=1e-5, wtol=None):
     """One check line: tiny_run's got against ref, every step's loss within
     tol relative and the final weights within wtol (default tol). Prints every

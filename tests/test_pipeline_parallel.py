@@ -118,16 +118,7 @@ def resume(tmp, ref):
         worst = max((lib.rel(a, b) for a, b in zip(losses, ref[0][10:])), default=1.0)
         check(f"{tag}: steps 11-20 after the resume are the uninterrupted run's (worst rel {worst:.1e}, tol 1e-5)",
               len(losses) == 10 and worst <= 1e-5, f"{losses} vs {ref[0][10:]}")
-    out = os.path.join(tmp, "pp-export.safetensors")
-    p = lib.loom("convert", at10, out, timeout=300)
-    if p.returncode == 0:
-        from pyref import ckpt, st
-        exported, assembled = st.load(out), ckpt.weights(at10)
-        same = sorted(exported) == sorted(assembled) and all(lib.same_bits(exported[k], assembled[k])
-                                                              for k in assembled)
-        check("loom convert of a P 2 x T 2 checkpoint: the assembled tensors, bit for bit", same)
-    else:
-        check("loom convert of a P 2 x T 2 checkpoint", False, p.stderr)
+    lib.check_export("a P 2 x T 2 checkpoint", at10, os.path.join(tmp, "pp-export.safetensors"))
 
 
 def stage_activations(tmp, tag, P, m, schedule):

@@ -53,7 +53,7 @@ import numpy as np
 
 import lib
 from lib import check
-from pyref import ckpt, gpt2, st
+from pyref import gpt2, st
 
 GRADS = lib.tool("gpt2_grads")
 
@@ -133,17 +133,8 @@ def resume(tmp, ref):
         check(f"{tag}: steps 11-20 after the resume are the uninterrupted run's (worst rel {worst:.1e}, tol 1e-5)",
               len(losses) == 10 and worst <= 1e-5, f"{losses} vs {ref[0][10:]}")
     # the TP checkpoint exported whole
-    src = os.path.join(tmp, "tp2dp2-to-1-first", "iter_0000010")
-    out = os.path.join(tmp, "tp-export.safetensors")
-    p = lib.loom("convert", src, out, timeout=300)
-    if p.returncode == 0:
-        from pyref import st
-        exported, assembled = st.load(out), ckpt.weights(src)
-        same = sorted(exported) == sorted(assembled) and all(np.array_equal(exported[k], assembled[k])
-                                                              for k in assembled)
-        check("loom convert of a TP 2 x DP 2 checkpoint: the assembled tensors, bit for bit", same)
-    else:
-        check("loom convert of a TP 2 x DP 2 checkpoint", False, p.stderr)
+    lib.check_export("a TP 2 x DP 2 checkpoint", os.path.join(tmp, "tp2dp2-to-1-first", "iter_0000010"),
+                     os.path.join(tmp, "tp-export.safetensors"))
 
 
 def part(name, full, T, r, C):

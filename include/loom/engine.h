@@ -100,8 +100,8 @@ int loom_engine_batches_in_flight(const struct loom_engine *e);
 void loom_engine_schedule_times(const struct loom_engine *e, double *compute_s, double *wait_s,
                                 double *total_s);
 /* The mean loss of one micro-batch of validation data, outside any step,
- * through every pipeline stage (every rank calls it; ranks without the
- * model's head get 0). index: the batch's place in this evaluation (the
+ * through every pipeline stage of the engine's model (every rank calls it;
+ * ranks without the model's head get 0). index: the batch's place in this evaluation (the
  * first is 0). */
 float loom_engine_eval(struct loom_engine *e, const void *batch, int rows, int index);
 

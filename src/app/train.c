@@ -132,7 +132,9 @@ static double evaluate(struct run *r)
             loom_data_eval_batch(&r->valid, i, cfg->global_batch_size,
                                  loom_engine_micro_batch_rows(r->engine, a), B, T, r->inputs, r->targets);
             r->batches[0] = (struct loom_lm_batch){r->inputs, r->targets};
-            sum += loom_engine_eval(r->engine, &r->batches[0], B, i * A + a);
+            /* loom eval's model is not the engine's: it runs in one process */
+            sum += r->topo->pp > 1 ? loom_engine_eval(r->engine, &r->batches[0], B, i * A + a)
+                                   : loom_model_eval(r->model, &r->batches[0], B);
         }
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     /* the last stage has the loss */

@@ -653,6 +653,7 @@ static void eval_backward(void *ctx, int micro, int chunk, int slot, const float
 
 float loom_engine_eval(struct loom_engine *e, const void *batch, int rows, int index)
 {
+    LOOM_ASSERT(e->model); /* an engine that trains */
     if (e->topo.pp == 1) return loom_model_eval(e->model, batch, rows);
     /* every chunk's forward in the model's order, nothing kept for a backward */
     struct loom_pipe_plan plan = {
