@@ -39,7 +39,7 @@ The dry run prints the stage map.
 Errors, each exit 2 and one line: more stages than layers, interleaved
 micro-batches not a multiple of P, virtual stages that do not divide the
 layers, a world that P x T does not divide, first/last stage layers that
-leave none for the others, the distributed optimizer with ZeRO-3, loom
+leave none for the others or without pipelining, the distributed optimizer with ZeRO-3, loom
 sample with P > 1.
 """
 import json
@@ -179,6 +179,8 @@ def errors(tmp):
         ("first and last stage layers leave none for the others", 2,
          PP2 + ["--num-layers", "8", "--decoder-first-pipeline-num-layers", "4",
                 "--decoder-last-pipeline-num-layers", "2"], "none may be left over"),
+        ("first stage layers without pipelining", 1, ["--decoder-first-pipeline-num-layers", "1"],
+         "need --pipeline-model-parallel-size 2 or more"),
         ("the distributed optimizer with ZeRO-3", 2, PP2 + ["--num-layers", "8", "--use-distributed-optimizer",
                                                              "--zero-stage", "3"], "ZeRO-1"),
     ]

@@ -255,9 +255,13 @@ static int resolve_pipeline(struct loom_config *cfg)
                                   NAME(gradient_accumulation_steps), m, NAME(pipeline_model_parallel_size),
                                   pp);
     }
+    if ((first || last) && pp < 2)
+        return loom_error_set(LOOM_ERR_INPUT, "%s and %s need %s 2 or more",
+                              NAME(decoder_first_pipeline_num_layers), NAME(decoder_last_pipeline_num_layers),
+                              NAME(pipeline_model_parallel_size));
     if (first || last) {
         const int middle = pp - (first > 0) - (last > 0), rest = L - first - last;
-        if (pp < 2 || rest < middle || (middle == 0 && rest != 0))
+        if (rest < middle || (middle == 0 && rest != 0))
             return loom_error_set(LOOM_ERR_INPUT,
                                   "%s %d and %s %d leave %d of %s %d layers for the %d other stages of %s %d "
                                   "(each needs one at least, and none may be left over)",
