@@ -6,16 +6,17 @@ measured bubble against the schedules' theory.
    PP 2 with 1f1b and with the interleaved schedule (2 model chunks a
    stage), each rank 1 thread. Prints each layout's median tokens/s, its
    ratio to one process, and per-rank memory by loom's accounting.
-2. The bubble: a small model whose layers dominate (vocabulary 64, so the
-   embedding and head cost little) at P = 2 and 4, m = 4, 8, 16
-   micro-batches a step, 1f1b and interleaved (2 chunks a stage). The
-   measured bubble is the metrics' pipeline.bubble (each stage's idle share
-   of its schedule, 1 - compute / total, averaged over stages), the median
-   of the steps after the first; theory is (P-1)/(m+P-1) for 1f1b and
-   (P-1)/(2m+P-1) for interleaved. More ranks than cores (P = 4 on 2 cores)
-   time-share the cores, which stretches the steady state (every stage
-   computing) against the warmup and cooldown: read those rows as an upper
-   bound on the stretch, not on the schedule.
+2. The bubble: a small model whose layers dominate (8 layers, C 512, T 128,
+   vocabulary 64, so the embedding and head cost little) at P = 2 and 4,
+   m = 4, 8, 16 micro-batches a step, 1f1b and interleaved (2 chunks a
+   stage). The measured bubble is the metrics' pipeline.bubble (each
+   stage's idle share of its step's schedule up to the pipeline's drain,
+   1 - compute / total, averaged over stages), the median of the steps
+   after the first; theory is (P-1)/(m+P-1) for 1f1b and (P-1)/(2m+P-1) for
+   interleaved. More ranks than cores (P = 4 on 2 cores) time-share the
+   cores: passes must be long against the scheduler's time slices (a
+   millisecond pass, C 256 T 64, doubles the measured P = 4 bubble), and
+   interleaved's twice as many messages suffer most.
 
     make && /usr/bin/python3 bench/pipeline.py [--quick] [--skip-gpt2] [--skip-bubble]
 """
@@ -83,11 +84,11 @@ def gpt2(tmp, rounds, steps, T, G):
         print(f"{name:17s} {m:9.0f} {m / base:9.2f} {b:>7s}   {per}")
 
 
-def bubbles(tmp, steps):
-    small = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "64",
-             "--max-position-embeddings", "64", "--vocab-size", "64", "--micro-batch-size", "1", "--threads", "1"]
+def bubbles(tmp, steps, C, T):
+    small = ["--num-layers", "8", "--hidden-size", str(C), "--num-attention-heads", "4", "--seq-length", str(T),
+             "--max-position-embeddings", str(T), "--vocab-size", "64", "--micro-batch-size", "1", "--threads", "1"]
     print("\nbubble (each stage's idle share, mean over stages), measured vs theory; "
-          "8 layers, C 256, T 64, V 64, micro-batch 1")
+          f"8 layers, C {C}, T {T}, V 64, micro-batch 1")
     print(f"{'P':>2s} {'m':>3s}   {'1f1b':>6s} {'theory':>6s}   {'interl.':>7s} {'theory':>6s}")
     for P in (2, 4):
         for m in (4, 8, 16):
@@ -109,12 +110,14 @@ def main():
     ap.add_argument("--skip-bubble", action="store_true")
     ap.add_argument("--seq-length", type=int, default=256)
     ap.add_argument("--batch", type=int, default=4, help="global batch (sequences)")
+    ap.add_argument("--bubble-hidden", type=int, default=512, help="the bubble model's width")
+    ap.add_argument("--bubble-seq", type=int, default=128, help="the bubble model's sequence length")
     a = ap.parse_args()
     rounds, steps = (1, 3) if a.quick else (3, 4)
     with tempfile.TemporaryDirectory() as tmp:
         shard.write(os.path.join(tmp, "train.bin"), np.random.default_rng(0).integers(0, 64, 400000))
         if not a.skip_bubble:
-            bubbles(tmp, 6)
+            bubbles(tmp, 6, a.bubble_hidden, a.bubble_seq)
         shard.write(os.path.join(tmp, "train.bin"), np.random.default_rng(0).integers(0, 50257, 400000))
         if not a.skip_gpt2:
             gpt2(tmp, rounds, steps, a.seq_length, a.batch)

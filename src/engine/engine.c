@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "base/buf.h"
+#include "base/clock.h"
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -494,11 +495,8 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
         loom_buf_convert(loom_buf_slice(m->grads, 0, m->num_params),
                          loom_buf_slice(m->grad_acc, 0, m->num_params));
     double pp_wait = loom_pp_flush(); /* the tied table's sends of this step */
-    double loss = e->loss_sum;
+    double loss = e->loss_sum;        /* under pipelining, summed over the stages already (train_batch) */
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&loss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-    /* the head's stage has the loss: every stage learns it */
-    if (e->topo.pp > 1)
-        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&loss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     loss /= (double)A * dp;
     const double scale = e->scaler ? e->scaler->st.scale : 1.0;
     double norm = grad_norm(e) / scale;
@@ -596,6 +594,16 @@ int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
     struct batch_source s = {e, get, ctx};
     int rc = loom_schedule_run(&e->plan, &engine_schedule_ops, &s, boundary(e), &e->pipe_times);
     if (rc) return rc;
+    if (e->topo.pp > 1) {
+        /* the head's stage has the loss: every stage learns it, once the last
+         * backward anywhere is done; the wait for that is each stage's share
+         * of the pipeline's drain, part of its idle time */
+        const double t0 = loom_now();
+        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&e->loss_sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+        const double drain = loom_now() - t0;
+        e->pipe_times.wait_s += drain;
+        e->pipe_times.total_s += drain;
+    }
     return loom_engine_step(e, out);
 }
 
