@@ -107,12 +107,25 @@ static const char *json_number(char *buf, size_t n, double x)
     return buf;
 }
 
+/* A pipeline stage's idle share of its schedule, from (compute, idle, total) ms. */
+static double stage_bubble(const double *stage)
+{
+    return stage[2] > 0 ? 1 - stage[0] / stage[2] : 0;
+}
+
 void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
                       const struct loom_mem_stats *mem, const int64_t *mem_by_rank, int world)
 {
     int digits = snprintf(NULL, 0, "%d", s->total);
-    char extra[96] = "";
+    char extra[160] = "";
     if (s->loss_scale > 0) snprintf(extra, sizeof extra, " | loss scale %g", s->loss_scale);
+    if (s->pipeline) { /* the mean idle share of the stages (see the metrics' "pipeline") */
+        double sum = 0;
+        for (int k = 0; k < s->pp; k++) {
+            sum += stage_bubble(s->pipeline + 4 * (size_t)k);
+        }
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " | bubble %.1f%%", 100 * sum / s->pp);
+    }
     if (s->skipped)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
                  " | skipped (non-finite gradient; %lld so far)", (long long)s->skipped_total);
@@ -138,7 +151,7 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
             double sum = 0;
             fputs(",\"pipeline\":{\"stages\":[", r->metrics);
             for (int k = 0; k < s->pp; k++) {
-                const double *st = s->pipeline + 4 * (size_t)k, bubble = st[2] > 0 ? 1 - st[0] / st[2] : 0;
+                const double *st = s->pipeline + 4 * (size_t)k, bubble = stage_bubble(st);
                 sum += bubble;
                 fprintf(r->metrics,
                         "%s{\"compute_ms\":%.6g,\"idle_ms\":%.6g,\"total_ms\":%.6g,\"bubble\":%.6g,"
