@@ -9,7 +9,8 @@ an 8-layer model:
     interleaved (--num-layers-per-virtual-pipeline-stage: 2 chunks a stage);
   - uneven stages (--decoder-first-pipeline-num-layers 1), full
     recomputation per stage, an untied LM head;
-  - P 2 x T 2; P 2 x T 2 x DP 2 (8 ranks) with --use-distributed-optimizer;
+  - P 2 x T 2, with and without --sequence-parallel; P 2 x T 2 x DP 2 (8
+    ranks) with --use-distributed-optimizer;
     P 2 x DP 2 under ZeRO-2 from a DeepSpeed JSON file, and under ZeRO-3.
 Mixed precision, against one process in the same dtype:
   - P 2 under bf16 and fp16: bit for bit (losses and weights). A stage runs
@@ -72,6 +73,7 @@ def equivalence(tmp, ref):
         ("pp2-recompute-full", 2, PP2 + ["--recompute-granularity", "full", "--recompute-method", "uniform",
                                          "--recompute-num-layers", "2"]),
         ("pp2-tp2", 4, PP2 + ["--tensor-model-parallel-size", "2"]),
+        ("pp2-tp2-sp", 4, PP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
         ("pp2-tp2-dp2-distopt", 8, PP2 + ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]),
         ("pp2-dp2-zero3", 4, PP2 + ["--zero-stage", "3"]),
     ]
