@@ -11,7 +11,9 @@
  *   - the gradient rule: parameter gradients and layernorm/residual dinp
  *     accumulate onto what was there, written gradients ignore it (they are
  *     pre-filled with NaN, so reading them fails the check);
- *   - GELU and the cross-entropy's log-sum-exp against double formulas;
+ *   - GELU, the cross-entropy's log-sum-exp, and Llama's RMSNorm, rotary
+ *     embedding (Hugging Face's rotate_half angles) and SwiGLU gate against
+ *     double formulas;
  *     AdamW against a double scalar loop; sum of squares and the embedding
  *     backward give the same bits at 1 and 2 threads;
  *   - the vocabulary-parallel embedding and cross-entropy, the vocabulary
@@ -614,6 +616,128 @@ static void test_embedding_vp(int B, int T, int C)
     free(dwpe), free(sum), free(part), free(cat), free(dwpe_r), free(bare);
 }
 
+/* ---- Llama's kernels: RMSNorm, rotary embedding, SwiGLU -------------------- */
+
+struct rmsnorm_ctx {
+    float *inp, *w, *out, *rstd, *wout;
+    int N, C;
+    float eps;
+};
+
+static double rmsnorm_obj(void *p)
+{
+    struct rmsnorm_ctx *c = p;
+    K->rmsnorm_forward(c->out, c->rstd, c->inp, c->w, c->N, c->C, c->eps);
+    return dot(c->out, c->wout, (size_t)c->N * c->C);
+}
+
+static void test_rmsnorm(void)
+{
+    printf("rmsnorm\n");
+    const int N = 6, C = 10;
+    struct rmsnorm_ctx c = {new_rand(N * C, 2.0f),
+                            new_rand(C, 1.0f),
+                            new_const(N * C, 0.0f),
+                            new_const(N, 0.0f),
+                            new_rand(N * C, 1.0f),
+                            N,
+                            C,
+                            1e-5f};
+    rmsnorm_obj(&c);
+    float *want = malloc(N * C * sizeof(float));
+    for (int i = 0; i < N; i++) { /* forward against a double computation */
+        const float *x = c.inp + i * C;
+        double ss = 0;
+        for (int j = 0; j < C; j++) ss += (double)x[j] * x[j];
+        const double r = 1.0 / sqrt(ss / C + 1e-5);
+        for (int j = 0; j < C; j++) want[i * C + j] = (float)(x[j] * r * c.w[j]);
+    }
+    check_scaled("rmsnorm out vs double", c.out, want, N * C, 1e-6);
+    /* backward: accumulates onto random prior contents */
+    float *dinp0 = new_rand(N * C, 1.0f), *dw0 = new_rand(C, 1.0f);
+    float *dinp = new_copy(dinp0, N * C), *dw = new_copy(dw0, C);
+    K->rmsnorm_backward(dinp, dw, c.wout, c.inp, c.w, c.rstd, N, C);
+    sub(dinp, dinp, dinp0, N * C), sub(dw, dw, dw0, C);
+    fd_check("rmsnorm dinp vs fd", dinp, c.inp, N * C, rmsnorm_obj, &c);
+    fd_check("rmsnorm dweight vs fd", dw, c.w, C, rmsnorm_obj, &c);
+    free(c.inp), free(c.w), free(c.out), free(c.rstd), free(c.wout), free(want), free(dinp0), free(dw0);
+    free(dinp), free(dw);
+}
+
+struct rope_ctx {
+    float *inp, *out, *wout;
+    int B, T, H, D;
+    float theta;
+};
+
+static double rope_obj(void *p)
+{
+    struct rope_ctx *c = p;
+    const size_t n = (size_t)c->B * c->T * c->H * c->D;
+    memcpy(c->out, c->inp, n * sizeof(float));
+    K->rope_forward(c->out, c->B, c->T, c->H, c->D, c->theta);
+    return dot(c->out, c->wout, n);
+}
+
+static void test_rope(void)
+{
+    printf("rope\n");
+    const int B = 2, T = 5, H = 3, D = 8;
+    const size_t n = (size_t)B * T * H * D;
+    struct rope_ctx c = {new_rand(n, 1.0f), new_const(n, 0.0f), new_rand(n, 1.0f), B, T, H, D, 10000.0f};
+    rope_obj(&c);
+    /* forward against Hugging Face's formula in double: rotate_half, angle t / theta^(2j/D) */
+    float *want = malloc(n * sizeof(float));
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                const float *x = c.inp + (((size_t)b * T + t) * H + h) * D;
+                float *y = want + (((size_t)b * T + t) * H + h) * D;
+                for (int j = 0; j < D; j++) {
+                    const int k = j % (D / 2);
+                    const double a = t / pow(10000.0, 2.0 * k / D);
+                    const double rot = j < D / 2 ? -x[j + D / 2] : x[j - D / 2];
+                    y[j] = (float)(x[j] * cos(a) + rot * sin(a));
+                }
+            }
+    check_scaled("rope out vs double", c.out, want, n, 1e-5);
+    /* position 0 is the identity */
+    CHECK(memcmp(c.out, c.inp, (size_t)H * D * sizeof(float)) == 0);
+    /* backward: the gradient rotated back, against finite differences */
+    float *grad = new_copy(c.wout, n);
+    K->rope_backward(grad, B, T, H, D, c.theta);
+    fd_check("rope dinp vs fd", grad, c.inp, n, rope_obj, &c);
+    free(c.inp), free(c.out), free(c.wout), free(want), free(grad);
+}
+
+struct swiglu_ctx {
+    float *gate, *up, *out, *wout;
+    size_t n;
+};
+
+static double swiglu_obj(void *p)
+{
+    struct swiglu_ctx *c = p;
+    K->swiglu_forward(c->out, c->gate, c->up, c->n);
+    return dot(c->out, c->wout, c->n);
+}
+
+static void test_swiglu(void)
+{
+    printf("swiglu\n");
+    const size_t n = 40;
+    struct swiglu_ctx c = {new_rand(n, 4.0f), new_rand(n, 2.0f), new_const(n, 0.0f), new_rand(n, 1.0f), n};
+    swiglu_obj(&c);
+    float *want = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) want[i] = (float)(c.gate[i] / (1.0 + exp(-(double)c.gate[i])) * c.up[i]);
+    check_scaled("swiglu out vs double", c.out, want, n, 1e-6);
+    float *dg = new_const(n, NAN), *du = new_const(n, NAN); /* written, not accumulated */
+    K->swiglu_backward(dg, du, c.wout, c.gate, c.up, n);
+    fd_check("swiglu dgate vs fd", dg, c.gate, n, swiglu_obj, &c);
+    fd_check("swiglu dup vs fd", du, c.up, n, swiglu_obj, &c);
+    free(c.gate), free(c.up), free(c.out), free(c.wout), free(want), free(dg), free(du);
+}
+
 /* ---- GELU, residual ------------------------------------------------------------ */
 
 static double gelu_double(double x)
@@ -1042,6 +1166,12 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->gelu_exact_backward != NULL,
         k->residual_forward != NULL,
         k->residual_backward != NULL,
+        k->rmsnorm_forward != NULL,
+        k->rmsnorm_backward != NULL,
+        k->rope_forward != NULL,
+        k->rope_backward != NULL,
+        k->swiglu_forward != NULL,
+        k->swiglu_backward != NULL,
         k->crossentropy_forward != NULL,
         k->crossentropy_backward != NULL,
         k->crossentropy_vp_max != NULL,
@@ -1094,6 +1224,9 @@ int main(void)
         test_embedding_threads();
         test_gelu();
         test_gelu_exact();
+        test_rmsnorm();
+        test_rope();
+        test_swiglu();
         test_residual();
         test_crossentropy();
         test_embedding_vp(4, 6, 70);   /* two column bands, the second partial */

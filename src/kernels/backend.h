@@ -75,6 +75,19 @@ struct loom_kernels {
     void (*gelu_exact_forward)(float *out, const float *inp, size_t n);
     void (*gelu_exact_backward)(float *dinp, const float *dout, const float *inp, size_t n);
 
+    /* ---- RMSNorm: out (N,C); saves rstd (N); dinp (N,C), dweight (C) accumulate */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                            float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C);
+    /* ---- rotary position embedding, in place over (B,T,H,D); the backward rotates back */
+    void (*rope_forward)(float *x, int B, int T, int H, int D, float theta);
+    void (*rope_backward)(float *dx, int B, int T, int H, int D, float theta);
+    /* ---- SwiGLU's gate: out (n) = silu(gate) * up; dgate, dup (n) written */
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                            size_t n);
+
     /* ---- residual: out (n) = a + b; da, db (n) accumulate dout */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
     void (*residual_backward)(float *da, float *db, const float *dout, size_t n);

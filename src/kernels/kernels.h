@@ -111,6 +111,26 @@ void loom_gelu_exact_forward(float *out, const float *inp, size_t n);
 /* dinp (n) is written. */
 void loom_gelu_exact_backward(float *dinp, const float *dout, const float *inp, size_t n);
 
+/* ---- RMSNorm (Llama's) ----------------------------------------------------
+ * out (N,C) = inp / sqrt(mean(inp^2) + eps) * weight; saves rstd (N). */
+void loom_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                          float eps);
+/* dinp (N,C) and dweight (C) accumulate. */
+void loom_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C);
+
+/* ---- rotary position embedding (Hugging Face's rotate_half) ---------------
+ * x (B,T,H,D) rotated in place by position t's angles t theta^(-2j/D). */
+void loom_rope_forward(float *x, int B, int T, int H, int D, float theta);
+/* dx (B,T,H,D) rotated back in place: the gradient at the input. */
+void loom_rope_backward(float *dx, int B, int T, int H, int D, float theta);
+
+/* ---- SwiGLU's gate: out (n) = silu(gate) * up ------------------------------ */
+void loom_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+/* dgate and dup (n) are written. */
+void loom_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                          size_t n);
+
 /* ---- residual ------------------------------------------------------------ */
 void loom_residual_forward(float *out, const float *a, const float *b, size_t n);
 /* da and db accumulate dout. */
