@@ -96,6 +96,15 @@ enum loom_recompute_method {
     LOOM_RECOMPUTE_METHOD_COUNT
 };
 
+/* Megatron's architecture settings: GPT-2 has LayerNorm and learned
+ * positions, Llama RMSNorm and rotary positions. */
+enum loom_normalization { LOOM_NORM_LAYERNORM = 0, LOOM_NORM_RMSNORM = 1, LOOM_NORMALIZATION_COUNT };
+enum loom_position_embedding {
+    LOOM_POSITION_LEARNED = 0, /* learned_absolute */
+    LOOM_POSITION_ROPE = 1,
+    LOOM_POSITION_EMBEDDING_COUNT
+};
+
 /* The pipeline schedule (parallel/schedule.h), Megatron's and DeepSpeed's. */
 enum loom_pipeline_schedule {
     LOOM_PIPELINE_SCHEDULE_1F1B = 0,        /* one forward, one backward (PipeDream-Flush) */
@@ -146,6 +155,13 @@ struct loom_config {
     double norm_epsilon;                      /* LayerNorm's eps */
     enum loom_activation activation_function; /* the MLP's */
     int untie_embeddings_and_output_weights;  /* an LM head of its own, not the token embedding */
+    /* Megatron's architecture settings (the Llama family's, presets set them) */
+    enum loom_normalization normalization;
+    enum loom_position_embedding position_embedding_type;
+    int swiglu, disable_bias_linear, group_query_attention;
+    int num_query_groups; /* key/value heads under group_query_attention */
+    int ffn_hidden_size;  /* the MLP's width; 0: the family's rule */
+    double rotary_base;   /* RoPE's theta */
     /* batch: global = micro x accumulation x dp */
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;
     /* optimisation */

@@ -33,6 +33,8 @@ CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "ful
 const char *const loom_activation_names[LOOM_ACTIVATION_COUNT + 1] = {"gelu_new", "gelu", NULL};
 CHOICES(recompute_methods, LOOM_RECOMPUTE_METHOD_COUNT, "none", "uniform", "block");
 CHOICES(pipeline_schedules, LOOM_PIPELINE_SCHEDULE_COUNT, "1f1b", "gpipe", "interleaved");
+CHOICES(normalizations, LOOM_NORMALIZATION_COUNT, "LayerNorm", "RMSNorm");
+CHOICES(position_embeddings, LOOM_POSITION_EMBEDDING_COUNT, "learned_absolute", "rope");
 
 #define F(field) offsetof(struct loom_config, field)
 #define SIZE(field) sizeof(((struct loom_config *)0)->field)
@@ -84,6 +86,20 @@ const struct setting loom_settings[] = {
     BOOL("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights", "model",
          untie_embeddings_and_output_weights, "0",
          "the LM head has its own weight (lm_head.weight), not the token embedding's"),
+    ENUM("--normalization", "normalization", "model", normalization, normalizations, "LayerNorm",
+         "LayerNorm (GPT-2) or RMSNorm (Llama)"),
+    ENUM("--position-embedding-type", "position_embedding_type", "model", position_embedding_type,
+         position_embeddings, "learned_absolute", "learned_absolute (GPT-2) or rope (Llama)"),
+    BOOL("--swiglu", "swiglu", "model", swiglu, "0", "the MLP is SwiGLU's gated one (Llama)"),
+    BOOL("--disable-bias-linear", "disable_bias_linear", "model", disable_bias_linear, "0",
+         "no biases in the linear layers (Llama)"),
+    BOOL("--group-query-attention", "group_query_attention", "model", group_query_attention, "0",
+         "grouped-query attention: --num-query-groups key/value heads"),
+    INT("--num-query-groups", "num_query_groups", "model", num_query_groups, 0, 1024, "0",
+        "key/value heads under --group-query-attention (0: not given)"),
+    INT("--ffn-hidden-size", "ffn_hidden_size", "model", ffn_hidden_size, 0, 1 << 20, "0",
+        "the MLP's width (0: the family's rule)"),
+    DBL("--rotary-base", "rotary_base", "model", rotary_base, 1, 1e12, "10000", "RoPE's base (theta)"),
 
     INT("--micro-batch-size", "train_micro_batch_size_per_gpu", "batch", micro_batch_size, 0, 1 << 20, "0",
         "sequences per micro-batch per rank (0: derived)", .joint = 1),

@@ -24,7 +24,7 @@
 
 struct loom_model_converter;
 
-#define LOOM_PRESET_MAX_SETTINGS 16
+#define LOOM_PRESET_MAX_SETTINGS 32
 
 /* A preset (--model NAME): settings applied with the origin "preset", below
  * the JSON config and the flags, each as the flag and its value as text. */
@@ -87,5 +87,6 @@ const struct loom_model_family *loom_model_family_of(const struct loom_model *m)
 
 /* The registered families. */
 extern const struct loom_model_family loom_gpt2_family;
+extern const struct loom_model_family loom_llama_family;
 
 #endif

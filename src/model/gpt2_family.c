@@ -67,10 +67,32 @@ static struct loom_gpt2 *gpt2_of(const struct loom_model *m)
     return loom_gpt2_of((struct loom_model *)m);
 }
 
+/* Megatron's architecture settings other than GPT-2's are another model
+ * (the Llama family's presets set them). */
+static int check_architecture(const struct loom_config *cfg)
+{
+    const char *what =
+        cfg->normalization != LOOM_NORM_LAYERNORM               ? "--normalization RMSNorm"
+        : cfg->position_embedding_type != LOOM_POSITION_LEARNED ? "--position-embedding-type rope"
+        : cfg->swiglu                                           ? "--swiglu"
+        : cfg->disable_bias_linear                              ? "--disable-bias-linear"
+        : cfg->group_query_attention                            ? "--group-query-attention"
+        : cfg->ffn_hidden_size && cfg->ffn_hidden_size != 4 * cfg->hidden_size ? "--ffn-hidden-size"
+        : loom_config_given(cfg, "--rotary-base")                              ? "--rotary-base"
+                                                                               : NULL;
+    if (what)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s is not GPT-2's architecture (LayerNorm, learned positions, GELU MLP of 4 x "
+                              "--hidden-size, biases); the Llama family has it (--model llama-tiny, ...)",
+                              what);
+    return LOOM_OK;
+}
+
 static int check(const struct loom_config *cfg, int T)
 {
     const struct loom_gpt2_config mc = shape_of_config(cfg);
-    int rc = loom_gpt2_config_check(&mc, T);
+    int rc = check_architecture(cfg);
+    if (rc == LOOM_OK) rc = loom_gpt2_config_check(&mc, T);
     const int tp = cfg->tensor_model_parallel_size;
     if (rc == LOOM_OK && mc.heads % tp != 0) /* the hidden size then divides too, and the MLP's 4x */
         rc = loom_error_set(

@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "model/gpt2_hf.h"
 #include "model/gpt2_llmc.h"
+#include "model/model_io.h"
 
 static const struct loom_st_tensor *find_tensor(const struct loom_st *st, const char *name)
 {
@@ -74,49 +75,7 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
     struct loom_st st;
     int rc = loom_st_open(&st, path);
     if (rc) return rc;
-    for (int bi = 0; bi < m->base.nblocks; bi++) {
-        struct loom_block *b = &m->base.blocks[bi];
-        for (int ti = 0; ti < b->ntensors; ti++) {
-            const struct loom_tensor *t = &b->tensors[ti];
-            const struct loom_st_tensor *s = find_tensor(&st, t->name);
-            if (!s) {
-                rc = loom_error_set(LOOM_ERR_INPUT, "%s: missing tensor %s", path, t->name);
-                goto fail;
-            }
-            int ok = s->ndim == t->ndim; /* the whole tensor's shape, whatever part this model holds */
-            for (int d = 0; ok && d < t->ndim; d++) ok = s->shape[d] == t->full[d];
-            if (!ok) {
-                char want[64], got[96] = "";
-                if (t->ndim == 2)
-                    snprintf(want, sizeof want, "[%lld, %lld]", (long long)t->full[0], (long long)t->full[1]);
-                else
-                    snprintf(want, sizeof want, "[%lld]", (long long)t->full[0]);
-                for (int d = 0; d < s->ndim; d++) {
-                    size_t l = strlen(got);
-                    snprintf(got + l, sizeof got - l, "%s%lld", d ? ", " : "", (long long)s->shape[d]);
-                }
-                rc = loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s has shape [%s], expected %s", path,
-                                    s->name, got, want);
-                goto fail;
-            }
-            if (t->tp_split == LOOM_TP_REPLICATED) {
-                if ((rc = loom_st_read_f32(s, b->work_params + t->offset, t->numel))) goto fail;
-                continue;
-            }
-            /* a tensor-parallel part: the whole tensor, then this rank's box of it */
-            size_t n = 1;
-            for (int d = 0; d < t->ndim; d++) n *= (size_t)t->full[d];
-            float *whole = malloc(n * sizeof(float));
-            if (!whole) {
-                rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory reading %s", path);
-                goto fail;
-            }
-            if ((rc = loom_st_read_f32(s, whole, n)) == LOOM_OK)
-                loom_tensor_take_part(t, whole, b->work_params + t->offset);
-            free(whole);
-            if (rc) goto fail;
-        }
-    }
+    if ((rc = loom_model_read_tensors(&m->base, &st, path, find_tensor))) goto fail;
     /* a tied model must not drop an LM head of the file's own: that is
      * another model (tie_word_embeddings false) */
     const struct loom_st_tensor *head = m->cfg.untied ? NULL : find_tensor(&st, "lm_head.weight");

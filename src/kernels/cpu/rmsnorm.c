@@ -10,7 +10,8 @@
 
 #include <math.h>
 
-void loom_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps)
+void loom_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                          float eps)
 {
 #pragma omp parallel for if ((size_t)N * C >= 65536)
     for (int i = 0; i < N; i++) {
@@ -24,8 +25,8 @@ void loom_rmsnorm_forward(float *out, float *rstd, const float *inp, const float
     }
 }
 
-void loom_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                           const float *rstd, int N, int C)
+void loom_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C)
 {
     for (int i = 0; i < N; i++) { /* serial: dweight accumulates over the rows */
         const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;

@@ -1,0 +1,514 @@
+/*
+ * Llama: parameter layout, forward and backward over a range of blocks for
+ * one micro-batch slot (see llama.h). Each slot holds what its forward
+ * saved for its backward; the backward walks the range in reverse and
+ * announces each block to the strategy stack when its gradients are ready.
+ */
+#include "model/llama.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "kernels/backend.h"
+#include "model/family.h"
+
+int loom_llama_config_check(const struct loom_llama_config *cfg, int T)
+{
+    if (cfg->num_layers < 1)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-layers must be >= 1, got %d", cfg->num_layers);
+    if (cfg->heads < 1 || cfg->hidden < 1 || cfg->hidden % cfg->heads)
+        return loom_error_set(LOOM_ERR_INPUT, "--hidden-size %d is not divisible by --num-attention-heads %d",
+                              cfg->hidden, cfg->heads);
+    if ((cfg->hidden / cfg->heads) % 2)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "the head size (--hidden-size %d / --num-attention-heads %d) must be even for the "
+                              "rotary embedding",
+                              cfg->hidden, cfg->heads);
+    if (cfg->kv_heads < 1 || cfg->heads % cfg->kv_heads)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-query-groups %d does not divide --num-attention-heads %d",
+                              cfg->kv_heads, cfg->heads);
+    if (cfg->ffn < 1) return loom_error_set(LOOM_ERR_INPUT, "--ffn-hidden-size must be >= 1, got %d", cfg->ffn);
+    if (cfg->vocab < 2) return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", cfg->vocab);
+    if (T > cfg->max_pos)
+        return loom_error_set(LOOM_ERR_INPUT, "--seq-length %d exceeds --max-position-embeddings %d", T,
+                              cfg->max_pos);
+    if (!(cfg->rope_theta > 0))
+        return loom_error_set(LOOM_ERR_INPUT, "--rotary-base must be positive, got %g", cfg->rope_theta);
+    return LOOM_OK;
+}
+
+/* ---- layout ------------------------------------------------------------------ */
+
+enum { LN1_W, Q_W, K_W, V_W, O_W, LN2_W, GATE_W, UP_W, DOWN_W };
+enum { NORM_W, LM_HEAD_W };
+
+static void add(struct loom_block *b, const char *name, int ndim, int64_t d0, int64_t d1, enum loom_init init)
+{
+    const int64_t shape[2] = {d0, d1};
+    struct loom_tensor *t = loom_block_add_tensor(b, name, ndim, shape);
+    t->init = init;
+    t->init_std = 0.02; /* Hugging Face's initializer_range */
+}
+
+static void layout_blocks(struct loom_llama *m)
+{
+    const int L = m->cfg.num_layers, C = m->cfg.hidden, F = m->cfg.ffn, kvC = m->kvC;
+    char name[LOOM_TENSOR_NAME_MAX];
+    struct loom_block *e = &m->base.blocks[0];
+    e->role = LOOM_ROLE_EMBEDDING;
+    e->layer = -1;
+    add(e, "model.embed_tokens.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL);
+    static const struct {
+        const char *suffix;
+        int ndim, rows, cols; /* in units: 0 = 1, 1 = C, 2 = kvC, 3 = F */
+        enum loom_init init;
+    } layer_tensors[] = {
+        {"input_layernorm.weight", 1, 1, 0, LOOM_INIT_ONE},
+        {"self_attn.q_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL},
+        {"self_attn.k_proj.weight", 2, 2, 1, LOOM_INIT_NORMAL},
+        {"self_attn.v_proj.weight", 2, 2, 1, LOOM_INIT_NORMAL},
+        {"self_attn.o_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL},
+        {"post_attention_layernorm.weight", 1, 1, 0, LOOM_INIT_ONE},
+        {"mlp.gate_proj.weight", 2, 3, 1, LOOM_INIT_NORMAL},
+        {"mlp.up_proj.weight", 2, 3, 1, LOOM_INIT_NORMAL},
+        {"mlp.down_proj.weight", 2, 1, 3, LOOM_INIT_NORMAL},
+    };
+    const int64_t unit[] = {1, C, kvC, F};
+    for (int l = 0; l < L; l++) {
+        struct loom_block *b = &m->base.blocks[1 + l];
+        b->role = LOOM_ROLE_LAYER;
+        b->layer = l;
+        for (size_t i = 0; i < sizeof layer_tensors / sizeof layer_tensors[0]; i++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, layer_tensors[i].suffix);
+            add(b, name, layer_tensors[i].ndim, unit[layer_tensors[i].rows], unit[layer_tensors[i].cols],
+                layer_tensors[i].init);
+        }
+    }
+    struct loom_block *h = &m->base.blocks[L + 1];
+    h->role = LOOM_ROLE_HEAD;
+    h->layer = -1;
+    add(h, "model.norm.weight", 1, C, 0, LOOM_INIT_ONE);
+    if (m->cfg.untied) add(h, "lm_head.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL);
+}
+
+static float *lm_head_weight(struct loom_llama *m)
+{
+    return m->cfg.untied ? loom_param(&m->base.blocks[m->head], LM_HEAD_W) : loom_param(&m->base.blocks[m->emb], 0);
+}
+
+static float *lm_head_grad(struct loom_llama *m)
+{
+    return m->cfg.untied ? loom_grad(&m->base.blocks[m->head], LM_HEAD_W) : loom_grad(&m->base.blocks[m->emb], 0);
+}
+
+/* ---- activations ---------------------------------------------------------------- */
+
+static float *act(size_t n)
+{
+    return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS);
+}
+
+static size_t att_numel(const struct loom_llama *m)
+{
+    return (size_t)m->B * m->cfg.heads * m->T * m->T;
+}
+
+static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
+{
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = (size_t)m->cfg.ffn;
+    a->layers = loom_alloc(sizeof *a->layers * (size_t)m->cfg.num_layers, LOOM_MEM_OTHER);
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        struct loom_llama_layer_acts *x = &a->layers[l];
+        x->ln1 = act(N * C);
+        x->rstd1 = act(N);
+        x->qkv = act(N * 3 * C);
+        x->att = act(att_numel(m));
+        x->atty = act(N * C);
+        x->res2 = act(N * C);
+        x->ln2 = act(N * C);
+        x->rstd2 = act(N);
+        x->gate = act(N * F);
+        x->up = act(N * F);
+        x->h = act(N * F);
+        x->res3 = act(N * C);
+    }
+    a->encoded = act(N * C);
+    a->lnf = act(N * C);
+    a->rstdf = act(N);
+    a->logits = act(loom_mul_size(N, (size_t)m->cfg.vocab));
+    a->losses = act(N);
+    a->lse = act(N);
+}
+
+static void free_slot(struct loom_llama *m, struct loom_llama_acts *a)
+{
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        struct loom_llama_layer_acts *x = &a->layers[l];
+        float *bufs[] = {x->ln1, x->rstd1, x->qkv, x->att, x->atty, x->res2,
+                         x->ln2, x->rstd2, x->gate, x->up, x->h, x->res3};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    }
+    float *bufs[] = {a->encoded, a->lnf, a->rstdf, a->logits, a->losses, a->lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    loom_free(a->layers);
+}
+
+static void alloc_activations(struct loom_llama *m)
+{
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = (size_t)m->cfg.ffn,
+                 kvC = (size_t)m->kvC;
+    m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
+    for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
+    m->q = act(N * C);
+    m->kk = act(N * kvC);
+    m->v = act(N * kvC);
+    m->scratchC = act(N * C);
+    m->dres = act(N * C);
+    m->dbufC = act(N * C);
+    m->dbufC2 = act(N * C);
+    m->dqkv = act(N * 3 * C);
+    m->datt = act(att_numel(m));
+    m->dh = act(N * F);
+    m->dgate = act(N * F);
+    m->dup = act(N * F);
+}
+
+static void free_activations(struct loom_llama *m)
+{
+    if (!m->slots) return;
+    for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
+    float *bufs[] = {m->q,    m->kk,     m->v,    m->scratchC, m->dres,  m->dbufC,
+                     m->dbufC2, m->dqkv, m->datt, m->dh,       m->dgate, m->dup};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    loom_free(m->slots);
+    m->slots = NULL;
+}
+
+/* ---- grouped-query packing ------------------------------------------------------
+ * The attention kernel takes (q | k | v) of NH heads each; key/value head g
+ * serves query heads [g NH/G, (g+1) NH/G). */
+
+static void pack_qkv(const struct loom_llama *m, float *qkv, const float *q, const float *k, const float *v, int N)
+{
+    const int C = m->cfg.hidden, hs = m->hs, NH = m->cfg.heads, rep = NH / m->cfg.kv_heads;
+    for (int n = 0; n < N; n++) {
+        float *row = qkv + (size_t)n * 3 * C;
+        memcpy(row, q + (size_t)n * C, (size_t)C * sizeof(float));
+        for (int h = 0; h < NH; h++) {
+            const size_t src = (size_t)n * m->kvC + (size_t)(h / rep) * hs;
+            memcpy(row + C + (size_t)h * hs, k + src, (size_t)hs * sizeof(float));
+            memcpy(row + 2 * C + (size_t)h * hs, v + src, (size_t)hs * sizeof(float));
+        }
+    }
+}
+
+/* The converse for gradients: dq, and dk and dv summed over the query heads
+ * a key/value head serves (all written). */
+static void unpack_dqkv(const struct loom_llama *m, float *dq, float *dk, float *dv, const float *dqkv, int N)
+{
+    const int C = m->cfg.hidden, hs = m->hs, NH = m->cfg.heads, rep = NH / m->cfg.kv_heads;
+    memset(dk, 0, (size_t)N * m->kvC * sizeof(float));
+    memset(dv, 0, (size_t)N * m->kvC * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        const float *row = dqkv + (size_t)n * 3 * C;
+        memcpy(dq + (size_t)n * C, row, (size_t)C * sizeof(float));
+        for (int h = 0; h < NH; h++) {
+            float *k = dk + (size_t)n * m->kvC + (size_t)(h / rep) * hs;
+            float *v = dv + (size_t)n * m->kvC + (size_t)(h / rep) * hs;
+            const float *gk = row + C + (size_t)h * hs, *gv = row + 2 * C + (size_t)h * hs;
+            for (int j = 0; j < hs; j++) {
+                k[j] += gk[j];
+                v[j] += gv[j];
+            }
+        }
+    }
+}
+
+/* ---- forward ----------------------------------------------------------------- */
+
+/* y (N,out) = x (N,in) W^T, W (out,in) as nn.Linear keeps it. */
+static void linear(const struct loom_llama *m, float *y, const float *x, const float *w, int N, int in, int out)
+{
+    m->k->lm_head_forward(y, x, w, N, in, out);
+}
+
+static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l, const float *res, int B)
+{
+    const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
+    const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
+    struct loom_block *b = &m->base.blocks[1 + l];
+    struct loom_llama_layer_acts *x = &a->layers[l];
+    m->k->rmsnorm_forward(x->ln1, x->rstd1, res, loom_param(b, LN1_W), N, C, eps);
+    linear(m, m->q, x->ln1, loom_param(b, Q_W), N, C, C);
+    linear(m, m->kk, x->ln1, loom_param(b, K_W), N, C, m->kvC);
+    linear(m, m->v, x->ln1, loom_param(b, V_W), N, C, m->kvC);
+    m->k->rope_forward(m->q, B, T, NH, m->hs, theta);
+    m->k->rope_forward(m->kk, B, T, G, m->hs, theta);
+    pack_qkv(m, x->qkv, m->q, m->kk, m->v, N);
+    m->k->attention_forward(x->atty, x->att, x->qkv, B, T, C, NH);
+    linear(m, m->scratchC, x->atty, loom_param(b, O_W), N, C, C);
+    m->k->residual_forward(x->res2, res, m->scratchC, (size_t)N * C);
+    m->k->rmsnorm_forward(x->ln2, x->rstd2, x->res2, loom_param(b, LN2_W), N, C, eps);
+    linear(m, x->gate, x->ln2, loom_param(b, GATE_W), N, C, F);
+    linear(m, x->up, x->ln2, loom_param(b, UP_W), N, C, F);
+    m->k->swiglu_forward(x->h, x->gate, x->up, (size_t)N * F);
+    linear(m, m->scratchC, x->h, loom_param(b, DOWN_W), N, F, C);
+    m->k->residual_forward(x->res3, x->res2, m->scratchC, (size_t)N * C);
+}
+
+static float *layer_input(struct loom_llama_acts *a, int l)
+{
+    return l > 0 ? a->layers[l - 1].res3 : a->encoded;
+}
+
+/* The layers [l0, l1] a block range covers ([0, -1] or [L, L-1]: none). */
+static void layers_of(const struct loom_llama *m, int first, int last, int *l0, int *l1)
+{
+    *l0 = (first > m->emb ? first : m->emb + 1) - 1;
+    *l1 = (last < m->head ? last : m->head - 1) - 1;
+}
+
+static void forward(struct loom_model *model, int first, int last, struct loom_micro *mb)
+{
+    struct loom_llama *m = loom_llama_of(model);
+    const int B = mb->rows;
+    LOOM_ASSERT(B >= 1 && B <= m->B && mb->slot >= 0 && mb->slot < m->nslots);
+    LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks);
+    if (!m->slots) alloc_activations(m);
+    const int T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
+    struct loom_llama_acts *a = &m->slots[mb->slot];
+    const struct loom_lm_batch *batch = mb->batch;
+    a->inputs = batch ? batch->inputs : NULL;
+    a->targets = batch ? batch->targets : NULL;
+    a->rows = B;
+    a->emb_open = 0;
+    int l0, l1;
+    layers_of(m, first, last, &l0, &l1);
+    if (first == m->emb) {
+        struct loom_block *emb = &model->blocks[m->emb];
+        loom_model_forward_begin(model, m->emb);
+        m->k->embedding_vp_forward(a->encoded, a->inputs, loom_param(emb, 0), NULL, 0, V, B, T, C);
+        loom_model_forward_end(model, m->emb);
+    } else {
+        LOOM_ASSERT(mb->input != NULL);
+        memcpy(layer_input(a, l0), mb->input, (size_t)N * C * sizeof(float));
+    }
+    for (int l = l0; l <= l1; l++) {
+        loom_model_forward_begin(model, 1 + l);
+        layer_forward(m, a, l, layer_input(a, l), B);
+        loom_model_forward_end(model, 1 + l);
+    }
+    if (last != m->head) {
+        memcpy(mb->output, layer_input(a, l1 + 1), (size_t)N * C * sizeof(float));
+        return;
+    }
+    struct loom_block *head = &model->blocks[m->head];
+    const int announce_emb = first != m->emb && !m->cfg.untied;
+    if (announce_emb) loom_model_forward_begin(model, m->emb);
+    loom_model_forward_begin(model, m->head);
+    m->k->rmsnorm_forward(a->lnf, a->rstdf, layer_input(a, L), loom_param(head, NORM_W), N, C,
+                          (float)m->cfg.norm_eps);
+    m->k->lm_head_forward(a->logits, a->lnf, lm_head_weight(m), N, C, V);
+    loom_model_forward_end(model, m->head);
+    if (announce_emb) loom_model_forward_end(model, m->emb);
+    mb->loss = 0;
+    if (!a->targets) return;
+    m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
+    double sum = 0;
+    for (int i = 0; i < N; i++) sum += a->losses[i];
+    mb->loss = (float)(sum / N);
+}
+
+/* ---- backward ---------------------------------------------------------------- */
+
+/* dx (N,in) = dy W; dW (out,in) += dy^T x. With acc, dx adds to what is there. */
+static void linear_backward(const struct loom_llama *m, float *dx, float *scratch, float *dw, const float *dy,
+                            const float *x, const float *w, int N, int in, int out, int acc)
+{
+    if (!acc) {
+        m->k->lm_head_backward(dx, dw, dy, x, w, N, in, out);
+        return;
+    }
+    m->k->lm_head_backward(scratch, dw, dy, x, w, N, in, out);
+    for (size_t i = 0; i < (size_t)N * in; i++) dx[i] += scratch[i];
+}
+
+/* Layer l's backward: m->dres holds the gradient at its output and receives
+ * the gradient at its input. */
+static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int l, int B)
+{
+    const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
+    const float theta = (float)m->cfg.rope_theta;
+    struct loom_block *b = &m->base.blocks[1 + l];
+    struct loom_llama_layer_acts *x = &a->layers[l];
+    /* MLP: res3 = res2 + down(silu(gate(ln2)) * up(ln2)); dres flows to res2 unchanged */
+    linear_backward(m, m->dh, NULL, loom_grad(b, DOWN_W), m->dres, x->h, loom_param(b, DOWN_W), N, F, C, 0);
+    m->k->swiglu_backward(m->dgate, m->dup, m->dh, x->gate, x->up, (size_t)N * F);
+    linear_backward(m, m->dbufC, NULL, loom_grad(b, GATE_W), m->dgate, x->ln2, loom_param(b, GATE_W), N, C, F, 0);
+    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, UP_W), m->dup, x->ln2, loom_param(b, UP_W), N, C, F, 1);
+    m->k->rmsnorm_backward(m->dres, loom_grad(b, LN2_W), m->dbufC, x->res2, loom_param(b, LN2_W), x->rstd2, N, C);
+    /* attention: res2 = res + o(attn(rope(q), rope(k), v)) */
+    linear_backward(m, m->dbufC, NULL, loom_grad(b, O_W), m->dres, x->atty, loom_param(b, O_W), N, C, C, 0);
+    m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, C, NH);
+    unpack_dqkv(m, m->q, m->kk, m->v, m->dqkv, N);
+    m->k->rope_backward(m->q, B, T, NH, m->hs, theta);
+    m->k->rope_backward(m->kk, B, T, G, m->hs, theta);
+    linear_backward(m, m->dbufC, NULL, loom_grad(b, Q_W), m->q, x->ln1, loom_param(b, Q_W), N, C, C, 0);
+    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, K_W), m->kk, x->ln1, loom_param(b, K_W), N, C, m->kvC, 1);
+    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, V_W), m->v, x->ln1, loom_param(b, V_W), N, C, m->kvC, 1);
+    m->k->rmsnorm_backward(m->dres, loom_grad(b, LN1_W), m->dbufC, layer_input(a, l), loom_param(b, LN1_W),
+                           x->rstd1, N, C);
+}
+
+static void backward(struct loom_model *model, int first, int last, struct loom_micro *mb, float loss_weight)
+{
+    struct loom_llama *m = loom_llama_of(model);
+    struct loom_llama_acts *a = &m->slots[mb->slot];
+    const int B = a->rows, T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
+    m->bwd_slot = mb->slot;
+    int l0, l1;
+    layers_of(m, first, last, &l0, &l1);
+    if (last == m->head) {
+        LOOM_ASSERT(a->targets != NULL);
+        struct loom_block *head = &model->blocks[m->head];
+        m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
+        if (!m->cfg.untied) {
+            loom_model_backward_begin(model, m->emb);
+            a->emb_open = 1;
+        }
+        loom_model_backward_begin(model, m->head);
+        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, a->lnf, lm_head_weight(m), N, C, V);
+        if (!m->cfg.untied) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
+        memset(m->dres, 0, (size_t)N * C * sizeof(float));
+        m->k->rmsnorm_backward(m->dres, loom_grad(head, NORM_W), m->dbufC, layer_input(a, L),
+                               loom_param(head, NORM_W), a->rstdf, N, C);
+        loom_model_grads_ready(model, m->head);
+    } else {
+        memcpy(m->dres, mb->doutput, (size_t)N * C * sizeof(float));
+    }
+    for (int l = l1; l >= l0; l--) {
+        loom_model_backward_begin(model, 1 + l);
+        layer_backward(m, a, l, B);
+        loom_model_grads_ready(model, 1 + l);
+    }
+    if (first != m->emb) {
+        memcpy(mb->dinput, m->dres, (size_t)N * C * sizeof(float));
+        return;
+    }
+    struct loom_block *emb = &model->blocks[m->emb];
+    if (!a->emb_open) loom_model_backward_begin(model, m->emb);
+    m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), NULL, m->dres, a->inputs, 0, V, B,
+                                T, C);
+    loom_model_grads_ready(model, m->emb);
+    a->emb_open = 0;
+}
+
+/* ---- the loom_model interface ---------------------------------------------------- */
+
+static void set_slots(struct loom_model *model, int n)
+{
+    struct loom_llama *m = loom_llama_of(model);
+    LOOM_ASSERT(m->slots == NULL && n >= 1);
+    m->nslots = n;
+}
+
+static size_t boundary_numel(const struct loom_model *model, int rows)
+{
+    const struct loom_llama *m = model->user;
+    return (size_t)rows * m->T * m->cfg.hidden;
+}
+
+/* The tied table (embed_tokens, also the LM head), offered to the strategies
+ * as GPT-2's is: ZeRO-3 keeps its unit gathered for the step, DDP may reduce
+ * the head's share early and scatter the lookup's itself. */
+static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *te)
+{
+    struct loom_llama *m = loom_llama_of(model);
+    const struct loom_llama_acts *a = m->slots ? &m->slots[m->bwd_slot] : NULL;
+    if (m->cfg.untied) return 0;
+    *te = (struct loom_tied_embedding){.block = m->emb,
+                                       .vocab = m->cfg.vocab,
+                                       .width = m->cfg.hidden,
+                                       .max_rows = (size_t)m->B * m->T,
+                                       .rows = a ? (size_t)a->rows * m->T : 0,
+                                       .tokens = a ? a->inputs : NULL,
+                                       .dout = m->dres,
+                                       .defer = &m->defer_wte_scatter};
+    return 1;
+}
+
+static const float *logits(struct loom_model *model)
+{
+    struct loom_llama *m = loom_llama_of(model);
+    return m->slots ? m->slots[0].logits : NULL;
+}
+
+static const struct loom_model_ops llama_ops = {.forward = forward,
+                                                .backward = backward,
+                                                .set_slots = set_slots,
+                                                .boundary_numel = boundary_numel,
+                                                .tied_embedding = tied_embedding,
+                                                .logits = logits};
+
+struct loom_llama *loom_llama_of(struct loom_model *m)
+{
+    LOOM_ASSERT(m->ops == &llama_ops);
+    return m->user;
+}
+
+struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B, int T)
+{
+    LOOM_ASSERT(loom_llama_config_check(cfg, T) == LOOM_OK);
+    struct loom_llama *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
+    m->cfg = *cfg;
+    m->B = B;
+    m->T = T;
+    m->hs = cfg->hidden / cfg->heads;
+    m->kvC = cfg->kv_heads * m->hs;
+    m->nslots = 1;
+    loom_model_init(&m->base, &llama_ops, "llama", cfg->num_layers + 2);
+    m->base.user = m;
+    m->base.family = &loom_llama_family;
+    m->k = m->base.backend->k;
+    layout_blocks(m);
+    loom_model_layout_done(&m->base);
+    m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
+    m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
+    return m;
+}
+
+void loom_llama_free(struct loom_llama *m)
+{
+    if (!m) return;
+    loom_model_release(&m->base);
+    free_activations(m);
+    loom_free(m);
+}
+
+double loom_llama_num_params(const struct loom_llama_config *cfg)
+{
+    const double C = cfg->hidden, V = cfg->vocab, F = cfg->ffn, kvC = (double)cfg->kv_heads * (C / cfg->heads);
+    return V * C * (cfg->untied ? 2 : 1) + cfg->num_layers * (2 * C * C + 2 * C * kvC + 3 * C * F + 2 * C) + C;
+}
+
+double loom_llama_flops_per_token(const struct loom_llama *m)
+{
+    return 6.0 * loom_llama_num_params(&m->cfg) + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+}
+
+float loom_llama_forward(struct loom_llama *m, const int32_t *inputs, const int32_t *targets, int B)
+{
+    const struct loom_lm_batch batch = {inputs, targets};
+    struct loom_micro mb = {.slot = 0, .batch = &batch, .rows = B, .micros = 1};
+    forward(&m->base, 0, m->base.nblocks - 1, &mb);
+    return (float)mb.loss;
+}
+
+void loom_llama_backward(struct loom_llama *m, float loss_weight)
+{
+    struct loom_micro mb = {.slot = 0, .micros = 1};
+    backward(&m->base, 0, m->base.nblocks - 1, &mb, loss_weight);
+}

@@ -1,0 +1,103 @@
+/*
+ * Llama as a loom_model (loom/model.h), Hugging Face's LlamaForCausalLM:
+ * the embedding block (model.embed_tokens), L decoder layers (RMSNorm,
+ * grouped-query attention with rotary position embedding, RMSNorm, SwiGLU
+ * MLP; no biases), and the head block (model.norm, and lm_head.weight when
+ * untied; tied, the head reads embed_tokens). Tensors carry Hugging Face's
+ * names and layout: a projection's weight is [out, in], as nn.Linear keeps
+ * it, so every product is the LM head's kernel (inp @ W^T).
+ *
+ * Attention: q, k and v are projected, q and k rotated (the rotary angles
+ * of Hugging Face's rotate_half convention), and each of the G key/value
+ * heads serves NH/G query heads (G = 1: multi-query); the attention kernel
+ * runs on a packed (q | k | v) with the key/value heads repeated, and the
+ * backward sums the repeated heads' gradients back.
+ *
+ * Forward and backward run over a range of blocks for one micro-batch slot,
+ * as GPT-2's do. Not yet: tensor and sequence parallelism, pipeline stages,
+ * activation recomputation, 16-bit activations (the family refuses them
+ * with one line). Not here: loading weights (llama_family.c).
+ */
+#ifndef LOOM_MODEL_LLAMA_H
+#define LOOM_MODEL_LLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/model.h"
+
+struct loom_kernels;
+
+struct loom_llama_config {
+    int num_layers; /* L */
+    int hidden;     /* C */
+    int heads;      /* NH; head size C / NH */
+    int kv_heads;   /* G: key/value heads, dividing NH (Megatron's --num-query-groups) */
+    int ffn;        /* F: the MLP's intermediate size */
+    int max_pos;    /* the longest sequence */
+    int vocab;      /* V */
+    double norm_eps;   /* RMSNorm's eps */
+    double rope_theta; /* the rotary base */
+    int untied;        /* lm_head.weight of its own */
+};
+
+/* One layer's saved forward state for B sequences of T (N = B T rows). */
+struct loom_llama_layer_acts {
+    float *ln1, *rstd1; /* (N,C) (N) */
+    float *qkv;         /* (N, 3C) q and k rotated, the key/value heads repeated to NH */
+    float *att;         /* (B,NH,T,T) */
+    float *atty;        /* (N,C) */
+    float *res2;        /* (N,C) */
+    float *ln2, *rstd2; /* (N,C) (N) */
+    float *gate, *up;   /* (N,F) */
+    float *h;           /* (N,F) silu(gate) * up */
+    float *res3;        /* (N,C) the layer's output */
+};
+
+struct loom_llama_acts {
+    struct loom_llama_layer_acts *layers; /* (L) */
+    float *encoded;                       /* (N,C) the embedding's output */
+    float *lnf, *rstdf;                   /* (N,C) (N) */
+    float *logits;                        /* (N,V); dlogits after the backward */
+    float *losses, *lse;                  /* (N) */
+    const int32_t *inputs, *targets;
+    int rows;
+    int emb_open; /* the head's backward announced the embedding's gradients */
+};
+
+struct loom_llama {
+    struct loom_model base; /* L + 2 blocks: [embedding, layers..., head] */
+    struct loom_llama_config cfg;
+    int B, T;
+    int hs, kvC; /* head size C/NH, and G hs: the width of k and of v */
+    const struct loom_kernels *k;
+    int nslots;
+    struct loom_llama_acts *slots; /* (nslots), allocated by the first forward */
+    int emb, head;
+    /* shared scratch (one forward or backward at a time) */
+    float *q, *kk, *v;         /* (N,C) (N,kvC) (N,kvC) projections before packing */
+    float *scratchC, *dres;    /* (N,C) */
+    float *dbufC, *dbufC2;     /* (N,C) */
+    float *dqkv, *datt;        /* (N,3C) (B,NH,T,T) */
+    float *dh, *dgate, *dup;   /* (N,F) */
+    int bwd_slot;
+    int defer_wte_scatter; /* leave the embedding's scatter out of this backward (loom_tied_embedding) */
+};
+
+/* A model for micro-batches of up to B sequences of T, described; the
+ * caller allocates its arenas. Weights are zero until initialised (normal
+ * 0.02, RMSNorm weights 1, as Hugging Face initialises) or loaded. */
+struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B, int T);
+void loom_llama_free(struct loom_llama *m);
+struct loom_llama *loom_llama_of(struct loom_model *m);
+/* LOOM_ERR_INPUT naming the flag when the shape cannot be built. */
+int loom_llama_config_check(const struct loom_llama_config *cfg, int T);
+/* The whole model's parameter count, and the training FLOPs per token. */
+double loom_llama_num_params(const struct loom_llama_config *cfg);
+double loom_llama_flops_per_token(const struct loom_llama *m);
+
+/* One micro-batch through the whole model in slot 0 (tests, tools). */
+float loom_llama_forward(struct loom_llama *m, const int32_t *inputs, const int32_t *targets, int B);
+void loom_llama_backward(struct loom_llama *m, float loss_weight);
+
+#endif

@@ -1,0 +1,232 @@
+/*
+ * Llama as a model family (model/family.h): its presets (a tiny one for the
+ * built-in corpus and the published shapes of TinyLlama 1.1B, Llama 2 7B
+ * and Llama 3 8B), the check of its settings (Megatron's names: RMSNorm,
+ * rope, SwiGLU, no biases, grouped-query attention), a model built from
+ * the configuration, its FLOPs, and its shape as checkpoints record it. Not
+ * here: the model (llama.c). Not yet: weights files other than loom
+ * checkpoints (Hugging Face directories, convert), tensor and pipeline
+ * parallelism, recomputation, 16-bit activations.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "model/family.h"
+#include "model/llama.h"
+
+/* clang-format off */
+#define LLAMA_ARCH {"--normalization", "RMSNorm"}, {"--position-embedding-type", "rope"}, {"--swiglu", "1"}, \
+                   {"--disable-bias-linear", "1"}, {"--group-query-attention", "1"}
+static const struct loom_model_preset presets[] = {
+    {.name = "llama-tiny", .summary = "Llama shape, 4 layers x 128 channels, 4 heads, 2 key/value heads, bytes",
+     .settings = {LLAMA_ARCH, {"--num-layers", "4"}, {"--hidden-size", "128"}, {"--num-attention-heads", "4"},
+                  {"--num-query-groups", "2"}, {"--ffn-hidden-size", "352"}, {"--seq-length", "64"},
+                  {"--max-position-embeddings", "64"}, {"--vocab-size", "256"}, {"--norm-epsilon", "1e-5"},
+                  {"--train-iters", "1200"}, {"--lr-warmup-iters", "100"}, {"--eval-interval", "200"},
+                  {"--log-interval", "100"}, {"--lr", "3e-3"}, {"--micro-batch-size", "16"}}},
+    {.name = "tinyllama-1.1b", .summary = "TinyLlama 1.1B (22 layers, 2048 channels, 4 key/value heads)",
+     .settings = {LLAMA_ARCH, {"--num-layers", "22"}, {"--hidden-size", "2048"}, {"--num-attention-heads", "32"},
+                  {"--num-query-groups", "4"}, {"--ffn-hidden-size", "5632"}, {"--seq-length", "2048"},
+                  {"--max-position-embeddings", "2048"}, {"--vocab-size", "32000"}, {"--norm-epsilon", "1e-5"},
+                  {"--untie-embeddings-and-output-weights", "1"}, {"--train-iters", "1000"},
+                  {"--lr-warmup-iters", "100"}, {"--eval-interval", "250"}, {"--log-interval", "1"},
+                  {"--lr", "4e-4"}, {"--micro-batch-size", "1"}}},
+    {.name = "llama2-7b", .summary = "Llama 2 7B (32 layers, 4096 channels)",
+     .settings = {LLAMA_ARCH, {"--num-layers", "32"}, {"--hidden-size", "4096"}, {"--num-attention-heads", "32"},
+                  {"--num-query-groups", "32"}, {"--ffn-hidden-size", "11008"}, {"--seq-length", "4096"},
+                  {"--max-position-embeddings", "4096"}, {"--vocab-size", "32000"}, {"--norm-epsilon", "1e-5"},
+                  {"--untie-embeddings-and-output-weights", "1"}, {"--train-iters", "1000"},
+                  {"--lr-warmup-iters", "100"}, {"--eval-interval", "250"}, {"--log-interval", "1"},
+                  {"--lr", "3e-4"}, {"--micro-batch-size", "1"}}},
+    {.name = "llama3-8b", .summary = "Llama 3 8B (32 layers, 4096 channels, 8 key/value heads, theta 500000)",
+     .settings = {LLAMA_ARCH, {"--num-layers", "32"}, {"--hidden-size", "4096"}, {"--num-attention-heads", "32"},
+                  {"--num-query-groups", "8"}, {"--ffn-hidden-size", "14336"}, {"--seq-length", "8192"},
+                  {"--max-position-embeddings", "8192"}, {"--vocab-size", "128256"}, {"--norm-epsilon", "1e-5"},
+                  {"--rotary-base", "500000"}, {"--untie-embeddings-and-output-weights", "1"},
+                  {"--train-iters", "1000"}, {"--lr-warmup-iters", "100"}, {"--eval-interval", "250"},
+                  {"--log-interval", "1"}, {"--lr", "3e-4"}, {"--micro-batch-size", "1"}}},
+};
+/* clang-format on */
+
+/* Megatron's rule for a SwiGLU MLP without --ffn-hidden-size: 2/3 of 4C,
+ * down to a multiple of 64. */
+static int ffn_of(const struct loom_config *cfg)
+{
+    return cfg->ffn_hidden_size ? cfg->ffn_hidden_size : (int)(4.0 * cfg->hidden_size * 2 / 3 / 64) * 64;
+}
+
+static struct loom_llama_config shape_of_config(const struct loom_config *cfg)
+{
+    return (struct loom_llama_config){.num_layers = cfg->num_layers,
+                                      .hidden = cfg->hidden_size,
+                                      .heads = cfg->num_attention_heads,
+                                      .kv_heads = cfg->group_query_attention && cfg->num_query_groups
+                                                      ? cfg->num_query_groups
+                                                      : cfg->num_attention_heads,
+                                      .ffn = ffn_of(cfg),
+                                      .max_pos = cfg->max_position_embeddings,
+                                      .vocab = cfg->vocab_size,
+                                      .norm_eps = cfg->norm_epsilon,
+                                      .rope_theta = cfg->rotary_base,
+                                      .untied = cfg->untie_embeddings_and_output_weights};
+}
+
+/* The Llama architecture is Megatron's settings for it; another value is
+ * another model. */
+static int check_architecture(const struct loom_config *cfg)
+{
+    if (cfg->normalization != LOOM_NORM_RMSNORM)
+        return loom_error_set(LOOM_ERR_INPUT, "--normalization LayerNorm: Llama models use RMSNorm");
+    if (cfg->position_embedding_type != LOOM_POSITION_ROPE)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--position-embedding-type learned_absolute: Llama models use rope");
+    if (!cfg->swiglu) return loom_error_set(LOOM_ERR_INPUT, "--swiglu off: Llama models use a SwiGLU MLP");
+    if (!cfg->disable_bias_linear)
+        return loom_error_set(LOOM_ERR_INPUT, "--disable-bias-linear off: Llama models have no biases");
+    if (cfg->num_query_groups && !cfg->group_query_attention)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-query-groups %d needs --group-query-attention",
+                              cfg->num_query_groups);
+    if (cfg->activation_function != LOOM_ACTIVATION_GELU_NEW && loom_config_given(cfg, "--activation-function"))
+        return loom_error_set(LOOM_ERR_INPUT, "--activation-function is GPT-2's: Llama's MLP is SwiGLU");
+    return LOOM_OK;
+}
+
+/* What this version cannot yet run for Llama, refused in one line. */
+static int check_layout(const struct loom_config *cfg)
+{
+    if (cfg->tensor_model_parallel_size > 1 || cfg->pipeline_model_parallel_size > 1)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "Llama models do not run tensor or pipeline parallelism in this version "
+                              "(--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d): use data "
+                              "parallelism and ZeRO",
+                              cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
+    if (cfg->recompute_granularity != LOOM_RECOMPUTE_NONE)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "Llama models do not recompute activations in this version "
+                              "(--recompute-granularity)");
+    return LOOM_OK;
+}
+
+static int check(const struct loom_config *cfg, int T)
+{
+    const struct loom_llama_config mc = shape_of_config(cfg);
+    int rc = check_architecture(cfg);
+    if (rc == LOOM_OK) rc = loom_llama_config_check(&mc, T);
+    if (rc == LOOM_OK) rc = check_layout(cfg);
+    return rc;
+}
+
+static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank,
+                                 int pp_rank)
+{
+    (void)training, (void)tp_rank, (void)pp_rank; /* one process's whole model (check_layout) */
+    const struct loom_llama_config mc = shape_of_config(cfg);
+    return &loom_llama_create(&mc, B, T)->base;
+}
+
+static void destroy(struct loom_model *m)
+{
+    if (m) loom_llama_free(loom_llama_of(m));
+}
+
+static double flops_per_token(const struct loom_model *m)
+{
+    return loom_llama_flops_per_token(loom_llama_of((struct loom_model *)m));
+}
+
+static void describe(const struct loom_model *m, char *buf, size_t n)
+{
+    const struct loom_llama *l = loom_llama_of((struct loom_model *)m);
+    snprintf(buf, n, "%d layers, %d channels, %d heads (%d key/value), MLP %d, T=%d, V=%d, rope %g, RMSNorm eps %g%s",
+             l->cfg.num_layers, l->cfg.hidden, l->cfg.heads, l->cfg.kv_heads, l->cfg.ffn, l->T, l->cfg.vocab,
+             l->cfg.rope_theta, l->cfg.norm_eps, l->cfg.untied ? ", untied LM head" : "");
+}
+
+/* The shape as checkpoints record it: every setting that changes the
+ * function, each key its flag's name with '_'. */
+#define F(field) offsetof(struct loom_config, field)
+static const struct {
+    const char *key;
+    size_t offset;
+    enum loom_shape_kind kind; /* INT: an int; REAL: a double */
+    int64_t lo, hi;
+} shape_keys[] = {
+    {"num_layers", F(num_layers), LOOM_SHAPE_INT, 1, INT_MAX},
+    {"hidden_size", F(hidden_size), LOOM_SHAPE_INT, 1, INT_MAX},
+    {"num_attention_heads", F(num_attention_heads), LOOM_SHAPE_INT, 1, INT_MAX},
+    {"num_query_groups", F(num_query_groups), LOOM_SHAPE_INT, 1, INT_MAX},
+    {"ffn_hidden_size", F(ffn_hidden_size), LOOM_SHAPE_INT, 1, INT_MAX},
+    {"max_position_embeddings", F(max_position_embeddings), LOOM_SHAPE_INT, 1, INT_MAX},
+    {"vocab_size", F(vocab_size), LOOM_SHAPE_INT, 2, INT_MAX},
+    {"norm_epsilon", F(norm_epsilon), LOOM_SHAPE_REAL, 0, 1},
+    {"rotary_base", F(rotary_base), LOOM_SHAPE_REAL, 1, 1000000000000LL},
+    {"untie_embeddings_and_output_weights", F(untie_embeddings_and_output_weights), LOOM_SHAPE_INT, 0, 1},
+};
+#define NKEYS ((int)(sizeof shape_keys / sizeof shape_keys[0]))
+
+static void shape_of(const struct loom_config *cfg, struct loom_model_shape *out)
+{
+    const struct loom_llama_config mc = shape_of_config(cfg);
+    struct loom_config c = *cfg; /* the derived values, as the model has them */
+    c.num_query_groups = mc.kv_heads;
+    c.ffn_hidden_size = mc.ffn;
+    memset(out, 0, sizeof *out);
+    snprintf(out->type, sizeof out->type, "%s", "llama");
+    for (int k = 0; k < NKEYS; k++) {
+        const void *field = (const char *)&c + shape_keys[k].offset;
+        if (shape_keys[k].kind == LOOM_SHAPE_INT)
+            loom_model_shape_add_int(out, shape_keys[k].key, *(const int *)field);
+        else
+            loom_model_shape_add_real(out, shape_keys[k].key, *(const double *)field);
+    }
+}
+
+static int apply_shape(const struct loom_model_shape *shape, struct loom_config *cfg)
+{
+    if (strcmp(shape->type, "llama") != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "the file holds a %s model, not Llama", shape->type);
+    for (int i = 0; i < shape->n; i++) {
+        int k = 0;
+        while (k < NKEYS && strcmp(shape->kv[i].key, shape_keys[k].key) != 0) k++;
+        if (k == NKEYS) return loom_error_set(LOOM_ERR_INPUT, "model.%s: not a Llama shape setting", shape->kv[i].key);
+    }
+    struct loom_config out = *cfg; /* all or nothing */
+    for (int k = 0; k < NKEYS; k++) {
+        const struct loom_shape_setting *kv = loom_model_shape_find(shape, shape_keys[k].key);
+        if (!kv) return loom_error_set(LOOM_ERR_INPUT, "model.%s: missing", shape_keys[k].key);
+        void *field = (char *)&out + shape_keys[k].offset;
+        if (shape_keys[k].kind == LOOM_SHAPE_INT) {
+            if (kv->kind != LOOM_SHAPE_INT || kv->value < shape_keys[k].lo || kv->value > shape_keys[k].hi)
+                return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected an integer in [%lld, %lld]",
+                                      shape_keys[k].key, (long long)shape_keys[k].lo, (long long)shape_keys[k].hi);
+            *(int *)field = (int)kv->value;
+        } else {
+            if (kv->kind == LOOM_SHAPE_WORD || !(kv->real >= shape_keys[k].lo && kv->real <= shape_keys[k].hi))
+                return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number in [%lld, %lld]",
+                                      shape_keys[k].key, (long long)shape_keys[k].lo, (long long)shape_keys[k].hi);
+            *(double *)field = kv->real;
+        }
+    }
+    /* the architecture the file's model has */
+    out.normalization = LOOM_NORM_RMSNORM;
+    out.position_embedding_type = LOOM_POSITION_ROPE;
+    out.swiglu = out.disable_bias_linear = out.group_query_attention = 1;
+    *cfg = out;
+    return LOOM_OK;
+}
+
+const struct loom_model_family loom_llama_family = {
+    .name = "llama",
+    .title = "Llama",
+    .presets = presets,
+    .npresets = (int)(sizeof presets / sizeof presets[0]),
+    .check = check,
+    .create = create,
+    .destroy = destroy,
+    .flops_per_token = flops_per_token,
+    .describe = describe,
+    .shape_of = shape_of,
+    .apply_shape = apply_shape,
+};

@@ -1,0 +1,170 @@
+"""loom's Llama forward and backward against Hugging Face transformers'
+LlamaForCausalLM (PyPI transformers 4.39.3 in the test-only virtual
+environment lib.hf_python makes, on Debian's torch).
+
+For small random models (every weight random, RMSNorm weights too, so no
+gradient is trivially zero or one) and random tokens, transformers' model
+in float64 (the reference must be more exact than the float32 code it
+checks; RMSNorm's statistics are float32 there too, as transformers
+computes them) gives the loss, the logits and every parameter gradient;
+$BUILD/tests/tools/llama_grads loads the same weights from one safetensors
+file under Hugging Face's names and gives its own.
+
+Models: grouped-query attention with 2 key/value heads for 4 query heads,
+multi-query (1 key/value head), full multi-head (G = NH), a tied LM head,
+another rotary base and RMSNorm eps.
+
+Bounds: loss relative error <= 1e-5; logits and every gradient relative L2
+error <= 1e-4 (loom computes in float32: a few float32 roundings of each
+sum, ~1e-6, well inside).
+
+Also: `loom train --model llama-tiny` trains on the built-in corpus (its
+loss falls), DDP and ZeRO-3 on 2 ranks give one process's per-step losses
+within 1e-5, and the settings that are not Llama's, or that Llama cannot
+run in this version, are refused in one line (exit 2).
+"""
+import os
+import sys
+import tempfile
+
+import lib
+from lib import check
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+try:
+    import transformers
+except ImportError:
+    py = lib.hf_python()
+    if os.path.realpath(sys.prefix) == os.path.realpath(lib.HF_VENV):
+        raise SystemExit(f"FAIL: {py} cannot import transformers")
+    os.execv(py, [py] + sys.argv)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from pyref import st  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+torch.set_num_threads(2)
+
+TOOL = lib.tool("llama_grads")
+LOSS_TOL, REL_TOL = 1e-5, 1e-4
+
+# (name, L, C, NH, G, F, T, V, B, theta, eps, tied)
+CONFIGS = [
+    ("GQA 4 heads / 2 key-value", 2, 64, 4, 2, 176, 16, 97, 2, 10000.0, 1e-5, False),
+    ("multi-query (1 key-value head)", 2, 64, 4, 1, 96, 16, 97, 2, 10000.0, 1e-6, False),
+    ("multi-head, tied head, theta 500000, eps 0.1", 1, 32, 2, 2, 64, 12, 61, 3, 500000.0, 0.1, True),
+]
+
+
+def reference(name, L, C, NH, G, F, T, V, B, theta, eps, tied, tmp):
+    cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=F, num_hidden_layers=L,
+                      num_attention_heads=NH, num_key_value_heads=G, max_position_embeddings=T,
+                      rms_norm_eps=eps, rope_theta=theta, tie_word_embeddings=tied, attention_bias=False,
+                      hidden_act="silu")
+    torch.manual_seed(len(name))
+    model = LlamaForCausalLM(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02 if p.ndim == 2 else 0.2)
+            if p.ndim == 1:
+                p.add_(1.0)
+    weights = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
+               if not (tied and k == "lm_head.weight") and "rotary_emb" not in k}
+    wpath = os.path.join(tmp, "w.safetensors")
+    save_file(weights, wpath)
+    # use the float32 weights in the reference too: both sides start from the same numbers
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            if k in weights:
+                p.copy_(weights[k].double())
+    rows = np.random.default_rng(len(name)).integers(0, V, size=(B, T + 1), dtype=np.int32)
+    tpath = os.path.join(tmp, "tokens.i32")
+    rows.tofile(tpath)
+    x = torch.tensor(rows[:, :T], dtype=torch.long)
+    y = torch.tensor(rows[:, 1:], dtype=torch.long)
+    # the body and the head called directly: LlamaForCausalLM.forward casts the logits to float32
+    logits = model.lm_head(model.model(input_ids=x).last_hidden_state)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+    loss.backward()
+    grads = {k: p.grad.detach() for k, p in model.named_parameters()}
+    return wpath, tpath, loss.item(), logits.detach(), grads
+
+
+def rel_l2(got, ref):
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def compare(cfg):
+    name, L, C, NH, G, F, T, V, B, theta, eps, tied = cfg
+    with tempfile.TemporaryDirectory() as tmp:
+        wpath, tpath, loss, logits, grads = reference(*cfg, tmp)
+        out = os.path.join(tmp, "out.safetensors")
+        p = lib.run([TOOL, wpath, tpath, out, str(L), str(C), str(NH), str(G), str(F), str(T), str(V), str(B),
+                     repr(theta), repr(eps), "0" if tied else "1"])
+        if p.returncode != 0:
+            check(f"{name}: llama_grads runs", False, p.stderr)
+            return
+        got = st.load(out)
+        lerr = abs(float(got["loss"][0]) - loss) / abs(loss)
+        check(f"{name}: loss {float(got['loss'][0]):.6f} vs {loss:.6f} (rel {lerr:.1e}, tol {LOSS_TOL:g})",
+              lerr <= LOSS_TOL)
+        e = rel_l2(got["logits"], logits.numpy())
+        check(f"{name}: logits rel L2 {e:.1e} (tol {REL_TOL:g})", e <= REL_TOL)
+        worst, where, missing = 0.0, "", []
+        for k, g in grads.items():
+            if tied and k == "lm_head.weight":
+                continue  # the same tensor as model.embed_tokens.weight (its gradient holds both uses)
+            key = f"grad.{k}"
+            if key not in got:
+                missing.append(k)
+                continue
+            e = rel_l2(got[key], g.numpy())
+            if e > worst:
+                worst, where = e, k
+        check(f"{name}: every gradient, worst rel L2 {worst:.1e} ({where}) (tol {REL_TOL:g})",
+              not missing and worst <= REL_TOL, f"missing {missing}")
+
+
+def training(tmp):
+    lib.write_corpus(tmp)
+    base = ["--model", "llama-tiny", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+            "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "16",
+            "--max-position-embeddings", "16"]
+    one = lib.tiny_run(tmp, "llama-single", 1, base + ["--global-batch-size", "8", "--micro-batch-size", "1"])
+    check("llama-tiny trains: the loss falls over 20 steps", one[0][-1] < one[0][0] - 0.5, f"{one[0]}")
+    for tag, extra in (("llama-ddp", []), ("llama-zero3", ["--zero-stage", "3"])):
+        got = lib.tiny_run(tmp, tag, 2, base + ["--global-batch-size", "8", "--micro-batch-size", "1"] + extra)
+        lib.compare_runs(tag, one, got)
+    data = ["--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1"]
+    for what, flags, text in (
+            ("LayerNorm with a Llama preset", ["--normalization", "LayerNorm"], "Llama models use RMSNorm"),
+            ("query groups that do not divide the heads", ["--num-query-groups", "3"], "does not divide"),
+            ("tensor parallelism", ["--tensor-model-parallel-size", "2"], "in this version"),
+            ("recomputation", ["--recompute-activations"], "in this version")):
+        n = 2 if "--tensor-model-parallel-size" in flags else 1
+        p = lib.run_ranks(n, [lib.LOOM, "train"] + data + ["--model", "llama-tiny"] + flags, expect=2, tag=what)
+        lines = lib.error_lines(p.stderr)
+        check(f"error: {what}: exit 2, one line", p.returncode == 2 and len(lines) == 1 and text in lines[0],
+              p.stderr[-300:])
+    p = lib.loom("train", *data, "--model", "gpt2-tiny", "--normalization", "RMSNorm")
+    lines = lib.error_lines(p.stderr)
+    check("error: RMSNorm with a GPT-2 preset: exit 2, one line",
+          p.returncode == 2 and len(lines) == 1 and "GPT-2" in lines[0], p.stderr[-300:])
+
+
+def main():
+    for cfg in CONFIGS:
+        compare(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        training(tmp)
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
