@@ -20,7 +20,9 @@ sum, ~1e-6, well inside).
 
 Also: `loom train --model llama-tiny` trains on the built-in corpus (its
 loss falls), DDP and ZeRO-3 on 2 ranks give one process's per-step losses
-within 1e-5, and the settings that are not Llama's, or that Llama cannot
+within 1e-5, ZeRO-2 in bf16 one process's bf16 run within 1e-4 (and one
+bf16 step of the weights: data parallelism's float32 sum order, as
+test_mixed_precision.py explains), and the settings that are not Llama's, or that Llama cannot
 run in this version, are refused in one line (exit 2).
 """
 import os
@@ -141,6 +143,14 @@ def training(tmp):
     for tag, extra in (("llama-ddp", []), ("llama-zero3", ["--zero-stage", "3"])):
         got = lib.tiny_run(tmp, tag, 2, base + ["--global-batch-size", "8", "--micro-batch-size", "1"] + extra)
         lib.compare_runs(tag, one, got)
+    # bf16 (activations rounded at kernel edges): data parallelism's float32 sum order, as in
+    # test_mixed_precision.py, within 1e-4 of the loss and one bf16 step of the weights
+    one_b = lib.tiny_run(tmp, "llama-single-bf16", 1, base + ["--global-batch-size", "8", "--micro-batch-size", "1",
+                                                              "--bf16"])
+    check("llama-tiny in bf16 is not the float32 run (its activations are rounded)", one_b[0] != one[0])
+    got = lib.tiny_run(tmp, "llama-zero2-bf16", 2, base + ["--global-batch-size", "8", "--micro-batch-size", "1",
+                                                           "--bf16", "--zero-stage", "2"])
+    lib.compare_runs("llama-zero2-bf16", one_b, got, tol=1e-4, wtol=4e-3)
     data = ["--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1"]
     for what, flags, text in (
             ("LayerNorm with a Llama preset", ["--normalization", "LayerNorm"], "Llama models use RMSNorm"),

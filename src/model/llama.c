@@ -23,15 +23,19 @@ int loom_llama_config_check(const struct loom_llama_config *cfg, int T)
         return loom_error_set(LOOM_ERR_INPUT, "--hidden-size %d is not divisible by --num-attention-heads %d",
                               cfg->hidden, cfg->heads);
     if ((cfg->hidden / cfg->heads) % 2)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "the head size (--hidden-size %d / --num-attention-heads %d) must be even for the "
-                              "rotary embedding",
-                              cfg->hidden, cfg->heads);
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "the head size (--hidden-size %d / --num-attention-heads %d) must be even for the "
+            "rotary embedding",
+            cfg->hidden, cfg->heads);
     if (cfg->kv_heads < 1 || cfg->heads % cfg->kv_heads)
-        return loom_error_set(LOOM_ERR_INPUT, "--num-query-groups %d does not divide --num-attention-heads %d",
-                              cfg->kv_heads, cfg->heads);
-    if (cfg->ffn < 1) return loom_error_set(LOOM_ERR_INPUT, "--ffn-hidden-size must be >= 1, got %d", cfg->ffn);
-    if (cfg->vocab < 2) return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", cfg->vocab);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--num-query-groups %d does not divide --num-attention-heads %d", cfg->kv_heads,
+                              cfg->heads);
+    if (cfg->ffn < 1)
+        return loom_error_set(LOOM_ERR_INPUT, "--ffn-hidden-size must be >= 1, got %d", cfg->ffn);
+    if (cfg->vocab < 2)
+        return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", cfg->vocab);
     if (T > cfg->max_pos)
         return loom_error_set(LOOM_ERR_INPUT, "--seq-length %d exceeds --max-position-embeddings %d", T,
                               cfg->max_pos);
@@ -96,15 +100,23 @@ static void layout_blocks(struct loom_llama *m)
 
 static float *lm_head_weight(struct loom_llama *m)
 {
-    return m->cfg.untied ? loom_param(&m->base.blocks[m->head], LM_HEAD_W) : loom_param(&m->base.blocks[m->emb], 0);
+    return m->cfg.untied ? loom_param(&m->base.blocks[m->head], LM_HEAD_W)
+                         : loom_param(&m->base.blocks[m->emb], 0);
 }
 
 static float *lm_head_grad(struct loom_llama *m)
 {
-    return m->cfg.untied ? loom_grad(&m->base.blocks[m->head], LM_HEAD_W) : loom_grad(&m->base.blocks[m->emb], 0);
+    return m->cfg.untied ? loom_grad(&m->base.blocks[m->head], LM_HEAD_W)
+                         : loom_grad(&m->base.blocks[m->emb], 0);
 }
 
 /* ---- activations ---------------------------------------------------------------- */
+
+/* Activations are held in act_dtype: round what a kernel just wrote. */
+static void round_act(const struct loom_llama *m, float *buf, size_t n)
+{
+    if (m->act_dtype != LOOM_DTYPE_F32) loom_dtype_round_trip(buf, n, m->act_dtype);
+}
 
 static float *act(size_t n)
 {
@@ -147,8 +159,8 @@ static void free_slot(struct loom_llama *m, struct loom_llama_acts *a)
 {
     for (int l = 0; l < m->cfg.num_layers; l++) {
         struct loom_llama_layer_acts *x = &a->layers[l];
-        float *bufs[] = {x->ln1, x->rstd1, x->qkv, x->att, x->atty, x->res2,
-                         x->ln2, x->rstd2, x->gate, x->up, x->h, x->res3};
+        float *bufs[] = {x->ln1, x->rstd1, x->qkv,  x->att, x->atty, x->res2,
+                         x->ln2, x->rstd2, x->gate, x->up,  x->h,    x->res3};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     }
     float *bufs[] = {a->encoded, a->lnf, a->rstdf, a->logits, a->losses, a->lse};
@@ -180,7 +192,7 @@ static void free_activations(struct loom_llama *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->q,    m->kk,     m->v,    m->scratchC, m->dres,  m->dbufC,
+    float *bufs[] = {m->q,      m->kk,   m->v,    m->scratchC, m->dres,  m->dbufC,
                      m->dbufC2, m->dqkv, m->datt, m->dh,       m->dgate, m->dup};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->slots);
@@ -191,7 +203,8 @@ static void free_activations(struct loom_llama *m)
  * The attention kernel takes (q | k | v) of NH heads each; key/value head g
  * serves query heads [g NH/G, (g+1) NH/G). */
 
-static void pack_qkv(const struct loom_llama *m, float *qkv, const float *q, const float *k, const float *v, int N)
+static void pack_qkv(const struct loom_llama *m, float *qkv, const float *q, const float *k, const float *v,
+                     int N)
 {
     const int C = m->cfg.hidden, hs = m->hs, NH = m->cfg.heads, rep = NH / m->cfg.kv_heads;
     for (int n = 0; n < N; n++) {
@@ -230,7 +243,8 @@ static void unpack_dqkv(const struct loom_llama *m, float *dq, float *dk, float 
 /* ---- forward ----------------------------------------------------------------- */
 
 /* y (N,out) = x (N,in) W^T, W (out,in) as nn.Linear keeps it. */
-static void linear(const struct loom_llama *m, float *y, const float *x, const float *w, int N, int in, int out)
+static void linear(const struct loom_llama *m, float *y, const float *x, const float *w, int N, int in,
+                   int out)
 {
     m->k->lm_head_forward(y, x, w, N, in, out);
 }
@@ -239,24 +253,38 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
 {
     const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
     const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
+    const size_t NC = (size_t)N * C, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_llama_layer_acts *x = &a->layers[l];
     m->k->rmsnorm_forward(x->ln1, x->rstd1, res, loom_param(b, LN1_W), N, C, eps);
+    round_act(m, x->ln1, NC);
     linear(m, m->q, x->ln1, loom_param(b, Q_W), N, C, C);
     linear(m, m->kk, x->ln1, loom_param(b, K_W), N, C, m->kvC);
     linear(m, m->v, x->ln1, loom_param(b, V_W), N, C, m->kvC);
     m->k->rope_forward(m->q, B, T, NH, m->hs, theta);
     m->k->rope_forward(m->kk, B, T, G, m->hs, theta);
+    round_act(m, m->q, NC);
+    round_act(m, m->kk, NK);
+    round_act(m, m->v, NK);
     pack_qkv(m, x->qkv, m->q, m->kk, m->v, N);
     m->k->attention_forward(x->atty, x->att, x->qkv, B, T, C, NH);
+    round_act(m, x->atty, NC);
     linear(m, m->scratchC, x->atty, loom_param(b, O_W), N, C, C);
-    m->k->residual_forward(x->res2, res, m->scratchC, (size_t)N * C);
+    round_act(m, m->scratchC, NC);
+    m->k->residual_forward(x->res2, res, m->scratchC, NC);
+    round_act(m, x->res2, NC);
     m->k->rmsnorm_forward(x->ln2, x->rstd2, x->res2, loom_param(b, LN2_W), N, C, eps);
+    round_act(m, x->ln2, NC);
     linear(m, x->gate, x->ln2, loom_param(b, GATE_W), N, C, F);
     linear(m, x->up, x->ln2, loom_param(b, UP_W), N, C, F);
-    m->k->swiglu_forward(x->h, x->gate, x->up, (size_t)N * F);
+    round_act(m, x->gate, NF);
+    round_act(m, x->up, NF);
+    m->k->swiglu_forward(x->h, x->gate, x->up, NF);
+    round_act(m, x->h, NF);
     linear(m, m->scratchC, x->h, loom_param(b, DOWN_W), N, F, C);
-    m->k->residual_forward(x->res3, x->res2, m->scratchC, (size_t)N * C);
+    round_act(m, m->scratchC, NC);
+    m->k->residual_forward(x->res3, x->res2, m->scratchC, NC);
+    round_act(m, x->res3, NC);
 }
 
 static float *layer_input(struct loom_llama_acts *a, int l)
@@ -291,6 +319,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         struct loom_block *emb = &model->blocks[m->emb];
         loom_model_forward_begin(model, m->emb);
         m->k->embedding_vp_forward(a->encoded, a->inputs, loom_param(emb, 0), NULL, 0, V, B, T, C);
+        round_act(m, a->encoded, (size_t)N * C);
         loom_model_forward_end(model, m->emb);
     } else {
         LOOM_ASSERT(mb->input != NULL);
@@ -311,7 +340,9 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     loom_model_forward_begin(model, m->head);
     m->k->rmsnorm_forward(a->lnf, a->rstdf, layer_input(a, L), loom_param(head, NORM_W), N, C,
                           (float)m->cfg.norm_eps);
+    round_act(m, a->lnf, (size_t)N * C);
     m->k->lm_head_forward(a->logits, a->lnf, lm_head_weight(m), N, C, V);
+    round_act(m, a->logits, (size_t)N * V);
     loom_model_forward_end(model, m->head);
     if (announce_emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
@@ -342,25 +373,43 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
 {
     const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
     const float theta = (float)m->cfg.rope_theta;
+    const size_t NC = (size_t)N * C, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
     struct loom_block *b = &m->base.blocks[1 + l];
     struct loom_llama_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + down(silu(gate(ln2)) * up(ln2)); dres flows to res2 unchanged */
     linear_backward(m, m->dh, NULL, loom_grad(b, DOWN_W), m->dres, x->h, loom_param(b, DOWN_W), N, F, C, 0);
-    m->k->swiglu_backward(m->dgate, m->dup, m->dh, x->gate, x->up, (size_t)N * F);
-    linear_backward(m, m->dbufC, NULL, loom_grad(b, GATE_W), m->dgate, x->ln2, loom_param(b, GATE_W), N, C, F, 0);
-    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, UP_W), m->dup, x->ln2, loom_param(b, UP_W), N, C, F, 1);
-    m->k->rmsnorm_backward(m->dres, loom_grad(b, LN2_W), m->dbufC, x->res2, loom_param(b, LN2_W), x->rstd2, N, C);
+    round_act(m, m->dh, NF);
+    m->k->swiglu_backward(m->dgate, m->dup, m->dh, x->gate, x->up, NF);
+    round_act(m, m->dgate, NF);
+    round_act(m, m->dup, NF);
+    linear_backward(m, m->dbufC, NULL, loom_grad(b, GATE_W), m->dgate, x->ln2, loom_param(b, GATE_W), N, C, F,
+                    0);
+    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, UP_W), m->dup, x->ln2, loom_param(b, UP_W), N, C, F,
+                    1);
+    round_act(m, m->dbufC, NC);
+    m->k->rmsnorm_backward(m->dres, loom_grad(b, LN2_W), m->dbufC, x->res2, loom_param(b, LN2_W), x->rstd2, N,
+                           C);
+    round_act(m, m->dres, NC);
     /* attention: res2 = res + o(attn(rope(q), rope(k), v)) */
     linear_backward(m, m->dbufC, NULL, loom_grad(b, O_W), m->dres, x->atty, loom_param(b, O_W), N, C, C, 0);
+    round_act(m, m->dbufC, NC);
+    /* datt is the kernel's own scratch, read by nothing after it: not rounded */
     m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, C, NH);
     unpack_dqkv(m, m->q, m->kk, m->v, m->dqkv, N);
     m->k->rope_backward(m->q, B, T, NH, m->hs, theta);
     m->k->rope_backward(m->kk, B, T, G, m->hs, theta);
+    round_act(m, m->q, NC);
+    round_act(m, m->kk, NK);
+    round_act(m, m->v, NK);
     linear_backward(m, m->dbufC, NULL, loom_grad(b, Q_W), m->q, x->ln1, loom_param(b, Q_W), N, C, C, 0);
-    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, K_W), m->kk, x->ln1, loom_param(b, K_W), N, C, m->kvC, 1);
-    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, V_W), m->v, x->ln1, loom_param(b, V_W), N, C, m->kvC, 1);
+    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, K_W), m->kk, x->ln1, loom_param(b, K_W), N, C,
+                    m->kvC, 1);
+    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, V_W), m->v, x->ln1, loom_param(b, V_W), N, C, m->kvC,
+                    1);
+    round_act(m, m->dbufC, NC);
     m->k->rmsnorm_backward(m->dres, loom_grad(b, LN1_W), m->dbufC, layer_input(a, l), loom_param(b, LN1_W),
                            x->rstd1, N, C);
+    round_act(m, m->dres, NC);
 }
 
 static void backward(struct loom_model *model, int first, int last, struct loom_micro *mb, float loss_weight)
@@ -375,16 +424,19 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         LOOM_ASSERT(a->targets != NULL);
         struct loom_block *head = &model->blocks[m->head];
         m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
+        round_act(m, a->logits, (size_t)N * V);
         if (!m->cfg.untied) {
             loom_model_backward_begin(model, m->emb);
             a->emb_open = 1;
         }
         loom_model_backward_begin(model, m->head);
         m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, a->lnf, lm_head_weight(m), N, C, V);
+        round_act(m, m->dbufC, (size_t)N * C);
         if (!m->cfg.untied) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         memset(m->dres, 0, (size_t)N * C * sizeof(float));
         m->k->rmsnorm_backward(m->dres, loom_grad(head, NORM_W), m->dbufC, layer_input(a, L),
                                loom_param(head, NORM_W), a->rstdf, N, C);
+        round_act(m, m->dres, (size_t)N * C);
         loom_model_grads_ready(model, m->head);
     } else {
         memcpy(m->dres, mb->doutput, (size_t)N * C * sizeof(float));
@@ -400,8 +452,8 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     }
     struct loom_block *emb = &model->blocks[m->emb];
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
-    m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), NULL, m->dres, a->inputs, 0, V, B,
-                                T, C);
+    m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), NULL, m->dres, a->inputs, 0,
+                                V, B, T, C);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;
 }
@@ -469,6 +521,7 @@ struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B,
     m->hs = cfg->hidden / cfg->heads;
     m->kvC = cfg->kv_heads * m->hs;
     m->nslots = 1;
+    m->act_dtype = LOOM_DTYPE_F32;
     loom_model_init(&m->base, &llama_ops, "llama", cfg->num_layers + 2);
     m->base.user = m;
     m->base.family = &loom_llama_family;
@@ -490,8 +543,10 @@ void loom_llama_free(struct loom_llama *m)
 
 double loom_llama_num_params(const struct loom_llama_config *cfg)
 {
-    const double C = cfg->hidden, V = cfg->vocab, F = cfg->ffn, kvC = (double)cfg->kv_heads * (C / cfg->heads);
-    return V * C * (cfg->untied ? 2 : 1) + cfg->num_layers * (2 * C * C + 2 * C * kvC + 3 * C * F + 2 * C) + C;
+    const double C = cfg->hidden, V = cfg->vocab, F = cfg->ffn,
+                 kvC = (double)cfg->kv_heads * (C / cfg->heads);
+    return V * C * (cfg->untied ? 2 : 1) + cfg->num_layers * (2 * C * C + 2 * C * kvC + 3 * C * F + 2 * C) +
+           C;
 }
 
 double loom_llama_flops_per_token(const struct loom_llama *m)

@@ -14,9 +14,11 @@
  * backward sums the repeated heads' gradients back.
  *
  * Forward and backward run over a range of blocks for one micro-batch slot,
- * as GPT-2's do. Not yet: tensor and sequence parallelism, pipeline stages,
- * activation recomputation, 16-bit activations (the family refuses them
- * with one line). Not here: loading weights (llama_family.c).
+ * as GPT-2's do; under 16-bit training every activation and activation
+ * gradient a kernel writes is rounded to the dtype (the buffers stay
+ * float32), as GPT-2's are. Not yet: tensor and sequence parallelism,
+ * pipeline stages, activation recomputation (the family refuses them with
+ * one line). Not here: loading weights (llama_family.c).
  */
 #ifndef LOOM_MODEL_LLAMA_H
 #define LOOM_MODEL_LLAMA_H
@@ -24,18 +26,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "loom/model.h"
 
 struct loom_kernels;
 
 struct loom_llama_config {
-    int num_layers; /* L */
-    int hidden;     /* C */
-    int heads;      /* NH; head size C / NH */
-    int kv_heads;   /* G: key/value heads, dividing NH (Megatron's --num-query-groups) */
-    int ffn;        /* F: the MLP's intermediate size */
-    int max_pos;    /* the longest sequence */
-    int vocab;      /* V */
+    int num_layers;    /* L */
+    int hidden;        /* C */
+    int heads;         /* NH; head size C / NH */
+    int kv_heads;      /* G: key/value heads, dividing NH (Megatron's --num-query-groups) */
+    int ffn;           /* F: the MLP's intermediate size */
+    int max_pos;       /* the longest sequence */
+    int vocab;         /* V */
     double norm_eps;   /* RMSNorm's eps */
     double rope_theta; /* the rotary base */
     int untied;        /* lm_head.weight of its own */
@@ -69,17 +72,18 @@ struct loom_llama {
     struct loom_model base; /* L + 2 blocks: [embedding, layers..., head] */
     struct loom_llama_config cfg;
     int B, T;
-    int hs, kvC; /* head size C/NH, and G hs: the width of k and of v */
+    enum loom_dtype act_dtype; /* F32; BF16, F16: every activation a kernel writes is rounded to it */
+    int hs, kvC;               /* head size C/NH, and G hs: the width of k and of v */
     const struct loom_kernels *k;
     int nslots;
     struct loom_llama_acts *slots; /* (nslots), allocated by the first forward */
     int emb, head;
     /* shared scratch (one forward or backward at a time) */
-    float *q, *kk, *v;         /* (N,C) (N,kvC) (N,kvC) projections before packing */
-    float *scratchC, *dres;    /* (N,C) */
-    float *dbufC, *dbufC2;     /* (N,C) */
-    float *dqkv, *datt;        /* (N,3C) (B,NH,T,T) */
-    float *dh, *dgate, *dup;   /* (N,F) */
+    float *q, *kk, *v;       /* (N,C) (N,kvC) (N,kvC) projections before packing */
+    float *scratchC, *dres;  /* (N,C) */
+    float *dbufC, *dbufC2;   /* (N,C) */
+    float *dqkv, *datt;      /* (N,3C) (B,NH,T,T) */
+    float *dh, *dgate, *dup; /* (N,F) */
     int bwd_slot;
     int defer_wte_scatter; /* leave the embedding's scatter out of this backward (loom_tied_embedding) */
 };

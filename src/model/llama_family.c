@@ -6,7 +6,7 @@
  * the configuration, its FLOPs, and its shape as checkpoints record it. Not
  * here: the model (llama.c). Not yet: weights files other than loom
  * checkpoints (Hugging Face directories, convert), tensor and pipeline
- * parallelism, recomputation, 16-bit activations.
+ * parallelism, recomputation.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -88,7 +88,8 @@ static int check_architecture(const struct loom_config *cfg)
     if (cfg->num_query_groups && !cfg->group_query_attention)
         return loom_error_set(LOOM_ERR_INPUT, "--num-query-groups %d needs --group-query-attention",
                               cfg->num_query_groups);
-    if (cfg->activation_function != LOOM_ACTIVATION_GELU_NEW && loom_config_given(cfg, "--activation-function"))
+    if (cfg->activation_function != LOOM_ACTIVATION_GELU_NEW &&
+        loom_config_given(cfg, "--activation-function"))
         return loom_error_set(LOOM_ERR_INPUT, "--activation-function is GPT-2's: Llama's MLP is SwiGLU");
     return LOOM_OK;
 }
@@ -97,15 +98,15 @@ static int check_architecture(const struct loom_config *cfg)
 static int check_layout(const struct loom_config *cfg)
 {
     if (cfg->tensor_model_parallel_size > 1 || cfg->pipeline_model_parallel_size > 1)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "Llama models do not run tensor or pipeline parallelism in this version "
-                              "(--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d): use data "
-                              "parallelism and ZeRO",
-                              cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "Llama models do not run tensor or pipeline parallelism in this version "
+            "(--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d): use data "
+            "parallelism and ZeRO",
+            cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
     if (cfg->recompute_granularity != LOOM_RECOMPUTE_NONE)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "Llama models do not recompute activations in this version "
-                              "(--recompute-granularity)");
+        return loom_error_set(LOOM_ERR_INPUT, "Llama models do not recompute activations in this version "
+                                              "(--recompute-granularity)");
     return LOOM_OK;
 }
 
@@ -121,9 +122,12 @@ static int check(const struct loom_config *cfg, int T)
 static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank,
                                  int pp_rank)
 {
-    (void)training, (void)tp_rank, (void)pp_rank; /* one process's whole model (check_layout) */
+    (void)tp_rank, (void)pp_rank; /* one process's whole model (check_layout) */
     const struct loom_llama_config mc = shape_of_config(cfg);
-    return &loom_llama_create(&mc, B, T)->base;
+    struct loom_llama *m = loom_llama_create(&mc, B, T);
+    if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
+        m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+    return &m->base;
 }
 
 static void destroy(struct loom_model *m)
@@ -139,7 +143,8 @@ static double flops_per_token(const struct loom_model *m)
 static void describe(const struct loom_model *m, char *buf, size_t n)
 {
     const struct loom_llama *l = loom_llama_of((struct loom_model *)m);
-    snprintf(buf, n, "%d layers, %d channels, %d heads (%d key/value), MLP %d, T=%d, V=%d, rope %g, RMSNorm eps %g%s",
+    snprintf(buf, n,
+             "%d layers, %d channels, %d heads (%d key/value), MLP %d, T=%d, V=%d, rope %g, RMSNorm eps %g%s",
              l->cfg.num_layers, l->cfg.hidden, l->cfg.heads, l->cfg.kv_heads, l->cfg.ffn, l->T, l->cfg.vocab,
              l->cfg.rope_theta, l->cfg.norm_eps, l->cfg.untied ? ", untied LM head" : "");
 }
@@ -190,7 +195,8 @@ static int apply_shape(const struct loom_model_shape *shape, struct loom_config 
     for (int i = 0; i < shape->n; i++) {
         int k = 0;
         while (k < NKEYS && strcmp(shape->kv[i].key, shape_keys[k].key) != 0) k++;
-        if (k == NKEYS) return loom_error_set(LOOM_ERR_INPUT, "model.%s: not a Llama shape setting", shape->kv[i].key);
+        if (k == NKEYS)
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: not a Llama shape setting", shape->kv[i].key);
     }
     struct loom_config out = *cfg; /* all or nothing */
     for (int k = 0; k < NKEYS; k++) {
@@ -200,12 +206,15 @@ static int apply_shape(const struct loom_model_shape *shape, struct loom_config 
         if (shape_keys[k].kind == LOOM_SHAPE_INT) {
             if (kv->kind != LOOM_SHAPE_INT || kv->value < shape_keys[k].lo || kv->value > shape_keys[k].hi)
                 return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected an integer in [%lld, %lld]",
-                                      shape_keys[k].key, (long long)shape_keys[k].lo, (long long)shape_keys[k].hi);
+                                      shape_keys[k].key, (long long)shape_keys[k].lo,
+                                      (long long)shape_keys[k].hi);
             *(int *)field = (int)kv->value;
         } else {
-            if (kv->kind == LOOM_SHAPE_WORD || !(kv->real >= shape_keys[k].lo && kv->real <= shape_keys[k].hi))
+            if (kv->kind == LOOM_SHAPE_WORD ||
+                !(kv->real >= shape_keys[k].lo && kv->real <= shape_keys[k].hi))
                 return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number in [%lld, %lld]",
-                                      shape_keys[k].key, (long long)shape_keys[k].lo, (long long)shape_keys[k].hi);
+                                      shape_keys[k].key, (long long)shape_keys[k].lo,
+                                      (long long)shape_keys[k].hi);
             *(double *)field = kv->real;
         }
     }

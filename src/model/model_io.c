@@ -33,8 +33,8 @@ int loom_model_read_tensors(struct loom_model *m, const struct loom_st *st, cons
                 char want[96], got[96];
                 shape_text(want, sizeof want, t->ndim, t->full);
                 shape_text(got, sizeof got, s->ndim, s->shape);
-                return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s has shape %s, expected %s", path, s->name,
-                                      got, want);
+                return loom_error_set(LOOM_ERR_INPUT, "%s: tensor %s has shape %s, expected %s", path,
+                                      s->name, got, want);
             }
             if (t->tp_split == LOOM_TP_REPLICATED) {
                 int rc = loom_st_read_f32(s, b->work_params + t->offset, t->numel);

@@ -65,7 +65,8 @@ int main(int argc, char **argv)
     float loss = loom_llama_forward(m, inp, tgt, B);
     const size_t nlogits = (size_t)B * T * cfg.vocab;
     float *logits = malloc(sizeof(float) * nlogits);
-    memcpy(logits, m->slots[0].logits, nlogits * sizeof(float)); /* before the backward turns them to dlogits */
+    memcpy(logits, m->slots[0].logits,
+           nlogits * sizeof(float)); /* before the backward turns them to dlogits */
     loom_llama_backward(m, 1.0f);
 
     int n = 2;
@@ -79,7 +80,10 @@ int main(int argc, char **argv)
         for (int j = 0; j < m->base.blocks[i].ntensors; j++, k++) {
             const struct loom_tensor *t = &m->base.blocks[i].tensors[j];
             snprintf(names[k], sizeof names[k], "grad.%s", t->name);
-            ts[k] = (struct loom_st_tensor_in){names[k], LOOM_DTYPE_F32, t->ndim, {t->shape[0], t->shape[1]},
+            ts[k] = (struct loom_st_tensor_in){names[k],
+                                               LOOM_DTYPE_F32,
+                                               t->ndim,
+                                               {t->shape[0], t->shape[1]},
                                                m->base.blocks[i].work_grads + t->offset};
         }
     if (loom_st_write(argv[3], ts, n, NULL, 0)) {
