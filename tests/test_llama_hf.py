@@ -18,6 +18,18 @@ Bounds: loss relative error <= 1e-5; logits and every gradient relative L2
 error <= 1e-4 (loom computes in float32: a few float32 roundings of each
 sum, ~1e-6, well inside).
 
+Hugging Face directories (save_pretrained of perturbed random models,
+GQA untied and multi-query tied with another theta and eps): `loom eval
+--load DIR` with no --model, and of DIR/model.safetensors, gives
+transformers' float64 loss on one window within 1e-5; so does a loom
+checkpoint made from it (train --load DIR --finetune --lr 0). config.json
+fields loom cannot compute (hidden_act gelu, rope_scaling, an unknown
+field) and key/value heads that do not divide the heads are refused in one
+line; so is --model gpt2-tiny with a Llama directory. 20 training steps of
+`loom train --load DIR` (accumulation 2, clipping, warmup + cosine, llm.c's
+loader) give PyTorch's per-step losses (float32 LlamaForCausalLM,
+torch.optim.AdamW with decay on 2-D tensors) within 1e-4.
+
 Also: `loom train --model llama-tiny` trains on the built-in corpus (its
 loss falls), DDP and ZeRO-3 on 2 ranks give one process's per-step losses
 within 1e-5, ZeRO-2 in bf16 one process's bf16 run within 1e-4 (and one
@@ -25,6 +37,7 @@ bf16 step of the weights: data parallelism's float32 sum order, as
 test_mixed_precision.py explains), and the settings that are not Llama's, or that Llama cannot
 run in this version, are refused in one line (exit 2).
 """
+import json
 import os
 import sys
 import tempfile
@@ -168,9 +181,150 @@ def training(tmp):
           p.returncode == 2 and len(lines) == 1 and "GPT-2" in lines[0], p.stderr[-300:])
 
 
+# ---- Hugging Face directories, and training against PyTorch ------------------------
+
+HV, HT = 256, 32  # the directories' vocabulary and sequence length
+
+
+def hf_model(tied, seed, G=2, theta=10000.0, eps=1e-5):
+    cfg = LlamaConfig(vocab_size=HV, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=G, max_position_embeddings=HT, rms_norm_eps=eps,
+                      rope_theta=theta, tie_word_embeddings=tied)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # every weight moved, the norms too, so a tensor read wrongly shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * (0.05 if p.ndim == 2 else 0.3))
+    return model
+
+
+def window_loss(model, ids):
+    """float64 loss of tokens[0:T] predicting tokens[1:T+1]."""
+    m = LlamaForCausalLM(model.config).double()
+    m.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    with torch.no_grad():
+        logits = m.lm_head(m.model(input_ids=ids[None, :-1]).last_hidden_state)[0]
+        return torch.nn.functional.cross_entropy(logits, ids[1:]).item()
+
+
+def loom_eval(tmp, path, shard_path, *extra):
+    metrics = os.path.join(tmp, f"eval-{abs(hash((path,) + extra))}.jsonl")
+    p = lib.loom("eval", "--load", path, "--valid-data-path", shard_path, "--eval-iters", "1",
+                 "--micro-batch-size", "1", "--seq-length", str(HT), "--metrics", metrics, *extra)
+    rows = []
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            rows = [json.loads(line) for line in f if '"val_loss"' in line]
+    return (rows[-1]["val_loss"] if p.returncode == 0 and rows else None), p
+
+
+def directories(tmp):
+    from pyref import shard
+    ids = torch.tensor(np.random.default_rng(5).integers(0, HV, HT + 1))
+    shard_path = os.path.join(tmp, "window.bin")
+    shard.write(shard_path, ids.numpy())
+    for tag, tied, G, theta, eps in (("GQA, untied", False, 2, 10000.0, 1e-5),
+                                     ("multi-query, tied, theta 500000, eps 1e-6", True, 1, 500000.0, 1e-6)):
+        model = hf_model(tied, 3, G, theta, eps)
+        d = os.path.join(tmp, f"hf-{G}-{int(tied)}")
+        model.save_pretrained(d)
+        want = window_loss(model, ids)
+        for what, path in (("the directory", d), ("its model.safetensors", os.path.join(d, "model.safetensors"))):
+            got, p = loom_eval(tmp, path, shard_path)
+            ok = got is not None and abs(got - want) / want <= 1e-5
+            check(f"{tag}: loom eval of {what} (no --model) is transformers' loss {want:.6f} "
+                  f"(got {got}, tol 1e-5)", ok, p.stderr[-500:])
+        # through loom's own file: a checkpoint of it, and the weights file loom saves
+        ck = os.path.join(tmp, f"ck-{G}-{int(tied)}")
+        p = lib.loom("train", "--load", d, "--finetune", "--lr", "0", "--train-iters", "1", "--data-path",
+                     shard_path, "--micro-batch-size", "1", "--seq-length", str(HT), "--eval-iters", "0",
+                     "--save", ck, timeout=300)
+        got, p2 = loom_eval(tmp, ck, shard_path)
+        check(f"{tag}: a loom checkpoint of it (train --load DIR --finetune --lr 0) evaluates the same",
+              p.returncode == 0 and got is not None and abs(got - want) / want <= 1e-5, (p.stderr + p2.stderr)[-500:])
+    # refusals: one line naming the field, exit 2
+    base = os.path.join(tmp, "hf-2-0")
+    for field, value, text in (("hidden_act", "gelu", "hidden_act"), ("rope_scaling", {"type": "linear", "factor": 2.0},
+                                                                       "rope_scaling"),
+                               ("sliding_window", 4096, "unknown field sliding_window"),
+                               ("num_key_value_heads", 3, "does not divide")):
+        d = os.path.join(tmp, f"bad-{field}")
+        os.makedirs(d, exist_ok=True)
+        cfg = json.load(open(os.path.join(base, "config.json")))
+        cfg[field] = value
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+        if not os.path.exists(os.path.join(d, "model.safetensors")):
+            os.symlink(os.path.join(base, "model.safetensors"), os.path.join(d, "model.safetensors"))
+        got, p = loom_eval(tmp, d, shard_path)
+        lines = lib.error_lines(p.stderr)
+        check(f"config.json {field} {json.dumps(value)}: exit 2, one line naming it",
+              p.returncode == 2 and len(lines) == 1 and text in lines[0], p.stderr[-300:])
+    got, p = loom_eval(tmp, base, shard_path, "--model", "gpt2-tiny")
+    lines = lib.error_lines(p.stderr)
+    check("--model gpt2-tiny with a Llama directory: exit 2, one line", p.returncode == 2 and len(lines) == 1
+          and "holds a Llama model" in lines[0], p.stderr[-300:])
+
+
+def train_against_torch(tmp):
+    """20 steps of `loom train --load DIR` against the same steps in PyTorch
+    (float32 LlamaForCausalLM, torch.optim.AdamW with decay on tensors of two
+    or more dimensions, clip_grad_norm_, warmup + cosine, llm.c's loader)."""
+    from pyref import shard, train
+    G, clip = 8, 1.0
+    model = hf_model(False, 11)
+    d = os.path.join(tmp, "hf-train")
+    model.save_pretrained(d)
+    tokens = train.make_tokens(30000, 3) % HV
+    data = os.path.join(tmp, "train-seq.bin")
+    shard.write(data, tokens)
+    metrics = os.path.join(tmp, "train-llama.jsonl")
+    B = 4
+    args = ["--load", d, "--data-path", data, "--data-order", "sequential", "--seq-length", str(HT),
+            "--micro-batch-size", B, "--global-batch-size", G, "--train-iters", train.ITERS, "--lr", train.MAX_LR,
+            "--min-lr", train.MIN_LR, "--lr-warmup-iters", train.WARMUP, "--lr-decay-style", "cosine",
+            "--weight-decay", train.WD, "--adam-beta1", train.BETA1, "--adam-beta2", train.BETA2, "--adam-eps",
+            train.EPS, "--clip-grad", clip, "--log-interval", 1, "--eval-iters", 0, "--metrics", metrics,
+            "--threads", 2]
+    p = lib.loom("train", *[str(a) for a in args], timeout=600)
+    if p.returncode != 0:
+        check("loom train --load of a Llama directory", False, p.stderr[-500:])
+        return
+    got = [r["loss"] for r in lib.metrics_rows(metrics)]
+    torch.manual_seed(0)
+    decay = [q for q in model.parameters() if q.ndim >= 2]
+    no_decay = [q for q in model.parameters() if q.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": train.WD}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=train.MAX_LR, betas=(train.BETA1, train.BETA2), eps=train.EPS)
+    nblocks = (len(tokens) - 1) // (G * HT)
+    want = []
+    for s in range(train.ITERS):
+        for g in opt.param_groups:
+            g["lr"] = train.lr_at(s + 1)
+        opt.zero_grad(set_to_none=True)
+        start = (s % nblocks) * G * HT
+        block = torch.tensor(tokens[start:start + G * HT + 1].astype(np.int64))
+        total = 0.0
+        for a in range(G // B):
+            x = torch.stack([block[r * HT:(r + 1) * HT] for r in range(a * B, (a + 1) * B)])
+            y = torch.stack([block[r * HT + 1:(r + 1) * HT + 1] for r in range(a * B, (a + 1) * B)])
+            logits = model.lm_head(model.model(input_ids=x).last_hidden_state)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, HV), y.reshape(-1))
+            (loss / (G // B)).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        want.append(total / (G // B))
+    worst = max((abs(a - b) / b for a, b in zip(got, want)), default=1.0)
+    check(f"20 training steps from a Llama directory: every step's loss is PyTorch's (worst rel {worst:.1e}, "
+          f"tol 1e-4)", len(got) == train.ITERS and worst <= 1e-4, f"{got} vs {want}")
+
+
 def main():
     for cfg in CONFIGS:
         compare(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        directories(tmp)
+        train_against_torch(tmp)
     with tempfile.TemporaryDirectory() as tmp:
         training(tmp)
     return lib.verdict()

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/dtype.h"
@@ -14,6 +16,7 @@
 #include "config/config.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
+#include "io/safetensors.h"
 #include "model/family.h"
 
 #define EXP_AVG "optimizer.exp_avg."
@@ -591,6 +594,59 @@ static int take_shape(const char *path, const struct loom_model_family *family,
     return rc;
 }
 
+/* The family a weights source names: config.json's model_type in its
+ * directory (Hugging Face's names are the families'), else loom's
+ * loom.model metadata in the file; NULL when it names none. */
+static const struct loom_model_family *source_family(const char *path)
+{
+    char dir[4000], config[4100];
+    if (loom_fs_is_dir(path))
+        snprintf(dir, sizeof dir, "%s", path);
+    else
+        loom_fs_dirname(path, dir, sizeof dir);
+    snprintf(config, sizeof config, "%s/config.json", dir);
+    const struct loom_model_family *f = NULL;
+    char *text;
+    size_t len;
+    if (loom_fs_read_small(config, 1 << 20, &text, &len) == LOOM_OK) {
+        cJSON *j = cJSON_ParseWithLength(text, len);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+        if (cJSON_IsString(t)) f = loom_model_family_find(t->valuestring);
+        cJSON_Delete(j);
+        loom_free(text);
+    }
+    loom_error_clear();
+    if (f || loom_fs_is_dir(path)) return f;
+    struct loom_st st;
+    if (loom_st_open(&st, path) == LOOM_OK) {
+        const char *type = loom_st_meta(&st, "loom.model");
+        if (type) f = loom_model_family_find(type);
+        loom_st_close(&st);
+    }
+    loom_error_clear();
+    return f;
+}
+
+/* The family a --load source holds becomes the run's: --model names a
+ * preset of it, or, not given, it is set to the family's first preset
+ * (its settings were applied already; the model's shape comes from the
+ * file). */
+static int take_family(const char *path, const struct loom_model_family *family, struct loom_config *cfg)
+{
+    const struct loom_model_family *preset = loom_model_family_of_preset(cfg->model, NULL);
+    if (preset == family) return LOOM_OK;
+    if (loom_config_given(cfg, "--model"))
+        return loom_error_set(LOOM_ERR_INPUT, "--model %s is a %s preset, but --load %s holds a %s model",
+                              cfg->model, preset ? preset->title : "unknown", path, family->title);
+    struct loom_config *out = malloc(sizeof *out);
+    if (!out) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
+    memcpy(out, cfg, sizeof *out);
+    snprintf(out->model, sizeof out->model, "%s", family->presets[0].name);
+    loom_config_adopt(cfg, out, "model");
+    free(out);
+    return LOOM_OK;
+}
+
 int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg)
 {
     struct loom_model_shape shape;
@@ -600,7 +656,8 @@ int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg)
         if ((rc = recorded_model(path, &shape)) || (rc = family_of_shape(path, &shape, &family))) return rc;
         if ((rc = family_shape(family, &shape, cfg))) return shape_error(path, rc);
     } else {
-        family = loom_model_family_of_preset(cfg->model, NULL);
+        family = source_family(path);
+        if (!family) family = loom_model_family_of_preset(cfg->model, NULL);
         if (!family)
             return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
         if (!family->read_shape)
@@ -608,6 +665,7 @@ int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg)
                                   path, family->title);
         if ((rc = family->read_shape(path, cfg, &shape))) return rc;
     }
+    if ((rc = take_family(path, family, cfg))) return rc;
     return take_shape(path, family, &shape, cfg);
 }
 

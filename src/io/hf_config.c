@@ -52,6 +52,78 @@ static char *read_text(const char *path, int *rc)
     return NULL;
 }
 
+/* The fields every transformers PretrainedConfig may carry that do not
+ * change the function computed: metadata, token ids, generation defaults
+ * (older configs carry generation_config.json's), training switches. A
+ * family's own table is checked first. */
+static const struct loom_hf_field common[] = {
+    {"initializer_range", LOOM_HF_NO_EFFECT, NULL},
+    {"use_cache", LOOM_HF_NO_EFFECT, NULL},
+    {"output_past", LOOM_HF_NO_EFFECT, NULL},
+    {"gradient_checkpointing", LOOM_HF_NO_EFFECT, NULL},
+    {"torch_dtype", LOOM_HF_NO_EFFECT, NULL},
+    {"transformers_version", LOOM_HF_NO_EFFECT, NULL},
+    {"_name_or_path", LOOM_HF_NO_EFFECT, NULL},
+    {"_commit_hash", LOOM_HF_NO_EFFECT, NULL},
+    {"bos_token_id", LOOM_HF_NO_EFFECT, NULL},
+    {"eos_token_id", LOOM_HF_NO_EFFECT, NULL},
+    {"pad_token_id", LOOM_HF_NO_EFFECT, NULL},
+    {"sep_token_id", LOOM_HF_NO_EFFECT, NULL},
+    {"decoder_start_token_id", LOOM_HF_NO_EFFECT, NULL},
+    {"task_specific_params", LOOM_HF_NO_EFFECT, NULL},
+    {"id2label", LOOM_HF_NO_EFFECT, NULL},
+    {"label2id", LOOM_HF_NO_EFFECT, NULL},
+    {"problem_type", LOOM_HF_NO_EFFECT, NULL},
+    {"finetuning_task", LOOM_HF_NO_EFFECT, NULL},
+    {"tokenizer_class", LOOM_HF_NO_EFFECT, NULL},
+    {"prefix", LOOM_HF_NO_EFFECT, NULL},
+    {"return_dict", LOOM_HF_NO_EFFECT, NULL},
+    {"output_hidden_states", LOOM_HF_NO_EFFECT, NULL},
+    {"output_attentions", LOOM_HF_NO_EFFECT, NULL},
+    {"torchscript", LOOM_HF_NO_EFFECT, NULL},
+    {"use_bfloat16", LOOM_HF_NO_EFFECT, NULL},
+    {"tf_legacy_loss", LOOM_HF_NO_EFFECT, NULL},
+    {"chunk_size_feed_forward", LOOM_HF_NO_EFFECT, NULL},
+    {"is_decoder", LOOM_HF_NO_EFFECT, NULL},
+    /* generation defaults */
+    {"max_length", LOOM_HF_NO_EFFECT, NULL},
+    {"min_length", LOOM_HF_NO_EFFECT, NULL},
+    {"do_sample", LOOM_HF_NO_EFFECT, NULL},
+    {"early_stopping", LOOM_HF_NO_EFFECT, NULL},
+    {"num_beams", LOOM_HF_NO_EFFECT, NULL},
+    {"num_beam_groups", LOOM_HF_NO_EFFECT, NULL},
+    {"diversity_penalty", LOOM_HF_NO_EFFECT, NULL},
+    {"temperature", LOOM_HF_NO_EFFECT, NULL},
+    {"top_k", LOOM_HF_NO_EFFECT, NULL},
+    {"top_p", LOOM_HF_NO_EFFECT, NULL},
+    {"typical_p", LOOM_HF_NO_EFFECT, NULL},
+    {"repetition_penalty", LOOM_HF_NO_EFFECT, NULL},
+    {"length_penalty", LOOM_HF_NO_EFFECT, NULL},
+    {"no_repeat_ngram_size", LOOM_HF_NO_EFFECT, NULL},
+    {"encoder_no_repeat_ngram_size", LOOM_HF_NO_EFFECT, NULL},
+    {"bad_words_ids", LOOM_HF_NO_EFFECT, NULL},
+    {"num_return_sequences", LOOM_HF_NO_EFFECT, NULL},
+    {"output_scores", LOOM_HF_NO_EFFECT, NULL},
+    {"return_dict_in_generate", LOOM_HF_NO_EFFECT, NULL},
+    {"forced_bos_token_id", LOOM_HF_NO_EFFECT, NULL},
+    {"forced_eos_token_id", LOOM_HF_NO_EFFECT, NULL},
+    {"remove_invalid_values", LOOM_HF_NO_EFFECT, NULL},
+    {"exponential_decay_length_penalty", LOOM_HF_NO_EFFECT, NULL},
+    {"suppress_tokens", LOOM_HF_NO_EFFECT, NULL},
+    {"begin_suppress_tokens", LOOM_HF_NO_EFFECT, NULL},
+};
+#define NCOMMON ((int)(sizeof common / sizeof common[0]))
+
+/* The rule for a field: the family's, else the common one, else NULL. */
+static const struct loom_hf_field *rule_of(const char *name, const struct loom_hf_field *fields, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (strcmp(fields[k].name, name) == 0) return &fields[k];
+    for (int k = 0; k < NCOMMON; k++)
+        if (strcmp(common[k].name, name) == 0) return &common[k];
+    return NULL;
+}
+
 int loom_hf_config_read(const char *path, const struct loom_hf_field *fields, int n, const char *model,
                         cJSON **out)
 {
@@ -76,23 +148,22 @@ int loom_hf_config_read(const char *path, const struct loom_hf_field *fields, in
                 break;
             }
         if (rc) break;
-        int k = 0;
-        while (k < n && strcmp(fields[k].name, v->string) != 0) k++;
-        if (k == n) {
+        const struct loom_hf_field *f = rule_of(v->string, fields, n);
+        if (!f) {
             rc = loom_error_set(
                 LOOM_ERR_INPUT,
                 "%s: unknown field %s (%s): loom's %s cannot honour it, so it refuses the file", path,
                 v->string, value, model);
             break;
         }
-        if (fields[k].rule != LOOM_HF_ONLY) continue;
-        cJSON *only = cJSON_Parse(fields[k].only);
+        if (f->rule != LOOM_HF_ONLY) continue;
+        cJSON *only = cJSON_Parse(f->only);
         LOOM_ASSERT(only != NULL);
         const int same = cJSON_Compare(v, only, 1);
         cJSON_Delete(only);
         if (!same) {
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s is %s; loom's %s supports only %s", path, v->string,
-                                value, model, fields[k].only);
+                                value, model, f->only);
             break;
         }
     }

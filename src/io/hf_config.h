@@ -6,7 +6,7 @@
  * Anything else, including a field loom does not know, is refused with one
  * line naming the file, the field and its value: a model loom cannot
  * compute exactly is not loaded at all. Each family gives its own table
- * (GPT-2's: model/gpt2_hf.c); the Llama family will give another.
+ * (GPT-2's: model/gpt2_hf.c, Llama's: model/llama_hf.c).
  */
 #ifndef LOOM_IO_HF_CONFIG_H
 #define LOOM_IO_HF_CONFIG_H
@@ -26,7 +26,10 @@ struct loom_hf_field {
 };
 
 /* Parses path as a JSON object and checks every member against fields
- * (n of them); `model` names the family in messages ("GPT-2"). On success
+ * (n of them), then against the PretrainedConfig fields every config may
+ * carry without changing the function (token ids, generation defaults,
+ * metadata: hf_config.c's own table); `model` names the family in messages
+ * ("GPT-2"). On success
  * *out is the object (the caller cJSON_Deletes it). LOOM_ERR_INPUT with one
  * line otherwise. */
 int loom_hf_config_read(const char *path, const struct loom_hf_field *fields, int n, const char *model,

@@ -4,8 +4,8 @@
  * and Llama 3 8B), the check of its settings (Megatron's names: RMSNorm,
  * rope, SwiGLU, no biases, grouped-query attention), a model built from
  * the configuration, its FLOPs, and its shape as checkpoints record it. Not
- * here: the model (llama.c). Not yet: weights files other than loom
- * checkpoints (Hugging Face directories, convert), tensor and pipeline
+ * here: the model (llama.c), its weights sources (llama_io.c) and
+ * config.json (llama_hf.c). Not yet: `loom convert`, tensor and pipeline
  * parallelism, recomputation.
  */
 #include <limits.h>
@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "model/family.h"
 #include "model/llama.h"
+#include "model/llama_io.h"
 
 /* clang-format off */
 #define LLAMA_ARCH {"--normalization", "RMSNorm"}, {"--position-embedding-type", "rope"}, {"--swiglu", "1"}, \
@@ -226,6 +227,41 @@ static int apply_shape(const struct loom_model_shape *shape, struct loom_config 
     return LOOM_OK;
 }
 
+void loom_llama_shape(const struct loom_llama_config *c, struct loom_model_shape *out)
+{
+    struct loom_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.num_layers = c->num_layers;
+    cfg.hidden_size = c->hidden;
+    cfg.num_attention_heads = c->heads;
+    cfg.group_query_attention = 1;
+    cfg.num_query_groups = c->kv_heads;
+    cfg.ffn_hidden_size = c->ffn;
+    cfg.max_position_embeddings = c->max_pos;
+    cfg.vocab_size = c->vocab;
+    cfg.norm_epsilon = c->norm_eps;
+    cfg.rotary_base = c->rope_theta;
+    cfg.untie_embeddings_and_output_weights = c->untied;
+    shape_of(&cfg, out);
+}
+
+/* What a weights source states: all of the shape (llama_io.c). */
+static int read_shape(const char *path, const struct loom_config *cfg, struct loom_model_shape *out)
+{
+    (void)cfg;
+    return loom_llama_source_shape(path, out);
+}
+
+static int load_weights(struct loom_model *m, const char *path)
+{
+    return loom_llama_load(loom_llama_of(m), path);
+}
+
+static int save_weights(struct loom_model *m, const char *path)
+{
+    return loom_llama_save(loom_llama_of(m), path);
+}
+
 const struct loom_model_family loom_llama_family = {
     .name = "llama",
     .title = "Llama",
@@ -238,4 +274,7 @@ const struct loom_model_family loom_llama_family = {
     .describe = describe,
     .shape_of = shape_of,
     .apply_shape = apply_shape,
+    .read_shape = read_shape,
+    .load_weights = load_weights,
+    .save_weights = save_weights,
 };
