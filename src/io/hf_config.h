@@ -6,7 +6,7 @@
  * Anything else, including a field loom does not know, is refused with one
  * line naming the file, the field and its value: a model loom cannot
  * compute exactly is not loaded at all. Each family gives its own table
- * (GPT-2's: model/gpt2_hf.c, Llama's: model/llama_hf.c).
+ * (beside the family's model, src/model/).
  */
 #ifndef LOOM_IO_HF_CONFIG_H
 #define LOOM_IO_HF_CONFIG_H

@@ -87,12 +87,14 @@ int loom_llama_hf_read_config(const char *path, struct loom_model_shape *out)
     int C = 0, F = 0, L = 0, NH = 0, G = 0, P = 0, V = 0, hd = 0, untied = 1;
     double eps = 0, theta = 0;
     const cJSON *v;
-    if ((rc = read_int(path, j, "hidden_size", 4096, &C)) || (rc = read_int(path, j, "intermediate_size", 11008, &F)) ||
+    if ((rc = read_int(path, j, "hidden_size", 4096, &C)) ||
+        (rc = read_int(path, j, "intermediate_size", 11008, &F)) ||
         (rc = read_int(path, j, "num_hidden_layers", 32, &L)) ||
         (rc = read_int(path, j, "num_attention_heads", 32, &NH)) ||
         (rc = read_int(path, j, "num_key_value_heads", NH, &G)) ||
         (rc = read_int(path, j, "max_position_embeddings", 2048, &P)) ||
-        (rc = read_int(path, j, "vocab_size", 32000, &V)) || (rc = read_int(path, j, "head_dim", C / NH, &hd)) ||
+        (rc = read_int(path, j, "vocab_size", 32000, &V)) ||
+        (rc = read_int(path, j, "head_dim", C / NH, &hd)) ||
         (rc = read_real(path, j, "rms_norm_eps", 1e-6, 0, 1, &eps)) ||
         (rc = read_real(path, j, "rope_theta", 10000.0, 1, 1e12, &theta)))
         goto done;
@@ -112,8 +114,9 @@ int loom_llama_hf_read_config(const char *path, struct loom_model_shape *out)
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "architectures")) && !cJSON_IsNull(v)) {
         const cJSON *a;
         int ok = cJSON_IsArray(v);
-        cJSON_ArrayForEach(a, v) ok = ok && cJSON_IsString(a) && (strcmp(a->valuestring, "LlamaForCausalLM") == 0 ||
-                                                                    strcmp(a->valuestring, "LlamaModel") == 0);
+        cJSON_ArrayForEach(a, v) ok =
+            ok && cJSON_IsString(a) &&
+            (strcmp(a->valuestring, "LlamaForCausalLM") == 0 || strcmp(a->valuestring, "LlamaModel") == 0);
         if (!ok) {
             rc = refuse(path, v, "[\"LlamaForCausalLM\"] and [\"LlamaModel\"] (a language model)");
             goto done;

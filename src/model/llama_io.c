@@ -35,8 +35,9 @@ static int source_paths(const char *path, char *file, char *config, size_t n)
         snprintf(file, n, "%s/model.safetensors", path);
         snprintf(dir, sizeof dir, "%s", path);
         if (!exists(file))
-            return loom_error_set(LOOM_ERR_INPUT, "%s: no model.safetensors in it (sharded checkpoints "
-                                                  "and pytorch_model.bin are not read)",
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s: no model.safetensors in it (sharded checkpoints "
+                                  "and pytorch_model.bin are not read)",
                                   path);
     } else {
         snprintf(file, n, "%s", path);
@@ -61,7 +62,8 @@ static int read_metadata(const char *file, struct loom_model_shape *out, int *fo
         for (int i = 0; i < loom_st_meta_count(&st) && rc == LOOM_OK; i++) {
             const char *key, *value;
             loom_st_meta_at(&st, i, &key, &value);
-            if (strncmp(key, "loom.", 5) != 0 || strcmp(key, "loom.model") == 0 || strncmp(key, "loom.xxh3.", 10) == 0)
+            if (strncmp(key, "loom.", 5) != 0 || strcmp(key, "loom.model") == 0 ||
+                strncmp(key, "loom.xxh3.", 10) == 0)
                 continue;
             if (out->n == LOOM_MODEL_SHAPE_MAX) {
                 rc = loom_error_set(LOOM_ERR_INPUT, "%s: too many loom.* settings", file);
@@ -93,11 +95,12 @@ static int check_tensors(const char *config, const char *file, const struct loom
     if (!e || e->ndim != 2)
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: not Llama weights (no 2-D model.embed_tokens.weight)", file);
     else if (e->shape[0] != V->value || e->shape[1] != C->value)
-        rc = loom_error_set(LOOM_ERR_INPUT,
-                            "%s says vocab_size %lld and hidden_size %lld, but %s has model.embed_tokens.weight "
-                            "[%lld, %lld]",
-                            config, (long long)V->value, (long long)C->value, file, (long long)e->shape[0],
-                            (long long)e->shape[1]);
+        rc = loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s says vocab_size %lld and hidden_size %lld, but %s has model.embed_tokens.weight "
+            "[%lld, %lld]",
+            config, (long long)V->value, (long long)C->value, file, (long long)e->shape[0],
+            (long long)e->shape[1]);
     loom_st_close(&st);
     return rc;
 }
@@ -113,10 +116,11 @@ int loom_llama_source_shape(const char *path, struct loom_model_shape *out)
         return LOOM_OK;
     }
     if (!exists(config))
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s: a Llama safetensors file needs its config.json beside it (%s): the tensors do "
-                              "not say the heads, the key/value heads, the rotary base or the eps",
-                              path, config);
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s: a Llama safetensors file needs its config.json beside it (%s): the tensors do "
+            "not say the heads, the key/value heads, the rotary base or the eps",
+            path, config);
     if ((rc = loom_llama_hf_read_config(config, out))) return rc;
     return check_tensors(config, file, out);
 }
@@ -147,8 +151,8 @@ int loom_llama_load(struct loom_llama *m, const char *path)
                                 "--untie-embeddings-and-output-weights, describes this file)",
                                 file);
         else
-            rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", file, name,
-                                m->cfg.num_layers);
+            rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", file,
+                                name, m->cfg.num_layers);
     }
 done:
     loom_st_close(&st);
@@ -173,8 +177,8 @@ int loom_llama_save(const struct loom_llama *m, const char *path)
         const struct loom_block *b = &m->base.blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++, k++) {
             const struct loom_tensor *t = &b->tensors[ti];
-            ts[k] = (struct loom_st_tensor_in){t->name, LOOM_DTYPE_F32, t->ndim, {t->shape[0], t->shape[1]},
-                                               b->work_params + t->offset};
+            ts[k] = (struct loom_st_tensor_in){
+                t->name, LOOM_DTYPE_F32, t->ndim, {t->shape[0], t->shape[1]}, b->work_params + t->offset};
         }
     }
     meta[0] = "format", meta[1] = "pt", meta[2] = "loom.model", meta[3] = "llama";
