@@ -22,7 +22,10 @@ Hugging Face directories (save_pretrained of perturbed random models,
 GQA untied and multi-query tied with another theta and eps): `loom eval
 --load DIR` with no --model, and of DIR/model.safetensors, gives
 transformers' float64 loss on one window within 1e-5; so does a loom
-checkpoint made from it (train --load DIR --finetune --lr 0). config.json
+checkpoint made from it (train --load DIR --finetune --lr 0). `loom
+convert` of the directory and of that checkpoint gives every tensor bit for
+bit, converting its output again gives the same bytes, and transformers
+loads the export with the same logits. config.json
 fields loom cannot compute (hidden_act gelu, rope_scaling, an unknown
 field) and key/value heads that do not divide the heads are refused in one
 line; so is --model gpt2-tiny with a Llama directory. 20 training steps of
@@ -218,6 +221,32 @@ def loom_eval(tmp, path, shard_path, *extra):
     return (rows[-1]["val_loss"] if p.returncode == 0 and rows else None), p
 
 
+def convert_round_trip(tmp, tag, model, d, ck, ids):
+    """loom convert of transformers' directory, and of a loom checkpoint of it:
+    the same tensors bit for bit; converting loom's export again gives the same
+    bytes; transformers loads the export and computes the same logits."""
+    from safetensors.torch import load_file
+    out1, out2, out3 = (os.path.join(tmp, f"conv-{tag[:3]}-{i}") for i in (1, 2, 3))
+    ps = [lib.loom("convert", d, out1), lib.loom("convert", out1, out2), lib.loom("convert", ck, out3)]
+    if any(p.returncode for p in ps):
+        check(f"{tag}: loom convert runs", False, " ".join(p.stderr for p in ps)[-500:])
+        return
+    src = load_file(os.path.join(d, "model.safetensors"))
+    for what, out in (("the directory", out1), ("a loom checkpoint of it", out3)):
+        got = load_file(os.path.join(out, "model.safetensors"))
+        same = sorted(got) == sorted(src) and all(torch.equal(got[k], src[k]) for k in src)
+        check(f"{tag}: loom convert of {what}: every tensor bit for bit", same, f"{sorted(got)} vs {sorted(src)}")
+    same = all(open(os.path.join(out1, f), "rb").read() == open(os.path.join(out2, f), "rb").read()
+               for f in ("model.safetensors", "config.json", "generation_config.json"))
+    check(f"{tag}: converting loom's export again gives the same bytes", same)
+    back = LlamaForCausalLM.from_pretrained(out1)
+    with torch.no_grad():
+        a = model(input_ids=ids[None, :-1]).logits
+        b = back(input_ids=ids[None, :-1]).logits
+    check(f"{tag}: transformers loads loom's export and computes the same logits", torch.equal(a, b),
+          f"max |diff| {(a - b).abs().max().item():.2e}")
+
+
 def directories(tmp):
     from pyref import shard
     ids = torch.tensor(np.random.default_rng(5).integers(0, HV, HT + 1))
@@ -242,6 +271,7 @@ def directories(tmp):
         got, p2 = loom_eval(tmp, ck, shard_path)
         check(f"{tag}: a loom checkpoint of it (train --load DIR --finetune --lr 0) evaluates the same",
               p.returncode == 0 and got is not None and abs(got - want) / want <= 1e-5, (p.stderr + p2.stderr)[-500:])
+        convert_round_trip(tmp, tag, model, d, ck, ids)
     # refusals: one line naming the field, exit 2
     base = os.path.join(tmp, "hf-2-0")
     for field, value, text in (("hidden_act", "gelu", "hidden_act"), ("rope_scaling", {"type": "linear", "factor": 2.0},

@@ -37,7 +37,17 @@ int loom_convert(int argc, char **argv)
                 }
             return LOOM_OK;
         }
-    /* one family converts today; with more, the input would pick its own */
+    /* the family the input names (a checkpoint's recorded model, config.json's
+     * model_type, loom's metadata), else the first with a converter (GPT-2's
+     * reads what names none: llm.c files, bare tensors) */
+    const char *in = NULL;
+    for (int i = 0; i < argc && !in; i++)
+        if (strncmp(argv[i], "--", 2) != 0)
+            in = argv[i];
+        else
+            i++; /* a flag's value */
+    f = in ? loom_checkpoint_source_family(in) : NULL;
+    if (f && f->converter) return f->converter->run(argc, argv, &env);
     for (int k = 0; (f = loom_model_family_at(k)); k++)
         if (f->converter) return f->converter->run(argc, argv, &env);
     return loom_error_set(LOOM_ERR_INPUT, "no model family has weights formats to convert");

@@ -627,6 +627,16 @@ static const struct loom_model_family *source_family(const char *path)
     return f;
 }
 
+const struct loom_model_family *loom_checkpoint_source_family(const char *path)
+{
+    struct loom_model_shape shape;
+    if (!loom_ckpt_is_checkpoint(path)) return source_family(path);
+    const struct loom_model_family *f =
+        recorded_model(path, &shape) == LOOM_OK ? loom_model_family_find(shape.type) : NULL;
+    loom_error_clear();
+    return f;
+}
+
 /* The family a --load source holds becomes the run's: --model names a
  * preset of it, or, not given, it is set to the family's first preset
  * (its settings were applied already; the model's shape comes from the

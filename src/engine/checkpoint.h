@@ -82,6 +82,11 @@ int loom_checkpoint_load_weights(struct loom_model *m, const char *path);
  * there is LOOM_ERR_INPUT naming the flag and both values. A setting the
  * file does not state keeps cfg's value. */
 int loom_checkpoint_read_shape(const char *path, struct loom_config *cfg);
+/* The model family a weights source or checkpoint names (its recorded
+ * model, config.json's model_type, loom's loom.model metadata), or NULL
+ * when it names none. */
+struct loom_model_family;
+const struct loom_model_family *loom_checkpoint_source_family(const char *path);
 /* One process: a new model of the family that checkpoint records, for
  * micro-batches of B sequences of T, with the weights in a float32
  * parameter arena; *out, freed with the family's destroy. */

@@ -34,5 +34,6 @@ struct loom_model_converter {
 };
 
 extern const struct loom_model_converter loom_gpt2_converter;
+extern const struct loom_model_converter loom_llama_converter;
 
 #endif

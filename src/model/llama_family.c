@@ -5,14 +5,15 @@
  * rope, SwiGLU, no biases, grouped-query attention), a model built from
  * the configuration, its FLOPs, and its shape as checkpoints record it. Not
  * here: the model (llama.c), its weights sources (llama_io.c) and
- * config.json (llama_hf.c). Not yet: `loom convert`, tensor and pipeline
- * parallelism, recomputation.
+ * config.json (llama_hf.c), `loom convert` (llama_convert.c). Not yet:
+ * tensor and pipeline parallelism, recomputation.
  */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "base/log.h"
+#include "model/convert.h"
 #include "model/family.h"
 #include "model/llama.h"
 #include "model/llama_io.h"
@@ -245,6 +246,15 @@ void loom_llama_shape(const struct loom_llama_config *c, struct loom_model_shape
     shape_of(&cfg, out);
 }
 
+int loom_llama_config_of_shape(const struct loom_model_shape *shape, struct loom_llama_config *out)
+{
+    struct loom_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    int rc = apply_shape(shape, &cfg);
+    if (rc == LOOM_OK) *out = shape_of_config(&cfg);
+    return rc;
+}
+
 /* What a weights source states: all of the shape (llama_io.c). */
 static int read_shape(const char *path, const struct loom_config *cfg, struct loom_model_shape *out)
 {
@@ -277,4 +287,5 @@ const struct loom_model_family loom_llama_family = {
     .read_shape = read_shape,
     .load_weights = load_weights,
     .save_weights = save_weights,
+    .converter = &loom_llama_converter,
 };

@@ -16,7 +16,8 @@ int loom_llama_source_shape(const char *path, struct loom_model_shape *out);
 int loom_llama_load(struct loom_llama *m, const char *path);
 /* One safetensors file under Hugging Face's names, with loom's metadata. */
 int loom_llama_save(const struct loom_llama *m, const char *path);
-/* The shape of a model's settings (llama_family.c). */
+/* The shape of a model's settings, and back (llama_family.c). */
 void loom_llama_shape(const struct loom_llama_config *cfg, struct loom_model_shape *out);
+int loom_llama_config_of_shape(const struct loom_model_shape *shape, struct loom_llama_config *out);
 
 #endif
