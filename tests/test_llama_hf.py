@@ -35,7 +35,8 @@ torch.optim.AdamW with decay on 2-D tensors) within 1e-4.
 
 Also: `loom train --model llama-tiny` trains on the built-in corpus (its
 loss falls), DDP and ZeRO-3 on 2 ranks give one process's per-step losses
-within 1e-5, ZeRO-2 in bf16 one process's bf16 run within 1e-4 (and one
+within 1e-5, selective and full (uniform and block) recomputation give
+its losses and weights bit for bit, ZeRO-2 in bf16 one process's bf16 run within 1e-4 (and one
 bf16 step of the weights: data parallelism's float32 sum order, as
 test_mixed_precision.py explains), and the settings that are not Llama's, or that Llama cannot
 run in this version, are refused in one line (exit 2).
@@ -159,6 +160,19 @@ def training(tmp):
     for tag, extra in (("llama-ddp", []), ("llama-zero3", ["--zero-stage", "3"])):
         got = lib.tiny_run(tmp, tag, 2, base + ["--global-batch-size", "8", "--micro-batch-size", "1"] + extra)
         lib.compare_runs(tag, one, got)
+    # recomputation reruns the same kernels on the same inputs: bit for bit
+    for tag, extra in (("selective", ["--recompute-activations"]),
+                       ("full uniform 2", ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                           "--recompute-num-layers", "2"]),
+                       ("full block 1", ["--recompute-granularity", "full", "--recompute-method", "block",
+                                         "--recompute-num-layers", "1"])):
+        got = lib.tiny_run(tmp, f"llama-recompute-{tag[:4]}-{extra[-1]}", 1,
+                           base + ["--num-layers", "3", "--global-batch-size", "8", "--micro-batch-size", "1"] + extra)
+        if tag == "selective":
+            plain = lib.tiny_run(tmp, "llama-3-layers", 1, base + ["--num-layers", "3", "--global-batch-size", "8",
+                                                                   "--micro-batch-size", "1"])
+        same = got[0] == plain[0] and all(lib.same_bits(got[1][k], plain[1][k]) for k in plain[1])
+        check(f"llama, {tag} recomputation: every loss and final weight bit for bit", same, f"{got[0]} vs {plain[0]}")
     # bf16 (activations rounded at kernel edges): data parallelism's float32 sum order, as in
     # test_mixed_precision.py, within 1e-4 of the loss and one bf16 step of the weights
     one_b = lib.tiny_run(tmp, "llama-single-bf16", 1, base + ["--global-batch-size", "8", "--micro-batch-size", "1",
@@ -171,8 +185,7 @@ def training(tmp):
     for what, flags, text in (
             ("LayerNorm with a Llama preset", ["--normalization", "LayerNorm"], "Llama models use RMSNorm"),
             ("query groups that do not divide the heads", ["--num-query-groups", "3"], "does not divide"),
-            ("tensor parallelism", ["--tensor-model-parallel-size", "2"], "in this version"),
-            ("recomputation", ["--recompute-activations"], "in this version")):
+            ("tensor parallelism", ["--tensor-model-parallel-size", "2"], "in this version")):
         n = 2 if "--tensor-model-parallel-size" in flags else 1
         p = lib.run_ranks(n, [lib.LOOM, "train"] + data + ["--model", "llama-tiny"] + flags, expect=2, tag=what)
         lines = lib.error_lines(p.stderr)

@@ -128,24 +128,80 @@ static size_t att_numel(const struct loom_llama *m)
     return (size_t)m->B * m->cfg.heads * m->T * m->T;
 }
 
-static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
+/* Whether full recomputation reruns layer l's forward in its backward, and
+ * the chunks it reruns together (uniform: N layers, the last shorter;
+ * block: one). */
+static int recomputed(const struct loom_llama *m, int l)
+{
+    if (m->recompute != LOOM_RECOMPUTE_FULL) return 0;
+    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l < m->recompute_num_layers;
+}
+static int chunk_len(const struct loom_llama *m)
+{
+    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM ? m->recompute_num_layers : 1;
+}
+static int chunk_first(const struct loom_llama *m, int l)
+{
+    return l - l % chunk_len(m);
+}
+static int chunk_last(const struct loom_llama *m, int l)
+{
+    const int last = chunk_first(m, l) + chunk_len(m) - 1;
+    return last < m->cfg.num_layers - 1 ? last : m->cfg.num_layers - 1;
+}
+/* A layer's output has its own buffer unless the next layer is in its chunk. */
+static int keeps_output(const struct loom_llama *m, int l)
+{
+    return !recomputed(m, l) || l == chunk_last(m, l);
+}
+
+/* One layer's buffers; att and res3 only when asked for. */
+static void layer_buffers(const struct loom_llama *m, struct loom_llama_layer_acts *x, int with_att,
+                          int with_res3)
 {
     const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = (size_t)m->cfg.ffn;
-    a->layers = loom_alloc(sizeof *a->layers * (size_t)m->cfg.num_layers, LOOM_MEM_OTHER);
-    for (int l = 0; l < m->cfg.num_layers; l++) {
+    x->ln1 = act(N * C);
+    x->rstd1 = act(N);
+    x->qkv = act(N * 3 * C);
+    x->att = with_att ? act(att_numel(m)) : NULL;
+    x->atty = act(N * C);
+    x->res2 = act(N * C);
+    x->ln2 = act(N * C);
+    x->rstd2 = act(N);
+    x->gate = act(N * F);
+    x->up = act(N * F);
+    x->h = act(N * F);
+    x->res3 = with_res3 ? act(N * C) : NULL;
+}
+
+static void free_layer_buffers(struct loom_llama_layer_acts *x, int with_att)
+{
+    float *bufs[] = {x->ln1,   x->rstd1, x->qkv, x->atty, x->res2, x->ln2,
+                     x->rstd2, x->gate,  x->up,  x->h,    x->res3};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    if (with_att) loom_free(x->att);
+}
+
+static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
+{
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden;
+    const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
+    const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
+    a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
+    if (selective) a->shared_att = act(att_numel(m));
+    if (nscratch) { /* a chunk's last layer keeps its output in a buffer of its own */
+        a->scratch = loom_alloc(sizeof *a->scratch * (size_t)nscratch, LOOM_MEM_OTHER);
+        for (int s = 0; s < nscratch; s++) layer_buffers(m, &a->scratch[s], 1, s < nscratch - 1);
+    }
+    for (int l = 0; l < L; l++) {
         struct loom_llama_layer_acts *x = &a->layers[l];
-        x->ln1 = act(N * C);
-        x->rstd1 = act(N);
-        x->qkv = act(N * 3 * C);
-        x->att = act(att_numel(m));
-        x->atty = act(N * C);
-        x->res2 = act(N * C);
-        x->ln2 = act(N * C);
-        x->rstd2 = act(N);
-        x->gate = act(N * F);
-        x->up = act(N * F);
-        x->h = act(N * F);
-        x->res3 = act(N * C);
+        if (recomputed(m, l)) {
+            *x = a->scratch[l - chunk_first(m, l)];
+            if (keeps_output(m, l)) x->res3 = act(N * C);
+        } else {
+            layer_buffers(m, x, !selective, 1);
+            if (selective) x->att = a->shared_att;
+        }
     }
     a->encoded = act(N * C);
     a->lnf = act(N * C);
@@ -157,15 +213,20 @@ static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
 
 static void free_slot(struct loom_llama *m, struct loom_llama_acts *a)
 {
+    const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         struct loom_llama_layer_acts *x = &a->layers[l];
-        float *bufs[] = {x->ln1, x->rstd1, x->qkv,  x->att, x->atty, x->res2,
-                         x->ln2, x->rstd2, x->gate, x->up,  x->h,    x->res3};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+        if (recomputed(m, l)) {
+            if (keeps_output(m, l)) loom_free(x->res3);
+        } else {
+            free_layer_buffers(x, m->recompute != LOOM_RECOMPUTE_SELECTIVE);
+        }
     }
-    float *bufs[] = {a->encoded, a->lnf, a->rstdf, a->logits, a->losses, a->lse};
+    for (int s = 0; s < nscratch; s++) free_layer_buffers(&a->scratch[s], 1);
+    float *bufs[] = {a->encoded, a->lnf, a->rstdf, a->logits, a->losses, a->lse, a->shared_att};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(a->layers);
+    loom_free(a->scratch);
 }
 
 static void alloc_activations(struct loom_llama *m)
@@ -393,6 +454,8 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     /* attention: res2 = res + o(attn(rope(q), rope(k), v)) */
     linear_backward(m, m->dbufC, NULL, loom_grad(b, O_W), m->dres, x->atty, loom_param(b, O_W), N, C, C, 0);
     round_act(m, m->dbufC, NC);
+    if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the probabilities again, from the kept qkv */
+        m->k->attention_forward(m->dbufC2, x->att, x->qkv, B, T, C, NH);
     /* datt is the kernel's own scratch, read by nothing after it: not rounded */
     m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, C, NH);
     unpack_dqkv(m, m->q, m->kk, m->v, m->dqkv, N);
@@ -442,7 +505,14 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         memcpy(m->dres, mb->doutput, (size_t)N * C * sizeof(float));
     }
     for (int l = l1; l >= l0; l--) {
-        loom_model_backward_begin(model, 1 + l);
+        if (!recomputed(m, l)) {
+            loom_model_backward_begin(model, 1 + l);
+        } else if (l == chunk_last(m, l)) {
+            /* entering a chunk from the top: rerun its forward from its kept input */
+            const int cfirst = chunk_first(m, l);
+            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, 1 + k);
+            for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, layer_input(a, k), B);
+        }
         layer_backward(m, a, l, B);
         loom_model_grads_ready(model, 1 + l);
     }
@@ -522,6 +592,8 @@ struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B,
     m->kvC = cfg->kv_heads * m->hs;
     m->nslots = 1;
     m->act_dtype = LOOM_DTYPE_F32;
+    m->recompute = LOOM_RECOMPUTE_NONE;
+    m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
     loom_model_init(&m->base, &llama_ops, "llama", cfg->num_layers + 2);
     m->base.user = m;
     m->base.family = &loom_llama_family;
@@ -531,6 +603,20 @@ struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B,
     m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
     m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
     return m;
+}
+
+void loom_llama_set_recompute(struct loom_llama *m, enum loom_recompute granularity,
+                              enum loom_recompute_method method, int num_layers)
+{
+    LOOM_ASSERT(m->slots == NULL); /* the activations are laid out for it at the first forward */
+    if (granularity == LOOM_RECOMPUTE_FULL)
+        LOOM_ASSERT(num_layers >= 1 && num_layers <= m->cfg.num_layers &&
+                    (method == LOOM_RECOMPUTE_BLOCK || method == LOOM_RECOMPUTE_UNIFORM));
+    else
+        LOOM_ASSERT(method == LOOM_RECOMPUTE_METHOD_NONE && num_layers == 0);
+    m->recompute = granularity;
+    m->recompute_method = method;
+    m->recompute_num_layers = num_layers;
 }
 
 void loom_llama_free(struct loom_llama *m)

@@ -16,9 +16,9 @@
  * Forward and backward run over a range of blocks for one micro-batch slot,
  * as GPT-2's do; under 16-bit training every activation and activation
  * gradient a kernel writes is rounded to the dtype (the buffers stay
- * float32), as GPT-2's are. Not yet: tensor and sequence parallelism,
- * pipeline stages, activation recomputation (the family refuses them with
- * one line). Not here: loading weights (llama_family.c).
+ * float32), as GPT-2's are; activations can be recomputed (Megatron's
+ * selective and full). Not yet: tensor and sequence parallelism, pipeline
+ * stages (the family refuses them with one line). Not here: loading weights (llama_family.c).
  */
 #ifndef LOOM_MODEL_LLAMA_H
 #define LOOM_MODEL_LLAMA_H
@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
 
 struct loom_kernels;
@@ -58,11 +59,13 @@ struct loom_llama_layer_acts {
 };
 
 struct loom_llama_acts {
-    struct loom_llama_layer_acts *layers; /* (L) */
-    float *encoded;                       /* (N,C) the embedding's output */
-    float *lnf, *rstdf;                   /* (N,C) (N) */
-    float *logits;                        /* (N,V); dlogits after the backward */
-    float *losses, *lse;                  /* (N) */
+    struct loom_llama_layer_acts *layers;  /* (L); a recomputed layer's lead into the scratch */
+    struct loom_llama_layer_acts *scratch; /* full recomputation: one chunk of layers' buffers */
+    float *shared_att;                     /* selective recomputation: every layer's att */
+    float *encoded;                        /* (N,C) the embedding's output */
+    float *lnf, *rstdf;                    /* (N,C) (N) */
+    float *logits;                         /* (N,V); dlogits after the backward */
+    float *losses, *lse;                   /* (N) */
     const int32_t *inputs, *targets;
     int rows;
     int emb_open; /* the head's backward announced the embedding's gradients */
@@ -73,7 +76,11 @@ struct loom_llama {
     struct loom_llama_config cfg;
     int B, T;
     enum loom_dtype act_dtype; /* F32; BF16, F16: every activation a kernel writes is rounded to it */
-    int hs, kvC;               /* head size C/NH, and G hs: the width of k and of v */
+    /* activation recomputation (Megatron's, as GPT-2's: loom_llama_set_recompute) */
+    enum loom_recompute recompute;
+    enum loom_recompute_method recompute_method;
+    int recompute_num_layers;
+    int hs, kvC; /* head size C/NH, and G hs: the width of k and of v */
     const struct loom_kernels *k;
     int nslots;
     struct loom_llama_acts *slots; /* (nslots), allocated by the first forward */
@@ -93,6 +100,13 @@ struct loom_llama {
  * 0.02, RMSNorm weights 1, as Hugging Face initialises) or loaded. */
 struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B, int T);
 void loom_llama_free(struct loom_llama *m);
+/* Megatron's recomputation, before the first forward (see gpt2.h):
+ * selective recomputes each layer's attention probabilities from its kept
+ * qkv; full keeps only the input of each recomputed chunk of layers
+ * (uniform: every layer, chunks of N; block: the first N) and reruns their
+ * forward before their backward, into one chunk's scratch. */
+void loom_llama_set_recompute(struct loom_llama *m, enum loom_recompute granularity,
+                              enum loom_recompute_method method, int num_layers);
 struct loom_llama *loom_llama_of(struct loom_model *m);
 /* LOOM_ERR_INPUT naming the flag when the shape cannot be built. */
 int loom_llama_config_check(const struct loom_llama_config *cfg, int T);

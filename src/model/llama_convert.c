@@ -28,14 +28,13 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: loom convert IN OUT [--to safetensors|hf]\n\n"
-            "Converts Llama weights. IN is a Hugging Face directory (model.safetensors, config.json),\n"
-            "a safetensors file with loom's metadata or a config.json beside it, or a loom checkpoint\n"
-            "(any parallel layout). OUT's kind comes from --to, else its name:\n"
-            "  NAME.safetensors  one safetensors file (with loom's metadata)\n"
-            "  DIR               Hugging Face directory: model.safetensors + config.json +\n"
-            "                    generation_config.json\n");
+    fprintf(f, "usage: loom convert IN OUT [--to safetensors|hf]\n\n"
+               "Converts Llama weights. IN is a Hugging Face directory (model.safetensors, config.json),\n"
+               "a safetensors file with loom's metadata or a config.json beside it, or a loom checkpoint\n"
+               "(any parallel layout). OUT's kind comes from --to, else its name:\n"
+               "  NAME.safetensors  one safetensors file (with loom's metadata)\n"
+               "  DIR               Hugging Face directory: model.safetensors + config.json +\n"
+               "                    generation_config.json\n");
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -109,7 +108,8 @@ static int run(int argc, char **argv, const struct loom_convert_env *env)
         if (strcmp(argv[i], "--to") == 0 && i + 1 < argc) {
             to = argv[++i];
             if (strcmp(to, "safetensors") != 0 && strcmp(to, "hf") != 0)
-                return loom_error_set(LOOM_ERR_INPUT, "--to: Llama converts to safetensors or hf, got '%s'", to);
+                return loom_error_set(LOOM_ERR_INPUT, "--to: Llama converts to safetensors or hf, got '%s'",
+                                      to);
         } else if (strncmp(argv[i], "--", 2) == 0) {
             return loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom convert of Llama weights (--to)",
                                   argv[i]);
@@ -118,14 +118,16 @@ static int run(int argc, char **argv, const struct loom_convert_env *env)
         } else if (!out) {
             out = argv[i];
         } else {
-            return loom_error_set(LOOM_ERR_INPUT, "loom convert takes IN and OUT; extra argument '%s'", argv[i]);
+            return loom_error_set(LOOM_ERR_INPUT, "loom convert takes IN and OUT; extra argument '%s'",
+                                  argv[i]);
         }
     }
     if (!in || !out) return loom_error_set(LOOM_ERR_INPUT, "usage: loom convert IN OUT [flags] (see --help)");
     const int to_file = to ? strcmp(to, "safetensors") == 0 : ends_with(out, ".safetensors");
     if (!to && !to_file && ends_with(out, ".bin"))
-        return loom_error_set(LOOM_ERR_INPUT, "%s: llm.c checkpoints hold GPT-2 models only; give a .safetensors "
-                                              "file or a directory",
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: llm.c checkpoints hold GPT-2 models only; give a .safetensors "
+                              "file or a directory",
                               out);
     struct loom_llama *m = NULL;
     int rc = read_input(in, env, &m);
@@ -133,8 +135,8 @@ static int run(int argc, char **argv, const struct loom_convert_env *env)
     rc = to_file ? loom_llama_save(m, out) : write_hf_dir(out, m);
     if (rc == LOOM_OK)
         printf("converted %s\n       to %s (%s, L=%d C=%d NH=%d G=%d F=%d V=%d)\n", in, out,
-               to_file ? "safetensors" : "Hugging Face directory", m->cfg.num_layers, m->cfg.hidden, m->cfg.heads,
-               m->cfg.kv_heads, m->cfg.ffn, m->cfg.vocab);
+               to_file ? "safetensors" : "Hugging Face directory", m->cfg.num_layers, m->cfg.hidden,
+               m->cfg.heads, m->cfg.kv_heads, m->cfg.ffn, m->cfg.vocab);
     loom_llama_free(m);
     return rc;
 }

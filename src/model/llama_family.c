@@ -6,7 +6,7 @@
  * the configuration, its FLOPs, and its shape as checkpoints record it. Not
  * here: the model (llama.c), its weights sources (llama_io.c) and
  * config.json (llama_hf.c), `loom convert` (llama_convert.c). Not yet:
- * tensor and pipeline parallelism, recomputation.
+ * tensor and pipeline parallelism.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -106,9 +106,6 @@ static int check_layout(const struct loom_config *cfg)
             "(--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d): use data "
             "parallelism and ZeRO",
             cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
-    if (cfg->recompute_granularity != LOOM_RECOMPUTE_NONE)
-        return loom_error_set(LOOM_ERR_INPUT, "Llama models do not recompute activations in this version "
-                                              "(--recompute-granularity)");
     return LOOM_OK;
 }
 
@@ -127,6 +124,7 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     (void)tp_rank, (void)pp_rank; /* one process's whole model (check_layout) */
     const struct loom_llama_config mc = shape_of_config(cfg);
     struct loom_llama *m = loom_llama_create(&mc, B, T);
+    loom_llama_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
     return &m->base;
