@@ -1224,9 +1224,6 @@ int main(void)
         test_embedding_threads();
         test_gelu();
         test_gelu_exact();
-        test_rmsnorm();
-        test_rope();
-        test_swiglu();
         test_residual();
         test_crossentropy();
         test_embedding_vp(4, 6, 70);   /* two column bands, the second partial */
@@ -1237,6 +1234,10 @@ int main(void)
         test_crossentropy_vp(24, 5000, -80.0f, 0);
         test_adamw();
         test_sum_squares();
+        /* Llama's, last: the random draws of the tests above stay as they were */
+        test_rmsnorm();
+        test_rope();
+        test_swiglu();
     }
     return check_summary("test_kernels");
 }
