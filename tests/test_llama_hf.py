@@ -35,7 +35,10 @@ torch.optim.AdamW with decay on 2-D tensors) within 1e-4.
 
 Also: `loom train --model llama-tiny` trains on the built-in corpus (its
 loss falls), DDP and ZeRO-3 on 2 ranks give one process's per-step losses
-within 1e-5, selective and full (uniform and block) recomputation give
+within 1e-5, so does pipeline parallelism (P 2 with 1f1b, gpipe and
+interleaved, P 2 x DP 2 with the distributed optimizer, P 2 with full
+recomputation; the tied table crosses the stages), selective and full
+(uniform and block) recomputation give
 its losses and weights bit for bit, ZeRO-2 in bf16 one process's bf16 run within 1e-4 (and one
 bf16 step of the weights: data parallelism's float32 sum order, as
 test_mixed_precision.py explains), and the settings that are not Llama's, or that Llama cannot
@@ -160,6 +163,17 @@ def training(tmp):
     for tag, extra in (("llama-ddp", []), ("llama-zero3", ["--zero-stage", "3"])):
         got = lib.tiny_run(tmp, tag, 2, base + ["--global-batch-size", "8", "--micro-batch-size", "1"] + extra)
         lib.compare_runs(tag, one, got)
+    # pipeline parallelism: every schedule, with the distributed optimizer and with recomputation
+    four = base + ["--num-layers", "4", "--global-batch-size", "8", "--micro-batch-size", "1"]
+    ref4 = lib.tiny_run(tmp, "llama-4-layers", 1, four)
+    pp2 = ["--pipeline-model-parallel-size", "2"]
+    for tag, n, extra in (("llama-pp2-1f1b", 2, pp2), ("llama-pp2-gpipe", 2, pp2 + ["--pipeline-schedule", "gpipe"]),
+                          ("llama-pp2-interleaved", 2, pp2 + ["--num-layers-per-virtual-pipeline-stage", "1"]),
+                          ("llama-pp2-dp2-distopt", 4, pp2 + ["--use-distributed-optimizer"]),
+                          ("llama-pp2-recompute-full", 2, pp2 + ["--recompute-granularity", "full",
+                                                                 "--recompute-method", "uniform",
+                                                                 "--recompute-num-layers", "1"])):
+        lib.compare_runs(tag, ref4, lib.tiny_run(tmp, tag, n, four + extra))
     # recomputation reruns the same kernels on the same inputs: bit for bit
     for tag, extra in (("selective", ["--recompute-activations"]),
                        ("full uniform 2", ["--recompute-granularity", "full", "--recompute-method", "uniform",

@@ -14,6 +14,7 @@
 #include "base/mem.h"
 #include "kernels/backend.h"
 #include "model/family.h"
+#include "parallel/pipeline.h"
 
 int loom_llama_config_check(const struct loom_llama_config *cfg, int T)
 {
@@ -57,14 +58,17 @@ static void add(struct loom_block *b, const char *name, int ndim, int64_t d0, in
     t->init_std = 0.02; /* Hugging Face's initializer_range */
 }
 
-static void layout_blocks(struct loom_llama *m)
+static void layout_blocks(struct loom_llama *m, int embedding, int head)
 {
     const int L = m->cfg.num_layers, C = m->cfg.hidden, F = m->cfg.ffn, kvC = m->kvC;
     char name[LOOM_TENSOR_NAME_MAX];
-    struct loom_block *e = &m->base.blocks[0];
-    e->role = LOOM_ROLE_EMBEDDING;
-    e->layer = -1;
-    add(e, "model.embed_tokens.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL);
+    if (embedding) {
+        struct loom_block *e = &m->base.blocks[0];
+        e->role = LOOM_ROLE_EMBEDDING;
+        e->layer = -1;
+        e->index = 0;
+        add(e, "model.embed_tokens.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL);
+    }
     static const struct {
         const char *suffix;
         int ndim, rows, cols; /* in units: 0 = 1, 1 = C, 2 = kvC, 3 = F */
@@ -82,32 +86,42 @@ static void layout_blocks(struct loom_llama *m)
     };
     const int64_t unit[] = {1, C, kvC, F};
     for (int l = 0; l < L; l++) {
-        struct loom_block *b = &m->base.blocks[1 + l];
+        if (m->layer_block[l] < 0) continue;
+        struct loom_block *b = &m->base.blocks[m->layer_block[l]];
         b->role = LOOM_ROLE_LAYER;
         b->layer = l;
+        b->index = 1 + l;
         for (size_t i = 0; i < sizeof layer_tensors / sizeof layer_tensors[0]; i++) {
             snprintf(name, sizeof name, "model.layers.%d.%s", l, layer_tensors[i].suffix);
             add(b, name, layer_tensors[i].ndim, unit[layer_tensors[i].rows], unit[layer_tensors[i].cols],
                 layer_tensors[i].init);
         }
     }
-    struct loom_block *h = &m->base.blocks[L + 1];
+    if (!head) return;
+    struct loom_block *h = &m->base.blocks[m->base.nblocks - 1];
     h->role = LOOM_ROLE_HEAD;
     h->layer = -1;
+    h->index = L + 1;
     add(h, "model.norm.weight", 1, C, 0, LOOM_INIT_ONE);
     if (m->cfg.untied) add(h, "lm_head.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL);
 }
 
 static float *lm_head_weight(struct loom_llama *m)
 {
-    return m->cfg.untied ? loom_param(&m->base.blocks[m->head], LM_HEAD_W)
-                         : loom_param(&m->base.blocks[m->emb], 0);
+    if (m->cfg.untied) return loom_param(&m->base.blocks[m->head], LM_HEAD_W);
+    return m->emb >= 0 ? loom_param(&m->base.blocks[m->emb], 0) : m->tied_copy;
 }
 
 static float *lm_head_grad(struct loom_llama *m)
 {
-    return m->cfg.untied ? loom_grad(&m->base.blocks[m->head], LM_HEAD_W)
-                         : loom_grad(&m->base.blocks[m->emb], 0);
+    if (m->cfg.untied) return loom_grad(&m->base.blocks[m->head], LM_HEAD_W);
+    return m->emb >= 0 ? loom_grad(&m->base.blocks[m->emb], 0) : m->tied_grad;
+}
+
+/* Whether the tied table crosses stages (parallel/pipeline.h). */
+static int tied_across_stages(const struct loom_llama *m)
+{
+    return m->pipelined && !m->cfg.untied && (m->emb >= 0) != (m->head >= 0);
 }
 
 /* ---- activations ---------------------------------------------------------------- */
@@ -134,7 +148,7 @@ static size_t att_numel(const struct loom_llama *m)
 static int recomputed(const struct loom_llama *m, int l)
 {
     if (m->recompute != LOOM_RECOMPUTE_FULL) return 0;
-    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l < m->recompute_num_layers;
+    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l - m->chunk_lo[l] < m->recompute_num_layers;
 }
 static int chunk_len(const struct loom_llama *m)
 {
@@ -142,12 +156,12 @@ static int chunk_len(const struct loom_llama *m)
 }
 static int chunk_first(const struct loom_llama *m, int l)
 {
-    return l - l % chunk_len(m);
+    return l - (l - m->chunk_lo[l]) % chunk_len(m);
 }
 static int chunk_last(const struct loom_llama *m, int l)
 {
     const int last = chunk_first(m, l) + chunk_len(m) - 1;
-    return last < m->cfg.num_layers - 1 ? last : m->cfg.num_layers - 1;
+    return last < m->chunk_hi[l] ? last : m->chunk_hi[l];
 }
 /* A layer's output has its own buffer unless the next layer is in its chunk. */
 static int keeps_output(const struct loom_llama *m, int l)
@@ -188,6 +202,7 @@ static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
     const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
+    a->chunk_input = loom_alloc(sizeof *a->chunk_input * (size_t)L, LOOM_MEM_OTHER);
     if (selective) a->shared_att = act(att_numel(m));
     if (nscratch) { /* a chunk's last layer keeps its output in a buffer of its own */
         a->scratch = loom_alloc(sizeof *a->scratch * (size_t)nscratch, LOOM_MEM_OTHER);
@@ -195,6 +210,8 @@ static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
     }
     for (int l = 0; l < L; l++) {
         struct loom_llama_layer_acts *x = &a->layers[l];
+        if (m->layer_block[l] < 0) continue; /* another stage's */
+        if (l > 0 && m->chunk_lo[l] == l) a->chunk_input[l] = act(N * C);
         if (recomputed(m, l)) {
             *x = a->scratch[l - chunk_first(m, l)];
             if (keeps_output(m, l)) x->res3 = act(N * C);
@@ -206,7 +223,7 @@ static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
     a->encoded = act(N * C);
     a->lnf = act(N * C);
     a->rstdf = act(N);
-    a->logits = act(loom_mul_size(N, (size_t)m->cfg.vocab));
+    a->logits = act(m->head >= 0 ? loom_mul_size(N, (size_t)m->cfg.vocab) : 1);
     a->losses = act(N);
     a->lse = act(N);
 }
@@ -216,6 +233,8 @@ static void free_slot(struct loom_llama *m, struct loom_llama_acts *a)
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         struct loom_llama_layer_acts *x = &a->layers[l];
+        if (m->layer_block[l] < 0) continue;
+        loom_free(a->chunk_input[l]);
         if (recomputed(m, l)) {
             if (keeps_output(m, l)) loom_free(x->res3);
         } else {
@@ -226,6 +245,7 @@ static void free_slot(struct loom_llama *m, struct loom_llama_acts *a)
     float *bufs[] = {a->encoded, a->lnf, a->rstdf, a->logits, a->losses, a->lse, a->shared_att};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(a->layers);
+    loom_free(a->chunk_input);
     loom_free(a->scratch);
 }
 
@@ -315,7 +335,7 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
     const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
     const size_t NC = (size_t)N * C, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
-    struct loom_block *b = &m->base.blocks[1 + l];
+    struct loom_block *b = &m->base.blocks[m->layer_block[l]];
     struct loom_llama_layer_acts *x = &a->layers[l];
     m->k->rmsnorm_forward(x->ln1, x->rstd1, res, loom_param(b, LN1_W), N, C, eps);
     round_act(m, x->ln1, NC);
@@ -348,16 +368,29 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     round_act(m, x->res3, NC);
 }
 
+/* Layer l's input: the embedding's output, a pipeline chunk's received
+ * input, or the previous layer's output. */
 static float *layer_input(struct loom_llama_acts *a, int l)
 {
-    return l > 0 ? a->layers[l - 1].res3 : a->encoded;
+    if (l == 0) return a->encoded;
+    return a->chunk_input[l] ? a->chunk_input[l] : a->layers[l - 1].res3;
 }
 
-/* The layers [l0, l1] a block range covers ([0, -1] or [L, L-1]: none). */
+/* The layers [l0, l1] a block range covers, consecutive (one pipeline
+ * chunk); none: [0, -1] before them (the embedding alone), [L, L-1] after. */
 static void layers_of(const struct loom_llama *m, int first, int last, int *l0, int *l1)
 {
-    *l0 = (first > m->emb ? first : m->emb + 1) - 1;
-    *l1 = (last < m->head ? last : m->head - 1) - 1;
+    *l0 = last == m->head && first == m->head ? m->cfg.num_layers : 0;
+    *l1 = *l0 - 1;
+    int seen = 0;
+    for (int b = first; b <= last; b++) {
+        const struct loom_block *blk = &m->base.blocks[b];
+        if (blk->role != LOOM_ROLE_LAYER) continue;
+        if (!seen) *l0 = blk->layer;
+        LOOM_ASSERT(!seen || blk->layer == *l1 + 1);
+        *l1 = blk->layer;
+        seen = 1;
+    }
 }
 
 static void forward(struct loom_model *model, int first, int last, struct loom_micro *mb)
@@ -381,25 +414,36 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         loom_model_forward_begin(model, m->emb);
         m->k->embedding_vp_forward(a->encoded, a->inputs, loom_param(emb, 0), NULL, 0, V, B, T, C);
         round_act(m, a->encoded, (size_t)N * C);
+        if (tied_across_stages(m) && mb->micro == 0) { /* the table, to the head's stage */
+            memcpy(m->tied_copy, loom_param(emb, 0), (size_t)V * C * sizeof(float));
+            loom_pp_tied_weights_send(m->tied_copy, (size_t)V * C);
+        }
         loom_model_forward_end(model, m->emb);
     } else {
-        LOOM_ASSERT(mb->input != NULL);
-        memcpy(layer_input(a, l0), mb->input, (size_t)N * C * sizeof(float));
+        /* full recomputation reruns layers from their kept inputs: a range starting
+         * at a layer starts a pipeline chunk (its input is kept) */
+        LOOM_ASSERT(mb->input != NULL &&
+                    (m->recompute != LOOM_RECOMPUTE_FULL || l0 >= L || l0 == 0 || a->chunk_input[l0]));
+        memcpy(l0 < L ? layer_input(a, l0) : a->layers[L - 1].res3, mb->input, (size_t)N * C * sizeof(float));
     }
     for (int l = l0; l <= l1; l++) {
-        loom_model_forward_begin(model, 1 + l);
+        loom_model_forward_begin(model, m->layer_block[l]);
         layer_forward(m, a, l, layer_input(a, l), B);
-        loom_model_forward_end(model, 1 + l);
+        loom_model_forward_end(model, m->layer_block[l]);
     }
     if (last != m->head) {
-        memcpy(mb->output, layer_input(a, l1 + 1), (size_t)N * C * sizeof(float));
+        memcpy(mb->output, l1 >= 0 ? a->layers[l1].res3 : a->encoded, (size_t)N * C * sizeof(float));
         return;
     }
     struct loom_block *head = &model->blocks[m->head];
-    const int announce_emb = first != m->emb && !m->cfg.untied;
+    const int announce_emb = first != m->emb && !m->cfg.untied && m->emb >= 0;
     if (announce_emb) loom_model_forward_begin(model, m->emb);
+    if (tied_across_stages(m) && mb->micro == 0) { /* the table, from the embedding's stage */
+        loom_pp_tied_weights_recv(m->tied_copy, (size_t)V * C);
+        memset(m->tied_grad, 0, (size_t)V * C * sizeof(float));
+    }
     loom_model_forward_begin(model, m->head);
-    m->k->rmsnorm_forward(a->lnf, a->rstdf, layer_input(a, L), loom_param(head, NORM_W), N, C,
+    m->k->rmsnorm_forward(a->lnf, a->rstdf, a->layers[L - 1].res3, loom_param(head, NORM_W), N, C,
                           (float)m->cfg.norm_eps);
     round_act(m, a->lnf, (size_t)N * C);
     m->k->lm_head_forward(a->logits, a->lnf, lm_head_weight(m), N, C, V);
@@ -435,7 +479,7 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
     const float theta = (float)m->cfg.rope_theta;
     const size_t NC = (size_t)N * C, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
-    struct loom_block *b = &m->base.blocks[1 + l];
+    struct loom_block *b = &m->base.blocks[m->layer_block[l]];
     struct loom_llama_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + down(silu(gate(ln2)) * up(ln2)); dres flows to res2 unchanged */
     linear_backward(m, m->dh, NULL, loom_grad(b, DOWN_W), m->dres, x->h, loom_param(b, DOWN_W), N, F, C, 0);
@@ -488,16 +532,20 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         struct loom_block *head = &model->blocks[m->head];
         m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
         round_act(m, a->logits, (size_t)N * V);
-        if (!m->cfg.untied) {
+        const int tied_here = !m->cfg.untied && m->emb >= 0;
+        if (tied_here) {
             loom_model_backward_begin(model, m->emb);
             a->emb_open = 1;
         }
         loom_model_backward_begin(model, m->head);
         m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, a->lnf, lm_head_weight(m), N, C, V);
         round_act(m, m->dbufC, (size_t)N * C);
-        if (!m->cfg.untied) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
+        if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
+        /* the copy's gradient over the step, to the embedding's stage */
+        if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+            loom_pp_tied_grads_send(m->tied_grad, (size_t)V * C);
         memset(m->dres, 0, (size_t)N * C * sizeof(float));
-        m->k->rmsnorm_backward(m->dres, loom_grad(head, NORM_W), m->dbufC, layer_input(a, L),
+        m->k->rmsnorm_backward(m->dres, loom_grad(head, NORM_W), m->dbufC, a->layers[L - 1].res3,
                                loom_param(head, NORM_W), a->rstdf, N, C);
         round_act(m, m->dres, (size_t)N * C);
         loom_model_grads_ready(model, m->head);
@@ -506,15 +554,15 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     }
     for (int l = l1; l >= l0; l--) {
         if (!recomputed(m, l)) {
-            loom_model_backward_begin(model, 1 + l);
+            loom_model_backward_begin(model, m->layer_block[l]);
         } else if (l == chunk_last(m, l)) {
             /* entering a chunk from the top: rerun its forward from its kept input */
             const int cfirst = chunk_first(m, l);
-            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, 1 + k);
+            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, m->layer_block[k]);
             for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, layer_input(a, k), B);
         }
         layer_backward(m, a, l, B);
-        loom_model_grads_ready(model, 1 + l);
+        loom_model_grads_ready(model, m->layer_block[l]);
     }
     if (first != m->emb) {
         memcpy(mb->dinput, m->dres, (size_t)N * C * sizeof(float));
@@ -524,6 +572,9 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
     m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), NULL, m->dres, a->inputs, 0,
                                 V, B, T, C);
+    /* the head's share, from its stage, once per step */
+    if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+        loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)V * C);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;
 }
@@ -550,7 +601,7 @@ static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *
 {
     struct loom_llama *m = loom_llama_of(model);
     const struct loom_llama_acts *a = m->slots ? &m->slots[m->bwd_slot] : NULL;
-    if (m->cfg.untied) return 0;
+    if (m->cfg.untied || m->emb < 0 || m->head < 0) return 0; /* the head has its own weight, or a copy */
     *te = (struct loom_tied_embedding){.block = m->emb,
                                        .vocab = m->cfg.vocab,
                                        .width = m->cfg.hidden,
@@ -583,7 +634,18 @@ struct loom_llama *loom_llama_of(struct loom_model *m)
 
 struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B, int T)
 {
+    const int lo = 0, hi = cfg->num_layers - 1;
+    struct loom_llama *m = loom_llama_create_stage(cfg, B, T, 1, &lo, &hi, 1, 1);
+    m->pipelined = 0;
+    return m;
+}
+
+struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, int B, int T, int chunks,
+                                           const int *lo, const int *hi, int embedding, int head)
+{
     LOOM_ASSERT(loom_llama_config_check(cfg, T) == LOOM_OK);
+    LOOM_ASSERT(chunks >= 1 && (!embedding || lo[0] == 0) &&
+                (!head || hi[chunks - 1] == cfg->num_layers - 1));
     struct loom_llama *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
     m->B = B;
@@ -594,14 +656,36 @@ struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B,
     m->act_dtype = LOOM_DTYPE_F32;
     m->recompute = LOOM_RECOMPUTE_NONE;
     m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
-    loom_model_init(&m->base, &llama_ops, "llama", cfg->num_layers + 2);
+    const int L = cfg->num_layers;
+    m->layer_block = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
+    m->chunk_lo = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
+    m->chunk_hi = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
+    for (int l = 0; l < L; l++) m->layer_block[l] = -1;
+    int nblocks = embedding;
+    for (int c = 0; c < chunks; c++) {
+        LOOM_ASSERT(lo[c] <= hi[c] && hi[c] < L && (c == 0 || lo[c] > hi[c - 1]));
+        for (int l = lo[c]; l <= hi[c]; l++) {
+            m->layer_block[l] = nblocks++;
+            m->chunk_lo[l] = lo[c];
+            m->chunk_hi[l] = hi[c];
+        }
+    }
+    nblocks += head;
+    loom_model_init(&m->base, &llama_ops, "llama", nblocks);
     m->base.user = m;
     m->base.family = &loom_llama_family;
     m->k = m->base.backend->k;
-    layout_blocks(m);
+    m->pipelined = 1;
+    layout_blocks(m, embedding, head);
     loom_model_layout_done(&m->base);
     m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
     m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
+    if (tied_across_stages(m)) {
+        const size_t n = (size_t)cfg->vocab * cfg->hidden;
+        m->tied_copy = loom_alloc(n * sizeof(float), m->head >= 0 ? LOOM_MEM_PARAMS : LOOM_MEM_COMM);
+        /* the first stage receives the gradient where it sent the table from */
+        m->tied_grad = m->head >= 0 ? loom_alloc(n * sizeof(float), LOOM_MEM_GRADS) : m->tied_copy;
+    }
     return m;
 }
 
@@ -624,6 +708,11 @@ void loom_llama_free(struct loom_llama *m)
     if (!m) return;
     loom_model_release(&m->base);
     free_activations(m);
+    loom_free(m->layer_block);
+    loom_free(m->chunk_lo);
+    loom_free(m->chunk_hi);
+    if (m->tied_grad != m->tied_copy) loom_free(m->tied_grad);
+    loom_free(m->tied_copy);
     loom_free(m);
 }
 

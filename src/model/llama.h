@@ -17,8 +17,9 @@
  * as GPT-2's do; under 16-bit training every activation and activation
  * gradient a kernel writes is rounded to the dtype (the buffers stay
  * float32), as GPT-2's are; activations can be recomputed (Megatron's
- * selective and full). Not yet: tensor and sequence parallelism, pipeline
- * stages (the family refuses them with one line). Not here: loading weights (llama_family.c).
+ * selective and full); a model may hold one pipeline stage's blocks, as
+ * GPT-2's does. Not yet: tensor and sequence parallelism (the family
+ * refuses them with one line). Not here: loading weights (llama_family.c).
  */
 #ifndef LOOM_MODEL_LLAMA_H
 #define LOOM_MODEL_LLAMA_H
@@ -68,7 +69,8 @@ struct loom_llama_acts {
     float *losses, *lse;                   /* (N) */
     const int32_t *inputs, *targets;
     int rows;
-    int emb_open; /* the head's backward announced the embedding's gradients */
+    int emb_open;        /* the head's backward announced the embedding's gradients */
+    float **chunk_input; /* (L) the input of a pipeline model chunk that starts at layer l > 0, else NULL */
 };
 
 struct loom_llama {
@@ -93,12 +95,24 @@ struct loom_llama {
     float *dh, *dgate, *dup; /* (N,F) */
     int bwd_slot;
     int defer_wte_scatter; /* leave the embedding's scatter out of this backward (loom_tied_embedding) */
+    /* pipeline parallelism (loom_llama_create_stage), as GPT-2's: the layers
+     * held, in model chunks, and a tied head's table across stages
+     * (parallel/pipeline.h) */
+    int *layer_block;         /* (L) the block of layer l, or -1 */
+    int *chunk_lo, *chunk_hi; /* (L) the first and last layer of layer l's chunk */
+    int pipelined;
+    float *tied_copy, *tied_grad; /* the last stage's copy and its gradient; the first stage's one buffer */
 };
 
 /* A model for micro-batches of up to B sequences of T, described; the
  * caller allocates its arenas. Weights are zero until initialised (normal
  * 0.02, RMSNorm weights 1, as Hugging Face initialises) or loaded. */
 struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B, int T);
+/* One pipeline stage of it: the layers lo[c]..hi[c] of its `chunks` model
+ * chunks (increasing), the embedding when `embedding`, the final norm and
+ * LM head when `head` (see loom_gpt2_create_stage). */
+struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, int B, int T, int chunks,
+                                           const int *lo, const int *hi, int embedding, int head);
 void loom_llama_free(struct loom_llama *m);
 /* Megatron's recomputation, before the first forward (see gpt2.h):
  * selective recomputes each layer's attention probabilities from its kept

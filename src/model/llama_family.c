@@ -6,17 +6,19 @@
  * the configuration, its FLOPs, and its shape as checkpoints record it. Not
  * here: the model (llama.c), its weights sources (llama_io.c) and
  * config.json (llama_hf.c), `loom convert` (llama_convert.c). Not yet:
- * tensor and pipeline parallelism.
+ * tensor and sequence parallelism.
  */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "base/log.h"
+#include "base/mem.h"
 #include "model/convert.h"
 #include "model/family.h"
 #include "model/llama.h"
 #include "model/llama_io.h"
+#include "parallel/pipeline.h"
 
 /* clang-format off */
 #define LLAMA_ARCH {"--normalization", "RMSNorm"}, {"--position-embedding-type", "rope"}, {"--swiglu", "1"}, \
@@ -99,13 +101,11 @@ static int check_architecture(const struct loom_config *cfg)
 /* What this version cannot yet run for Llama, refused in one line. */
 static int check_layout(const struct loom_config *cfg)
 {
-    if (cfg->tensor_model_parallel_size > 1 || cfg->pipeline_model_parallel_size > 1)
-        return loom_error_set(
-            LOOM_ERR_INPUT,
-            "Llama models do not run tensor or pipeline parallelism in this version "
-            "(--tensor-model-parallel-size %d, --pipeline-model-parallel-size %d): use data "
-            "parallelism and ZeRO",
-            cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
+    if (cfg->tensor_model_parallel_size > 1 || cfg->sequence_parallel)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "Llama models do not run tensor or sequence parallelism in this version "
+                              "(--tensor-model-parallel-size %d): use pipeline and data parallelism and ZeRO",
+                              cfg->tensor_model_parallel_size);
     return LOOM_OK;
 }
 
@@ -121,9 +121,19 @@ static int check(const struct loom_config *cfg, int T)
 static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank,
                                  int pp_rank)
 {
-    (void)tp_rank, (void)pp_rank; /* one process's whole model (check_layout) */
+    (void)tp_rank; /* no tensor parallelism (check_layout) */
     const struct loom_llama_config mc = shape_of_config(cfg);
-    struct loom_llama *m = loom_llama_create(&mc, B, T);
+    const int pp = cfg->pipeline_model_parallel_size;
+    struct loom_llama *m;
+    if (pp > 1) { /* this stage's chunks of layers (parallel/pipeline.h) */
+        const int chunks = loom_pp_chunks(cfg);
+        int *lo = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER), *hi = lo + chunks;
+        for (int c = 0; c < chunks; c++) loom_pp_layers(cfg, pp_rank, c, &lo[c], &hi[c]);
+        m = loom_llama_create_stage(&mc, B, T, chunks, lo, hi, pp_rank == 0, pp_rank == pp - 1);
+        loom_free(lo);
+    } else {
+        m = loom_llama_create(&mc, B, T);
+    }
     loom_llama_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
