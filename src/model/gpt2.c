@@ -127,8 +127,8 @@ static void layout_blocks(struct loom_gpt2 *m, int embedding, int head)
         {"mlp.c_proj.bias", 1, 1, 0, LOOM_INIT_ZERO, 0, REPL, 0},
     };
     for (int l = 0; l < L; l++) {
-        if (m->layer_block[l] < 0) continue;
-        struct loom_block *b = &m->base.blocks[m->layer_block[l]];
+        if (m->stage.block[l] < 0) continue;
+        struct loom_block *b = &m->base.blocks[m->stage.block[l]];
         b->role = LOOM_ROLE_LAYER;
         b->layer = l;
         b->index = 1 + l;
@@ -199,7 +199,7 @@ static size_t att_numel(const struct loom_gpt2 *m)
 static int recomputed(const struct loom_gpt2 *m, int l)
 {
     if (m->recompute != LOOM_RECOMPUTE_FULL) return 0;
-    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l - m->chunk_lo[l] < m->recompute_num_layers;
+    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l - m->stage.lo[l] < m->recompute_num_layers;
 }
 
 /* Layers recomputed together: chunks of N under uniform (the last one
@@ -212,13 +212,13 @@ static int chunk_len(const struct loom_gpt2 *m)
 }
 static int chunk_first(const struct loom_gpt2 *m, int l)
 {
-    const int lo = m->chunk_lo[l];
+    const int lo = m->stage.lo[l];
     return l - (l - lo) % chunk_len(m);
 }
 static int chunk_last(const struct loom_gpt2 *m, int l)
 {
     const int last = chunk_first(m, l) + chunk_len(m) - 1;
-    return last < m->chunk_hi[l] ? last : m->chunk_hi[l];
+    return last < m->stage.hi[l] ? last : m->stage.hi[l];
 }
 
 /* Whether layer l's output res3 has its own buffer: the next layer's input
@@ -316,8 +316,8 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
     }
     for (int l = 0; l < L; l++) {
         struct loom_layer_acts *x = &a->layers[l];
-        if (m->layer_block[l] < 0) continue; /* another stage's */
-        if (l > 0 && m->chunk_lo[l] == l) a->chunk_input[l] = act(Nr * C);
+        if (m->stage.block[l] < 0) continue; /* another stage's */
+        if (l > 0 && m->stage.lo[l] == l) a->chunk_input[l] = act(Nr * C);
         if (recomputed(m, l)) {
             *x = a->scratch[l - chunk_first(m, l)];
             if (keeps_output(m, l)) x->res3 = act(Nr * C);
@@ -338,7 +338,7 @@ static void free_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 {
     for (int l = 0; l < m->cfg.num_layers; l++) {
         struct loom_layer_acts *x = &a->layers[l];
-        if (m->layer_block[l] < 0) continue;
+        if (m->stage.block[l] < 0) continue;
         loom_free(a->chunk_input[l]);
         if (recomputed(m, l)) {
             if (keeps_output(m, l)) loom_free(x->res3);
@@ -483,8 +483,6 @@ struct loom_gpt2 *loom_gpt2_create_stage(const struct loom_gpt2_config *cfg, int
                                          int head)
 {
     LOOM_ASSERT(tp >= 1 && tp_rank >= 0 && tp_rank < tp && cfg->hidden % tp == 0 && cfg->heads % tp == 0);
-    LOOM_ASSERT(chunks >= 1 && (!embedding || lo[0] == 0) &&
-                (!head || hi[chunks - 1] == cfg->num_layers - 1));
     struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
     m->tp = tp;
@@ -501,22 +499,8 @@ struct loom_gpt2 *loom_gpt2_create_stage(const struct loom_gpt2_config *cfg, int
     m->recompute = LOOM_RECOMPUTE_NONE;
     m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
     m->nslots = 1;
-    const int L = cfg->num_layers;
-    m->layer_block = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
-    m->chunk_lo = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
-    m->chunk_hi = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
-    for (int l = 0; l < L; l++) m->layer_block[l] = -1;
-    int nblocks = embedding;
-    for (int c = 0; c < chunks; c++) {
-        LOOM_ASSERT(lo[c] <= hi[c] && hi[c] < L && (c == 0 || lo[c] > hi[c - 1]));
-        for (int l = lo[c]; l <= hi[c]; l++) {
-            m->layer_block[l] = nblocks++;
-            m->chunk_lo[l] = lo[c];
-            m->chunk_hi[l] = hi[c];
-        }
-    }
-    nblocks += head;
-    loom_model_init(&m->base, &gpt2_ops, "gpt2", nblocks);
+    loom_pp_stage_layers_init(&m->stage, cfg->num_layers, chunks, lo, hi, embedding, head);
+    loom_model_init(&m->base, &gpt2_ops, "gpt2", m->stage.nblocks);
     m->base.tp = tp;
     m->base.tp_rank = tp_rank;
     m->base.user = m;
@@ -527,12 +511,8 @@ struct loom_gpt2 *loom_gpt2_create_stage(const struct loom_gpt2_config *cfg, int
     loom_model_layout_done(&m->base);
     m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
     m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
-    if (tied_across_stages(m)) {
-        const size_t n = (size_t)m->Vl * cfg->hidden;
-        m->tied_copy = loom_alloc(n * sizeof(float), m->head >= 0 ? LOOM_MEM_PARAMS : LOOM_MEM_COMM);
-        /* the first stage receives the gradient where it sent the table from */
-        m->tied_grad = m->head >= 0 ? loom_alloc(n * sizeof(float), LOOM_MEM_GRADS) : m->tied_copy;
-    }
+    if (tied_across_stages(m))
+        loom_pp_tied_alloc(&m->tied_copy, &m->tied_grad, (size_t)m->Vl * cfg->hidden, m->head >= 0);
     return m;
 }
 
@@ -541,11 +521,8 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     if (!m) return;
     loom_model_release(&m->base);
     free_activations(m);
-    loom_free(m->layer_block);
-    loom_free(m->chunk_lo);
-    loom_free(m->chunk_hi);
-    if (m->tied_grad != m->tied_copy) loom_free(m->tied_grad);
-    loom_free(m->tied_copy);
+    loom_pp_stage_layers_free(&m->stage);
+    loom_pp_tied_free(m->tied_copy, m->tied_grad);
     loom_free(m);
 }
 
@@ -634,7 +611,7 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     /* a row-parallel projection's bias is added once, by tp rank 0, to the
      * partial sums the reduction adds up */
     const int own_bias = m->tp_rank == 0;
-    struct loom_block *b = &m->base.blocks[m->layer_block[l]];
+    struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_layer_acts *x = &a->layers[l];
     m->k->layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
                             Nr, C, (float)m->cfg.norm_eps);
@@ -754,9 +731,9 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         memcpy(l0 < L ? layer_input(a, l0) : a->layers[L - 1].res3, mb->input, NrC * sizeof(float));
     }
     for (int l = l0; l <= l1; l++) {
-        loom_model_forward_begin(model, m->layer_block[l]);
+        loom_model_forward_begin(model, m->stage.block[l]);
         layer_forward(m, a, l, layer_input(a, l), B);
-        loom_model_forward_end(model, m->layer_block[l]);
+        loom_model_forward_end(model, m->stage.block[l]);
     }
     if (last != m->head) {
         memcpy(mb->output, l1 >= 0 ? a->layers[l1].res3 : a->encoded, NrC * sizeof(float));
@@ -798,7 +775,7 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
 {
     const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T, Nr = rows_held(m, N);
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
-    struct loom_block *b = &m->base.blocks[m->layer_block[l]];
+    struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); the replicated bias's
      * gradient sums every row of dout, so it is the same on every tp rank */
@@ -886,15 +863,15 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     /* m->dres is the gradient of the residual stream, flowing down */
     for (int l = l1; l >= l0; l--) {
         if (!recomputed(m, l)) {
-            loom_model_backward_begin(model, m->layer_block[l]);
+            loom_model_backward_begin(model, m->stage.block[l]);
         } else if (l == chunk_last(m, l)) {
             /* entering a chunk from the top: rerun its forward from its kept input */
             const int cfirst = chunk_first(m, l);
-            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, m->layer_block[k]);
+            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, m->stage.block[k]);
             for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, layer_input(a, k), B);
         }
         layer_backward(m, a, l, B);
-        loom_model_grads_ready(model, m->layer_block[l]);
+        loom_model_grads_ready(model, m->stage.block[l]);
     }
     if (first != m->emb) {
         memcpy(mb->dinput, m->dres, NrC * sizeof(float));

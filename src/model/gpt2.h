@@ -25,6 +25,7 @@
 #include "base/dtype.h"
 #include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
+#include "parallel/pipeline.h"
 
 struct loom_kernels;
 
@@ -118,9 +119,8 @@ struct loom_gpt2 {
 
     /* pipeline parallelism (loom_gpt2_create_stage): the layers this model
      * holds, in model chunks of consecutive layers */
-    int *layer_block;         /* (L) the block of layer l, or -1 when another stage holds it */
-    int *chunk_lo, *chunk_hi; /* (L) the first and last layer of layer l's chunk */
-    int pipelined;            /* pp > 1: a tied table and its LM head may be on different stages */
+    struct loom_pp_stage_layers stage; /* the layers held and their chunks (parallel/pipeline.h) */
+    int pipelined;                     /* pp > 1: a tied table and its LM head may be on different stages */
     /* a tied LM head on another stage than the embedding (parallel/pipeline.h):
      * on the last stage, the copy of the table (Vl, C) the head reads and its
      * gradient; on the first stage, one buffer for both: the table's send

@@ -86,8 +86,8 @@ static void layout_blocks(struct loom_llama *m, int embedding, int head)
     };
     const int64_t unit[] = {1, C, kvC, F};
     for (int l = 0; l < L; l++) {
-        if (m->layer_block[l] < 0) continue;
-        struct loom_block *b = &m->base.blocks[m->layer_block[l]];
+        if (m->stage.block[l] < 0) continue;
+        struct loom_block *b = &m->base.blocks[m->stage.block[l]];
         b->role = LOOM_ROLE_LAYER;
         b->layer = l;
         b->index = 1 + l;
@@ -148,7 +148,7 @@ static size_t att_numel(const struct loom_llama *m)
 static int recomputed(const struct loom_llama *m, int l)
 {
     if (m->recompute != LOOM_RECOMPUTE_FULL) return 0;
-    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l - m->chunk_lo[l] < m->recompute_num_layers;
+    return m->recompute_method == LOOM_RECOMPUTE_UNIFORM || l - m->stage.lo[l] < m->recompute_num_layers;
 }
 static int chunk_len(const struct loom_llama *m)
 {
@@ -156,12 +156,12 @@ static int chunk_len(const struct loom_llama *m)
 }
 static int chunk_first(const struct loom_llama *m, int l)
 {
-    return l - (l - m->chunk_lo[l]) % chunk_len(m);
+    return l - (l - m->stage.lo[l]) % chunk_len(m);
 }
 static int chunk_last(const struct loom_llama *m, int l)
 {
     const int last = chunk_first(m, l) + chunk_len(m) - 1;
-    return last < m->chunk_hi[l] ? last : m->chunk_hi[l];
+    return last < m->stage.hi[l] ? last : m->stage.hi[l];
 }
 /* A layer's output has its own buffer unless the next layer is in its chunk. */
 static int keeps_output(const struct loom_llama *m, int l)
@@ -210,8 +210,8 @@ static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
     }
     for (int l = 0; l < L; l++) {
         struct loom_llama_layer_acts *x = &a->layers[l];
-        if (m->layer_block[l] < 0) continue; /* another stage's */
-        if (l > 0 && m->chunk_lo[l] == l) a->chunk_input[l] = act(N * C);
+        if (m->stage.block[l] < 0) continue; /* another stage's */
+        if (l > 0 && m->stage.lo[l] == l) a->chunk_input[l] = act(N * C);
         if (recomputed(m, l)) {
             *x = a->scratch[l - chunk_first(m, l)];
             if (keeps_output(m, l)) x->res3 = act(N * C);
@@ -233,7 +233,7 @@ static void free_slot(struct loom_llama *m, struct loom_llama_acts *a)
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     for (int l = 0; l < m->cfg.num_layers; l++) {
         struct loom_llama_layer_acts *x = &a->layers[l];
-        if (m->layer_block[l] < 0) continue;
+        if (m->stage.block[l] < 0) continue;
         loom_free(a->chunk_input[l]);
         if (recomputed(m, l)) {
             if (keeps_output(m, l)) loom_free(x->res3);
@@ -335,7 +335,7 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
     const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
     const size_t NC = (size_t)N * C, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
-    struct loom_block *b = &m->base.blocks[m->layer_block[l]];
+    struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_llama_layer_acts *x = &a->layers[l];
     m->k->rmsnorm_forward(x->ln1, x->rstd1, res, loom_param(b, LN1_W), N, C, eps);
     round_act(m, x->ln1, NC);
@@ -427,9 +427,9 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         memcpy(l0 < L ? layer_input(a, l0) : a->layers[L - 1].res3, mb->input, (size_t)N * C * sizeof(float));
     }
     for (int l = l0; l <= l1; l++) {
-        loom_model_forward_begin(model, m->layer_block[l]);
+        loom_model_forward_begin(model, m->stage.block[l]);
         layer_forward(m, a, l, layer_input(a, l), B);
-        loom_model_forward_end(model, m->layer_block[l]);
+        loom_model_forward_end(model, m->stage.block[l]);
     }
     if (last != m->head) {
         memcpy(mb->output, l1 >= 0 ? a->layers[l1].res3 : a->encoded, (size_t)N * C * sizeof(float));
@@ -479,7 +479,7 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
     const float theta = (float)m->cfg.rope_theta;
     const size_t NC = (size_t)N * C, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
-    struct loom_block *b = &m->base.blocks[m->layer_block[l]];
+    struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_llama_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + down(silu(gate(ln2)) * up(ln2)); dres flows to res2 unchanged */
     linear_backward(m, m->dh, NULL, loom_grad(b, DOWN_W), m->dres, x->h, loom_param(b, DOWN_W), N, F, C, 0);
@@ -554,15 +554,15 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     }
     for (int l = l1; l >= l0; l--) {
         if (!recomputed(m, l)) {
-            loom_model_backward_begin(model, m->layer_block[l]);
+            loom_model_backward_begin(model, m->stage.block[l]);
         } else if (l == chunk_last(m, l)) {
             /* entering a chunk from the top: rerun its forward from its kept input */
             const int cfirst = chunk_first(m, l);
-            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, m->layer_block[k]);
+            for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, m->stage.block[k]);
             for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, layer_input(a, k), B);
         }
         layer_backward(m, a, l, B);
-        loom_model_grads_ready(model, m->layer_block[l]);
+        loom_model_grads_ready(model, m->stage.block[l]);
     }
     if (first != m->emb) {
         memcpy(mb->dinput, m->dres, (size_t)N * C * sizeof(float));
@@ -644,8 +644,6 @@ struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, 
                                            const int *lo, const int *hi, int embedding, int head)
 {
     LOOM_ASSERT(loom_llama_config_check(cfg, T) == LOOM_OK);
-    LOOM_ASSERT(chunks >= 1 && (!embedding || lo[0] == 0) &&
-                (!head || hi[chunks - 1] == cfg->num_layers - 1));
     struct loom_llama *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
     m->B = B;
@@ -656,22 +654,8 @@ struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, 
     m->act_dtype = LOOM_DTYPE_F32;
     m->recompute = LOOM_RECOMPUTE_NONE;
     m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
-    const int L = cfg->num_layers;
-    m->layer_block = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
-    m->chunk_lo = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
-    m->chunk_hi = loom_alloc(sizeof(int) * (size_t)L, LOOM_MEM_OTHER);
-    for (int l = 0; l < L; l++) m->layer_block[l] = -1;
-    int nblocks = embedding;
-    for (int c = 0; c < chunks; c++) {
-        LOOM_ASSERT(lo[c] <= hi[c] && hi[c] < L && (c == 0 || lo[c] > hi[c - 1]));
-        for (int l = lo[c]; l <= hi[c]; l++) {
-            m->layer_block[l] = nblocks++;
-            m->chunk_lo[l] = lo[c];
-            m->chunk_hi[l] = hi[c];
-        }
-    }
-    nblocks += head;
-    loom_model_init(&m->base, &llama_ops, "llama", nblocks);
+    loom_pp_stage_layers_init(&m->stage, cfg->num_layers, chunks, lo, hi, embedding, head);
+    loom_model_init(&m->base, &llama_ops, "llama", m->stage.nblocks);
     m->base.user = m;
     m->base.family = &loom_llama_family;
     m->k = m->base.backend->k;
@@ -680,12 +664,8 @@ struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, 
     loom_model_layout_done(&m->base);
     m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
     m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
-    if (tied_across_stages(m)) {
-        const size_t n = (size_t)cfg->vocab * cfg->hidden;
-        m->tied_copy = loom_alloc(n * sizeof(float), m->head >= 0 ? LOOM_MEM_PARAMS : LOOM_MEM_COMM);
-        /* the first stage receives the gradient where it sent the table from */
-        m->tied_grad = m->head >= 0 ? loom_alloc(n * sizeof(float), LOOM_MEM_GRADS) : m->tied_copy;
-    }
+    if (tied_across_stages(m))
+        loom_pp_tied_alloc(&m->tied_copy, &m->tied_grad, (size_t)cfg->vocab * cfg->hidden, m->head >= 0);
     return m;
 }
 
@@ -708,11 +688,8 @@ void loom_llama_free(struct loom_llama *m)
     if (!m) return;
     loom_model_release(&m->base);
     free_activations(m);
-    loom_free(m->layer_block);
-    loom_free(m->chunk_lo);
-    loom_free(m->chunk_hi);
-    if (m->tied_grad != m->tied_copy) loom_free(m->tied_grad);
-    loom_free(m->tied_copy);
+    loom_pp_stage_layers_free(&m->stage);
+    loom_pp_tied_free(m->tied_copy, m->tied_grad);
     loom_free(m);
 }
 

@@ -30,6 +30,7 @@
 #include "base/dtype.h"
 #include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
+#include "parallel/pipeline.h"
 
 struct loom_kernels;
 
@@ -98,8 +99,7 @@ struct loom_llama {
     /* pipeline parallelism (loom_llama_create_stage), as GPT-2's: the layers
      * held, in model chunks, and a tied head's table across stages
      * (parallel/pipeline.h) */
-    int *layer_block;         /* (L) the block of layer l, or -1 */
-    int *chunk_lo, *chunk_hi; /* (L) the first and last layer of layer l's chunk */
+    struct loom_pp_stage_layers stage; /* the layers held and their chunks (parallel/pipeline.h) */
     int pipelined;
     float *tied_copy, *tied_grad; /* the last stage's copy and its gradient; the first stage's one buffer */
 };

@@ -3,6 +3,7 @@
 
 #include "base/buf.h"
 #include "base/log.h"
+#include "base/mem.h"
 #include "comm/comm.h"
 #include "loom/config.h"
 
@@ -11,6 +12,44 @@ int loom_pp_chunks(const struct loom_config *cfg)
     const int pp = cfg->pipeline_model_parallel_size, vl = cfg->num_layers_per_virtual_pipeline_stage;
     if (pp == 1 || cfg->pipeline_schedule != LOOM_PIPELINE_SCHEDULE_INTERLEAVED || vl == 0) return 1;
     return cfg->num_layers / (vl * pp);
+}
+
+void loom_pp_stage_layers_init(struct loom_pp_stage_layers *s, int L, int chunks, const int *lo,
+                               const int *hi, int embedding, int head)
+{
+    LOOM_ASSERT(chunks >= 1 && (!embedding || lo[0] == 0) && (!head || hi[chunks - 1] == L - 1));
+    s->block = loom_alloc(sizeof(int) * 3 * (size_t)L, LOOM_MEM_OTHER);
+    s->lo = s->block + L;
+    s->hi = s->lo + L;
+    for (int l = 0; l < L; l++) s->block[l] = -1;
+    s->nblocks = embedding;
+    for (int c = 0; c < chunks; c++) {
+        LOOM_ASSERT(lo[c] <= hi[c] && hi[c] < L && (c == 0 || lo[c] > hi[c - 1]));
+        for (int l = lo[c]; l <= hi[c]; l++) {
+            s->block[l] = s->nblocks++;
+            s->lo[l] = lo[c];
+            s->hi[l] = hi[c];
+        }
+    }
+    s->nblocks += head;
+}
+
+void loom_pp_stage_layers_free(struct loom_pp_stage_layers *s)
+{
+    loom_free(s->block);
+    *s = (struct loom_pp_stage_layers){0};
+}
+
+void loom_pp_tied_alloc(float **copy, float **grad, size_t n, int holds_head)
+{
+    *copy = loom_alloc(loom_mul_size(n, sizeof(float)), holds_head ? LOOM_MEM_PARAMS : LOOM_MEM_COMM);
+    *grad = holds_head ? loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_GRADS) : *copy;
+}
+
+void loom_pp_tied_free(float *copy, float *grad)
+{
+    if (grad != copy) loom_free(grad);
+    loom_free(copy);
 }
 
 void loom_pp_layers(const struct loom_config *cfg, int stage, int chunk, int *lo, int *hi)

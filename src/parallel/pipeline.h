@@ -35,6 +35,26 @@ int loom_pp_chunks(const struct loom_config *cfg);
 /* The layers [*lo, *hi] of chunk `chunk` of stage `stage`. */
 void loom_pp_layers(const struct loom_config *cfg, int stage, int chunk, int *lo, int *hi);
 
+/* Where a stage's layers sit among its blocks: [embedding] chunk 0's layers
+ * ... chunk c-1's layers [head], and each layer's chunk. */
+struct loom_pp_stage_layers {
+    int *block;   /* (L) the block of layer l, or -1 when another stage holds it */
+    int *lo, *hi; /* (L) the first and last layer of layer l's chunk */
+    int nblocks;  /* the stage's blocks */
+};
+/* From the layers lo[c]..hi[c] of `chunks` chunks (increasing) of a model
+ * of L layers, with the embedding's and the head's block when asked. */
+void loom_pp_stage_layers_init(struct loom_pp_stage_layers *s, int L, int chunks, const int *lo,
+                               const int *hi, int embedding, int head);
+void loom_pp_stage_layers_free(struct loom_pp_stage_layers *s);
+
+/* The buffers a stage needs for a tied table of n floats on another stage:
+ * the head's stage a copy (counted as parameters) and its gradient; the
+ * embedding's stage one buffer for both (the table's send, then the
+ * gradient's receive). */
+void loom_pp_tied_alloc(float **copy, float **grad, size_t n, int holds_head);
+void loom_pp_tied_free(float *copy, float *grad);
+
 /* The tied table's exchange (n floats: this tensor-parallel rank's rows).
  * The sends do not block; their buffers must stay untouched until
  * loom_pp_flush, which the engine calls at the end of every step and
