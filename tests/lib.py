@@ -19,6 +19,7 @@ library.
 """
 import json
 import os
+import sys
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -272,6 +273,23 @@ def compare_runs(tag, ref, got, tol=1e-5, wtol=None):
 
 HF_TRANSFORMERS = "transformers==4.39.3"
 HF_VENV = os.path.join(BUILD, "test-venv")
+
+
+def use_transformers():
+    """Makes `import transformers` work in the calling test: nothing reaches
+    the network (every model is made locally), and when this interpreter
+    cannot import it the test re-runs itself under hf_python's."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import transformers
+
+        del transformers
+    except ImportError:
+        py = hf_python()
+        if os.path.realpath(sys.prefix) == os.path.realpath(HF_VENV):
+            raise SystemExit(f"FAIL: {py} cannot import transformers")
+        os.execv(py, [py] + sys.argv)
 
 
 def hf_python():

@@ -46,16 +46,8 @@ import tempfile
 import lib
 from lib import check
 
-# Nothing here reaches the network: every model is made locally.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-try:
-    import transformers
-except ImportError:
-    py = lib.hf_python()
-    if os.path.realpath(sys.prefix) == os.path.realpath(lib.HF_VENV):
-        raise SystemExit(f"FAIL: {py} cannot import transformers")
-    os.execv(py, [py] + sys.argv)
+lib.use_transformers()
+import transformers  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
