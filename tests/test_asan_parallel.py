@@ -5,7 +5,7 @@ modules they link) and train a tiny model at 2 ranks under DDP, ZeRO 1-3
 activation recomputation, and tensor parallelism (with sequence
 parallelism, an untied head, bf16 and full recomputation), and pipeline
 parallelism (1f1b, gpipe with bf16 and recomputation, interleaved with fp16
-and an untied head), and the Llama family (DDP; bf16 with ZeRO-3 and full recomputation; selective; pipelined, interleaved) (each run saves iteration 3 into the same directory,
+and an untied head), and the Llama family (DDP; bf16 with ZeRO-3 and full recomputation; selective; pipelined, interleaved; tensor-parallel in bf16) (each run saves iteration 3 into the same directory,
 so all but the first replace the one before), then at 1 rank with
 evaluation, sampling and saving. Any sanitizer report fails the test. Leak
 detection is off: OpenMPI and OpenBLAS keep allocations until exit."""
@@ -69,6 +69,7 @@ with tempfile.TemporaryDirectory() as tmp:
                                                     "--recompute-granularity", "full", "--recompute-method",
                                                     "uniform", "--recompute-num-layers", "1"],
              "llama, selective recompute": ["--model", "llama-tiny", "--recompute-activations"],
+             "llama, tp 2, bf16": ["--model", "llama-tiny", "--tensor-model-parallel-size", "2", "--bf16"],
              "llama, pp 2 interleaved": ["--model", "llama-tiny", "--num-layers", "4", "--pipeline-model-parallel-size",
                                          "2", "--num-layers-per-virtual-pipeline-stage", "1"]}
     for name, flags in cases.items():

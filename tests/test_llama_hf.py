@@ -37,7 +37,9 @@ Also: `loom train --model llama-tiny` trains on the built-in corpus (its
 loss falls), DDP and ZeRO-3 on 2 ranks give one process's per-step losses
 within 1e-5, so does pipeline parallelism (P 2 with 1f1b, gpipe and
 interleaved, P 2 x DP 2 with the distributed optimizer, P 2 with full
-recomputation; the tied table crosses the stages), selective and full
+recomputation; the tied table crosses the stages), and tensor parallelism
+(T 2 alone, with DP 2, with DP 2 under ZeRO-3, with P 2, and untied; a
+vocabulary of 255 split unevenly), selective and full
 (uniform and block) recomputation give
 its losses and weights bit for bit, ZeRO-2 in bf16 one process's bf16 run within 1e-4 (and one
 bf16 step of the weights: data parallelism's float32 sum order, as
@@ -167,6 +169,18 @@ def training(tmp):
                                                                  "--recompute-method", "uniform",
                                                                  "--recompute-num-layers", "1"])):
         lib.compare_runs(tag, ref4, lib.tiny_run(tmp, tag, n, four + extra))
+    # tensor parallelism (Megatron's splits; 255 tokens split unevenly), with DP, ZeRO-3 and PP
+    odd = four + ["--vocab-size", "255"]
+    ref_odd = lib.tiny_run(tmp, "llama-4-layers-v255", 1, odd)
+    tp2 = ["--tensor-model-parallel-size", "2"]
+    for tag, n, extra in (("llama-tp2", 2, tp2), ("llama-tp2-dp2", 4, tp2),
+                          ("llama-tp2-dp2-zero3", 4, tp2 + ["--zero-stage", "3"]),
+                          ("llama-tp2-pp2", 4, tp2 + pp2),
+                          ("llama-tp2-untied", 2, tp2 + ["--untie-embeddings-and-output-weights"])):
+        ref = ref_odd
+        if "untied" in tag:
+            ref = lib.tiny_run(tmp, "llama-4-layers-v255-untied", 1, odd + ["--untie-embeddings-and-output-weights"])
+        lib.compare_runs(tag, ref, lib.tiny_run(tmp, tag, n, odd + extra))
     # recomputation reruns the same kernels on the same inputs: bit for bit
     for tag, extra in (("selective", ["--recompute-activations"]),
                        ("full uniform 2", ["--recompute-granularity", "full", "--recompute-method", "uniform",
@@ -192,7 +206,9 @@ def training(tmp):
     for what, flags, text in (
             ("LayerNorm with a Llama preset", ["--normalization", "LayerNorm"], "Llama models use RMSNorm"),
             ("query groups that do not divide the heads", ["--num-query-groups", "3"], "does not divide"),
-            ("tensor parallelism", ["--tensor-model-parallel-size", "2"], "in this version")):
+            ("key/value groups tensor parallelism does not divide",
+             ["--tensor-model-parallel-size", "2", "--num-query-groups", "1"], "whole key/value groups"),
+            ("sequence parallelism", ["--tensor-model-parallel-size", "2", "--sequence-parallel"], "in this version")):
         n = 2 if "--tensor-model-parallel-size" in flags else 1
         p = lib.run_ranks(n, [lib.LOOM, "train"] + data + ["--model", "llama-tiny"] + flags, expect=2, tag=what)
         lines = lib.error_lines(p.stderr)

@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "model/family.h"
 #include "parallel/pipeline.h"
+#include "parallel/tensor.h"
 
 int loom_llama_config_check(const struct loom_llama_config *cfg, int T)
 {
@@ -50,39 +51,49 @@ int loom_llama_config_check(const struct loom_llama_config *cfg, int T)
 enum { LN1_W, Q_W, K_W, V_W, O_W, LN2_W, GATE_W, UP_W, DOWN_W };
 enum { NORM_W, LM_HEAD_W };
 
-static void add(struct loom_block *b, const char *name, int ndim, int64_t d0, int64_t d1, enum loom_init init)
+enum { REPL = LOOM_TP_REPLICATED };
+
+/* A tensor of the whole model's shape, this rank's part of dimension
+ * `split` (REPL: all of it) under tensor parallelism. */
+static void add(struct loom_llama *m, struct loom_block *b, const char *name, int ndim, int64_t d0,
+                int64_t d1, enum loom_init init, int split)
 {
     const int64_t shape[2] = {d0, d1};
-    struct loom_tensor *t = loom_block_add_tensor(b, name, ndim, shape);
+    struct loom_tensor *t =
+        loom_block_add_tensor_split(b, name, ndim, shape, 0, NULL, split, m->tp, m->tp_rank);
     t->init = init;
     t->init_std = 0.02; /* Hugging Face's initializer_range */
 }
 
 static void layout_blocks(struct loom_llama *m, int embedding, int head)
 {
-    const int L = m->cfg.num_layers, C = m->cfg.hidden, F = m->cfg.ffn, kvC = m->kvC;
+    const int L = m->cfg.num_layers, C = m->cfg.hidden, F = m->cfg.ffn, kvC = m->cfg.kv_heads * m->hs;
     char name[LOOM_TENSOR_NAME_MAX];
     if (embedding) {
         struct loom_block *e = &m->base.blocks[0];
         e->role = LOOM_ROLE_EMBEDDING;
         e->layer = -1;
         e->index = 0;
-        add(e, "model.embed_tokens.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL);
+        add(m, e, "model.embed_tokens.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, 0);
     }
+    /* Megatron's splits in nn.Linear's [out, in]: q, k, v, gate and up by
+     * output rows (a rank's heads, its key/value groups, its MLP columns),
+     * o and down by input columns; the norms replicated */
     static const struct {
         const char *suffix;
         int ndim, rows, cols; /* in units: 0 = 1, 1 = C, 2 = kvC, 3 = F */
         enum loom_init init;
+        int split;
     } layer_tensors[] = {
-        {"input_layernorm.weight", 1, 1, 0, LOOM_INIT_ONE},
-        {"self_attn.q_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL},
-        {"self_attn.k_proj.weight", 2, 2, 1, LOOM_INIT_NORMAL},
-        {"self_attn.v_proj.weight", 2, 2, 1, LOOM_INIT_NORMAL},
-        {"self_attn.o_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL},
-        {"post_attention_layernorm.weight", 1, 1, 0, LOOM_INIT_ONE},
-        {"mlp.gate_proj.weight", 2, 3, 1, LOOM_INIT_NORMAL},
-        {"mlp.up_proj.weight", 2, 3, 1, LOOM_INIT_NORMAL},
-        {"mlp.down_proj.weight", 2, 1, 3, LOOM_INIT_NORMAL},
+        {"input_layernorm.weight", 1, 1, 0, LOOM_INIT_ONE, REPL},
+        {"self_attn.q_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL, 0},
+        {"self_attn.k_proj.weight", 2, 2, 1, LOOM_INIT_NORMAL, 0},
+        {"self_attn.v_proj.weight", 2, 2, 1, LOOM_INIT_NORMAL, 0},
+        {"self_attn.o_proj.weight", 2, 1, 1, LOOM_INIT_NORMAL, 1},
+        {"post_attention_layernorm.weight", 1, 1, 0, LOOM_INIT_ONE, REPL},
+        {"mlp.gate_proj.weight", 2, 3, 1, LOOM_INIT_NORMAL, 0},
+        {"mlp.up_proj.weight", 2, 3, 1, LOOM_INIT_NORMAL, 0},
+        {"mlp.down_proj.weight", 2, 1, 3, LOOM_INIT_NORMAL, 1},
     };
     const int64_t unit[] = {1, C, kvC, F};
     for (int l = 0; l < L; l++) {
@@ -93,8 +104,8 @@ static void layout_blocks(struct loom_llama *m, int embedding, int head)
         b->index = 1 + l;
         for (size_t i = 0; i < sizeof layer_tensors / sizeof layer_tensors[0]; i++) {
             snprintf(name, sizeof name, "model.layers.%d.%s", l, layer_tensors[i].suffix);
-            add(b, name, layer_tensors[i].ndim, unit[layer_tensors[i].rows], unit[layer_tensors[i].cols],
-                layer_tensors[i].init);
+            add(m, b, name, layer_tensors[i].ndim, unit[layer_tensors[i].rows], unit[layer_tensors[i].cols],
+                layer_tensors[i].init, layer_tensors[i].split);
         }
     }
     if (!head) return;
@@ -102,8 +113,8 @@ static void layout_blocks(struct loom_llama *m, int embedding, int head)
     h->role = LOOM_ROLE_HEAD;
     h->layer = -1;
     h->index = L + 1;
-    add(h, "model.norm.weight", 1, C, 0, LOOM_INIT_ONE);
-    if (m->cfg.untied) add(h, "lm_head.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL);
+    add(m, h, "model.norm.weight", 1, C, 0, LOOM_INIT_ONE, REPL);
+    if (m->cfg.untied) add(m, h, "lm_head.weight", 2, m->cfg.vocab, C, LOOM_INIT_NORMAL, 0);
 }
 
 static float *lm_head_weight(struct loom_llama *m)
@@ -139,7 +150,7 @@ static float *act(size_t n)
 
 static size_t att_numel(const struct loom_llama *m)
 {
-    return (size_t)m->B * m->cfg.heads * m->T * m->T;
+    return (size_t)m->B * m->NHl * m->T * m->T;
 }
 
 /* Whether full recomputation reruns layer l's forward in its backward, and
@@ -173,12 +184,12 @@ static int keeps_output(const struct loom_llama *m, int l)
 static void layer_buffers(const struct loom_llama *m, struct loom_llama_layer_acts *x, int with_att,
                           int with_res3)
 {
-    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = (size_t)m->cfg.ffn;
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = (size_t)m->Fl, Cl = (size_t)m->Cl;
     x->ln1 = act(N * C);
     x->rstd1 = act(N);
-    x->qkv = act(N * 3 * C);
+    x->qkv = act(N * 3 * Cl);
     x->att = with_att ? act(att_numel(m)) : NULL;
-    x->atty = act(N * C);
+    x->atty = act(N * Cl);
     x->res2 = act(N * C);
     x->ln2 = act(N * C);
     x->rstd2 = act(N);
@@ -223,7 +234,7 @@ static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
     a->encoded = act(N * C);
     a->lnf = act(N * C);
     a->rstdf = act(N);
-    a->logits = act(m->head >= 0 ? loom_mul_size(N, (size_t)m->cfg.vocab) : 1);
+    a->logits = act(m->head >= 0 ? loom_mul_size(N, (size_t)m->Vl) : 1);
     a->losses = act(N);
     a->lse = act(N);
 }
@@ -251,30 +262,31 @@ static void free_slot(struct loom_llama *m, struct loom_llama_acts *a)
 
 static void alloc_activations(struct loom_llama *m)
 {
-    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = (size_t)m->cfg.ffn,
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = (size_t)m->Fl, Cl = (size_t)m->Cl,
                  kvC = (size_t)m->kvC;
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
-    m->q = act(N * C);
+    m->q = act(N * Cl);
     m->kk = act(N * kvC);
     m->v = act(N * kvC);
     m->scratchC = act(N * C);
     m->dres = act(N * C);
     m->dbufC = act(N * C);
     m->dbufC2 = act(N * C);
-    m->dqkv = act(N * 3 * C);
+    m->dqkv = act(N * 3 * Cl);
     m->datt = act(att_numel(m));
     m->dh = act(N * F);
     m->dgate = act(N * F);
     m->dup = act(N * F);
+    if (m->tp > 1) m->ce_stats = act(3 * N);
 }
 
 static void free_activations(struct loom_llama *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->q,      m->kk,   m->v,    m->scratchC, m->dres,  m->dbufC,
-                     m->dbufC2, m->dqkv, m->datt, m->dh,       m->dgate, m->dup};
+    float *bufs[] = {m->q,    m->kk,   m->v,  m->scratchC, m->dres, m->dbufC,   m->dbufC2,
+                     m->dqkv, m->datt, m->dh, m->dgate,    m->dup,  m->ce_stats};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->slots);
     m->slots = NULL;
@@ -287,7 +299,7 @@ static void free_activations(struct loom_llama *m)
 static void pack_qkv(const struct loom_llama *m, float *qkv, const float *q, const float *k, const float *v,
                      int N)
 {
-    const int C = m->cfg.hidden, hs = m->hs, NH = m->cfg.heads, rep = NH / m->cfg.kv_heads;
+    const int C = m->Cl, hs = m->hs, NH = m->NHl, rep = m->cfg.heads / m->cfg.kv_heads;
     for (int n = 0; n < N; n++) {
         float *row = qkv + (size_t)n * 3 * C;
         memcpy(row, q + (size_t)n * C, (size_t)C * sizeof(float));
@@ -303,7 +315,7 @@ static void pack_qkv(const struct loom_llama *m, float *qkv, const float *q, con
  * a key/value head serves (all written). */
 static void unpack_dqkv(const struct loom_llama *m, float *dq, float *dk, float *dv, const float *dqkv, int N)
 {
-    const int C = m->cfg.hidden, hs = m->hs, NH = m->cfg.heads, rep = NH / m->cfg.kv_heads;
+    const int C = m->Cl, hs = m->hs, NH = m->NHl, rep = m->cfg.heads / m->cfg.kv_heads;
     memset(dk, 0, (size_t)N * m->kvC * sizeof(float));
     memset(dv, 0, (size_t)N * m->kvC * sizeof(float));
     for (int n = 0; n < N; n++) {
@@ -321,6 +333,21 @@ static void unpack_dqkv(const struct loom_llama *m, float *dq, float *dk, float 
     }
 }
 
+/* ---- tensor-parallel regions (parallel/tensor.h; the identity in one process) */
+
+/* A row-parallel product's partial sums (n): summed over the tp group. */
+static void region_output(const struct loom_llama *m, float *partial, size_t n)
+{
+    if (m->tp > 1) loom_tp_reduce_forward(partial, n);
+}
+
+/* The gradient at a column-parallel region's input from this rank's
+ * partial (n): summed over the tp group. */
+static void region_input_grad(const struct loom_llama *m, float *partial, size_t n)
+{
+    if (m->tp > 1) loom_tp_copy_backward(partial, n);
+}
+
 /* ---- forward ----------------------------------------------------------------- */
 
 /* y (N,out) = x (N,in) W^T, W (out,in) as nn.Linear keeps it. */
@@ -332,30 +359,33 @@ static void linear(const struct loom_llama *m, float *y, const float *x, const f
 
 static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l, const float *res, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, F = m->Fl, NH = m->NHl, G = m->Gl, N = B * T;
     const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
-    const size_t NC = (size_t)N * C, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
+    const size_t NC = (size_t)N * C, NCl = (size_t)N * Cl, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_llama_layer_acts *x = &a->layers[l];
     m->k->rmsnorm_forward(x->ln1, x->rstd1, res, loom_param(b, LN1_W), N, C, eps);
     round_act(m, x->ln1, NC);
-    linear(m, m->q, x->ln1, loom_param(b, Q_W), N, C, C);
+    /* column-parallel q, k, v (this rank's heads and key/value groups), attention, row-parallel o */
+    linear(m, m->q, x->ln1, loom_param(b, Q_W), N, C, Cl);
     linear(m, m->kk, x->ln1, loom_param(b, K_W), N, C, m->kvC);
     linear(m, m->v, x->ln1, loom_param(b, V_W), N, C, m->kvC);
     m->k->rope_forward(m->q, B, T, NH, m->hs, theta);
     m->k->rope_forward(m->kk, B, T, G, m->hs, theta);
-    round_act(m, m->q, NC);
+    round_act(m, m->q, NCl);
     round_act(m, m->kk, NK);
     round_act(m, m->v, NK);
     pack_qkv(m, x->qkv, m->q, m->kk, m->v, N);
-    m->k->attention_forward(x->atty, x->att, x->qkv, B, T, C, NH);
-    round_act(m, x->atty, NC);
-    linear(m, m->scratchC, x->atty, loom_param(b, O_W), N, C, C);
+    m->k->attention_forward(x->atty, x->att, x->qkv, B, T, Cl, NH);
+    round_act(m, x->atty, NCl);
+    linear(m, m->scratchC, x->atty, loom_param(b, O_W), N, Cl, C);
+    region_output(m, m->scratchC, NC);
     round_act(m, m->scratchC, NC);
     m->k->residual_forward(x->res2, res, m->scratchC, NC);
     round_act(m, x->res2, NC);
     m->k->rmsnorm_forward(x->ln2, x->rstd2, x->res2, loom_param(b, LN2_W), N, C, eps);
     round_act(m, x->ln2, NC);
+    /* column-parallel gate and up, SwiGLU on this rank's columns, row-parallel down */
     linear(m, x->gate, x->ln2, loom_param(b, GATE_W), N, C, F);
     linear(m, x->up, x->ln2, loom_param(b, UP_W), N, C, F);
     round_act(m, x->gate, NF);
@@ -363,6 +393,7 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     m->k->swiglu_forward(x->h, x->gate, x->up, NF);
     round_act(m, x->h, NF);
     linear(m, m->scratchC, x->h, loom_param(b, DOWN_W), N, F, C);
+    region_output(m, m->scratchC, NC);
     round_act(m, m->scratchC, NC);
     m->k->residual_forward(x->res3, x->res2, m->scratchC, NC);
     round_act(m, x->res3, NC);
@@ -393,6 +424,23 @@ static void layers_of(const struct loom_llama *m, int first, int last, int *l0, 
     }
 }
 
+/* The loss of every row from this rank's logits (N, Vl) of vocabulary rows
+ * [v0, v0 + Vl), never gathering the whole vocabulary (Megatron's; as
+ * GPT-2's): the row max, then the sum of exponentials and the target's
+ * logit, each reduced over the tp group. */
+static void vocab_parallel_crossentropy(struct loom_llama *m, struct loom_llama_acts *a, int N)
+{
+    float *rowmax = m->ce_stats, *sums = m->ce_stats + N; /* N sums of exponentials, N target logits */
+    m->k->crossentropy_vp_max(rowmax, a->logits, N, m->Vl);
+    loom_tp_allreduce(rowmax, (size_t)N, LOOM_OP_MAX);
+    m->k->crossentropy_vp_stats(sums, sums + N, a->logits, rowmax, a->targets, m->v0, N, m->Vl);
+    loom_tp_allreduce(sums, 2 * (size_t)N, LOOM_OP_SUM);
+    for (int i = 0; i < N; i++) {
+        a->lse[i] = rowmax[i] + logf(sums[i]);
+        a->losses[i] = a->lse[i] - sums[N + i];
+    }
+}
+
 static void forward(struct loom_model *model, int first, int last, struct loom_micro *mb)
 {
     struct loom_llama *m = loom_llama_of(model);
@@ -400,7 +448,8 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     LOOM_ASSERT(B >= 1 && B <= m->B && mb->slot >= 0 && mb->slot < m->nslots);
     LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks);
     if (!m->slots) alloc_activations(m);
-    const int T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
+    /* V: this tensor-parallel rank's vocabulary rows [v0, v0 + V) */
+    const int T = m->T, C = m->cfg.hidden, V = m->Vl, L = m->cfg.num_layers, N = B * T;
     struct loom_llama_acts *a = &m->slots[mb->slot];
     const struct loom_lm_batch *batch = mb->batch;
     a->inputs = batch ? batch->inputs : NULL;
@@ -412,7 +461,9 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     if (first == m->emb) {
         struct loom_block *emb = &model->blocks[m->emb];
         loom_model_forward_begin(model, m->emb);
-        m->k->embedding_vp_forward(a->encoded, a->inputs, loom_param(emb, 0), NULL, 0, V, B, T, C);
+        /* vocab-parallel: this rank's rows, summed over the tp group */
+        m->k->embedding_vp_forward(a->encoded, a->inputs, loom_param(emb, 0), NULL, m->v0, V, B, T, C);
+        region_output(m, a->encoded, (size_t)N * C);
         round_act(m, a->encoded, (size_t)N * C);
         if (tied_across_stages(m) && mb->micro == 0) { /* the table, to the head's stage */
             memcpy(m->tied_copy, loom_param(emb, 0), (size_t)V * C * sizeof(float));
@@ -452,7 +503,10 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     if (announce_emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
     if (!a->targets) return;
-    m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
+    if (m->tp == 1)
+        m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
+    else
+        vocab_parallel_crossentropy(m, a, N);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += a->losses[i];
     mb->loss = (float)(sum / N);
@@ -476,9 +530,9 @@ static void linear_backward(const struct loom_llama *m, float *dx, float *scratc
  * the gradient at its input. */
 static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int l, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, F = m->cfg.ffn, NH = m->cfg.heads, G = m->cfg.kv_heads, N = B * T;
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, F = m->Fl, NH = m->NHl, G = m->Gl, N = B * T;
     const float theta = (float)m->cfg.rope_theta;
-    const size_t NC = (size_t)N * C, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
+    const size_t NC = (size_t)N * C, NCl = (size_t)N * Cl, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_llama_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + down(silu(gate(ln2)) * up(ln2)); dres flows to res2 unchanged */
@@ -491,28 +545,30 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
                     0);
     linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, UP_W), m->dup, x->ln2, loom_param(b, UP_W), N, C, F,
                     1);
+    region_input_grad(m, m->dbufC, NC); /* partial over this rank's columns */
     round_act(m, m->dbufC, NC);
     m->k->rmsnorm_backward(m->dres, loom_grad(b, LN2_W), m->dbufC, x->res2, loom_param(b, LN2_W), x->rstd2, N,
                            C);
     round_act(m, m->dres, NC);
     /* attention: res2 = res + o(attn(rope(q), rope(k), v)) */
-    linear_backward(m, m->dbufC, NULL, loom_grad(b, O_W), m->dres, x->atty, loom_param(b, O_W), N, C, C, 0);
-    round_act(m, m->dbufC, NC);
+    linear_backward(m, m->dbufC, NULL, loom_grad(b, O_W), m->dres, x->atty, loom_param(b, O_W), N, Cl, C, 0);
+    round_act(m, m->dbufC, NCl);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the probabilities again, from the kept qkv */
-        m->k->attention_forward(m->dbufC2, x->att, x->qkv, B, T, C, NH);
+        m->k->attention_forward(m->dbufC2, x->att, x->qkv, B, T, Cl, NH);
     /* datt is the kernel's own scratch, read by nothing after it: not rounded */
-    m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, C, NH);
+    m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, Cl, NH);
     unpack_dqkv(m, m->q, m->kk, m->v, m->dqkv, N);
     m->k->rope_backward(m->q, B, T, NH, m->hs, theta);
     m->k->rope_backward(m->kk, B, T, G, m->hs, theta);
-    round_act(m, m->q, NC);
+    round_act(m, m->q, NCl);
     round_act(m, m->kk, NK);
     round_act(m, m->v, NK);
-    linear_backward(m, m->dbufC, NULL, loom_grad(b, Q_W), m->q, x->ln1, loom_param(b, Q_W), N, C, C, 0);
+    linear_backward(m, m->dbufC, NULL, loom_grad(b, Q_W), m->q, x->ln1, loom_param(b, Q_W), N, C, Cl, 0);
     linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, K_W), m->kk, x->ln1, loom_param(b, K_W), N, C,
                     m->kvC, 1);
     linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, V_W), m->v, x->ln1, loom_param(b, V_W), N, C, m->kvC,
                     1);
+    region_input_grad(m, m->dbufC, NC);
     round_act(m, m->dbufC, NC);
     m->k->rmsnorm_backward(m->dres, loom_grad(b, LN1_W), m->dbufC, layer_input(a, l), loom_param(b, LN1_W),
                            x->rstd1, N, C);
@@ -523,14 +579,19 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
 {
     struct loom_llama *m = loom_llama_of(model);
     struct loom_llama_acts *a = &m->slots[mb->slot];
-    const int B = a->rows, T = m->T, C = m->cfg.hidden, V = m->cfg.vocab, L = m->cfg.num_layers, N = B * T;
+    const int B = a->rows, T = m->T, C = m->cfg.hidden, V = m->Vl, L = m->cfg.num_layers, N = B * T;
     m->bwd_slot = mb->slot;
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
     if (last == m->head) {
         LOOM_ASSERT(a->targets != NULL);
         struct loom_block *head = &model->blocks[m->head];
-        m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N, V);
+        if (m->tp == 1)
+            m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N,
+                                        V);
+        else
+            m->k->crossentropy_vp_backward(a->logits, a->lse, a->logits, a->targets, m->v0,
+                                           loss_weight / (float)N, N, V);
         round_act(m, a->logits, (size_t)N * V);
         const int tied_here = !m->cfg.untied && m->emb >= 0;
         if (tied_here) {
@@ -539,6 +600,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         }
         loom_model_backward_begin(model, m->head);
         m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, a->lnf, lm_head_weight(m), N, C, V);
+        region_input_grad(m, m->dbufC, (size_t)N * C); /* partial over this rank's vocabulary */
         round_act(m, m->dbufC, (size_t)N * C);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
@@ -570,8 +632,8 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     }
     struct loom_block *emb = &model->blocks[m->emb];
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
-    m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), NULL, m->dres, a->inputs, 0,
-                                V, B, T, C);
+    m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), NULL, m->dres, a->inputs,
+                                m->v0, V, B, T, C);
     /* the head's share, from its stage, once per step */
     if (tied_across_stages(m) && mb->micro == mb->micros - 1)
         loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)V * C);
@@ -603,7 +665,7 @@ static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *
     const struct loom_llama_acts *a = m->slots ? &m->slots[m->bwd_slot] : NULL;
     if (m->cfg.untied || m->emb < 0 || m->head < 0) return 0; /* the head has its own weight, or a copy */
     *te = (struct loom_tied_embedding){.block = m->emb,
-                                       .vocab = m->cfg.vocab,
+                                       .vocab = m->Vl,
                                        .width = m->cfg.hidden,
                                        .max_rows = (size_t)m->B * m->T,
                                        .rows = a ? (size_t)a->rows * m->T : 0,
@@ -635,27 +697,42 @@ struct loom_llama *loom_llama_of(struct loom_model *m)
 struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B, int T)
 {
     const int lo = 0, hi = cfg->num_layers - 1;
-    struct loom_llama *m = loom_llama_create_stage(cfg, B, T, 1, &lo, &hi, 1, 1);
+    struct loom_llama *m = loom_llama_create_stage(cfg, B, T, 1, 0, 1, &lo, &hi, 1, 1);
     m->pipelined = 0;
     return m;
 }
 
-struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, int B, int T, int chunks,
-                                           const int *lo, const int *hi, int embedding, int head)
+struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, int B, int T, int tp,
+                                           int tp_rank, int chunks, const int *lo, const int *hi,
+                                           int embedding, int head)
 {
     LOOM_ASSERT(loom_llama_config_check(cfg, T) == LOOM_OK);
+    LOOM_ASSERT(tp >= 1 && tp_rank >= 0 && tp_rank < tp && cfg->heads % tp == 0 && cfg->kv_heads % tp == 0 &&
+                cfg->ffn % tp == 0);
     struct loom_llama *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
     m->B = B;
     m->T = T;
     m->hs = cfg->hidden / cfg->heads;
-    m->kvC = cfg->kv_heads * m->hs;
+    m->tp = tp;
+    m->tp_rank = tp_rank;
+    m->NHl = cfg->heads / tp;
+    m->Gl = cfg->kv_heads / tp;
+    m->Cl = m->NHl * m->hs;
+    m->kvC = m->Gl * m->hs;
+    m->Fl = cfg->ffn / tp;
+    int64_t v0, v1;
+    loom_tp_part(cfg->vocab, tp, tp_rank, &v0, &v1);
+    m->v0 = (int)v0;
+    m->Vl = (int)(v1 - v0);
     m->nslots = 1;
     m->act_dtype = LOOM_DTYPE_F32;
     m->recompute = LOOM_RECOMPUTE_NONE;
     m->recompute_method = LOOM_RECOMPUTE_METHOD_NONE;
     loom_pp_stage_layers_init(&m->stage, cfg->num_layers, chunks, lo, hi, embedding, head);
     loom_model_init(&m->base, &llama_ops, "llama", m->stage.nblocks);
+    m->base.tp = tp;
+    m->base.tp_rank = tp_rank;
     m->base.user = m;
     m->base.family = &loom_llama_family;
     m->k = m->base.backend->k;
@@ -665,7 +742,7 @@ struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, 
     m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
     m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
     if (tied_across_stages(m))
-        loom_pp_tied_alloc(&m->tied_copy, &m->tied_grad, (size_t)cfg->vocab * cfg->hidden, m->head >= 0);
+        loom_pp_tied_alloc(&m->tied_copy, &m->tied_grad, (size_t)m->Vl * cfg->hidden, m->head >= 0);
     return m;
 }
 

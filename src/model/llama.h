@@ -18,8 +18,9 @@
  * gradient a kernel writes is rounded to the dtype (the buffers stay
  * float32), as GPT-2's are; activations can be recomputed (Megatron's
  * selective and full); a model may hold one pipeline stage's blocks, as
- * GPT-2's does. Not yet: tensor and sequence parallelism (the family
- * refuses them with one line). Not here: loading weights (llama_family.c).
+ * GPT-2's does, and a tensor-parallel rank's part of every layer (Megatron's
+ * splits, parallel/tensor.h). Not yet: sequence parallelism (the family
+ * refuses it with one line). Not here: loading weights (llama_family.c).
  */
 #ifndef LOOM_MODEL_LLAMA_H
 #define LOOM_MODEL_LLAMA_H
@@ -78,12 +79,18 @@ struct loom_llama {
     struct loom_model base; /* L + 2 blocks: [embedding, layers..., head] */
     struct loom_llama_config cfg;
     int B, T;
+    /* tensor parallelism: this rank's part of a tp group of tp ranks */
+    int tp, tp_rank;
+    int NHl, Gl, Cl;           /* its query heads, key/value heads and q width (NHl hs) */
+    int Fl;                    /* its MLP columns */
+    int v0, Vl;                /* its vocabulary rows [v0, v0 + Vl) */
+    float *ce_stats;           /* (3, N) the vocab-parallel cross-entropy's row statistics; tp > 1 only */
     enum loom_dtype act_dtype; /* F32; BF16, F16: every activation a kernel writes is rounded to it */
     /* activation recomputation (Megatron's, as GPT-2's: loom_llama_set_recompute) */
     enum loom_recompute recompute;
     enum loom_recompute_method recompute_method;
     int recompute_num_layers;
-    int hs, kvC; /* head size C/NH, and G hs: the width of k and of v */
+    int hs, kvC; /* head size C/NH, and Gl hs: the width of this rank's k and v */
     const struct loom_kernels *k;
     int nslots;
     struct loom_llama_acts *slots; /* (nslots), allocated by the first forward */
@@ -111,8 +118,9 @@ struct loom_llama *loom_llama_create(const struct loom_llama_config *cfg, int B,
 /* One pipeline stage of it: the layers lo[c]..hi[c] of its `chunks` model
  * chunks (increasing), the embedding when `embedding`, the final norm and
  * LM head when `head` (see loom_gpt2_create_stage). */
-struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, int B, int T, int chunks,
-                                           const int *lo, const int *hi, int embedding, int head);
+struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, int B, int T, int tp,
+                                           int tp_rank, int chunks, const int *lo, const int *hi,
+                                           int embedding, int head);
 void loom_llama_free(struct loom_llama *m);
 /* Megatron's recomputation, before the first forward (see gpt2.h):
  * selective recomputes each layer's attention probabilities from its kept

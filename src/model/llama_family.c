@@ -6,7 +6,7 @@
  * the configuration, its FLOPs, and its shape as checkpoints record it. Not
  * here: the model (llama.c), its weights sources (llama_io.c) and
  * config.json (llama_hf.c), `loom convert` (llama_convert.c). Not yet:
- * tensor and sequence parallelism.
+ * sequence parallelism.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -101,11 +101,22 @@ static int check_architecture(const struct loom_config *cfg)
 /* What this version cannot yet run for Llama, refused in one line. */
 static int check_layout(const struct loom_config *cfg)
 {
-    if (cfg->tensor_model_parallel_size > 1 || cfg->sequence_parallel)
+    const struct loom_llama_config mc = shape_of_config(cfg);
+    const int tp = cfg->tensor_model_parallel_size;
+    if (cfg->sequence_parallel)
         return loom_error_set(LOOM_ERR_INPUT,
-                              "Llama models do not run tensor or sequence parallelism in this version "
-                              "(--tensor-model-parallel-size %d): use pipeline and data parallelism and ZeRO",
-                              cfg->tensor_model_parallel_size);
+                              "--sequence-parallel: Llama models do not run sequence parallelism "
+                              "in this version (tensor parallelism alone does)");
+    if (mc.kv_heads % tp)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--num-query-groups %d is not divisible by --tensor-model-parallel-size %d: each "
+            "tensor-parallel rank computes whole key/value groups",
+            mc.kv_heads, tp);
+    if (mc.ffn % tp)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d",
+                              mc.ffn, tp);
     return LOOM_OK;
 }
 
@@ -121,19 +132,21 @@ static int check(const struct loom_config *cfg, int T)
 static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank,
                                  int pp_rank)
 {
-    (void)tp_rank; /* no tensor parallelism (check_layout) */
     const struct loom_llama_config mc = shape_of_config(cfg);
-    const int pp = cfg->pipeline_model_parallel_size;
-    struct loom_llama *m;
-    if (pp > 1) { /* this stage's chunks of layers (parallel/pipeline.h) */
-        const int chunks = loom_pp_chunks(cfg);
-        int *lo = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER), *hi = lo + chunks;
+    /* a configuration that says none (a checkpoint's reader's) is one process */
+    const int pp = cfg->pipeline_model_parallel_size > 1 ? cfg->pipeline_model_parallel_size : 1,
+              tp = cfg->tensor_model_parallel_size > 1 ? cfg->tensor_model_parallel_size : 1;
+    /* this stage's chunks of layers (parallel/pipeline.h), all of them without pipelining */
+    const int chunks = pp > 1 ? loom_pp_chunks(cfg) : 1;
+    int *lo = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER), *hi = lo + chunks;
+    if (pp > 1)
         for (int c = 0; c < chunks; c++) loom_pp_layers(cfg, pp_rank, c, &lo[c], &hi[c]);
-        m = loom_llama_create_stage(&mc, B, T, chunks, lo, hi, pp_rank == 0, pp_rank == pp - 1);
-        loom_free(lo);
-    } else {
-        m = loom_llama_create(&mc, B, T);
-    }
+    else
+        lo[0] = 0, hi[0] = mc.num_layers - 1;
+    struct loom_llama *m = loom_llama_create_stage(&mc, B, T, tp, tp_rank, chunks, lo, hi,
+                                                   pp_rank == 0 || pp == 1, pp_rank == pp - 1 || pp == 1);
+    m->pipelined = pp > 1;
+    loom_free(lo);
     loom_llama_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
