@@ -39,7 +39,11 @@ within 1e-5, so does pipeline parallelism (P 2 with 1f1b, gpipe and
 interleaved, P 2 x DP 2 with the distributed optimizer, P 2 with full
 recomputation; the tied table crosses the stages), and tensor parallelism
 (T 2 alone, with DP 2, with DP 2 under ZeRO-3, with P 2, and untied; a
-vocabulary of 255 split unevenly), selective and full
+vocabulary of 255 split unevenly), T 2 x DP 2 with ZeRO-1 and the
+optimizer state on NVMe; ZeRO-2 in fp16 gives one process's fp16 run
+within 1e-4 (weights 1e-3); a checkpoint saved at step 10 under T 2 x P 2
+resumes in one process and under DP 2 x ZeRO-3 with the uninterrupted
+run's losses (1e-5); selective and full
 (uniform and block) recomputation give
 its losses and weights bit for bit, ZeRO-2 in bf16 one process's bf16 run within 1e-4 (and one
 bf16 step of the weights: data parallelism's float32 sum order, as
@@ -181,6 +185,21 @@ def training(tmp):
         if "untied" in tag:
             ref = lib.tiny_run(tmp, "llama-4-layers-v255-untied", 1, odd + ["--untie-embeddings-and-output-weights"])
         lib.compare_runs(tag, ref, lib.tiny_run(tmp, tag, n, odd + extra))
+    # optimizer state offloaded to NVMe, fp16 with its loss scaler, and resuming across layouts
+    lib.compare_runs("llama-tp2-zero1-offload", ref_odd, lib.tiny_run(
+        tmp, "llama-tp2-zero1-offload", 4, odd + tp2 + ["--zero-stage", "1", "--offload-optimizer", "nvme",
+                                                        "--nvme-path", tmp, "--offload-buffer-size", "0.002"]))
+    one_h = lib.tiny_run(tmp, "llama-single-fp16", 1, odd + ["--fp16"])
+    lib.compare_runs("llama-dp2-zero2-fp16", one_h, lib.tiny_run(tmp, "llama-dp2-zero2-fp16", 2,
+                                                                odd + ["--fp16", "--zero-stage", "2"]),
+                     tol=1e-4, wtol=1e-3)
+    first = lib.tiny_run(tmp, "llama-tp2-pp2-first", 4, odd + tp2 + pp2 + ["--save-interval", "10"])
+    at10 = os.path.join(tmp, "llama-tp2-pp2-first", "iter_0000010")
+    for tag, n, extra in (("llama-tp2-pp2-to-1", 1, []), ("llama-tp2-pp2-to-dp2-zero3", 2, ["--zero-stage", "3"])):
+        losses = lib.tiny_run(tmp, tag, n, odd + ["--load", at10] + extra)[0]
+        worst = max((lib.rel(a, b) for a, b in zip(losses, first[0][10:])), default=1.0)
+        check(f"{tag}: steps 11-20 after the resume are the uninterrupted run's (worst rel {worst:.1e}, tol 1e-5)",
+              len(losses) == 10 and worst <= 1e-5, f"{losses} vs {first[0][10:]}")
     # recomputation reruns the same kernels on the same inputs: bit for bit
     for tag, extra in (("selective", ["--recompute-activations"]),
                        ("full uniform 2", ["--recompute-granularity", "full", "--recompute-method", "uniform",
