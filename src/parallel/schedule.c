@@ -123,22 +123,6 @@ void loom_schedule_plan(struct loom_pipe_plan *out, int schedule, int pp, int st
         loom_schedule_1f1b(out, pp, stage, m);
 }
 
-int loom_schedule_check(int schedule, int pp, int chunks, int m)
-{
-    if (pp > 1 && schedule == LOOM_PIPELINE_SCHEDULE_INTERLEAVED && m % pp != 0)
-        return loom_error_set(
-            LOOM_ERR_INPUT,
-            "the interleaved schedule needs the micro-batches per step (%d = global batch / "
-            "(micro batch x data-parallel size)) to be a multiple of "
-            "--pipeline-model-parallel-size %d",
-            m, pp);
-    if (pp > 1 && schedule == LOOM_PIPELINE_SCHEDULE_INTERLEAVED && chunks < 2)
-        return loom_error_set(
-            LOOM_ERR_INPUT, "the interleaved schedule needs --num-layers-per-virtual-pipeline-stage to give "
-                            "each stage two or more chunks");
-    return LOOM_OK;
-}
-
 const char *loom_schedule_name(int schedule, int pp)
 {
     if (pp == 1) return "no pipelining";

@@ -58,7 +58,7 @@ struct loom_pipe_plan {
 
 /* The schedules, by name; each fills *out for stage `stage` of pp stages with
  * `chunks` model chunks each (1 unless interleaved) and m micro-batches.
- * The caller has checked the counts (loom_schedule_check). */
+ * The caller has checked the counts (config/resolve.c, resolve_pipeline). */
 void loom_schedule_no_pipelining(struct loom_pipe_plan *out, int m);
 void loom_schedule_gpipe(struct loom_pipe_plan *out, int pp, int stage, int m);
 void loom_schedule_1f1b(struct loom_pipe_plan *out, int pp, int stage, int m);
@@ -68,9 +68,6 @@ void loom_schedule_plan_free(struct loom_pipe_plan *p);
 /* Which schedule a layout runs (schedule: LOOM_PIPELINE_SCHEDULE_*, see
  * loom/config.h; pp = 1 is no pipelining whatever it says). */
 void loom_schedule_plan(struct loom_pipe_plan *out, int schedule, int pp, int stage, int chunks, int m);
-/* LOOM_ERR_INPUT, saying what is needed, when m micro-batches cannot run
- * the schedule on pp stages with `chunks` chunks each. */
-int loom_schedule_check(int schedule, int pp, int chunks, int m);
 /* "no pipelining", "gpipe", "1f1b", "interleaved 1f1b" */
 const char *loom_schedule_name(int schedule, int pp);
 
