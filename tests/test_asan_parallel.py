@@ -69,7 +69,8 @@ with tempfile.TemporaryDirectory() as tmp:
                                                     "--recompute-granularity", "full", "--recompute-method",
                                                     "uniform", "--recompute-num-layers", "1"],
              "llama, selective recompute": ["--model", "llama-tiny", "--recompute-activations"],
-             "llama, tp 2, bf16": ["--model", "llama-tiny", "--tensor-model-parallel-size", "2", "--bf16"],
+             "llama, tp 2 + sp, bf16": ["--model", "llama-tiny", "--tensor-model-parallel-size", "2",
+                                        "--sequence-parallel", "--bf16"],
              "llama, pp 2 interleaved": ["--model", "llama-tiny", "--num-layers", "4", "--pipeline-model-parallel-size",
                                          "2", "--num-layers-per-virtual-pipeline-stage", "1"]}
     for name, flags in cases.items():

@@ -39,7 +39,9 @@ within 1e-5, so does pipeline parallelism (P 2 with 1f1b, gpipe and
 interleaved, P 2 x DP 2 with the distributed optimizer, P 2 with full
 recomputation; the tied table crosses the stages), and tensor parallelism
 (T 2 alone, with DP 2, with DP 2 under ZeRO-3, with P 2, and untied; a
-vocabulary of 255 split unevenly), T 2 x DP 2 with ZeRO-1 and the
+vocabulary of 255 split unevenly), sequence parallelism (T 2 alone, T 2 x DP 2
+under ZeRO-3 with selective recomputation, T 2 x P 2 with full
+recomputation), T 2 x DP 2 with ZeRO-1 and the
 optimizer state on NVMe; ZeRO-2 in fp16 gives one process's fp16 run
 within 1e-4 (weights 1e-3); a checkpoint saved at step 10 under T 2 x P 2
 resumes in one process and under DP 2 x ZeRO-3 with the uninterrupted
@@ -180,7 +182,16 @@ def training(tmp):
     for tag, n, extra in (("llama-tp2", 2, tp2), ("llama-tp2-dp2", 4, tp2),
                           ("llama-tp2-dp2-zero3", 4, tp2 + ["--zero-stage", "3"]),
                           ("llama-tp2-pp2", 4, tp2 + pp2),
-                          ("llama-tp2-untied", 2, tp2 + ["--untie-embeddings-and-output-weights"])):
+                          ("llama-tp2-untied", 2, tp2 + ["--untie-embeddings-and-output-weights"]),
+                          # sequence parallelism: alone, with ZeRO-3 and selective recomputation,
+                          # and with P 2 and full recomputation
+                          ("llama-tp2-sp", 2, tp2 + ["--sequence-parallel"]),
+                          ("llama-tp2-sp-dp2-zero3-selective", 4, tp2 + ["--sequence-parallel", "--zero-stage", "3",
+                                                                         "--recompute-activations"]),
+                          ("llama-tp2-sp-pp2-full", 4, tp2 + pp2 + ["--sequence-parallel",
+                                                                    "--recompute-granularity", "full",
+                                                                    "--recompute-method", "uniform",
+                                                                    "--recompute-num-layers", "1"])):
         ref = ref_odd
         if "untied" in tag:
             ref = lib.tiny_run(tmp, "llama-4-layers-v255-untied", 1, odd + ["--untie-embeddings-and-output-weights"])
@@ -226,8 +237,7 @@ def training(tmp):
             ("LayerNorm with a Llama preset", ["--normalization", "LayerNorm"], "Llama models use RMSNorm"),
             ("query groups that do not divide the heads", ["--num-query-groups", "3"], "does not divide"),
             ("key/value groups tensor parallelism does not divide",
-             ["--tensor-model-parallel-size", "2", "--num-query-groups", "1"], "whole key/value groups"),
-            ("sequence parallelism", ["--tensor-model-parallel-size", "2", "--sequence-parallel"], "in this version")):
+             ["--tensor-model-parallel-size", "2", "--num-query-groups", "1"], "whole key/value groups")):
         n = 2 if "--tensor-model-parallel-size" in flags else 1
         p = lib.run_ranks(n, [lib.LOOM, "train"] + data + ["--model", "llama-tiny"] + flags, expect=2, tag=what)
         lines = lib.error_lines(p.stderr)

@@ -19,8 +19,10 @@
  * float32), as GPT-2's are; activations can be recomputed (Megatron's
  * selective and full); a model may hold one pipeline stage's blocks, as
  * GPT-2's does, and a tensor-parallel rank's part of every layer (Megatron's
- * splits, parallel/tensor.h). Not yet: sequence parallelism (the family
- * refuses it with one line). Not here: loading weights (llama_family.c).
+ * splits, parallel/tensor.h), with Megatron's sequence parallelism: the
+ * residual stream and the norms between the parallel regions hold B*T/tp
+ * rows of the sequence, gathered at a region's entry and reduce-scattered
+ * at its exit (loom_llama_set_sequence_parallel). Not here: loading weights (llama_family.c).
  */
 #ifndef LOOM_MODEL_LLAMA_H
 #define LOOM_MODEL_LLAMA_H
@@ -81,10 +83,17 @@ struct loom_llama {
     int B, T;
     /* tensor parallelism: this rank's part of a tp group of tp ranks */
     int tp, tp_rank;
-    int NHl, Gl, Cl;           /* its query heads, key/value heads and q width (NHl hs) */
-    int Fl;                    /* its MLP columns */
-    int v0, Vl;                /* its vocabulary rows [v0, v0 + Vl) */
-    float *ce_stats;           /* (3, N) the vocab-parallel cross-entropy's row statistics; tp > 1 only */
+    int NHl, Gl, Cl; /* its query heads, key/value heads and q width (NHl hs) */
+    int Fl;          /* its MLP columns */
+    int v0, Vl;      /* its vocabulary rows [v0, v0 + Vl) */
+    float *ce_stats; /* (3, N) the vocab-parallel cross-entropy's row statistics; tp > 1 only */
+    /* sequence parallelism: the residual stream, the norms and their saved
+     * state hold N/tp rows (the layer acts' and slot's (N,C) buffers of them) */
+    int sp;
+    float *gathered;           /* (N, C) every rank's rows, gathered at a region's entry; sp only */
+    float *scratchL;           /* (N/tp, C) this rank's rows of a region's output; sp only */
+    float *dbufL;              /* (N/tp, C) this rank's rows of a region's input gradient; sp only */
+    float *norm_grads;         /* (C) one norm's weight gradient before the tp sum; sp only */
     enum loom_dtype act_dtype; /* F32; BF16, F16: every activation a kernel writes is rounded to it */
     /* activation recomputation (Megatron's, as GPT-2's: loom_llama_set_recompute) */
     enum loom_recompute recompute;
@@ -122,6 +131,10 @@ struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, 
                                            int tp_rank, int chunks, const int *lo, const int *hi,
                                            int embedding, int head);
 void loom_llama_free(struct loom_llama *m);
+/* Megatron's sequence parallelism for a tensor-parallel model (tp > 1, T
+ * divisible by tp), before the first forward: a micro-batch's boundary
+ * activations are then this rank's rows of the sequence. */
+void loom_llama_set_sequence_parallel(struct loom_llama *m, int on);
 /* Megatron's recomputation, before the first forward (see gpt2.h):
  * selective recomputes each layer's attention probabilities from its kept
  * qkv; full keeps only the input of each recomputed chunk of layers

@@ -98,15 +98,11 @@ static int check_architecture(const struct loom_config *cfg)
     return LOOM_OK;
 }
 
-/* What this version cannot yet run for Llama, refused in one line. */
+/* The tensor-parallel splits Llama's shape must allow, refused in one line. */
 static int check_layout(const struct loom_config *cfg)
 {
     const struct loom_llama_config mc = shape_of_config(cfg);
     const int tp = cfg->tensor_model_parallel_size;
-    if (cfg->sequence_parallel)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--sequence-parallel: Llama models do not run sequence parallelism "
-                              "in this version (tensor parallelism alone does)");
     if (mc.kv_heads % tp)
         return loom_error_set(
             LOOM_ERR_INPUT,
@@ -148,6 +144,7 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     m->pipelined = pp > 1;
     loom_free(lo);
     loom_llama_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
+    if (cfg->sequence_parallel) loom_llama_set_sequence_parallel(m, 1);
     if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
     return &m->base;
