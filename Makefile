@@ -54,6 +54,13 @@ ifeq ($(HAVE_XXHASH),1)
 LDLIBS += -lxxhash
 endif
 
+# oneDNN: the bf16 matrix products (kernels/cpu/matmul_bf16.c); without it bf16 computes in float32
+HAVE_DNNL := $(shell echo '\#include <dnnl.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_DNNL),1)
+CFLAGS += -DLOOM_HAVE_DNNL=1
+LDLIBS += -ldnnl
+endif
+
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
 HAVE_MPI   := $(if $(MPI_LIBS),1,)
@@ -87,6 +94,7 @@ announce:
 	@echo "  OpenMP   $(if $(HAVE_OPENMP),yes,no: kernels run single-threaded)"
 	@echo "  cJSON    $(if $(HAVE_CJSON),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  xxHash   $(if $(HAVE_XXHASH),yes,NOT FOUND (run scripts/install-deps.sh))"
+	@echo "  oneDNN   $(if $(HAVE_DNNL),yes,no: bf16 computes in float32 (run scripts/install-deps.sh))"
 	@echo "  MPI      $(if $(HAVE_MPI),yes ($(shell mpicc --showme:version 2>/dev/null | cut -d: -f2 | head -1)),no: single-process only)"
 	@echo "  CUDA     off (CPU backend)"
 	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" -a -n "$(HAVE_XXHASH)" || { echo "loom build: missing BLAS, cJSON or xxHash" >&2; exit 2; }

@@ -15,6 +15,9 @@ not by their own size. A relative L2 norm would average one bad element
 away; the max does not. Tolerance 1e-5 everywhere (float32 epsilon is 6e-8,
 so this leaves room for sums of a few hundred terms and nothing more).
 
+The bf16 matrix products (each units path forced) are held to the same
+bound against the product of their bf16-rounded operands (bf16_products).
+
 Run with Debian's /usr/bin/python3 (torch 1.13, numpy); BUILD names the
 build folder (default build). Prints one line per check; exits 1 on any
 failure.
@@ -67,6 +70,50 @@ def check(name, ours, ref):
         worst = torch.argsort(diff.nan_to_num(float("inf")), descending=True)[:3]
         for i in worst.tolist():
             print(f"       [{i}] ours {ours[i].item():.9g} ref {ref[i].item():.9g}")
+
+
+def bf16_products(g, d, out):
+    """The matrix products of bf16 training, on each units path forced
+    (LOOM_BF16_UNITS; a path above what the CPU has runs on the best it
+    has), against float64 PyTorch on the operands rounded to bf16. A product
+    of two bf16 values is exact in float32, so only the float32 sums remain
+    and float32's 1e-5 holds. Against the unrounded float32 operands the
+    error is bf16's (about 2^-9 of each operand), far above 1e-4: the check
+    that the operands really were rounded. The f32 path computes on the
+    float32 values as they are, and is held to those."""
+    global failures
+
+    def bf(name):
+        return g[name].bfloat16().double()
+
+    def f64(name):
+        return g[name].double()
+
+    for units in ("amx", "avx512_bf16", "avx512", "f32"):
+        r = lib.run([PROBE, d, "cpu", "bf16"], env=dict(os.environ, LOOM_BF16_UNITS=units))
+        if r.returncode != 0:
+            print(f"FAIL kernel_probe bf16 {units} exited {r.returncode}: {r.stderr.strip()}")
+            failures += 1
+            continue
+        print(f"     LOOM_BF16_UNITS={units}: {r.stdout.strip()}")
+        op = bf if units != "f32" else f64
+        x, w, b, dy = op("matmul.inp"), op("matmul.weight"), f64("matmul.bias"), op("matmul.dout")
+        check(f"{units}: matmul out", out("matmul.out"), x @ w + b)
+        check(f"{units}: matmul dinp", out("matmul.dinp"), dy @ w.T)
+        check(f"{units}: matmul dweight", out("matmul.dweight"), x.T @ dy)
+        check(f"{units}: matmul dbias", out("matmul.dbias"), f64("matmul.dout").sum(0))
+        x, wte, dl = op("lm_head.inp"), op("lm_head.wte"), op("lm_head.dlogits")
+        check(f"{units}: lm_head logits", out("lm_head.logits"), x @ wte.T)
+        check(f"{units}: lm_head dinp", out("lm_head.dinp"), dl @ wte)
+        check(f"{units}: lm_head dwte", out("lm_head.dwte"), dl.T @ x)
+        if units != "f32":
+            ref = f64("matmul.inp") @ f64("matmul.weight") + f64("matmul.bias")
+            ours = torch.from_numpy(out("matmul.out").astype(np.float64))
+            err = (ours - ref.reshape(-1)).abs().max().item() / ref.abs().max().item()
+            ok = err > 1e-4
+            print(f"{'ok  ' if ok else 'FAIL'} {units}: operands rounded to bf16 (error {err:.1e} against the "
+                  f"float32 operands' product, above 1e-4)")
+            failures += 0 if ok else 1
 
 
 def main():
@@ -226,6 +273,8 @@ def main():
             check(f"adamw param - p0, {tag}", p_out[t] - p0.numpy(), p.detach() - p0)
             check(f"adamw exp_avg, {tag}", m_out[t], st["exp_avg"])
             check(f"adamw exp_avg_sq, {tag}", v_out[t], st["exp_avg_sq"])
+
+        bf16_products(g, d, out)
 
     print(f"test_kernels_torch: {'FAILED' if failures else 'passed'} ({failures} failed)")
     return 1 if failures else 0

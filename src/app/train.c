@@ -344,6 +344,11 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
         rep, "ranks: %d (%s%s), threads per rank: %d, BLAS: OpenBLAS core %s, peak %.1f GFLOP/s (%s)\n",
         r->topo->world, topo, r->cfg->sequence_parallel ? ", sequence parallel" : "", loom_threads_get(),
         loom_blas_core_name(), peak / 1e9, peak_src);
+    if (r->cfg->bf16) /* the units the matrix products run on */
+        loom_report_line(rep, "bf16: %s (%s)\n", loom_bf16_units_name(loom_bf16_units()),
+                         loom_bf16_units_kernel());
+    else if (r->cfg->fp16)
+        loom_report_line(rep, "fp16: f32 (OpenBLAS sgemm on the fp16 values)\n");
     char stack[128];
     loom_stack_format(r->engine->model, stack, sizeof stack);
     loom_report_line(rep, "strategies: %s; schedule: %s; optimizer state for %zu of %zu parameters\n", stack,
@@ -396,8 +401,10 @@ int loom_train(struct loom_config *cfg)
     double peak = cfg->peak_tflops * 1e12;
     const char *peak_src = "given by --peak-tflops";
     if (peak <= 0) {
-        peak = loom_calibrate_peak_flops();
-        peak_src = "calibrated by sgemm at start-up";
+        peak = loom_calibrate_peak_flops(cfg->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32);
+        peak_src = cfg->bf16 && loom_bf16_units() != LOOM_BF16_UNITS_F32
+                       ? "calibrated by a bf16 product at start-up"
+                       : "calibrated by sgemm at start-up";
     }
     loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&peak, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     if (loom_log_rank() == 0) loom_config_print(stdout, cfg);

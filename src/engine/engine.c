@@ -103,6 +103,9 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, e->topo.dp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if ((rc = loom_engine_agree(e, check_same_config(cfg)))) return rc;
+    /* bf16's matrix products: the units the CPU has, or LOOM_BF16_UNITS's */
+    if (cfg->bf16 && (rc = loom_engine_agree(e, loom_bf16_units_select(getenv("LOOM_BF16_UNITS")))))
+        return rc;
     if (cfg->threads > 0 && loom_backend_cpu()->k->set_threads)
         loom_backend_cpu()->k->set_threads(cfg->threads);
     return LOOM_OK;

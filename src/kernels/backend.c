@@ -28,6 +28,11 @@ const struct loom_kernels *loom_kernels_ref(void)
     return &ref;
 }
 
+const struct loom_kernels *loom_backend_kernels(const struct loom_backend *b, enum loom_dtype compute)
+{
+    return b->kernels_for ? b->kernels_for(compute) : b->k;
+}
+
 static const struct loom_backend *(*const registry[])(void) = {loom_backend_cpu};
 #define NREGISTRY ((int)(sizeof registry / sizeof registry[0]))
 

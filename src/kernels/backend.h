@@ -139,6 +139,10 @@ struct loom_backend {
     /* optional: waits until every kernel and copy issued has finished; NULL:
      * every call is synchronous (the CPU) */
     void (*synchronize)(void);
+    /* optional: the table for training in a 16-bit compute dtype, whose
+     * matrix products run on that dtype's units (the CPU: BF16 on the units
+     * loom_bf16_units_select chose, kernels/kernels.h); NULL: k for every dtype */
+    const struct loom_kernels *(*kernels_for)(enum loom_dtype compute);
 };
 
 /* The CPU backend: kernels/cpu/, the accounting allocator, base/buf.c. */
@@ -148,6 +152,9 @@ const struct loom_backend *loom_backend_cpu(void);
  * reference (tests/test_kernels.c checks those against double formulas and
  * finite differences instead). */
 const struct loom_kernels *loom_kernels_ref(void);
+
+/* The table for compute in dtype: b->kernels_for's, or b->k. */
+const struct loom_kernels *loom_backend_kernels(const struct loom_backend *b, enum loom_dtype compute);
 
 /* The registered backends, in order ("cpu" first): count, the i-th, and the
  * one named name (NULL when none is). */

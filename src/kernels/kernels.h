@@ -87,6 +87,42 @@ void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const
 void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte, int N, int C, int V);
 void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                const float *wte, int N, int C, int V);
+/* dbias (OC) += the column sums of dout (N,OC), in row order */
+void loom_bias_backward(float *dbias, const float *dout, int N, int OC);
+
+/* ---- the same products on the CPU's bf16 units (matmul_bf16.c) -------------
+ * Signatures, layouts and gradient rule as above; both operands are rounded
+ * to bf16 and the products accumulate in float32 (exact for bf16-valued
+ * operands, as --bf16 gives, up to the order of the additions). The units
+ * are chosen once per process: loom_bf16_units_select(name) with "auto"
+ * (or NULL: the best the CPU has), "amx", "avx512_bf16", "avx512" (oneDNN's
+ * emulation on plain AVX512) or "f32" (the float32 products above; these
+ * functions are then not called). A path above what the CPU has runs on the
+ * best it has, so every path runs on any machine. LOOM_ERR_INPUT for an
+ * unknown name, or a different choice after the first. */
+enum loom_bf16_units {
+    LOOM_BF16_UNITS_F32,
+    LOOM_BF16_UNITS_AVX512,
+    LOOM_BF16_UNITS_AVX512_BF16,
+    LOOM_BF16_UNITS_AMX,
+    LOOM_BF16_UNITS_COUNT
+};
+int loom_bf16_units_select(const char *name);
+/* The units chosen (chosen by the CPU at the first call if none was). */
+enum loom_bf16_units loom_bf16_units(void);
+/* The best units this CPU has. */
+enum loom_bf16_units loom_bf16_units_present(void);
+const char *loom_bf16_units_name(enum loom_bf16_units u);
+/* The kernel that computes them: oneDNN's implementation name
+ * ("brg:avx512_core_bf16", ...), or "OpenBLAS sgemm". */
+const char *loom_bf16_units_kernel(void);
+void loom_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias, int N,
+                              int C, int OC);
+void loom_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                               const float *weight, int N, int C, int OC);
+void loom_lm_head_forward_bf16(float *logits, const float *inp, const float *wte, int N, int C, int V);
+void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                                const float *wte, int N, int C, int V);
 
 /* ---- causal multi-head self-attention ------------------------------------
  * qkv (B,T,3C) holds [q | k | v] along the last axis, head h at columns

@@ -14,6 +14,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/backend.h"
 #include "model/convert.h"
 #include "model/family.h"
 #include "model/llama.h"
@@ -145,8 +146,10 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     loom_free(lo);
     loom_llama_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (cfg->sequence_parallel) loom_llama_set_sequence_parallel(m, 1);
-    if (training) /* activations in the compute dtype (eval and sampling compute in float32) */
+    if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+        m->k = loom_backend_kernels(m->base.backend, m->act_dtype);
+    }
     return &m->base;
 }
 

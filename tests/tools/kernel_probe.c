@@ -1,8 +1,10 @@
 /*
- * kernel_probe DIR [BACKEND]: runs every kernel of the backend (default
- * "cpu"; kernels/backend.h) forward and backward on inputs written by
- * tests/test_kernels_torch.py and writes the results back, for the
- * comparison with PyTorch.
+ * kernel_probe DIR [BACKEND [bf16]]: runs every kernel of the backend
+ * (default "cpu"; kernels/backend.h) forward and backward on inputs written
+ * by tests/test_kernels_torch.py and writes the results back, for the
+ * comparison with PyTorch. With bf16, the backend's table for bf16 compute
+ * (its matrix products on the bf16 units LOOM_BF16_UNITS names, or the CPU's
+ * best), whose units and kernel it prints on stdout.
  *
  * File convention, all in DIR:
  *   dims.txt              one "name value" pair per line: B T C NH V maxT OC
@@ -23,6 +25,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "kernels/kernels.h"
 
 static const char *dir;
 static const struct loom_kernels *K; /* the backend probed */
@@ -324,8 +327,9 @@ static void probe_adamw(const struct dims *d)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2 && argc != 3) {
-        fprintf(stderr, "usage: kernel_probe DIR [BACKEND] (see the file convention in %s)\n", __FILE__);
+    if (argc < 2 || argc > 4 || (argc == 4 && strcmp(argv[3], "bf16") != 0)) {
+        fprintf(stderr, "usage: kernel_probe DIR [BACKEND [bf16]] (see the file convention in %s)\n",
+                __FILE__);
         return 2;
     }
     dir = argv[1];
@@ -336,6 +340,15 @@ int main(int argc, char **argv)
         return 2;
     }
     K = be->k;
+    if (argc == 4) {
+        if (loom_bf16_units_select(getenv("LOOM_BF16_UNITS")) != LOOM_OK) {
+            fprintf(stderr, "kernel_probe: bad LOOM_BF16_UNITS\n");
+            return 2;
+        }
+        K = loom_backend_kernels(be, LOOM_DTYPE_BF16);
+        printf("bf16 units %s, kernel %s\n", loom_bf16_units_name(loom_bf16_units()),
+               loom_bf16_units_kernel());
+    }
     struct dims d = {0};
     read_dims(&d);
     probe_embedding(&d);

@@ -2,7 +2,8 @@
  * The CPU backend: the table of kernels/backend.h pointing at the free
  * functions of kernels/kernels.h, memory from the accounting allocator
  * (base/mem.h), conversions from base/buf.c. Everything is synchronous.
- * Deliberately not: kernels of its own (they stay free functions, which the
+ * Training in bf16 gets the table with the bf16 matrix products
+ * (kernels_for). Deliberately not: kernels of its own (they stay free functions, which the
  * table only names).
  */
 #include <string.h>
@@ -46,6 +47,22 @@ static const struct loom_kernels cpu_kernels = {
     .get_threads = loom_threads_get,
 };
 
+/* bf16 compute: the same table with the matrix products on the bf16 units,
+ * unless the float32 path was chosen */
+static const struct loom_kernels *cpu_kernels_for(enum loom_dtype compute)
+{
+    static struct loom_kernels bf16;
+    if (compute != LOOM_DTYPE_BF16 || loom_bf16_units() == LOOM_BF16_UNITS_F32) return &cpu_kernels;
+    if (!bf16.matmul_forward) {
+        bf16 = cpu_kernels;
+        bf16.matmul_forward = loom_matmul_forward_bf16;
+        bf16.matmul_backward = loom_matmul_backward_bf16;
+        bf16.lm_head_forward = loom_lm_head_forward_bf16;
+        bf16.lm_head_backward = loom_lm_head_backward_bf16;
+    }
+    return &bf16;
+}
+
 static void cpu_memset(void *p, int value, size_t bytes)
 {
     if (bytes) memset(p, value, bytes);
@@ -66,6 +83,7 @@ static const struct loom_backend cpu_backend = {
     .copy = cpu_copy,
     .convert = loom_buf_convert,
     .synchronize = NULL,
+    .kernels_for = cpu_kernels_for,
 };
 
 const struct loom_backend *loom_backend_cpu(void)

@@ -16,7 +16,7 @@
 
 /* dbias (OC) += column sums of dout (N,OC). Threads own column bands, so
  * there is no race and the rows are added in order. */
-static void bias_backward(float *dbias, const float *dout, int N, int OC)
+void loom_bias_backward(float *dbias, const float *dout, int N, int OC)
 {
     const int nblocks = (OC + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel for schedule(static) if ((size_t)N * OC >= 32768)
@@ -60,7 +60,7 @@ void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp,
                     C);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
-    if (dbias) bias_backward(dbias, dout, N, OC);
+    if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }
 
 /* logits (N,V) = inp (N,C) @ wte (V,C)^T */
