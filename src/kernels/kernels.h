@@ -110,7 +110,8 @@ enum loom_bf16_units {
 int loom_bf16_units_select(const char *name);
 /* The units chosen (chosen by the CPU at the first call if none was). */
 enum loom_bf16_units loom_bf16_units(void);
-/* The best units this CPU has. */
+/* The best units this CPU has: AMX, AVX512-BF16, else f32 (the emulation
+ * is slower than sgemm, so it runs only when forced). */
 enum loom_bf16_units loom_bf16_units_present(void);
 const char *loom_bf16_units_name(enum loom_bf16_units u);
 /* The kernel that computes them: oneDNN's implementation name

@@ -37,7 +37,7 @@ const char *loom_bf16_units_name(enum loom_bf16_units u)
     return u >= 0 && u < LOOM_BF16_UNITS_COUNT ? unit_names[u] : "?";
 }
 
-/* What the CPU has, from cpuid: leaf 7 subleaf 0 (EBX bit 16 AVX512F,
+/* The best units the CPU has, from cpuid: leaf 7 subleaf 0 (EBX bit 16 AVX512F,
  * EDX bits 22 and 24 AMX-BF16 and AMX-TILE) and subleaf 1 (EAX bit 5
  * AVX512-BF16); the OS must save the vector state too (XCR0), which oneDNN
  * checks again before it uses a kernel. */
@@ -50,7 +50,7 @@ static enum loom_bf16_units units_present(void)
     __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
     if (amx) return LOOM_BF16_UNITS_AMX;
     if (a1 & (1u << 5)) return LOOM_BF16_UNITS_AVX512_BF16;
-    return LOOM_BF16_UNITS_AVX512;
+    return LOOM_BF16_UNITS_F32; /* oneDNN's emulation on plain AVX512 is slower than sgemm: forced only */
 }
 
 #ifdef LOOM_HAVE_DNNL
@@ -86,7 +86,7 @@ static struct {
 #define DNNL_OK(call)                                                                                        \
     do {                                                                                                     \
         dnnl_status_t st_ = (call);                                                                          \
-        if (st_ != dnnl_success) loom_die("oneDNN: %s failed (status %d)", #call, (int)st_);                \
+        if (st_ != dnnl_success) loom_die("oneDNN: %s failed (status %d)", #call, (int)st_);                 \
     } while (0)
 
 static void engine_up(void)
@@ -161,14 +161,14 @@ static void gemm(int M, int N, int K, const float *a, int a_t, const float *b, i
 {
     const struct shape s = {M, N, K, a_t, b_t, acc};
     struct prim *p = prim_for(s);
-    uint16_t *a16 = scratch(&dn.a16, &dn.a_cap, (size_t)M * K), *b16 = scratch(&dn.b16, &dn.b_cap, (size_t)K * N);
+    uint16_t *a16 = scratch(&dn.a16, &dn.a_cap, (size_t)M * K),
+             *b16 = scratch(&dn.b16, &dn.b_cap, (size_t)K * N);
     loom_f32_to_bf16_array(a16, a, (size_t)M * K);
     loom_f32_to_bf16_array(b16, b, (size_t)K * N);
     DNNL_OK(dnnl_memory_set_data_handle(p->a, a16));
     DNNL_OK(dnnl_memory_set_data_handle(p->b, b16));
     DNNL_OK(dnnl_memory_set_data_handle(p->dst, dst));
-    const dnnl_exec_arg_t args[3] = {
-        {DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->dst}};
+    const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->dst}};
     DNNL_OK(dnnl_primitive_execute(p->p, dn.stream, 3, args));
     DNNL_OK(dnnl_stream_wait(dn.stream));
 }
@@ -182,8 +182,8 @@ int loom_bf16_units_select(const char *forced)
         for (int u = 0; u < LOOM_BF16_UNITS_COUNT; u++)
             if (!strcmp(forced, unit_names[u])) found = u;
         if (found < 0)
-            return loom_error_set(LOOM_ERR_INPUT, "LOOM_BF16_UNITS=%s: expected auto, amx, avx512_bf16, avx512 or f32",
-                                  forced);
+            return loom_error_set(
+                LOOM_ERR_INPUT, "LOOM_BF16_UNITS=%s: expected auto, amx, avx512_bf16, avx512 or f32", forced);
         want = (enum loom_bf16_units)found;
     }
     if (selected >= 0) { /* oneDNN's instruction-set cap is set once per process */
@@ -254,8 +254,8 @@ enum loom_bf16_units loom_bf16_units_present(void)
 
 /* ---- the products (matmul.c's, operands rounded to bf16) -------------------------- */
 
-void loom_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
-                              int OC)
+void loom_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias, int N,
+                              int C, int OC)
 {
     if (bias) {
 #pragma omp parallel for schedule(static) if ((size_t)N * OC >= 32768)
@@ -268,7 +268,7 @@ void loom_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
                                const float *weight, int N, int C, int OC)
 {
     if (dinp) gemm(N, C, OC, dout, 0, weight, 1, dinp, 0); /* dout @ weight^T */
-    gemm(C, OC, N, inp, 1, dout, 0, dweight, 1);              /* dweight += inp^T @ dout */
+    gemm(C, OC, N, inp, 1, dout, 0, dweight, 1);           /* dweight += inp^T @ dout */
     if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }
 
@@ -277,8 +277,8 @@ void loom_lm_head_forward_bf16(float *logits, const float *inp, const float *wte
     gemm(N, V, C, inp, 0, wte, 1, logits, 0);
 }
 
-void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, const float *inp, const float *wte,
-                                int N, int C, int V)
+void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                                const float *wte, int N, int C, int V)
 {
     gemm(N, C, V, dlogits, 0, wte, 0, dinp, 0);
     gemm(V, C, N, dlogits, 1, inp, 0, dwte, 1);
