@@ -113,10 +113,11 @@ def metrics_rows(path):
         return [json.loads(line) for line in f if '"loss"' in line]
 
 
-def train_steps(args, metrics, timeout=600):
-    """`loom train ARGS` in one process, ARGS naming metrics as --metrics.
-    Returns ({step: metrics row}, None), or (None, why) when loom failed."""
-    p = run([LOOM, "train", *args], timeout=timeout)
+def train_steps(args, metrics, timeout=600, env=None):
+    """`loom train ARGS` in one process, ARGS naming metrics as --metrics
+    (env: its environment, None this one's). Returns ({step: metrics row},
+    None), or (None, why) when loom failed."""
+    p = run([LOOM, "train", *args], timeout=timeout, env=env)
     if p.returncode != 0:
         return None, f"loom exited {p.returncode}: {p.stderr.strip()[-2000:]}"
     return {r["step"]: r for r in metrics_rows(metrics)}, None

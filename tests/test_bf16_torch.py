@@ -22,7 +22,8 @@ The same data, schedule and initial weights as tests/test_train_torch.py
 the loss of every step within 1e-3 relative (loom and PyTorch sum in
 different orders inside every kernel, and a float32 difference that crosses
 a bf16 rounding boundary moves a weight or activation by one bf16 step,
-2^-8 relative; measured below 1e-4). Also checked, so that the test can fail for the right reason:
+2^-8 relative; measured below 1e-4). Every units path of the bf16 products (LOOM_BF16_UNITS auto, amx,
+avx512_bf16, avx512, f32) is held to it. Also checked, so that the test can fail for the right reason:
 at step 1, before rounding flips accumulate, loom is more than 10x closer to
 the bf16 reference than the bf16 reference is to the float32 one.
 """
@@ -84,24 +85,36 @@ def main():
         clip = 1.0
         ref = reference(init, tokens, clip)
         ref32 = train.reference(init, tokens, train.B, clip)
-        metrics = os.path.join(tmp, "m_bf16.jsonl")
-        steps, err = lib.train_steps(train.loom_args(init_path, data, train.B, clip, metrics, ["--bf16"]), metrics)
-        if err:
-            print(f"FAIL {err}")
-            return 1
-        worst = 0.0
-        for s in range(1, train.ITERS + 1):
-            e = rel(steps[s]["loss"], ref[s - 1][0])
-            worst = max(worst, e)
-            print(f"  step {s:2d}: loom {steps[s]['loss']:.7f} torch bf16 {ref[s - 1][0]:.7f} rel {e:.1e}"
-                  f" | torch fp32 {ref32[s - 1][0]:.7f}")
-        check(f"every step's loss within {TOL:g} of the bf16 reference (worst {worst:.2e})",
-              worst <= TOL and len(steps) == train.ITERS)
-        # the test can tell bf16 from fp32: at step 1 (same data, no history) loom sits on
-        # the bf16 reference while the fp32 reference is far off
-        near, apart = rel(steps[1]["loss"], ref[0][0]), rel(ref[0][0], ref32[0][0])
-        check(f"step 1: loom within {near:.1e} of the bf16 reference, which is {apart:.1e} from fp32 (the test sees "
-              f"bf16)", 10 * near < apart)
+        # each units path for the bf16 products, forced (a path above what the CPU has runs on the
+        # best it has): the same reference holds for all
+        for units in ("auto", "amx", "avx512_bf16", "avx512", "f32"):
+            metrics = os.path.join(tmp, f"m_bf16_{units}.jsonl")
+            steps, err = lib.train_steps(train.loom_args(init_path, data, train.B, clip, metrics, ["--bf16"]),
+                                         metrics, env=dict(os.environ, LOOM_BF16_UNITS=units))
+            if err:
+                check(f"LOOM_BF16_UNITS={units}: loom trains", False, err)
+                continue
+            worst = 0.0
+            for s in range(1, train.ITERS + 1):
+                e = rel(steps[s]["loss"], ref[s - 1][0])
+                worst = max(worst, e)
+                if units == "auto":
+                    print(f"  step {s:2d}: loom {steps[s]['loss']:.7f} torch bf16 {ref[s - 1][0]:.7f} rel {e:.1e}"
+                          f" | torch fp32 {ref32[s - 1][0]:.7f}")
+            check(f"LOOM_BF16_UNITS={units}: every step's loss within {TOL:g} of the bf16 reference "
+                  f"(worst {worst:.2e})", worst <= TOL and len(steps) == train.ITERS)
+            # the test can tell bf16 from fp32: at step 1 (same data, no history) loom sits on
+            # the bf16 reference while the fp32 reference is far off
+            near, apart = rel(steps[1]["loss"], ref[0][0]), rel(ref[0][0], ref32[0][0])
+            check(f"LOOM_BF16_UNITS={units}, step 1: loom within {near:.1e} of the bf16 reference, which is "
+                  f"{apart:.1e} from fp32 (the test sees bf16)", 10 * near < apart)
+        # a units name that is none of them: one line, exit 2
+        p = lib.run([lib.LOOM, "train", *train.loom_args(init_path, data, train.B, clip,
+                                                         os.path.join(tmp, "bad.jsonl"), ["--bf16"])],
+                    env=dict(os.environ, LOOM_BF16_UNITS="tensor-cores"))
+        lines = lib.error_lines(p.stderr)
+        check("LOOM_BF16_UNITS=tensor-cores: exit 2, one line naming it",
+              p.returncode == 2 and len(lines) == 1 and "LOOM_BF16_UNITS=tensor-cores" in lines[0], p.stderr[-300:])
     return lib.verdict()
 
 
