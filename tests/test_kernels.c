@@ -29,8 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "check.h"
 #include "kernels/backend.h"
+#include "kernels/kernels.h"
 
 /* ---- the backend under test ---------------------------------------------- */
 
@@ -1189,6 +1191,23 @@ static void check_complete(const char *name, const struct loom_kernels *k)
     CHECK(complete);
 }
 
+/* The bf16 units are chosen once per process: an unknown name is bad input,
+ * the same choice again is fine, another one is refused (oneDNN's
+ * instruction-set cap is fixed at its first use; without oneDNN, any path
+ * but f32 is refused), and the f32 choice leaves the float32 table. The
+ * products of each path are tests/test_kernels_torch.py's. */
+static void test_bf16_units_select(void)
+{
+    CHECK(loom_bf16_units_select("tensor-cores") == LOOM_ERR_INPUT);
+    CHECK(loom_bf16_units_select("f32") == LOOM_OK);
+    CHECK(loom_bf16_units() == LOOM_BF16_UNITS_F32);
+    CHECK(loom_bf16_units_select("f32") == LOOM_OK);
+    CHECK(loom_bf16_units_select("avx512_bf16") == LOOM_ERR_INPUT);
+    CHECK(loom_bf16_units() == LOOM_BF16_UNITS_F32);
+    CHECK(loom_backend_kernels(loom_backend_cpu(), LOOM_DTYPE_BF16) == loom_backend_cpu()->k);
+    loom_error_clear();
+}
+
 int main(void)
 {
     REF = loom_kernels_ref();
@@ -1239,5 +1258,6 @@ int main(void)
         test_rope();
         test_swiglu();
     }
+    test_bf16_units_select();
     return check_summary("test_kernels");
 }

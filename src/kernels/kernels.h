@@ -95,7 +95,7 @@ void loom_bias_backward(float *dbias, const float *dout, int N, int OC);
  * to bf16 and the products accumulate in float32 (exact for bf16-valued
  * operands, as --bf16 gives, up to the order of the additions). The units
  * are chosen once per process: loom_bf16_units_select(name) with "auto"
- * (or NULL: the best the CPU has), "amx", "avx512_bf16", "avx512" (oneDNN's
+ * (or NULL: the best the CPU has: AMX, AVX512-BF16, else f32), "amx", "avx512_bf16", "avx512" (oneDNN's
  * emulation on plain AVX512) or "f32" (the float32 products above; these
  * functions are then not called). A path above what the CPU has runs on the
  * best it has, so every path runs on any machine. LOOM_ERR_INPUT for an
@@ -110,9 +110,6 @@ enum loom_bf16_units {
 int loom_bf16_units_select(const char *name);
 /* The units chosen (chosen by the CPU at the first call if none was). */
 enum loom_bf16_units loom_bf16_units(void);
-/* The best units this CPU has: AMX, AVX512-BF16, else f32 (the emulation
- * is slower than sgemm, so it runs only when forced). */
-enum loom_bf16_units loom_bf16_units_present(void);
 const char *loom_bf16_units_name(enum loom_bf16_units u);
 /* The kernel that computes them: oneDNN's implementation name
  * ("brg:avx512_core_bf16", ...), or "OpenBLAS sgemm". */

@@ -29,11 +29,12 @@
  * Tensor parallelism (m->tp > 1): the layers compute on the rank's part
  * (Cl = C/tp channels of attention and 4 Cl of the MLP, NH/tp heads, Vl
  * vocabulary rows); the regions between column- and row-parallel matmuls
- * are entered and left through region_input/region_output (and their
- * gradient forms), which are the identity in one process, all-reduces
- * under TP, and gathers/reduce-scatters of each rank's rows under
- * sequence parallelism (m->sp), where the residual stream, the norms and
- * their saved state hold rows_held() = B*T/tp rows.
+ * are entered and left through parallel/tensor.h's loom_tp_region_input
+ * and loom_tp_region_output (and their gradient forms), which are the
+ * identity in one process, all-reduces under TP, and gathers/reduce-scatters
+ * of each rank's rows under sequence parallelism (m->rg.sp), where the
+ * residual stream, the norms and their saved state hold
+ * loom_tp_rows_held() = B*T/tp rows.
  *
  * Not here: loading and saving weights (gpt2_io.c), the optimizer, data.
  */
@@ -252,19 +253,12 @@ static float *piece(struct carve *c, size_t n)
     return p;
 }
 
-/* The rows of the residual stream this rank holds of N: all of them, or
- * its 1/tp share under sequence parallelism. */
-static int rows_held(const struct loom_gpt2 *m, int N)
-{
-    return m->sp ? N / m->tp : N;
-}
-
 /* A layer's saved state; att and res3 only when asked for. */
 static void layer_buffers(const struct loom_gpt2 *m, struct loom_layer_acts *a, struct carve *c, int with_att,
                           int with_res3)
 {
-    const size_t N = (size_t)m->B * m->T, Nr = (size_t)rows_held(m, (int)N), C = (size_t)m->cfg.hidden,
-                 Cl = (size_t)m->Cl;
+    const size_t N = (size_t)m->B * m->T, Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
+                 C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl;
     a->ln1 = piece(c, Nr * C);
     a->ln1_mean = piece(c, Nr);
     a->ln1_rstd = piece(c, Nr);
@@ -295,7 +289,8 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 {
     const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
-    const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T, Nr = (size_t)rows_held(m, (int)N),
+    const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T,
+                 Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
                  NV = m->head >= 0 ? loom_mul_size(N, (size_t)m->Vl) : 0;
     a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
     a->chunk_input = loom_alloc(sizeof *a->chunk_input * (size_t)L, LOOM_MEM_OTHER);
@@ -358,14 +353,14 @@ static void free_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 static void alloc_activations(struct loom_gpt2 *m)
 {
     const size_t C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl, N = (size_t)m->B * m->T,
-                 Nr = (size_t)rows_held(m, (int)N);
+                 Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N);
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
     m->dres = act(Nr * C);
-    if (m->sp) {
-        m->gathered = act(N * C);
-        m->scratchL = act(Nr * C);
-        m->dbufL = act(Nr * C);
+    if (m->rg.sp) {
+        m->rg.gathered = act(N * C);
+        m->rg.out_rows = act(Nr * C);
+        m->rg.grad_rows = act(Nr * C);
         m->norm_grads = act(2 * C);
     }
     m->dbufC = act(N * C);
@@ -381,8 +376,9 @@ static void free_activations(struct loom_gpt2 *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->dres,     m->dbufC,    m->dqkv,     m->datt,     m->dbuf4a, m->dbuf4b,
-                     m->scratchC, m->ce_stats, m->gathered, m->scratchL, m->dbufL,  m->norm_grads};
+    float *bufs[] = {m->dres,        m->dbufC,       m->dqkv,         m->datt,
+                     m->dbuf4a,      m->dbuf4b,      m->scratchC,     m->ce_stats,
+                     m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->slots);
     m->slots = NULL;
@@ -391,7 +387,7 @@ static void free_activations(struct loom_gpt2 *m)
 void loom_gpt2_set_sequence_parallel(struct loom_gpt2 *m, int on)
 {
     LOOM_ASSERT(m->slots == NULL && (!on || (m->tp > 1 && m->T % m->tp == 0)));
-    m->sp = on;
+    m->rg.sp = on;
 }
 
 void loom_gpt2_set_recompute(struct loom_gpt2 *m, enum loom_recompute granularity,
@@ -426,7 +422,7 @@ static void set_slots(struct loom_model *model, int n)
 static size_t boundary_numel(const struct loom_model *model, int rows)
 {
     const struct loom_gpt2 *m = model->user;
-    return (size_t)rows_held(m, rows * m->T) * m->cfg.hidden;
+    return (size_t)loom_tp_rows_held(&m->rg, rows * m->T) * m->cfg.hidden;
 }
 
 static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *te)
@@ -486,6 +482,7 @@ struct loom_gpt2 *loom_gpt2_create_stage(const struct loom_gpt2_config *cfg, int
     struct loom_gpt2 *m = loom_alloc(sizeof *m, LOOM_MEM_OTHER);
     m->cfg = *cfg;
     m->tp = tp;
+    m->rg = (struct loom_tp_regions){.tp = tp, .width = cfg->hidden};
     m->tp_rank = tp_rank;
     m->Cl = cfg->hidden / tp;
     m->NHl = cfg->heads / tp;
@@ -529,55 +526,7 @@ void loom_gpt2_free(struct loom_gpt2 *m)
 /* indices of the tensors of a layer block, in layout order */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
 
-/* ---- tensor-parallel regions --------------------------------------------------
- * A column-parallel matmul reads every row of its input; a row-parallel one
- * leaves a partial sum over this rank's columns. Without sequence
- * parallelism every rank holds every row and the partial sums are
- * all-reduced (Megatron's f and g, parallel/tensor.h); with it a rank holds
- * its rows between the regions, gathered at the entry and reduce-scattered
- * at the exit, and the backward does the converse. N rows of C. */
-
-/* The rows a region reads: x itself, or every rank's rows gathered. */
-static const float *region_input(struct loom_gpt2 *m, const float *x, int N)
-{
-    if (!m->sp) return x;
-    loom_tp_gather(m->gathered, x, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
-    return m->gathered;
-}
-
-/* A region's output from its partial sums (N,C): summed in place, or this
- * rank's rows of the sum in m->scratchL. Returns the rows this rank holds. */
-static float *region_output(struct loom_gpt2 *m, float *partial, int N)
-{
-    if (m->tp == 1) return partial;
-    if (!m->sp) {
-        loom_tp_reduce_forward(partial, (size_t)N * m->cfg.hidden);
-        return partial;
-    }
-    loom_tp_reduce_scatter(m->scratchL, partial, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
-    return m->scratchL;
-}
-
-/* The gradient at a region's output, every row of it: dres itself, or every
- * rank's rows gathered (the backward of the reduce-scatter). */
-static const float *region_output_grad(struct loom_gpt2 *m, const float *dres, int N)
-{
-    return region_input(m, dres, N);
-}
-
-/* The gradient at a region's input from its partial sums over this rank's
- * columns (N,C): summed in place, or this rank's rows of the sum in
- * m->dbufL (the backward of the gather). Returns the rows this rank holds. */
-static float *region_input_grad(struct loom_gpt2 *m, float *partial, int N)
-{
-    if (m->tp == 1) return partial;
-    if (!m->sp) {
-        loom_tp_copy_backward(partial, (size_t)N * m->cfg.hidden);
-        return partial;
-    }
-    loom_tp_reduce_scatter(m->dbufL, partial, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
-    return m->dbufL;
-}
+/* ---- tensor-parallel regions: entered and left through m->rg (parallel/tensor.h) */
 
 /* LayerNorm's backward over the rows this rank holds; under sequence
  * parallelism its weight and bias gradients are partial sums over those
@@ -586,7 +535,7 @@ static void norm_backward(struct loom_gpt2 *m, float *dinp, float *dweight, floa
                           const float *inp, const float *weight, const float *mean, const float *rstd, int Nr)
 {
     const int C = m->cfg.hidden;
-    if (!m->sp) {
+    if (!m->rg.sp) {
         m->k->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, Nr, C);
         return;
     }
@@ -606,7 +555,8 @@ static void norm_backward(struct loom_gpt2 *m, float *dinp, float *dweight, floa
  * on when it runs. */
 static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, const float *res, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T, Nr = rows_held(m, N);
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T,
+              Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
     /* a row-parallel projection's bias is added once, by tp rank 0, to the
      * partial sums the reduction adds up */
@@ -617,14 +567,14 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
                             Nr, C, (float)m->cfg.norm_eps);
     round_act(m, x->ln1, NrC);
     /* column-parallel QKV (this rank's heads), attention on them, row-parallel output projection */
-    m->k->matmul_forward(x->qkv, region_input(m, x->ln1, N), loom_param(b, QKV_W), loom_param(b, QKV_B), N, C,
-                         3 * Cl);
+    m->k->matmul_forward(x->qkv, loom_tp_region_input(&m->rg, x->ln1, N), loom_param(b, QKV_W),
+                         loom_param(b, QKV_B), N, C, 3 * Cl);
     round_act(m, x->qkv, 3 * NCl);
     m->k->attention_forward(x->atty, x->att, x->qkv, B, T, Cl, NHl);
     round_act(m, x->atty, NCl);
     m->k->matmul_forward(m->scratchC, x->atty, loom_param(b, ATTPROJ_W),
                          own_bias ? loom_param(b, ATTPROJ_B) : NULL, N, Cl, C);
-    float *proj = region_output(m, m->scratchC, N);
+    float *proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
     m->k->residual_forward(x->res2, res, proj, NrC);
     round_act(m, x->res2, NrC);
@@ -632,8 +582,8 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
                             loom_param(b, LN2_B), Nr, C, (float)m->cfg.norm_eps);
     round_act(m, x->ln2, NrC);
     /* column-parallel fc, GELU on this rank's columns, row-parallel projection */
-    m->k->matmul_forward(x->fch, region_input(m, x->ln2, N), loom_param(b, FC_W), loom_param(b, FC_B), N, C,
-                         4 * Cl);
+    m->k->matmul_forward(x->fch, loom_tp_region_input(&m->rg, x->ln2, N), loom_param(b, FC_W),
+                         loom_param(b, FC_B), N, C, 4 * Cl);
     round_act(m, x->fch, 4 * NCl);
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
         m->k->gelu_exact_forward(x->fch_gelu, x->fch, 4 * NCl);
@@ -642,7 +592,7 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     round_act(m, x->fch_gelu, 4 * NCl);
     m->k->matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W),
                          own_bias ? loom_param(b, FCPROJ_B) : NULL, N, 4 * Cl, C);
-    proj = region_output(m, m->scratchC, N);
+    proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
     m->k->residual_forward(x->res3, x->res2, proj, NrC);
     round_act(m, x->res3, NrC);
@@ -697,7 +647,8 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     LOOM_ASSERT(B >= 1 && B <= m->B && mb->slot >= 0 && mb->slot < m->nslots);
     LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks);
     if (!m->slots) alloc_activations(m);
-    const int T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T, Nr = rows_held(m, N);
+    const int T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T,
+              Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C;
     struct loom_gpt2_acts *a = &m->slots[mb->slot];
     const struct loom_lm_batch *batch = mb->batch;
@@ -719,7 +670,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         } else { /* vocab-parallel: this rank's vocabulary, the positions added once (tp rank 0), summed */
             m->k->embedding_vp_forward(m->scratchC, a->inputs, loom_param(emb, 0),
                                        m->tp_rank == 0 ? loom_param(emb, 1) : NULL, m->v0, Vl, B, T, C);
-            memcpy(a->encoded, region_output(m, m->scratchC, N), NrC * sizeof(float));
+            memcpy(a->encoded, loom_tp_region_output(&m->rg, m->scratchC, N), NrC * sizeof(float));
         }
         round_act(m, a->encoded, NrC);
         if (tied_across_stages(m) && mb->micro == 0) { /* the table, to the head's stage */
@@ -753,7 +704,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->layers[L - 1].res3, loom_param(head, LNF_W),
                             loom_param(head, LNF_B), Nr, C, (float)m->cfg.norm_eps);
     round_act(m, a->lnf, NrC);
-    m->k->lm_head_forward(a->logits, region_input(m, a->lnf, N), lm_head_weight(m), N, C, Vl);
+    m->k->lm_head_forward(a->logits, loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C, Vl);
     round_act(m, a->logits, (size_t)N * Vl);
     loom_model_forward_end(model, m->head);
     if (announce_emb) loom_model_forward_end(model, m->emb);
@@ -773,13 +724,14 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
  * parameter gradients accumulate. */
 static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T, Nr = rows_held(m, N);
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T,
+              Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); the replicated bias's
      * gradient sums every row of dout, so it is the same on every tp rank */
-    const float *dout = region_output_grad(m, m->dres, N);
+    const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), dout, x->fch_gelu,
                           loom_param(b, FCPROJ_W), N, 4 * Cl, C);
     round_act(m, m->dbuf4a, 4 * NCl);
@@ -789,14 +741,14 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
         m->k->gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NCl);
     round_act(m, m->dbuf4b, 4 * NCl);
     m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b,
-                          region_input(m, x->ln2, N), loom_param(b, FC_W), N, C, 4 * Cl);
-    float *dln = region_input_grad(m, m->dbufC, N); /* partial over this rank's columns */
+                          loom_tp_region_input(&m->rg, x->ln2, N), loom_param(b, FC_W), N, C, 4 * Cl);
+    float *dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's columns */
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), dln, x->res2, loom_param(b, LN2_W),
                   x->ln2_mean, x->ln2_rstd, Nr);
     round_act(m, m->dres, NrC);
     /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
-    dout = region_output_grad(m, m->dres, N);
+    dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     m->k->matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), dout, x->atty,
                           loom_param(b, ATTPROJ_W), N, Cl, C);
     round_act(m, m->dbufC, NCl);
@@ -808,8 +760,8 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, Cl, NHl);
     round_act(m, m->dqkv, 3 * NCl);
     m->k->matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv,
-                          region_input(m, x->ln1, N), loom_param(b, QKV_W), N, C, 3 * Cl);
-    dln = region_input_grad(m, m->dbufC, N);
+                          loom_tp_region_input(&m->rg, x->ln1, N), loom_param(b, QKV_W), N, C, 3 * Cl);
+    dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), dln, layer_input(a, l),
                   loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd, Nr);
@@ -821,7 +773,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     struct loom_gpt2 *m = loom_gpt2_of(model);
     struct loom_gpt2_acts *a = &m->slots[mb->slot];
     const int B = a->rows, T = m->T, C = m->cfg.hidden, Vl = m->Vl, L = m->cfg.num_layers, N = B * T,
-              Nr = rows_held(m, N);
+              Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C;
     m->bwd_slot = mb->slot;
     int l0, l1;
@@ -843,9 +795,10 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             a->emb_open = 1; /* the embedding's gradients are open until its own backward */
         }
         loom_model_backward_begin(model, m->head);
-        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, region_input(m, a->lnf, N),
+        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, loom_tp_region_input(&m->rg, a->lnf, N),
                                lm_head_weight(m), N, C, Vl);
-        float *dlnf = region_input_grad(m, m->dbufC, N); /* partial over this rank's vocabulary */
+        float *dlnf =
+            loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's vocabulary */
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
@@ -884,8 +837,9 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
                                  a->inputs, B, T, C);
     else /* this rank's vocabulary rows, from every row's gradient; the positions' gradient is the same on
           * every tp rank */
-        m->k->embedding_vp_backward(loom_grad(emb, 0), loom_grad(emb, 1), region_output_grad(m, m->dres, N),
-                                    a->inputs, m->v0, m->Vl, B, T, C);
+        m->k->embedding_vp_backward(loom_grad(emb, 0), loom_grad(emb, 1),
+                                    loom_tp_region_output_grad(&m->rg, m->dres, N), a->inputs, m->v0, m->Vl,
+                                    B, T, C);
     /* the head's share, from its stage, once per step */
     if (tied_across_stages(m) && mb->micro == mb->micros - 1)
         loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)Vl * C);

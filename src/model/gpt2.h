@@ -26,6 +26,7 @@
 #include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
 #include "parallel/pipeline.h"
+#include "parallel/tensor.h"
 
 struct loom_kernels;
 
@@ -96,11 +97,8 @@ struct loom_gpt2 {
     /* sequence parallelism (set before the first forward): between the
      * tensor-parallel regions this rank holds rows [r N/tp, (r+1) N/tp) of
      * the N = B*T rows (the residual stream, the norms' inputs and outputs) */
-    int sp;
-    float *gathered;   /* (B*T, C) every rank's rows, gathered at a region's entry; sp only */
-    float *scratchL;   /* (B*T/tp, C) this rank's rows of a region's output; sp only */
-    float *dbufL;      /* (B*T/tp, C) this rank's rows of a region's input gradient; sp only */
-    float *norm_grads; /* (2C) one norm's weight and bias gradient before the tp sum; sp only */
+    struct loom_tp_regions rg; /* the regions' entries and exits, rows of C (parallel/tensor.h) */
+    float *norm_grads;         /* (2C) one norm's weight and bias gradient before the tp sum; sp only */
 
     const struct loom_kernels *k; /* the backend's kernels (kernels/backend.h): the CPU's */
     int nslots;                   /* micro-batches in flight (loom_model_ops.set_slots; default 1) */

@@ -180,21 +180,14 @@ static int keeps_output(const struct loom_llama *m, int l)
     return !recomputed(m, l) || l == chunk_last(m, l);
 }
 
-/* The rows of the residual stream this rank holds of N: all of them, or
- * its 1/tp share under sequence parallelism. */
-static int rows_held(const struct loom_llama *m, int N)
-{
-    return m->sp ? N / m->tp : N;
-}
-
 /* One layer's buffers; att and res3 only when asked for. The residual
  * stream and the norms hold the rows this rank holds; the parallel regions
  * (q, k, v, attention, the MLP) every row of this rank's columns. */
 static void layer_buffers(const struct loom_llama *m, struct loom_llama_layer_acts *x, int with_att,
                           int with_res3)
 {
-    const size_t N = (size_t)m->B * m->T, Nr = (size_t)rows_held(m, (int)N), C = (size_t)m->cfg.hidden,
-                 F = (size_t)m->Fl, Cl = (size_t)m->Cl;
+    const size_t N = (size_t)m->B * m->T, Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
+                 C = (size_t)m->cfg.hidden, F = (size_t)m->Fl, Cl = (size_t)m->Cl;
     x->ln1 = act(Nr * C);
     x->rstd1 = act(Nr);
     x->qkv = act(N * 3 * Cl);
@@ -219,7 +212,8 @@ static void free_layer_buffers(struct loom_llama_layer_acts *x, int with_att)
 
 static void alloc_slot(struct loom_llama *m, struct loom_llama_acts *a)
 {
-    const size_t N = (size_t)m->B * m->T, Nr = (size_t)rows_held(m, (int)N), C = (size_t)m->cfg.hidden;
+    const size_t N = (size_t)m->B * m->T, Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
+                 C = (size_t)m->cfg.hidden;
     const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
@@ -272,8 +266,8 @@ static void free_slot(struct loom_llama *m, struct loom_llama_acts *a)
 
 static void alloc_activations(struct loom_llama *m)
 {
-    const size_t N = (size_t)m->B * m->T, Nr = (size_t)rows_held(m, (int)N), C = (size_t)m->cfg.hidden,
-                 F = (size_t)m->Fl, Cl = (size_t)m->Cl, kvC = (size_t)m->kvC;
+    const size_t N = (size_t)m->B * m->T, Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
+                 C = (size_t)m->cfg.hidden, F = (size_t)m->Fl, Cl = (size_t)m->Cl, kvC = (size_t)m->kvC;
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
     m->q = act(N * Cl);
@@ -281,10 +275,10 @@ static void alloc_activations(struct loom_llama *m)
     m->v = act(N * kvC);
     m->scratchC = act(N * C);
     m->dres = act(Nr * C);
-    if (m->sp) {
-        m->gathered = act(N * C);
-        m->scratchL = act(Nr * C);
-        m->dbufL = act(Nr * C);
+    if (m->rg.sp) {
+        m->rg.gathered = act(N * C);
+        m->rg.out_rows = act(Nr * C);
+        m->rg.grad_rows = act(Nr * C);
         m->norm_grads = act(C);
     }
     m->dbufC = act(N * C);
@@ -301,9 +295,9 @@ static void free_activations(struct loom_llama *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->q,        m->kk,       m->v,        m->scratchC, m->dres,      m->dbufC,
-                     m->dbufC2,   m->dqkv,     m->datt,     m->dh,       m->dgate,     m->dup,
-                     m->ce_stats, m->gathered, m->scratchL, m->dbufL,    m->norm_grads};
+    float *bufs[] = {m->q,        m->kk,          m->v,           m->scratchC,     m->dres,      m->dbufC,
+                     m->dbufC2,   m->dqkv,        m->datt,        m->dh,           m->dgate,     m->dup,
+                     m->ce_stats, m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->slots);
     m->slots = NULL;
@@ -350,55 +344,7 @@ static void unpack_dqkv(const struct loom_llama *m, float *dq, float *dk, float 
     }
 }
 
-/* ---- tensor-parallel regions (parallel/tensor.h) ------------------------------
- * As GPT-2's: a column-parallel product reads every row of its input, a
- * row-parallel one leaves a partial sum over this rank's columns. Without
- * sequence parallelism every rank holds every row and the partial sums are
- * all-reduced (the identity in one process); with it a rank holds its rows
- * between the regions, gathered at the entry and reduce-scattered at the
- * exit, and the backward does the converse. N rows of C. */
-
-/* The rows a region reads: x itself, or every rank's rows gathered. */
-static const float *region_input(struct loom_llama *m, const float *x, int N)
-{
-    if (!m->sp) return x;
-    loom_tp_gather(m->gathered, x, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
-    return m->gathered;
-}
-
-/* A region's output from its partial sums (N,C): summed in place, or this
- * rank's rows of the sum in m->scratchL. Returns the rows this rank holds. */
-static float *region_output(struct loom_llama *m, float *partial, int N)
-{
-    if (m->tp == 1) return partial;
-    if (!m->sp) {
-        loom_tp_reduce_forward(partial, (size_t)N * m->cfg.hidden);
-        return partial;
-    }
-    loom_tp_reduce_scatter(m->scratchL, partial, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
-    return m->scratchL;
-}
-
-/* The gradient at a region's output, every row of it (the backward of the
- * reduce-scatter: a gather). */
-static const float *region_output_grad(struct loom_llama *m, const float *dres, int N)
-{
-    return region_input(m, dres, N);
-}
-
-/* The gradient at a region's input from its partial sums over this rank's
- * columns (N,C): summed in place, or this rank's rows of the sum in
- * m->dbufL (the backward of the gather). Returns the rows this rank holds. */
-static float *region_input_grad(struct loom_llama *m, float *partial, int N)
-{
-    if (m->tp == 1) return partial;
-    if (!m->sp) {
-        loom_tp_copy_backward(partial, (size_t)N * m->cfg.hidden);
-        return partial;
-    }
-    loom_tp_reduce_scatter(m->dbufL, partial, (size_t)rows_held(m, N) * m->cfg.hidden, m->tp);
-    return m->dbufL;
-}
+/* ---- tensor-parallel regions: entered and left through m->rg (parallel/tensor.h) */
 
 /* RMSNorm's backward over the Nr rows this rank holds; under sequence
  * parallelism its weight gradient is a partial sum over those rows, summed
@@ -407,7 +353,7 @@ static void norm_backward(struct loom_llama *m, float *dinp, float *dweight, con
                           const float *inp, const float *weight, const float *rstd, int Nr)
 {
     const int C = m->cfg.hidden;
-    if (!m->sp) {
+    if (!m->rg.sp) {
         m->k->rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, Nr, C);
         return;
     }
@@ -430,7 +376,7 @@ static void linear(const struct loom_llama *m, float *y, const float *x, const f
 static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l, const float *res, int B)
 {
     const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, F = m->Fl, NH = m->NHl, G = m->Gl, N = B * T,
-              Nr = rows_held(m, N);
+              Nr = loom_tp_rows_held(&m->rg, N);
     const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
@@ -438,7 +384,7 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     m->k->rmsnorm_forward(x->ln1, x->rstd1, res, loom_param(b, LN1_W), Nr, C, eps);
     round_act(m, x->ln1, NrC);
     /* column-parallel q, k, v (this rank's heads and key/value groups), attention, row-parallel o */
-    const float *in = region_input(m, x->ln1, N);
+    const float *in = loom_tp_region_input(&m->rg, x->ln1, N);
     linear(m, m->q, in, loom_param(b, Q_W), N, C, Cl);
     linear(m, m->kk, in, loom_param(b, K_W), N, C, m->kvC);
     linear(m, m->v, in, loom_param(b, V_W), N, C, m->kvC);
@@ -451,14 +397,14 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     m->k->attention_forward(x->atty, x->att, x->qkv, B, T, Cl, NH);
     round_act(m, x->atty, NCl);
     linear(m, m->scratchC, x->atty, loom_param(b, O_W), N, Cl, C);
-    float *proj = region_output(m, m->scratchC, N);
+    float *proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
     m->k->residual_forward(x->res2, res, proj, NrC);
     round_act(m, x->res2, NrC);
     m->k->rmsnorm_forward(x->ln2, x->rstd2, x->res2, loom_param(b, LN2_W), Nr, C, eps);
     round_act(m, x->ln2, NrC);
     /* column-parallel gate and up, SwiGLU on this rank's columns, row-parallel down */
-    in = region_input(m, x->ln2, N);
+    in = loom_tp_region_input(&m->rg, x->ln2, N);
     linear(m, x->gate, in, loom_param(b, GATE_W), N, C, F);
     linear(m, x->up, in, loom_param(b, UP_W), N, C, F);
     round_act(m, x->gate, NF);
@@ -466,7 +412,7 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     m->k->swiglu_forward(x->h, x->gate, x->up, NF);
     round_act(m, x->h, NF);
     linear(m, m->scratchC, x->h, loom_param(b, DOWN_W), N, F, C);
-    proj = region_output(m, m->scratchC, N);
+    proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
     m->k->residual_forward(x->res3, x->res2, proj, NrC);
     round_act(m, x->res3, NrC);
@@ -522,7 +468,8 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     LOOM_ASSERT(first <= last && first >= 0 && last < model->nblocks);
     if (!m->slots) alloc_activations(m);
     /* V: this tensor-parallel rank's vocabulary rows [v0, v0 + V) */
-    const int T = m->T, C = m->cfg.hidden, V = m->Vl, L = m->cfg.num_layers, N = B * T, Nr = rows_held(m, N);
+    const int T = m->T, C = m->cfg.hidden, V = m->Vl, L = m->cfg.num_layers, N = B * T,
+              Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C;
     struct loom_llama_acts *a = &m->slots[mb->slot];
     const struct loom_lm_batch *batch = mb->batch;
@@ -536,9 +483,9 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         struct loom_block *emb = &model->blocks[m->emb];
         loom_model_forward_begin(model, m->emb);
         /* vocab-parallel: this rank's vocabulary, summed over the tp group */
-        float *rows = m->tp == 1 ? a->encoded : m->scratchC;
+        float *rows = m->rg.sp ? m->scratchC : a->encoded; /* summed in place without SP */
         m->k->embedding_vp_forward(rows, a->inputs, loom_param(emb, 0), NULL, m->v0, V, B, T, C);
-        rows = region_output(m, rows, N);
+        rows = loom_tp_region_output(&m->rg, rows, N);
         if (rows != a->encoded) memcpy(a->encoded, rows, NrC * sizeof(float));
         round_act(m, a->encoded, NrC);
         if (tied_across_stages(m) && mb->micro == 0) { /* the table, to the head's stage */
@@ -573,7 +520,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     m->k->rmsnorm_forward(a->lnf, a->rstdf, a->layers[L - 1].res3, loom_param(head, NORM_W), Nr, C,
                           (float)m->cfg.norm_eps);
     round_act(m, a->lnf, NrC);
-    m->k->lm_head_forward(a->logits, region_input(m, a->lnf, N), lm_head_weight(m), N, C, V);
+    m->k->lm_head_forward(a->logits, loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C, V);
     round_act(m, a->logits, (size_t)N * V);
     loom_model_forward_end(model, m->head);
     if (announce_emb) loom_model_forward_end(model, m->emb);
@@ -607,27 +554,27 @@ static void linear_backward(const struct loom_llama *m, float *dx, float *scratc
 static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int l, int B)
 {
     const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, F = m->Fl, NH = m->NHl, G = m->Gl, N = B * T,
-              Nr = rows_held(m, N);
+              Nr = loom_tp_rows_held(&m->rg, N);
     const float theta = (float)m->cfg.rope_theta;
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl, NF = (size_t)N * F, NK = (size_t)N * m->kvC;
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_llama_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + down(silu(gate(ln2)) * up(ln2)); dres flows to res2 unchanged */
-    const float *dout = region_output_grad(m, m->dres, N);
+    const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     linear_backward(m, m->dh, NULL, loom_grad(b, DOWN_W), dout, x->h, loom_param(b, DOWN_W), N, F, C, 0);
     round_act(m, m->dh, NF);
     m->k->swiglu_backward(m->dgate, m->dup, m->dh, x->gate, x->up, NF);
     round_act(m, m->dgate, NF);
     round_act(m, m->dup, NF);
-    const float *in = region_input(m, x->ln2, N);
+    const float *in = loom_tp_region_input(&m->rg, x->ln2, N);
     linear_backward(m, m->dbufC, NULL, loom_grad(b, GATE_W), m->dgate, in, loom_param(b, GATE_W), N, C, F, 0);
     linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, UP_W), m->dup, in, loom_param(b, UP_W), N, C, F, 1);
-    float *dln = region_input_grad(m, m->dbufC, N); /* partial over this rank's columns */
+    float *dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's columns */
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN2_W), dln, x->res2, loom_param(b, LN2_W), x->rstd2, Nr);
     round_act(m, m->dres, NrC);
     /* attention: res2 = res + o(attn(rope(q), rope(k), v)) */
-    dout = region_output_grad(m, m->dres, N);
+    dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     linear_backward(m, m->dbufC, NULL, loom_grad(b, O_W), dout, x->atty, loom_param(b, O_W), N, Cl, C, 0);
     round_act(m, m->dbufC, NCl);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the probabilities again, from the kept qkv */
@@ -640,12 +587,12 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     round_act(m, m->q, NCl);
     round_act(m, m->kk, NK);
     round_act(m, m->v, NK);
-    in = region_input(m, x->ln1, N);
+    in = loom_tp_region_input(&m->rg, x->ln1, N);
     linear_backward(m, m->dbufC, NULL, loom_grad(b, Q_W), m->q, in, loom_param(b, Q_W), N, C, Cl, 0);
     linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, K_W), m->kk, in, loom_param(b, K_W), N, C, m->kvC,
                     1);
     linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, V_W), m->v, in, loom_param(b, V_W), N, C, m->kvC, 1);
-    dln = region_input_grad(m, m->dbufC, N);
+    dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN1_W), dln, layer_input(a, l), loom_param(b, LN1_W), x->rstd1,
                   Nr);
@@ -657,7 +604,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     struct loom_llama *m = loom_llama_of(model);
     struct loom_llama_acts *a = &m->slots[mb->slot];
     const int B = a->rows, T = m->T, C = m->cfg.hidden, V = m->Vl, L = m->cfg.num_layers, N = B * T,
-              Nr = rows_held(m, N);
+              Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C;
     m->bwd_slot = mb->slot;
     int l0, l1;
@@ -678,9 +625,10 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             a->emb_open = 1;
         }
         loom_model_backward_begin(model, m->head);
-        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, region_input(m, a->lnf, N),
+        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, loom_tp_region_input(&m->rg, a->lnf, N),
                                lm_head_weight(m), N, C, V);
-        float *dlnf = region_input_grad(m, m->dbufC, N); /* partial over this rank's vocabulary */
+        float *dlnf =
+            loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's vocabulary */
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
@@ -714,7 +662,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
     /* this rank's vocabulary rows, from every row's gradient */
     m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), NULL,
-                                region_output_grad(m, m->dres, N), a->inputs, m->v0, V, B, T, C);
+                                loom_tp_region_output_grad(&m->rg, m->dres, N), a->inputs, m->v0, V, B, T, C);
     /* the head's share, from its stage, once per step */
     if (tied_across_stages(m) && mb->micro == mb->micros - 1)
         loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)V * C);
@@ -734,7 +682,7 @@ static void set_slots(struct loom_model *model, int n)
 static size_t boundary_numel(const struct loom_model *model, int rows)
 {
     const struct loom_llama *m = model->user;
-    return (size_t)rows_held(m, rows * m->T) * m->cfg.hidden;
+    return (size_t)loom_tp_rows_held(&m->rg, rows * m->T) * m->cfg.hidden;
 }
 
 /* The tied table (embed_tokens, also the LM head), offered to the strategies
@@ -796,6 +744,7 @@ struct loom_llama *loom_llama_create_stage(const struct loom_llama_config *cfg, 
     m->T = T;
     m->hs = cfg->hidden / cfg->heads;
     m->tp = tp;
+    m->rg = (struct loom_tp_regions){.tp = tp, .width = cfg->hidden};
     m->tp_rank = tp_rank;
     m->NHl = cfg->heads / tp;
     m->Gl = cfg->kv_heads / tp;
@@ -844,7 +793,7 @@ void loom_llama_set_recompute(struct loom_llama *m, enum loom_recompute granular
 void loom_llama_set_sequence_parallel(struct loom_llama *m, int on)
 {
     LOOM_ASSERT(m->slots == NULL && (!on || (m->tp > 1 && m->T % m->tp == 0)));
-    m->sp = on;
+    m->rg.sp = on;
 }
 
 void loom_llama_free(struct loom_llama *m)

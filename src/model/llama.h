@@ -34,6 +34,7 @@
 #include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
 #include "parallel/pipeline.h"
+#include "parallel/tensor.h"
 
 struct loom_kernels;
 
@@ -89,10 +90,7 @@ struct loom_llama {
     float *ce_stats; /* (3, N) the vocab-parallel cross-entropy's row statistics; tp > 1 only */
     /* sequence parallelism: the residual stream, the norms and their saved
      * state hold N/tp rows (the layer acts' and slot's (N,C) buffers of them) */
-    int sp;
-    float *gathered;           /* (N, C) every rank's rows, gathered at a region's entry; sp only */
-    float *scratchL;           /* (N/tp, C) this rank's rows of a region's output; sp only */
-    float *dbufL;              /* (N/tp, C) this rank's rows of a region's input gradient; sp only */
+    struct loom_tp_regions rg; /* the regions' entries and exits, rows of C (parallel/tensor.h) */
     float *norm_grads;         /* (C) one norm's weight gradient before the tp sum; sp only */
     enum loom_dtype act_dtype; /* F32; BF16, F16: every activation a kernel writes is rounded to it */
     /* activation recomputation (Megatron's, as GPT-2's: loom_llama_set_recompute) */

@@ -39,3 +39,42 @@ void loom_tp_reduce_scatter(float *local, const float *full, size_t n_local, int
     waited += loom_comm_wait(loom_comm_reduce_scatter(
         LOOM_GROUP_TP, loom_buf_f32((float *)full, n_local * (size_t)tp), loom_buf_f32(local, n_local)));
 }
+
+int loom_tp_rows_held(const struct loom_tp_regions *r, int N)
+{
+    return r->sp ? N / r->tp : N;
+}
+
+const float *loom_tp_region_input(struct loom_tp_regions *r, const float *x, int N)
+{
+    if (!r->sp) return x;
+    loom_tp_gather(r->gathered, x, (size_t)loom_tp_rows_held(r, N) * r->width, r->tp);
+    return r->gathered;
+}
+
+float *loom_tp_region_output(struct loom_tp_regions *r, float *partial, int N)
+{
+    if (r->tp == 1) return partial;
+    if (!r->sp) {
+        loom_tp_reduce_forward(partial, (size_t)N * r->width);
+        return partial;
+    }
+    loom_tp_reduce_scatter(r->out_rows, partial, (size_t)loom_tp_rows_held(r, N) * r->width, r->tp);
+    return r->out_rows;
+}
+
+const float *loom_tp_region_output_grad(struct loom_tp_regions *r, const float *dres, int N)
+{
+    return loom_tp_region_input(r, dres, N);
+}
+
+float *loom_tp_region_input_grad(struct loom_tp_regions *r, float *partial, int N)
+{
+    if (r->tp == 1) return partial;
+    if (!r->sp) {
+        loom_tp_copy_backward(partial, (size_t)N * r->width);
+        return partial;
+    }
+    loom_tp_reduce_scatter(r->grad_rows, partial, (size_t)loom_tp_rows_held(r, N) * r->width, r->tp);
+    return r->grad_rows;
+}

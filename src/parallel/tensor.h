@@ -47,4 +47,32 @@ void loom_tp_gather(float *full, const float *local, size_t n_local, int tp);
 double loom_tp_comm_take_s(void);
 void loom_tp_reduce_scatter(float *local, const float *full, size_t n_local, int tp);
 
+/* A model's entries to and exits from its tensor-parallel regions, written
+ * once for every family. A column-parallel product reads every row of its
+ * input; a row-parallel one leaves a partial sum over this rank's columns.
+ * Without sequence parallelism every rank holds every row: the entry is the
+ * identity (f) and the exit an all-reduce (g), both the identity at tp 1.
+ * With it a rank holds its rows between the regions (rows_held: N/tp of N),
+ * gathered at the entry and reduce-scattered at the exit; the backward does
+ * the converse. Rows are `width` floats. The buffers are the model's, needed
+ * under sp only: gathered (N rows), out_rows and grad_rows (N/tp rows). */
+struct loom_tp_regions {
+    int tp, sp, width;
+    float *gathered, *out_rows, *grad_rows;
+};
+/* The rows of N this rank holds between the regions. */
+int loom_tp_rows_held(const struct loom_tp_regions *r, int N);
+/* The rows a region reads: x itself, or every rank's rows gathered. */
+const float *loom_tp_region_input(struct loom_tp_regions *r, const float *x, int N);
+/* A region's output from its partial sums (N rows): summed in place, or this
+ * rank's rows of the sum in out_rows. Returns the rows this rank holds. */
+float *loom_tp_region_output(struct loom_tp_regions *r, float *partial, int N);
+/* The gradient at a region's output, every row of it: dres itself, or every
+ * rank's rows gathered (the backward of the reduce-scatter). */
+const float *loom_tp_region_output_grad(struct loom_tp_regions *r, const float *dres, int N);
+/* The gradient at a region's input from its partial sums over this rank's
+ * columns (N rows): summed in place, or this rank's rows of the sum in
+ * grad_rows (the backward of the gather). Returns the rows this rank holds. */
+float *loom_tp_region_input_grad(struct loom_tp_regions *r, float *partial, int N);
+
 #endif

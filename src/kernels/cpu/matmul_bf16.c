@@ -247,11 +247,6 @@ static void gemm(int M, int N, int K, const float *a, int a_t, const float *b, i
 
 #endif
 
-enum loom_bf16_units loom_bf16_units_present(void)
-{
-    return units_present();
-}
-
 /* ---- the products (matmul.c's, operands rounded to bf16) -------------------------- */
 
 void loom_matmul_forward_bf16(float *out, const float *inp, const float *weight, const float *bias, int N,
