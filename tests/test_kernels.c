@@ -198,6 +198,40 @@ static void test_matmul_vs_ref(int N, int C, int OC, int with_bias)
     free(dinp_ref), free(dw0), free(db0), free(dw), free(dw_ref), free(db), free(db_ref), free(dw2);
 }
 
+/* The LM head's backward with the logits' gradient held in 16 bits (bf16,
+ * fp16): the same as the float32 kernel on the same (16-bit valued)
+ * numbers, up to the order of the float32 additions; V large enough for
+ * several column blocks at this N. And GELU's backward may write over its
+ * output gradient (the 16-bit activation path does). */
+static void test_lm_head_lp(int N, int C, int V)
+{
+    const enum loom_dtype dts[2] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    for (int k = 0; k < 2; k++) {
+        float *inp = new_rand((size_t)N * C, 1.0f), *wte = new_rand((size_t)V * C, 1.0f);
+        float *dl = new_rand((size_t)N * V, 1.0f);
+        uint16_t *dl16 = malloc((size_t)N * V * sizeof *dl16);
+        loom_lp_from_f32(dl16, dl, (size_t)N * V, dts[k]);
+        loom_lp_to_f32(dl, dl16, (size_t)N * V, dts[k]);
+        float *dwte0 = new_rand((size_t)V * C, 1.0f), *dwte = new_copy(dwte0, (size_t)V * C);
+        float *dwte_ref = new_copy(dwte0, (size_t)V * C);
+        float *dinp = new_const((size_t)N * C, NAN), *dinp_ref = new_const((size_t)N * C, NAN);
+        K->lm_head_backward_lp(dinp, dwte, dl16, dts[k], inp, wte, N, C, V);
+        REF->lm_head_backward(dinp_ref, dwte_ref, dl, inp, wte, N, C, V);
+        check_scaled(k ? "lm_head_lp fp16 dinp vs ref" : "lm_head_lp bf16 dinp vs ref", dinp, dinp_ref,
+                     (size_t)N * C, 1e-6);
+        check_scaled(k ? "lm_head_lp fp16 dwte vs ref" : "lm_head_lp bf16 dwte vs ref", dwte, dwte_ref,
+                     (size_t)V * C, 1e-6);
+        free(inp), free(wte), free(dl), free(dl16), free(dwte0), free(dwte), free(dwte_ref), free(dinp);
+        free(dinp_ref);
+    }
+    const size_t n = 1000;
+    float *x = new_rand(n, 3.0f), *d = new_rand(n, 1.0f), *want = malloc(n * sizeof(float));
+    K->gelu_backward(want, d, x, n);
+    K->gelu_backward(d, d, x, n);
+    CHECK(memcmp(want, d, n * sizeof(float)) == 0);
+    free(x), free(d), free(want);
+}
+
 static void test_lm_head_vs_ref(int N, int C, int V)
 {
     float *inp = new_rand((size_t)N * C, 1.0f), *wte = new_rand((size_t)V * C, 1.0f);
@@ -1257,6 +1291,7 @@ int main(void)
         test_rmsnorm();
         test_rope();
         test_swiglu();
+        test_lm_head_lp(40, 16, 30000); /* column blocks of 26214: two, the second partial */
     }
     test_bf16_units_select();
     return check_summary("test_kernels");

@@ -106,6 +106,9 @@ def bf16_products(g, d, out):
         check(f"{units}: lm_head logits", out("lm_head.logits"), x @ wte.T)
         check(f"{units}: lm_head dinp", out("lm_head.dinp"), dl @ wte)
         check(f"{units}: lm_head dwte", out("lm_head.dwte"), dl.T @ x)
+        dlb = bf("lm_head.dlogits")  # held in bf16 by the caller, on every path
+        check(f"{units}: lm_head dinp, bf16 dlogits", out("lm_head.dinp_lp"), dlb @ wte)
+        check(f"{units}: lm_head dwte, bf16 dlogits", out("lm_head.dwte_lp"), dlb.T @ x)
         if units != "f32":
             ref = f64("matmul.inp") @ f64("matmul.weight") + f64("matmul.bias")
             ours = torch.from_numpy(out("matmul.out").astype(np.float64))

@@ -190,6 +190,26 @@ void loom_lp_to_f32(float *dst, const uint16_t *src, size_t n, enum loom_dtype d
         loom_f16_to_f32_array(dst, src, n);
 }
 
+void loom_lp_round_store(uint16_t *dst, float *x, size_t n, enum loom_dtype dt)
+{
+    LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
+    if (dt == LOOM_DTYPE_BF16) {
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) {
+            const uint16_t h = bf16_from_bits(bits_of(x[i]));
+            dst[i] = h;
+            x[i] = float_of((uint32_t)h << 16);
+        }
+    } else {
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) {
+            const uint16_t h = f16_from_bits(bits_of(x[i]));
+            dst[i] = h;
+            x[i] = float_of(f16_to_bits(h));
+        }
+    }
+}
+
 void loom_lp_accumulate(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt)
 {
     LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);

@@ -69,6 +69,10 @@ void loom_dtype_round_trip(float *x, size_t n, enum loom_dtype dt);
 void loom_lp_from_f32(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt);
 void loom_lp_to_f32(float *dst, const uint16_t *src, size_t n, enum loom_dtype dt);
 void loom_lp_accumulate(uint16_t *dst, const float *src, size_t n, enum loom_dtype dt);
+/* x (n) rounded to dt in place, as loom_dtype_round_trip does, and its
+ * 16-bit bits stored in dst (n): a kernel's float32 result kept in 16 bits
+ * while the next kernel reads the rounded float32 values. */
+void loom_lp_round_store(uint16_t *dst, float *x, size_t n, enum loom_dtype dt);
 double loom_lp_sum_squares(const uint16_t *x, size_t n, enum loom_dtype dt);
 int loom_lp_has_nonfinite(const uint16_t *x, size_t n, enum loom_dtype dt);
 

@@ -61,6 +61,9 @@ struct loom_kernels {
     /* dinp (N,C) written; dwte (V,C) accumulates */
     void (*lm_head_backward)(float *dinp, float *dwte, const float *dlogits, const float *inp,
                              const float *wte, int N, int C, int V);
+    /* the same with dlogits (N,V) held in 16 bits of dtype dt (BF16 or F16) */
+    void (*lm_head_backward_lp)(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
+                                const float *inp, const float *wte, int N, int C, int V);
 
     /* ---- causal attention: qkv (B,T,3C) -> out (B,T,C); saves att (B,NH,T,T) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
@@ -68,7 +71,8 @@ struct loom_kernels {
     void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *att,
                                const float *qkv, int B, int T, int C, int NH);
 
-    /* ---- GELU (tanh form): out (n); dinp (n) written */
+    /* ---- GELU (tanh form): out (n); dinp (n) written, and may be dout
+     * (elementwise: each is read before it is written) */
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
     /* ---- GELU (exact, erf form): out (n); dinp (n) written */

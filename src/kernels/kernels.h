@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h" /* enum loom_dtype */
+
 /* ---- embedding ------------------------------------------------------------
  * out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). Tokens are already
  * validated to lie in [0, V). */
@@ -87,6 +89,13 @@ void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const
 void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte, int N, int C, int V);
 void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                const float *wte, int N, int C, int V);
+/* The LM head's backward with dlogits (N,V) held in 16 bits of dtype dt
+ * (BF16 or F16): converted to float32 a block of vocabulary columns at a
+ * time, so no float32 copy of the whole is made. */
+void loom_lm_head_backward_lp(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
+                              const float *inp, const float *wte, int N, int C, int V);
+void loom_lm_head_backward_lp_ref(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
+                                  const float *inp, const float *wte, int N, int C, int V);
 /* dbias (OC) += the column sums of dout (N,OC), in row order */
 void loom_bias_backward(float *dbias, const float *dout, int N, int OC);
 
@@ -121,6 +130,9 @@ void loom_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
 void loom_lm_head_forward_bf16(float *logits, const float *inp, const float *wte, int N, int C, int V);
 void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                 const float *wte, int N, int C, int V);
+/* bf16 dlogits go to the units as they are; F16 takes the float32 path */
+void loom_lm_head_backward_lp_bf16(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
+                                   const float *inp, const float *wte, int N, int C, int V);
 
 /* ---- causal multi-head self-attention ------------------------------------
  * qkv (B,T,3C) holds [q | k | v] along the last axis, head h at columns

@@ -20,10 +20,20 @@
  * needed only outside the life of the logits (from the LM head's forward to
  * its backward), so it lives in the logits' buffer.
  *
- * Activations in a 16-bit dtype (act_dtype BF16 or F16) are emulated: the
- * buffers stay float32 and the kernels compute in float32, but every
- * activation a kernel writes is rounded to the dtype right after it
- * (round_act), and in the backward every activation gradient too. Parameter
+ * Activations in a 16-bit dtype (act_dtype BF16 or F16) are kept in it: the
+ * kernels compute in float32, every activation a kernel writes is rounded
+ * to the dtype right after it and stored in 16 bits (keep), and a kernel
+ * reads the float32 values of a kept one (view). The float32 values live in
+ * staging buffers: the backward's scratch, which the forward borrows (only
+ * m->dres carries over between layers, so a recomputing forward may too),
+ * and a few more (stage_res, seq_att, head_rows). Two things run in pieces
+ * then: attention, one sequence at a time, keeping no probabilities (the
+ * backward recomputes them from the kept qkv, as selective recomputation
+ * does: the same kernel on the same values gives the same bits); and the
+ * LM head's logits, LOOM_GPT2_HEAD_ROWS rows at a time through float32 for
+ * the loss, kept in 16 bits for the backward, whose LM-head product reads
+ * them in 16 bits. In the backward every activation gradient is rounded
+ * too (round_act), in float32 buffers: one layer's, reused. Parameter
  * gradients are not rounded here: the precision strategy owns them.
  *
  * Tensor parallelism (m->tp > 1): the layers compute on the rank's part
@@ -189,11 +199,76 @@ static void round_act(const struct loom_gpt2 *m, float *buf, size_t n)
     if (m->act_dtype != LOOM_DTYPE_F32) loom_dtype_round_trip(buf, n, m->act_dtype);
 }
 
+/* ---- activations kept in act_dtype ------------------------------------------- */
+
+/* Whether activations are kept in 16 bits. */
+static int lp(const struct loom_gpt2 *m)
+{
+    return m->act_dtype != LOOM_DTYPE_F32;
+}
+
+static size_t act_size(const struct loom_gpt2 *m)
+{
+    return lp(m) ? sizeof(uint16_t) : sizeof(float);
+}
+
+/* Element i of kept activation x. */
+static void *at(const struct loom_gpt2 *m, void *x, size_t i)
+{
+    return (char *)x + i * act_size(m);
+}
+
+/* Where a kernel writes the values of kept activation x: x itself in
+ * float32, else float32 staging. */
+static float *out_of(const struct loom_gpt2 *m, void *x, float *stage)
+{
+    return lp(m) ? stage : x;
+}
+
+/* The kernel's result v (n values, where out_of said) becomes activation x:
+ * rounded to act_dtype in place, and kept. */
+static void keep(const struct loom_gpt2 *m, void *x, float *v, size_t n)
+{
+    if (lp(m)) loom_lp_round_store(x, v, n, m->act_dtype);
+}
+
+/* Kept activation x (n values) as float32: x itself, or converted into
+ * stage. */
+static const float *view(const struct loom_gpt2 *m, const void *x, float *stage, size_t n)
+{
+    if (!lp(m)) return x;
+    loom_lp_to_f32(stage, x, n, m->act_dtype);
+    return stage;
+}
+
+/* float32 values in and out of kept activation x (n values; src is
+ * act_dtype-valued, as every value that crosses a boundary is). */
+static void put(const struct loom_gpt2 *m, void *x, const float *src, size_t n)
+{
+    if (lp(m))
+        loom_lp_from_f32(x, src, n, m->act_dtype);
+    else
+        memcpy(x, src, n * sizeof(float));
+}
+static void get(const struct loom_gpt2 *m, float *dst, const void *x, size_t n)
+{
+    if (lp(m))
+        loom_lp_to_f32(dst, x, n, m->act_dtype);
+    else
+        memcpy(dst, x, n * sizeof(float));
+}
+
 /* ---- activations and their recomputation ------------------------------------ */
 
 static size_t att_numel(const struct loom_gpt2 *m)
 {
     return (size_t)m->B * m->NHl * m->T * m->T;
+}
+
+/* One sequence's attention probabilities (or their gradient). */
+static size_t seq_att_numel(const struct loom_gpt2 *m)
+{
+    return (size_t)m->NHl * m->T * m->T;
 }
 
 /* Whether full recomputation reruns layer l's forward in the backward. */
@@ -229,69 +304,76 @@ static int keeps_output(const struct loom_gpt2 *m, int l)
     return !recomputed(m, l) || l == chunk_last(m, l);
 }
 
-/* Layer l's input: the embedding's output, a pipeline chunk's received
- * input, or the previous layer's output. */
-static float *layer_input(const struct loom_gpt2_acts *a, int l)
+/* Layer l's input (n values) as float32: a pipeline chunk's received
+ * input (float32), else the embedding's output or the previous layer's,
+ * viewed through stage. */
+static const float *layer_input(const struct loom_gpt2 *m, const struct loom_gpt2_acts *a, int l,
+                                float *stage, size_t n)
 {
-    if (l == 0) return a->encoded;
-    return a->chunk_input[l] ? a->chunk_input[l] : a->layers[l - 1].res3;
+    if (l > 0 && a->chunk_input[l]) return a->chunk_input[l];
+    return view(m, l == 0 ? a->encoded : a->layers[l - 1].res3, stage, n);
 }
 
 /* Consecutive pieces of one buffer; with base NULL, only counted. */
 struct carve {
-    float *base;
-    size_t used; /* floats */
+    char *base;
+    size_t used; /* bytes */
 };
 
-/* n floats: allocated (c NULL), or the next piece of c's buffer, 64-byte
- * aligned like loom_alloc's, so the kernels see the same alignment. */
-static float *piece(struct carve *c, size_t n)
+/* n values of `size` bytes: allocated (c NULL), or the next piece of c's
+ * buffer, 64-byte aligned like loom_alloc's, so the kernels see the same
+ * alignment. */
+static void *piece(struct carve *c, size_t n, size_t size)
 {
-    if (!c) return act(n);
-    float *p = c->base ? c->base + c->used : NULL;
-    c->used += (n + 15) & ~(size_t)15;
+    const size_t bytes = loom_mul_size(n, size);
+    if (!c) return loom_alloc(bytes, LOOM_MEM_ACTIVATIONS);
+    void *p = c->base ? c->base + c->used : NULL;
+    c->used += (bytes + 63) & ~(size_t)63;
     return p;
 }
 
-/* A layer's saved state; att and res3 only when asked for. */
+/* A layer's saved state; att (float32 activations only) and res3 only when
+ * asked for. */
 static void layer_buffers(const struct loom_gpt2 *m, struct loom_layer_acts *a, struct carve *c, int with_att,
                           int with_res3)
 {
     const size_t N = (size_t)m->B * m->T, Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
-                 C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl;
-    a->ln1 = piece(c, Nr * C);
-    a->ln1_mean = piece(c, Nr);
-    a->ln1_rstd = piece(c, Nr);
-    a->qkv = piece(c, N * 3 * Cl);
-    a->atty = piece(c, N * Cl);
-    a->att = with_att ? piece(c, att_numel(m)) : NULL;
-    a->res2 = piece(c, Nr * C);
-    a->ln2 = piece(c, Nr * C);
-    a->ln2_mean = piece(c, Nr);
-    a->ln2_rstd = piece(c, Nr);
-    a->fch = piece(c, N * 4 * Cl);
-    a->fch_gelu = piece(c, N * 4 * Cl);
-    a->res3 = with_res3 ? piece(c, Nr * C) : NULL;
+                 C = (size_t)m->cfg.hidden, Cl = (size_t)m->Cl, sz = act_size(m), f = sizeof(float);
+    a->ln1 = piece(c, Nr * C, sz);
+    a->ln1_mean = piece(c, Nr, f);
+    a->ln1_rstd = piece(c, Nr, f);
+    a->qkv = piece(c, N * 3 * Cl, sz);
+    a->atty = piece(c, N * Cl, sz);
+    a->att = with_att && !lp(m) ? piece(c, att_numel(m), f) : NULL;
+    a->res2 = piece(c, Nr * C, sz);
+    a->ln2 = piece(c, Nr * C, sz);
+    a->ln2_mean = piece(c, Nr, f);
+    a->ln2_rstd = piece(c, Nr, f);
+    a->fch = piece(c, N * 4 * Cl, sz);
+    a->fch_gelu = piece(c, N * 4 * Cl, sz);
+    a->res3 = with_res3 ? piece(c, Nr * C, sz) : NULL;
 }
 
 static void free_layer_buffers(struct loom_layer_acts *a)
 {
-    float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty,     a->att, a->res2,
-                     a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
+    void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty,     a->att, a->res2,
+                    a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
 }
 
 /* One slot's activation buffers, for the recompute settings. A recomputed
  * layer gets no buffer of its own but its kept output; the recompute
  * scratch (a chunk of layers, or selective's shared att) is carved from the
- * logits' buffer, which grows to hold it when B*T*V floats would not. */
+ * logits' buffer, which grows to hold it when B*T*V values would not. With
+ * 16-bit activations there are no probabilities to share (attention keeps
+ * none). */
 static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
 {
-    const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE;
+    const int L = m->cfg.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE && !lp(m);
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     const size_t C = (size_t)m->cfg.hidden, N = (size_t)m->B * m->T,
                  Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
-                 NV = m->head >= 0 ? loom_mul_size(N, (size_t)m->Vl) : 0;
+                 NV = m->head >= 0 ? loom_mul_size(loom_mul_size(N, (size_t)m->Vl), act_size(m)) : 0;
     a->layers = loom_alloc(sizeof *a->layers * (size_t)L, LOOM_MEM_OTHER);
     a->chunk_input = loom_alloc(sizeof *a->chunk_input * (size_t)L, LOOM_MEM_OTHER);
     if (nscratch) a->scratch = loom_alloc(sizeof *a->scratch * (size_t)nscratch, LOOM_MEM_OTHER);
@@ -303,10 +385,10 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
     for (int pass = 0; pass < 2; pass++) {
         c.used = 0;
         for (int s = 0; s < nscratch; s++) layer_buffers(m, &a->scratch[s], &c, 1, s < nscratch - 1);
-        if (selective) shared_att = piece(&c, att_numel(m));
+        if (selective) shared_att = piece(&c, att_numel(m), sizeof(float));
         if (pass == 0) {
-            a->logits_numel = c.used > NV ? c.used : NV > 0 ? NV : 1;
-            c.base = a->logits = act(a->logits_numel);
+            a->logits_bytes = c.used > NV ? c.used : NV > 0 ? NV : 1;
+            c.base = a->logits = loom_alloc(a->logits_bytes, LOOM_MEM_ACTIVATIONS);
         }
     }
     for (int l = 0; l < L; l++) {
@@ -315,13 +397,13 @@ static void alloc_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
         if (l > 0 && m->stage.lo[l] == l) a->chunk_input[l] = act(Nr * C);
         if (recomputed(m, l)) {
             *x = a->scratch[l - chunk_first(m, l)];
-            if (keeps_output(m, l)) x->res3 = act(Nr * C);
+            if (keeps_output(m, l)) x->res3 = piece(NULL, Nr * C, act_size(m));
         } else {
             layer_buffers(m, x, NULL, !selective, 1);
             if (selective) x->att = shared_att;
         }
     }
-    a->encoded = act(Nr * C);
+    a->encoded = piece(NULL, Nr * C, act_size(m));
     a->lnf = act(Nr * C);
     a->lnf_mean = act(Nr);
     a->lnf_rstd = act(Nr);
@@ -343,7 +425,7 @@ static void free_slot(struct loom_gpt2 *m, struct loom_gpt2_acts *a)
         if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) x->att = NULL;
         free_layer_buffers(x);
     }
-    float *bufs[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->losses, a->lse};
+    void *bufs[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->losses, a->lse};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(a->layers);
     loom_free(a->chunk_input);
@@ -365,20 +447,25 @@ static void alloc_activations(struct loom_gpt2 *m)
     }
     m->dbufC = act(N * C);
     m->dqkv = act(N * 3 * Cl);
-    m->datt = act(att_numel(m));
+    m->datt = act(lp(m) ? seq_att_numel(m) : att_numel(m));
     m->dbuf4a = act(N * 4 * Cl);
     m->dbuf4b = act(N * 4 * Cl);
     m->scratchC = act(N * C);
     if (m->tp > 1) m->ce_stats = act(3 * N);
+    if (lp(m)) {
+        m->stage_res = act(Nr * C);
+        m->seq_att = act(seq_att_numel(m));
+        if (m->head >= 0) m->head_rows = act((size_t)LOOM_GPT2_HEAD_ROWS * m->Vl);
+    }
 }
 
 static void free_activations(struct loom_gpt2 *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->dres,        m->dbufC,       m->dqkv,         m->datt,
-                     m->dbuf4a,      m->dbuf4b,      m->scratchC,     m->ce_stats,
-                     m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads};
+    float *bufs[] = {m->dres,         m->dbufC,      m->dqkv,      m->datt,        m->dbuf4a,
+                     m->dbuf4b,       m->scratchC,   m->ce_stats,  m->rg.gathered, m->rg.out_rows,
+                     m->rg.grad_rows, m->norm_grads, m->stage_res, m->seq_att,     m->head_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->slots);
     m->slots = NULL;
@@ -444,8 +531,14 @@ static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *
 static const float *logits(struct loom_model *model)
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
-    LOOM_ASSERT(m->tp == 1); /* a tp rank holds its vocabulary's columns only */
+    LOOM_ASSERT(m->tp == 1 && !lp(m)); /* a tp rank holds its vocabulary's columns only; kept as float32 */
     return m->slots ? m->slots[0].logits : NULL;
+}
+
+void loom_gpt2_logits(const struct loom_gpt2 *m, float *dst)
+{
+    const struct loom_gpt2_acts *a = &m->slots[0];
+    get(m, dst, a->logits, (size_t)a->rows * m->T * m->Vl);
 }
 
 static const struct loom_model_ops gpt2_ops = {.forward = forward,
@@ -549,53 +642,100 @@ static void norm_backward(struct loom_gpt2 *m, float *dinp, float *dweight, floa
     }
 }
 
-/* Layer l's forward over B rows, from its input res (the rows this rank
- * holds, of B*T) into a->layers[l] (the recompute scratch for a recomputed
- * layer). The backward reruns it to recompute, so nothing here may depend
- * on when it runs. */
-static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, const float *res, int B)
+/* Attention over B sequences from qkv (float32 values) into atty; the
+ * probabilities into att, or with 16-bit activations one sequence at a time
+ * into seq_att, not kept. */
+static void attention_forward(struct loom_gpt2 *m, float *atty, float *att, const float *qkv, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T,
-              Nr = loom_tp_rows_held(&m->rg, N);
+    const int T = m->T, Cl = m->Cl, NHl = m->NHl;
+    if (!lp(m)) {
+        m->k->attention_forward(atty, att, qkv, B, T, Cl, NHl);
+        return;
+    }
+    for (int b = 0; b < B; b++)
+        m->k->attention_forward(atty + (size_t)b * T * Cl, m->seq_att, qkv + (size_t)b * T * 3 * Cl, 1, T, Cl,
+                                NHl);
+}
+
+/* Attention's backward: m->dqkv from m->dbufC (the gradient at its output)
+ * and qkv (float32 values). The probabilities are recomputed first where
+ * none were kept (selective recomputation; 16-bit activations, one
+ * sequence at a time, the output dropped into m->dbuf4a, which holds
+ * nothing then). */
+static void attention_backward(struct loom_gpt2 *m, struct loom_layer_acts *x, const float *qkv, int B)
+{
+    const int T = m->T, Cl = m->Cl, NHl = m->NHl;
+    if (!lp(m)) {
+        if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the kept atty is not overwritten */
+            m->k->attention_forward(m->scratchC, x->att, qkv, B, T, Cl, NHl);
+        /* datt is the kernel's own scratch, read by nothing after it: not rounded */
+        m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, qkv, B, T, Cl, NHl);
+        return;
+    }
+    for (int b = 0; b < B; b++) {
+        const size_t q = (size_t)b * T * 3 * Cl, o = (size_t)b * T * Cl;
+        m->k->attention_forward(m->dbuf4a + o, m->seq_att, qkv + q, 1, T, Cl, NHl);
+        m->k->attention_backward(m->dqkv + q, m->datt, m->dbufC + o, m->seq_att, qkv + q, 1, T, Cl, NHl);
+    }
+}
+
+/* Layer l's forward over B rows, from its input (the rows this rank holds,
+ * of B*T) into a->layers[l] (the recompute scratch for a recomputed layer).
+ * The backward reruns it to recompute, so nothing here may depend on when
+ * it runs. With 16-bit activations the float32 values are staged in the
+ * backward's scratch (the comments name it), each buffer reused once what
+ * it held is read. */
+static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, int B)
+{
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, N = B * T, Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
     /* a row-parallel projection's bias is added once, by tp rank 0, to the
      * partial sums the reduction adds up */
     const int own_bias = m->tp_rank == 0;
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_layer_acts *x = &a->layers[l];
-    m->k->layernorm_forward(x->ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
+    const float *res = layer_input(m, a, l, m->dbufC, NrC);
+    float *ln1 = out_of(m, x->ln1, m->scratchC);
+    m->k->layernorm_forward(ln1, x->ln1_mean, x->ln1_rstd, res, loom_param(b, LN1_W), loom_param(b, LN1_B),
                             Nr, C, (float)m->cfg.norm_eps);
-    round_act(m, x->ln1, NrC);
+    keep(m, x->ln1, ln1, NrC);
     /* column-parallel QKV (this rank's heads), attention on them, row-parallel output projection */
-    m->k->matmul_forward(x->qkv, loom_tp_region_input(&m->rg, x->ln1, N), loom_param(b, QKV_W),
+    float *qkv = out_of(m, x->qkv, m->dqkv);
+    m->k->matmul_forward(qkv, loom_tp_region_input(&m->rg, ln1, N), loom_param(b, QKV_W),
                          loom_param(b, QKV_B), N, C, 3 * Cl);
-    round_act(m, x->qkv, 3 * NCl);
-    m->k->attention_forward(x->atty, x->att, x->qkv, B, T, Cl, NHl);
-    round_act(m, x->atty, NCl);
-    m->k->matmul_forward(m->scratchC, x->atty, loom_param(b, ATTPROJ_W),
+    keep(m, x->qkv, qkv, 3 * NCl);
+    float *atty = out_of(m, x->atty, m->dbuf4a);
+    attention_forward(m, atty, x->att, qkv, B);
+    keep(m, x->atty, atty, NCl);
+    m->k->matmul_forward(m->scratchC, atty, loom_param(b, ATTPROJ_W),
                          own_bias ? loom_param(b, ATTPROJ_B) : NULL, N, Cl, C);
     float *proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
-    m->k->residual_forward(x->res2, res, proj, NrC);
-    round_act(m, x->res2, NrC);
-    m->k->layernorm_forward(x->ln2, x->ln2_mean, x->ln2_rstd, x->res2, loom_param(b, LN2_W),
-                            loom_param(b, LN2_B), Nr, C, (float)m->cfg.norm_eps);
-    round_act(m, x->ln2, NrC);
+    float *res2 = out_of(m, x->res2, m->stage_res);
+    m->k->residual_forward(res2, res, proj, NrC);
+    keep(m, x->res2, res2, NrC);
+    float *ln2 = out_of(m, x->ln2, m->scratchC);
+    m->k->layernorm_forward(ln2, x->ln2_mean, x->ln2_rstd, res2, loom_param(b, LN2_W), loom_param(b, LN2_B),
+                            Nr, C, (float)m->cfg.norm_eps);
+    keep(m, x->ln2, ln2, NrC);
     /* column-parallel fc, GELU on this rank's columns, row-parallel projection */
-    m->k->matmul_forward(x->fch, loom_tp_region_input(&m->rg, x->ln2, N), loom_param(b, FC_W),
-                         loom_param(b, FC_B), N, C, 4 * Cl);
-    round_act(m, x->fch, 4 * NCl);
+    float *fch = out_of(m, x->fch, m->dbuf4a);
+    m->k->matmul_forward(fch, loom_tp_region_input(&m->rg, ln2, N), loom_param(b, FC_W), loom_param(b, FC_B),
+                         N, C, 4 * Cl);
+    keep(m, x->fch, fch, 4 * NCl);
+    float *fch_gelu = out_of(m, x->fch_gelu, m->dbuf4b);
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
-        m->k->gelu_exact_forward(x->fch_gelu, x->fch, 4 * NCl);
+        m->k->gelu_exact_forward(fch_gelu, fch, 4 * NCl);
     else
-        m->k->gelu_forward(x->fch_gelu, x->fch, 4 * NCl);
-    round_act(m, x->fch_gelu, 4 * NCl);
-    m->k->matmul_forward(m->scratchC, x->fch_gelu, loom_param(b, FCPROJ_W),
+        m->k->gelu_forward(fch_gelu, fch, 4 * NCl);
+    keep(m, x->fch_gelu, fch_gelu, 4 * NCl);
+    m->k->matmul_forward(m->scratchC, fch_gelu, loom_param(b, FCPROJ_W),
                          own_bias ? loom_param(b, FCPROJ_B) : NULL, N, 4 * Cl, C);
     proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
-    m->k->residual_forward(x->res3, x->res2, proj, NrC);
-    round_act(m, x->res3, NrC);
+    float *res3 = out_of(m, x->res3, m->dbufC);
+    m->k->residual_forward(res3, res2, proj, NrC);
+    keep(m, x->res3, res3, NrC);
 }
 
 /* The layers [l0, l1] a block range [first, last] covers (l1 < l0: none). */
@@ -615,6 +755,23 @@ static void layers_of(const struct loom_gpt2 *m, int first, int last, int *l0, i
     }
 }
 
+/* Rows of logits the head computes at a time: all N, or with 16-bit
+ * activations LOOM_GPT2_HEAD_ROWS through float32 staging. */
+static int head_rows(const struct loom_gpt2 *m, int N)
+{
+    return lp(m) && N > LOOM_GPT2_HEAD_ROWS ? LOOM_GPT2_HEAD_ROWS : N;
+}
+
+/* Logits rows [r0, r0 + n) as float32: in place, or converted into
+ * m->head_rows (n <= head_rows). */
+static float *logits_rows(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int r0, int n)
+{
+    const size_t at0 = (size_t)r0 * m->Vl;
+    if (!lp(m)) return (float *)a->logits + at0;
+    loom_lp_to_f32(m->head_rows, at(m, a->logits, at0), (size_t)n * m->Vl, m->act_dtype);
+    return m->head_rows;
+}
+
 /* The loss of every row from this rank's logits (N, Vl) of vocabulary rows
  * [v0, v0 + Vl), never gathering the whole vocabulary: the row max, then the
  * sum of exponentials and the target's logit, each reduced over the tp
@@ -622,9 +779,17 @@ static void layers_of(const struct loom_gpt2 *m, int first, int last, int *l0, i
 static void vocab_parallel_crossentropy(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int N)
 {
     float *rowmax = m->ce_stats, *sums = m->ce_stats + N; /* sums: N sums of exponentials, N target logits */
-    m->k->crossentropy_vp_max(rowmax, a->logits, N, m->Vl);
+    const int R = head_rows(m, N);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        m->k->crossentropy_vp_max(rowmax + r0, logits_rows(m, a, r0, n), n, m->Vl);
+    }
     loom_tp_allreduce(rowmax, (size_t)N, LOOM_OP_MAX);
-    m->k->crossentropy_vp_stats(sums, sums + N, a->logits, rowmax, a->targets, m->v0, N, m->Vl);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        m->k->crossentropy_vp_stats(sums + r0, sums + N + r0, logits_rows(m, a, r0, n), rowmax + r0,
+                                    a->targets + r0, m->v0, n, m->Vl);
+    }
     loom_tp_allreduce(sums, 2 * (size_t)N, LOOM_OP_SUM);
     for (int i = 0; i < N; i++) {
         a->lse[i] = rowmax[i] + logf(sums[i]);
@@ -665,29 +830,32 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     if (first == m->emb) {
         struct loom_block *emb = &model->blocks[m->emb];
         loom_model_forward_begin(model, m->emb);
+        float *enc = out_of(m, a->encoded, m->dbufC);
         if (m->tp == 1) {
-            m->k->embedding_forward(a->encoded, a->inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
+            m->k->embedding_forward(enc, a->inputs, loom_param(emb, 0), loom_param(emb, 1), B, T, C);
         } else { /* vocab-parallel: this rank's vocabulary, the positions added once (tp rank 0), summed */
             m->k->embedding_vp_forward(m->scratchC, a->inputs, loom_param(emb, 0),
                                        m->tp_rank == 0 ? loom_param(emb, 1) : NULL, m->v0, Vl, B, T, C);
-            memcpy(a->encoded, loom_tp_region_output(&m->rg, m->scratchC, N), NrC * sizeof(float));
+            memcpy(enc, loom_tp_region_output(&m->rg, m->scratchC, N), NrC * sizeof(float));
         }
-        round_act(m, a->encoded, NrC);
+        keep(m, a->encoded, enc, NrC);
         if (tied_across_stages(m) && mb->micro == 0) { /* the table, to the head's stage */
             memcpy(m->tied_copy, loom_param(emb, 0), (size_t)Vl * C * sizeof(float));
             loom_pp_tied_weights_send(m->tied_copy, (size_t)Vl * C);
         }
         loom_model_forward_end(model, m->emb);
-    } else {
-        memcpy(l0 < L ? layer_input(a, l0) : a->layers[L - 1].res3, mb->input, NrC * sizeof(float));
+    } else if (l0 < L && a->chunk_input[l0]) {
+        memcpy(a->chunk_input[l0], mb->input, NrC * sizeof(float));
+    } else { /* the output of the layer before, which another stage ran */
+        put(m, a->layers[(l0 < L ? l0 : L) - 1].res3, mb->input, NrC);
     }
     for (int l = l0; l <= l1; l++) {
         loom_model_forward_begin(model, m->stage.block[l]);
-        layer_forward(m, a, l, layer_input(a, l), B);
+        layer_forward(m, a, l, B);
         loom_model_forward_end(model, m->stage.block[l]);
     }
     if (last != m->head) {
-        memcpy(mb->output, l1 >= 0 ? a->layers[l1].res3 : a->encoded, NrC * sizeof(float));
+        get(m, mb->output, l1 >= 0 ? a->layers[l1].res3 : a->encoded, NrC);
         return;
     }
     struct loom_block *head = &model->blocks[m->head];
@@ -701,19 +869,26 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
     }
     loom_model_forward_begin(model, m->head);
-    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->layers[L - 1].res3, loom_param(head, LNF_W),
-                            loom_param(head, LNF_B), Nr, C, (float)m->cfg.norm_eps);
+    m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, view(m, a->layers[L - 1].res3, m->dbufC, NrC),
+                            loom_param(head, LNF_W), loom_param(head, LNF_B), Nr, C, (float)m->cfg.norm_eps);
     round_act(m, a->lnf, NrC);
-    m->k->lm_head_forward(a->logits, loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C, Vl);
-    round_act(m, a->logits, (size_t)N * Vl);
+    /* the logits, head_rows(N) rows at a time; one process's loss on them as they come */
+    const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
+    const int R = head_rows(m, N);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        const size_t at0 = (size_t)r0 * Vl;
+        float *lg = lp(m) ? m->head_rows : (float *)a->logits + at0;
+        m->k->lm_head_forward(lg, lnf + (size_t)r0 * C, lm_head_weight(m), n, C, Vl);
+        if (lp(m)) loom_lp_round_store(at(m, a->logits, at0), lg, (size_t)n * Vl, m->act_dtype);
+        if (a->targets && m->tp == 1)
+            m->k->crossentropy_forward(a->losses + r0, a->lse + r0, lg, a->targets + r0, n, Vl);
+    }
     loom_model_forward_end(model, m->head);
     if (announce_emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
     if (!a->targets) return;
-    if (m->tp == 1)
-        m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, Vl);
-    else
-        vocab_parallel_crossentropy(m, a, N);
+    if (m->tp > 1) vocab_parallel_crossentropy(m, a, N);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += a->losses[i];
     mb->loss = (float)(sum / N);
@@ -721,50 +896,52 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
 
 /* Layer l's backward over B rows: m->dres holds the gradient at its output
  * (the rows this rank holds) and receives the gradient at its input; its
- * parameter gradients accumulate. */
+ * parameter gradients accumulate. With 16-bit activations the kept ones are
+ * viewed through staging (named below) that the gradients leave free. */
 static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, int B)
 {
-    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, NHl = m->NHl, N = B * T,
-              Nr = loom_tp_rows_held(&m->rg, N);
+    const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, N = B * T, Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); the replicated bias's
      * gradient sums every row of dout, so it is the same on every tp rank */
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), dout, x->fch_gelu,
-                          loom_param(b, FCPROJ_W), N, 4 * Cl, C);
+    m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), dout,
+                          view(m, x->fch_gelu, m->dbuf4b, 4 * NCl), loom_param(b, FCPROJ_W), N, 4 * Cl, C);
     round_act(m, m->dbuf4a, 4 * NCl);
+    /* GELU's gradient into dbuf4b, or over its output gradient in place
+     * when dbuf4b stages fch (an elementwise kernel may) */
+    const float *fch = view(m, x->fch, m->dbuf4b, 4 * NCl);
+    float *dfch = lp(m) ? m->dbuf4a : m->dbuf4b;
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
-        m->k->gelu_exact_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NCl);
+        m->k->gelu_exact_backward(dfch, m->dbuf4a, fch, 4 * NCl);
     else
-        m->k->gelu_backward(m->dbuf4b, m->dbuf4a, x->fch, 4 * NCl);
-    round_act(m, m->dbuf4b, 4 * NCl);
-    m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), m->dbuf4b,
-                          loom_tp_region_input(&m->rg, x->ln2, N), loom_param(b, FC_W), N, C, 4 * Cl);
+        m->k->gelu_backward(dfch, m->dbuf4a, fch, 4 * NCl);
+    round_act(m, dfch, 4 * NCl);
+    const float *ln2 = view(m, x->ln2, m->scratchC, NrC);
+    m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), dfch,
+                          loom_tp_region_input(&m->rg, ln2, N), loom_param(b, FC_W), N, C, 4 * Cl);
     float *dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's columns */
     round_act(m, dln, NrC);
-    norm_backward(m, m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), dln, x->res2, loom_param(b, LN2_W),
-                  x->ln2_mean, x->ln2_rstd, Nr);
+    norm_backward(m, m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), dln,
+                  view(m, x->res2, m->stage_res, NrC), loom_param(b, LN2_W), x->ln2_mean, x->ln2_rstd, Nr);
     round_act(m, m->dres, NrC);
     /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
     dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    m->k->matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), dout, x->atty,
-                          loom_param(b, ATTPROJ_W), N, Cl, C);
+    m->k->matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), dout,
+                          view(m, x->atty, m->dbuf4a, NCl), loom_param(b, ATTPROJ_W), N, Cl, C);
     round_act(m, m->dbufC, NCl);
-    if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) {
-        /* the probabilities again, from the kept qkv; the output (kept as atty) is dropped */
-        m->k->attention_forward(m->scratchC, x->att, x->qkv, B, T, Cl, NHl);
-    }
-    /* datt is the kernel's own scratch, read by nothing after it: not rounded */
-    m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, Cl, NHl);
+    attention_backward(m, x, view(m, x->qkv, m->dbuf4b, 3 * NCl), B);
     round_act(m, m->dqkv, 3 * NCl);
+    const float *ln1 = view(m, x->ln1, m->scratchC, NrC);
     m->k->matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv,
-                          loom_tp_region_input(&m->rg, x->ln1, N), loom_param(b, QKV_W), N, C, 3 * Cl);
+                          loom_tp_region_input(&m->rg, ln1, N), loom_param(b, QKV_W), N, C, 3 * Cl);
     dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
     round_act(m, dln, NrC);
-    norm_backward(m, m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), dln, layer_input(a, l),
-                  loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd, Nr);
+    norm_backward(m, m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), dln,
+                  layer_input(m, a, l, m->stage_res, NrC), loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd,
+                  Nr);
     round_act(m, m->dres, NrC);
 }
 
@@ -781,22 +958,32 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     if (last == m->head) {
         LOOM_ASSERT(a->targets != NULL);
         struct loom_block *head = &model->blocks[m->head];
-        /* loss -> logits (in place) -> final norm */
-        if (m->tp == 1)
-            m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N,
-                                        Vl);
-        else
-            m->k->crossentropy_vp_backward(a->logits, a->lse, a->logits, a->targets, m->v0,
-                                           loss_weight / (float)N, N, Vl);
-        round_act(m, a->logits, (size_t)N * Vl);
+        /* loss -> logits (in place, head_rows(N) rows at a time) -> final norm */
+        const int R = head_rows(m, N);
+        for (int r0 = 0; r0 < N; r0 += R) {
+            const int n = N - r0 < R ? N - r0 : R;
+            float *lg = logits_rows(m, a, r0, n);
+            if (m->tp == 1)
+                m->k->crossentropy_backward(lg, a->lse + r0, lg, a->targets + r0, loss_weight / (float)N, n,
+                                            Vl);
+            else
+                m->k->crossentropy_vp_backward(lg, a->lse + r0, lg, a->targets + r0, m->v0,
+                                               loss_weight / (float)N, n, Vl);
+            round_act(m, lg, (size_t)n * Vl);
+            if (lp(m)) put(m, at(m, a->logits, (size_t)r0 * Vl), lg, (size_t)n * Vl);
+        }
         const int tied_here = !m->cfg.untied && m->emb >= 0;
         if (tied_here) {
             loom_model_backward_begin(model, m->emb);
             a->emb_open = 1; /* the embedding's gradients are open until its own backward */
         }
         loom_model_backward_begin(model, m->head);
-        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, loom_tp_region_input(&m->rg, a->lnf, N),
-                               lm_head_weight(m), N, C, Vl);
+        const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
+        if (lp(m)) /* the logits' gradient read in 16 bits */
+            m->k->lm_head_backward_lp(m->dbufC, lm_head_grad(m), a->logits, m->act_dtype, lnf,
+                                      lm_head_weight(m), N, C, Vl);
+        else
+            m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, lnf, lm_head_weight(m), N, C, Vl);
         float *dlnf =
             loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's vocabulary */
         round_act(m, dlnf, NrC);
@@ -805,8 +992,9 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         if (tied_across_stages(m) && mb->micro == mb->micros - 1)
             loom_pp_tied_grads_send(m->tied_grad, (size_t)Vl * C);
         memset(m->dres, 0, NrC * sizeof(float));
-        norm_backward(m, m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), dlnf, a->layers[L - 1].res3,
-                      loom_param(head, LNF_W), a->lnf_mean, a->lnf_rstd, Nr);
+        norm_backward(m, m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), dlnf,
+                      view(m, a->layers[L - 1].res3, m->stage_res, NrC), loom_param(head, LNF_W), a->lnf_mean,
+                      a->lnf_rstd, Nr);
         round_act(m, m->dres, NrC);
         loom_model_grads_ready(model, m->head);
         /* the logits are dead from here on: the recompute scratch in their buffer is free */
@@ -821,7 +1009,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             /* entering a chunk from the top: rerun its forward from its kept input */
             const int cfirst = chunk_first(m, l);
             for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, m->stage.block[k]);
-            for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, layer_input(a, k), B);
+            for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, B);
         }
         layer_backward(m, a, l, B);
         loom_model_grads_ready(model, m->stage.block[l]);

@@ -10,7 +10,8 @@
  * Matmul weights are stored [in, out] as Hugging Face's Conv1D stores them.
  * The vocabulary is not padded. Activations can be recomputed in the
  * backward instead of kept (Megatron's selective and full recomputation),
- * and rounded to a 16-bit dtype where each kernel writes them. A model
+ * and kept in a 16-bit dtype (act_dtype: half the bytes; the kernels
+ * compute in float32 on staging buffers). A model
  * built for a tensor-parallel group (loom_gpt2_create_tp) holds and
  * computes its rank's part of every layer, Megatron's way, with sequence
  * parallelism as an option; the communication is parallel/tensor.h's.
@@ -31,6 +32,7 @@
 struct loom_kernels;
 
 #define LOOM_GPT2_NORM_EPS 1e-5 /* GPT-2's LayerNorm eps */
+#define LOOM_GPT2_HEAD_ROWS 32  /* rows of logits staged in float32 at a time, 16-bit act_dtype */
 
 struct loom_gpt2_config {
     int num_layers;                  /* L */
@@ -49,16 +51,21 @@ struct loom_gpt2_config {
  * process's; under tensor parallelism C, 3C, 4C and NH below are this
  * rank's C/tp, 3C/tp, 4C/tp and NH/tp where the layer is split (qkv, atty,
  * att, fch), and under sequence parallelism the rows of the residual stream
- * and the norms (ln*, res*) are B*T/tp. */
+ * and the norms (ln*, res*) are B*T/tp. The `void *` activations are
+ * float32, or with a 16-bit act_dtype its bits (uint16_t); the norms'
+ * statistics are float32. */
 struct loom_layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *qkv;                       /* (B,T,3C) */
-    float *atty;                      /* (B,T,C) attention output, heads concatenated */
-    float *att;                       /* (B,NH,T,T) probabilities; shared under selective recomputation */
-    float *res2;                      /* (B,T,C) residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *fch, *fch_gelu;            /* (B,T,4C) */
-    float *res3;                      /* (B,T,C) residual after MLP: the layer's output */
+    void *ln1;                  /* (B,T,C) */
+    float *ln1_mean, *ln1_rstd; /* (B,T) (B,T) */
+    void *qkv;                  /* (B,T,3C) */
+    void *atty;                 /* (B,T,C) attention output, heads concatenated */
+    float *att;                 /* (B,NH,T,T) probabilities, float32; shared under selective
+                                 * recomputation; none with a 16-bit act_dtype (recomputed) */
+    void *res2;                 /* (B,T,C) residual after attention */
+    void *ln2;                  /* (B,T,C) */
+    float *ln2_mean, *ln2_rstd; /* (B,T) (B,T) */
+    void *fch, *fch_gelu;       /* (B,T,4C) */
+    void *res3;                 /* (B,T,C) residual after MLP: the layer's output */
 };
 
 /* The activations of one micro-batch slot: what its forward saved for its
@@ -66,13 +73,13 @@ struct loom_layer_acts {
 struct loom_gpt2_acts {
     struct loom_layer_acts *layers;   /* (L) */
     struct loom_layer_acts *scratch;  /* (N under uniform, else 1) full recomputation's scratch: a chunk */
-    float *encoded;                   /* (B,T,C) the embedding's output */
-    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (B,T) (B,T) */
-    float *logits;                    /* (B,T,V); holds dlogits after backward; holds the recompute scratch */
-    size_t logits_numel;              /* its buffer: B*T*V floats, or the recompute scratch's if larger */
-    float *losses, *lse;              /* (B,T) */
-    const int32_t *inputs, *targets;  /* of the last forward, (B,T) each */
-    int rows;                         /* B of the last forward */
+    void *encoded;                    /* (B,T,C) the embedding's output, in act_dtype */
+    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C) (B,T) (B,T), float32 */
+    void *logits;        /* (B,T,V) in act_dtype; holds dlogits after backward; holds the recompute scratch */
+    size_t logits_bytes; /* its buffer: B*T*V values, or the recompute scratch if larger */
+    float *losses, *lse; /* (B,T) */
+    const int32_t *inputs, *targets; /* of the last forward, (B,T) each */
+    int rows;                        /* B of the last forward */
     int emb_open; /* the head's backward announced the embedding's gradients; its own backward closes them */
     /* (L) the input of a pipeline model chunk that starts at layer l > 0 (the
      * previous stage's output), else NULL */
@@ -84,7 +91,7 @@ struct loom_gpt2 {
     struct loom_gpt2_config cfg;
     int B, T; /* activation capacity: micro-batch rows and sequence length */
     /* set before the first forward, which allocates the activations */
-    enum loom_dtype act_dtype;     /* F32 (default); BF16, F16: activations rounded to it, kernels in fp32 */
+    enum loom_dtype act_dtype;     /* F32 (default); BF16, F16: activations kept in it, kernels in fp32 */
     enum loom_recompute recompute; /* this and the next two: loom_gpt2_set_recompute */
     enum loom_recompute_method recompute_method;
     int recompute_num_layers; /* N */
@@ -111,7 +118,12 @@ struct loom_gpt2 {
     float *datt;            /* (B,NH,T,T) */
     float *dbuf4a, *dbuf4b; /* (B,T,4C) */
     float *scratchC;        /* (B,T,C) forward scratch for projections */
-    int bwd_slot;           /* the slot of the last backward */
+    /* with a 16-bit act_dtype: float32 staging for what the kernels read
+     * and write (with the backward scratch above, which the forward borrows) */
+    float *stage_res; /* (B,T,C) a residual sum */
+    float *seq_att;   /* (NH,T,T) one sequence's attention probabilities (datt: one sequence's too) */
+    float *head_rows; /* (LOOM_GPT2_HEAD_ROWS, V) rows of logits */
+    int bwd_slot;     /* the slot of the last backward */
 
     int defer_wte_scatter; /* leave the dwte scatter out of this backward (loom_tied_embedding) */
 
@@ -186,9 +198,13 @@ struct loom_gpt2 *loom_gpt2_of(struct loom_model *m);
  * Forward of every block over B <= m->B rows of m->T tokens, in slot 0. With targets, returns the mean
  * loss over the B*T positions; without (NULL), computes logits only and
  * returns 0. With act_dtype BF16 or F16, every activation a kernel writes is
- * rounded to that dtype right after the kernel (the backward does the same
- * to every activation gradient; parameter gradients stay fp32). */
+ * rounded to that dtype right after the kernel and kept in it (the backward
+ * rounds every activation gradient too; parameter gradients stay fp32). */
 float loom_gpt2_forward(struct loom_gpt2 *m, const int32_t *inputs, const int32_t *targets, int B);
+
+/* The logits of the last forward, (B, T, this rank's vocabulary), as
+ * float32 into dst (before the backward turns them into their gradient). */
+void loom_gpt2_logits(const struct loom_gpt2 *m, float *dst);
 
 /* Backward of loss_weight x (the mean loss of the last forward). Parameter
  * gradients accumulate, so micro-batches add up; the caller zeroes them. */

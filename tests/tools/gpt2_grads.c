@@ -131,8 +131,7 @@ int main(int argc, char **argv)
     /* keep the logits before backward turns them into dlogits */
     size_t nlogits = (size_t)B * T * m->Vl; /* this rank's vocabulary */
     float *logits = malloc(sizeof(float) * nlogits);
-    const float *model_logits = m->slots[0].logits;
-    for (size_t i = 0; i < nlogits; i++) logits[i] = model_logits[i];
+    loom_gpt2_logits(m, logits);
     loom_gpt2_backward(m, 1.0f);
 
     int n = 2;

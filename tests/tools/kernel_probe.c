@@ -241,7 +241,14 @@ static void probe_lm_head(const struct dims *d)
     write_bin("lm_head", "logits", logits, (size_t)N * V);
     write_bin("lm_head", "dinp", dinp, (size_t)N * C);
     write_bin("lm_head", "dwte", dwte, (size_t)V * C);
-    free(inp), free(wte), free(dlogits), free(logits), free(dinp), free(dwte);
+    /* the backward again with dlogits held in bf16 (16-bit activations) */
+    uint16_t *dl16 = malloc((size_t)N * V * sizeof *dl16);
+    loom_lp_from_f32(dl16, dlogits, (size_t)N * V, LOOM_DTYPE_BF16);
+    memset(dwte, 0, (size_t)V * C * sizeof *dwte);
+    K->lm_head_backward_lp(dinp, dwte, dl16, LOOM_DTYPE_BF16, inp, wte, N, C, V);
+    write_bin("lm_head", "dinp_lp", dinp, (size_t)N * C);
+    write_bin("lm_head", "dwte_lp", dwte, (size_t)V * C);
+    free(inp), free(wte), free(dlogits), free(logits), free(dinp), free(dwte), free(dl16);
 }
 
 static void probe_attention(const struct dims *d)

@@ -22,6 +22,7 @@ static const struct loom_kernels cpu_kernels = {
     .matmul_backward = loom_matmul_backward,
     .lm_head_forward = loom_lm_head_forward,
     .lm_head_backward = loom_lm_head_backward,
+    .lm_head_backward_lp = loom_lm_head_backward_lp,
     .attention_forward = loom_attention_forward,
     .attention_backward = loom_attention_backward,
     .gelu_forward = loom_gelu_forward,
@@ -59,6 +60,7 @@ static const struct loom_kernels *cpu_kernels_for(enum loom_dtype compute)
         bf16.matmul_backward = loom_matmul_backward_bf16;
         bf16.lm_head_forward = loom_lm_head_forward_bf16;
         bf16.lm_head_backward = loom_lm_head_backward_bf16;
+        bf16.lm_head_backward_lp = loom_lm_head_backward_lp_bf16;
     }
     return &bf16;
 }

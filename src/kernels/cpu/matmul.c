@@ -12,6 +12,8 @@
 
 #include <cblas.h>
 
+#include "base/mem.h"
+
 #define COL_BLOCK 128 /* columns per task in the bias-gradient reduction */
 
 /* dbias (OC) += column sums of dout (N,OC). Threads own column bands, so
@@ -77,6 +79,33 @@ void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f, dwte, C);
 }
 
+/* Vocabulary columns converted at a time: about 1M float32 values of
+ * staging, at least 64 columns. */
+static int lp_block(int N, int V)
+{
+    const int cols = (1 << 20) / (N > 0 ? N : 1);
+    return cols < 64 ? 64 : cols > V ? V : cols;
+}
+
+void loom_lm_head_backward_lp(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
+                              const float *inp, const float *wte, int N, int C, int V)
+{
+    const int Vb = lp_block(N, V);
+    float *blk = loom_alloc(loom_mul_size((size_t)N, (size_t)Vb * sizeof(float)), LOOM_MEM_ACTIVATIONS);
+    for (int v0 = 0; v0 < V; v0 += Vb) {
+        const int vb = V - v0 < Vb ? V - v0 : Vb;
+#pragma omp parallel for schedule(static) if ((size_t)N * vb >= 65536)
+        for (int i = 0; i < N; i++)
+            loom_lp_to_f32(blk + (size_t)i * vb, dlogits + (size_t)i * V + v0, (size_t)vb, dt);
+        /* dinp (+)= blk @ wte[v0:v0+vb];  dwte[v0:v0+vb] += blk^T @ inp */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, vb, 1.0f, blk, vb, wte + (size_t)v0 * C,
+                    C, v0 ? 1.0f : 0.0f, dinp, C);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vb, C, N, 1.0f, blk, vb, inp, C, 1.0f,
+                    dwte + (size_t)v0 * C, C);
+    }
+    loom_free(blk);
+}
+
 /* ---- reference versions: plain loops, double accumulators ---------------- */
 
 void loom_matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N,
@@ -123,6 +152,15 @@ void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte,
             for (int c = 0; c < C; c++) s += (double)inp[(size_t)i * C + c] * wte[(size_t)v * C + c];
             logits[(size_t)i * V + v] = (float)s;
         }
+}
+
+void loom_lm_head_backward_lp_ref(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
+                                  const float *inp, const float *wte, int N, int C, int V)
+{
+    float *d = loom_alloc(loom_mul_size((size_t)N * V, sizeof(float)), LOOM_MEM_OTHER);
+    loom_lp_to_f32(d, dlogits, (size_t)N * V, dt);
+    loom_lm_head_backward_ref(dinp, dwte, d, inp, wte, N, C, V);
+    loom_free(d);
 }
 
 void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, const float *inp,

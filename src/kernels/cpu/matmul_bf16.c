@@ -156,21 +156,32 @@ static uint16_t *scratch(uint16_t **buf, size_t *cap, size_t n)
 }
 
 /* dst (M,N) = a b, or += with acc; a is (M,K) row-major, or with a_t its
- * transpose (K,M) row-major; b likewise (K,N), or (N,K) with b_t. */
-static void gemm(int M, int N, int K, const float *a, int a_t, const float *b, int b_t, float *dst, int acc)
+ * transpose (K,M) row-major; b likewise (K,N), or (N,K) with b_t. a is
+ * float32, or already bf16 as abf (a NULL). */
+static void gemm_abf(int M, int N, int K, const float *a, const uint16_t *abf, int a_t, const float *b,
+                     int b_t, float *dst, int acc)
 {
     const struct shape s = {M, N, K, a_t, b_t, acc};
     struct prim *p = prim_for(s);
-    uint16_t *a16 = scratch(&dn.a16, &dn.a_cap, (size_t)M * K),
-             *b16 = scratch(&dn.b16, &dn.b_cap, (size_t)K * N);
-    loom_f32_to_bf16_array(a16, a, (size_t)M * K);
+    uint16_t *b16 = scratch(&dn.b16, &dn.b_cap, (size_t)K * N);
+    const uint16_t *a16 = abf;
+    if (!a16) {
+        uint16_t *conv = scratch(&dn.a16, &dn.a_cap, (size_t)M * K);
+        loom_f32_to_bf16_array(conv, a, (size_t)M * K);
+        a16 = conv;
+    }
     loom_f32_to_bf16_array(b16, b, (size_t)K * N);
-    DNNL_OK(dnnl_memory_set_data_handle(p->a, a16));
+    DNNL_OK(dnnl_memory_set_data_handle(p->a, (void *)a16));
     DNNL_OK(dnnl_memory_set_data_handle(p->b, b16));
     DNNL_OK(dnnl_memory_set_data_handle(p->dst, dst));
     const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->dst}};
     DNNL_OK(dnnl_primitive_execute(p->p, dn.stream, 3, args));
     DNNL_OK(dnnl_stream_wait(dn.stream));
+}
+
+static void gemm(int M, int N, int K, const float *a, int a_t, const float *b, int b_t, float *dst, int acc)
+{
+    gemm_abf(M, N, K, a, NULL, a_t, b, b_t, dst, acc);
 }
 
 int loom_bf16_units_select(const char *forced)
@@ -239,10 +250,16 @@ const char *loom_bf16_units_kernel(void)
     return "OpenBLAS sgemm";
 }
 
+static void gemm_abf(int M, int N, int K, const float *a, const uint16_t *abf, int a_t, const float *b,
+                     int b_t, float *dst, int acc)
+{
+    (void)M, (void)N, (void)K, (void)a, (void)abf, (void)a_t, (void)b, (void)b_t, (void)dst, (void)acc;
+    LOOM_ASSERT(!"no oneDNN: the bf16 products are never chosen");
+}
+
 static void gemm(int M, int N, int K, const float *a, int a_t, const float *b, int b_t, float *dst, int acc)
 {
-    (void)M, (void)N, (void)K, (void)a, (void)a_t, (void)b, (void)b_t, (void)dst, (void)acc;
-    LOOM_ASSERT(!"no oneDNN: the bf16 products are never chosen");
+    gemm_abf(M, N, K, a, NULL, a_t, b, b_t, dst, acc);
 }
 
 #endif
@@ -277,4 +294,15 @@ void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, 
 {
     gemm(N, C, V, dlogits, 0, wte, 0, dinp, 0);
     gemm(V, C, N, dlogits, 1, inp, 0, dwte, 1);
+}
+
+void loom_lm_head_backward_lp_bf16(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
+                                   const float *inp, const float *wte, int N, int C, int V)
+{
+    if (dt != LOOM_DTYPE_BF16) {
+        loom_lm_head_backward_lp(dinp, dwte, dlogits, dt, inp, wte, N, C, V);
+        return;
+    }
+    gemm_abf(N, C, V, NULL, dlogits, 0, wte, 0, dinp, 0);
+    gemm_abf(V, C, N, NULL, dlogits, 1, inp, 0, dwte, 1);
 }
