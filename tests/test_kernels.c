@@ -215,7 +215,17 @@ static void test_lm_head_lp(int N, int C, int V)
         float *dwte0 = new_rand((size_t)V * C, 1.0f), *dwte = new_copy(dwte0, (size_t)V * C);
         float *dwte_ref = new_copy(dwte0, (size_t)V * C);
         float *dinp = new_const((size_t)N * C, NAN), *dinp_ref = new_const((size_t)N * C, NAN);
-        K->lm_head_backward_lp(dinp, dwte, dl16, dts[k], inp, wte, N, C, V);
+        /* the logits: the float32 sums rounded, one 16-bit step apart at most where the sums'
+         * orders put them on two sides of a rounding boundary */
+        uint16_t *l16 = malloc((size_t)N * V * sizeof *l16);
+        float *l = new_const((size_t)N * V, NAN), *l_ref = new_const((size_t)N * V, NAN);
+        K->lm_head_forward_lp(l16, dts[k], inp, wte, NULL, N, C, V);
+        loom_lp_to_f32(l, l16, (size_t)N * V, dts[k]);
+        REF->lm_head_forward(l_ref, inp, wte, N, C, V);
+        check_scaled(k ? "lm_head_lp fp16 logits vs ref" : "lm_head_lp bf16 logits vs ref", l, l_ref,
+                     (size_t)N * V, k ? 1.0 / 2048 : 1.0 / 256);
+        free(l16), free(l), free(l_ref);
+        K->lm_head_backward_lp(dinp, dwte, dl16, dts[k], inp, wte, NULL, N, C, V);
         REF->lm_head_backward(dinp_ref, dwte_ref, dl, inp, wte, N, C, V);
         check_scaled(k ? "lm_head_lp fp16 dinp vs ref" : "lm_head_lp bf16 dinp vs ref", dinp, dinp_ref,
                      (size_t)N * C, 1e-6);
@@ -1194,6 +1204,8 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->matmul_backward != NULL,
         k->lm_head_forward != NULL,
         k->lm_head_backward != NULL,
+        k->lm_head_forward_lp != NULL,
+        k->lm_head_backward_lp != NULL,
         k->attention_forward != NULL,
         k->attention_backward != NULL,
         k->gelu_forward != NULL,
@@ -1216,6 +1228,8 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->adamw_update != NULL,
         k->sum_squares != NULL,
     };
+    /* optional: the bf16 products on bf16 operands come in a pair */
+    CHECK(!k->matmul_forward_b16 == !k->matmul_backward_b16);
     int complete = 1;
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
         if (!set[i]) {

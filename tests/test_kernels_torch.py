@@ -102,11 +102,24 @@ def bf16_products(g, d, out):
         check(f"{units}: matmul dinp", out("matmul.dinp"), dy @ w.T)
         check(f"{units}: matmul dweight", out("matmul.dweight"), x.T @ dy)
         check(f"{units}: matmul dbias", out("matmul.dbias"), f64("matmul.dout").sum(0))
+        if units != "f32":  # the operands handed over in bf16 (kept activations, stored parameters)
+            check(f"{units}: matmul out, bf16 operands", out("matmul.out_b16"), x @ w + b)
+            check(f"{units}: matmul dinp, bf16 operands", out("matmul.dinp_b16"), dy @ w.T)
+            check(f"{units}: matmul dweight, bf16 operands", out("matmul.dweight_b16"), x.T @ dy)
+            check(f"{units}: matmul dbias, bf16 operands", out("matmul.dbias_b16"), f64("matmul.dout").sum(0))
         x, wte, dl = op("lm_head.inp"), op("lm_head.wte"), op("lm_head.dlogits")
         check(f"{units}: lm_head logits", out("lm_head.logits"), x @ wte.T)
         check(f"{units}: lm_head dinp", out("lm_head.dinp"), dl @ wte)
         check(f"{units}: lm_head dwte", out("lm_head.dwte"), dl.T @ x)
         dlb = bf("lm_head.dlogits")  # held in bf16 by the caller, on every path
+        ours = torch.from_numpy(out("lm_head.logits_lp").astype(np.float64))
+        ref = (x @ wte.T).reshape(-1)
+        err = (ours - ref).abs().max().item() / ref.abs().max().item()
+        exact = bool((ours == ours.bfloat16().double()).all())
+        ok = err <= 2 ** -8 and exact
+        print(f"{'ok  ' if ok else 'FAIL'} {units}: lm_head logits kept in bf16: bf16 values within one bf16 step "
+              f"(2^-8) of the float64 product (max err {err:.1e})")
+        failures += 0 if ok else 1
         check(f"{units}: lm_head dinp, bf16 dlogits", out("lm_head.dinp_lp"), dlb @ wte)
         check(f"{units}: lm_head dwte, bf16 dlogits", out("lm_head.dwte_lp"), dlb.T @ x)
         if units != "f32":

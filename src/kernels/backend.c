@@ -21,6 +21,7 @@ const struct loom_kernels *loom_kernels_ref(void)
         ref.matmul_backward = loom_matmul_backward_ref;
         ref.lm_head_forward = loom_lm_head_forward_ref;
         ref.lm_head_backward = loom_lm_head_backward_ref;
+        ref.lm_head_forward_lp = loom_lm_head_forward_lp_ref;
         ref.lm_head_backward_lp = loom_lm_head_backward_lp_ref;
         ref.attention_forward = loom_attention_forward_ref;
         ref.attention_backward = loom_attention_backward_ref;

@@ -61,9 +61,22 @@ struct loom_kernels {
     /* dinp (N,C) written; dwte (V,C) accumulates */
     void (*lm_head_backward)(float *dinp, float *dwte, const float *dlogits, const float *inp,
                              const float *wte, int N, int C, int V);
-    /* the same with dlogits (N,V) held in 16 bits of dtype dt (BF16 or F16) */
+    /* the same with logits / dlogits (N,V) held in 16 bits of dtype dt (BF16
+     * or F16): each logit the float32 sum rounded; wte16 the table in bf16
+     * where the caller holds it (NULL: none), for tables that can use it */
+    void (*lm_head_forward_lp)(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
+                               const uint16_t *wte16, int N, int C, int V);
     void (*lm_head_backward_lp)(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
-                                const float *inp, const float *wte, int N, int C, int V);
+                                const float *inp, const float *wte, const uint16_t *wte16, int N, int C,
+                                int V);
+    /* Optional (NULL: the caller uses matmul_forward/backward on float32
+     * values): the dense layer's products taking operands already in bf16,
+     * inp16 and weight16 where non-NULL, in place of inp and weight */
+    void (*matmul_forward_b16)(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                               const uint16_t *weight16, const float *bias, int N, int C, int OC);
+    void (*matmul_backward_b16)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const uint16_t *inp16, const float *weight,
+                                const uint16_t *weight16, int N, int C, int OC);
 
     /* ---- causal attention: qkv (B,T,3C) -> out (B,T,C); saves att (B,NH,T,T) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);

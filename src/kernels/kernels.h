@@ -89,13 +89,21 @@ void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const
 void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte, int N, int C, int V);
 void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                const float *wte, int N, int C, int V);
-/* The LM head's backward with dlogits (N,V) held in 16 bits of dtype dt
- * (BF16 or F16): converted to float32 a block of vocabulary columns at a
- * time, so no float32 copy of the whole is made. */
+/* The LM head with the logits (N,V) held in 16 bits of dtype dt (BF16 or
+ * F16), each the float32 sum rounded: computed a block of rows at a time
+ * into float32 and rounded; and its backward with dlogits in 16 bits,
+ * converted to float32 a block of vocabulary columns at a time. No float32
+ * copy of the whole is made. wte16: the same table in bf16 where the caller
+ * holds one (NULL: none); these read wte, the bf16 products read wte16. */
+void loom_lm_head_forward_lp(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
+                             const uint16_t *wte16, int N, int C, int V);
+void loom_lm_head_forward_lp_ref(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
+                                 const uint16_t *wte16, int N, int C, int V);
 void loom_lm_head_backward_lp(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
-                              const float *inp, const float *wte, int N, int C, int V);
+                              const float *inp, const float *wte, const uint16_t *wte16, int N, int C, int V);
 void loom_lm_head_backward_lp_ref(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
-                                  const float *inp, const float *wte, int N, int C, int V);
+                                  const float *inp, const float *wte, const uint16_t *wte16, int N, int C,
+                                  int V);
 /* dbias (OC) += the column sums of dout (N,OC), in row order */
 void loom_bias_backward(float *dbias, const float *dout, int N, int OC);
 
@@ -130,9 +138,22 @@ void loom_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
 void loom_lm_head_forward_bf16(float *logits, const float *inp, const float *wte, int N, int C, int V);
 void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                 const float *wte, int N, int C, int V);
-/* bf16 dlogits go to the units as they are; F16 takes the float32 path */
+/* bf16 logits come from the units rounded, bf16 dlogits (and wte16) go to
+ * them as they are; F16 takes the float32 path */
+void loom_lm_head_forward_lp_bf16(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
+                                  const uint16_t *wte16, int N, int C, int V);
 void loom_lm_head_backward_lp_bf16(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
-                                   const float *inp, const float *wte, int N, int C, int V);
+                                   const float *inp, const float *wte, const uint16_t *wte16, int N, int C,
+                                   int V);
+/* The dense layer's products with operands already in bf16: inp16 and
+ * weight16, where non-NULL, are used as they are in place of inp and weight
+ * (which may then be NULL); the bf16 values of a 16-bit activation and of
+ * the stored 16-bit parameters, which need no conversion. */
+void loom_matmul_forward_b16(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                             const uint16_t *weight16, const float *bias, int N, int C, int OC);
+void loom_matmul_backward_b16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                              const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                              int C, int OC);
 
 /* ---- causal multi-head self-attention ------------------------------------
  * qkv (B,T,3C) holds [q | k | v] along the last axis, head h at columns

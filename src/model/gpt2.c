@@ -30,11 +30,10 @@
  * then: attention, one sequence at a time, keeping no probabilities (the
  * backward recomputes them from the kept qkv, as selective recomputation
  * does: the same kernel on the same values gives the same bits); and the
- * LM head's logits, LOOM_GPT2_HEAD_ROWS rows at a time through float32 for
- * the loss, kept in 16 bits for the backward, whose LM-head product reads
- * them in 16 bits. In the backward every activation gradient is rounded
- * too (round_act), in float32 buffers: one layer's, reused. Parameter
- * gradients are not rounded here: the precision strategy owns them.
+ * loss on the logits, which the LM head's product writes and reads in 16
+ * bits, LOOM_GPT2_HEAD_ROWS rows at a time through float32. In the backward every activation gradient is
+ * rounded too (round_act), in float32 buffers: one layer's, reused. Parameter gradients are not rounded here:
+ * the precision strategy owns them.
  *
  * Tensor parallelism (m->tp > 1): the layers compute on the rank's part
  * (Cl = C/tp channels of attention and 4 Cl of the MLP, NH/tp heads, Vl
@@ -173,6 +172,22 @@ static float *lm_head_weight(struct loom_gpt2 *m)
 {
     if (m->cfg.untied) return loom_param(&m->base.blocks[m->head], LM_HEAD_W);
     return m->emb >= 0 ? loom_param(&m->base.blocks[m->emb], 0) : m->tied_copy;
+}
+
+/* Tensor i of block b as stored in bf16 (NULL: stored otherwise, or not
+ * held): what the bf16 products take without converting. */
+static const uint16_t *param16(const struct loom_block *b, int i)
+{
+    if (b->params.dtype != LOOM_DTYPE_BF16 || !b->params.data) return NULL;
+    return (const uint16_t *)b->params.data + b->tensors[i].offset;
+}
+
+/* The LM head's weight as stored in bf16, or NULL (a pipeline stage's
+ * float32 copy of the tied table among them). */
+static const uint16_t *lm_head_weight16(struct loom_gpt2 *m)
+{
+    if (m->cfg.untied) return param16(&m->base.blocks[m->head], LM_HEAD_W);
+    return m->emb >= 0 ? param16(&m->base.blocks[m->emb], 0) : NULL;
 }
 
 static float *lm_head_grad(struct loom_gpt2 *m)
@@ -642,6 +657,47 @@ static void norm_backward(struct loom_gpt2 *m, float *dinp, float *dweight, floa
     }
 }
 
+/* ---- dense layers: bf16 operands go to the bf16 products as they are ------------ */
+
+/* Whether the products take kept bf16 activations and stored bf16
+ * parameters without converting them (the backend's optional *_b16). */
+static int b16(const struct loom_gpt2 *m)
+{
+    return m->act_dtype == LOOM_DTYPE_BF16 && m->k->matmul_forward_b16;
+}
+
+/* Kept activation x as those products take it, or NULL: a tensor-parallel
+ * region's input (`region`) is other rows than the kept ones under sequence
+ * parallelism (gathered). */
+static const uint16_t *kept16(const struct loom_gpt2 *m, const void *x, int region)
+{
+    return b16(m) && !(region && m->rg.sp) ? x : NULL;
+}
+
+/* out = inp @ W + bias, W tensor w of block b; inp (float32 values) may be
+ * NULL where x16 (kept16's) holds it. */
+static void dense_forward(struct loom_gpt2 *m, float *out, const float *inp, const uint16_t *x16,
+                          struct loom_block *b, int w, const float *bias, int N, int C, int OC)
+{
+    if (b16(m))
+        m->k->matmul_forward_b16(out, inp, x16, loom_param(b, w), param16(b, w), bias, N, C, OC);
+    else
+        m->k->matmul_forward(out, inp, loom_param(b, w), bias, N, C, OC);
+}
+
+/* Its backward: dinp written, W's gradient and its bias's (tensor w + 1)
+ * accumulate. */
+static void dense_backward(struct loom_gpt2 *m, float *dinp, struct loom_block *b, int w, const float *dout,
+                           const float *inp, const uint16_t *x16, int N, int C, int OC)
+{
+    if (b16(m))
+        m->k->matmul_backward_b16(dinp, loom_grad(b, w), loom_grad(b, w + 1), dout, inp, x16,
+                                  loom_param(b, w), param16(b, w), N, C, OC);
+    else
+        m->k->matmul_backward(dinp, loom_grad(b, w), loom_grad(b, w + 1), dout, inp, loom_param(b, w), N, C,
+                              OC);
+}
+
 /* Attention over B sequences from qkv (float32 values) into atty; the
  * probabilities into att, or with 16-bit activations one sequence at a time
  * into seq_att, not kept. */
@@ -701,14 +757,14 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     keep(m, x->ln1, ln1, NrC);
     /* column-parallel QKV (this rank's heads), attention on them, row-parallel output projection */
     float *qkv = out_of(m, x->qkv, m->dqkv);
-    m->k->matmul_forward(qkv, loom_tp_region_input(&m->rg, ln1, N), loom_param(b, QKV_W),
-                         loom_param(b, QKV_B), N, C, 3 * Cl);
+    dense_forward(m, qkv, loom_tp_region_input(&m->rg, ln1, N), kept16(m, x->ln1, 1), b, QKV_W,
+                  loom_param(b, QKV_B), N, C, 3 * Cl);
     keep(m, x->qkv, qkv, 3 * NCl);
     float *atty = out_of(m, x->atty, m->dbuf4a);
     attention_forward(m, atty, x->att, qkv, B);
     keep(m, x->atty, atty, NCl);
-    m->k->matmul_forward(m->scratchC, atty, loom_param(b, ATTPROJ_W),
-                         own_bias ? loom_param(b, ATTPROJ_B) : NULL, N, Cl, C);
+    dense_forward(m, m->scratchC, atty, kept16(m, x->atty, 0), b, ATTPROJ_W,
+                  own_bias ? loom_param(b, ATTPROJ_B) : NULL, N, Cl, C);
     float *proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
     float *res2 = out_of(m, x->res2, m->stage_res);
@@ -720,8 +776,8 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     keep(m, x->ln2, ln2, NrC);
     /* column-parallel fc, GELU on this rank's columns, row-parallel projection */
     float *fch = out_of(m, x->fch, m->dbuf4a);
-    m->k->matmul_forward(fch, loom_tp_region_input(&m->rg, ln2, N), loom_param(b, FC_W), loom_param(b, FC_B),
-                         N, C, 4 * Cl);
+    dense_forward(m, fch, loom_tp_region_input(&m->rg, ln2, N), kept16(m, x->ln2, 1), b, FC_W,
+                  loom_param(b, FC_B), N, C, 4 * Cl);
     keep(m, x->fch, fch, 4 * NCl);
     float *fch_gelu = out_of(m, x->fch_gelu, m->dbuf4b);
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
@@ -729,8 +785,8 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     else
         m->k->gelu_forward(fch_gelu, fch, 4 * NCl);
     keep(m, x->fch_gelu, fch_gelu, 4 * NCl);
-    m->k->matmul_forward(m->scratchC, fch_gelu, loom_param(b, FCPROJ_W),
-                         own_bias ? loom_param(b, FCPROJ_B) : NULL, N, 4 * Cl, C);
+    dense_forward(m, m->scratchC, fch_gelu, kept16(m, x->fch_gelu, 0), b, FCPROJ_W,
+                  own_bias ? loom_param(b, FCPROJ_B) : NULL, N, 4 * Cl, C);
     proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
     float *res3 = out_of(m, x->res3, m->dbufC);
@@ -846,8 +902,8 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         loom_model_forward_end(model, m->emb);
     } else if (l0 < L && a->chunk_input[l0]) {
         memcpy(a->chunk_input[l0], mb->input, NrC * sizeof(float));
-    } else { /* the output of the layer before, which another stage ran */
-        put(m, a->layers[(l0 < L ? l0 : L) - 1].res3, mb->input, NrC);
+    } else { /* the embedding's output, or the layer's before, which another range ran */
+        put(m, l0 == 0 ? a->encoded : a->layers[l0 - 1].res3, mb->input, NrC);
     }
     for (int l = l0; l <= l1; l++) {
         loom_model_forward_begin(model, m->stage.block[l]);
@@ -872,23 +928,27 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     m->k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, view(m, a->layers[L - 1].res3, m->dbufC, NrC),
                             loom_param(head, LNF_W), loom_param(head, LNF_B), Nr, C, (float)m->cfg.norm_eps);
     round_act(m, a->lnf, NrC);
-    /* the logits, head_rows(N) rows at a time; one process's loss on them as they come */
+    /* the logits: 16-bit ones as the product rounds them */
     const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
-    const int R = head_rows(m, N);
-    for (int r0 = 0; r0 < N; r0 += R) {
-        const int n = N - r0 < R ? N - r0 : R;
-        const size_t at0 = (size_t)r0 * Vl;
-        float *lg = lp(m) ? m->head_rows : (float *)a->logits + at0;
-        m->k->lm_head_forward(lg, lnf + (size_t)r0 * C, lm_head_weight(m), n, C, Vl);
-        if (lp(m)) loom_lp_round_store(at(m, a->logits, at0), lg, (size_t)n * Vl, m->act_dtype);
-        if (a->targets && m->tp == 1)
-            m->k->crossentropy_forward(a->losses + r0, a->lse + r0, lg, a->targets + r0, n, Vl);
-    }
+    if (lp(m))
+        m->k->lm_head_forward_lp(a->logits, m->act_dtype, lnf, lm_head_weight(m), lm_head_weight16(m), N, C,
+                                 Vl);
+    else
+        m->k->lm_head_forward(a->logits, lnf, lm_head_weight(m), N, C, Vl);
     loom_model_forward_end(model, m->head);
     if (announce_emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
     if (!a->targets) return;
-    if (m->tp > 1) vocab_parallel_crossentropy(m, a, N);
+    if (m->tp == 1) {
+        const int R = head_rows(m, N);
+        for (int r0 = 0; r0 < N; r0 += R) {
+            const int n = N - r0 < R ? N - r0 : R;
+            m->k->crossentropy_forward(a->losses + r0, a->lse + r0, logits_rows(m, a, r0, n), a->targets + r0,
+                                       n, Vl);
+        }
+    } else {
+        vocab_parallel_crossentropy(m, a, N);
+    }
     double sum = 0;
     for (int i = 0; i < N; i++) sum += a->losses[i];
     mb->loss = (float)(sum / N);
@@ -907,8 +967,9 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     /* MLP: res3 = res2 + fc_proj(gelu(fc(ln2(res2)))); the replicated bias's
      * gradient sums every row of dout, so it is the same on every tp rank */
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    m->k->matmul_backward(m->dbuf4a, loom_grad(b, FCPROJ_W), loom_grad(b, FCPROJ_B), dout,
-                          view(m, x->fch_gelu, m->dbuf4b, 4 * NCl), loom_param(b, FCPROJ_W), N, 4 * Cl, C);
+    const uint16_t *x16 = kept16(m, x->fch_gelu, 0);
+    dense_backward(m, m->dbuf4a, b, FCPROJ_W, dout, x16 ? NULL : view(m, x->fch_gelu, m->dbuf4b, 4 * NCl),
+                   x16, N, 4 * Cl, C);
     round_act(m, m->dbuf4a, 4 * NCl);
     /* GELU's gradient into dbuf4b, or over its output gradient in place
      * when dbuf4b stages fch (an elementwise kernel may) */
@@ -919,9 +980,10 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     else
         m->k->gelu_backward(dfch, m->dbuf4a, fch, 4 * NCl);
     round_act(m, dfch, 4 * NCl);
-    const float *ln2 = view(m, x->ln2, m->scratchC, NrC);
-    m->k->matmul_backward(m->dbufC, loom_grad(b, FC_W), loom_grad(b, FC_B), dfch,
-                          loom_tp_region_input(&m->rg, ln2, N), loom_param(b, FC_W), N, C, 4 * Cl);
+    x16 = kept16(m, x->ln2, 1);
+    dense_backward(m, m->dbufC, b, FC_W, dfch,
+                   x16 ? NULL : loom_tp_region_input(&m->rg, view(m, x->ln2, m->scratchC, NrC), N), x16, N, C,
+                   4 * Cl);
     float *dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's columns */
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), dln,
@@ -929,14 +991,16 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     round_act(m, m->dres, NrC);
     /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
     dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    m->k->matmul_backward(m->dbufC, loom_grad(b, ATTPROJ_W), loom_grad(b, ATTPROJ_B), dout,
-                          view(m, x->atty, m->dbuf4a, NCl), loom_param(b, ATTPROJ_W), N, Cl, C);
+    x16 = kept16(m, x->atty, 0);
+    dense_backward(m, m->dbufC, b, ATTPROJ_W, dout, x16 ? NULL : view(m, x->atty, m->dbuf4a, NCl), x16, N, Cl,
+                   C);
     round_act(m, m->dbufC, NCl);
     attention_backward(m, x, view(m, x->qkv, m->dbuf4b, 3 * NCl), B);
     round_act(m, m->dqkv, 3 * NCl);
-    const float *ln1 = view(m, x->ln1, m->scratchC, NrC);
-    m->k->matmul_backward(m->dbufC, loom_grad(b, QKV_W), loom_grad(b, QKV_B), m->dqkv,
-                          loom_tp_region_input(&m->rg, ln1, N), loom_param(b, QKV_W), N, C, 3 * Cl);
+    x16 = kept16(m, x->ln1, 1);
+    dense_backward(m, m->dbufC, b, QKV_W, m->dqkv,
+                   x16 ? NULL : loom_tp_region_input(&m->rg, view(m, x->ln1, m->scratchC, NrC), N), x16, N, C,
+                   3 * Cl);
     dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), dln,
@@ -981,7 +1045,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
         if (lp(m)) /* the logits' gradient read in 16 bits */
             m->k->lm_head_backward_lp(m->dbufC, lm_head_grad(m), a->logits, m->act_dtype, lnf,
-                                      lm_head_weight(m), N, C, Vl);
+                                      lm_head_weight(m), lm_head_weight16(m), N, C, Vl);
         else
             m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, lnf, lm_head_weight(m), N, C, Vl);
         float *dlnf =

@@ -225,6 +225,20 @@ static void probe_matmul(const struct dims *d)
     write_bin("matmul", "dinp", dinp, (size_t)N * C);
     write_bin("matmul", "dweight", dw, (size_t)C * OC);
     write_bin("matmul", "dbias", db, OC);
+    if (K->matmul_forward_b16) { /* again, the input and weight handed over in bf16 */
+        uint16_t *inp16 = malloc((size_t)N * C * sizeof *inp16), *w16 = malloc((size_t)C * OC * sizeof *w16);
+        loom_lp_from_f32(inp16, inp, (size_t)N * C, LOOM_DTYPE_BF16);
+        loom_lp_from_f32(w16, w, (size_t)C * OC, LOOM_DTYPE_BF16);
+        memset(dw, 0, (size_t)C * OC * sizeof *dw);
+        memset(db, 0, (size_t)OC * sizeof *db);
+        K->matmul_forward_b16(out, NULL, inp16, NULL, w16, b, N, C, OC);
+        K->matmul_backward_b16(dinp, dw, db, dout, NULL, inp16, NULL, w16, N, C, OC);
+        write_bin("matmul", "out_b16", out, (size_t)N * OC);
+        write_bin("matmul", "dinp_b16", dinp, (size_t)N * C);
+        write_bin("matmul", "dweight_b16", dw, (size_t)C * OC);
+        write_bin("matmul", "dbias_b16", db, OC);
+        free(inp16), free(w16);
+    }
     free(inp), free(w), free(b), free(dout), free(out), free(dinp), free(dw), free(db);
 }
 
@@ -241,14 +255,20 @@ static void probe_lm_head(const struct dims *d)
     write_bin("lm_head", "logits", logits, (size_t)N * V);
     write_bin("lm_head", "dinp", dinp, (size_t)N * C);
     write_bin("lm_head", "dwte", dwte, (size_t)V * C);
-    /* the backward again with dlogits held in bf16 (16-bit activations) */
+    /* again with the logits and dlogits held in bf16 (16-bit activations) */
+    uint16_t *l16 = malloc((size_t)N * V * sizeof *l16), *wte16 = malloc((size_t)V * C * sizeof *wte16);
+    loom_lp_from_f32(wte16, wte, (size_t)V * C, LOOM_DTYPE_BF16); /* the table as stored in bf16 */
+    K->lm_head_forward_lp(l16, LOOM_DTYPE_BF16, inp, wte, wte16, N, C, V);
+    loom_lp_to_f32(logits, l16, (size_t)N * V, LOOM_DTYPE_BF16);
+    write_bin("lm_head", "logits_lp", logits, (size_t)N * V);
+    free(l16);
     uint16_t *dl16 = malloc((size_t)N * V * sizeof *dl16);
     loom_lp_from_f32(dl16, dlogits, (size_t)N * V, LOOM_DTYPE_BF16);
     memset(dwte, 0, (size_t)V * C * sizeof *dwte);
-    K->lm_head_backward_lp(dinp, dwte, dl16, LOOM_DTYPE_BF16, inp, wte, N, C, V);
+    K->lm_head_backward_lp(dinp, dwte, dl16, LOOM_DTYPE_BF16, inp, wte, wte16, N, C, V);
     write_bin("lm_head", "dinp_lp", dinp, (size_t)N * C);
     write_bin("lm_head", "dwte_lp", dwte, (size_t)V * C);
-    free(inp), free(wte), free(dlogits), free(logits), free(dinp), free(dwte), free(dl16);
+    free(inp), free(wte), free(dlogits), free(logits), free(dinp), free(dwte), free(dl16), free(wte16);
 }
 
 static void probe_attention(const struct dims *d)

@@ -22,6 +22,7 @@ static const struct loom_kernels cpu_kernels = {
     .matmul_backward = loom_matmul_backward,
     .lm_head_forward = loom_lm_head_forward,
     .lm_head_backward = loom_lm_head_backward,
+    .lm_head_forward_lp = loom_lm_head_forward_lp,
     .lm_head_backward_lp = loom_lm_head_backward_lp,
     .attention_forward = loom_attention_forward,
     .attention_backward = loom_attention_backward,
@@ -60,7 +61,10 @@ static const struct loom_kernels *cpu_kernels_for(enum loom_dtype compute)
         bf16.matmul_backward = loom_matmul_backward_bf16;
         bf16.lm_head_forward = loom_lm_head_forward_bf16;
         bf16.lm_head_backward = loom_lm_head_backward_bf16;
+        bf16.lm_head_forward_lp = loom_lm_head_forward_lp_bf16;
         bf16.lm_head_backward_lp = loom_lm_head_backward_lp_bf16;
+        bf16.matmul_forward_b16 = loom_matmul_forward_b16;
+        bf16.matmul_backward_b16 = loom_matmul_backward_b16;
     }
     return &bf16;
 }

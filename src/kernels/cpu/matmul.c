@@ -79,17 +79,34 @@ void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f, dwte, C);
 }
 
-/* Vocabulary columns converted at a time: about 1M float32 values of
- * staging, at least 64 columns. */
+/* A block of the (N, V) logits staged in float32: V columns of N rows
+ * (or, called as lp_block(V, N), rows of V columns) at a time, about 1M
+ * values, at least 64 (or all V). */
 static int lp_block(int N, int V)
 {
     const int cols = (1 << 20) / (N > 0 ? N : 1);
-    return cols < 64 ? 64 : cols > V ? V : cols;
+    return cols < 64 ? (V < 64 ? V : 64) : cols > V ? V : cols;
+}
+
+void loom_lm_head_forward_lp(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
+                             const uint16_t *wte16, int N, int C, int V)
+{
+    (void)wte16;
+    const int R = lp_block(V, N); /* rows: about 1M float32 values */
+    float *blk = loom_alloc(loom_mul_size((size_t)R, (size_t)V * sizeof(float)), LOOM_MEM_ACTIVATIONS);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, 1.0f, inp + (size_t)r0 * C, C, wte, C,
+                    0.0f, blk, V);
+        loom_lp_from_f32(logits + (size_t)r0 * V, blk, (size_t)n * V, dt);
+    }
+    loom_free(blk);
 }
 
 void loom_lm_head_backward_lp(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
-                              const float *inp, const float *wte, int N, int C, int V)
+                              const float *inp, const float *wte, const uint16_t *wte16, int N, int C, int V)
 {
+    (void)wte16;
     const int Vb = lp_block(N, V);
     float *blk = loom_alloc(loom_mul_size((size_t)N, (size_t)Vb * sizeof(float)), LOOM_MEM_ACTIVATIONS);
     for (int v0 = 0; v0 < V; v0 += Vb) {
@@ -154,9 +171,21 @@ void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte,
         }
 }
 
-void loom_lm_head_backward_lp_ref(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
-                                  const float *inp, const float *wte, int N, int C, int V)
+void loom_lm_head_forward_lp_ref(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
+                                 const uint16_t *wte16, int N, int C, int V)
 {
+    (void)wte16;
+    float *l = loom_alloc(loom_mul_size((size_t)N * V, sizeof(float)), LOOM_MEM_OTHER);
+    loom_lm_head_forward_ref(l, inp, wte, N, C, V);
+    loom_lp_from_f32(logits, l, (size_t)N * V, dt);
+    loom_free(l);
+}
+
+void loom_lm_head_backward_lp_ref(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
+                                  const float *inp, const float *wte, const uint16_t *wte16, int N, int C,
+                                  int V)
+{
+    (void)wte16;
     float *d = loom_alloc(loom_mul_size((size_t)N * V, sizeof(float)), LOOM_MEM_OTHER);
     loom_lp_to_f32(d, dlogits, (size_t)N * V, dt);
     loom_lm_head_backward_ref(dinp, dwte, d, inp, wte, N, C, V);

@@ -63,7 +63,7 @@ static int selected = -1; /* enum loom_bf16_units, -1 until chosen */
 /* dst (M,N) [+]= a (M,K) b (K,N), each operand row-major or, transposed,
  * stored as its transpose. */
 struct shape {
-    int M, N, K, a_t, b_t, acc;
+    int M, N, K, a_t, b_t, acc, d16; /* d16: dst is bf16 (rounded from the float32 sums) */
 };
 
 struct prim {
@@ -115,7 +115,7 @@ static struct prim *prim_for(struct shape s)
     const dnnl_dims_t da = {s.M, s.K}, db = {s.K, s.N}, dd = {s.M, s.N};
     DNNL_OK(dnnl_memory_desc_init_by_tag(&a, 2, da, dnnl_bf16, s.a_t ? dnnl_ba : dnnl_ab));
     DNNL_OK(dnnl_memory_desc_init_by_tag(&b, 2, db, dnnl_bf16, s.b_t ? dnnl_ba : dnnl_ab));
-    DNNL_OK(dnnl_memory_desc_init_by_tag(&d, 2, dd, dnnl_f32, dnnl_ab));
+    DNNL_OK(dnnl_memory_desc_init_by_tag(&d, 2, dd, s.d16 ? dnnl_bf16 : dnnl_f32, dnnl_ab));
     dnnl_matmul_desc_t md;
     DNNL_OK(dnnl_matmul_desc_init(&md, &a, &b, NULL, &d));
     dnnl_primitive_attr_t attr;
@@ -155,24 +155,29 @@ static uint16_t *scratch(uint16_t **buf, size_t *cap, size_t n)
     return *buf;
 }
 
-/* dst (M,N) = a b, or += with acc; a is (M,K) row-major, or with a_t its
- * transpose (K,M) row-major; b likewise (K,N), or (N,K) with b_t. a is
- * float32, or already bf16 as abf (a NULL). */
-static void gemm_abf(int M, int N, int K, const float *a, const uint16_t *abf, int a_t, const float *b,
-                     int b_t, float *dst, int acc)
+/* An operand in bf16: abf as it is, or a (n values) converted into the
+ * scratch buffer *buf. */
+static const uint16_t *operand(const float *a, const uint16_t *abf, size_t n, uint16_t **buf, size_t *cap)
 {
-    const struct shape s = {M, N, K, a_t, b_t, acc};
+    if (abf) return abf;
+    uint16_t *conv = scratch(buf, cap, n);
+    loom_f32_to_bf16_array(conv, a, n);
+    return conv;
+}
+
+/* dst (M,N) = a b, or += with acc; a is (M,K) row-major, or with a_t its
+ * transpose (K,M) row-major; b likewise (K,N), or (N,K) with b_t. Each
+ * operand is float32 (converted), or already bf16 (abf, bbf non-NULL); dst
+ * is float32, or with d16 bf16 (the float32 sums rounded). */
+static void gemm_x(int M, int N, int K, const float *a, const uint16_t *abf, int a_t, const float *b,
+                   const uint16_t *bbf, int b_t, void *dst, int acc, int d16)
+{
+    const struct shape s = {M, N, K, a_t, b_t, acc, d16};
     struct prim *p = prim_for(s);
-    uint16_t *b16 = scratch(&dn.b16, &dn.b_cap, (size_t)K * N);
-    const uint16_t *a16 = abf;
-    if (!a16) {
-        uint16_t *conv = scratch(&dn.a16, &dn.a_cap, (size_t)M * K);
-        loom_f32_to_bf16_array(conv, a, (size_t)M * K);
-        a16 = conv;
-    }
-    loom_f32_to_bf16_array(b16, b, (size_t)K * N);
+    const uint16_t *a16 = operand(a, abf, (size_t)M * K, &dn.a16, &dn.a_cap);
+    const uint16_t *b16 = operand(b, bbf, (size_t)K * N, &dn.b16, &dn.b_cap);
     DNNL_OK(dnnl_memory_set_data_handle(p->a, (void *)a16));
-    DNNL_OK(dnnl_memory_set_data_handle(p->b, b16));
+    DNNL_OK(dnnl_memory_set_data_handle(p->b, (void *)b16));
     DNNL_OK(dnnl_memory_set_data_handle(p->dst, dst));
     const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->dst}};
     DNNL_OK(dnnl_primitive_execute(p->p, dn.stream, 3, args));
@@ -181,7 +186,7 @@ static void gemm_abf(int M, int N, int K, const float *a, const uint16_t *abf, i
 
 static void gemm(int M, int N, int K, const float *a, int a_t, const float *b, int b_t, float *dst, int acc)
 {
-    gemm_abf(M, N, K, a, NULL, a_t, b, b_t, dst, acc);
+    gemm_x(M, N, K, a, NULL, a_t, b, NULL, b_t, dst, acc, 0);
 }
 
 int loom_bf16_units_select(const char *forced)
@@ -250,16 +255,17 @@ const char *loom_bf16_units_kernel(void)
     return "OpenBLAS sgemm";
 }
 
-static void gemm_abf(int M, int N, int K, const float *a, const uint16_t *abf, int a_t, const float *b,
-                     int b_t, float *dst, int acc)
+static void gemm_x(int M, int N, int K, const float *a, const uint16_t *abf, int a_t, const float *b,
+                   const uint16_t *bbf, int b_t, void *dst, int acc, int d16)
 {
-    (void)M, (void)N, (void)K, (void)a, (void)abf, (void)a_t, (void)b, (void)b_t, (void)dst, (void)acc;
+    (void)M, (void)N, (void)K, (void)a, (void)abf, (void)a_t, (void)b, (void)bbf, (void)b_t, (void)dst,
+        (void)acc, (void)d16;
     LOOM_ASSERT(!"no oneDNN: the bf16 products are never chosen");
 }
 
 static void gemm(int M, int N, int K, const float *a, int a_t, const float *b, int b_t, float *dst, int acc)
 {
-    gemm_abf(M, N, K, a, NULL, a_t, b, b_t, dst, acc);
+    gemm_x(M, N, K, a, NULL, a_t, b, NULL, b_t, dst, acc, 0);
 }
 
 #endif
@@ -297,12 +303,42 @@ void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, 
 }
 
 void loom_lm_head_backward_lp_bf16(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
-                                   const float *inp, const float *wte, int N, int C, int V)
+                                   const float *inp, const float *wte, const uint16_t *wte16, int N, int C,
+                                   int V)
 {
     if (dt != LOOM_DTYPE_BF16) {
-        loom_lm_head_backward_lp(dinp, dwte, dlogits, dt, inp, wte, N, C, V);
+        loom_lm_head_backward_lp(dinp, dwte, dlogits, dt, inp, wte, wte16, N, C, V);
         return;
     }
-    gemm_abf(N, C, V, NULL, dlogits, 0, wte, 0, dinp, 0);
-    gemm_abf(V, C, N, NULL, dlogits, 1, inp, 0, dwte, 1);
+    gemm_x(N, C, V, NULL, dlogits, 0, wte, wte16, 0, dinp, 0, 0);
+    gemm_x(V, C, N, NULL, dlogits, 1, inp, NULL, 0, dwte, 1, 0);
+}
+
+void loom_lm_head_forward_lp_bf16(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
+                                  const uint16_t *wte16, int N, int C, int V)
+{
+    if (dt != LOOM_DTYPE_BF16) {
+        loom_lm_head_forward_lp(logits, dt, inp, wte, wte16, N, C, V);
+        return;
+    }
+    gemm_x(N, V, C, inp, NULL, 0, wte, wte16, 1, logits, 0, 1);
+}
+
+void loom_matmul_forward_b16(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                             const uint16_t *weight16, const float *bias, int N, int C, int OC)
+{
+    if (bias) {
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= 32768)
+        for (int i = 0; i < N; i++) memcpy(out + (size_t)i * OC, bias, (size_t)OC * sizeof(float));
+    }
+    gemm_x(N, OC, C, inp, inp16, 0, weight, weight16, 0, out, bias != NULL, 0);
+}
+
+void loom_matmul_backward_b16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                              const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                              int C, int OC)
+{
+    if (dinp) gemm_x(N, C, OC, dout, NULL, 0, weight, weight16, 1, dinp, 0, 0); /* dout @ weight^T */
+    gemm_x(C, OC, N, inp, inp16, 1, dout, NULL, 0, dweight, 1, 0);              /* dweight += inp^T @ dout */
+    if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }
