@@ -31,9 +31,12 @@
  * backward recomputes them from the kept qkv, as selective recomputation
  * does: the same kernel on the same values gives the same bits); and the
  * loss on the logits, which the LM head's product writes and reads in 16
- * bits, LOOM_GPT2_HEAD_ROWS rows at a time through float32. In the backward every activation gradient is
- * rounded too (round_act), in float32 buffers: one layer's, reused. Parameter gradients are not rounded here:
- * the precision strategy owns them.
+ * bits, LOOM_GPT2_HEAD_ROWS rows at a time through float32. The bf16
+ * products take kept bf16 inputs and the stored bf16 weights as they are
+ * (dense_forward, dense_backward). In the backward every activation
+ * gradient is rounded too (round_act), in float32 buffers: one layer's,
+ * reused. Parameter gradients are not rounded here: the precision strategy
+ * owns them.
  *
  * Tensor parallelism (m->tp > 1): the layers compute on the rank's part
  * (Cl = C/tp channels of attention and 4 Cl of the MLP, NH/tp heads, Vl
