@@ -278,6 +278,8 @@ def compare_runs(tag, ref, got, tol=1e-5, wtol=None, tensor_tol=None):
 
 HF_TRANSFORMERS = "transformers==4.39.3"
 HF_VENV = os.path.join(BUILD, "test-venv")
+TENSORBOARD = "tensorboard==2.16.2"  # its reader, for tests/test_cli_commands.py
+TB_VENV = os.path.join(BUILD, "test-venv-tensorboard")
 
 
 def use_transformers():
@@ -304,9 +306,30 @@ def hf_python():
     numpy are reused; pip adds transformers and what it needs). Returns the
     interpreter's path; a failure to make it ends the test as a FAIL, one
     line naming the step (not a skip: the tests that need it cannot run)."""
-    py = os.path.join(HF_VENV, "bin", "python3")
-    if os.access(py, os.X_OK) and run([py, "-c", "import transformers"]).returncode == 0:
+    return venv_python(HF_VENV, HF_TRANSFORMERS, "transformers")
+
+
+def venv_python(venv, spec, module):
+    """A Python in the test-only virtual environment `venv` (made on first
+    use, the system's packages visible) that can `import module`, pip
+    installing `spec` from PyPI; its path, or the test ends as a FAIL naming
+    the step that failed."""
+    py = os.path.join(venv, "bin", "python3")
+    if os.access(py, os.X_OK) and run([py, "-c", f"import {module}"]).returncode == 0:
         return py
+    steps = [["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
+             [os.path.join(venv, "bin", "pip"), "install", "-q", spec],
+             [py, "-c", f"import {module}"]]
+    for cmd in steps:
+        try:
+            p = run(cmd, timeout=1800)
+            rc, why = p.returncode, (p.stderr.strip().splitlines() or [""])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            rc, why = None, str(e)
+        if rc != 0:
+            raise SystemExit(f"FAIL: cannot make the test virtual environment {venv} with {spec}: "
+                             f"`{' '.join(cmd)}` exited {rc}: {why}")
+    return py
     steps = [["/usr/bin/python3", "-m", "venv", "--system-site-packages", HF_VENV],
              [os.path.join(HF_VENV, "bin", "pip"), "install", "-q", HF_TRANSFORMERS],
              [py, "-c", "import transformers"]]

@@ -189,6 +189,7 @@ struct loom_config {
     /* logging and evaluation */
     int log_interval, eval_interval, eval_iters;
     char metrics[512];
+    char tensorboard_dir[512];
     /* checkpoints */
     char load[512], save[512];
     int save_interval, keep_last, finetune;

@@ -34,7 +34,7 @@ const char *loom_fmt_duration(char *buf, size_t n, double s)
     return buf;
 }
 
-int loom_report_open(struct loom_report *r, const char *metrics_path)
+int loom_report_open(struct loom_report *r, const char *metrics_path, const char *tensorboard_dir)
 {
     memset(r, 0, sizeof *r);
     /* the bar only for a single process on a terminal: mpirun forwards output
@@ -48,6 +48,8 @@ int loom_report_open(struct loom_report *r, const char *metrics_path)
             return loom_error_set(LOOM_ERR_INPUT, "--metrics: cannot open %s: %s", metrics_path,
                                   strerror(errno));
     }
+    if (tensorboard_dir && *tensorboard_dir && loom_log_rank() == 0)
+        return loom_tb_open(&r->tb, tensorboard_dir);
     return LOOM_OK;
 }
 
@@ -57,6 +59,30 @@ void loom_report_close(struct loom_report *r)
     r->bar_shown = 0;
     if (r->metrics) fclose(r->metrics);
     r->metrics = NULL;
+    loom_tb_close(&r->tb);
+}
+
+/* The step's figures as TensorBoard scalars, under Megatron's tags where it
+ * has them ("lm loss", "learning-rate", "grad-norm", "loss-scale",
+ * "iteration-time" in seconds), and memory by category in bytes. */
+static void tb_step(struct loom_report *r, const struct loom_step_stats *s, const struct loom_mem_stats *mem)
+{
+    struct loom_tb *tb = &r->tb;
+    if (!tb->f) return;
+    loom_tb_scalar(tb, s->step, "lm loss", s->loss);
+    loom_tb_scalar(tb, s->step, "learning-rate", s->lr);
+    loom_tb_scalar(tb, s->step, "grad-norm", s->grad_norm);
+    if (s->loss_scale > 0) loom_tb_scalar(tb, s->step, "loss-scale", s->loss_scale);
+    loom_tb_scalar(tb, s->step, "iteration-time", s->ms_per_step / 1000);
+    loom_tb_scalar(tb, s->step, "throughput/tokens-per-sec", s->tokens_per_s);
+    loom_tb_scalar(tb, s->step, "throughput/mfu", s->mfu);
+    char tag[64];
+    for (int i = 0; i < LOOM_MEM_COUNT; i++) {
+        snprintf(tag, sizeof tag, "memory/%s-bytes", loom_mem_tag_name((enum loom_mem_tag)i));
+        loom_tb_scalar(tb, s->step, tag, (double)mem->peak[i]);
+    }
+    loom_tb_scalar(tb, s->step, "memory/total-bytes", (double)mem->peak_total);
+    loom_tb_flush(tb);
 }
 
 void loom_report_line(struct loom_report *r, const char *fmt, ...)
@@ -116,6 +142,7 @@ static double stage_bubble(const double *stage)
 void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
                       const struct loom_mem_stats *mem, const int64_t *mem_by_rank, int world)
 {
+    tb_step(r, s, mem);
     int digits = snprintf(NULL, 0, "%d", s->total);
     char extra[160] = "";
     if (s->loss_scale > 0) snprintf(extra, sizeof extra, " | loss scale %g", s->loss_scale);
@@ -189,6 +216,10 @@ void loom_report_eval(struct loom_report *r, int step, double val_loss, double f
 
 void loom_report_eval_row(struct loom_report *r, int step, double val_loss)
 {
+    if (r->tb.f) {
+        loom_tb_scalar(&r->tb, step, "lm loss validation", val_loss);
+        loom_tb_flush(&r->tb);
+    }
     if (!r->metrics) return;
     char v[32] = "null"; /* JSON has no NaN */
     if (isfinite(val_loss)) snprintf(v, sizeof v, "%.9g", val_loss);

@@ -1,7 +1,8 @@
 /*
  * What a training run shows: log lines, the progress bar with ETA on a
- * terminal (plain lines otherwise), the metrics JSONL of DESIGN.md, and the
- * closing summary. Rank 0 alone prints and writes.
+ * terminal (plain lines otherwise), the metrics JSONL of DESIGN.md, the
+ * same figures as TensorBoard scalars (--tensorboard-dir), and the closing
+ * summary. Rank 0 alone prints and writes.
  */
 #ifndef LOOM_APP_REPORT_H
 #define LOOM_APP_REPORT_H
@@ -10,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "app/tensorboard.h"
 #include "base/mem.h"
 
 struct loom_step_stats {
@@ -27,15 +29,18 @@ struct loom_step_stats {
 };
 
 struct loom_report {
-    int tty;         /* stdout is a terminal: draw the bar */
-    int bar_shown;   /* a bar line is on screen */
-    FILE *metrics;   /* NULL when --metrics is not given */
-    char layout[64]; /* "TP(2)-DP(2)-PP(1)", and "+SP", for the metrics rows; empty: none */
-    double t_start;  /* seconds, monotonic */
+    int tty;           /* stdout is a terminal: draw the bar */
+    int bar_shown;     /* a bar line is on screen */
+    FILE *metrics;     /* NULL when --metrics is not given */
+    struct loom_tb tb; /* --tensorboard-dir's event file (closed when not given) */
+    char layout[64];   /* "TP(2)-DP(2)-PP(1)", and "+SP", for the metrics rows; empty: none */
+    double t_start;    /* seconds, monotonic */
 };
 
-/* Opens the metrics file for appending; LOOM_ERR_INPUT naming it on failure. */
-int loom_report_open(struct loom_report *r, const char *metrics_path);
+/* Opens the metrics file for appending and a TensorBoard event file in
+ * tensorboard_dir (each NULL or empty: none); LOOM_ERR_INPUT naming the one
+ * that failed. */
+int loom_report_open(struct loom_report *r, const char *metrics_path, const char *tensorboard_dir);
 void loom_report_close(struct loom_report *r);
 
 /* mem_by_rank: (world, LOOM_MEM_COUNT+1) peaks with the total last, or NULL. */

@@ -391,7 +391,7 @@ int loom_train(struct loom_config *cfg)
         return rc;
     }
     struct loom_report rep;
-    if ((rc = agree(&r, loom_report_open(&rep, cfg->metrics)))) {
+    if ((rc = agree(&r, loom_report_open(&rep, cfg->metrics, cfg->tensorboard_dir)))) {
         loom_report_close(&rep);
         teardown(&r);
         return rc;
@@ -506,7 +506,7 @@ int loom_eval(struct loom_config *cfg)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "loom eval needs --valid-data-path (or no --data-path, for the built-in corpus)");
     struct loom_report rep = {0};
-    if (rc == LOOM_OK && (rc = loom_report_open(&rep, cfg->metrics)) == LOOM_OK) {
+    if (rc == LOOM_OK && (rc = loom_report_open(&rep, cfg->metrics, NULL)) == LOOM_OK) {
         double val = evaluate(&r);
         if (r.floor_nats > 0)
             loom_log_info("val loss %.4f over %d batches (corpus floor %.4f)\n", val, cfg->eval_iters,

@@ -176,6 +176,8 @@ const struct setting loom_settings[] = {
         "steps between evaluations (0: only at the end)"),
     INT("--eval-iters", "eval_iters", "logging", eval_iters, 0, INT_MAX, "10", "batches per evaluation"),
     STR("--metrics", "metrics", "logging", metrics, "", "append one JSON line per logged step to FILE"),
+    STR("--tensorboard-dir", "tensorboard_dir", "logging", tensorboard_dir, "",
+        "write TensorBoard event files to DIR (the --metrics figures and the validation loss)"),
 
     STR("--load", "load", "checkpoint", load, "",
         "resume from checkpoint DIR (latest or an iter_NNNNNNN), or start from weights FILE.safetensors"),
