@@ -19,7 +19,8 @@ uint32_t loom_crc32c(const void *data, size_t n)
     if (!made) {
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1; /* reflected Castagnoli */
+            for (int k = 0; k < 8; k++)
+                c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1; /* reflected Castagnoli */
             table[i] = c;
         }
         made = 1;
