@@ -190,6 +190,8 @@ struct loom_config {
     int log_interval, eval_interval, eval_iters;
     char metrics[512];
     char tensorboard_dir[512];
+    char trace[512], trace_steps[32];
+    int trace_first, trace_last; /* --trace-steps A:B (0 0: the run's first ten), by loom_config_resolve */
     /* checkpoints */
     char load[512], save[512];
     int save_interval, keep_last, finetune;

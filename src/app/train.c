@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/testpoint.h"
+#include "base/trace.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "engine/engine_impl.h"
@@ -363,6 +364,91 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     }
 }
 
+/* --trace FILE: made empty at start-up by rank 0 (a bad path is bad input
+ * before anything trains); at the end every rank's events go to rank 0,
+ * which writes the trace-event JSON: one process per rank ("rank N" with its
+ * place in the layout), rows "compute" and "communication". */
+static int trace_begin(const struct run *r, const struct loom_config *cfg, int64_t done)
+{
+    if (!*cfg->trace) return LOOM_OK;
+    int rc = LOOM_OK;
+    if (r->topo->rank == 0) {
+        FILE *f = fopen(cfg->trace, "w");
+        if (!f)
+            rc = loom_error_set(LOOM_ERR_INPUT, "--trace: cannot create %s: %s", cfg->trace, strerror(errno));
+        else
+            fclose(f);
+    }
+    if ((rc = loom_comm_agree(rc, NULL))) return rc;
+    /* the same origin on every rank: right after the barrier the agreement was */
+    const int first = cfg->trace_first ? cfg->trace_first : (int)done + 1;
+    const int last = cfg->trace_first ? cfg->trace_last : (int)done + 10;
+    loom_trace_start(first, last, loom_now());
+    return LOOM_OK;
+}
+
+static int trace_write(const struct run *r, const struct loom_config *cfg)
+{
+    if (!*cfg->trace) return LOOM_OK;
+    const int world = r->topo->world;
+    size_t n;
+    const char *ev = loom_trace_events(&n);
+    int64_t mine = (int64_t)n, *lens = loom_alloc(sizeof(int64_t) * (size_t)world, LOOM_MEM_OTHER);
+    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(&mine, 1, LOOM_DTYPE_I64),
+                                       loom_buf_of(lens, (size_t)world, LOOM_DTYPE_I64)));
+    int *counts = loom_alloc(sizeof(int) * 2 * (size_t)world, LOOM_MEM_OTHER), *displs = counts + world;
+    size_t total = 0;
+    for (int k = 0; k < world; k++) {
+        if (lens[k] > INT32_MAX - (int64_t)total)
+            loom_die("--trace: the events pass 2 GB; trace fewer steps");
+        counts[k] = (int)lens[k];
+        displs[k] = (int)total;
+        total += (size_t)lens[k];
+    }
+    char *all = loom_alloc(total + 1, LOOM_MEM_OTHER);
+    loom_comm_wait(loom_comm_allgather_v(LOOM_GROUP_WORLD, loom_buf_of((void *)ev, n, LOOM_DTYPE_U8),
+                                         loom_buf_of(all, total, LOOM_DTYPE_U8), counts, displs));
+    int rc = LOOM_OK;
+    if (r->topo->rank == 0) {
+        FILE *f = fopen(cfg->trace, "w");
+        if (!f) {
+            rc =
+                loom_error_set(LOOM_ERR_RUNTIME, "--trace: cannot write %s: %s", cfg->trace, strerror(errno));
+        } else {
+            char where[64];
+            fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
+            for (int k = 0; k < world; k++) {
+                struct loom_topology t = *r->topo;
+                t.rank = k;
+                loom_topology_format(&t, where, sizeof where);
+                fprintf(f,
+                        "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
+                        "\"rank %d %s\"}},\n"
+                        "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_"
+                        "index\":%d}},\n"
+                        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
+                        "\"compute\"}},\n"
+                        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":"
+                        "\"communication\"}}",
+                        k ? ",\n" : "", k, k, where, k, k, k, k);
+                if (counts[k]) {
+                    fputs(",\n", f);
+                    fwrite(all + displs[k], 1, (size_t)counts[k], f);
+                }
+            }
+            fputs("\n]}\n", f);
+            if (fclose(f) != 0)
+                rc = loom_error_set(LOOM_ERR_RUNTIME, "--trace: cannot write %s: %s", cfg->trace,
+                                    strerror(errno));
+        }
+    }
+    loom_free(lens);
+    loom_free(counts);
+    loom_free(all);
+    loom_trace_stop();
+    return loom_comm_agree(rc, NULL);
+}
+
 /* The engine's batch source: this rank's rows of the global batch of the step. */
 static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **batch, int *rows)
 {
@@ -371,6 +457,7 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
     /* the micro-batches in flight are consecutive: micro % nbatches is free */
     const int k = micro % r->nbatches;
     const size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
+    loom_trace_push("data");
     int32_t *inputs = r->inputs + (size_t)k * n, *targets = r->targets + (size_t)k * n;
     loom_data_batch(&r->train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
                     (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size,
@@ -378,6 +465,7 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
                     targets);
     r->batches[k] = (struct loom_lm_batch){inputs, targets};
     *batch = &r->batches[k];
+    loom_trace_pop("data");
     *rows = cfg->micro_batch_size;
     return LOOM_OK;
 }
@@ -391,7 +479,8 @@ int loom_train(struct loom_config *cfg)
         return rc;
     }
     struct loom_report rep;
-    if ((rc = agree(&r, loom_report_open(&rep, cfg->metrics, cfg->tensorboard_dir)))) {
+    if ((rc = agree(&r, loom_report_open(&rep, cfg->metrics, cfg->tensorboard_dir))) ||
+        (rc = trace_begin(&r, cfg, loom_engine_steps_done(r.engine)))) {
         loom_report_close(&rep);
         teardown(&r);
         return rc;
@@ -425,10 +514,12 @@ int loom_train(struct loom_config *cfg)
         snprintf(point, sizeof point, "step %d", step);
         loom_test_point(point); /* LOOM_TEST_STALL (base/testpoint.h) */
         loom_mem_reset_peak();
+        loom_trace_step_begin(step);
         double t0 = loom_now();
         struct loom_step_result res;
         if ((rc = loom_engine_train_batch(e, next_batch, &r, &res))) break;
         double dt = loom_now() - t0;
+        loom_trace_step_end(step, t0, t0 + dt);
         double tps = (double)G * T / dt;
         step_tps[ran++] = tps;
         last_loss = res.loss;
@@ -466,6 +557,7 @@ int loom_train(struct loom_config *cfg)
             ((cfg->save_interval && step % cfg->save_interval == 0) || step == cfg->train_iters))
             rc = save(&r, &rep);
     }
+    if (rc == LOOM_OK) rc = trace_write(&r, cfg);
     double elapsed = loom_now() - t_train;
     qsort(step_tps, (size_t)ran, sizeof(double), cmp_double);
     double median_tps = ran ? step_tps[ran / 2] : 0;

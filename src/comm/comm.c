@@ -23,6 +23,7 @@
 #include "base/clock.h"
 #include "base/dtype.h"
 #include "base/log.h"
+#include "base/trace.h"
 #include "comm/comm_backend.h"
 #include "loom/loom.h"
 
@@ -37,7 +38,9 @@ struct loom_comm_handle {
     int *counts;            /* reduce-scatter-v and all-gather-v: (group size), owned; op.counts */
     int *displs;            /* all-gather-v: (group size), owned; op.displs */
     int64_t step;
-    int done; /* guarded by lock */
+    double t_start, t_done; /* loom_now on the communication thread, for the trace */
+    int local;              /* done at posting: one rank in the group, nothing moved */
+    int done;               /* guarded by lock */
     struct loom_comm_handle *next;
     void *req; /* the transport's request, while started */
 };
@@ -107,6 +110,7 @@ static void *comm_thread(void *arg)
         }
         pthread_mutex_unlock(&lock);
         for (struct loom_comm_handle *h = batch; h; h = h->next) {
+            h->t_start = loom_now();
             h->req = transport->start(&h->op);
             active[nactive++] = h;
         }
@@ -114,6 +118,7 @@ static void *comm_thread(void *arg)
         for (int i = 0; i < nactive;) {
             if (transport->test(active[i]->req)) {
                 active[i]->req = NULL;
+                active[i]->t_done = loom_now();
                 pthread_mutex_lock(&lock);
                 active[i]->done = 1;
                 pthread_cond_broadcast(&completed);
@@ -243,7 +248,7 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
             bytes)
             memcpy(recv, send, bytes);
         LOOM_ASSERT(coll != LOOM_COLL_SEND && coll != LOOM_COLL_RECV);
-        h->done = 1;
+        h->done = h->local = 1;
         return h;
     }
     submit(h);
@@ -358,6 +363,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
     deadline.tv_nsec += (long)((timeout_s - (double)(time_t)timeout_s) * 1e9);
     if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&lock);
+    const int waited = !h->done;
     while (!h->done) {
         int rc = pthread_cond_timedwait(&completed, &lock, &deadline);
         if (rc == ETIMEDOUT && !h->done) {
@@ -371,10 +377,20 @@ double loom_comm_wait(struct loom_comm_handle *h)
         }
     }
     pthread_mutex_unlock(&lock);
+    const double t1 = loom_now();
+    if (loom_trace_on() && !h->local) {
+        const size_t bytes = h->op.count * loom_dtype_size(h->op.dt);
+        char name[64];
+        snprintf(name, sizeof name, "%s %s", coll_names[h->op.coll], group_names[h->op.group]);
+        loom_trace_comm(name, group_names[h->op.group], bytes, h->t_start, h->t_done);
+        /* blocked on it: under pipeline parallelism, the bubble */
+        snprintf(name, sizeof name, "wait %s %s", coll_names[h->op.coll], group_names[h->op.group]);
+        if (waited) loom_trace_wait(name, t0, t1, bytes);
+    }
     free(h->counts);
     free(h->displs);
     free(h);
-    return loom_now() - t0;
+    return t1 - t0;
 }
 
 void loom_comm_allreduce_sync(enum loom_group g, struct loom_buf b, enum loom_op op)

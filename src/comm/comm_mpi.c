@@ -47,6 +47,10 @@ static MPI_Datatype mpi_dtype(enum loom_dtype dt)
         return MPI_DOUBLE;
     case LOOM_DTYPE_U64:
         return MPI_UINT64_T;
+    case LOOM_DTYPE_I64:
+        return MPI_INT64_T;
+    case LOOM_DTYPE_U8:
+        return MPI_UINT8_T;
     case LOOM_DTYPE_I32:
         return MPI_INT32_T;
     case LOOM_DTYPE_U16:

@@ -294,6 +294,22 @@ static int resolve_precision(struct loom_config *cfg)
     return LOOM_OK;
 }
 
+/* --trace-steps A:B, 1 <= A <= B; empty: 0 0 (the run's first ten). */
+static int resolve_trace(struct loom_config *cfg)
+{
+    cfg->trace_first = cfg->trace_last = 0;
+    if (!*cfg->trace_steps) return LOOM_OK;
+    int a, b, end = 0;
+    if (sscanf(cfg->trace_steps, "%d:%d%n", &a, &b, &end) != 2 || cfg->trace_steps[end] || a < 1 || b < a)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %s: expected A:B with 1 <= A <= B (steps, inclusive)",
+                              NAME(trace_steps), cfg->trace_steps);
+    if (!*cfg->trace)
+        return loom_error_set(LOOM_ERR_INPUT, "%s needs %s FILE", NAME(trace_steps), NAME(trace));
+    cfg->trace_first = a;
+    cfg->trace_last = b;
+    return LOOM_OK;
+}
+
 int loom_config_resolve(struct loom_config *cfg, int dp)
 {
     struct loom_config_record *r = &cfg->rec;
@@ -322,6 +338,7 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d is not divisible by %s %d", NAME(hidden_size),
                               cfg->hidden_size, NAME(num_attention_heads), cfg->num_attention_heads);
     if ((rc = resolve_recompute(cfg))) return rc;
+    if ((rc = resolve_trace(cfg))) return rc;
     if (cfg->sequence_parallel && cfg->tensor_model_parallel_size < 2)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s splits the sequence within a tensor-parallel group: it needs %s 2 or more",

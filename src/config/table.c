@@ -178,6 +178,10 @@ const struct setting loom_settings[] = {
     STR("--metrics", "metrics", "logging", metrics, "", "append one JSON line per logged step to FILE"),
     STR("--tensorboard-dir", "tensorboard_dir", "logging", tensorboard_dir, "",
         "write TensorBoard event files to DIR (the --metrics figures and the validation loss)"),
+    STR("--trace", "trace", "logging", trace, "",
+        "write a Chrome trace (Perfetto, chrome://tracing) of every rank's steps to FILE"),
+    STR("--trace-steps", "trace_steps", "logging", trace_steps, "",
+        "steps A:B to trace (default: the first ten this run takes)"),
 
     STR("--load", "load", "checkpoint", load, "",
         "resume from checkpoint DIR (latest or an iter_NNNNNNN), or start from weights FILE.safetensors"),

@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/pool.h"
+#include "base/trace.h"
 #include "config/config.h"
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
@@ -490,6 +491,7 @@ static double grad_norm(const struct loom_engine *e)
 
 int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
 {
+    loom_trace_push("optimizer step"); /* the gradients' reduction, norm and clipping, the update */
     const int A = e->cfg->gradient_accumulation_steps, dp = e->topo.dp;
     LOOM_ASSERT(e->micro == A && e->backwards == A);
     struct loom_model *m = e->model;
@@ -550,7 +552,9 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
         wait = (wait > 0 ? wait : 0) + loom_tp_comm_take_s(); /* the layers' blocking collectives */
     if (out)
         *out = (struct loom_step_result){step, loss, lr, norm, wait, e->scaler ? scale : 0, skip, e->skipped};
-    return loom_engine_agree(e, rc);
+    rc = loom_engine_agree(e, rc);
+    loom_trace_pop("optimizer step");
+    return rc;
 }
 
 /* train_batch through the layout's schedule */
