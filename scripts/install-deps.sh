@@ -3,7 +3,8 @@
 # already there. `install-deps.sh` installs the build dependencies;
 # `install-deps.sh --test` adds what the test suite compares against
 # (PyTorch and NumPy from Debian, venv for the test-only transformers from
-# PyPI, clang for the sanitizer and fuzzer builds).
+# PyPI, clang for the sanitizer and fuzzer builds, Chromium to open `loom
+# report`'s page headless).
 set -eu
 
 want_test=0
@@ -15,7 +16,7 @@ for a in "$@"; do
 done
 
 pkgs="build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libcjson-dev libxxhash-dev libdnnl-dev"
-[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev clang-format"
+[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev clang-format chromium"
 
 missing=""
 for p in $pkgs; do

@@ -11,6 +11,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "config/config.h"
 
 const char *loom_fmt_bytes(char *buf, size_t n, double bytes)
 {
@@ -212,6 +213,37 @@ void loom_report_eval(struct loom_report *r, int step, double val_loss, double f
     else
         loom_report_line(r, "eval at step %d | val loss %.4f\n", step, val_loss);
     loom_report_eval_row(r, step, val_loss);
+}
+
+/* s as a JSON string's contents. */
+static void json_escaped(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fputc(*s, f);
+    }
+}
+
+void loom_report_config(struct loom_report *r, const struct loom_config *cfg)
+{
+    if (!r->metrics) return;
+    fputs("{\"config\":{", r->metrics);
+    for (int i = 0; i < loom_config_count(); i++) {
+        const char *name;
+        char v[1024];
+        loom_config_setting(cfg, i, &name, v, sizeof v);
+        fprintf(r->metrics, "%s\"", i ? "," : "");
+        json_escaped(r->metrics, name);
+        fputs("\":\"", r->metrics);
+        json_escaped(r->metrics, v);
+        fputc('"', r->metrics);
+    }
+    fputs("}}\n", r->metrics);
+    fflush(r->metrics);
 }
 
 void loom_report_eval_row(struct loom_report *r, int step, double val_loss)

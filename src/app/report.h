@@ -47,6 +47,10 @@ void loom_report_close(struct loom_report *r);
 void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
                       const struct loom_mem_stats *mem, const int64_t *mem_by_rank, int world);
 void loom_report_eval(struct loom_report *r, int step, double val_loss, double floor_nats);
+/* The metrics' first row: {"config":{"flag":"value",...}}, every setting as
+ * the table prints it (loom report shows it). */
+struct loom_config;
+void loom_report_config(struct loom_report *r, const struct loom_config *cfg);
 /* The evaluation's metrics line alone ({"step":N,"val_loss":F}; null when
  * not finite). */
 void loom_report_eval_row(struct loom_report *r, int step, double val_loss);

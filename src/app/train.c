@@ -485,6 +485,7 @@ int loom_train(struct loom_config *cfg)
         teardown(&r);
         return rc;
     }
+    loom_report_config(&rep, cfg);
     struct loom_engine *e = r.engine;
     /* peak FLOP/s of the whole job: the sum over ranks */
     double peak = cfg->peak_tflops * 1e12;

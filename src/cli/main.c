@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/html_report.h"
 #include "app/sample.h"
 #include "base/blas_env.h"
 #include "base/log.h"
@@ -37,7 +38,8 @@ static void usage(FILE *f)
             "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
             "  convert IN OUT [--to llmc|safetensors|hf]   weights between llm.c .bin, safetensors and\n"
             "                             Hugging Face directories; also exports loom checkpoints\n"
-            "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n\n"
+            "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n"
+            "  report RUN_DIR_OR_METRICS [-o FILE]   one HTML page of a run (--metrics, and trace.json)\n\n"
             "models (--model PRESET):\n",
             LOOM_VERSION, loom_model_family_at(0)->presets[0].name);
     for (int i = 0; (fam = loom_model_family_at(i)); i++)
@@ -193,11 +195,13 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "launch") == 0) return (rc = loom_launch(argc - 2, argv + 2)) ? fail(rc) : 0;
     if (strcmp(cmd, "convert") == 0) return (rc = loom_convert(argc - 2, argv + 2)) ? fail(rc) : 0;
-    if (strcmp(cmd, "plan") == 0 || strcmp(cmd, "report") == 0) {
+    if (strcmp(cmd, "report") == 0) return (rc = loom_report_html(argc - 2, argv + 2)) ? fail(rc) : 0;
+    if (strcmp(cmd, "plan") == 0) {
         loom_error_set(LOOM_ERR_INPUT, "'loom %s' is not available in this version", cmd);
         return fail(LOOM_ERR_INPUT);
     }
-    loom_error_set(LOOM_ERR_INPUT,
-                   "unknown command '%s' (train, eval, sample, data, convert, launch; see loom --help)", cmd);
+    loom_error_set(
+        LOOM_ERR_INPUT,
+        "unknown command '%s' (train, eval, sample, data, convert, launch, report; see loom --help)", cmd);
     return fail(LOOM_ERR_INPUT);
 }

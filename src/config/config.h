@@ -31,6 +31,9 @@ void loom_config_print_help(FILE *f, const char *command);
 /* The resolved configuration as one table, each setting with its origin:
  * default, preset, json, flag, "flag (json had X)" or derived. */
 void loom_config_print(FILE *f, const struct loom_config *cfg);
+/* Setting i (of loom_config_count()): its flag without the dashes, and its
+ * value as the table prints it, into value (n bytes). */
+void loom_config_setting(const struct loom_config *cfg, int i, const char **name, char *value, size_t n);
 
 /* Per-setting fingerprints, to check that every rank runs the same config. */
 int loom_config_count(void);

@@ -130,6 +130,13 @@ void loom_config_print(FILE *f, const struct loom_config *cfg)
     }
 }
 
+void loom_config_setting(const struct loom_config *cfg, int i, const char **name, char *value, size_t n)
+{
+    LOOM_ASSERT(i >= 0 && i < loom_nsettings);
+    *name = loom_settings[i].flag + 2;
+    loom_setting_format(value, n, cfg, &loom_settings[i]);
+}
+
 int loom_config_count(void)
 {
     return loom_nsettings;

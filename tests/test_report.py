@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""`loom report`: one self-contained HTML page of a run, opened in headless
+Chromium (Debian's `chromium`).
+
+1. A 2-rank run with evaluations, --metrics DIR/metrics.jsonl and --trace
+   DIR/trace.json; `loom report DIR` writes DIR/report.html: no script and
+   nothing loaded from anywhere (no src or href; the SVG namespace is a name,
+   not a load).
+2. Chromium renders it: with console logging on, no console error; its DOM
+   has the plots drawn: the loss line with one point per logged step and the
+   validation line one per evaluation, the learning rate, tokens/s, MFU and
+   memory lines, a memory row per rank, the traced step's slices for both
+   ranks, and the configuration (the metrics' first row); the screenshot is
+   not blank (many distinct pixel bytes).
+3. `-o FILE` writes there; a metrics file named directly works too.
+4. Bad input: a missing path, a file that is not metrics (naming its line),
+   an unknown flag and two runs are each exit 2 with one line.
+"""
+import os
+import re
+import shutil
+import struct
+import sys
+import tempfile
+import zlib
+
+import lib
+from lib import LOOM, check
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser", "chromium-headless-shell"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def png_distinct_bytes(path):
+    """Distinct byte values of the PNG's decompressed image data."""
+    data = open(path, "rb").read()
+    at, idat = 8, b""
+    while at < len(data):
+        (n,) = struct.unpack(">I", data[at:at + 4])
+        kind = data[at + 4:at + 8]
+        if kind == b"IDAT":
+            idat += data[at + 8:at + 8 + n]
+        at += 12 + n
+    return len(set(zlib.decompress(idat))) if idat else 0
+
+
+def points(poly):
+    return len(re.findall(r"[-\d.]+,[-\d.]+", poly))
+
+
+def main():
+    browser = chromium()
+    if not browser:
+        print("FAIL: no chromium (scripts/install-deps.sh --test installs it)")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        lib.write_corpus(tmp)
+        run = os.path.join(tmp, "run")
+        os.mkdir(run)
+        p = lib.run_ranks(2, [LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--valid-data-path",
+                              os.path.join(tmp, "corpus", "val.bin")] + lib.TINY_MODEL + [
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "12", "--eval-interval", "4",
+            "--eval-iters", "2", "--threads", "1", "--log-interval", "1", "--metrics",
+            os.path.join(run, "metrics.jsonl"), "--trace", os.path.join(run, "trace.json")], tag="run")
+        check("a 2-rank run with --metrics and --trace", p.returncode == 0, p.stderr[-300:])
+        p = lib.run([LOOM, "report", run])
+        page = os.path.join(run, "report.html")
+        check("loom report DIR: exit 0, DIR/report.html", p.returncode == 0 and os.path.exists(page), p.stderr)
+        html = open(page).read() if os.path.exists(page) else ""
+        loads = re.findall(r"\b(?:src|href)\s*=", html, re.I) + re.findall(r"<script|@import|url\(", html, re.I)
+        check("self-contained: no script, nothing loaded", html and not loads, str(loads[:3]))
+
+        shot = os.path.join(tmp, "shot.png")
+        env = dict(os.environ, HOME=tmp)
+        common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+                  "--window-size=1400,2600"]
+        d = lib.run(common + ["--dump-dom", "file://" + page], timeout=120, env=env)
+        s = lib.run(common + [f"--screenshot={shot}", "file://" + page], timeout=120, env=env)
+        console = [l for l in (d.stderr + s.stderr).splitlines() if "CONSOLE" in l or "Uncaught" in l]
+        check("Chromium renders it: exit 0, no console message", d.returncode == 0 and s.returncode == 0
+              and not console, (console or [d.stderr[-300:]])[:3])
+        dom = d.stdout
+        figs = {}
+        for fig in re.findall(r"<figure>(.*?)</figure>", dom, re.S):
+            cap = re.search(r"<figcaption>(.*?)</figcaption>", fig).group(1)
+            figs[cap] = [points(pl) for pl in re.findall(r'<polyline[^>]*points="([^"]*)"', fig)]
+        rows = lib.metrics_rows(os.path.join(run, "metrics.jsonl"))
+        evals = sum(1 for l in open(os.path.join(run, "metrics.jsonl")) if '"val_loss"' in l)
+        check(f"loss: a line of {len(rows)} steps and a validation line of {evals} evaluations",
+              figs.get("loss") == [len(rows), evals], str(figs.get("loss")))
+        for cap in ("learning rate", "tokens/s", "model FLOPs utilisation (%)", "gradient norm"):
+            check(f"'{cap}': one line of {len(rows)} points", figs.get(cap) == [len(rows)], str(figs.get(cap)))
+        mem = figs.get("rank 0's peak memory by category per step (MiB)", [])
+        check("memory: a line per category (7)", len(mem) == 7 and set(mem) == {len(rows)}, str(mem))
+        memtable = re.search(r'<table class="mem">(.*?)</table>', dom, re.S)
+        table_rows = re.findall(r"<tr><td>(\d+)</td><td>[\d.]+</td>", memtable.group(1) if memtable else "")
+        check("a memory row per rank", table_rows == ["0", "1"], str(table_rows))
+        slices = re.findall(r'<rect x="[\d.]+" y="(\d+)" width="[\d.]+" height="\d+" fill="#[0-9a-f]+"><title>', dom)
+        check(f"the traced step's slices drawn for both ranks ({len(slices)})", len({int(y) // 46 for y in slices}) == 2,
+              str(slices[:4]))
+        check("the configuration table (the metrics' first row)", "--micro-batch-size" in dom and
+              "--pipeline-model-parallel-size" in dom)
+        distinct = png_distinct_bytes(shot) if os.path.exists(shot) else 0
+        check(f"the screenshot is not blank ({distinct} distinct pixel bytes)", distinct >= 50)
+
+        other = os.path.join(tmp, "other.html")
+        p = lib.run([LOOM, "report", os.path.join(run, "metrics.jsonl"), "-o", other])
+        check("loom report METRICS -o FILE writes FILE", p.returncode == 0 and os.path.exists(other), p.stderr)
+
+        bad = os.path.join(tmp, "bad.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"step": 1, "loss": 2.0}\nnot json\n')
+        for args, what in (([os.path.join(tmp, "missing")], "missing"), ([bad], "bad.jsonl:2"),
+                           ([run, "--colour"], "--colour"), ([run, run], "one run at a time")):
+            p = lib.run([LOOM, "report", *args])
+            lines = lib.error_lines(p.stderr)
+            check(f"loom report {' '.join(os.path.basename(a) for a in args)}: exit 2, one line naming {what}",
+                  p.returncode == 2 and len(lines) == 1 and what in lines[0], p.stderr[-300:])
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
