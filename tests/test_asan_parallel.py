@@ -72,11 +72,20 @@ with tempfile.TemporaryDirectory() as tmp:
              "llama, tp 2 + sp, bf16": ["--model", "llama-tiny", "--tensor-model-parallel-size", "2",
                                         "--sequence-parallel", "--bf16"],
              "llama, pp 2 interleaved": ["--model", "llama-tiny", "--num-layers", "4", "--pipeline-model-parallel-size",
-                                         "2", "--num-layers-per-virtual-pipeline-stage", "1"]}
+                                         "2", "--num-layers-per-virtual-pipeline-stage", "1"],
+             "bf16 zero 2, traced, tensorboard, metrics": ["--bf16", "--zero-stage", "2", "--log-interval", "1",
+                                                           "--trace", os.path.join(tmp, "trace.json"),
+                                                           "--tensorboard-dir", os.path.join(tmp, "tb"),
+                                                           "--metrics", os.path.join(tmp, "metrics.jsonl")],
+             "pp 2, recompute, traced": ["--pipeline-model-parallel-size", "2", "--recompute-granularity", "full",
+                                         "--recompute-method", "uniform", "--recompute-num-layers", "1",
+                                         "--trace", os.path.join(tmp, "trace-pp.json")]}
     for name, flags in cases.items():
         p = lib.run_ranks(2, [loom, "train"] + model + flags + ["--save", os.path.join(tmp, "s")], expect=None,
                           env=ENV, mpi_args=["-x", "ASAN_OPTIONS", "-x", "UBSAN_OPTIONS"])
         check(f"2 ranks, {name}", p)
+    p = lib.loom("report", tmp, exe=loom, env=ENV)
+    check("loom report of the traced run", p)
     p = lib.loom("train", *model, "--save", os.path.join(tmp, "one"), exe=loom, env=ENV, timeout=300)
     check("1 rank: train, evaluate, save", p)
     p = lib.loom("sample", "--load", os.path.join(tmp, "one"), "--prompt", " ab=", "--max-new-tokens", "8",

@@ -34,6 +34,7 @@ int loom_model_strategy_index(const struct loom_model *m, const void *ctx)
 /* The trace's name of a pass over block b: "forward layer 3", "backward head". */
 static const char *pass_name(char *buf, size_t n, const struct loom_model *m, int b, const char *pass)
 {
+    LOOM_ASSERT(b >= 0 && b < m->nblocks);
     const struct loom_block *blk = &m->blocks[b];
     if (blk->role == LOOM_ROLE_LAYER)
         snprintf(buf, n, "%s layer %d", pass, blk->layer);
@@ -64,7 +65,8 @@ void loom_model_grads_ready(struct loom_model *m, int b)
 {
     char name[64];
     REVERSE_ORDER(m, grads_ready, b);
-    if (loom_trace_on()) loom_trace_pop(pass_name(name, sizeof name, m, b, "backward"));
+    /* LOOM_GRAD_READY_TIED_HEAD (negative) is no block's end */
+    if (b >= 0 && loom_trace_on()) loom_trace_pop(pass_name(name, sizeof name, m, b, "backward"));
 }
 
 void loom_stack_begin_step(struct loom_model *m)
