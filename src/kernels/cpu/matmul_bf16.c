@@ -37,6 +37,9 @@ const char *loom_bf16_units_name(enum loom_bf16_units u)
     return u >= 0 && u < LOOM_BF16_UNITS_COUNT ? unit_names[u] : "?";
 }
 
+#ifdef LOOM_HAVE_DNNL
+#include <dnnl.h>
+
 /* The best units the CPU has, from cpuid: leaf 7 subleaf 0 (EBX bit 16 AVX512F,
  * EDX bits 22 and 24 AMX-BF16 and AMX-TILE) and subleaf 1 (EAX bit 5
  * AVX512-BF16); the OS must save the vector state too (XCR0), which oneDNN
@@ -52,9 +55,6 @@ static enum loom_bf16_units units_present(void)
     if (a1 & (1u << 5)) return LOOM_BF16_UNITS_AVX512_BF16;
     return LOOM_BF16_UNITS_F32; /* oneDNN's emulation on plain AVX512 is slower than sgemm: forced only */
 }
-
-#ifdef LOOM_HAVE_DNNL
-#include <dnnl.h>
 
 static int selected = -1; /* enum loom_bf16_units, -1 until chosen */
 
