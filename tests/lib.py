@@ -330,16 +330,3 @@ def venv_python(venv, spec, module):
             raise SystemExit(f"FAIL: cannot make the test virtual environment {venv} with {spec}: "
                              f"`{' '.join(cmd)}` exited {rc}: {why}")
     return py
-    steps = [["/usr/bin/python3", "-m", "venv", "--system-site-packages", HF_VENV],
-             [os.path.join(HF_VENV, "bin", "pip"), "install", "-q", HF_TRANSFORMERS],
-             [py, "-c", "import transformers"]]
-    for cmd in steps:
-        try:
-            p = run(cmd, timeout=1800)
-            rc, why = p.returncode, (p.stderr.strip().splitlines() or [""])[-1]
-        except (OSError, subprocess.TimeoutExpired) as e:
-            rc, why = None, str(e)
-        if rc != 0:
-            raise SystemExit(f"FAIL: cannot make the test virtual environment {HF_VENV} with {HF_TRANSFORMERS}: "
-                             f"`{' '.join(cmd)}` exited {rc}: {why}")
-    return py

@@ -14,7 +14,8 @@ Chromium (Debian's `chromium`).
    not blank (many distinct pixel bytes).
 3. `-o FILE` writes there; a metrics file named directly works too.
 4. Bad input: a missing path, a file that is not metrics (naming its line),
-   an unknown flag and two runs are each exit 2 with one line.
+   metrics without a training step, -o without FILE or into a missing
+   folder, an unknown flag and two runs are each exit 2 with one line.
 """
 import os
 import re
@@ -115,7 +116,12 @@ def main():
         bad = os.path.join(tmp, "bad.jsonl")
         with open(bad, "w") as f:
             f.write('{"step": 1, "loss": 2.0}\nnot json\n')
+        stepless = os.path.join(tmp, "stepless.jsonl")
+        with open(stepless, "w") as f:
+            f.write('{"config": {"lr": "0.001"}}\n{"step": 0, "val_loss": 3.0}\n')
         for args, what in (([os.path.join(tmp, "missing")], "missing"), ([bad], "bad.jsonl:2"),
+                           ([stepless], "no training step"), ([run, "-o"], "-o needs FILE"),
+                           ([run, "-o", os.path.join(tmp, "no", "such", "r.html")], "cannot write"),
                            ([run, "--colour"], "--colour"), ([run, run], "one run at a time")):
             p = lib.run([LOOM, "report", *args])
             lines = lib.error_lines(p.stderr)

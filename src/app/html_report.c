@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
@@ -285,17 +286,19 @@ static void trace_section(FILE *f, const char *path)
 
 /* ---- the page ------------------------------------------------------------------- */
 
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 static double median(const double *v, int n)
 {
     double *c = loom_alloc(sizeof(double) * (size_t)(n ? n : 1), LOOM_MEM_OTHER);
     int k = 0;
     for (int i = 0; i < n; i++)
         if (isfinite(v[i])) c[k++] = v[i];
-    for (int i = 1; i < k; i++) /* insertion sort: a run's steps */
-        for (int j = i; j > 0 && c[j - 1] > c[j]; j--) {
-            const double t = c[j];
-            c[j] = c[j - 1], c[j - 1] = t;
-        }
+    qsort(c, (size_t)k, sizeof *c, cmp_double);
     const double m = k ? c[k / 2] : NAN;
     loom_free(c);
     return m;
@@ -419,10 +422,11 @@ int loom_report_html(int argc, char **argv)
         snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - src) : 1, slash ? src : ".");
     }
     snprintf(trace, sizeof trace, "%s/trace.json", dir);
-    FILE *probe = fopen(trace, "r");
-    if (probe) fclose(probe);
-    snprintf(page, sizeof page, "%s", out ? out : "");
-    if (!out) snprintf(page, sizeof page, "%s/report.html", dir);
+    const int have_trace = access(trace, R_OK) == 0;
+    if (out)
+        snprintf(page, sizeof page, "%s", out);
+    else
+        snprintf(page, sizeof page, "%s/report.html", dir);
     struct run r = {0};
     int rc = read_run(&r, metrics);
     if (rc == LOOM_OK) {
@@ -430,7 +434,7 @@ int loom_report_html(int argc, char **argv)
         if (!f) {
             rc = loom_error_set(LOOM_ERR_INPUT, "loom report: cannot write %s", page);
         } else {
-            write_page(f, &r, metrics, probe ? trace : NULL);
+            write_page(f, &r, metrics, have_trace ? trace : NULL);
             if (fclose(f) != 0)
                 rc = loom_error_set(LOOM_ERR_RUNTIME, "loom report: cannot write %s", page);
             else

@@ -1036,8 +1036,8 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             else
                 m->k->crossentropy_vp_backward(lg, a->lse + r0, lg, a->targets + r0, m->v0,
                                                loss_weight / (float)N, n, Vl);
-            round_act(m, lg, (size_t)n * Vl);
-            if (lp(m)) put(m, at(m, a->logits, (size_t)r0 * Vl), lg, (size_t)n * Vl);
+            keep(m, at(m, a->logits, (size_t)r0 * Vl), lg,
+                 (size_t)n * Vl); /* the logits' gradient, in place */
         }
         const int tied_here = !m->cfg.untied && m->emb >= 0;
         if (tied_here) {
