@@ -25,6 +25,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "engine/engine_impl.h"
+#include "engine/footprint.h"
 #include "io/fs.h"
 #include "io/sampler.h"
 #include "io/synth.h"
@@ -34,6 +35,7 @@
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
 #include "parallel/tensor.h"
+#include "plan/search.h"
 
 struct run {
     struct loom_config *cfg;
@@ -187,6 +189,96 @@ static void print_stage_map(const struct loom_config *cfg, const struct loom_top
     }
 }
 
+/* --dry-run: the memory each pipeline stage's ranks will hold at a step's
+ * peak, counted by the trainer's own set-up code (engine/footprint.h). */
+static int print_footprint(struct loom_config *cfg, const struct loom_topology *t)
+{
+    printf("memory per rank at a step's peak (counted by the set-up code, as --metrics reports it):\n");
+    for (int s = 0; s < t->pp; s++) {
+        struct loom_topology at = *t;
+        at.pp_rank = s;
+        at.tp_rank = 0;
+        at.dp_rank = 0;
+        struct loom_footprint fp;
+        int rc = loom_engine_footprint(cfg, &at, &fp);
+        if (rc) return rc;
+        if (t->pp > 1) printf("  stage %d:\n", s);
+        loom_footprint_print(stdout, &fp, t->pp > 1 ? "    " : "  ");
+    }
+    return LOOM_OK;
+}
+
+/* An allocation that fails while training explains itself: this rank's
+ * memory at the moment, what the layout needs by the footprint's count, and
+ * the fastest layout `loom plan` finds within what this rank held. */
+static struct {
+    struct loom_config *cfg;
+    struct loom_topology topo;
+} failing;
+
+static void human_bytes(char *buf, size_t n, double bytes)
+{
+    snprintf(buf, n, "%.2f GB", bytes / 1e9);
+}
+
+static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
+{
+    struct loom_mem_stats now;
+    loom_mem_get_stats(&now);
+    char b[32];
+    fprintf(stderr, "loom: note: rank %d held", failing.topo.rank);
+    for (int i = 0; i < LOOM_MEM_COUNT; i++) {
+        human_bytes(b, sizeof b, (double)now.current[i]);
+        fprintf(stderr, " %s %s,", loom_mem_tag_name((enum loom_mem_tag)i), b);
+    }
+    human_bytes(b, sizeof b, (double)now.current_total);
+    fprintf(stderr, " total %s, and asked for %zu bytes more (%s)\n", b, bytes, loom_mem_tag_name(tag));
+    struct loom_footprint fp;
+    if (loom_engine_footprint(failing.cfg, &failing.topo, &fp) == LOOM_OK) {
+        human_bytes(b, sizeof b, (double)fp.total);
+        fprintf(stderr, "loom: note: this layout needs %s a rank at a step's peak:", b);
+        for (int i = 0; i < LOOM_MEM_COUNT; i++) {
+            human_bytes(b, sizeof b, (double)fp.peak[i]);
+            fprintf(stderr, " %s %s%s", loom_mem_tag_name((enum loom_mem_tag)i), b,
+                    i < LOOM_MEM_COUNT - 1 ? "," : "\n");
+        }
+    }
+    struct loom_cluster c = {.ranks_per_node = 1 << 20,
+                             .peak_f32 = 1e11,
+                             .peak_bf16 = 1e11,
+                             .matmul_efficiency = 1,
+                             .mem_bytes = 1e18,
+                             .mem_bw = 1e10,
+                             .intra_bw = 1e9,
+                             .intra_latency = 1e-5,
+                             .inter_bw = 1e9,
+                             .inter_latency = 1e-5};
+    snprintf(c.name, sizeof c.name, "this machine");
+    struct loom_plan p; /* the model, batch and precision as given; the layout searched */
+    const double limit = (double)now.current_total;
+    human_bytes(b, sizeof b, limit);
+    if (loom_plan_search(failing.cfg, failing.topo.world, &c, limit, 0, &p) == LOOM_OK && p.nfit > 0) {
+        char flags[512];
+        loom_layout_flags(&p.entries[0].layout, flags, sizeof flags);
+        fprintf(stderr, "loom: note: loom plan: within %s a rank, run with %s\n", b, flags);
+    } else { /* the leanest there is */
+        const struct loom_plan_entry *lean = NULL;
+        for (int i = 0; i < p.n; i++)
+            if (p.entries[i].mem.total > 0 && (!lean || p.entries[i].mem.total < lean->mem.total))
+                lean = &p.entries[i];
+        fprintf(stderr, "loom: note: loom plan: no layout of %d ranks fits in the %s this rank held",
+                failing.topo.world, b);
+        if (lean) {
+            char flags[512], need[32];
+            loom_layout_flags(&lean->layout, flags, sizeof flags);
+            human_bytes(need, sizeof need, (double)lean->mem.total);
+            fprintf(stderr, "; the leanest needs %s: %s", need, flags);
+        }
+        fprintf(stderr, "\n");
+    }
+    loom_plan_free(&p);
+}
+
 /* The engine, the data and the model. Training hands the model to the
  * engine (which allocates, initialises or resumes it); eval loads weights
  * only. */
@@ -201,8 +293,9 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
         if (r->topo->rank == 0) {
             loom_config_print(stdout, cfg);
             print_stage_map(cfg, r->topo);
+            rc = print_footprint(cfg, r->topo);
         }
-        return LOOM_OK;
+        return agree(r, rc);
     }
     r->family = loom_model_family_of_preset(cfg->model, NULL);
     rc = r->family
@@ -214,6 +307,9 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     r->model = r->family->create(cfg, cfg->micro_batch_size, cfg->seq_length, training, r->topo->tp_rank,
                                  r->topo->pp_rank);
     if (training) {
+        failing.cfg = cfg;
+        failing.topo = *r->topo;
+        loom_mem_on_failure(explain_alloc_failure);
         rc = loom_engine_initialize(r->engine, r->model);
     } else {
         loom_model_alloc_arenas(r->model, 1, LOOM_MODEL_PARAM_ARENA);

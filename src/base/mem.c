@@ -8,6 +8,7 @@
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/log.h"
 
@@ -24,6 +25,12 @@ static const char *const tag_names[] = {"params", "grads", "optimizer", "activat
 static_assert(sizeof tag_names / sizeof tag_names[0] == LOOM_MEM_COUNT, "tag_names");
 
 static int64_t current[LOOM_MEM_COUNT], peak[LOOM_MEM_COUNT];
+static void (*on_failure)(size_t bytes, enum loom_mem_tag tag);
+
+void loom_mem_on_failure(void (*fn)(size_t bytes, enum loom_mem_tag tag))
+{
+    on_failure = fn;
+}
 static int64_t current_total, peak_total;
 
 static void raise_peak(int64_t *p, int64_t v)
@@ -39,13 +46,114 @@ size_t loom_mul_size(size_t n, size_t size)
     return n * size;
 }
 
+/* ---- counting mode: addresses in a reserved region nobody may touch ----------- */
+
+/* A counted block is slot k of the region: address base + 64 k. */
+#define COUNT_SLOTS (1u << 22)
+
+struct counted {
+    size_t bytes;
+    int tag; /* -1: freed */
+};
+
+static struct {
+    int on;
+    char *base;             /* COUNT_SLOTS x 64 bytes, PROT_NONE */
+    struct counted *blocks; /* the slots handed out, in order */
+    size_t n, cap;
+    struct loom_mem_stats st;
+} counting;
+
+int loom_mem_is_counted(const void *p)
+{
+    const char *c = p;
+    return counting.base && c >= counting.base && c < counting.base + (size_t)COUNT_SLOTS * 64;
+}
+
+static struct counted *counted_of(const void *p)
+{
+    const size_t k = (size_t)((const char *)p - counting.base) / 64;
+    LOOM_ASSERT(k < counting.n && counting.blocks[k].tag >= 0);
+    return &counting.blocks[k];
+}
+
+static void count_add(int tag, int64_t bytes)
+{
+    struct loom_mem_stats *st = &counting.st;
+    st->current[tag] += bytes;
+    st->current_total += bytes;
+    if (st->current[tag] > st->peak[tag]) st->peak[tag] = st->current[tag];
+    if (st->current_total > st->peak_total) st->peak_total = st->current_total;
+}
+
+static void *count_alloc(size_t bytes, int tag)
+{
+    if (counting.n == counting.cap) {
+        LOOM_ASSERT(counting.cap < COUNT_SLOTS);
+        counting.cap = counting.cap ? 2 * counting.cap : 4096;
+        counting.blocks = realloc(counting.blocks, counting.cap * sizeof *counting.blocks);
+        if (!counting.blocks) loom_die("out of memory: cannot count allocations");
+    }
+    counting.blocks[counting.n] = (struct counted){bytes, tag};
+    count_add(tag, (int64_t)bytes);
+    return counting.base + 64 * counting.n++;
+}
+
+static void count_free(const void *p)
+{
+    struct counted *c = counted_of(p);
+    if (counting.on) count_add(c->tag, -(int64_t)c->bytes);
+    c->tag = -1;
+    /* the slots past the last one held are free again */
+    while (counting.n > 0 && counting.blocks[counting.n - 1].tag < 0) counting.n--;
+}
+
+void loom_mem_count_begin(void)
+{
+    LOOM_ASSERT(!counting.on);
+    if (!counting.base) {
+        void *r = mmap(NULL, (size_t)COUNT_SLOTS * 64, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
+        if (r == MAP_FAILED) loom_die("out of memory: cannot reserve addresses to count allocations");
+        counting.base = r;
+    }
+    memset(&counting.st, 0, sizeof counting.st);
+    counting.on = 1;
+}
+
+void loom_mem_count_reset_peak(void)
+{
+    struct loom_mem_stats *st = &counting.st;
+    for (int i = 0; i < LOOM_MEM_COUNT; i++) st->peak[i] = st->current[i];
+    st->peak_total = st->current_total;
+}
+
+void loom_mem_count_end(struct loom_mem_stats *out)
+{
+    LOOM_ASSERT(counting.on);
+    counting.on = 0;
+    if (out) *out = counting.st;
+}
+
+void *loom_alloc_data(size_t bytes, enum loom_mem_tag tag)
+{
+    LOOM_ASSERT(tag >= 0 && tag < LOOM_MEM_COUNT);
+    return counting.on ? count_alloc(bytes, tag) : loom_alloc(bytes, tag);
+}
+
 void *loom_alloc(size_t bytes, enum loom_mem_tag tag)
 {
     LOOM_ASSERT(tag >= 0 && tag < LOOM_MEM_COUNT);
+    if (counting.on && tag != LOOM_MEM_OTHER) return count_alloc(bytes, tag);
     if (bytes > SIZE_MAX - 2 * HEADER) loom_die("size overflow allocating %s", tag_names[tag]);
     size_t total = (bytes + HEADER + 63) & ~(size_t)63;
     char *base = aligned_alloc(64, total);
-    if (!base) loom_die("out of memory: cannot allocate %zu bytes for %s", bytes, tag_names[tag]);
+    if (!base) {
+        void (*fn)(size_t, enum loom_mem_tag) = on_failure;
+        on_failure = NULL; /* once: what it allocates may fail too */
+        if (fn) fn(bytes, tag);
+        loom_die("out of memory: cannot allocate %zu bytes for %s", bytes, tag_names[tag]);
+    }
     memset(base + HEADER, 0, bytes);
     struct header *h = (struct header *)base;
     h->bytes = bytes;
@@ -60,6 +168,15 @@ void *loom_alloc(size_t bytes, enum loom_mem_tag tag)
 
 void loom_mem_retag(void *p, enum loom_mem_tag tag)
 {
+    if (loom_mem_is_counted(p)) {
+        struct counted *c = counted_of(p);
+        if (counting.on) {
+            count_add(c->tag, -(int64_t)c->bytes);
+            count_add(tag, (int64_t)c->bytes);
+        }
+        c->tag = tag;
+        return;
+    }
     struct header *h = (struct header *)((char *)p - HEADER);
     LOOM_ASSERT(h->magic == MAGIC && tag >= 0 && tag < LOOM_MEM_COUNT);
     if (h->tag == (int)tag) return;
@@ -71,6 +188,10 @@ void loom_mem_retag(void *p, enum loom_mem_tag tag)
 void loom_free(void *p)
 {
     if (!p) return;
+    if (loom_mem_is_counted(p)) {
+        count_free(p);
+        return;
+    }
     struct header *h = (struct header *)((char *)p - HEADER);
     LOOM_ASSERT(h->magic == MAGIC);
     h->magic = 0;
@@ -82,6 +203,11 @@ void loom_free(void *p)
 void *loom_realloc(void *p, size_t bytes, enum loom_mem_tag tag)
 {
     if (!p) return loom_alloc(bytes, tag);
+    if (loom_mem_is_counted(p)) {
+        const struct counted c = *counted_of(p);
+        loom_free(p);
+        return loom_alloc(bytes, (enum loom_mem_tag)c.tag);
+    }
     const struct header *h = (const struct header *)((char *)p - HEADER);
     LOOM_ASSERT(h->magic == MAGIC);
     void *q = loom_alloc(bytes, (enum loom_mem_tag)h->tag);

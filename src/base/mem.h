@@ -30,6 +30,10 @@ struct loom_mem_stats {
 
 /* Zero-filled, 64-byte aligned; exits 1 naming tag and size when it fails. */
 void *loom_alloc(size_t bytes, enum loom_mem_tag tag);
+/* The same for a data buffer that code only reads and writes through
+ * kernels (the pool's): counted in the counting mode below even under
+ * LOOM_MEM_OTHER. */
+void *loom_alloc_data(size_t bytes, enum loom_mem_tag tag);
 void loom_free(void *p);
 /* The allocation p counts under tag from now on (a reused buffer changes hands). */
 void loom_mem_retag(void *p, enum loom_mem_tag tag);
@@ -41,6 +45,10 @@ void *loom_realloc(void *p, size_t bytes, enum loom_mem_tag tag);
  * like loom_alloc. */
 char *loom_xstrdup(const char *s);
 
+/* Called once, before the exit, when an allocation fails (the trainer
+ * explains its memory there); NULL for none. */
+void loom_mem_on_failure(void (*fn)(size_t bytes, enum loom_mem_tag tag));
+
 /* n * size, exiting with a clear message on overflow (Lua's luaM_checksize). */
 size_t loom_mul_size(size_t n, size_t size);
 
@@ -48,5 +56,21 @@ const char *loom_mem_tag_name(enum loom_mem_tag tag);
 void loom_mem_get_stats(struct loom_mem_stats *out);
 /* Starts a new peak window (e.g. per training step): peaks := current. */
 void loom_mem_reset_peak(void);
+
+/* Counting instead of allocating: the footprint of a layout without its
+ * memory (engine/footprint.h, loom plan, --dry-run). Between begin and end,
+ * loom_alloc of any tag but LOOM_MEM_OTHER (the small bookkeeping, which is
+ * written) takes no memory: it returns a distinct address that faults when
+ * touched and counts the bytes in the counting window's own current and
+ * peak, apart from the real counters. loom_free of such an address (in the
+ * window or after it) uncounts it; loom_realloc and loom_mem_retag work on
+ * it as on a real block. Not thread-safe: one thread, nothing else
+ * allocating. end gives the window's counters. */
+void loom_mem_count_begin(void);
+/* A new peak window in the counting (peaks := current), as loom_mem_reset_peak. */
+void loom_mem_count_reset_peak(void);
+void loom_mem_count_end(struct loom_mem_stats *out);
+/* Whether p is a counted address (it must not be touched). */
+int loom_mem_is_counted(const void *p);
 
 #endif

@@ -18,10 +18,10 @@ static void *take_bytes(size_t bytes, int zeroed, enum loom_mem_tag tag)
             void *p = pool[i].data;
             pool[i].data = NULL;
             loom_mem_retag(p, tag); /* counted under its new holder's tag */
-            if (zeroed) memset(p, 0, bytes);
+            if (zeroed && !loom_mem_is_counted(p)) memset(p, 0, bytes);
             return p;
         }
-    return loom_alloc(bytes, tag);
+    return loom_alloc_data(bytes, tag);
 }
 
 static void give_bytes(void *p, size_t bytes)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "app/html_report.h"
+#include "app/plan.h"
 #include "app/sample.h"
 #include "base/blas_env.h"
 #include "base/log.h"
@@ -39,6 +40,8 @@ static void usage(FILE *f)
             "  convert IN OUT [--to llmc|safetensors|hf]   weights between llm.c .bin, safetensors and\n"
             "                             Hugging Face directories; also exports loom checkpoints\n"
             "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n"
+            "  plan [train flags] --global-batch-size G --world N   which layout: ranked by predicted step\n"
+            "                             time, with memory a rank by category (loom plan --help)\n"
             "  report RUN_DIR_OR_METRICS [-o FILE]   one HTML page of a run (--metrics, and trace.json)\n\n"
             "models (--model PRESET):\n",
             LOOM_VERSION, loom_model_family_at(0)->presets[0].name);
@@ -197,11 +200,21 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "convert") == 0) return (rc = loom_convert(argc - 2, argv + 2)) ? fail(rc) : 0;
     if (strcmp(cmd, "report") == 0) return (rc = loom_report_html(argc - 2, argv + 2)) ? fail(rc) : 0;
     if (strcmp(cmd, "plan") == 0) {
-        loom_error_set(LOOM_ERR_INPUT, "'loom %s' is not available in this version", cmd);
-        return fail(LOOM_ERR_INPUT);
+        /* --calibrate under mpirun measures the links: MPI runs for it alone */
+        int calib = 0;
+        for (int i = 2; i < argc; i++) calib |= strcmp(argv[i], "--calibrate") == 0;
+        if (calib) { /* ranks waiting for rank 0's measurements give it their cores */
+            setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+            loom_comm_init(&argc, &argv);
+        }
+        rc = loom_plan_main(argc - 2, argv + 2);
+        if (rc) fail(rc);
+        if (calib) loom_comm_finalize();
+        return rc;
     }
     loom_error_set(
         LOOM_ERR_INPUT,
-        "unknown command '%s' (train, eval, sample, data, convert, launch, report; see loom --help)", cmd);
+        "unknown command '%s' (train, eval, sample, data, convert, launch, plan, report; see loom --help)",
+        cmd);
     return fail(LOOM_ERR_INPUT);
 }

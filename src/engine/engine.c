@@ -150,7 +150,7 @@ static int scaler_init(struct loom_engine *e)
  * data-parallel strategy that owns the stored parameters and gradients
  * first (DDP below stage 2, plus ZeRO-1's post-step gather; ZeRO-2/3 reduce
  * their own), mixed precision's float32 working views last. */
-static void build_stack(struct loom_engine *e)
+void loom_engine_build_stack(struct loom_engine *e)
 {
     const struct loom_config *cfg = e->cfg;
     struct loom_model *m = e->model;
@@ -210,7 +210,7 @@ static struct loom_ckpt_parts ckpt_parts(struct loom_engine *e)
 /* This stage's plan of a step, its model chunks' block ranges (runs of
  * consecutive block indices: chunk c holds the c-th run) and the activation
  * slots the plan keeps in flight. */
-static void plan_schedule(struct loom_engine *e)
+void loom_engine_plan_schedule(struct loom_engine *e)
 {
     const struct loom_config *cfg = e->cfg;
     struct loom_model *m = e->model;
@@ -236,12 +236,42 @@ static void plan_schedule(struct loom_engine *e)
         LOOM_ASSERT(e->plan.slots == 1);
 }
 
+enum loom_dtype loom_engine_state_dtype(const struct loom_config *cfg)
+{
+    return cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+}
+
+void loom_engine_alloc_arenas(struct loom_engine *e)
+{
+    const struct loom_config *cfg = e->cfg;
+    const int arenas =
+        (e->init_sharded ? 0 : LOOM_MODEL_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_MODEL_GRAD_ARENA : 0);
+    loom_model_alloc_arenas(e->model, loom_zero_arena_multiple(cfg->zero_stage, e->topo.dp), arenas);
+}
+
+void loom_engine_alloc_grad_acc(struct loom_engine *e)
+{
+    const struct loom_config *cfg = e->cfg;
+    struct loom_model *m = e->model;
+    if (m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1 && cfg->zero_stage < 2)
+        m->grad_acc = loom_buf_alloc(m->arena_numel, LOOM_DTYPE_F32, LOOM_MEM_GRADS);
+}
+
+void loom_engine_alloc_optimizer(struct loom_engine *e)
+{
+    const struct loom_config *cfg = e->cfg;
+    loom_adamw_init(&e->opt, e->part.begin, e->part.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps,
+                    cfg->weight_decay);
+    e->have_opt = 1;
+    if (e->model->dtype != LOOM_DTYPE_F32) loom_adamw_alloc_master(&e->opt);
+}
+
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
 {
     struct loom_config *cfg = e->cfg;
     const int dp = e->topo.dp;
     e->model = m;
-    m->dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+    m->dtype = loom_engine_state_dtype(cfg);
     /* ZeRO-3 never builds the whole model unless --load names a weights
      * file: each rank initialises it block by block and keeps its shard
      * (loom_zero_init_weights), or reads its shard from the checkpoint. The
@@ -249,9 +279,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * same (checked with the config), so no weight check is needed. */
     const int from_dir = *cfg->load && loom_ckpt_is_checkpoint(cfg->load);
     e->init_sharded = cfg->zero_stage == 3 && dp > 1 && (!*cfg->load || from_dir);
-    int arenas =
-        (e->init_sharded ? 0 : LOOM_MODEL_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_MODEL_GRAD_ARENA : 0);
-    loom_model_alloc_arenas(m, loom_zero_arena_multiple(cfg->zero_stage, dp), arenas);
+    loom_engine_alloc_arenas(e);
     int rc = LOOM_OK;
     if (*cfg->load && !from_dir)
         rc = load_weights_file(m, cfg->load);
@@ -264,14 +292,11 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * rounds once per step (DeepSpeed's bf16 optimizer does the same), so the
      * rounded sum does not depend on how the layout splits the batch; from
      * stage 2 the accumulator is ZeRO's float32 shard */
-    if (m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1 && cfg->zero_stage < 2)
-        m->grad_acc = loom_buf_alloc(m->arena_numel, LOOM_DTYPE_F32, LOOM_MEM_GRADS);
+    loom_engine_alloc_grad_acc(e);
     e->part = loom_zero_partition(cfg->zero_stage, dp, e->topo.dp_rank, m);
-    build_stack(e);
+    loom_engine_build_stack(e);
     if (e->init_sharded && !from_dir) loom_zero_init_weights(e->zero, (uint64_t)cfg->seed);
-    loom_adamw_init(&e->opt, e->part.begin, e->part.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps,
-                    cfg->weight_decay);
-    e->have_opt = 1;
+    loom_engine_alloc_optimizer(e);
     /* master weights from the 16-bit parameters, as DeepSpeed makes them */
     if (m->dtype != LOOM_DTYPE_F32) loom_adamw_set_master(&e->opt, opt_params(e));
     if (cfg->fp16) rc = loom_engine_agree(e, scaler_init(e));
@@ -289,13 +314,20 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     }
     if (rc) return rc;
     e->sched = loom_lr_schedule_from_config(cfg);
-    plan_schedule(e);
+    loom_engine_plan_schedule(e);
+    if (m->ops->reserve) m->ops->reserve(m); /* a layout that does not fit fails here, not mid-step */
     return LOOM_OK;
 }
 
 void loom_engine_free(struct loom_engine *e)
 {
     if (!e) return;
+    loom_engine_release_state(e);
+    free(e);
+}
+
+void loom_engine_release_state(struct loom_engine *e)
+{
     if (e->prec) loom_precision_free(e->prec);
     if (e->ddp) loom_ddp_free(e->ddp);
     if (e->zero) loom_zero_free(e->zero);
@@ -309,7 +341,6 @@ void loom_engine_free(struct loom_engine *e)
     if (e->have_opt) loom_adamw_free(&e->opt);
     if (e->model) e->model->stack.n = 0;
     loom_pool_drain();
-    free(e);
 }
 
 int loom_engine_dp_rank(const struct loom_engine *e)
@@ -590,7 +621,7 @@ static void source_backward(void *ctx, int micro, int chunk, int slot, const flo
 
 static const struct loom_schedule_ops engine_schedule_ops = {source_get, source_forward, source_backward};
 
-static size_t boundary(const struct loom_engine *e)
+size_t loom_engine_boundary(const struct loom_engine *e)
 {
     const struct loom_model *m = e->model;
     return e->topo.pp > 1 ? m->ops->boundary_numel(m, e->cfg->micro_batch_size) : 0;
@@ -599,7 +630,7 @@ static size_t boundary(const struct loom_engine *e)
 int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx, struct loom_step_result *out)
 {
     struct batch_source s = {e, get, ctx};
-    int rc = loom_schedule_run(&e->plan, &engine_schedule_ops, &s, boundary(e), &e->pipe_times);
+    int rc = loom_schedule_run(&e->plan, &engine_schedule_ops, &s, loom_engine_boundary(e), &e->pipe_times);
     if (rc) return rc;
     if (e->topo.pp > 1) {
         /* the head's stage has the loss: every stage learns it, once the last
@@ -678,7 +709,7 @@ float loom_engine_eval(struct loom_engine *e, const void *batch, int rows, int i
         plan.passes[plan.n++] = (struct loom_pipe_pass){LOOM_PASS_FORWARD, LOOM_PHASE_STEADY, 0, c};
     static const struct loom_schedule_ops ops = {eval_get, eval_forward, eval_backward};
     struct eval_source s = {e, batch, rows, index, 0};
-    loom_schedule_run(&plan, &ops, &s, boundary(e), NULL);
+    loom_schedule_run(&plan, &ops, &s, loom_engine_boundary(e), NULL);
     loom_pp_flush();
     loom_schedule_plan_free(&plan);
     return (float)s.loss;

@@ -69,6 +69,9 @@ struct loom_kernels {
     void (*lm_head_backward_lp)(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
                                 const float *inp, const float *wte, const uint16_t *wte16, int N, int C,
                                 int V);
+    /* Optional (NULL: none): the activation bytes those two take for
+     * themselves at most (their float32 staging), for a footprint's count */
+    size_t (*lm_head_lp_scratch)(int N, int V);
     /* Optional (NULL: the caller uses matmul_forward/backward on float32
      * values): the dense layer's products taking operands already in bf16,
      * inp16 and weight16 where non-NULL, in place of inp and weight */

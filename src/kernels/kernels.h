@@ -95,6 +95,8 @@ void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, c
  * converted to float32 a block of vocabulary columns at a time. No float32
  * copy of the whole is made. wte16: the same table in bf16 where the caller
  * holds one (NULL: none); these read wte, the bf16 products read wte16. */
+/* The bytes of float32 staging the two above take at most. */
+size_t loom_lm_head_lp_scratch(int N, int V);
 void loom_lm_head_forward_lp(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
                              const uint16_t *wte16, int N, int C, int V);
 void loom_lm_head_forward_lp_ref(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,

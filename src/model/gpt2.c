@@ -524,6 +524,15 @@ static void set_slots(struct loom_model *model, int n)
     m->nslots = n;
 }
 
+static void reserve(struct loom_model *model)
+{
+    struct loom_gpt2 *m = loom_gpt2_of(model);
+    if (!m->slots) alloc_activations(m);
+    /* the 16-bit head's own staging, taken and given back within a pass */
+    if (lp(m) && m->head >= 0 && m->k->lm_head_lp_scratch)
+        loom_free(loom_alloc(m->k->lm_head_lp_scratch(m->B * m->T, m->Vl), LOOM_MEM_ACTIVATIONS));
+}
+
 static size_t boundary_numel(const struct loom_model *model, int rows)
 {
     const struct loom_gpt2 *m = model->user;
@@ -564,7 +573,8 @@ static const struct loom_model_ops gpt2_ops = {.forward = forward,
                                                .set_slots = set_slots,
                                                .boundary_numel = boundary_numel,
                                                .tied_embedding = tied_embedding,
-                                               .logits = logits};
+                                               .logits = logits,
+                                               .reserve = reserve};
 
 struct loom_gpt2 *loom_gpt2_of(struct loom_model *m)
 {

@@ -679,6 +679,12 @@ static void set_slots(struct loom_model *model, int n)
     m->nslots = n;
 }
 
+static void reserve(struct loom_model *model)
+{
+    struct loom_llama *m = loom_llama_of(model);
+    if (!m->slots) alloc_activations(m);
+}
+
 static size_t boundary_numel(const struct loom_model *model, int rows)
 {
     const struct loom_llama *m = model->user;
@@ -715,7 +721,8 @@ static const struct loom_model_ops llama_ops = {.forward = forward,
                                                 .set_slots = set_slots,
                                                 .boundary_numel = boundary_numel,
                                                 .tied_embedding = tied_embedding,
-                                                .logits = logits};
+                                                .logits = logits,
+                                                .reserve = reserve};
 
 struct loom_llama *loom_llama_of(struct loom_model *m)
 {

@@ -42,6 +42,16 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
     /* the file: m, then v, then (mixed precision) the master weights, n each */
     int fd = loom_offload_create(dir, loom_mul_size((opt->has_master ? 3 : 2) * n, sizeof(float)));
     if (fd < 0) return LOOM_ERR_INPUT;
+    if (opt->has_master) /* to the file; a buffer of LP_CHUNK stays */
+        loom_offload_write(fd, opt->master, n * sizeof(float), 2 * n * sizeof(float));
+    loom_adamw_offload_buffers(opt, buffer_bytes);
+    opt->fd = fd;
+    return LOOM_OK;
+}
+
+void loom_adamw_offload_buffers(struct loom_adamw *opt, size_t buffer_bytes)
+{
+    const size_t n = opt->end - opt->begin;
     size_t chunk = buffer_bytes / (2 * sizeof(float));
     if (chunk < 1) chunk = 1;
     if (chunk > n && n) chunk = n;
@@ -50,13 +60,10 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
     opt->m = loom_alloc(chunk * sizeof(float), LOOM_MEM_OPTIMIZER);
     opt->v = loom_alloc(chunk * sizeof(float), LOOM_MEM_OPTIMIZER);
     opt->chunk = chunk;
-    opt->fd = fd;
-    if (opt->has_master) { /* to the file; a buffer of LP_CHUNK stays */
-        loom_offload_write(fd, opt->master, n * sizeof(float), 2 * n * sizeof(float));
+    if (opt->has_master) {
         loom_free(opt->master);
         opt->master = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OPTIMIZER);
     }
-    return LOOM_OK;
 }
 
 void loom_adamw_free(struct loom_adamw *opt)
@@ -193,6 +200,13 @@ static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float
     }
 }
 
+void loom_adamw_alloc_master(struct loom_adamw *opt)
+{
+    opt->has_master = 1;
+    if (!opt->master)
+        opt->master = loom_alloc(loom_mul_size(opt->end - opt->begin + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+}
+
 void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
 {
     const uint16_t *params_lp = params.data;
@@ -200,8 +214,7 @@ void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
     LOOM_ASSERT(dtype == LOOM_DTYPE_BF16 || dtype == LOOM_DTYPE_F16);
     const size_t n = opt->end - opt->begin;
     opt->dtype = dtype;
-    opt->has_master = 1;
-    if (!opt->master) opt->master = loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    loom_adamw_alloc_master(opt);
     for (size_t k = 0; k < n;) { /* in pieces the offload buffer holds */
         size_t c = opt->fd >= 0 ? (n - k < LP_CHUNK ? n - k : LP_CHUNK) : n;
         loom_lp_to_f32(opt->fd >= 0 ? opt->master : opt->master + k, params_lp + k, c, dtype);

@@ -31,6 +31,9 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
 /* Keeps the moments in a file in dir instead, streamed through a buffer of
  * buffer_bytes (both moments). LOOM_ERR_INPUT naming dir when it cannot. */
 int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes);
+/* The memory that stays with offload: the moments' buffers (and the master
+ * weights' chunk); what loom_adamw_offload keeps, without the file. */
+void loom_adamw_offload_buffers(struct loom_adamw *opt, size_t buffer_bytes);
 void loom_adamw_free(struct loom_adamw *opt);
 
 /* Mixed precision: the float32 master weights of [begin, end), from the
@@ -38,6 +41,8 @@ void loom_adamw_free(struct loom_adamw *opt);
  * the model's bf16/fp16 parameters (params: (end - begin) in BF16 or F16).
  * With offload they live in the file too. */
 void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params);
+/* Their buffer alone (set_master allocates it when it is not there). */
+void loom_adamw_alloc_master(struct loom_adamw *opt);
 /* Master weights of elements [k, k + n) of the range, wherever they live:
  * copied out (checkpoints) and in (resume). */
 void loom_adamw_get_master(const struct loom_adamw *opt, size_t k, size_t n, float *dst);

@@ -221,6 +221,25 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
     loom_model_push_strategy(m, &ddp_strategy, d);
 }
 
+void loom_ddp_replay_open(struct loom_ddp *d)
+{
+    if (!d->pooled) return;
+    if (d->naive) {
+        d->all = bucket(d->model, 0, d->model->nblocks - 1, d->model->num_params);
+        d->all.f32 = loom_pool_take(d->all.stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
+        return;
+    }
+    for (int i = 0; i < d->nbuckets; i++)
+        d->buckets[i].f32 = loom_pool_take(d->buckets[i].stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
+}
+
+void loom_ddp_replay_finish(struct loom_ddp *d)
+{
+    if (!d->pooled) return;
+    if (d->naive) loom_pool_give(&d->all.f32);
+    for (int i = 0; i < d->nbuckets && !d->naive; i++) loom_pool_give(&d->buckets[i].f32);
+}
+
 void loom_ddp_free(struct loom_ddp *d)
 {
     loom_free(d->buckets);

@@ -31,16 +31,25 @@
 
 #include "base/dtype.h"
 #include "loom/model.h"
+#include "parallel/stack.h"
 
 struct loom_precision {
     struct loom_model *model;
     enum loom_dtype dtype;
-    int pinned; /* the tied embedding's block (kept for the step), or -1 */
-    int index;  /* this strategy's place on the stack */
+    int pinned;                            /* the tied embedding's block (kept for the step), or -1 */
+    int index;                             /* this strategy's place on the stack */
+    float **replay_params, **replay_grads; /* (nblocks) the footprint's replay: copies held */
 };
 
 /* Pushes the strategy on m's stack (last: next to the kernels). */
 void loom_precision_init(struct loom_precision *p, struct loom_model *m);
 void loom_precision_free(struct loom_precision *p);
+/* The footprint's replay (see loom_zero_replay): the float32 working
+ * copies of block b's parameters, and of its gradient unless a strategy
+ * below provides it (grads_provided) or the float32 accumulator holds it.
+ * begin before the first block, finish at the step's end. */
+void loom_precision_replay_begin(struct loom_precision *p);
+void loom_precision_replay(struct loom_precision *p, int b, enum loom_replay_point at, int grads_provided);
+void loom_precision_replay_finish(struct loom_precision *p);
 
 #endif

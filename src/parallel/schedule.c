@@ -249,30 +249,58 @@ static void send_backward(struct runner *r, int slot, int chunk)
     if (!model_first(r, chunk)) post_send(r, slot, chunk, 1, prev_stage(r), TAG_GRADIENT);
 }
 
+/* The runner's buffers: two receive buffers per direction this stage
+ * receives in, a send buffer per slot, chunk and direction. */
+static void runner_buffers(struct runner *r)
+{
+    const struct loom_pipe_plan *p = r->p;
+    const size_t nbufs = (size_t)p->slots * p->chunks * 2;
+    if (p->pp > 1) {
+        r->in[ACTIVATION] = (struct inbox){.peer = prev_stage(r), .tag = TAG_ACTIVATION};
+        r->in[GRADIENT] = (struct inbox){.peer = next_stage(r), .tag = TAG_GRADIENT};
+        for (int i = 0; i < p->n; i++) { /* the messages this stage will receive */
+            const struct loom_pipe_pass *x = &p->passes[i];
+            if (x->pass == LOOM_PASS_FORWARD ? !model_first(r, x->chunk) : !model_last(r, x->chunk))
+                r->in[x->pass == LOOM_PASS_FORWARD ? ACTIVATION : GRADIENT].left++;
+        }
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 2 && r->in[k].left; j++)
+                r->in[k].buf[j] = loom_alloc(loom_mul_size(r->boundary, sizeof(float)), LOOM_MEM_COMM);
+        r->send_bufs = loom_alloc(loom_mul_size(nbufs * r->boundary, sizeof(float)), LOOM_MEM_COMM);
+        r->sending = loom_alloc(nbufs * sizeof *r->sending, LOOM_MEM_OTHER);
+    }
+    r->batches = loom_alloc((size_t)p->slots * sizeof *r->batches, LOOM_MEM_OTHER);
+    r->rows = loom_alloc((size_t)p->slots * sizeof *r->rows, LOOM_MEM_OTHER);
+}
+
+static void free_runner_buffers(struct runner *r)
+{
+    for (int k = 0; k < 2; k++) {
+        loom_free(r->in[k].buf[0]);
+        loom_free(r->in[k].buf[1]);
+    }
+    loom_free(r->send_bufs);
+    loom_free(r->sending);
+    loom_free(r->batches);
+    loom_free(r->rows);
+}
+
+void loom_schedule_replay(const struct loom_pipe_plan *p, size_t boundary)
+{
+    struct runner r = {.p = p, .boundary = boundary};
+    runner_buffers(&r);
+    free_runner_buffers(&r);
+}
+
 int loom_schedule_run(const struct loom_pipe_plan *p, const struct loom_schedule_ops *ops, void *ctx,
                       size_t boundary, struct loom_schedule_times *times)
 {
     const double t_start = loom_now();
     const size_t nbufs = (size_t)p->slots * p->chunks * 2;
     struct runner r = {.p = p, .boundary = boundary};
-    if (p->pp > 1) {
-        r.in[ACTIVATION] = (struct inbox){.peer = prev_stage(&r), .tag = TAG_ACTIVATION};
-        r.in[GRADIENT] = (struct inbox){.peer = next_stage(&r), .tag = TAG_GRADIENT};
-        for (int i = 0; i < p->n; i++) { /* the messages this stage will receive */
-            const struct loom_pipe_pass *x = &p->passes[i];
-            if (x->pass == LOOM_PASS_FORWARD ? !model_first(&r, x->chunk) : !model_last(&r, x->chunk))
-                r.in[x->pass == LOOM_PASS_FORWARD ? ACTIVATION : GRADIENT].left++;
-        }
-        for (int k = 0; k < 2; k++) {
-            for (int j = 0; j < 2 && r.in[k].left; j++)
-                r.in[k].buf[j] = loom_alloc(loom_mul_size(boundary, sizeof(float)), LOOM_MEM_COMM);
-            post_recv(&r, &r.in[k]);
-        }
-        r.send_bufs = loom_alloc(loom_mul_size(nbufs * boundary, sizeof(float)), LOOM_MEM_COMM);
-        r.sending = loom_alloc(nbufs * sizeof *r.sending, LOOM_MEM_OTHER);
-    }
-    r.batches = loom_alloc((size_t)p->slots * sizeof *r.batches, LOOM_MEM_OTHER);
-    r.rows = loom_alloc((size_t)p->slots * sizeof *r.rows, LOOM_MEM_OTHER);
+    runner_buffers(&r);
+    if (p->pp > 1)
+        for (int k = 0; k < 2; k++) post_recv(&r, &r.in[k]);
     double compute = 0;
     int rc = LOOM_OK;
     for (int i = 0; i < p->n && rc == LOOM_OK; i++) {
@@ -297,15 +325,9 @@ int loom_schedule_run(const struct loom_pipe_plan *p, const struct loom_schedule
     }
     for (size_t i = 0; r.sending && i < nbufs; i++)
         if (r.sending[i]) r.wait_s += loom_comm_wait(r.sending[i]);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 2; k++)
         if (r.in[k].posted) loom_comm_wait(r.in[k].posted); /* only after a failed batch */
-        loom_free(r.in[k].buf[0]);
-        loom_free(r.in[k].buf[1]);
-    }
-    loom_free(r.send_bufs);
-    loom_free(r.sending);
-    loom_free(r.batches);
-    loom_free(r.rows);
+    free_runner_buffers(&r);
     if (times) *times = (struct loom_schedule_times){compute, r.wait_s, loom_now() - t_start};
     return rc;
 }

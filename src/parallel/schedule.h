@@ -98,5 +98,8 @@ struct loom_schedule_times {
  * one micro-batch of full rows (the model's boundary_numel). */
 int loom_schedule_run(const struct loom_pipe_plan *plan, const struct loom_schedule_ops *ops, void *ctx,
                       size_t boundary, struct loom_schedule_times *times);
+/* The buffers loom_schedule_run holds for a plan, allocated and freed: the
+ * footprint's count of them (engine/footprint.h). */
+void loom_schedule_replay(const struct loom_pipe_plan *plan, size_t boundary);
 
 #endif

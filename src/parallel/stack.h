@@ -12,6 +12,15 @@
 
 #include "loom/model.h"
 
+/* Where a strategy's footprint replay (engine/footprint.h) is in a block's
+ * passage, as the block announcements call the hooks. */
+enum loom_replay_point {
+    LOOM_REPLAY_PRE_FORWARD,
+    LOOM_REPLAY_POST_FORWARD,
+    LOOM_REPLAY_PRE_BACKWARD,
+    LOOM_REPLAY_GRADS_READY
+};
+
 void loom_stack_begin_step(struct loom_model *m);
 void loom_stack_begin_backward(struct loom_model *m, int micro, int last);
 void loom_stack_finish_backward(struct loom_model *m);

@@ -380,6 +380,75 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
     }
 }
 
+/* ---- the footprint's replay ---------------------------------------------------- */
+
+static void replay_land_oldest(struct loom_zero *z)
+{
+    struct loom_zero_flight *f = &z->flights[z->order[0]];
+    loom_pool_give(&f->send16);
+    loom_pool_give(&f->recv16);
+    loom_pool_give(&f->buf);
+    loom_pool_give(&f->recv);
+    memset(f, 0, sizeof *f);
+    memmove(z->order, z->order + 1, sizeof(int) * (size_t)--z->norder);
+}
+
+static struct loom_buf *replay_gather(struct loom_zero *z, int u)
+{
+    struct loom_zero_unit *x = &z->units[u];
+    if (!x->buf.data) x->buf = take(x->hi - x->lo, z->model->dtype, 0);
+    return &x->buf;
+}
+
+void loom_zero_replay(struct loom_zero *z, int b, enum loom_replay_point at)
+{
+    const struct loom_model *m = z->model;
+    if (z->stage == 1) return;
+    const int u = z->stage == 3 ? z->unit_of[b] : -1;
+    const struct loom_zero_unit *x = u >= 0 ? &z->units[u] : NULL;
+    switch (at) {
+    case LOOM_REPLAY_PRE_FORWARD: /* pre_forward: gathered, the next prefetched */
+        if (!x) return;
+        replay_gather(z, u);
+        if (b == x->first && u + 1 < z->nunits && u + 1 != z->pinned) replay_gather(z, u + 1);
+        return;
+    case LOOM_REPLAY_POST_FORWARD: /* post_forward: released after its last block */
+        if (x && b == x->last && u != z->pinned) loom_pool_give(&z->units[u].buf);
+        return;
+    case LOOM_REPLAY_PRE_BACKWARD: { /* pre_backward: gathered, the previous prefetched; grad_buffer */
+        if (x) {
+            replay_gather(z, u);
+            if (b == x->last && u > 0 && u - 1 != z->pinned) replay_gather(z, u - 1);
+        }
+        struct loom_zero_flight *f = &z->flights[b];
+        while (z->norder >= MAX_LAYERS_IN_FLIGHT || (f->buf.data && z->norder > 0)) replay_land_oldest(z);
+        f->buf = take(m->blocks[b].numel, LOOM_DTYPE_F32, 1);
+        return;
+    }
+    case LOOM_REPLAY_GRADS_READY: { /* grads_ready: post_grads; released after its first block */
+        struct loom_zero_flight *f = &z->flights[b];
+        const size_t lo = m->blocks[b].offset, hi = lo + m->blocks[b].numel;
+        split(z, lo, hi);
+        const size_t nrecv = (size_t)z->counts[z->dp_rank];
+        f->recv = take(nrecv, LOOM_DTYPE_F32, 0);
+        if (z->reduce_dtype != LOOM_DTYPE_F32) {
+            f->send16 = take(hi - lo, z->reduce_dtype, 0);
+            f->recv16 = take(nrecv, z->reduce_dtype, 0);
+        }
+        z->order[z->norder++] = b;
+        if (x && b == x->first && u != z->pinned) loom_pool_give(&z->units[u].buf);
+        return;
+    }
+    }
+}
+
+void loom_zero_replay_finish(struct loom_zero *z)
+{
+    if (z->stage == 1) return;
+    while (z->norder > 0) replay_land_oldest(z);                                   /* finish_backward */
+    if (z->stage == 3 && z->pinned >= 0) loom_pool_give(&z->units[z->pinned].buf); /* after_step */
+}
+
 void loom_zero_free(struct loom_zero *z)
 {
     while (z->norder > 0) land_oldest(z); /* a step that failed may leave reductions in flight */

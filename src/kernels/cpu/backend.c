@@ -24,6 +24,7 @@ static const struct loom_kernels cpu_kernels = {
     .lm_head_backward = loom_lm_head_backward,
     .lm_head_forward_lp = loom_lm_head_forward_lp,
     .lm_head_backward_lp = loom_lm_head_backward_lp,
+    .lm_head_lp_scratch = loom_lm_head_lp_scratch,
     .attention_forward = loom_attention_forward,
     .attention_backward = loom_attention_backward,
     .gelu_forward = loom_gelu_forward,
@@ -63,6 +64,7 @@ static const struct loom_kernels *cpu_kernels_for(enum loom_dtype compute)
         bf16.lm_head_backward = loom_lm_head_backward_bf16;
         bf16.lm_head_forward_lp = loom_lm_head_forward_lp_bf16;
         bf16.lm_head_backward_lp = loom_lm_head_backward_lp_bf16;
+        bf16.lm_head_lp_scratch = NULL; /* its conversions are the kernels' own (other) */
         bf16.matmul_forward_b16 = loom_matmul_forward_b16;
         bf16.matmul_backward_b16 = loom_matmul_backward_b16;
     }

@@ -88,6 +88,12 @@ static int lp_block(int N, int V)
     return cols < 64 ? (V < 64 ? V : 64) : cols > V ? V : cols;
 }
 
+size_t loom_lm_head_lp_scratch(int N, int V)
+{
+    const size_t fwd = (size_t)lp_block(V, N) * V, bwd = (size_t)N * lp_block(N, V);
+    return (fwd > bwd ? fwd : bwd) * sizeof(float);
+}
+
 void loom_lm_head_forward_lp(uint16_t *logits, enum loom_dtype dt, const float *inp, const float *wte,
                              const uint16_t *wte16, int N, int C, int V)
 {

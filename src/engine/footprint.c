@@ -1,0 +1,119 @@
+/* A layout's memory on one rank, counted by the trainer's own set-up code (see footprint.h). */
+#include "engine/footprint.h"
+
+#include <string.h>
+
+#include "base/log.h"
+#include "base/pool.h"
+#include "engine/engine_impl.h"
+#include "model/family.h"
+
+/* One step's transient buffers: each strategy's replay at each block's
+ * hooks, in the order the block announcements call them (stack order on
+ * the way in: ZeRO or DDP, then mixed precision; the reverse on the way
+ * out), for the step's micro-batches one after another. */
+static void replay_step(struct loom_engine *e)
+{
+    struct loom_model *m = e->model;
+    const int A = e->cfg->gradient_accumulation_steps, n = m->nblocks;
+    if (e->prec) loom_precision_replay_begin(e->prec);
+    for (int k = 0; k < A; k++) {
+        for (int b = 0; b < n; b++) {
+            if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_PRE_FORWARD);
+            if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_PRE_FORWARD, 0);
+            if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_POST_FORWARD, 0);
+            if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_POST_FORWARD);
+        }
+        const int last = k == A - 1;
+        if (last && e->ddp) loom_ddp_replay_open(e->ddp);
+        /* gradients a strategy below mixed precision provides: ZeRO-2/3's
+         * always, pooled DDP's in the micro-batch that reduces */
+        const int provided = (e->zero && e->zero->stage >= 2) || (last && e->ddp && e->ddp->pooled);
+        /* a tied embedding's gradients open with the head's backward (its
+         * first), and close with its own */
+        struct loom_tied_embedding te;
+        const int tied = m->ops->tied_embedding && m->ops->tied_embedding(m, &te) ? te.block : -1;
+        for (int i = -1; i < n; i++) {
+            const int b = i < 0 ? tied : n - 1 - i;
+            if (b < 0) continue;
+            if (b != tied || i < 0) { /* the block's backward begins */
+                if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_PRE_BACKWARD);
+                if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_PRE_BACKWARD, provided);
+            }
+            if (i < 0) continue;
+            if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_GRADS_READY, provided);
+            if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_GRADS_READY);
+        }
+    }
+    if (e->ddp) loom_ddp_replay_finish(e->ddp);
+    if (e->zero) loom_zero_replay_finish(e->zero);
+    if (e->prec) loom_precision_replay_finish(e->prec);
+}
+
+int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *topo,
+                          struct loom_footprint *out)
+{
+    memset(out, 0, sizeof *out);
+    const struct loom_model_family *family = loom_model_family_of_preset(cfg->model, NULL);
+    if (!family)
+        return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
+    int rc = family->check(cfg, cfg->seq_length);
+    if (rc) return rc;
+    struct loom_engine e = {.cfg = cfg, .topo = *topo};
+    loom_pool_drain(); /* the pool may hand only counted buffers out in the window */
+    loom_mem_count_begin();
+    struct loom_model *m =
+        family->create(cfg, cfg->micro_batch_size, cfg->seq_length, 1, topo->tp_rank, topo->pp_rank);
+    e.model = m;
+    m->dtype = loom_engine_state_dtype(cfg);
+    /* a step's peak: ZeRO-3 keeps its shard only (the whole arena it may
+     * start from is gone before the first step) */
+    e.init_sharded = cfg->zero_stage == 3;
+    loom_engine_alloc_arenas(&e);
+    loom_engine_alloc_grad_acc(&e);
+    e.part = loom_zero_partition(cfg->zero_stage, topo->dp, topo->dp_rank, m);
+    loom_engine_build_stack(&e);
+    loom_engine_alloc_optimizer(&e);
+    if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME)
+        loom_adamw_offload_buffers(&e.opt, (size_t)(cfg->offload_buffer_size * 1e6));
+    loom_engine_plan_schedule(&e);
+    if (m->ops->reserve) m->ops->reserve(m);
+    /* the first step fills the pool; the trainer reports steps after it,
+     * with the pool's buffers counted under their last holder's tag */
+    replay_step(&e);
+    loom_mem_count_reset_peak();
+    loom_schedule_replay(&e.plan, loom_engine_boundary(&e));
+    replay_step(&e);
+    loom_pool_drain();
+    struct loom_mem_stats st;
+    loom_mem_count_end(&st);
+    for (int i = 0; i < LOOM_MEM_COUNT; i++) out->peak[i] = st.peak[i];
+    out->total = st.peak_total;
+    out->params = (int64_t)m->num_params;
+    out->flops_per_token = family->flops_per_token(m);
+    loom_engine_release_state(&e);
+    family->destroy(m);
+    return LOOM_OK;
+}
+
+static void human(char *buf, size_t n, double bytes)
+{
+    const char *unit[] = {"B", "KB", "MB", "GB", "TB"};
+    int u = 0;
+    while (bytes >= 1000 && u < 4) {
+        bytes /= 1000;
+        u++;
+    }
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+}
+
+void loom_footprint_print(FILE *f, const struct loom_footprint *fp, const char *indent)
+{
+    char b[32];
+    for (int i = 0; i < LOOM_MEM_COUNT; i++) {
+        human(b, sizeof b, (double)fp->peak[i]);
+        fprintf(f, "%s%-12s %10s\n", indent, loom_mem_tag_name((enum loom_mem_tag)i), b);
+    }
+    human(b, sizeof b, (double)fp->total);
+    fprintf(f, "%s%-12s %10s\n", indent, "total", b);
+}

@@ -1,0 +1,52 @@
+/*
+ * The planner's search: every layout of a model on `world` ranks (tensor,
+ * pipeline and data parallel sizes, virtual stages, ZeRO stage, micro-batch,
+ * recomputation, sequence parallelism), each checked by the configuration's
+ * own rules (loom_config_resolve), its memory counted by the trainer's
+ * set-up code (engine/footprint.h) on its busiest pipeline stage, and its
+ * step timed by the time model (plan/step_time.h). Settings the user gave
+ * stay as given; the rest are searched.
+ */
+#ifndef LOOM_PLAN_SEARCH_H
+#define LOOM_PLAN_SEARCH_H
+
+#include "engine/footprint.h"
+#include "loom/config.h"
+#include "plan/cluster.h"
+#include "plan/step_time.h"
+
+struct loom_layout {
+    int tp, pp, dp, vpp; /* vpp: model chunks per stage (1: no interleaving) */
+    int sp, zero_stage, micro_batch, accumulation;
+    enum loom_recompute recompute;
+    int recompute_layers, recompute_block; /* full: --recompute-num-layers, and method block (else uniform) */
+    int offload_nvme;
+};
+
+struct loom_plan_entry {
+    struct loom_layout layout;
+    struct loom_footprint mem; /* the busiest stage's rank (largest total) */
+    int busiest_stage;
+    struct loom_step_time time;
+    int fits;
+    char reason[256]; /* why it was rejected ("" when it fits) */
+};
+
+struct loom_plan {
+    struct loom_plan_entry *entries; /* fitting ones first, fastest first; then the rejected */
+    int n, nfit;
+    double mem_limit; /* bytes per rank */
+};
+
+/* Plans base on world ranks of cluster c with mem_limit bytes a rank;
+ * keep_given: the layout settings the user gave stay (else all are
+ * searched). LOOM_ERR_INPUT when the model itself is wrong. */
+int loom_plan_search(const struct loom_config *base, int world, const struct loom_cluster *c,
+                     double mem_limit, int keep_given, struct loom_plan *out);
+void loom_plan_free(struct loom_plan *p);
+/* "tp 2 x pp 4 (2 chunks) x dp 8, ZeRO-1, SP" */
+void loom_layout_describe(const struct loom_layout *l, char *buf, size_t n);
+/* The flags that give the layout to loom train. */
+void loom_layout_flags(const struct loom_layout *l, char *buf, size_t n);
+
+#endif
