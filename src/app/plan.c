@@ -19,18 +19,42 @@
 
 struct plan_args {
     int world, top, json, calibrate, all_rejected;
+    unsigned precisions; /* LOOM_PLAN_* (0: as the flags give) */
     double mem_gb;
     const char *cluster, *out;
 };
 
 static const char usage[] =
     "usage: loom plan --model M [shape and batch flags of loom train] --global-batch-size G --world N\n"
-    "                 [--mem-per-rank GB] [--cluster NAME|FILE] [--top K] [--rejected] [--json]\n"
+    "                 [--mem-per-rank GB] [--cluster NAME|FILE] [--precision f32,bf16,fp16] [--top K]\n"
+    "                 [--rejected] [--json]\n"
     "       loom plan --calibrate [-o FILE]     this machine's products and memory (one process);\n"
     "       mpirun -np N loom plan --calibrate -o FILE   then adds the links to FILE\n"
     "  Layout flags given (--tensor-model-parallel-size, --pipeline-model-parallel-size, --zero-stage,\n"
     "  --micro-batch-size, --sequence-parallel, --recompute-granularity, ...) are kept; the rest is\n"
     "  searched. Clusters built in: %s; a FILE is JSON with the keys --calibrate writes.\n";
+
+/* --precision f32,bf16,fp16: the precisions searched. */
+static int parse_precisions(const char *v, unsigned *out)
+{
+    static const char *const names[] = {"f32", "bf16", "fp16"};
+    *out = 0;
+    for (const char *p = v; *p;) {
+        size_t n = strcspn(p, ",");
+        int found = 0;
+        for (int k = 0; k < 3; k++)
+            if (strlen(names[k]) == n && strncmp(p, names[k], n) == 0) {
+                *out |= 1u << k;
+                found = 1;
+            }
+        if (!found)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "loom plan: --precision %s: expected a list of f32, bf16, fp16", v);
+        p += n + (p[n] == ',');
+    }
+    if (!*out) return loom_error_set(LOOM_ERR_INPUT, "loom plan: --precision needs f32, bf16 or fp16");
+    return LOOM_OK;
+}
 
 /* Takes the planner's flags out of argv (the rest stays for the config). */
 static int take_args(int *argc, char **argv, struct plan_args *a)
@@ -46,6 +70,10 @@ static int take_args(int *argc, char **argv, struct plan_args *a)
             a->calibrate = 1;
         } else if (strcmp(f, "--rejected") == 0) {
             a->all_rejected = 1;
+        } else if (strcmp(f, "--precision") == 0) {
+            if (!has_value) return loom_error_set(LOOM_ERR_INPUT, "loom plan: %s needs a value", f);
+            int rc = parse_precisions(argv[++i], &a->precisions);
+            if (rc) return rc;
         } else if (strcmp(f, "--world") == 0 || strcmp(f, "--top") == 0 || strcmp(f, "--mem-per-rank") == 0 ||
                    strcmp(f, "--cluster") == 0 || strcmp(f, "-o") == 0) {
             if (!has_value) return loom_error_set(LOOM_ERR_INPUT, "loom plan: %s needs a value", f);
@@ -188,6 +216,8 @@ static cJSON *entry_json(const struct loom_plan_entry *e, const struct loom_conf
     cJSON_AddNumberToObject(lay, "micro_batch", l->micro_batch);
     cJSON_AddNumberToObject(lay, "accumulation", l->accumulation);
     cJSON_AddStringToObject(lay, "recompute", rec_names[l->recompute]);
+    static const char *const precisions[] = {"f32", "bf16", "fp16"};
+    cJSON_AddStringToObject(lay, "precision", precisions[l->precision]);
     cJSON_AddBoolToObject(lay, "offload_nvme", l->offload_nvme);
     char flags[512];
     loom_layout_flags(l, flags, sizeof flags);
@@ -262,7 +292,9 @@ int loom_plan_main(int argc, char **argv)
         const int on_node = c.ranks_per_node < a.world ? c.ranks_per_node : a.world;
         const double limit = a.mem_gb > 0 ? a.mem_gb * 1e9 : c.mem_bytes / (c.shared_node ? on_node : 1);
         struct loom_plan p;
-        if ((rc = loom_plan_search(&cfg, a.world, &c, limit, 1, &p)) == LOOM_OK) {
+        if ((rc = loom_plan_search(&cfg, a.world, &c, limit,
+                                   &(struct loom_plan_options){.keep_given = 1, .precisions = a.precisions},
+                                   &p)) == LOOM_OK) {
             if (a.json)
                 print_json(&p, &cfg, &c, &a);
             else

@@ -8,6 +8,7 @@
 #include "loom/train.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -16,6 +17,7 @@
 
 #include "app/mfu.h"
 #include "app/report.h"
+#include "app/stop.h"
 #include "base/blas_env.h"
 #include "base/clock.h"
 #include "base/log.h"
@@ -257,7 +259,9 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
     struct loom_plan p; /* the model, batch and precision as given; the layout searched */
     const double limit = (double)now.current_total;
     human_bytes(b, sizeof b, limit);
-    if (loom_plan_search(failing.cfg, failing.topo.world, &c, limit, 0, &p) == LOOM_OK && p.nfit > 0) {
+    if (loom_plan_search(failing.cfg, failing.topo.world, &c, limit, &(struct loom_plan_options){0}, &p) ==
+            LOOM_OK &&
+        p.nfit > 0) {
         char flags[512];
         loom_layout_flags(&p.entries[0].layout, flags, sizeof flags);
         fprintf(stderr, "loom: note: loom plan: within %s a rank, run with %s\n", b, flags);
@@ -566,6 +570,25 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
     return LOOM_OK;
 }
 
+/* Why the run stops early, agreed by every rank at a step boundary: the
+ * largest reason any rank has (one rank's SIGTERM stops them all). */
+enum { STOP_NONE, STOP_INTERVAL, STOP_DURATION, STOP_SIGINT, STOP_SIGTERM };
+static const char *const stop_names[] = {"", "--exit-interval", "--exit-duration-in-mins", "SIGINT",
+                                         "SIGTERM"};
+
+static int stop_reason(const struct loom_config *cfg, int step, double t_train)
+{
+    const int sig = loom_stop_signal();
+    int32_t why = sig == SIGTERM  ? STOP_SIGTERM
+                  : sig == SIGINT ? STOP_SIGINT
+                  : cfg->exit_duration_in_mins > 0 && loom_now() - t_train >= cfg->exit_duration_in_mins * 60
+                      ? STOP_DURATION
+                  : cfg->exit_interval > 0 && step % cfg->exit_interval == 0 ? STOP_INTERVAL
+                                                                             : STOP_NONE;
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&why, 1, LOOM_DTYPE_I32), LOOM_OP_MAX);
+    return why;
+}
+
 int loom_train(struct loom_config *cfg)
 {
     struct run r;
@@ -605,6 +628,8 @@ int loom_train(struct loom_config *cfg)
         loom_report_line(&rep, "the checkpoint has taken %lld steps, --train-iters is %d: nothing to train\n",
                          (long long)done, cfg->train_iters);
     int ran = 0; /* steps completed in this run */
+    int stop = STOP_NONE;
+    loom_stop_install();
     while (loom_engine_steps_done(e) < cfg->train_iters && rc == LOOM_OK) {
         const int step = (int)loom_engine_steps_done(e) + 1;
         char point[32];
@@ -650,9 +675,15 @@ int loom_train(struct loom_config *cfg)
             loom_report_eval(&rep, step, last_val, r.floor_nats);
         }
         loom_report_progress(&rep, step, cfg->train_iters, res.loss);
-        if (*cfg->save &&
-            ((cfg->save_interval && step % cfg->save_interval == 0) || step == cfg->train_iters))
-            rc = save(&r, &rep);
+        const int saving = *cfg->save && ((cfg->save_interval && step % cfg->save_interval == 0) ||
+                                          step == cfg->train_iters);
+        if (saving) rc = save(&r, &rep);
+        if (rc == LOOM_OK && step < cfg->train_iters && (stop = stop_reason(cfg, step, t_train))) {
+            if (*cfg->save && !saving) rc = save(&r, &rep);
+            loom_report_line(&rep, "stopped after step %d of %d: %s%s\n", step, cfg->train_iters,
+                             stop_names[stop], *cfg->save ? "" : " (no --save: nothing saved)");
+            break;
+        }
     }
     if (rc == LOOM_OK) rc = trace_write(&r, cfg);
     double elapsed = loom_now() - t_train;

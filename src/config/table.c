@@ -191,6 +191,10 @@ const struct setting loom_settings[] = {
         "write checkpoints to DIR/iter_NNNNNNN (at --save-interval and at the end)"),
     INT("--save-interval", "save_interval", "checkpoint", save_interval, 0, INT_MAX, "0",
         "steps between checkpoints (0: only at the end)"),
+    INT("--exit-interval", NULL, "checkpoint", exit_interval, 0, INT_MAX, "0",
+        "stop after a step that is a multiple of N, saving a checkpoint (Megatron; 0: never)"),
+    DBL("--exit-duration-in-mins", NULL, "checkpoint", exit_duration_in_mins, 0, 1e9, "0",
+        "stop at the first step boundary after this many minutes of training, saving a checkpoint (0: never)"),
     INT("--keep-last", "keep_last", "checkpoint", keep_last, 0, INT_MAX, "0",
         "keep only the K newest checkpoints (0: all)"),
 

@@ -18,6 +18,7 @@ void loom_layout_describe(const struct loom_layout *l, char *buf, size_t n)
     k += snprintf(buf + k, n - (size_t)k, " x dp %d", l->dp);
     if (l->zero_stage) k += snprintf(buf + k, n - (size_t)k, ", ZeRO-%d", l->zero_stage);
     if (l->sp) k += snprintf(buf + k, n - (size_t)k, ", SP");
+    if (l->precision) k += snprintf(buf + k, n - (size_t)k, ", %s", l->precision == 1 ? "bf16" : "fp16");
     if (l->offload_nvme) snprintf(buf + k, n - (size_t)k, ", NVMe offload");
 }
 
@@ -27,8 +28,12 @@ void loom_layout_flags(const struct loom_layout *l, char *buf, size_t n)
         snprintf(buf, n, "--tensor-model-parallel-size %d --pipeline-model-parallel-size %d", l->tp, l->pp);
     if (l->vpp > 1)
         k += snprintf(buf + k, n - (size_t)k, " --num-layers-per-virtual-pipeline-stage V/%d", l->vpp);
-    k += snprintf(buf + k, n - (size_t)k, "%s --zero-stage %d --micro-batch-size %d",
-                  l->sp ? " --sequence-parallel" : "", l->zero_stage, l->micro_batch);
+    k += snprintf(buf + k, n - (size_t)k, "%s --zero-stage %d --micro-batch-size %d%s%s",
+                  l->sp ? " --sequence-parallel" : "", l->zero_stage, l->micro_batch,
+                  l->precision == 1   ? " --bf16"
+                  : l->precision == 2 ? " --fp16"
+                                      : "",
+                  l->offload_nvme ? " --offload-optimizer nvme" : "");
     if (l->recompute == LOOM_RECOMPUTE_SELECTIVE)
         snprintf(buf + k, n - (size_t)k, " --recompute-granularity selective");
     else if (l->recompute == LOOM_RECOMPUTE_FULL)
@@ -46,6 +51,12 @@ static int configure(struct loom_config *cfg, const struct loom_config *base, co
     cfg->pipeline_model_parallel_size = l->pp;
     cfg->num_layers_per_virtual_pipeline_stage = l->vpp > 1 ? cfg->num_layers / (l->pp * l->vpp) : 0;
     cfg->sequence_parallel = l->sp;
+    cfg->bf16 = l->precision == 1;
+    cfg->fp16 = l->precision == 2;
+    if (l->offload_nvme)
+        cfg->offload_optimizer = LOOM_OFFLOAD_NVME;
+    else if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME)
+        cfg->offload_optimizer = LOOM_OFFLOAD_NONE;
     cfg->zero_stage = l->zero_stage;
     cfg->micro_batch_size = l->micro_batch;
     cfg->gradient_accumulation_steps = 0;
@@ -67,12 +78,15 @@ static int configure(struct loom_config *cfg, const struct loom_config *base, co
     return loom_config_resolve(cfg, l->dp);
 }
 
+/* Fitting first; fastest first, then the least memory, then the order of
+ * the search (the simpler setting first: no SP, ZeRO, recomputation). */
 static int cmp_entry(const void *a, const void *b)
 {
     const struct loom_plan_entry *x = a, *y = b;
     if (x->fits != y->fits) return y->fits - x->fits;
-    if (!x->fits) return 0;
-    return x->time.total < y->time.total ? -1 : x->time.total > y->time.total;
+    if (x->fits && x->time.total != y->time.total) return x->time.total < y->time.total ? -1 : 1;
+    if (x->fits && x->mem.total != y->mem.total) return x->mem.total < y->mem.total ? -1 : 1;
+    return (x->order > y->order) - (x->order < y->order);
 }
 
 static void human_gb(char *buf, size_t n, double bytes)
@@ -134,20 +148,80 @@ static void evaluate(const struct loom_config *base, int world, const struct loo
     e->fits = 1;
 }
 
-/* Whether a search setting is the user's to keep. */
-static int keep;
+/* The search's state: what stays as given, and the candidates so far. */
+struct search {
+    const struct loom_config *base;
+    int world, keep;
+    unsigned precisions; /* LOOM_PLAN_* bits */
+    int offloads;        /* 1: as given; 2: without and with NVMe offload */
+    const struct loom_cluster *c;
+    double mem_limit;
+    struct loom_plan *out;
+    size_t cap;
+};
 
-static int fixed(const struct loom_config *cfg, const char *flag)
+/* Whether a setting is the user's to keep. */
+static int fixed(const struct search *s, const char *flag)
 {
-    return keep && loom_config_given(cfg, flag);
+    return s->keep && loom_config_given(s->base, flag);
+}
+
+/* Every recomputation, precision and offload choice of one split. */
+static void add_candidates(struct search *s, struct loom_layout l)
+{
+    const int fix_rec = fixed(s, "--recompute-granularity") || fixed(s, "--recompute-activations");
+    for (int r = 0; r <= 2; r++) {
+        if (fix_rec && r != (int)s->base->recompute_granularity) continue;
+        for (int prec = 0; prec < 3; prec++) {
+            if (!(s->precisions & (1u << prec))) continue;
+            for (int off = 0; off < s->offloads; off++) {
+                struct loom_plan *out = s->out;
+                if ((size_t)out->n == s->cap) {
+                    s->cap *= 2;
+                    out->entries = loom_realloc(out->entries, s->cap * sizeof *out->entries, LOOM_MEM_OTHER);
+                }
+                struct loom_plan_entry *e = &out->entries[out->n++];
+                memset(e, 0, sizeof *e);
+                e->layout = l;
+                e->order = out->n - 1;
+                e->layout.recompute = (enum loom_recompute)r;
+                e->layout.precision = prec;
+                e->layout.offload_nvme =
+                    s->offloads == 2 ? off : s->base->offload_optimizer == LOOM_OFFLOAD_NVME;
+                evaluate(s->base, s->world, s->c, s->mem_limit, e);
+                out->nfit += e->fits;
+            }
+        }
+    }
+}
+
+/* The data-parallel choices of a tp x pp split: ZeRO stage, micro-batch. */
+static void add_dp_choices(struct search *s, struct loom_layout l)
+{
+    const struct loom_config *b = s->base;
+    const int G = b->global_batch_size, fix_z = fixed(s, "--zero-stage"),
+              fix_mb = fixed(s, "--micro-batch-size");
+    for (int z = 0; z <= (l.dp > 1 ? 3 : 0); z++) {
+        if (fix_z && z != b->zero_stage) continue;
+        for (int mb = 1; mb <= G; mb *= 2) {
+            if (fix_mb ? mb != b->micro_batch_size : G % (mb * l.dp) != 0) continue;
+            l.zero_stage = z;
+            l.micro_batch = mb;
+            add_candidates(s, l);
+        }
+        if (fix_mb && b->micro_batch_size & (b->micro_batch_size - 1)) { /* not a power of two */
+            l.zero_stage = z;
+            l.micro_batch = b->micro_batch_size;
+            add_candidates(s, l);
+        }
+    }
 }
 
 int loom_plan_search(const struct loom_config *base, int world, const struct loom_cluster *c,
-                     double mem_limit, int keep_given, struct loom_plan *out)
+                     double mem_limit, const struct loom_plan_options *opt, struct loom_plan *out)
 {
     memset(out, 0, sizeof *out);
     out->mem_limit = mem_limit;
-    keep = keep_given;
     const struct loom_model_family *family = loom_model_family_of_preset(base->model, NULL);
     if (!family)
         return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", base->model);
@@ -155,59 +229,37 @@ int loom_plan_search(const struct loom_config *base, int world, const struct loo
     if (rc) return rc;
     if (base->global_batch_size < 1)
         return loom_error_set(LOOM_ERR_INPUT, "loom plan needs --global-batch-size G (sequences per step)");
-    const int L = base->num_layers, G = base->global_batch_size;
-    const int fix_tp = fixed(base, "--tensor-model-parallel-size"),
-              fix_pp = fixed(base, "--pipeline-model-parallel-size"),
-              fix_mb = fixed(base, "--micro-batch-size"), fix_z = fixed(base, "--zero-stage"),
-              fix_sp = fixed(base, "--sequence-parallel"),
-              fix_v = fixed(base, "--num-layers-per-virtual-pipeline-stage"),
-              fix_rec = fixed(base, "--recompute-granularity") || fixed(base, "--recompute-activations");
-    const int nvme = base->offload_optimizer == LOOM_OFFLOAD_NVME;
-    size_t cap = 256;
-    out->entries = loom_alloc(cap * sizeof *out->entries, LOOM_MEM_OTHER);
+    struct search s = {.base = base,
+                       .world = world,
+                       .keep = opt->keep_given,
+                       .c = c,
+                       .mem_limit = mem_limit,
+                       .out = out,
+                       .cap = 256};
+    const unsigned given = base->bf16 ? LOOM_PLAN_BF16 : base->fp16 ? LOOM_PLAN_FP16 : LOOM_PLAN_F32;
+    s.precisions = opt->precisions ? opt->precisions : given;
+    /* NVMe offload is searched when a path is given and the choice is not */
+    s.offloads = *base->nvme_path && !fixed(&s, "--offload-optimizer") ? 2 : 1;
+    out->entries = loom_alloc(s.cap * sizeof *out->entries, LOOM_MEM_OTHER);
+    const int L = base->num_layers, fix_tp = fixed(&s, "--tensor-model-parallel-size"),
+              fix_pp = fixed(&s, "--pipeline-model-parallel-size"), fix_sp = fixed(&s, "--sequence-parallel"),
+              fix_v = fixed(&s, "--num-layers-per-virtual-pipeline-stage");
+    const int want_v =
+        base->num_layers_per_virtual_pipeline_stage > 0 && base->pipeline_model_parallel_size > 0
+            ? L / (base->pipeline_model_parallel_size * base->num_layers_per_virtual_pipeline_stage)
+            : 1;
     for (int tp = 1; tp <= world; tp++) {
-        if (world % tp || (fix_tp && tp != base->tensor_model_parallel_size)) continue;
-        if (!fix_tp && (tp > c->ranks_per_node || base->num_attention_heads % tp)) continue;
+        if (world % tp || (fix_tp ? tp != base->tensor_model_parallel_size
+                                  : tp > c->ranks_per_node || base->num_attention_heads % tp))
+            continue;
         for (int pp = 1; pp <= world / tp; pp++) {
-            if ((world / tp) % pp || (fix_pp && pp != base->pipeline_model_parallel_size)) continue;
-            if (!fix_pp && L % pp) continue;
-            const int dp = world / (tp * pp);
+            if ((world / tp) % pp || (fix_pp ? pp != base->pipeline_model_parallel_size : L % pp)) continue;
             for (int v = 1; v <= (pp > 1 ? 2 : 1); v++) {
-                if (fix_v && v != (base->num_layers_per_virtual_pipeline_stage > 0
-                                       ? L / (pp * base->num_layers_per_virtual_pipeline_stage)
-                                       : 1))
-                    continue;
-                if (v > 1 && L % (pp * v)) continue;
+                if ((fix_v && v != want_v) || (v > 1 && L % (pp * v))) continue;
                 for (int sp = 0; sp <= (tp > 1); sp++) {
                     if (fix_sp && sp != base->sequence_parallel) continue;
-                    for (int z = 0; z <= (dp > 1 ? 3 : 0); z++) {
-                        if (fix_z && z != base->zero_stage) continue;
-                        for (int mb = 1; mb <= G; mb *= 2) {
-                            if (fix_mb && mb != base->micro_batch_size) continue;
-                            if (!fix_mb && G % (mb * dp)) continue;
-                            for (int r = 0; r <= 2; r++) {
-                                if (fix_rec && r != (int)base->recompute_granularity) continue;
-                                if ((size_t)out->n == cap) {
-                                    cap *= 2;
-                                    out->entries = loom_realloc(out->entries, cap * sizeof *out->entries,
-                                                                LOOM_MEM_OTHER);
-                                }
-                                struct loom_plan_entry *e = &out->entries[out->n++];
-                                memset(e, 0, sizeof *e);
-                                e->layout = (struct loom_layout){.tp = tp,
-                                                                 .pp = pp,
-                                                                 .dp = dp,
-                                                                 .vpp = v,
-                                                                 .sp = sp,
-                                                                 .zero_stage = z,
-                                                                 .micro_batch = mb,
-                                                                 .recompute = (enum loom_recompute)r,
-                                                                 .offload_nvme = nvme};
-                                evaluate(base, world, c, mem_limit, e);
-                                out->nfit += e->fits;
-                            }
-                        }
-                    }
+                    add_dp_choices(&s, (struct loom_layout){
+                                           .tp = tp, .pp = pp, .dp = world / (tp * pp), .vpp = v, .sp = sp});
                 }
             }
         }

@@ -20,6 +20,7 @@ struct loom_layout {
     int sp, zero_stage, micro_batch, accumulation;
     enum loom_recompute recompute;
     int recompute_layers, recompute_block; /* full: --recompute-num-layers, and method block (else uniform) */
+    int precision;                         /* 0 float32, 1 bf16, 2 fp16 */
     int offload_nvme;
 };
 
@@ -29,6 +30,7 @@ struct loom_plan_entry {
     int busiest_stage;
     struct loom_step_time time;
     int fits;
+    int order;        /* in the search */
     char reason[256]; /* why it was rejected ("" when it fits) */
 };
 
@@ -38,11 +40,19 @@ struct loom_plan {
     double mem_limit; /* bytes per rank */
 };
 
-/* Plans base on world ranks of cluster c with mem_limit bytes a rank;
- * keep_given: the layout settings the user gave stay (else all are
- * searched). LOOM_ERR_INPUT when the model itself is wrong. */
+/* What to search beyond the layout settings. */
+enum { LOOM_PLAN_F32 = 1, LOOM_PLAN_BF16 = 2, LOOM_PLAN_FP16 = 4 };
+struct loom_plan_options {
+    int keep_given;      /* the layout settings the user gave stay (else all are searched) */
+    unsigned precisions; /* LOOM_PLAN_* bits searched; 0: the one base gives */
+};
+
+/* Plans base on world ranks of cluster c with mem_limit bytes a rank.
+ * NVMe offload is searched when base names an --nvme-path and not the
+ * choice. LOOM_ERR_INPUT when the model itself is wrong, or nothing can be
+ * tried. */
 int loom_plan_search(const struct loom_config *base, int world, const struct loom_cluster *c,
-                     double mem_limit, int keep_given, struct loom_plan *out);
+                     double mem_limit, const struct loom_plan_options *opt, struct loom_plan *out);
 void loom_plan_free(struct loom_plan *p);
 /* "tp 2 x pp 4 (2 chunks) x dp 8, ZeRO-1, SP" */
 void loom_layout_describe(const struct loom_layout *l, char *buf, size_t n);

@@ -1,0 +1,29 @@
+/* Graceful stop on SIGTERM and SIGINT (see stop.h). */
+#include "app/stop.h"
+
+#include <signal.h>
+#include <string.h>
+
+static volatile sig_atomic_t received;
+
+static void on_signal(int sig)
+{
+    received = sig;
+    signal(sig, SIG_DFL); /* a second one ends the process */
+}
+
+void loom_stop_install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+int loom_stop_signal(void)
+{
+    return received;
+}
