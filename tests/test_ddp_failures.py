@@ -1,7 +1,10 @@
 """Distributed failures end the job cleanly: a rank killed mid-run, a rank
 that stops answering (the communication deadline), layouts that do not
 divide, ranks started with different settings, `loom eval` (one process)
-started on two ranks, and the launcher."""
+started on two ranks, and the launcher, with --max-restarts: a rank killed
+mid-run and the job resumed from the newest checkpoint ends with the
+uninterrupted run's state bit for bit; a fault on every attempt uses the
+restarts up (exit 1); bad input is not restarted (exit 2)."""
 import glob
 import os
 import signal
@@ -138,6 +141,58 @@ def test_launch(tmp):
     check("launch: bad --nproc-per-node is exit 2", p.returncode == 2 and "--nproc-per-node" in p.stderr)
 
 
+def test_restarts(tmp):
+    """loom launch --max-restarts: a rank killed mid-run, the job resumes from
+    the newest checkpoint and ends with the uninterrupted run's state."""
+    from pyref import ckpt
+
+    def launch(tag, extra=(), restarts=1, env=ENV):
+        save, marker = os.path.join(tmp, tag), os.path.join(tmp, tag + "-marker")
+        metrics = os.path.join(tmp, tag + ".jsonl")
+        cmd = [LOOM, "launch", "--nproc-per-node", "2", "--max-restarts", str(restarts), "--", "train",
+               *model_args(tmp, iters=300), "--seed", "7", "--save", save, "--save-interval", "40", "--metrics",
+               metrics, "--data-cache", marker, "--comm-timeout", "5", *extra]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), save, \
+            metrics, marker
+
+    p, full, _, _ = launch("restart-full")
+    out, err = p.communicate(timeout=300)
+    check("restarts: the uninterrupted run through loom launch --max-restarts, exit 0", p.returncode == 0,
+          err[-500:])
+    p, save, metrics, marker = launch("restart-killed")
+    deadline = time.time() + 60
+    while time.time() < deadline and len(lib.metrics_rows(metrics)) < 60:
+        time.sleep(0.05)
+    victims = [pid for pid, rank in ranks_of(marker).items() if rank == 1]
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, err = p.communicate(timeout=300)
+    lines = [l for l in err.splitlines() if l.startswith("loom launch: restart")]
+    check(f"restarts: rank 1 killed, the job restarted once and finished, exit {p.returncode}",
+          len(victims) == 1 and p.returncode == 0 and len(lines) == 1 and "restart 1 of 1" in lines[0] and
+          "resuming from the newest intact checkpoint" in lines[0], err[-800:])
+    check("restarts: the reason names the killed rank", lines and "rank 1" in lines[0], lines)
+    check("restarts: the resumed run printed where it resumed", "resumed at step 41" in out or
+          "resumed at step 81" in out, out[-400:])
+    a, b = ckpt.assemble(full), ckpt.assemble(save)
+    check("restarts: final weights and moments equal the uninterrupted run's, bit for bit",
+          a.keys() == b.keys() and all(lib.same_bits(a[k], b[k]) for k in a), str(lib.differing(a, b))[:300])
+    # a fault every time: the restarts run out (rank 1 stalls before step 5, each attempt)
+    p, save, _, _ = launch("restart-stall", env=dict(ENV, LOOM_TEST_STALL="1:5"))
+    out, err = p.communicate(timeout=120)
+    errs = lib.error_lines(err)
+    check(f"restarts: a fault on every attempt ends with exit 1 once --max-restarts is used up",
+          p.returncode == 1 and "--max-restarts 1 used up" in err and errs and "failed 2 times" in errs[-1],
+          err[-800:])
+    p = lib.loom("launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", "train", *model_args(tmp))
+    check("restarts: --max-restarts without --save is exit 2 naming it",
+          p.returncode == 2 and "--max-restarts needs --save" in p.stderr, p.stderr[-300:])
+    p = lib.loom("launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", "train", *model_args(tmp),
+                 "--save", os.path.join(tmp, "bad"), "--lr", "x")
+    check("restarts: bad input is not restarted (exit 2)", p.returncode == 2 and "restart 1" not in p.stderr,
+          p.stderr[-300:])
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         lib.synth(tmp, 100000)
@@ -147,6 +202,7 @@ def main():
         test_stall(tmp)
         test_kill(tmp)
         test_launch(tmp)
+        test_restarts(tmp)
     return lib.verdict()
 
 
