@@ -1,5 +1,7 @@
 """Distributed failures end the job cleanly: a rank killed mid-run, a rank
-that stops answering (the communication deadline), layouts that do not
+that stops answering (the communication deadline and its hang report: every
+rank's line, the ranks that never reached the collective), SIGUSR1's
+progress line, layouts that do not
 divide, ranks started with different settings, `loom eval` (one process)
 started on two ranks, and the launcher, with --max-restarts: a rank killed
 mid-run and the job resumed from the newest checkpoint ends with the
@@ -75,16 +77,48 @@ def test_kill(tmp):
 
 
 def test_stall(tmp):
+    """Rank 1 of 3 stops answering before step 2: the deadline's hang report."""
     env = dict(ENV, LOOM_TEST_STALL="1:2")
     t0 = time.time()
-    p = train_on(2, model_args(tmp) + ["--comm-timeout", "2"], env=env, extra=["-x", "LOOM_TEST_STALL"], timeout=60)
+    p = train_on(3, model_args(tmp) + ["--comm-timeout", "2"], env=env, extra=["-x", "LOOM_TEST_STALL"], timeout=60)
     took = time.time() - t0
     lines = [l for l in lib.error_lines(p.stderr) if "communication timeout" in l]
     check(f"stall: exit status {p.returncode} is 1", p.returncode == 1, p.stderr[-500:])
     check(f"stall: ended in {took:.1f} s (deadline 2 s)", took <= 20)
-    check("stall: message names rank, group, collective, bytes, step",
-          bool(lines) and all(s in lines[0] for s in ("[rank 0]", "all-reduce", "dp group", "bytes", "step 2")),
+    check("stall: message names rank, group, collective and its number, bytes, step",
+          bool(lines) and all(s in lines[0] for s in ("all-reduce #", "dp group", "bytes", "step 2")),
           "; ".join(lines) or p.stderr[-500:])
+    report = [l for l in p.stderr.splitlines() if l.startswith("loom: hang report:")]
+    own = {r: [l for l in report if f"[rank {r} on " in l] for r in range(3)}
+    check("stall: every rank that can speak prints one line with its host, step and last completed collective",
+          all(len(own[r]) == 1 and "last completed: all-reduce #" in own[r][0] for r in range(3)), "\n".join(report))
+    check("stall: the waiting ranks say what they wait in, and for how long",
+          all("waiting in all-reduce #" in own[r][0] and " s; " in own[r][0] for r in (0, 2)), "\n".join(report))
+    check("stall: the stalled rank says it is in no collective, at step 1",
+          own[1] and "in no collective" in own[1][0] and "at step 1" in own[1][0], "\n".join(report))
+    summary = [l for l in report if "never reached" in l]
+    check("stall: the ranks that never reached the collective are named: rank 1",
+          bool(summary) and all("never reached all-reduce #" in l and ": 1 (" in l for l in summary),
+          "\n".join(report))
+
+
+def test_sigusr1(tmp):
+    """SIGUSR1 prints a rank's progress line; the run goes on."""
+    metrics, marker = os.path.join(tmp, "usr1.jsonl"), os.path.join(tmp, "usr1-marker")
+    args = model_args(tmp, iters=400) + ["--metrics", metrics, "--data-cache", marker]
+    p = subprocess.Popen(lib.mpirun(2, [LOOM, "train"] + args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env=ENV)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(lib.metrics_rows(metrics)) < 5:
+        time.sleep(0.05)
+    for pid, rank in ranks_of(marker).items():
+        if rank == 1:
+            os.kill(pid, signal.SIGUSR1)
+    _, err = p.communicate(timeout=120)
+    lines = [l for l in err.splitlines() if l.startswith("loom: progress: [rank 1 on ")]
+    check("SIGUSR1: rank 1 prints its progress line and the run finishes (exit 0)",
+          p.returncode == 0 and len(lines) == 1 and "last completed" in lines[0] and
+          len(lib.metrics_rows(metrics)) == 400, err[-500:])
 
 
 def test_layouts(tmp):
@@ -200,6 +234,7 @@ def main():
         test_eval_one_process(tmp)
         test_config_mismatch(tmp)
         test_stall(tmp)
+        test_sigusr1(tmp)
         test_kill(tmp)
         test_launch(tmp)
         test_restarts(tmp)

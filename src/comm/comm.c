@@ -14,6 +14,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ struct loom_comm_handle {
     int *counts;            /* reduce-scatter-v and all-gather-v: (group size), owned; op.counts */
     int *displs;            /* all-gather-v: (group size), owned; op.displs */
     int64_t step;
+    int64_t seq;            /* this rank's count of operations on the group, 1 for the first */
     double t_start, t_done; /* loom_now on the communication thread, for the trace */
     int local;              /* done at posting: one rank in the group, nothing moved */
     int done;               /* guarded by lock */
@@ -52,6 +54,22 @@ static int have_group[LOOM_GROUP_COUNT]; /* made by the transport */
 static double timeout_s = 600;
 static int64_t cur_step = -1;
 static int have_thread;
+
+/* Progress, for hang reports (guarded by lock): operations posted on each
+ * group, the last one completed, and the one the main thread waits in. */
+struct progress_mark {
+    int64_t seq, step;
+    size_t bytes;
+    enum loom_coll coll;
+};
+static int64_t posted_seq[LOOM_GROUP_COUNT];
+static struct progress_mark last_done[LOOM_GROUP_COUNT];
+static const struct loom_comm_handle *waiting_in; /* NULL: not waiting */
+static double waiting_since;
+static struct loom_topology topo_saved;
+static char host[64] = "?";
+static volatile sig_atomic_t report_asked; /* SIGUSR1 */
+static int reported;                       /* this rank printed its line for a hang */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t posted = PTHREAD_COND_INITIALIZER, completed = PTHREAD_COND_INITIALIZER;
@@ -81,6 +99,182 @@ void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
     snprintf(buf, n, "TP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->dp, t->pp, t->rank);
 }
 
+/* ---- progress and hang reports ------------------------------------------------ */
+
+static void mark_done(const struct loom_comm_handle *h) /* under lock */
+{
+    struct progress_mark *d = &last_done[h->op.group];
+    if (h->seq > d->seq)
+        *d = (struct progress_mark){h->seq, h->step, h->op.count * loom_dtype_size(h->op.dt), h->op.coll};
+}
+
+/* This rank's line: what it waits in (or that it waits in nothing) and
+ * the last operation completed on that group. */
+static void progress_line(char *buf, size_t n, enum loom_group g)
+{
+    pthread_mutex_lock(&lock);
+    const struct loom_comm_handle *w = waiting_in;
+    if (w) g = w->op.group;
+    const struct progress_mark d = last_done[g];
+    int k = snprintf(buf, n, "[rank %d on %s] ", world_rank, host);
+    if (w)
+        k += snprintf(
+            buf + k, n - (size_t)k, "waiting in %s #%lld on the %s group (%zu bytes, step %lld) for %.1f s",
+            coll_names[w->op.coll], (long long)w->seq, group_names[g],
+            w->op.count * loom_dtype_size(w->op.dt), (long long)w->step, loom_now() - waiting_since);
+    else
+        k += snprintf(buf + k, n - (size_t)k,
+                      "in no collective (computing, or stopped) at step %lld; %lld posted on the %s group",
+                      (long long)cur_step, (long long)posted_seq[g], group_names[g]);
+    if (d.seq)
+        snprintf(buf + k, n - (size_t)k, "; last completed: %s #%lld on the %s group (step %lld)",
+                 coll_names[d.coll], (long long)d.seq, group_names[g], (long long)d.step);
+    else
+        snprintf(buf + k, n - (size_t)k, "; none completed on the %s group", group_names[g]);
+    pthread_mutex_unlock(&lock);
+}
+
+enum { TAG_QUERY = 1, TAG_REPLY = 2, MAX_REPLIES = 64 };
+
+/* The communication thread's side of progress queries: a receive always
+ * posted, the replies in flight. */
+struct server {
+    int32_t query[2]; /* group; 1: a hang (print this rank's line once) */
+    void *listen;
+    int64_t reply[MAX_REPLIES][3];
+    void *sending[MAX_REPLIES];
+};
+
+static void serve(struct server *s)
+{
+    if (!transport->side_recv) return;
+    if (report_asked) { /* SIGUSR1: the line, and the run goes on */
+        report_asked = 0;
+        char line[512];
+        progress_line(line, sizeof line, LOOM_GROUP_WORLD);
+        fprintf(stderr, "loom: progress: %s\n", line);
+    }
+    for (int i = 0; i < MAX_REPLIES; i++)
+        if (s->sending[i] && transport->side_test(s->sending[i], NULL)) s->sending[i] = NULL;
+    if (!s->listen) s->listen = transport->side_recv(s->query, sizeof s->query, -1, TAG_QUERY);
+    int from;
+    if (!transport->side_test(s->listen, &from)) return;
+    s->listen = NULL;
+    const enum loom_group g = (enum loom_group)s->query[0];
+    if (s->query[1] && !reported) {
+        reported = 1;
+        char line[512];
+        progress_line(line, sizeof line, g);
+        fprintf(stderr, "loom: hang report: %s\n", line);
+    }
+    for (int i = 0; i < MAX_REPLIES; i++)
+        if (!s->sending[i]) {
+            pthread_mutex_lock(&lock);
+            s->reply[i][0] = posted_seq[g];
+            s->reply[i][1] = last_done[g].seq;
+            s->reply[i][2] = cur_step;
+            pthread_mutex_unlock(&lock);
+            s->sending[i] = transport->side_send(s->reply[i], sizeof s->reply[i], from, TAG_REPLY);
+            break;
+        }
+}
+
+static void serve_end(struct server *s)
+{
+    if (s->listen) transport->side_cancel(s->listen);
+    for (int i = 0; i < MAX_REPLIES; i++)
+        while (s->sending[i] && !transport->side_test(s->sending[i], NULL)) {
+        }
+}
+
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+    report_asked = 1;
+}
+
+/* World rank of member m of this rank's group g (ranks are placed tp
+ * fastest, then dp, then pp); -1 past its size. */
+static int member(enum loom_group g, int m)
+{
+    const struct loom_topology *t = &topo_saved;
+    if (m >= group_size[g]) return -1;
+    int tp = t->tp_rank, dp = t->dp_rank, pp = t->pp_rank;
+    switch (g) {
+    case LOOM_GROUP_WORLD:
+        return m;
+    case LOOM_GROUP_DP:
+        dp = m;
+        break;
+    case LOOM_GROUP_TP:
+        tp = m;
+        break;
+    case LOOM_GROUP_PP:
+        pp = m;
+        break;
+    case LOOM_GROUP_EMBEDDING:
+        pp = m == 0 ? 0 : t->pp - 1;
+        break;
+    default:
+        return -1;
+    }
+    return tp + t->tp * (dp + t->dp * pp);
+}
+
+/* The deadline passed in h: this rank's line, every member's (they print
+ * their own as they answer), and the members that never reached h. */
+static void report_hang(const struct loom_comm_handle *h)
+{
+    char line[512];
+    reported = 1;
+    progress_line(line, sizeof line, h->op.group);
+    fprintf(stderr, "loom: hang report: %s\n", line);
+    if (!transport || !transport->side_recv) return;
+    const enum loom_group g = h->op.group;
+    const int n = group_size[g];
+    int32_t query[2] = {(int32_t)g, 1};
+    int64_t(*replies)[3] = calloc((size_t)n, sizeof *replies);
+    void **recvs = calloc((size_t)n, sizeof *recvs), **sends = calloc((size_t)n, sizeof *sends);
+    if (!replies || !recvs || !sends) return;
+    for (int m = 0; m < n; m++) {
+        const int r = member(g, m);
+        if (r == world_rank || r < 0) continue;
+        recvs[m] = transport->side_recv(replies[m], sizeof replies[m], r, TAG_REPLY);
+        sends[m] = transport->side_send(query, sizeof query, r, TAG_QUERY);
+    }
+    const double until = loom_now() + 5; /* a rank whose process is gone never answers */
+    int left = 1;
+    while (left && loom_now() < until) {
+        left = 0;
+        for (int m = 0; m < n; m++) {
+            if (recvs[m] && transport->side_test(recvs[m], NULL)) recvs[m] = NULL;
+            if (sends[m] && transport->side_test(sends[m], NULL)) sends[m] = NULL;
+            left |= recvs[m] != NULL;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    char behind[256] = "", silent[256] = "";
+    size_t kb = 0, ks = 0;
+    for (int m = 0; m < n; m++) {
+        const int r = member(g, m);
+        if (r == world_rank || r < 0) continue;
+        if (recvs[m])
+            ks += (size_t)snprintf(silent + ks, ks < sizeof silent ? sizeof silent - ks : 0, "%s%d",
+                                   ks ? ", " : "", r);
+        else if (replies[m][0] < h->seq)
+            kb += (size_t)snprintf(behind + kb, kb < sizeof behind ? sizeof behind - kb : 0,
+                                   "%s%d (%lld posted there, at step %lld)", kb ? ", " : "", r,
+                                   (long long)replies[m][0], (long long)replies[m][2]);
+    }
+    fprintf(stderr, "loom: hang report: [rank %d] the %s group's ranks that never reached %s #%lld: %s%s%s\n",
+            world_rank, group_names[g], coll_names[h->op.coll], (long long)h->seq, *behind ? behind : "none",
+            *silent ? "; no answer from " : "", silent);
+    fflush(stderr);
+    struct timespec ts = {0, 200000000}; /* let the answering ranks' lines out */
+    nanosleep(&ts, NULL);
+}
+
 /* The communication thread: start posted requests in order, test the active
  * ones, sleep briefly when nothing moved. */
 static void *comm_thread(void *arg)
@@ -89,11 +283,29 @@ static void *comm_thread(void *arg)
     enum { MAX_ACTIVE = 256 };
     struct loom_comm_handle *active[MAX_ACTIVE];
     int nactive = 0;
+    struct server srv = {0};
     for (;;) {
+        serve(&srv);
         pthread_mutex_lock(&lock);
-        while (!queue_head && nactive == 0 && !stopping) pthread_cond_wait(&posted, &lock);
+        while (!queue_head && nactive == 0 && !stopping) {
+            if (!transport->side_recv) {
+                pthread_cond_wait(&posted, &lock);
+                continue;
+            }
+            /* idle: still answer progress queries and SIGUSR1, every 20 ms */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20000000L;
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            if (pthread_cond_timedwait(&posted, &lock, &ts) == ETIMEDOUT) {
+                pthread_mutex_unlock(&lock);
+                serve(&srv);
+                pthread_mutex_lock(&lock);
+            }
+        }
         if (stopping && !queue_head && nactive == 0) {
             pthread_mutex_unlock(&lock);
+            serve_end(&srv);
             return NULL;
         }
         struct loom_comm_handle *batch = NULL;
@@ -120,6 +332,7 @@ static void *comm_thread(void *arg)
                 active[i]->req = NULL;
                 active[i]->t_done = loom_now();
                 pthread_mutex_lock(&lock);
+                mark_done(active[i]);
                 active[i]->done = 1;
                 pthread_cond_broadcast(&completed);
                 pthread_mutex_unlock(&lock);
@@ -143,6 +356,13 @@ void loom_comm_init(int *argc, char ***argv)
     group_rank[LOOM_GROUP_WORLD] = world_rank;
     loom_log_set_rank(world_rank);
     if (world_size > 1) loom_log_set_abort(loom_comm_abort);
+    gethostname(host, sizeof host - 1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigusr1;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
 }
 
 int loom_comm_setup(struct loom_topology *t, int tp, int pp)
@@ -175,6 +395,7 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     t->tp_rank = world_rank % tp;
     t->dp_rank = world_rank / tp % t->dp;
     t->pp_rank = world_rank / (tp * t->dp);
+    topo_saved = *t;
     group_size[LOOM_GROUP_WORLD] = world_size;
     group_size[LOOM_GROUP_DP] = t->dp;
     group_size[LOOM_GROUP_TP] = tp;
@@ -229,6 +450,9 @@ static struct loom_comm_handle *build(enum loom_coll coll, enum loom_group g, co
                                   .peer = peer,
                                   .tag = tag};
     h->step = cur_step;
+    pthread_mutex_lock(&lock);
+    h->seq = ++posted_seq[g];
+    pthread_mutex_unlock(&lock);
     return h;
 }
 
@@ -249,6 +473,9 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
             memcpy(recv, send, bytes);
         LOOM_ASSERT(coll != LOOM_COLL_SEND && coll != LOOM_COLL_RECV);
         h->done = h->local = 1;
+        pthread_mutex_lock(&lock);
+        mark_done(h);
+        pthread_mutex_unlock(&lock);
         return h;
     }
     submit(h);
@@ -364,18 +591,22 @@ double loom_comm_wait(struct loom_comm_handle *h)
     if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&lock);
     const int waited = !h->done;
+    waiting_in = h;
+    waiting_since = t0;
     while (!h->done) {
         int rc = pthread_cond_timedwait(&completed, &lock, &deadline);
         if (rc == ETIMEDOUT && !h->done) {
             pthread_mutex_unlock(&lock);
+            report_hang(h);
             fprintf(stderr,
-                    "loom: error: [rank %d] communication timeout: %s on the %s group (%zu bytes) not done "
-                    "after %g s at step %lld; aborting the job\n",
-                    world_rank, coll_names[h->op.coll], group_names[h->op.group],
+                    "loom: error: [rank %d] communication timeout: %s #%lld on the %s group (%zu bytes) not "
+                    "done after %g s at step %lld; aborting the job\n",
+                    world_rank, coll_names[h->op.coll], (long long)h->seq, group_names[h->op.group],
                     h->op.count * loom_dtype_size(h->op.dt), timeout_s, (long long)h->step);
             loom_comm_abort(LOOM_ERR_RUNTIME);
         }
     }
+    waiting_in = NULL;
     pthread_mutex_unlock(&lock);
     const double t1 = loom_now();
     if (loom_trace_on() && !h->local) {

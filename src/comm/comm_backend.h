@@ -56,6 +56,15 @@ struct loom_comm_backend {
     /* 1 when the request has completed (it is then released), 0 when not
      * yet; does not block. */
     int (*test)(void *request);
+    /* Optional (NULL: no hang reports name other ranks). The side channel
+     * for progress queries, apart from the groups' traffic: a receive of
+     * `bytes` from world rank `from` (-1: any) with tag, a send to world
+     * rank `to`; side_test is test's, also giving a receive's source. Both
+     * threads may use it. */
+    void *(*side_recv)(void *buf, size_t bytes, int from, int tag);
+    void *(*side_send)(const void *buf, size_t bytes, int to, int tag);
+    int (*side_test)(void *request, int *source);
+    void (*side_cancel)(void *request); /* a receive never matched, at the end */
     /* Ends every process of the job now with code; does not return. */
     void (*abort)(int code);
     /* Releases the groups and shuts the transport down. */

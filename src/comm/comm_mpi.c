@@ -35,8 +35,9 @@ static const char *const coll_calls[] = {"all-reduce", "reduce-scatter", "all-ga
 static_assert(sizeof coll_calls / sizeof coll_calls[0] == LOOM_COLL_COUNT, "coll_calls");
 
 static MPI_Comm comms[LOOM_GROUP_COUNT];
-static int made[LOOM_GROUP_COUNT]; /* comms[g] exists */
-static int rank;                   /* in the world, for messages */
+static MPI_Comm side = MPI_COMM_NULL; /* progress queries (hang reports) */
+static int made[LOOM_GROUP_COUNT];    /* comms[g] exists */
+static int rank;                      /* in the world, for messages */
 
 static MPI_Datatype mpi_dtype(enum loom_dtype dt)
 {
@@ -139,6 +140,52 @@ static void mpi_init(int *argc, char ***argv, int *world_size, int *world_rank)
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
     MPI_Op_create(f16_sum, 1, &f16_sum_op);
+    if (*world_size > 1) {
+        MPI_Comm_dup(MPI_COMM_WORLD, &side);
+        MPI_Comm_set_errhandler(side, MPI_ERRORS_RETURN);
+    }
+}
+
+struct side_request {
+    MPI_Request req;
+    MPI_Status status;
+};
+
+static void *mpi_side_recv(void *buf, size_t bytes, int from, int tag)
+{
+    struct side_request *r = malloc(sizeof *r);
+    if (!r) loom_die("out of memory posting a progress query");
+    mpi_check(MPI_Irecv(buf, (int)bytes, MPI_BYTE, from < 0 ? MPI_ANY_SOURCE : from, tag, side, &r->req),
+              "MPI_Irecv (progress query)");
+    return r;
+}
+
+static void *mpi_side_send(const void *buf, size_t bytes, int to, int tag)
+{
+    struct side_request *r = malloc(sizeof *r);
+    if (!r) loom_die("out of memory posting a progress query");
+    mpi_check(MPI_Isend(buf, (int)bytes, MPI_BYTE, to, tag, side, &r->req), "MPI_Isend (progress query)");
+    return r;
+}
+
+static void mpi_side_cancel(void *request)
+{
+    struct side_request *r = request;
+    MPI_Cancel(&r->req);
+    MPI_Wait(&r->req, MPI_STATUS_IGNORE);
+    free(r);
+}
+
+static int mpi_side_test(void *request, int *source)
+{
+    struct side_request *r = request;
+    int flag = 0;
+    mpi_check(MPI_Test(&r->req, &flag, &r->status), "MPI_Test (progress query)");
+    if (flag) {
+        if (source) *source = r->status.MPI_SOURCE;
+        free(r);
+    }
+    return flag;
 }
 
 static void mpi_create_group(enum loom_group g, int color, int key)
@@ -212,6 +259,7 @@ static void mpi_finalize(void)
 {
     for (int g = 0; g < LOOM_GROUP_COUNT; g++)
         if (made[g]) MPI_Comm_free(&comms[g]), made[g] = 0;
+    if (side != MPI_COMM_NULL) MPI_Comm_free(&side);
     if (bf16_sum_op != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op);
     if (f16_sum_op != MPI_OP_NULL) MPI_Op_free(&f16_sum_op);
     MPI_Finalize();
@@ -223,6 +271,10 @@ static const struct loom_comm_backend mpi_backend = {
     .create_group = mpi_create_group,
     .start = mpi_start,
     .test = mpi_test,
+    .side_recv = mpi_side_recv,
+    .side_send = mpi_side_send,
+    .side_test = mpi_side_test,
+    .side_cancel = mpi_side_cancel,
     .abort = mpi_abort,
     .finalize = mpi_finalize,
 };
