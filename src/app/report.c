@@ -44,6 +44,7 @@ int loom_report_open(struct loom_report *r, const char *metrics_path, const char
              !getenv("PMI_SIZE");
     r->t_start = loom_now();
     if (metrics_path && *metrics_path && loom_log_rank() == 0) {
+        snprintf(r->metrics_path, sizeof r->metrics_path, "%s", metrics_path);
         r->metrics = fopen(metrics_path, "a");
         if (!r->metrics)
             return loom_error_set(LOOM_ERR_INPUT, "--metrics: cannot open %s: %s", metrics_path,
@@ -54,11 +55,25 @@ int loom_report_open(struct loom_report *r, const char *metrics_path, const char
     return LOOM_OK;
 }
 
+/* A row is out: a failed write (or flush) is remembered, with its errno. */
+static void row_done(struct loom_report *r)
+{
+    if ((fflush(r->metrics) != 0 || ferror(r->metrics)) && !r->metrics_errno)
+        r->metrics_errno = errno ? errno : EIO;
+}
+
+int loom_report_status(const struct loom_report *r)
+{
+    if (!r->metrics_errno) return LOOM_OK;
+    return loom_error_set(LOOM_ERR_RUNTIME, "--metrics %s: writing failed: %s", r->metrics_path,
+                          strerror(r->metrics_errno));
+}
+
 void loom_report_close(struct loom_report *r)
 {
     if (r->bar_shown) fputs("\r\033[K", stdout);
     r->bar_shown = 0;
-    if (r->metrics) fclose(r->metrics);
+    if (r->metrics && fclose(r->metrics) != 0 && !r->metrics_errno) r->metrics_errno = errno;
     r->metrics = NULL;
     loom_tb_close(&r->tb);
 }
@@ -201,7 +216,7 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
             fputs("]", r->metrics);
         }
         fputs("}\n", r->metrics);
-        fflush(r->metrics);
+        row_done(r);
     }
 }
 
@@ -243,7 +258,7 @@ void loom_report_config(struct loom_report *r, const struct loom_config *cfg)
         fputc('"', r->metrics);
     }
     fputs("}}\n", r->metrics);
-    fflush(r->metrics);
+    row_done(r);
 }
 
 void loom_report_eval_row(struct loom_report *r, int step, double val_loss)
@@ -256,5 +271,5 @@ void loom_report_eval_row(struct loom_report *r, int step, double val_loss)
     char v[32] = "null"; /* JSON has no NaN */
     if (isfinite(val_loss)) snprintf(v, sizeof v, "%.9g", val_loss);
     fprintf(r->metrics, "{\"step\":%d,\"val_loss\":%s}\n", step, v);
-    fflush(r->metrics);
+    row_done(r);
 }

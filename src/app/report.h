@@ -35,6 +35,8 @@ struct loom_report {
     struct loom_tb tb; /* --tensorboard-dir's event file (closed when not given) */
     char layout[64];   /* "TP(2)-DP(2)-PP(1)", and "+SP", for the metrics rows; empty: none */
     double t_start;    /* seconds, monotonic */
+    char metrics_path[512];
+    int metrics_errno; /* the first failed write of the metrics file (0: none) */
 };
 
 /* Opens the metrics file for appending and a TensorBoard event file in
@@ -42,6 +44,9 @@ struct loom_report {
  * that failed. */
 int loom_report_open(struct loom_report *r, const char *metrics_path, const char *tensorboard_dir);
 void loom_report_close(struct loom_report *r);
+/* LOOM_ERR_RUNTIME naming the metrics file when a write to it failed (a
+ * full disk), else LOOM_OK: the training loop stops on it. */
+int loom_report_status(const struct loom_report *r);
 
 /* mem_by_rank: (world, LOOM_MEM_COUNT+1) peaks with the total last, or NULL. */
 void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,

@@ -28,6 +28,7 @@
 #include "config/config.h"
 #include "engine/engine_impl.h"
 #include "engine/footprint.h"
+#include "io/checkpoint.h"
 #include "io/fs.h"
 #include "io/sampler.h"
 #include "io/synth.h"
@@ -163,7 +164,7 @@ static int agree(struct run *r, int rc)
 /* --save must be usable before the first step, not after hours of training. */
 static int check_save_dir(const char *save)
 {
-    int rc = loom_fs_mkdir_p(save);
+    int rc = loom_ckpt_lock(save);
     if (rc == LOOM_OK && access(save, W_OK) != 0)
         rc = loom_error_set(LOOM_ERR_INPUT, "--save %s: not writable: %s", save, strerror(errno));
     return rc;
@@ -668,6 +669,7 @@ int loom_train(struct loom_config *cfg)
             loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
             loom_free(by_rank);
             loom_free(pipeline);
+            if ((rc = agree(&r, loom_report_status(&rep)))) break; /* a full disk under --metrics */
         }
         if (r.have_valid && cfg->eval_iters > 0 &&
             (step % cfg->eval_interval == 0 || step == cfg->train_iters)) {
@@ -706,6 +708,7 @@ int loom_train(struct loom_config *cfg)
     print_rss(&r, &rep);
     loom_free(step_tps);
     loom_report_close(&rep);
+    if (rc == LOOM_OK) rc = loom_report_status(&rep); /* the last rows' write */
     teardown(&r);
     return rc;
 }

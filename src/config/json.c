@@ -441,6 +441,25 @@ fail:
     return rc;
 }
 
+/* The first key of an object (at any depth) that appears twice in it, as
+ * "outer.key", or 0: cJSON keeps both and a lookup takes the first, so a
+ * second value would be ignored without a word. */
+static int duplicate_key(const cJSON *o, const char *path, char *out, size_t n)
+{
+    for (const cJSON *a = o ? o->child : NULL; a; a = a->next) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", a->string ? a->string : "[]");
+        if (cJSON_IsObject(o))
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (a->string && b->string && strcmp(a->string, b->string) == 0) {
+                    snprintf(out, n, "%s", sub);
+                    return 1;
+                }
+        if ((cJSON_IsObject(a) || cJSON_IsArray(a)) && duplicate_key(a, sub, out, n)) return 1;
+    }
+    return 0;
+}
+
 int loom_config_read_json(struct loom_config *cfg, const char *file)
 {
     char *text;
@@ -477,6 +496,9 @@ int loom_config_read_json(struct loom_config *cfg, const char *file)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "--deepspeed-config %s: expected a JSON object at the top level, got %s", file,
                             describe(root, d, sizeof d));
+    char dup[256];
+    if (rc == LOOM_OK && duplicate_key(root, "", dup, sizeof dup))
+        rc = loom_error_set(LOOM_ERR_INPUT, "--deepspeed-config %s: key \"%s\" is given twice", file, dup);
     if (rc == LOOM_OK) find_scheduler(&r);
     if (rc == LOOM_OK) rc = check_object(&r, root, "");
     if (rc == LOOM_OK) rc = apply_settings(&r);

@@ -198,6 +198,11 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
 /* Rank 0, after a failure: removes the temporary directory. */
 void loom_ckpt_abandon(const char *tmp);
 
+/* Takes save's lock (SAVE/.lock, flock) for the life of the process: one
+ * job writes a save directory at a time. LOOM_ERR_INPUT naming the holder
+ * (pid and host) when another job has it. */
+int loom_ckpt_lock(const char *save);
+
 /* Whether path is a loom checkpoint: a directory holding loom's
  * trainer_state.json (not Hugging Face Trainer's, which a checkpoint-N
  * directory holds beside its weights), or a save directory (with latest,

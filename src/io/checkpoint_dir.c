@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +25,37 @@
 
 #define ITER_PREFIX "iter_"
 #define LATEST "latest"
+
+int loom_ckpt_lock(const char *save)
+{
+    static int held = -1; /* the lock lives as long as the process */
+    int rc = loom_fs_mkdir_p(save);
+    if (rc) return rc;
+    char path[4200], holder[256] = "";
+    snprintf(path, sizeof path, "%s/.lock", save);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    if (fd < 0)
+        return loom_error_set(LOOM_ERR_INPUT, "--save %s: cannot open its lock %s: %s", save, path,
+                              strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        ssize_t n = read(fd, holder, sizeof holder - 1);
+        holder[n > 0 ? n : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        close(fd);
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--save %s: another job is saving there (%s); one job writes a save directory at a time", save,
+            *holder ? holder : "its holder unknown");
+    }
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(holder, sizeof holder, "pid %ld on %s\n", (long)getpid(), host);
+    if (ftruncate(fd, 0) != 0 || write(fd, holder, (size_t)len) != len)
+        loom_log_warn("--save %s: cannot write its lock's holder: %s", save, strerror(errno));
+    if (held >= 0) close(held);
+    held = fd;
+    return LOOM_OK;
+}
 
 void loom_ckpt_iter_dir(const char *save, int64_t iteration, char *out, size_t n)
 {
@@ -132,6 +164,8 @@ static void prune(const char *save, int64_t current, int keep)
         if (i < keep || its[i] == current) continue;
         char dir[4200], state[4400];
         loom_ckpt_iter_dir(save, its[i], dir, sizeof dir);
+        struct stat st; /* a link to a checkpoint elsewhere is not ours to remove, nor followed */
+        if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
         snprintf(state, sizeof state, "%s/%s", dir, LOOM_CKPT_STATE_FILE);
         if ((unlink(state) != 0 && errno != ENOENT) || loom_fs_remove_tree(dir))
             loom_log_warn("removing the old checkpoint %s: %s", dir,
@@ -197,11 +231,13 @@ void loom_ckpt_candidates_free(char **dirs, int ndirs)
  * Hugging Face's Trainer writes a trainer_state.json of its own. */
 static int loom_state_file(const char *file)
 {
-    FILE *f = fopen(file, "rb");
-    if (!f) return 0;
+    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is not one, and not waited on */
+    if (fd < 0) return 0;
+    struct stat st;
     char head[16] = "";
-    size_t n = fread(head, 1, sizeof head - 1, f);
-    fclose(f);
+    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, head, sizeof head - 1) : -1;
+    close(fd);
+    if (n < 0) return 0;
     head[n] = '\0';
     return strncmp(head, "{\"checksum\"", 11) == 0;
 }

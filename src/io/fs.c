@@ -141,7 +141,8 @@ int loom_fs_read_small(const char *path, size_t max_bytes, char **out, size_t *l
 {
     *out = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO in a file's place is refused below, not waited on */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     int rc = LOOM_OK;

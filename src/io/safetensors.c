@@ -404,7 +404,7 @@ int loom_st_open(struct loom_st *st, const char *path)
     st->path = loom_alloc(plen + 1, LOOM_MEM_OTHER);
     memcpy(st->path, path, plen + 1);
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is refused, not waited on */
     if (fd < 0) {
         rc = loom_error_set(LOOM_ERR_INPUT, "open %s: %s", path, strerror(errno));
         goto fail;

@@ -56,7 +56,7 @@ static int64_t first_bad_token(const uint16_t *t, int64_t n, int vocab)
 int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
 {
     memset(s, 0, sizeof *s);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is refused, not waited on */
     if (fd < 0)
         return loom_error_set(LOOM_ERR_INPUT, "cannot open data shard '%s': %s", path, strerror(errno));
     struct stat st;

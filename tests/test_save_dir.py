@@ -1,0 +1,138 @@
+"""Save directories and inputs that other jobs, links and odd files touch.
+
+- One writer per save directory: a second job on the same --save is refused
+  with one line naming the holder (pid and host), exit 2, and the first
+  finishes untouched.
+- --keep-last never follows an iter_* link out of the save directory: the
+  archived checkpoint it points to keeps every file.
+- A FIFO in place of `latest`, a trainer state, a rank file or a data shard
+  is refused (or skipped, for `latest`) at once, never waited on.
+- A metrics file that cannot be written (a full disk) stops the run with
+  exit 1 and one line naming it.
+- A JSON config that gives a key twice is refused, naming the key.
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import lib
+from lib import ENV, LOOM, check
+
+
+def train_args(tmp, save, iters, extra=()):
+    return ["train", "--data-path", os.path.join(tmp, "train.bin"), *lib.TINY_MODEL, "--train-iters", str(iters),
+            "--eval-iters", "0", "--threads", "1", "--log-interval", "1", "--save", save, *extra]
+
+
+def one_writer(tmp):
+    save = os.path.join(tmp, "shared")
+    first = subprocess.Popen([LOOM] + train_args(tmp, save, 3000), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and not os.path.exists(os.path.join(save, ".lock")):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    p = lib.loom(*train_args(tmp, save, 10))
+    errs = lib.error_lines(p.stderr)
+    check("a second job on the same --save: exit 2, one line naming the holder's pid",
+          p.returncode == 2 and len(errs) == 1 and f"pid {first.pid} on " in errs[0] and save in errs[0],
+          p.stderr[-400:])
+    out, err = first.communicate(timeout=300)
+    check("the first job finishes and its last checkpoint is there", first.returncode == 0 and
+          os.path.exists(os.path.join(save, "iter_0003000", "trainer_state.json")), err[-400:])
+    p = lib.loom(*train_args(tmp, save, 3001, ["--load", save]))
+    check("once it is done, the directory takes a new job (resume)", p.returncode == 0, p.stderr[-400:])
+
+
+def keep_last_links(tmp):
+    archive = os.path.join(tmp, "archive")
+    p = lib.loom(*train_args(tmp, archive, 2))
+    check("an archived checkpoint outside the save directory", p.returncode == 0)
+    save = os.path.join(tmp, "linked")
+    os.makedirs(save)
+    os.symlink(os.path.join(archive, "iter_0000002"), os.path.join(save, "iter_0000000"))
+    p = lib.loom(*train_args(tmp, save, 6, ["--save-interval", "1", "--keep-last", "2"]))
+    state = os.path.join(archive, "iter_0000002", "trainer_state.json")
+    kept = sorted(os.path.basename(d) for d in glob.glob(os.path.join(save, "iter_*")))
+    check("--keep-last 2 with an iter_ link: the linked checkpoint keeps its state file",
+          p.returncode == 0 and os.path.exists(state), p.stderr[-300:])
+    check("--keep-last 2 kept the newest two of its own, and left the link alone",
+          kept == ["iter_0000000", "iter_0000005", "iter_0000006"] and os.path.islink(
+              os.path.join(save, "iter_0000000")), str(kept))
+
+
+def fifos(tmp):
+    src = os.path.join(tmp, "fifo-src")
+    lib.loom(*train_args(tmp, src, 2))
+
+    def copy(name):
+        d = os.path.join(tmp, name)
+        shutil.copytree(src, d)
+        return d
+
+    # latest: skipped, the checkpoint directory itself is used
+    d = copy("fifo-latest")
+    os.remove(os.path.join(d, "latest"))
+    os.mkfifo(os.path.join(d, "latest"))
+    t0 = time.time()
+    p = lib.run([LOOM] + train_args(tmp, os.path.join(tmp, "out1"), 4, ["--load", d]), timeout=60)
+    check(f"a FIFO as latest: not waited on, the newest checkpoint resumes ({time.time() - t0:.1f} s)",
+          p.returncode == 0 and "resumed at step 3" in p.stdout, p.stderr[-300:])
+    for name, what in (("trainer_state.json", "trainer state"), ("rank", "rank file")):
+        d = copy("fifo-" + name.split(".")[0])
+        it = os.path.join(d, "iter_0000002")
+        target = os.path.join(it, name) if name != "rank" else sorted(glob.glob(os.path.join(it, "*.safetensors")))[0]
+        os.remove(target)
+        os.mkfifo(target)
+        t0 = time.time()
+        p = lib.run([LOOM] + train_args(tmp, os.path.join(tmp, "out-" + name), 4, ["--load", d]), timeout=60)
+        errs = lib.error_lines(p.stderr)
+        check(f"a FIFO as the {what}: refused at once with one line ({time.time() - t0:.1f} s, exit {p.returncode})",
+              p.returncode == 2 and len(errs) == 1 and time.time() - t0 < 30, p.stderr[-300:])
+    fifo = os.path.join(tmp, "data.fifo")
+    os.mkfifo(fifo)
+    p = lib.run([LOOM, "train", "--data-path", fifo, "--train-iters", "2"], timeout=60)
+    errs = lib.error_lines(p.stderr)
+    check("a FIFO as a data shard: exit 2, 'not a regular file'",
+          p.returncode == 2 and len(errs) == 1 and "not a regular file" in errs[0], p.stderr[-300:])
+
+
+def metrics_full(tmp):
+    p = lib.run([LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), *lib.TINY_MODEL, "--train-iters",
+                 "20", "--eval-iters", "0", "--metrics", "/dev/full"], timeout=120)
+    errs = lib.error_lines(p.stderr)
+    check("metrics on a full disk (/dev/full): exit 1, one line naming the file and the cause",
+          p.returncode == 1 and len(errs) == 1 and "--metrics /dev/full" in errs[0] and "No space" in errs[0],
+          p.stderr[-300:])
+
+
+def json_duplicates(tmp):
+    path = os.path.join(tmp, "dup.json")
+    with open(path, "w") as f:
+        f.write('{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", '
+                '"params": {"lr": 1e-3, "lr": 2e-3}}}')
+    p = lib.loom("train", "--deepspeed-config", path, "--dry-run")
+    errs = lib.error_lines(p.stderr)
+    check("a JSON key given twice: exit 2 naming it", p.returncode == 2 and len(errs) == 1 and
+          '"optimizer.params.lr" is given twice' in errs[0], p.stderr[-300:])
+
+
+def main():
+    if not lib.built(LOOM):
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        lib.write_corpus(tmp)
+        one_writer(tmp)
+        keep_last_links(tmp)
+        fifos(tmp)
+        metrics_full(tmp)
+        json_duplicates(tmp)
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
