@@ -126,6 +126,15 @@ static int open_data(struct run *r, int training)
     return LOOM_OK;
 }
 
+/* A shard that changed under the run (loom_data_batch's error): this rank
+ * alone may read the rows that show it, so it ends the job at once (exit 1)
+ * rather than leave the others waiting in a collective; no checkpoint is
+ * being written at a batch's read, so none is damaged. */
+static void data_failed(void)
+{
+    loom_die("%s", loom_error_message());
+}
+
 /* Mean loss over eval_iters batches of the global batch size, split across
  * ranks and micro-batches as in training, so every layout sees the same rows. */
 static double evaluate(struct run *r)
@@ -135,8 +144,9 @@ static double evaluate(struct run *r)
     double sum = 0;
     for (int i = 0; i < cfg->eval_iters; i++)
         for (int a = 0; a < A; a++) {
-            loom_data_eval_batch(&r->valid, i, cfg->global_batch_size,
-                                 loom_engine_micro_batch_rows(r->engine, a), B, T, r->inputs, r->targets);
+            if (loom_data_eval_batch(&r->valid, i, cfg->global_batch_size,
+                                     loom_engine_micro_batch_rows(r->engine, a), B, T, r->inputs, r->targets))
+                data_failed();
             r->batches[0] = (struct loom_lm_batch){r->inputs, r->targets};
             /* loom eval's model is not the engine's: it runs in one process */
             sum += r->topo->pp > 1 ? loom_engine_eval(r->engine, &r->batches[0], B, i * A + a)
@@ -560,10 +570,11 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
     const size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
     loom_trace_push("data");
     int32_t *inputs = r->inputs + (size_t)k * n, *targets = r->targets + (size_t)k * n;
-    loom_data_batch(&r->train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
-                    (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size,
-                    loom_engine_micro_batch_rows(e, micro), cfg->micro_batch_size, cfg->seq_length, inputs,
-                    targets);
+    if (loom_data_batch(&r->train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
+                        (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size,
+                        loom_engine_micro_batch_rows(e, micro), cfg->micro_batch_size, cfg->seq_length,
+                        inputs, targets))
+        data_failed();
     r->batches[k] = (struct loom_lm_batch){inputs, targets};
     *batch = &r->batches[k];
     loom_trace_pop("data");

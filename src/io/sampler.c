@@ -13,6 +13,8 @@
 #include <assert.h>
 #include <errno.h>
 #include <glob.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -205,13 +207,65 @@ int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order,
     return total_windows(d, T) / global_rows;
 }
 
-/* Copies the window of T+1 tokens at `src` into one row of inputs/targets. */
-static void copy_row(const uint16_t *src, int T, int32_t *inputs, int32_t *targets)
+/* ---- reading a mapped shard that may change under the run ------------------------ */
+
+/* A shard's tokens are its file's pages: a file truncated under the run
+ * raises SIGBUS on the pages past its new end, and one rewritten in place
+ * shows its new bytes. Rows are copied under a SIGBUS guard and checked
+ * against the vocabulary, so either is one error naming the file and the
+ * position, not a crash or a wrong embedding row. */
+static __thread sigjmp_buf *volatile bus_guard; /* volatile: set before the reads it guards */
+
+static void on_sigbus(int sig)
 {
+    if (bus_guard) siglongjmp(*bus_guard, 1);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void guard_install(void)
+{
+    static int done;
+    if (done) return;
+    done = 1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
+}
+
+/* Copies the window of T+1 tokens at position pos of shard s into one row
+ * of inputs/targets. */
+static int copy_row(const struct loom_data *d, const struct loom_shard *s, int64_t pos, int T,
+                    int32_t *inputs, int32_t *targets)
+{
+    const uint16_t *volatile src = s->tokens + pos;
+    sigjmp_buf jump;
+    if (sigsetjmp(jump, 1)) {
+        bus_guard = NULL;
+        return loom_error_set(LOOM_ERR_RUNTIME,
+                              "data shard '%s' changed while training: position %lld is past its end now "
+                              "(the file was truncated)",
+                              s->path, (long long)pos);
+    }
+    guard_install();
+    bus_guard = &jump;
+    int bad = -1;
     for (int t = 0; t < T; t++) {
         inputs[t] = src[t];
         targets[t] = src[t + 1];
+        if (src[t] >= d->vocab || src[t + 1] >= d->vocab) bad = bad < 0 ? t : bad;
     }
+    bus_guard = NULL;
+    if (bad >= 0 && d->vocab > 0) {
+        const int64_t at = pos + bad + (src[bad] < d->vocab);
+        return loom_error_set(LOOM_ERR_RUNTIME,
+                              "data shard '%s' changed while training: token %d at position %lld is outside "
+                              "the vocabulary (size %d)",
+                              s->path, s->tokens[at], (long long)at, d->vocab);
+    }
+    return LOOM_OK;
 }
 
 /* Uniform in [0, n) from 64 random bits (multiply-high; the bias is below
@@ -221,12 +275,13 @@ static int64_t scale_below(uint64_t h, int64_t n)
     return (int64_t)(((unsigned __int128)h * (uint64_t)n) >> 64);
 }
 
-static void batch_shuffled(const struct loom_data *d, uint64_t seed, int64_t step, int row_begin, int rows,
-                           int T, int32_t *inputs, int32_t *targets)
+static int batch_shuffled(const struct loom_data *d, uint64_t seed, int64_t step, int row_begin, int rows,
+                          int T, int32_t *inputs, int32_t *targets)
 {
     int64_t W = total_windows(d, T);
     LOOM_ASSERT(W > 0);
-    for (int i = 0; i < rows; i++) {
+    int rc = LOOM_OK;
+    for (int i = 0; i < rows && rc == LOOM_OK; i++) {
         int64_t r = row_begin + i;
         int64_t w = scale_below(loom_hash3(seed, (uint64_t)step, (uint64_t)r), W);
         int s = 0;
@@ -234,12 +289,13 @@ static void batch_shuffled(const struct loom_data *d, uint64_t seed, int64_t ste
             w -= shard_windows(&d->shards[s], T);
             s++;
         }
-        copy_row(d->shards[s].tokens + w, T, inputs + (size_t)i * T, targets + (size_t)i * T);
+        rc = copy_row(d, &d->shards[s], w, T, inputs + (size_t)i * T, targets + (size_t)i * T);
     }
+    return rc;
 }
 
-static void batch_sequential(const struct loom_data *d, int64_t step, int global_rows, int row_begin,
-                             int rows, int T, int32_t *inputs, int32_t *targets)
+static int batch_sequential(const struct loom_data *d, int64_t step, int global_rows, int row_begin, int rows,
+                            int T, int32_t *inputs, int32_t *targets)
 {
     int64_t block = (int64_t)global_rows * T;
     int64_t nb = total_blocks(d, block);
@@ -250,25 +306,26 @@ static void batch_sequential(const struct loom_data *d, int64_t step, int global
         k -= shard_blocks(&d->shards[s], block);
         s++;
     }
-    const uint16_t *base = d->shards[s].tokens + k * block;
-    for (int i = 0; i < rows; i++)
-        copy_row(base + (int64_t)(row_begin + i) * T, T, inputs + (size_t)i * T, targets + (size_t)i * T);
+    int rc = LOOM_OK;
+    for (int i = 0; i < rows && rc == LOOM_OK; i++)
+        rc = copy_row(d, &d->shards[s], k * block + (int64_t)(row_begin + i) * T, T, inputs + (size_t)i * T,
+                      targets + (size_t)i * T);
+    return rc;
 }
 
-void loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
-                     int global_rows, int row_begin, int rows, int T, int32_t *inputs, int32_t *targets)
+int loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
+                    int global_rows, int row_begin, int rows, int T, int32_t *inputs, int32_t *targets)
 {
     LOOM_ASSERT(step >= 0 && T > 0 && global_rows > 0);
     LOOM_ASSERT(row_begin >= 0 && rows >= 0 && row_begin + rows <= global_rows);
     if (order == LOOM_DATA_SEQUENTIAL)
-        batch_sequential(d, step, global_rows, row_begin, rows, T, inputs, targets);
-    else
-        batch_shuffled(d, seed, step, row_begin, rows, T, inputs, targets);
+        return batch_sequential(d, step, global_rows, row_begin, rows, T, inputs, targets);
+    return batch_shuffled(d, seed, step, row_begin, rows, T, inputs, targets);
 }
 
-void loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows, int row_begin, int rows,
-                          int T, int32_t *inputs, int32_t *targets)
+int loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows, int row_begin, int rows,
+                         int T, int32_t *inputs, int32_t *targets)
 {
-    loom_data_batch(d, LOOM_DATA_SHUFFLED, LOOM_DATA_EVAL_SEED, index, global_rows, row_begin, rows, T,
-                    inputs, targets);
+    return loom_data_batch(d, LOOM_DATA_SHUFFLED, LOOM_DATA_EVAL_SEED, index, global_rows, row_begin, rows, T,
+                           inputs, targets);
 }

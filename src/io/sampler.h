@@ -74,13 +74,15 @@ int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order,
 
 /* Global rows [row_begin, row_begin + rows) of step `step`'s batch of
  * `global_rows` rows: inputs and targets, each (rows, T) int32.
- * `seed` is used by the shuffled order only. */
-void loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
-                     int global_rows, int row_begin, int rows, int T, int32_t *inputs, int32_t *targets);
+ * `seed` is used by the shuffled order only. LOOM_ERR_RUNTIME naming the
+ * shard and the position when its file changed under the run (truncated:
+ * the read is caught; rewritten: a token outside the vocabulary). */
+int loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
+                    int global_rows, int row_begin, int rows, int T, int32_t *inputs, int32_t *targets);
 
 /* Evaluation batch `index`: loom_data_batch in the shuffled order under
  * LOOM_DATA_EVAL_SEED. */
-void loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows, int row_begin, int rows,
-                          int T, int32_t *inputs, int32_t *targets);
+int loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows, int row_begin, int rows,
+                         int T, int32_t *inputs, int32_t *targets);
 
 #endif

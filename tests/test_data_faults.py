@@ -1,0 +1,110 @@
+"""Bad data during a run: a shard truncated under the run, or rewritten in
+place with tokens outside the vocabulary, ends in one line naming the file
+and the position, exit 1, within seconds, on one rank or two; the save
+directory's newest checkpoint still resumes. A shard replaced by a new file
+(rename) or made unreadable after it was opened does not disturb the run:
+the run reads the file it opened. A shard bad from the start is exit 2.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import lib
+from lib import ENV, LOOM, check
+
+HEADER = 256 * 4  # llm.c's shard header: 256 int32
+
+
+def start(tmp, tag, shard, n=1, iters=3000):
+    save, metrics = os.path.join(tmp, tag), os.path.join(tmp, tag + ".jsonl")
+    cmd = [LOOM, "train", "--data-path", shard, *lib.TINY_MODEL, "--train-iters", str(iters), "--eval-iters", "0",
+           "--threads", "1", "--log-interval", "1", "--metrics", metrics, "--save", save, "--save-interval", "5"]
+    p = subprocess.Popen(lib.mpirun(n, cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None and len(lib.metrics_rows(metrics)) < 12:
+        time.sleep(0.02)
+    return p, save
+
+
+def finish(p, timeout=60):
+    t0 = time.time()
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    return out, err, time.time() - t0
+
+
+def fault_case(tmp, tag, n, fault, want):
+    shard = os.path.join(tmp, tag + ".bin")
+    shutil.copy(os.path.join(tmp, "train.bin"), shard)
+    p, save = start(tmp, tag, shard, n)
+    fault(shard)
+    _, err, took = finish(p)
+    errs = [l for l in lib.error_lines(err) if "data shard" in l]
+    # each rank that reads a row past the change says so before the abort
+    # ends the job: one line a rank, at most
+    check(f"{tag}: exit 1 within {took:.1f} s (<= 10), a line naming the file and position ({want})",
+          p.returncode == 1 and took <= 10 and 1 <= len(errs) <= n and
+          all(shard in e and "position" in e and want in e for e in errs), err[-600:])
+    q = lib.run([LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), *lib.TINY_MODEL, "--train-iters",
+                 "3000", "--eval-iters", "0", "--threads", "1", "--load", save, "--train-iters", "20"], timeout=120)
+    check(f"{tag}: the save directory's newest checkpoint still resumes", q.returncode == 0 and "resumed at step" in
+          q.stdout, q.stderr[-300:])
+
+
+def truncate(shard):
+    os.truncate(shard, HEADER + 200)
+
+
+def rewrite(shard):
+    with open(shard, "r+b") as f:  # the same file, new bytes: every token 0xFFFF
+        f.seek(HEADER)
+        size = os.path.getsize(shard) - HEADER
+        f.write(b"\xff" * size)
+        f.flush()
+
+
+def harmless(tmp, tag, change):
+    shard = os.path.join(tmp, tag + ".bin")
+    shutil.copy(os.path.join(tmp, "train.bin"), shard)
+    p, _ = start(tmp, tag, shard, iters=200)
+    change(shard)
+    _, err, _ = finish(p, timeout=120)
+    check(f"{tag}: the run reads the file it opened and finishes (exit 0)", p.returncode == 0, err[-300:])
+
+
+def replace(shard):
+    tmp = shard + ".new"
+    with open(tmp, "wb") as f:
+        f.write(b"\0" * 100)
+    os.rename(tmp, shard)
+
+
+def main():
+    if not lib.built(LOOM):
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        lib.write_corpus(tmp)
+        fault_case(tmp, "truncated", 1, truncate, "past its end")
+        fault_case(tmp, "rewritten", 1, rewrite, "outside the vocabulary")
+        fault_case(tmp, "truncated-2-ranks", 2, truncate, "past its end")
+        harmless(tmp, "replaced", replace)
+        harmless(tmp, "unreadable", lambda s: os.chmod(s, 0))
+        bad = os.path.join(tmp, "bad.bin")
+        shutil.copy(os.path.join(tmp, "train.bin"), bad)
+        rewrite(bad)
+        p = lib.loom("train", "--data-path", bad, *lib.TINY_MODEL, "--train-iters", "2")
+        errs = lib.error_lines(p.stderr)
+        check("a shard bad from the start: exit 2 naming the token and position",
+              p.returncode == 2 and len(errs) == 1 and "outside the vocabulary" in errs[0] and "position" in errs[0],
+              p.stderr[-300:])
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
