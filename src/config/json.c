@@ -174,13 +174,23 @@ static void nearest_key(const char *parent, const char *name, char *out, size_t 
 }
 
 /* A JSON value in a message: 4, 'two', true, null, an object, an array. */
+/* Control characters (a "\n" inside a JSON string) shown as '?', so a
+ * message about the file stays one line. */
+static char *printable(char *s)
+{
+    for (char *p = s; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+    return s;
+}
+
 static const char *describe(const cJSON *c, char *buf, size_t n)
 {
     if (cJSON_IsNumber(c))
         snprintf(buf, n, "%.15g", c->valuedouble);
-    else if (cJSON_IsString(c))
+    else if (cJSON_IsString(c)) {
         snprintf(buf, n, "'%.60s'", c->valuestring);
-    else if (cJSON_IsBool(c))
+        printable(buf);
+    } else if (cJSON_IsBool(c))
         snprintf(buf, n, "%s", cJSON_IsTrue(c) ? "true" : "false");
     else if (cJSON_IsNull(c))
         snprintf(buf, n, "null");
@@ -197,6 +207,7 @@ static int check_object(struct reader *r, const cJSON *obj, const char *parent)
     for (const cJSON *c = obj->child; c; c = c->next) {
         char path[256];
         snprintf(path, sizeof path, "%s%s%s", parent, *parent ? "." : "", c->string);
+        printable(path);
         int n, rc;
         switch (classify(path, &n)) {
         case K_SETTING: /* its value is checked where it is applied */
@@ -449,6 +460,7 @@ static int duplicate_key(const cJSON *o, const char *path, char *out, size_t n)
     for (const cJSON *a = o ? o->child : NULL; a; a = a->next) {
         char sub[256];
         snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", a->string ? a->string : "[]");
+        printable(sub);
         if (cJSON_IsObject(o))
             for (const cJSON *b = a->next; b; b = b->next)
                 if (a->string && b->string && strcmp(a->string, b->string) == 0) {

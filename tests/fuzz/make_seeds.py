@@ -1,7 +1,11 @@
 """Writes the committed seed corpora of the fuzz targets in tests/fuzz/:
 corpus/safetensors/, a few small valid files laid out as loom's writer lays
 them out (tensors by element size then name, header padded with spaces to a
-multiple of 8) and a few malformed ones that reach the reader's checks; and
+multiple of 8) and a few malformed ones that reach the reader's checks;
+corpus/shard/, token shards in llm.c's format, valid and malformed;
+corpus/config_json/ (not written here) holds examples/configs/*.json and a
+few malformed configs, among them one a fuzzer found (a newline inside a
+string value made a two-line error); and
 corpus/trainer_state/, trainer_state.json texts shaped as
 loom_ckpt_state_format writes them (with or without a loss scaler) and a few
 malformed ones. The trainer states carry a checksum of zeros: the target
@@ -104,7 +108,26 @@ states = {
     "bad_model_key_twice": state().replace(b'"hidden_size": 64', b'"num_layers": 64'),
 }
 
-for sub, ext, files in (("safetensors", ".safetensors", seeds), ("trainer_state", ".json", states)):
+def shard(tokens, magic=20240520, version=1, count=None):
+    """A token shard in llm.c's format: 256 int32 of header, then uint16 tokens."""
+    header = [magic, version, len(tokens) if count is None else count] + [0] * 253
+    return struct.pack("<256i", *header) + struct.pack(f"<{len(tokens)}H", *tokens)
+
+
+shards = {
+    "valid_small": shard([1, 2, 3, 50256, 0, 255]),
+    "valid_empty": shard([]),
+    "valid_bytes": shard(list(range(256)) * 2),
+    "bad_magic": shard([1, 2, 3], magic=1234),
+    "bad_version": shard([1, 2, 3], version=7),
+    "bad_count_long": shard([1, 2, 3], count=5),
+    "bad_count_negative": shard([1, 2, 3], count=-1),
+    "bad_token_vocab": shard([1, 60000, 3]),
+    "bad_header_short": shard([1, 2, 3])[:100],
+}
+
+for sub, ext, files in (("safetensors", ".safetensors", seeds), ("trainer_state", ".json", states),
+                        ("shard", ".bin", shards)):
     out = os.path.join(CORPUS, sub)
     os.makedirs(out, exist_ok=True)
     for name, content in files.items():
