@@ -176,7 +176,7 @@ def damage_cases(tmp, base):
           p.stderr[-400:])
     check("full disk: latest still names iter_0000002, nothing half-written left",
           open(os.path.join(d, "latest")).read().strip() == "iter_0000002"
-          and not [x for x in os.listdir(d) if x.startswith(".")] and not os.path.exists(os.path.join(d, "iter_0000004")),
+          and not [x for x in os.listdir(d) if x.startswith(".") and x != ".lock"] and not os.path.exists(os.path.join(d, "iter_0000004")),
           str(os.listdir(d)))
     p, rows = train(tmp, d, 1, tiny + ["--train-iters", "4", "--load", d], expect=None)
     check("after the full-disk failure the previous checkpoint resumes",
@@ -197,7 +197,7 @@ def crash_cases(tmp, base):
         p, rows = train(tmp, d, 1, ["--train-iters", "12", "--load", d], expect=None)
         want = [tuple(r) for r in ref if r[0] > kept]
         check(f"killed at {point}: resumes from iter_{kept:07d} and continues exactly; leftovers cleaned",
-              p.returncode == 0 and losses(rows) == want and not [x for x in os.listdir(d) if x.startswith(".")],
+              p.returncode == 0 and losses(rows) == want and not [x for x in os.listdir(d) if x.startswith(".") and x != ".lock"],
               f"exit {p.returncode} {p.stderr[-300:]} {os.listdir(d)}")
 
 

@@ -3,6 +3,9 @@
 - One writer per save directory: a second job on the same --save is refused
   with one line naming the holder (pid and host), exit 2, and the first
   finishes untouched.
+- A save directory holding a checkpoint past the run's start (another
+  run's) is said once; latest and --keep-last follow this run's checkpoints
+  and leave the newer one alone.
 - --keep-last never follows an iter_* link out of the save directory: the
   archived checkpoint it points to keeps every file.
 - A FIFO in place of `latest`, a trainer state, a rank file or a data shard
@@ -46,6 +49,28 @@ def one_writer(tmp):
           os.path.exists(os.path.join(save, "iter_0003000", "trainer_state.json")), err[-400:])
     p = lib.loom(*train_args(tmp, save, 3001, ["--load", save]))
     check("once it is done, the directory takes a new job (resume)", p.returncode == 0, p.stderr[-400:])
+
+
+def newer_checkpoints(tmp):
+    """Another run's newer checkpoint in --save: said once; this run's saves
+    replace the same iterations, latest names them, --keep-last leaves the
+    newer one alone (before, it kept the stale one and deleted the new)."""
+    save = os.path.join(tmp, "newer")
+    p = lib.loom(*train_args(tmp, save, 10))
+    check("a run leaves iter_0000010", p.returncode == 0 and os.path.exists(os.path.join(save, "iter_0000010")))
+    p = lib.loom(*train_args(tmp, save, 5, ["--save-interval", "1", "--keep-last", "2"]))
+    warns = [l for l in p.stderr.splitlines() if "holds iter_0000010, past this run's start" in l]
+    kept = sorted(x for x in os.listdir(save) if x.startswith("iter_"))
+    check("a fresh run into it: one warning naming the newer checkpoint, exit 0", p.returncode == 0 and
+          len(warns) == 1, p.stderr[-300:])
+    check("latest names this run's last checkpoint; --keep-last 2 kept this run's newest two and the other run's",
+          open(os.path.join(save, "latest")).read().strip() == "iter_0000005" and
+          kept == ["iter_0000004", "iter_0000005", "iter_0000010"], str(kept))
+    p = lib.loom(*train_args(tmp, save, 7, ["--load", save]))
+    check("--load of the same directory continues this run from latest (step 5), without the warning",
+          p.returncode == 0 and "iter_0000005" in p.stdout and "resumed at step 6" in p.stdout and
+          "past this run's start" not in p.stderr,
+          p.stderr[-300:])
 
 
 def keep_last_links(tmp):
@@ -127,6 +152,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         lib.write_corpus(tmp)
         one_writer(tmp)
+        newer_checkpoints(tmp)
         keep_last_links(tmp)
         fifos(tmp)
         metrics_full(tmp)

@@ -180,6 +180,27 @@ static int check_save_dir(const char *save)
     return rc;
 }
 
+/* A save directory holding a checkpoint past this run's start is another
+ * run's (or a later point of this one) unless this run continues it (--load
+ * of the directory or of one of its iter_ checkpoints): said once, as this
+ * run's saves replace those of the same iterations and latest moves to
+ * them, while --keep-last leaves the newer ones alone. Rank 0 looks. */
+static void check_save_newer(const struct loom_config *cfg, const struct loom_engine *e)
+{
+    if (loom_comm_world_rank() != 0) return;
+    const int64_t newest = loom_ckpt_newest(cfg->save), start = loom_engine_steps_done(e);
+    char parent[sizeof cfg->load];
+    loom_fs_dirname(cfg->load, parent, sizeof parent);
+    const int continues =
+        !cfg->finetune && *cfg->load && (strcmp(cfg->load, cfg->save) == 0 || strcmp(parent, cfg->save) == 0);
+    if (newest <= start || continues) return;
+    loom_log_warn(
+        "--save %s holds iter_%07lld, past this run's start (step %lld): another run's checkpoints; "
+        "this run's replace those of the same iterations and latest will name them, --keep-last "
+        "leaves the newer ones alone",
+        cfg->save, (long long)newest, (long long)start);
+}
+
 /* --dry-run under pipeline parallelism: which layers each stage holds, on
  * which ranks. */
 static void print_stage_map(const struct loom_config *cfg, const struct loom_topology *t)
@@ -331,6 +352,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
         rc = agree(r, *cfg->load ? loom_checkpoint_load_weights(r->model, cfg->load)
                                  : loom_error_set(LOOM_ERR_INPUT, "loom eval needs --load"));
     }
+    if (rc == LOOM_OK && training && *cfg->save) check_save_newer(cfg, r->engine);
     if (rc) return rc;
     r->nbatches = training ? loom_engine_batches_in_flight(r->engine) : 1;
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length * (size_t)r->nbatches;

@@ -203,6 +203,9 @@ void loom_ckpt_abandon(const char *tmp);
  * (pid and host) when another job has it. */
 int loom_ckpt_lock(const char *save);
 
+/* The iteration of the newest complete checkpoint in save, or -1. */
+int64_t loom_ckpt_newest(const char *save);
+
 /* Whether path is a loom checkpoint: a directory holding loom's
  * trainer_state.json (not Hugging Face Trainer's, which a checkpoint-N
  * directory holds beside its weights), or a save directory (with latest,

@@ -149,7 +149,8 @@ static int list_iterations(const char *save, int64_t **out, int *n)
     return LOOM_OK;
 }
 
-/* Removes all but the newest keep checkpoints (never `current`): each loses
+/* Removes all but the newest keep checkpoints up to `current` (never
+ * `current`, nor any past it: another run's): each loses
  * its state file first, so a kill half-way leaves no directory that looks
  * complete. Failures are warnings. */
 static void prune(const char *save, int64_t current, int keep)
@@ -160,8 +161,10 @@ static void prune(const char *save, int64_t current, int keep)
         loom_log_warn("%s", loom_error_message());
         return;
     }
+    /* the newest keep of this run's: those past `current` are another run's, left alone */
+    int kept = 0;
     for (int i = 0; i < n; i++) {
-        if (i < keep || its[i] == current) continue;
+        if (its[i] > current || its[i] == current || kept++ < keep - 1) continue;
         char dir[4200], state[4400];
         loom_ckpt_iter_dir(save, its[i], dir, sizeof dir);
         struct stat st; /* a link to a checkpoint elsewhere is not ours to remove, nor followed */
@@ -240,6 +243,19 @@ static int loom_state_file(const char *file)
     if (n < 0) return 0;
     head[n] = '\0';
     return strncmp(head, "{\"checksum\"", 11) == 0;
+}
+
+int64_t loom_ckpt_newest(const char *save)
+{
+    int64_t *its, newest = -1;
+    int n;
+    if (!loom_fs_is_dir(save) || list_iterations(save, &its, &n) != LOOM_OK) {
+        loom_error_clear();
+        return -1;
+    }
+    if (n > 0) newest = its[0];
+    loom_free(its);
+    return newest;
 }
 
 int loom_ckpt_is_checkpoint(const char *path)

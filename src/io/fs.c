@@ -58,7 +58,11 @@ int loom_fs_write_atomic(const char *path, const void *const *parts, const size_
 {
     char tmp[4200], dir[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    /* O_EXCL: a file already there (left by a killed process of this pid,
+     * or anyone's) is removed and the name made anew, never written through */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return loom_error_set(LOOM_ERR_RUNTIME, "open %s for writing: %s", tmp, strerror(errno));
     int rc = LOOM_OK;
     /* Written in pieces of WRITEBACK bytes, each handed to the disk as soon as

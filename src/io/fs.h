@@ -16,7 +16,8 @@ int loom_fs_mkdir_p(const char *path);
  * cannot fsync a directory say so with EINVAL, which is not an error). */
 int loom_fs_fsync_dir(const char *dir);
 /* Writes the concatenation of `nparts` buffers to `path` crash-safely:
- * PATH.tmp.<pid>, fsync, rename, fsync of the directory. A failure before
+ * PATH.tmp.<pid> (created anew: O_EXCL, a file there first removed), fsync,
+ * rename, fsync of the directory. A failure before
  * the rename leaves `path` untouched and removes the temporary file; only
  * the final directory fsync can fail after `path` holds the new, complete
  * file. LOOM_ERR_RUNTIME. */
