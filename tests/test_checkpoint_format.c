@@ -481,7 +481,7 @@ static void test_row_split(void)
 
 static void test_state(void)
 {
-    struct loom_ckpt_file files[2] = {{"rank_00000.safetensors"}, {"rank_00001.safetensors"}};
+    struct loom_ckpt_file files[2] = {{"rank_00000.safetensors", 1234}, {"rank_00001.safetensors", -1}};
     struct loom_ckpt_state st = {.iteration = 7,
                                  .optimizer_step = 6,
                                  .consumed_samples = 56,
@@ -505,6 +505,7 @@ static void test_state(void)
                                  .loss_scale_good_steps = 3,
                                  .loss_scale_hysteresis = 2,
                                  .skipped_steps = 1,
+                                 .run = "0123456789abcdef",
                                  .nfiles = 2,
                                  .files = files};
     char *text = loom_ckpt_state_format(&st, "{\"lr\":\"0.001\"}");
@@ -517,6 +518,8 @@ static void test_state(void)
           back.zero_stage == 3 && back.has_loss_scaler && back.loss_scale == 65536 &&
           back.skipped_steps == 1 && back.nfiles == 2 &&
           strcmp(back.files[1].name, "rank_00001.safetensors") == 0);
+    CHECK(back.files[0].bytes == 1234 && back.files[1].bytes == -1); /* sizes as recorded, or none */
+    CHECK(strcmp(back.run, st.run) == 0);
     /* the model's shape comes back as written: type, keys in order, values
      * of each kind (a real exactly) */
     CHECK(strcmp(back.model.type, "gpt2") == 0 && back.model.n == 5 &&

@@ -6,6 +6,11 @@
 - A save directory holding a checkpoint past the run's start (another
   run's) is said once; latest and --keep-last follow this run's checkpoints
   and leave the newer one alone.
+- Every file of a checkpoint is tied to its trainer state (the run's
+  identifier and the iteration in each rank file, each file's size, the
+  directory's name): a file of another run or iteration, another size, or a
+  directory named for another iteration falls back to the previous
+  checkpoint, named.
 - --keep-last never follows an iter_* link out of the save directory: the
   archived checkpoint it points to keeps every file.
 - A FIFO in place of `latest`, a trainer state, a rank file or a data shard
@@ -71,6 +76,43 @@ def newer_checkpoints(tmp):
           p.returncode == 0 and "iter_0000005" in p.stdout and "resumed at step 6" in p.stdout and
           "past this run's start" not in p.stderr,
           p.stderr[-300:])
+
+
+def tied_files(tmp):
+    """Every file of a checkpoint is tied to its state: a rank file of another
+    run or iteration, a size that differs, a directory named for another
+    iteration, each falls back to the previous checkpoint, named."""
+    a, b = os.path.join(tmp, "tie-a"), os.path.join(tmp, "tie-b")
+    lib.loom(*train_args(tmp, a, 4, ["--save-interval", "2"]))
+    lib.loom(*train_args(tmp, b, 4, ["--save-interval", "2", "--seed", "5"]))
+    rank0 = "rank_00000.safetensors"
+
+    def case(name, damage, want):
+        d = os.path.join(tmp, "tie-" + name)
+        shutil.copytree(a, d)
+        damage(d)
+        p = lib.loom(*train_args(tmp, os.path.join(tmp, "tie-out-" + name), 5, ["--load", d]))
+        warns = [l for l in p.stderr.splitlines() if "falling back to" in l]
+        check(f"{name}: falls back to iter_0000002, naming why", p.returncode == 0 and len(warns) == 1 and
+              want in warns[0] and "resumed at step 3" in p.stdout, p.stderr[-400:])
+
+    case("a rank file of another run",
+         lambda d: shutil.copy(os.path.join(b, "iter_0000004", rank0), os.path.join(d, "iter_0000004", rank0)),
+         "a file of run")
+    case("a rank file of another iteration",
+         lambda d: shutil.copy(os.path.join(d, "iter_0000002", rank0), os.path.join(d, "iter_0000004", rank0)),
+         "iteration 2, in a checkpoint of run")
+
+    def grow(d):
+        with open(os.path.join(d, "iter_0000004", rank0), "ab") as f:
+            f.write(b" ")
+    case("a rank file of another size", grow, "the trainer state records")
+
+    def rename(d):
+        os.rename(os.path.join(d, "iter_0000004"), os.path.join(d, "iter_0000003"))
+        with open(os.path.join(d, "latest"), "w") as f:
+            f.write("iter_0000003\n")
+    case("a directory named for another iteration", rename, "its trainer state is of iteration 4, not 3")
 
 
 def keep_last_links(tmp):
@@ -153,6 +195,7 @@ def main():
         lib.write_corpus(tmp)
         one_writer(tmp)
         newer_checkpoints(tmp)
+        tied_files(tmp)
         keep_last_links(tmp)
         fifos(tmp)
         metrics_full(tmp)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -117,7 +118,8 @@ static int count_tensors(void *ctx, const struct loom_tensor *t, size_t t_lo, si
     return LOOM_OK;
 }
 
-static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t *bytes)
+static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t iteration, uint64_t *bytes,
+                      uint64_t *file_bytes)
 {
     const struct loom_model *m = p->model;
     const struct loom_adamw *opt = p->opt;
@@ -151,9 +153,13 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
     s.pieces = loom_alloc(loom_mul_size(4 * (size_t)ntensors + 1, sizeof *s.pieces), LOOM_MEM_OTHER);
     s.names = loom_alloc(loom_mul_size(4 * (size_t)ntensors + 1, sizeof *s.names), LOOM_MEM_OTHER);
     for_each_tensor(m, lo, hi, add_pieces, &s);
-    char path[4300];
+    char path[4300], it[32];
     snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, p->topo->rank);
-    int rc = loom_ckpt_write_file(path, s.pieces, s.n, NULL, 0);
+    snprintf(it, sizeof it, "%lld", (long long)iteration);
+    const char *meta[4] = {LOOM_CKPT_META_RUN, p->run, LOOM_CKPT_META_ITERATION, it};
+    int rc = loom_ckpt_write_file(path, s.pieces, s.n, meta, 2);
+    struct stat sb;
+    *file_bytes = rc == LOOM_OK && stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     *bytes = (s.master ? 4 : 3) * (uint64_t)(hi - lo) * sizeof(float);
     loom_free(s.pieces);
     loom_free(s.names);
@@ -162,7 +168,7 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, uint64_t
     return rc;
 }
 
-static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
+static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration, const uint64_t *file_bytes)
 {
     const struct loom_config *cfg = p->cfg;
     struct loom_ckpt_state st = {0};
@@ -187,8 +193,11 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration)
     }
     st.nfiles = p->topo->world;
     st.files = loom_alloc(loom_mul_size((size_t)st.nfiles, sizeof *st.files), LOOM_MEM_OTHER);
-    for (int r = 0; r < st.nfiles; r++)
+    for (int r = 0; r < st.nfiles; r++) {
         snprintf(st.files[r].name, sizeof st.files[r].name, "rank_%05d.safetensors", r);
+        st.files[r].bytes = (int64_t)file_bytes[r];
+    }
+    snprintf(st.run, sizeof st.run, "%s", p->run);
     char *text = loom_ckpt_state_format(&st, NULL);
     loom_ckpt_state_free(&st);
     return text;
@@ -203,13 +212,19 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
     loom_ckpt_tmp_dir(cfg->save, iteration, tmp, sizeof tmp);
     int rc = root ? loom_ckpt_begin(cfg->save, iteration) : LOOM_OK;
     if ((rc = loom_comm_agree_shared(rc))) return rc;
-    uint64_t bytes = 0;
-    rc = loom_comm_agree_shared(write_part(p, tmp, &bytes));
+    uint64_t bytes = 0, mine = 0;
+    rc = loom_comm_agree_shared(write_part(p, tmp, iteration, &bytes, &mine));
+    /* every rank file's size, for the state */
+    uint64_t *sizes = loom_alloc(loom_mul_size((size_t)p->topo->world, sizeof *sizes), LOOM_MEM_OTHER);
+    if (rc == LOOM_OK)
+        loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(&mine, 1, LOOM_DTYPE_U64),
+                                           loom_buf_of(sizes, (size_t)p->topo->world, LOOM_DTYPE_U64)));
     if (rc == LOOM_OK && root) {
-        char *text = state_text(p, iteration);
+        char *text = state_text(p, iteration, sizes);
         rc = loom_ckpt_commit(cfg->save, iteration, tmp, text, cfg->keep_last);
         loom_free(text);
     }
+    loom_free(sizes);
     rc = loom_comm_agree_shared(rc);
     if (rc && root) loom_ckpt_abandon(tmp);
     if (rc) return rc == LOOM_ERR_INPUT ? LOOM_ERR_RUNTIME : rc; /* a failure while running */
@@ -266,6 +281,19 @@ static int open_reader(struct loom_ckpt_reader **r, const char *dir, const struc
     for (int i = 0; i < st->nfiles; i++) files[i] = st->files[i].name;
     int rc = loom_ckpt_reader_open(r, dir, files, st->nfiles);
     loom_free(files);
+    /* each file is of this run and this iteration (a state without a run
+     * predates the records: nothing to hold its files to) */
+    for (int i = 0; rc == LOOM_OK && st->run[0] && i < st->nfiles; i++) {
+        const char *run = loom_ckpt_reader_meta(*r, i, LOOM_CKPT_META_RUN),
+                   *it = loom_ckpt_reader_meta(*r, i, LOOM_CKPT_META_ITERATION);
+        char want[32];
+        snprintf(want, sizeof want, "%lld", (long long)st->iteration);
+        if (!run || strcmp(run, st->run) != 0 || !it || strcmp(it, want) != 0)
+            rc = loom_error_set(
+                LOOM_ERR_INPUT,
+                "%s/%s: a file of run %s, iteration %s, in a checkpoint of run %s, iteration %s", dir,
+                st->files[i].name, run ? run : "(none)", it ? it : "(none)", st->run, want);
+    }
     return rc;
 }
 
@@ -467,6 +495,8 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
     int rc = try_candidates(p, cfg->load, restore_training, &st, &bytes, stats->dir, sizeof stats->dir);
     if (rc) return rc;
     *iteration = cfg->finetune ? 0 : st.iteration;
+    if (!cfg->finetune && st.run[0] && p->run) /* the run goes on under its identifier */
+        snprintf(p->run, LOOM_CKPT_RUN_LEN + 1, "%s", st.run);
     stats->skipped = cfg->finetune ? 0 : st.skipped_steps;
     if (!cfg->finetune) {
         if (st.seed != cfg->seed)

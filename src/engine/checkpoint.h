@@ -47,6 +47,10 @@ struct loom_ckpt_parts {
     struct loom_adamw *opt;
     struct loom_loss_scaler *scaler; /* fp16's, or NULL */
     int64_t skipped;                 /* updates skipped so far (saved; restored into the stats) */
+    /* The run's identifier (io/checkpoint.h): written into every file of a
+     * save; a load checks each file against the state's and sets it to
+     * the loaded run's (unless --finetune, which starts a run of its own). */
+    char *run; /* LOOM_CKPT_RUN_LEN + 1 */
 };
 
 struct loom_ckpt_io_stats {

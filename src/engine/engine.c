@@ -14,6 +14,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "base/buf.h"
 #include "base/clock.h"
@@ -21,6 +23,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/pool.h"
+#include "base/rng.h"
 #include "base/trace.h"
 #include "config/config.h"
 #include "io/checkpoint.h"
@@ -204,7 +207,8 @@ static struct loom_ckpt_parts ckpt_parts(struct loom_engine *e)
                                     .store_hi = stage3 ? e->part.end : m->num_params,
                                     .opt = &e->opt,
                                     .scaler = e->scaler,
-                                    .skipped = e->skipped};
+                                    .skipped = e->skipped,
+                                    .run = e->run};
 }
 
 /* This stage's plan of a step, its model chunks' block ranges (runs of
@@ -234,6 +238,20 @@ void loom_engine_plan_schedule(struct loom_engine *e)
         m->ops->set_slots(m, e->plan.slots);
     else
         LOOM_ASSERT(e->plan.slots == 1);
+}
+
+/* A fresh run identifier, rank 0's on every rank (a resumed run takes the
+ * checkpoint's instead, in loom_checkpoint_load). */
+static void new_run_id(struct loom_engine *e)
+{
+    uint64_t id = 0;
+    if (e->topo.rank == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        id = loom_hash3((uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec, (uint64_t)getpid());
+    }
+    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, loom_buf_of(&id, 1, LOOM_DTYPE_U64), 0));
+    snprintf(e->run, sizeof e->run, "%016llx", (unsigned long long)id);
 }
 
 enum loom_dtype loom_engine_state_dtype(const struct loom_config *cfg)
@@ -292,6 +310,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * rounds once per step (DeepSpeed's bf16 optimizer does the same), so the
      * rounded sum does not depend on how the layout splits the batch; from
      * stage 2 the accumulator is ZeRO's float32 shard */
+    new_run_id(e);
     loom_engine_alloc_grad_acc(e);
     e->part = loom_zero_partition(cfg->zero_stage, dp, e->topo.dp_rank, m);
     loom_engine_build_stack(e);

@@ -8,6 +8,7 @@
 
 #include "comm/comm.h"
 #include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "loom/engine.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -36,6 +37,7 @@ struct loom_engine {
     struct loom_ckpt_io_stats load_io; /* of the resume */
     struct loom_ckpt_io_stats save_io; /* of the last save */
     int64_t steps;                     /* optimizer steps done */
+    char run[LOOM_CKPT_RUN_LEN + 1];   /* this run's identifier in its checkpoints (io/checkpoint.h) */
     int micro;                         /* micro-batches of the current step so far (forward) */
     int backwards;                     /* of which backward done */
     struct loom_micro mb;              /* the last forward's micro-batch (no pipelining) */

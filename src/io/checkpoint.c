@@ -411,6 +411,12 @@ struct loom_ckpt_reader {
     int npieces;
 };
 
+const char *loom_ckpt_reader_meta(const struct loom_ckpt_reader *r, int file, const char *key)
+{
+    LOOM_ASSERT(file >= 0 && file < r->nfiles);
+    return loom_st_meta(&r->files[file], key);
+}
+
 static int cmp_piece(const void *a, const void *b)
 {
     const struct piece *x = a, *y = b;

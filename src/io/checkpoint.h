@@ -142,11 +142,24 @@ int loom_ckpt_read(struct loom_ckpt_reader *r, const char *name, int ndim, const
 int loom_ckpt_read_slice(struct loom_ckpt_reader *r, const char *name, const struct loom_ckpt_slice *want,
                          float *dst);
 
+/* File `file`'s metadata value for key (in the order opened), or NULL. */
+const char *loom_ckpt_reader_meta(const struct loom_ckpt_reader *r, int file, const char *key);
+
 /* ---- trainer state ------------------------------------------------------ */
 
 struct loom_ckpt_file {
     char name[64]; /* a plain file name inside the checkpoint directory */
+    int64_t bytes; /* its size; -1: not recorded (a state written before sizes were) */
 };
+
+/* A run's identifier: 16 hex digits, the same for every checkpoint of a run
+ * and its resumptions, in the trainer state and in every rank file's
+ * metadata (LOOM_CKPT_META_RUN, with the iteration under
+ * LOOM_CKPT_META_ITERATION), so no file of another run or iteration loads
+ * as this checkpoint's. */
+#define LOOM_CKPT_RUN_LEN 16
+#define LOOM_CKPT_META_RUN "loom.run"
+#define LOOM_CKPT_META_ITERATION "loom.iteration"
 
 struct loom_ckpt_state {
     int64_t iteration;        /* optimizer steps completed: the next step is iteration + 1 */
@@ -163,6 +176,7 @@ struct loom_ckpt_state {
     double loss_scale;
     int64_t loss_scale_good_steps, loss_scale_hysteresis;
     int64_t skipped_steps; /* updates skipped for a non-finite gradient (they do not advance the schedule) */
+    char run[LOOM_CKPT_RUN_LEN + 1]; /* "" in a state written before runs were recorded */
     int nfiles;
     struct loom_ckpt_file *files; /* (nfiles), malloc'd; loom_ckpt_state_free */
 };
@@ -176,7 +190,10 @@ int loom_ckpt_state_verify(const char *buf, size_t len, const char *path);
 /* Parses state text (checksum not checked): every field is type- and
  * range-checked; LOOM_ERR_INPUT naming the field. */
 int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *st);
-/* Reads, verifies and parses DIR/trainer_state.json. */
+/* Reads, verifies and parses DIR/trainer_state.json, and checks that DIR
+ * is what it describes: a directory named iter_N holds iteration N, and
+ * each file has the size recorded (LOOM_ERR_INPUT naming the mismatch, as
+ * damage is). */
 int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st);
 void loom_ckpt_state_free(struct loom_ckpt_state *st);
 

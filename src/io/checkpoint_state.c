@@ -6,12 +6,14 @@
  */
 #include "io/checkpoint.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 #include <xxhash.h>
@@ -93,8 +95,18 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
     cJSON_AddNumberToObject(layout, "tensor_model_parallel_size", st->tp);
     cJSON_AddNumberToObject(layout, "pipeline_model_parallel_size", st->pp);
     cJSON_AddNumberToObject(layout, "zero_stage", st->zero_stage);
+    if (st->run[0]) cJSON_AddStringToObject(o, "run", st->run);
     cJSON *files = cJSON_AddArrayToObject(o, "files");
-    for (int i = 0; i < st->nfiles; i++) cJSON_AddItemToArray(files, cJSON_CreateString(st->files[i].name));
+    for (int i = 0; i < st->nfiles; i++) {
+        if (st->files[i].bytes < 0) { /* as a state without sizes lists it */
+            cJSON_AddItemToArray(files, cJSON_CreateString(st->files[i].name));
+            continue;
+        }
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "name", st->files[i].name);
+        cJSON_AddNumberToObject(f, "bytes", (double)st->files[i].bytes);
+        cJSON_AddItemToArray(files, f);
+    }
     if (config_json) {
         cJSON *cfg = cJSON_Parse(config_json);
         if (cfg) cJSON_AddItemToObject(o, "config", cfg);
@@ -313,6 +325,17 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
         (rc = get_int32(layout, "layout.", "pipeline_model_parallel_size", 1, 1 << 24, &st->pp)) ||
         (rc = get_int32(layout, "layout.", "zero_stage", 0, 3, &st->zero_stage)))
         goto done;
+    const cJSON *run = member(root, "run");
+    if (run) {
+        size_t k = cJSON_IsString(run) ? strlen(run->valuestring) : 0;
+        int hex = k == LOOM_CKPT_RUN_LEN;
+        for (size_t i = 0; hex && i < k; i++) hex = strchr("0123456789abcdef", run->valuestring[i]) != NULL;
+        if (!hex) {
+            rc = loom_error_set(LOOM_ERR_INPUT, "run: expected %d lowercase hex digits", LOOM_CKPT_RUN_LEN);
+            goto done;
+        }
+        snprintf(st->run, sizeof st->run, "%s", run->valuestring);
+    }
     const cJSON *files = member(root, "files");
     int n = cJSON_GetArraySize(files);
     if (!cJSON_IsArray(files) || n < 1 || n > LOOM_CKPT_MAX_FILES) {
@@ -324,22 +347,54 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
     const cJSON *f;
     cJSON_ArrayForEach(f, files)
     {
-        if (!cJSON_IsString(f) || !safe_file_name(f->valuestring)) {
+        /* a name, or {"name": ..., "bytes": ...} */
+        const cJSON *name = cJSON_IsObject(f) ? member(f, "name") : f;
+        int64_t bytes = -1;
+        char field[32];
+        snprintf(field, sizeof field, "files[%d].", st->nfiles);
+        if (!cJSON_IsString(name) || !safe_file_name(name->valuestring)) {
             rc = loom_error_set(LOOM_ERR_INPUT, "files[%d]: expected a plain file name", st->nfiles);
             goto done;
         }
+        if (cJSON_IsObject(f) && (rc = get_int(f, field, "bytes", 0, big, &bytes))) goto done;
         for (int k = 0; k < st->nfiles; k++)
-            if (strcmp(st->files[k].name, f->valuestring) == 0) {
+            if (strcmp(st->files[k].name, name->valuestring) == 0) {
                 rc = loom_error_set(LOOM_ERR_INPUT, "files[%d]: %s is listed twice", st->nfiles,
-                                    f->valuestring);
+                                    name->valuestring);
                 goto done;
             }
-        snprintf(st->files[st->nfiles++].name, sizeof st->files[0].name, "%s", f->valuestring);
+        snprintf(st->files[st->nfiles].name, sizeof st->files[0].name, "%s", name->valuestring);
+        st->files[st->nfiles++].bytes = bytes;
     }
 done:
     cJSON_Delete(root);
     if (rc) loom_ckpt_state_free(st);
     return rc;
+}
+
+/* dir is what st describes: its name's iteration (iter_N) and its files' sizes. */
+static int check_dir(const char *dir, const struct loom_ckpt_state *st)
+{
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    char *end;
+    if (strncmp(base, "iter_", 5) == 0) {
+        long long it = strtoll(base + 5, &end, 10);
+        if (!*end && end != base + 5 && it != st->iteration)
+            return loom_error_set(LOOM_ERR_INPUT, "%s: its trainer state is of iteration %lld, not %lld", dir,
+                                  (long long)st->iteration, it);
+    }
+    for (int i = 0; i < st->nfiles; i++) {
+        if (st->files[i].bytes < 0) continue;
+        char path[4300];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, st->files[i].name);
+        if (stat(path, &sb) != 0) return loom_error_set(LOOM_ERR_INPUT, "%s: %s", path, strerror(errno));
+        if ((int64_t)sb.st_size != st->files[i].bytes)
+            return loom_error_set(LOOM_ERR_INPUT, "%s: %lld bytes, the trainer state records %lld", path,
+                                  (long long)sb.st_size, (long long)st->files[i].bytes);
+    }
+    return LOOM_OK;
 }
 
 int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st)
@@ -357,6 +412,8 @@ int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st)
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", path, why);
     }
     loom_free(buf);
+    if (rc == LOOM_OK) rc = check_dir(dir, st);
+    if (rc) loom_ckpt_state_free(st);
     return rc;
 }
 

@@ -1,3 +1,4 @@
+// clang-format off
 /*
  * libFuzzer target for the DeepSpeed JSON config reader (config/json.c):
  * each input is written to a file and read onto a configuration holding the
@@ -10,9 +11,12 @@
  * Not here: presets and flags (parse.c's loom_config_parse, which needs the
  * model families; they are stubbed out below as having no presets).
  *
- * fuzz-sources: src/config/json.c src/config/table.c src/config/parse.c src/config/print.c src/base/log.c
- * src/base/mem.c fuzz-libs: -lcjson
+ * The fuzz-sources line is read whole by the Makefile: formatting is off here.
+ *
+ * fuzz-sources: src/config/json.c src/config/table.c src/config/parse.c src/config/print.c src/base/log.c src/base/mem.c
+ * fuzz-libs: -lcjson
  */
+// clang-format on
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -54,7 +54,9 @@ static int same_state(const struct loom_ckpt_state *a, const struct loom_ckpt_st
     if (same && a->has_loss_scaler)
         same = a->loss_scale == b->loss_scale && a->loss_scale_good_steps == b->loss_scale_good_steps &&
                a->loss_scale_hysteresis == b->loss_scale_hysteresis && a->skipped_steps == b->skipped_steps;
-    for (int i = 0; same && i < a->nfiles; i++) same = strcmp(a->files[i].name, b->files[i].name) == 0;
+    same = same && strcmp(a->run, b->run) == 0;
+    for (int i = 0; same && i < a->nfiles; i++)
+        same = strcmp(a->files[i].name, b->files[i].name) == 0 && a->files[i].bytes == b->files[i].bytes;
     return same;
 }
 
@@ -89,7 +91,9 @@ static void check_ranges(const struct loom_ckpt_state *st)
         REQUIRE(memchr(name, '\0', sizeof st->files[i].name) != NULL);
         REQUIRE(name[0] != '\0' && name[0] != '.' && !strchr(name, '/'));
         for (int k = 0; k < i; k++) REQUIRE(strcmp(st->files[k].name, name) != 0);
+        REQUIRE(st->files[i].bytes >= -1 && st->files[i].bytes <= LOOM_CKPT_INT_MAX);
     }
+    REQUIRE(st->run[0] == '\0' || strspn(st->run, "0123456789abcdef") == LOOM_CKPT_RUN_LEN);
 }
 
 static void check_error(int rc)

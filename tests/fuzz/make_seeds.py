@@ -106,6 +106,10 @@ states = {
     "bad_model_shape_huge": state(model={"type": "gpt2", "num_layers": 2.5e33}),
     "bad_model_setting_word": state(model={"type": "gpt2", "activation_function": "ge\"lu"}),
     "bad_model_key_twice": state().replace(b'"hidden_size": 64', b'"num_layers": 64'),
+    "valid_run_and_sizes": state(run="0123456789abcdef", files=[{"name": "rank_00000.safetensors", "bytes": 4096},
+                                                                {"name": "rank_00001.safetensors", "bytes": 4096}]),
+    "bad_run": state(run="XYZ"),
+    "bad_file_bytes": state(files=[{"name": "rank_00000.safetensors", "bytes": -5}]),
 }
 
 def shard(tokens, magic=20240520, version=1, count=None):
