@@ -34,7 +34,8 @@ def assemble(path):
     """{name: full numpy array} of a checkpoint (save directory or iter dir)."""
     d = checkpoint_dir(path)
     full, covered = {}, {}
-    for fname in state(d)["files"]:
+    for entry in state(d)["files"]:
+        fname = entry["name"] if isinstance(entry, dict) else entry  # {"name", "bytes"}, or a name
         tensors, meta = st.load(os.path.join(d, fname), with_metadata=True)
         for name, piece in tensors.items():
             sl = meta.get("loom.slice." + name)
