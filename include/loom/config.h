@@ -195,6 +195,11 @@ struct loom_config {
     /* checkpoints */
     char load[512], save[512];
     int save_interval, keep_last, finetune;
+    /* graceful stop (also on SIGTERM and SIGINT): after a step that is a
+     * multiple of exit_interval, or once exit_duration_in_mins have passed;
+     * 0: never */
+    int exit_interval;
+    double exit_duration_in_mins;
     /* sampling (loom sample) */
     char prompt[1024];
     int max_new_tokens, top_k;

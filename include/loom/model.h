@@ -186,6 +186,11 @@ struct loom_model_ops {
     int (*tied_embedding)(struct loom_model *m, struct loom_tied_embedding *te);
     /* Optional (NULL: none): the logits of slot 0's last forward, (rows, T, V). */
     const float *(*logits)(struct loom_model *m);
+    /* Optional (NULL: allocated by the first forward). Allocates the
+     * activations of every slot now, after set_slots: a layout that does
+     * not fit fails at set-up, and a footprint counts them (the allocator's
+     * counting mode, base/mem.h). */
+    void (*reserve)(struct loom_model *m);
 };
 
 struct loom_model {
