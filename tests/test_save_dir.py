@@ -114,6 +114,19 @@ def tied_files(tmp):
             f.write("iter_0000003\n")
     case("a directory named for another iteration", rename, "its trainer state is of iteration 4, not 3")
 
+    # two names of one file (a hard link): refused as the state lists them, or for its size
+    two = os.path.join(tmp, "tie-two")
+    lib.run_ranks(2, [LOOM] + train_args(tmp, two, 4, ["--save-interval", "2", "--zero-stage", "1"]), tag="two")
+    it = os.path.join(two, "iter_0000004")
+    os.remove(os.path.join(it, "rank_00001.safetensors"))
+    os.link(os.path.join(it, rank0), os.path.join(it, "rank_00001.safetensors"))
+    p = lib.run_ranks(2, [LOOM] + train_args(tmp, os.path.join(tmp, "tie-out-two"), 5, ["--load", two]),
+                      expect=None, tag="two resumed")
+    warns = [l for l in p.stderr.splitlines() if "falling back to" in l]
+    check("two names of one rank file: falls back to iter_0000002, naming why",
+          p.returncode == 0 and len(warns) == 1 and ("are one file" in warns[0] or "records" in warns[0] or
+                                                     "a file of run" in warns[0]), p.stderr[-400:])
+
 
 def keep_last_links(tmp):
     archive = os.path.join(tmp, "archive")

@@ -366,13 +366,30 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
         snprintf(st->files[st->nfiles].name, sizeof st->files[0].name, "%s", name->valuestring);
         st->files[st->nfiles++].bytes = bytes;
     }
+    if (st->nfiles != st->world_size) /* one file a rank of the layout that wrote it */
+        rc = loom_error_set(LOOM_ERR_INPUT, "files: %d listed, for a layout of %d ranks", st->nfiles,
+                            st->world_size);
 done:
     cJSON_Delete(root);
     if (rc) loom_ckpt_state_free(st);
     return rc;
 }
 
-/* dir is what st describes: its name's iteration (iter_N) and its files' sizes. */
+struct file_id {
+    uint64_t dev, ino;
+    int index;
+};
+
+static int cmp_file_id(const void *a, const void *b)
+{
+    const struct file_id *x = a, *y = b;
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+    return x->index - y->index;
+}
+
+/* dir is what st describes: its name's iteration (iter_N), its files'
+ * sizes, each file distinct. */
 static int check_dir(const char *dir, const struct loom_ckpt_state *st)
 {
     const char *base = strrchr(dir, '/');
@@ -384,17 +401,30 @@ static int check_dir(const char *dir, const struct loom_ckpt_state *st)
             return loom_error_set(LOOM_ERR_INPUT, "%s: its trainer state is of iteration %lld, not %lld", dir,
                                   (long long)st->iteration, it);
     }
-    for (int i = 0; i < st->nfiles; i++) {
-        if (st->files[i].bytes < 0) continue;
+    /* each file its own: links to one file listed under many names would
+     * map it again and again (a state is not trusted to be honest) */
+    struct file_id *ids = loom_alloc(loom_mul_size((size_t)st->nfiles + 1, sizeof *ids), LOOM_MEM_OTHER);
+    int rc = LOOM_OK;
+    for (int i = 0; rc == LOOM_OK && i < st->nfiles; i++) {
         char path[4300];
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s", dir, st->files[i].name);
-        if (stat(path, &sb) != 0) return loom_error_set(LOOM_ERR_INPUT, "%s: %s", path, strerror(errno));
-        if ((int64_t)sb.st_size != st->files[i].bytes)
-            return loom_error_set(LOOM_ERR_INPUT, "%s: %lld bytes, the trainer state records %lld", path,
-                                  (long long)sb.st_size, (long long)st->files[i].bytes);
+        if (stat(path, &sb) != 0)
+            rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", path, strerror(errno));
+        else if (st->files[i].bytes >= 0 && (int64_t)sb.st_size != st->files[i].bytes)
+            rc = loom_error_set(LOOM_ERR_INPUT, "%s: %lld bytes, the trainer state records %lld", path,
+                                (long long)sb.st_size, (long long)st->files[i].bytes);
+        ids[i] = (struct file_id){(uint64_t)sb.st_dev, (uint64_t)sb.st_ino, i};
     }
-    return LOOM_OK;
+    if (rc == LOOM_OK) {
+        qsort(ids, (size_t)st->nfiles, sizeof *ids, cmp_file_id);
+        for (int i = 1; rc == LOOM_OK && i < st->nfiles; i++)
+            if (ids[i].dev == ids[i - 1].dev && ids[i].ino == ids[i - 1].ino)
+                rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s and %s are one file (links)", dir,
+                                    st->files[ids[i - 1].index].name, st->files[ids[i].index].name);
+    }
+    loom_free(ids);
+    return rc;
 }
 
 int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st)
