@@ -136,8 +136,8 @@ def main():
                         print(f"soak: the job failed for good (exit {job.p.returncode}):")
                         print("\n".join(l for _, l in job.lines[-15:]))
                         return 1
-                    for f in faults:  # a graceful stop: noticed when the job ended
-                        if f["job"] is job and f.get("det") is None:
+                    for f in faults:  # a graceful stop: the SIGTERM was noticed when the job ended
+                        if f["job"] is job and f["kind"] == "sigterm" and f.get("det") is None:
                             f["det"] = job.ended
                     job = None  # start it again, as a scheduler requeues it
                     continue
