@@ -95,6 +95,36 @@ def run_ranks(n, cmd, expect=0, tag=None, timeout=300, env=ENV, mpi_args=(), **k
     return p
 
 
+def loom_ranks(marker):
+    """pid -> world rank (0 outside mpirun) of the running loom processes
+    whose command line holds marker."""
+    import glob
+    out = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            cmdline = open(d + "/cmdline", "rb").read().split(b"\0")
+            if not cmdline or not cmdline[0].endswith(b"loom") or marker.encode() not in b" ".join(cmdline):
+                continue
+            env = open(d + "/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        rank = [int(e.split(b"=")[1]) for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        out[int(d[6:])] = rank[0] if rank else 0
+    return out
+
+
+def finish(p, timeout):
+    """(stdout, stderr, seconds) of a started process, killed past timeout."""
+    import time
+    t0 = time.time()
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    return out, err, time.time() - t0
+
+
 def loom(*args, timeout=120, env=None, exe=LOOM):
     """`loom ARGS` in one process."""
     return run([exe, *args], timeout=timeout, env=env)

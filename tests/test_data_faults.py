@@ -29,22 +29,13 @@ def start(tmp, tag, shard, n=1, iters=3000):
     return p, save
 
 
-def finish(p, timeout=60):
-    t0 = time.time()
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-    return out, err, time.time() - t0
-
 
 def fault_case(tmp, tag, n, fault, want):
     shard = os.path.join(tmp, tag + ".bin")
     shutil.copy(os.path.join(tmp, "train.bin"), shard)
     p, save = start(tmp, tag, shard, n)
     fault(shard)
-    _, err, took = finish(p)
+    _, err, took = lib.finish(p, 60)
     errs = [l for l in lib.error_lines(err) if "data shard" in l]
     # each rank that reads a row past the change says so before the abort
     # ends the job: one line a rank, at most
@@ -74,7 +65,7 @@ def harmless(tmp, tag, change):
     shutil.copy(os.path.join(tmp, "train.bin"), shard)
     p, _ = start(tmp, tag, shard, iters=200)
     change(shard)
-    _, err, _ = finish(p, timeout=120)
+    _, err, _ = lib.finish(p, timeout=120)
     check(f"{tag}: the run reads the file it opened and finishes (exit 0)", p.returncode == 0, err[-300:])
 
 

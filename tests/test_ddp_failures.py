@@ -7,7 +7,6 @@ started on two ranks, and the launcher, with --max-restarts: a rank killed
 mid-run and the job resumed from the newest checkpoint ends with the
 uninterrupted run's state bit for bit; a fault on every attempt uses the
 restarts up (exit 1); bad input is not restarted (exit 2)."""
-import glob
 import os
 import signal
 import subprocess
@@ -30,23 +29,6 @@ def train_on(n, args, timeout=60, env=ENV, extra=()):
     return lib.run_ranks(n, [LOOM, "train"] + args, expect=None, timeout=timeout, env=env, mpi_args=extra)
 
 
-def ranks_of(marker):
-    """pid -> world rank of the loom processes whose command line holds marker."""
-    out = {}
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            cmdline = open(d + "/cmdline", "rb").read().split(b"\0")
-            if not cmdline or not cmdline[0].endswith(b"loom") or marker.encode() not in b" ".join(cmdline):
-                continue
-            env = open(d + "/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        for e in env:
-            if e.startswith(b"OMPI_COMM_WORLD_RANK="):
-                out[int(d[6:])] = int(e.split(b"=")[1])
-    return out
-
-
 def test_kill(tmp):
     metrics = os.path.join(tmp, "kill.jsonl")
     marker = os.path.join(tmp, "kill-marker")
@@ -56,8 +38,8 @@ def test_kill(tmp):
     deadline = time.time() + 60
     while time.time() < deadline and (not os.path.exists(metrics) or len(lib.metrics_rows(metrics)) < 2):
         time.sleep(0.2)
-    victims = [pid for pid, rank in ranks_of(marker).items() if rank == 1]
-    check("kill: rank 1 found running", len(victims) == 1, str(ranks_of(marker)))
+    victims = [pid for pid, rank in lib.loom_ranks(marker).items() if rank == 1]
+    check("kill: rank 1 found running", len(victims) == 1, str(lib.loom_ranks(marker)))
     if not victims:
         p.kill()
         return
@@ -73,7 +55,7 @@ def test_kill(tmp):
     check(f"kill: exit status {p.returncode} is non-zero", p.returncode != 0)
     check("kill: stderr names rank 1", "rank 1" in err, err[-500:])
     time.sleep(0.5)
-    check("kill: no process left behind", not ranks_of(marker), str(ranks_of(marker)))
+    check("kill: no process left behind", not lib.loom_ranks(marker), str(lib.loom_ranks(marker)))
 
 
 def test_stall(tmp):
@@ -111,7 +93,7 @@ def test_sigusr1(tmp):
     deadline = time.time() + 60
     while time.time() < deadline and len(lib.metrics_rows(metrics)) < 5:
         time.sleep(0.05)
-    for pid, rank in ranks_of(marker).items():
+    for pid, rank in lib.loom_ranks(marker).items():
         if rank == 1:
             os.kill(pid, signal.SIGUSR1)
     _, err = p.communicate(timeout=120)
@@ -197,7 +179,7 @@ def test_restarts(tmp):
     deadline = time.time() + 60
     while time.time() < deadline and len(lib.metrics_rows(metrics)) < 60:
         time.sleep(0.05)
-    victims = [pid for pid, rank in ranks_of(marker).items() if rank == 1]
+    victims = [pid for pid, rank in lib.loom_ranks(marker).items() if rank == 1]
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     out, err = p.communicate(timeout=300)

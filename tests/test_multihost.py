@@ -14,7 +14,6 @@ MPI over TCP between them:
 Skipped, saying why, where namespaces cannot be made (not root, no ip).
 Everything made is removed at the end, whatever happens.
 """
-import glob
 import os
 import shutil
 import signal
@@ -122,15 +121,6 @@ def start_long(tmp, env, tag, extra=()):
     return p
 
 
-def finish(p, timeout):
-    t0 = time.time()
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-    return out, err, time.time() - t0
-
 
 def kill_host(h):
     for pid in sh("ip", "netns", "pids", h, check_rc=False).stdout.split():
@@ -143,7 +133,7 @@ def kill_host(h):
 def link_cut(tmp, env):
     p = start_long(tmp, env, "cut")
     sh("ip", "-n", HOSTS[2], "link", "set", f"{TAG}v3", "down")
-    _, err, took = finish(p, 120)
+    _, err, took = lib.finish(p, 120)
     report = [l for l in err.splitlines() if l.startswith("loom: hang report:")]
     check(f"a link cut: the job ends in {took:.1f} s (<= --comm-timeout 5 + 30)", p.returncode != 0 and took <= 35,
           err[-600:])
@@ -156,7 +146,7 @@ def host_killed(tmp, env):
     p = start_long(tmp, env, "killed")
     t0 = time.time()
     kill_host(HOSTS[2])
-    _, err, _ = finish(p, 60)
+    _, err, _ = lib.finish(p, 60)
     took = time.time() - t0
     check(f"kill -9 of a host: the job ends in {took:.1f} s (<= 10), exit {p.returncode}",
           p.returncode != 0 and took <= 10, err[-400:])
@@ -177,7 +167,7 @@ def restarts(tmp, env):
             while time.time() < deadline and p.poll() is None and len(lib.metrics_rows(metrics)) < 40:
                 time.sleep(0.05)
             kill_host(HOSTS[2])
-        out, err, _ = finish(p, 300)
+        out, err, _ = lib.finish(p, 300)
         return p, out, err, save
 
     p, _, err, full = launch("restart-full", False)

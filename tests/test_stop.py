@@ -6,7 +6,6 @@ seconds; resuming from it continues exactly (the final weights and Adam
 moments equal an uninterrupted run's bit for bit). A second signal ends the
 process at once. Without --save the stop says that nothing was saved.
 """
-import glob
 import os
 import signal
 import subprocess
@@ -28,22 +27,6 @@ def args(tmp, save, metrics, marker, iters=STEPS):
             "--comm-timeout", "60", "--data-cache", marker]
 
 
-def pids_of(marker):
-    """pid -> world rank (0 in one process) of the loom processes whose command line holds marker."""
-    out = {}
-    for d in glob.glob("/proc/[0-9]*"):
-        try:
-            cmdline = open(d + "/cmdline", "rb").read().split(b"\0")
-            if not cmdline or not cmdline[0].endswith(b"loom") or marker.encode() not in b" ".join(cmdline):
-                continue
-            env = open(d + "/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        rank = [int(e.split(b"=")[1]) for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
-        out[int(d[6:])] = rank[0] if rank else 0
-    return out
-
-
 def start(tmp, tag, n, extra=(), env=ENV):
     save, metrics, marker = (os.path.join(tmp, tag + x) for x in ("-save", ".jsonl", "-marker"))
     cmd = lib.mpirun(n, [LOOM, "train"] + args(tmp, save, metrics, marker) + list(extra))
@@ -57,15 +40,6 @@ def wait_steps(p, metrics, k, timeout=60):
         time.sleep(0.05)
     return len(lib.metrics_rows(metrics)) >= k
 
-
-def finish(p, timeout=30):
-    t0 = time.time()
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-    return out, err, time.time() - t0
 
 
 def same_state(a, b):
@@ -86,10 +60,10 @@ def signal_case(tmp, tag, n, full, sig, ranks):
     if not check(f"{tag}: running", wait_steps(p, metrics, 3)):
         p.kill()
         return
-    victims = [pid for pid, rank in pids_of(marker).items() if rank in ranks]
+    victims = [pid for pid, rank in lib.loom_ranks(marker).items() if rank in ranks]
     for pid in victims:
         os.kill(pid, sig)
-    out, err, took = finish(p)
+    out, err, took = lib.finish(p, 30)
     stopped = [l for l in out.splitlines() if l.startswith("stopped after step")]
     check(f"{tag}: exit 0 in {took:.1f} s (<= 10 s)", p.returncode == 0 and took <= 10, err[-500:])
     name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
@@ -148,13 +122,13 @@ def main():
         p, save, metrics, marker = start(tmp, "twice", 1, env=dict(ENV, LOOM_TEST_STALL="0:3"))
         wait_steps(p, metrics, 2)
         time.sleep(0.5)
-        pids = list(pids_of(marker))
+        pids = list(lib.loom_ranks(marker))
         for pid in pids:
             os.kill(pid, signal.SIGTERM)
         time.sleep(0.3)
         for pid in pids:
             os.kill(pid, signal.SIGTERM)
-        _, _, took = finish(p, timeout=10)
+        _, _, took = lib.finish(p, timeout=10)
         check(f"a second SIGTERM ends the process at once ({took:.1f} s), killed by it",
               took <= 5 and p.returncode == -signal.SIGTERM, f"exit {p.returncode}")
     return lib.verdict()

@@ -237,7 +237,11 @@ static int print_footprint(struct loom_config *cfg, const struct loom_topology *
         int rc = loom_engine_footprint(cfg, &at, &fp);
         if (rc) return rc;
         if (t->pp > 1) printf("  stage %d:\n", s);
-        loom_footprint_print(stdout, &fp, t->pp > 1 ? "    " : "  ");
+        char b[32];
+        for (int i = 0; i <= LOOM_MEM_COUNT; i++)
+            printf("%s%-12s %10s\n", t->pp > 1 ? "    " : "  ",
+                   i < LOOM_MEM_COUNT ? loom_mem_tag_name((enum loom_mem_tag)i) : "total",
+                   loom_fmt_bytes(b, sizeof b, (double)(i < LOOM_MEM_COUNT ? fp.peak[i] : fp.total)));
     }
     return LOOM_OK;
 }
@@ -250,11 +254,6 @@ static struct {
     struct loom_topology topo;
 } failing;
 
-static void human_bytes(char *buf, size_t n, double bytes)
-{
-    snprintf(buf, n, "%.2f GB", bytes / 1e9);
-}
-
 static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
 {
     struct loom_mem_stats now;
@@ -262,17 +261,17 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
     char b[32];
     fprintf(stderr, "loom: note: rank %d held", failing.topo.rank);
     for (int i = 0; i < LOOM_MEM_COUNT; i++) {
-        human_bytes(b, sizeof b, (double)now.current[i]);
+        loom_fmt_bytes(b, sizeof b, (double)now.current[i]);
         fprintf(stderr, " %s %s,", loom_mem_tag_name((enum loom_mem_tag)i), b);
     }
-    human_bytes(b, sizeof b, (double)now.current_total);
+    loom_fmt_bytes(b, sizeof b, (double)now.current_total);
     fprintf(stderr, " total %s, and asked for %zu bytes more (%s)\n", b, bytes, loom_mem_tag_name(tag));
     struct loom_footprint fp;
     if (loom_engine_footprint(failing.cfg, &failing.topo, &fp) == LOOM_OK) {
-        human_bytes(b, sizeof b, (double)fp.total);
+        loom_fmt_bytes(b, sizeof b, (double)fp.total);
         fprintf(stderr, "loom: note: this layout needs %s a rank at a step's peak:", b);
         for (int i = 0; i < LOOM_MEM_COUNT; i++) {
-            human_bytes(b, sizeof b, (double)fp.peak[i]);
+            loom_fmt_bytes(b, sizeof b, (double)fp.peak[i]);
             fprintf(stderr, " %s %s%s", loom_mem_tag_name((enum loom_mem_tag)i), b,
                     i < LOOM_MEM_COUNT - 1 ? "," : "\n");
         }
@@ -290,7 +289,7 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
     snprintf(c.name, sizeof c.name, "this machine");
     struct loom_plan p; /* the model, batch and precision as given; the layout searched */
     const double limit = (double)now.current_total;
-    human_bytes(b, sizeof b, limit);
+    loom_fmt_bytes(b, sizeof b, limit);
     if (loom_plan_search(failing.cfg, failing.topo.world, &c, limit, &(struct loom_plan_options){0}, &p) ==
             LOOM_OK &&
         p.nfit > 0) {
@@ -307,7 +306,7 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
         if (lean) {
             char flags[512], need[32];
             loom_layout_flags(&lean->layout, flags, sizeof flags);
-            human_bytes(need, sizeof need, (double)lean->mem.total);
+            loom_fmt_bytes(need, sizeof need, (double)lean->mem.total);
             fprintf(stderr, "; the leanest needs %s: %s", need, flags);
         }
         fprintf(stderr, "\n");

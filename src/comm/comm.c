@@ -161,8 +161,7 @@ static void serve(struct server *s)
     if (!transport->side_test(s->listen, &from)) return;
     s->listen = NULL;
     const enum loom_group g = (enum loom_group)s->query[0];
-    if (s->query[1] && !reported) {
-        reported = 1;
+    if (s->query[1] && !__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED)) {
         char line[512];
         progress_line(line, sizeof line, g);
         fprintf(stderr, "loom: hang report: %s\n", line);
@@ -226,9 +225,11 @@ static int member(enum loom_group g, int m)
 static void report_hang(const struct loom_comm_handle *h)
 {
     char line[512];
-    reported = 1;
-    progress_line(line, sizeof line, h->op.group);
-    fprintf(stderr, "loom: hang report: %s\n", line);
+    /* once: a member's query may have had this rank say it already */
+    if (!__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED)) {
+        progress_line(line, sizeof line, h->op.group);
+        fprintf(stderr, "loom: hang report: %s\n", line);
+    }
     if (!transport || !transport->side_recv) return;
     const enum loom_group g = h->op.group;
     const int n = group_size[g];

@@ -95,25 +95,3 @@ int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *t
     family->destroy(m);
     return LOOM_OK;
 }
-
-static void human(char *buf, size_t n, double bytes)
-{
-    const char *unit[] = {"B", "KB", "MB", "GB", "TB"};
-    int u = 0;
-    while (bytes >= 1000 && u < 4) {
-        bytes /= 1000;
-        u++;
-    }
-    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
-}
-
-void loom_footprint_print(FILE *f, const struct loom_footprint *fp, const char *indent)
-{
-    char b[32];
-    for (int i = 0; i < LOOM_MEM_COUNT; i++) {
-        human(b, sizeof b, (double)fp->peak[i]);
-        fprintf(f, "%s%-12s %10s\n", indent, loom_mem_tag_name((enum loom_mem_tag)i), b);
-    }
-    human(b, sizeof b, (double)fp->total);
-    fprintf(f, "%s%-12s %10s\n", indent, "total", b);
-}

@@ -12,7 +12,6 @@
 #define LOOM_ENGINE_FOOTPRINT_H
 
 #include <stdint.h>
-#include <stdio.h>
 
 #include "base/mem.h"
 #include "comm/comm.h"
@@ -32,8 +31,5 @@ struct loom_footprint {
  * else is. */
 int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *topo,
                           struct loom_footprint *out);
-
-/* One line per category, "  params  124.4 MB ...", and the total, to f. */
-void loom_footprint_print(FILE *f, const struct loom_footprint *fp, const char *indent);
 
 #endif
