@@ -1,7 +1,7 @@
 """Distributed failures end the job cleanly: a rank killed mid-run, a rank
 that stops answering (the communication deadline and its hang report: every
-rank's line, the ranks that never reached the collective), SIGUSR1's
-progress line, layouts that do not
+rank's line, the ranks that never reached the collective), the same report
+at once on SIGTERM to a hung job, SIGUSR1's progress line, layouts that do not
 divide, ranks started with different settings, `loom eval` (one process)
 started on two ranks, and the launcher, with --max-restarts: a rank killed
 mid-run and the job resumed from the newest checkpoint ends with the
@@ -82,6 +82,46 @@ def test_stall(tmp):
     check("stall: the ranks that never reached the collective are named: rank 1",
           bool(summary) and all("never reached all-reduce #" in l and ": 1 (" in l for l in summary),
           "\n".join(report))
+
+
+def test_sigterm_while_hung(tmp):
+    """A scheduler's SIGTERM on a hung job (rank 1 of 3 stalls before step 2,
+    the deadline far away): the waiting ranks report at once what they wait
+    in and name rank 1 as never reaching it; a second SIGTERM ends the job."""
+    metrics, marker = os.path.join(tmp, "term.jsonl"), os.path.join(tmp, "term-marker")
+    args = model_args(tmp, iters=50) + ["--comm-timeout", "300", "--metrics", metrics, "--data-cache", marker]
+    p = subprocess.Popen(lib.mpirun(3, [LOOM, "train"] + args, ["-x", "LOOM_TEST_STALL"]),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=dict(ENV, LOOM_TEST_STALL="1:2"))
+    deadline = time.time() + 60
+    while time.time() < deadline and len(lib.metrics_rows(metrics)) < 1:
+        time.sleep(0.05)
+    time.sleep(1)
+    ranks = lib.loom_ranks(marker)
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(3)
+    t0 = time.time()
+    for pid in ranks:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    _, err, _ = lib.finish(p, 60)
+    took = time.time() - t0
+    report = [l for l in err.splitlines() if l.startswith("loom: hang report:")]
+    summary = [l for l in report if "never reached" in l]
+    check("SIGTERM while rank 1 hangs: ranks 0 and 2 say a stop signal came while they wait, and what they wait in",
+          all(any(f"[rank {r}] a stop signal came" in l for l in report) and
+              any(f"[rank {r} on " in l and "waiting in all-reduce #" in l for l in report) for r in (0, 2)),
+          "\n".join(report) or err[-500:])
+    check("SIGTERM while rank 1 hangs: both name rank 1 as never reaching the collective, at step 1",
+          len(summary) == 2 and all(": 1 (on " in l and "at step 1" in l for l in summary), "\n".join(report))
+    check(f"SIGTERM while rank 1 hangs: a second SIGTERM ends the job ({took:.1f} s, exit {p.returncode})",
+          p.returncode != 0 and took <= 10, err[-300:])
+    time.sleep(0.5)
+    check("SIGTERM while rank 1 hangs: no process left behind", not lib.loom_ranks(marker),
+          str(lib.loom_ranks(marker)))
 
 
 def test_sigusr1(tmp):
@@ -216,6 +256,7 @@ def main():
         test_eval_one_process(tmp)
         test_config_mismatch(tmp)
         test_stall(tmp)
+        test_sigterm_while_hung(tmp)
         test_sigusr1(tmp)
         test_kill(tmp)
         test_launch(tmp)

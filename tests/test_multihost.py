@@ -7,7 +7,7 @@ MPI over TCP between them:
   host;
 - a link cut (veth down) mid-run: the hang report names the rank that does
   not answer, and the job ends within --comm-timeout + 30 s;
-- kill -9 of a whole host: the job ends within 10 s naming the lost rank;
+- kill -9 of a whole host: the job ends within 10 s naming the lost host;
 - loom launch --max-restarts 1, a host killed and back: the job finishes and
   its final weights and moments equal an uninterrupted run's bit for bit.
 
@@ -71,7 +71,13 @@ def mpi_env(tmp):
     """Open MPI's settings for the namespaces, as environment (mpirun and loom launch read them)."""
     agent = os.path.join(tmp, "agent.sh")
     with open(agent, "w") as f:
-        f.write('#!/bin/sh\nhost="$1"; shift; exec ip netns exec "$host" sh -c "$*"\n')
+        # Each host its own temporary directory, as real hosts have: Open MPI's daemons of hosts
+        # sharing one /tmp (and one host name) write their topology to the same shared-memory file,
+        # and one of them sometimes crashed at start-up. The daemon runs detached, as a remote one
+        # is: mpirun learns of a host's death by the lost connection (and names the host), not by
+        # the death of a local child.
+        f.write('#!/bin/sh\nhost="$1"; shift; mkdir -p "%s/tmp-$host"\n'
+                'OMPI_MCA_orte_tmpdir_base="%s/tmp-$host" ip netns exec "$host" setsid sh -c "$*" &\n' % (tmp, tmp))
     os.chmod(agent, 0o755)
     return dict(ENV, OMPI_MCA_plm_rsh_agent=agent, OMPI_MCA_btl="tcp,self", OMPI_MCA_btl_tcp_if_include=SUBNET,
                 OMPI_MCA_oob_tcp_if_include=SUBNET, OMPI_MCA_routed="direct")
@@ -150,8 +156,7 @@ def host_killed(tmp, env):
     took = time.time() - t0
     check(f"kill -9 of a host: the job ends in {took:.1f} s (<= 10), exit {p.returncode}",
           p.returncode != 0 and took <= 10, err[-400:])
-    check("kill -9 of a host: the output names the lost host or rank", HOSTS[2] in err or "rank 2" in err,
-          err[-600:])
+    check("kill -9 of a host: the output names the lost host", HOSTS[2] in err, err[-600:])
 
 
 def restarts(tmp, env):

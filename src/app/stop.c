@@ -4,11 +4,14 @@
 #include <signal.h>
 #include <string.h>
 
+#include "comm/comm.h"
+
 static volatile sig_atomic_t received;
 
 static void on_signal(int sig)
 {
     received = sig;
+    loom_comm_note_stop();
     signal(sig, SIG_DFL); /* a second one ends the process */
 }
 

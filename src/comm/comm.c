@@ -68,7 +68,9 @@ static const struct loom_comm_handle *waiting_in; /* NULL: not waiting */
 static double waiting_since;
 static struct loom_topology topo_saved;
 static char host[64] = "?";
+static char (*hosts)[64];                  /* every world rank's host name, from set-up */
 static volatile sig_atomic_t report_asked; /* SIGUSR1 */
+static volatile sig_atomic_t stop_asked;   /* a stop signal (loom_comm_note_stop) */
 static int reported;                       /* this rank printed its line for a hang */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -76,6 +78,11 @@ static pthread_cond_t posted = PTHREAD_COND_INITIALIZER, completed = PTHREAD_CON
 static struct loom_comm_handle *queue_head, *queue_tail; /* posted, not started */
 static int stopping;
 static pthread_t thread;
+
+void loom_comm_note_stop(void)
+{
+    stop_asked = 1;
+}
 
 void loom_comm_set_timeout(double seconds)
 {
@@ -220,9 +227,16 @@ static int member(enum loom_group g, int m)
     return tp + t->tp * (dp + t->dp * pp);
 }
 
-/* The deadline passed in h: this rank's line, every member's (they print
- * their own as they answer), and the members that never reached h. */
-static void report_hang(const struct loom_comm_handle *h)
+/* "2 (on HOST)": world rank r and its host, where set-up learned it. */
+static int rank_name(char *buf, size_t n, int r)
+{
+    return hosts ? snprintf(buf, n, "%d (on %s)", r, hosts[r]) : snprintf(buf, n, "%d", r);
+}
+
+/* The deadline passed in h (or a stop signal came while h waits): this
+ * rank's line, every member's (they print their own as they answer, within
+ * answer_s), and the members that never reached h. */
+static void report_hang(const struct loom_comm_handle *h, double answer_s)
 {
     char line[512];
     /* once: a member's query may have had this rank say it already */
@@ -243,7 +257,7 @@ static void report_hang(const struct loom_comm_handle *h)
         recvs[m] = transport->side_recv(replies[m], sizeof replies[m], r, TAG_REPLY);
         sends[m] = transport->side_send(query, sizeof query, r, TAG_QUERY);
     }
-    const double until = loom_now() + 5; /* a rank whose process is gone never answers */
+    const double until = loom_now() + answer_s; /* a rank whose process is gone never answers */
     int left = 1;
     while (left && loom_now() < until) {
         left = 0;
@@ -255,24 +269,25 @@ static void report_hang(const struct loom_comm_handle *h)
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
-    char behind[256] = "", silent[256] = "";
+    char behind[512] = "", silent[512] = "", name[96];
     size_t kb = 0, ks = 0;
     for (int m = 0; m < n; m++) {
         const int r = member(g, m);
         if (r == world_rank || r < 0) continue;
+        rank_name(name, sizeof name, r);
         if (recvs[m])
-            ks += (size_t)snprintf(silent + ks, ks < sizeof silent ? sizeof silent - ks : 0, "%s%d",
-                                   ks ? ", " : "", r);
+            ks += (size_t)snprintf(silent + ks, ks < sizeof silent ? sizeof silent - ks : 0, "%s%s",
+                                   ks ? ", " : "", name);
         else if (replies[m][0] < h->seq)
             kb += (size_t)snprintf(behind + kb, kb < sizeof behind ? sizeof behind - kb : 0,
-                                   "%s%d (%lld posted there, at step %lld)", kb ? ", " : "", r,
+                                   "%s%s, %lld posted there, at step %lld", kb ? "; " : "", name,
                                    (long long)replies[m][0], (long long)replies[m][2]);
     }
     fprintf(stderr, "loom: hang report: [rank %d] the %s group's ranks that never reached %s #%lld: %s%s%s\n",
             world_rank, group_names[g], coll_names[h->op.coll], (long long)h->seq, *behind ? behind : "none",
             *silent ? "; no answer from " : "", silent);
     fflush(stderr);
-    struct timespec ts = {0, 200000000}; /* let the answering ranks' lines out */
+    struct timespec ts = {0, answer_s > 1 ? 200000000 : 20000000}; /* let the answering ranks' lines out */
     nanosleep(&ts, NULL);
 }
 
@@ -383,6 +398,15 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
                 transport->abort(LOOM_ERR_RUNTIME);
             }
             have_thread = 1;
+            /* every rank's host, for the hang reports */
+            char(*all)[64] = calloc((size_t)world_size, sizeof *all);
+            if (all) {
+                memcpy(all[world_rank], host, sizeof host);
+                loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(NULL, 0, LOOM_DTYPE_U8),
+                                                   loom_buf_of(all, (size_t)world_size * 64, LOOM_DTYPE_U8)));
+                for (int r = 0; r < world_size; r++) all[r][63] = 0;
+                hosts = all;
+            }
         }
     }
     if (tp < 1 || pp < 1 || world_size % (tp * pp) != 0)
@@ -594,11 +618,35 @@ double loom_comm_wait(struct loom_comm_handle *h)
     const int waited = !h->done;
     waiting_in = h;
     waiting_since = t0;
+    double stop_seen = 0; /* when this wait saw a stop signal; 0: none, -1: reported */
     while (!h->done) {
-        int rc = pthread_cond_timedwait(&completed, &lock, &deadline);
-        if (rc == ETIMEDOUT && !h->done) {
+        /* wake every 50 ms: a stop signal while a collective is blocked
+         * (mpirun ending the job after a host died, a scheduler's SIGTERM
+         * on a hung job) reports the ranks that do not answer before the
+         * SIGKILL that follows within a second */
+        struct timespec slice;
+        clock_gettime(CLOCK_REALTIME, &slice);
+        slice.tv_nsec += 50000000L;
+        if (slice.tv_nsec >= 1000000000L) slice.tv_sec++, slice.tv_nsec -= 1000000000L;
+        const int last = slice.tv_sec > deadline.tv_sec ||
+                         (slice.tv_sec == deadline.tv_sec && slice.tv_nsec >= deadline.tv_nsec);
+        int rc = pthread_cond_timedwait(&completed, &lock, last ? &deadline : &slice);
+        if (h->done) break;
+        if (rc == ETIMEDOUT && !last && stop_asked && stop_seen >= 0) {
+            const double now = loom_now();
+            if (stop_seen == 0) stop_seen = now;
+            if (now - stop_seen >= 0.2) {
+                stop_seen = -1;
+                pthread_mutex_unlock(&lock);
+                fprintf(stderr, "loom: hang report: [rank %d] a stop signal came while this rank waits\n",
+                        world_rank);
+                report_hang(h, 0.4);
+                pthread_mutex_lock(&lock);
+            }
+        }
+        if (rc == ETIMEDOUT && last && !h->done) {
             pthread_mutex_unlock(&lock);
-            report_hang(h);
+            report_hang(h, 5);
             fprintf(stderr,
                     "loom: error: [rank %d] communication timeout: %s #%lld on the %s group (%zu bytes) not "
                     "done after %g s at step %lld; aborting the job\n",
@@ -686,4 +734,6 @@ void loom_comm_finalize(void)
         transport = NULL;
         for (int g = 0; g < LOOM_GROUP_COUNT; g++) have_group[g] = 0;
     }
+    free(hosts);
+    hosts = NULL;
 }

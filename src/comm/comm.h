@@ -125,6 +125,10 @@ int loom_comm_agree_in(enum loom_group g, int rc, int *first_rank);
  * (so rank 0 can report what another rank saw). */
 int loom_comm_agree_shared(int rc);
 
+/* Async-signal-safe: a stop signal arrived. A wait still blocked 0.2 s
+ * later prints the hang report (members asked for 0.4 s), once. */
+void loom_comm_note_stop(void);
+
 /* Ends the whole job now with `code` (MPI_Abort when world > 1). */
 void loom_comm_abort(int code) __attribute__((noreturn));
 void loom_comm_finalize(void);
