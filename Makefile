@@ -49,6 +49,13 @@ CFLAGS += $(shell pkg-config --cflags libcjson)
 LDLIBS += $(shell pkg-config --libs libcjson)
 endif
 
+# PCRE2: the tokenizers' pre-tokenization patterns (tokenizer/bpe.c)
+HAVE_PCRE2 := $(shell pkg-config --exists libpcre2-8 2>/dev/null && echo 1)
+ifeq ($(HAVE_PCRE2),1)
+CFLAGS += $(shell pkg-config --cflags libpcre2-8)
+LDLIBS += $(shell pkg-config --libs libpcre2-8)
+endif
+
 HAVE_XXHASH := $(shell echo '\#include <xxhash.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1)
 ifeq ($(HAVE_XXHASH),1)
 LDLIBS += -lxxhash
@@ -93,11 +100,12 @@ announce:
 	@echo "  BLAS     $(if $(BLAS_NAME),$(BLAS_NAME),NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  OpenMP   $(if $(HAVE_OPENMP),yes,no: kernels run single-threaded)"
 	@echo "  cJSON    $(if $(HAVE_CJSON),yes,NOT FOUND (run scripts/install-deps.sh))"
+	@echo "  PCRE2    $(if $(HAVE_PCRE2),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  xxHash   $(if $(HAVE_XXHASH),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  oneDNN   $(if $(HAVE_DNNL),yes,no: bf16 computes in float32 (run scripts/install-deps.sh))"
 	@echo "  MPI      $(if $(HAVE_MPI),yes ($(shell mpicc --showme:version 2>/dev/null | cut -d: -f2 | head -1)),no: single-process only)"
 	@echo "  CUDA     off (CPU backend)"
-	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" -a -n "$(HAVE_XXHASH)" || { echo "loom build: missing BLAS, cJSON or xxHash" >&2; exit 2; }
+	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" -a -n "$(HAVE_XXHASH)" -a -n "$(HAVE_PCRE2)" || { echo "loom build: missing BLAS, cJSON, xxHash or PCRE2" >&2; exit 2; }
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
