@@ -41,8 +41,8 @@ static struct loom_bpe_word word_of(const char *s, int64_t count)
 }
 
 /* Learns and compares with the expected merges (n_want of them). */
-static int learns(const struct loom_bpe_word *words, size_t n_words, int64_t max_merges, int64_t min_frequency,
-                  const int32_t (*want)[2], int64_t n_want)
+static int learns(const struct loom_bpe_word *words, size_t n_words, int64_t max_merges,
+                  int64_t min_frequency, const int32_t (*want)[2], int64_t n_want)
 {
     int32_t(*got)[2] = calloc(max_merges > 0 ? (size_t)max_merges : 1, sizeof *got);
     int64_t n = loom_bpe_learn(words, n_words, max_merges, min_frequency, got);
@@ -99,8 +99,8 @@ static int64_t ref_learn(const struct loom_bpe_word *words, size_t n_words, int6
         for (size_t w = 0; w < n_words; w++) {
             if (words[w].count <= 0) continue;
             for (uint32_t i = 0; i + 1 < len[w]; i++)
-                occ[n_occ++] = (struct ref_pair){(uint64_t)tok[w][i] << 32 | (uint32_t)tok[w][i + 1],
-                                                 words[w].count};
+                occ[n_occ++] =
+                    (struct ref_pair){(uint64_t)tok[w][i] << 32 | (uint32_t)tok[w][i + 1], words[w].count};
         }
         qsort(occ, n_occ, sizeof *occ, ref_pair_cmp);
         uint64_t best_key = 0;
@@ -183,8 +183,8 @@ static void test_ties_and_counts(void)
     CHECK(learns(apart, 3, 10, 0, apart_want, 2));
 
     /* words with count <= 0 are ignored; a word listed twice adds up */
-    struct loom_bpe_word ignored[] = {word_of("xy", 0), word_of("xy", -3), word_of("cd", 2), word_of("ef", 1),
-                                      word_of("ef", 2), word_of("", 9)};
+    struct loom_bpe_word ignored[] = {word_of("xy", 0), word_of("xy", -3), word_of("cd", 2),
+                                      word_of("ef", 1), word_of("ef", 2),  word_of("", 9)};
     const int32_t ignored_want[][2] = {{'e', 'f'}, {'c', 'd'}};
     CHECK(learns(ignored, 6, 10, 0, ignored_want, 2));
 

@@ -14,13 +14,13 @@
 #include "base/blas_env.h"
 #include "base/log.h"
 #include "cli/convert.h"
+#include "cli/data.h"
 #include "cli/launch.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "engine/checkpoint.h"
 #include "io/fs.h"
 #include "io/synth.h"
-#include "io/tokenizer.h"
 #include "loom/loom.h"
 #include "loom/train.h"
 #include "model/family.h"
@@ -28,23 +28,27 @@
 static void usage(FILE *f)
 {
     const struct loom_model_family *fam;
-    fprintf(f,
-            "loom %s: training for transformer language models\n\n"
-            "usage: loom COMMAND [flags]\n\n"
-            "commands:\n"
-            "  train                      train a model (default: %s on the built-in corpus)\n"
-            "  eval --load W              validation loss of a checkpoint or weights file\n"
-            "  sample --load W            continue --prompt from a checkpoint or weights file\n"
-            "  data tokenize IN.txt DIR   byte-level tokenize a text file into DIR/{train,val}.bin\n"
-            "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
-            "  convert IN OUT [--to llmc|safetensors|hf]   weights between llm.c .bin, safetensors and\n"
-            "                             Hugging Face directories; also exports loom checkpoints\n"
-            "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n"
-            "  plan [train flags] --global-batch-size G --world N   which layout: ranked by predicted step\n"
-            "                             time, with memory a rank by category (loom plan --help)\n"
-            "  report RUN_DIR_OR_METRICS [-o FILE]   one HTML page of a run (--metrics, and trace.json)\n\n"
-            "models (--model PRESET):\n",
-            LOOM_VERSION, loom_model_family_at(0)->presets[0].name);
+    fprintf(
+        f,
+        "loom %s: training for transformer language models\n\n"
+        "usage: loom COMMAND [flags]\n\n"
+        "commands:\n"
+        "  train                      train a model (default: %s on the built-in corpus)\n"
+        "  eval --load W              validation loss of a checkpoint or weights file\n"
+        "  sample --load W            continue --prompt from a checkpoint or weights file\n"
+        "  data tokenize --tokenizer TOK IN... DIR   .txt/.jsonl into llm.c shards (DIR/train_*.bin, "
+        "val_*.bin)\n"
+        "  data tokenize IN.txt DIR   byte-level: a text file into DIR/{train,val}.bin\n"
+        "  data train-tokenizer --vocab-size N IN... DIR   learn byte-level BPE, write DIR/tokenizer.json\n"
+        "  data synth DIR [--tokens N] [--seed S]   write the built-in corpus\n"
+        "  convert IN OUT [--to llmc|safetensors|hf]   weights between llm.c .bin, safetensors and\n"
+        "                             Hugging Face directories; also exports loom checkpoints\n"
+        "  launch --nproc-per-node N [--hostfile F] -- train ARGS   run train on N ranks (mpirun)\n"
+        "  plan [train flags] --global-batch-size G --world N   which layout: ranked by predicted step\n"
+        "                             time, with memory a rank by category (loom plan --help)\n"
+        "  report RUN_DIR_OR_METRICS [-o FILE]   one HTML page of a run (--metrics, and trace.json)\n\n"
+        "models (--model PRESET):\n",
+        LOOM_VERSION, loom_model_family_at(0)->presets[0].name);
     for (int i = 0; (fam = loom_model_family_at(i)); i++)
         for (int k = 0; k < fam->npresets; k++)
             fprintf(f, "  %-26s %s\n", fam->presets[k].name, fam->presets[k].summary);
@@ -57,62 +61,6 @@ static int fail(int rc)
 {
     if (loom_error_is_set()) fprintf(stderr, "loom: error: %s\n", loom_error_message());
     return rc;
-}
-
-static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
-{
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || x < lo || x > hi)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: expected an integer in [%lld, %lld], got '%s'", flag, lo,
-                              hi, v);
-    *out = x;
-    return LOOM_OK;
-}
-
-static int cmd_data(int argc, char **argv)
-{
-    int rc;
-    if (argc < 1 || strcmp(argv[0], "--help") == 0) {
-        printf("usage: loom data tokenize IN.txt OUTDIR [--val-fraction X]\n"
-               "       loom data synth OUTDIR [--tokens N] [--seed S]\n");
-        return argc < 1 ? LOOM_ERR_INPUT : LOOM_OK;
-    }
-    if (strcmp(argv[0], "tokenize") == 0) {
-        double frac = 0.1;
-        if (argc != 3 && !(argc == 5 && strcmp(argv[3], "--val-fraction") == 0))
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "usage: loom data tokenize IN.txt OUTDIR [--val-fraction X]");
-        if (argc == 5) {
-            char *end;
-            frac = strtod(argv[4], &end);
-            if (end == argv[4] || *end || !(frac > 0 && frac < 1))
-                return loom_error_set(LOOM_ERR_INPUT, "--val-fraction: expected a number in (0, 1), got '%s'",
-                                      argv[4]);
-        }
-        return loom_data_tokenize(argv[1], argv[2], frac);
-    }
-    if (strcmp(argv[0], "synth") == 0) {
-        if (argc < 2 || strncmp(argv[1], "--", 2) == 0)
-            return loom_error_set(LOOM_ERR_INPUT, "usage: loom data synth OUTDIR [--tokens N] [--seed S]");
-        long long tokens = LOOM_SYNTH_DEFAULT_TOKENS, seed = LOOM_SYNTH_DEFAULT_SEED;
-        for (int i = 2; i < argc; i += 2) {
-            if (i + 1 >= argc) return loom_error_set(LOOM_ERR_INPUT, "%s needs a value", argv[i]);
-            if (strcmp(argv[i], "--tokens") == 0)
-                rc = parse_i64("--tokens", argv[i + 1], 1000, 1LL << 40, &tokens);
-            else if (strcmp(argv[i], "--seed") == 0)
-                rc = parse_i64("--seed", argv[i + 1], 0, 1LL << 62, &seed);
-            else
-                rc = loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data synth (--tokens, --seed)",
-                                    argv[i]);
-            if (rc) return rc;
-        }
-        double h;
-        if ((rc = loom_data_synth(argv[1], tokens, (uint64_t)seed, &h))) return rc;
-        printf("wrote %lld tokens to %s; entropy rate %.6f nats/token\n", tokens, argv[1], h);
-        return LOOM_OK;
-    }
-    return loom_error_set(LOOM_ERR_INPUT, "unknown data command '%s' (tokenize, synth)", argv[0]);
 }
 
 /* train, eval and sample: the model's shape comes from what --load names
@@ -145,7 +93,7 @@ int main(int argc, char **argv)
     }
     const char *cmd = argv[1];
     int rc;
-    if (strcmp(cmd, "data") == 0) return (rc = cmd_data(argc - 2, argv + 2)) ? fail(rc) : 0;
+    if (strcmp(cmd, "data") == 0) return (rc = loom_cli_data(argc - 2, argv + 2)) ? fail(rc) : 0;
     if (strcmp(cmd, "train") == 0 || strcmp(cmd, "eval") == 0 || strcmp(cmd, "sample") == 0) {
         struct loom_config cfg;
         int help;

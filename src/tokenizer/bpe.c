@@ -20,10 +20,11 @@
 #include "base/log.h"
 #include "loom/loom.h"
 
-const char *const loom_bpe_pattern_gpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-const char *const loom_bpe_pattern_llama3 =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
-    "\\s+(?!\\S)|\\s+";
+const char *const loom_bpe_pattern_gpt2 =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+const char *const loom_bpe_pattern_llama3 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{"
+                                            "N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                                            "\\s+(?!\\S)|\\s+";
 
 static void *xrealloc(void *p, size_t n)
 {
@@ -58,7 +59,8 @@ uint32_t bpe_byte_char(uint8_t b)
     if (!made) {
         uint32_t next = 256;
         for (int i = 0; i < 256; i++)
-            table[i] = (i >= '!' && i <= '~') || (i >= 0xA1 && i <= 0xAC) || (i >= 0xAE) ? (uint32_t)i : next++;
+            table[i] =
+                (i >= '!' && i <= '~') || (i >= 0xA1 && i <= 0xAC) || (i >= 0xAE) ? (uint32_t)i : next++;
         __atomic_store_n(&made, 1, __ATOMIC_RELEASE);
     }
     return table[b];
@@ -118,8 +120,10 @@ static size_t utf8_invalid_len(const unsigned char *s, size_t n)
     else
         return 1;
     size_t i = 1;
-    if (i < n && s[i] >= lo && s[i] <= hi) i++;
-    else return 1;
+    if (i < n && s[i] >= lo && s[i] <= hi)
+        i++;
+    else
+        return 1;
     while (i < len && i < n && (s[i] & 0xC0) == 0x80) i++;
     return i;
 }
@@ -269,8 +273,9 @@ int bpe_index(struct loom_bpe *t)
     }
     for (int b = 0; b < 256; b++)
         if (t->byte_id[b] < 0)
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "the vocabulary has no token for byte 0x%02X: not a byte-level BPE vocabulary", b);
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "the vocabulary has no token for byte 0x%02X: not a byte-level BPE vocabulary", b);
     t->pairs.cap = pow2_at_least(2 * (size_t)t->n_merges + 2);
     t->pairs.keys = xrealloc(NULL, t->pairs.cap * sizeof *t->pairs.keys);
     t->pairs.rank = xrealloc(NULL, t->pairs.cap * sizeof *t->pairs.rank);
@@ -288,8 +293,8 @@ int bpe_step_split(struct bpe_step *st, const char *pattern, int literal, const 
     if (!st->re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return loom_error_set(LOOM_ERR_INPUT, "%s: the split pattern does not compile at offset %zu: %s", where,
-                              (size_t)off, (const char *)msg);
+        return loom_error_set(LOOM_ERR_INPUT, "%s: the split pattern does not compile at offset %zu: %s",
+                              where, (size_t)off, (const char *)msg);
     }
     pcre2_jit_compile(st->re, PCRE2_JIT_COMPLETE); /* without JIT (an old CPU), the interpreter */
     st->pattern = strdup(pattern);
@@ -343,7 +348,7 @@ void loom_bpe_free(struct loom_bpe *t)
 /* ---- one thread's state: the word cache --------------------------------------- */
 
 struct cache_entry {
-    uint64_t hash; /* 0: empty */
+    uint64_t hash;           /* 0: empty */
     uint32_t word, word_len; /* into words */
     uint32_t ids, n_ids;     /* into ids */
 };
@@ -362,8 +367,8 @@ struct loom_bpe_state {
     int32_t *sym, *prev, *next;
     struct heap_item *heap;
     size_t scratch_cap;
-    char *prefixed; /* a piece with ByteLevel's prefix space */
-    size_t prefixed_cap;
+    void (*piece_fn)(void *ctx, const char *piece, size_t len); /* loom_bpe_pieces: pieces, not ids */
+    void *piece_ctx;
 };
 
 enum { CACHE_MAX_WORD = 256, CACHE_MAX_BYTES = 64 << 20 };
@@ -400,7 +405,6 @@ void loom_bpe_state_free(struct loom_bpe_state *s)
     free(s->prev);
     free(s->next);
     free(s->heap);
-    free(s->prefixed);
     free(s);
 }
 
@@ -410,7 +414,8 @@ static void cache_clear(struct loom_bpe_state *s)
     s->used = s->words_n = s->ids_n = 0;
 }
 
-static const struct cache_entry *cache_find(const struct loom_bpe_state *s, const char *w, size_t n, uint64_t h)
+static const struct cache_entry *cache_find(const struct loom_bpe_state *s, const char *w, size_t n,
+                                            uint64_t h)
 {
     for (size_t i = (size_t)h & (s->cap - 1);; i = (i + 1) & (s->cap - 1)) {
         const struct cache_entry *e = &s->table[i];
@@ -447,7 +452,8 @@ static void cache_put(struct loom_bpe_state *s, const char *w, size_t n, uint64_
     }
     size_t i = (size_t)h & (s->cap - 1);
     while (s->table[i].hash) i = (i + 1) & (s->cap - 1);
-    s->table[i] = (struct cache_entry){h, (uint32_t)s->words_n, (uint32_t)n, (uint32_t)s->ids_n, (uint32_t)n_ids};
+    s->table[i] =
+        (struct cache_entry){h, (uint32_t)s->words_n, (uint32_t)n, (uint32_t)s->ids_n, (uint32_t)n_ids};
     memcpy(s->words + s->words_n, w, n);
     memcpy(s->ids + s->ids_n, ids, n_ids * sizeof *ids);
     s->words_n += n;
@@ -534,7 +540,8 @@ static void merge_piece(const struct loom_bpe *t, struct loom_bpe_state *s, cons
         const struct heap_item top = heap_pop(s->heap, &nh);
         const int32_t i = top.pos, j = next[i];
         /* stale: the left symbol merged away, or the pair is no longer this merge */
-        if (sym[i] < 0 || j < 0 || sym[i] != t->merge[top.rank][0] || sym[j] != t->merge[top.rank][1]) continue;
+        if (sym[i] < 0 || j < 0 || sym[i] != t->merge[top.rank][0] || sym[j] != t->merge[top.rank][1])
+            continue;
         sym[i] = t->merge[top.rank][2];
         sym[j] = -1;
         next[i] = next[j];
@@ -560,7 +567,10 @@ static void run_steps(const struct loom_bpe *t, struct loom_bpe_state *s, int k,
 {
     if (!n) return;
     if (k == t->n_steps) {
-        merge_piece(t, s, p, n, out);
+        if (s->piece_fn)
+            s->piece_fn(s->piece_ctx, p, n);
+        else
+            merge_piece(t, s, p, n, out);
         return;
     }
     const struct bpe_step *st = &t->step[k];
@@ -607,8 +617,8 @@ static int is_space(unsigned char c)
 /* Leftmost-longest match of the added tokens of one kind (special or not)
  * in p[0, n) at or after `from`: its [begin, end) with lstrip/rstrip
  * applied, and the token; -1 when none. */
-static int find_added(const struct loom_bpe *t, int special, const char *p, size_t n, size_t from, size_t *begin,
-                      size_t *end)
+static int find_added(const struct loom_bpe *t, int special, const char *p, size_t n, size_t from,
+                      size_t *begin, size_t *end)
 {
     for (size_t i = from; i < n; i++) {
         int best = -1;
@@ -630,8 +640,8 @@ static int find_added(const struct loom_bpe *t, int special, const char *p, size
     return -1;
 }
 
-static void encode_added(const struct loom_bpe *t, struct loom_bpe_state *s, int special, const char *p, size_t n,
-                         struct loom_ids *out)
+static void encode_added(const struct loom_bpe *t, struct loom_bpe_state *s, int special, const char *p,
+                         size_t n, struct loom_ids *out)
 {
     size_t at = 0, b, e;
     int a;
@@ -657,6 +667,17 @@ void loom_bpe_encode(const struct loom_bpe *t, struct loom_bpe_state *s, const c
     if (fixed) text = fixed, n = fixed_n;
     encode_added(t, s, 1, text, n, out);
     free(fixed);
+}
+
+void loom_bpe_pieces(const struct loom_bpe *t, struct loom_bpe_state *s, const char *text, size_t n,
+                     void (*fn)(void *ctx, const char *piece, size_t len), void *ctx)
+{
+    struct loom_ids added = {0};
+    s->piece_fn = fn;
+    s->piece_ctx = ctx;
+    loom_bpe_encode(t, s, text, n, &added);
+    s->piece_fn = NULL;
+    loom_ids_free(&added);
 }
 
 /* ---- decoding -------------------------------------------------------------------- */
@@ -692,8 +713,8 @@ size_t loom_bpe_decode(const struct loom_bpe *t, const int32_t *ids, size_t n, c
 
 /* ---- building from learned merges ---------------------------------------------- */
 
-int loom_bpe_build(const char *const *specials, int n_special, const char *pattern, const int32_t (*merges)[2],
-                   int64_t n_merges, struct loom_bpe **out)
+int loom_bpe_build(const char *const *specials, int n_special, const char *pattern,
+                   const int32_t (*merges)[2], int64_t n_merges, struct loom_bpe **out)
 {
     struct loom_bpe *t = xrealloc(NULL, sizeof *t);
     memset(t, 0, sizeof *t);
@@ -705,10 +726,8 @@ int loom_bpe_build(const char *const *specials, int n_special, const char *patte
     for (int i = 0; i < n_special; i++) {
         t->name[i] = strdup(specials[i]);
         t->is_added[i] = 1;
-        t->added[t->n_added++] = (struct bpe_added){.content = strdup(specials[i]),
-                                                     .len = (uint32_t)strlen(specials[i]),
-                                                     .id = i,
-                                                     .special = 1};
+        t->added[t->n_added++] = (struct bpe_added){
+            .content = strdup(specials[i]), .len = (uint32_t)strlen(specials[i]), .id = i, .special = 1};
     }
     for (int b = 0; b < 256; b++) {
         const char c = (char)b;

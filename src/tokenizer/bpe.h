@@ -60,6 +60,11 @@ void loom_bpe_state_free(struct loom_bpe_state *s);
 /* Appends the ids of text[0, n) to out. */
 void loom_bpe_encode(const struct loom_bpe *t, struct loom_bpe_state *s, const char *text, size_t n,
                      struct loom_ids *out);
+/* Calls fn(ctx, piece, length) for every piece pre-tokenization cuts
+ * text[0, n) into, in order (added tokens are not pieces): the words a
+ * trainer counts. */
+void loom_bpe_pieces(const struct loom_bpe *t, struct loom_bpe_state *s, const char *text, size_t n,
+                     void (*fn)(void *ctx, const char *piece, size_t len), void *ctx);
 /* The text of ids, valid UTF-8 (invalid sequences become U+FFFD), into out
  * (capacity cap, NUL-terminated when cap > 0); returns the length the whole
  * text needs, like snprintf. Ids outside the vocabulary are written "<id>". */
@@ -81,7 +86,7 @@ extern const char *const loom_bpe_pattern_llama3;
  * joins two earlier ids into id n_special + 256 + k). pattern: the split
  * pattern (loom_bpe_pattern_gpt2 gives GPT-2's ByteLevel layout, any other
  * Llama 3's Split + ByteLevel layout). LOOM_ERR_INPUT for a bad pattern. */
-int loom_bpe_build(const char *const *specials, int n_special, const char *pattern, const int32_t (*merges)[2],
-                   int64_t n_merges, struct loom_bpe **out);
+int loom_bpe_build(const char *const *specials, int n_special, const char *pattern,
+                   const int32_t (*merges)[2], int64_t n_merges, struct loom_bpe **out);
 
 #endif

@@ -38,14 +38,17 @@ static int add_merge(struct loom_bpe *t, const char *file, int64_t k, const char
     if (!ab) loom_die("out of memory loading a tokenizer");
     memcpy(ab, a, la);
     memcpy(ab + la, b, lb);
-    const int32_t ia = bpe_vocab_find(t, a, la), ib = bpe_vocab_find(t, b, lb), iab = bpe_vocab_find(t, ab, la + lb);
+    const int32_t ia = bpe_vocab_find(t, a, la), ib = bpe_vocab_find(t, b, lb),
+                  iab = bpe_vocab_find(t, ab, la + lb);
     free(a);
     free(b);
     free(ab);
     if (ia < 0 || ib < 0 || iab < 0)
         return loom_error_set(LOOM_ERR_INPUT, "%s: merge %lld (\"%s %s\"): %s is not in the vocabulary", file,
                               (long long)k + 1, left, right,
-                              ia < 0 ? "its left part" : ib < 0 ? "its right part" : "the merged token");
+                              ia < 0   ? "its left part"
+                              : ib < 0 ? "its right part"
+                                       : "the merged token");
     t->merge[k][0] = ia, t->merge[k][1] = ib, t->merge[k][2] = iab;
     return LOOM_OK;
 }
@@ -53,22 +56,24 @@ static int add_merge(struct loom_bpe *t, const char *file, int64_t k, const char
 /* The vocabulary object {"token": id, ...} into t (sized by its largest id). */
 static int read_vocab(const cJSON *vocab, const char *file, struct loom_bpe **out, int32_t extra_max)
 {
-    if (!cJSON_IsObject(vocab)) return loom_error_set(LOOM_ERR_INPUT, "%s: the vocabulary is not an object", file);
+    if (!cJSON_IsObject(vocab))
+        return loom_error_set(LOOM_ERR_INPUT, "%s: the vocabulary is not an object", file);
     int32_t max = extra_max;
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab)
     {
         if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (1 << 30) ||
             e->valuedouble != (double)(int32_t)e->valuedouble)
-            return loom_error_set(LOOM_ERR_INPUT, "%s: vocabulary entry \"%s\" has no valid id", file, e->string);
+            return loom_error_set(LOOM_ERR_INPUT, "%s: vocabulary entry \"%s\" has no valid id", file,
+                                  e->string);
         if (e->valueint > max) max = e->valueint;
     }
     struct loom_bpe *t = bpe_new(max + 1);
     cJSON_ArrayForEach(e, vocab)
     {
         if (t->name[e->valueint]) {
-            const int rc = loom_error_set(LOOM_ERR_INPUT, "%s: id %d is given to both \"%s\" and \"%s\"", file,
-                                          e->valueint, t->name[e->valueint], e->string);
+            const int rc = loom_error_set(LOOM_ERR_INPUT, "%s: id %d is given to both \"%s\" and \"%s\"",
+                                          file, e->valueint, t->name[e->valueint], e->string);
             loom_bpe_free(t);
             return rc;
         }
@@ -92,7 +97,8 @@ static int read_pre_tokenizer(struct loom_bpe *t, const cJSON *p, const char *fi
     if (strcmp(type->valuestring, "Sequence") == 0) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers"), *e;
         if (!cJSON_IsArray(list))
-            return loom_error_set(LOOM_ERR_INPUT, "%s: pre_tokenizer Sequence has no pretokenizers list", file);
+            return loom_error_set(LOOM_ERR_INPUT, "%s: pre_tokenizer Sequence has no pretokenizers list",
+                                  file);
         cJSON_ArrayForEach(e, list)
         {
             const int rc = read_pre_tokenizer(t, e, file);
@@ -117,13 +123,15 @@ static int read_pre_tokenizer(struct loom_bpe *t, const cJSON *p, const char *fi
         const cJSON *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
         const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
         if (!cJSON_IsString(re) && !cJSON_IsString(str))
-            return loom_error_set(LOOM_ERR_INPUT, "%s: pre_tokenizer Split has no pattern Regex or String", file);
+            return loom_error_set(LOOM_ERR_INPUT, "%s: pre_tokenizer Split has no pattern Regex or String",
+                                  file);
         if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") != 0)
             return loom_error_set(LOOM_ERR_INPUT,
                                   "%s: pre_tokenizer Split behavior \"%s\" is not supported (Isolated)", file,
                                   cJSON_IsString(beh) ? beh->valuestring : "?");
         if (json_flag(p, "invert", 0))
-            return loom_error_set(LOOM_ERR_INPUT, "%s: pre_tokenizer Split with invert is not supported", file);
+            return loom_error_set(LOOM_ERR_INPUT, "%s: pre_tokenizer Split with invert is not supported",
+                                  file);
         return bpe_step_split(&t->step[t->n_steps++], cJSON_IsString(re) ? re->valuestring : str->valuestring,
                               !cJSON_IsString(re), file);
     }
@@ -167,7 +175,8 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
         goto done;
     }
     if (norm && !cJSON_IsNull(norm)) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: a normalizer is not supported (byte-level BPE has none)", file);
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s: a normalizer is not supported (byte-level BPE has none)",
+                            file);
         goto done;
     }
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
@@ -176,7 +185,8 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
         goto done;
     }
     if (json_flag(model, "byte_fallback", 0)) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: byte_fallback is not supported (a byte-level BPE needs none)", file);
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "%s: byte_fallback is not supported (a byte-level BPE needs none)", file);
         goto done;
     }
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
@@ -194,9 +204,10 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
     int32_t added_max = -1;
     cJSON_ArrayForEach(e, added)
     {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id"), *c = cJSON_GetObjectItemCaseSensitive(e, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 30) || !cJSON_IsString(c) ||
-            !*c->valuestring) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id"),
+                    *c = cJSON_GetObjectItemCaseSensitive(e, "content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 30) ||
+            !cJSON_IsString(c) || !*c->valuestring) {
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: an added token without a valid id and content", file);
             goto done;
         }
@@ -222,15 +233,16 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
         t->added = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *t->added);
         if (!t->added) loom_die("out of memory loading a tokenizer");
         t->added[t->n_added++] = (struct bpe_added){.content = strdup(content),
-                                                     .len = (uint32_t)strlen(content),
-                                                     .id = id,
-                                                     .special = (uint8_t)json_flag(e, "special", 0),
-                                                     .lstrip = (uint8_t)json_flag(e, "lstrip", 0),
-                                                     .rstrip = (uint8_t)json_flag(e, "rstrip", 0),
-                                                     .normalized = (uint8_t)json_flag(e, "normalized", 0)};
+                                                    .len = (uint32_t)strlen(content),
+                                                    .id = id,
+                                                    .special = (uint8_t)json_flag(e, "special", 0),
+                                                    .lstrip = (uint8_t)json_flag(e, "lstrip", 0),
+                                                    .rstrip = (uint8_t)json_flag(e, "rstrip", 0),
+                                                    .normalized = (uint8_t)json_flag(e, "normalized", 0)};
     }
     t->ignore_merges = json_flag(model, "ignore_merges", 0);
-    if ((rc = read_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), file))) goto done;
+    if ((rc = read_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), file)))
+        goto done;
     describe(t);
     /* the byte tables first: merges are looked up by their bytes */
     t->merge = malloc(sizeof *t->merge);
@@ -264,9 +276,11 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
             memcpy(left, e->valuestring, (size_t)(sp - e->valuestring));
             left[sp - e->valuestring] = 0;
             rc = add_merge(t, file, k, left, sp + 1);
-        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 &&
+                   cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
                    cJSON_IsString(cJSON_GetArrayItem(e, 1))) { /* ["left", "right"] (newer files) */
-            rc = add_merge(t, file, k, cJSON_GetArrayItem(e, 0)->valuestring, cJSON_GetArrayItem(e, 1)->valuestring);
+            rc = add_merge(t, file, k, cJSON_GetArrayItem(e, 0)->valuestring,
+                           cJSON_GetArrayItem(e, 1)->valuestring);
         } else {
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: merge %lld is neither \"a b\" nor [\"a\", \"b\"]", file,
                                 (long long)k + 1);
@@ -387,8 +401,8 @@ int loom_bpe_load(const char *path, struct loom_bpe **out)
         fclose(f);
         return load_gpt2_files(path, out);
     }
-    return loom_error_set(LOOM_ERR_INPUT, "%s holds neither tokenizer.json nor GPT-2's vocab.json and merges.txt",
-                          path);
+    return loom_error_set(LOOM_ERR_INPUT,
+                          "%s holds neither tokenizer.json nor GPT-2's vocab.json and merges.txt", path);
 }
 
 /* ---- writing tokenizer.json ---------------------------------------------------- */

@@ -35,8 +35,8 @@ struct loom_bpe_word {
  * overlap ("aaa" with (a, a) becomes [aa, a]). Words with count <= 0 are
  * ignored; a word listed twice counts as one word with the summed count.
  * max_merges above INT32_MAX - 256 is taken as INT32_MAX - 256 (the ids are
- * int32). Also -1: more than UINT32_MAX - 1 words, or a pair count beyond
- * INT64_MAX. */
+ * int32). Also -1: more than UINT32_MAX - 1 words of two or more bytes with
+ * a positive count, or a pair count beyond INT64_MAX. */
 int64_t loom_bpe_learn(const struct loom_bpe_word *words, size_t n_words, int64_t max_merges,
                        int64_t min_frequency, int32_t (*merges)[2]);
 

@@ -1,0 +1,440 @@
+/*
+ * Data preparation with a BPE tokenizer (see prepare.h): documents read
+ * from .txt and .jsonl files, encoded in parallel (OpenMP, one tokenizer
+ * state per thread, a batch of documents at a time, results appended in
+ * document order so the output does not depend on the thread count), and
+ * written as llm.c shards; or pre-tokenized and counted to learn merges.
+ */
+#include "tokenizer/prepare.h"
+
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "io/fs.h"
+#include "io/shard.h"
+#include "loom/loom.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/bpe_learn.h"
+
+enum { BATCH_DOCS = 4096, BATCH_BYTES = 16 << 20 };
+#define MAX_INPUT_FILE (1LL << 40)
+
+/* ---- documents ---------------------------------------------------------------- */
+
+struct doc {
+    const char *p; /* .jsonl: the line; else the text */
+    size_t n;
+    int64_t line; /* 1-based line of a .jsonl document; its first line for text */
+};
+
+/* One input file, whole, and its documents. */
+struct file_docs {
+    const char *path;
+    char *text;
+    size_t len;
+    int jsonl;
+    struct doc *docs;
+    size_t n_docs;
+};
+
+static int ends_with(const char *s, const char *suffix)
+{
+    const size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static void add_doc(struct file_docs *f, size_t *cap, const char *p, size_t n, int64_t line)
+{
+    if (f->n_docs == *cap) {
+        *cap = *cap ? 2 * *cap : 1024;
+        f->docs = realloc(f->docs, *cap * sizeof *f->docs);
+        if (!f->docs) loom_die("out of memory reading %s", f->path);
+    }
+    f->docs[f->n_docs++] = (struct doc){p, n, line};
+}
+
+static int read_docs(const char *path, const struct loom_prepare_opts *o, struct file_docs *f)
+{
+    memset(f, 0, sizeof *f);
+    f->path = path;
+    f->jsonl = ends_with(path, ".jsonl");
+    int rc = loom_fs_read_small(path, (size_t)MAX_INPUT_FILE, &f->text, &f->len);
+    if (rc) return rc;
+    size_t cap = 0;
+    if (f->jsonl) {
+        int64_t line = 0;
+        for (char *p = f->text, *end; p < f->text + f->len; p = end + 1) {
+            end = memchr(p, '\n', (size_t)(f->text + f->len - p));
+            if (!end) end = f->text + f->len;
+            line++;
+            size_t n = (size_t)(end - p);
+            while (n && (p[n - 1] == '\r' || p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+            if (n) add_doc(f, &cap, p, n, line);
+        }
+    } else if (o->blank_line_docs) {
+        /* blocks between lines that are empty (or only \r) */
+        int64_t line = 1, start_line = 1;
+        const char *start = f->text, *p = f->text, *end = f->text + f->len;
+        while (p < end) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            const char *next = nl ? nl + 1 : end;
+            const int blank = (size_t)(next - p) <= 2 && (p == nl || (*p == '\r' && p + 1 == nl));
+            if (blank) {
+                if (p > start) add_doc(f, &cap, start, (size_t)(p - start - (p[-1] == '\n')), start_line);
+                start = next;
+                start_line = line + 1;
+            }
+            p = next;
+            line++;
+        }
+        if (end > start) add_doc(f, &cap, start, (size_t)(end - start), start_line);
+    } else if (f->len) {
+        add_doc(f, &cap, f->text, f->len, 1);
+    }
+    return LOOM_OK;
+}
+
+static void free_docs(struct file_docs *f)
+{
+    loom_free(f->text);
+    free(f->docs);
+}
+
+/* The text of a .jsonl line (a string cJSON owns, in *json) or the document
+ * itself; LOOM_ERR_INPUT with the message in err. */
+static int doc_text(const struct file_docs *f, const struct doc *d, const char *key, cJSON **json,
+                    const char **text, size_t *n, char *err, size_t err_n)
+{
+    *json = NULL;
+    if (!f->jsonl) {
+        *text = d->p, *n = d->n;
+        return LOOM_OK;
+    }
+    *json = cJSON_ParseWithLength(d->p, d->n);
+    if (!*json || !cJSON_IsObject(*json)) {
+        snprintf(err, err_n, "%s:%lld: not a JSON object", f->path, (long long)d->line);
+        return LOOM_ERR_INPUT;
+    }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(*json, key);
+    if (!v) {
+        snprintf(err, err_n, "%s:%lld: no \"%s\" key (--text-key)", f->path, (long long)d->line, key);
+        return LOOM_ERR_INPUT;
+    }
+    if (!cJSON_IsString(v)) {
+        snprintf(err, err_n, "%s:%lld: \"%s\" is not a string", f->path, (long long)d->line, key);
+        return LOOM_ERR_INPUT;
+    }
+    *text = v->valuestring, *n = strlen(v->valuestring);
+    return LOOM_OK;
+}
+
+static int threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static void progress(const struct loom_prepare_opts *o, const char *what, double done, double total,
+                     int64_t tokens, double t0, int final)
+{
+    if (!o->progress || !isatty(STDERR_FILENO)) return;
+    const double dt = loom_now() - t0;
+    fprintf(stderr, "\r%s: %.1f of %.1f MB (%.0f%%), %lld tokens, %.1f MB/s   %s", what, done / 1e6, total / 1e6,
+            total > 0 ? 100 * done / total : 100, (long long)tokens, dt > 0 ? done / 1e6 / dt : 0,
+            final ? "\n" : "");
+    fflush(stderr);
+}
+
+/* ---- shards ------------------------------------------------------------------- */
+
+struct shard_out {
+    const char *dir, *prefix;
+    uint16_t *buf; /* (size) */
+    int64_t n, size, total;
+    int index;
+};
+
+static int shard_flush(struct shard_out *s)
+{
+    if (!s->n) return LOOM_OK;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s_%06d.bin", s->dir, s->prefix, s->index);
+    const int rc = loom_shard_write(path, s->buf, s->n);
+    s->index++;
+    s->n = 0;
+    return rc;
+}
+
+static int shard_push(struct shard_out *s, const int32_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        s->buf[s->n++] = (uint16_t)ids[i];
+        s->total++;
+        if (s->n == s->size) {
+            const int rc = shard_flush(s);
+            if (rc) return rc;
+        }
+    }
+    return LOOM_OK;
+}
+
+static double total_bytes(const char *const *in, int n_in)
+{
+    double total = 0;
+    for (int i = 0; i < n_in; i++) {
+        FILE *f = fopen(in[i], "rb");
+        if (!f) continue;
+        fseek(f, 0, SEEK_END);
+        total += (double)ftell(f);
+        fclose(f);
+    }
+    return total;
+}
+
+int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in, const char *outdir,
+                          const struct loom_prepare_opts *o)
+{
+    struct loom_bpe *t;
+    int rc = loom_bpe_load(tokenizer, &t);
+    if (rc) return rc;
+    const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
+    if (vocab > 65536) {
+        loom_bpe_free(t);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: %d token ids do not fit llm.c shards, which hold ids below 65536 (16 bits)",
+                              tokenizer, vocab);
+    }
+    if (eot < 0) {
+        loom_bpe_free(t);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or <eos>) to put "
+                              "between documents",
+                              tokenizer);
+    }
+    if ((rc = loom_fs_mkdir_p(outdir))) {
+        loom_bpe_free(t);
+        return rc;
+    }
+    const int nt = threads();
+    struct loom_bpe_state **states = calloc((size_t)nt, sizeof *states);
+    struct loom_ids *out = calloc(BATCH_DOCS, sizeof *out);
+    int *bad = calloc(BATCH_DOCS, sizeof *bad);
+    char(*err)[512] = calloc(BATCH_DOCS, sizeof *err);
+    struct shard_out train = {outdir, "train", NULL, 0, o->shard_size, 0, 0},
+                     val = {outdir, "val", NULL, 0, o->shard_size, 0, 0};
+    train.buf = loom_alloc(loom_mul_size((size_t)o->shard_size, sizeof *train.buf), LOOM_MEM_OTHER);
+    val.buf = loom_alloc(loom_mul_size((size_t)o->shard_size, sizeof *val.buf), LOOM_MEM_OTHER);
+    if (!states || !out || !bad || !err) loom_die("out of memory preparing data");
+    for (int i = 0; i < nt; i++) states[i] = loom_bpe_state_new(t);
+    const double total = total_bytes(in, n_in), t0 = loom_now();
+    double done = 0;
+    int64_t n_docs = 0;
+    for (int fi = 0; fi < n_in && !rc; fi++) {
+        struct file_docs f;
+        if ((rc = read_docs(in[fi], o, &f))) break;
+        for (size_t b = 0; b < f.n_docs && !rc;) {
+            size_t e = b, bytes = 0;
+            while (e < f.n_docs && e - b < BATCH_DOCS && (e == b || bytes < BATCH_BYTES)) bytes += f.docs[e++].n;
+            const int64_t m = (int64_t)(e - b);
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int64_t i = 0; i < m; i++) {
+                cJSON *json;
+                const char *text;
+                size_t n;
+                out[i].n = 0;
+                bad[i] = doc_text(&f, &f.docs[b + (size_t)i], o->text_key, &json, &text, &n, err[i], sizeof err[i]);
+                if (!bad[i]) loom_bpe_encode(t, states[thread_id()], text, n, &out[i]);
+                cJSON_Delete(json);
+            }
+            for (int64_t i = 0; i < m && !rc; i++) {
+                if (bad[i]) {
+                    rc = loom_error_set(LOOM_ERR_INPUT, "%s", err[i]);
+                    break;
+                }
+                /* every 1/f-th document to validation, spread evenly */
+                const int64_t k = n_docs++;
+                const int to_val = (int64_t)((double)(k + 1) * o->val_fraction) > (int64_t)((double)k * o->val_fraction);
+                struct shard_out *s = to_val ? &val : &train;
+                if (!(rc = shard_push(s, &eot, 1))) rc = shard_push(s, out[i].ids, out[i].n);
+            }
+            done += (double)bytes;
+            progress(o, "loom data tokenize", done, total, train.total + val.total, t0, 0);
+            b = e;
+        }
+        free_docs(&f);
+    }
+    if (!rc) rc = shard_flush(&train);
+    if (!rc) rc = shard_flush(&val);
+    progress(o, "loom data tokenize", done, total, train.total + val.total, t0, 1);
+    if (!rc)
+        printf("wrote %lld tokens of %lld documents to %s: %lld train in %d shard%s, %lld validation in %d shard%s "
+               "(tokenizer %s, %d ids, end of text %d, %.1f MB/s)\n",
+               (long long)(train.total + val.total), (long long)n_docs, outdir, (long long)train.total, train.index,
+               train.index == 1 ? "" : "s", (long long)val.total, val.index, val.index == 1 ? "" : "s",
+               loom_bpe_describe(t), vocab, eot, done / 1e6 / (loom_now() - t0 + 1e-9));
+    for (int i = 0; i < nt; i++) loom_bpe_state_free(states[i]);
+    for (int i = 0; i < BATCH_DOCS; i++) loom_ids_free(&out[i]);
+    free(states);
+    free(out);
+    free(bad);
+    free(err);
+    loom_free(train.buf);
+    loom_free(val.buf);
+    loom_bpe_free(t);
+    return rc;
+}
+
+/* ---- learning a tokenizer ------------------------------------------------------ */
+
+/* Distinct words and their counts: open addressing over an arena of bytes. */
+struct word_counts {
+    struct {
+        uint64_t hash; /* 0: empty */
+        uint64_t at;   /* into bytes */
+        uint32_t len;
+        int64_t count;
+    } *slot;
+    size_t cap, used;
+    char *bytes;
+    size_t n_bytes, bytes_cap;
+};
+
+static void count_word(void *ctx, const char *w, size_t n)
+{
+    struct word_counts *c = ctx;
+    if (2 * (c->used + 1) > c->cap) {
+        const size_t old_cap = c->cap;
+        __typeof__(c->slot) old = c->slot;
+        c->cap = c->cap ? 2 * c->cap : 1 << 16;
+        c->slot = calloc(c->cap, sizeof *c->slot);
+        if (!c->slot) loom_die("out of memory counting words");
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].hash) {
+                size_t j = (size_t)old[i].hash & (c->cap - 1);
+                while (c->slot[j].hash) j = (j + 1) & (c->cap - 1);
+                c->slot[j] = old[i];
+            }
+        free(old);
+    }
+    const uint64_t h = XXH3_64bits(w, n) | 1;
+    size_t i = (size_t)h & (c->cap - 1);
+    for (; c->slot[i].hash; i = (i + 1) & (c->cap - 1))
+        if (c->slot[i].hash == h && c->slot[i].len == n && memcmp(c->bytes + c->slot[i].at, w, n) == 0) {
+            c->slot[i].count++;
+            return;
+        }
+    if (c->n_bytes + n > c->bytes_cap) {
+        c->bytes_cap = 2 * (c->n_bytes + n) + (1 << 20);
+        c->bytes = realloc(c->bytes, c->bytes_cap);
+        if (!c->bytes) loom_die("out of memory counting words");
+    }
+    memcpy(c->bytes + c->n_bytes, w, n);
+    c->slot[i].hash = h;
+    c->slot[i].at = c->n_bytes;
+    c->slot[i].len = (uint32_t)n;
+    c->slot[i].count = 1;
+    c->n_bytes += n;
+    c->used++;
+}
+
+int loom_prepare_train_tokenizer(const char *const *in, int n_in, const char *outdir, int64_t vocab_size,
+                                 const char *pattern, const char *const *specials, int n_specials,
+                                 int64_t min_frequency, const struct loom_prepare_opts *o)
+{
+    const char *re = strcmp(pattern, "gpt2") == 0 ? loom_bpe_pattern_gpt2
+                     : strcmp(pattern, "llama3") == 0 ? loom_bpe_pattern_llama3
+                                                      : NULL;
+    if (!re) return loom_error_set(LOOM_ERR_INPUT, "--pattern: expected gpt2 or llama3, got '%s'", pattern);
+    const int64_t max_merges = vocab_size - 256 - n_specials;
+    if (max_merges < 1 || vocab_size > (1LL << 30))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--vocab-size %lld: must exceed the 256 bytes plus %d special token%s (and be at most "
+                              "2^30)",
+                              (long long)vocab_size, n_specials, n_specials == 1 ? "" : "s");
+    struct loom_bpe *split;
+    int rc = loom_bpe_build(specials, n_specials, re, NULL, 0, &split);
+    if (rc) return rc;
+    if ((rc = loom_fs_mkdir_p(outdir))) {
+        loom_bpe_free(split);
+        return rc;
+    }
+    struct loom_bpe_state *st = loom_bpe_state_new(split);
+    struct word_counts wc = {0};
+    const double total = total_bytes(in, n_in), t0 = loom_now();
+    double done = 0;
+    int64_t n_docs = 0;
+    char err[512];
+    for (int fi = 0; fi < n_in && !rc; fi++) {
+        struct file_docs f;
+        if ((rc = read_docs(in[fi], o, &f))) break;
+        for (size_t i = 0; i < f.n_docs && !rc; i++) {
+            cJSON *json;
+            const char *text;
+            size_t n;
+            if (doc_text(&f, &f.docs[i], o->text_key, &json, &text, &n, err, sizeof err)) {
+                rc = loom_error_set(LOOM_ERR_INPUT, "%s", err);
+                break;
+            }
+            loom_bpe_pieces(split, st, text, n, count_word, &wc);
+            cJSON_Delete(json);
+            n_docs++;
+            done += (double)f.docs[i].n;
+            if ((n_docs & 4095) == 0) progress(o, "counting words", done, total, (int64_t)wc.used, t0, 0);
+        }
+        free_docs(&f);
+    }
+    loom_bpe_state_free(st);
+    loom_bpe_free(split);
+    struct loom_bpe_word *words = NULL;
+    int32_t(*merges)[2] = NULL;
+    int64_t n_merges = 0;
+    if (!rc) {
+        progress(o, "counting words", done, total, (int64_t)wc.used, t0, 1);
+        words = malloc((wc.used ? wc.used : 1) * sizeof *words);
+        merges = malloc((size_t)max_merges * sizeof *merges);
+        if (!words || !merges) loom_die("out of memory learning merges");
+        size_t k = 0;
+        for (size_t i = 0; i < wc.cap; i++)
+            if (wc.slot[i].hash)
+                words[k++] = (struct loom_bpe_word){(const uint8_t *)wc.bytes + wc.slot[i].at, wc.slot[i].len,
+                                                    wc.slot[i].count};
+        n_merges = loom_bpe_learn(words, k, max_merges, min_frequency, merges);
+        if (n_merges < 0) loom_die("out of memory learning merges");
+    }
+    struct loom_bpe *t = NULL;
+    if (!rc) rc = loom_bpe_build(specials, n_specials, re, (const int32_t(*)[2])merges, n_merges, &t);
+    if (!rc) rc = loom_bpe_save(t, outdir);
+    if (!rc)
+        printf("learned %lld merges from %zu distinct words of %lld documents (%.1f MB) in %.1f s: %d ids; wrote "
+               "%s/tokenizer.json\n",
+               (long long)n_merges, wc.used, (long long)n_docs, done / 1e6, loom_now() - t0, loom_bpe_vocab_size(t),
+               outdir);
+    loom_bpe_free(t);
+    free(words);
+    free(merges);
+    free(wc.slot);
+    free(wc.bytes);
+    return rc;
+}

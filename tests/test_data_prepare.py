@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""`loom data train-tokenizer` and `loom data tokenize --tokenizer`, against
+Hugging Face `tokenizers` (PyPI, tests only).
+
+- loom learns a tokenizer (GPT-2's pattern, and Llama 3's) on a mixed
+  corpus; `tokenizers` loads the tokenizer.json loom wrote and encodes
+  every held-out document exactly as loom does;
+- `loom data tokenize --tokenizer` of .jsonl and .txt files (one document a
+  file, and a document a blank-line block) writes llm.c shards holding, for
+  every document in order, the end-of-text token then `tokenizers`' ids of
+  it; --val-fraction sends every 1/f-th document to val_*.bin, --shard-size
+  cuts the stream into shards of that many tokens; the output is the same
+  with 1 and 2 threads;
+- bad input, each one line and exit 2: a missing tokenizer, one that is not
+  JSON, one whose merge names a token not in the vocabulary, one with more
+  ids than 16-bit shards hold, a .jsonl line that is not JSON (file and line
+  number), a missing text key, an unknown flag.
+"""
+import json
+import os
+import struct
+import sys
+import tempfile
+
+import lib
+from lib import ENV, LOOM, check
+
+lib.use_transformers()  # its virtual environment holds `tokenizers`
+from tokenizers import Tokenizer  # noqa: E402
+import test_tokenizer_hf as th  # noqa: E402
+
+
+def read_shard(path):
+    with open(path, "rb") as f:
+        head = struct.unpack("<256i", f.read(1024))
+        assert head[0] == 20240520 and head[1] == 1, path
+        data = f.read()
+    return list(struct.unpack(f"<{head[2]}H", data))
+
+
+def shards(d, prefix):
+    names = sorted(n for n in os.listdir(d) if n.startswith(prefix + "_"))
+    return names, [t for n in names for t in read_shard(os.path.join(d, n))]
+
+
+def write_jsonl(path, docs, key="text"):
+    with open(path, "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({key: d, "id": 1}, ensure_ascii=False) + "\n")
+
+
+def train(tmp, docs):
+    corpus = os.path.join(tmp, "corpus.jsonl")
+    write_jsonl(corpus, docs)
+    held_out = th.corpus(5, 120)
+    for pattern in ("gpt2", "llama3"):
+        out = os.path.join(tmp, "tok-" + pattern)
+        p = lib.loom("data", "train-tokenizer", "--vocab-size", "1200", "--pattern", pattern, corpus, out)
+        ok = p.returncode == 0 and os.path.exists(os.path.join(out, "tokenizer.json"))
+        check(f"train-tokenizer --pattern {pattern}: exit 0 and a tokenizer.json ({p.stdout.strip()})", ok,
+              p.stderr[-300:])
+        if not ok:
+            continue
+        hf = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+        want = [hf.encode(d, add_special_tokens=False).ids for d in held_out]
+        got = th.loom_encode(out, [d.encode() for d in held_out])
+        check(f"train-tokenizer --pattern {pattern}: tokenizers loads it and encodes {len(held_out)} held-out "
+              f"documents as loom does ({sum(map(len, got))} tokens, {hf.get_vocab_size()} ids)",
+              got == want and len(want) > 0, th.first_difference(got, want))
+        merges = len(json.load(open(os.path.join(out, "tokenizer.json")))["model"]["merges"])
+        check(f"train-tokenizer --pattern {pattern}: the vocabulary is the size asked (1200 = {hf.get_vocab_size()}), "
+              f"{merges} merges", hf.get_vocab_size() == 1200 and merges > 800)
+
+
+def tokenize(tmp, docs):
+    tok_path = os.path.join(tmp, "hf.json")
+    hf, _ = th.train_hf("gpt2", th.corpus(1, 300), tok_path)
+    eot = hf.token_to_id("<|endoftext|>")
+    ids = [hf.encode(d, add_special_tokens=False).ids for d in docs]
+    jl = os.path.join(tmp, "docs.jsonl")
+    write_jsonl(jl, docs, key="content")
+    for threads in ("1", "2"):
+        out = os.path.join(tmp, "shards-" + threads)
+        p = lib.run([LOOM, "data", "tokenize", "--tokenizer", tok_path, jl, out, "--text-key", "content",
+                     "--val-fraction", "0.1", "--shard-size", "5000"], env=dict(ENV, OMP_NUM_THREADS=threads))
+        train_names, train_tokens = shards(out, "train")
+        val_names, val_tokens = shards(out, "val")
+        want_val = [t for k, i in enumerate(ids) if int((k + 1) * 0.1) > int(k * 0.1) for t in [eot] + i]
+        want_train = [t for k, i in enumerate(ids) if not int((k + 1) * 0.1) > int(k * 0.1) for t in [eot] + i]
+        check(f".jsonl, {threads} thread(s): exit 0; train shards hold end-of-text + tokenizers' ids of every "
+              f"document not sent to validation, in order ({len(train_tokens)} tokens)",
+              p.returncode == 0 and train_tokens == want_train, p.stderr[-300:] or th.first_difference(
+                  train_tokens, want_train))
+        check(f".jsonl, {threads} thread(s): every 10th document in val shards ({len(val_tokens)} tokens)",
+              val_tokens == want_val and len(val_tokens) > 0)
+        sizes = [len(read_shard(os.path.join(out, n))) for n in train_names]
+        check(f".jsonl, {threads} thread(s): --shard-size 5000 cuts train into {len(sizes)} shards of 5000 but the last",
+              len(sizes) > 1 and all(s == 5000 for s in sizes[:-1]) and 0 < sizes[-1] <= 5000, str(sizes))
+        if threads == "2":
+            same = all(open(os.path.join(out, n), "rb").read() == open(os.path.join(tmp, "shards-1", n), "rb").read()
+                       for n in train_names + val_names)
+            check("the shards of 1 and 2 threads are the same bytes", same)
+    # text files: one document a file, and a document a blank-line block
+    t1, t2 = os.path.join(tmp, "a.txt"), os.path.join(tmp, "b.txt")
+    open(t1, "w", encoding="utf-8").write(docs[0])
+    open(t2, "w", encoding="utf-8").write(docs[1])
+    out = os.path.join(tmp, "txt")
+    p = lib.loom("data", "tokenize", "--tokenizer", tok_path, t1, t2, out, "--val-fraction", "0")
+    _, got = shards(out, "train")
+    check(".txt, a document a file: end-of-text + ids of each file", p.returncode == 0 and
+          got == [eot] + ids[0] + [eot] + ids[1], p.stderr[-300:])
+    blocks = ["first block\nstill first", "second  block", "third\n\n\n"]
+    t3 = os.path.join(tmp, "c.txt")
+    open(t3, "w").write("\n\n".join(blocks))
+    out = os.path.join(tmp, "blocks")
+    p = lib.loom("data", "tokenize", "--tokenizer", tok_path, t3, out, "--val-fraction", "0", "--blank-line-docs")
+    _, got = shards(out, "train")
+    want = [t for b in ["first block\nstill first", "second  block", "third"] for t in
+            [eot] + hf.encode(b, add_special_tokens=False).ids]
+    check(".txt --blank-line-docs: a document a block between blank lines", p.returncode == 0 and got == want,
+          p.stderr[-300:] + str(got[:20]))
+    return tok_path, jl
+
+
+def bad_input(tmp, tok_path, jl):
+    def refused(what, args, *needles):
+        p = lib.loom(*args)
+        lines = lib.error_lines(p.stderr)
+        check(f"{what}: exit 2, one line naming it", p.returncode == 2 and len(lines) == 1 and
+              all(n in lines[0] for n in needles), p.stderr[-300:])
+
+    out = os.path.join(tmp, "bad-out")
+    refused("a missing tokenizer", ["data", "tokenize", "--tokenizer", os.path.join(tmp, "nope"), jl, out], "nope")
+    notjson = os.path.join(tmp, "notjson.json")
+    open(notjson, "w").write("{ not json")
+    refused("a tokenizer that is not JSON", ["data", "tokenize", "--tokenizer", notjson, jl, out], "notjson.json",
+            "not valid JSON")
+    doc = json.load(open(tok_path))
+    doc["model"]["merges"][3] = "Ġzzqq Ġqqzz"
+    badmerge = os.path.join(tmp, "badmerge.json")
+    json.dump(doc, open(badmerge, "w"))
+    refused("a merge naming a token not in the vocabulary", ["data", "tokenize", "--tokenizer", badmerge, jl, out],
+            "badmerge.json", "merge 4")
+    doc = json.load(open(tok_path))
+    doc["added_tokens"].append({"id": 70000, "content": "<|big|>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})
+    big = os.path.join(tmp, "big.json")
+    json.dump(doc, open(big, "w"))
+    refused("a tokenizer with 70001 ids (llm.c shards hold 16 bits)", ["data", "tokenize", "--tokenizer", big, jl, out],
+            "70001", "65536")
+    broken = os.path.join(tmp, "broken.jsonl")
+    open(broken, "w").write('{"text": "fine"}\n{"text": "also fine"}\n{"text": "cut\n')
+    refused("a .jsonl line that is not JSON", ["data", "tokenize", "--tokenizer", tok_path, broken, out],
+            "broken.jsonl:3", "not a JSON object")
+    nokey = os.path.join(tmp, "nokey.jsonl")
+    open(nokey, "w").write('{"text": "fine"}\n{"body": "no text key"}\n')
+    refused("a .jsonl line without the text key", ["data", "tokenize", "--tokenizer", tok_path, nokey, out],
+            "nokey.jsonl:2", '"text"')
+    refused("train-tokenizer: a .jsonl line without the text key",
+            ["data", "train-tokenizer", "--vocab-size", "500", nokey, out], "nokey.jsonl:2")
+    refused("train-tokenizer: --vocab-size below the bytes", ["data", "train-tokenizer", "--vocab-size", "200", jl,
+                                                              out], "--vocab-size")
+    refused("an unknown flag", ["data", "tokenize", "--tokenizer", tok_path, jl, out, "--shard-sise", "5"],
+            "--shard-sise")
+
+
+def main():
+    if not lib.built(LOOM):
+        return 1
+    docs = th.corpus(4, 300)
+    with tempfile.TemporaryDirectory() as tmp:
+        train(tmp, th.corpus(1, 400))
+        tok_path, jl = tokenize(tmp, docs)
+        bad_input(tmp, tok_path, jl)
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
