@@ -11,6 +11,12 @@ Hugging Face `tokenizers` (PyPI, tests only).
   it; --val-fraction sends every 1/f-th document to val_*.bin, --shard-size
   cuts the stream into shards of that many tokens; the output is the same
   with 1 and 2 threads;
+- in use: `loom train --tokenizer` on those shards saves the tokenizer in
+  every checkpoint (the same bytes), refuses a tokenizer with more ids than
+  the model's vocabulary (exit 2, naming both); `loom sample` encodes the
+  prompt and decodes with the checkpoint's tokenizer (the same text as with
+  --tokenizer; the prompt's text first; valid UTF-8); `loom convert` to a
+  Hugging Face directory copies it there and `tokenizers` loads it;
 - bad input, each one line and exit 2: a missing tokenizer, one that is not
   JSON, one whose merge names a token not in the vocabulary, one with more
   ids than 16-bit shards hold, a .jsonl line that is not JSON (file and line
@@ -19,6 +25,7 @@ Hugging Face `tokenizers` (PyPI, tests only).
 import json
 import os
 import struct
+import subprocess
 import sys
 import tempfile
 
@@ -164,6 +171,47 @@ def bad_input(tmp, tok_path, jl):
             "--shard-sise")
 
 
+def in_use(tmp, docs):
+    corpus = os.path.join(tmp, "use.jsonl")
+    write_jsonl(corpus, docs)
+    tok = os.path.join(tmp, "use-tok")
+    p = lib.loom("data", "train-tokenizer", "--vocab-size", "320", corpus, tok)
+    q = lib.loom("data", "tokenize", "--tokenizer", tok, corpus, os.path.join(tmp, "use-data"), "--no-progress")
+    check("in use: a 320-id tokenizer and its shards", p.returncode == 0 and q.returncode == 0,
+          p.stderr[-300:] + q.stderr[-300:])
+    model = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+             "--max-position-embeddings", "32"]
+    save = os.path.join(tmp, "use-save")
+    args = ["train", *model, "--vocab-size", "320", "--data-path", os.path.join(tmp, "use-data", "train_*.bin"),
+            "--train-iters", "30", "--eval-iters", "0", "--save", save, "--save-interval", "15", "--threads", "1"]
+    p = lib.loom(*args, "--tokenizer", tok)
+    saved = sorted(d for d in os.listdir(save) if d.startswith("iter_")) if os.path.isdir(save) else []
+    same = saved and all(open(os.path.join(save, d, "tokenizer.json"), "rb").read() ==
+                         open(os.path.join(tok, "tokenizer.json"), "rb").read() for d in saved)
+    check(f"in use: loom train --tokenizer saves it in every checkpoint ({', '.join(saved)}), the same bytes",
+          p.returncode == 0 and len(saved) == 2 and same, p.stderr[-300:])
+    p = lib.loom(*[a if a != "320" else "300" for a in args], "--tokenizer", tok)
+    lines = lib.error_lines(p.stderr)
+    check("in use: a tokenizer of 320 ids for a vocabulary of 300 is exit 2, one line naming both",
+          p.returncode == 2 and len(lines) == 1 and "320" in lines[0] and "300" in lines[0], p.stderr[-300:])
+    prompt = "The data layer"
+    sample = ["sample", "--load", save, *model, "--vocab-size", "320", "--prompt", prompt, "--max-new-tokens", "30",
+              "--temperature", "0.8", "--seed", "1"]
+    p = subprocess.run([LOOM, *sample], capture_output=True)
+    q = subprocess.run([LOOM, *sample, "--tokenizer", tok], capture_output=True)
+    out = p.stdout.decode("utf-8", "strict") if p.returncode == 0 else ""
+    check("in use: loom sample decodes with the checkpoint's tokenizer: the prompt's text, then text "
+          f"(valid UTF-8), as with --tokenizer: {out.strip()[:60]!r}",
+          p.returncode == 0 and out.startswith(prompt) and out[len(prompt):].strip() and p.stdout == q.stdout and
+          b"no tokenizer" not in p.stderr, p.stderr[-300:])
+    hf = os.path.join(tmp, "use-hf")
+    p = lib.loom("convert", save, hf, "--to", "hf")
+    path = os.path.join(hf, "tokenizer.json")
+    loaded = os.path.exists(path) and Tokenizer.from_file(path).get_vocab_size() == 320
+    check("in use: loom convert to a Hugging Face directory copies the tokenizer, and tokenizers loads it",
+          p.returncode == 0 and loaded, p.stderr[-300:])
+
+
 def main():
     if not lib.built(LOOM):
         return 1
@@ -172,6 +220,7 @@ def main():
         train(tmp, th.corpus(1, 400))
         tok_path, jl = tokenize(tmp, docs)
         bad_input(tmp, tok_path, jl)
+        in_use(tmp, docs)
     return lib.verdict()
 
 

@@ -186,6 +186,7 @@ struct loom_config {
     char *valid_data_paths[LOOM_MAX_DATA_PATHS];
     enum loom_data_order data_order;
     char data_cache[512];
+    char tokenizer[512]; /* --tokenizer: "" none */
     /* logging and evaluation */
     int log_interval, eval_interval, eval_iters;
     char metrics[512];

@@ -2,20 +2,28 @@
  * `loom sample`: continue a prompt with saved weights. Temperature and top-k
  * sampling from the model's last-position logits, the context window sliding
  * over the last T tokens, with a model of the --model preset's family. The
- * byte-level tokenizer decodes (a BPE vocabulary comes with its tokenizer).
- * Not here: a KV cache (each token reruns the window).
+ * prompt is encoded and the output decoded by the tokenizer: --tokenizer, or
+ * the one the checkpoint holds (saved there by `loom train --tokenizer`);
+ * without one, byte by byte (the byte-level vocabulary, ids below 256).
+ * Output is printed as it comes, holding back the bytes of a character
+ * that later tokens complete. Not here: a KV cache (each token reruns the
+ * window).
  */
 #include "app/sample.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
 #include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "kernels/kernels.h"
 #include "model/family.h"
+#include "tokenizer/bpe.h"
 
 static int pick(const float *logits, int V, double temperature, int top_k, struct loom_rng *rng)
 {
@@ -53,13 +61,63 @@ static int pick(const float *logits, int V, double temperature, int top_k, struc
     return last;
 }
 
+/* The tokenizer: --tokenizer, else the checkpoint's tokenizer.json; *t
+ * NULL when there is neither. */
+static int find_tokenizer(const struct loom_config *cfg, struct loom_bpe **t)
+{
+    *t = NULL;
+    char path[4400] = "";
+    if (*cfg->tokenizer) {
+        snprintf(path, sizeof path, "%s", cfg->tokenizer);
+    } else {
+        char **dirs;
+        int n, is_save_dir;
+        if (loom_ckpt_candidates(cfg->load, &dirs, &n, &is_save_dir) == LOOM_OK && n > 0) {
+            snprintf(path, sizeof path, "%s/tokenizer.json", dirs[0]);
+            if (access(path, F_OK) != 0) *path = 0;
+        }
+        loom_error_clear();
+        if (n > 0) loom_ckpt_candidates_free(dirs, n);
+    }
+    if (!*path) return LOOM_OK;
+    int rc = loom_bpe_load(path, t);
+    if (rc == LOOM_OK && loom_bpe_vocab_size(*t) > cfg->vocab_size) {
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "tokenizer %s has %d token ids, more than the model's vocabulary of %d", path,
+                            loom_bpe_vocab_size(*t), cfg->vocab_size);
+        loom_bpe_free(*t);
+        *t = NULL;
+    }
+    return rc;
+}
+
+/* Prints the bytes of pending[0, *n) that form whole characters (U+FFFD for
+ * what can never be one), keeping an unfinished character's bytes; all of
+ * them when final. */
+static void print_text(char *pending, size_t *n, int final)
+{
+    size_t k = *n;
+    if (!final) /* an unfinished sequence at the end: up to 3 bytes after its lead byte */
+        for (size_t back = 1; back <= 3 && back <= k; back++) {
+            const unsigned char c = (unsigned char)pending[k - back];
+            if ((c & 0xC0) == 0x80) continue;
+            const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+            if (need > back) k -= back;
+            break;
+        }
+    size_t fixed_n;
+    char *fixed = loom_utf8_repair(pending, k, &fixed_n);
+    fwrite(fixed ? fixed : pending, 1, fixed ? fixed_n : k, stdout);
+    free(fixed);
+    memmove(pending, pending + k, *n - k);
+    *n -= k;
+}
+
 int loom_sample(struct loom_config *cfg)
 {
     if (!*cfg->load)
         return loom_error_set(LOOM_ERR_INPUT,
                               "loom sample needs --load DIR (a checkpoint) or FILE.safetensors");
-    if (cfg->vocab_size > 256 && *cfg->prompt)
-        loom_log_warn("the prompt is encoded byte by byte (no BPE tokenizer is built in yet)");
     if (cfg->tensor_model_parallel_size > 1 || cfg->sequence_parallel)
         return loom_error_set(LOOM_ERR_INPUT,
                               "loom sample runs in one process (any checkpoint loads there): "
@@ -83,13 +141,35 @@ int loom_sample(struct loom_config *cfg)
         family->destroy(m);
         return rc;
     }
+    struct loom_bpe *tok;
+    if ((rc = find_tokenizer(cfg, &tok))) {
+        family->destroy(m);
+        return rc;
+    }
+    if (!tok && cfg->vocab_size > 256 && *cfg->prompt)
+        loom_log_warn(
+            "no tokenizer (--tokenizer, or one in the checkpoint): the prompt is encoded byte by byte");
     size_t plen = strlen(cfg->prompt);
-    size_t total = plen + (size_t)cfg->max_new_tokens;
+    struct loom_ids prompt = {0};
+    if (tok) {
+        struct loom_bpe_state *st = loom_bpe_state_new(tok);
+        loom_bpe_encode(tok, st, cfg->prompt, plen, &prompt);
+        loom_bpe_state_free(st);
+    } else {
+        for (size_t i = 0; i < plen; i++)
+            loom_ids_push(&prompt, (unsigned char)cfg->prompt[i] % cfg->vocab_size);
+    }
+    size_t total = prompt.n + (size_t)cfg->max_new_tokens;
     int32_t *toks = loom_alloc(sizeof(int32_t) * (total + 1), LOOM_MEM_OTHER);
     int32_t *window = loom_alloc(sizeof(int32_t) * (size_t)T, LOOM_MEM_OTHER);
-    for (size_t i = 0; i < plen; i++) toks[i] = (unsigned char)cfg->prompt[i] % cfg->vocab_size;
-    size_t n = plen;
-    if (n == 0) toks[n++] = 0; /* an empty prompt starts from token 0 */
+    if (prompt.n) memcpy(toks, prompt.ids, prompt.n * sizeof *toks);
+    size_t n = prompt.n;
+    loom_ids_free(&prompt);
+    if (n == 0)
+        toks[n++] =
+            tok && loom_bpe_eot(tok) >= 0 ? loom_bpe_eot(tok) : 0; /* an empty prompt: from end of text */
+    size_t npending = 0, pending_cap = 4096;
+    char *pending = loom_alloc(pending_cap, LOOM_MEM_OTHER);
     struct loom_rng rng;
     loom_rng_seed(&rng, (uint64_t)cfg->seed);
     fwrite(cfg->prompt, 1, plen, stdout);
@@ -108,7 +188,19 @@ int loom_sample(struct loom_config *cfg)
         int next = pick(logits + (size_t)(len - 1) * cfg->vocab_size, cfg->vocab_size, cfg->temperature,
                         cfg->top_k, &rng);
         toks[n++] = next;
-        if (cfg->vocab_size <= 256) {
+        size_t blen;
+        const char *b = tok ? loom_bpe_token_bytes(tok, next, &blen) : NULL;
+        if (tok && b) {
+            if (npending + blen > pending_cap) {
+                pending_cap = 2 * (npending + blen);
+                pending = loom_realloc(pending, pending_cap, LOOM_MEM_OTHER);
+            }
+            memcpy(pending + npending, b, blen);
+            npending += blen;
+            print_text(pending, &npending, 0);
+        } else if (tok) {
+            printf("<%d>", next);
+        } else if (cfg->vocab_size <= 256) {
             unsigned char c = (unsigned char)next;
             if (c == '\n' || c == '\t' || (c >= 32 && c < 127))
                 putchar(c);
@@ -119,7 +211,10 @@ int loom_sample(struct loom_config *cfg)
         }
         fflush(stdout);
     }
+    print_text(pending, &npending, 1);
     putchar('\n');
+    loom_free(pending);
+    loom_bpe_free(tok);
     loom_free(toks);
     loom_free(window);
     family->destroy(m);

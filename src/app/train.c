@@ -39,6 +39,7 @@
 #include "parallel/stack.h"
 #include "parallel/tensor.h"
 #include "plan/search.h"
+#include "tokenizer/bpe.h"
 
 struct run {
     struct loom_config *cfg;
@@ -317,6 +318,26 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
 /* The engine, the data and the model. Training hands the model to the
  * engine (which allocates, initialises or resumes it); eval loads weights
  * only. */
+/* --tokenizer: it loads, and its ids fit the model's vocabulary. */
+static int check_tokenizer(const struct loom_config *cfg)
+{
+    struct loom_bpe *t;
+    int rc = loom_bpe_load(cfg->tokenizer, &t);
+    if (rc) {
+        char why[600];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        return loom_error_set(LOOM_ERR_INPUT, "--tokenizer: %s", why);
+    }
+    const int32_t n = loom_bpe_vocab_size(t);
+    loom_bpe_free(t);
+    if (n > cfg->vocab_size)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--tokenizer %s has %d token ids, more than the model's vocabulary of %d "
+                              "(--vocab-size): the model could not represent ids %d and up",
+                              cfg->tokenizer, n, cfg->vocab_size, cfg->vocab_size);
+    return LOOM_OK;
+}
+
 static int setup(struct run *r, struct loom_config *cfg, int training)
 {
     memset(r, 0, sizeof *r);
@@ -336,6 +357,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     rc = r->family
              ? r->family->check(cfg, cfg->seq_length)
              : loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
+    if (rc == LOOM_OK && *cfg->tokenizer) rc = check_tokenizer(cfg);
     if (rc == LOOM_OK) rc = open_data(r, training);
     if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;

@@ -5,21 +5,49 @@
  * the help listing every family's, the dispatch, and the reading of a loom
  * checkpoint (any layout) for a converter, which takes the engine.
  *
+ * A Hugging Face directory written from a checkpoint that holds the run's
+ * tokenizer (tokenizer.json) gets a copy of it.
+ *
  * Not here: the formats themselves.
  */
 #include "cli/convert.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/log.h"
 #include "engine/checkpoint.h"
+#include "io/checkpoint.h"
+#include "io/fs.h"
 #include "loom/loom.h"
 #include "model/convert.h"
 #include "model/family.h"
+#include "tokenizer/bpe.h"
 
 static int read_checkpoint(const char *path, struct loom_model **out)
 {
     return loom_checkpoint_read_model(path, 1, 1, out);
+}
+
+/* A Hugging Face directory written from a checkpoint or directory that
+ * holds a tokenizer.json gets it too (loom train --tokenizer saves it in
+ * every checkpoint). */
+static int copy_tokenizer(const char *in, const char *out)
+{
+    char path[4400] = "";
+    char **dirs;
+    int n = 0, is_save_dir;
+    if (loom_ckpt_candidates(in, &dirs, &n, &is_save_dir) == LOOM_OK && n > 0)
+        snprintf(path, sizeof path, "%s/tokenizer.json", dirs[0]);
+    else if (loom_fs_is_dir(in))
+        snprintf(path, sizeof path, "%s/tokenizer.json", in);
+    loom_error_clear();
+    if (n > 0) loom_ckpt_candidates_free(dirs, n);
+    if (!*path || access(path, F_OK) != 0) return LOOM_OK;
+    const int rc = loom_bpe_export(path, out);
+    if (rc == LOOM_OK) printf("copied %s into %s\n", path, out);
+    return rc;
 }
 
 static const struct loom_convert_env env = {.read_checkpoint = read_checkpoint};
@@ -40,15 +68,18 @@ int loom_convert(int argc, char **argv)
     /* the family the input names (a checkpoint's recorded model, config.json's
      * model_type, loom's metadata), else the first with a converter (GPT-2's
      * reads what names none: llm.c files, bare tensors) */
-    const char *in = NULL;
-    for (int i = 0; i < argc && !in; i++)
+    const char *in = NULL, *out = NULL;
+    for (int i = 0; i < argc && !out; i++)
         if (strncmp(argv[i], "--", 2) != 0)
-            in = argv[i];
+            *(in ? &out : &in) = argv[i];
         else
             i++; /* a flag's value */
     f = in ? loom_checkpoint_source_family(in) : NULL;
-    if (f && f->converter) return f->converter->run(argc, argv, &env);
-    for (int k = 0; (f = loom_model_family_at(k)); k++)
-        if (f->converter) return f->converter->run(argc, argv, &env);
-    return loom_error_set(LOOM_ERR_INPUT, "no model family has weights formats to convert");
+    if (!f || !f->converter)
+        for (int k = 0; (f = loom_model_family_at(k)) && !f->converter; k++) {
+        }
+    if (!f) return loom_error_set(LOOM_ERR_INPUT, "no model family has weights formats to convert");
+    int rc = f->converter->run(argc, argv, &env);
+    if (rc == LOOM_OK && out && loom_fs_is_dir(out)) rc = copy_tokenizer(in, out);
+    return rc;
 }

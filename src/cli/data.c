@@ -24,18 +24,22 @@ static const char usage_text[] =
     "                          [--shard-size N] [--val-fraction X] [--no-progress]\n"
     "       loom data tokenize IN.txt OUTDIR [--val-fraction X]      (byte-level, no tokenizer)\n"
     "       loom data train-tokenizer --vocab-size N IN... OUTDIR [--pattern gpt2|llama3]\n"
-    "                          [--special-tokens A,B,...] [--min-frequency N] [--text-key K] [--blank-line-docs]\n"
+    "                          [--special-tokens A,B,...] [--min-frequency N] [--text-key K] "
+    "[--blank-line-docs]\n"
     "       loom data synth OUTDIR [--tokens N] [--seed S]\n"
     "TOK: a tokenizer.json, or a directory with tokenizer.json or GPT-2's vocab.json + merges.txt.\n"
-    "IN: .jsonl (one document a line, its --text-key string, default \"text\") or text (one document a file,\n"
-    "or a block between blank lines with --blank-line-docs). Each document is preceded by the end-of-text token.\n";
+    "IN: .jsonl (one document a line, its --text-key string, default \"text\") or text (one document a "
+    "file,\n"
+    "or a block between blank lines with --blank-line-docs). Each document is preceded by the end-of-text "
+    "token.\n";
 
 static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
     char *end;
     long long x = strtoll(v, &end, 10);
     if (end == v || *end || x < lo || x > hi)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: expected an integer in [%lld, %lld], got '%s'", flag, lo, hi, v);
+        return loom_error_set(LOOM_ERR_INPUT, "%s: expected an integer in [%lld, %lld], got '%s'", flag, lo,
+                              hi, v);
     *out = x;
     return LOOM_OK;
 }
@@ -62,14 +66,16 @@ struct data_args {
 static int parse(const char *cmd, int argc, char **argv, struct data_args *a)
 {
     int rc;
-    a->o = (struct loom_prepare_opts){.text_key = "text", .shard_size = 100000000, .val_fraction = -1, .progress = 1};
+    a->o = (struct loom_prepare_opts){
+        .text_key = "text", .shard_size = 100000000, .val_fraction = -1, .progress = 1};
     a->pattern = "gpt2";
     a->min_frequency = 2;
     const int train = strcmp(cmd, "train-tokenizer") == 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strncmp(f, "--", 2) != 0) {
-            if (a->npos > MAX_INPUTS) return loom_error_set(LOOM_ERR_INPUT, "more than %d inputs", MAX_INPUTS);
+            if (a->npos > MAX_INPUTS)
+                return loom_error_set(LOOM_ERR_INPUT, "more than %d inputs", MAX_INPUTS);
             a->pos[a->npos++] = f;
             continue;
         }
@@ -102,12 +108,13 @@ static int parse(const char *cmd, int argc, char **argv, struct data_args *a)
         else if (strcmp(f, "--special-tokens") == 0 && train)
             a->specials = v;
         else
-            return loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data %s (loom data --help)", f, cmd);
+            return loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data %s (loom data --help)", f,
+                                  cmd);
         if (rc) return rc;
     }
     if (a->npos < 2)
-        return loom_error_set(LOOM_ERR_INPUT, "loom data %s needs inputs and an output directory (loom data --help)",
-                              cmd);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "loom data %s needs inputs and an output directory (loom data --help)", cmd);
     return LOOM_OK;
 }
 
@@ -117,10 +124,12 @@ static int cmd_tokenize(int argc, char **argv)
     int rc = parse("tokenize", argc, argv, &a);
     if (rc) return rc;
     if (!a.tokenizer) { /* the byte-level tokenizer of old: one file */
-        if (a.npos != 2 || a.o.blank_line_docs || strcmp(a.o.text_key, "text") != 0 || a.o.shard_size != 100000000)
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "without --tokenizer, loom data tokenize takes one text file and OUTDIR "
-                                  "(byte-level); --text-key, --blank-line-docs and --shard-size need --tokenizer");
+        if (a.npos != 2 || a.o.blank_line_docs || strcmp(a.o.text_key, "text") != 0 ||
+            a.o.shard_size != 100000000)
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "without --tokenizer, loom data tokenize takes one text file and OUTDIR "
+                "(byte-level); --text-key, --blank-line-docs and --shard-size need --tokenizer");
         return loom_data_tokenize(a.pos[0], a.pos[1], a.o.val_fraction < 0 ? 0.1 : a.o.val_fraction);
     }
     if (a.o.val_fraction < 0) a.o.val_fraction = 0.01;
@@ -132,10 +141,12 @@ static int cmd_train_tokenizer(int argc, char **argv)
     struct data_args a = {0};
     int rc = parse("train-tokenizer", argc, argv, &a);
     if (rc) return rc;
-    if (!a.vocab_size) return loom_error_set(LOOM_ERR_INPUT, "loom data train-tokenizer needs --vocab-size N");
+    if (!a.vocab_size)
+        return loom_error_set(LOOM_ERR_INPUT, "loom data train-tokenizer needs --vocab-size N");
     /* the special tokens: given, or the pattern's usual end of text */
-    char *list = strdup(a.specials ? a.specials : strcmp(a.pattern, "llama3") == 0 ? "<|end_of_text|>,<|begin_of_text|>"
-                                                                                    : "<|endoftext|>");
+    char *list = strdup(a.specials                         ? a.specials
+                        : strcmp(a.pattern, "llama3") == 0 ? "<|end_of_text|>,<|begin_of_text|>"
+                                                           : "<|endoftext|>");
     const char *specials[MAX_SPECIALS];
     int n = 0;
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
@@ -145,8 +156,8 @@ static int cmd_train_tokenizer(int argc, char **argv)
         }
         specials[n++] = tok;
     }
-    rc = loom_prepare_train_tokenizer(a.pos, a.npos - 1, a.pos[a.npos - 1], a.vocab_size, a.pattern, specials, n,
-                                      a.min_frequency, &a.o);
+    rc = loom_prepare_train_tokenizer(a.pos, a.npos - 1, a.pos[a.npos - 1], a.vocab_size, a.pattern, specials,
+                                      n, a.min_frequency, &a.o);
     free(list);
     return rc;
 }
@@ -164,7 +175,8 @@ static int cmd_synth(int argc, char **argv)
         else if (strcmp(argv[i], "--seed") == 0)
             rc = parse_i64("--seed", argv[i + 1], 0, 1LL << 62, &seed);
         else
-            rc = loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data synth (--tokens, --seed)", argv[i]);
+            rc = loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data synth (--tokens, --seed)",
+                                argv[i]);
         if (rc) return rc;
     }
     double h;
@@ -182,5 +194,6 @@ int loom_cli_data(int argc, char **argv)
     if (strcmp(argv[0], "tokenize") == 0) return cmd_tokenize(argc, argv);
     if (strcmp(argv[0], "train-tokenizer") == 0) return cmd_train_tokenizer(argc, argv);
     if (strcmp(argv[0], "synth") == 0) return cmd_synth(argc, argv);
-    return loom_error_set(LOOM_ERR_INPUT, "unknown data command '%s' (tokenize, train-tokenizer, synth)", argv[0]);
+    return loom_error_set(LOOM_ERR_INPUT, "unknown data command '%s' (tokenize, train-tokenizer, synth)",
+                          argv[0]);
 }

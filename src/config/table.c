@@ -165,6 +165,9 @@ const struct setting loom_settings[] = {
           "training token shards: files or globs (default: the built-in corpus)"),
     PATHS("--valid-data-path", "valid_data_path", "data", valid_data_paths, nvalid_paths,
           "validation token shards"),
+    STR("--tokenizer", "tokenizer", "data", tokenizer, "",
+        "tokenizer.json, or a directory with it or GPT-2's vocab.json + merges.txt: its ids must fit the "
+        "model's vocabulary; saved in every checkpoint; loom sample encodes the prompt and decodes with it"),
     ENUM("--data-order", "data_order", "data", data_order, data_orders, "shuffled",
          "shuffled (from seed and step) or sequential (llm.c order)"),
     STR("--data-cache", "data_cache", "data", data_cache, "",

@@ -19,6 +19,7 @@
 #include "io/fs.h"
 #include "io/safetensors.h"
 #include "model/family.h"
+#include "tokenizer/bpe.h"
 
 #define EXP_AVG "optimizer.exp_avg."
 #define EXP_AVG_SQ "optimizer.exp_avg_sq."
@@ -219,6 +220,8 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
     if (rc == LOOM_OK)
         loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(&mine, 1, LOOM_DTYPE_U64),
                                            loom_buf_of(sizes, (size_t)p->topo->world, LOOM_DTYPE_U64)));
+    /* the tokenizer travels with the weights (loom sample and loom convert read it there) */
+    if (rc == LOOM_OK && root && *cfg->tokenizer) rc = loom_bpe_export(cfg->tokenizer, tmp);
     if (rc == LOOM_OK && root) {
         char *text = state_text(p, iteration, sizes);
         rc = loom_ckpt_commit(cfg->save, iteration, tmp, text, cfg->keep_last);

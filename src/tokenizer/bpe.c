@@ -316,6 +316,13 @@ int32_t loom_bpe_eot(const struct loom_bpe *t)
     return -1;
 }
 
+const char *loom_bpe_token_bytes(const struct loom_bpe *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_ids || !t->bytes[id]) return NULL;
+    *len = t->bytes_len[id];
+    return t->bytes[id];
+}
+
 const char *loom_bpe_describe(const struct loom_bpe *t)
 {
     return t->describe;

@@ -45,6 +45,12 @@ int loom_bpe_load(const char *path, struct loom_bpe **out);
  * pre-tokenization. */
 int loom_bpe_save(const struct loom_bpe *t, const char *dir);
 void loom_bpe_free(struct loom_bpe *t);
+/* DIR/tokenizer.json from the tokenizer at SRC (as loom_bpe_load names it):
+ * the file's own bytes, or GPT-2's vocab.json + merges.txt converted. */
+int loom_bpe_export(const char *src, const char *dir);
+/* The bytes token id decodes to (before UTF-8 repair), and their count in
+ * *len; NULL for an id outside the vocabulary. */
+const char *loom_bpe_token_bytes(const struct loom_bpe *t, int32_t id, size_t *len);
 
 /* Largest id + 1 (the vocabulary a model needs). */
 int32_t loom_bpe_vocab_size(const struct loom_bpe *t);

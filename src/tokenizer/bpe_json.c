@@ -247,7 +247,9 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
     /* the byte tables first: merges are looked up by their bytes */
     t->merge = malloc(sizeof *t->merge);
     if ((rc = bpe_index(t))) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", file, loom_error_message());
+        char why[600];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", file, why);
         goto done;
     }
     if (!cJSON_IsArray(merges)) {
@@ -343,7 +345,9 @@ static int load_gpt2_files(const char *dir, struct loom_bpe **out)
     describe(t);
     t->merge = malloc(sizeof *t->merge);
     if ((rc = bpe_index(t))) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", vpath, loom_error_message());
+        char why[600];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", vpath, why);
         goto fail;
     }
     int64_t lines = 0;
@@ -403,6 +407,36 @@ int loom_bpe_load(const char *path, struct loom_bpe **out)
     }
     return loom_error_set(LOOM_ERR_INPUT,
                           "%s holds neither tokenizer.json nor GPT-2's vocab.json and merges.txt", path);
+}
+
+int loom_bpe_export(const char *src, const char *dir)
+{
+    char file[4096];
+    const char *json = src;
+    if (loom_fs_is_dir(src)) {
+        snprintf(file, sizeof file, "%s/tokenizer.json", src);
+        FILE *f = fopen(file, "r");
+        if (!f) { /* GPT-2's files: converted */
+            struct loom_bpe *t;
+            int rc = loom_bpe_load(src, &t);
+            if (rc) return rc;
+            rc = loom_bpe_save(t, dir);
+            loom_bpe_free(t);
+            return rc;
+        }
+        fclose(f);
+        json = file;
+    }
+    char *text, out[4096];
+    size_t len;
+    int rc = loom_fs_read_small(json, MAX_FILE, &text, &len);
+    if (rc) return rc;
+    snprintf(out, sizeof out, "%s/tokenizer.json", dir);
+    const void *parts[] = {text};
+    const size_t sizes[] = {len};
+    rc = loom_fs_write_atomic(out, parts, sizes, 1);
+    loom_free(text);
+    return rc;
 }
 
 /* ---- writing tokenizer.json ---------------------------------------------------- */

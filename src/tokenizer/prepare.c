@@ -161,9 +161,9 @@ static void progress(const struct loom_prepare_opts *o, const char *what, double
 {
     if (!o->progress || !isatty(STDERR_FILENO)) return;
     const double dt = loom_now() - t0;
-    fprintf(stderr, "\r%s: %.1f of %.1f MB (%.0f%%), %lld tokens, %.1f MB/s   %s", what, done / 1e6, total / 1e6,
-            total > 0 ? 100 * done / total : 100, (long long)tokens, dt > 0 ? done / 1e6 / dt : 0,
-            final ? "\n" : "");
+    fprintf(stderr, "\r%s: %.1f of %.1f MB (%.0f%%), %lld tokens, %.1f MB/s   %s", what, done / 1e6,
+            total / 1e6, total > 0 ? 100 * done / total : 100, (long long)tokens,
+            dt > 0 ? done / 1e6 / dt : 0, final ? "\n" : "");
     fflush(stderr);
 }
 
@@ -222,16 +222,17 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
     const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
     if (vocab > 65536) {
         loom_bpe_free(t);
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s: %d token ids do not fit llm.c shards, which hold ids below 65536 (16 bits)",
-                              tokenizer, vocab);
+        return loom_error_set(
+            LOOM_ERR_INPUT, "%s: %d token ids do not fit llm.c shards, which hold ids below 65536 (16 bits)",
+            tokenizer, vocab);
     }
     if (eot < 0) {
         loom_bpe_free(t);
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s: no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or <eos>) to put "
-                              "between documents",
-                              tokenizer);
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s: no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or <eos>) to put "
+            "between documents",
+            tokenizer);
     }
     if ((rc = loom_fs_mkdir_p(outdir))) {
         loom_bpe_free(t);
@@ -256,7 +257,8 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
         if ((rc = read_docs(in[fi], o, &f))) break;
         for (size_t b = 0; b < f.n_docs && !rc;) {
             size_t e = b, bytes = 0;
-            while (e < f.n_docs && e - b < BATCH_DOCS && (e == b || bytes < BATCH_BYTES)) bytes += f.docs[e++].n;
+            while (e < f.n_docs && e - b < BATCH_DOCS && (e == b || bytes < BATCH_BYTES))
+                bytes += f.docs[e++].n;
             const int64_t m = (int64_t)(e - b);
 #pragma omp parallel for schedule(dynamic, 1)
             for (int64_t i = 0; i < m; i++) {
@@ -264,7 +266,8 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
                 const char *text;
                 size_t n;
                 out[i].n = 0;
-                bad[i] = doc_text(&f, &f.docs[b + (size_t)i], o->text_key, &json, &text, &n, err[i], sizeof err[i]);
+                bad[i] = doc_text(&f, &f.docs[b + (size_t)i], o->text_key, &json, &text, &n, err[i],
+                                  sizeof err[i]);
                 if (!bad[i]) loom_bpe_encode(t, states[thread_id()], text, n, &out[i]);
                 cJSON_Delete(json);
             }
@@ -275,7 +278,8 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
                 }
                 /* every 1/f-th document to validation, spread evenly */
                 const int64_t k = n_docs++;
-                const int to_val = (int64_t)((double)(k + 1) * o->val_fraction) > (int64_t)((double)k * o->val_fraction);
+                const int to_val =
+                    (int64_t)((double)(k + 1) * o->val_fraction) > (int64_t)((double)k * o->val_fraction);
                 struct shard_out *s = to_val ? &val : &train;
                 if (!(rc = shard_push(s, &eot, 1))) rc = shard_push(s, out[i].ids, out[i].n);
             }
@@ -289,11 +293,13 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
     if (!rc) rc = shard_flush(&val);
     progress(o, "loom data tokenize", done, total, train.total + val.total, t0, 1);
     if (!rc)
-        printf("wrote %lld tokens of %lld documents to %s: %lld train in %d shard%s, %lld validation in %d shard%s "
+        printf("wrote %lld tokens of %lld documents to %s: %lld train in %d shard%s, %lld validation in %d "
+               "shard%s "
                "(tokenizer %s, %d ids, end of text %d, %.1f MB/s)\n",
-               (long long)(train.total + val.total), (long long)n_docs, outdir, (long long)train.total, train.index,
-               train.index == 1 ? "" : "s", (long long)val.total, val.index, val.index == 1 ? "" : "s",
-               loom_bpe_describe(t), vocab, eot, done / 1e6 / (loom_now() - t0 + 1e-9));
+               (long long)(train.total + val.total), (long long)n_docs, outdir, (long long)train.total,
+               train.index, train.index == 1 ? "" : "s", (long long)val.total, val.index,
+               val.index == 1 ? "" : "s", loom_bpe_describe(t), vocab, eot,
+               done / 1e6 / (loom_now() - t0 + 1e-9));
     for (int i = 0; i < nt; i++) loom_bpe_state_free(states[i]);
     for (int i = 0; i < BATCH_DOCS; i++) loom_ids_free(&out[i]);
     free(states);
@@ -315,7 +321,7 @@ struct word_counts {
         uint64_t at;   /* into bytes */
         uint32_t len;
         int64_t count;
-    } *slot;
+    } * slot;
     size_t cap, used;
     char *bytes;
     size_t n_bytes, bytes_cap;
@@ -363,16 +369,17 @@ int loom_prepare_train_tokenizer(const char *const *in, int n_in, const char *ou
                                  const char *pattern, const char *const *specials, int n_specials,
                                  int64_t min_frequency, const struct loom_prepare_opts *o)
 {
-    const char *re = strcmp(pattern, "gpt2") == 0 ? loom_bpe_pattern_gpt2
+    const char *re = strcmp(pattern, "gpt2") == 0     ? loom_bpe_pattern_gpt2
                      : strcmp(pattern, "llama3") == 0 ? loom_bpe_pattern_llama3
                                                       : NULL;
     if (!re) return loom_error_set(LOOM_ERR_INPUT, "--pattern: expected gpt2 or llama3, got '%s'", pattern);
     const int64_t max_merges = vocab_size - 256 - n_specials;
     if (max_merges < 1 || vocab_size > (1LL << 30))
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--vocab-size %lld: must exceed the 256 bytes plus %d special token%s (and be at most "
-                              "2^30)",
-                              (long long)vocab_size, n_specials, n_specials == 1 ? "" : "s");
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--vocab-size %lld: must exceed the 256 bytes plus %d special token%s (and be at most "
+            "2^30)",
+            (long long)vocab_size, n_specials, n_specials == 1 ? "" : "s");
     struct loom_bpe *split;
     int rc = loom_bpe_build(specials, n_specials, re, NULL, 0, &split);
     if (rc) return rc;
@@ -427,10 +434,11 @@ int loom_prepare_train_tokenizer(const char *const *in, int n_in, const char *ou
     if (!rc) rc = loom_bpe_build(specials, n_specials, re, (const int32_t(*)[2])merges, n_merges, &t);
     if (!rc) rc = loom_bpe_save(t, outdir);
     if (!rc)
-        printf("learned %lld merges from %zu distinct words of %lld documents (%.1f MB) in %.1f s: %d ids; wrote "
+        printf("learned %lld merges from %zu distinct words of %lld documents (%.1f MB) in %.1f s: %d ids; "
+               "wrote "
                "%s/tokenizer.json\n",
-               (long long)n_merges, wc.used, (long long)n_docs, done / 1e6, loom_now() - t0, loom_bpe_vocab_size(t),
-               outdir);
+               (long long)n_merges, wc.used, (long long)n_docs, done / 1e6, loom_now() - t0,
+               loom_bpe_vocab_size(t), outdir);
     loom_bpe_free(t);
     free(words);
     free(merges);
