@@ -54,7 +54,8 @@ static int add_merge(struct loom_bpe *t, const char *file, int64_t k, const char
 }
 
 /* The vocabulary object {"token": id, ...} into t (sized by its largest id). */
-static int read_vocab(const cJSON *vocab, const char *file, struct loom_bpe **out, int32_t extra_max)
+static int read_vocab(const cJSON *vocab, const char *file, struct loom_bpe **out, int32_t extra_max,
+                      int extra_entries)
 {
     if (!cJSON_IsObject(vocab))
         return loom_error_set(LOOM_ERR_INPUT, "%s: the vocabulary is not an object", file);
@@ -68,6 +69,12 @@ static int read_vocab(const cJSON *vocab, const char *file, struct loom_bpe **ou
                                   e->string);
         if (e->valueint > max) max = e->valueint;
     }
+    /* ids are dense in every real vocabulary: a sparse one is a broken file
+     * (and would size the tables by its largest id) */
+    const int64_t entries = cJSON_GetArraySize(vocab) + extra_entries;
+    if ((int64_t)max >= 2 * entries + 1024)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: ids go up to %d for %lld tokens: not a vocabulary", file,
+                              max, (long long)entries);
     struct loom_bpe *t = bpe_new(max + 1);
     cJSON_ArrayForEach(e, vocab)
     {
@@ -213,7 +220,9 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
         }
         if (id->valueint > added_max) added_max = id->valueint;
     }
-    if ((rc = read_vocab(cJSON_GetObjectItemCaseSensitive(model, "vocab"), file, &t, added_max))) goto done;
+    if ((rc = read_vocab(cJSON_GetObjectItemCaseSensitive(model, "vocab"), file, &t, added_max,
+                         cJSON_GetArraySize(added))))
+        goto done;
     cJSON_ArrayForEach(e, added)
     {
         const int32_t id = cJSON_GetObjectItemCaseSensitive(e, "id")->valueint;
@@ -322,7 +331,7 @@ static int load_gpt2_files(const char *dir, struct loom_bpe **out)
     loom_free(text);
     if (!vocab) return loom_error_set(LOOM_ERR_INPUT, "%s: not valid JSON", vpath);
     struct loom_bpe *t = NULL;
-    rc = read_vocab(vocab, vpath, &t, -1);
+    rc = read_vocab(vocab, vpath, &t, -1, 0);
     cJSON_Delete(vocab);
     if (rc) return rc;
     if ((rc = loom_fs_read_small(mpath, MAX_FILE, &mtext, &mlen))) {
@@ -390,7 +399,26 @@ fail:
     return rc;
 }
 
+/* The message of a refusal on one printable line: what a file holds
+ * (a token, a pattern) may hold newlines and control characters. */
+static int one_line(int rc)
+{
+    if (rc == LOOM_OK) return rc;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", loom_error_message());
+    for (char *c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7F) *c = '?';
+    return loom_error_set(rc, "%s", msg);
+}
+
+static int load(const char *path, struct loom_bpe **out);
+
 int loom_bpe_load(const char *path, struct loom_bpe **out)
+{
+    return one_line(load(path, out));
+}
+
+static int load(const char *path, struct loom_bpe **out)
 {
     char file[4096];
     if (!loom_fs_is_dir(path)) return load_tokenizer_json(path, out);

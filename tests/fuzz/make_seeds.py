@@ -8,7 +8,9 @@ few malformed configs, among them one a fuzzer found (a newline inside a
 string value made a two-line error); and
 corpus/trainer_state/, trainer_state.json texts shaped as
 loom_ckpt_state_format writes them (with or without a loss scaler) and a few
-malformed ones. The trainer states carry a checksum of zeros: the target
+malformed ones; corpus/tokenizer/, tokenizer.json texts (byte-level BPE
+of GPT-2's layout, Llama 3's, with added tokens and a prefix space) each
+followed by a NUL and text to encode. The trainer states carry a checksum of zeros: the target
 parses whatever the checksum says, and checks verification on its own
 round trip. Run it from anywhere with /usr/bin/python3; the output is
 deterministic.
@@ -130,8 +132,57 @@ shards = {
     "bad_header_short": shard([1, 2, 3])[:100],
 }
 
+
+
+def byte_chars():
+    """GPT-2's bytes_to_unicode: printable Latin-1 bytes are themselves, the rest U+0100 on."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def tokenizer(merges, pre, added=(), prefix=False):
+    """A tokenizer.json: the 256 bytes, then a token per merge (pairs of strings of bytes)."""
+    ch = byte_chars()
+    name = lambda b: "".join(ch[x] for x in b)  # noqa: E731
+    vocab = {ch[b]: b for b in range(256)}
+    for a, b in merges:
+        vocab.setdefault(name(a + b), len(vocab))
+    if pre == "gpt2":
+        pt = {"type": "ByteLevel", "add_prefix_space": prefix, "trim_offsets": True, "use_regex": True}
+    else:
+        pt = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|\s+(?!\S)|\s+"},
+             "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    toks = [{"id": len(vocab) + i, "content": c, "single_word": False, "lstrip": i == 1, "rstrip": False,
+             "normalized": False, "special": True} for i, c in enumerate(added)]
+    doc = {"version": "1.0", "added_tokens": toks, "normalizer": None, "pre_tokenizer": pt,
+           "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "vocab": vocab,
+                     "merges": [f"{name(a)} {name(b)}" for a, b in merges]}}
+    return json.dumps(doc, ensure_ascii=False).encode()
+
+
+MERGES = [(b"t", b"h"), (b"th", b"e"), (b" ", b"the"), (b"a", b"n"), (b"an", b"d"), (b" ", b"and"), (b"\n", b"\n")]
+TEXT = "the cat and the dog\n\nthe end 12345 \u6570\u636e \U0001f642 it's <|endoftext|> x".encode() + b"\xff\xc3"
+tokenizers = {
+    "gpt2": tokenizer(MERGES, "gpt2") + b"\0" + TEXT,
+    "gpt2_prefix": tokenizer(MERGES, "gpt2", prefix=True) + b"\0" + TEXT,
+    "llama3": tokenizer(MERGES, "llama3") + b"\0" + TEXT,
+    "added": tokenizer(MERGES, "gpt2", added=("<|endoftext|>", "<pad>")) + b"\0" + TEXT,
+    "bad_merge": tokenizer(MERGES, "gpt2").replace(b'"t h"', b'"t zz"') + b"\0" + TEXT,
+    "bad_json": b'{"model": {"type": "BPE", "vocab": {' + b"\0" + TEXT,
+}
+
 for sub, ext, files in (("safetensors", ".safetensors", seeds), ("trainer_state", ".json", states),
-                        ("shard", ".bin", shards)):
+                        ("shard", ".bin", shards), ("tokenizer", ".bin", tokenizers)):
     out = os.path.join(CORPUS, sub)
     os.makedirs(out, exist_ok=True)
     for name, content in files.items():
