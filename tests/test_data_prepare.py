@@ -149,12 +149,21 @@ def bad_input(tmp, tok_path, jl):
     refused("a merge naming a token not in the vocabulary", ["data", "tokenize", "--tokenizer", badmerge, jl, out],
             "badmerge.json", "merge 4")
     doc = json.load(open(tok_path))
-    doc["added_tokens"].append({"id": 70000, "content": "<|big|>", "single_word": False, "lstrip": False,
-                                "rstrip": False, "normalized": False, "special": True})
+    vocab = doc["model"]["vocab"]
+    first = len(vocab)
+    for i in range(70000 - first):  # tokens no merge makes: a vocabulary of 70000 ids
+        vocab[f"zz{i}"] = first + i
     big = os.path.join(tmp, "big.json")
     json.dump(doc, open(big, "w"))
-    refused("a tokenizer with 70001 ids (llm.c shards hold 16 bits)", ["data", "tokenize", "--tokenizer", big, jl, out],
-            "70001", "65536")
+    refused("a tokenizer with 70000 ids (llm.c shards hold 16 bits)", ["data", "tokenize", "--tokenizer", big, jl, out],
+            "70000", "65536")
+    doc = json.load(open(tok_path))
+    doc["added_tokens"].append({"id": 900000, "content": "<|far|>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})
+    sparse = os.path.join(tmp, "sparse.json")
+    json.dump(doc, open(sparse, "w"))
+    refused("a vocabulary whose ids go far beyond its size", ["data", "tokenize", "--tokenizer", sparse, jl, out],
+            "sparse.json", "900000")
     broken = os.path.join(tmp, "broken.jsonl")
     open(broken, "w").write('{"text": "fine"}\n{"text": "also fine"}\n{"text": "cut\n')
     refused("a .jsonl line that is not JSON", ["data", "tokenize", "--tokenizer", tok_path, broken, out],
