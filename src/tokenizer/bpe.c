@@ -26,12 +26,13 @@ const char *const loom_bpe_pattern_llama3 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\
                                             "N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
                                             "\\s+(?!\\S)|\\s+";
 
-static void *xrealloc(void *p, size_t n)
+void *bpe_xrealloc(void *p, size_t n)
 {
     void *q = realloc(p, n ? n : 1);
     if (!q) loom_die("out of memory in the tokenizer (%zu bytes)", n);
     return q;
 }
+#define xrealloc bpe_xrealloc
 
 void loom_ids_push(struct loom_ids *v, int32_t id)
 {
@@ -46,169 +47,6 @@ void loom_ids_free(struct loom_ids *v)
 {
     free(v->ids);
     *v = (struct loom_ids){0};
-}
-
-/* ---- bytes and characters ------------------------------------------------------ */
-
-/* GPT-2's table: printable Latin-1 bytes are themselves, the other 68 bytes
- * are U+0100 onwards in byte order. */
-uint32_t bpe_byte_char(uint8_t b)
-{
-    static uint32_t table[256];
-    static int made;
-    if (!made) {
-        uint32_t next = 256;
-        for (int i = 0; i < 256; i++)
-            table[i] =
-                (i >= '!' && i <= '~') || (i >= 0xA1 && i <= 0xAC) || (i >= 0xAE) ? (uint32_t)i : next++;
-        __atomic_store_n(&made, 1, __ATOMIC_RELEASE);
-    }
-    return table[b];
-}
-
-int bpe_char_byte(uint32_t c)
-{
-    static int16_t inverse[324];
-    static int made;
-    if (!__atomic_load_n(&made, __ATOMIC_ACQUIRE)) {
-        for (int i = 0; i < 324; i++) inverse[i] = -1;
-        for (int b = 0; b < 256; b++) inverse[bpe_byte_char((uint8_t)b)] = (int16_t)b;
-        __atomic_store_n(&made, 1, __ATOMIC_RELEASE);
-    }
-    return c < 324 ? inverse[c] : -1;
-}
-
-/* Length of the valid UTF-8 sequence at s[0, n), or 0 when it is not one:
- * the well-formed byte sequences of Unicode's table 3-7. */
-static size_t utf8_valid_len(const unsigned char *s, size_t n, uint32_t *cp)
-{
-    const unsigned char b = s[0];
-    if (b < 0x80) return *cp = b, 1;
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF)
-        len = 2;
-    else if (b >= 0xE0 && b <= 0xEF)
-        len = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4)
-        len = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
-    else
-        return 0;
-    if (n < 2 || s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if (i >= n || (s[i] & 0xC0) != 0x80) return 0;
-    uint32_t c = b & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-    for (size_t i = 1; i < len; i++) c = c << 6 | (s[i] & 0x3F);
-    *cp = c;
-    return len;
-}
-
-/* How many bytes of an invalid sequence at s one U+FFFD replaces: the
- * longest prefix of a well-formed sequence (at least 1), as Python and Rust
- * replace. */
-static size_t utf8_invalid_len(const unsigned char *s, size_t n)
-{
-    const unsigned char b = s[0];
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF)
-        len = 2;
-    else if (b >= 0xE0 && b <= 0xEF)
-        len = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4)
-        len = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
-    else
-        return 1;
-    size_t i = 1;
-    if (i < n && s[i] >= lo && s[i] <= hi)
-        i++;
-    else
-        return 1;
-    while (i < len && i < n && (s[i] & 0xC0) == 0x80) i++;
-    return i;
-}
-
-static void put_cp(char *out, size_t *k, uint32_t c)
-{
-    if (c < 0x80) {
-        out[(*k)++] = (char)c;
-    } else if (c < 0x800) {
-        out[(*k)++] = (char)(0xC0 | c >> 6);
-        out[(*k)++] = (char)(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-        out[(*k)++] = (char)(0xE0 | c >> 12);
-        out[(*k)++] = (char)(0x80 | (c >> 6 & 0x3F));
-        out[(*k)++] = (char)(0x80 | (c & 0x3F));
-    } else {
-        out[(*k)++] = (char)(0xF0 | c >> 18);
-        out[(*k)++] = (char)(0x80 | (c >> 12 & 0x3F));
-        out[(*k)++] = (char)(0x80 | (c >> 6 & 0x3F));
-        out[(*k)++] = (char)(0x80 | (c & 0x3F));
-    }
-}
-
-char *loom_utf8_repair(const char *text, size_t n, size_t *out_n)
-{
-    const unsigned char *s = (const unsigned char *)text;
-    size_t i = 0;
-    uint32_t cp;
-    while (i < n) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t l = utf8_valid_len(s + i, n - i, &cp);
-        if (!l) break;
-        i += l;
-    }
-    if (i == n) return NULL;
-    char *out = xrealloc(NULL, 3 * n + 1); /* each byte at most one U+FFFD */
-    memcpy(out, text, i);
-    size_t k = i;
-    while (i < n) {
-        size_t l = utf8_valid_len(s + i, n - i, &cp);
-        if (l) {
-            memcpy(out + k, s + i, l);
-            k += l, i += l;
-        } else {
-            put_cp(out, &k, 0xFFFD);
-            i += utf8_invalid_len(s + i, n - i);
-        }
-    }
-    out[k] = 0;
-    *out_n = k;
-    return out;
-}
-
-char *bpe_name_bytes(const char *name, uint32_t *n)
-{
-    const size_t len = strlen(name);
-    char *out = xrealloc(NULL, len + 1);
-    size_t k = 0, i = 0;
-    uint32_t cp;
-    while (i < len) {
-        size_t l = utf8_valid_len((const unsigned char *)name + i, len - i, &cp);
-        int b = l ? bpe_char_byte(cp) : -1;
-        if (b < 0) { /* not byte-level: the string's own bytes, as `tokenizers` decodes */
-            memcpy(out, name, len);
-            k = len;
-            break;
-        }
-        out[k++] = (char)b;
-        i += l;
-    }
-    out[k] = 0;
-    *n = (uint32_t)k;
-    return out;
-}
-
-char *bpe_bytes_name(const char *b, size_t n)
-{
-    char *out = xrealloc(NULL, 4 * n + 1);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) put_cp(out, &k, bpe_byte_char((uint8_t)b[i]));
-    out[k] = 0;
-    return out;
 }
 
 /* ---- tables ---------------------------------------------------------------------- */

@@ -62,6 +62,9 @@ struct loom_bpe {
     char describe[64];
 };
 
+/* realloc, or exit 1 naming the tokenizer when memory runs out. */
+void *bpe_xrealloc(void *p, size_t n);
+
 /* The byte <-> character mapping of byte-level BPE (GPT-2's bytes_to_unicode). */
 uint32_t bpe_byte_char(uint8_t b);
 /* The byte of character c, or -1 when c is not one of the 256. */
