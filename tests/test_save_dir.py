@@ -6,6 +6,10 @@
 - A save directory holding a checkpoint past the run's start (another
   run's) is said once; latest and --keep-last follow this run's checkpoints
   and leave the newer one alone.
+- A save of an iteration whose checkpoint is another run's (a fresh run,
+  --finetune, or a resume from an earlier point of a run: a branch) takes
+  the name and moves the old one aside as iter_N.run-ID, said once; the
+  old one still loads and resumes.
 - Every file of a checkpoint is tied to its trainer state (the run's
   identifier and the iteration in each rank file, each file's size, the
   directory's name): a file of another run or iteration, another size, or a
@@ -76,6 +80,48 @@ def newer_checkpoints(tmp):
           p.returncode == 0 and "iter_0000005" in p.stdout and "resumed at step 6" in p.stdout and
           "past this run's start" not in p.stderr,
           p.stderr[-300:])
+
+
+def run_of(d):
+    import json
+    return json.load(open(os.path.join(d, "trainer_state.json"))).get("run")
+
+
+def replaced_iterations(tmp):
+    """Saves that meet another run's checkpoint of the same iteration."""
+    save = os.path.join(tmp, "replaced")
+    it5 = os.path.join(save, "iter_0000005")
+    p = lib.loom(*train_args(tmp, save, 10, ["--save-interval", "5"]))
+    first = run_of(it5) if p.returncode == 0 else None
+    p = lib.loom(*train_args(tmp, save, 5, ["--save-interval", "5"]))
+    aside = os.path.join(save, f"iter_0000005.run-{first}")
+    warns = [l for l in p.stderr.splitlines() if "kept as" in l and aside in l]
+    check("a fresh run saving iter_5 over another run's: its own takes the name, the old one is kept aside "
+          "as iter_0000005.run-ID, said once",
+          p.returncode == 0 and os.path.isdir(aside) and run_of(aside) == first and run_of(it5) != first and
+          len(warns) == 1, p.stderr[-400:])
+    metrics = os.path.join(tmp, "aside.jsonl")
+    p = lib.loom(*train_args(tmp, os.path.join(tmp, "aside-resumed"), 7, ["--load", aside, "--metrics", metrics]))
+    check("the checkpoint kept aside still loads and resumes (at step 6)",
+          p.returncode == 0 and "resumed at step 6" in p.stdout and lib.metrics_rows(metrics)[0]["step"] == 6,
+          p.stderr[-300:])
+    # a rewind of one run: --load of its iter_5 while its iter_10 exists
+    rewind = os.path.join(tmp, "rewind")
+    p = lib.loom(*train_args(tmp, rewind, 10, ["--save-interval", "5"]))
+    run = run_of(os.path.join(rewind, "iter_0000010"))
+    p = lib.loom(*train_args(tmp, rewind, 10, ["--save-interval", "5", "--load",
+                                               os.path.join(rewind, "iter_0000005"), "--lr", "0.002"]))
+    aside = os.path.join(rewind, f"iter_0000010.run-{run}")
+    check("a resume from iter_5 while iter_10 exists (a branch, another --lr): the old iter_10 is kept aside, "
+          "the branch's takes the name under a run of its own",
+          p.returncode == 0 and os.path.isdir(aside) and run_of(aside) == run and
+          run_of(os.path.join(rewind, "iter_0000010")) != run and "before iter_0000010" in p.stderr,
+          p.stderr[-400:])
+    # --finetune into the directory it loads: a new run from step 0
+    p = lib.loom(*train_args(tmp, rewind, 5, ["--save-interval", "5", "--load", rewind, "--finetune"]))
+    asides = [x for x in os.listdir(rewind) if x.startswith("iter_0000005.run-")]
+    check("--finetune saving iter_5 into the directory it loads: the old iter_5 is kept aside",
+          p.returncode == 0 and len(asides) == 1, p.stderr[-400:] + str(os.listdir(rewind)))
 
 
 def tied_files(tmp):
@@ -208,6 +254,7 @@ def main():
         lib.write_corpus(tmp)
         one_writer(tmp)
         newer_checkpoints(tmp)
+        replaced_iterations(tmp)
         tied_files(tmp)
         keep_last_links(tmp)
         fifos(tmp)

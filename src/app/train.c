@@ -182,10 +182,10 @@ static int check_save_dir(const char *save)
 }
 
 /* A save directory holding a checkpoint past this run's start is another
- * run's (or a later point of this one) unless this run continues it (--load
- * of the directory or of one of its iter_ checkpoints): said once, as this
- * run's saves replace those of the same iterations and latest moves to
- * them, while --keep-last leaves the newer ones alone. Rank 0 looks. */
+ * run's, or this run resumes from an earlier point of it (a branch): said
+ * once, as this run's saves take the names of the same iterations (the old
+ * ones kept aside), latest moves to them, and --keep-last leaves the newer
+ * ones alone. Rank 0 looks. */
 static void check_save_newer(const struct loom_config *cfg, const struct loom_engine *e)
 {
     if (loom_comm_world_rank() != 0) return;
@@ -194,12 +194,19 @@ static void check_save_newer(const struct loom_config *cfg, const struct loom_en
     loom_fs_dirname(cfg->load, parent, sizeof parent);
     const int continues =
         !cfg->finetune && *cfg->load && (strcmp(cfg->load, cfg->save) == 0 || strcmp(parent, cfg->save) == 0);
-    if (newest <= start || continues) return;
-    loom_log_warn(
-        "--save %s holds iter_%07lld, past this run's start (step %lld): another run's checkpoints; "
-        "this run's replace those of the same iterations and latest will name them, --keep-last "
-        "leaves the newer ones alone",
-        cfg->save, (long long)newest, (long long)start);
+    if (newest <= start) return;
+    if (continues)
+        loom_log_warn(
+            "--load %s resumes at step %lld, before iter_%07lld in --save: the checkpoints it saves "
+            "take those iterations' names; one of another run (or of this run before a rewind) is kept "
+            "aside as iter_N.run-ID",
+            cfg->load, (long long)start, (long long)newest);
+    else
+        loom_log_warn(
+            "--save %s holds iter_%07lld, past this run's start (step %lld): another run's "
+            "checkpoints; this run's take the names of the iterations it saves (the others kept "
+            "aside as iter_N.run-ID), latest will name them, --keep-last leaves the newer ones alone",
+            cfg->save, (long long)newest, (long long)start);
 }
 
 /* --dry-run under pipeline parallelism: which layers each stage holds, on

@@ -488,6 +488,26 @@ static int try_candidates(const struct loom_ckpt_parts *p, const char *path, res
     return rc;
 }
 
+/* Whether --save holds a checkpoint of run `run` past `iteration` (its
+ * newest): resuming there rewinds that run. */
+static int rewinds(const char *save, int64_t iteration, const char *run)
+{
+    if (!*save) return 0;
+    const int64_t newest = loom_ckpt_newest(save);
+    int same = 0;
+    if (newest > iteration) {
+        char dir[4200];
+        struct loom_ckpt_state later;
+        loom_ckpt_iter_dir(save, newest, dir, sizeof dir);
+        if (loom_ckpt_state_read(dir, &later) == LOOM_OK) {
+            same = strcmp(later.run, run) == 0;
+            loom_ckpt_state_free(&later);
+        }
+    }
+    loom_error_clear();
+    return same;
+}
+
 int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
                          struct loom_ckpt_io_stats *stats)
 {
@@ -498,7 +518,11 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
     int rc = try_candidates(p, cfg->load, restore_training, &st, &bytes, stats->dir, sizeof stats->dir);
     if (rc) return rc;
     *iteration = cfg->finetune ? 0 : st.iteration;
-    if (!cfg->finetune && st.run[0] && p->run) /* the run goes on under its identifier */
+    /* the run goes on under its identifier, unless --save holds checkpoints
+     * past the loaded one: then this is a branch from an earlier point, a
+     * run of its own, and its saves move the old run's aside (io/checkpoint_dir.c) */
+    const int branch = st.run[0] && rewinds(cfg->save, st.iteration, st.run);
+    if (!cfg->finetune && st.run[0] && p->run && !branch)
         snprintf(p->run, LOOM_CKPT_RUN_LEN + 1, "%s", st.run);
     stats->skipped = cfg->finetune ? 0 : st.skipped_steps;
     if (!cfg->finetune) {

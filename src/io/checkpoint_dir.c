@@ -177,6 +177,32 @@ static void prune(const char *save, int64_t current, int keep)
     loom_free(its);
 }
 
+/* Whether the checkpoint in dir is another run's than the state text's
+ * (its run in *run: the identifier, "unknown" for an unreadable state,
+ * "none" for a state written before runs were recorded). */
+static int other_run(const char *dir, const char *state_text, char *run, size_t n)
+{
+    struct loom_ckpt_state mine, theirs;
+    memset(&mine, 0, sizeof mine);
+    memset(&theirs, 0, sizeof theirs);
+    if (loom_ckpt_state_parse(state_text, strlen(state_text), &mine) != LOOM_OK) {
+        loom_error_clear();
+        return 0; /* cannot tell: the same-run path (as before runs were recorded) */
+    }
+    int other;
+    if (loom_ckpt_state_read(dir, &theirs) != LOOM_OK) {
+        loom_error_clear();
+        snprintf(run, n, "unknown");
+        other = 1;
+    } else {
+        snprintf(run, n, "%s", *theirs.run ? theirs.run : "none");
+        other = strcmp(theirs.run, mine.run) != 0;
+        loom_ckpt_state_free(&theirs);
+    }
+    loom_ckpt_state_free(&mine);
+    return other;
+}
+
 int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const char *state_text,
                      int keep_last)
 {
@@ -189,7 +215,21 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
     loom_test_point("before-rename");
     loom_ckpt_iter_dir(save, iteration, final, sizeof final);
     snprintf(old, sizeof old, "%s/.old." ITER_PREFIX "%07" PRId64, save, iteration);
-    if (loom_fs_is_dir(final)) {
+    char other[LOOM_CKPT_RUN_LEN + 16];
+    if (loom_fs_is_dir(final) && other_run(final, state_text, other, sizeof other)) {
+        /* another run's checkpoint of this iteration: nothing is lost, it
+         * moves aside under a name no loader or --keep-last reads */
+        char aside[4300];
+        snprintf(aside, sizeof aside, "%s.run-%s", final, other);
+        for (int k = 2; loom_fs_is_dir(aside) && k < 1000; k++)
+            snprintf(aside, sizeof aside, "%s.run-%s.%d", final, other, k);
+        if (rename(final, aside) != 0)
+            return loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", final, aside, strerror(errno));
+        if (rename(tmp, final) != 0)
+            return loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", tmp, final, strerror(errno));
+        loom_log_warn("%s was run %s's checkpoint of this iteration: kept as %s, this run's takes its name",
+                      final, other, aside);
+    } else if (loom_fs_is_dir(final)) {
         /* the same iteration saved again (a resumed run passing it once more):
          * swap the two directories in one step, so a kill at any moment leaves
          * a complete iter_N, then drop the old one */

@@ -14,8 +14,8 @@
 
 /* ---- bytes and characters ------------------------------------------------------ */
 
-static uint32_t byte_char[256];   /* byte -> character */
-static int16_t char_byte[324];    /* character -> byte, -1: none */
+static uint32_t byte_char[256]; /* byte -> character */
+static int16_t char_byte[324];  /* character -> byte, -1: none */
 static pthread_once_t made = PTHREAD_ONCE_INIT;
 
 /* GPT-2's table: printable Latin-1 bytes are themselves, the other 68 bytes
@@ -25,7 +25,8 @@ static void make_tables(void)
     uint32_t next = 256;
     for (int i = 0; i < 324; i++) char_byte[i] = -1;
     for (int i = 0; i < 256; i++) {
-        byte_char[i] = (i >= '!' && i <= '~') || (i >= 0xA1 && i <= 0xAC) || (i >= 0xAE) ? (uint32_t)i : next++;
+        byte_char[i] =
+            (i >= '!' && i <= '~') || (i >= 0xA1 && i <= 0xAC) || (i >= 0xAE) ? (uint32_t)i : next++;
         char_byte[byte_char[i]] = (int16_t)i;
     }
 }
