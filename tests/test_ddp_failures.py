@@ -141,6 +141,20 @@ def test_sigusr1(tmp):
     check("SIGUSR1: rank 1 prints its progress line and the run finishes (exit 0)",
           p.returncode == 0 and len(lines) == 1 and "last completed" in lines[0] and
           len(lib.metrics_rows(metrics)) == 400, err[-500:])
+    # one process: no communication thread, the step loop prints it
+    metrics, marker = os.path.join(tmp, "usr1-one.jsonl"), os.path.join(tmp, "usr1-one-marker")
+    args = model_args(tmp, iters=400) + ["--metrics", metrics, "--data-cache", marker]
+    p = subprocess.Popen([LOOM, "train"] + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=ENV)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(lib.metrics_rows(metrics)) < 5:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGUSR1)
+    _, err = p.communicate(timeout=120)
+    lines = [l for l in err.splitlines() if l.startswith("loom: progress: [rank 0 on ")]
+    check("SIGUSR1, one process: its progress line (the step) and the run finishes (exit 0)",
+          p.returncode == 0 and len(lines) == 1 and "at step " in lines[0] and len(lib.metrics_rows(metrics)) == 400,
+          err[-500:])
 
 
 def test_layouts(tmp):

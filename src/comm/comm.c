@@ -91,6 +91,11 @@ void loom_comm_set_timeout(double seconds)
 void loom_comm_set_step(int64_t step)
 {
     cur_step = step;
+    if (report_asked && !have_thread) { /* one process: no communication thread to print SIGUSR1's line */
+        report_asked = 0;
+        fprintf(stderr, "loom: progress: [rank %d on %s] at step %lld (one process: no collectives)\n",
+                world_rank, host, (long long)step);
+    }
 }
 int loom_comm_world_size(void)
 {
