@@ -1,7 +1,9 @@
 """Bad data during a run: a shard truncated under the run, or rewritten in
 place with tokens outside the vocabulary, ends in one line naming the file
 and the position, exit 1, within seconds, on one rank or two; the save
-directory's newest checkpoint still resumes. A shard replaced by a new file
+directory's newest checkpoint still resumes exactly (stopped at step 100
+by --exit-interval, its weights and Adam moments equal those of a run
+that never met the fault, bit for bit). A shard replaced by a new file
 (rename) or made unreadable after it was opened does not disturb the run:
 the run reads the file it opened. A shard bad from the start is exit 2.
 """
@@ -14,14 +16,32 @@ import time
 
 import lib
 from lib import ENV, LOOM, check
+from pyref import ckpt
 
 HEADER = 256 * 4  # llm.c's shard header: 256 int32
 
 
+STOP = 100  # the resumed run and the reference stop here (--exit-interval)
+REFERENCE = {}  # ranks -> the state at STOP of a run that met no fault
+
+
+def base_args(shard, iters=3000):
+    return ["train", "--data-path", shard, *lib.TINY_MODEL, "--train-iters", str(iters), "--eval-iters", "0",
+            "--threads", "1", "--log-interval", "1"]
+
+
+def reference(tmp, n):
+    if n not in REFERENCE:
+        save = os.path.join(tmp, f"reference-{n}")
+        lib.run_ranks(n, [LOOM, *base_args(os.path.join(tmp, "train.bin")), "--exit-interval", str(STOP),
+                          "--save", save], tag=f"reference on {n} rank(s)")
+        REFERENCE[n] = ckpt.assemble(save)
+    return REFERENCE[n]
+
+
 def start(tmp, tag, shard, n=1, iters=3000):
     save, metrics = os.path.join(tmp, tag), os.path.join(tmp, tag + ".jsonl")
-    cmd = [LOOM, "train", "--data-path", shard, *lib.TINY_MODEL, "--train-iters", str(iters), "--eval-iters", "0",
-           "--threads", "1", "--log-interval", "1", "--metrics", metrics, "--save", save, "--save-interval", "5"]
+    cmd = [LOOM, *base_args(shard, iters), "--metrics", metrics, "--save", save, "--save-interval", "5"]
     p = subprocess.Popen(lib.mpirun(n, cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.time() + 60
     while time.time() < deadline and p.poll() is None and len(lib.metrics_rows(metrics)) < 12:
@@ -42,10 +62,15 @@ def fault_case(tmp, tag, n, fault, want):
     check(f"{tag}: exit 1 within {took:.1f} s (<= 10), a line naming the file and position ({want})",
           p.returncode == 1 and took <= 10 and 1 <= len(errs) <= n and
           all(shard in e and "position" in e and want in e for e in errs), err[-600:])
-    q = lib.run([LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), *lib.TINY_MODEL, "--train-iters",
-                 "3000", "--eval-iters", "0", "--threads", "1", "--load", save, "--train-iters", "20"], timeout=120)
-    check(f"{tag}: the save directory's newest checkpoint still resumes", q.returncode == 0 and "resumed at step" in
-          q.stdout, q.stderr[-300:])
+    # the data repaired, the newest checkpoint resumes to STOP, as if nothing happened
+    resumed = save + "-resumed"
+    q = lib.run_ranks(n, [LOOM, *base_args(os.path.join(tmp, "train.bin")), "--load", save, "--exit-interval",
+                          str(STOP), "--save", resumed], expect=None, timeout=120)
+    a, b = reference(tmp, n), ckpt.assemble(resumed) if q.returncode == 0 else {}
+    check(f"{tag}: the newest checkpoint resumes exactly: at step {STOP} the weights and moments equal an "
+          "unfaulted run's, bit for bit",
+          q.returncode == 0 and "resumed at step" in q.stdout and a.keys() == b.keys() and
+          all(lib.same_bits(a[k], b[k]) for k in a), q.stderr[-300:] or str(lib.differing(a, b))[:300])
 
 
 def truncate(shard):

@@ -33,6 +33,7 @@ import time
 
 import lib
 from lib import ENV, LOOM, check
+from pyref import ckpt
 
 
 def train_args(tmp, save, iters, extra=()):
@@ -132,15 +133,23 @@ def tied_files(tmp):
     lib.loom(*train_args(tmp, a, 4, ["--save-interval", "2"]))
     lib.loom(*train_args(tmp, b, 4, ["--save-interval", "2", "--seed", "5"]))
     rank0 = "rank_00000.safetensors"
+    # what a resume from the intact iter_0000002 ends with, at step 5
+    ref = os.path.join(tmp, "tie-reference")
+    lib.loom(*train_args(tmp, ref, 5, ["--load", os.path.join(a, "iter_0000002")]))
+    want_state = ckpt.assemble(ref)
 
     def case(name, damage, want):
-        d = os.path.join(tmp, "tie-" + name)
+        d, out = os.path.join(tmp, "tie-" + name), os.path.join(tmp, "tie-out-" + name)
         shutil.copytree(a, d)
         damage(d)
-        p = lib.loom(*train_args(tmp, os.path.join(tmp, "tie-out-" + name), 5, ["--load", d]))
+        p = lib.loom(*train_args(tmp, out, 5, ["--load", d]))
         warns = [l for l in p.stderr.splitlines() if "falling back to" in l]
-        check(f"{name}: falls back to iter_0000002, naming why", p.returncode == 0 and len(warns) == 1 and
-              want in warns[0] and "resumed at step 3" in p.stdout, p.stderr[-400:])
+        got = ckpt.assemble(out) if p.returncode == 0 else {}
+        check(f"{name}: falls back to iter_0000002, naming why, and resumes from it exactly (at step 5 the "
+              "state of a resume from the intact iter_0000002, bit for bit)",
+              p.returncode == 0 and len(warns) == 1 and want in warns[0] and "resumed at step 3" in p.stdout and
+              got.keys() == want_state.keys() and all(lib.same_bits(got[k], want_state[k]) for k in got),
+              p.stderr[-400:])
 
     case("a rank file of another run",
          lambda d: shutil.copy(os.path.join(b, "iter_0000004", rank0), os.path.join(d, "iter_0000004", rank0)),
