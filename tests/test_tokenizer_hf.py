@@ -19,6 +19,11 @@ kinds, plus special tokens inside text and bytes that are not valid UTF-8):
   the same ids as the tokenizer.json;
 - the tokenizer.json loom writes (bpe_tool save) loads in `tokenizers` and
   encodes every document as loom does.
+
+All of it twice: with the `tokenizers` that transformers 4.39.3 brings
+(0.15.2), and with the one users install today (TOKENIZERS_TODAY, its own
+virtual environment), which also runs Llama 3's `ignore_merges` (whole
+words in the vocabulary taken before any merge).
 """
 import json
 import os
@@ -30,7 +35,11 @@ import tempfile
 import lib
 from lib import check
 
-lib.use_transformers()  # its virtual environment holds `tokenizers`
+TOKENIZERS_TODAY = "tokenizers==0.23.3"
+TODAY_VENV = os.path.join(lib.BUILD, "test-venv-tokenizers")
+if not os.environ.get("LOOM_TOKENIZERS_TODAY"):
+    lib.use_transformers()  # its virtual environment holds `tokenizers`
+import tokenizers  # noqa: E402
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 TOOL = lib.tool("bpe_tool")
@@ -162,12 +171,40 @@ def compare(kind, tmp):
               first_difference(files, want))
 
 
+def ignore_merges(tmp):
+    """Llama 3's files set ignore_merges: a piece that is a vocabulary token is
+    taken whole, even where the merges would not make it."""
+    tok, _ = train_hf("llama3", corpus(1, 200), os.path.join(tmp, "im-base.json"))
+    doc = json.loads(tok.to_str())
+    doc["model"]["ignore_merges"] = True
+    vocab = doc["model"]["vocab"]
+    for w in ("Ġtokenizer", "Ġparallelism", "Ġcheckpoint", "Ġmerges"):  # whole words no merge reaches
+        vocab.setdefault(w, len(vocab))
+    path = os.path.join(tmp, "im.json")
+    json.dump(doc, open(path, "w"))
+    hf = Tokenizer.from_file(path)
+    texts = ["the tokenizer and parallelism checkpoint merges"] + corpus(9, 40)
+    want = [hf.encode(t, add_special_tokens=False).ids for t in texts]
+    got = loom_encode(path, [t.encode() for t in texts])
+    check("llama3 with ignore_merges: loom's ids equal tokenizers' (whole-word tokens taken before merging)",
+          got == want and any(vocab["Ġtokenizer"] in w for w in want), first_difference(got, want))
+
+
 def main():
     if not lib.built(TOOL):
         return 1
+    print(f"tokenizers {tokenizers.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("gpt2", "gpt2-prefix", "llama3"):
             compare(kind, tmp)
+        if hasattr(models.BPE(), "ignore_merges"):
+            ignore_merges(tmp)
+    if not os.environ.get("LOOM_TOKENIZERS_TODAY"):  # again with today's tokenizers
+        py = lib.venv_python(TODAY_VENV, TOKENIZERS_TODAY, "tokenizers")
+        p = subprocess.run([py, os.path.abspath(__file__)], capture_output=True, text=True,
+                           env=dict(os.environ, LOOM_TOKENIZERS_TODAY="1"), timeout=600)
+        print(p.stdout, end="")
+        check(f"the same with {TOKENIZERS_TODAY} (exit {p.returncode})", p.returncode == 0, p.stderr[-400:])
     return lib.verdict()
 
 
