@@ -56,6 +56,13 @@ CFLAGS += $(shell pkg-config --cflags libpcre2-8)
 LDLIBS += $(shell pkg-config --libs libpcre2-8)
 endif
 
+# liburing: the offload files' asynchronous I/O (optim/offload.c)
+HAVE_URING := $(shell pkg-config --exists liburing 2>/dev/null && echo 1)
+ifeq ($(HAVE_URING),1)
+CFLAGS += $(shell pkg-config --cflags liburing)
+LDLIBS += $(shell pkg-config --libs liburing)
+endif
+
 HAVE_XXHASH := $(shell echo '\#include <xxhash.h>' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1)
 ifeq ($(HAVE_XXHASH),1)
 LDLIBS += -lxxhash
@@ -101,11 +108,12 @@ announce:
 	@echo "  OpenMP   $(if $(HAVE_OPENMP),yes,no: kernels run single-threaded)"
 	@echo "  cJSON    $(if $(HAVE_CJSON),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  PCRE2    $(if $(HAVE_PCRE2),yes,NOT FOUND (run scripts/install-deps.sh))"
+	@echo "  liburing $(if $(HAVE_URING),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  xxHash   $(if $(HAVE_XXHASH),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  oneDNN   $(if $(HAVE_DNNL),yes,no: bf16 computes in float32 (run scripts/install-deps.sh))"
 	@echo "  MPI      $(if $(HAVE_MPI),yes ($(shell mpicc --showme:version 2>/dev/null | cut -d: -f2 | head -1)),no: single-process only)"
 	@echo "  CUDA     off (CPU backend)"
-	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" -a -n "$(HAVE_XXHASH)" -a -n "$(HAVE_PCRE2)" || { echo "loom build: missing BLAS, cJSON, xxHash or PCRE2" >&2; exit 2; }
+	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" -a -n "$(HAVE_XXHASH)" -a -n "$(HAVE_PCRE2)" -a -n "$(HAVE_URING)" || { echo "loom build: missing BLAS, cJSON, xxHash, PCRE2 or liburing" >&2; exit 2; }
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

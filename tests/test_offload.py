@@ -2,8 +2,11 @@
 in-memory run bit for bit (every logged number and every saved weight), the
 resident optimizer bytes stay within --offload-buffer-size, nothing is left
 in --nvme-path, and a bad path is a one-line error. Also under ZeRO-1 at 2
-ranks, where each rank streams its own shard."""
+ranks, where each rank streams its own shard, and with bf16 (the master
+weights in the file too) at 1 rank and under ZeRO-3 at 2. A file system too
+small for the file is refused up front (exit 2, the bytes needed).""" 
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -16,30 +19,48 @@ def main():
         lib.write_corpus(tmp)
         nvme = os.path.join(tmp, "nvme")
         os.mkdir(nvme)
-        buffer_mb = 0.004  # 4 KB: hundreds of chunks per step
-        for n, extra in ((1, []), (2, ["--zero-stage", "1"])):
+        buffer_mb = 0.05  # 50 KB: 3 sets of one 4 KB block per array (direct I/O's unit), tens of chunks a step
+        for n, extra in ((1, []), (2, ["--zero-stage", "1"]), (1, ["--bf16"]), (2, ["--zero-stage", "3", "--bf16"])):
             base = ["--global-batch-size", "8", "--micro-batch-size", "2"] + extra
-            a = lib.tiny_run(tmp, f"mem-np{n}", n, base)
-            b = lib.tiny_run(tmp, f"nvme-np{n}", n, base + ["--offload-optimizer", "nvme", "--nvme-path", nvme,
+            tag = f"np{n}{'-' + '-'.join(x.strip('-') for x in extra) if extra else ''}"
+            a = lib.tiny_run(tmp, f"mem-{tag}", n, base)
+            b = lib.tiny_run(tmp, f"nvme-{tag}", n, base + ["--offload-optimizer", "nvme", "--nvme-path", nvme,
                                                             "--offload-buffer-size", str(buffer_mb)])
-            rows_a = lib.metrics_rows(os.path.join(tmp, f"mem-np{n}.jsonl"))
-            rows_b = lib.metrics_rows(os.path.join(tmp, f"nvme-np{n}.jsonl"))
+            rows_a = lib.metrics_rows(os.path.join(tmp, f"mem-{tag}.jsonl"))
+            rows_b = lib.metrics_rows(os.path.join(tmp, f"nvme-{tag}.jsonl"))
             strip = lambda r: {k: v for k, v in r.items() if k in ("step", "loss", "lr", "grad_norm")}
-            check(f"np{n}: every step's loss, lr and grad norm identical to the in-memory run",
+            check(f"{tag}: every step's loss, lr and grad norm identical to the in-memory run",
                   [strip(r) for r in rows_a] == [strip(r) for r in rows_b] and len(rows_a) == lib.STEPS)
             same = all((a[1][k] == b[1][k]).all() for k in a[1])
-            check(f"np{n}: final weights identical bit for bit", same)
+            check(f"{tag}: final weights identical bit for bit", same)
             mem = rows_b[-1]
             per_rank = [r["optimizer"] for r in mem.get("mem_by_rank", [mem["mem"]])]
-            check(f"np{n}: resident optimizer bytes {per_rank} <= buffer {buffer_mb * 1e6:.0f}",
+            check(f"{tag}: resident optimizer bytes {per_rank} <= buffer {buffer_mb * 1e6:.0f}",
                   all(x <= buffer_mb * 1e6 for x in per_rank))
-            check(f"np{n}: nothing left in --nvme-path", os.listdir(nvme) == [], str(os.listdir(nvme)))
+            check(f"{tag}: nothing left in --nvme-path", os.listdir(nvme) == [], str(os.listdir(nvme)))
         p = lib.loom("train", "--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1",
                      "--offload-optimizer", "nvme", "--nvme-path", os.path.join(tmp, "nope"), env=lib.ENV)
         check("a missing --nvme-path is exit 2 naming it",
               p.returncode == 2 and "--nvme-path" in p.stderr and "nope" in p.stderr, p.stderr)
         p = lib.loom("train", "--train-iters", "1", "--offload-optimizer", "nvme", env=lib.ENV)
         check("nvme without --nvme-path is exit 2", p.returncode == 2 and "--nvme-path" in p.stderr, p.stderr)
+        # a file system too small for the file: refused up front, naming the bytes needed
+        small = os.path.join(tmp, "small")
+        os.mkdir(small)
+        if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", small],
+                                                capture_output=True).returncode == 0:
+            try:
+                p = lib.loom("train", "--data-path", os.path.join(tmp, "train.bin"), *lib.TINY_MODEL,
+                             "--train-iters", "1", "--offload-optimizer", "nvme", "--nvme-path", small, env=lib.ENV)
+                errs = lib.error_lines(p.stderr)
+                check("a file system without room for the offload file: exit 2 up front, one line naming the path, "
+                      "the bytes needed and free", p.returncode == 2 and len(errs) == 1 and small in errs[0] and
+                      "needs" in errs[0] and "free" in errs[0], p.stderr[-300:])
+                check("... and nothing left there", os.listdir(small) == [], str(os.listdir(small)))
+            finally:
+                subprocess.run(["umount", small])
+        else:
+            print("note: not root (or no tmpfs): the full-disk case is not run")
     return lib.verdict()
 
 

@@ -22,14 +22,23 @@ struct loom_adamw {
     float *master; /* (end - begin) float32 master weights under mixed precision; with offload, a buffer */
     int has_master;
     enum loom_dtype dtype; /* of the parameters the master weights are rounded to */
-    int fd;                /* offload file holding m then v, or -1 */
+    int fd;                /* offloaded: the offload file's buffered descriptor; -1 in memory */
     size_t chunk;          /* elements per streamed chunk */
+    /* offloaded: the file (m, then v, then the master weights, each region
+     * elements from an aligned offset) and LOOM_OFFLOAD_SLOTS buffer sets of
+     * chunk elements each, read, updated and written in rotation */
+    struct loom_offload_file *io;
+    size_t region;
+    float *set_m[3], *set_v[3], *set_master[3];
+    void *sets; /* their one allocation */
 };
 
 void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,
                      double weight_decay);
-/* Keeps the moments in a file in dir instead, streamed through a buffer of
- * buffer_bytes (both moments). LOOM_ERR_INPUT naming dir when it cannot. */
+/* Keeps the moments (and master weights) in a file in dir instead,
+ * streamed through buffer sets of buffer_bytes in all: while one chunk is
+ * updated the next is read and the previous written (io_uring, direct
+ * I/O). LOOM_ERR_INPUT naming dir when it cannot (space: the bytes needed). */
 int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes);
 /* The memory that stays with offload: the moments' buffers (and the master
  * weights' chunk); what loom_adamw_offload keeps, without the file. */

@@ -1,20 +1,72 @@
 /*
- * Optimizer-state offload to a file (ZeRO-Infinity's NVMe offload): a
- * private, already-unlinked file in a directory the user names, read and
- * written with pread/pwrite in whole chunks. The file vanishes when the
- * process ends, however it ends. Not here: io_uring, double buffering.
+ * Offload files (ZeRO-Infinity's NVMe offload): a private, already-unlinked
+ * file in a directory the user names, its space reserved up front, read and
+ * written asynchronously through io_uring (liburing) with direct I/O where
+ * the file system allows it, so the optimizer computes on one chunk while
+ * the next is read and the previous written.
+ *
+ * Two ways in: asynchronous requests on aligned chunks, grouped in slots
+ * (a slot is one buffer set: wait for a slot, then reuse its buffers), and
+ * synchronous reads and writes of any range (checkpoints, set-up), through
+ * a second, buffered descriptor of the same file (the kernel keeps the two
+ * coherent: direct I/O writes back and drops the cached pages it covers).
+ *
+ * Not here: what lives where in the file (the optimizer's layout, adamw.c).
  */
 #ifndef LOOM_OPTIM_OFFLOAD_H
 #define LOOM_OPTIM_OFFLOAD_H
 
 #include <stddef.h>
 
-/* Creates a file of `bytes` zero bytes in dir (mode 0600, unlinked at once);
- * returns its descriptor, or -1 with LOOM_ERR_INPUT set naming dir. */
-int loom_offload_create(const char *dir, size_t bytes);
-/* Whole-buffer pread/pwrite; a failure (short I/O, ENOSPC) is fatal (exit 1)
- * naming the operation. */
-void loom_offload_read(int fd, void *buf, size_t bytes, size_t offset);
-void loom_offload_write(int fd, const void *buf, size_t bytes, size_t offset);
+/* Alignment of direct I/O: buffers, offsets and lengths of asynchronous
+ * requests are multiples of it. */
+#define LOOM_OFFLOAD_ALIGN 4096
+enum { LOOM_OFFLOAD_SLOTS = 3, LOOM_OFFLOAD_DEPTH = 32 };
+
+struct loom_offload_req {
+    int slot, write;
+    char *buf;
+    size_t bytes, offset;
+};
+
+struct loom_offload_file {
+    int fd;          /* asynchronous I/O: O_DIRECT when the file system allows it */
+    int fd_buffered; /* synchronous I/O of any range */
+    int direct;      /* fd is O_DIRECT */
+    void *ring;      /* struct io_uring, or NULL: asynchronous requests run synchronously */
+    int pending[LOOM_OFFLOAD_SLOTS];
+    int inflight;
+    struct loom_offload_req req[LOOM_OFFLOAD_DEPTH]; /* by user_data */
+    int req_used[LOOM_OFFLOAD_DEPTH];
+    size_t bytes;
+    double read_bytes, write_bytes; /* since open, for the run's I/O figures */
+};
+
+/* Creates a file of `bytes` bytes in dir (mode 0600, unlinked at once),
+ * the space reserved (fallocate) or, where the file system cannot reserve,
+ * checked against its free space. LOOM_ERR_INPUT naming dir and, when space
+ * is short, the bytes needed and free; what: what the file holds, for
+ * messages. */
+int loom_offload_open(struct loom_offload_file *o, const char *dir, size_t bytes, const char *what);
+void loom_offload_close(struct loom_offload_file *o);
+
+/* Asynchronous chunk I/O on slot: buf, bytes and offset multiples of
+ * LOOM_OFFLOAD_ALIGN. A failure (an I/O error, a full disk) is fatal
+ * (exit 1) naming the operation. */
+void loom_offload_read_async(struct loom_offload_file *o, int slot, void *buf, size_t bytes, size_t offset);
+void loom_offload_write_async(struct loom_offload_file *o, int slot, const void *buf, size_t bytes,
+                              size_t offset);
+/* Returns when every request of slot (slot -1: of all slots) is done. */
+void loom_offload_wait(struct loom_offload_file *o, int slot);
+
+/* Synchronous I/O of any range; failures are fatal as above. */
+void loom_offload_read(struct loom_offload_file *o, void *buf, size_t bytes, size_t offset);
+void loom_offload_write(struct loom_offload_file *o, const void *buf, size_t bytes, size_t offset);
+
+/* n rounded up to a multiple of LOOM_OFFLOAD_ALIGN. */
+static inline size_t loom_offload_round(size_t n)
+{
+    return (n + LOOM_OFFLOAD_ALIGN - 1) / LOOM_OFFLOAD_ALIGN * LOOM_OFFLOAD_ALIGN;
+}
 
 #endif
