@@ -248,6 +248,9 @@ def main():
             exact_resume(tmp, f"zero{stage}-np2", 2, ["--zero-stage", str(stage), "--micro-batch-size", "1"])
         exact_resume(tmp, "zero1-np2-nvme", 2, ["--zero-stage", "1", "--offload-optimizer", "nvme", "--nvme-path", tmp,
                                                 "--offload-buffer-size", "0.004"])
+        exact_resume(tmp, "zero3-np2-offload-param-bf16", 2,
+                     ["--zero-stage", "3", "--bf16", "--offload-optimizer", "nvme", "--offload-param", "nvme",
+                      "--nvme-path", tmp, "--offload-buffer-size", "0.05"])
         # layout-free
         layout_free(tmp, "np2-to-np1", 2, [], 1, [])
         layout_free(tmp, "np1-to-np2", 1, [], 2, [])

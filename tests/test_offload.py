@@ -20,10 +20,13 @@ def main():
         nvme = os.path.join(tmp, "nvme")
         os.mkdir(nvme)
         buffer_mb = 0.05  # 50 KB: 3 sets of one 4 KB block per array (direct I/O's unit), tens of chunks a step
-        for n, extra in ((1, []), (2, ["--zero-stage", "1"]), (1, ["--bf16"]), (2, ["--zero-stage", "3", "--bf16"])):
+        param = ["--zero-stage", "3", "--offload-param", "nvme"]  # ZeRO-Infinity: the shards in files too
+        for n, extra in ((1, []), (2, ["--zero-stage", "1"]), (1, ["--bf16"]), (2, ["--zero-stage", "3", "--bf16"]),
+                         (1, param), (2, param), (1, param + ["--bf16"]), (2, param + ["--bf16"]),
+                         (2, param + ["--bf16", "--micro-batch-size", "1"])):
             base = ["--global-batch-size", "8", "--micro-batch-size", "2"] + extra
             tag = f"np{n}{'-' + '-'.join(x.strip('-') for x in extra) if extra else ''}"
-            a = lib.tiny_run(tmp, f"mem-{tag}", n, base)
+            a = lib.tiny_run(tmp, f"mem-{tag}", n, [x for x in base if x not in ("--offload-param", "nvme")])
             b = lib.tiny_run(tmp, f"nvme-{tag}", n, base + ["--offload-optimizer", "nvme", "--nvme-path", nvme,
                                                             "--offload-buffer-size", str(buffer_mb)])
             rows_a = lib.metrics_rows(os.path.join(tmp, f"mem-{tag}.jsonl"))
@@ -44,6 +47,16 @@ def main():
               p.returncode == 2 and "--nvme-path" in p.stderr and "nope" in p.stderr, p.stderr)
         p = lib.loom("train", "--train-iters", "1", "--offload-optimizer", "nvme", env=lib.ENV)
         check("nvme without --nvme-path is exit 2", p.returncode == 2 and "--nvme-path" in p.stderr, p.stderr)
+        for why, args, needle in (
+                ("--offload-param nvme without ZeRO-3", ["--zero-stage", "2", "--offload-param", "nvme",
+                                                         "--offload-optimizer", "nvme", "--nvme-path", nvme],
+                 "--zero-stage 3"),
+                ("--offload-param nvme without --offload-optimizer nvme",
+                 ["--zero-stage", "3", "--offload-param", "nvme", "--nvme-path", nvme], "--offload-optimizer nvme")):
+            p = lib.loom("train", "--train-iters", "1", *args, env=lib.ENV)
+            errs = lib.error_lines(p.stderr)
+            check(f"{why}: exit 2, one line naming it", p.returncode == 2 and len(errs) == 1 and needle in errs[0],
+                  p.stderr[-300:])
         # a file system too small for the file: refused up front, naming the bytes needed
         small = os.path.join(tmp, "small")
         os.mkdir(small)

@@ -129,7 +129,7 @@ enum loom_origin {
 };
 
 #define LOOM_MAX_DATA_PATHS 64
-#define LOOM_CONFIG_MAX_SETTINGS 96 /* rows of the settings table, at most */
+#define LOOM_CONFIG_MAX_SETTINGS 112 /* rows of the settings table, at most */
 #define LOOM_CONFIG_MAX_WARNINGS 64
 
 /* What loom_config_parse records beside the values, by row of the settings
@@ -222,7 +222,9 @@ struct loom_config {
     int64_t zero3_min_params;
     enum loom_offload offload_optimizer;
     char nvme_path[512];
-    double offload_buffer_size; /* MB */
+    enum loom_offload offload_param; /* ZeRO-3's parameter and gradient shards */
+    char param_nvme_path[512];       /* "" : nvme_path */
+    double offload_buffer_size;      /* MB */
     /* activation recomputation (Megatron's) */
     int recompute_activations; /* Megatron's shorthand for recompute_granularity selective */
     enum loom_recompute recompute_granularity;

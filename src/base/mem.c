@@ -121,6 +121,11 @@ void loom_mem_count_begin(void)
     counting.on = 1;
 }
 
+int loom_mem_counting(void)
+{
+    return counting.on;
+}
+
 void loom_mem_count_reset_peak(void)
 {
     struct loom_mem_stats *st = &counting.st;

@@ -67,6 +67,8 @@ void loom_mem_reset_peak(void);
  * it as on a real block. Not thread-safe: one thread, nothing else
  * allocating. end gives the window's counters. */
 void loom_mem_count_begin(void);
+/* Whether the counting window is open (a footprint being counted). */
+int loom_mem_counting(void);
 /* A new peak window in the counting (peaks := current), as loom_mem_reset_peak. */
 void loom_mem_count_reset_peak(void);
 void loom_mem_count_end(struct loom_mem_stats *out);

@@ -330,6 +330,20 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME && !*cfg->nvme_path)
         return loom_error_set(LOOM_ERR_INPUT, "%s nvme needs %s DIR", NAME(offload_optimizer),
                               NAME(nvme_path));
+    if (cfg->offload_param == LOOM_OFFLOAD_NVME) {
+        if (cfg->zero_stage != 3)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s nvme needs %s 3 (the parameters are sharded there), not %d",
+                                  NAME(offload_param), NAME(zero_stage), cfg->zero_stage);
+        if (cfg->offload_optimizer != LOOM_OFFLOAD_NVME)
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "%s nvme needs %s nvme: a shard offloaded is updated by an optimizer streaming "
+                "its state",
+                NAME(offload_param), NAME(offload_optimizer));
+        if (!*cfg->param_nvme_path)
+            snprintf(cfg->param_nvme_path, sizeof cfg->param_nvme_path, "%s", cfg->nvme_path);
+    }
     if ((rc = resolve_schedule(cfg))) return rc;
     if (cfg->seq_length > cfg->max_position_embeddings)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d", NAME(seq_length), cfg->seq_length,

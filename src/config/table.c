@@ -245,6 +245,12 @@ const struct setting loom_settings[] = {
          "where the optimizer state lives: none, cpu (no-op on the CPU backend), nvme"),
     STR("--nvme-path", "zero_optimization.offload_optimizer.nvme_path", "parallelism", nvme_path, "",
         "directory for --offload-optimizer nvme"),
+    ENUM("--offload-param", "zero_optimization.offload_param.device", "parallelism", offload_param,
+         offload_devices, "none",
+         "ZeRO-3: where each rank's parameter and gradient shards live: none, cpu (no-op on the CPU backend), "
+         "nvme (a file in --nvme-path, paged in by the gather unit; needs --offload-optimizer nvme)"),
+    STR("--offload-param-nvme-path", "zero_optimization.offload_param.nvme_path", "parallelism", param_nvme_path,
+        "", "directory for --offload-param nvme (default: --nvme-path)"),
     DBL("--offload-buffer-size", "offload_buffer_size", "parallelism", offload_buffer_size, 0.001, 1e6, "64",
         "MB of optimizer state resident while streaming from nvme"),
     DBL("--comm-timeout", "comm_timeout", "parallelism", comm_timeout, 0.1, 1e7, "600",

@@ -153,7 +153,7 @@ static int scaler_init(struct loom_engine *e)
  * data-parallel strategy that owns the stored parameters and gradients
  * first (DDP below stage 2, plus ZeRO-1's post-step gather; ZeRO-2/3 reduce
  * their own), mixed precision's float32 working views last. */
-void loom_engine_build_stack(struct loom_engine *e)
+int loom_engine_build_stack(struct loom_engine *e)
 {
     const struct loom_config *cfg = e->cfg;
     struct loom_model *m = e->model;
@@ -168,13 +168,16 @@ void loom_engine_build_stack(struct loom_engine *e)
     }
     if (stage >= 1) {
         e->zero = loom_alloc(sizeof *e->zero, LOOM_MEM_OTHER);
-        loom_zero_init(e->zero, stage, dp, e->topo.dp_rank, m, cfg->zero3_min_params,
-                       stage >= 2 ? reduce : LOOM_DTYPE_F32, stage >= 2 && accumulate_f32);
+        const int rc = loom_zero_init(e->zero, stage, dp, e->topo.dp_rank, m, cfg->zero3_min_params,
+                                      stage >= 2 ? reduce : LOOM_DTYPE_F32, stage >= 2 && accumulate_f32,
+                                      cfg->offload_param == LOOM_OFFLOAD_NVME ? cfg->param_nvme_path : NULL);
+        if (rc) return rc;
     }
     if (m->dtype != LOOM_DTYPE_F32) {
         e->prec = loom_alloc(sizeof *e->prec, LOOM_MEM_OTHER);
         loom_precision_init(e->prec, m);
     }
+    return LOOM_OK;
 }
 
 /* The optimizer's view of this rank's parameters and gradients [begin, end). */
@@ -279,7 +282,7 @@ void loom_engine_alloc_optimizer(struct loom_engine *e)
 {
     const struct loom_config *cfg = e->cfg;
     loom_adamw_init(&e->opt, e->part.begin, e->part.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps,
-                    cfg->weight_decay);
+                    cfg->weight_decay, cfg->offload_optimizer == LOOM_OFFLOAD_NVME);
     e->have_opt = 1;
     if (e->model->dtype != LOOM_DTYPE_F32) loom_adamw_alloc_master(&e->opt);
 }
@@ -313,18 +316,28 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     new_run_id(e);
     loom_engine_alloc_grad_acc(e);
     e->part = loom_zero_partition(cfg->zero_stage, dp, e->topo.dp_rank, m);
-    loom_engine_build_stack(e);
+    if ((rc = loom_engine_agree(e, loom_engine_build_stack(e)))) return rc;
     if (e->init_sharded && !from_dir) loom_zero_init_weights(e->zero, (uint64_t)cfg->seed);
     loom_engine_alloc_optimizer(e);
+    /* the optimizer's file first (nothing of its state is ever all in memory) */
+    if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME &&
+        (rc = loom_engine_agree(
+             e, loom_adamw_offload(&e->opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)))))
+        return rc;
+    if (e->zero && e->zero->param_map.data) { /* offloaded shards: streamed by the optimizer's chunks */
+        e->opt.param_map = &e->zero->param_map;
+        e->opt.grad_map = &e->zero->grad_map;
+    }
     /* master weights from the 16-bit parameters, as DeepSpeed makes them */
-    if (m->dtype != LOOM_DTYPE_F32) loom_adamw_set_master(&e->opt, opt_params(e));
+    if (m->dtype != LOOM_DTYPE_F32) {
+        loom_adamw_set_master(&e->opt, opt_params(e));
+        if (e->opt.param_map)
+            loom_offload_drop(e->opt.param_map, e->opt.param_map->data, e->opt.param_map->bytes);
+    }
     if (cfg->fp16) rc = loom_engine_agree(e, scaler_init(e));
     if (cfg->offload_optimizer == LOOM_OFFLOAD_CPU)
         loom_log_warn("--offload-optimizer cpu: the CPU backend keeps the optimizer state in host memory "
                       "already; nothing to move");
-    if (rc == LOOM_OK && cfg->offload_optimizer == LOOM_OFFLOAD_NVME)
-        rc = loom_engine_agree(
-            e, loom_adamw_offload(&e->opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)));
     if (rc == LOOM_OK && from_dir) {
         const struct loom_ckpt_parts parts = ckpt_parts(e);
         rc = loom_engine_agree(e, loom_checkpoint_load(&parts, &e->steps, &e->load_io));

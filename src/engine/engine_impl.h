@@ -58,9 +58,10 @@ int loom_engine_agree(const struct loom_engine *e, int rc);
  * state, in its order; the footprint (engine/footprint.h) runs the same
  * ones under the allocator's counting mode. */
 enum loom_dtype loom_engine_state_dtype(const struct loom_config *cfg); /* the arenas' dtype */
-void loom_engine_alloc_arenas(struct loom_engine *e);    /* the model's arenas the layout keeps */
-void loom_engine_alloc_grad_acc(struct loom_engine *e);  /* mixed precision's float32 accumulator */
-void loom_engine_build_stack(struct loom_engine *e);     /* DDP / ZeRO / mixed precision */
+void loom_engine_alloc_arenas(struct loom_engine *e);   /* the model's arenas the layout keeps */
+void loom_engine_alloc_grad_acc(struct loom_engine *e); /* mixed precision's float32 accumulator */
+int loom_engine_build_stack(
+    struct loom_engine *e); /* DDP / ZeRO / mixed precision; LOOM_ERR_INPUT: offload */
 void loom_engine_alloc_optimizer(struct loom_engine *e); /* AdamW's state (and master weights) */
 void loom_engine_plan_schedule(struct loom_engine *e);   /* the schedule's plan and activation slots */
 /* Floats of an activation between pipeline stages (0 without pipelining). */

@@ -72,7 +72,7 @@ int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *t
     loom_engine_alloc_arenas(&e);
     loom_engine_alloc_grad_acc(&e);
     e.part = loom_zero_partition(cfg->zero_stage, topo->dp, topo->dp_rank, m);
-    loom_engine_build_stack(&e);
+    loom_engine_build_stack(&e); /* offload files are not made while counting */
     loom_engine_alloc_optimizer(&e);
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME)
         loom_adamw_offload_buffers(&e.opt, (size_t)(cfg->offload_buffer_size * 1e6));

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,
-                     double weight_decay)
+                     double weight_decay, int streamed)
 {
     LOOM_ASSERT(begin <= end);
     opt->beta1 = beta1;
@@ -27,10 +27,14 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
     opt->fd = -1;
     opt->io = NULL;
     opt->sets = NULL;
+    opt->param_map = opt->grad_map = NULL;
     opt->master = NULL;
     opt->has_master = 0;
     opt->dtype = LOOM_DTYPE_F32;
     opt->chunk = end - begin;
+    opt->streamed = streamed;
+    opt->m = opt->v = NULL;
+    if (streamed) return;
     opt->m = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
     opt->v = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
@@ -52,7 +56,7 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
         loom_free(io);
         return rc;
     }
-    if (opt->has_master) /* to the file; the buffer sets stay */
+    if (opt->has_master && opt->master) /* to the file; the buffer sets stay */
         loom_offload_write(io, opt->master, n * sizeof(float), 2 * region * sizeof(float));
     loom_adamw_offload_buffers(opt, buffer_bytes);
     opt->io = io;
@@ -259,6 +263,20 @@ static void chunk_io(struct loom_adamw *opt, size_t i, int slot, int write)
  * while chunk i - 1 is updated; its update is written back from that slot
  * while the next ones compute, and the slot is reused once that write is
  * done. Each element gets the same update as in memory. */
+/* Offloaded parameters and gradients of elements [lo, hi): read ahead, or
+ * dropped once updated. */
+static void shard_pages(const struct loom_adamw *opt, const struct step_args *a, size_t lo, size_t hi,
+                        int ahead)
+{
+    const size_t es = a->params ? sizeof(float) : sizeof(uint16_t);
+    const void *p = a->params ? (const void *)(a->params + lo) : (const void *)(a->params_lp + lo);
+    const void *g = a->grads ? (const void *)(a->grads + lo) : (const void *)(a->grads_lp + lo);
+    void (*fn)(const struct loom_offload_map *, const void *, size_t) =
+        ahead ? loom_offload_prefetch : loom_offload_drop;
+    if (opt->param_map) fn(opt->param_map, p, (hi - lo) * es);
+    if (opt->grad_map) fn(opt->grad_map, g, (hi - lo) * es);
+}
+
 static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, struct step_args *a)
 {
     struct segments l = {0};
@@ -273,6 +291,8 @@ static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, s
             const int next = (int)((i + 1) % LOOM_OFFLOAD_SLOTS);
             loom_offload_wait(opt->io, next);
             chunk_io(opt, i + 1, next, 0);
+            const size_t nlo = (i + 1) * opt->chunk;
+            shard_pages(opt, a, nlo, nlo + opt->chunk < total ? nlo + opt->chunk : total, 1);
         }
         loom_offload_wait(opt->io, slot); /* chunk i is in */
         const size_t lo = i * opt->chunk, hi = lo + opt->chunk < total ? lo + opt->chunk : total;
@@ -297,6 +317,7 @@ static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, s
             }
         }
         chunk_io(opt, i, slot, 1);
+        shard_pages(opt, a, lo, hi, 0);
     }
     loom_offload_wait(opt->io, -1);
     loom_free(l.s);
@@ -305,7 +326,7 @@ static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, s
 void loom_adamw_alloc_master(struct loom_adamw *opt)
 {
     opt->has_master = 1;
-    if (!opt->master && !opt->io)
+    if (!opt->master && !opt->io && !opt->streamed)
         opt->master = loom_alloc(loom_mul_size(opt->end - opt->begin + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
 

@@ -31,10 +31,18 @@ struct loom_adamw {
     size_t region;
     float *set_m[3], *set_v[3], *set_master[3];
     void *sets; /* their one allocation */
+    /* the parameters and gradients it is given are these file mappings
+     * (ZeRO-3's offloaded shards; NULL: memory): each chunk's are read
+     * ahead and dropped once updated */
+    const struct loom_offload_map *param_map, *grad_map;
+    int streamed; /* made for an offload file: no state in memory */
 };
 
+/* streamed: the state will live in an offload file (loom_adamw_offload
+ * follows, or loom_adamw_offload_buffers when counting): nothing of it is
+ * allocated in memory. */
 void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,
-                     double weight_decay);
+                     double weight_decay, int streamed);
 /* Keeps the moments (and master weights) in a file in dir instead,
  * streamed through buffer sets of buffer_bytes in all: while one chunk is
  * updated the next is read and the previous written (io_uring, direct

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -186,4 +187,80 @@ void loom_offload_wait(struct loom_offload_file *o, int slot)
         while (o->inflight) reap_one(o);
     else
         while (o->pending[slot]) reap_one(o);
+}
+
+/* ---- mapped offload ------------------------------------------------------------- */
+
+int loom_offload_map(struct loom_offload_map *m, const char *dir, size_t bytes, const char *what)
+{
+    memset(m, 0, sizeof *m);
+    m->fd = -1;
+    struct loom_offload_file f;
+    int rc = loom_offload_open(&f, dir, bytes, what);
+    if (rc) return rc;
+    /* the buffered descriptor stays; the rest goes */
+    const int fd = dup(f.fd_buffered);
+    m->bytes = f.bytes;
+    loom_offload_close(&f);
+    void *p = fd >= 0 ? mmap(NULL, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (p == MAP_FAILED) {
+        const int e = errno;
+        if (fd >= 0) close(fd);
+        return loom_error_set(LOOM_ERR_INPUT, "--nvme-path %s: cannot map the %s file (%zu bytes): %s", dir,
+                              what, m->bytes, strerror(e));
+    }
+    m->data = p;
+    m->fd = fd;
+    return LOOM_OK;
+}
+
+void loom_offload_unmap(struct loom_offload_map *m)
+{
+    if (m->data) munmap(m->data, m->bytes);
+    if (m->fd >= 0) close(m->fd);
+    memset(m, 0, sizeof *m);
+    m->fd = -1;
+}
+
+/* [p, p + n) widened to whole pages, clipped to the mapping. */
+static int pages(const struct loom_offload_map *m, const void *p, size_t n, char **a, size_t *len)
+{
+    if (!m->data || !n) return 0;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *lo = (char *)((size_t)p / page * page), *hi = (char *)p + n;
+    char *base = m->data, *end = base + m->bytes;
+    if (lo < base) lo = base;
+    if (hi > end) hi = end;
+    if (hi <= lo) return 0;
+    *a = lo;
+    *len = (size_t)(hi - lo);
+    return 1;
+}
+
+void loom_offload_drop(const struct loom_offload_map *m, const void *p, size_t n)
+{
+    char *a;
+    size_t len;
+    if (pages(m, p, n, &a, &len)) madvise(a, len, MADV_DONTNEED);
+}
+
+void loom_offload_prefetch(const struct loom_offload_map *m, const void *p, size_t n)
+{
+    char *a;
+    size_t len;
+    if (pages(m, p, n, &a, &len)) madvise(a, len, MADV_WILLNEED);
+}
+
+void loom_offload_zero(const struct loom_offload_map *m)
+{
+    if (!m->data) return;
+    madvise(m->data, m->bytes, MADV_DONTNEED);
+    /* zeroed in the file, its blocks kept (a write later cannot meet a full disk) */
+    if (fallocate(m->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 0, (off_t)m->bytes) == 0) return;
+    const size_t piece = 64u << 20; /* a file system that cannot: written, a piece resident at a time */
+    for (size_t at = 0; at < m->bytes; at += piece) {
+        const size_t n = m->bytes - at < piece ? m->bytes - at : piece;
+        memset((char *)m->data + at, 0, n);
+        madvise((char *)m->data + at, n, MADV_DONTNEED);
+    }
 }

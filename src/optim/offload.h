@@ -63,6 +63,29 @@ void loom_offload_wait(struct loom_offload_file *o, int slot);
 void loom_offload_read(struct loom_offload_file *o, void *buf, size_t bytes, size_t offset);
 void loom_offload_write(struct loom_offload_file *o, const void *buf, size_t bytes, size_t offset);
 
+/* ---- mapped offload: memory the kernel pages to a file ----------------------
+ *
+ * ZeRO-3's parameter and gradient shards under --offload-param nvme: a
+ * file of the same kind (private, unlinked, its space reserved) mapped
+ * shared, so every reader and writer of the shard works unchanged; what is
+ * resident is what was touched since it was last dropped. The users drop
+ * a range once done with it (its data stays in the file: written back by
+ * the kernel) and ask for the next one ahead (the kernel reads it
+ * asynchronously). */
+struct loom_offload_map {
+    void *data; /* (bytes), or NULL */
+    size_t bytes;
+    int fd;
+};
+int loom_offload_map(struct loom_offload_map *m, const char *dir, size_t bytes, const char *what);
+void loom_offload_unmap(struct loom_offload_map *m);
+/* [p, p + n) inside m: its pages stop being resident; read ahead. */
+void loom_offload_drop(const struct loom_offload_map *m, const void *p, size_t n);
+void loom_offload_prefetch(const struct loom_offload_map *m, const void *p, size_t n);
+/* The whole mapping zero, without touching its pages where the file system
+ * can zero a range in place (its blocks kept). */
+void loom_offload_zero(const struct loom_offload_map *m);
+
 /* n rounded up to a multiple of LOOM_OFFLOAD_ALIGN. */
 static inline size_t loom_offload_round(size_t n)
 {

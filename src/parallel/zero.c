@@ -88,8 +88,12 @@ static void land_oldest(struct loom_zero *z)
         float *dst = (float *)acc.data + f->shard_off;
         const float *src = f->recv.data;
         for (size_t i = 0; i < f->recv.numel; i++) dst[i] += src[i];
+        loom_offload_drop(z->model->dtype == LOOM_DTYPE_F32 ? &z->grad_map : &z->acc_map, dst,
+                          f->recv.numel * sizeof(float));
     } else {
-        loom_buf_accumulate(loom_buf_slice(z->grad_shard, f->shard_off, f->recv.numel), f->recv);
+        const struct loom_buf seg = loom_buf_slice(z->grad_shard, f->shard_off, f->recv.numel);
+        loom_buf_accumulate(seg, f->recv);
+        loom_offload_drop(&z->grad_map, seg.data, loom_buf_bytes(seg));
     }
     loom_pool_give(&f->buf);
     loom_pool_give(&f->recv);
@@ -141,15 +145,30 @@ static void point_blocks(struct loom_zero *z, const struct loom_zero_unit *x)
     }
 }
 
+/* This rank's part of unit u in its parameter shard. */
+static struct loom_buf own_part(struct loom_zero *z, int u)
+{
+    const struct loom_zero_unit *x = &z->units[u];
+    size_t mine = split(z, x->lo, x->hi), at = z->counts[z->dp_rank] ? mine - z->part.begin : 0;
+    return loom_buf_slice(z->param_shard, at, (size_t)z->counts[z->dp_rank]);
+}
+
 static void post_gather(struct loom_zero *z, int u)
 {
     struct loom_zero_unit *x = &z->units[u];
     if (x->buf.data) return; /* gathered or on its way */
     x->buf = take(x->hi - x->lo, z->model->dtype, 0);
-    size_t mine = split(z, x->lo, x->hi), at = z->counts[z->dp_rank] ? mine - z->part.begin : 0;
-    x->handle = loom_comm_allgather_v(LOOM_GROUP_DP,
-                                      loom_buf_slice(z->param_shard, at, (size_t)z->counts[z->dp_rank]),
-                                      x->buf, z->counts, z->displs);
+    const struct loom_buf own = own_part(z, u);
+    loom_offload_prefetch(&z->param_map, own.data, loom_buf_bytes(own)); /* offloaded: read ahead */
+    x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, own, x->buf, z->counts, z->displs);
+}
+
+/* A gather done: the offloaded shard's part of it is not needed in memory. */
+static void gathered(struct loom_zero *z, int u)
+{
+    if (!z->param_map.data) return;
+    const struct loom_buf own = own_part(z, u);
+    loom_offload_drop(&z->param_map, own.data, loom_buf_bytes(own));
 }
 
 static void ensure_gathered(struct loom_zero *z, int u)
@@ -159,6 +178,7 @@ static void ensure_gathered(struct loom_zero *z, int u)
     if (x->handle) {
         z->wait_s += loom_comm_wait(x->handle);
         x->handle = NULL;
+        gathered(z, u);
         point_blocks(z, x);
     }
 }
@@ -170,6 +190,7 @@ static void release(struct loom_zero *z, int u)
     if (x->handle) {
         loom_comm_wait(x->handle);
         x->handle = NULL;
+        gathered(z, u);
     }
     loom_pool_give(&x->buf);
     point_blocks(z, x);
@@ -186,8 +207,14 @@ static void begin_step(void *ctx)
 {
     struct loom_zero *z = ctx;
     z->wait_s = 0;
-    if (z->grad_shard.data) memset(z->grad_shard.data, 0, loom_buf_bytes(z->grad_shard));
-    if (z->grad_acc.data) memset(z->grad_acc.data, 0, loom_buf_bytes(z->grad_acc));
+    if (z->grad_map.data)
+        loom_offload_zero(&z->grad_map);
+    else if (z->grad_shard.data)
+        memset(z->grad_shard.data, 0, loom_buf_bytes(z->grad_shard));
+    if (z->acc_map.data)
+        loom_offload_zero(&z->acc_map);
+    else if (z->grad_acc.data)
+        memset(z->grad_acc.data, 0, loom_buf_bytes(z->grad_acc));
 }
 
 static void pre_forward(void *ctx, int block)
@@ -233,8 +260,11 @@ static void finish_backward(void *ctx)
 {
     struct loom_zero *z = ctx;
     while (z->norder > 0) land_oldest(z);
-    if (z->grad_acc.data)
+    if (z->grad_acc.data) {
         loom_buf_convert(z->grad_shard, z->grad_acc); /* accumulated in float32: rounded once */
+        loom_offload_drop(&z->acc_map, z->grad_acc.data, loom_buf_bytes(z->grad_acc));
+        loom_offload_drop(&z->grad_map, z->grad_shard.data, loom_buf_bytes(z->grad_shard));
+    }
 }
 
 /* After the optimizer step: stages 1-2 all-gather the new parameters; stage
@@ -317,11 +347,27 @@ static void make_units(struct loom_zero *z, int64_t min_params)
     z->pinned = m->ops->tied_embedding && m->ops->tied_embedding(m, &te) ? z->unit_of[te.block] : -1;
 }
 
-void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
-                    int64_t min_params, enum loom_dtype reduce_dtype, int accumulate_f32)
+/* A shard of n elements: in memory, or (offload_dir, outside the counting
+ * mode) a mapping of a new file there. */
+static int shard_alloc(struct loom_buf *b, struct loom_offload_map *mp, size_t n, enum loom_dtype dt,
+                       enum loom_mem_tag tag, const char *dir, const char *what)
+{
+    if (!dir || loom_mem_counting()) {
+        *b = loom_buf_alloc(n, dt, tag);
+        return LOOM_OK;
+    }
+    int rc = loom_offload_map(mp, dir, loom_mul_size(n, loom_dtype_size(dt)), what);
+    if (rc == LOOM_OK) *b = loom_buf_of(mp->data, n, dt);
+    return rc;
+}
+
+int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
+                   int64_t min_params, enum loom_dtype reduce_dtype, int accumulate_f32,
+                   const char *offload_dir)
 {
     LOOM_ASSERT(stage >= 1 && stage <= 3 && dp >= 1 && dp_rank >= 0 && dp_rank < dp);
     LOOM_ASSERT(reduce_dtype == LOOM_DTYPE_F32 || (reduce_dtype == m->dtype && stage >= 2));
+    LOOM_ASSERT(!offload_dir || stage == 3);
     memset(z, 0, sizeof *z);
     z->stage = stage;
     z->dp = dp;
@@ -330,36 +376,44 @@ void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct 
     z->reduce_dtype = reduce_dtype;
     z->part = loom_zero_partition(stage, dp, dp_rank, m);
     z->index = m->stack.n;
+    z->param_map.fd = z->grad_map.fd = z->acc_map.fd = -1;
     if (stage == 1) {
         loom_model_push_strategy(m, &zero1_strategy, z);
-        return;
+        return LOOM_OK;
     }
     const size_t shard = z->part.shard;
     LOOM_ASSERT(m->grads.data == NULL && shard <= 0x7fffffff);
-    z->grad_shard = loom_buf_alloc(shard, m->dtype, LOOM_MEM_GRADS);
-    if (accumulate_f32) {
+    int rc = shard_alloc(&z->grad_shard, &z->grad_map, shard, m->dtype, LOOM_MEM_GRADS, offload_dir,
+                         "gradient shard");
+    if (rc == LOOM_OK && accumulate_f32) {
         LOOM_ASSERT(m->dtype != LOOM_DTYPE_F32);
-        z->grad_acc = loom_buf_alloc(shard, LOOM_DTYPE_F32, LOOM_MEM_GRADS);
+        rc = shard_alloc(&z->grad_acc, &z->acc_map, shard, LOOM_DTYPE_F32, LOOM_MEM_GRADS, offload_dir,
+                         "float32 gradient accumulator");
     }
+    /* keep this rank's shard of the parameters, let go of the arena (a model
+     * without one is initialised shard by shard: loom_zero_init_weights) */
+    if (rc == LOOM_OK && stage == 3)
+        rc = shard_alloc(&z->param_shard, &z->param_map, shard, m->dtype, LOOM_MEM_PARAMS, offload_dir,
+                         "parameter shard");
+    if (rc) return rc;
     z->flights = loom_alloc(sizeof *z->flights * (size_t)m->nblocks, LOOM_MEM_OTHER);
     z->order = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
     z->counts = loom_alloc(sizeof(int) * (size_t)dp, LOOM_MEM_OTHER);
     z->displs = loom_alloc(sizeof(int) * (size_t)dp, LOOM_MEM_OTHER);
     if (stage == 2) {
         loom_model_push_strategy(m, &zero2_strategy, z);
-        return;
+        return LOOM_OK;
     }
-    /* keep this rank's shard of the parameters, let go of the arena (a model
-     * without one is initialised shard by shard: loom_zero_init_weights) */
-    z->param_shard = loom_buf_alloc(shard, m->dtype, LOOM_MEM_PARAMS);
     if (m->params.data) {
-        loom_buf_convert(loom_buf_slice(z->param_shard, 0, z->part.end - z->part.begin),
-                         loom_buf_slice(m->params, z->part.begin, z->part.end - z->part.begin));
+        const struct loom_buf own = loom_buf_slice(z->param_shard, 0, z->part.end - z->part.begin);
+        loom_buf_convert(own, loom_buf_slice(m->params, z->part.begin, z->part.end - z->part.begin));
+        loom_offload_drop(&z->param_map, own.data, loom_buf_bytes(own));
         loom_buf_free(&m->params);
     }
     for (int b = 0; b < m->nblocks; b++) loom_block_hold_params(m, b, NULL);
     make_units(z, min_params);
     loom_model_push_strategy(m, &zero3_strategy, z);
+    return LOOM_OK;
 }
 
 void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
@@ -373,9 +427,11 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
         for (int b = x->first; b <= x->last; b++)
             loom_model_init_block(m, b, seed, (float *)buf.data + (m->blocks[b].offset - x->lo));
         size_t a = x->lo > begin ? x->lo : begin, e = x->hi < end ? x->hi : end;
-        if (a < e)
-            loom_buf_convert(loom_buf_slice(z->param_shard, a - begin, e - a),
-                             loom_buf_slice(buf, a - x->lo, e - a));
+        if (a < e) {
+            const struct loom_buf dst = loom_buf_slice(z->param_shard, a - begin, e - a);
+            loom_buf_convert(dst, loom_buf_slice(buf, a - x->lo, e - a));
+            loom_offload_drop(&z->param_map, dst.data, loom_buf_bytes(dst));
+        }
         loom_pool_give(&buf);
     }
 }
@@ -453,9 +509,19 @@ void loom_zero_free(struct loom_zero *z)
 {
     while (z->norder > 0) land_oldest(z); /* a step that failed may leave reductions in flight */
     for (int u = 0; u < z->nunits; u++) release(z, u);
-    loom_buf_free(&z->grad_shard);
-    loom_buf_free(&z->grad_acc);
-    loom_buf_free(&z->param_shard);
+    struct {
+        struct loom_buf *buf;
+        struct loom_offload_map *map;
+    } shards[] = {
+        {&z->grad_shard, &z->grad_map}, {&z->grad_acc, &z->acc_map}, {&z->param_shard, &z->param_map}};
+    for (size_t i = 0; i < sizeof shards / sizeof shards[0]; i++) {
+        if (shards[i].map->data) {
+            loom_offload_unmap(shards[i].map);
+            *shards[i].buf = (struct loom_buf){0};
+        } else {
+            loom_buf_free(shards[i].buf);
+        }
+    }
     loom_free(z->flights);
     loom_free(z->order);
     loom_free(z->counts);

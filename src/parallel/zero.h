@@ -44,6 +44,7 @@
 #include "base/buf.h"
 #include "comm/comm.h"
 #include "loom/model.h"
+#include "optim/offload.h"
 #include "parallel/stack.h"
 
 /* This rank's part of the arena, for the optimizer: elements [begin, end)
@@ -80,6 +81,9 @@ struct loom_zero {
     int nunits, pinned; /* the unit holding the tied embedding's block (kept for the step), or -1 */
     int *unit_of;       /* (nblocks) */
     double wait_s;      /* this step's time blocked on gathers and reductions (stages 2-3) */
+    /* --offload-param nvme: param_shard, grad_shard and grad_acc are these
+     * mappings of files (data NULL: in memory), each range dropped once used */
+    struct loom_offload_map param_map, grad_map, acc_map;
 };
 
 /* Pushes the strategy on m's stack. At stage 3 the model's parameter arena
@@ -92,8 +96,16 @@ struct loom_zero {
  * shard, rounded into the 16-bit shard once after the last, as DeepSpeed's
  * bf16 optimizer accumulates in float32, so layouts that split the batch
  * differently round the same sum. */
-void loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
-                    int64_t min_params, enum loom_dtype reduce_dtype, int accumulate_f32);
+/* offload_dir (stage 3, --offload-param nvme; NULL: none): the parameter
+ * and gradient shards are mappings of files there (ZeRO-Infinity's
+ * parameter offload): the gather unit in use and the one prefetched are
+ * paged in, each dropped once gathered; gradients are dropped as they land
+ * (the counting mode of the allocator counts them in memory instead).
+ * LOOM_ERR_INPUT naming the directory (and the bytes needed) when it
+ * cannot; the strategy is then not pushed and loom_zero_free cleans up. */
+int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
+                   int64_t min_params, enum loom_dtype reduce_dtype, int accumulate_f32,
+                   const char *offload_dir);
 /* Stage 3 on a model created without a parameter arena: each rank builds
  * one gather unit at a time (the initialisation draws per tensor, so every
  * rank computes the same values) and keeps its shard of it. */
