@@ -104,7 +104,7 @@ def loom_encode(tokenizer, texts):
     p = subprocess.run([TOOL, "encode", tokenizer], input=lines, capture_output=True, timeout=300)
     if p.returncode:
         raise SystemExit(f"bpe_tool encode {tokenizer}: {p.stderr.decode()[-400:]}")
-    return [json.loads(l) for l in p.stdout.decode().splitlines()]
+    return [json.loads(l) for l in p.stdout.decode().split("\n") if l]  # not splitlines: U+2028 is text
 
 
 def loom_decode(tokenizer, id_lists):
@@ -112,7 +112,7 @@ def loom_decode(tokenizer, id_lists):
                        capture_output=True, text=True, timeout=300)
     if p.returncode:
         raise SystemExit(f"bpe_tool decode {tokenizer}: {p.stderr[-400:]}")
-    return [json.loads(l) for l in p.stdout.splitlines()]
+    return [json.loads(l) for l in p.stdout.split("\n") if l]  # not splitlines: U+0085, U+2028 are text
 
 
 def first_difference(a, b):
