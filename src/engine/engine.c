@@ -473,8 +473,11 @@ static int block_nonfinite(const struct loom_engine *e, int i)
     }
     if (lo >= hi) return 0;
     const struct loom_buf g = loom_buf_slice(sharded ? e->zero->grad_shard : m->grads, lo - base, hi - lo);
-    if (g.dtype == LOOM_DTYPE_F32) return loom_has_nonfinite(g.data, g.numel);
-    return loom_lp_has_nonfinite(g.data, g.numel, g.dtype);
+    const int bad = g.dtype == LOOM_DTYPE_F32 ? loom_has_nonfinite(g.data, g.numel)
+                                              : loom_lp_has_nonfinite(g.data, g.numel, g.dtype);
+    if (sharded)
+        loom_offload_drop(&e->zero->grad_map, g.data, loom_buf_bytes(g)); /* offloaded: read, let go */
+    return bad;
 }
 
 /* The first block, in backward order (the highest), whose gradient is not

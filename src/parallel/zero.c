@@ -549,9 +549,16 @@ double loom_zero_grad_norm(const struct loom_zero *z)
 {
     LOOM_ASSERT(z->stage >= 2);
     const size_t n = z->part.end - z->part.begin;
-    double ss = z->model->dtype == LOOM_DTYPE_F32
-                    ? z->model->backend->k->sum_squares(z->grad_shard.data, n)
-                    : loom_lp_sum_squares(z->grad_shard.data, n, z->model->dtype);
+    /* in pieces of a fixed size, in memory or offloaded alike (the same
+     * sums in the same order), an offloaded piece dropped once read */
+    enum { PIECE = 1 << 24 };
+    double ss = 0;
+    for (size_t at = 0; at < n; at += PIECE) {
+        const struct loom_buf g = loom_buf_slice(z->grad_shard, at, n - at < PIECE ? n - at : PIECE);
+        ss += z->model->dtype == LOOM_DTYPE_F32 ? z->model->backend->k->sum_squares(g.data, g.numel)
+                                                : loom_lp_sum_squares(g.data, g.numel, z->model->dtype);
+        loom_offload_drop(&z->grad_map, g.data, loom_buf_bytes(g));
+    }
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     return sqrt(ss);
 }
