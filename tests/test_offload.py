@@ -4,14 +4,53 @@ resident optimizer bytes stay within --offload-buffer-size, nothing is left
 in --nvme-path, and a bad path is a one-line error. Also under ZeRO-1 at 2
 ranks, where each rank streams its own shard, and with bf16 (the master
 weights in the file too) at 1 rank and under ZeRO-3 at 2. A file system too
-small for the file is refused up front (exit 2, the bytes needed).""" 
+small for the file is refused up front (exit 2, the bytes needed). ZeRO-3
+with --offload-param nvme (ZeRO-Infinity: the parameter and gradient shards
+in files too) at 1 and 2 ranks, fp32 and bf16, with and without gradient
+accumulation. --offload auto meets a budget the in-memory run exceeds,
+measured, with the in-memory run's losses."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
 
 import lib
 from lib import check
+
+
+def auto_budget(tmp, nvme):
+    """--offload auto on gpt2-tiny made wide (12.6M parameters: 200 MB of
+    state, a step's activations a little more): a budget the in-memory run
+    exceeds by its own count is met by offloading what the count says, the
+    measured peak RSS stays within it, and the run is the in-memory run."""
+    model = ["--model", "gpt2-tiny", "--hidden-size", "512", "--num-attention-heads", "8", "--zero-stage", "3",
+             "--train-iters", "3", "--threads", "1", "--eval-iters", "0", "--log-interval", "1"]
+
+    def run(tag, extra):
+        metrics = os.path.join(tmp, tag + ".jsonl")
+        p = lib.loom("train", *model, "--metrics", metrics, *extra, env=lib.ENV)
+        rss = re.search(r"peak RSS by rank: ([0-9.]+) MB", p.stdout)
+        return p, [r["loss"] for r in lib.metrics_rows(metrics)], float(rss.group(1)) if rss else None
+
+    _, want, mem_rss = run("auto-memory", [])
+    for budget, level in ((0.47, "optimizer state on NVMe"),
+                          (0.40, "optimizer state and the ZeRO-3 parameter and gradient shards on NVMe")):
+        p, got, rss = run(f"auto-{budget}", ["--offload", "auto", "--mem-per-rank", str(budget), "--nvme-path", nvme])
+        chosen = [l for l in p.stdout.splitlines() if l.startswith("offload auto: budget")]
+        check(f"--offload auto --mem-per-rank {budget}: chooses '{level}' (in memory it peaks at {mem_rss} MB)",
+              p.returncode == 0 and bool(chosen) and f"chosen: {level} (" in chosen[0],
+              (chosen[0] if chosen else p.stderr[-300:]))
+        check(f"--offload auto --mem-per-rank {budget}: measured peak RSS {rss} MB within {budget * 1000:.0f} MB, "
+              "said after the first step", rss is not None and rss <= budget * 1000 and
+              "within the budget" in p.stdout, p.stdout[-300:])
+        check(f"--offload auto --mem-per-rank {budget}: every step's loss equals the in-memory run's",
+              got == want and len(got) == 3, f"{got} vs {want}")
+        check(f"--offload auto --mem-per-rank {budget}: nothing left in --nvme-path", os.listdir(nvme) == [])
+    p, _, _ = run("auto-small", ["--offload", "auto", "--mem-per-rank", "0.1", "--nvme-path", nvme])
+    errs = lib.error_lines(p.stderr)
+    check("--offload auto with a budget nothing fits: exit 2 up front, one line naming the budget and the need",
+          p.returncode == 2 and len(errs) == 1 and "100.0 MB" in errs[0] and "needs" in errs[0], p.stderr[-300:])
 
 
 def main():
@@ -57,6 +96,7 @@ def main():
             errs = lib.error_lines(p.stderr)
             check(f"{why}: exit 2, one line naming it", p.returncode == 2 and len(errs) == 1 and needle in errs[0],
                   p.stderr[-300:])
+        auto_budget(tmp, nvme)
         # a file system too small for the file: refused up front, naming the bytes needed
         small = os.path.join(tmp, "small")
         os.mkdir(small)

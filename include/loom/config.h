@@ -224,6 +224,8 @@ struct loom_config {
     char nvme_path[512];
     enum loom_offload offload_param; /* ZeRO-3's parameter and gradient shards */
     char param_nvme_path[512];       /* "" : nvme_path */
+    int offload_auto;                /* --offload auto: placed by app/placement.c from mem_per_rank */
+    double mem_per_rank;             /* GB; 0: the machine's memory over its ranks */
     double offload_buffer_size;      /* MB */
     /* activation recomputation (Megatron's) */
     int recompute_activations; /* Megatron's shorthand for recompute_granularity selective */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "app/mfu.h"
+#include "app/placement.h"
 #include "app/report.h"
 #include "app/stop.h"
 #include "base/blas_env.h"
@@ -49,10 +50,11 @@ struct run {
     int have_valid;
     double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
     const struct loom_model_family *family;
-    struct loom_model *model;      /* the family's; the engine's under training */
-    int nbatches;                  /* the micro-batches the schedule keeps in flight */
-    int32_t *inputs, *targets;     /* (nbatches, B, T) */
-    struct loom_lm_batch *batches; /* (nbatches) pointing at them */
+    struct loom_model *model;        /* the family's; the engine's under training */
+    int nbatches;                    /* the micro-batches the schedule keeps in flight */
+    int32_t *inputs, *targets;       /* (nbatches, B, T) */
+    struct loom_lm_batch *batches;   /* (nbatches) pointing at them */
+    struct loom_placement placement; /* --offload auto's */
 };
 
 /* With no --data-path: the built-in corpus, generated into the cache once;
@@ -345,6 +347,25 @@ static int check_tokenizer(const struct loom_config *cfg)
     return LOOM_OK;
 }
 
+/* --offload auto, after the first step: the measured peak against the
+ * prediction and the budget (the highest rank's). */
+static void check_placement(const struct run *r)
+{
+    double peak = loom_peak_rss();
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&peak, 1, LOOM_DTYPE_F64), LOOM_OP_MAX);
+    if (r->topo->rank != 0) return;
+    char a[32], b[32], c[32];
+    loom_fmt_bytes(a, sizeof a, peak);
+    loom_fmt_bytes(b, sizeof b, r->placement.predicted);
+    loom_fmt_bytes(c, sizeof c, r->placement.budget);
+    if (peak <= r->placement.budget)
+        printf("offload auto: peak RSS after the first step %s (predicted %s), within the budget %s\n", a, b,
+               c);
+    else
+        loom_log_warn("offload auto: peak RSS after the first step %s (predicted %s) is over the budget %s",
+                      a, b, c);
+}
+
 static int setup(struct run *r, struct loom_config *cfg, int training)
 {
     memset(r, 0, sizeof *r);
@@ -352,6 +373,9 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     int rc = loom_engine_init(&r->engine, cfg);
     r->topo = &r->engine->topo;
     if (rc) return rc;
+    /* --offload auto: what goes to NVMe, from the budget and the layout's count */
+    if (training && cfg->offload_auto && (rc = agree(r, loom_placement_choose(cfg, r->topo, &r->placement))))
+        return rc;
     if (cfg->dry_run) { /* --dry-run: the configuration resolved on every rank; open and build nothing */
         if (r->topo->rank == 0) {
             loom_config_print(stdout, cfg);
@@ -706,6 +730,7 @@ int loom_train(struct loom_config *cfg)
         loom_trace_step_end(step, t0, t0 + dt);
         double tps = (double)G * T / dt;
         step_tps[ran++] = tps;
+        if (ran == 1 && cfg->offload_auto) check_placement(&r);
         last_loss = res.loss;
         if (step % cfg->log_interval == 0 || step == cfg->train_iters || res.skipped) {
             struct loom_step_stats s = {step,

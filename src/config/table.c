@@ -24,6 +24,7 @@ CHOICES(warmup_styles, LOOM_LR_WARMUP_STYLE_COUNT, "linear", "log");
 CHOICES(optimizers, LOOM_OPTIMIZER_COUNT, "adamw", "adam");
 CHOICES(fsdp_strategies, LOOM_FSDP_STRATEGY_COUNT, "none", "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD");
 CHOICES(offload_devices, LOOM_OFFLOAD_COUNT, "none", "cpu", "nvme");
+CHOICES(offload_modes, 2, "none", "auto");
 CHOICES(nonfinite_actions, LOOM_ON_NONFINITE_COUNT, "abort", "skip");
 CHOICES(reduce_dtypes, LOOM_REDUCE_DTYPE_COUNT, "fp32", "bf16", "fp16");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
@@ -251,6 +252,11 @@ const struct setting loom_settings[] = {
          "nvme (a file in --nvme-path, paged in by the gather unit; needs --offload-optimizer nvme)"),
     STR("--offload-param-nvme-path", "zero_optimization.offload_param.nvme_path", "parallelism", param_nvme_path,
         "", "directory for --offload-param nvme (default: --nvme-path)"),
+    ENUM("--offload", "offload", "parallelism", offload_auto, offload_modes, "none",
+         "auto: offload (optimizer state, then ZeRO-3's shards) only what --mem-per-rank needs, placed at start-up "
+         "by the trainer's own memory count and checked against the first step's peak RSS (needs --nvme-path)"),
+    DBL("--mem-per-rank", "mem_per_rank", "parallelism", mem_per_rank, 0, 1e6, "0",
+        "GB of memory a rank may hold, for --offload auto (0: the machine's memory over its ranks)"),
     DBL("--offload-buffer-size", "offload_buffer_size", "parallelism", offload_buffer_size, 0.001, 1e6, "64",
         "MB of optimizer state resident while streaming from nvme"),
     DBL("--comm-timeout", "comm_timeout", "parallelism", comm_timeout, 0.1, 1e7, "600",

@@ -74,7 +74,10 @@ void loom_adamw_offload_buffers(struct loom_adamw *opt, size_t buffer_bytes)
     const size_t usable = buffer_bytes > LOOM_OFFLOAD_ALIGN ? buffer_bytes - LOOM_OFFLOAD_ALIGN : 0;
     size_t chunk = usable / (LOOM_OFFLOAD_SLOTS * arrays * sizeof(float)) / align * align;
     if (chunk < align) chunk = align;
-    const size_t most = loom_offload_round((n ? n : 1) * sizeof(float)) / sizeof(float);
+    /* the sets together need not hold more than the state once */
+    const size_t most =
+        loom_offload_round(((n ? n : 1) + LOOM_OFFLOAD_SLOTS - 1) / LOOM_OFFLOAD_SLOTS * sizeof(float)) /
+        sizeof(float);
     if (chunk > most) chunk = most;
     loom_free(opt->m);
     loom_free(opt->v);

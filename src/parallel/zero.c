@@ -352,8 +352,12 @@ static void make_units(struct loom_zero *z, int64_t min_params)
 static int shard_alloc(struct loom_buf *b, struct loom_offload_map *mp, size_t n, enum loom_dtype dt,
                        enum loom_mem_tag tag, const char *dir, const char *what)
 {
-    if (!dir || loom_mem_counting()) {
+    if (!dir) {
         *b = loom_buf_alloc(n, dt, tag);
+        return LOOM_OK;
+    }
+    if (loom_mem_counting()) { /* a footprint: it will be a file, not memory (an address, no bytes) */
+        *b = loom_buf_of(loom_alloc_data(1, tag), n, dt);
         return LOOM_OK;
     }
     int rc = loom_offload_map(mp, dir, loom_mul_size(n, loom_dtype_size(dt)), what);
@@ -551,7 +555,7 @@ double loom_zero_grad_norm(const struct loom_zero *z)
     const size_t n = z->part.end - z->part.begin;
     /* in pieces of a fixed size, in memory or offloaded alike (the same
      * sums in the same order), an offloaded piece dropped once read */
-    enum { PIECE = 1 << 24 };
+    enum { PIECE = 1 << 22 };
     double ss = 0;
     for (size_t at = 0; at < n; at += PIECE) {
         const struct loom_buf g = loom_buf_slice(z->grad_shard, at, n - at < PIECE ? n - at : PIECE);
