@@ -20,8 +20,9 @@
 #define MARGIN 1.05
 #define SLACK (8.0 * (1 << 20))
 
-static const char *const level_names[] = {"everything in memory", "optimizer state on NVMe",
-                                          "optimizer state and the ZeRO-3 parameter and gradient shards on NVMe"};
+static const char *const level_names[] = {
+    "everything in memory", "optimizer state on NVMe",
+    "optimizer state and the ZeRO-3 parameter and gradient shards on NVMe"};
 
 /* Bytes resident now. */
 static double rss_now(void)
@@ -50,7 +51,8 @@ static double data_bytes(const struct loom_config *cfg)
     double total = 0;
     const int n = cfg->ndata_paths + cfg->nvalid_paths;
     for (int i = 0; i < n; i++) {
-        const char *pattern = i < cfg->ndata_paths ? cfg->data_paths[i] : cfg->valid_data_paths[i - cfg->ndata_paths];
+        const char *pattern =
+            i < cfg->ndata_paths ? cfg->data_paths[i] : cfg->valid_data_paths[i - cfg->ndata_paths];
         glob_t g;
         if (glob(pattern, 0, NULL, &g) == 0)
             for (size_t k = 0; k < g.gl_pathc; k++) {
@@ -94,8 +96,9 @@ int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t
      * pools a step starts are started (a product on every thread) */
     enum { WARM = 512 };
     float *w = calloc(3 * WARM * WARM, sizeof *w);
-    if (w) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, WARM, WARM, WARM, 1.0f, w, WARM, w + WARM * WARM,
-                       WARM, 0.0f, w + 2 * WARM * WARM, WARM);
+    if (w)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, WARM, WARM, WARM, 1.0f, w, WARM,
+                    w + WARM * WARM, WARM, 0.0f, w + 2 * WARM * WARM, WARM);
     free(w);
     const double base = rss_now() + data_bytes(cfg); /* the shards are mapped: a step touches them */
     const int most = cfg->zero_stage == 3 ? 2 : 1;
@@ -122,9 +125,9 @@ int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t
     if (mine > (uint64_t)most) {
         set_level(cfg, 0);
         return loom_error_set(
-            LOOM_ERR_INPUT,
-            "--offload auto: nothing fits --mem-per-rank %s: with %s a rank needs %s%s", loom_fmt_bytes(b1, sizeof b1, out->budget),
-            level_names[most], loom_fmt_bytes(b2, sizeof b2, predicted[most] > 0 ? predicted[most] : predicted[0]),
+            LOOM_ERR_INPUT, "--offload auto: nothing fits --mem-per-rank %s: with %s a rank needs %s%s",
+            loom_fmt_bytes(b1, sizeof b1, out->budget), level_names[most],
+            loom_fmt_bytes(b2, sizeof b2, predicted[most] > 0 ? predicted[most] : predicted[0]),
             most < 2 ? " (--zero-stage 3 also offloads the parameter and gradient shards)" : "");
     }
     set_level(cfg, (int)mine);
@@ -133,7 +136,8 @@ int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t
         struct loom_footprint fp;
         int rc = loom_engine_footprint(cfg, t, &fp);
         if (rc) return rc;
-        predicted[mine] = MARGIN * (base + (double)fp.total + resident_shards(cfg, t, &fp, (int)mine)) + SLACK;
+        predicted[mine] =
+            MARGIN * (base + (double)fp.total + resident_shards(cfg, t, &fp, (int)mine)) + SLACK;
     }
     out->level = (int)mine;
     out->predicted = predicted[mine];
@@ -141,7 +145,8 @@ int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t
         printf("offload auto: budget %s a rank; the process holds %s before the model;",
                loom_fmt_bytes(b1, sizeof b1, out->budget), loom_fmt_bytes(b2, sizeof b2, base));
         for (int l = 0; l <= (int)mine; l++)
-            printf(" %s: %s%s", level_names[l], predicted[l] > 0 ? loom_fmt_bytes(b3, sizeof b3, predicted[l]) : "-",
+            printf(" %s: %s%s", level_names[l],
+                   predicted[l] > 0 ? loom_fmt_bytes(b3, sizeof b3, predicted[l]) : "-",
                    l < (int)mine ? " (over)," : "");
         printf("; chosen: %s", level_names[mine]);
         if (mine > 0) printf(" (--offload-buffer-size %g MB)", cfg->offload_buffer_size);
