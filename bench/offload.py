@@ -12,10 +12,13 @@ step of each run dropped, the median of the rest):
 - memory: --zero-stage 3, everything in memory;
 - offload: --zero-stage 3 --offload-param nvme --offload-optimizer nvme;
 - optimizer: --offload-optimizer nvme alone (the asynchronous streaming,
-  the like of sync below);
+  the like of sync below), and optimizer-direct, the same with O_DIRECT;
 - sync (with --sync-build, a build of a commit before the asynchronous
   I/O, e.g. `git worktree add /tmp/sync 033a2a7 && make -C /tmp/sync`):
   --offload-optimizer nvme, the optimizer state streamed with pread/pwrite.
+
+--mem-cap GB runs each case in a memory cgroup of that size (root, cgroup
+v1), the page cache dropped first: memory as short as offload is for.
 
 The disk is measured first in the same directory (2 GB written and read
 with O_DIRECT, dd). The bytes the offloaded step moves are counted from
@@ -52,18 +55,37 @@ def disk_bandwidth(d):
     return out
 
 
-def run(loom, model, steps, extra, tmp, tag):
+CGROUP = "/sys/fs/cgroup/memory/loom-bench"  # cgroup v1's memory controller: the limit counts the page cache
+
+
+def mem_cap(gb):
+    """A memory cgroup of gb GB (root), or None where there is none."""
+    if not gb or not os.path.isdir(os.path.dirname(CGROUP)):
+        return None
+    os.makedirs(CGROUP, exist_ok=True)
+    with open(os.path.join(CGROUP, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(int(gb * 2**30)))
+    return CGROUP
+
+
+def run(loom, model, steps, extra, tmp, tag, cap=None):
     metrics = os.path.join(tmp, tag + ".jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = [loom, "train", "--model", model, "--bf16", "--zero-stage", "3", "--micro-batch-size", "1",
            "--global-batch-size", "1", "--seq-length", "64", "--threads", "2", "--train-iters", str(steps),
            "--eval-iters", "0", "--log-interval", "1", "--metrics", metrics, *extra]
+    if cap:  # a cold page cache, and the run inside the cgroup
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+        cmd = ["sh", "-c", f'echo $$ > {cap}/cgroup.procs && exec "$@"', "sh", *cmd]
     p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode == -9 or p.returncode == 137:
+        return float("nan"), "killed (over the memory cap)"
     if p.returncode:
         raise SystemExit(f"{tag}: exit {p.returncode}: {p.stderr[-600:]}")
     rows = [json.loads(l) for l in open(metrics) if '"step"' in l]
-    times = [r["ms_per_step"] / 1e3 for r in rows[1:]]
+    times = [r["ms_per_step"] / 1e3 for r in rows[1:]] or [float("nan")]
     rss = re.search(r"peak RSS by rank: ([0-9.]+ [KMG]B)", p.stdout + p.stderr)
     return statistics.median(times), rss.group(1) if rss else "?"
 
@@ -76,6 +98,8 @@ def main():
     ap.add_argument("--nvme", default=None)
     ap.add_argument("--sync-build", default=None)
     ap.add_argument("--cases", default="memory,offload,optimizer")
+    ap.add_argument("--mem-cap", type=float, default=0,
+                    help="GB: every run in a memory cgroup of that size (root; page cache included)")
     args = ap.parse_args()
     loom = os.path.join(BUILD, "loom")
     with tempfile.TemporaryDirectory(dir=args.nvme) as tmp:
@@ -93,13 +117,19 @@ def main():
         cases = [("memory", loom, []), ("offload", loom, off),
                  ("optimizer", loom, ["--offload-optimizer", "nvme", "--nvme-path", tmp])]
         cases = [c for c in cases if c[0] in args.cases.split(",")]
+        if "optimizer" in args.cases.split(","):
+            cases.append(("optimizer-direct", loom, ["--offload-optimizer", "nvme", "--nvme-path", tmp,
+                                                     "--offload-direct-io"]))
+        cap = mem_cap(args.mem_cap)
+        if args.mem_cap:
+            print(f"memory cap: {args.mem_cap} GB" if cap else "memory cap: no cgroup v1 memory controller here")
         if args.sync_build:
             cases.append(("sync", os.path.join(args.sync_build, "loom"), ["--offload-optimizer", "nvme",
                                                                           "--nvme-path", tmp]))
         got = {c[0]: [] for c in cases}
         for r in range(args.rounds):
             for tag, exe, extra in cases:
-                s, rss = run(exe, args.model, args.steps, extra, tmp, tag)
+                s, rss = run(exe, args.model, args.steps, extra, tmp, tag, cap)
                 got[tag].append(s)
                 print(f"round {r + 1}: {tag}: {s:.2f} s/step, peak RSS {rss}", flush=True)
         med = {k: statistics.median(v) for k, v in got.items()}

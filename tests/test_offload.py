@@ -7,7 +7,8 @@ weights in the file too) at 1 rank and under ZeRO-3 at 2. A file system too
 small for the file is refused up front (exit 2, the bytes needed). ZeRO-3
 with --offload-param nvme (ZeRO-Infinity: the parameter and gradient shards
 in files too) at 1 and 2 ranks, fp32 and bf16, with and without gradient
-accumulation. --offload auto meets a budget the in-memory run exceeds,
+accumulation; the streaming through the page cache (the default) and with
+O_DIRECT (--offload-direct-io). --offload auto meets a budget the in-memory run exceeds,
 measured, with the in-memory run's losses."""
 import os
 import re
@@ -62,10 +63,12 @@ def main():
         param = ["--zero-stage", "3", "--offload-param", "nvme"]  # ZeRO-Infinity: the shards in files too
         for n, extra in ((1, []), (2, ["--zero-stage", "1"]), (1, ["--bf16"]), (2, ["--zero-stage", "3", "--bf16"]),
                          (1, param), (2, param), (1, param + ["--bf16"]), (2, param + ["--bf16"]),
-                         (2, param + ["--bf16", "--micro-batch-size", "1"])):
+                         (2, param + ["--bf16", "--micro-batch-size", "1"]),
+                         (1, ["--offload-direct-io"]), (2, param + ["--bf16", "--offload-direct-io"])):
             base = ["--global-batch-size", "8", "--micro-batch-size", "2"] + extra
             tag = f"np{n}{'-' + '-'.join(x.strip('-') for x in extra) if extra else ''}"
-            a = lib.tiny_run(tmp, f"mem-{tag}", n, [x for x in base if x not in ("--offload-param", "nvme")])
+            a = lib.tiny_run(tmp, f"mem-{tag}", n,
+                             [x for x in base if x not in ("--offload-param", "nvme", "--offload-direct-io")])
             b = lib.tiny_run(tmp, f"nvme-{tag}", n, base + ["--offload-optimizer", "nvme", "--nvme-path", nvme,
                                                             "--offload-buffer-size", str(buffer_mb)])
             rows_a = lib.metrics_rows(os.path.join(tmp, f"mem-{tag}.jsonl"))

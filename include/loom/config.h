@@ -225,6 +225,7 @@ struct loom_config {
     enum loom_offload offload_param; /* ZeRO-3's parameter and gradient shards */
     char param_nvme_path[512];       /* "" : nvme_path */
     int offload_auto;                /* --offload auto: placed by app/placement.c from mem_per_rank */
+    int offload_direct_io;           /* the optimizer file's streaming with O_DIRECT */
     double mem_per_rank;             /* GB; 0: the machine's memory over its ranks */
     double offload_buffer_size;      /* MB */
     /* activation recomputation (Megatron's) */

@@ -321,8 +321,9 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     loom_engine_alloc_optimizer(e);
     /* the optimizer's file first (nothing of its state is ever all in memory) */
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME &&
-        (rc = loom_engine_agree(
-             e, loom_adamw_offload(&e->opt, cfg->nvme_path, (size_t)(cfg->offload_buffer_size * 1e6)))))
+        (rc = loom_engine_agree(e, loom_adamw_offload(&e->opt, cfg->nvme_path,
+                                                      (size_t)(cfg->offload_buffer_size * 1e6),
+                                                      cfg->offload_direct_io))))
         return rc;
     if (e->zero && e->zero->param_map.data) { /* offloaded shards: streamed by the optimizer's chunks */
         e->opt.param_map = &e->zero->param_map;

@@ -43,7 +43,7 @@ enum {
     LP_CHUNK = 1 << 16
 }; /* elements of master weights and gradients handled at once under mixed precision */
 
-int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes)
+int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes, int direct)
 {
     const size_t n = opt->end - opt->begin;
     /* the file: m, then v, then (mixed precision) the master weights, each
@@ -51,7 +51,7 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
     const size_t region = loom_offload_round(n * sizeof(float)) / sizeof(float);
     struct loom_offload_file *io = loom_alloc(sizeof *io, LOOM_MEM_OTHER);
     int rc = loom_offload_open(io, dir, loom_mul_size((opt->has_master ? 3 : 2) * region, sizeof(float)),
-                               "optimizer state");
+                               "optimizer state", direct);
     if (rc) {
         loom_free(io);
         return rc;

@@ -45,9 +45,10 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
                      double weight_decay, int streamed);
 /* Keeps the moments (and master weights) in a file in dir instead,
  * streamed through buffer sets of buffer_bytes in all: while one chunk is
- * updated the next is read and the previous written (io_uring, direct
- * I/O). LOOM_ERR_INPUT naming dir when it cannot (space: the bytes needed). */
-int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes);
+ * updated the next is read and the previous written (io_uring; O_DIRECT
+ * when direct). LOOM_ERR_INPUT naming dir when it cannot (space: the bytes
+ * needed). */
+int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes, int direct);
 /* The memory that stays with offload: the moments' buffers (and the master
  * weights' chunk); what loom_adamw_offload keeps, without the file. */
 void loom_adamw_offload_buffers(struct loom_adamw *opt, size_t buffer_bytes);

@@ -21,7 +21,8 @@ static void fmt_gb(char *buf, size_t n, double bytes)
     snprintf(buf, n, "%.2f GB", bytes / 1e9);
 }
 
-int loom_offload_open(struct loom_offload_file *o, const char *dir, size_t bytes, const char *what)
+int loom_offload_open(struct loom_offload_file *o, const char *dir, size_t bytes, const char *what,
+                      int direct)
 {
     memset(o, 0, sizeof *o);
     o->fd = o->fd_buffered = -1;
@@ -38,7 +39,7 @@ int loom_offload_open(struct loom_offload_file *o, const char *dir, size_t bytes
         return loom_error_set(LOOM_ERR_INPUT, "--nvme-path %s: cannot create a file: %s", dir,
                               strerror(errno));
     /* the same file once more for direct I/O, before it loses its name */
-    int dfd = open(path, O_RDWR | O_DIRECT | O_CLOEXEC);
+    int dfd = direct ? open(path, O_RDWR | O_DIRECT | O_CLOEXEC) : -1;
     unlink(path); /* private, and gone at exit whatever happens */
     o->fd_buffered = fd;
     o->direct = dfd >= 0;
@@ -196,7 +197,7 @@ int loom_offload_map(struct loom_offload_map *m, const char *dir, size_t bytes, 
     memset(m, 0, sizeof *m);
     m->fd = -1;
     struct loom_offload_file f;
-    int rc = loom_offload_open(&f, dir, bytes, what);
+    int rc = loom_offload_open(&f, dir, bytes, what, 0);
     if (rc) return rc;
     /* the buffered descriptor stays; the rest goes */
     const int fd = dup(f.fd_buffered);

@@ -1,9 +1,10 @@
 /*
  * Offload files (ZeRO-Infinity's NVMe offload): a private, already-unlinked
  * file in a directory the user names, its space reserved up front, read and
- * written asynchronously through io_uring (liburing) with direct I/O where
- * the file system allows it, so the optimizer computes on one chunk while
- * the next is read and the previous written.
+ * written asynchronously through io_uring (liburing), through the page cache
+ * or (asked for) with direct I/O where the file system allows it, so the
+ * optimizer computes on one chunk while the next is read and the previous
+ * written.
  *
  * Two ways in: asynchronous requests on aligned chunks, grouped in slots
  * (a slot is one buffer set: wait for a slot, then reuse its buffers), and
@@ -43,11 +44,14 @@ struct loom_offload_file {
 };
 
 /* Creates a file of `bytes` bytes in dir (mode 0600, unlinked at once),
+ * its asynchronous requests with O_DIRECT when direct (and the file system
+ * allows it), else through the page cache,
  * the space reserved (fallocate) or, where the file system cannot reserve,
  * checked against its free space. LOOM_ERR_INPUT naming dir and, when space
  * is short, the bytes needed and free; what: what the file holds, for
  * messages. */
-int loom_offload_open(struct loom_offload_file *o, const char *dir, size_t bytes, const char *what);
+int loom_offload_open(struct loom_offload_file *o, const char *dir, size_t bytes, const char *what,
+                      int direct);
 void loom_offload_close(struct loom_offload_file *o);
 
 /* Asynchronous chunk I/O on slot: buf, bytes and offset multiples of
