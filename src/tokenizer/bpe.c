@@ -90,7 +90,7 @@ int32_t bpe_vocab_find(const struct loom_bpe *t, const char *b, size_t n)
     }
 }
 
-int bpe_index(struct loom_bpe *t)
+int bpe_index_vocab(struct loom_bpe *t)
 {
     t->bytes = xrealloc(NULL, (size_t)t->n_ids * sizeof *t->bytes);
     t->bytes_len = xrealloc(NULL, (size_t)t->n_ids * sizeof *t->bytes_len);
@@ -114,12 +114,16 @@ int bpe_index(struct loom_bpe *t)
             return loom_error_set(
                 LOOM_ERR_INPUT,
                 "the vocabulary has no token for byte 0x%02X: not a byte-level BPE vocabulary", b);
+    return LOOM_OK;
+}
+
+void bpe_index_merges(struct loom_bpe *t)
+{
     t->pairs.cap = pow2_at_least(2 * (size_t)t->n_merges + 2);
     t->pairs.keys = xrealloc(NULL, t->pairs.cap * sizeof *t->pairs.keys);
     t->pairs.rank = xrealloc(NULL, t->pairs.cap * sizeof *t->pairs.rank);
     memset(t->pairs.keys, 0, t->pairs.cap * sizeof *t->pairs.keys);
     for (int64_t r = 0; r < t->n_merges; r++) pair_put(&t->pairs, t->merge[r][0], t->merge[r][1], (int32_t)r);
-    return LOOM_OK;
 }
 
 int bpe_step_split(struct bpe_step *st, const char *pattern, int literal, const char *where)
@@ -620,7 +624,8 @@ int loom_bpe_build(const char *const *specials, int n_special, const char *patte
         snprintf(t->describe, sizeof t->describe, "%s",
                  strcmp(pattern, loom_bpe_pattern_llama3) == 0 ? "llama3" : "custom");
     }
-    if (!rc) rc = bpe_index(t);
+    if (!rc) rc = bpe_index_vocab(t);
+    if (!rc) bpe_index_merges(t);
     if (rc) {
         loom_bpe_free(t);
         return rc;

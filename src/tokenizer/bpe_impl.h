@@ -70,8 +70,11 @@ uint32_t bpe_byte_char(uint8_t b);
 /* The byte of character c, or -1 when c is not one of the 256. */
 int bpe_char_byte(uint32_t c);
 
-/* Tables from t's names (bytes, byte_id, vocab, pairs): after load or build. */
-int bpe_index(struct loom_bpe *t);
+/* Tables from t's names (bytes, byte_id, vocab): merges are looked up in
+ * them, so they come first; LOOM_ERR_INPUT when a byte has no token. Then
+ * the merges' pair table, from t->merge. */
+int bpe_index_vocab(struct loom_bpe *t);
+void bpe_index_merges(struct loom_bpe *t);
 /* A compiled split step; LOOM_ERR_INPUT naming the pattern when it does not compile. */
 int bpe_step_split(struct bpe_step *st, const char *pattern, int literal, const char *where);
 int32_t bpe_vocab_find(const struct loom_bpe *t, const char *b, size_t n);

@@ -254,8 +254,7 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
         goto done;
     describe(t);
     /* the byte tables first: merges are looked up by their bytes */
-    t->merge = malloc(sizeof *t->merge);
-    if ((rc = bpe_index(t))) {
+    if ((rc = bpe_index_vocab(t))) {
         char why[600];
         snprintf(why, sizeof why, "%s", loom_error_message());
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", file, why);
@@ -266,7 +265,6 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
         goto done;
     }
     const int64_t n = cJSON_GetArraySize(merges);
-    free(t->merge);
     t->merge = malloc((size_t)(n ? n : 1) * sizeof *t->merge);
     if (!t->merge) loom_die("out of memory loading a tokenizer");
     int64_t k = 0;
@@ -300,13 +298,7 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
         k++;
     }
     t->n_merges = n;
-    free(t->pairs.keys);
-    free(t->pairs.rank);
-    for (int32_t id = 0; id < t->n_ids; id++) free(t->bytes[id]);
-    free(t->bytes);
-    free(t->bytes_len);
-    free(t->vocab.id);
-    rc = bpe_index(t);
+    bpe_index_merges(t);
 done:
     cJSON_Delete(root);
     if (rc) {
@@ -352,8 +344,7 @@ static int load_gpt2_files(const char *dir, struct loom_bpe **out)
     t->n_steps = 1;
     if ((rc = bpe_step_split(&t->step[0], loom_bpe_pattern_gpt2, 0, mpath))) goto fail;
     describe(t);
-    t->merge = malloc(sizeof *t->merge);
-    if ((rc = bpe_index(t))) {
+    if ((rc = bpe_index_vocab(t))) {
         char why[600];
         snprintf(why, sizeof why, "%s", loom_error_message());
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: %s", vpath, why);
@@ -361,7 +352,6 @@ static int load_gpt2_files(const char *dir, struct loom_bpe **out)
     }
     int64_t lines = 0;
     for (size_t i = 0; i < mlen; i++) lines += mtext[i] == '\n';
-    free(t->merge);
     t->merge = malloc((size_t)(lines + 1) * sizeof *t->merge);
     if (!t->merge) loom_die("out of memory loading a tokenizer");
     int64_t k = 0, line_no = 0;
@@ -382,14 +372,7 @@ static int load_gpt2_files(const char *dir, struct loom_bpe **out)
         k++;
     }
     t->n_merges = k;
-    free(t->pairs.keys);
-    free(t->pairs.rank);
-    for (int32_t id = 0; id < t->n_ids; id++) free(t->bytes[id]);
-    free(t->bytes);
-    free(t->bytes_len);
-    free(t->vocab.id);
-    t->bytes = NULL;
-    if ((rc = bpe_index(t))) goto fail;
+    bpe_index_merges(t);
     loom_free(mtext);
     *out = t;
     return LOOM_OK;

@@ -43,23 +43,31 @@ int bpe_char_byte(uint32_t c)
     return c < 324 ? char_byte[c] : -1;
 }
 
-/* Length of the valid UTF-8 sequence at s[0, n), or 0 when it is not one:
- * the well-formed byte sequences of Unicode's table 3-7. */
+/* A multi-byte sequence's lead byte b: its length, and the range its
+ * second byte must fall in (Unicode's table 3-7); 0 when b leads none. */
+static size_t utf8_lead(unsigned char b, unsigned char *lo, unsigned char *hi)
+{
+    *lo = 0x80, *hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) return 2;
+    if (b >= 0xE0 && b <= 0xEF) {
+        *lo = b == 0xE0 ? 0xA0 : 0x80, *hi = b == 0xED ? 0x9F : 0xBF;
+        return 3;
+    }
+    if (b >= 0xF0 && b <= 0xF4) {
+        *lo = b == 0xF0 ? 0x90 : 0x80, *hi = b == 0xF4 ? 0x8F : 0xBF;
+        return 4;
+    }
+    return 0;
+}
+
+/* Length of the valid UTF-8 sequence at s[0, n), or 0 when it is not one. */
 static size_t utf8_valid_len(const unsigned char *s, size_t n, uint32_t *cp)
 {
     const unsigned char b = s[0];
     if (b < 0x80) return *cp = b, 1;
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF)
-        len = 2;
-    else if (b >= 0xE0 && b <= 0xEF)
-        len = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4)
-        len = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
-    else
-        return 0;
-    if (n < 2 || s[1] < lo || s[1] > hi) return 0;
+    unsigned char lo, hi;
+    const size_t len = utf8_lead(b, &lo, &hi);
+    if (!len || n < 2 || s[1] < lo || s[1] > hi) return 0;
     for (size_t i = 2; i < len; i++)
         if (i >= n || (s[i] & 0xC0) != 0x80) return 0;
     uint32_t c = b & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
@@ -73,22 +81,10 @@ static size_t utf8_valid_len(const unsigned char *s, size_t n, uint32_t *cp)
  * replace. */
 static size_t utf8_invalid_len(const unsigned char *s, size_t n)
 {
-    const unsigned char b = s[0];
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF)
-        len = 2;
-    else if (b >= 0xE0 && b <= 0xEF)
-        len = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4)
-        len = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
-    else
-        return 1;
-    size_t i = 1;
-    if (i < n && s[i] >= lo && s[i] <= hi)
-        i++;
-    else
-        return 1;
+    unsigned char lo, hi;
+    const size_t len = utf8_lead(s[0], &lo, &hi);
+    if (!len || n < 2 || s[1] < lo || s[1] > hi) return 1;
+    size_t i = 2;
     while (i < len && i < n && (s[i] & 0xC0) == 0x80) i++;
     return i;
 }
