@@ -203,6 +203,11 @@ def in_use(tmp, docs):
     lines = lib.error_lines(p.stderr)
     check("in use: a tokenizer of 320 ids for a vocabulary of 300 is exit 2, one line naming both",
           p.returncode == 2 and len(lines) == 1 and "320" in lines[0] and "300" in lines[0], p.stderr[-300:])
+    p = lib.loom(*args, "--tokenizer", os.path.join(tmp, "no-such-tokenizer"))
+    lines = lib.error_lines(p.stderr)
+    check("in use: loom train --tokenizer of a missing path is exit 2, one line naming it",
+          p.returncode == 2 and len(lines) == 1 and "no-such-tokenizer" in lines[0] and "--tokenizer" in lines[0],
+          p.stderr[-300:])
     prompt = "The data layer"
     sample = ["sample", "--load", save, *model, "--vocab-size", "320", "--prompt", prompt, "--max-new-tokens", "30",
               "--temperature", "0.8", "--seed", "1"]

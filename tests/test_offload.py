@@ -48,6 +48,13 @@ def auto_budget(tmp, nvme):
         check(f"--offload auto --mem-per-rank {budget}: every step's loss equals the in-memory run's",
               got == want and len(got) == 3, f"{got} vs {want}")
         check(f"--offload auto --mem-per-rank {budget}: nothing left in --nvme-path", os.listdir(nvme) == [])
+    for why, extra, needle in (("without --nvme-path", [], "--nvme-path"),
+                               ("beside --offload-optimizer nvme",
+                                ["--nvme-path", nvme, "--offload-optimizer", "nvme"], "--offload-optimizer")):
+        p, _, _ = run("auto-bad", ["--offload", "auto", *extra])
+        errs = lib.error_lines(p.stderr)
+        check(f"--offload auto {why}: exit 2, one line naming it", p.returncode == 2 and len(errs) == 1 and
+              needle in errs[0], p.stderr[-300:])
     p, _, _ = run("auto-small", ["--offload", "auto", "--mem-per-rank", "0.1", "--nvme-path", nvme])
     errs = lib.error_lines(p.stderr)
     check("--offload auto with a budget nothing fits: exit 2 up front, one line naming the budget and the need",
