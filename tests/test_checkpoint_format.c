@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "base/mem.h"
 #include "check.h"
 #include "io/checkpoint.h"
@@ -67,7 +68,8 @@ static void write_split(void)
     float left[R * 3], right[R * 3];
     box_data(left, 0, R, 0, 3);
     box_data(right, 0, R, 3, CC);
-    struct loom_ckpt_piece p0 = {"w", {0}, left}, p1 = {"w", {0}, right}, p2 = {"w", {0}, right + 5};
+    struct loom_ckpt_piece p0 = {.name = "w", .data = left}, p1 = {.name = "w", .data = right},
+                           p2 = {.name = "w", .data = right + 5};
     box_slice(&p0.slice, 0, R, 0, 3, 0, R * 3);
     box_slice(&p1.slice, 0, R, 3, CC, 0, 5);
     box_slice(&p2.slice, 0, R, 3, CC, 5, R * 3);
@@ -144,12 +146,87 @@ static void test_damage(void)
     loom_ckpt_reader_close(r);
 }
 
+/* ---- pieces written as they are made ---------------------------------------- */
+
+enum { BIG = 5 << 20 }; /* 20 MB of floats: more than one staging buffer */
+
+struct made {
+    const float *from;
+    int calls, fail_at;
+};
+
+static int make_piece(void *ctx, uint64_t at, float *dst, size_t count)
+{
+    struct made *m = ctx;
+    if (++m->calls == m->fail_at) return loom_error_set(LOOM_ERR_RUNTIME, "the source failed");
+    memcpy(dst, m->from + at, count * sizeof(float));
+    return LOOM_OK;
+}
+
+static int file_bytes(const char *path, unsigned char **out, long *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *out = malloc((size_t)*n + 1);
+    size_t got = fread(*out, 1, (size_t)*n, f);
+    fclose(f);
+    return got == (size_t)*n ? 0 : -1;
+}
+
+/* A piece made by fill (offloaded state) gives the same file, byte for
+ * byte, as the same values in memory, read back through its checksum; a
+ * source that fails stops the write with its error and leaves nothing. */
+static void test_streamed(void)
+{
+    float *big = malloc(BIG * sizeof(float)), small[7];
+    for (int i = 0; i < BIG; i++) big[i] = full_value(i % 100000) + (float)(i / 100000);
+    for (int i = 0; i < 7; i++) small[i] = full_value(i);
+    const int64_t bshape[1] = {BIG}, sshape[1] = {7};
+    struct loom_ckpt_piece mem[2] = {{.name = "big", .data = big}, {.name = "small", .data = small}};
+    loom_ckpt_slice_whole(&mem[0].slice, 1, bshape);
+    loom_ckpt_slice_whole(&mem[1].slice, 1, sshape);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/mem.safetensors", dir);
+    snprintf(b, sizeof b, "%s/made.safetensors", dir);
+    CHECK(loom_ckpt_write_file(a, mem, 2, NULL, 0) == LOOM_OK);
+    struct made src = {big, 0, 0};
+    struct loom_ckpt_piece made[2] = {mem[0], mem[1]};
+    made[0].data = NULL, made[0].fill = make_piece, made[0].fill_ctx = &src;
+    CHECK(loom_ckpt_write_file(b, made, 2, NULL, 0) == LOOM_OK);
+    CHECK(src.calls == 2); /* 20 MB in two pieces of at most 16 MB */
+    unsigned char *x = NULL, *y = NULL;
+    long nx = 0, ny = 0;
+    CHECK(file_bytes(a, &x, &nx) == 0 && file_bytes(b, &y, &ny) == 0);
+    CHECK(nx == ny && nx > BIG * 4 && memcmp(x, y, (size_t)nx) == 0);
+    free(x);
+    free(y);
+    const char *files[] = {"made.safetensors"};
+    struct loom_ckpt_reader *r;
+    float *got = malloc(BIG * sizeof(float));
+    CHECK(loom_ckpt_reader_open(&r, dir, files, 1) == LOOM_OK);
+    CHECK(loom_ckpt_read(r, "big", 1, bshape, 0, BIG, got) == LOOM_OK && memcmp(got, big, BIG * 4) == 0);
+    loom_ckpt_reader_close(r);
+
+    snprintf(b, sizeof b, "%s/failed.safetensors", dir);
+    src.calls = 0, src.fail_at = 2;
+    CHECK(loom_ckpt_write_file(b, made, 2, NULL, 0) == LOOM_ERR_RUNTIME &&
+          strstr(loom_error_message(), "the source failed"));
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", b, (int)getpid());
+    CHECK(access(b, F_OK) != 0 && access(tmp, F_OK) != 0);
+    free(got);
+    free(big);
+}
+
 /* A tensor name with a newline (safetensors allows any string) must not
  * reach a one-line error message. */
 static void test_hostile_name(void)
 {
     float x[2] = {1, 2};
-    struct loom_ckpt_piece p = {"w\nsecond line", {0}, x};
+    struct loom_ckpt_piece p = {.name = "w\nsecond line", .data = x};
     const int64_t shape[1] = {2};
     loom_ckpt_slice_whole(&p.slice, 1, shape);
     char path[512];
@@ -200,7 +277,7 @@ static const int64_t qkv_shape[2] = {C, 3 * C}, qkv_view[3] = {C, 3, C};
 static void write_piece(const char *file, const char *name, const struct loom_ckpt_slice *s,
                         const float *data)
 {
-    struct loom_ckpt_piece p = {name, *s, data};
+    struct loom_ckpt_piece p = {.name = name, .slice = *s, .data = data};
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     CHECK(loom_ckpt_write_file(path, &p, 1, NULL, 0) == LOOM_OK);
@@ -592,6 +669,7 @@ int main(void)
     test_assemble();
     test_damage();
     test_hostile_name();
+    test_streamed();
     test_view_text();
     test_view_read();
     test_row_split();

@@ -19,6 +19,8 @@
 #include "io/fs.h"
 #include "io/safetensors.h"
 #include "model/family.h"
+#include "optim/adamw.h"
+#include "optim/offload.h"
 #include "tokenizer/bpe.h"
 
 #define EXP_AVG "optimizer.exp_avg."
@@ -85,11 +87,37 @@ static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
 
 /* ---- saving ------------------------------------------------------------- */
 
+/* A piece that is not in memory as float32, written as it is read: the
+ * part's 16-bit weights (or its offloaded float32 shard), or offloaded
+ * optimizer state, read from its file a staging buffer at a time. */
+struct piece_src {
+    const struct loom_ckpt_parts *p;
+    int part;     /* -1: the weights; else an enum loom_adamw_part */
+    size_t first; /* the piece's first element in the arena */
+};
+
+static int fill_piece(void *ctx, uint64_t at, float *dst, size_t count)
+{
+    const struct piece_src *s = ctx;
+    const struct loom_ckpt_parts *p = s->p;
+    const size_t e = s->first + (size_t)at;
+    if (s->part >= 0) {
+        loom_adamw_get(p->opt, (enum loom_adamw_part)s->part, e - p->opt->begin, count, dst);
+        return LOOM_OK;
+    }
+    struct loom_buf src = loom_buf_slice(p->store, e - p->store_lo, count);
+    loom_buf_convert(loom_buf_f32(dst, count), src);
+    if (p->opt->param_map) loom_offload_drop(p->opt->param_map, src.data, count * loom_dtype_size(src.dtype));
+    return LOOM_OK;
+}
+
 struct save_ctx {
     const struct loom_ckpt_parts *p;
-    size_t lo;                            /* of this rank's part */
-    const float *params, *m, *v, *master; /* at lo; master NULL without mixed precision */
+    size_t lo;          /* of this rank's part */
+    const float *in[4]; /* the weights, m, v, master at lo, or NULL: streamed (master: or absent) */
+    int parts;          /* 3, or 4 with master weights */
     struct loom_ckpt_piece *pieces;
+    struct piece_src *srcs;
     char (*names)[96];
     int n;
 };
@@ -100,13 +128,19 @@ static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_
     /* a tensor the tp group replicates: written by its tp rank 0 */
     if (t->tp_split == LOOM_TP_REPLICATED && s->p->model->tp_rank != 0) return LOOM_OK;
     const char *prefix[4] = {"", EXP_AVG, EXP_AVG_SQ, MASTER};
-    const float *src[4] = {s->params, s->m, s->v, s->master};
-    for (int k = 0; k < (s->master ? 4 : 3); k++) {
+    const int part[4] = {-1, LOOM_ADAMW_EXP_AVG, LOOM_ADAMW_EXP_AVG_SQ, LOOM_ADAMW_MASTER};
+    for (int k = 0; k < s->parts; k++) {
         struct loom_ckpt_piece *pc = &s->pieces[s->n];
+        memset(pc, 0, sizeof *pc);
         snprintf(s->names[s->n], sizeof s->names[0], "%s%s", prefix[k], t->name);
         pc->name = s->names[s->n];
         tensor_slice(t, a - t_lo, b - t_lo, &pc->slice);
-        pc->data = src[k] + (a - s->lo);
+        if (s->in[k]) {
+            pc->data = s->in[k] + (a - s->lo);
+        } else {
+            s->srcs[s->n] = (struct piece_src){s->p, part[k], a};
+            pc->fill = fill_piece, pc->fill_ctx = &s->srcs[s->n];
+        }
         s->n++;
     }
     return LOOM_OK;
@@ -119,6 +153,10 @@ static int count_tensors(void *ctx, const struct loom_tensor *t, size_t t_lo, si
     return LOOM_OK;
 }
 
+/* Writes this rank's part. What is in memory as float32 is written from
+ * where it is; the rest (16-bit weights, offloaded shards and optimizer
+ * state) passes through the writer's staging buffer, so a save never holds
+ * the part whole. */
 static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t iteration, uint64_t *bytes,
                       uint64_t *file_bytes)
 {
@@ -128,31 +166,17 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     part_of(p, &lo, &hi);
     int ntensors = 0;
     for_each_tensor(m, lo, hi, count_tensors, &ntensors);
-    struct save_ctx s = {p, lo, NULL, NULL, NULL, NULL, NULL, NULL, 0};
-    float *weights = NULL; /* mixed precision: the part's 16-bit weights in float32 (exact) */
-    if (m->dtype != LOOM_DTYPE_F32) {
-        weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
-        loom_buf_convert(loom_buf_f32(weights, hi - lo), loom_buf_slice(p->store, lo - p->store_lo, hi - lo));
-        s.params = weights;
-    } else {
-        s.params = (const float *)p->store.data + (lo - p->store_lo);
+    struct save_ctx s = {p, lo, {NULL, NULL, NULL, NULL}, opt->has_master ? 4 : 3, NULL, NULL, NULL, 0};
+    if (m->dtype == LOOM_DTYPE_F32 && !opt->param_map)
+        s.in[0] = (const float *)p->store.data + (lo - p->store_lo);
+    if (!opt->io) {
+        s.in[1] = opt->m + (lo - opt->begin), s.in[2] = opt->v + (lo - opt->begin);
+        if (opt->has_master) s.in[3] = opt->master + (lo - opt->begin);
     }
-    float *moments =
-        NULL; /* the offloaded moments (and master weights) of the part, read back for the write */
-    if (opt->fd >= 0) {
-        moments = loom_alloc(loom_mul_size(3 * (hi - lo) + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
-        loom_adamw_get_state(opt, lo - opt->begin, hi - lo, moments, moments + (hi - lo));
-        s.m = moments, s.v = moments + (hi - lo);
-        if (opt->has_master) {
-            loom_adamw_get_master(opt, lo - opt->begin, hi - lo, moments + 2 * (hi - lo));
-            s.master = moments + 2 * (hi - lo);
-        }
-    } else {
-        s.m = opt->m + (lo - opt->begin), s.v = opt->v + (lo - opt->begin);
-        if (opt->has_master) s.master = opt->master + (lo - opt->begin);
-    }
-    s.pieces = loom_alloc(loom_mul_size(4 * (size_t)ntensors + 1, sizeof *s.pieces), LOOM_MEM_OTHER);
-    s.names = loom_alloc(loom_mul_size(4 * (size_t)ntensors + 1, sizeof *s.names), LOOM_MEM_OTHER);
+    const size_t npieces = 4 * (size_t)ntensors + 1;
+    s.pieces = loom_alloc(loom_mul_size(npieces, sizeof *s.pieces), LOOM_MEM_OTHER);
+    s.srcs = loom_alloc(loom_mul_size(npieces, sizeof *s.srcs), LOOM_MEM_OTHER);
+    s.names = loom_alloc(loom_mul_size(npieces, sizeof *s.names), LOOM_MEM_OTHER);
     for_each_tensor(m, lo, hi, add_pieces, &s);
     char path[4300], it[32];
     snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, p->topo->rank);
@@ -161,11 +185,10 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     int rc = loom_ckpt_write_file(path, s.pieces, s.n, meta, 2);
     struct stat sb;
     *file_bytes = rc == LOOM_OK && stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-    *bytes = (s.master ? 4 : 3) * (uint64_t)(hi - lo) * sizeof(float);
+    *bytes = (uint64_t)s.parts * (uint64_t)(hi - lo) * sizeof(float);
     loom_free(s.pieces);
+    loom_free(s.srcs);
     loom_free(s.names);
-    loom_free(moments);
-    loom_free(weights);
     return rc;
 }
 
@@ -239,42 +262,86 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
 
 /* ---- loading ------------------------------------------------------------ */
 
+/* Elements read at a time where a part is not read straight into place. */
+#define LOAD_CHUNK ((size_t)4 << 20)
+
+enum load_what { LOAD_WEIGHTS, LOAD_MOMENTS, LOAD_MASTER };
+
 struct load_ctx {
+    const struct loom_ckpt_parts *p;
     struct loom_ckpt_reader *r;
-    const char *prefix;
+    enum load_what what;
+    const char *prefix; /* LOAD_WEIGHTS: the names' prefix (the master weights' for a float32 run) */
+    float *dst[2];      /* at lo: read straight into place (moments: m and v); NULL: staged */
     size_t lo;
-    float *dst;   /* at lo; NULL: per tensor into m, v and then the optimizer */
-    float *m, *v; /* scratch of the largest tensor, for offloaded moments */
-    struct loom_adamw *opt;
+    int master_from_weights; /* LOAD_WEIGHTS: the float32 weights also become the master weights */
+    float *stage[2];         /* LOAD_CHUNK elements each */
     uint64_t bytes;
 };
+
+static int read_piece(struct load_ctx *c, const char *prefix, const struct loom_tensor *t,
+                      const struct loom_ckpt_slice *want, float *dst)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s%s", prefix, t->name);
+    c->bytes += (want->hi - want->lo) * sizeof(float);
+    return loom_ckpt_read_slice(c->r, name, want, dst);
+}
+
+/* Elements [x, y) of the arena, tensor t's, staged: into where they live. */
+static int place_staged(struct load_ctx *c, const struct loom_tensor *t, const struct loom_ckpt_slice *want,
+                        size_t x, size_t y)
+{
+    const struct loom_ckpt_parts *p = c->p;
+    struct loom_adamw *opt = p->opt;
+    int rc;
+    if (c->what == LOAD_MOMENTS) {
+        if ((rc = read_piece(c, EXP_AVG, t, want, c->stage[0])) ||
+            (rc = read_piece(c, EXP_AVG_SQ, t, want, c->stage[1])))
+            return rc;
+        loom_adamw_set_state(opt, x - opt->begin, y - x, c->stage[0], c->stage[1]);
+        return LOOM_OK;
+    }
+    if (c->what == LOAD_MASTER) {
+        if ((rc = read_piece(c, MASTER, t, want, c->stage[0]))) return rc;
+        loom_adamw_set_master_range(opt, x - opt->begin, y - x, c->stage[0]);
+        return LOOM_OK;
+    }
+    if ((rc = read_piece(c, c->prefix, t, want, c->stage[0]))) return rc;
+    struct loom_buf to = loom_buf_slice(p->store, x - p->store_lo, y - x);
+    loom_buf_convert(to, loom_buf_f32(c->stage[0], y - x));
+    if (opt->param_map) loom_offload_drop(opt->param_map, to.data, (y - x) * loom_dtype_size(to.dtype));
+    /* the master weights: the float32 weights read (not their rounding),
+     * where they overlap the optimizer's range */
+    const size_t a = x > opt->begin ? x : opt->begin, b = y < opt->end ? y : opt->end;
+    if (c->master_from_weights && a < b)
+        loom_adamw_set_master_range(opt, a - opt->begin, b - a, c->stage[0] + (a - x));
+    return LOOM_OK;
+}
 
 static int read_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
 {
     struct load_ctx *c = ctx;
-    char name[128];
-    int rc;
     struct loom_ckpt_slice want;
-    tensor_slice(t, a - t_lo, b - t_lo, &want);
-    c->bytes += (b - a) * sizeof(float);
-    if (c->dst) {
-        snprintf(name, sizeof name, "%s%s", c->prefix, t->name);
-        return loom_ckpt_read_slice(c->r, name, &want, c->dst + (a - c->lo));
+    int rc = LOOM_OK;
+    if (c->dst[0]) {
+        tensor_slice(t, a - t_lo, b - t_lo, &want);
+        if (c->what == LOAD_MOMENTS)
+            return (rc = read_piece(c, EXP_AVG, t, &want, c->dst[0] + (a - c->lo)))
+                       ? rc
+                       : read_piece(c, EXP_AVG_SQ, t, &want, c->dst[1] + (a - c->lo));
+        return read_piece(c, c->what == LOAD_MASTER ? MASTER : c->prefix, t, &want, c->dst[0] + (a - c->lo));
     }
-    snprintf(name, sizeof name, EXP_AVG "%s", t->name);
-    if ((rc = loom_ckpt_read_slice(c->r, name, &want, c->m))) return rc;
-    snprintf(name, sizeof name, EXP_AVG_SQ "%s", t->name);
-    if ((rc = loom_ckpt_read_slice(c->r, name, &want, c->v))) return rc;
-    loom_adamw_set_state(c->opt, a - c->opt->begin, b - a, c->m, c->v);
-    return LOOM_OK;
-}
-
-static int max_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
-{
-    (void)t, (void)t_lo;
-    size_t *n = ctx;
-    if (b - a > *n) *n = b - a;
-    return LOOM_OK;
+    if (!c->stage[0]) {
+        c->stage[0] = loom_alloc(loom_mul_size(2 * LOAD_CHUNK, sizeof(float)), LOOM_MEM_OTHER);
+        c->stage[1] = c->stage[0] + LOAD_CHUNK;
+    }
+    for (size_t x = a; rc == LOOM_OK && x < b; x += LOAD_CHUNK) {
+        const size_t y = b - x < LOAD_CHUNK ? b : x + LOAD_CHUNK;
+        tensor_slice(t, x - t_lo, y - t_lo, &want);
+        rc = place_staged(c, t, &want, x, y);
+    }
+    return rc;
 }
 
 /* The pieces of every file the trainer state lists. */
@@ -300,72 +367,47 @@ static int open_reader(struct loom_ckpt_reader **r, const char *dir, const struc
     return rc;
 }
 
-/* Reads what this rank's layout holds from checkpoint directory dir. */
+/* Reads what this rank's layout holds from checkpoint directory dir. What
+ * is float32 in memory is read straight into place; the rest (16-bit
+ * weights, offloaded shards and optimizer state) a staging buffer at a
+ * time, so a resume never holds a part whole either. */
 static int restore(const struct loom_ckpt_parts *p, const char *dir, const struct loom_ckpt_state *st,
                    uint64_t *bytes)
 {
     struct loom_model *m = p->model;
+    struct loom_adamw *opt = p->opt;
     struct load_ctx c = {0};
+    c.p = p;
     int rc = open_reader(&c.r, dir, st);
+    char name[128];
+    snprintf(name, sizeof name, MASTER "%s", m->blocks[0].tensors[0].name);
+    const int has_master = rc == LOOM_OK && loom_ckpt_has(c.r, name);
+    const int take_master = opt->has_master && !p->cfg->finetune && has_master;
     /* The weights: a float32 run resuming a mixed-precision checkpoint takes
      * the master weights (the more precise copy); a mixed-precision run reads
      * float32 and rounds to its 16-bit storage. */
-    const size_t lo = p->store_lo, hi = p->store_hi;
-    float *weights = NULL;
     if (rc == LOOM_OK) {
-        const struct loom_tensor *first = &m->blocks[0].tensors[0];
-        char name[128];
-        snprintf(name, sizeof name, MASTER "%s", first->name);
-        c.prefix = m->dtype == LOOM_DTYPE_F32 && loom_ckpt_has(c.r, name) ? MASTER : "";
-        c.lo = lo;
-        if (m->dtype != LOOM_DTYPE_F32)
-            c.dst = weights = loom_alloc(loom_mul_size(hi - lo + 1, sizeof(float)), LOOM_MEM_OTHER);
-        else
-            c.dst = p->store.data;
-        rc = for_each_tensor(m, lo, hi, read_tensor, &c);
-        if (rc == LOOM_OK && m->dtype != LOOM_DTYPE_F32)
-            loom_buf_convert(loom_buf_slice(p->store, 0, hi - lo), loom_buf_f32(weights, hi - lo));
+        c.what = LOAD_WEIGHTS;
+        c.prefix = m->dtype == LOOM_DTYPE_F32 && has_master ? MASTER : "";
+        c.master_from_weights = opt->has_master && !take_master;
+        c.lo = p->store_lo;
+        if (m->dtype == LOOM_DTYPE_F32 && !opt->param_map && !c.master_from_weights) c.dst[0] = p->store.data;
+        rc = for_each_tensor(m, p->store_lo, p->store_hi, read_tensor, &c);
     }
-    struct loom_adamw *opt = p->opt;
     if (rc == LOOM_OK && !p->cfg->finetune) {
+        c.what = LOAD_MOMENTS;
         c.lo = opt->begin;
-        c.opt = opt;
-        if (opt->fd < 0) {
-            c.prefix = EXP_AVG, c.dst = opt->m;
-            rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
-            c.prefix = EXP_AVG_SQ, c.dst = opt->v;
-            if (rc == LOOM_OK) rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
-        } else {
-            size_t n = 0;
-            for_each_tensor(m, opt->begin, opt->end, max_tensor, &n);
-            c.m = loom_alloc(loom_mul_size(2 * n + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
-            c.v = c.m + n;
-            c.dst = NULL;
-            rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
-            loom_free(c.m);
-        }
+        c.dst[0] = opt->io ? NULL : opt->m, c.dst[1] = opt->io ? NULL : opt->v;
+        rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
         if (rc == LOOM_OK) opt->t = (int)st->optimizer_step;
     }
-    if (rc == LOOM_OK && opt->has_master) {
-        /* the master weights: saved ones, else the float32 weights just read
-         * (not their rounding); under offload through a buffer of the range */
-        char name[128];
-        snprintf(name, sizeof name, MASTER "%s", m->blocks[0].tensors[0].name);
-        const size_t n = opt->end - opt->begin;
-        if (!p->cfg->finetune && loom_ckpt_has(c.r, name)) {
-            float *master =
-                opt->fd >= 0 ? loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OTHER) : opt->master;
-            c.prefix = MASTER, c.lo = opt->begin, c.dst = master;
-            rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
-            if (opt->fd >= 0) {
-                if (rc == LOOM_OK) loom_adamw_set_master_range(opt, 0, n, master);
-                loom_free(master);
-            }
-        } else {
-            loom_adamw_set_master_range(opt, 0, n, weights + (opt->begin - lo));
-        }
+    if (rc == LOOM_OK && take_master) {
+        c.what = LOAD_MASTER;
+        c.lo = opt->begin;
+        c.dst[0] = opt->io ? NULL : opt->master, c.dst[1] = NULL;
+        rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
     }
-    loom_free(weights);
+    loom_free(c.stage[0]);
     if (rc == LOOM_OK && p->scaler && st->has_loss_scaler && !p->cfg->finetune) {
         const struct loom_loss_scaler_state ls = {st->loss_scale, st->loss_scale_good_steps,
                                                   (int)st->loss_scale_hysteresis, st->iteration,
@@ -552,8 +594,10 @@ static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, str
     struct loom_model *m = p->model;
     struct load_ctx c = {0};
     int rc = open_reader(&c.r, dir, st);
+    c.p = p;
+    c.what = LOAD_WEIGHTS;
     c.prefix = "";
-    c.dst = m->params.data;
+    c.dst[0] = m->params.data;
     if (rc == LOOM_OK) rc = for_each_tensor(m, 0, m->num_params, read_tensor, &c);
     loom_ckpt_reader_close(c.r);
     *bytes = c.bytes;

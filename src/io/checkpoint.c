@@ -251,6 +251,35 @@ done:
 
 /* ---- writing ------------------------------------------------------------ */
 
+/* A piece made as it is written: its checksum is taken on the way. */
+struct filled {
+    const struct loom_ckpt_piece *p;
+    XXH3_state_t *hash;
+    char *val; /* its checksum's metadata value, stamped when written */
+};
+
+static int fill_piece(void *ctx, uint64_t at, void *dst, size_t n)
+{
+    struct filled *f = ctx;
+    LOOM_ASSERT(at % sizeof(float) == 0 && n % sizeof(float) == 0);
+    int rc = f->p->fill(f->p->fill_ctx, at / sizeof(float), dst, n / sizeof(float));
+    if (rc == LOOM_OK) XXH3_64bits_update(f->hash, dst, n);
+    return rc;
+}
+
+struct restamp_ctx {
+    struct filled *f;
+    int n;
+    size_t val_size;
+};
+
+static void restamp_sums(void *ctx)
+{
+    struct restamp_ctx *r = ctx;
+    for (int i = 0; i < r->n; i++)
+        if (r->f[i].hash) snprintf(r->f[i].val, r->val_size, "%016" PRIx64, XXH3_64bits_digest(r->f[i].hash));
+}
+
 int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces, int n,
                          const char *const *extra_kv, int nextra)
 {
@@ -260,21 +289,35 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
         loom_alloc(loom_mul_size(2 * (2 * (size_t)n + (size_t)nextra) + 1, sizeof *kv), LOOM_MEM_OTHER);
     char *text = loom_alloc(loom_mul_size(2 * (size_t)n + 1, KEY + VAL), LOOM_MEM_OTHER);
     uint64_t *sums = loom_alloc(loom_mul_size((size_t)n + 1, sizeof *sums), LOOM_MEM_OTHER);
+    struct filled *filled = loom_alloc(loom_mul_size((size_t)n + 1, sizeof *filled), LOOM_MEM_OTHER);
+    memset(ts, 0, ((size_t)n + 1) * sizeof *ts);
+    memset(filled, 0, ((size_t)n + 1) * sizeof *filled);
     int rc = LOOM_OK, nt = 0, nm = 0;
-    /* the checksums, pieces spread over the threads */
+    /* the checksums of the pieces in memory, spread over the threads; the
+     * others' are taken as they are written */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++)
-        sums[i] = XXH3_64bits(pieces[i].data, (pieces[i].slice.hi - pieces[i].slice.lo) * sizeof(float));
+        if (pieces[i].data)
+            sums[i] = XXH3_64bits(pieces[i].data, (pieces[i].slice.hi - pieces[i].slice.lo) * sizeof(float));
     for (int i = 0; i < n; i++) {
         const struct loom_ckpt_piece *p = &pieces[i];
         const struct loom_ckpt_slice *s = &p->slice;
         assert_slice(s);
+        LOOM_ASSERT(p->data || p->fill);
         uint64_t count = s->hi - s->lo;
         if (count == 0) continue;
         struct loom_st_tensor_in *t = &ts[nt++];
         t->name = p->name;
         t->dtype = LOOM_DTYPE_F32;
         t->data = p->data;
+        if (!p->data) {
+            filled[i].p = p;
+            filled[i].hash = XXH3_createState();
+            LOOM_ASSERT(filled[i].hash != NULL);
+            XXH3_64bits_reset(filled[i].hash);
+            t->fill = fill_piece, t->fill_ctx = &filled[i];
+            sums[i] = 0; /* a placeholder of the same width */
+        }
         if (loom_ckpt_slice_is_whole(s)) { /* the tensor's shape, whatever the view */
             t->ndim = s->tndim;
             for (int d = 0; d < s->tndim; d++) t->shape[d] = s->tshape[d];
@@ -288,6 +331,7 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
         char *key = text + (size_t)(2 * i) * (KEY + VAL), *val = key + KEY;
         snprintf(key, KEY, "loom.xxh3.%s", p->name);
         snprintf(val, VAL, "%016" PRIx64, sums[i]);
+        filled[i].val = val;
         kv[2 * nm] = key, kv[2 * nm + 1] = val, nm++;
         if (!loom_ckpt_slice_is_whole(s)) {
             key = text + (size_t)(2 * i + 1) * (KEY + VAL), val = key + KEY;
@@ -297,9 +341,15 @@ int loom_ckpt_write_file(const char *path, const struct loom_ckpt_piece *pieces,
         }
     }
     for (int i = 0; i < nextra; i++, nm++) kv[2 * nm] = extra_kv[2 * i], kv[2 * nm + 1] = extra_kv[2 * i + 1];
-    rc = loom_st_write(path, ts, nt, kv, nm);
+    struct restamp_ctx r = {filled, n, VAL};
+    int streamed = 0;
+    for (int i = 0; i < n; i++) streamed |= filled[i].hash != NULL;
+    rc = loom_st_write_restamped(path, ts, nt, kv, nm, streamed ? restamp_sums : NULL, &r);
     if (rc == LOOM_OK) loom_test_point("after-rank-file");
 done:
+    for (int i = 0; i < n; i++)
+        if (filled[i].hash) XXH3_freeState(filled[i].hash);
+    loom_free(filled);
     loom_free(sums);
     loom_free(ts);
     loom_free(kv);

@@ -102,11 +102,16 @@ int loom_ckpt_slice_parse(const char *json, struct loom_ckpt_slice *s);
 
 /* ---- one rank's file ---------------------------------------------------- */
 
-/* A piece to write: float32, (s.hi - s.lo) elements. */
+/* A piece to write: float32, (s.hi - s.lo) elements, in data or, with data
+ * NULL, made by fill as they are written, count elements from element at of
+ * the piece into dst (a piece that is not in memory: offloaded state, or
+ * 16-bit weights written as float32). */
 struct loom_ckpt_piece {
     const char *name; /* the full tensor's name */
     struct loom_ckpt_slice slice;
     const float *data;
+    int (*fill)(void *ctx, uint64_t at, float *dst, size_t count);
+    void *fill_ctx;
 };
 
 /* Writes pieces (names unique) crash-safely to path with their slices and

@@ -54,61 +54,105 @@ void loom_fs_dirname(const char *path, char *dir, size_t n)
         snprintf(dir, n, "%.*s", (int)(slash - path), path);
 }
 
-int loom_fs_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts)
+int loom_fs_atomic_open(struct loom_fs_atomic *w, const char *path)
 {
-    char tmp[4200], dir[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    memset(w, 0, sizeof *w);
+    w->fd = -1;
+    if (snprintf(w->path, sizeof w->path, "%s", path) >= (int)sizeof w->path ||
+        snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof w->tmp)
+        return loom_error_set(LOOM_ERR_RUNTIME, "path too long: %.64s...", path);
     /* O_EXCL: a file already there (left by a killed process of this pid,
      * or anyone's) is removed and the name made anew, never written through */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) return loom_error_set(LOOM_ERR_RUNTIME, "open %s for writing: %s", tmp, strerror(errno));
-    int rc = LOOM_OK;
-    /* Written in pieces of WRITEBACK bytes, each handed to the disk as soon as
-     * it is in the page cache (sync_file_range starts the writeback without
-     * waiting), so the disk works while the next piece is copied and the
-     * final fsync has only the tail left (Redis's incremental fsync). */
-    const size_t WRITEBACK = (size_t)32 << 20;
-    off_t done = 0, flushed = 0;
-    for (int i = 0; i < nparts; i++) {
-        const char *p = parts[i];
-        for (size_t left = sizes[i]; left > 0;) {
-            ssize_t w = write(fd, p, left < WRITEBACK ? left : WRITEBACK);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) {
-                rc = loom_error_set(LOOM_ERR_RUNTIME, "write %s: %s", tmp,
-                                    w < 0 ? strerror(errno) : "no progress");
-                goto fail;
-            }
-            p += w, left -= (size_t)w, done += w;
-            if (done - flushed >= (off_t)WRITEBACK) {
-                sync_file_range(fd, flushed, done - flushed,
-                                SYNC_FILE_RANGE_WRITE); /* a hint: errors surface at fsync */
-                flushed = done;
-            }
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (w->fd < 0 && errno == EEXIST && unlink(w->tmp) == 0)
+        w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (w->fd < 0)
+        return loom_error_set(LOOM_ERR_RUNTIME, "open %s for writing: %s", w->tmp, strerror(errno));
+    return LOOM_OK;
+}
+
+/* Written in pieces of WRITEBACK bytes, each handed to the disk as soon as
+ * it is in the page cache (sync_file_range starts the writeback without
+ * waiting), so the disk works while the next piece is copied and the
+ * final fsync has only the tail left (Redis's incremental fsync). */
+#define WRITEBACK ((size_t)32 << 20)
+
+int loom_fs_atomic_write(struct loom_fs_atomic *w, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n > 0) {
+        ssize_t k = write(w->fd, p, n < WRITEBACK ? n : WRITEBACK);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return loom_error_set(LOOM_ERR_RUNTIME, "write %s: %s", w->tmp,
+                                  k < 0 ? strerror(errno) : "no progress");
+        p += k, n -= (size_t)k, w->done += k;
+        if (w->done - w->flushed >= (off_t)WRITEBACK) {
+            sync_file_range(w->fd, w->flushed, w->done - w->flushed,
+                            SYNC_FILE_RANGE_WRITE); /* a hint: errors surface at fsync */
+            w->flushed = w->done;
         }
     }
-    if (fsync(fd) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "fsync %s: %s", tmp, strerror(errno));
+    return LOOM_OK;
+}
+
+int loom_fs_atomic_rewrite(struct loom_fs_atomic *w, const void *data, size_t n, size_t at)
+{
+    LOOM_ASSERT((off_t)(at + n) <= w->done);
+    const char *p = data;
+    while (n > 0) {
+        ssize_t k = pwrite(w->fd, p, n, (off_t)at);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return loom_error_set(LOOM_ERR_RUNTIME, "write %s: %s", w->tmp,
+                                  k < 0 ? strerror(errno) : "no progress");
+        p += k, n -= (size_t)k, at += (size_t)k;
+    }
+    return LOOM_OK;
+}
+
+void loom_fs_atomic_abort(struct loom_fs_atomic *w)
+{
+    if (w->fd >= 0) close(w->fd);
+    w->fd = -1;
+    unlink(w->tmp);
+}
+
+int loom_fs_atomic_commit(struct loom_fs_atomic *w)
+{
+    int rc = LOOM_OK;
+    char dir[4096];
+    if (fsync(w->fd) != 0) {
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "fsync %s: %s", w->tmp, strerror(errno));
         goto fail;
     }
+    int fd = w->fd;
+    w->fd = -1;
     if (close(fd) != 0) {
-        fd = -1;
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "close %s: %s", tmp, strerror(errno));
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "close %s: %s", w->tmp, strerror(errno));
         goto fail;
     }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", tmp, path, strerror(errno));
+    if (rename(w->tmp, w->path) != 0) {
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "rename %s to %s: %s", w->tmp, w->path, strerror(errno));
         goto fail;
     }
-    loom_fs_dirname(path, dir, sizeof dir);
+    loom_fs_dirname(w->path, dir, sizeof dir);
     return loom_fs_fsync_dir(dir);
 fail:
-    if (fd >= 0) close(fd);
-    unlink(tmp);
+    loom_fs_atomic_abort(w);
     return rc;
+}
+
+int loom_fs_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts)
+{
+    struct loom_fs_atomic w;
+    int rc = loom_fs_atomic_open(&w, path);
+    for (int i = 0; rc == LOOM_OK && i < nparts; i++) rc = loom_fs_atomic_write(&w, parts[i], sizes[i]);
+    if (rc) {
+        loom_fs_atomic_abort(&w);
+        return rc;
+    }
+    return loom_fs_atomic_commit(&w);
 }
 
 int loom_fs_remove_tree(const char *path)

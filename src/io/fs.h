@@ -1,14 +1,15 @@
 /*
  * File-system steps that checkpoints are built from: creating directory
- * paths, durable small files (temporary name, fsync, rename, directory
- * fsync), directory fsync, recursive removal, and reading a small file whole.
- * Every failure is a status with the operation, the path and strerror.
- * Not here: the safetensors writer's own crash-safe write (io/safetensors).
+ * paths, durable files (temporary name, fsync, rename, directory fsync),
+ * whole or written as they are made, directory fsync, recursive removal,
+ * and reading a small file whole. Every failure is a status with the
+ * operation, the path and strerror.
  */
 #ifndef LOOM_IO_FS_H
 #define LOOM_IO_FS_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* mkdir -p; LOOM_ERR_INPUT naming the component that cannot be created. */
 int loom_fs_mkdir_p(const char *path);
@@ -22,6 +23,21 @@ int loom_fs_fsync_dir(const char *dir);
  * the final directory fsync can fail after `path` holds the new, complete
  * file. LOOM_ERR_RUNTIME. */
 int loom_fs_write_atomic(const char *path, const void *const *parts, const size_t *sizes, int nparts);
+/* The same, written as it is made (a file larger than memory): open, then
+ * writes in order (rewrite patches bytes already written, as a header
+ * completed last), then commit. After a failed open, write or rewrite,
+ * abort removes the temporary file; a failed commit has done so itself.
+ * LOOM_ERR_RUNTIME. */
+struct loom_fs_atomic {
+    int fd;
+    off_t done, flushed; /* bytes written; handed to the disk */
+    char path[4096], tmp[4200];
+};
+int loom_fs_atomic_open(struct loom_fs_atomic *w, const char *path);
+int loom_fs_atomic_write(struct loom_fs_atomic *w, const void *data, size_t n);
+int loom_fs_atomic_rewrite(struct loom_fs_atomic *w, const void *data, size_t n, size_t at);
+int loom_fs_atomic_commit(struct loom_fs_atomic *w);
+void loom_fs_atomic_abort(struct loom_fs_atomic *w);
 /* rm -rf; a missing path is not an error. LOOM_ERR_RUNTIME. */
 int loom_fs_remove_tree(const char *path);
 /* Reads a whole regular file of at most max_bytes into a NUL-terminated

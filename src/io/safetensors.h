@@ -97,13 +97,20 @@ void loom_st_meta_at(const struct loom_st *st, int i, const char **key, const ch
  * nearest). LOOM_ERR_INPUT for another dtype or a wrong n. */
 int loom_st_read_f32(const struct loom_st_tensor *t, float *dst, size_t n);
 
-/* A tensor to write: `data` holds numel(shape) * dtype size bytes. */
+/* A tensor to write: `data` holds numel(shape) * dtype size bytes; or,
+ * with data NULL, `fill` makes them as they are written (a tensor that is
+ * not in memory whole), called in order for [at, at + n) of the tensor's
+ * bytes, n at most LOOM_ST_FILL_BYTES; a status other than LOOM_OK stops
+ * the write with it. */
+#define LOOM_ST_FILL_BYTES ((size_t)16 << 20)
 struct loom_st_tensor_in {
     const char *name;
     enum loom_dtype dtype;
     int ndim;
     int64_t shape[LOOM_ST_MAX_DIMS];
     const void *data;
+    int (*fill)(void *ctx, uint64_t at, void *dst, size_t n);
+    void *fill_ctx;
 };
 
 /* Writes `n` tensors and `nmeta` metadata pairs (meta_kv[2*i] is a key,
@@ -116,5 +123,11 @@ struct loom_st_tensor_in {
  * one path in one process at once are not supported (same temporary name). */
 int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int n,
                   const char *const *meta_kv, int nmeta);
+/* The same, for metadata that describes the data as it is written (its
+ * checksums): once every tensor is written, restamp(ctx) may change the
+ * values meta_kv points to, keeping their lengths, and the header is
+ * written again. LOOM_ERR_RUNTIME when a length changed. */
+int loom_st_write_restamped(const char *path, const struct loom_st_tensor_in *tensors, int n,
+                            const char *const *meta_kv, int nmeta, void (*restamp)(void *ctx), void *ctx);
 
 #endif

@@ -1,8 +1,9 @@
 /*
  * The safetensors writer: checks its arguments, lays tensors out by element
  * size (largest first) then name, pads the JSON header with spaces to a
- * multiple of 8, and writes crash-safely through loom_fs_write_atomic
- * (temporary name, fsync, rename, directory fsync). The header is formatted with cJSON (string escaping) but
+ * multiple of 8, and writes crash-safely through loom_fs_atomic (temporary
+ * name, fsync, rename, directory fsync), tensors given by a fill callback
+ * through one staging buffer. The header is formatted with cJSON (string escaping) but
  * every integer is emitted here, so sizes never pass through a double. The
  * reader is safetensors.c; see safetensors.h.
  */
@@ -100,7 +101,8 @@ static int plan_tensors(const char *path, const struct loom_st_tensor_in *in, in
         if (numel > LOOM_ST_MAX_EXACT_INT / out[i].esize)
             return loom_st_bad_file(path, "tensor '%s': byte size overflows", name);
         out[i].nbytes = numel * out[i].esize;
-        if (out[i].nbytes > 0 && !t->data) return loom_st_bad_file(path, "tensor '%s': data is NULL", name);
+        if (out[i].nbytes > 0 && !t->data && !t->fill)
+            return loom_st_bad_file(path, "tensor '%s': data is NULL", name);
     }
     qsort(out, (size_t)n, sizeof *out, cmp_out_name);
     for (int i = 1; i < n; i++)
@@ -177,14 +179,37 @@ fail:
     return text;
 }
 
-int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int n,
-                  const char *const *meta_kv, int nmeta)
+/* The tensors' bytes in data order; those made by fill pass through one
+ * staging buffer. */
+static int write_data(struct loom_fs_atomic *w, const struct out_tensor *out, int n)
+{
+    int rc = LOOM_OK;
+    void *stage = NULL;
+    for (int i = 0; rc == LOOM_OK && i < n; i++) {
+        const struct loom_st_tensor_in *t = out[i].in;
+        if (t->data) {
+            rc = loom_fs_atomic_write(w, t->data, (size_t)out[i].nbytes);
+            continue;
+        }
+        if (!stage && out[i].nbytes) stage = loom_alloc(LOOM_ST_FILL_BYTES, LOOM_MEM_OTHER);
+        for (uint64_t at = 0; rc == LOOM_OK && at < out[i].nbytes; at += LOOM_ST_FILL_BYTES) {
+            size_t k =
+                out[i].nbytes - at < LOOM_ST_FILL_BYTES ? (size_t)(out[i].nbytes - at) : LOOM_ST_FILL_BYTES;
+            if ((rc = t->fill(t->fill_ctx, at, stage, k)) == LOOM_OK) rc = loom_fs_atomic_write(w, stage, k);
+        }
+    }
+    loom_free(stage);
+    return rc;
+}
+
+int loom_st_write_restamped(const char *path, const struct loom_st_tensor_in *tensors, int n,
+                            const char *const *meta_kv, int nmeta, void (*restamp)(void *ctx), void *ctx)
 {
     int rc = 0;
     char *header = NULL;
     struct out_tensor *out = NULL;
-    const void **parts = NULL;
-    size_t *sizes = NULL;
+    struct loom_fs_atomic w;
+    w.fd = -1;
     LOOM_ASSERT(path != NULL);
     if (n < 0 || nmeta < 0 || (n > 0 && !tensors) || (nmeta > 0 && !meta_kv))
         return loom_st_bad_file(path, "bad arguments: %d tensors, %d metadata pairs", n, nmeta);
@@ -204,19 +229,33 @@ int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int
     }
     unsigned char size_le[8];
     for (int i = 0; i < 8; i++) size_le[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-
     char spaces[8];
     memset(spaces, ' ', sizeof spaces);
-    parts = loom_alloc(((size_t)n + 3) * (sizeof *parts + sizeof *sizes), LOOM_MEM_OTHER);
-    sizes = (size_t *)(parts + n + 3);
-    parts[0] = size_le, sizes[0] = sizeof size_le;
-    parts[1] = header, sizes[1] = hlen;
-    parts[2] = spaces, sizes[2] = padded - hlen;
-    for (int i = 0; i < n; i++) parts[3 + i] = out[i].in->data, sizes[3 + i] = (size_t)out[i].nbytes;
-    rc = loom_fs_write_atomic(path, parts, sizes, n + 3);
+    if ((rc = loom_fs_atomic_open(&w, path)) || (rc = loom_fs_atomic_write(&w, size_le, sizeof size_le)) ||
+        (rc = loom_fs_atomic_write(&w, header, hlen)) ||
+        (rc = loom_fs_atomic_write(&w, spaces, padded - hlen)) || (rc = write_data(&w, out, n)))
+        goto fail;
+    if (restamp) {
+        restamp(ctx);
+        cJSON_free(header);
+        header = format_header(out, n, meta_kv, nmeta);
+        if (!header || strlen(header) != hlen) {
+            rc = loom_error_set(LOOM_ERR_RUNTIME, "%s: the header changed length when completed", path);
+            goto fail;
+        }
+        if ((rc = loom_fs_atomic_rewrite(&w, header, hlen, sizeof size_le))) goto fail;
+    }
+    rc = loom_fs_atomic_commit(&w);
+    w.fd = -1;
 fail:
-    loom_free(parts);
+    if (w.fd >= 0) loom_fs_atomic_abort(&w);
     cJSON_free(header);
     loom_free(out);
     return rc;
+}
+
+int loom_st_write(const char *path, const struct loom_st_tensor_in *tensors, int n,
+                  const char *const *meta_kv, int nmeta)
+{
+    return loom_st_write_restamped(path, tensors, n, meta_kv, nmeta, NULL, NULL);
 }

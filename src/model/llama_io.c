@@ -177,8 +177,11 @@ int loom_llama_save(const struct loom_llama *m, const char *path)
         const struct loom_block *b = &m->base.blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++, k++) {
             const struct loom_tensor *t = &b->tensors[ti];
-            ts[k] = (struct loom_st_tensor_in){
-                t->name, LOOM_DTYPE_F32, t->ndim, {t->shape[0], t->shape[1]}, b->work_params + t->offset};
+            ts[k] = (struct loom_st_tensor_in){.name = t->name,
+                                               .dtype = LOOM_DTYPE_F32,
+                                               .ndim = t->ndim,
+                                               .shape = {t->shape[0], t->shape[1]},
+                                               .data = b->work_params + t->offset};
         }
     }
     meta[0] = "format", meta[1] = "pt", meta[2] = "loom.model", meta[3] = "llama";

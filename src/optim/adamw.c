@@ -113,18 +113,17 @@ void loom_adamw_free(struct loom_adamw *opt)
     opt->fd = -1;
 }
 
-void loom_adamw_get_state(const struct loom_adamw *opt, size_t k, size_t n, float *m, float *v)
+void loom_adamw_get(const struct loom_adamw *opt, enum loom_adamw_part part, size_t k, size_t n, float *dst)
 {
-    const size_t total = opt->end - opt->begin;
-    LOOM_ASSERT(k + n <= total);
-    if (opt->fd < 0) {
-        memcpy(m, opt->m + k, n * sizeof(float));
-        memcpy(v, opt->v + k, n * sizeof(float));
+    LOOM_ASSERT(k + n <= opt->end - opt->begin && (part != LOOM_ADAMW_MASTER || opt->has_master));
+    if (opt->io) {
+        loom_offload_read(opt->io, dst, n * sizeof(float), ((size_t)part * opt->region + k) * sizeof(float));
         return;
     }
-    (void)total;
-    loom_offload_read(opt->io, m, n * sizeof(float), k * sizeof(float));
-    loom_offload_read(opt->io, v, n * sizeof(float), (opt->region + k) * sizeof(float));
+    const float *src = part == LOOM_ADAMW_EXP_AVG      ? opt->m
+                       : part == LOOM_ADAMW_EXP_AVG_SQ ? opt->v
+                                                       : opt->master;
+    memcpy(dst, src + k, n * sizeof(float));
 }
 
 void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const float *m, const float *v)
@@ -353,15 +352,6 @@ void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
         k += c;
     }
     loom_free(piece);
-}
-
-void loom_adamw_get_master(const struct loom_adamw *opt, size_t k, size_t n, float *dst)
-{
-    LOOM_ASSERT(opt->has_master && k + n <= opt->end - opt->begin);
-    if (!opt->io)
-        memcpy(dst, opt->master + k, n * sizeof(float));
-    else
-        loom_offload_read(opt->io, dst, n * sizeof(float), (2 * opt->region + k) * sizeof(float));
 }
 
 void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src)

@@ -61,15 +61,16 @@ void loom_adamw_free(struct loom_adamw *opt);
 void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params);
 /* Their buffer alone (set_master allocates it when it is not there). */
 void loom_adamw_alloc_master(struct loom_adamw *opt);
-/* Master weights of elements [k, k + n) of the range, wherever they live:
- * copied out (checkpoints) and in (resume). */
-void loom_adamw_get_master(const struct loom_adamw *opt, size_t k, size_t n, float *dst);
+/* Master weights of elements [k, k + n) of the range, wherever they live,
+ * copied in (resume; loom_adamw_get copies them out). */
 void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src);
 
-/* The moments of elements [k, k + n) of the range (k from begin), wherever
- * they live (memory or the offload file): copied out, for checkpoints, and
- * copied in, to resume. */
-void loom_adamw_get_state(const struct loom_adamw *opt, size_t k, size_t n, float *m, float *v);
+/* One part of the state of elements [k, k + n) of the range (k from
+ * begin), wherever it lives (memory or the offload file), copied out for
+ * checkpoints; the numbers are the parts' order in the offload file. */
+enum loom_adamw_part { LOOM_ADAMW_EXP_AVG = 0, LOOM_ADAMW_EXP_AVG_SQ = 1, LOOM_ADAMW_MASTER = 2 };
+void loom_adamw_get(const struct loom_adamw *opt, enum loom_adamw_part part, size_t k, size_t n, float *dst);
+/* The moments of elements [k, k + n) copied in, to resume. */
 void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const float *m, const float *v);
 
 /* L2 norm of all gradients of the blocks (double accumulation). */

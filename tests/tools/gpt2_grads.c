@@ -138,8 +138,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < m->base.nblocks; i++) n += m->base.blocks[i].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     char(*names)[80] = calloc((size_t)n, sizeof *names);
-    ts[0] = (struct loom_st_tensor_in){"loss", LOOM_DTYPE_F32, 1, {1}, &loss};
-    ts[1] = (struct loom_st_tensor_in){"logits", LOOM_DTYPE_F32, 3, {B, T, m->Vl}, logits};
+    ts[0] = (struct loom_st_tensor_in){
+        .name = "loss", .dtype = LOOM_DTYPE_F32, .ndim = 1, .shape = {1}, .data = &loss};
+    ts[1] = (struct loom_st_tensor_in){
+        .name = "logits", .dtype = LOOM_DTYPE_F32, .ndim = 3, .shape = {B, T, m->Vl}, .data = logits};
     int k = 2;
     for (int i = 0; i < m->base.nblocks; i++)
         for (int j = 0; j < m->base.blocks[i].ntensors; j++, k++) {

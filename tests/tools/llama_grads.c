@@ -73,18 +73,20 @@ int main(int argc, char **argv)
     for (int i = 0; i < m->base.nblocks; i++) n += m->base.blocks[i].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     char(*names)[96] = calloc((size_t)n, sizeof *names);
-    ts[0] = (struct loom_st_tensor_in){"loss", LOOM_DTYPE_F32, 1, {1}, &loss};
-    ts[1] = (struct loom_st_tensor_in){"logits", LOOM_DTYPE_F32, 3, {B, T, cfg.vocab}, logits};
+    ts[0] = (struct loom_st_tensor_in){
+        .name = "loss", .dtype = LOOM_DTYPE_F32, .ndim = 1, .shape = {1}, .data = &loss};
+    ts[1] = (struct loom_st_tensor_in){
+        .name = "logits", .dtype = LOOM_DTYPE_F32, .ndim = 3, .shape = {B, T, cfg.vocab}, .data = logits};
     int k = 2;
     for (int i = 0; i < m->base.nblocks; i++)
         for (int j = 0; j < m->base.blocks[i].ntensors; j++, k++) {
             const struct loom_tensor *t = &m->base.blocks[i].tensors[j];
             snprintf(names[k], sizeof names[k], "grad.%s", t->name);
-            ts[k] = (struct loom_st_tensor_in){names[k],
-                                               LOOM_DTYPE_F32,
-                                               t->ndim,
-                                               {t->shape[0], t->shape[1]},
-                                               m->base.blocks[i].work_grads + t->offset};
+            ts[k] = (struct loom_st_tensor_in){.name = names[k],
+                                               .dtype = LOOM_DTYPE_F32,
+                                               .ndim = t->ndim,
+                                               .shape = {t->shape[0], t->shape[1]},
+                                               .data = m->base.blocks[i].work_grads + t->offset};
         }
     if (loom_st_write(argv[3], ts, n, NULL, 0)) {
         fprintf(stderr, "llama_grads: %s\n", loom_error_message());
