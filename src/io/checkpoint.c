@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <xxhash.h>
@@ -643,23 +645,36 @@ static int seek_runs(const struct loom_ckpt_slice *s, uint64_t lo, uint64_t hi, 
     return runs_next(w, u) && u->f < hi && lo < u->f + u->n;
 }
 
+/* The whole pages of the mapped file inside [p, p + n) stop being resident
+ * (they stay in the page cache): a checkpoint larger than memory is read
+ * through its mapping without the process holding what it has read. */
+static void drop_pages(const void *p, size_t n)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) / page * page,
+                    b = ((uintptr_t)p + n) / page * page;
+    if (a < b) madvise((void *)a, b - a, MADV_DONTNEED); /* a hint: the pages come back on a touch */
+}
+
 /* Copies the elements of piece p that fall in [lo, hi) of the full tensor
- * from run u on (seek_runs); returns how many. */
+ * from run u on (seek_runs); returns how many. The pages read are dropped. */
 static uint64_t copy_piece(const struct piece *p, struct runs *w, struct run u, uint64_t lo, uint64_t hi,
                            float *dst)
 {
     /* aligned in files loom writes; others are refused by dtype or copied bytewise */
     const char *src = (const char *)p->t->data;
-    uint64_t copied = 0;
+    uint64_t copied = 0, first = UINT64_MAX, last = 0;
     do {
         if (u.f >= hi) break;
         uint64_t f0 = u.f > lo ? u.f : lo, f1 = u.f + u.n < hi ? u.f + u.n : hi;
         if (f0 < f1) {
-            memcpy(dst + (f0 - lo), src + (u.x - p->s.lo + (f0 - u.f)) * sizeof(float),
-                   (f1 - f0) * sizeof(float));
+            const uint64_t at = u.x - p->s.lo + (f0 - u.f);
+            memcpy(dst + (f0 - lo), src + at * sizeof(float), (f1 - f0) * sizeof(float));
             copied += f1 - f0;
+            first = at < first ? at : first;
+            last = at + (f1 - f0) > last ? at + (f1 - f0) : last;
         }
     } while (runs_next(w, &u));
+    if (first < last) drop_pages(src + first * sizeof(float), (last - first) * sizeof(float));
     return copied;
 }
 
@@ -696,6 +711,7 @@ static int read_flat(struct loom_ckpt_reader *r, int i, uint64_t lo, uint64_t hi
                                       ", computed %016" PRIx64 "): the file is damaged",
                                       r->files[p->file].path, name, p->xxh, h);
             p->verified = 1;
+            drop_pages(p->t->data, p->t->nbytes);
         }
         *copied += copy_piece(p, &w, u, lo, hi, dst);
     }
