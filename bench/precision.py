@@ -1,4 +1,5 @@
-"""Training throughput of GPT-2 124M in float32, bf16 and fp16, side by side.
+"""Training throughput of GPT-2 124M in float32, bf16, fp16 and fp8 (hybrid,
+on bf16), side by side.
 
     make && /usr/bin/python3 bench/precision.py [--rounds N] [--seq-length T] [--micro-batch-size B]
 
@@ -10,6 +11,9 @@ precision, so mixed precision costs the conversions (parameters to float32
 per block and use, gradients back, activations rounded at kernel edges) and
 saves memory, not time. fp16's first steps overflow at the initial loss
 scale; the benchmark starts it at 2^12 so that it trains from the start.
+fp8 has no units of its own on a CPU: its products run on the bf16 units
+(every fp8 value is a bf16 value), so it costs bf16's time plus the
+quantisation of every operand at every use.
 """
 import argparse
 import json
@@ -26,7 +30,8 @@ from pyref import shard  # noqa: E402
 import numpy as np  # noqa: E402
 
 LOOM = os.path.join(HERE, "..", os.environ.get("BUILD", "build"), "loom")
-MODES = {"fp32": [], "bf16": ["--bf16"], "fp16": ["--fp16", "--initial-loss-scale", "4096"]}
+MODES = {"fp32": [], "bf16": ["--bf16"], "fp16": ["--fp16", "--initial-loss-scale", "4096"],
+         "fp8": ["--bf16", "--fp8-format", "hybrid"]}
 
 
 def run(tmp, mode, T, B, steps):

@@ -342,13 +342,13 @@ def hf_python():
 def venv_python(venv, spec, module):
     """A Python in the test-only virtual environment `venv` (made on first
     use, the system's packages visible) that can `import module`, pip
-    installing `spec` from PyPI; its path, or the test ends as a FAIL naming
-    the step that failed."""
+    installing `spec` (one requirement, or a list) from PyPI; its path, or
+    the test ends as a FAIL naming the step that failed."""
     py = os.path.join(venv, "bin", "python3")
     if os.access(py, os.X_OK) and run([py, "-c", f"import {module}"]).returncode == 0:
         return py
     steps = [["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
-             [os.path.join(venv, "bin", "pip"), "install", "-q", spec],
+             [os.path.join(venv, "bin", "pip"), "install", "-q", *([spec] if isinstance(spec, str) else spec)],
              [py, "-c", f"import {module}"]]
     for cmd in steps:
         try:

@@ -68,6 +68,22 @@ enum loom_reduce_dtype {
     LOOM_REDUCE_DTYPE_COUNT
 };
 
+/* fp8 products (Megatron-LM's --fp8-format): off, E4M3 everywhere, or
+ * E4M3 forward and E5M2 for gradients. */
+enum loom_fp8_mode {
+    LOOM_FP8_OFF = 0,
+    LOOM_FP8_MODE_E4M3 = 1,
+    LOOM_FP8_MODE_HYBRID = 2,
+    LOOM_FP8_MODE_COUNT
+};
+
+/* How an fp8 scale's amax is taken from its history. */
+enum loom_fp8_amax_compute {
+    LOOM_FP8_AMAX_COMPUTE_MOST_RECENT = 0,
+    LOOM_FP8_AMAX_COMPUTE_MAX = 1,
+    LOOM_FP8_AMAX_COMPUTE_COUNT
+};
+
 /* The MLP's activation (Hugging Face's activation_function). */
 enum loom_activation {
     LOOM_ACTIVATION_GELU_NEW = 0, /* GELU, tanh approximation (GPT-2's; gelu_pytorch_tanh is the same) */
@@ -129,7 +145,7 @@ enum loom_origin {
 };
 
 #define LOOM_MAX_DATA_PATHS 64
-#define LOOM_CONFIG_MAX_SETTINGS 112 /* rows of the settings table, at most */
+#define LOOM_CONFIG_MAX_SETTINGS 144 /* rows of the settings table, at most */
 #define LOOM_CONFIG_MAX_WARNINGS 64
 
 /* What loom_config_parse records beside the values, by row of the settings
@@ -180,6 +196,9 @@ struct loom_config {
     int loss_scale_window, hysteresis;
     enum loom_on_nonfinite on_nonfinite;
     enum loom_reduce_dtype grad_reduce_dtype;
+    enum loom_fp8_mode fp8_format;
+    int fp8_amax_history_len, fp8_margin;
+    enum loom_fp8_amax_compute fp8_amax_compute_algo;
     /* data */
     int ndata_paths, nvalid_paths; /* entries of the next two */
     char *data_paths[LOOM_MAX_DATA_PATHS];

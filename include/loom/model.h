@@ -218,6 +218,10 @@ struct loom_model {
     /* The tensor-parallel group its split tensors are parts over (1 and 0
      * unless the model was built for one). */
     int tp, tp_rank;
+    /* fp8 linear layers (--fp8-format): their scales and amax histories
+     * (src/parallel/fp8.h), kept by the model family, stepped by the
+     * engine after each optimizer step; NULL without fp8 */
+    struct loom_fp8 *fp8;
     void *user; /* the model's own state */
 };
 

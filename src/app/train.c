@@ -35,6 +35,7 @@
 #include "io/synth.h"
 #include "kernels/kernels.h"
 #include "model/family.h"
+#include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
@@ -535,6 +536,16 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
                          loom_bf16_units_kernel());
     else if (r->cfg->fp16)
         loom_report_line(rep, "fp16: f32 (OpenBLAS sgemm on the fp16 values)\n");
+    if (m->fp8) {
+        const struct loom_fp8_recipe *f = &m->fp8->recipe;
+        loom_report_line(
+            rep,
+            "fp8: %s (%s forward, %s gradients) in %d linear layers, delayed scaling: amax history "
+            "%d, %s, margin %d; the products on the bf16 units (every fp8 value is a bf16 value)\n",
+            r->cfg->fp8_format == LOOM_FP8_MODE_HYBRID ? "hybrid" : "e4m3", loom_fp8_format_name(f->fwd),
+            loom_fp8_format_name(f->bwd), m->fp8->n, f->history_len,
+            f->algo == LOOM_FP8_AMAX_MAX ? "max" : "most_recent", f->margin);
+    }
     char stack[128];
     loom_stack_format(r->engine->model, stack, sizeof stack);
     loom_report_line(rep, "strategies: %s; schedule: %s; optimizer state for %zu of %zu parameters\n", stack,

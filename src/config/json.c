@@ -52,7 +52,7 @@ static const struct {
     {"activation_checkpointing.synchronize_checkpoint_boundary",
      "the CPU backend has no device to synchronize"},
     {"activation_checkpointing.profile", "loom reports ms per step and activation memory (--metrics)"},
-    {"aio", "nvme offload uses plain reads and writes"},
+    {"aio", "nvme offload streams through io_uring (--offload-buffer-size, --offload-direct-io)"},
     {"optimizer.params.torch_adam", "loom has one AdamW implementation"},
     {"scheduler.params.last_batch_iteration",
      "the schedule starts at step 1 (or at the step a checkpoint resumes)"},

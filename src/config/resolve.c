@@ -285,6 +285,10 @@ static int resolve_precision(struct loom_config *cfg)
                               "%s %s: a 16-bit gradient reduction needs the same compute dtype (%s)",
                               NAME(grad_reduce_dtype), choice(F(grad_reduce_dtype), cfg->grad_reduce_dtype),
                               cfg->grad_reduce_dtype == LOOM_REDUCE_BF16 ? "--bf16" : "--fp16");
+    if (cfg->fp8_format != LOOM_FP8_OFF && !cfg->bf16)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s %s needs %s: the fp8 products quantise bf16 parameters and activations",
+                              NAME(fp8_format), choice(F(fp8_format), cfg->fp8_format), NAME(bf16));
     if (cfg->fp16 && cfg->loss_scale == 0) {
         int e;
         if (frexp(cfg->initial_loss_scale, &e) != 0.5)

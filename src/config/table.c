@@ -27,6 +27,8 @@ CHOICES(offload_devices, LOOM_OFFLOAD_COUNT, "none", "cpu", "nvme");
 CHOICES(offload_modes, 2, "none", "auto");
 CHOICES(nonfinite_actions, LOOM_ON_NONFINITE_COUNT, "abort", "skip");
 CHOICES(reduce_dtypes, LOOM_REDUCE_DTYPE_COUNT, "fp32", "bf16", "fp16");
+CHOICES(fp8_modes, LOOM_FP8_MODE_COUNT, "none", "e4m3", "hybrid");
+CHOICES(fp8_amax_algos, LOOM_FP8_AMAX_COMPUTE_COUNT, "most_recent", "max");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
 CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
@@ -149,6 +151,15 @@ const struct setting loom_settings[] = {
          "bf16 mixed precision (fp32 master weights and optimizer state)", .json_alt = "bfloat16.enabled"),
     ENUM("--grad-reduce-dtype", "communication_data_type", "precision", grad_reduce_dtype, reduce_dtypes,
          "fp32", "dtype of the gradient sum across ranks: fp32, or the compute dtype (half the bytes)"),
+    ENUM("--fp8-format", "fp8.format", "precision", fp8_format, fp8_modes, "none",
+         "fp8 products in the transformer layers' linear layers (Transformer Engine's delayed scaling; needs "
+         "--bf16): e4m3 everywhere, or hybrid (E5M2 for gradients)"),
+    INT("--fp8-amax-history-len", "fp8.amax_history_len", "precision", fp8_amax_history_len, 1, 65536, "1",
+        "steps of amax history each fp8 scale is computed from"),
+    ENUM("--fp8-amax-compute-algo", "fp8.amax_compute_algo", "precision", fp8_amax_compute_algo,
+         fp8_amax_algos, "most_recent", "the amax a scale uses: the newest in the history, or its max"),
+    INT("--fp8-margin", "fp8.margin", "precision", fp8_margin, 0, 64, "0",
+        "fp8 scale margin: scales are divided by 2^margin"),
     ENUM("--on-nonfinite", "on_nonfinite", "precision", on_nonfinite, nonfinite_actions, "abort",
          "a non-finite loss or gradient (bf16, fp32): abort, or skip the step (fp16's loss scaler skips)"),
     DBL("--loss-scale", "fp16.loss_scale", "precision", loss_scale, 0, 1e38, "0",

@@ -21,11 +21,13 @@
 #include "model/family.h"
 #include "optim/adamw.h"
 #include "optim/offload.h"
+#include "parallel/fp8.h"
 #include "tokenizer/bpe.h"
 
 #define EXP_AVG "optimizer.exp_avg."
 #define EXP_AVG_SQ "optimizer.exp_avg_sq."
 #define MASTER "optimizer.master."
+#define FP8 "fp8."
 
 /* The tensor and its first element in the arena, for every tensor that
  * overlaps [lo, hi); the callback gets the overlap [a, b). */
@@ -118,7 +120,7 @@ struct save_ctx {
     int parts;          /* 3, or 4 with master weights */
     struct loom_ckpt_piece *pieces;
     struct piece_src *srcs;
-    char (*names)[96];
+    char (*names)[128];
     int n;
 };
 
@@ -144,6 +146,62 @@ static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_
         s->n++;
     }
     return LOOM_OK;
+}
+
+/* The fp8 scales and amax histories (parallel/fp8.h), whole tensors: the
+ * same on every rank of a stage, written by its first. */
+static void add_fp8_pieces(const struct loom_fp8 *f, struct save_ctx *s)
+{
+    for (int i = 0; i < f->n; i++) {
+        const int64_t hist[2] = {LOOM_FP8_OPERANDS, f->recipe.history_len}, scale[1] = {LOOM_FP8_OPERANDS};
+        struct loom_ckpt_piece *pc = &s->pieces[s->n];
+        memset(pc, 0, sizeof *pc);
+        snprintf(s->names[s->n], sizeof s->names[0], FP8 "%s.amax_history", f->lin[i].name);
+        pc->name = s->names[s->n];
+        loom_ckpt_slice_whole(&pc->slice, 2, hist);
+        pc->data = f->lin[i].history;
+        pc = &s->pieces[++s->n];
+        memset(pc, 0, sizeof *pc);
+        snprintf(s->names[s->n], sizeof s->names[0], FP8 "%s.scale", f->lin[i].name);
+        pc->name = s->names[s->n];
+        loom_ckpt_slice_whole(&pc->slice, 1, scale);
+        pc->data = f->lin[i].scale;
+        s->n++;
+    }
+}
+
+/* Reads them back; a checkpoint without them (saved without fp8) leaves
+ * the scales at 1. A history of another length is LOOM_ERR_INPUT naming
+ * both shapes. */
+static int read_fp8(struct loom_ckpt_reader *r, struct loom_fp8 *f, uint64_t *bytes)
+{
+    int missing = 0, rc = LOOM_OK;
+    for (int i = 0; rc == LOOM_OK && i < f->n; i++) {
+        char name[160];
+        const int64_t hist[2] = {LOOM_FP8_OPERANDS, f->recipe.history_len}, scale[1] = {LOOM_FP8_OPERANDS};
+        snprintf(name, sizeof name, FP8 "%s.amax_history", f->lin[i].name);
+        if (!loom_ckpt_has(r, name)) {
+            missing++;
+            continue;
+        }
+        rc = loom_ckpt_read(r, name, 2, hist, 0, (uint64_t)LOOM_FP8_OPERANDS * f->recipe.history_len,
+                            f->lin[i].history);
+        if (rc == LOOM_ERR_INPUT) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", loom_error_message());
+            return loom_error_set(LOOM_ERR_INPUT, "%s (the amax history holds --fp8-amax-history-len steps)",
+                                  why);
+        }
+        snprintf(name, sizeof name, FP8 "%s.scale", f->lin[i].name);
+        if (rc == LOOM_OK) rc = loom_ckpt_read(r, name, 1, scale, 0, LOOM_FP8_OPERANDS, f->lin[i].scale);
+        *bytes += sizeof(float) * LOOM_FP8_OPERANDS * (1 + (uint64_t)f->recipe.history_len);
+    }
+    if (rc == LOOM_OK && missing)
+        loom_log_warn(
+            "the checkpoint holds no fp8 scales for %d of %d linear layers (saved without fp8): they "
+            "start at 1",
+            missing, f->n);
+    return rc;
 }
 
 static int count_tensors(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
@@ -173,11 +231,12 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
         s.in[1] = opt->m + (lo - opt->begin), s.in[2] = opt->v + (lo - opt->begin);
         if (opt->has_master) s.in[3] = opt->master + (lo - opt->begin);
     }
-    const size_t npieces = 4 * (size_t)ntensors + 1;
+    const size_t npieces = 4 * (size_t)ntensors + 2 * (size_t)(m->fp8 ? m->fp8->n : 0) + 1;
     s.pieces = loom_alloc(loom_mul_size(npieces, sizeof *s.pieces), LOOM_MEM_OTHER);
     s.srcs = loom_alloc(loom_mul_size(npieces, sizeof *s.srcs), LOOM_MEM_OTHER);
     s.names = loom_alloc(loom_mul_size(npieces, sizeof *s.names), LOOM_MEM_OTHER);
     for_each_tensor(m, lo, hi, add_pieces, &s);
+    if (m->fp8 && p->topo->dp_rank == 0 && m->tp_rank == 0) add_fp8_pieces(m->fp8, &s);
     char path[4300], it[32];
     snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, p->topo->rank);
     snprintf(it, sizeof it, "%lld", (long long)iteration);
@@ -408,6 +467,7 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
     }
     loom_free(c.stage[0]);
+    if (rc == LOOM_OK && m->fp8) rc = read_fp8(c.r, m->fp8, &c.bytes);
     if (rc == LOOM_OK && p->scaler && st->has_loss_scaler && !p->cfg->finetune) {
         const struct loom_loss_scaler_state ls = {st->loss_scale, st->loss_scale_good_steps,
                                                   (int)st->loss_scale_hysteresis, st->iteration,

@@ -29,6 +29,7 @@
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* loom_has_nonfinite */
+#include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
@@ -609,6 +610,7 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
         loom_adamw_step(&e->opt, m, opt_params(e), opt_grads(e), lr, grad_scale);
     }
     loom_stack_after_step(m);
+    if (m->fp8) loom_fp8_step_end(m->fp8); /* the scales of the next step, from every rank's amaxes */
     e->skipped += skip;
     e->steps = step;
     e->micro = e->backwards = 0;

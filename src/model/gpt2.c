@@ -61,6 +61,7 @@
 #include "base/rng.h"
 #include "kernels/backend.h"
 #include "model/family.h"
+#include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor.h"
 
@@ -641,6 +642,8 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     free_activations(m);
     loom_pp_stage_layers_free(&m->stage);
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
+    loom_fp8_destroy(m->base.fp8);
+    loom_free(m->fp8_first);
     loom_free(m);
 }
 
@@ -687,12 +690,45 @@ static const uint16_t *kept16(const struct loom_gpt2 *m, const void *x, int regi
     return b16(m) && !(region && m->rg.sp) ? x : NULL;
 }
 
+/* The four fp8 linear layers of each layer block, in block order: QKV_W,
+ * ATTPROJ_W, FC_W, FCPROJ_W. */
+static const int FP8_LINEARS[4] = {QKV_W, ATTPROJ_W, FC_W, FCPROJ_W};
+
+static int fp8_linear(const struct loom_gpt2 *m, const struct loom_block *b, int w)
+{
+    const int first = m->fp8_first[b - m->base.blocks];
+    LOOM_ASSERT(first >= 0);
+    for (int k = 0; k < 4; k++)
+        if (FP8_LINEARS[k] == w) return first + k;
+    LOOM_ASSERT(!"not an fp8 linear layer");
+    return -1;
+}
+
+void loom_gpt2_set_fp8(struct loom_gpt2 *m, const struct loom_fp8_recipe *r)
+{
+    const int nb = m->base.nblocks;
+    m->fp8_first = loom_alloc(sizeof(int) * (size_t)nb, LOOM_MEM_OTHER);
+    const char **names = loom_alloc(sizeof(char *) * 4 * (size_t)nb, LOOM_MEM_OTHER);
+    int n = 0;
+    for (int i = 0; i < nb; i++) {
+        const struct loom_block *b = &m->base.blocks[i];
+        m->fp8_first[i] = b->role == LOOM_ROLE_LAYER ? n : -1;
+        if (b->role == LOOM_ROLE_LAYER)
+            for (int k = 0; k < 4; k++) names[n++] = b->tensors[FP8_LINEARS[k]].name;
+    }
+    m->base.fp8 = loom_fp8_create(r, n, names);
+    loom_free(names);
+}
+
 /* out = inp @ W + bias, W tensor w of block b; inp (float32 values) may be
  * NULL where x16 (kept16's) holds it. */
 static void dense_forward(struct loom_gpt2 *m, float *out, const float *inp, const uint16_t *x16,
                           struct loom_block *b, int w, const float *bias, int N, int C, int OC)
 {
-    if (b16(m))
+    if (m->base.fp8)
+        loom_fp8_linear_forward(m->base.fp8, fp8_linear(m, b, w), m->k, out, inp, x16, loom_param(b, w),
+                                param16(b, w), bias, N, C, OC);
+    else if (b16(m))
         m->k->matmul_forward_b16(out, inp, x16, loom_param(b, w), param16(b, w), bias, N, C, OC);
     else
         m->k->matmul_forward(out, inp, loom_param(b, w), bias, N, C, OC);
@@ -703,7 +739,11 @@ static void dense_forward(struct loom_gpt2 *m, float *out, const float *inp, con
 static void dense_backward(struct loom_gpt2 *m, float *dinp, struct loom_block *b, int w, const float *dout,
                            const float *inp, const uint16_t *x16, int N, int C, int OC)
 {
-    if (b16(m))
+    if (m->base.fp8)
+        loom_fp8_linear_backward(m->base.fp8, fp8_linear(m, b, w), m->k, dinp, loom_grad(b, w),
+                                 loom_grad(b, w + 1), dout, inp, x16, loom_param(b, w), param16(b, w), N, C,
+                                 OC);
+    else if (b16(m))
         m->k->matmul_backward_b16(dinp, loom_grad(b, w), loom_grad(b, w + 1), dout, inp, x16,
                                   loom_param(b, w), param16(b, w), N, C, OC);
     else

@@ -136,6 +136,7 @@ struct loom_gpt2 {
      * gradient; on the first stage, one buffer for both: the table's send
      * buffer, then the received gradient; else NULL */
     float *tied_copy, *tied_grad;
+    int *fp8_first; /* (nblocks) with fp8: each layer block's first linear in base.fp8, else -1 */
 };
 
 /* The model's settings as files record them (the GPT-2 family's shape,
@@ -144,6 +145,10 @@ struct loom_gpt2 {
 struct loom_model_shape;
 void loom_gpt2_shape(const struct loom_gpt2_config *cfg, struct loom_model_shape *out);
 int loom_gpt2_config_of_shape(const struct loom_model_shape *shape, struct loom_gpt2_config *out);
+
+/* fp8 products in the layers' four linear layers (parallel/fp8.h). */
+struct loom_fp8_recipe;
+void loom_gpt2_set_fp8(struct loom_gpt2 *m, const struct loom_fp8_recipe *r);
 
 /* Checks the shape settings; LOOM_ERR_INPUT naming what is wrong. */
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);

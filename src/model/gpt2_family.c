@@ -17,6 +17,7 @@
 #include "model/family.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
+#include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 
 /* Presets: the shape and the training defaults that go with it. A preset's
@@ -124,6 +125,8 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
         m->k = loom_backend_kernels(m->base.backend, m->act_dtype);
+        struct loom_fp8_recipe r;
+        if (loom_fp8_recipe_of(cfg, &r)) loom_gpt2_set_fp8(m, &r);
     }
     return &m->base;
 }

@@ -88,6 +88,9 @@ static int check_architecture(const struct loom_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--position-embedding-type learned_absolute: Llama models use rope");
     if (!cfg->swiglu) return loom_error_set(LOOM_ERR_INPUT, "--swiglu off: Llama models use a SwiGLU MLP");
+    if (cfg->fp8_format != LOOM_FP8_OFF)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--fp8-format: the llama family has no fp8 linear layers yet (gpt2 has)");
     if (!cfg->disable_bias_linear)
         return loom_error_set(LOOM_ERR_INPUT, "--disable-bias-linear off: Llama models have no biases");
     if (cfg->num_query_groups && !cfg->group_query_attention)

@@ -80,6 +80,9 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(nout))
 
     def forward(self, x):
+        if getattr(self, "fp8", None) is not None:  # pyref/fp8.py's recipe (PyTorch 2.x)
+            from . import fp8
+            return fp8.Linear.apply(x, self.weight, self.bias, self.fp8)
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
 
 

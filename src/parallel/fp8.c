@@ -1,0 +1,191 @@
+/* fp8 linear layers with delayed scaling (see fp8.h). */
+#include "parallel/fp8.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/buf.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "comm/comm.h"
+#include "loom/config.h"
+
+int loom_fp8_recipe_of(const struct loom_config *cfg, struct loom_fp8_recipe *r)
+{
+    if (cfg->fp8_format == LOOM_FP8_OFF) return 0;
+    r->fwd = LOOM_FP8_E4M3;
+    r->bwd = cfg->fp8_format == LOOM_FP8_MODE_HYBRID ? LOOM_FP8_E5M2 : LOOM_FP8_E4M3;
+    r->history_len = cfg->fp8_amax_history_len;
+    r->algo = cfg->fp8_amax_compute_algo == LOOM_FP8_AMAX_COMPUTE_MAX ? LOOM_FP8_AMAX_MAX
+                                                                      : LOOM_FP8_AMAX_MOST_RECENT;
+    r->margin = cfg->fp8_margin;
+    return 1;
+}
+
+struct loom_fp8 *loom_fp8_create(const struct loom_fp8_recipe *r, int n, const char *const *names)
+{
+    LOOM_ASSERT(r->history_len >= 1 && n >= 0);
+    struct loom_fp8 *f = loom_alloc(sizeof *f, LOOM_MEM_OTHER);
+    memset(f, 0, sizeof *f);
+    f->recipe = *r;
+    f->n = n;
+    f->lin = loom_alloc(loom_mul_size((size_t)n + 1, sizeof *f->lin), LOOM_MEM_OTHER);
+    const size_t per = (size_t)LOOM_FP8_OPERANDS * (size_t)r->history_len;
+    f->histories = loom_alloc(loom_mul_size((size_t)n * per + 1, sizeof(float)), LOOM_MEM_OTHER);
+    memset(f->histories, 0, ((size_t)n * per + 1) * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        struct loom_fp8_linear *l = &f->lin[i];
+        memset(l, 0, sizeof *l);
+        snprintf(l->name, sizeof l->name, "%s", names[i]);
+        for (int o = 0; o < LOOM_FP8_OPERANDS; o++) l->scale[o] = 1.0f;
+        l->history = f->histories + (size_t)i * per;
+    }
+    return f;
+}
+
+void loom_fp8_destroy(struct loom_fp8 *f)
+{
+    if (!f) return;
+    loom_free(f->xq);
+    loom_free(f->wq);
+    loom_free(f->gq);
+    loom_free(f->gqf);
+    loom_free(f->dw);
+    loom_free(f->xqf);
+    loom_free(f->wqf);
+    loom_free(f->histories);
+    loom_free(f->lin);
+    loom_free(f);
+}
+
+/* *buf holding at least n elements of size es. */
+static void *grow(void *buf, size_t *cap, size_t n, size_t es)
+{
+    if (n <= *cap) return buf;
+    loom_free(buf);
+    *cap = n;
+    return loom_alloc_data(loom_mul_size(n, es), LOOM_MEM_ACTIVATIONS);
+}
+
+/* x (n), float32 or bf16, quantised with its scale into *q; its amax taken
+ * into *amax (a NaN stays). */
+static const uint16_t *quantize(uint16_t **q, size_t *cap, const float *x, const uint16_t *x16, size_t n,
+                                float scale, enum loom_fp8_format fmt, float *amax)
+{
+    *q = grow(*q, cap, n, sizeof **q);
+    float a;
+    if (x16) {
+        loom_fp8_quantize_bf16_from16(*q, x16, n, scale, fmt);
+        a = loom_fp8_amax16(x16, n);
+    } else {
+        loom_fp8_quantize_bf16(*q, x, n, scale, fmt);
+        a = loom_fp8_amax(x, n);
+    }
+    if (isnan(a) || a > *amax) *amax = isnan(*amax) ? *amax : a;
+    return *q;
+}
+
+/* float32 copies of quantised values, for a table without bf16 products. */
+static const float *widened(float **buf, size_t *cap, const uint16_t *q, size_t n)
+{
+    *buf = grow(*buf, cap, n, sizeof **buf);
+    loom_bf16_to_f32_array(*buf, q, n);
+    return *buf;
+}
+
+void loom_fp8_linear_forward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *out,
+                             const float *inp, const uint16_t *inp16, const float *weight,
+                             const uint16_t *weight16, const float *bias, int N, int C, int OC)
+{
+    LOOM_ASSERT(li >= 0 && li < f->n);
+    struct loom_fp8_linear *l = &f->lin[li];
+    const enum loom_fp8_format fmt = f->recipe.fwd;
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C;
+    const uint16_t *xq =
+        quantize(&f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], fmt, &l->amax[LOOM_FP8_X]);
+    const uint16_t *wq =
+        quantize(&f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], fmt, &l->amax[LOOM_FP8_W]);
+    if (k->matmul_forward_b16)
+        k->matmul_forward_b16(out, NULL, xq, NULL, wq, NULL, N, C, OC);
+    else
+        k->matmul_forward(out, widened(&f->xqf, &f->xqf_cap, xq, nx), widened(&f->wqf, &f->wqf_cap, wq, nw),
+                          NULL, N, C, OC);
+    /* the scales undone on the float32 sums, then the bias */
+    const float undo = (1.0f / l->scale[LOOM_FP8_X]) * (1.0f / l->scale[LOOM_FP8_W]);
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= 65536)
+    for (int i = 0; i < N; i++) {
+        float *o = out + (size_t)i * OC;
+        if (bias)
+            for (int j = 0; j < OC; j++) o[j] = o[j] * undo + bias[j];
+        else
+            for (int j = 0; j < OC; j++) o[j] *= undo;
+    }
+}
+
+void loom_fp8_linear_backward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *dinp,
+                              float *dweight, float *dbias, const float *dout, const float *inp,
+                              const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                              int C, int OC)
+{
+    LOOM_ASSERT(li >= 0 && li < f->n);
+    struct loom_fp8_linear *l = &f->lin[li];
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float unused = 0.0f; /* x's and W's amaxes were taken in the forward */
+    const uint16_t *xq =
+        quantize(&f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], f->recipe.fwd, &unused);
+    const uint16_t *wq =
+        quantize(&f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], f->recipe.fwd, &unused);
+    const uint16_t *gq = quantize(&f->gq, &f->gq_cap, dout, NULL, ny, l->scale[LOOM_FP8_DY], f->recipe.bwd,
+                                  &l->amax[LOOM_FP8_DY]);
+    /* the products take the gradient as float32 values (exact) */
+    const float *gqf = widened(&f->gqf, &f->gqf_cap, gq, ny);
+    f->dw = grow(f->dw, &f->dw_cap, nw, sizeof *f->dw);
+    memset(f->dw, 0, nw * sizeof *f->dw);
+    if (k->matmul_backward_b16)
+        k->matmul_backward_b16(dinp, f->dw, NULL, gqf, NULL, xq, NULL, wq, N, C, OC);
+    else
+        k->matmul_backward(dinp, f->dw, NULL, gqf, widened(&f->xqf, &f->xqf_cap, xq, nx),
+                           widened(&f->wqf, &f->wqf_cap, wq, nw), N, C, OC);
+    const float sg = 1.0f / l->scale[LOOM_FP8_DY];
+    const float undo_x = sg * (1.0f / l->scale[LOOM_FP8_W]), undo_w = sg * (1.0f / l->scale[LOOM_FP8_X]);
+    if (dinp) {
+#pragma omp parallel for simd schedule(static) if (nx >= 65536)
+        for (size_t i = 0; i < nx; i++) dinp[i] *= undo_x;
+    }
+#pragma omp parallel for simd schedule(static) if (nw >= 65536)
+    for (size_t i = 0; i < nw; i++) dweight[i] += f->dw[i] * undo_w;
+    if (dbias)
+        for (int i = 0; i < N; i++) {
+            const float *g = dout + (size_t)i * OC;
+            for (int j = 0; j < OC; j++) dbias[j] += g[j];
+        }
+}
+
+void loom_fp8_step_end(struct loom_fp8 *f)
+{
+    const size_t n = (size_t)f->n * LOOM_FP8_OPERANDS;
+    if (n == 0) return;
+    float *amax = loom_alloc(loom_mul_size(n, sizeof *amax), LOOM_MEM_OTHER);
+    for (int i = 0; i < f->n; i++)
+        for (int o = 0; o < LOOM_FP8_OPERANDS; o++) {
+            const float a = f->lin[i].amax[o];
+            /* a NaN as +inf: a maximum over ranks keeps it either way (the scale is kept) */
+            amax[(size_t)i * LOOM_FP8_OPERANDS + o] = isnan(a) ? INFINITY : a;
+        }
+    loom_comm_allreduce_sync(LOOM_GROUP_TP, loom_buf_f32(amax, n), LOOM_OP_MAX);
+    loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_f32(amax, n), LOOM_OP_MAX);
+    const int len = f->recipe.history_len;
+    for (int i = 0; i < f->n; i++) {
+        struct loom_fp8_linear *l = &f->lin[i];
+        for (int o = 0; o < LOOM_FP8_OPERANDS; o++) {
+            float *h = l->history + (size_t)o * len;
+            memmove(h + 1, h, (size_t)(len - 1) * sizeof *h);
+            h[0] = amax[(size_t)i * LOOM_FP8_OPERANDS + o];
+            const enum loom_fp8_format fmt = o == LOOM_FP8_DY ? f->recipe.bwd : f->recipe.fwd;
+            l->scale[o] = loom_fp8_scale_update(h, len, f->recipe.algo, l->scale[o], f->recipe.margin, fmt);
+            l->amax[o] = 0.0f;
+        }
+    }
+    loom_free(amax);
+}
