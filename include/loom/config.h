@@ -84,6 +84,25 @@ enum loom_fp8_amax_compute {
     LOOM_FP8_AMAX_COMPUTE_COUNT
 };
 
+/* Block-sparse attention (DeepSpeed's sparse_attention.mode); none: the
+ * dense causal kernel (and --attention-window W its sliding window). */
+enum loom_sparse_attention_mode {
+    LOOM_SPARSE_ATTN_NONE = 0,
+    LOOM_SPARSE_ATTN_DENSE = 1,
+    LOOM_SPARSE_ATTN_FIXED = 2,
+    LOOM_SPARSE_ATTN_BIGBIRD = 3,
+    LOOM_SPARSE_ATTN_BSLONGFORMER = 4,
+    LOOM_SPARSE_ATTN_VARIABLE = 5,
+    LOOM_SPARSE_ATTN_MODE_COUNT
+};
+
+/* sparse_attention.attention: a causal language model's is unidirectional. */
+enum loom_attention_direction {
+    LOOM_ATTN_UNIDIRECTIONAL = 0,
+    LOOM_ATTN_BIDIRECTIONAL = 1,
+    LOOM_ATTN_DIRECTION_COUNT
+};
+
 /* The MLP's activation (Hugging Face's activation_function). */
 enum loom_activation {
     LOOM_ACTIVATION_GELU_NEW = 0, /* GELU, tanh approximation (GPT-2's; gelu_pytorch_tanh is the same) */
@@ -199,6 +218,16 @@ struct loom_config {
     enum loom_fp8_mode fp8_format;
     int fp8_amax_history_len, fp8_margin;
     enum loom_fp8_amax_compute fp8_amax_compute_algo;
+    /* block-sparse attention (DeepSpeed's sparse_attention block) */
+    enum loom_sparse_attention_mode sparse_mode;
+    int sparse_block, sparse_different_layout_per_head, sparse_num_local_blocks, sparse_num_global_blocks;
+    int sparse_num_random_blocks; /* -1: the mode's (bigbird 1, variable 0) */
+    int sparse_num_sliding_window_blocks, sparse_num_different_global_patterns;
+    int sparse_horizontal_global_attention;
+    enum loom_attention_direction sparse_attention;
+    char sparse_local_window_blocks[128], sparse_global_block_indices[128],
+        sparse_global_block_end_indices[128];
+    int attention_window; /* --attention-window W: tokens; 0 none */
     /* data */
     int ndata_paths, nvalid_paths; /* entries of the next two */
     char *data_paths[LOOM_MAX_DATA_PATHS];

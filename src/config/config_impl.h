@@ -30,6 +30,7 @@ enum json_conv {
     J_NOT = 1,         /* a boolean, inverted (overlap_comm -> --no-overlap) */
     J_ELEMENTS_MB = 2, /* a count of fp32 elements -> MB (4 bytes each, 1 MB = 1e6 bytes) */
     J_POW2 = 3,        /* an integer power P -> 2^P (initial_scale_power) */
+    J_INT_LIST = 4,    /* an array of integers (or null) -> "a,b,c" text (sparse_attention's lists) */
     J_CONV_COUNT
 };
 

@@ -316,6 +316,22 @@ static int apply_value(const struct reader *r, struct loom_config *cfg, const st
     }
     case T_STRING:
     case T_PRESET:
+        if (s->conv == J_INT_LIST) {
+            size_t k = 0;
+            *p = 0;
+            if (cJSON_IsNull(c)) return LOOM_OK;
+            if (!cJSON_IsArray(c)) return bad(r, path, "an array of integers", c);
+            for (const cJSON *e = c->child; e; e = e->next) {
+                if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
+                    fabs(e->valuedouble) > 1e9)
+                    return bad(r, path, "an array of integers", e);
+                k += (size_t)snprintf(p + k, k < s->size ? s->size - k : 0, "%s%.0f", k ? "," : "",
+                                      e->valuedouble);
+                if (k >= s->size)
+                    return loom_error_set(LOOM_ERR_INPUT, "%s: %s: more entries than fit", r->file, path);
+            }
+            return LOOM_OK;
+        }
         if (!cJSON_IsString(c)) return bad(r, path, "a string", c);
         if (strlen(c->valuestring) >= s->size)
             return loom_error_set(LOOM_ERR_INPUT, "%s: %s: longer than %zu characters", r->file, path,

@@ -272,6 +272,23 @@ static int resolve_pipeline(struct loom_config *cfg)
     return LOOM_OK;
 }
 
+/* Attention: one sparsity, causal. */
+static int resolve_attention(struct loom_config *cfg)
+{
+    if (cfg->attention_window && cfg->sparse_mode != LOOM_SPARSE_ATTN_NONE)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s %d and %s %s: a sliding window is a sparsity mode of its own; "
+                              "choose one",
+                              NAME(attention_window), cfg->attention_window, NAME(sparse_mode),
+                              choice(F(sparse_mode), cfg->sparse_mode));
+    if (cfg->sparse_mode != LOOM_SPARSE_ATTN_NONE && cfg->sparse_attention == LOOM_ATTN_BIDIRECTIONAL)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s bidirectional: loom's models are causal language models "
+                              "(unidirectional)",
+                              NAME(sparse_attention));
+    return LOOM_OK;
+}
+
 /* Mixed precision: one compute dtype, a gradient reduction in fp32 or in it. */
 static int resolve_precision(struct loom_config *cfg)
 {
@@ -323,6 +340,7 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
     r->nwarnings = r->nwarnings_dropped = 0;
     int rc;
     if ((rc = resolve_precision(cfg))) return rc;
+    if ((rc = resolve_attention(cfg))) return rc;
     if (cfg->optimizer == LOOM_OPTIMIZER_ADAM && !cfg->adam_w_mode && cfg->weight_decay > 0)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s false asks for Adam with L2-coupled weight decay, which loom does not "

@@ -29,6 +29,9 @@ CHOICES(nonfinite_actions, LOOM_ON_NONFINITE_COUNT, "abort", "skip");
 CHOICES(reduce_dtypes, LOOM_REDUCE_DTYPE_COUNT, "fp32", "bf16", "fp16");
 CHOICES(fp8_modes, LOOM_FP8_MODE_COUNT, "none", "e4m3", "hybrid");
 CHOICES(fp8_amax_algos, LOOM_FP8_AMAX_COMPUTE_COUNT, "most_recent", "max");
+CHOICES(sparse_modes, LOOM_SPARSE_ATTN_MODE_COUNT, "none", "dense", "fixed", "bigbird", "bslongformer",
+        "variable");
+CHOICES(attention_directions, LOOM_ATTN_DIRECTION_COUNT, "unidirectional", "bidirectional");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
 CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
@@ -144,6 +147,40 @@ const struct setting loom_settings[] = {
     DBL("--clip-grad", "gradient_clipping", "training", clip_grad, 0, 1e9, "1.0",
         "global gradient-norm clip (0: off)"),
     I64("--seed", "seed", "training", seed, 0, 9.2e18, "1234", "seed of initialisation and data order"),
+
+    ENUM("--sparse-attention-mode", "sparse_attention.mode", "attention", sparse_mode, sparse_modes, "none",
+         "block-sparse attention (DeepSpeed's sparse_attention): dense, fixed, bigbird, bslongformer, variable; "
+         "none: the dense causal kernel"),
+    INT("--sparse-block", "sparse_attention.block", "attention", sparse_block, 1, 4096, "16",
+        "tokens per side of a sparsity block (divides --seq-length)"),
+    BOOL("--sparse-different-layout-per-head", "sparse_attention.different_layout_per_head", "attention",
+         sparse_different_layout_per_head, "0", "a layout per head (fixed's global patterns, random blocks)"),
+    INT("--sparse-num-local-blocks", "sparse_attention.num_local_blocks", "attention", sparse_num_local_blocks, 0,
+        1 << 20, "4", "fixed: blocks of a local window"),
+    INT("--sparse-num-global-blocks", "sparse_attention.num_global_blocks", "attention", sparse_num_global_blocks,
+        0, 1 << 20, "1", "fixed, bigbird: global blocks"),
+    INT("--sparse-num-random-blocks", "sparse_attention.num_random_blocks", "attention", sparse_num_random_blocks,
+        -1, 1 << 20, "-1", "bigbird, variable: random key blocks per row (-1: the mode's, bigbird 1, variable 0)"),
+    INT("--sparse-num-sliding-window-blocks", "sparse_attention.num_sliding_window_blocks", "attention",
+        sparse_num_sliding_window_blocks, 0, 1 << 20, "3", "bigbird, bslongformer: sliding window blocks"),
+    INT("--sparse-num-different-global-patterns", "sparse_attention.num_different_global_patterns", "attention",
+        sparse_num_different_global_patterns, 1, 1 << 20, "1", "fixed: global patterns across heads"),
+    BOOL("--sparse-horizontal-global-attention", "sparse_attention.horizontal_global_attention", "attention",
+         sparse_horizontal_global_attention, "0", "global blocks attend to every block (bidirectional only)"),
+    ENUM("--sparse-attention-direction", "sparse_attention.attention", "attention", sparse_attention,
+         attention_directions, "unidirectional",
+         "unidirectional (causal; loom's models are causal language models) or bidirectional"),
+    STR("--sparse-local-window-blocks", "sparse_attention.local_window_blocks", "attention",
+        sparse_local_window_blocks, "4", "variable: local window sizes in blocks, comma-separated (JSON: a list)",
+        .conv = J_INT_LIST),
+    STR("--sparse-global-block-indices", "sparse_attention.global_block_indices", "attention",
+        sparse_global_block_indices, "0", "variable, bslongformer: global blocks, comma-separated (JSON: a list)",
+        .conv = J_INT_LIST),
+    STR("--sparse-global-block-end-indices", "sparse_attention.global_block_end_indices", "attention",
+        sparse_global_block_end_indices, "", "variable, bslongformer: ends of global ranges (JSON: a list or null)",
+        .conv = J_INT_LIST),
+    INT("--attention-window", "attention_window", "attention", attention_window, 0, 1 << 30, "0",
+        "sliding-window attention: each token attends to the W tokens up to itself (0: off)"),
 
     BOOL("--fp16", "fp16.enabled", "precision", fp16, "0",
          "fp16 mixed precision, dynamic loss scaling (fp32 master weights and optimizer state)"),

@@ -254,4 +254,27 @@ double loom_sum_squares(const float *x, size_t n);
 void loom_threads_set(int n);
 int loom_threads_get(void);
 
+/* ---- block-sparse causal attention (kernels/sparse_layout.h) ---------------
+ * The attention above restricted to a layout's blocks and token rule, for
+ * the NH heads held, global heads [h0, h0 + NH) of the layout's (tensor
+ * parallelism holds a slice; h0 = 0 and NH = all of them otherwise). qkv
+ * (B,T,3C), out (B,T,C) as above. att keeps only the layout's blocks:
+ * loom_sparse_att_numel(l, B, NH, h0) floats, per (b, h) each row block's
+ * scores as a (block, n * block) panel of its n key blocks. A layout that
+ * allows every causal pair (l->dense) runs loom_attention_forward/backward
+ * and att is then their (B,NH,T,T). */
+struct loom_sparse_layout;
+void loom_sparse_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                                   int h0, const struct loom_sparse_layout *l);
+/* dqkv (B,T,3C) is written. datt (as att) is scratch space. */
+void loom_sparse_attention_backward(float *dqkv, float *datt, const float *dout, const float *att,
+                                    const float *qkv, int B, int T, int C, int NH, int h0,
+                                    const struct loom_sparse_layout *l);
+/* The same on a dense att and datt (B,NH,T,T), zero where not allowed. */
+void loom_sparse_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                                       int h0, const struct loom_sparse_layout *l);
+void loom_sparse_attention_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
+                                        const float *qkv, int B, int T, int C, int NH, int h0,
+                                        const struct loom_sparse_layout *l);
+
 #endif

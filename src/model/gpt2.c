@@ -60,6 +60,8 @@
 #include "base/mem.h"
 #include "base/rng.h"
 #include "kernels/backend.h"
+#include "kernels/kernels.h"
+#include "kernels/sparse_layout.h"
 #include "model/family.h"
 #include "parallel/fp8.h"
 #include "parallel/pipeline.h"
@@ -279,15 +281,23 @@ static void get(const struct loom_gpt2 *m, float *dst, const void *x, size_t n)
 
 /* ---- activations and their recomputation ------------------------------------ */
 
+/* Attention probabilities of B sequences: (B, NH, T, T), or the sparse
+ * layout's blocks of this rank's heads. */
+static size_t att_numel_of(const struct loom_gpt2 *m, int B)
+{
+    if (m->sparse) return loom_sparse_att_numel(m->sparse, B, m->NHl, m->tp_rank * m->NHl);
+    return (size_t)B * m->NHl * m->T * m->T;
+}
+
 static size_t att_numel(const struct loom_gpt2 *m)
 {
-    return (size_t)m->B * m->NHl * m->T * m->T;
+    return att_numel_of(m, m->B);
 }
 
 /* One sequence's attention probabilities (or their gradient). */
 static size_t seq_att_numel(const struct loom_gpt2 *m)
 {
-    return (size_t)m->NHl * m->T * m->T;
+    return att_numel_of(m, 1);
 }
 
 /* Whether full recomputation reruns layer l's forward in the backward. */
@@ -644,6 +654,8 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
     loom_fp8_destroy(m->base.fp8);
     loom_free(m->fp8_first);
+    if (m->sparse) loom_sparse_layout_free(m->sparse);
+    loom_free(m->sparse);
     loom_free(m);
 }
 
@@ -704,6 +716,20 @@ static int fp8_linear(const struct loom_gpt2 *m, const struct loom_block *b, int
     return -1;
 }
 
+int loom_gpt2_set_sparse(struct loom_gpt2 *m, const struct loom_sparse_config *sc)
+{
+    LOOM_ASSERT(!m->slots && !m->sparse); /* before the activations are sized */
+    struct loom_sparse_layout *l = loom_alloc(sizeof *l, LOOM_MEM_OTHER);
+    int rc = loom_sparse_layout_build(sc, m->cfg.heads, m->T, l);
+    if (rc || l->dense) { /* every causal pair: the dense kernels, as without a layout */
+        loom_sparse_layout_free(l);
+        loom_free(l);
+        return rc;
+    }
+    m->sparse = l;
+    return LOOM_OK;
+}
+
 void loom_gpt2_set_fp8(struct loom_gpt2 *m, const struct loom_fp8_recipe *r)
 {
     const int nb = m->base.nblocks;
@@ -751,19 +777,38 @@ static void dense_backward(struct loom_gpt2 *m, float *dinp, struct loom_block *
                               OC);
 }
 
+/* The attention kernels: the layout's block-sparse ones, else the dense
+ * causal ones of the table. */
+static void attn_fwd(struct loom_gpt2 *m, float *out, float *att, const float *qkv, int B)
+{
+    if (m->sparse)
+        loom_sparse_attention_forward(out, att, qkv, B, m->T, m->Cl, m->NHl, m->tp_rank * m->NHl, m->sparse);
+    else
+        m->k->attention_forward(out, att, qkv, B, m->T, m->Cl, m->NHl);
+}
+
+static void attn_bwd(struct loom_gpt2 *m, float *dqkv, float *datt, const float *dout, const float *att,
+                     const float *qkv, int B)
+{
+    if (m->sparse)
+        loom_sparse_attention_backward(dqkv, datt, dout, att, qkv, B, m->T, m->Cl, m->NHl,
+                                       m->tp_rank * m->NHl, m->sparse);
+    else
+        m->k->attention_backward(dqkv, datt, dout, att, qkv, B, m->T, m->Cl, m->NHl);
+}
+
 /* Attention over B sequences from qkv (float32 values) into atty; the
  * probabilities into att, or with 16-bit activations one sequence at a time
  * into seq_att, not kept. */
 static void attention_forward(struct loom_gpt2 *m, float *atty, float *att, const float *qkv, int B)
 {
-    const int T = m->T, Cl = m->Cl, NHl = m->NHl;
+    const int T = m->T, Cl = m->Cl;
     if (!lp(m)) {
-        m->k->attention_forward(atty, att, qkv, B, T, Cl, NHl);
+        attn_fwd(m, atty, att, qkv, B);
         return;
     }
     for (int b = 0; b < B; b++)
-        m->k->attention_forward(atty + (size_t)b * T * Cl, m->seq_att, qkv + (size_t)b * T * 3 * Cl, 1, T, Cl,
-                                NHl);
+        attn_fwd(m, atty + (size_t)b * T * Cl, m->seq_att, qkv + (size_t)b * T * 3 * Cl, 1);
 }
 
 /* Attention's backward: m->dqkv from m->dbufC (the gradient at its output)
@@ -773,18 +818,18 @@ static void attention_forward(struct loom_gpt2 *m, float *atty, float *att, cons
  * nothing then). */
 static void attention_backward(struct loom_gpt2 *m, struct loom_layer_acts *x, const float *qkv, int B)
 {
-    const int T = m->T, Cl = m->Cl, NHl = m->NHl;
+    const int T = m->T, Cl = m->Cl;
     if (!lp(m)) {
         if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the kept atty is not overwritten */
-            m->k->attention_forward(m->scratchC, x->att, qkv, B, T, Cl, NHl);
+            attn_fwd(m, m->scratchC, x->att, qkv, B);
         /* datt is the kernel's own scratch, read by nothing after it: not rounded */
-        m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, qkv, B, T, Cl, NHl);
+        attn_bwd(m, m->dqkv, m->datt, m->dbufC, x->att, qkv, B);
         return;
     }
     for (int b = 0; b < B; b++) {
         const size_t q = (size_t)b * T * 3 * Cl, o = (size_t)b * T * Cl;
-        m->k->attention_forward(m->dbuf4a + o, m->seq_att, qkv + q, 1, T, Cl, NHl);
-        m->k->attention_backward(m->dqkv + q, m->datt, m->dbufC + o, m->seq_att, qkv + q, 1, T, Cl, NHl);
+        attn_fwd(m, m->dbuf4a + o, m->seq_att, qkv + q, 1);
+        attn_bwd(m, m->dqkv + q, m->datt, m->dbufC + o, m->seq_att, qkv + q, 1);
     }
 }
 
@@ -1168,8 +1213,14 @@ void loom_gpt2_backward(struct loom_gpt2 *m, float loss_weight)
 
 double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)
 {
-    /* the whole model's (MFU divides by the whole job's peak), whatever part this rank holds */
-    return 6.0 * loom_gpt2_num_params(&m->cfg) + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    /* the whole model's (MFU divides by the whole job's peak), whatever part this rank holds; a sparse
+     * layout's attention counts its share of the causal blocks */
+    double attn = 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    if (m->sparse) {
+        const struct loom_sparse_layout *l = m->sparse;
+        attn *= (double)l->nnz / ((double)l->NH * l->nb * (l->nb + 1) / 2);
+    }
+    return 6.0 * loom_gpt2_num_params(&m->cfg) + attn;
 }
 
 double loom_gpt2_num_params(const struct loom_gpt2_config *cfg)

@@ -137,6 +137,8 @@ struct loom_gpt2 {
      * buffer, then the received gradient; else NULL */
     float *tied_copy, *tied_grad;
     int *fp8_first; /* (nblocks) with fp8: each layer block's first linear in base.fp8, else -1 */
+    struct loom_sparse_layout
+        *sparse; /* block-sparse attention's layout (all heads), or NULL: dense causal */
 };
 
 /* The model's settings as files record them (the GPT-2 family's shape,
@@ -145,6 +147,12 @@ struct loom_gpt2 {
 struct loom_model_shape;
 void loom_gpt2_shape(const struct loom_gpt2_config *cfg, struct loom_model_shape *out);
 int loom_gpt2_config_of_shape(const struct loom_model_shape *shape, struct loom_gpt2_config *out);
+
+/* Block-sparse attention with the layout of sc (kernels/sparse_layout.h),
+ * before the first forward; a layout that allows every causal pair keeps
+ * the dense kernels. LOOM_ERR_INPUT from the layout's checks. */
+struct loom_sparse_config;
+int loom_gpt2_set_sparse(struct loom_gpt2 *m, const struct loom_sparse_config *sc);
 
 /* fp8 products in the layers' four linear layers (parallel/fp8.h). */
 struct loom_fp8_recipe;

@@ -17,6 +17,7 @@
 #include "model/family.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
+#include "model/sparsity.h"
 #include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 
@@ -95,6 +96,7 @@ static int check(const struct loom_config *cfg, int T)
     const struct loom_gpt2_config mc = shape_of_config(cfg);
     int rc = check_architecture(cfg);
     if (rc == LOOM_OK) rc = loom_gpt2_config_check(&mc, T);
+    if (rc == LOOM_OK) rc = loom_model_sparsity_check(cfg, mc.heads, T);
     const int tp = cfg->tensor_model_parallel_size;
     if (rc == LOOM_OK && mc.heads % tp != 0) /* the hidden size then divides too, and the MLP's 4x */
         rc = loom_error_set(
@@ -120,6 +122,10 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     } else {
         m = loom_gpt2_create_tp(&mc, B, T, tp, tp_rank);
     }
+    struct loom_sparse_config sc;
+    int sparse;
+    if (loom_model_sparsity(cfg, &sc, &sparse) == LOOM_OK && sparse)
+        LOOM_ASSERT(loom_gpt2_set_sparse(m, &sc) == LOOM_OK); /* check() built it once already */
     loom_gpt2_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (cfg->sequence_parallel) loom_gpt2_set_sequence_parallel(m, 1);
     if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
@@ -151,7 +157,20 @@ static void describe(const struct loom_model *m, char *buf, size_t n)
         len += snprintf(buf + len, n - (size_t)len, ", LayerNorm eps %g", g->cfg.norm_eps);
     if (len > 0 && (size_t)len < n && g->cfg.activation != LOOM_ACTIVATION_GELU_NEW)
         len += snprintf(buf + len, n - (size_t)len, ", %s", loom_activation_names[g->cfg.activation]);
-    if (len > 0 && (size_t)len < n && g->cfg.untied) snprintf(buf + len, n - (size_t)len, ", untied LM head");
+    if (len > 0 && (size_t)len < n && g->cfg.untied)
+        len += snprintf(buf + len, n - (size_t)len, ", untied LM head");
+    if (len > 0 && (size_t)len < n && g->sparse) {
+        const struct loom_sparse_layout *l = g->sparse;
+        const double causal = (double)l->NH * l->nb * (l->nb + 1) / 2;
+        if (l->mode == LOOM_SPARSE_WINDOW)
+            snprintf(buf + len, n - (size_t)len,
+                     ", attention window %d (blocks of %d, %.1f%% of the causal ones)", l->window, l->block,
+                     100.0 * (double)l->nnz / causal);
+        else
+            snprintf(buf + len, n - (size_t)len,
+                     ", %s sparse attention (blocks of %d, %.1f%% of the causal ones)",
+                     loom_sparse_mode_name(l->mode), l->block, 100.0 * (double)l->nnz / causal);
+    }
 }
 
 /* The shape settings as files record them: the keys checkpoints' trainer

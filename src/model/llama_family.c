@@ -88,6 +88,9 @@ static int check_architecture(const struct loom_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--position-embedding-type learned_absolute: Llama models use rope");
     if (!cfg->swiglu) return loom_error_set(LOOM_ERR_INPUT, "--swiglu off: Llama models use a SwiGLU MLP");
+    if (cfg->sparse_mode != LOOM_SPARSE_ATTN_NONE || cfg->attention_window)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: the llama family has no sparse attention yet (gpt2 has)",
+                              cfg->attention_window ? "--attention-window" : "--sparse-attention-mode");
     if (cfg->fp8_format != LOOM_FP8_OFF)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--fp8-format: the llama family has no fp8 linear layers yet (gpt2 has)");
