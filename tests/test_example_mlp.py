@@ -53,6 +53,21 @@ def main():
             check(f"2 ranks, {name}: every step's loss within {TOL} of 1 process (worst {w:.2e})",
                   [s for s, _ in got] == list(range(1, 21)) and w <= TOL)
 
+        # the same program under each plugin, one word changed
+        for plugin in (["torch_ddp"], ["torch_fsdp"], ["low_level_zero", "--plugin-stage", "2"],
+                       ["hybrid_parallel", "--zero-stage", "1"], ["megatron", "--use-distributed-optimizer"],
+                       ["deepspeed", "--deepspeed-config", ds_config(tmp, "ds2", 2, 2)]):
+            extra = ["--global-batch-size", "16", "--micro-batch-size", "2", "--lr", "0.01", "--adam-beta2", "0.95",
+                     "--weight-decay", "0.01", "--clip-grad", "1.0"] if plugin[0] != "deepspeed" else []
+            got = run(2, common + ["--plugin"] + plugin + extra)
+            w = worst(got, ref) if len(got) == len(ref) else 1.0
+            check(f"2 ranks, --plugin {' '.join(plugin[:1])}: every step's loss within {TOL} of 1 process "
+                  f"(worst {w:.2e})", [s for s, _ in got] == list(range(1, 21)) and w <= TOL)
+        p = lib.run_ranks(1, [EXAMPLE, "--plugin", "gemini", "--nvme-path", tmp, "--train-iters", "2"], expect=2)
+        errs = lib.error_lines(p.stderr.replace("mlp_regression: error:", "loom: error:"))
+        check("--plugin gemini under the engine API: exit 2, one line saying loom train places it",
+              len(errs) == 1 and "loom train" in errs[0], p.stderr[-300:])
+
         # checkpoints of a user model: layout-free and exact
         cfg2 = ds_config(tmp, "z2", 2, 2)
         save = os.path.join(tmp, "ckpt")

@@ -9,6 +9,18 @@
  *     mpirun -np 2 build/examples/mlp_regression --train-iters 50 --global-batch-size 16 --zero-stage 3
  *     mpirun -np 2 build/examples/mlp_regression --deepspeed-config ds_config.json
  *
+ * or with one word, ColossalAI's and Accelerate's strategy names:
+ *
+ *     mpirun -np 2 build/examples/mlp_regression --global-batch-size 16 --plugin torch_ddp
+ *     mpirun -np 2 build/examples/mlp_regression --global-batch-size 16 --plugin torch_fsdp
+ *     mpirun -np 2 build/examples/mlp_regression --global-batch-size 16 --plugin low_level_zero
+ * --plugin-stage 2 mpirun -np 2 build/examples/mlp_regression --global-batch-size 16 --plugin megatron
+ * --use-distributed-optimizer mpirun -np 2 build/examples/mlp_regression --plugin deepspeed
+ * --deepspeed-config ds_config.json
+ *
+ * (gemini and --layout auto are loom train's: they count a model family's
+ * memory, and the engine refuses them here with a line saying so).
+ *
  * Every loom setting is accepted (flags or DeepSpeed JSON); the model's own
  * sizes are the constants below. Each step prints "step N loss L" with L to
  * 17 digits (rank 0).

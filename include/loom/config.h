@@ -84,6 +84,19 @@ enum loom_fp8_amax_compute {
     LOOM_FP8_AMAX_COMPUTE_COUNT
 };
 
+/* --plugin: ColossalAI's and Accelerate's strategy names (config/plugin.c). */
+enum loom_plugin {
+    LOOM_PLUGIN_NONE = 0,
+    LOOM_PLUGIN_TORCH_DDP = 1,
+    LOOM_PLUGIN_TORCH_FSDP = 2,
+    LOOM_PLUGIN_LOW_LEVEL_ZERO = 3,
+    LOOM_PLUGIN_GEMINI = 4,
+    LOOM_PLUGIN_HYBRID_PARALLEL = 5,
+    LOOM_PLUGIN_DEEPSPEED = 6,
+    LOOM_PLUGIN_MEGATRON = 7,
+    LOOM_PLUGIN_COUNT
+};
+
 /* Block-sparse attention (DeepSpeed's sparse_attention.mode); none: the
  * dense causal kernel (and --attention-window W its sliding window). */
 enum loom_sparse_attention_mode {
@@ -160,10 +173,14 @@ enum loom_origin {
     LOOM_ORIGIN_FLAG = 3,
     LOOM_ORIGIN_DERIVED = 4,
     LOOM_ORIGIN_LOAD = 5,
+    LOOM_ORIGIN_PLUGIN = 6, /* --plugin NAME set it */
+    LOOM_ORIGIN_AUTO = 7,   /* --layout auto chose it */
     LOOM_ORIGIN_COUNT
 };
 
 #define LOOM_MAX_DATA_PATHS 64
+#define LOOM_DECIDED_LAYOUT 1u       /* --layout auto chose the layout */
+#define LOOM_DECIDED_OFFLOAD 2u      /* --offload auto chose the placement */
 #define LOOM_CONFIG_MAX_SETTINGS 144 /* rows of the settings table, at most */
 #define LOOM_CONFIG_MAX_WARNINGS 64
 
@@ -241,6 +258,9 @@ struct loom_config {
     char tensorboard_dir[512];
     char trace[512], trace_steps[32];
     int trace_first, trace_last; /* --trace-steps A:B (0 0: the run's first ten), by loom_config_resolve */
+    /* what loom train's start-up settled (LOOM_DECIDED_*): --layout auto and
+     * --offload auto are its decisions; the engine API refuses them unmade */
+    unsigned decided;
     /* checkpoints */
     char load[512], save[512];
     int save_interval, keep_last, finetune;
@@ -275,7 +295,10 @@ struct loom_config {
     int offload_auto;                /* --offload auto: placed by app/placement.c from mem_per_rank */
     int offload_direct_io;           /* the optimizer file's streaming with O_DIRECT */
     double mem_per_rank;             /* GB; 0: the machine's memory over its ranks */
-    double offload_buffer_size;      /* MB */
+    enum loom_plugin plugin;         /* --plugin NAME: its settings applied by loom_config_parse */
+    int plugin_stage;                /* --plugin-stage: low_level_zero's ZeRO stage (1 or 2) */
+    int layout_auto; /* --layout auto: the planner's fastest layout that fits (app/layout_auto.c) */
+    double offload_buffer_size; /* MB */
     /* activation recomputation (Megatron's) */
     int recompute_activations; /* Megatron's shorthand for recompute_granularity selective */
     enum loom_recompute recompute_granularity;

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "app/layout_auto.h"
 #include "app/mfu.h"
 #include "app/placement.h"
 #include "app/report.h"
@@ -56,6 +57,7 @@ struct run {
     int32_t *inputs, *targets;       /* (nbatches, B, T) */
     struct loom_lm_batch *batches;   /* (nbatches) pointing at them */
     struct loom_placement placement; /* --offload auto's */
+    struct loom_layout_auto layout;  /* --layout auto's */
 };
 
 /* With no --data-path: the built-in corpus, generated into the cache once;
@@ -371,12 +373,16 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
 {
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
-    int rc = loom_engine_init(&r->engine, cfg);
+    int rc;
+    /* --layout auto: the planner's fastest layout that fits, before the groups are built */
+    if (training && cfg->layout_auto && (rc = loom_layout_auto_choose(cfg, &r->layout))) return rc;
+    rc = loom_engine_init(&r->engine, cfg);
     r->topo = &r->engine->topo;
     if (rc) return rc;
     /* --offload auto: what goes to NVMe, from the budget and the layout's count */
     if (training && cfg->offload_auto && (rc = agree(r, loom_placement_choose(cfg, r->topo, &r->placement))))
         return rc;
+    if (training && cfg->offload_auto) cfg->decided |= LOOM_DECIDED_OFFLOAD;
     if (cfg->dry_run) { /* --dry-run: the configuration resolved on every rank; open and build nothing */
         if (r->topo->rank == 0) {
             loom_config_print(stdout, cfg);
@@ -491,6 +497,30 @@ static void print_rss(const struct run *r, struct loom_report *rep)
     }
     loom_report_line(rep, "  peak RSS by rank: %s\n", line);
     loom_free(all);
+}
+
+/* Collective: --layout auto's prediction against the run: the largest
+ * rank's accounting peak and the median step. */
+static void report_auto_layout(const struct run *r, struct loom_report *rep, double median_tps)
+{
+    struct loom_mem_stats mem;
+    loom_mem_get_stats(&mem);
+    /* the categories the planner counts: all but the bookkeeping (other) */
+    double peak = 0;
+    for (int i = 0; i < LOOM_MEM_COUNT; i++)
+        if (i != LOOM_MEM_OTHER) peak += (double)mem.peak[i];
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&peak, 1, LOOM_DTYPE_F64), LOOM_OP_MAX);
+    const double step =
+        median_tps > 0 ? (double)r->cfg->global_batch_size * r->cfg->seq_length / median_tps : 0;
+    const struct loom_layout_auto *a = &r->layout;
+    char p[32], m[32];
+    loom_report_line(
+        rep,
+        "  layout auto: predicted %s a rank and %.3f s a step; measured %s (loom's accounting of the last "
+        "step, every category but other, the largest rank: %+.1f%%) and %.3f s a step (median: "
+        "%+.0f%%)\n",
+        loom_fmt_bytes(p, sizeof p, a->predicted_mem), a->predicted_step, loom_fmt_bytes(m, sizeof m, peak),
+        100 * (peak / a->predicted_mem - 1), step, step > 0 ? 100 * (step / a->predicted_step - 1) : 0.0);
 }
 
 /* Collective: a checkpoint after the steps done, reported by rank 0. */
@@ -803,6 +833,7 @@ int loom_train(struct loom_config *cfg)
                      100 * median_tps * flops_per_token / peak, peak / 1e9, peak_src);
     print_memory(&rep);
     print_rss(&r, &rep);
+    if (r.layout.on) report_auto_layout(&r, &rep, median_tps);
     loom_free(step_tps);
     loom_report_close(&rep);
     if (rc == LOOM_OK) rc = loom_report_status(&rep); /* the last rows' write */

@@ -386,13 +386,8 @@ void loom_comm_init(int *argc, char ***argv)
     sigaction(SIGUSR1, &sa, NULL);
 }
 
-int loom_comm_setup(struct loom_topology *t, int tp, int pp)
+void loom_comm_setup_world(void)
 {
-    memset(t, 0, sizeof *t);
-    t->world = world_size;
-    t->rank = world_rank;
-    t->tp = t->pp = t->dp = 1;
-    /* the world group and the thread first: even a bad layout is agreed on */
     if (transport && !have_group[LOOM_GROUP_WORLD]) {
         transport->create_group(LOOM_GROUP_WORLD, 0, world_rank);
         have_group[LOOM_GROUP_WORLD] = 1;
@@ -414,6 +409,16 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
             }
         }
     }
+}
+
+int loom_comm_setup(struct loom_topology *t, int tp, int pp)
+{
+    memset(t, 0, sizeof *t);
+    t->world = world_size;
+    t->rank = world_rank;
+    t->tp = t->pp = t->dp = 1;
+    /* the world group and the thread first: even a bad layout is agreed on */
+    loom_comm_setup_world();
     if (tp < 1 || pp < 1 || world_size % (tp * pp) != 0)
         return loom_error_set(
             LOOM_ERR_INPUT,

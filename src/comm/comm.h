@@ -72,6 +72,9 @@ int loom_comm_world_rank(void);
  * every number when the world size does not divide. Starts the
  * communication thread when world > 1. */
 int loom_comm_setup(struct loom_topology *topo, int tp, int pp);
+/* The world group alone (loom_comm_setup makes it first): collectives on
+ * LOOM_GROUP_WORLD before the layout is known (--layout auto). */
+void loom_comm_setup_world(void);
 /* "TP(1)-DP(2)-PP(1)-Rank(0)" */
 void loom_topology_format(const struct loom_topology *t, char *buf, size_t n);
 

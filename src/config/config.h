@@ -17,6 +17,12 @@
  * micro x accumulation x dp) and the other derived values, and checks
  * cross-setting invariants; dp is the data-parallel size. */
 int loom_config_resolve(struct loom_config *cfg, int dp);
+/* Sets the setting of flag to value (its text form) with origin, unless
+ * the user gave it (flag or JSON): then the value given stays, and another
+ * value than this is LOOM_ERR_INPUT naming who (e.g. "--plugin torch_ddp")
+ * and both values. */
+int loom_config_set_as(struct loom_config *cfg, const char *flag, const char *value, enum loom_origin origin,
+                       const char *who);
 
 /* The i-th warning kept by loom_config_parse and not yet printed, or NULL. */
 const char *loom_config_warning(const struct loom_config *cfg, int i);

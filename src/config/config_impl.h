@@ -88,6 +88,8 @@ void loom_config_warn(struct loom_config *cfg, const char *fmt, ...) __attribute
 
 /* The value as the configuration table prints it. */
 void loom_setting_format(char *buf, size_t n, const struct loom_config *cfg, const struct setting *s);
+/* --plugin's settings (plugin.c), after the flags and the JSON. */
+int loom_config_apply_plugin(struct loom_config *cfg);
 
 /* ---- DeepSpeed JSON (json.c) ---- */
 

@@ -325,7 +325,7 @@ int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help)
                               loom_setting_name(cfg, loom_setting_index(F(model))), cfg->model, names);
     }
     apply_preset(cfg, p);
-    return LOOM_OK;
+    return loom_config_apply_plugin(cfg);
 }
 
 void loom_config_free(struct loom_config *cfg)

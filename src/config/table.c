@@ -29,6 +29,9 @@ CHOICES(nonfinite_actions, LOOM_ON_NONFINITE_COUNT, "abort", "skip");
 CHOICES(reduce_dtypes, LOOM_REDUCE_DTYPE_COUNT, "fp32", "bf16", "fp16");
 CHOICES(fp8_modes, LOOM_FP8_MODE_COUNT, "none", "e4m3", "hybrid");
 CHOICES(fp8_amax_algos, LOOM_FP8_AMAX_COMPUTE_COUNT, "most_recent", "max");
+CHOICES(plugins, LOOM_PLUGIN_COUNT, "none", "torch_ddp", "torch_fsdp", "low_level_zero", "gemini",
+        "hybrid_parallel", "deepspeed", "megatron");
+CHOICES(layout_modes, 2, "given", "auto");
 CHOICES(sparse_modes, LOOM_SPARSE_ATTN_MODE_COUNT, "none", "dense", "fixed", "bigbird", "bslongformer",
         "variable");
 CHOICES(attention_directions, LOOM_ATTN_DIRECTION_COUNT, "unidirectional", "bidirectional");
@@ -303,6 +306,15 @@ const struct setting loom_settings[] = {
     ENUM("--offload", "offload", "parallelism", offload_auto, offload_modes, "none",
          "auto: offload (optimizer state, then ZeRO-3's shards) only what --mem-per-rank needs, placed at start-up "
          "by the trainer's own memory count and checked against the first step's peak RSS (needs --nvme-path)"),
+    ENUM("--plugin", "plugin", "parallelism", plugin, plugins, "none",
+         "one word for the layout, ColossalAI's and Accelerate's names: torch_ddp, torch_fsdp, low_level_zero "
+         "(--plugin-stage 1|2), gemini (ZeRO-3, --offload auto), hybrid_parallel (--tp --pp --zero-stage), "
+         "deepspeed (the JSON decides), megatron (the flags decide)"),
+    INT("--plugin-stage", "plugin_stage", "parallelism", plugin_stage, 1, 2, "1",
+        "low_level_zero's ZeRO stage (ColossalAI's LowLevelZeroPlugin(stage=))"),
+    ENUM("--layout", "layout", "parallelism", layout_auto, layout_modes, "given",
+         "auto: the fastest layout the planner finds that fits --mem-per-rank (or the machine's memory) on "
+         "the ranks started; the settings given stay"),
     DBL("--mem-per-rank", "mem_per_rank", "parallelism", mem_per_rank, 0, 1e6, "0",
         "GB of memory a rank may hold, for --offload auto (0: the machine's memory over its ranks)"),
     BOOL("--offload-direct-io", "offload_direct_io", "parallelism", offload_direct_io, "0",
@@ -339,6 +351,11 @@ static const struct {
     const char *alias, *flag;
 } flag_aliases[] = {
     {"--deepspeed_config", "--deepspeed-config"},
+    /* ColossalAI's HybridParallelPlugin(tp_size, pp_size) */
+    {"--tp", "--tensor-model-parallel-size"},
+    {"--tp-size", "--tensor-model-parallel-size"},
+    {"--pp", "--pipeline-model-parallel-size"},
+    {"--pp-size", "--pipeline-model-parallel-size"},
 };
 
 int loom_setting_index(size_t offset)

@@ -103,6 +103,10 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     *out = e;
     if (!e) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
     e->cfg = cfg;
+    if (cfg->layout_auto && !(cfg->decided & LOOM_DECIDED_LAYOUT))
+        return loom_error_set(
+            LOOM_ERR_INPUT, "--layout auto is chosen by loom train (it plans a model family's "
+                            "layouts); with the engine API give the layout's flags (loom plan prints them)");
     int rc = loom_comm_setup(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
     loom_comm_set_timeout(cfg->comm_timeout);
     if (rc == LOOM_OK) rc = loom_config_resolve(cfg, e->topo.dp);
@@ -292,6 +296,11 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
 {
     struct loom_config *cfg = e->cfg;
     const int dp = e->topo.dp;
+    if (cfg->offload_auto && !(cfg->decided & LOOM_DECIDED_OFFLOAD))
+        return loom_engine_agree(
+            e, loom_error_set(LOOM_ERR_INPUT, "--offload auto (and --plugin gemini) is placed by loom train "
+                                              "(it counts a model family's memory); with the engine API give "
+                                              "--offload-optimizer and --offload-param"));
     e->model = m;
     m->dtype = loom_engine_state_dtype(cfg);
     /* ZeRO-3 never builds the whole model unless --load names a weights

@@ -205,6 +205,32 @@ static void measure_comm(double *bw, double *latency)
     *latency = both[1];
 }
 
+/* The figures no measurement gives; ranks_per_node the world (or the
+ * cores in one process). */
+static void local_defaults(struct loom_cluster *c, int world)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "local");
+    c->ranks_per_node = world > 1 ? world : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    c->shared_node = 1;
+    c->matmul_efficiency = 1.0; /* the peaks are what the layer's products sustain */
+    c->mem_bytes = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    c->intra_bw = 5e9; /* shared memory, when not measured */
+    c->intra_latency = 5e-6;
+    c->inter_bw = c->intra_bw;
+    c->inter_latency = c->intra_latency;
+    c->disk_bw = 1e9;
+}
+
+int loom_cluster_measure_node(struct loom_cluster *c, int world)
+{
+    local_defaults(c, world);
+    c->peak_f32 = layer_rate(0);
+    c->peak_bf16 = loom_bf16_units() == LOOM_BF16_UNITS_F32 ? c->peak_f32 : layer_rate(1);
+    c->mem_bw = measure_mem_bw();
+    return LOOM_OK;
+}
+
 int loom_cluster_calibrate(struct loom_cluster *c, int links_only)
 {
     const int world = loom_comm_world_size();
@@ -219,16 +245,13 @@ int loom_cluster_calibrate(struct loom_cluster *c, int links_only)
         }
         return rc;
     }
-    memset(c, 0, sizeof *c);
-    snprintf(c->name, sizeof c->name, "local");
     int rc;
     if (world > 1) {
         struct loom_topology t;
         if ((rc = loom_comm_setup(&t, 1, 1))) return rc;
     }
     if ((rc = loom_bf16_units_select(NULL))) return rc;
-    c->ranks_per_node = world > 1 ? world : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    c->shared_node = 1;
+    local_defaults(c, world);
     /* the node's figures, measured by rank 0 on all threads while the
      * others wait (their progress threads take a share of the cores: one
      * process measures them better, see cluster.h) */

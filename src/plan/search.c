@@ -47,6 +47,14 @@ static int configure(struct loom_config *cfg, const struct loom_config *base, co
 {
     *cfg = *base;
     cfg->ndata_paths = cfg->nvalid_paths = 0; /* the copy does not own base's paths */
+    loom_layout_apply(cfg, l);
+    cfg->rec.nwarnings = cfg->rec.nwarnings_dropped = 0; /* said once, by the caller */
+    return loom_config_resolve(cfg, l->dp);
+}
+
+void loom_layout_apply(struct loom_config *cfg, const struct loom_layout *l)
+{
+    const struct loom_config had = *cfg, *base = &had;
     cfg->tensor_model_parallel_size = l->tp;
     cfg->pipeline_model_parallel_size = l->pp;
     cfg->num_layers_per_virtual_pipeline_stage = l->vpp > 1 ? cfg->num_layers / (l->pp * l->vpp) : 0;
@@ -74,8 +82,6 @@ static int configure(struct loom_config *cfg, const struct loom_config *base, co
                                                                       : 0;
     cfg->recompute_activations = 0;
     cfg->fsdp_sharding_strategy = LOOM_FSDP_NONE;
-    cfg->rec.nwarnings = cfg->rec.nwarnings_dropped = 0; /* said once, by the caller */
-    return loom_config_resolve(cfg, l->dp);
 }
 
 /* Fitting first; fastest first, then the least memory, then the order of

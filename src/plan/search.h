@@ -56,6 +56,8 @@ int loom_plan_search(const struct loom_config *base, int world, const struct loo
 void loom_plan_free(struct loom_plan *p);
 /* "tp 2 x pp 4 (2 chunks) x dp 8, ZeRO-1, SP" */
 void loom_layout_describe(const struct loom_layout *l, char *buf, size_t n);
+/* The layout's settings set in cfg (not resolved). */
+void loom_layout_apply(struct loom_config *cfg, const struct loom_layout *l);
 /* The flags that give the layout to loom train. */
 void loom_layout_flags(const struct loom_layout *l, char *buf, size_t n);
 

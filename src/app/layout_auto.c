@@ -1,0 +1,165 @@
+/* --layout auto (see layout_auto.h). */
+#include "app/layout_auto.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/report.h"
+#include "base/buf.h"
+#include "base/log.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "kernels/kernels.h"
+#include "plan/cluster.h"
+
+/* What rank 0 sends: status, the layout, the prediction. */
+enum {
+    M_RC,
+    M_TP,
+    M_PP,
+    M_DP,
+    M_VPP,
+    M_SP,
+    M_ZERO,
+    M_MICRO,
+    M_ACC,
+    M_REC,
+    M_RLAYERS,
+    M_RBLOCK,
+    M_PREC,
+    M_OFFLOAD,
+    M_MEM,
+    M_STEP,
+    M_LIMIT,
+    M_NFIT,
+    M_N,
+    M_COUNT
+};
+
+static int plan_on_root(struct loom_config *cfg, int world, double *msg)
+{
+    int rc = cfg->bf16 ? loom_bf16_units_select(getenv("LOOM_BF16_UNITS")) : LOOM_OK;
+    struct loom_cluster c;
+    if (rc == LOOM_OK) rc = loom_cluster_measure_node(&c, world);
+    if (rc) return rc;
+    const int on_node = c.ranks_per_node < world ? c.ranks_per_node : world;
+    const double limit = cfg->mem_per_rank > 0 ? cfg->mem_per_rank * 1e9 : c.mem_bytes / on_node;
+    struct loom_plan p;
+    rc = loom_plan_search(cfg, world, &c, limit,
+                          &(struct loom_plan_options){.keep_given = 1, .precisions = 0}, &p);
+    if (rc == LOOM_OK && p.nfit == 0) {
+        double least = 0;
+        for (int i = 0; i < p.n; i++)
+            if (p.entries[i].mem.total > 0 && (least == 0 || p.entries[i].mem.total < least))
+                least = (double)p.entries[i].mem.total;
+        char a[32], b[32];
+        rc = loom_error_set(
+            LOOM_ERR_INPUT,
+            "--layout auto: none of the %d layouts of %d ranks fits in %s a rank (the least needs "
+            "%s): raise --mem-per-rank, give --nvme-path for offload, or start more ranks",
+            p.n, world, loom_fmt_bytes(a, sizeof a, limit), loom_fmt_bytes(b, sizeof b, least));
+    }
+    if (rc == LOOM_OK) {
+        const struct loom_plan_entry *e = &p.entries[0];
+        const struct loom_layout *l = &e->layout;
+        const double v[M_COUNT] = {[M_TP] = l->tp,
+                                   [M_PP] = l->pp,
+                                   [M_DP] = l->dp,
+                                   [M_VPP] = l->vpp,
+                                   [M_SP] = l->sp,
+                                   [M_ZERO] = l->zero_stage,
+                                   [M_MICRO] = l->micro_batch,
+                                   [M_ACC] = l->accumulation,
+                                   [M_REC] = l->recompute,
+                                   [M_RLAYERS] = l->recompute_layers,
+                                   [M_RBLOCK] = l->recompute_block,
+                                   [M_PREC] = l->precision,
+                                   [M_OFFLOAD] = l->offload_nvme,
+                                   [M_MEM] = (double)e->mem.total,
+                                   [M_STEP] = e->time.total,
+                                   [M_LIMIT] = limit,
+                                   [M_NFIT] = p.nfit,
+                                   [M_N] = p.n};
+        memcpy(msg, v, sizeof v);
+    }
+    loom_plan_free(&p);
+    return rc;
+}
+
+int loom_layout_auto_choose(struct loom_config *cfg, struct loom_layout_auto *out)
+{
+    memset(out, 0, sizeof *out);
+    const int n = loom_config_count();
+    const char *name;
+    char value[128];
+    if (cfg->plugin != LOOM_PLUGIN_NONE && cfg->plugin != LOOM_PLUGIN_MEGATRON)
+        for (int i = 0; i < n; i++) {
+            loom_config_setting(cfg, i, &name, value, sizeof value);
+            if (strcmp(name, "plugin") == 0)
+                return loom_error_set(LOOM_ERR_INPUT,
+                                      "--layout auto and --plugin %s both set the layout: choose one", value);
+        }
+    if (!loom_config_given(cfg, "--global-batch-size"))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--layout auto needs --global-batch-size G (sequences per step): the "
+                              "layouts it compares train the same batch");
+    loom_comm_setup_world();
+    const int world = loom_comm_world_size(), rank = loom_comm_world_rank();
+    double msg[M_COUNT] = {0};
+    int rc = rank == 0 ? plan_on_root(cfg, world, msg) : LOOM_OK, first;
+    if ((rc = loom_comm_agree(rc, &first))) {
+        if (first != rank) loom_error_clear();
+        return rc;
+    }
+    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, loom_buf_of(msg, M_COUNT, LOOM_DTYPE_F64), 0));
+    struct loom_layout *l = &out->layout;
+    *l = (struct loom_layout){.tp = (int)msg[M_TP],
+                              .pp = (int)msg[M_PP],
+                              .dp = (int)msg[M_DP],
+                              .vpp = (int)msg[M_VPP],
+                              .sp = (int)msg[M_SP],
+                              .zero_stage = (int)msg[M_ZERO],
+                              .micro_batch = (int)msg[M_MICRO],
+                              .accumulation = (int)msg[M_ACC],
+                              .recompute = (enum loom_recompute)(int)msg[M_REC],
+                              .recompute_layers = (int)msg[M_RLAYERS],
+                              .recompute_block = (int)msg[M_RBLOCK],
+                              .precision = (int)msg[M_PREC],
+                              .offload_nvme = (int)msg[M_OFFLOAD]};
+    out->on = 1;
+    cfg->decided |= LOOM_DECIDED_LAYOUT;
+    out->predicted_mem = msg[M_MEM];
+    out->predicted_step = msg[M_STEP];
+    out->mem_limit = msg[M_LIMIT];
+    out->nfit = (int)msg[M_NFIT];
+    out->n = (int)msg[M_N];
+    /* the settings it changes take the origin "layout auto" */
+    char(*before)[128] = malloc(sizeof *before * (size_t)n);
+    LOOM_ASSERT(before != NULL);
+    for (int i = 0; i < n; i++) loom_config_setting(cfg, i, &name, before[i], sizeof before[i]);
+    loom_layout_apply(cfg, l);
+    for (int i = 0; i < n; i++) {
+        char now[128];
+        loom_config_setting(cfg, i, &name, now, sizeof now);
+        const enum loom_origin had = (enum loom_origin)cfg->rec.origin[i];
+        if (strcmp(now, before[i]) != 0 && had != LOOM_ORIGIN_FLAG && had != LOOM_ORIGIN_JSON)
+            cfg->rec.origin[i] = LOOM_ORIGIN_AUTO;
+    }
+    free(before);
+    if (rank == 0) {
+        char what[160], a[32], b[32];
+        loom_layout_describe(l, what, sizeof what);
+        printf(
+            "layout auto: %s, micro-batch %d x %d accumulation%s%s: predicted %s a rank (of %s) and %.3f s a "
+            "step, the fastest of %d layouts that fit (of %d)\n",
+            what, l->micro_batch, l->accumulation,
+            l->recompute == LOOM_RECOMPUTE_SELECTIVE ? ", selective recomputation"
+            : l->recompute == LOOM_RECOMPUTE_FULL    ? ", full recomputation"
+                                                     : "",
+            l->offload_nvme ? ", optimizer on NVMe" : "", loom_fmt_bytes(a, sizeof a, out->predicted_mem),
+            loom_fmt_bytes(b, sizeof b, out->mem_limit), out->predicted_step, out->nfit, out->n);
+        fflush(stdout);
+    }
+    return LOOM_OK;
+}
