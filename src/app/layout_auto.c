@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "comm/comm.h"
 #include "config/config.h"
+#include "kernels/backend.h"
 #include "kernels/kernels.h"
 #include "plan/cluster.h"
 
@@ -37,12 +38,27 @@ enum {
     M_COUNT
 };
 
-static int plan_on_root(struct loom_config *cfg, int world, double *msg)
+/* This node, measured by every rank at once on its own threads, as training
+ * will share it: the products' rates and the memory bandwidth summed. */
+static int measure(const struct loom_config *cfg, int world, struct loom_cluster *c)
 {
-    int rc = cfg->bf16 ? loom_bf16_units_select(getenv("LOOM_BF16_UNITS")) : LOOM_OK;
-    struct loom_cluster c;
-    if (rc == LOOM_OK) rc = loom_cluster_measure_node(&c, world);
-    if (rc) return rc;
+    int rc = cfg->bf16 ? loom_bf16_units_select(getenv("LOOM_BF16_UNITS")) : LOOM_OK, first;
+    if (rc == LOOM_OK && cfg->threads > 0 && loom_backend_cpu()->k->set_threads)
+        loom_backend_cpu()->k->set_threads(cfg->threads);
+    if (rc == LOOM_OK) rc = loom_cluster_measure_node(c, world);
+    if ((rc = loom_comm_agree(rc, &first))) return rc;
+    double rates[3] = {c->peak_f32, c->peak_bf16, c->mem_bw};
+    if (world > 1) {
+        loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(rates, 3, LOOM_DTYPE_F64), LOOM_OP_SUM);
+        c->peak_f32 = rates[0], c->peak_bf16 = rates[1], c->mem_bw = rates[2];
+    }
+    return LOOM_OK;
+}
+
+static int plan_on_root(struct loom_config *cfg, int world, const struct loom_cluster *node, double *msg)
+{
+    struct loom_cluster c = *node;
+    int rc;
     const int on_node = c.ranks_per_node < world ? c.ranks_per_node : world;
     const double limit = cfg->mem_per_rank > 0 ? cfg->mem_per_rank * 1e9 : c.mem_bytes / on_node;
     struct loom_plan p;
@@ -107,7 +123,13 @@ int loom_layout_auto_choose(struct loom_config *cfg, struct loom_layout_auto *ou
     loom_comm_setup_world();
     const int world = loom_comm_world_size(), rank = loom_comm_world_rank();
     double msg[M_COUNT] = {0};
-    int rc = rank == 0 ? plan_on_root(cfg, world, msg) : LOOM_OK, first;
+    struct loom_cluster node;
+    int rc = measure(cfg, world, &node), first;
+    if (rc) {
+        if (rank != 0) loom_error_clear();
+        return rc;
+    }
+    rc = rank == 0 ? plan_on_root(cfg, world, &node, msg) : LOOM_OK;
     if ((rc = loom_comm_agree(rc, &first))) {
         if (first != rank) loom_error_clear();
         return rc;

@@ -5,8 +5,9 @@
  * and data-parallel sizes, ZeRO stage, NVMe offload where --nvme-path is
  * given, micro-batch and accumulation for the global batch, recomputation
  * and sequence parallelism; the precision and every layout setting the
- * user gave stay as given. Rank 0 measures this machine's products and
- * memory (plan/cluster.h) and plans; every rank takes its choice. The
+ * user gave stay as given. Every rank measures its products and memory
+ * bandwidth at once, as training shares the node (plan/cluster.h), rank 0
+ * plans with their sum, and every rank takes its choice. The
  * settings it set show the origin "layout auto"; the run reports the
  * prediction against what it measured.
  *

@@ -542,6 +542,12 @@ static void reserve(struct loom_model *model)
     /* the 16-bit head's own staging, taken and given back within a pass */
     if (lp(m) && m->head >= 0 && m->k->lm_head_lp_scratch)
         loom_free(loom_alloc(m->k->lm_head_lp_scratch(m->B * m->T, m->Vl), LOOM_MEM_ACTIVATIONS));
+    /* fp8's quantised operands, for the largest of the four linear layers
+     * (rows: a tensor-parallel region's, all of B*T) */
+    if (m->base.fp8) {
+        const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = 4 * (size_t)m->Cl;
+        loom_fp8_reserve(m->base.fp8, N * F, C * F, N * F, !m->k->matmul_forward_b16);
+    }
 }
 
 static size_t boundary_numel(const struct loom_model *model, int rows)

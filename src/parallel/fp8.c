@@ -68,6 +68,19 @@ static void *grow(void *buf, size_t *cap, size_t n, size_t es)
     return loom_alloc_data(loom_mul_size(n, es), LOOM_MEM_ACTIVATIONS);
 }
 
+void loom_fp8_reserve(struct loom_fp8 *f, size_t nx, size_t nw, size_t ny, int widen)
+{
+    f->xq = grow(f->xq, &f->xq_cap, nx, sizeof *f->xq);
+    f->wq = grow(f->wq, &f->wq_cap, nw, sizeof *f->wq);
+    f->gq = grow(f->gq, &f->gq_cap, ny, sizeof *f->gq);
+    f->gqf = grow(f->gqf, &f->gqf_cap, ny, sizeof *f->gqf);
+    f->dw = grow(f->dw, &f->dw_cap, nw, sizeof *f->dw);
+    if (widen) {
+        f->xqf = grow(f->xqf, &f->xqf_cap, nx, sizeof *f->xqf);
+        f->wqf = grow(f->wqf, &f->wqf_cap, nw, sizeof *f->wqf);
+    }
+}
+
 /* x (n), float32 or bf16, quantised with its scale into *q; its amax taken
  * into *amax (a NaN stays). */
 static const uint16_t *quantize(uint16_t **q, size_t *cap, const float *x, const uint16_t *x16, size_t n,

@@ -80,6 +80,11 @@ int loom_fp8_recipe_of(const struct loom_config *cfg, struct loom_fp8_recipe *r)
 struct loom_fp8 *loom_fp8_create(const struct loom_fp8_recipe *r, int n, const char *const *names);
 void loom_fp8_destroy(struct loom_fp8 *f);
 
+/* The scratch for layers of at most nx input, nw weight and ny output
+ * elements (and their float32 copies with widen: a table without bf16
+ * products), allocated now, so a footprint counts it and no step grows it. */
+void loom_fp8_reserve(struct loom_fp8 *f, size_t nx, size_t nw, size_t ny, int widen);
+
 /* Linear layer l: out (N, OC) = x (N, C) W + bias (OC, or NULL); W
  * (C, OC), as the float32 kernels hold it. x is float32 (inp) or bf16 (inp16, used when not NULL), and so
  * is W (weight / weight16). k: the bf16 kernel table (its _b16 products;

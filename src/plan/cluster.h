@@ -35,9 +35,10 @@ int loom_cluster_write(const char *path, const struct loom_cluster *c);
  * file measured in one process, where no other rank shares the cores) and
  * measures the links alone. */
 int loom_cluster_calibrate(struct loom_cluster *out, int links_only);
-/* This node's products and memory, measured in this process alone (no
- * communication), for world ranks sharing it; the links take shared
- * memory's defaults. The bf16 units must be selected already. */
+/* This process's products and memory bandwidth on its threads, measured
+ * with no communication (callers sum the ranks' figures for the node), for
+ * world ranks sharing the node; the links take shared memory's defaults.
+ * The bf16 units must be selected already. */
 int loom_cluster_measure_node(struct loom_cluster *out, int world);
 
 #endif
