@@ -35,42 +35,9 @@ import torch
 
 import lib
 from lib import check, rel
-from pyref import gpt2, shard, st, train
+from pyref import bf16_train, shard, st, train
 
 TOL = 1e-3
-
-
-def bf16(t):
-    return t.to(torch.bfloat16).to(torch.float32)
-
-
-def reference(init, tokens, clip):
-    model = gpt2.set_act_dtype(gpt2.load_numpy(gpt2.GPT2(train.config()), init), torch.bfloat16)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(bf16(p))
-    master = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
-    groups = [{"params": [m for m, p in zip(master, model.parameters()) if p.dim() >= 2], "weight_decay": train.WD},
-              {"params": [m for m, p in zip(master, model.parameters()) if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=train.MAX_LR, betas=(train.BETA1, train.BETA2), eps=train.EPS)
-    out = []
-    for s in range(train.ITERS):
-        lr = train.lr_at(s + 1)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        model.zero_grad(set_to_none=True)
-        x, y = train.batch(tokens, s, train.B)
-        _, loss = model(x, y)
-        loss.backward()
-        for m, p in zip(master, model.parameters()):
-            m.grad = bf16(p.grad)
-        norm = torch.nn.utils.clip_grad_norm_(master, clip).item()
-        opt.step()
-        with torch.no_grad():
-            for m, p in zip(master, model.parameters()):
-                p.copy_(bf16(m))
-        out.append((loss.item(), lr, norm))
-    return out
 
 
 def main():
@@ -83,7 +50,7 @@ def main():
         data = os.path.join(tmp, "train.bin")
         shard.write(data, tokens)
         clip = 1.0
-        ref = reference(init, tokens, clip)
+        ref = bf16_train.reference(init, tokens, clip)
         ref32 = train.reference(init, tokens, train.B, clip)
         # each units path for the bf16 products, forced (a path above what the CPU has runs on the
         # best it has): the same reference holds for all

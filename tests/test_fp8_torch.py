@@ -25,7 +25,7 @@ encoder against its reference on the way); 4,000 random histories (zeros,
 NaN, infinities, tiny and huge amaxes, lengths 1-8, margins 0-3, both
 algorithms and formats) check the scale.
 
-Training: tests/pyref/fp8_train.py, test_bf16_torch's bf16 reference with
+Training: tests/pyref/bf16_train.py, test_bf16_torch's bf16 reference with
 Transformer Engine's recipe (tests/pyref/fp8.py) in every block's linear
 layers, against loom on the same data and initial weights, two recipes
 (hybrid, history 1, most_recent, margin 0; e4m3, history 4, max, margin 1),
@@ -146,7 +146,7 @@ def training(tmp, py):
 
     def reference(fmt, length, algo, margin):
         out = os.path.join(tmp, f"ref_{fmt}_{length}_{algo}_{margin}.json")
-        p = subprocess.run([py, "-m", "pyref.fp8_train", init_path, os.path.join(tmp, "tokens.npy"), fmt,
+        p = subprocess.run([py, "-m", "pyref.bf16_train", init_path, os.path.join(tmp, "tokens.npy"), fmt,
                             str(length), algo, str(margin), out], capture_output=True, text=True, cwd=here)
         if p.returncode != 0:
             check(f"the PyTorch reference ({fmt}) runs", False, p.stderr[-600:])

@@ -167,6 +167,18 @@ void loom_attention_forward(float *out, float *att, const float *qkv, int B, int
 void loom_attention_backward(float *dqkv, float *datt, const float *dout, const float *att, const float *qkv,
                              int B, int T, int C, int NH);
 void loom_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+/* The references for any mask of the (query i, key j) pairs head h (of
+ * the NH held) attends to; NULL: causal. att (B,NH,T,T) holds zeros where
+ * a pair is not allowed; every row must allow one. */
+struct loom_attention_mask {
+    int (*allowed)(const void *ctx, int h, int i, int j);
+    const void *ctx;
+};
+void loom_attention_masked_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                                       const struct loom_attention_mask *mask);
+void loom_attention_masked_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
+                                        const float *qkv, int B, int T, int C, int NH,
+                                        const struct loom_attention_mask *mask);
 void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
                                  const float *qkv, int B, int T, int C, int NH);
 

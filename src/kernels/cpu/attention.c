@@ -139,45 +139,52 @@ void loom_attention_backward(float *dqkv, float *datt, const float *dout, const 
 
 /* ---- reference versions: full T x T loops, double accumulators ----------- */
 
-void loom_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+/* Whether query i of head h attends to key j: the mask's rule, or causal. */
+static int allowed(const struct loom_attention_mask *mask, int h, int i, int j)
+{
+    return mask ? mask->allowed(mask->ctx, h, i, j) : j <= i;
+}
+
+void loom_attention_masked_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                                       const struct loom_attention_mask *mask)
 {
     const int HS = C / NH, C3 = 3 * C;
     const double scale = 1.0 / sqrt((double)HS);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             float *a = att + ((size_t)b * NH + h) * T * T;
+            const float *v0 = qkv + (size_t)b * T * C3 + 2 * C + (size_t)h * HS; /* row 0 */
             for (int i = 0; i < T; i++) {
                 const float *q = qkv + ((size_t)b * T + i) * C3 + (size_t)h * HS;
                 float *arow = a + (size_t)i * T;
                 double mx = -INFINITY;
                 for (int j = 0; j < T; j++) {
-                    if (j > i) {
-                        arow[j] = 0.0f;
-                        continue;
-                    }
+                    arow[j] = 0.0f;
+                    if (!allowed(mask, h, i, j)) continue;
                     const float *k = qkv + ((size_t)b * T + j) * C3 + C + (size_t)h * HS;
                     double s = 0.0;
                     for (int d = 0; d < HS; d++) s += (double)q[d] * k[d];
-                    s *= scale;
-                    arow[j] = (float)s;
+                    arow[j] = (float)(s * scale);
                     if (arow[j] > mx) mx = arow[j];
                 }
                 double sum = 0.0;
-                for (int j = 0; j <= i; j++) sum += exp(arow[j] - mx);
-                for (int j = 0; j <= i; j++) arow[j] = (float)(exp(arow[j] - mx) / sum);
+                for (int j = 0; j < T; j++)
+                    if (allowed(mask, h, i, j)) sum += exp(arow[j] - mx);
+                for (int j = 0; j < T; j++)
+                    if (allowed(mask, h, i, j)) arow[j] = (float)(exp(arow[j] - mx) / sum);
                 float *o = out + ((size_t)b * T + i) * C + (size_t)h * HS;
-                const float *v = qkv + (size_t)b * T * C3 + 2 * C + (size_t)h * HS; /* row 0 */
                 for (int d = 0; d < HS; d++) {
                     double s = 0.0;
-                    for (int j = 0; j <= i; j++) s += (double)arow[j] * v[(size_t)j * C3 + d];
+                    for (int j = 0; j < T; j++) s += (double)arow[j] * v0[(size_t)j * C3 + d];
                     o[d] = (float)s;
                 }
             }
         }
 }
 
-void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
-                                 const float *qkv, int B, int T, int C, int NH)
+void loom_attention_masked_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
+                                        const float *qkv, int B, int T, int C, int NH,
+                                        const struct loom_attention_mask *mask)
 {
     const int HS = C / NH, C3 = 3 * C;
     const double scale = 1.0 / sqrt((double)HS);
@@ -199,7 +206,7 @@ void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, co
                 }
                 for (int j = 0; j < T; j++) {
                     const size_t ij = (size_t)i * T + j;
-                    ds[ij] = j <= i ? (float)(p[ij] * (ds[ij] - dot)) : 0.0f;
+                    ds[ij] = allowed(mask, h, i, j) ? (float)(p[ij] * (ds[ij] - dot)) : 0.0f;
                 }
             }
             /* row 0 of this (b, h)'s q, k and dO; rows are C3 (dO: C) apart */
@@ -209,11 +216,11 @@ void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, co
                 const size_t row = ((size_t)b * T + r) * C3 + hoff;
                 for (int d = 0; d < HS; d++) {
                     double sq = 0.0, sk = 0.0, sv = 0.0;
-                    for (int j = 0; j <= r; j++) /* dQ[r] = scale * sum_j dS[r][j] K[j] */
+                    for (int j = 0; j < T; j++) { /* dQ[r] = scale * sum_j dS[r][j] K[j] */
                         sq += (double)ds[(size_t)r * T + j] * k0[(size_t)j * C3 + d];
-                    for (int i = r; i < T; i++) { /* dK[r], dV[r]: sums over queries i >= r */
-                        sk += (double)ds[(size_t)i * T + r] * q0[(size_t)i * C3 + d];
-                        sv += (double)p[(size_t)i * T + r] * do0[(size_t)i * C + d];
+                        /* dK[r], dV[r]: sums over the queries j that attend to key r */
+                        sk += (double)ds[(size_t)j * T + r] * q0[(size_t)j * C3 + d];
+                        sv += (double)p[(size_t)j * T + r] * do0[(size_t)j * C + d];
                     }
                     dqkv[row + d] = (float)(scale * sq);
                     dqkv[row + C + d] = (float)(scale * sk);
@@ -221,4 +228,15 @@ void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, co
                 }
             }
         }
+}
+
+void loom_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    loom_attention_masked_forward_ref(out, att, qkv, B, T, C, NH, NULL);
+}
+
+void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
+                                 const float *qkv, int B, int T, int C, int NH)
+{
+    loom_attention_masked_backward_ref(dqkv, datt, dout, att, qkv, B, T, C, NH, NULL);
 }

@@ -237,42 +237,25 @@ void loom_sparse_attention_backward(float *dqkv, float *datt, const float *dout,
 /* ---- reference versions: full T x T loops over the allowed pairs, double
  * accumulators; att and datt (B,NH,T,T) dense, zero where not allowed ------ */
 
+/* The layout's rule for a head numbered from h0 (attention.c's masked references). */
+struct sparse_mask {
+    const struct loom_sparse_layout *l;
+    int h0;
+};
+
+static int sparse_allowed(const void *ctx, int h, int i, int j)
+{
+    const struct sparse_mask *m = ctx;
+    return loom_sparse_allowed(m->l, m->h0 + h, i, j);
+}
+
 void loom_sparse_attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                                        int h0, const struct loom_sparse_layout *l)
 {
     check_args(l, T, C, NH, h0);
-    const int HS = C / NH, C3 = 3 * C;
-    const double scale = 1.0 / sqrt((double)HS);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            float *a = att + ((size_t)b * NH + h) * T * T;
-            const float *v0 = qkv + (size_t)b * T * C3 + 2 * C + (size_t)h * HS; /* row 0 */
-            for (int i = 0; i < T; i++) {
-                const float *q = qkv + ((size_t)b * T + i) * C3 + (size_t)h * HS;
-                float *arow = a + (size_t)i * T;
-                double mx = -INFINITY;
-                for (int j = 0; j < T; j++) {
-                    arow[j] = 0.0f;
-                    if (!loom_sparse_allowed(l, h0 + h, i, j)) continue;
-                    const float *k = qkv + ((size_t)b * T + j) * C3 + C + (size_t)h * HS;
-                    double s = 0.0;
-                    for (int d = 0; d < HS; d++) s += (double)q[d] * k[d];
-                    arow[j] = (float)(s * scale);
-                    if (arow[j] > mx) mx = arow[j];
-                }
-                double sum = 0.0;
-                for (int j = 0; j < T; j++)
-                    if (loom_sparse_allowed(l, h0 + h, i, j)) sum += exp(arow[j] - mx);
-                for (int j = 0; j < T; j++)
-                    if (loom_sparse_allowed(l, h0 + h, i, j)) arow[j] = (float)(exp(arow[j] - mx) / sum);
-                float *o = out + ((size_t)b * T + i) * C + (size_t)h * HS;
-                for (int d = 0; d < HS; d++) {
-                    double s = 0.0;
-                    for (int j = 0; j < T; j++) s += (double)arow[j] * v0[(size_t)j * C3 + d];
-                    o[d] = (float)s;
-                }
-            }
-        }
+    const struct sparse_mask m = {l, h0};
+    loom_attention_masked_forward_ref(out, att, qkv, B, T, C, NH,
+                                      &(struct loom_attention_mask){sparse_allowed, &m});
 }
 
 void loom_sparse_attention_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
@@ -280,46 +263,7 @@ void loom_sparse_attention_backward_ref(float *dqkv, float *datt, const float *d
                                         const struct loom_sparse_layout *l)
 {
     check_args(l, T, C, NH, h0);
-    const int HS = C / NH, C3 = 3 * C;
-    const double scale = 1.0 / sqrt((double)HS);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float *p = att + ((size_t)b * NH + h) * T * T;
-            float *ds = datt + ((size_t)b * NH + h) * T * T;
-            const size_t hoff = (size_t)h * HS;
-            for (int i = 0; i < T; i++) {
-                const float *d_o = dout + ((size_t)b * T + i) * C + hoff;
-                /* dP[i][j] = dO[i] . V[j], then dS = P * (dP - sum_j P dP) */
-                double dot = 0.0;
-                for (int j = 0; j < T; j++) {
-                    const float *v = qkv + ((size_t)b * T + j) * C3 + 2 * C + hoff;
-                    double s = 0.0;
-                    for (int d = 0; d < HS; d++) s += (double)d_o[d] * v[d];
-                    ds[(size_t)i * T + j] = (float)s;
-                    dot += (double)p[(size_t)i * T + j] * s;
-                }
-                for (int j = 0; j < T; j++) {
-                    const size_t ij = (size_t)i * T + j;
-                    ds[ij] = loom_sparse_allowed(l, h0 + h, i, j) ? (float)(p[ij] * (ds[ij] - dot)) : 0.0f;
-                }
-            }
-            /* row 0 of this (b, h)'s q, k and dO; rows are C3 (dO: C) apart */
-            const float *q0 = qkv + (size_t)b * T * C3 + hoff, *k0 = q0 + C;
-            const float *do0 = dout + (size_t)b * T * C + hoff;
-            for (int r = 0; r < T; r++) {
-                const size_t row = ((size_t)b * T + r) * C3 + hoff;
-                for (int d = 0; d < HS; d++) {
-                    double sq = 0.0, sk = 0.0, sv = 0.0;
-                    for (int j = 0; j < T; j++) { /* dQ[r] = scale * sum_j dS[r][j] K[j] */
-                        sq += (double)ds[(size_t)r * T + j] * k0[(size_t)j * C3 + d];
-                        /* dK[r], dV[r]: sums over the queries j that attend to key r */
-                        sk += (double)ds[(size_t)j * T + r] * q0[(size_t)j * C3 + d];
-                        sv += (double)p[(size_t)j * T + r] * do0[(size_t)j * C + d];
-                    }
-                    dqkv[row + d] = (float)(scale * sq);
-                    dqkv[row + C + d] = (float)(scale * sk);
-                    dqkv[row + 2 * C + d] = (float)sv;
-                }
-            }
-        }
+    const struct sparse_mask m = {l, h0};
+    loom_attention_masked_backward_ref(dqkv, datt, dout, att, qkv, B, T, C, NH,
+                                       &(struct loom_attention_mask){sparse_allowed, &m});
 }

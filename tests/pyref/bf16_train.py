@@ -1,27 +1,34 @@
-"""The 20-step bf16 run of tests/test_bf16_torch.py with the fp8 recipe
-(pyref/fp8.py) in every block's linear layers: run as
-`python -m pyref.fp8_train INIT.safetensors TOKENS.npy FORMAT LEN ALGO MARGIN OUT.json`
-under PyTorch 2.x, it writes [[loss, lr, grad_norm], ...] per step (FORMAT
-none: the bf16 run alone).
-The bf16 part is test_bf16_torch's reference: bf16 parameter values,
-activations and their gradients rounded where loom rounds them, float32
-master weights updated by AdamW from the bf16-rounded gradients."""
+"""The 20-step bf16 reference run of tests/test_bf16_torch.py, optionally
+with the fp8 recipe (pyref/fp8.py) in every block's linear layers: bf16
+parameter values, activations and their gradients rounded where loom rounds
+them, float32 master weights created from the bf16 parameters and updated by
+AdamW (decay on tensors of two or more dimensions) from the bf16-rounded
+gradients with clip_grad_norm_, the parameters rounded from them after each
+step. test_bf16_torch imports it (Debian's torch); test_fp8_torch runs it
+as `python -m pyref.bf16_train INIT.safetensors TOKENS.npy FORMAT LEN ALGO
+MARGIN OUT.json` under PyTorch 2.x (float8 types), which writes [[loss, lr,
+grad_norm], ...] per step (FORMAT none: no fp8)."""
 import json
 import sys
 
 import numpy as np
 import torch
 
-from . import fp8, gpt2, st, train
+from . import gpt2, st, train
 
 
 def bf16(t):
     return t.to(torch.bfloat16).to(torch.float32)
 
 
-def reference(init, tokens, clip, recipe):
+def reference(init, tokens, clip, recipe=None):
+    """Per step (loss, lr, grad_norm); recipe (format, history length, algo,
+    margin) turns fp8 on (PyTorch 2.x)."""
     model = gpt2.set_act_dtype(gpt2.load_numpy(gpt2.GPT2(train.config()), init), torch.bfloat16)
-    metas = fp8.enable(model, recipe) if recipe[0] != "none" else []
+    metas = []
+    if recipe and recipe[0] != "none":
+        from . import fp8
+        metas = fp8.enable(model, recipe)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(bf16(p))
