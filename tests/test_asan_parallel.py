@@ -80,6 +80,8 @@ with tempfile.TemporaryDirectory() as tmp:
              "fp8 hybrid, tp 2 + sp, selective recompute": ["--bf16", "--fp8-format", "hybrid",
                                                             "--tensor-model-parallel-size", "2", "--sequence-parallel",
                                                             "--recompute-activations"],
+             "llama, fp8 hybrid, tp 2": ["--model", "llama-tiny", "--bf16", "--fp8-format", "hybrid",
+                                         "--tensor-model-parallel-size", "2"],
              "fp8 e4m3, zero 3, history 4": ["--bf16", "--fp8-format", "e4m3", "--zero-stage", "3",
                                              "--fp8-amax-history-len", "4", "--fp8-amax-compute-algo", "max"],
              "window attention, tp 2, bf16": ["--attention-window", "6", "--sparse-block", "4",

@@ -14,6 +14,7 @@
 #include "base/mem.h"
 #include "kernels/backend.h"
 #include "model/family.h"
+#include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor.h"
 
@@ -366,11 +367,44 @@ static void norm_backward(struct loom_llama *m, float *dinp, float *dweight, con
 
 /* ---- forward ----------------------------------------------------------------- */
 
-/* y (N,out) = x (N,in) W^T, W (out,in) as nn.Linear keeps it. */
-static void linear(const struct loom_llama *m, float *y, const float *x, const float *w, int N, int in,
-                   int out)
+/* The seven fp8 linear layers of each layer block, in block order. */
+static const int FP8_LINEARS[7] = {Q_W, K_W, V_W, O_W, GATE_W, UP_W, DOWN_W};
+
+static int fp8_linear(const struct loom_llama *m, const struct loom_block *b, int w)
 {
-    m->k->lm_head_forward(y, x, w, N, in, out);
+    const int first = m->fp8_first[b - m->base.blocks];
+    LOOM_ASSERT(first >= 0);
+    for (int k = 0; k < 7; k++)
+        if (FP8_LINEARS[k] == w) return first + k;
+    LOOM_ASSERT(!"not an fp8 linear layer");
+    return -1;
+}
+
+void loom_llama_set_fp8(struct loom_llama *m, const struct loom_fp8_recipe *r)
+{
+    const int nb = m->base.nblocks;
+    m->fp8_first = loom_alloc(sizeof(int) * (size_t)nb, LOOM_MEM_OTHER);
+    const char **names = loom_alloc(sizeof(char *) * 7 * (size_t)nb, LOOM_MEM_OTHER);
+    int n = 0;
+    for (int i = 0; i < nb; i++) {
+        const struct loom_block *b = &m->base.blocks[i];
+        m->fp8_first[i] = b->role == LOOM_ROLE_LAYER ? n : -1;
+        if (b->role == LOOM_ROLE_LAYER)
+            for (int k = 0; k < 7; k++) names[n++] = b->tensors[FP8_LINEARS[k]].name;
+    }
+    m->base.fp8 = loom_fp8_create(r, n, names);
+    loom_free(names);
+}
+
+/* y (N,out) = x (N,in) W^T, W tensor w of block b, (out,in) as nn.Linear
+ * keeps it; with fp8, on the quantised operands. */
+static void linear(const struct loom_llama *m, float *y, const float *x, struct loom_block *b, int w, int N,
+                   int in, int out)
+{
+    if (m->base.fp8)
+        loom_fp8_linear_t_forward(m->base.fp8, fp8_linear(m, b, w), m->k, y, x, loom_param(b, w), N, in, out);
+    else
+        m->k->lm_head_forward(y, x, loom_param(b, w), N, in, out);
 }
 
 static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l, const float *res, int B)
@@ -385,9 +419,9 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     round_act(m, x->ln1, NrC);
     /* column-parallel q, k, v (this rank's heads and key/value groups), attention, row-parallel o */
     const float *in = loom_tp_region_input(&m->rg, x->ln1, N);
-    linear(m, m->q, in, loom_param(b, Q_W), N, C, Cl);
-    linear(m, m->kk, in, loom_param(b, K_W), N, C, m->kvC);
-    linear(m, m->v, in, loom_param(b, V_W), N, C, m->kvC);
+    linear(m, m->q, in, b, Q_W, N, C, Cl);
+    linear(m, m->kk, in, b, K_W, N, C, m->kvC);
+    linear(m, m->v, in, b, V_W, N, C, m->kvC);
     m->k->rope_forward(m->q, B, T, NH, m->hs, theta);
     m->k->rope_forward(m->kk, B, T, G, m->hs, theta);
     round_act(m, m->q, NCl);
@@ -396,7 +430,7 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     pack_qkv(m, x->qkv, m->q, m->kk, m->v, N);
     m->k->attention_forward(x->atty, x->att, x->qkv, B, T, Cl, NH);
     round_act(m, x->atty, NCl);
-    linear(m, m->scratchC, x->atty, loom_param(b, O_W), N, Cl, C);
+    linear(m, m->scratchC, x->atty, b, O_W, N, Cl, C);
     float *proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
     m->k->residual_forward(x->res2, res, proj, NrC);
@@ -405,13 +439,13 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     round_act(m, x->ln2, NrC);
     /* column-parallel gate and up, SwiGLU on this rank's columns, row-parallel down */
     in = loom_tp_region_input(&m->rg, x->ln2, N);
-    linear(m, x->gate, in, loom_param(b, GATE_W), N, C, F);
-    linear(m, x->up, in, loom_param(b, UP_W), N, C, F);
+    linear(m, x->gate, in, b, GATE_W, N, C, F);
+    linear(m, x->up, in, b, UP_W, N, C, F);
     round_act(m, x->gate, NF);
     round_act(m, x->up, NF);
     m->k->swiglu_forward(x->h, x->gate, x->up, NF);
     round_act(m, x->h, NF);
-    linear(m, m->scratchC, x->h, loom_param(b, DOWN_W), N, F, C);
+    linear(m, m->scratchC, x->h, b, DOWN_W, N, F, C);
     proj = loom_tp_region_output(&m->rg, m->scratchC, N);
     round_act(m, proj, NrC);
     m->k->residual_forward(x->res3, x->res2, proj, NrC);
@@ -537,16 +571,19 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
 
 /* ---- backward ---------------------------------------------------------------- */
 
-/* dx (N,in) = dy W; dW (out,in) += dy^T x. With acc, dx adds to what is there. */
-static void linear_backward(const struct loom_llama *m, float *dx, float *scratch, float *dw, const float *dy,
-                            const float *x, const float *w, int N, int in, int out, int acc)
+/* dx (N,in) = dy W; dW (out,in) += dy^T x, W tensor w of block b. With
+ * acc, dx adds to what is there. */
+static void linear_backward(const struct loom_llama *m, float *dx, float *scratch, struct loom_block *b,
+                            int w, const float *dy, const float *x, int N, int in, int out, int acc)
 {
-    if (!acc) {
-        m->k->lm_head_backward(dx, dw, dy, x, w, N, in, out);
-        return;
-    }
-    m->k->lm_head_backward(scratch, dw, dy, x, w, N, in, out);
-    for (size_t i = 0; i < (size_t)N * in; i++) dx[i] += scratch[i];
+    float *to = acc ? scratch : dx;
+    if (m->base.fp8)
+        loom_fp8_linear_t_backward(m->base.fp8, fp8_linear(m, b, w), m->k, to, loom_grad(b, w), dy, x,
+                                   loom_param(b, w), N, in, out);
+    else
+        m->k->lm_head_backward(to, loom_grad(b, w), dy, x, loom_param(b, w), N, in, out);
+    if (acc)
+        for (size_t i = 0; i < (size_t)N * in; i++) dx[i] += scratch[i];
 }
 
 /* Layer l's backward: m->dres holds the gradient at its output and receives
@@ -561,21 +598,21 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     struct loom_llama_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + down(silu(gate(ln2)) * up(ln2)); dres flows to res2 unchanged */
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    linear_backward(m, m->dh, NULL, loom_grad(b, DOWN_W), dout, x->h, loom_param(b, DOWN_W), N, F, C, 0);
+    linear_backward(m, m->dh, NULL, b, DOWN_W, dout, x->h, N, F, C, 0);
     round_act(m, m->dh, NF);
     m->k->swiglu_backward(m->dgate, m->dup, m->dh, x->gate, x->up, NF);
     round_act(m, m->dgate, NF);
     round_act(m, m->dup, NF);
     const float *in = loom_tp_region_input(&m->rg, x->ln2, N);
-    linear_backward(m, m->dbufC, NULL, loom_grad(b, GATE_W), m->dgate, in, loom_param(b, GATE_W), N, C, F, 0);
-    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, UP_W), m->dup, in, loom_param(b, UP_W), N, C, F, 1);
+    linear_backward(m, m->dbufC, NULL, b, GATE_W, m->dgate, in, N, C, F, 0);
+    linear_backward(m, m->dbufC, m->dbufC2, b, UP_W, m->dup, in, N, C, F, 1);
     float *dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's columns */
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN2_W), dln, x->res2, loom_param(b, LN2_W), x->rstd2, Nr);
     round_act(m, m->dres, NrC);
     /* attention: res2 = res + o(attn(rope(q), rope(k), v)) */
     dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    linear_backward(m, m->dbufC, NULL, loom_grad(b, O_W), dout, x->atty, loom_param(b, O_W), N, Cl, C, 0);
+    linear_backward(m, m->dbufC, NULL, b, O_W, dout, x->atty, N, Cl, C, 0);
     round_act(m, m->dbufC, NCl);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the probabilities again, from the kept qkv */
         m->k->attention_forward(m->dbufC2, x->att, x->qkv, B, T, Cl, NH);
@@ -588,10 +625,9 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     round_act(m, m->kk, NK);
     round_act(m, m->v, NK);
     in = loom_tp_region_input(&m->rg, x->ln1, N);
-    linear_backward(m, m->dbufC, NULL, loom_grad(b, Q_W), m->q, in, loom_param(b, Q_W), N, C, Cl, 0);
-    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, K_W), m->kk, in, loom_param(b, K_W), N, C, m->kvC,
-                    1);
-    linear_backward(m, m->dbufC, m->dbufC2, loom_grad(b, V_W), m->v, in, loom_param(b, V_W), N, C, m->kvC, 1);
+    linear_backward(m, m->dbufC, NULL, b, Q_W, m->q, in, N, C, Cl, 0);
+    linear_backward(m, m->dbufC, m->dbufC2, b, K_W, m->kk, in, N, C, m->kvC, 1);
+    linear_backward(m, m->dbufC, m->dbufC2, b, V_W, m->v, in, N, C, m->kvC, 1);
     dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN1_W), dln, layer_input(a, l), loom_param(b, LN1_W), x->rstd1,
@@ -683,6 +719,13 @@ static void reserve(struct loom_model *model)
 {
     struct loom_llama *m = loom_llama_of(model);
     if (!m->slots) alloc_activations(m);
+    /* fp8's quantised operands and their float32 copies, for the largest
+     * linear layer (rows: a tensor-parallel region's, all of B*T) */
+    if (m->base.fp8) {
+        const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = (size_t)m->Fl;
+        const size_t W = (F > C ? F : C) * C, X = N * (F > C ? F : C);
+        loom_fp8_reserve(m->base.fp8, X, W, X, 1);
+    }
 }
 
 static size_t boundary_numel(const struct loom_model *model, int rows)
@@ -810,6 +853,8 @@ void loom_llama_free(struct loom_llama *m)
     free_activations(m);
     loom_pp_stage_layers_free(&m->stage);
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
+    loom_fp8_destroy(m->base.fp8);
+    loom_free(m->fp8_first);
     loom_free(m);
 }
 

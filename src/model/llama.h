@@ -80,6 +80,7 @@ struct loom_llama_acts {
 
 struct loom_llama {
     struct loom_model base; /* L + 2 blocks: [embedding, layers..., head] */
+    int *fp8_first;         /* (nblocks) with fp8: each layer block's first linear in base.fp8, else -1 */
     struct loom_llama_config cfg;
     int B, T;
     /* tensor parallelism: this rank's part of a tp group of tp ranks */
@@ -133,6 +134,9 @@ void loom_llama_free(struct loom_llama *m);
  * divisible by tp), before the first forward: a micro-batch's boundary
  * activations are then this rank's rows of the sequence. */
 void loom_llama_set_sequence_parallel(struct loom_llama *m, int on);
+/* fp8 products in the layers' seven linear layers (parallel/fp8.h). */
+struct loom_fp8_recipe;
+void loom_llama_set_fp8(struct loom_llama *m, const struct loom_fp8_recipe *r);
 /* Megatron's recomputation, before the first forward (see gpt2.h):
  * selective recomputes each layer's attention probabilities from its kept
  * qkv; full keeps only the input of each recomputed chunk of layers

@@ -19,6 +19,7 @@
 #include "model/family.h"
 #include "model/llama.h"
 #include "model/llama_io.h"
+#include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 
 /* clang-format off */
@@ -91,9 +92,6 @@ static int check_architecture(const struct loom_config *cfg)
     if (cfg->sparse_mode != LOOM_SPARSE_ATTN_NONE || cfg->attention_window)
         return loom_error_set(LOOM_ERR_INPUT, "%s: the llama family has no sparse attention yet (gpt2 has)",
                               cfg->attention_window ? "--attention-window" : "--sparse-attention-mode");
-    if (cfg->fp8_format != LOOM_FP8_OFF)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--fp8-format: the llama family has no fp8 linear layers yet (gpt2 has)");
     if (!cfg->disable_bias_linear)
         return loom_error_set(LOOM_ERR_INPUT, "--disable-bias-linear off: Llama models have no biases");
     if (cfg->num_query_groups && !cfg->group_query_attention)
@@ -155,6 +153,8 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
         m->k = loom_backend_kernels(m->base.backend, m->act_dtype);
+        struct loom_fp8_recipe r;
+        if (loom_fp8_recipe_of(cfg, &r)) loom_llama_set_fp8(m, &r);
     }
     return &m->base;
 }

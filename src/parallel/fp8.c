@@ -107,9 +107,11 @@ static const float *widened(float **buf, size_t *cap, const uint16_t *q, size_t 
     return *buf;
 }
 
-void loom_fp8_linear_forward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *out,
-                             const float *inp, const uint16_t *inp16, const float *weight,
-                             const uint16_t *weight16, const float *bias, int N, int C, int OC)
+/* The forward of layer li; out_in: W is (OC, C) (nn.Linear's), its
+ * products the LM head's kernels on float32 copies of the values. */
+static void fp8_forward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *out,
+                        const float *inp, const uint16_t *inp16, const float *weight,
+                        const uint16_t *weight16, const float *bias, int N, int C, int OC, int out_in)
 {
     LOOM_ASSERT(li >= 0 && li < f->n);
     struct loom_fp8_linear *l = &f->lin[li];
@@ -119,7 +121,10 @@ void loom_fp8_linear_forward(struct loom_fp8 *f, int li, const struct loom_kerne
         quantize(&f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], fmt, &l->amax[LOOM_FP8_X]);
     const uint16_t *wq =
         quantize(&f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], fmt, &l->amax[LOOM_FP8_W]);
-    if (k->matmul_forward_b16)
+    if (out_in)
+        k->lm_head_forward(out, widened(&f->xqf, &f->xqf_cap, xq, nx), widened(&f->wqf, &f->wqf_cap, wq, nw),
+                           N, C, OC);
+    else if (k->matmul_forward_b16)
         k->matmul_forward_b16(out, NULL, xq, NULL, wq, NULL, N, C, OC);
     else
         k->matmul_forward(out, widened(&f->xqf, &f->xqf_cap, xq, nx), widened(&f->wqf, &f->wqf_cap, wq, nw),
@@ -136,12 +141,12 @@ void loom_fp8_linear_forward(struct loom_fp8 *f, int li, const struct loom_kerne
     }
 }
 
-void loom_fp8_linear_backward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *dinp,
-                              float *dweight, float *dbias, const float *dout, const float *inp,
-                              const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
-                              int C, int OC)
+static void fp8_backward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *dinp,
+                         float *dweight, float *dbias, const float *dout, const float *inp,
+                         const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N, int C,
+                         int OC, int out_in)
 {
-    LOOM_ASSERT(li >= 0 && li < f->n);
+    LOOM_ASSERT(li >= 0 && li < f->n && (dinp || !out_in));
     struct loom_fp8_linear *l = &f->lin[li];
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
     float unused = 0.0f; /* x's and W's amaxes were taken in the forward */
@@ -155,7 +160,10 @@ void loom_fp8_linear_backward(struct loom_fp8 *f, int li, const struct loom_kern
     const float *gqf = widened(&f->gqf, &f->gqf_cap, gq, ny);
     f->dw = grow(f->dw, &f->dw_cap, nw, sizeof *f->dw);
     memset(f->dw, 0, nw * sizeof *f->dw);
-    if (k->matmul_backward_b16)
+    if (out_in)
+        k->lm_head_backward(dinp, f->dw, gqf, widened(&f->xqf, &f->xqf_cap, xq, nx),
+                            widened(&f->wqf, &f->wqf_cap, wq, nw), N, C, OC);
+    else if (k->matmul_backward_b16)
         k->matmul_backward_b16(dinp, f->dw, NULL, gqf, NULL, xq, NULL, wq, N, C, OC);
     else
         k->matmul_backward(dinp, f->dw, NULL, gqf, widened(&f->xqf, &f->xqf_cap, xq, nx),
@@ -173,6 +181,34 @@ void loom_fp8_linear_backward(struct loom_fp8 *f, int li, const struct loom_kern
             const float *g = dout + (size_t)i * OC;
             for (int j = 0; j < OC; j++) dbias[j] += g[j];
         }
+}
+
+void loom_fp8_linear_forward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *out,
+                             const float *inp, const uint16_t *inp16, const float *weight,
+                             const uint16_t *weight16, const float *bias, int N, int C, int OC)
+{
+    fp8_forward(f, li, k, out, inp, inp16, weight, weight16, bias, N, C, OC, 0);
+}
+
+void loom_fp8_linear_backward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *dinp,
+                              float *dweight, float *dbias, const float *dout, const float *inp,
+                              const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                              int C, int OC)
+{
+    fp8_backward(f, li, k, dinp, dweight, dbias, dout, inp, inp16, weight, weight16, N, C, OC, 0);
+}
+
+void loom_fp8_linear_t_forward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *out,
+                               const float *inp, const float *weight, int N, int C, int OC)
+{
+    fp8_forward(f, li, k, out, inp, NULL, weight, NULL, NULL, N, C, OC, 1);
+}
+
+void loom_fp8_linear_t_backward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *dinp,
+                                float *dweight, const float *dout, const float *inp, const float *weight,
+                                int N, int C, int OC)
+{
+    fp8_backward(f, li, k, dinp, dweight, NULL, dout, inp, NULL, weight, NULL, N, C, OC, 1);
 }
 
 void loom_fp8_step_end(struct loom_fp8 *f)

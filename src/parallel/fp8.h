@@ -4,8 +4,9 @@
  * --fp8-amax-compute-algo, --fp8-margin).
  *
  * Every linear layer of the transformer blocks (GPT-2's c_attn, attn
- * c_proj, c_fc, mlp c_proj; Llama's q, k, v, o, gate, up, down) computes
- * its three products on fp8 operands:
+ * c_proj, c_fc, mlp c_proj; Llama's q, k, v, o, gate, up and down, whose
+ * (out, in) weights take the LM head's kernels) computes its three
+ * products on fp8 operands:
  *   forward  y  = (q(x) q(W)) / (s_x s_W) + b
  *   backward dx = (q(dy) q(W)^T) / (s_dy s_W),  dW += (q(x)^T q(dy)) / (s_x s_dy),
  *            db += sum(dy) (the high-precision gradient, as Transformer Engine)
@@ -98,6 +99,14 @@ void loom_fp8_linear_backward(struct loom_fp8 *f, int l, const struct loom_kerne
                               float *dweight, float *dbias, const float *dout, const float *inp,
                               const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
                               int C, int OC);
+
+/* The same for W (OC, C), as nn.Linear keeps it (Llama's layers), without
+ * a bias; float32 operands; dinp written (not NULL). */
+void loom_fp8_linear_t_forward(struct loom_fp8 *f, int l, const struct loom_kernels *k, float *out,
+                               const float *inp, const float *weight, int N, int C, int OC);
+void loom_fp8_linear_t_backward(struct loom_fp8 *f, int l, const struct loom_kernels *k, float *dinp,
+                                float *dweight, const float *dout, const float *inp, const float *weight,
+                                int N, int C, int OC);
 
 /* Collective over the tp and dp groups: the step's amaxes reduced, pushed
  * into the histories, the next scales computed, the amaxes reset. */
