@@ -8,13 +8,15 @@ to end in GPT-2, beside tests/test_sparse_attention.c's kernel checks:
    numbered globally) as in one process: per-step loss within 1e-5 over 20
    steps, final weights within 1e-5; the window also under DDP, ZeRO-3 and
    pipeline parallelism, and in bf16 (16-bit activations: one sequence at a
-   time) under DDP within bf16's 1e-4.
+   time) under DDP within bf16's 1e-4. Llama's attention (the key/value
+   heads repeated into the packed q | k | v) takes the window and bigbird
+   under TP 2 + SP the same way.
 2. A window covering the whole sequence is dense causal attention, bit for
    bit; a window shorter than the sequence is not (the test sees the mask).
 3. The JSON block gives the flags' run, lists included.
 4. Bad settings, each exit 2 with one line naming it: a block that does not
    divide --seq-length, --attention-window beside a mode, bidirectional
-   attention, a list that does not parse, the llama family.
+   attention, a list that does not parse.
 5. Convergence: gpt2-tiny at T=1024 (2 sequences a step) on the built-in
    corpus with a window of 256 ends within 2% of dense attention's loss
    (mean of the last 20 of 300 steps).
@@ -68,6 +70,17 @@ def main():
                 lib.compare_runs("window, bf16 (16-bit activations), DDP", b1, b2, tol=1e-4, wtol=4e-3)
                 check("window in bf16: not the float32 run", b1[0] != one[0])
 
+        # Llama: the query heads' layouts over the packed q | k | v (key/value heads repeated)
+        llama = ["--model", "llama-tiny"]
+        lone = {}
+        for mode in ("window", "bigbird"):
+            one = lone[mode] = lib.tiny_run(tmp, f"llama-{mode}", 1, BASE + llama + MODES[mode])
+            got = lib.tiny_run(tmp, f"llama-{mode}-tp2sp", 2, BASE + llama + MODES[mode] +
+                               ["--tensor-model-parallel-size", "2", "--sequence-parallel"])
+            lib.compare_runs(f"llama, {mode}, TP 2 + SP", one, got)
+        plain = lib.tiny_run(tmp, "llama-dense", 1, BASE + llama)
+        check("llama: the window masks something (not dense attention's losses)", plain[0] != lone["window"][0])
+
         # 2. a window covering the sequence is dense attention
         for w in ("16", "40"):
             got = lib.tiny_run(tmp, f"window{w}", 1, BASE + ["--attention-window", w])
@@ -93,8 +106,7 @@ def main():
                 ("bidirectional attention", ["--sparse-attention-mode", "fixed", "--sparse-attention-direction",
                                              "bidirectional"], "bidirectional"),
                 ("a list that does not parse", ["--sparse-attention-mode", "variable",
-                                                "--sparse-local-window-blocks", "2,x"], "--sparse-local-window-blocks"),
-                ("the llama family", ["--model", "llama-tiny", "--attention-window", "8"], "llama")):
+                                                "--sparse-local-window-blocks", "2,x"], "--sparse-local-window-blocks")):
             p = lib.loom("train", "--train-iters", "1", "--seq-length", "16", *flags)
             errs = lib.error_lines(p.stderr)
             check(f"{why}: exit 2, one line naming it", p.returncode == 2 and len(errs) == 1 and needle in errs[0],

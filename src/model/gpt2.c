@@ -63,6 +63,7 @@
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
 #include "model/family.h"
+#include "model/sparsity.h"
 #include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor.h"
@@ -1221,12 +1222,8 @@ double loom_gpt2_flops_per_token(const struct loom_gpt2 *m)
 {
     /* the whole model's (MFU divides by the whole job's peak), whatever part this rank holds; a sparse
      * layout's attention counts its share of the causal blocks */
-    double attn = 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
-    if (m->sparse) {
-        const struct loom_sparse_layout *l = m->sparse;
-        attn *= (double)l->nnz / ((double)l->NH * l->nb * (l->nb + 1) / 2);
-    }
-    return 6.0 * loom_gpt2_num_params(&m->cfg) + attn;
+    const double attn = 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    return 6.0 * loom_gpt2_num_params(&m->cfg) + attn * loom_model_sparsity_share(m->sparse);
 }
 
 double loom_gpt2_num_params(const struct loom_gpt2_config *cfg)

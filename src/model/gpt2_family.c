@@ -159,18 +159,7 @@ static void describe(const struct loom_model *m, char *buf, size_t n)
         len += snprintf(buf + len, n - (size_t)len, ", %s", loom_activation_names[g->cfg.activation]);
     if (len > 0 && (size_t)len < n && g->cfg.untied)
         len += snprintf(buf + len, n - (size_t)len, ", untied LM head");
-    if (len > 0 && (size_t)len < n && g->sparse) {
-        const struct loom_sparse_layout *l = g->sparse;
-        const double causal = (double)l->NH * l->nb * (l->nb + 1) / 2;
-        if (l->mode == LOOM_SPARSE_WINDOW)
-            snprintf(buf + len, n - (size_t)len,
-                     ", attention window %d (blocks of %d, %.1f%% of the causal ones)", l->window, l->block,
-                     100.0 * (double)l->nnz / causal);
-        else
-            snprintf(buf + len, n - (size_t)len,
-                     ", %s sparse attention (blocks of %d, %.1f%% of the causal ones)",
-                     loom_sparse_mode_name(l->mode), l->block, 100.0 * (double)l->nnz / causal);
-    }
+    if (len > 0 && (size_t)len < n) loom_model_sparsity_describe(g->sparse, buf, n);
 }
 
 /* The shape settings as files record them: the keys checkpoints' trainer

@@ -13,7 +13,10 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/backend.h"
+#include "kernels/kernels.h"
+#include "kernels/sparse_layout.h"
 #include "model/family.h"
+#include "model/sparsity.h"
 #include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor.h"
@@ -149,9 +152,46 @@ static float *act(size_t n)
     return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS);
 }
 
+/* Attention probabilities: (B, NH, T, T), or the sparse layout's blocks of
+ * this rank's query heads. */
 static size_t att_numel(const struct loom_llama *m)
 {
+    if (m->sparse) return loom_sparse_att_numel(m->sparse, m->B, m->NHl, m->tp_rank * m->NHl);
     return (size_t)m->B * m->NHl * m->T * m->T;
+}
+
+/* The attention kernels on the packed (q | k | v) of this rank's query
+ * heads: the layout's block-sparse ones, else the dense causal ones. */
+static void attn_fwd(const struct loom_llama *m, float *out, float *att, const float *qkv, int B)
+{
+    if (m->sparse)
+        loom_sparse_attention_forward(out, att, qkv, B, m->T, m->Cl, m->NHl, m->tp_rank * m->NHl, m->sparse);
+    else
+        m->k->attention_forward(out, att, qkv, B, m->T, m->Cl, m->NHl);
+}
+
+static void attn_bwd(const struct loom_llama *m, float *dqkv, float *datt, const float *dout,
+                     const float *att, const float *qkv, int B)
+{
+    if (m->sparse)
+        loom_sparse_attention_backward(dqkv, datt, dout, att, qkv, B, m->T, m->Cl, m->NHl,
+                                       m->tp_rank * m->NHl, m->sparse);
+    else
+        m->k->attention_backward(dqkv, datt, dout, att, qkv, B, m->T, m->Cl, m->NHl);
+}
+
+int loom_llama_set_sparse(struct loom_llama *m, const struct loom_sparse_config *sc)
+{
+    LOOM_ASSERT(!m->slots && !m->sparse); /* before the activations are sized */
+    struct loom_sparse_layout *l = loom_alloc(sizeof *l, LOOM_MEM_OTHER);
+    int rc = loom_sparse_layout_build(sc, m->cfg.heads, m->T, l);
+    if (rc || l->dense) { /* every causal pair: the dense kernels, as without a layout */
+        loom_sparse_layout_free(l);
+        loom_free(l);
+        return rc;
+    }
+    m->sparse = l;
+    return LOOM_OK;
 }
 
 /* Whether full recomputation reruns layer l's forward in its backward, and
@@ -428,7 +468,7 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     round_act(m, m->kk, NK);
     round_act(m, m->v, NK);
     pack_qkv(m, x->qkv, m->q, m->kk, m->v, N);
-    m->k->attention_forward(x->atty, x->att, x->qkv, B, T, Cl, NH);
+    attn_fwd(m, x->atty, x->att, x->qkv, B);
     round_act(m, x->atty, NCl);
     linear(m, m->scratchC, x->atty, b, O_W, N, Cl, C);
     float *proj = loom_tp_region_output(&m->rg, m->scratchC, N);
@@ -615,9 +655,9 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     linear_backward(m, m->dbufC, NULL, b, O_W, dout, x->atty, N, Cl, C, 0);
     round_act(m, m->dbufC, NCl);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the probabilities again, from the kept qkv */
-        m->k->attention_forward(m->dbufC2, x->att, x->qkv, B, T, Cl, NH);
+        attn_fwd(m, m->dbufC2, x->att, x->qkv, B);
     /* datt is the kernel's own scratch, read by nothing after it: not rounded */
-    m->k->attention_backward(m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B, T, Cl, NH);
+    attn_bwd(m, m->dqkv, m->datt, m->dbufC, x->att, x->qkv, B);
     unpack_dqkv(m, m->q, m->kk, m->v, m->dqkv, N);
     m->k->rope_backward(m->q, B, T, NH, m->hs, theta);
     m->k->rope_backward(m->kk, B, T, G, m->hs, theta);
@@ -855,6 +895,8 @@ void loom_llama_free(struct loom_llama *m)
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
     loom_fp8_destroy(m->base.fp8);
     loom_free(m->fp8_first);
+    if (m->sparse) loom_sparse_layout_free(m->sparse);
+    loom_free(m->sparse);
     loom_free(m);
 }
 
@@ -868,7 +910,9 @@ double loom_llama_num_params(const struct loom_llama_config *cfg)
 
 double loom_llama_flops_per_token(const struct loom_llama *m)
 {
-    return 6.0 * loom_llama_num_params(&m->cfg) + 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    /* a sparse layout's attention counts its share of the causal blocks */
+    const double attn = 12.0 * m->cfg.num_layers * (double)m->T * m->cfg.hidden;
+    return 6.0 * loom_llama_num_params(&m->cfg) + attn * loom_model_sparsity_share(m->sparse);
 }
 
 float loom_llama_forward(struct loom_llama *m, const int32_t *inputs, const int32_t *targets, int B)

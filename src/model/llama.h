@@ -81,6 +81,7 @@ struct loom_llama_acts {
 struct loom_llama {
     struct loom_model base; /* L + 2 blocks: [embedding, layers..., head] */
     int *fp8_first;         /* (nblocks) with fp8: each layer block's first linear in base.fp8, else -1 */
+    struct loom_sparse_layout *sparse; /* block-sparse attention's layout (all query heads), or NULL */
     struct loom_llama_config cfg;
     int B, T;
     /* tensor parallelism: this rank's part of a tp group of tp ranks */
@@ -134,6 +135,11 @@ void loom_llama_free(struct loom_llama *m);
  * divisible by tp), before the first forward: a micro-batch's boundary
  * activations are then this rank's rows of the sequence. */
 void loom_llama_set_sequence_parallel(struct loom_llama *m, int on);
+/* Block-sparse attention with the layout of sc over the query heads
+ * (kernels/sparse_layout.h), before the first forward; every causal pair
+ * keeps the dense kernels. LOOM_ERR_INPUT from the layout's checks. */
+struct loom_sparse_config;
+int loom_llama_set_sparse(struct loom_llama *m, const struct loom_sparse_config *sc);
 /* fp8 products in the layers' seven linear layers (parallel/fp8.h). */
 struct loom_fp8_recipe;
 void loom_llama_set_fp8(struct loom_llama *m, const struct loom_fp8_recipe *r);

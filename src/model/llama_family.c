@@ -19,6 +19,7 @@
 #include "model/family.h"
 #include "model/llama.h"
 #include "model/llama_io.h"
+#include "model/sparsity.h"
 #include "parallel/fp8.h"
 #include "parallel/pipeline.h"
 
@@ -89,9 +90,6 @@ static int check_architecture(const struct loom_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--position-embedding-type learned_absolute: Llama models use rope");
     if (!cfg->swiglu) return loom_error_set(LOOM_ERR_INPUT, "--swiglu off: Llama models use a SwiGLU MLP");
-    if (cfg->sparse_mode != LOOM_SPARSE_ATTN_NONE || cfg->attention_window)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: the llama family has no sparse attention yet (gpt2 has)",
-                              cfg->attention_window ? "--attention-window" : "--sparse-attention-mode");
     if (!cfg->disable_bias_linear)
         return loom_error_set(LOOM_ERR_INPUT, "--disable-bias-linear off: Llama models have no biases");
     if (cfg->num_query_groups && !cfg->group_query_attention)
@@ -127,6 +125,7 @@ static int check(const struct loom_config *cfg, int T)
     int rc = check_architecture(cfg);
     if (rc == LOOM_OK) rc = loom_llama_config_check(&mc, T);
     if (rc == LOOM_OK) rc = check_layout(cfg);
+    if (rc == LOOM_OK) rc = loom_model_sparsity_check(cfg, mc.heads, T);
     return rc;
 }
 
@@ -148,6 +147,10 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
                                                    pp_rank == 0 || pp == 1, pp_rank == pp - 1 || pp == 1);
     m->pipelined = pp > 1;
     loom_free(lo);
+    struct loom_sparse_config sc;
+    int sparse;
+    if (loom_model_sparsity(cfg, &sc, &sparse) == LOOM_OK && sparse)
+        LOOM_ASSERT(loom_llama_set_sparse(m, &sc) == LOOM_OK); /* check() built it once already */
     loom_llama_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (cfg->sequence_parallel) loom_llama_set_sequence_parallel(m, 1);
     if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
@@ -176,6 +179,7 @@ static void describe(const struct loom_model *m, char *buf, size_t n)
              "%d layers, %d channels, %d heads (%d key/value), MLP %d, T=%d, V=%d, rope %g, RMSNorm eps %g%s",
              l->cfg.num_layers, l->cfg.hidden, l->cfg.heads, l->cfg.kv_heads, l->cfg.ffn, l->T, l->cfg.vocab,
              l->cfg.rope_theta, l->cfg.norm_eps, l->cfg.untied ? ", untied LM head" : "");
+    loom_model_sparsity_describe(l->sparse, buf, n);
 }
 
 /* The shape as checkpoints record it: every setting that changes the

@@ -2,6 +2,7 @@
 #include "model/sparsity.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,4 +74,24 @@ int loom_model_sparsity_check(const struct loom_config *cfg, int NH, int T)
     rc = loom_sparse_layout_build(&sc, NH, T, &l);
     loom_sparse_layout_free(&l);
     return rc;
+}
+
+double loom_model_sparsity_share(const struct loom_sparse_layout *l)
+{
+    if (!l) return 1.0;
+    return (double)l->nnz / ((double)l->NH * l->nb * (l->nb + 1) / 2);
+}
+
+void loom_model_sparsity_describe(const struct loom_sparse_layout *l, char *buf, size_t n)
+{
+    if (!l || !n) return;
+    const size_t len = strlen(buf);
+    if (l->mode == LOOM_SPARSE_WINDOW)
+        snprintf(buf + len, n > len ? n - len : 0,
+                 ", attention window %d (blocks of %d, %.1f%% of the causal ones)", l->window, l->block,
+                 100.0 * loom_model_sparsity_share(l));
+    else
+        snprintf(buf + len, n > len ? n - len : 0,
+                 ", %s sparse attention (blocks of %d, %.1f%% of the causal ones)",
+                 loom_sparse_mode_name(l->mode), l->block, 100.0 * loom_model_sparsity_share(l));
 }

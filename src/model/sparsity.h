@@ -20,4 +20,11 @@ int loom_model_sparsity(const struct loom_config *cfg, struct loom_sparse_config
  * fail at start-up with the layout's one line. */
 int loom_model_sparsity_check(const struct loom_config *cfg, int NH, int T);
 
+/* The share of the causal (query, key) blocks a layout computes (1 for
+ * NULL: dense causal), for the attention's FLOPs. */
+double loom_model_sparsity_share(const struct loom_sparse_layout *l);
+/* ", attention window W (blocks of B, P% of the causal ones)" or the mode's
+ * equivalent appended to buf (n bytes); nothing for NULL. */
+void loom_model_sparsity_describe(const struct loom_sparse_layout *l, char *buf, size_t n);
+
 #endif
