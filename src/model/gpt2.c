@@ -660,9 +660,7 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     loom_pp_stage_layers_free(&m->stage);
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
     loom_fp8_destroy(m->base.fp8);
-    loom_free(m->fp8_first);
-    if (m->sparse) loom_sparse_layout_free(m->sparse);
-    loom_free(m->sparse);
+    loom_model_sparse_layout_free(m->sparse);
     loom_free(m);
 }
 
@@ -713,44 +711,15 @@ static const uint16_t *kept16(const struct loom_gpt2 *m, const void *x, int regi
  * ATTPROJ_W, FC_W, FCPROJ_W. */
 static const int FP8_LINEARS[4] = {QKV_W, ATTPROJ_W, FC_W, FCPROJ_W};
 
-static int fp8_linear(const struct loom_gpt2 *m, const struct loom_block *b, int w)
-{
-    const int first = m->fp8_first[b - m->base.blocks];
-    LOOM_ASSERT(first >= 0);
-    for (int k = 0; k < 4; k++)
-        if (FP8_LINEARS[k] == w) return first + k;
-    LOOM_ASSERT(!"not an fp8 linear layer");
-    return -1;
-}
-
 int loom_gpt2_set_sparse(struct loom_gpt2 *m, const struct loom_sparse_config *sc)
 {
     LOOM_ASSERT(!m->slots && !m->sparse); /* before the activations are sized */
-    struct loom_sparse_layout *l = loom_alloc(sizeof *l, LOOM_MEM_OTHER);
-    int rc = loom_sparse_layout_build(sc, m->cfg.heads, m->T, l);
-    if (rc || l->dense) { /* every causal pair: the dense kernels, as without a layout */
-        loom_sparse_layout_free(l);
-        loom_free(l);
-        return rc;
-    }
-    m->sparse = l;
-    return LOOM_OK;
+    return loom_model_sparse_layout(sc, m->cfg.heads, m->T, &m->sparse);
 }
 
 void loom_gpt2_set_fp8(struct loom_gpt2 *m, const struct loom_fp8_recipe *r)
 {
-    const int nb = m->base.nblocks;
-    m->fp8_first = loom_alloc(sizeof(int) * (size_t)nb, LOOM_MEM_OTHER);
-    const char **names = loom_alloc(sizeof(char *) * 4 * (size_t)nb, LOOM_MEM_OTHER);
-    int n = 0;
-    for (int i = 0; i < nb; i++) {
-        const struct loom_block *b = &m->base.blocks[i];
-        m->fp8_first[i] = b->role == LOOM_ROLE_LAYER ? n : -1;
-        if (b->role == LOOM_ROLE_LAYER)
-            for (int k = 0; k < 4; k++) names[n++] = b->tensors[FP8_LINEARS[k]].name;
-    }
-    m->base.fp8 = loom_fp8_create(r, n, names);
-    loom_free(names);
+    m->base.fp8 = loom_fp8_create(r, &m->base, FP8_LINEARS, 4);
 }
 
 /* out = inp @ W + bias, W tensor w of block b; inp (float32 values) may be
@@ -759,8 +728,8 @@ static void dense_forward(struct loom_gpt2 *m, float *out, const float *inp, con
                           struct loom_block *b, int w, const float *bias, int N, int C, int OC)
 {
     if (m->base.fp8)
-        loom_fp8_linear_forward(m->base.fp8, fp8_linear(m, b, w), m->k, out, inp, x16, loom_param(b, w),
-                                param16(b, w), bias, N, C, OC);
+        loom_fp8_linear_forward(m->base.fp8, loom_fp8_linear_of(m->base.fp8, &m->base, b, w), m->k, out, inp,
+                                x16, loom_param(b, w), param16(b, w), bias, N, C, OC);
     else if (b16(m))
         m->k->matmul_forward_b16(out, inp, x16, loom_param(b, w), param16(b, w), bias, N, C, OC);
     else
@@ -773,9 +742,9 @@ static void dense_backward(struct loom_gpt2 *m, float *dinp, struct loom_block *
                            const float *inp, const uint16_t *x16, int N, int C, int OC)
 {
     if (m->base.fp8)
-        loom_fp8_linear_backward(m->base.fp8, fp8_linear(m, b, w), m->k, dinp, loom_grad(b, w),
-                                 loom_grad(b, w + 1), dout, inp, x16, loom_param(b, w), param16(b, w), N, C,
-                                 OC);
+        loom_fp8_linear_backward(m->base.fp8, loom_fp8_linear_of(m->base.fp8, &m->base, b, w), m->k, dinp,
+                                 loom_grad(b, w), loom_grad(b, w + 1), dout, inp, x16, loom_param(b, w),
+                                 param16(b, w), N, C, OC);
     else if (b16(m))
         m->k->matmul_backward_b16(dinp, loom_grad(b, w), loom_grad(b, w + 1), dout, inp, x16,
                                   loom_param(b, w), param16(b, w), N, C, OC);

@@ -136,7 +136,6 @@ struct loom_gpt2 {
      * gradient; on the first stage, one buffer for both: the table's send
      * buffer, then the received gradient; else NULL */
     float *tied_copy, *tied_grad;
-    int *fp8_first; /* (nblocks) with fp8: each layer block's first linear in base.fp8, else -1 */
     struct loom_sparse_layout
         *sparse; /* block-sparse attention's layout (all heads), or NULL: dense causal */
 };

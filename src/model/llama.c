@@ -183,15 +183,7 @@ static void attn_bwd(const struct loom_llama *m, float *dqkv, float *datt, const
 int loom_llama_set_sparse(struct loom_llama *m, const struct loom_sparse_config *sc)
 {
     LOOM_ASSERT(!m->slots && !m->sparse); /* before the activations are sized */
-    struct loom_sparse_layout *l = loom_alloc(sizeof *l, LOOM_MEM_OTHER);
-    int rc = loom_sparse_layout_build(sc, m->cfg.heads, m->T, l);
-    if (rc || l->dense) { /* every causal pair: the dense kernels, as without a layout */
-        loom_sparse_layout_free(l);
-        loom_free(l);
-        return rc;
-    }
-    m->sparse = l;
-    return LOOM_OK;
+    return loom_model_sparse_layout(sc, m->cfg.heads, m->T, &m->sparse);
 }
 
 /* Whether full recomputation reruns layer l's forward in its backward, and
@@ -410,30 +402,9 @@ static void norm_backward(struct loom_llama *m, float *dinp, float *dweight, con
 /* The seven fp8 linear layers of each layer block, in block order. */
 static const int FP8_LINEARS[7] = {Q_W, K_W, V_W, O_W, GATE_W, UP_W, DOWN_W};
 
-static int fp8_linear(const struct loom_llama *m, const struct loom_block *b, int w)
-{
-    const int first = m->fp8_first[b - m->base.blocks];
-    LOOM_ASSERT(first >= 0);
-    for (int k = 0; k < 7; k++)
-        if (FP8_LINEARS[k] == w) return first + k;
-    LOOM_ASSERT(!"not an fp8 linear layer");
-    return -1;
-}
-
 void loom_llama_set_fp8(struct loom_llama *m, const struct loom_fp8_recipe *r)
 {
-    const int nb = m->base.nblocks;
-    m->fp8_first = loom_alloc(sizeof(int) * (size_t)nb, LOOM_MEM_OTHER);
-    const char **names = loom_alloc(sizeof(char *) * 7 * (size_t)nb, LOOM_MEM_OTHER);
-    int n = 0;
-    for (int i = 0; i < nb; i++) {
-        const struct loom_block *b = &m->base.blocks[i];
-        m->fp8_first[i] = b->role == LOOM_ROLE_LAYER ? n : -1;
-        if (b->role == LOOM_ROLE_LAYER)
-            for (int k = 0; k < 7; k++) names[n++] = b->tensors[FP8_LINEARS[k]].name;
-    }
-    m->base.fp8 = loom_fp8_create(r, n, names);
-    loom_free(names);
+    m->base.fp8 = loom_fp8_create(r, &m->base, FP8_LINEARS, 7);
 }
 
 /* y (N,out) = x (N,in) W^T, W tensor w of block b, (out,in) as nn.Linear
@@ -442,7 +413,8 @@ static void linear(const struct loom_llama *m, float *y, const float *x, struct 
                    int in, int out)
 {
     if (m->base.fp8)
-        loom_fp8_linear_t_forward(m->base.fp8, fp8_linear(m, b, w), m->k, y, x, loom_param(b, w), N, in, out);
+        loom_fp8_linear_t_forward(m->base.fp8, loom_fp8_linear_of(m->base.fp8, &m->base, b, w), m->k, y, x,
+                                  loom_param(b, w), N, in, out);
     else
         m->k->lm_head_forward(y, x, loom_param(b, w), N, in, out);
 }
@@ -618,8 +590,8 @@ static void linear_backward(const struct loom_llama *m, float *dx, float *scratc
 {
     float *to = acc ? scratch : dx;
     if (m->base.fp8)
-        loom_fp8_linear_t_backward(m->base.fp8, fp8_linear(m, b, w), m->k, to, loom_grad(b, w), dy, x,
-                                   loom_param(b, w), N, in, out);
+        loom_fp8_linear_t_backward(m->base.fp8, loom_fp8_linear_of(m->base.fp8, &m->base, b, w), m->k, to,
+                                   loom_grad(b, w), dy, x, loom_param(b, w), N, in, out);
     else
         m->k->lm_head_backward(to, loom_grad(b, w), dy, x, loom_param(b, w), N, in, out);
     if (acc)
@@ -894,9 +866,7 @@ void loom_llama_free(struct loom_llama *m)
     loom_pp_stage_layers_free(&m->stage);
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
     loom_fp8_destroy(m->base.fp8);
-    loom_free(m->fp8_first);
-    if (m->sparse) loom_sparse_layout_free(m->sparse);
-    loom_free(m->sparse);
+    loom_model_sparse_layout_free(m->sparse);
     loom_free(m);
 }
 

@@ -79,8 +79,7 @@ struct loom_llama_acts {
 };
 
 struct loom_llama {
-    struct loom_model base; /* L + 2 blocks: [embedding, layers..., head] */
-    int *fp8_first;         /* (nblocks) with fp8: each layer block's first linear in base.fp8, else -1 */
+    struct loom_model base;            /* L + 2 blocks: [embedding, layers..., head] */
     struct loom_sparse_layout *sparse; /* block-sparse attention's layout (all query heads), or NULL */
     struct loom_llama_config cfg;
     int B, T;

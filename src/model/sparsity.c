@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/mem.h"
 
 /* "a,b,c" into list (at most LOOM_SPARSE_MAX_LIST); "" is empty. */
 static int parse_list(const char *text, const char *flag, int *list, int *n)
@@ -94,4 +95,25 @@ void loom_model_sparsity_describe(const struct loom_sparse_layout *l, char *buf,
         snprintf(buf + len, n > len ? n - len : 0,
                  ", %s sparse attention (blocks of %d, %.1f%% of the causal ones)",
                  loom_sparse_mode_name(l->mode), l->block, 100.0 * loom_model_sparsity_share(l));
+}
+
+int loom_model_sparse_layout(const struct loom_sparse_config *sc, int NH, int T,
+                             struct loom_sparse_layout **out)
+{
+    *out = NULL;
+    struct loom_sparse_layout *l = loom_alloc(sizeof *l, LOOM_MEM_OTHER);
+    int rc = loom_sparse_layout_build(sc, NH, T, l);
+    if (rc || l->dense) { /* every causal pair: the dense kernels, as without a layout */
+        loom_model_sparse_layout_free(l);
+        return rc;
+    }
+    *out = l;
+    return LOOM_OK;
+}
+
+void loom_model_sparse_layout_free(struct loom_sparse_layout *l)
+{
+    if (!l) return;
+    loom_sparse_layout_free(l);
+    loom_free(l);
 }

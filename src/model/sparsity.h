@@ -20,6 +20,13 @@ int loom_model_sparsity(const struct loom_config *cfg, struct loom_sparse_config
  * fail at start-up with the layout's one line. */
 int loom_model_sparsity_check(const struct loom_config *cfg, int NH, int T);
 
+/* The layout of sc for NH heads at T (allocated), or *out NULL where it
+ * allows every causal pair (the dense kernels serve). LOOM_ERR_INPUT from
+ * the layout's checks. */
+int loom_model_sparse_layout(const struct loom_sparse_config *sc, int NH, int T,
+                             struct loom_sparse_layout **out);
+void loom_model_sparse_layout_free(struct loom_sparse_layout *l);
+
 /* The share of the causal (query, key) blocks a layout computes (1 for
  * NULL: dense causal), for the attention's FLOPs. */
 double loom_model_sparsity_share(const struct loom_sparse_layout *l);

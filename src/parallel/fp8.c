@@ -10,6 +10,7 @@
 #include "base/mem.h"
 #include "comm/comm.h"
 #include "loom/config.h"
+#include "loom/model.h"
 
 int loom_fp8_recipe_of(const struct loom_config *cfg, struct loom_fp8_recipe *r)
 {
@@ -23,25 +24,44 @@ int loom_fp8_recipe_of(const struct loom_config *cfg, struct loom_fp8_recipe *r)
     return 1;
 }
 
-struct loom_fp8 *loom_fp8_create(const struct loom_fp8_recipe *r, int n, const char *const *names)
+struct loom_fp8 *loom_fp8_create(const struct loom_fp8_recipe *r, const struct loom_model *m,
+                                 const int *tensors, int per_block)
 {
-    LOOM_ASSERT(r->history_len >= 1 && n >= 0);
+    LOOM_ASSERT(r->history_len >= 1 && per_block >= 1 && per_block <= LOOM_FP8_MAX_PER_BLOCK);
     struct loom_fp8 *f = loom_alloc(sizeof *f, LOOM_MEM_OTHER);
     memset(f, 0, sizeof *f);
     f->recipe = *r;
-    f->n = n;
-    f->lin = loom_alloc(loom_mul_size((size_t)n + 1, sizeof *f->lin), LOOM_MEM_OTHER);
-    const size_t per = (size_t)LOOM_FP8_OPERANDS * (size_t)r->history_len;
-    f->histories = loom_alloc(loom_mul_size((size_t)n * per + 1, sizeof(float)), LOOM_MEM_OTHER);
-    memset(f->histories, 0, ((size_t)n * per + 1) * sizeof(float));
-    for (int i = 0; i < n; i++) {
-        struct loom_fp8_linear *l = &f->lin[i];
-        memset(l, 0, sizeof *l);
-        snprintf(l->name, sizeof l->name, "%s", names[i]);
-        for (int o = 0; o < LOOM_FP8_OPERANDS; o++) l->scale[o] = 1.0f;
-        l->history = f->histories + (size_t)i * per;
+    f->per_block = per_block;
+    memcpy(f->tensor, tensors, sizeof(int) * (size_t)per_block);
+    f->first = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
+    for (int i = 0; i < m->nblocks; i++) {
+        f->first[i] = m->blocks[i].role == LOOM_ROLE_LAYER ? f->n : -1;
+        if (f->first[i] >= 0) f->n += per_block;
     }
+    f->lin = loom_alloc(loom_mul_size((size_t)f->n + 1, sizeof *f->lin), LOOM_MEM_OTHER);
+    const size_t per = (size_t)LOOM_FP8_OPERANDS * (size_t)r->history_len;
+    f->histories = loom_alloc(loom_mul_size((size_t)f->n * per + 1, sizeof(float)), LOOM_MEM_OTHER);
+    memset(f->histories, 0, ((size_t)f->n * per + 1) * sizeof(float));
+    for (int i = 0; i < m->nblocks; i++)
+        for (int k = 0; f->first[i] >= 0 && k < per_block; k++) {
+            struct loom_fp8_linear *l = &f->lin[f->first[i] + k];
+            memset(l, 0, sizeof *l);
+            snprintf(l->name, sizeof l->name, "%s", m->blocks[i].tensors[tensors[k]].name);
+            for (int o = 0; o < LOOM_FP8_OPERANDS; o++) l->scale[o] = 1.0f;
+            l->history = f->histories + (size_t)(f->first[i] + k) * per;
+        }
     return f;
+}
+
+int loom_fp8_linear_of(const struct loom_fp8 *f, const struct loom_model *m, const struct loom_block *b,
+                       int w)
+{
+    const int first = f->first[b - m->blocks];
+    LOOM_ASSERT(first >= 0);
+    for (int k = 0; k < f->per_block; k++)
+        if (f->tensor[k] == w) return first + k;
+    LOOM_ASSERT(!"not an fp8 linear layer");
+    return -1;
 }
 
 void loom_fp8_destroy(struct loom_fp8 *f)
@@ -56,6 +76,7 @@ void loom_fp8_destroy(struct loom_fp8 *f)
     loom_free(f->wqf);
     loom_free(f->histories);
     loom_free(f->lin);
+    loom_free(f->first);
     loom_free(f);
 }
 

@@ -45,6 +45,7 @@
 #include "kernels/backend.h"
 
 enum { LOOM_FP8_X = 0, LOOM_FP8_W = 1, LOOM_FP8_DY = 2, LOOM_FP8_OPERANDS = 3 };
+#define LOOM_FP8_MAX_PER_BLOCK 8 /* linear layers of one layer block */
 
 struct loom_fp8_recipe {
     enum loom_fp8_format fwd, bwd; /* x and W; dy */
@@ -65,7 +66,11 @@ struct loom_fp8 {
     struct loom_fp8_recipe recipe;
     int n;
     struct loom_fp8_linear *lin; /* (n) */
-    float *histories;            /* (n, 3, history_len): every history, one allocation */
+    /* where they are: the layer blocks' tensors tensor[0..per_block), each
+     * layer block's first linear in first[block] (-1: not a layer) */
+    int per_block, tensor[LOOM_FP8_MAX_PER_BLOCK];
+    int *first;       /* (the model's nblocks) */
+    float *histories; /* (n, 3, history_len): every history, one allocation */
     /* scratch, grown to the largest layer: the quantised operands (bf16
      * bits), and float32 for the gradient and the weight gradient */
     uint16_t *xq, *wq, *gq;
@@ -77,8 +82,16 @@ struct loom_fp8 {
 struct loom_config;
 int loom_fp8_recipe_of(const struct loom_config *cfg, struct loom_fp8_recipe *r);
 
-/* n linear layers, named by their weights' tensor names (names[i]). */
-struct loom_fp8 *loom_fp8_create(const struct loom_fp8_recipe *r, int n, const char *const *names);
+/* The linear layers of every layer block of m (role LOOM_ROLE_LAYER): the
+ * tensors tensors[0..per_block) of each, their weights, named as they are. */
+struct loom_model;
+struct loom_block;
+struct loom_fp8 *loom_fp8_create(const struct loom_fp8_recipe *r, const struct loom_model *m,
+                                 const int *tensors, int per_block);
+/* The linear layer whose weight is tensor w of block b (of the model it was
+ * made for). */
+int loom_fp8_linear_of(const struct loom_fp8 *f, const struct loom_model *m, const struct loom_block *b,
+                       int w);
 void loom_fp8_destroy(struct loom_fp8 *f);
 
 /* The scratch for layers of at most nx input, nw weight and ny output
