@@ -16,7 +16,8 @@ to end in GPT-2, beside tests/test_sparse_attention.c's kernel checks:
 3. The JSON block gives the flags' run, lists included.
 4. Bad settings, each exit 2 with one line naming it: a block that does not
    divide --seq-length, --attention-window beside a mode, bidirectional
-   attention, a list that does not parse.
+   attention, a list that does not parse or holds more than 16 blocks, a
+   JSON list that is not of integers.
 5. Convergence: gpt2-tiny at T=1024 (2 sequences a step) on the built-in
    corpus with a window of 256 ends within 2% of dense attention's loss
    (mean of the last 20 of 300 steps).
@@ -106,11 +107,23 @@ def main():
                 ("bidirectional attention", ["--sparse-attention-mode", "fixed", "--sparse-attention-direction",
                                              "bidirectional"], "bidirectional"),
                 ("a list that does not parse", ["--sparse-attention-mode", "variable",
-                                                "--sparse-local-window-blocks", "2,x"], "--sparse-local-window-blocks")):
+                                                "--sparse-local-window-blocks", "2,x"], "--sparse-local-window-blocks"),
+                ("a list of more than 16 blocks", ["--sparse-attention-mode", "variable",
+                                                   "--sparse-local-window-blocks", ",".join(["1"] * 17)],
+                 "at most 16")):
             p = lib.loom("train", "--train-iters", "1", "--seq-length", "16", *flags)
             errs = lib.error_lines(p.stderr)
             check(f"{why}: exit 2, one line naming it", p.returncode == 2 and len(errs) == 1 and needle in errs[0],
                   p.stderr[-300:])
+
+        bad = os.path.join(tmp, "bad.json")
+        with open(bad, "w") as f:
+            json.dump({"sparse_attention": {"mode": "variable", "local_window_blocks": [1, "two"]}}, f)
+        p = lib.loom("train", "--train-iters", "1", "--seq-length", "16", "--deepspeed-config", bad)
+        errs = lib.error_lines(p.stderr)
+        check("a JSON list that is not integers: exit 2, one line naming its path",
+              p.returncode == 2 and len(errs) == 1 and "sparse_attention.local_window_blocks" in errs[0] and
+              "integers" in errs[0], p.stderr[-300:])
 
         # 5. convergence at T=1024
         ends = {}

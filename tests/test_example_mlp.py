@@ -63,10 +63,12 @@ def main():
             w = worst(got, ref) if len(got) == len(ref) else 1.0
             check(f"2 ranks, --plugin {' '.join(plugin[:1])}: every step's loss within {TOL} of 1 process "
                   f"(worst {w:.2e})", [s for s, _ in got] == list(range(1, 21)) and w <= TOL)
-        p = lib.run_ranks(1, [EXAMPLE, "--plugin", "gemini", "--nvme-path", tmp, "--train-iters", "2"], expect=2)
-        errs = lib.error_lines(p.stderr.replace("mlp_regression: error:", "loom: error:"))
-        check("--plugin gemini under the engine API: exit 2, one line saying loom train places it",
-              len(errs) == 1 and "loom train" in errs[0], p.stderr[-300:])
+        for why, flags in (("--plugin gemini", ["--plugin", "gemini", "--nvme-path", tmp]),
+                           ("--layout auto", ["--layout", "auto", "--global-batch-size", "16"])):
+            p = lib.run_ranks(1, [EXAMPLE, *flags, "--train-iters", "2"], expect=2)
+            errs = lib.error_lines(p.stderr.replace("mlp_regression: error:", "loom: error:"))
+            check(f"{why} under the engine API: exit 2, one line saying loom train decides it",
+                  len(errs) == 1 and "loom train" in errs[0], p.stderr[-300:])
 
         # checkpoints of a user model: layout-free and exact
         cfg2 = ds_config(tmp, "z2", 2, 2)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/placement.h"
 #include "app/report.h"
 #include "base/buf.h"
 #include "base/log.h"
@@ -14,9 +15,8 @@
 #include "kernels/kernels.h"
 #include "plan/cluster.h"
 
-/* What rank 0 sends: status, the layout, the prediction. */
+/* What rank 0 sends: the layout and the prediction. */
 enum {
-    M_RC,
     M_TP,
     M_PP,
     M_DP,
@@ -57,13 +57,10 @@ static int measure(const struct loom_config *cfg, int world, struct loom_cluster
 
 static int plan_on_root(struct loom_config *cfg, int world, const struct loom_cluster *node, double *msg)
 {
-    struct loom_cluster c = *node;
-    int rc;
-    const int on_node = c.ranks_per_node < world ? c.ranks_per_node : world;
-    const double limit = cfg->mem_per_rank > 0 ? cfg->mem_per_rank * 1e9 : c.mem_bytes / on_node;
+    const double limit = loom_placement_budget(cfg);
     struct loom_plan p;
-    rc = loom_plan_search(cfg, world, &c, limit,
-                          &(struct loom_plan_options){.keep_given = 1, .precisions = 0}, &p);
+    int rc = loom_plan_search(cfg, world, node, limit,
+                              &(struct loom_plan_options){.keep_given = 1, .precisions = 0}, &p);
     if (rc == LOOM_OK && p.nfit == 0) {
         double least = 0;
         for (int i = 0; i < p.n; i++)
@@ -106,16 +103,6 @@ static int plan_on_root(struct loom_config *cfg, int world, const struct loom_cl
 int loom_layout_auto_choose(struct loom_config *cfg, struct loom_layout_auto *out)
 {
     memset(out, 0, sizeof *out);
-    const int n = loom_config_count();
-    const char *name;
-    char value[128];
-    if (cfg->plugin != LOOM_PLUGIN_NONE && cfg->plugin != LOOM_PLUGIN_MEGATRON)
-        for (int i = 0; i < n; i++) {
-            loom_config_setting(cfg, i, &name, value, sizeof value);
-            if (strcmp(name, "plugin") == 0)
-                return loom_error_set(LOOM_ERR_INPUT,
-                                      "--layout auto and --plugin %s both set the layout: choose one", value);
-        }
     if (!loom_config_given(cfg, "--global-batch-size"))
         return loom_error_set(LOOM_ERR_INPUT,
                               "--layout auto needs --global-batch-size G (sequences per step): the "
@@ -157,6 +144,8 @@ int loom_layout_auto_choose(struct loom_config *cfg, struct loom_layout_auto *ou
     out->nfit = (int)msg[M_NFIT];
     out->n = (int)msg[M_N];
     /* the settings it changes take the origin "layout auto" */
+    const int n = loom_config_count();
+    const char *name;
     char(*before)[128] = malloc(sizeof *before * (size_t)n);
     LOOM_ASSERT(before != NULL);
     for (int i = 0; i < n; i++) loom_config_setting(cfg, i, &name, before[i], sizeof before[i]);

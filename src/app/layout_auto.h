@@ -31,7 +31,8 @@ struct loom_layout_auto {
 /* Collective over the world, before the engine's set-up (which builds the
  * groups of the chosen layout): sets cfg's layout settings and prints the
  * choice on rank 0. LOOM_ERR_INPUT when nothing fits (naming the budget and
- * the least any layout needs) or beside a --plugin that sets the layout. */
+ * the least any layout needs), or without --global-batch-size. (A --plugin
+ * that sets the layout beside it is refused by the settings' parsing.) */
 int loom_layout_auto_choose(struct loom_config *cfg, struct loom_layout_auto *out);
 
 #endif

@@ -86,12 +86,17 @@ static void set_level(struct loom_config *cfg, int level)
         snprintf(cfg->param_nvme_path, sizeof cfg->param_nvme_path, "%s", cfg->nvme_path);
 }
 
-int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t, struct loom_placement *out)
+double loom_placement_budget(const struct loom_config *cfg)
 {
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const int on_host = local && atoi(local) > 0 ? atoi(local) : 1;
     const double machine = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-    out->budget = cfg->mem_per_rank > 0 ? cfg->mem_per_rank * 1e9 : machine / on_host;
+    return cfg->mem_per_rank > 0 ? cfg->mem_per_rank * 1e9 : machine / on_host;
+}
+
+int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t, struct loom_placement *out)
+{
+    out->budget = loom_placement_budget(cfg);
     /* what the process holds before the model, once the BLAS and thread
      * pools a step starts are started (a product on every thread) */
     enum { WARM = 512 };

@@ -24,6 +24,10 @@ struct loom_placement {
     int level;        /* 0 memory, 1 optimizer offloaded, 2 and the ZeRO-3 shards */
 };
 
+/* The bytes a rank may hold: --mem-per-rank, or the machine's memory over
+ * the ranks started on it (--offload auto's and --layout auto's budget). */
+double loom_placement_budget(const struct loom_config *cfg);
+
 /* Sets cfg's offload settings for --offload auto and prints the choice on
  * rank 0. LOOM_ERR_INPUT when nothing fits, naming the budget and the least
  * any placement needs. */

@@ -19,6 +19,7 @@
  * Not here: the layouts themselves, which the engine builds from these
  * settings as from any others.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,11 +64,13 @@ static int data_parallel_only(struct loom_config *cfg, const char *who)
 
 int loom_config_apply_plugin(struct loom_config *cfg)
 {
-    static const char *const names[LOOM_PLUGIN_COUNT] = {"none",           "torch_ddp", "torch_fsdp",
-                                                         "low_level_zero", "gemini",    "hybrid_parallel",
-                                                         "deepspeed",      "megatron"};
+    /* the name as the settings table spells it */
+    const char *name =
+        loom_settings[loom_setting_index(offsetof(struct loom_config, plugin))].choices[cfg->plugin];
     char who[64], stage[8];
-    snprintf(who, sizeof who, "--plugin %s", names[cfg->plugin]);
+    snprintf(who, sizeof who, "--plugin %s", name);
+    if (cfg->layout_auto && cfg->plugin != LOOM_PLUGIN_NONE && cfg->plugin != LOOM_PLUGIN_MEGATRON)
+        return loom_error_set(LOOM_ERR_INPUT, "--layout auto and %s both set the layout: choose one", who);
     if (cfg->plugin != LOOM_PLUGIN_LOW_LEVEL_ZERO && loom_config_given(cfg, "--plugin-stage"))
         return loom_error_set(LOOM_ERR_INPUT, "--plugin-stage is low_level_zero's ZeRO stage; %s",
                               cfg->plugin ? who : "no --plugin is given");

@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "comm/comm.h"
+#include "kernels/kernels.h"
 #include "loom/config.h"
 #include "loom/model.h"
 
@@ -103,20 +104,20 @@ void loom_fp8_reserve(struct loom_fp8 *f, size_t nx, size_t nw, size_t ny, int w
 }
 
 /* x (n), float32 or bf16, quantised with its scale into *q; its amax taken
- * into *amax (a NaN stays). */
+ * into *amax (a NaN stays), unless amax is NULL (the backward's x and W,
+ * whose amaxes the forward took). */
 static const uint16_t *quantize(uint16_t **q, size_t *cap, const float *x, const uint16_t *x16, size_t n,
                                 float scale, enum loom_fp8_format fmt, float *amax)
 {
     *q = grow(*q, cap, n, sizeof **q);
-    float a;
-    if (x16) {
+    if (x16)
         loom_fp8_quantize_bf16_from16(*q, x16, n, scale, fmt);
-        a = loom_fp8_amax16(x16, n);
-    } else {
+    else
         loom_fp8_quantize_bf16(*q, x, n, scale, fmt);
-        a = loom_fp8_amax(x, n);
+    if (amax) {
+        const float a = x16 ? loom_fp8_amax16(x16, n) : loom_fp8_amax(x, n);
+        if (isnan(a) || a > *amax) *amax = isnan(*amax) ? *amax : a;
     }
-    if (isnan(a) || a > *amax) *amax = isnan(*amax) ? *amax : a;
     return *q;
 }
 
@@ -170,11 +171,10 @@ static void fp8_backward(struct loom_fp8 *f, int li, const struct loom_kernels *
     LOOM_ASSERT(li >= 0 && li < f->n && (dinp || !out_in));
     struct loom_fp8_linear *l = &f->lin[li];
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
-    float unused = 0.0f; /* x's and W's amaxes were taken in the forward */
     const uint16_t *xq =
-        quantize(&f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], f->recipe.fwd, &unused);
+        quantize(&f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], f->recipe.fwd, NULL);
     const uint16_t *wq =
-        quantize(&f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], f->recipe.fwd, &unused);
+        quantize(&f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], f->recipe.fwd, NULL);
     const uint16_t *gq = quantize(&f->gq, &f->gq_cap, dout, NULL, ny, l->scale[LOOM_FP8_DY], f->recipe.bwd,
                                   &l->amax[LOOM_FP8_DY]);
     /* the products take the gradient as float32 values (exact) */
@@ -197,11 +197,7 @@ static void fp8_backward(struct loom_fp8 *f, int li, const struct loom_kernels *
     }
 #pragma omp parallel for simd schedule(static) if (nw >= 65536)
     for (size_t i = 0; i < nw; i++) dweight[i] += f->dw[i] * undo_w;
-    if (dbias)
-        for (int i = 0; i < N; i++) {
-            const float *g = dout + (size_t)i * OC;
-            for (int j = 0; j < OC; j++) dbias[j] += g[j];
-        }
+    if (dbias) loom_bias_backward(dbias, dout, N, OC); /* from the unquantised gradient */
 }
 
 void loom_fp8_linear_forward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *out,
