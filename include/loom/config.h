@@ -276,6 +276,8 @@ struct loom_config {
     /* parallelism */
     int tensor_model_parallel_size, pipeline_model_parallel_size;
     int sequence_parallel; /* with tensor parallelism: the rows of the norm regions split over the tp group */
+    int layout_invariant;  /* N > 0: every sum a layout splits in one order: N tensor-parallel pieces, a tree
+                              of micro-batches */
     enum loom_pipeline_schedule pipeline_schedule;
     int num_layers_per_virtual_pipeline_stage; /* interleaved: layers per model chunk; 0: not given */
     /* Megatron's uneven ends: layers of the first and the last stage (0: balanced) */

@@ -222,6 +222,10 @@ struct loom_model {
      * (src/parallel/fp8.h), kept by the model family, stepped by the
      * engine after each optimizer step; NULL without fp8 */
     struct loom_fp8 *fp8;
+    /* --layout-invariant: every sum in one order whatever the layout, so no
+     * strategy reorders one (DDP's early tied-table bucket, which scatters
+     * the embedding's rows after the reduction, stays off) */
+    int invariant_sums;
     void *user; /* the model's own state */
 };
 

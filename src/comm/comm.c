@@ -45,12 +45,17 @@ struct loom_comm_handle {
     int done;               /* guarded by lock */
     struct loom_comm_handle *next;
     void *req; /* the transport's request, while started */
+    /* a sum in the tree order (loom_comm_set_tree_sums): every rank's send
+     * gathered into tree_rows, summed at the wait into tree_dst */
+    void *tree_rows, *tree_dst;
+    size_t tree_off, tree_n, tree_stride; /* the elements summed: [off, off + n) of rows of stride */
 };
 
 static const struct loom_comm_backend *transport; /* NULL: a single process, no transport */
 static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1, 1};
 static int group_rank[LOOM_GROUP_COUNT]; /* this rank's place in each group */
 static int have_group[LOOM_GROUP_COUNT]; /* made by the transport */
+static int tree_sums[LOOM_GROUP_COUNT];  /* loom_comm_set_tree_sums */
 static double timeout_s = 600;
 static int64_t cur_step = -1;
 static int have_thread;
@@ -524,8 +529,63 @@ static void *data_of(struct loom_buf b)
     return b.data;
 }
 
+void loom_comm_set_tree_sums(enum loom_group g, int on)
+{
+    LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT);
+    tree_sums[g] = on;
+}
+
+/* Whether a sum of dt on g goes through the tree (more than two ranks:
+ * two are one addition, the same in any order). */
+static int in_tree(enum loom_group g, enum loom_op op, enum loom_dtype dt)
+{
+    return tree_sums[g] && op == LOOM_OP_SUM && group_size[g] > 2 && !local_only(g) &&
+           (dt == LOOM_DTYPE_F32 || dt == LOOM_DTYPE_F64);
+}
+
+/* The sum in the tree order: every rank's send (stride elements) gathered,
+ * elements [off, off + n) of the sum written to dst at the wait. */
+static struct loom_comm_handle *post_tree(enum loom_group g, const void *send, void *dst, size_t stride,
+                                          size_t off, size_t n, enum loom_dtype dt)
+{
+    const size_t es = loom_dtype_size(dt);
+    void *rows = malloc(stride * (size_t)group_size[g] * es + 1);
+    if (!rows) loom_die("out of memory posting a collective");
+    struct loom_comm_handle *h = build(LOOM_COLL_ALLGATHER, g, send, rows, stride, dt, LOOM_OP_SUM, 0, 0);
+    h->tree_rows = rows;
+    h->tree_dst = dst;
+    h->tree_off = off;
+    h->tree_n = n;
+    h->tree_stride = stride;
+    submit(h);
+    return h;
+}
+
+/* row 0 = the pairwise tree over the group's rows in rank order: rows r
+ * and r + w added for w = 1, 2, 4, ... */
+static void finish_tree(struct loom_comm_handle *h)
+{
+    const int G = group_size[h->op.group];
+    const size_t off = h->tree_off, n = h->tree_n, st = h->tree_stride;
+    if (h->op.dt == LOOM_DTYPE_F64) {
+        double *x = h->tree_rows;
+        for (int w = 1; w < G; w *= 2)
+            for (int r = 0; r + w < G; r += 2 * w)
+                for (size_t i = off; i < off + n; i++) x[(size_t)r * st + i] += x[(size_t)(r + w) * st + i];
+        memcpy(h->tree_dst, x + off, n * sizeof *x);
+    } else {
+        float *x = h->tree_rows;
+        for (int w = 1; w < G; w *= 2)
+            for (int r = 0; r + w < G; r += 2 * w)
+                for (size_t i = off; i < off + n; i++) x[(size_t)r * st + i] += x[(size_t)(r + w) * st + i];
+        memcpy(h->tree_dst, x + off, n * sizeof *x);
+    }
+    free(h->tree_rows);
+}
+
 struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, struct loom_buf b, enum loom_op op)
 {
+    if (in_tree(g, op, b.dtype)) return post_tree(g, data_of(b), data_of(b), b.numel, 0, b.numel, b.dtype);
     return post(LOOM_COLL_ALLREDUCE, g, data_of(b), data_of(b), b.numel, b.dtype, op, 0, 0);
 }
 
@@ -533,6 +593,9 @@ struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, struct loom
                                                   struct loom_buf recv)
 {
     LOOM_ASSERT(send.dtype == recv.dtype && send.numel == recv.numel * (size_t)group_size[g]);
+    if (in_tree(g, LOOM_OP_SUM, recv.dtype))
+        return post_tree(g, data_of(send), data_of(recv), send.numel, recv.numel * (size_t)group_rank[g],
+                         recv.numel, recv.dtype);
     return post(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), recv.numel, recv.dtype,
                 LOOM_OP_SUM, 0, 0);
 }
@@ -549,6 +612,11 @@ struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, struct lo
     if (local_only(g))
         return post(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), (size_t)counts[0], dt,
                     LOOM_OP_SUM, 0, 0);
+    if (in_tree(g, LOOM_OP_SUM, dt)) {
+        size_t off = 0;
+        for (int r = 0; r < group_rank[g]; r++) off += (size_t)counts[r];
+        return post_tree(g, data_of(send), data_of(recv), total, off, (size_t)counts[group_rank[g]], dt);
+    }
     int *copy = malloc(sizeof(int) * (size_t)n);
     if (!copy) loom_die("out of memory posting a collective");
     for (int r = 0; r < n; r++) copy[r] = counts[r];
@@ -677,6 +745,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
         snprintf(name, sizeof name, "wait %s %s", coll_names[h->op.coll], group_names[h->op.group]);
         if (waited) loom_trace_wait(name, t0, t1, bytes);
     }
+    if (h->tree_rows) finish_tree(h);
     free(h->counts);
     free(h->displs);
     free(h);

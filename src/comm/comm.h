@@ -113,6 +113,14 @@ struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, struct loom_buf 
 struct loom_comm_handle *loom_comm_send(enum loom_group g, struct loom_buf b, int peer, int tag);
 struct loom_comm_handle *loom_comm_recv(enum loom_group g, struct loom_buf b, int peer, int tag);
 
+/* Sums of float32 and float64 over group g (all-reduce, reduce-scatter)
+ * in one order whatever the transport: every rank's values gathered and
+ * added in the pairwise tree over the ranks in rank order (ranks r and
+ * r + 1, then pairs of those, ...), at the wait. Group sizes one and two
+ * need nothing (a sum of two is one addition). g times the bytes of a
+ * sum; for --layout-invariant. */
+void loom_comm_set_tree_sums(enum loom_group g, int on);
+
 /* Waits for the handle until the deadline (then aborts the job) and frees it.
  * Returns the seconds spent waiting. */
 double loom_comm_wait(struct loom_comm_handle *h);

@@ -392,6 +392,17 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
         return loom_error_set(LOOM_ERR_INPUT, "%s: %s %d is not divisible by %s %d", NAME(sequence_parallel),
                               NAME(seq_length), cfg->seq_length, NAME(tensor_model_parallel_size),
                               cfg->tensor_model_parallel_size);
+    if (cfg->layout_invariant && cfg->layout_invariant % cfg->tensor_model_parallel_size)
+        return loom_error_set(
+            LOOM_ERR_INPUT, "%s %d is not a multiple of %s %d: each tensor-parallel rank takes whole pieces",
+            NAME(layout_invariant), cfg->layout_invariant, NAME(tensor_model_parallel_size),
+            cfg->tensor_model_parallel_size);
+    if (cfg->layout_invariant && cfg->grad_reduce_dtype != LOOM_REDUCE_FP32)
+        return loom_error_set(LOOM_ERR_INPUT, "%s sums the gradients in float32: %s must be fp32",
+                              NAME(layout_invariant), NAME(grad_reduce_dtype));
+    if (cfg->layout_invariant && cfg->fp8_format != LOOM_FP8_OFF)
+        return loom_error_set(LOOM_ERR_INPUT, "%s does not take fp8 yet (%s)", NAME(layout_invariant),
+                              NAME(fp8_format));
     if (cfg->eval_interval == 0) cfg->eval_interval = cfg->train_iters;
     return LOOM_OK;
 }

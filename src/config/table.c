@@ -265,6 +265,9 @@ const struct setting loom_settings[] = {
         tensor_model_parallel_size, 1, 4096, "1", "tensor-parallel group size"),
     BOOL("--sequence-parallel", "sequence_parallel", "parallelism", sequence_parallel, "0",
          "Megatron's sequence parallelism: norms and residuals split along the sequence in the tp group"),
+    INT("--layout-invariant", "layout_invariant", "parallelism", layout_invariant, 0, 4096, "0",
+        "take every sum tensor parallelism splits in N fixed pieces, exactly: runs at any "
+        "--tensor-model-parallel-size dividing N give the same bits (0: off)"),
     INT("--pipeline-model-parallel-size", "pipeline_model_parallel_size", "parallelism",
         pipeline_model_parallel_size, 1, 4096, "1", "pipeline stages"),
     ENUM("--pipeline-schedule", "pipeline_schedule", "parallelism", pipeline_schedule, pipeline_schedules,

@@ -30,6 +30,7 @@
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* loom_has_nonfinite */
 #include "parallel/fp8.h"
+#include "parallel/invariant.h"
 #include "parallel/pipeline.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
@@ -166,6 +167,9 @@ int loom_engine_build_stack(struct loom_engine *e)
     /* checked with the config: F32, or the compute dtype */
     const enum loom_dtype reduce = (enum loom_dtype)cfg->grad_reduce_dtype;
     const int accumulate_f32 = m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1;
+    const int tree = cfg->layout_invariant && cfg->gradient_accumulation_steps > 1;
+    m->invariant_sums = cfg->layout_invariant > 0; /* before DDP's buckets */
+    loom_comm_set_tree_sums(LOOM_GROUP_DP, cfg->layout_invariant > 0);
     if (dp > 1 && stage < 2) {
         e->ddp = loom_alloc(sizeof *e->ddp, LOOM_MEM_OTHER);
         loom_ddp_init(e->ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == LOOM_DDP_NAIVE,
@@ -181,6 +185,10 @@ int loom_engine_build_stack(struct loom_engine *e)
     if (m->dtype != LOOM_DTYPE_F32) {
         e->prec = loom_alloc(sizeof *e->prec, LOOM_MEM_OTHER);
         loom_precision_init(e->prec, m);
+    }
+    if (tree) { /* on top: each micro-batch's own gradient, summed in the tree before the views below */
+        e->inv = loom_alloc(sizeof *e->inv, LOOM_MEM_OTHER);
+        loom_invariant_init(e->inv, m, cfg->gradient_accumulation_steps);
     }
     return LOOM_OK;
 }
@@ -372,9 +380,11 @@ void loom_engine_free(struct loom_engine *e)
 void loom_engine_release_state(struct loom_engine *e)
 {
     if (e->prec) loom_precision_free(e->prec);
+    if (e->inv) loom_invariant_free(e->inv);
     if (e->ddp) loom_ddp_free(e->ddp);
     if (e->zero) loom_zero_free(e->zero);
     loom_free(e->prec);
+    loom_free(e->inv);
     loom_free(e->ddp);
     loom_free(e->zero);
     loom_free(e->scaler);

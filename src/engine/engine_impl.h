@@ -27,6 +27,7 @@ struct loom_engine {
     struct loom_zero *zero;      /* stages 1-3 */
     struct loom_ddp *ddp;        /* dp > 1 below stage 2 */
     struct loom_precision *prec; /* bf16/fp16 */
+    struct loom_invariant *inv;  /* --layout-invariant with accumulation: the micro-batch tree */
     struct loom_adamw opt;
     int have_opt;
     struct loom_lr_schedule sched;

@@ -52,13 +52,13 @@ struct loom_kernels {
     /* ---- matmul: out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC, may be NULL) */
     void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
                            int OC);
-    /* dinp (N,C) written (NULL: skipped); dweight (C,OC), dbias (OC, NULL: skipped) accumulate */
+    /* dinp (N,C) written; dweight (C,OC), dbias (OC) accumulate; each skipped when NULL */
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int N, int C, int OC);
 
     /* ---- LM head: logits (N,V) = inp (N,C) @ wte (V,C)^T */
     void (*lm_head_forward)(float *logits, const float *inp, const float *wte, int N, int C, int V);
-    /* dinp (N,C) written; dwte (V,C) accumulates */
+    /* dinp (N,C) written (NULL: skipped, here and in the _lp form); dwte (V,C) accumulates */
     void (*lm_head_backward)(float *dinp, float *dwte, const float *dlogits, const float *inp,
                              const float *wte, int N, int C, int V);
     /* the same with logits / dlogits (N,V) held in 16 bits of dtype dt (BF16

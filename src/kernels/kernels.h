@@ -71,8 +71,8 @@ void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
  * [in, out], as Hugging Face GPT-2's Conv1D stores it. bias may be NULL. */
 void loom_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
                          int OC);
-/* dinp (N,C) is written (skipped when NULL); dweight (C,OC) and dbias (OC)
- * accumulate (dbias skipped when NULL). */
+/* dinp (N,C) is written; dweight (C,OC) and dbias (OC) accumulate; each is
+ * skipped when NULL. */
 void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                           const float *weight, int N, int C, int OC);
 void loom_matmul_forward_ref(float *out, const float *inp, const float *weight, const float *bias, int N,
@@ -83,7 +83,7 @@ void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const f
 /* ---- LM head tied to the token embedding ----------------------------------
  * logits (N,V) = inp (N,C) @ wte^T, wte (V,C). No bias. */
 void loom_lm_head_forward(float *logits, const float *inp, const float *wte, int N, int C, int V);
-/* dinp (N,C) is written; dwte (V,C) accumulates. */
+/* dinp (N,C) is written (skipped when NULL); dwte (V,C) accumulates. */
 void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp, const float *wte,
                            int N, int C, int V);
 void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte, int N, int C, int V);

@@ -481,7 +481,8 @@ static void alloc_activations(struct loom_gpt2 *m)
     m->dbuf4a = act(N * 4 * Cl);
     m->dbuf4b = act(N * 4 * Cl);
     m->scratchC = act(N * C);
-    if (m->tp > 1) m->ce_stats = act(3 * N);
+    if (m->tp > 1 || m->exact.pieces) m->ce_stats = act(3 * N);
+    if (m->exact.pieces && !m->rg.sp) m->norm_grads = act(2 * C);
     if (lp(m)) {
         m->stage_res = act(Nr * C);
         m->seq_att = act(seq_att_numel(m));
@@ -499,6 +500,12 @@ static void free_activations(struct loom_gpt2 *m)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
     loom_free(m->slots);
     m->slots = NULL;
+}
+
+void loom_gpt2_set_tp_invariant(struct loom_gpt2 *m, int pieces)
+{
+    LOOM_ASSERT(m->slots == NULL && pieces > 0 && pieces % m->tp == 0 && m->cfg.heads % pieces == 0);
+    loom_tp_exact_init(&m->exact, pieces, m->tp, m->tp_rank);
 }
 
 void loom_gpt2_set_sequence_parallel(struct loom_gpt2 *m, int on)
@@ -661,6 +668,7 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
     loom_fp8_destroy(m->base.fp8);
     loom_model_sparse_layout_free(m->sparse);
+    loom_tp_exact_free(&m->exact);
     loom_free(m);
 }
 
@@ -676,6 +684,23 @@ static void norm_backward(struct loom_gpt2 *m, float *dinp, float *dweight, floa
                           const float *inp, const float *weight, const float *mean, const float *rstd, int Nr)
 {
     const int C = m->cfg.hidden;
+    if (m->exact.pieces) { /* the weight and bias gradients in the row pieces, summed exactly */
+        const int N = m->rg.sp ? Nr * m->tp : Nr;
+        float *g = m->norm_grads;
+        double *acc = loom_tp_exact_sum(&m->exact, 2 * (size_t)C);
+        for (int j = 0; j < loom_tp_exact_row_pieces(&m->exact, &m->rg); j++) {
+            int lo, hi;
+            loom_tp_exact_row_piece(&m->exact, &m->rg, N, j, &lo, &hi);
+            const size_t at = (size_t)lo * C;
+            memset(g, 0, 2 * (size_t)C * sizeof *g);
+            m->k->layernorm_backward(dinp + at, g, g + C, dout + at, inp + at, weight, mean + lo, rstd + lo,
+                                     hi - lo, C);
+            loom_tp_exact_add(acc, g, 2 * (size_t)C);
+        }
+        loom_tp_exact_add_grads(&m->exact, &m->rg, acc, dweight, (size_t)C);
+        loom_tp_exact_add_grads(&m->exact, &m->rg, acc + C, dbias, (size_t)C);
+        return;
+    }
     if (!m->rg.sp) {
         m->k->layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, Nr, C);
         return;
@@ -809,6 +834,83 @@ static void attention_backward(struct loom_gpt2 *m, struct loom_layer_acts *x, c
     }
 }
 
+/* --layout-invariant's products (parallel/tensor_exact.h) on weight w of block
+ * b and its bias w + 1: a column-parallel product's OCl columns (C rows of
+ * its [in, out] weight) are nseg equal segments (q | k | v, or fc's one),
+ * with out or dout (N, OCl). */
+static void segments(struct loom_tp_segment *seg, struct loom_block *b, int w, float *out, const float *dout,
+                     int OCl, int nseg)
+{
+    const size_t width = (size_t)(OCl / nseg);
+    for (int s = 0; s < nseg; s++) /* the gradients in the backward (dout) only */
+        seg[s] = (struct loom_tp_segment){.width = (int)width,
+                                          .W = loom_param(b, w) + s * width,
+                                          .dW = dout ? loom_grad(b, w) + s * width : NULL,
+                                          .ldw = OCl,
+                                          .bias = loom_param(b, w + 1) + s * width,
+                                          .dbias = dout ? loom_grad(b, w + 1) + s * width : NULL,
+                                          .out = out ? out + s * width : NULL,
+                                          .dout = dout ? dout + s * width : NULL,
+                                          .ld = OCl};
+}
+
+static void column_forward(struct loom_gpt2 *m, float *out, const float *inp, const uint16_t *x16,
+                           struct loom_block *b, int w, int N, int OCl, int nseg)
+{
+    if (!m->exact.pieces) {
+        dense_forward(m, out, inp, x16, b, w, loom_param(b, w + 1), N, m->cfg.hidden, OCl);
+        return;
+    }
+    struct loom_tp_segment seg[3];
+    segments(seg, b, w, out, NULL, OCl, nseg);
+    loom_tp_exact_column_forward(&m->exact, m->k, seg, nseg, inp, inp ? NULL : x16, 0, N, m->cfg.hidden);
+}
+
+/* Its backward: the weight's and bias's gradients accumulate, and the rows
+ * this rank holds of the input gradient are returned (summed over the tp
+ * group). */
+static float *column_backward(struct loom_gpt2 *m, struct loom_block *b, int w, const float *dout,
+                              const float *inp, const uint16_t *x16, int N, int OCl, int nseg)
+{
+    const int C = m->cfg.hidden;
+    if (!m->exact.pieces) {
+        dense_backward(m, m->dbufC, b, w, dout, inp, x16, N, C, OCl);
+        return loom_tp_region_input_grad(&m->rg, m->dbufC, N);
+    }
+    struct loom_tp_segment seg[3];
+    segments(seg, b, w, NULL, dout, OCl, nseg);
+    return loom_tp_exact_column_backward(&m->exact, &m->rg, m->k, seg, nseg, inp, inp ? NULL : x16, 0,
+                                         m->dbufC, N, C);
+}
+
+/* A row-parallel projection leaving its region: the rows this rank holds
+ * of inp (N, Kl) @ W + bias. The bias is added once: by tp rank 0 to the
+ * partial sums the reduction adds up, or under --layout-invariant to the sum. */
+static float *row_forward(struct loom_gpt2 *m, const float *inp, const uint16_t *x16, struct loom_block *b,
+                          int w, int N, int Kl)
+{
+    const int C = m->cfg.hidden;
+    if (m->exact.pieces)
+        return loom_tp_exact_row_forward(&m->exact, &m->rg, m->k, x16 ? NULL : inp, x16, loom_param(b, w), 0,
+                                         loom_param(b, w + 1), m->scratchC, N, Kl, C);
+    dense_forward(m, m->scratchC, inp, x16, b, w, m->tp_rank == 0 ? loom_param(b, w + 1) : NULL, N, Kl, C);
+    return loom_tp_region_output(&m->rg, m->scratchC, N);
+}
+
+/* Its backward from dout (every row): dinp (N, Kl) written, the weight's
+ * and bias's gradients accumulate. */
+static void row_backward(struct loom_gpt2 *m, float *dinp, struct loom_block *b, int w, const float *dout,
+                         const float *inp, const uint16_t *x16, int N, int Kl)
+{
+    const int C = m->cfg.hidden;
+    if (!m->exact.pieces) {
+        dense_backward(m, dinp, b, w, dout, inp, x16, N, Kl, C);
+        return;
+    }
+    loom_tp_exact_row_backward(&m->exact, m->k, dinp, loom_grad(b, w), loom_grad(b, w + 1), dout,
+                               x16 ? NULL : inp, x16, loom_param(b, w), 0, N, Kl, C);
+}
+
 /* Layer l's forward over B rows, from its input (the rows this rank holds,
  * of B*T) into a->layers[l] (the recompute scratch for a recomputed layer).
  * The backward reruns it to recompute, so nothing here may depend on when
@@ -819,9 +921,6 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
 {
     const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, N = B * T, Nr = loom_tp_rows_held(&m->rg, N);
     const size_t NrC = (size_t)Nr * C, NCl = (size_t)N * Cl;
-    /* a row-parallel projection's bias is added once, by tp rank 0, to the
-     * partial sums the reduction adds up */
-    const int own_bias = m->tp_rank == 0;
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_layer_acts *x = &a->layers[l];
     const float *res = layer_input(m, a, l, m->dbufC, NrC);
@@ -831,15 +930,13 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     keep(m, x->ln1, ln1, NrC);
     /* column-parallel QKV (this rank's heads), attention on them, row-parallel output projection */
     float *qkv = out_of(m, x->qkv, m->dqkv);
-    dense_forward(m, qkv, loom_tp_region_input(&m->rg, ln1, N), kept16(m, x->ln1, 1), b, QKV_W,
-                  loom_param(b, QKV_B), N, C, 3 * Cl);
+    column_forward(m, qkv, loom_tp_region_input(&m->rg, ln1, N), kept16(m, x->ln1, 1), b, QKV_W, N, 3 * Cl,
+                   3);
     keep(m, x->qkv, qkv, 3 * NCl);
     float *atty = out_of(m, x->atty, m->dbuf4a);
     attention_forward(m, atty, x->att, qkv, B);
     keep(m, x->atty, atty, NCl);
-    dense_forward(m, m->scratchC, atty, kept16(m, x->atty, 0), b, ATTPROJ_W,
-                  own_bias ? loom_param(b, ATTPROJ_B) : NULL, N, Cl, C);
-    float *proj = loom_tp_region_output(&m->rg, m->scratchC, N);
+    float *proj = row_forward(m, atty, kept16(m, x->atty, 0), b, ATTPROJ_W, N, Cl);
     round_act(m, proj, NrC);
     float *res2 = out_of(m, x->res2, m->stage_res);
     m->k->residual_forward(res2, res, proj, NrC);
@@ -850,8 +947,7 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     keep(m, x->ln2, ln2, NrC);
     /* column-parallel fc, GELU on this rank's columns, row-parallel projection */
     float *fch = out_of(m, x->fch, m->dbuf4a);
-    dense_forward(m, fch, loom_tp_region_input(&m->rg, ln2, N), kept16(m, x->ln2, 1), b, FC_W,
-                  loom_param(b, FC_B), N, C, 4 * Cl);
+    column_forward(m, fch, loom_tp_region_input(&m->rg, ln2, N), kept16(m, x->ln2, 1), b, FC_W, N, 4 * Cl, 1);
     keep(m, x->fch, fch, 4 * NCl);
     float *fch_gelu = out_of(m, x->fch_gelu, m->dbuf4b);
     if (m->cfg.activation == LOOM_ACTIVATION_GELU)
@@ -859,9 +955,7 @@ static void layer_forward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l, 
     else
         m->k->gelu_forward(fch_gelu, fch, 4 * NCl);
     keep(m, x->fch_gelu, fch_gelu, 4 * NCl);
-    dense_forward(m, m->scratchC, fch_gelu, kept16(m, x->fch_gelu, 0), b, FCPROJ_W,
-                  own_bias ? loom_param(b, FCPROJ_B) : NULL, N, 4 * Cl, C);
-    proj = loom_tp_region_output(&m->rg, m->scratchC, N);
+    proj = row_forward(m, fch_gelu, kept16(m, x->fch_gelu, 0), b, FCPROJ_W, N, 4 * Cl);
     round_act(m, proj, NrC);
     float *res3 = out_of(m, x->res3, m->dbufC);
     m->k->residual_forward(res3, res2, proj, NrC);
@@ -915,12 +1009,22 @@ static void vocab_parallel_crossentropy(struct loom_gpt2 *m, struct loom_gpt2_ac
         m->k->crossentropy_vp_max(rowmax + r0, logits_rows(m, a, r0, n), n, m->Vl);
     }
     loom_tp_allreduce(rowmax, (size_t)N, LOOM_OP_MAX);
-    for (int r0 = 0; r0 < N; r0 += R) {
-        const int n = N - r0 < R ? N - r0 : R;
-        m->k->crossentropy_vp_stats(sums + r0, sums + N + r0, logits_rows(m, a, r0, n), rowmax + r0,
-                                    a->targets + r0, m->v0, n, m->Vl);
+    if (m->exact.pieces) { /* the sums over the vocabulary pieces */
+        loom_tp_exact_crossentropy_begin(&m->exact, N);
+        for (int r0 = 0; r0 < N; r0 += R) {
+            const int n = N - r0 < R ? N - r0 : R;
+            loom_tp_exact_crossentropy_rows(&m->exact, m->k, logits_rows(m, a, r0, n), rowmax, a->targets, r0,
+                                            n, m->cfg.vocab, m->v0, m->Vl);
+        }
+        loom_tp_exact_crossentropy_done(&m->exact, sums, sums + N, N);
+    } else {
+        for (int r0 = 0; r0 < N; r0 += R) {
+            const int n = N - r0 < R ? N - r0 : R;
+            m->k->crossentropy_vp_stats(sums + r0, sums + N + r0, logits_rows(m, a, r0, n), rowmax + r0,
+                                        a->targets + r0, m->v0, n, m->Vl);
+        }
+        loom_tp_allreduce(sums, 2 * (size_t)N, LOOM_OP_SUM);
     }
-    loom_tp_allreduce(sums, 2 * (size_t)N, LOOM_OP_SUM);
     for (int i = 0; i < N; i++) {
         a->lse[i] = rowmax[i] + logf(sums[i]);
         a->losses[i] = a->lse[i] - sums[N + i];
@@ -1004,7 +1108,10 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     round_act(m, a->lnf, NrC);
     /* the logits: 16-bit ones as the product rounds them */
     const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
-    if (lp(m))
+    if (m->exact.pieces)
+        loom_tp_exact_head_forward(&m->exact, m->k, a->logits, m->act_dtype, lnf, lm_head_weight(m), N, C,
+                                   m->cfg.vocab, Vl);
+    else if (lp(m))
         m->k->lm_head_forward_lp(a->logits, m->act_dtype, lnf, lm_head_weight(m), lm_head_weight16(m), N, C,
                                  Vl);
     else
@@ -1013,7 +1120,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     if (announce_emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
     if (!a->targets) return;
-    if (m->tp == 1) {
+    if (m->tp == 1 && !m->exact.pieces) {
         const int R = head_rows(m, N);
         for (int r0 = 0; r0 < N; r0 += R) {
             const int n = N - r0 < R ? N - r0 : R;
@@ -1042,8 +1149,8 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
      * gradient sums every row of dout, so it is the same on every tp rank */
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     const uint16_t *x16 = kept16(m, x->fch_gelu, 0);
-    dense_backward(m, m->dbuf4a, b, FCPROJ_W, dout, x16 ? NULL : view(m, x->fch_gelu, m->dbuf4b, 4 * NCl),
-                   x16, N, 4 * Cl, C);
+    row_backward(m, m->dbuf4a, b, FCPROJ_W, dout, x16 ? NULL : view(m, x->fch_gelu, m->dbuf4b, 4 * NCl), x16,
+                 N, 4 * Cl);
     round_act(m, m->dbuf4a, 4 * NCl);
     /* GELU's gradient into dbuf4b, or over its output gradient in place
      * when dbuf4b stages fch (an elementwise kernel may) */
@@ -1055,10 +1162,9 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
         m->k->gelu_backward(dfch, m->dbuf4a, fch, 4 * NCl);
     round_act(m, dfch, 4 * NCl);
     x16 = kept16(m, x->ln2, 1);
-    dense_backward(m, m->dbufC, b, FC_W, dfch,
-                   x16 ? NULL : loom_tp_region_input(&m->rg, view(m, x->ln2, m->scratchC, NrC), N), x16, N, C,
-                   4 * Cl);
-    float *dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's columns */
+    float *dln = column_backward(
+        m, b, FC_W, dfch, x16 ? NULL : loom_tp_region_input(&m->rg, view(m, x->ln2, m->scratchC, NrC), N),
+        x16, N, 4 * Cl, 1);
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN2_W), loom_grad(b, LN2_B), dln,
                   view(m, x->res2, m->stage_res, NrC), loom_param(b, LN2_W), x->ln2_mean, x->ln2_rstd, Nr);
@@ -1066,16 +1172,14 @@ static void layer_backward(struct loom_gpt2 *m, struct loom_gpt2_acts *a, int l,
     /* attention: res2 = res + c_proj(attn(c_attn(ln1(res)))) */
     dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     x16 = kept16(m, x->atty, 0);
-    dense_backward(m, m->dbufC, b, ATTPROJ_W, dout, x16 ? NULL : view(m, x->atty, m->dbuf4a, NCl), x16, N, Cl,
-                   C);
+    row_backward(m, m->dbufC, b, ATTPROJ_W, dout, x16 ? NULL : view(m, x->atty, m->dbuf4a, NCl), x16, N, Cl);
     round_act(m, m->dbufC, NCl);
     attention_backward(m, x, view(m, x->qkv, m->dbuf4b, 3 * NCl), B);
     round_act(m, m->dqkv, 3 * NCl);
     x16 = kept16(m, x->ln1, 1);
-    dense_backward(m, m->dbufC, b, QKV_W, m->dqkv,
-                   x16 ? NULL : loom_tp_region_input(&m->rg, view(m, x->ln1, m->scratchC, NrC), N), x16, N, C,
-                   3 * Cl);
-    dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
+    dln = column_backward(m, b, QKV_W, m->dqkv,
+                          x16 ? NULL : loom_tp_region_input(&m->rg, view(m, x->ln1, m->scratchC, NrC), N),
+                          x16, N, 3 * Cl, 3);
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN1_W), loom_grad(b, LN1_B), dln,
                   layer_input(m, a, l, m->stage_res, NrC), loom_param(b, LN1_W), x->ln1_mean, x->ln1_rstd,
@@ -1101,7 +1205,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         for (int r0 = 0; r0 < N; r0 += R) {
             const int n = N - r0 < R ? N - r0 : R;
             float *lg = logits_rows(m, a, r0, n);
-            if (m->tp == 1)
+            if (m->tp == 1 && !m->exact.pieces)
                 m->k->crossentropy_backward(lg, a->lse + r0, lg, a->targets + r0, loss_weight / (float)N, n,
                                             Vl);
             else
@@ -1117,13 +1221,20 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         }
         loom_model_backward_begin(model, m->head);
         const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
-        if (lp(m)) /* the logits' gradient read in 16 bits */
-            m->k->lm_head_backward_lp(m->dbufC, lm_head_grad(m), a->logits, m->act_dtype, lnf,
-                                      lm_head_weight(m), lm_head_weight16(m), N, C, Vl);
-        else
-            m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, lnf, lm_head_weight(m), N, C, Vl);
-        float *dlnf =
-            loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's vocabulary */
+        float *dlnf;
+        if (m->exact.pieces) {
+            dlnf =
+                loom_tp_exact_head_backward(&m->exact, &m->rg, m->k, lm_head_grad(m), a->logits, m->act_dtype,
+                                            lnf, lm_head_weight(m), m->dbufC, N, C, m->cfg.vocab, Vl);
+        } else {
+            if (lp(m)) /* the logits' gradient read in 16 bits */
+                m->k->lm_head_backward_lp(m->dbufC, lm_head_grad(m), a->logits, m->act_dtype, lnf,
+                                          lm_head_weight(m), lm_head_weight16(m), N, C, Vl);
+            else
+                m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, lnf, lm_head_weight(m), N, C,
+                                       Vl);
+            dlnf = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's vocabulary */
+        }
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */

@@ -28,6 +28,7 @@
 #include "loom/model.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor.h"
+#include "parallel/tensor_exact.h"
 
 struct loom_kernels;
 
@@ -106,6 +107,8 @@ struct loom_gpt2 {
      * the N = B*T rows (the residual stream, the norms' inputs and outputs) */
     struct loom_tp_regions rg; /* the regions' entries and exits, rows of C (parallel/tensor.h) */
     float *norm_grads;         /* (2C) one norm's weight and bias gradient before the tp sum; sp only */
+    /* --layout-invariant: the split sums in fixed pieces (parallel/tensor_exact.h); pieces 0: off */
+    struct loom_tp_exact exact;
 
     const struct loom_kernels *k; /* the backend's kernels (kernels/backend.h): the CPU's */
     int nslots;                   /* micro-batches in flight (loom_model_ops.set_slots; default 1) */
@@ -186,6 +189,9 @@ void loom_gpt2_free(struct loom_gpt2 *m);
 /* Megatron's sequence parallelism on a tensor-parallel model (tp > 1, T
  * divisible by tp): before the first forward. */
 void loom_gpt2_set_sequence_parallel(struct loom_gpt2 *m, int on);
+/* --layout-invariant pieces (before the first forward; a multiple of tp dividing
+ * the heads): every sum tensor parallelism splits taken in those pieces. */
+void loom_gpt2_set_tp_invariant(struct loom_gpt2 *m, int pieces);
 
 /* Recomputation (Megatron's): granularity NONE and SELECTIVE take method
  * NONE and num_layers 0; FULL takes UNIFORM or BLOCK with 1 <= num_layers

@@ -104,6 +104,12 @@ static int check(const struct loom_config *cfg, int T)
             "--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d: each "
             "tensor-parallel rank computes whole heads",
             mc.heads, tp);
+    if (rc == LOOM_OK && cfg->layout_invariant && mc.heads % cfg->layout_invariant)
+        rc = loom_error_set(
+            LOOM_ERR_INPUT,
+            "--num-attention-heads %d is not divisible by --layout-invariant %d: each piece is "
+            "whole heads",
+            mc.heads, cfg->layout_invariant);
     return rc;
 }
 
@@ -128,6 +134,7 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
         LOOM_ASSERT(loom_gpt2_set_sparse(m, &sc) == LOOM_OK); /* check() built it once already */
     loom_gpt2_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (cfg->sequence_parallel) loom_gpt2_set_sequence_parallel(m, 1);
+    if (cfg->layout_invariant) loom_gpt2_set_tp_invariant(m, cfg->layout_invariant);
     if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
         m->k = loom_backend_kernels(m->base.backend, m->act_dtype);

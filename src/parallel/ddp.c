@@ -203,8 +203,9 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
     }
     struct loom_tied_embedding te;
     /* (not under mixed precision: the deferred scatter would need float32 gradients) */
-    d->early_wte = overlap && !naive && m->dtype == LOOM_DTYPE_F32 && m->tp == 1 && m->ops->tied_embedding &&
-                   m->ops->tied_embedding(m, &te) && te.block == d->buckets[d->nbuckets - 1].first_block &&
+    d->early_wte = overlap && !naive && m->dtype == LOOM_DTYPE_F32 && m->tp == 1 && !m->invariant_sums &&
+                   m->ops->tied_embedding && m->ops->tied_embedding(m, &te) &&
+                   te.block == d->buckets[d->nbuckets - 1].first_block &&
                    m->blocks[te.block].tensors[0].offset == 0;
     if (d->early_wte) {
         /* the tied table out of the last bucket, into its own */

@@ -13,6 +13,11 @@ double loom_tp_comm_take_s(void)
     return w;
 }
 
+void loom_tp_wait(struct loom_comm_handle *h)
+{
+    waited += loom_comm_wait(h);
+}
+
 void loom_tp_allreduce(float *x, size_t n, enum loom_op op)
 {
     waited += loom_comm_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_f32(x, n), op));

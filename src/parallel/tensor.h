@@ -42,6 +42,8 @@ void loom_tp_allreduce(float *x, size_t n, enum loom_op op);
  * sum over the group of full; the forward leaving a region, and the
  * backward of gather. tp: the group's size. */
 void loom_tp_gather(float *full, const float *local, size_t n_local, int tp);
+/* Waits for a collective on the tp group, counted with the ones above. */
+void loom_tp_wait(struct loom_comm_handle *h);
 /* Seconds the collectives above waited since the last call (they block the
  * layers, so all of it is exposed), and the count starts again. */
 double loom_tp_comm_take_s(void);

@@ -19,6 +19,7 @@
  *                                           with its parts: the logits of its vocabulary, the
  *                                           gradients of its part of each tensor
  *   --sp 0|1                                with --tp: sequence parallelism
+ *   --tp-invariant N                        the split sums in N pieces (loom_gpt2_set_tp_invariant)
  *
  * TOKENS.i32 holds B rows of T+1 int32 tokens: inputs are each row's first
  * T, targets its last T. OUT holds "loss" [1], "logits" [B,T,V] and
@@ -49,7 +50,7 @@ int main(int argc, char **argv)
     static const char *const methods[] = {"none", "uniform", "block", NULL};
     int act_dtype = 0, granularity = 0, method = 0, num_layers = 0, activation = 0, untied = 0;
     double eps = LOOM_GPT2_NORM_EPS;
-    int tp = 1, sp = 0;
+    int tp = 1, sp = 0, invariant = 0;
     int first = 1; /* the first positional argument */
     for (; first + 1 < argc && strncmp(argv[first], "--", 2) == 0; first += 2) {
         const char *opt = argv[first], *v = argv[first + 1];
@@ -72,6 +73,8 @@ int main(int argc, char **argv)
             bad = (tp = atoi(v)) < 1;
         else if (strcmp(opt, "--sp") == 0)
             sp = atoi(v);
+        else if (strcmp(opt, "--tp-invariant") == 0)
+            bad = (invariant = atoi(v)) < 1;
         else
             bad = 1;
         if (bad) {
@@ -105,6 +108,7 @@ int main(int argc, char **argv)
     }
     struct loom_gpt2 *m = loom_gpt2_create_tp(&cfg, B, T, tp, topo.tp_rank);
     if (sp) loom_gpt2_set_sequence_parallel(m, 1);
+    if (invariant) loom_gpt2_set_tp_invariant(m, invariant);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     m->act_dtype = (enum loom_dtype)act_dtype;
     loom_gpt2_set_recompute(m, (enum loom_recompute)granularity, (enum loom_recompute_method)method,

@@ -61,7 +61,9 @@ void loom_matmul_backward(float *dinp, float *dweight, float *dbias, const float
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp,
                     C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight,
+                    OC);
     if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }
 
@@ -75,7 +77,9 @@ void loom_lm_head_forward(float *logits, const float *inp, const float *wte, int
 void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp, const float *wte,
                            int N, int C, int V)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dinp, C);
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dinp,
+                    C);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f, dwte, C);
 }
 
@@ -121,8 +125,9 @@ void loom_lm_head_backward_lp(float *dinp, float *dwte, const uint16_t *dlogits,
         for (int i = 0; i < N; i++)
             loom_lp_to_f32(blk + (size_t)i * vb, dlogits + (size_t)i * V + v0, (size_t)vb, dt);
         /* dinp (+)= blk @ wte[v0:v0+vb];  dwte[v0:v0+vb] += blk^T @ inp */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, vb, 1.0f, blk, vb, wte + (size_t)v0 * C,
-                    C, v0 ? 1.0f : 0.0f, dinp, C);
+        if (dinp)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, vb, 1.0f, blk, vb,
+                        wte + (size_t)v0 * C, C, v0 ? 1.0f : 0.0f, dinp, C);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vb, C, N, 1.0f, blk, vb, inp, C, 1.0f,
                     dwte + (size_t)v0 * C, C);
     }
@@ -153,12 +158,13 @@ void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const f
                     s += (double)dout[(size_t)i * OC + o] * weight[(size_t)c * OC + o];
                 dinp[(size_t)i * C + c] = (float)s;
             }
-    for (int c = 0; c < C; c++)
-        for (int o = 0; o < OC; o++) {
-            double s = 0.0;
-            for (int i = 0; i < N; i++) s += (double)inp[(size_t)i * C + c] * dout[(size_t)i * OC + o];
-            dweight[(size_t)c * OC + o] += (float)s;
-        }
+    if (dweight)
+        for (int c = 0; c < C; c++)
+            for (int o = 0; o < OC; o++) {
+                double s = 0.0;
+                for (int i = 0; i < N; i++) s += (double)inp[(size_t)i * C + c] * dout[(size_t)i * OC + o];
+                dweight[(size_t)c * OC + o] += (float)s;
+            }
     if (dbias)
         for (int o = 0; o < OC; o++) {
             double s = 0.0;
@@ -201,7 +207,7 @@ void loom_lm_head_backward_lp_ref(float *dinp, float *dwte, const uint16_t *dlog
 void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                const float *wte, int N, int C, int V)
 {
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < N && dinp; i++)
         for (int c = 0; c < C; c++) {
             double s = 0.0;
             for (int v = 0; v < V; v++) s += (double)dlogits[(size_t)i * V + v] * wte[(size_t)v * C + c];

@@ -285,8 +285,8 @@ void loom_matmul_forward_bf16(float *out, const float *inp, const float *weight,
 void loom_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, int N, int C, int OC)
 {
-    if (dinp) gemm(N, C, OC, dout, 0, weight, 1, dinp, 0); /* dout @ weight^T */
-    gemm(C, OC, N, inp, 1, dout, 0, dweight, 1);           /* dweight += inp^T @ dout */
+    if (dinp) gemm(N, C, OC, dout, 0, weight, 1, dinp, 0);    /* dout @ weight^T */
+    if (dweight) gemm(C, OC, N, inp, 1, dout, 0, dweight, 1); /* dweight += inp^T @ dout */
     if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }
 
@@ -298,7 +298,7 @@ void loom_lm_head_forward_bf16(float *logits, const float *inp, const float *wte
 void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                 const float *wte, int N, int C, int V)
 {
-    gemm(N, C, V, dlogits, 0, wte, 0, dinp, 0);
+    if (dinp) gemm(N, C, V, dlogits, 0, wte, 0, dinp, 0);
     gemm(V, C, N, dlogits, 1, inp, 0, dwte, 1);
 }
 
@@ -310,7 +310,7 @@ void loom_lm_head_backward_lp_bf16(float *dinp, float *dwte, const uint16_t *dlo
         loom_lm_head_backward_lp(dinp, dwte, dlogits, dt, inp, wte, wte16, N, C, V);
         return;
     }
-    gemm_x(N, C, V, NULL, dlogits, 0, wte, wte16, 0, dinp, 0, 0);
+    if (dinp) gemm_x(N, C, V, NULL, dlogits, 0, wte, wte16, 0, dinp, 0, 0);
     gemm_x(V, C, N, NULL, dlogits, 1, inp, NULL, 0, dwte, 1, 0);
 }
 
@@ -339,6 +339,6 @@ void loom_matmul_backward_b16(float *dinp, float *dweight, float *dbias, const f
                               int C, int OC)
 {
     if (dinp) gemm_x(N, C, OC, dout, NULL, 0, weight, weight16, 1, dinp, 0, 0); /* dout @ weight^T */
-    gemm_x(C, OC, N, inp, inp16, 1, dout, NULL, 0, dweight, 1, 0);              /* dweight += inp^T @ dout */
+    if (dweight) gemm_x(C, OC, N, inp, inp16, 1, dout, NULL, 0, dweight, 1, 0); /* dweight += inp^T @ dout */
     if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }

@@ -1,0 +1,101 @@
+/* Layout-invariant accumulation: micro-batch gradients in a binary tree (invariant.h). */
+#include "parallel/invariant.h"
+
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/pool.h"
+
+static void begin_backward(void *ctx, int micro, int last)
+{
+    struct loom_invariant *x = ctx;
+    LOOM_ASSERT(micro >= 0 && micro < x->micros && last == (micro == x->micros - 1));
+    x->micro = micro;
+    x->last = last;
+}
+
+static void pre_backward(void *ctx, int b)
+{
+    struct loom_invariant *x = ctx;
+    struct loom_model *m = x->model;
+    struct loom_block *blk = &m->blocks[b];
+    LOOM_ASSERT(x->own[b] == NULL && blk->work_grads != NULL);
+    x->dest[b] = blk->work_grads;
+    x->dest_owner[b] = blk->grads_owner;
+    x->own[b] = loom_pool_take_f32(blk->numel, 1, LOOM_MEM_GRADS);
+    loom_block_provide_grads(m, b, x->own[b], x->index);
+}
+
+/* s += v, n floats (float addition commutes: the order of the operands is no matter) */
+static void add(float *s, const float *v, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) s[i] += v[i];
+}
+
+static float **slot(struct loom_invariant *x, int k, int b)
+{
+    return &x->level[(size_t)k * x->model->nblocks + b];
+}
+
+static void grads_ready(void *ctx, int b)
+{
+    struct loom_invariant *x = ctx;
+    if (b < 0) return; /* the tied-head event: the table's gradient is still open */
+    struct loom_model *m = x->model;
+    const size_t n = m->blocks[b].numel;
+    float *s = x->own[b];
+    unsigned t = (unsigned)x->micro;
+    int k = 0;
+    for (; t & 1; t >>= 1, k++) add(s, *slot(x, k, b), n); /* the carries: level k held a sibling */
+    if (!x->last) {                                        /* level k is free (bit k of micro is 0) */
+        float **l = slot(x, k, b);
+        LOOM_ASSERT(k < x->levels);
+        if (!*l) *l = loom_alloc(n * sizeof(float), LOOM_MEM_GRADS);
+        memcpy(*l, s, n * sizeof(float));
+    } else { /* A not a power of two: the levels still held, lowest first */
+        for (t >>= 1, k++; t; t >>= 1, k++)
+            if (t & 1) add(s, *slot(x, k, b), n);
+        add(x->dest[b], s, n); /* the view holds zeros until now */
+    }
+    loom_pool_give_f32(s, n);
+    x->own[b] = NULL;
+    loom_block_provide_grads(m, b, x->dest[b], x->dest_owner[b]);
+}
+
+static void describe(void *ctx, char *buf, size_t n)
+{
+    const struct loom_invariant *x = ctx;
+    snprintf(buf, n, "layout-invariant: %d micro-batch gradients summed in a binary tree", x->micros);
+}
+
+static const struct loom_strategy invariant_strategy = {.name = "invariant",
+                                                        .begin_backward = begin_backward,
+                                                        .pre_backward = pre_backward,
+                                                        .grads_ready = grads_ready,
+                                                        .describe = describe};
+
+void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros)
+{
+    LOOM_ASSERT(micros >= 2);
+    *x = (struct loom_invariant){.model = m, .micros = micros};
+    for (unsigned a = (unsigned)micros - 1; a; a >>= 1) x->levels++;
+    const size_t nb = (size_t)m->nblocks;
+    x->level = loom_alloc(sizeof *x->level * nb * (size_t)x->levels, LOOM_MEM_OTHER);
+    x->own = loom_alloc(sizeof *x->own * nb * 2, LOOM_MEM_OTHER);
+    x->dest = x->own + nb;
+    x->dest_owner = loom_alloc(sizeof *x->dest_owner * nb, LOOM_MEM_OTHER);
+    x->index = m->stack.n;
+    loom_model_push_strategy(m, &invariant_strategy, x);
+}
+
+void loom_invariant_free(struct loom_invariant *x)
+{
+    if (!x->model) return;
+    for (size_t i = 0; i < (size_t)x->model->nblocks * (size_t)x->levels; i++) loom_free(x->level[i]);
+    loom_free(x->level);
+    loom_free(x->own);
+    loom_free(x->dest_owner);
+    *x = (struct loom_invariant){0};
+}

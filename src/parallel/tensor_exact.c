@@ -1,0 +1,472 @@
+/*
+ * Layout-invariant tensor parallelism's sums (tensor_exact.h).
+ */
+#include "parallel/tensor_exact.h"
+
+#include <string.h>
+
+#include "base/dtype.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "kernels/kernels.h"
+#include "loom/model.h"
+
+void loom_tp_exact_init(struct loom_tp_exact *x, int pieces, int tp, int tp_rank)
+{
+    LOOM_ASSERT(pieces >= 0 && tp >= 1 && (pieces == 0 || pieces % tp == 0));
+    loom_tp_exact_free(x);
+    *x = (struct loom_tp_exact){.pieces = pieces, .tp = tp, .tp_rank = tp_rank};
+}
+
+void loom_tp_exact_free(struct loom_tp_exact *x)
+{
+    loom_free(x->acc);
+    loom_free(x->acc_rows);
+    loom_free(x->part);
+    loom_free(x->pack_a);
+    loom_free(x->pack_w);
+    loom_free(x->pack_in);
+    loom_free(x->grad);
+    x->acc = x->acc_rows = NULL;
+    x->part = x->pack_a = x->pack_w = x->pack_in = x->grad = NULL;
+    x->cap_acc = x->cap_acc_rows = x->cap_part = x->cap_pack_a = x->cap_pack_w = x->cap_pack_in =
+        x->cap_grad = 0;
+}
+
+/* *p with room for n elements of size sz (what it held is not kept) */
+static void *grow(void *p, size_t *cap, size_t n, size_t sz)
+{
+    void **pp = p;
+    if (n > *cap) {
+        loom_free(*pp);
+        *pp = loom_alloc(loom_mul_size(n, sz), LOOM_MEM_ACTIVATIONS);
+        *cap = n;
+    }
+    return *pp;
+}
+
+int loom_tp_exact_held(const struct loom_tp_exact *x)
+{
+    return x->pieces / x->tp;
+}
+
+int loom_tp_exact_first(const struct loom_tp_exact *x)
+{
+    return x->tp_rank * loom_tp_exact_held(x);
+}
+
+void loom_tp_exact_piece(const struct loom_tp_exact *x, int64_t n, int j, int *lo, int *hi)
+{
+    int64_t base, end, a, b;
+    loom_tp_part(n, x->tp, x->tp_rank, &base, &end);
+    loom_tp_part(n, x->pieces, loom_tp_exact_first(x) + j, &a, &b);
+    LOOM_ASSERT(j >= 0 && j < loom_tp_exact_held(x) && a >= base && b <= end);
+    *lo = (int)(a - base);
+    *hi = (int)(b - base);
+}
+
+double *loom_tp_exact_sum(struct loom_tp_exact *x, size_t n)
+{
+    double *acc = grow(&x->acc, &x->cap_acc, n, sizeof(double));
+    memset(acc, 0, n * sizeof(double));
+    return acc;
+}
+
+void loom_tp_exact_add(double *acc, const float *v, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) acc[i] += v[i];
+}
+
+static void round_into(float *dst, const double *acc, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) dst[i] = (float)acc[i];
+}
+
+/* A piece of a split dimension: its columns (or rows) in each segment,
+ * [at[s], at[s] + w[s]), width in all. */
+struct piece {
+    int nseg, at[4], w[4], width;
+};
+
+/* Piece j of a dimension of n entries (the whole's) as loom_tp_part cuts it. */
+static struct piece piece_of_part(const struct loom_tp_exact *x, int64_t n, int j)
+{
+    int lo, hi;
+    loom_tp_exact_piece(x, n, j, &lo, &hi);
+    return (struct piece){.nseg = 1, .at = {lo}, .w = {hi - lo}, .width = hi - lo};
+}
+
+/* dst (n, p.width) = the piece's columns of src (n rows of ld), float32,
+ * or 16 bits (bf16, or dt) where src16 is given */
+static void pack_cols(float *dst, const float *src, const uint16_t *src16, enum loom_dtype dt, size_t n,
+                      int ld, const struct piece *p)
+{
+#pragma omp parallel for schedule(static) if (n * (size_t)p->width >= 65536)
+    for (size_t i = 0; i < n; i++) {
+        float *d = dst + i * (size_t)p->width;
+        for (int s = 0; s < p->nseg; s++) {
+            if (src16)
+                loom_lp_to_f32(d, src16 + i * (size_t)ld + p->at[s], (size_t)p->w[s], dt);
+            else
+                memcpy(d, src + i * (size_t)ld + p->at[s], (size_t)p->w[s] * sizeof(float));
+            d += p->w[s];
+        }
+    }
+}
+
+/* the same for 16-bit values, kept in 16 bits */
+static void pack_cols16(uint16_t *dst, const uint16_t *src, size_t n, int ld, const struct piece *p)
+{
+#pragma omp parallel for schedule(static) if (n * (size_t)p->width >= 65536)
+    for (size_t i = 0; i < n; i++)
+        memcpy(dst + i * (size_t)p->width, src + i * (size_t)ld + p->at[0],
+               (size_t)p->w[0] * sizeof(uint16_t));
+}
+
+/* the piece's columns of dst (n rows of ld) = src (n, p.width), or += with add */
+static void unpack_cols(float *dst, const float *src, size_t n, int ld, const struct piece *p, int add)
+{
+#pragma omp parallel for schedule(static) if (n * (size_t)p->width >= 65536)
+    for (size_t i = 0; i < n; i++) {
+        const float *q = src + i * (size_t)p->width;
+        for (int s = 0; s < p->nseg; s++) {
+            float *d = dst + i * (size_t)ld + p->at[s];
+            if (add)
+                for (int c = 0; c < p->w[s]; c++) d[c] += q[c];
+            else
+                memcpy(d, q, (size_t)p->w[s] * sizeof(float));
+            q += p->w[s];
+        }
+    }
+}
+
+/* the piece's rows of dst (rows of ld) += src (p.width, ld) */
+static void add_rows(float *dst, const float *src, size_t ld, const struct piece *p)
+{
+    for (int s = 0; s < p->nseg; s++) {
+        float *d = dst + (size_t)p->at[s] * ld;
+        const size_t n = (size_t)p->w[s] * ld;
+        for (size_t i = 0; i < n; i++) d[i] += src[i];
+        src += n;
+    }
+}
+
+/* x->grad, zeroed (n) */
+static float *zeroed(struct loom_tp_exact *x, size_t n)
+{
+    float *g = grow(&x->grad, &x->cap_grad, n, sizeof(float));
+    memset(g, 0, n * sizeof(float));
+    return g;
+}
+
+/* inp as float32: itself, or inp16's bf16 values converted (n) */
+static const float *input_f32(struct loom_tp_exact *x, const float *inp, const uint16_t *inp16, size_t n)
+{
+    if (inp) return inp;
+    float *f = grow(&x->pack_in, &x->cap_pack_in, n, sizeof(float));
+    loom_lp_to_f32(f, inp16, n, LOOM_DTYPE_BF16);
+    return f;
+}
+
+/* The region's exit with the float64 sums of every row in x->acc (N rows of
+ * r->width): summed over the tp group, rounded into dst (every row) or
+ * rows (this rank's, sequence parallelism). */
+static float *exit_region(struct loom_tp_exact *x, struct loom_tp_regions *r, float *dst, float *rows, int N)
+{
+    const size_t n = (size_t)N * r->width;
+    if (r->tp > 1 && !r->sp) {
+        loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of(x->acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+    } else if (r->sp) {
+        const size_t nr = (size_t)loom_tp_rows_held(r, N) * r->width;
+        double *mine = grow(&x->acc_rows, &x->cap_acc_rows, nr, sizeof(double));
+        loom_tp_wait(loom_comm_reduce_scatter(LOOM_GROUP_TP, loom_buf_of(x->acc, n, LOOM_DTYPE_F64),
+                                              loom_buf_of(mine, nr, LOOM_DTYPE_F64)));
+        round_into(rows, mine, nr);
+        return rows;
+    }
+    round_into(dst, x->acc, n);
+    return dst;
+}
+
+/* The segments' piece j: its columns in each segment, [lo_s, lo_s + w_s) */
+static int segment_piece(const struct loom_tp_exact *x, const struct loom_tp_segment *seg, int nseg, int j,
+                         int *lo, int *w)
+{
+    const int held = loom_tp_exact_held(x);
+    int width = 0;
+    LOOM_ASSERT(nseg >= 1 && nseg <= 4);
+    for (int s = 0; s < nseg; s++) {
+        LOOM_ASSERT(seg[s].width % held == 0);
+        w[s] = seg[s].width / held;
+        lo[s] = j * w[s];
+        width += w[s];
+    }
+    return width;
+}
+
+/* The piece's weight as one matrix: [in, out] (C, width), the segments'
+ * columns side by side; (out, in) (width, C), their rows one after another. */
+static void pack_weight(float *dst, const struct loom_tp_segment *seg, int nseg, const int *lo, const int *w,
+                        int width, int w_out_in, int C)
+{
+    for (int s = 0, at = 0; s < nseg; at += w[s], s++) {
+        if (w_out_in) {
+            memcpy(dst + (size_t)at * C, seg[s].W + (size_t)lo[s] * C, (size_t)w[s] * C * sizeof(float));
+        } else {
+            for (int c = 0; c < C; c++)
+                memcpy(dst + (size_t)c * width + at, seg[s].W + (size_t)c * seg[s].ldw + lo[s],
+                       (size_t)w[s] * sizeof(float));
+        }
+    }
+}
+
+void loom_tp_exact_column_forward(struct loom_tp_exact *x, const struct loom_kernels *k,
+                                  const struct loom_tp_segment *seg, int nseg, const float *inp,
+                                  const uint16_t *inp16, int w_out_in, int N, int C)
+{
+    const float *a = input_f32(x, inp, inp16, (size_t)N * C);
+    for (int j = 0; j < loom_tp_exact_held(x); j++) {
+        int lo[4], w[4];
+        const int width = segment_piece(x, seg, nseg, j, lo, w);
+        float *wt = grow(&x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
+        float *part = grow(&x->part, &x->cap_part, (size_t)N * width, sizeof(float));
+        pack_weight(wt, seg, nseg, lo, w, width, w_out_in, C);
+        if (w_out_in) { /* inp @ W^T */
+            k->lm_head_forward(part, a, wt, N, C, width);
+        } else {
+            float *bias = NULL;
+            if (seg[0].bias) {
+                bias = zeroed(x, (size_t)width);
+                for (int s = 0, at = 0; s < nseg; at += w[s], s++)
+                    memcpy(bias + at, seg[s].bias + lo[s], (size_t)w[s] * sizeof(float));
+            }
+            k->matmul_forward(part, a, wt, bias, N, C, width);
+        }
+        for (int s = 0, at = 0; s < nseg; at += w[s], s++)
+            for (int i = 0; i < N; i++)
+                memcpy(seg[s].out + (size_t)i * seg[s].ld + lo[s], part + (size_t)i * width + at,
+                       (size_t)w[s] * sizeof(float));
+    }
+}
+
+float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_regions *r,
+                                     const struct loom_kernels *k, const struct loom_tp_segment *seg,
+                                     int nseg, const float *inp, const uint16_t *inp16, int w_out_in,
+                                     float *dst, int N, int C)
+{
+    LOOM_ASSERT(r->width == C);
+    const size_t n = (size_t)N * C;
+    const float *a = input_f32(x, inp, inp16, n);
+    double *acc = loom_tp_exact_sum(x, n);
+    for (int j = 0; j < loom_tp_exact_held(x); j++) {
+        int lo[4], w[4];
+        const int width = segment_piece(x, seg, nseg, j, lo, w);
+        float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * width, sizeof(float));
+        float *wt = grow(&x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
+        float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
+        float *g = zeroed(x, (size_t)C * width);
+        for (int s = 0, at = 0; s < nseg; at += w[s], s++)
+            for (int i = 0; i < N; i++)
+                memcpy(d + (size_t)i * width + at, seg[s].dout + (size_t)i * seg[s].ld + lo[s],
+                       (size_t)w[s] * sizeof(float));
+        pack_weight(wt, seg, nseg, lo, w, width, w_out_in, C);
+        if (w_out_in) /* dinp = d @ W, g (width, C) += d^T @ a */
+            k->lm_head_backward(part, g, d, a, wt, N, C, width);
+        else /* dinp = d @ W^T, g (C, width) += a^T @ d */
+            k->matmul_backward(part, g, NULL, d, a, wt, N, C, width);
+        for (int s = 0, at = 0; s < nseg; at += w[s], s++) {
+            if (w_out_in) {
+                float *dw = seg[s].dW + (size_t)lo[s] * C;
+                const float *gs = g + (size_t)at * C;
+                for (size_t i = 0; i < (size_t)w[s] * C; i++) dw[i] += gs[i];
+            } else {
+                for (int c = 0; c < C; c++) {
+                    float *dw = seg[s].dW + (size_t)c * seg[s].ldw + lo[s];
+                    const float *gs = g + (size_t)c * width + at;
+                    for (int o = 0; o < w[s]; o++) dw[o] += gs[o];
+                }
+            }
+        }
+        loom_tp_exact_add(acc, part, n);
+    }
+    for (int s = 0; s < nseg; s++) /* column by column over the rows: no split sum */
+        if (seg[s].dbias) {
+            float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * seg[s].width, sizeof(float));
+            for (int i = 0; i < N; i++)
+                memcpy(d + (size_t)i * seg[s].width, seg[s].dout + (size_t)i * seg[s].ld,
+                       (size_t)seg[s].width * sizeof(float));
+            loom_bias_backward(seg[s].dbias, d, N, seg[s].width);
+        }
+    return exit_region(x, r, dst, r->grad_rows, N);
+}
+
+float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions *r,
+                                 const struct loom_kernels *k, const float *inp, const uint16_t *inp16,
+                                 const float *W, int w_out_in, const float *bias, float *dst, int N, int Kl,
+                                 int OC)
+{
+    LOOM_ASSERT(r->width == OC);
+    const size_t n = (size_t)N * OC;
+    double *acc = loom_tp_exact_sum(x, n);
+    for (int j = 0; j < loom_tp_exact_held(x); j++) {
+        const struct piece p = piece_of_part(x, (int64_t)Kl * x->tp, j);
+        float *a = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+        float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
+        pack_cols(a, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, &p);
+        if (w_out_in) { /* (OC, Kl): the piece's columns; a @ w^T */
+            float *w = grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
+            pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, &p);
+            k->lm_head_forward(part, a, w, N, p.width, OC);
+        } else { /* [in, out] (Kl, OC): the piece's rows as they are */
+            k->matmul_forward(part, a, W + (size_t)p.at[0] * OC, NULL, N, p.width, OC);
+        }
+        loom_tp_exact_add(acc, part, n);
+    }
+    float *y = exit_region(x, r, dst, r->out_rows, N);
+    if (bias) {
+        const int Nr = loom_tp_rows_held(r, N);
+        for (int i = 0; i < Nr; i++)
+            for (int o = 0; o < OC; o++) y[(size_t)i * OC + o] += bias[o];
+    }
+    return y;
+}
+
+void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kernels *k, float *dinp, float *dW,
+                                float *dbias, const float *dout, const float *inp, const uint16_t *inp16,
+                                const float *W, int w_out_in, int N, int Kl, int OC)
+{
+    for (int j = 0; j < loom_tp_exact_held(x); j++) {
+        const struct piece p = piece_of_part(x, (int64_t)Kl * x->tp, j);
+        float *a = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+        float *part = grow(&x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
+        float *g = zeroed(x, (size_t)OC * p.width);
+        pack_cols(a, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, &p);
+        if (w_out_in) { /* (OC, Kl): w (OC, width); dinp = dout @ w, g (OC, width) += dout^T @ a */
+            float *w = grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
+            pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, &p);
+            k->matmul_forward(part, dout, w, NULL, N, OC, p.width);
+            k->lm_head_backward(NULL, g, dout, a, w, N, p.width, OC);
+            unpack_cols(dW, g, (size_t)OC, Kl, &p, 1);
+        } else { /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
+            k->matmul_backward(part, g, NULL, dout, a, W + (size_t)p.at[0] * OC, N, p.width, OC);
+            add_rows(dW, g, (size_t)OC, &p);
+        }
+        unpack_cols(dinp, part, (size_t)N, Kl, &p, 0);
+    }
+    if (dbias) loom_bias_backward(dbias, dout, N, OC);
+}
+
+void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kernels *k, void *logits,
+                                enum loom_dtype dt, const float *inp, const float *W, int N, int C, int V,
+                                int Vl)
+{
+    for (int j = 0; j < loom_tp_exact_held(x); j++) {
+        const struct piece p = piece_of_part(x, V, j);
+        if (!p.width) continue; /* an empty piece */
+        if (dt == LOOM_DTYPE_F32) {
+            float *part = grow(&x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
+            k->lm_head_forward(part, inp, W + (size_t)p.at[0] * C, N, C, p.width);
+            unpack_cols(logits, part, (size_t)N, Vl, &p, 0);
+        } else {
+            uint16_t *part = grow(&x->part, &x->cap_part, ((size_t)N * p.width + 1) / 2, sizeof(float));
+            uint16_t *l = logits;
+            k->lm_head_forward_lp(part, dt, inp, W + (size_t)p.at[0] * C, NULL, N, C, p.width);
+            for (int i = 0; i < N; i++)
+                memcpy(l + (size_t)i * Vl + p.at[0], part + (size_t)i * p.width, (size_t)p.width * sizeof *l);
+        }
+    }
+}
+
+float *loom_tp_exact_head_backward(struct loom_tp_exact *x, struct loom_tp_regions *r,
+                                   const struct loom_kernels *k, float *dW, const void *dlogits,
+                                   enum loom_dtype dt, const float *inp, const float *W, float *dst, int N,
+                                   int C, int V, int Vl)
+{
+    LOOM_ASSERT(r->width == C);
+    const size_t n = (size_t)N * C;
+    double *acc = loom_tp_exact_sum(x, n);
+    for (int j = 0; j < loom_tp_exact_held(x); j++) {
+        const struct piece p = piece_of_part(x, V, j);
+        if (!p.width) continue;
+        float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
+        const size_t at = (size_t)p.at[0] * C;
+        if (dt == LOOM_DTYPE_F32) {
+            float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+            pack_cols(d, dlogits, NULL, dt, (size_t)N, Vl, &p);
+            k->lm_head_backward(part, dW + at, d, inp, W + at, N, C, p.width);
+        } else {
+            uint16_t *d = grow(&x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
+            pack_cols16(d, dlogits, (size_t)N, Vl, &p);
+            k->lm_head_backward_lp(part, dW + at, d, dt, inp, W + at, NULL, N, C, p.width);
+        }
+        loom_tp_exact_add(acc, part, n);
+    }
+    return exit_region(x, r, dst, r->grad_rows, N);
+}
+
+void loom_tp_exact_crossentropy_begin(struct loom_tp_exact *x, int N)
+{
+    loom_tp_exact_sum(x, 2 * (size_t)N);
+    x->ce_rows = N;
+}
+
+void loom_tp_exact_crossentropy_rows(struct loom_tp_exact *x, const struct loom_kernels *k,
+                                     const float *logits, const float *rowmax, const int32_t *targets,
+                                     int row0, int n, int V, int v0, int Vl)
+{
+    double *sum = x->acc, *tgt = x->acc + x->ce_rows;
+    LOOM_ASSERT(row0 >= 0 && row0 + n <= x->ce_rows);
+    for (int j = 0; j < loom_tp_exact_held(x); j++) {
+        int lo, hi;
+        loom_tp_exact_piece(x, V, j, &lo, &hi);
+        if (hi == lo) continue;
+        for (int i = 0; i < n; i++) {
+            float s, t;
+            const int row = row0 + i;
+            k->crossentropy_vp_stats(&s, &t, logits + (size_t)i * Vl + lo, rowmax + row, targets + row,
+                                     v0 + lo, 1, hi - lo);
+            sum[row] += s;
+            tgt[row] += t; /* one piece holds the target: the others add 0 */
+        }
+    }
+}
+
+void loom_tp_exact_crossentropy_done(struct loom_tp_exact *x, float *sumexp, float *target, int N)
+{
+    LOOM_ASSERT(N == x->ce_rows);
+    if (x->tp > 1)
+        loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of(x->acc, 2 * (size_t)N, LOOM_DTYPE_F64),
+                                         LOOM_OP_SUM));
+    round_into(sumexp, x->acc, (size_t)N);
+    round_into(target, x->acc + N, (size_t)N);
+}
+
+int loom_tp_exact_row_pieces(const struct loom_tp_exact *x, const struct loom_tp_regions *r)
+{
+    return r->sp ? loom_tp_exact_held(x) : x->pieces;
+}
+
+void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp_regions *r, int N, int j,
+                             int *lo, int *hi)
+{
+    if (r->sp) {
+        loom_tp_exact_piece(x, N, j, lo, hi);
+        return;
+    }
+    int64_t a, b;
+    loom_tp_part(N, x->pieces, j, &a, &b);
+    *lo = (int)a;
+    *hi = (int)b;
+}
+
+void loom_tp_exact_add_grads(struct loom_tp_exact *x, const struct loom_tp_regions *r, const double *acc,
+                             float *grad, size_t n)
+{
+    (void)x;
+    if (r->sp && r->tp > 1)
+        loom_tp_wait(
+            loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of((double *)acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+    for (size_t i = 0; i < n; i++) grad[i] += (float)acc[i];
+}

@@ -1,0 +1,145 @@
+/*
+ * Layout-invariant tensor parallelism (--layout-invariant N): the sums tensor
+ * parallelism splits are taken in N fixed pieces, exactly, on every layout,
+ * so a run at any tensor-parallel size T dividing N (one process included)
+ * computes the same bits.
+ *
+ * Tensor parallelism splits a sum wherever a product's inner dimension is
+ * divided over the tp group: the row-parallel products (the attention and
+ * MLP output projections), the input gradients of the column-parallel ones
+ * (QKV, MLP fc or gate/up) and of the vocab-parallel LM head, the
+ * cross-entropy's sum of exponentials, and, under sequence parallelism, the
+ * norms' weight gradients (a sum over rows). Each of those sums is cut into
+ * N pieces the same way on every layout (piece c of n entries is
+ * loom_tp_part(n, N, c); a rank of T holds pieces [r N/T, (r+1) N/T), whose
+ * union is its own part), each piece is computed by the same kernel call on
+ * the same operands, and the float32 pieces are added in float64 (over the
+ * tp group by a float64 all-reduce or reduce-scatter) and rounded to
+ * float32 once. A sum of N float32 values in float64 is exact while they
+ * span fewer than 53 - 24 - log2(N) binary orders of magnitude, and an
+ * exact sum does not depend on the order of its additions; beyond that
+ * span the float64 rounding (2^-53 relative) can only matter where the sum
+ * lies that close to halfway between two float32 values.
+ *
+ * What stays out: the sums over micro-batches and data-parallel ranks
+ * (the gradients' accumulation and reduction, the layouts' float32 order),
+ * and fp8.
+ */
+#ifndef LOOM_PARALLEL_TENSOR_EXACT_H
+#define LOOM_PARALLEL_TENSOR_EXACT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "parallel/tensor.h"
+
+struct loom_tp_exact {
+    int pieces; /* N; 0: off (the layout's own sums) */
+    int tp, tp_rank;
+    /* scratch, grown on use (activations): float64 sums of every row and of
+     * the rows held, a piece's product, its packed operands */
+    double *acc, *acc_rows;
+    float *part, *pack_a, *pack_w, *pack_in, *grad;
+    size_t cap_acc, cap_acc_rows, cap_part, cap_pack_a, cap_pack_w, cap_pack_in, cap_grad;
+    int ce_rows; /* the cross-entropy's rows, from _begin */
+};
+
+void loom_tp_exact_init(struct loom_tp_exact *x, int pieces, int tp, int tp_rank);
+void loom_tp_exact_free(struct loom_tp_exact *x);
+/* Pieces this rank holds (N / T) and the first of them. */
+int loom_tp_exact_held(const struct loom_tp_exact *x);
+int loom_tp_exact_first(const struct loom_tp_exact *x);
+/* Held piece j (0 <= j < held) of a dimension of n entries split over the
+ * tp group: [lo, hi) in this rank's part of it. */
+void loom_tp_exact_piece(const struct loom_tp_exact *x, int64_t n, int j, int *lo, int *hi);
+
+/* Weights are [in, out] (GPT-2's Conv1D: inp @ W) or, with w_out_in,
+ * (out, in) (Llama's: inp @ W^T), this rank's part of them. Inputs are
+ * float32, or where inp is NULL the bf16 values inp16. Every product below
+ * is taken piece by piece with the piece's shapes, whatever the layout: the
+ * pieces of an output split (the column-parallel products, the LM head)
+ * are written in place, the pieces of an inner split are summed exactly.
+ * Weight gradients accumulate, a piece at a time. */
+
+/* A column-parallel product's output features come in segments (q | k | v,
+ * gate | up, or one), each split over the pieces; a piece of the product is
+ * every segment's piece, in segment order. Segment s: this rank's width
+ * output features; their weight columns W (rows of ldw: [in, out]) or rows
+ * (out, in: rows of C), the gradient dW laid out alike, bias and dbias
+ * (width, NULL: none), and the output out / its gradient dout (rows of ld). */
+struct loom_tp_segment {
+    int width;
+    const float *W;
+    float *dW;
+    int ldw;
+    const float *bias;
+    float *dbias;
+    float *out;
+    const float *dout;
+    int ld;
+};
+
+/* out (N, width) of each segment = inp (N, C) @ W + bias. */
+void loom_tp_exact_column_forward(struct loom_tp_exact *x, const struct loom_kernels *k,
+                                  const struct loom_tp_segment *seg, int nseg, const float *inp,
+                                  const uint16_t *inp16, int w_out_in, int N, int C);
+/* Its backward entering the region: each segment's dW and dbias
+ * accumulate, and the region's input gradient (the sum over the segments
+ * of dout @ W^T) is returned as loom_tp_region_input_grad returns it (dst,
+ * or r->grad_rows). */
+float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_regions *r,
+                                     const struct loom_kernels *k, const struct loom_tp_segment *seg,
+                                     int nseg, const float *inp, const uint16_t *inp16, int w_out_in,
+                                     float *dst, int N, int C);
+/* The row-parallel product leaving the region: its output rows as
+ * loom_tp_region_output returns them (dst, or r->out_rows) = inp (N, Kl) @
+ * W + bias (OC, NULL: none), the bias added to the rounded sum. */
+float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions *r,
+                                 const struct loom_kernels *k, const float *inp, const uint16_t *inp16,
+                                 const float *W, int w_out_in, const float *bias, float *dst, int N, int Kl,
+                                 int OC);
+/* Its backward, dout (N, OC) every row: dinp (N, Kl) written; dW and dbias
+ * (NULL: none) accumulate. */
+void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kernels *k, float *dinp, float *dW,
+                                float *dbias, const float *dout, const float *inp, const uint16_t *inp16,
+                                const float *W, int w_out_in, int N, int Kl, int OC);
+/* The vocab-parallel LM head: logits (N, Vl: this rank's vocabulary of V)
+ * = inp (N, C) @ W^T, W (Vl, C); float32 logits (dt F32) or 16 bits of dt. */
+void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kernels *k, void *logits,
+                                enum loom_dtype dt, const float *inp, const float *W, int N, int C, int V,
+                                int Vl);
+/* Its backward from dlogits (as the logits): dW (Vl, C) accumulates, and the
+ * input gradient is returned as loom_tp_region_input_grad returns it. */
+float *loom_tp_exact_head_backward(struct loom_tp_exact *x, struct loom_tp_regions *r,
+                                   const struct loom_kernels *k, float *dW, const void *dlogits,
+                                   enum loom_dtype dt, const float *inp, const float *W, float *dst, int N,
+                                   int C, int V, int Vl);
+
+/* The cross-entropy's statistics over the vocabulary pieces, summed over
+ * the tp group: sumexp (N) and target (N, the target's logit) of logits
+ * (N, Vl: vocabulary rows [v0, v0 + Vl) of V) given the whole vocabulary's
+ * row max. _begin for N rows, then _rows with the logits n rows at a time
+ * (row0 the first), then _done. */
+void loom_tp_exact_crossentropy_begin(struct loom_tp_exact *x, int N);
+void loom_tp_exact_crossentropy_rows(struct loom_tp_exact *x, const struct loom_kernels *k,
+                                     const float *logits, const float *rowmax, const int32_t *targets,
+                                     int row0, int n, int V, int v0, int Vl);
+void loom_tp_exact_crossentropy_done(struct loom_tp_exact *x, float *sumexp, float *target, int N);
+
+/* Row pieces: the rows a rank holds between the regions (every row
+ * without sequence parallelism), as held pieces of the N rows. */
+int loom_tp_exact_row_pieces(const struct loom_tp_exact *x, const struct loom_tp_regions *r);
+/* Row piece j's rows [lo, hi) among the rows held. */
+void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp_regions *r, int N, int j,
+                             int *lo, int *hi);
+/* A float64 sum of n values (x->acc), zeroed. */
+double *loom_tp_exact_sum(struct loom_tp_exact *x, size_t n);
+/* acc += v (n) in float64. */
+void loom_tp_exact_add(double *acc, const float *v, size_t n);
+/* grad (n) += acc rounded to float32, acc first summed over the tp group
+ * under sequence parallelism (each rank's rows). */
+void loom_tp_exact_add_grads(struct loom_tp_exact *x, const struct loom_tp_regions *r, const double *acc,
+                             float *grad, size_t n);
+
+#endif
