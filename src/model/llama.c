@@ -321,7 +321,8 @@ static void alloc_activations(struct loom_llama *m)
     m->dh = act(N * F);
     m->dgate = act(N * F);
     m->dup = act(N * F);
-    if (m->tp > 1) m->ce_stats = act(3 * N);
+    if (m->tp > 1 || m->exact.pieces) m->ce_stats = act(3 * N);
+    if (m->exact.pieces && !m->rg.sp) m->norm_grads = act(C);
 }
 
 static void free_activations(struct loom_llama *m)
@@ -386,6 +387,21 @@ static void norm_backward(struct loom_llama *m, float *dinp, float *dweight, con
                           const float *inp, const float *weight, const float *rstd, int Nr)
 {
     const int C = m->cfg.hidden;
+    if (m->exact.pieces) { /* the weight gradient in the row pieces, summed exactly */
+        const int N = m->rg.sp ? Nr * m->tp : Nr;
+        float *g = m->norm_grads;
+        double *acc = loom_tp_exact_sum(&m->exact, (size_t)C);
+        for (int j = 0; j < loom_tp_exact_row_pieces(&m->exact, &m->rg); j++) {
+            int lo, hi;
+            loom_tp_exact_row_piece(&m->exact, &m->rg, N, j, &lo, &hi);
+            const size_t at = (size_t)lo * C;
+            memset(g, 0, (size_t)C * sizeof *g);
+            m->k->rmsnorm_backward(dinp + at, g, dout + at, inp + at, weight, rstd + lo, hi - lo, C);
+            loom_tp_exact_add(acc, g, (size_t)C);
+        }
+        loom_tp_exact_add_grads(&m->exact, &m->rg, acc, dweight, (size_t)C);
+        return;
+    }
     if (!m->rg.sp) {
         m->k->rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, Nr, C);
         return;
@@ -419,6 +435,35 @@ static void linear(const struct loom_llama *m, float *y, const float *x, struct 
         m->k->lm_head_forward(y, x, loom_param(b, w), N, in, out);
 }
 
+/* --layout-invariant's products (parallel/tensor_exact.h): a column-parallel
+ * region's weights w[s] of block b, out[s] features each, with outputs
+ * out[s] or output gradients dout[s] (rows of out[s]). */
+static int segments(struct loom_tp_segment *seg, struct loom_block *b, const int *w, const int *out,
+                    float *const *y, float *const *dy, int nseg, int C)
+{
+    for (int s = 0; s < nseg; s++)
+        seg[s] = (struct loom_tp_segment){.width = out[s],
+                                          .W = loom_param(b, w[s]),
+                                          .dW = dy ? loom_grad(b, w[s]) : NULL,
+                                          .ldw = C,
+                                          .out = y ? y[s] : NULL,
+                                          .dout = dy ? dy[s] : NULL,
+                                          .ld = out[s]};
+    return nseg;
+}
+
+/* A row-parallel projection leaving its region (weight w, (C, in)): the
+ * rows this rank holds of x (N, in) W^T. */
+static float *row_forward(struct loom_llama *m, const float *x, struct loom_block *b, int w, int N, int in)
+{
+    const int C = m->cfg.hidden;
+    if (m->exact.pieces)
+        return loom_tp_exact_row_forward(&m->exact, &m->rg, m->k, x, NULL, loom_param(b, w), 1, NULL,
+                                         m->scratchC, N, in, C);
+    linear(m, m->scratchC, x, b, w, N, in, C);
+    return loom_tp_region_output(&m->rg, m->scratchC, N);
+}
+
 static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l, const float *res, int B)
 {
     const int T = m->T, C = m->cfg.hidden, Cl = m->Cl, F = m->Fl, NH = m->NHl, G = m->Gl, N = B * T,
@@ -431,9 +476,17 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     round_act(m, x->ln1, NrC);
     /* column-parallel q, k, v (this rank's heads and key/value groups), attention, row-parallel o */
     const float *in = loom_tp_region_input(&m->rg, x->ln1, N);
-    linear(m, m->q, in, b, Q_W, N, C, Cl);
-    linear(m, m->kk, in, b, K_W, N, C, m->kvC);
-    linear(m, m->v, in, b, V_W, N, C, m->kvC);
+    if (m->exact.pieces) {
+        struct loom_tp_segment seg[3];
+        const int w[3] = {Q_W, K_W, V_W}, out[3] = {Cl, m->kvC, m->kvC};
+        float *const y[3] = {m->q, m->kk, m->v};
+        loom_tp_exact_column_forward(&m->exact, m->k, seg, segments(seg, b, w, out, y, NULL, 3, C), in, NULL,
+                                     1, N, C);
+    } else {
+        linear(m, m->q, in, b, Q_W, N, C, Cl);
+        linear(m, m->kk, in, b, K_W, N, C, m->kvC);
+        linear(m, m->v, in, b, V_W, N, C, m->kvC);
+    }
     m->k->rope_forward(m->q, B, T, NH, m->hs, theta);
     m->k->rope_forward(m->kk, B, T, G, m->hs, theta);
     round_act(m, m->q, NCl);
@@ -442,8 +495,7 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     pack_qkv(m, x->qkv, m->q, m->kk, m->v, N);
     attn_fwd(m, x->atty, x->att, x->qkv, B);
     round_act(m, x->atty, NCl);
-    linear(m, m->scratchC, x->atty, b, O_W, N, Cl, C);
-    float *proj = loom_tp_region_output(&m->rg, m->scratchC, N);
+    float *proj = row_forward(m, x->atty, b, O_W, N, Cl);
     round_act(m, proj, NrC);
     m->k->residual_forward(x->res2, res, proj, NrC);
     round_act(m, x->res2, NrC);
@@ -451,14 +503,21 @@ static void layer_forward(struct loom_llama *m, struct loom_llama_acts *a, int l
     round_act(m, x->ln2, NrC);
     /* column-parallel gate and up, SwiGLU on this rank's columns, row-parallel down */
     in = loom_tp_region_input(&m->rg, x->ln2, N);
-    linear(m, x->gate, in, b, GATE_W, N, C, F);
-    linear(m, x->up, in, b, UP_W, N, C, F);
+    if (m->exact.pieces) {
+        struct loom_tp_segment seg[2];
+        const int w[2] = {GATE_W, UP_W}, out[2] = {F, F};
+        float *const y[2] = {x->gate, x->up};
+        loom_tp_exact_column_forward(&m->exact, m->k, seg, segments(seg, b, w, out, y, NULL, 2, C), in, NULL,
+                                     1, N, C);
+    } else {
+        linear(m, x->gate, in, b, GATE_W, N, C, F);
+        linear(m, x->up, in, b, UP_W, N, C, F);
+    }
     round_act(m, x->gate, NF);
     round_act(m, x->up, NF);
     m->k->swiglu_forward(x->h, x->gate, x->up, NF);
     round_act(m, x->h, NF);
-    linear(m, m->scratchC, x->h, b, DOWN_W, N, F, C);
-    proj = loom_tp_region_output(&m->rg, m->scratchC, N);
+    proj = row_forward(m, x->h, b, DOWN_W, N, F);
     round_act(m, proj, NrC);
     m->k->residual_forward(x->res3, x->res2, proj, NrC);
     round_act(m, x->res3, NrC);
@@ -498,8 +557,15 @@ static void vocab_parallel_crossentropy(struct loom_llama *m, struct loom_llama_
     float *rowmax = m->ce_stats, *sums = m->ce_stats + N; /* N sums of exponentials, N target logits */
     m->k->crossentropy_vp_max(rowmax, a->logits, N, m->Vl);
     loom_tp_allreduce(rowmax, (size_t)N, LOOM_OP_MAX);
-    m->k->crossentropy_vp_stats(sums, sums + N, a->logits, rowmax, a->targets, m->v0, N, m->Vl);
-    loom_tp_allreduce(sums, 2 * (size_t)N, LOOM_OP_SUM);
+    if (m->exact.pieces) { /* the sums over the vocabulary pieces */
+        loom_tp_exact_crossentropy_begin(&m->exact, N);
+        loom_tp_exact_crossentropy_rows(&m->exact, m->k, a->logits, rowmax, a->targets, 0, N, m->cfg.vocab,
+                                        m->v0, m->Vl);
+        loom_tp_exact_crossentropy_done(&m->exact, sums, sums + N, N);
+    } else {
+        m->k->crossentropy_vp_stats(sums, sums + N, a->logits, rowmax, a->targets, m->v0, N, m->Vl);
+        loom_tp_allreduce(sums, 2 * (size_t)N, LOOM_OP_SUM);
+    }
     for (int i = 0; i < N; i++) {
         a->lse[i] = rowmax[i] + logf(sums[i]);
         a->losses[i] = a->lse[i] - sums[N + i];
@@ -566,13 +632,18 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     m->k->rmsnorm_forward(a->lnf, a->rstdf, a->layers[L - 1].res3, loom_param(head, NORM_W), Nr, C,
                           (float)m->cfg.norm_eps);
     round_act(m, a->lnf, NrC);
-    m->k->lm_head_forward(a->logits, loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C, V);
+    if (m->exact.pieces)
+        loom_tp_exact_head_forward(&m->exact, m->k, a->logits, LOOM_DTYPE_F32,
+                                   loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C,
+                                   m->cfg.vocab, V);
+    else
+        m->k->lm_head_forward(a->logits, loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C, V);
     round_act(m, a->logits, (size_t)N * V);
     loom_model_forward_end(model, m->head);
     if (announce_emb) loom_model_forward_end(model, m->emb);
     mb->loss = 0;
     if (!a->targets) return;
-    if (m->tp == 1)
+    if (m->tp == 1 && !m->exact.pieces)
         m->k->crossentropy_forward(a->losses, a->lse, a->logits, a->targets, N, V);
     else
         vocab_parallel_crossentropy(m, a, N);
@@ -610,21 +681,39 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     struct loom_llama_layer_acts *x = &a->layers[l];
     /* MLP: res3 = res2 + down(silu(gate(ln2)) * up(ln2)); dres flows to res2 unchanged */
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    linear_backward(m, m->dh, NULL, b, DOWN_W, dout, x->h, N, F, C, 0);
+    if (m->exact.pieces)
+        loom_tp_exact_row_backward(&m->exact, m->k, m->dh, loom_grad(b, DOWN_W), NULL, dout, x->h, NULL,
+                                   loom_param(b, DOWN_W), 1, N, F, C);
+    else
+        linear_backward(m, m->dh, NULL, b, DOWN_W, dout, x->h, N, F, C, 0);
     round_act(m, m->dh, NF);
     m->k->swiglu_backward(m->dgate, m->dup, m->dh, x->gate, x->up, NF);
     round_act(m, m->dgate, NF);
     round_act(m, m->dup, NF);
     const float *in = loom_tp_region_input(&m->rg, x->ln2, N);
-    linear_backward(m, m->dbufC, NULL, b, GATE_W, m->dgate, in, N, C, F, 0);
-    linear_backward(m, m->dbufC, m->dbufC2, b, UP_W, m->dup, in, N, C, F, 1);
-    float *dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's columns */
+    float *dln;
+    if (m->exact.pieces) {
+        struct loom_tp_segment seg[2];
+        const int w[2] = {GATE_W, UP_W}, out[2] = {F, F};
+        float *const dy[2] = {m->dgate, m->dup};
+        dln = loom_tp_exact_column_backward(&m->exact, &m->rg, m->k, seg,
+                                            segments(seg, b, w, out, NULL, dy, 2, C), in, NULL, 1, m->dbufC,
+                                            N, C);
+    } else {
+        linear_backward(m, m->dbufC, NULL, b, GATE_W, m->dgate, in, N, C, F, 0);
+        linear_backward(m, m->dbufC, m->dbufC2, b, UP_W, m->dup, in, N, C, F, 1);
+        dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's columns */
+    }
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN2_W), dln, x->res2, loom_param(b, LN2_W), x->rstd2, Nr);
     round_act(m, m->dres, NrC);
     /* attention: res2 = res + o(attn(rope(q), rope(k), v)) */
     dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    linear_backward(m, m->dbufC, NULL, b, O_W, dout, x->atty, N, Cl, C, 0);
+    if (m->exact.pieces)
+        loom_tp_exact_row_backward(&m->exact, m->k, m->dbufC, loom_grad(b, O_W), NULL, dout, x->atty, NULL,
+                                   loom_param(b, O_W), 1, N, Cl, C);
+    else
+        linear_backward(m, m->dbufC, NULL, b, O_W, dout, x->atty, N, Cl, C, 0);
     round_act(m, m->dbufC, NCl);
     if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the probabilities again, from the kept qkv */
         attn_fwd(m, m->dbufC2, x->att, x->qkv, B);
@@ -637,10 +726,19 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     round_act(m, m->kk, NK);
     round_act(m, m->v, NK);
     in = loom_tp_region_input(&m->rg, x->ln1, N);
-    linear_backward(m, m->dbufC, NULL, b, Q_W, m->q, in, N, C, Cl, 0);
-    linear_backward(m, m->dbufC, m->dbufC2, b, K_W, m->kk, in, N, C, m->kvC, 1);
-    linear_backward(m, m->dbufC, m->dbufC2, b, V_W, m->v, in, N, C, m->kvC, 1);
-    dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
+    if (m->exact.pieces) {
+        struct loom_tp_segment seg[3];
+        const int w[3] = {Q_W, K_W, V_W}, out[3] = {Cl, m->kvC, m->kvC};
+        float *const dy[3] = {m->q, m->kk, m->v};
+        dln = loom_tp_exact_column_backward(&m->exact, &m->rg, m->k, seg,
+                                            segments(seg, b, w, out, NULL, dy, 3, C), in, NULL, 1, m->dbufC,
+                                            N, C);
+    } else {
+        linear_backward(m, m->dbufC, NULL, b, Q_W, m->q, in, N, C, Cl, 0);
+        linear_backward(m, m->dbufC, m->dbufC2, b, K_W, m->kk, in, N, C, m->kvC, 1);
+        linear_backward(m, m->dbufC, m->dbufC2, b, V_W, m->v, in, N, C, m->kvC, 1);
+        dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
+    }
     round_act(m, dln, NrC);
     norm_backward(m, m->dres, loom_grad(b, LN1_W), dln, layer_input(a, l), loom_param(b, LN1_W), x->rstd1,
                   Nr);
@@ -660,7 +758,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     if (last == m->head) {
         LOOM_ASSERT(a->targets != NULL);
         struct loom_block *head = &model->blocks[m->head];
-        if (m->tp == 1)
+        if (m->tp == 1 && !m->exact.pieces)
             m->k->crossentropy_backward(a->logits, a->lse, a->logits, a->targets, loss_weight / (float)N, N,
                                         V);
         else
@@ -673,10 +771,16 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             a->emb_open = 1;
         }
         loom_model_backward_begin(model, m->head);
-        m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits, loom_tp_region_input(&m->rg, a->lnf, N),
-                               lm_head_weight(m), N, C, V);
-        float *dlnf =
-            loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's vocabulary */
+        float *dlnf;
+        if (m->exact.pieces) {
+            dlnf = loom_tp_exact_head_backward(&m->exact, &m->rg, m->k, lm_head_grad(m), a->logits,
+                                               LOOM_DTYPE_F32, loom_tp_region_input(&m->rg, a->lnf, N),
+                                               lm_head_weight(m), m->dbufC, N, C, m->cfg.vocab, V);
+        } else {
+            m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits,
+                                   loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C, V);
+            dlnf = loom_tp_region_input_grad(&m->rg, m->dbufC, N); /* partial over this rank's vocabulary */
+        }
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
@@ -852,6 +956,13 @@ void loom_llama_set_recompute(struct loom_llama *m, enum loom_recompute granular
     m->recompute_num_layers = num_layers;
 }
 
+void loom_llama_set_tp_invariant(struct loom_llama *m, int pieces)
+{
+    LOOM_ASSERT(m->slots == NULL && pieces > 0 && pieces % m->tp == 0 && m->cfg.heads % pieces == 0 &&
+                m->cfg.kv_heads % pieces == 0 && m->cfg.ffn % pieces == 0);
+    loom_tp_exact_init(&m->exact, pieces, m->tp, m->tp_rank);
+}
+
 void loom_llama_set_sequence_parallel(struct loom_llama *m, int on)
 {
     LOOM_ASSERT(m->slots == NULL && (!on || (m->tp > 1 && m->T % m->tp == 0)));
@@ -867,6 +978,7 @@ void loom_llama_free(struct loom_llama *m)
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
     loom_fp8_destroy(m->base.fp8);
     loom_model_sparse_layout_free(m->sparse);
+    loom_tp_exact_free(&m->exact);
     loom_free(m);
 }
 

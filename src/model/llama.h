@@ -35,6 +35,7 @@
 #include "loom/model.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor.h"
+#include "parallel/tensor_exact.h"
 
 struct loom_kernels;
 
@@ -93,6 +94,8 @@ struct loom_llama {
      * state hold N/tp rows (the layer acts' and slot's (N,C) buffers of them) */
     struct loom_tp_regions rg; /* the regions' entries and exits, rows of C (parallel/tensor.h) */
     float *norm_grads;         /* (C) one norm's weight gradient before the tp sum; sp only */
+    /* --layout-invariant: the split sums in fixed pieces (parallel/tensor_exact.h); pieces 0: off */
+    struct loom_tp_exact exact;
     enum loom_dtype act_dtype; /* F32; BF16, F16: every activation a kernel writes is rounded to it */
     /* activation recomputation (Megatron's, as GPT-2's: loom_llama_set_recompute) */
     enum loom_recompute recompute;
@@ -134,6 +137,10 @@ void loom_llama_free(struct loom_llama *m);
  * divisible by tp), before the first forward: a micro-batch's boundary
  * activations are then this rank's rows of the sequence. */
 void loom_llama_set_sequence_parallel(struct loom_llama *m, int on);
+/* --layout-invariant pieces (before the first forward; a multiple of tp
+ * dividing the heads, the key/value groups and the FFN size): every sum
+ * tensor parallelism splits taken in those pieces. */
+void loom_llama_set_tp_invariant(struct loom_llama *m, int pieces);
 /* Block-sparse attention with the layout of sc over the query heads
  * (kernels/sparse_layout.h), before the first forward; every causal pair
  * keeps the dense kernels. LOOM_ERR_INPUT from the layout's checks. */

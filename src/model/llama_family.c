@@ -116,6 +116,13 @@ static int check_layout(const struct loom_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d",
                               mc.ffn, tp);
+    const int n = cfg->layout_invariant;
+    if (n && (mc.heads % n || mc.kv_heads % n || mc.ffn % n))
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--layout-invariant %d must divide --num-attention-heads %d, the key/value groups "
+            "%d and --ffn-hidden-size %d: each piece is whole heads, groups and columns",
+            n, mc.heads, mc.kv_heads, mc.ffn);
     return LOOM_OK;
 }
 
@@ -153,6 +160,7 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
         LOOM_ASSERT(loom_llama_set_sparse(m, &sc) == LOOM_OK); /* check() built it once already */
     loom_llama_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
     if (cfg->sequence_parallel) loom_llama_set_sequence_parallel(m, 1);
+    if (cfg->layout_invariant) loom_llama_set_tp_invariant(m, cfg->layout_invariant);
     if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
         m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
         m->k = loom_backend_kernels(m->base.backend, m->act_dtype);
