@@ -210,6 +210,13 @@ static int tied_across_stages(const struct loom_gpt2 *m)
     return m->pipelined && !m->cfg.untied && (m->emb >= 0) != (m->head >= 0);
 }
 
+/* The head's share of the tied table's gradient goes to the embedding's
+ * stage every micro-batch (--layout-invariant), not once a step. */
+static int per_micro_tied(const struct loom_gpt2 *m)
+{
+    return tied_across_stages(m) && m->base.invariant_sums;
+}
+
 static float *act(size_t n)
 {
     return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS);
@@ -1220,6 +1227,10 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             a->emb_open = 1; /* the embedding's gradients are open until its own backward */
         }
         loom_model_backward_begin(model, m->head);
+        if (per_micro_tied(m)) { /* this micro-batch's share alone, sent below */
+            loom_pp_tied_grads_reuse();
+            memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
+        }
         const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
         float *dlnf;
         if (m->exact.pieces) {
@@ -1238,7 +1249,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
-        if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+        if (tied_across_stages(m) && (per_micro_tied(m) || mb->micro == mb->micros - 1))
             loom_pp_tied_grads_send(m->tied_grad, (size_t)Vl * C);
         memset(m->dres, 0, NrC * sizeof(float));
         norm_backward(m, m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), dlnf,
@@ -1269,6 +1280,8 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     }
     struct loom_block *emb = &model->blocks[m->emb];
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
+    if (per_micro_tied(m)) /* the head's share of this micro-batch first, as one process adds it */
+        loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)Vl * C);
     if (m->tp == 1)
         m->k->embedding_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), loom_grad(emb, 1), m->dres,
                                  a->inputs, B, T, C);
@@ -1278,7 +1291,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
                                     loom_tp_region_output_grad(&m->rg, m->dres, N), a->inputs, m->v0, m->Vl,
                                     B, T, C);
     /* the head's share, from its stage, once per step */
-    if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+    if (tied_across_stages(m) && !per_micro_tied(m) && mb->micro == mb->micros - 1)
         loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)Vl * C);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;

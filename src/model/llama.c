@@ -139,6 +139,13 @@ static int tied_across_stages(const struct loom_llama *m)
     return m->pipelined && !m->cfg.untied && (m->emb >= 0) != (m->head >= 0);
 }
 
+/* The head's share of the tied table's gradient goes to the embedding's
+ * stage every micro-batch (--layout-invariant), not once a step. */
+static int per_micro_tied(const struct loom_llama *m)
+{
+    return tied_across_stages(m) && m->base.invariant_sums;
+}
+
 /* ---- activations ---------------------------------------------------------------- */
 
 /* Activations are held in act_dtype: round what a kernel just wrote. */
@@ -771,6 +778,10 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             a->emb_open = 1;
         }
         loom_model_backward_begin(model, m->head);
+        if (per_micro_tied(m)) { /* this micro-batch's share alone, sent below */
+            loom_pp_tied_grads_reuse();
+            memset(m->tied_grad, 0, (size_t)V * C * sizeof(float));
+        }
         float *dlnf;
         if (m->exact.pieces) {
             dlnf = loom_tp_exact_head_backward(&m->exact, &m->rg, m->k, lm_head_grad(m), a->logits,
@@ -784,7 +795,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
-        if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+        if (tied_across_stages(m) && (per_micro_tied(m) || mb->micro == mb->micros - 1))
             loom_pp_tied_grads_send(m->tied_grad, (size_t)V * C);
         memset(m->dres, 0, NrC * sizeof(float));
         norm_backward(m, m->dres, loom_grad(head, NORM_W), dlnf, a->layers[L - 1].res3,
@@ -812,11 +823,13 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     }
     struct loom_block *emb = &model->blocks[m->emb];
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
+    if (per_micro_tied(m)) /* the head's share of this micro-batch first, as one process adds it */
+        loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)V * C);
     /* this rank's vocabulary rows, from every row's gradient */
     m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), NULL,
                                 loom_tp_region_output_grad(&m->rg, m->dres, N), a->inputs, m->v0, V, B, T, C);
     /* the head's share, from its stage, once per step */
-    if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+    if (tied_across_stages(m) && !per_micro_tied(m) && mb->micro == mb->micros - 1)
         loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, (size_t)V * C);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;

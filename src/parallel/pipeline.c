@@ -95,6 +95,12 @@ void loom_pp_tied_weights_recv(float *copy, size_t n)
     loom_comm_wait(loom_comm_recv(LOOM_GROUP_EMBEDDING, loom_buf_f32(copy, n), 0, TAG_WEIGHTS));
 }
 
+void loom_pp_tied_grads_reuse(void)
+{
+    if (grads_sending) loom_comm_wait(grads_sending);
+    grads_sending = NULL;
+}
+
 void loom_pp_tied_grads_send(const float *grad, size_t n)
 {
     LOOM_ASSERT(!grads_sending);

@@ -62,7 +62,14 @@ void loom_pp_tied_free(float *copy, float *grad);
 void loom_pp_tied_weights_send(const float *table, size_t n);
 void loom_pp_tied_weights_recv(float *copy, size_t n);
 void loom_pp_tied_grads_send(const float *grad, size_t n);
-/* Receives the copy's gradient into scratch (n) and adds it to grad;
+/* Waits for the gradient's send in flight, so its buffer may be written
+ * again (a send every micro-batch: the model's invariant_sums). */
+void loom_pp_tied_grads_reuse(void);
+/* The gradient goes once per step (its sum over the micro-batches), or
+ * under --layout-invariant (loom_model.invariant_sums) once per micro-batch,
+ * added before the lookup's own so the table's gradient is summed as one
+ * process sums it.
+ * Receives the copy's gradient into scratch (n) and adds it to grad;
  * scratch may be the buffer the table was sent from. */
 void loom_pp_tied_grads_add(float *grad, float *scratch, size_t n);
 /* Waits for the sends in flight; returns the seconds it waited. */
