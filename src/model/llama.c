@@ -779,7 +779,6 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         }
         loom_model_backward_begin(model, m->head);
         if (per_micro_tied(m)) { /* this micro-batch's share alone, sent below */
-            loom_pp_tied_grads_reuse();
             memset(m->tied_grad, 0, (size_t)V * C * sizeof(float));
         }
         float *dlnf;
@@ -795,7 +794,9 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
-        if (tied_across_stages(m) && (per_micro_tied(m) || mb->micro == mb->micros - 1))
+        if (per_micro_tied(m))
+            loom_pp_tied_grads_send_copy(m->tied_grad, (size_t)V * C);
+        else if (tied_across_stages(m) && mb->micro == mb->micros - 1)
             loom_pp_tied_grads_send(m->tied_grad, (size_t)V * C);
         memset(m->dres, 0, NrC * sizeof(float));
         norm_backward(m, m->dres, loom_grad(head, NORM_W), dlnf, a->layers[L - 1].res3,

@@ -1,9 +1,13 @@
 /* Pipeline placement and the tied embedding's exchange (see pipeline.h). */
 #include "parallel/pipeline.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "base/buf.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/pool.h"
 #include "comm/comm.h"
 #include "loom/config.h"
 
@@ -95,10 +99,25 @@ void loom_pp_tied_weights_recv(float *copy, size_t n)
     loom_comm_wait(loom_comm_recv(LOOM_GROUP_EMBEDDING, loom_buf_f32(copy, n), 0, TAG_WEIGHTS));
 }
 
-void loom_pp_tied_grads_reuse(void)
+/* Sends of a micro-batch's share, each from a copy of its own. */
+static struct copy_sending {
+    struct loom_comm_handle *h;
+    float *buf;
+    size_t n;
+} * copies;
+static int ncopies, capcopies;
+
+void loom_pp_tied_grads_send_copy(const float *grad, size_t n)
 {
-    if (grads_sending) loom_comm_wait(grads_sending);
-    grads_sending = NULL;
+    if (ncopies == capcopies) {
+        capcopies = capcopies ? 2 * capcopies : 8;
+        copies = realloc(copies, sizeof *copies * (size_t)capcopies);
+        if (!copies) loom_die("out of memory for the tied table's sends");
+    }
+    float *buf = loom_pool_take_f32(n, 0, LOOM_MEM_COMM);
+    memcpy(buf, grad, n * sizeof(float));
+    copies[ncopies++] = (struct copy_sending){
+        loom_comm_send(LOOM_GROUP_EMBEDDING, loom_buf_f32(buf, n), 0, TAG_GRADS), buf, n};
 }
 
 void loom_pp_tied_grads_send(const float *grad, size_t n)
@@ -123,5 +142,10 @@ double loom_pp_flush(void)
     if (weights_sending) t += loom_comm_wait(weights_sending);
     if (grads_sending) t += loom_comm_wait(grads_sending);
     weights_sending = grads_sending = NULL;
+    for (int i = 0; i < ncopies; i++) {
+        t += loom_comm_wait(copies[i].h);
+        loom_pool_give_f32(copies[i].buf, copies[i].n);
+    }
+    ncopies = 0;
     return t;
 }

@@ -62,9 +62,10 @@ void loom_pp_tied_free(float *copy, float *grad);
 void loom_pp_tied_weights_send(const float *table, size_t n);
 void loom_pp_tied_weights_recv(float *copy, size_t n);
 void loom_pp_tied_grads_send(const float *grad, size_t n);
-/* Waits for the gradient's send in flight, so its buffer may be written
- * again (a send every micro-batch: the model's invariant_sums). */
-void loom_pp_tied_grads_reuse(void);
+/* The same from a copy of grad (pooled until loom_pp_flush), so grad may be
+ * written again at once: a send every micro-batch (the model's
+ * invariant_sums). */
+void loom_pp_tied_grads_send_copy(const float *grad, size_t n);
 /* The gradient goes once per step (its sum over the micro-batches), or
  * under --layout-invariant (loom_model.invariant_sums) once per micro-batch,
  * added before the lookup's own so the table's gradient is summed as one
