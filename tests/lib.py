@@ -260,6 +260,19 @@ def check_export(tag, src, out):
     check(f"loom convert of {tag}: the assembled tensors, bit for bit", same)
 
 
+def same_run(tag, ref, got):
+    """One check line: tiny_run's got is ref bit for bit, every step's loss
+    and every bit of every final weight (assembled from the ranks)."""
+    losses_ref, w_ref, _ = ref
+    losses, w, out = got
+    diff = differing(w_ref, w)
+    ok = len(losses) == STEPS and losses == losses_ref and not diff
+    first = next((i + 1 for i, (a, b) in enumerate(zip(losses, losses_ref)) if a != b), None)
+    return check(f"{tag:40s} every loss and every weight bit for bit", ok,
+                 f"steps {len(losses)}, first differing loss at step {first}, differing tensors {diff[:6]}"
+                 f"\n{out[-800:] if len(losses) != STEPS else ''}")
+
+
 def compare_runs(tag, ref, got, tol=1e-5, wtol=None, tensor_tol=None):
     """One check line: tiny_run's got against ref, every step's loss within
     tol relative and the final weights within wtol (default tol): the whole

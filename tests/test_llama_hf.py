@@ -51,6 +51,18 @@ its losses and weights bit for bit, ZeRO-2 in bf16 one process's bf16 run within
 bf16 step of the weights: data parallelism's float32 sum order, as
 test_mixed_precision.py explains), and the settings that are not Llama's, or that Llama cannot
 run in this version, are refused in one line (exit 2).
+
+With --layout-invariant 2 (the sums every layout splits taken in one
+order: tensor parallelism's in 2 pieces summed exactly, the micro-batches'
+in a binary tree, data-parallel sums in the pairwise tree over the ranks)
+every layout above gives one process's run bit for bit in bf16: DDP on 2
+and 4 ranks, ZeRO-1, 2 and 3, ZeRO-3 with parameters and optimizer state on
+NVMe, full recomputation, T 2 with and without SP, T 2 x DP 2, T 2 + SP x DP
+2 under ZeRO-3 with selective recomputation, P 2 (1f1b and interleaved), T 2
+x P 2 and T 2 x P 2 x DP 2 with the distributed optimizer; so do DDP and T 2
+in fp16 and T 2 x DP 2 and T 2 x P 2 in float32; a bf16 checkpoint saved
+under T 2 x P 2 at step 10 continues in one process and under DP 2 x ZeRO-3
+with the uninterrupted one-process run's losses bit for bit.
 """
 import json
 import os
@@ -232,6 +244,7 @@ def training(tmp):
     got = lib.tiny_run(tmp, "llama-zero2-bf16", 2, base + ["--global-batch-size", "8", "--micro-batch-size", "1",
                                                            "--bf16", "--zero-stage", "2"])
     lib.compare_runs("llama-zero2-bf16", one_b, got, tol=1e-4, wtol=4e-3)
+    invariant(tmp, odd)
     data = ["--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1"]
     for what, flags, text in (
             ("LayerNorm with a Llama preset", ["--normalization", "LayerNorm"], "Llama models use RMSNorm"),
@@ -247,6 +260,42 @@ def training(tmp):
     lines = lib.error_lines(p.stderr)
     check("error: RMSNorm with a GPT-2 preset: exit 2, one line",
           p.returncode == 2 and len(lines) == 1 and "GPT-2" in lines[0], p.stderr[-300:])
+
+
+def invariant(tmp, odd):
+    """--layout-invariant 2: every layout gives one process's run bit for
+    bit in bf16 (and fp16 and float32 on a few), and a resume across
+    layouts continues it bit for bit."""
+    inv = odd + ["--layout-invariant", "2"]
+    tp2, pp2 = ["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"]
+    z3 = ["--zero-stage", "3"]
+    layouts = [("DDP", 2, []), ("ZeRO-1", 2, ["--zero-stage", "1"]), ("ZeRO-2", 2, ["--zero-stage", "2"]),
+               ("ZeRO-3", 2, z3), ("DDP on 4 ranks", 4, []),
+               ("ZeRO-3, parameters and optimizer on NVMe", 2,
+                z3 + ["--offload-param", "nvme", "--offload-optimizer", "nvme", "--nvme-path", tmp]),
+               ("full recomputation", 1, ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                          "--recompute-num-layers", "2"]),
+               ("T 2", 2, tp2), ("T 2 + SP", 2, tp2 + ["--sequence-parallel"]), ("T 2 x DP 2", 4, tp2),
+               ("T 2 + SP x DP 2, ZeRO-3, selective", 4, tp2 + ["--sequence-parallel", "--recompute-activations"] + z3),
+               ("P 2", 2, pp2), ("P 2 interleaved", 2, pp2 + ["--num-layers-per-virtual-pipeline-stage", "1"]),
+               ("T 2 x P 2", 4, tp2 + pp2), ("T 2 x P 2 x DP 2, distributed optimizer", 8,
+                                             tp2 + pp2 + ["--use-distributed-optimizer"])]
+    for dt, which in (("--bf16", layouts), ("--fp16", layouts[:1] + layouts[7:8]), ("", layouts[9:10] + layouts[13:14])):
+        name = dt.lstrip("-") or "fp32"
+        dts = [dt] if dt else []
+        one = lib.tiny_run(tmp, f"llama-inv-{name}", 1, inv + dts)
+        for tag, n, extra in which:
+            run_tag = f"llama-inv-{name}-{layouts.index((tag, n, extra))}"
+            lib.same_run(f"llama --layout-invariant {name}, {tag}", one, lib.tiny_run(tmp, run_tag, n, inv + dts + extra))
+        if dt != "--bf16":
+            continue
+        # saved at step 10 under T 2 x P 2, resumed in one process and under DP 2 x ZeRO-3: steps 11-20 bit for bit
+        lib.tiny_run(tmp, "llama-inv-first", 4, inv + dts + tp2 + pp2 + ["--save-interval", "10"])
+        at10 = os.path.join(tmp, "llama-inv-first", "iter_0000010")
+        for tag, n, extra in (("one process", 1, []), ("DP 2 x ZeRO-3", 2, z3)):
+            losses = lib.tiny_run(tmp, f"llama-inv-resume-{n}", n, inv + dts + ["--load", at10] + extra)[0]
+            check(f"llama --layout-invariant bf16: saved under T 2 x P 2, resumed under {tag}: steps 11-20 bit for bit",
+                  losses == one[0][10:], f"{losses} vs {one[0][10:]}")
 
 
 # ---- Hugging Face directories, and training against PyTorch ------------------------

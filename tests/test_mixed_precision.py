@@ -24,7 +24,10 @@ gradients are reduced in float32 and rounded once.
    sizes the BLAS takes other code paths, whose last-bit float32 differences
    can flip a bf16 rounding of an activation too: measured up to 5e-5.) With
    --grad-reduce-dtype bf16 the sums over ranks are done in bf16 instead:
-   within 1e-3 of the float32 reduction, and not equal to it.
+   within 1e-3 of the float32 reduction, and not equal to it. With
+   --layout-invariant every one of those layouts (and ZeRO-2 on 4 ranks)
+   gives one process's losses and gradient norms bit for bit, on the bf16
+   units and with the products forced onto float32 sgemm.
 2. bf16 training tracks float32: gpt2-tiny trained 400 steps to the end of
    a decayed schedule, the mean loss of the last 20 steps within 2%. (Mid
    schedule, this small model passes through loss plateaus whose timing
@@ -63,7 +66,7 @@ from lib import LOOM, check
 from pyref import ckpt, st
 
 
-def train(tmp, np_ranks, flags, tag, expect=0, model=lib.TINY_MODEL):
+def train(tmp, np_ranks, flags, tag, expect=0, model=lib.TINY_MODEL, env=lib.ENV):
     metrics = os.path.join(tmp, tag + ".jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
@@ -71,7 +74,7 @@ def train(tmp, np_ranks, flags, tag, expect=0, model=lib.TINY_MODEL):
         "--global-batch-size", "8", "--train-iters", "20", "--lr", "3e-3", "--lr-warmup-iters", "3",
         "--lr-decay-iters", "20", "--clip-grad", "1.0", "--weight-decay", "0.1", "--log-interval", "1",
         "--eval-iters", "0", "--threads", "1", "--seed", "11", "--metrics", metrics, "--comm-timeout", "60"] + flags
-    p = lib.run_ranks(np_ranks, cmd, expect=expect, tag=tag, timeout=600)
+    p = lib.run_ranks(np_ranks, cmd, expect=expect, tag=tag, timeout=600, env=env)
     return p, lib.metrics_rows(metrics)
 
 
@@ -118,6 +121,21 @@ def main():
             w = worst(rows, ref) if len(rows) == 20 else 1.0
             check(f"bf16, {name} on {n} ranks ({4 // n} micro-batch(es) each): every step's loss within 1e-4 of 1 process"
                   f" (worst {w:.1e})", w <= 1e-4)
+
+        # --layout-invariant: each micro-batch's gradient apart, summed in a binary tree, and the sums over
+        # more than two ranks in the pairwise tree over the ranks: every layout is one process's run bit for
+        # bit (every loss and gradient norm), on the bf16 units and with the products forced onto float32
+        # sgemm (LOOM_BF16_UNITS=f32, whose float32 sums differ in their last bits from oneDNN's)
+        for units in ("auto", "f32"):
+            env = dict(lib.ENV, LOOM_BF16_UNITS=units)
+            inv = ["--bf16", "--micro-batch-size", "2", "--layout-invariant", "1"]
+            _, one = train(tmp, 1, inv, f"inv-{units}-single", env=env)
+            for name, n, flags in cases + [("ZeRO-2", 4, ["--zero-stage", "2"])]:
+                _, rows = train(tmp, n, inv + flags, f"inv-{units}-{name}-{n}", env=env)
+                same = len(rows) == 20 and [(r["loss"], r["grad_norm"]) for r in rows] == [
+                    (r["loss"], r["grad_norm"]) for r in one]
+                check(f"bf16 --layout-invariant (units {units}), {name} on {n} ranks: every loss and gradient norm "
+                      "bit for bit", same)
 
         # master weights and moments offloaded to a file: the same run, bit for bit
         _, off = train(tmp, 2, ["--bf16", "--micro-batch-size", "2", "--zero-stage", "2", "--offload-optimizer", "nvme",

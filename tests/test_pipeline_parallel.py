@@ -26,6 +26,11 @@ Mixed precision, against one process in the same dtype:
     (test_tensor_parallel.py: partial products summed by the all-reduce),
     and bit for bit (losses and weights) T 2 x DP 2 with the distributed
     optimizer in bf16 on the same micro-batches: pipelining adds no rounding.
+  - With --layout-invariant 2 (the sums every layout splits in one order;
+    the head's share of the tied table sent every micro-batch), P 2 x T 2 x
+    DP 2 with the distributed optimizer, P 4 interleaved and P 2 x DP 2
+    under ZeRO-3 give one process's run bit for bit in bf16, the first two
+    in float32 too.
 Resume: a checkpoint saved at step 10 under P 2 x T 2 continues in one
 process and under DP 2 x ZeRO-3 with the uninterrupted run's losses (1e-5);
 `loom convert` exports it whole (the assembled tensors, bit for bit).
@@ -114,6 +119,19 @@ def mixed_precision(tmp):
     same = three_d[0] == two_d[0] and all(lib.same_bits(three_d[1][k], two_d[1][k]) for k in two_d[1])
     check("pp2-tp2-dp2-distopt-bf16: every step's loss and final weight are T 2 x DP 2's, bit for bit", same,
           f"{three_d[0]} vs {two_d[0]}")
+    # --layout-invariant: the sums every layout splits in one order; P x T x DP is one process bit for bit
+    inv = ["--layout-invariant", "2"]
+    for dt in ("--bf16", ""):
+        name = dt.lstrip("-") or "fp32"
+        dts = [dt] if dt else []
+        one = run(tmp, f"inv-single-{name}", 1, inv + dts)
+        cases = [("P 2 x T 2 x DP 2, distributed optimizer", 8,
+                  PP2 + ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]),
+                 ("P 4, interleaved", 4, PP4 + ["--num-layers-per-virtual-pipeline-stage", "1"]),
+                 ("P 2 x DP 2, ZeRO-3", 4, PP2 + ["--zero-stage", "3"])]
+        for tag, n, extra in cases if dt else cases[:2]:
+            lib.same_run(f"--layout-invariant {name}, {tag}", one,
+                         run(tmp, f"inv-{name}-{n}-{extra[-1]}", n, inv + dts + extra))
 
 
 def resume(tmp, ref):

@@ -24,6 +24,15 @@ reaching the same global batch:
     the worst tensor, 3.7e-4 for the whole model); at one TP degree, DP 2
     (DDP, ZeRO-2, ZeRO-3 with SP) gives the TP 2 bf16 run's losses bit for
     bit with the same micro-batch size, as DDP gives one process's;
+    without --layout-invariant the TP 2 bf16 losses are not one process's
+    bit for bit;
+  - --layout-invariant 4 (every sum a layout splits taken in one order:
+    tensor parallelism's in 4 pieces summed exactly, the micro-batches' in
+    a binary tree): in bf16, TP 2 and 4, with and without SP, TP 2 x DP 2
+    under DDP and ZeRO 1-3, and TP 2 + SP x DP 2 under ZeRO-3 with
+    selective recomputation give one process's run bit for bit (every
+    loss, every bit of every final weight); in float32 TP 2, TP 4 + SP and
+    the last of those too;
   - a checkpoint saved under TP 2 x DP 2 resumes in one process, and one
     saved in one process resumes under TP 2 with SP, continuing with the
     uninterrupted run's losses (1e-5); `loom convert` exports the TP
@@ -33,7 +42,8 @@ forward and backward from the same random weights and tokens): every tp
 rank's logits and gradients are the slice, by the split rules written out
 here independently of the model, of the one-process run's, within 1e-5
 (relative L2), at TP 2 and 4 (uneven vocabulary), with and without SP, and
-with an untied head, exact GELU and another eps.
+with an untied head, exact GELU and another eps; with --tp-invariant 4 on
+both sides, bit for bit.
 Memory (loom's accounting, GPT-2 124M, one step): parameter, gradient and
 optimizer bytes per rank at TP 2 are half the one-process bytes within 5%
 (the replicated position table, norms and row-parallel biases are 0.7% of
@@ -42,7 +52,9 @@ the model); SP at TP 2 saves at least 90% of the rows it stops holding
 activation bytes, the table of both printed.
 Errors, each exit 2 and one line: heads not divisible by T, a world size T
 does not divide, T larger than the world, --sequence-parallel without T > 1,
-a sequence length T does not divide under SP.
+a sequence length T does not divide under SP; --layout-invariant not a
+multiple of T, not dividing the heads, with a 16-bit gradient reduction, or
+with fp8.
 """
 import json
 import os
@@ -109,6 +121,8 @@ def equivalence(tmp):
     ref_b = run(tmp, "single-bf16", 1, ["--micro-batch-size", "2", "--bf16"])
     tp2_b = run(tmp, "tp2-bf16", 2, ["--micro-batch-size", "2", "--bf16", "--tensor-model-parallel-size", "2"])
     lib.compare_runs("tp2-bf16", ref_b, tp2_b, tol=1e-4, wtol=4e-3)
+    check("tp2-bf16 without --layout-invariant: not one process's losses bit for bit (what the flag changes)",
+          tp2_b[0] != ref_b[0])
     # at one tensor-parallel degree, data parallelism, ZeRO and SP change no sample's arithmetic: with the same
     # micro-batch size the bf16 losses are the TP 2 run's bit for bit, as DDP's are one process's
     for tag, extra in (("tp2-dp2-bf16", []), ("tp2-dp2-zero2-bf16", ["--zero-stage", "2"]),
@@ -117,6 +131,24 @@ def equivalence(tmp):
         check(f"{tag}: every step's loss is the TP 2 bf16 run's, bit for bit", got[0] == tp2_b[0],
               f"{got[0]} vs {tp2_b[0]}")
     return ref
+
+
+def invariant(tmp):
+    """--layout-invariant 4: every layout with T dividing 4, and data
+    parallelism over it, gives one process's bits, in bf16 and in float32."""
+    base = ["--layout-invariant", "4", "--micro-batch-size", "2", "--vocab-size", "255"]
+    tp2, tp4 = ["--tensor-model-parallel-size", "2"], ["--tensor-model-parallel-size", "4"]
+    sp = ["--sequence-parallel"]
+    layouts = [("TP 2", 2, tp2), ("TP 4", 4, tp4), ("TP 2 + SP", 2, tp2 + sp), ("TP 4 + SP", 4, tp4 + sp),
+               ("TP 2 x DP 2", 4, tp2), ("TP 2 x DP 2, ZeRO-1", 4, tp2 + ["--zero-stage", "1"]),
+               ("TP 2 x DP 2, ZeRO-2", 4, tp2 + ["--zero-stage", "2"]),
+               ("TP 2 x DP 2, ZeRO-3", 4, tp2 + ["--zero-stage", "3"]),
+               ("TP 2 + SP x DP 2, ZeRO-3, selective", 4, tp2 + sp + ["--zero-stage", "3", "--recompute-activations"])]
+    for dtype, name, which in ((["--bf16"], "bf16", layouts), ([], "fp32", [layouts[i] for i in (0, 3, 8)])):
+        ref = run(tmp, f"inv-single-{name}", 1, base + dtype)
+        for tag, n, extra in which:
+            lib.same_run(f"--layout-invariant {name}, {tag}", ref,
+                         run(tmp, f"inv-{name}-{tag.replace(' ', '').replace(',', '-')}", n, base + dtype + extra))
 
 
 def resume(tmp, ref):
@@ -202,6 +234,20 @@ def layers(tmp):
                 worst, where = lerr, f"loss on rank {r}"
         check(f"layers, {tag}: every rank's logits and gradients are the one-process run's slice "
               f"(worst rel L2 {worst:.1e} at {where}, tol 1e-5)", worst <= 1e-5)
+        # the split sums in 4 fixed pieces on both sides: the slices bit for bit
+        inv = ["--tp-invariant", 4]
+        p = lib.run([GRADS, *opts, *inv, w, t, one, *sizes], timeout=300)
+        q = lib.run_ranks(tp, [GRADS, *opts, *inv, "--tp", tp, *flags, w, t, split, *sizes], expect=None,
+                          tag=tag + " invariant")
+        ref, bad = st.load(one), []
+        for r in range(tp):
+            got = st.load(f"{split}.rank{r}")
+            a, b = V * r // tp, V * (r + 1) // tp
+            pairs = [("logits", got["logits"], ref["logits"][..., a:b]), ("loss", got["loss"], ref["loss"])]
+            pairs += [(k2, got[k2], part(k2[5:], ref[k2], tp, r, C)) for k2 in ref if k2.startswith("grad.")]
+            bad += [f"{name} on rank {r}" for name, g, want in pairs if not np.array_equal(g, want)]
+        check(f"layers, {tag}, --tp-invariant 4: every rank's logits and gradients are the slice bit for bit",
+              p.returncode == 0 and q.returncode == 0 and not bad, f"{bad[:5]} {q.stderr[-500:]}")
 
 
 def memory(tmp):
@@ -245,7 +291,16 @@ def errors(tmp):
             ("--sequence-parallel without T > 1", 1, ["--sequence-parallel"], ["--sequence-parallel",
                                                                               "--tensor-model-parallel-size"]),
             ("a sequence T does not divide under SP", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
-                                                          "--seq-length", "15"], ["--seq-length 15", "2"])):
+                                                          "--seq-length", "15"], ["--seq-length 15", "2"]),
+            ("--layout-invariant not a multiple of T", 2, ["--tensor-model-parallel-size", "2", "--layout-invariant",
+                                                           "3"], ["--layout-invariant 3", "2"]),
+            ("--layout-invariant not dividing the heads", 1, ["--layout-invariant", "8"],
+             ["--num-attention-heads 4", "--layout-invariant 8"]),
+            ("--layout-invariant with a 16-bit reduction", 1, ["--layout-invariant", "2", "--bf16",
+                                                              "--grad-reduce-dtype", "bf16"],
+             ["--layout-invariant", "--grad-reduce-dtype"]),
+            ("--layout-invariant with fp8", 1, ["--layout-invariant", "2", "--bf16", "--fp8-format", "e4m3"],
+             ["--layout-invariant", "--fp8-format"])):
         p = lib.run_ranks(n, base + extra, expect=None, tag=tag)
         lines = lib.error_lines(p.stderr)
         check(f"{tag}: exit 2, one line naming the sizes", p.returncode == 2 and len(lines) == 1 and
@@ -265,6 +320,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         lib.write_corpus(tmp)
         layers(tmp)
+        invariant(tmp)
         ref = equivalence(tmp)
         resume(tmp, ref)
         errors(tmp)

@@ -24,6 +24,7 @@
 #include "base/mem.h"
 #include "base/pool.h"
 #include "base/rng.h"
+#include "base/sumsq_exact.h"
 #include "base/trace.h"
 #include "config/config.h"
 #include "io/checkpoint.h"
@@ -522,12 +523,13 @@ static const char *block_name(const struct loom_model *m, int index)
     return index >= 0 ? "on another pipeline stage" : NULL;
 }
 
-/* Sum of squares of the gradients g holds for the model's arena range
- * [lo, hi), a tensor the tp group replicates counted on tp rank 0 only (every
- * tp rank holds the same gradient for it). */
-static double tp_sum_squares(const struct loom_model *m, struct loom_buf g, size_t lo, size_t hi)
+/* Calls fn for each part of the gradients g holds for the model's arena
+ * range [lo, hi) that this rank counts in the norm: all of it, but a tensor
+ * the tp group replicates on tp rank 0 only (every tp rank holds the same
+ * gradient for it). */
+static void counted_parts(const struct loom_model *m, struct loom_buf g, size_t lo, size_t hi,
+                          void (*fn)(void *ctx, struct loom_buf part), void *ctx)
 {
-    double ss = 0;
     for (int bi = 0; bi < m->nblocks; bi++) {
         const struct loom_block *b = &m->blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++) {
@@ -535,12 +537,56 @@ static double tp_sum_squares(const struct loom_model *m, struct loom_buf g, size
             const size_t t_lo = b->offset + t->offset, t_hi = t_lo + t->numel;
             const size_t a = t_lo > lo ? t_lo : lo, z = t_hi < hi ? t_hi : hi;
             if (a >= z || (t->tp_split == LOOM_TP_REPLICATED && m->tp_rank != 0)) continue;
-            const struct loom_buf part = loom_buf_slice(g, a - lo, z - a);
-            ss += g.dtype == LOOM_DTYPE_F32 ? m->backend->k->sum_squares(part.data, z - a)
-                                            : loom_lp_sum_squares(part.data, z - a, g.dtype);
+            fn(ctx, loom_buf_slice(g, a - lo, z - a));
         }
     }
-    return ss;
+}
+
+struct squares {
+    const struct loom_model *m;
+    double ss;
+};
+
+static void add_squares(void *ctx, struct loom_buf part)
+{
+    struct squares *q = ctx;
+    q->ss += part.dtype == LOOM_DTYPE_F32 ? q->m->backend->k->sum_squares(part.data, part.numel)
+                                          : loom_lp_sum_squares(part.data, part.numel, part.dtype);
+}
+
+/* Sum of squares of the parts counted_parts names. */
+static double tp_sum_squares(const struct loom_model *m, struct loom_buf g, size_t lo, size_t hi)
+{
+    struct squares q = {m, 0};
+    counted_parts(m, g, lo, hi, add_squares, &q);
+    return q.ss;
+}
+
+static void add_exact(void *ctx, struct loom_buf part)
+{
+    loom_sumsq_exact_add(ctx, part.data, part.numel, part.dtype);
+}
+
+/* --layout-invariant's norm: the same parts as below, their squares summed
+ * as integers (base/sumsq_exact.h) over the shards, the tp group and the
+ * stages, so no layout changes a bit of it. */
+static double exact_grad_norm(const struct loom_engine *e)
+{
+    const struct loom_model *m = e->model;
+    const int sharded = e->zero && e->zero->stage >= 2;
+    struct loom_sumsq_exact s = {0};
+    if (sharded)
+        counted_parts(m, loom_zero_grads(e->zero), e->part.begin, e->part.end, add_exact, &s);
+    else
+        counted_parts(m, loom_buf_slice(m->grads, 0, m->num_params), 0, m->num_params, add_exact, &s);
+    uint64_t limbs[LOOM_SUMSQ_LIMBS];
+    loom_sumsq_exact_limbs(&s, limbs);
+    const struct loom_buf b = loom_buf_of(limbs, LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64);
+    if (sharded) loom_comm_allreduce_sync(LOOM_GROUP_DP, b, LOOM_OP_SUM);
+    if (m->tp > 1) loom_comm_allreduce_sync(LOOM_GROUP_TP, b, LOOM_OP_SUM);
+    if (e->topo.pp > 1) loom_comm_allreduce_sync(LOOM_GROUP_PP, b, LOOM_OP_SUM);
+    loom_sumsq_exact_from_limbs(&s, limbs);
+    return sqrt(loom_sumsq_exact_value(&s));
 }
 
 /* The global gradient norm: over the shards from stage 2, else over the
@@ -569,6 +615,7 @@ static double stage_grad_norm(const struct loom_engine *e)
 /* The global norm over every pipeline stage's. */
 static double grad_norm(const struct loom_engine *e)
 {
+    if (e->cfg->layout_invariant) return exact_grad_norm(e);
     double norm = stage_grad_norm(e);
     if (e->topo.pp == 1) return norm;
     double ss = norm * norm;

@@ -1,0 +1,124 @@
+/*
+ * The order-free sum of squares (base/sumsq_exact.h), the gradient norm of
+ * --layout-invariant: the same bins whatever the order of the additions
+ * and however the values are split into parts whose limbs are summed (as
+ * ranks sum them); exact where a double sum loses the small squares; the
+ * value within a long double sum's rounding elsewhere; 16-bit inputs as
+ * their float32 values; infinities and NaN as a double sum gives them.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/dtype.h"
+#include "base/sumsq_exact.h"
+#include "check.h"
+
+enum { N = 20000 };
+
+static uint64_t state = 12345;
+static uint64_t next(void)
+{
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+}
+
+/* A float of any sign and exponent, subnormals included. */
+static float any_float(void)
+{
+    const int e = (int)(next() % 254) - 149;
+    const double m = 1.0 + (double)(next() % 1000000) / 1e6;
+    return (float)((next() & 1 ? -1 : 1) * ldexp(m, e > 126 ? 126 : e));
+}
+
+static int same_bins(const struct loom_sumsq_exact *a, const struct loom_sumsq_exact *b)
+{
+    return memcmp(a->bin, b->bin, sizeof a->bin) == 0 && a->inf == b->inf && a->nan == b->nan;
+}
+
+int main(void)
+{
+    static float x[N], y[N];
+    for (int i = 0; i < N; i++) x[i] = any_float();
+
+    struct loom_sumsq_exact fwd = {0}, rev = {0}, parts = {0};
+    loom_sumsq_exact_add_f32(&fwd, x, N);
+    for (int i = N - 1; i >= 0; i--) loom_sumsq_exact_add_f32(&rev, &x[i], 1);
+    CHECK(same_bins(&fwd, &rev));
+    /* shuffled, in three parts whose limbs are summed as ranks sum them */
+    memcpy(y, x, sizeof x);
+    for (int i = N - 1; i > 0; i--) {
+        const int j = (int)(next() % (uint64_t)(i + 1));
+        const float t = y[i];
+        y[i] = y[j];
+        y[j] = t;
+    }
+    uint64_t total[LOOM_SUMSQ_LIMBS] = {0}, limbs[LOOM_SUMSQ_LIMBS];
+    const int cut[4] = {0, 7, 12345, N};
+    for (int p = 0; p < 3; p++) {
+        struct loom_sumsq_exact s = {0};
+        loom_sumsq_exact_add_f32(&s, y + cut[p], (size_t)(cut[p + 1] - cut[p]));
+        loom_sumsq_exact_limbs(&s, limbs);
+        for (int k = 0; k < LOOM_SUMSQ_LIMBS; k++) total[k] += limbs[k];
+    }
+    loom_sumsq_exact_from_limbs(&parts, total);
+    CHECK(same_bins(&fwd, &parts));
+    CHECK(loom_sumsq_exact_value(&fwd) == loom_sumsq_exact_value(&parts));
+
+    /* exact: 2^60 and 1024 ones is 2^60 + 1024 (a double sum in order loses every 1) */
+    struct loom_sumsq_exact e = {0};
+    const float big = 1073741824.0f, one = 1.0f;
+    loom_sumsq_exact_add_f32(&e, &big, 1);
+    double naive = (double)big * big;
+    for (int i = 0; i < 1024; i++) {
+        loom_sumsq_exact_add_f32(&e, &one, 1);
+        naive += 1.0;
+    }
+    CHECK(naive == ldexp(1, 60));
+    CHECK(loom_sumsq_exact_value(&e) == ldexp(1, 60) + 1024);
+
+    /* moderate values: within a long double sum's rounding */
+    struct loom_sumsq_exact m = {0};
+    long double ld = 0;
+    for (int i = 0; i < N; i++) {
+        y[i] = (float)((double)(next() % 2000001) / 1e6 - 1.0);
+        ld += (long double)y[i] * y[i];
+    }
+    loom_sumsq_exact_add_f32(&m, y, N);
+    CHECK(fabs(loom_sumsq_exact_value(&m) - (double)ld) <= 1e-15 * (double)ld);
+
+    /* 16-bit values count as their float32 values */
+    uint16_t b16[64], f16[64];
+    float fb[64], ff[64];
+    for (int i = 0; i < 64; i++) {
+        const float v = (float)((double)(next() % 2001) / 100.0 - 10.0);
+        b16[i] = loom_f32_to_bf16(v);
+        f16[i] = loom_f32_to_f16(v);
+        fb[i] = loom_bf16_to_f32(b16[i]);
+        ff[i] = loom_f16_to_f32(f16[i]);
+    }
+    struct loom_sumsq_exact a = {0}, b = {0};
+    loom_sumsq_exact_add(&a, b16, 64, LOOM_DTYPE_BF16);
+    loom_sumsq_exact_add_f32(&b, fb, 64);
+    CHECK(same_bins(&a, &b));
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    loom_sumsq_exact_add(&a, f16, 64, LOOM_DTYPE_F16);
+    loom_sumsq_exact_add_f32(&b, ff, 64);
+    CHECK(same_bins(&a, &b));
+
+    /* non-finite: inf, and NaN over inf */
+    struct loom_sumsq_exact z = {0};
+    const float inf = INFINITY, nan = NAN;
+    loom_sumsq_exact_add_f32(&z, x, 10);
+    loom_sumsq_exact_add_f32(&z, &inf, 1);
+    CHECK(isinf(loom_sumsq_exact_value(&z)));
+    loom_sumsq_exact_add_f32(&z, &nan, 1);
+    CHECK(isnan(loom_sumsq_exact_value(&z)));
+    struct loom_sumsq_exact none = {0};
+    CHECK(loom_sumsq_exact_value(&none) == 0);
+    return check_summary("sumsq_exact");
+}
