@@ -1,8 +1,8 @@
 /*
  * The order-free sum of squares (base/sumsq_exact.h), the gradient norm of
- * --layout-invariant: the same bins whatever the order of the additions
- * and however the values are split into parts whose limbs are summed (as
- * ranks sum them); exact where a double sum loses the small squares; the
+ * --layout-invariant: the same bins whatever the order of the additions,
+ * however the values are split into parts whose limbs are summed (as
+ * ranks sum them) and however many threads add them; exact where a double sum loses the small squares; the
  * value within a long double sum's rounding elsewhere; 16-bit inputs as
  * their float32 values; infinities and NaN as a double sum gives them.
  */
@@ -67,6 +67,16 @@ int main(void)
     loom_sumsq_exact_from_limbs(&parts, total);
     CHECK(same_bins(&fwd, &parts));
     CHECK(loom_sumsq_exact_value(&fwd) == loom_sumsq_exact_value(&parts));
+
+    /* a large array, summed by the threads at once, is the same as in small serial parts */
+    enum { BIG = 300000 };
+    float *big_x = malloc(sizeof(float) * BIG);
+    for (int i = 0; i < BIG; i++) big_x[i] = any_float();
+    struct loom_sumsq_exact whole = {0}, pieces = {0};
+    loom_sumsq_exact_add_f32(&whole, big_x, BIG);
+    for (int i = 0; i < BIG; i += 1000) loom_sumsq_exact_add_f32(&pieces, big_x + i, 1000);
+    CHECK(same_bins(&whole, &pieces));
+    free(big_x);
 
     /* exact: 2^60 and 1024 ones is 2^60 + 1024 (a double sum in order loses every 1) */
     struct loom_sumsq_exact e = {0};

@@ -10,38 +10,56 @@ enum { EMIN = -352 }; /* the exponent of bin 0's lowest bit */
 
 static void add_square(struct loom_sumsq_exact *s, float v)
 {
-    const double q = (double)v * (double)v; /* exact */
-    if (q == 0) return;
-    if (!isfinite(q)) {
-        if (isnan(q))
+    const double q = (double)v * (double)v; /* exact, and a normal double (2^-298 <= q < 2^256) or 0 */
+    uint64_t bits;
+    memcpy(&bits, &q, sizeof bits);
+    const int biased = (int)(bits >> 52);
+    if (biased == 0x7ff) { /* inf or NaN */
+        if (bits << 12)
             s->nan++;
         else
             s->inf++;
         return;
     }
-    int e;
-    const double f = frexp(q, &e); /* q = f 2^e, f in [0.5, 1) */
-    const uint64_t m = (uint64_t)ldexp(f, 53);
-    const int at = e - 53 - EMIN; /* q = m 2^(at + EMIN) */
+    if (!biased) return; /* 0 */
+    const uint64_t m = (bits & ((UINT64_C(1) << 52) - 1)) | (UINT64_C(1) << 52);
+    const int at = biased - 1075 - EMIN; /* q = m 2^(biased - 1075) = m 2^(at + EMIN) */
     LOOM_ASSERT(at >= 0 && at / 32 < LOOM_SUMSQ_BINS);
     s->bin[at / 32] += (unsigned __int128)m << (at % 32);
 }
 
+/* s += the squares of x (n): in per-thread bins, then added (integers: the
+ * same total whatever the threads) */
+static void add_all(struct loom_sumsq_exact *s, const void *x, size_t n, enum loom_dtype dt)
+{
+    const float *f = x;
+    const uint16_t *h = x;
+#pragma omp parallel if (n >= 65536)
+    {
+        struct loom_sumsq_exact mine = {0};
+#pragma omp for schedule(static) nowait
+        for (size_t i = 0; i < n; i++)
+            add_square(&mine, dt == LOOM_DTYPE_F32    ? f[i]
+                              : dt == LOOM_DTYPE_BF16 ? loom_bf16_to_f32(h[i])
+                                                      : loom_f16_to_f32(h[i]));
+#pragma omp critical
+        {
+            for (int b = 0; b < LOOM_SUMSQ_BINS; b++) s->bin[b] += mine.bin[b];
+            s->inf += mine.inf;
+            s->nan += mine.nan;
+        }
+    }
+}
+
 void loom_sumsq_exact_add_f32(struct loom_sumsq_exact *s, const float *x, size_t n)
 {
-    for (size_t i = 0; i < n; i++) add_square(s, x[i]);
+    add_all(s, x, n, LOOM_DTYPE_F32);
 }
 
 void loom_sumsq_exact_add(struct loom_sumsq_exact *s, const void *x, size_t n, enum loom_dtype dt)
 {
-    if (dt == LOOM_DTYPE_F32) {
-        loom_sumsq_exact_add_f32(s, x, n);
-        return;
-    }
-    LOOM_ASSERT(dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
-    const uint16_t *h = x;
-    for (size_t i = 0; i < n; i++)
-        add_square(s, dt == LOOM_DTYPE_BF16 ? loom_bf16_to_f32(h[i]) : loom_f16_to_f32(h[i]));
+    LOOM_ASSERT(dt == LOOM_DTYPE_F32 || dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16);
+    add_all(s, x, n, dt);
 }
 
 void loom_sumsq_exact_limbs(const struct loom_sumsq_exact *s, uint64_t *limbs)
