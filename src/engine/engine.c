@@ -168,7 +168,6 @@ int loom_engine_build_stack(struct loom_engine *e)
     /* checked with the config: F32, or the compute dtype */
     const enum loom_dtype reduce = (enum loom_dtype)cfg->grad_reduce_dtype;
     const int accumulate_f32 = m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1;
-    const int tree = cfg->layout_invariant && cfg->gradient_accumulation_steps > 1;
     m->invariant_sums = cfg->layout_invariant > 0; /* before DDP's buckets */
     loom_comm_set_tree_sums(LOOM_GROUP_DP, cfg->layout_invariant > 0);
     if (dp > 1 && stage < 2) {
@@ -187,9 +186,9 @@ int loom_engine_build_stack(struct loom_engine *e)
         e->prec = loom_alloc(sizeof *e->prec, LOOM_MEM_OTHER);
         loom_precision_init(e->prec, m);
     }
-    if (tree) { /* on top: each micro-batch's own gradient, summed in the tree before the views below */
+    if (cfg->layout_invariant) { /* on top: each micro-batch's own gradient, summed in the tree */
         e->inv = loom_alloc(sizeof *e->inv, LOOM_MEM_OTHER);
-        loom_invariant_init(e->inv, m, cfg->gradient_accumulation_steps);
+        loom_invariant_init(e->inv, m, cfg->gradient_accumulation_steps, cfg->layout_invariant);
     }
     return LOOM_OK;
 }

@@ -18,6 +18,7 @@ static void begin_backward(void *ctx, int micro, int last)
 static void pre_backward(void *ctx, int b)
 {
     struct loom_invariant *x = ctx;
+    if (x->micros == 1) return; /* the kernels write the one gradient into the view itself */
     struct loom_model *m = x->model;
     struct loom_block *blk = &m->blocks[b];
     LOOM_ASSERT(x->own[b] == NULL && blk->work_grads != NULL);
@@ -42,7 +43,7 @@ static float **slot(struct loom_invariant *x, int k, int b)
 static void grads_ready(void *ctx, int b)
 {
     struct loom_invariant *x = ctx;
-    if (b < 0) return; /* the tied-head event: the table's gradient is still open */
+    if (b < 0 || x->micros == 1) return; /* the tied-head event: the table's gradient is still open */
     struct loom_model *m = x->model;
     const size_t n = m->blocks[b].numel;
     float *s = x->own[b];
@@ -67,7 +68,11 @@ static void grads_ready(void *ctx, int b)
 static void describe(void *ctx, char *buf, size_t n)
 {
     const struct loom_invariant *x = ctx;
-    snprintf(buf, n, "layout-invariant: %d micro-batch gradients summed in a binary tree", x->micros);
+    snprintf(
+        buf, n,
+        "layout-invariant: split sums in %d tensor-parallel pieces, %d micro-batch gradient%s in a binary "
+        "tree, data-parallel sums in the tree over the ranks, the norm in integers",
+        x->pieces, x->micros, x->micros == 1 ? "" : "s");
 }
 
 static const struct loom_strategy invariant_strategy = {.name = "invariant",
@@ -76,10 +81,10 @@ static const struct loom_strategy invariant_strategy = {.name = "invariant",
                                                         .grads_ready = grads_ready,
                                                         .describe = describe};
 
-void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros)
+void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros, int pieces)
 {
-    LOOM_ASSERT(micros >= 2);
-    *x = (struct loom_invariant){.model = m, .micros = micros};
+    LOOM_ASSERT(micros >= 1 && pieces >= 1);
+    *x = (struct loom_invariant){.model = m, .micros = micros, .pieces = pieces};
     for (unsigned a = (unsigned)micros - 1; a; a >>= 1) x->levels++;
     const size_t nb = (size_t)m->nblocks;
     x->level = loom_alloc(sizeof *x->level * nb * (size_t)x->levels, LOOM_MEM_OTHER);

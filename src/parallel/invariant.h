@@ -34,6 +34,7 @@ struct loom_invariant {
     struct loom_model *model;
     int index;  /* this strategy's place on the stack */
     int micros; /* A, the micro-batches of a step on this rank */
+    int pieces; /* --layout-invariant N (the model's tensor-parallel pieces), for the summary */
     int micro, last;
     int levels;      /* the counter's levels: bits of A - 1 */
     float **level;   /* (levels x nblocks): block b's partial sum at level k, allocated on first use */
@@ -42,8 +43,9 @@ struct loom_invariant {
     int *dest_owner; /* (nblocks) */
 };
 
-/* Pushes the strategy (last: on top of the stack) for A micro-batches a step. */
-void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros);
+/* Pushes the strategy (last: on top of the stack) for A micro-batches a
+ * step (one: it does nothing but describe the run). */
+void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros, int pieces);
 void loom_invariant_free(struct loom_invariant *x);
 
 #endif
