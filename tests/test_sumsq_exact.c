@@ -128,6 +128,10 @@ int main(void)
     CHECK(isinf(loom_sumsq_exact_value(&z)));
     loom_sumsq_exact_add_f32(&z, &nan, 1);
     CHECK(isnan(loom_sumsq_exact_value(&z)));
+    struct loom_sumsq_exact neg = {0}; /* a NaN with its sign bit set (inf - inf gives one) */
+    const float negnan = -NAN;
+    loom_sumsq_exact_add_f32(&neg, &negnan, 1);
+    CHECK(neg.nan == 1 && isnan(loom_sumsq_exact_value(&neg)));
     struct loom_sumsq_exact none = {0};
     CHECK(loom_sumsq_exact_value(&none) == 0);
     return check_summary("sumsq_exact");

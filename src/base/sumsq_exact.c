@@ -13,8 +13,8 @@ static void add_square(struct loom_sumsq_exact *s, float v)
     const double q = (double)v * (double)v; /* exact, and a normal double (2^-298 <= q < 2^256) or 0 */
     uint64_t bits;
     memcpy(&bits, &q, sizeof bits);
-    const int biased = (int)(bits >> 52);
-    if (biased == 0x7ff) { /* inf or NaN */
+    const int biased = (int)(bits >> 52) & 0x7ff; /* a NaN may carry a sign */
+    if (biased == 0x7ff) {                        /* inf or NaN */
         if (bits << 12)
             s->nan++;
         else
