@@ -37,11 +37,19 @@ static void add_all(struct loom_sumsq_exact *s, const void *x, size_t n, enum lo
 #pragma omp parallel if (n >= 65536)
     {
         struct loom_sumsq_exact mine = {0};
+        if (dt == LOOM_DTYPE_BF16) {
 #pragma omp for schedule(static) nowait
-        for (size_t i = 0; i < n; i++)
-            add_square(&mine, dt == LOOM_DTYPE_F32    ? f[i]
-                              : dt == LOOM_DTYPE_BF16 ? loom_bf16_to_f32(h[i])
-                                                      : loom_f16_to_f32(h[i]));
+            for (size_t i = 0; i < n; i++) { /* bf16 is float32's upper half */
+                const uint32_t u = (uint32_t)h[i] << 16;
+                float v;
+                memcpy(&v, &u, sizeof v);
+                add_square(&mine, v);
+            }
+        } else {
+#pragma omp for schedule(static) nowait
+            for (size_t i = 0; i < n; i++)
+                add_square(&mine, dt == LOOM_DTYPE_F32 ? f[i] : loom_f16_to_f32(h[i]));
+        }
 #pragma omp critical
         {
             for (int b = 0; b < LOOM_SUMSQ_BINS; b++) s->bin[b] += mine.bin[b];
