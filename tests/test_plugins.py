@@ -15,7 +15,8 @@
    settings it set with the origin "layout auto"), and its predicted memory
    a rank is within 5% of the trainer's accounting of the categories the
    planner counts (every one but the bookkeeping, "other"); --dry-run shows
-   the choice and trains nothing; a budget nothing fits is refused up front,
+   the choice and trains nothing; with --layout-invariant 1 it takes
+   tensor-parallel size 1; a budget nothing fits is refused up front,
    naming the budget; without --global-batch-size it is refused.
 """
 import json
@@ -107,6 +108,16 @@ def main():
                               "16", "--dry-run"], tag="layout auto --dry-run")
         check("--layout auto --dry-run: shows the choice and trains nothing",
               p.returncode == 0 and "layout auto: " in p.stdout and "step 1" not in p.stdout, p.stdout[-300:])
+        # with --layout-invariant 1 only tensor-parallel size 1 is a candidate: fewer layouts compared
+        counts = {}
+        for inv in ([], ["--layout-invariant", "1"]):
+            q = lib.run_ranks(2, [lib.LOOM, "train", "--model", "gpt2-tiny", "--layout", "auto", "--global-batch-size",
+                                  "16", "--dry-run"] + inv, expect=None, tag="layout auto, invariant")
+            m = re.search(r"layout auto: tp (\d+) x.*of (\d+)\)", q.stdout)
+            counts[bool(inv)] = (q.returncode, m and int(m.group(1)), m and int(m.group(2)))
+        check(f"--layout auto --layout-invariant 1 on 2 ranks: tensor-parallel size 1, fewer layouts compared "
+              f"({counts})", counts[True][:2] == (0, 1) and counts[False][0] == 0 and
+              counts[True][2] is not None and counts[False][2] is not None and counts[True][2] < counts[False][2])
         p = lib.run_ranks(2, [lib.LOOM, "train", "--model", "gpt2-tiny", "--layout", "auto", "--global-batch-size",
                               "16", "--mem-per-rank", "0.001"], expect=2, tag="layout auto, 1 MB")
         errs = lib.error_lines(p.stderr)

@@ -255,8 +255,10 @@ int loom_plan_search(const struct loom_config *base, int world, const struct loo
             ? L / (base->pipeline_model_parallel_size * base->num_layers_per_virtual_pipeline_stage)
             : 1;
     for (int tp = 1; tp <= world; tp++) {
-        if (world % tp || (fix_tp ? tp != base->tensor_model_parallel_size
-                                  : tp > c->ranks_per_node || base->num_attention_heads % tp))
+        /* --layout-invariant N takes tensor-parallel sizes dividing N */
+        if (world % tp || (base->layout_invariant && base->layout_invariant % tp) ||
+            (fix_tp ? tp != base->tensor_model_parallel_size
+                    : tp > c->ranks_per_node || base->num_attention_heads % tp))
             continue;
         for (int pp = 1; pp <= world / tp; pp++) {
             if ((world / tp) % pp || (fix_pp ? pp != base->pipeline_model_parallel_size : L % pp)) continue;
