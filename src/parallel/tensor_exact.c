@@ -84,10 +84,9 @@ static void round_into(float *dst, const double *acc, size_t n)
     for (size_t i = 0; i < n; i++) dst[i] = (float)acc[i];
 }
 
-/* A piece of a split dimension: its columns (or rows) in each segment,
- * [at[s], at[s] + w[s]), width in all. */
+/* A piece of a split dimension: entries [at, at + width) of this rank's part. */
 struct piece {
-    int nseg, at[4], w[4], width;
+    int at, width;
 };
 
 /* Piece j of a dimension of n entries (the whole's) as loom_tp_part cuts it. */
@@ -95,62 +94,52 @@ static struct piece piece_of_part(const struct loom_tp_exact *x, int64_t n, int 
 {
     int lo, hi;
     loom_tp_exact_piece(x, n, j, &lo, &hi);
-    return (struct piece){.nseg = 1, .at = {lo}, .w = {hi - lo}, .width = hi - lo};
+    return (struct piece){lo, hi - lo};
 }
 
 /* dst (n, p.width) = the piece's columns of src (n rows of ld), float32,
- * or 16 bits (bf16, or dt) where src16 is given */
+ * or 16 bits of dt where src16 is given */
 static void pack_cols(float *dst, const float *src, const uint16_t *src16, enum loom_dtype dt, size_t n,
-                      int ld, const struct piece *p)
+                      int ld, struct piece p)
 {
-#pragma omp parallel for schedule(static) if (n * (size_t)p->width >= 65536)
+#pragma omp parallel for schedule(static) if (n * (size_t)p.width >= 65536)
     for (size_t i = 0; i < n; i++) {
-        float *d = dst + i * (size_t)p->width;
-        for (int s = 0; s < p->nseg; s++) {
-            if (src16)
-                loom_lp_to_f32(d, src16 + i * (size_t)ld + p->at[s], (size_t)p->w[s], dt);
-            else
-                memcpy(d, src + i * (size_t)ld + p->at[s], (size_t)p->w[s] * sizeof(float));
-            d += p->w[s];
-        }
+        float *d = dst + i * (size_t)p.width;
+        if (src16)
+            loom_lp_to_f32(d, src16 + i * (size_t)ld + p.at, (size_t)p.width, dt);
+        else
+            memcpy(d, src + i * (size_t)ld + p.at, (size_t)p.width * sizeof(float));
     }
 }
 
 /* the same for 16-bit values, kept in 16 bits */
-static void pack_cols16(uint16_t *dst, const uint16_t *src, size_t n, int ld, const struct piece *p)
+static void pack_cols16(uint16_t *dst, const uint16_t *src, size_t n, int ld, struct piece p)
 {
-#pragma omp parallel for schedule(static) if (n * (size_t)p->width >= 65536)
+#pragma omp parallel for schedule(static) if (n * (size_t)p.width >= 65536)
     for (size_t i = 0; i < n; i++)
-        memcpy(dst + i * (size_t)p->width, src + i * (size_t)ld + p->at[0],
-               (size_t)p->w[0] * sizeof(uint16_t));
+        memcpy(dst + i * (size_t)p.width, src + i * (size_t)ld + p.at, (size_t)p.width * sizeof(uint16_t));
 }
 
 /* the piece's columns of dst (n rows of ld) = src (n, p.width), or += with add */
-static void unpack_cols(float *dst, const float *src, size_t n, int ld, const struct piece *p, int add)
+static void unpack_cols(float *dst, const float *src, size_t n, int ld, struct piece p, int add)
 {
-#pragma omp parallel for schedule(static) if (n * (size_t)p->width >= 65536)
+#pragma omp parallel for schedule(static) if (n * (size_t)p.width >= 65536)
     for (size_t i = 0; i < n; i++) {
-        const float *q = src + i * (size_t)p->width;
-        for (int s = 0; s < p->nseg; s++) {
-            float *d = dst + i * (size_t)ld + p->at[s];
-            if (add)
-                for (int c = 0; c < p->w[s]; c++) d[c] += q[c];
-            else
-                memcpy(d, q, (size_t)p->w[s] * sizeof(float));
-            q += p->w[s];
-        }
+        const float *q = src + i * (size_t)p.width;
+        float *d = dst + i * (size_t)ld + p.at;
+        if (add)
+            for (int c = 0; c < p.width; c++) d[c] += q[c];
+        else
+            memcpy(d, q, (size_t)p.width * sizeof(float));
     }
 }
 
 /* the piece's rows of dst (rows of ld) += src (p.width, ld) */
-static void add_rows(float *dst, const float *src, size_t ld, const struct piece *p)
+static void add_rows(float *dst, const float *src, size_t ld, struct piece p)
 {
-    for (int s = 0; s < p->nseg; s++) {
-        float *d = dst + (size_t)p->at[s] * ld;
-        const size_t n = (size_t)p->w[s] * ld;
-        for (size_t i = 0; i < n; i++) d[i] += src[i];
-        src += n;
-    }
+    float *d = dst + (size_t)p.at * ld;
+    const size_t n = (size_t)p.width * ld;
+    for (size_t i = 0; i < n; i++) d[i] += src[i];
 }
 
 /* x->grad, zeroed (n) */
@@ -314,13 +303,13 @@ float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions
         const struct piece p = piece_of_part(x, (int64_t)Kl * x->tp, j);
         float *a = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
         float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
-        pack_cols(a, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, &p);
+        pack_cols(a, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, p);
         if (w_out_in) { /* (OC, Kl): the piece's columns; a @ w^T */
             float *w = grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
-            pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, &p);
+            pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
             k->lm_head_forward(part, a, w, N, p.width, OC);
         } else { /* [in, out] (Kl, OC): the piece's rows as they are */
-            k->matmul_forward(part, a, W + (size_t)p.at[0] * OC, NULL, N, p.width, OC);
+            k->matmul_forward(part, a, W + (size_t)p.at * OC, NULL, N, p.width, OC);
         }
         loom_tp_exact_add(acc, part, n);
     }
@@ -342,18 +331,18 @@ void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kerne
         float *a = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
         float *part = grow(&x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
         float *g = zeroed(x, (size_t)OC * p.width);
-        pack_cols(a, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, &p);
+        pack_cols(a, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, p);
         if (w_out_in) { /* (OC, Kl): w (OC, width); dinp = dout @ w, g (OC, width) += dout^T @ a */
             float *w = grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
-            pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, &p);
+            pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
             k->matmul_forward(part, dout, w, NULL, N, OC, p.width);
             k->lm_head_backward(NULL, g, dout, a, w, N, p.width, OC);
-            unpack_cols(dW, g, (size_t)OC, Kl, &p, 1);
+            unpack_cols(dW, g, (size_t)OC, Kl, p, 1);
         } else { /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
-            k->matmul_backward(part, g, NULL, dout, a, W + (size_t)p.at[0] * OC, N, p.width, OC);
-            add_rows(dW, g, (size_t)OC, &p);
+            k->matmul_backward(part, g, NULL, dout, a, W + (size_t)p.at * OC, N, p.width, OC);
+            add_rows(dW, g, (size_t)OC, p);
         }
-        unpack_cols(dinp, part, (size_t)N, Kl, &p, 0);
+        unpack_cols(dinp, part, (size_t)N, Kl, p, 0);
     }
     if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }
@@ -367,14 +356,14 @@ void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kerne
         if (!p.width) continue; /* an empty piece */
         if (dt == LOOM_DTYPE_F32) {
             float *part = grow(&x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
-            k->lm_head_forward(part, inp, W + (size_t)p.at[0] * C, N, C, p.width);
-            unpack_cols(logits, part, (size_t)N, Vl, &p, 0);
+            k->lm_head_forward(part, inp, W + (size_t)p.at * C, N, C, p.width);
+            unpack_cols(logits, part, (size_t)N, Vl, p, 0);
         } else {
             uint16_t *part = grow(&x->part, &x->cap_part, ((size_t)N * p.width + 1) / 2, sizeof(float));
             uint16_t *l = logits;
-            k->lm_head_forward_lp(part, dt, inp, W + (size_t)p.at[0] * C, NULL, N, C, p.width);
+            k->lm_head_forward_lp(part, dt, inp, W + (size_t)p.at * C, NULL, N, C, p.width);
             for (int i = 0; i < N; i++)
-                memcpy(l + (size_t)i * Vl + p.at[0], part + (size_t)i * p.width, (size_t)p.width * sizeof *l);
+                memcpy(l + (size_t)i * Vl + p.at, part + (size_t)i * p.width, (size_t)p.width * sizeof *l);
         }
     }
 }
@@ -391,14 +380,14 @@ float *loom_tp_exact_head_backward(struct loom_tp_exact *x, struct loom_tp_regio
         const struct piece p = piece_of_part(x, V, j);
         if (!p.width) continue;
         float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
-        const size_t at = (size_t)p.at[0] * C;
+        const size_t at = (size_t)p.at * C;
         if (dt == LOOM_DTYPE_F32) {
             float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
-            pack_cols(d, dlogits, NULL, dt, (size_t)N, Vl, &p);
+            pack_cols(d, dlogits, NULL, dt, (size_t)N, Vl, p);
             k->lm_head_backward(part, dW + at, d, inp, W + at, N, C, p.width);
         } else {
             uint16_t *d = grow(&x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
-            pack_cols16(d, dlogits, (size_t)N, Vl, &p);
+            pack_cols16(d, dlogits, (size_t)N, Vl, p);
             k->lm_head_backward_lp(part, dW + at, d, dt, inp, W + at, NULL, N, C, p.width);
         }
         loom_tp_exact_add(acc, part, n);
