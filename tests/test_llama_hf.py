@@ -250,7 +250,9 @@ def training(tmp):
             ("LayerNorm with a Llama preset", ["--normalization", "LayerNorm"], "Llama models use RMSNorm"),
             ("query groups that do not divide the heads", ["--num-query-groups", "3"], "does not divide"),
             ("key/value groups tensor parallelism does not divide",
-             ["--tensor-model-parallel-size", "2", "--num-query-groups", "1"], "whole key/value groups")):
+             ["--tensor-model-parallel-size", "2", "--num-query-groups", "1"], "whole key/value groups"),
+            ("--layout-invariant that does not divide the key/value groups",
+             ["--layout-invariant", "4", "--num-query-groups", "2"], "--layout-invariant 4 must divide")):
         n = 2 if "--tensor-model-parallel-size" in flags else 1
         p = lib.run_ranks(n, [lib.LOOM, "train"] + data + ["--model", "llama-tiny"] + flags, expect=2, tag=what)
         lines = lib.error_lines(p.stderr)

@@ -704,8 +704,9 @@ static void norm_backward(struct loom_gpt2 *m, float *dinp, float *dweight, floa
                                      hi - lo, C);
             loom_tp_exact_add(acc, g, 2 * (size_t)C);
         }
-        loom_tp_exact_add_grads(&m->exact, &m->rg, acc, dweight, (size_t)C);
-        loom_tp_exact_add_grads(&m->exact, &m->rg, acc + C, dbias, (size_t)C);
+        loom_tp_exact_rows_sum(&m->rg, acc, 2 * (size_t)C);
+        loom_tp_exact_add_rounded(dweight, acc, (size_t)C);
+        loom_tp_exact_add_rounded(dbias, acc + C, (size_t)C);
         return;
     }
     if (!m->rg.sp) {

@@ -406,7 +406,8 @@ static void norm_backward(struct loom_llama *m, float *dinp, float *dweight, con
             m->k->rmsnorm_backward(dinp + at, g, dout + at, inp + at, weight, rstd + lo, hi - lo, C);
             loom_tp_exact_add(acc, g, (size_t)C);
         }
-        loom_tp_exact_add_grads(&m->exact, &m->rg, acc, dweight, (size_t)C);
+        loom_tp_exact_rows_sum(&m->rg, acc, (size_t)C);
+        loom_tp_exact_add_rounded(dweight, acc, (size_t)C);
         return;
     }
     if (!m->rg.sp) {

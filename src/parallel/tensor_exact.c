@@ -450,12 +450,13 @@ void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp
     *hi = (int)b;
 }
 
-void loom_tp_exact_add_grads(struct loom_tp_exact *x, const struct loom_tp_regions *r, const double *acc,
-                             float *grad, size_t n)
+void loom_tp_exact_rows_sum(const struct loom_tp_regions *r, double *acc, size_t n)
 {
-    (void)x;
     if (r->sp && r->tp > 1)
-        loom_tp_wait(
-            loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of((double *)acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+        loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of(acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+}
+
+void loom_tp_exact_add_rounded(float *grad, const double *acc, size_t n)
+{
     for (size_t i = 0; i < n; i++) grad[i] += (float)acc[i];
 }

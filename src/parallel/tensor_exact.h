@@ -137,9 +137,10 @@ void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp
 double *loom_tp_exact_sum(struct loom_tp_exact *x, size_t n);
 /* acc += v (n) in float64. */
 void loom_tp_exact_add(double *acc, const float *v, size_t n);
-/* grad (n) += acc rounded to float32, acc first summed over the tp group
- * under sequence parallelism (each rank's rows). */
-void loom_tp_exact_add_grads(struct loom_tp_exact *x, const struct loom_tp_regions *r, const double *acc,
-                             float *grad, size_t n);
+/* acc (n), a sum over the row pieces this rank holds, summed over the tp
+ * group under sequence parallelism (each rank holds its own rows). */
+void loom_tp_exact_rows_sum(const struct loom_tp_regions *r, double *acc, size_t n);
+/* grad (n) += acc rounded to float32. */
+void loom_tp_exact_add_rounded(float *grad, const double *acc, size_t n);
 
 #endif

@@ -207,12 +207,13 @@ void loom_lm_head_backward_lp_ref(float *dinp, float *dwte, const uint16_t *dlog
 void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                const float *wte, int N, int C, int V)
 {
-    for (int i = 0; i < N && dinp; i++)
-        for (int c = 0; c < C; c++) {
-            double s = 0.0;
-            for (int v = 0; v < V; v++) s += (double)dlogits[(size_t)i * V + v] * wte[(size_t)v * C + c];
-            dinp[(size_t)i * C + c] = (float)s;
-        }
+    if (dinp)
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < C; c++) {
+                double s = 0.0;
+                for (int v = 0; v < V; v++) s += (double)dlogits[(size_t)i * V + v] * wte[(size_t)v * C + c];
+                dinp[(size_t)i * C + c] = (float)s;
+            }
     for (int v = 0; v < V; v++)
         for (int c = 0; c < C; c++) {
             double s = 0.0;
