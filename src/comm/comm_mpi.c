@@ -22,6 +22,7 @@ const struct loom_comm_backend *loom_comm_backend_mpi(void)
 
 #include <assert.h>
 #include <mpi.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +142,12 @@ static void mpi_init(int *argc, char ***argv, int *world_size, int *world_rank)
     MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
     MPI_Op_create(f16_sum, 1, &f16_sum_op);
     if (*world_size > 1) {
+        /* A write to the socket of a peer that died raises SIGPIPE in Open
+         * MPI's TCP transport, and a rank killed by it made mpirun name this
+         * rank's host as the failure, not the lost one. Ignored, the write
+         * fails, this rank waits, and mpirun ends the job naming the host it
+         * lost (or the deadline's hang report names the rank). */
+        signal(SIGPIPE, SIG_IGN);
         MPI_Comm_dup(MPI_COMM_WORLD, &side);
         MPI_Comm_set_errhandler(side, MPI_ERRORS_RETURN);
     }
