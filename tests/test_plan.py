@@ -1,7 +1,8 @@
 """loom plan and the footprint it counts with.
 
 1. Memory: for every layout loom runs here (one process, DDP, ZeRO 1-3,
-   NVMe offload, bf16, fp16, recomputation, TP, SP, PP, interleaved PP, 3D)
+   NVMe offload, bf16, fp16, recomputation, TP, SP, PP, interleaved PP, 3D,
+   --layout-invariant)
    on gpt2-tiny, GPT-2 124M and llama-tiny, the planner's bytes by category (params,
    grads, optimizer, activations, comm) are within 5% of what the trainer's
    accounting measures at a step (the `mem_by_rank` of --metrics, the
@@ -65,6 +66,17 @@ LAYOUTS = [
     ("Llama tiny ZeRO-2", 2, LLAMA, "--micro-batch-size 2 --global-batch-size 4 --zero-stage 2"),
     ("Llama tiny TP + SP", 2, LLAMA, "--micro-batch-size 2 --global-batch-size 4 --tensor-model-parallel-size 2 "
                                      "--sequence-parallel"),
+    # --layout-invariant: the micro-batch tree's levels, the pieces' scratch, the tied table's per-micro-batch sends
+    ("layout-invariant bf16 accumulation", 1, TINY, "--micro-batch-size 2 --global-batch-size 8 --bf16 "
+                                                    "--layout-invariant 2"),
+    ("layout-invariant TP + SP bf16", 2, TINY, "--micro-batch-size 2 --global-batch-size 4 --bf16 "
+                                               "--tensor-model-parallel-size 2 --sequence-parallel --layout-invariant 2"),
+    ("layout-invariant ZeRO-3 bf16", 2, TINY, "--micro-batch-size 2 --global-batch-size 8 --zero-stage 3 --bf16 "
+                                              "--layout-invariant 1"),
+    ("layout-invariant PP bf16", 2, TINY, "--micro-batch-size 2 --global-batch-size 8 "
+                                          "--pipeline-model-parallel-size 2 --bf16 --layout-invariant 1"),
+    ("Llama tiny layout-invariant TP", 2, LLAMA, "--micro-batch-size 2 --global-batch-size 4 --bf16 "
+                                                 "--tensor-model-parallel-size 2 --layout-invariant 2"),
     ("GPT-2 124M bf16", 1, GPT2, "--micro-batch-size 2 --global-batch-size 2 --bf16"),
     ("GPT-2 124M ZeRO-3 bf16", 2, GPT2, "--micro-batch-size 1 --global-batch-size 2 --zero-stage 3 --bf16"),
     ("GPT-2 124M TP + SP", 2, GPT2, "--micro-batch-size 2 --global-batch-size 2 --tensor-model-parallel-size 2 "

@@ -226,6 +226,10 @@ struct loom_model {
      * strategy reorders one (DDP's early tied-table bucket, which scatters
      * the embedding's rows after the reduction, stays off) */
     int invariant_sums;
+    /* micro-batches in a step on this rank (the engine's, set with the
+     * strategy stack, before reserve): what a buffer held per micro-batch
+     * until the step's end is sized by */
+    int step_micros;
     void *user; /* the model's own state */
 };
 

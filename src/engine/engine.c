@@ -169,6 +169,7 @@ int loom_engine_build_stack(struct loom_engine *e)
     const enum loom_dtype reduce = (enum loom_dtype)cfg->grad_reduce_dtype;
     const int accumulate_f32 = m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1;
     m->invariant_sums = cfg->layout_invariant > 0; /* before DDP's buckets */
+    m->step_micros = cfg->gradient_accumulation_steps;
     loom_comm_set_tree_sums(LOOM_GROUP_DP, cfg->layout_invariant > 0);
     if (dp > 1 && stage < 2) {
         e->ddp = loom_alloc(sizeof *e->ddp, LOOM_MEM_OTHER);

@@ -7,11 +7,13 @@
 #include "base/pool.h"
 #include "engine/engine_impl.h"
 #include "model/family.h"
+#include "parallel/invariant.h"
 
 /* One step's transient buffers: each strategy's replay at each block's
  * hooks, in the order the block announcements call them (stack order on
- * the way in: ZeRO or DDP, then mixed precision; the reverse on the way
- * out), for the step's micro-batches one after another. */
+ * the way in: ZeRO or DDP, then mixed precision, then the layout-invariant
+ * tree; the reverse on the way out), for the step's micro-batches one
+ * after another. */
 static void replay_step(struct loom_engine *e)
 {
     struct loom_model *m = e->model;
@@ -39,8 +41,10 @@ static void replay_step(struct loom_engine *e)
             if (b != tied || i < 0) { /* the block's backward begins */
                 if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_PRE_BACKWARD);
                 if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_PRE_BACKWARD, provided);
+                if (e->inv) loom_invariant_replay(e->inv, b, LOOM_REPLAY_PRE_BACKWARD, k);
             }
             if (i < 0) continue;
+            if (e->inv) loom_invariant_replay(e->inv, b, LOOM_REPLAY_GRADS_READY, k);
             if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_GRADS_READY, provided);
             if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_GRADS_READY);
         }

@@ -550,6 +550,8 @@ static void set_slots(struct loom_model *model, int n)
     m->nslots = n;
 }
 
+static int b16(const struct loom_gpt2 *m);
+
 static void reserve(struct loom_model *model)
 {
     struct loom_gpt2 *m = loom_gpt2_of(model);
@@ -563,6 +565,21 @@ static void reserve(struct loom_model *model)
         const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.hidden, F = 4 * (size_t)m->Cl;
         loom_fp8_reserve(m->base.fp8, N * F, C * F, N * F, !m->k->matmul_forward_b16);
     }
+    if (m->exact.pieces) { /* --layout-invariant's scratch: the four products and the head */
+        const int N = m->B * m->T, C = m->cfg.hidden, Cl = m->Cl;
+        const int in16 = b16(m) && !m->rg.sp, qkv[3] = {Cl, Cl, Cl}, fc = 4 * Cl;
+        int layers = 0;
+        for (int l = 0; l < m->cfg.num_layers; l++) layers += m->stage.block[l] >= 0;
+        if (layers) {
+            loom_tp_exact_reserve_column(&m->exact, &m->rg, qkv, 3, in16, 1, N, C);
+            loom_tp_exact_reserve_column(&m->exact, &m->rg, &fc, 1, in16, 1, N, C);
+            loom_tp_exact_reserve_row(&m->exact, &m->rg, 0, N, Cl, C);
+            loom_tp_exact_reserve_row(&m->exact, &m->rg, 0, N, 4 * Cl, C);
+        }
+        if (m->head >= 0) loom_tp_exact_reserve_head(&m->exact, &m->rg, m->act_dtype, N, C, m->cfg.vocab);
+    }
+    if (per_micro_tied(m) && m->head >= 0 && !m->tied_sends) /* each micro-batch's share of the table */
+        m->tied_sends = loom_pp_tied_copies_alloc((size_t)m->Vl * m->cfg.hidden, m->base.step_micros);
 }
 
 static size_t boundary_numel(const struct loom_model *model, int rows)
@@ -673,6 +690,7 @@ void loom_gpt2_free(struct loom_gpt2 *m)
     free_activations(m);
     loom_pp_stage_layers_free(&m->stage);
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
+    loom_pp_tied_copies_free(m->tied_sends, m->base.step_micros);
     loom_fp8_destroy(m->base.fp8);
     loom_model_sparse_layout_free(m->sparse);
     loom_tp_exact_free(&m->exact);
@@ -1249,9 +1267,10 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
-        if (per_micro_tied(m))
-            loom_pp_tied_grads_send_copy(m->tied_grad, (size_t)Vl * C);
-        else if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+        if (per_micro_tied(m)) {
+            LOOM_ASSERT(m->tied_sends && mb->micro < m->base.step_micros);
+            loom_pp_tied_grads_send_copy(m->tied_grad, m->tied_sends[mb->micro], (size_t)Vl * C);
+        } else if (tied_across_stages(m) && mb->micro == mb->micros - 1)
             loom_pp_tied_grads_send(m->tied_grad, (size_t)Vl * C);
         memset(m->dres, 0, NrC * sizeof(float));
         norm_backward(m, m->dres, loom_grad(head, LNF_W), loom_grad(head, LNF_B), dlnf,

@@ -139,6 +139,8 @@ struct loom_gpt2 {
      * gradient; on the first stage, one buffer for both: the table's send
      * buffer, then the received gradient; else NULL */
     float *tied_copy, *tied_grad;
+    float *
+        *tied_sends; /* --layout-invariant: the head's stage's copy of each micro-batch's share (reserve) */
     struct loom_sparse_layout
         *sparse; /* block-sparse attention's layout (all heads), or NULL: dense causal */
 };

@@ -795,9 +795,10 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         round_act(m, dlnf, NrC);
         if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
         /* the copy's gradient over the step, to the embedding's stage */
-        if (per_micro_tied(m))
-            loom_pp_tied_grads_send_copy(m->tied_grad, (size_t)V * C);
-        else if (tied_across_stages(m) && mb->micro == mb->micros - 1)
+        if (per_micro_tied(m)) {
+            LOOM_ASSERT(m->tied_sends && mb->micro < m->base.step_micros);
+            loom_pp_tied_grads_send_copy(m->tied_grad, m->tied_sends[mb->micro], (size_t)V * C);
+        } else if (tied_across_stages(m) && mb->micro == mb->micros - 1)
             loom_pp_tied_grads_send(m->tied_grad, (size_t)V * C);
         memset(m->dres, 0, NrC * sizeof(float));
         norm_backward(m, m->dres, loom_grad(head, NORM_W), dlnf, a->layers[L - 1].res3,
@@ -857,6 +858,21 @@ static void reserve(struct loom_model *model)
         const size_t W = (F > C ? F : C) * C, X = N * (F > C ? F : C);
         loom_fp8_reserve(m->base.fp8, X, W, X, 1);
     }
+    if (m->exact.pieces) { /* --layout-invariant's scratch: q|k|v, gate|up, o, down and the head */
+        const int N = m->B * m->T, C = m->cfg.hidden;
+        const int qkv[3] = {m->Cl, m->kvC, m->kvC}, gate_up[2] = {m->Fl, m->Fl};
+        int layers = 0;
+        for (int l = 0; l < m->cfg.num_layers; l++) layers += m->stage.block[l] >= 0;
+        if (layers) {
+            loom_tp_exact_reserve_column(&m->exact, &m->rg, qkv, 3, 0, 0, N, C);
+            loom_tp_exact_reserve_column(&m->exact, &m->rg, gate_up, 2, 0, 0, N, C);
+            loom_tp_exact_reserve_row(&m->exact, &m->rg, 1, N, m->Cl, C);
+            loom_tp_exact_reserve_row(&m->exact, &m->rg, 1, N, m->Fl, C);
+        }
+        if (m->head >= 0) loom_tp_exact_reserve_head(&m->exact, &m->rg, LOOM_DTYPE_F32, N, C, m->cfg.vocab);
+    }
+    if (per_micro_tied(m) && m->head >= 0 && !m->tied_sends) /* each micro-batch's share of the table */
+        m->tied_sends = loom_pp_tied_copies_alloc((size_t)m->Vl * m->cfg.hidden, m->base.step_micros);
 }
 
 static size_t boundary_numel(const struct loom_model *model, int rows)
@@ -991,6 +1007,7 @@ void loom_llama_free(struct loom_llama *m)
     free_activations(m);
     loom_pp_stage_layers_free(&m->stage);
     loom_pp_tied_free(m->tied_copy, m->tied_grad);
+    loom_pp_tied_copies_free(m->tied_sends, m->base.step_micros);
     loom_fp8_destroy(m->base.fp8);
     loom_model_sparse_layout_free(m->sparse);
     loom_tp_exact_free(&m->exact);

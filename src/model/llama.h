@@ -120,6 +120,8 @@ struct loom_llama {
     struct loom_pp_stage_layers stage; /* the layers held and their chunks (parallel/pipeline.h) */
     int pipelined;
     float *tied_copy, *tied_grad; /* the last stage's copy and its gradient; the first stage's one buffer */
+    float *
+        *tied_sends; /* --layout-invariant: the head's stage's copy of each micro-batch's share (reserve) */
 };
 
 /* A model for micro-batches of up to B sequences of T, described; the

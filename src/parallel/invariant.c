@@ -81,6 +81,25 @@ static const struct loom_strategy invariant_strategy = {.name = "invariant",
                                                         .grads_ready = grads_ready,
                                                         .describe = describe};
 
+void loom_invariant_replay(struct loom_invariant *x, int b, enum loom_replay_point at, int micro)
+{
+    if (x->micros == 1) return;
+    const size_t n = x->model->blocks[b].numel;
+    if (at == LOOM_REPLAY_PRE_BACKWARD) {
+        LOOM_ASSERT(x->own[b] == NULL);
+        x->own[b] = loom_pool_take_f32(n, 1, LOOM_MEM_GRADS);
+    } else if (at == LOOM_REPLAY_GRADS_READY) {
+        int k = 0;
+        for (unsigned t = (unsigned)micro; t & 1; t >>= 1) k++;
+        if (micro < x->micros - 1) { /* the level grads_ready copies into */
+            float **l = slot(x, k, b);
+            if (!*l) *l = loom_alloc(n * sizeof(float), LOOM_MEM_GRADS);
+        }
+        loom_pool_give_f32(x->own[b], n);
+        x->own[b] = NULL;
+    }
+}
+
 void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros, int pieces)
 {
     LOOM_ASSERT(micros >= 1 && pieces >= 1);

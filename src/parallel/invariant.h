@@ -21,8 +21,8 @@
  * Costs: one float32 copy of the gradients per level (log2 A levels), and
  * each micro-batch's gradient added once per level it climbs. With one
  * micro-batch it does nothing. Exact across layouts for A and the
- * data-parallel size powers of two and a data-parallel sum of at most two
- * ranks (more are summed in the transport's order).
+ * data-parallel size powers of two (a sum over more than two data-parallel
+ * ranks takes the same tree: loom_comm_set_tree_sums).
  */
 #ifndef LOOM_PARALLEL_INVARIANT_H
 #define LOOM_PARALLEL_INVARIANT_H
@@ -47,5 +47,9 @@ struct loom_invariant {
  * step (one: it does nothing but describe the run). */
 void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros, int pieces);
 void loom_invariant_free(struct loom_invariant *x);
+/* The footprint's replay of block b's hooks in micro-batch micro: the
+ * micro-batch's own gradient (pooled) and the levels it fills, allocated
+ * as grads_ready allocates them (counted, never touched). */
+void loom_invariant_replay(struct loom_invariant *x, int b, enum loom_replay_point at, int micro);
 
 #endif

@@ -7,7 +7,6 @@
 #include "base/buf.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "base/pool.h"
 #include "comm/comm.h"
 #include "loom/config.h"
 
@@ -100,24 +99,32 @@ void loom_pp_tied_weights_recv(float *copy, size_t n)
 }
 
 /* Sends of a micro-batch's share, each from a copy of its own. */
-static struct copy_sending {
-    struct loom_comm_handle *h;
-    float *buf;
-    size_t n;
-} * copies;
+static struct loom_comm_handle **copies_sending;
 static int ncopies, capcopies;
 
-void loom_pp_tied_grads_send_copy(const float *grad, size_t n)
+float **loom_pp_tied_copies_alloc(size_t n, int micros)
+{
+    float **c = loom_alloc(sizeof *c * (size_t)micros, LOOM_MEM_OTHER);
+    for (int i = 0; i < micros; i++) c[i] = loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_COMM);
+    return c;
+}
+
+void loom_pp_tied_copies_free(float **copies, int micros)
+{
+    if (!copies) return;
+    for (int i = 0; i < micros; i++) loom_free(copies[i]);
+    loom_free(copies);
+}
+
+void loom_pp_tied_grads_send_copy(const float *grad, float *copy, size_t n)
 {
     if (ncopies == capcopies) {
         capcopies = capcopies ? 2 * capcopies : 8;
-        copies = realloc(copies, sizeof *copies * (size_t)capcopies);
-        if (!copies) loom_die("out of memory for the tied table's sends");
+        copies_sending = realloc(copies_sending, sizeof *copies_sending * (size_t)capcopies);
+        if (!copies_sending) loom_die("out of memory for the tied table's sends");
     }
-    float *buf = loom_pool_take_f32(n, 0, LOOM_MEM_COMM);
-    memcpy(buf, grad, n * sizeof(float));
-    copies[ncopies++] = (struct copy_sending){
-        loom_comm_send(LOOM_GROUP_EMBEDDING, loom_buf_f32(buf, n), 0, TAG_GRADS), buf, n};
+    memcpy(copy, grad, n * sizeof(float));
+    copies_sending[ncopies++] = loom_comm_send(LOOM_GROUP_EMBEDDING, loom_buf_f32(copy, n), 0, TAG_GRADS);
 }
 
 void loom_pp_tied_grads_send(const float *grad, size_t n)
@@ -142,10 +149,7 @@ double loom_pp_flush(void)
     if (weights_sending) t += loom_comm_wait(weights_sending);
     if (grads_sending) t += loom_comm_wait(grads_sending);
     weights_sending = grads_sending = NULL;
-    for (int i = 0; i < ncopies; i++) {
-        t += loom_comm_wait(copies[i].h);
-        loom_pool_give_f32(copies[i].buf, copies[i].n);
-    }
+    for (int i = 0; i < ncopies; i++) t += loom_comm_wait(copies_sending[i]);
     ncopies = 0;
     return t;
 }

@@ -62,10 +62,16 @@ void loom_pp_tied_free(float *copy, float *grad);
 void loom_pp_tied_weights_send(const float *table, size_t n);
 void loom_pp_tied_weights_recv(float *copy, size_t n);
 void loom_pp_tied_grads_send(const float *grad, size_t n);
-/* The same from a copy of grad (pooled until loom_pp_flush), so grad may be
- * written again at once: a send every micro-batch (the model's
- * invariant_sums). */
-void loom_pp_tied_grads_send_copy(const float *grad, size_t n);
+/* The same from a copy of grad, so grad may be written again at once: a
+ * send every micro-batch (the model's invariant_sums). The copy is the
+ * micro-batch's own buffer of loom_pp_tied_copies_alloc's, untouched until
+ * loom_pp_flush. */
+void loom_pp_tied_grads_send_copy(const float *grad, float *copy, size_t n);
+/* The head's stage's copies for those sends: one of n floats for each of a
+ * step's micro-batches (they are all in flight in the worst schedule),
+ * counted as communication buffers. */
+float **loom_pp_tied_copies_alloc(size_t n, int micros);
+void loom_pp_tied_copies_free(float **copies, int micros);
 /* The gradient goes once per step (its sum over the micro-batches), or
  * under --layout-invariant (loom_model.invariant_sums) once per micro-batch,
  * added before the lookup's own so the table's gradient is summed as one

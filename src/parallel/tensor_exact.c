@@ -432,6 +432,71 @@ void loom_tp_exact_crossentropy_done(struct loom_tp_exact *x, float *sumexp, flo
     round_into(target, x->acc + N, (size_t)N);
 }
 
+/* ---- the scratch, reserved ---------------------------------------------------- */
+
+static size_t max_size(size_t a, size_t b)
+{
+    return a > b ? a : b;
+}
+
+/* the widest held piece of a dimension of n entries */
+static int widest_piece(const struct loom_tp_exact *x, int64_t n)
+{
+    int w = 0;
+    for (int j = 0; j < loom_tp_exact_held(x); j++) {
+        const struct piece p = piece_of_part(x, n, j);
+        if (p.width > w) w = p.width;
+    }
+    return w;
+}
+
+/* what exit_region takes: the float64 sum of every row, and the rows held under sp */
+static void reserve_exit(struct loom_tp_exact *x, const struct loom_tp_regions *r, int N)
+{
+    grow(&x->acc, &x->cap_acc, (size_t)N * r->width, sizeof(double));
+    if (r->sp)
+        grow(&x->acc_rows, &x->cap_acc_rows, (size_t)loom_tp_rows_held(r, N) * r->width, sizeof(double));
+}
+
+void loom_tp_exact_reserve_column(struct loom_tp_exact *x, const struct loom_tp_regions *r, const int *width,
+                                  int nseg, int in16, int bias, int N, int C)
+{
+    const int held = loom_tp_exact_held(x);
+    size_t wp = 0, widest = 0; /* a piece's width over the segments; the widest segment */
+    for (int s = 0; s < nseg; s++) {
+        wp += (size_t)(width[s] / held);
+        widest = max_size(widest, (size_t)width[s]);
+    }
+    const size_t n = (size_t)N * C;
+    if (in16) grow(&x->pack_in, &x->cap_pack_in, n, sizeof(float));
+    grow(&x->pack_w, &x->cap_pack_w, (size_t)C * wp, sizeof(float));
+    grow(&x->part, &x->cap_part, max_size((size_t)N * wp, n), sizeof(float));
+    grow(&x->grad, &x->cap_grad, (size_t)C * wp, sizeof(float));
+    grow(&x->pack_a, &x->cap_pack_a, (size_t)N * (bias ? max_size(wp, widest) : wp), sizeof(float));
+    reserve_exit(x, r, N);
+}
+
+void loom_tp_exact_reserve_row(struct loom_tp_exact *x, const struct loom_tp_regions *r, int w_out_in, int N,
+                               int Kl, int OC)
+{
+    const size_t pw = (size_t)widest_piece(x, (int64_t)Kl * x->tp);
+    grow(&x->pack_a, &x->cap_pack_a, (size_t)N * pw, sizeof(float));
+    grow(&x->part, &x->cap_part, (size_t)N * max_size(pw, (size_t)OC), sizeof(float));
+    if (w_out_in) grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * pw, sizeof(float));
+    grow(&x->grad, &x->cap_grad, (size_t)OC * pw, sizeof(float));
+    reserve_exit(x, r, N);
+}
+
+void loom_tp_exact_reserve_head(struct loom_tp_exact *x, const struct loom_tp_regions *r, enum loom_dtype dt,
+                                int N, int C, int V)
+{
+    const size_t np = (size_t)N * widest_piece(x, V);
+    const size_t f = dt == LOOM_DTYPE_F32 ? np : (np + 1) / 2; /* 16-bit pieces in float32 slots */
+    grow(&x->part, &x->cap_part, max_size(f, (size_t)N * C), sizeof(float));
+    grow(&x->pack_a, &x->cap_pack_a, f, sizeof(float));
+    reserve_exit(x, r, N);
+}
+
 int loom_tp_exact_row_pieces(const struct loom_tp_exact *x, const struct loom_tp_regions *r)
 {
     return r->sp ? loom_tp_exact_held(x) : x->pieces;

@@ -127,6 +127,17 @@ void loom_tp_exact_crossentropy_rows(struct loom_tp_exact *x, const struct loom_
                                      int row0, int n, int V, int v0, int Vl);
 void loom_tp_exact_crossentropy_done(struct loom_tp_exact *x, float *sumexp, float *target, int N);
 
+/* The scratch the products above grow on use, grown now to what they will
+ * take (the model's reserve, so the footprint counts it): a column product
+ * of nseg segments of widths width (this rank's), with float32 copies of
+ * 16-bit inputs (in16) and biases; a row product; the LM head in dt. */
+void loom_tp_exact_reserve_column(struct loom_tp_exact *x, const struct loom_tp_regions *r, const int *width,
+                                  int nseg, int in16, int bias, int N, int C);
+void loom_tp_exact_reserve_row(struct loom_tp_exact *x, const struct loom_tp_regions *r, int w_out_in, int N,
+                               int Kl, int OC);
+void loom_tp_exact_reserve_head(struct loom_tp_exact *x, const struct loom_tp_regions *r, enum loom_dtype dt,
+                                int N, int C, int V);
+
 /* Row pieces: the rows a rank holds between the regions (every row
  * without sequence parallelism), as held pieces of the N rows. */
 int loom_tp_exact_row_pieces(const struct loom_tp_exact *x, const struct loom_tp_regions *r);
