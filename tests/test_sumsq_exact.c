@@ -2,8 +2,10 @@
  * The order-free sum of squares (base/sumsq_exact.h), the gradient norm of
  * --layout-invariant: the same bins whatever the order of the additions,
  * however the values are split into parts whose limbs are summed (as
- * ranks sum them) and however many threads add them; exact where a double sum loses the small squares; the
- * value within a long double sum's rounding elsewhere; 16-bit inputs as
+ * ranks sum them) and however many threads and chunks add them; exact where
+ * a double sum loses the small squares, and for the smallest subnormal; the
+ * value the exact sum rounded once (ties to even, a carry out of the
+ * rounding) and within a long double sum's rounding elsewhere; 16-bit inputs as
  * their float32 values; infinities and NaN as a double sum gives them.
  */
 #include <math.h>
@@ -76,7 +78,27 @@ int main(void)
     loom_sumsq_exact_add_f32(&whole, big_x, BIG);
     for (int i = 0; i < BIG; i += 1000) loom_sumsq_exact_add_f32(&pieces, big_x + i, 1000);
     CHECK(same_bins(&whole, &pieces));
+    /* across chunks and threads: moderate values within a long double sum's
+     * rounding, and an inf and a NaN found in a later chunk */
+    long double big_ld = 0;
+    for (int i = 0; i < BIG; i++) {
+        big_x[i] = (float)((double)(next() % 2000001) / 1e6 - 1.0);
+        big_ld += (long double)big_x[i] * big_x[i];
+    }
+    struct loom_sumsq_exact mod = {0};
+    loom_sumsq_exact_add_f32(&mod, big_x, BIG);
+    CHECK(fabs(loom_sumsq_exact_value(&mod) - (double)big_ld) <= 1e-15 * (double)big_ld);
+    big_x[200001] = INFINITY;
+    big_x[70000] = NAN;
+    struct loom_sumsq_exact special = {0};
+    loom_sumsq_exact_add_f32(&special, big_x, BIG);
+    CHECK(special.inf == 1 && special.nan == 1 && isnan(loom_sumsq_exact_value(&special)));
     free(big_x);
+    /* the smallest subnormal's square, 2^-298, exactly */
+    struct loom_sumsq_exact tiny = {0};
+    const float sub = ldexpf(1.0f, -149);
+    loom_sumsq_exact_add_f32(&tiny, &sub, 1);
+    CHECK(loom_sumsq_exact_value(&tiny) == ldexp(1, -298));
 
     /* exact: 2^60 and 1024 ones is 2^60 + 1024 (a double sum in order loses every 1) */
     struct loom_sumsq_exact e = {0};
@@ -89,6 +111,28 @@ int main(void)
     }
     CHECK(naive == ldexp(1, 60));
     CHECK(loom_sumsq_exact_value(&e) == ldexp(1, 60) + 1024);
+
+    /* rounded once, to nearest, ties to even: 1 + 2^-53 is the tie between 1
+     * and 1 + 2^-52 (to 1); 2^-80 more puts it above (to 1 + 2^-52), where
+     * a sum of doubles loses the 2^-80 */
+    struct loom_sumsq_exact tie = {0};
+    const float unit = 1.0f, h = ldexpf(1.0f, -27), t = ldexpf(1.0f, -40);
+    loom_sumsq_exact_add_f32(&tie, &unit, 1);
+    loom_sumsq_exact_add_f32(&tie, &h, 1);
+    loom_sumsq_exact_add_f32(&tie, &h, 1);
+    CHECK(loom_sumsq_exact_value(&tie) == 1.0);
+    loom_sumsq_exact_add_f32(&tie, &t, 1);
+    CHECK(loom_sumsq_exact_value(&tie) == 1.0 + ldexp(1, -52));
+    /* a carry out of the rounding: 2^53 - 1 + 2^-1 (every power of two from
+     * 2^-1 to 2^52, an even power the square of one value, an odd one of two
+     * equal values) is a tie above an odd significand: up to 2^53 */
+    struct loom_sumsq_exact carry = {0};
+    for (int k = -1; k <= 52; k++) {
+        const int odd = k & 1;
+        const float v = ldexpf(1.0f, (k - odd) / 2);
+        for (int c = 0; c <= odd; c++) loom_sumsq_exact_add_f32(&carry, &v, 1);
+    }
+    CHECK(loom_sumsq_exact_value(&carry) == ldexp(1, 53));
 
     /* moderate values: within a long double sum's rounding */
     struct loom_sumsq_exact m = {0};

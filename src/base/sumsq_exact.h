@@ -1,9 +1,11 @@
 /*
  * An order-free sum of squares: the gradient norm of --layout-invariant.
  *
- * A float's square is exact in double (24 -> 48 significant bits). Each
- * square is added as an integer: its 53-bit significand shifted into one of
- * a few 128-bit bins by its exponent. Integer addition is associative, so
+ * A float is an integer m < 2^24 times a power of two, so its square is
+ * the integer m^2 < 2^48 times a power of two. Each square is added as an
+ * integer: the squares of one exponent summed in a uint64 a chunk of 2^16
+ * at a time, each such sum shifted into one of a few 128-bit bins by the
+ * exponent. Integer addition is associative, so
  * the total does not depend on the order of the additions, nor on how the
  * elements are split over shards, ranks and stages (their bins are summed
  * as integers, loom_sumsq_exact_limbs), and one conversion makes it a
@@ -34,7 +36,8 @@ void loom_sumsq_exact_add(struct loom_sumsq_exact *s, const void *x, size_t n, e
  * overflow over up to 2^31 ranks; and back (a sum of such). */
 void loom_sumsq_exact_limbs(const struct loom_sumsq_exact *s, uint64_t *limbs);
 void loom_sumsq_exact_from_limbs(struct loom_sumsq_exact *s, const uint64_t *limbs);
-/* The total as a double (rounded once per bin, the same for the same total). */
+/* The total as a double: the exact sum rounded once (to nearest, ties to
+ * even), so the same total gives the same double whatever held it. */
 double loom_sumsq_exact_value(const struct loom_sumsq_exact *s);
 
 #endif

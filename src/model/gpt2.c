@@ -871,6 +871,7 @@ static void segments(struct loom_tp_segment *seg, struct loom_block *b, int w, f
     for (int s = 0; s < nseg; s++) /* the gradients in the backward (dout) only */
         seg[s] = (struct loom_tp_segment){.width = (int)width,
                                           .W = loom_param(b, w) + s * width,
+                                          .W16 = param16(b, w) ? param16(b, w) + s * width : NULL,
                                           .dW = dout ? loom_grad(b, w) + s * width : NULL,
                                           .ldw = OCl,
                                           .bias = loom_param(b, w + 1) + s * width,
@@ -917,8 +918,8 @@ static float *row_forward(struct loom_gpt2 *m, const float *inp, const uint16_t 
 {
     const int C = m->cfg.hidden;
     if (m->exact.pieces)
-        return loom_tp_exact_row_forward(&m->exact, &m->rg, m->k, x16 ? NULL : inp, x16, loom_param(b, w), 0,
-                                         loom_param(b, w + 1), m->scratchC, N, Kl, C);
+        return loom_tp_exact_row_forward(&m->exact, &m->rg, m->k, x16 ? NULL : inp, x16, loom_param(b, w),
+                                         param16(b, w), 0, loom_param(b, w + 1), m->scratchC, N, Kl, C);
     dense_forward(m, m->scratchC, inp, x16, b, w, m->tp_rank == 0 ? loom_param(b, w + 1) : NULL, N, Kl, C);
     return loom_tp_region_output(&m->rg, m->scratchC, N);
 }
@@ -934,7 +935,7 @@ static void row_backward(struct loom_gpt2 *m, float *dinp, struct loom_block *b,
         return;
     }
     loom_tp_exact_row_backward(&m->exact, m->k, dinp, loom_grad(b, w), loom_grad(b, w + 1), dout,
-                               x16 ? NULL : inp, x16, loom_param(b, w), 0, N, Kl, C);
+                               x16 ? NULL : inp, x16, loom_param(b, w), param16(b, w), 0, N, Kl, C);
 }
 
 /* Layer l's forward over B rows, from its input (the rows this rank holds,
@@ -1135,8 +1136,8 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     /* the logits: 16-bit ones as the product rounds them */
     const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
     if (m->exact.pieces)
-        loom_tp_exact_head_forward(&m->exact, m->k, a->logits, m->act_dtype, lnf, lm_head_weight(m), N, C,
-                                   m->cfg.vocab, Vl);
+        loom_tp_exact_head_forward(&m->exact, m->k, a->logits, m->act_dtype, lnf, lm_head_weight(m),
+                                   lm_head_weight16(m), N, C, m->cfg.vocab, Vl);
     else if (lp(m))
         m->k->lm_head_forward_lp(a->logits, m->act_dtype, lnf, lm_head_weight(m), lm_head_weight16(m), N, C,
                                  Vl);
@@ -1252,9 +1253,9 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
         float *dlnf;
         if (m->exact.pieces) {
-            dlnf =
-                loom_tp_exact_head_backward(&m->exact, &m->rg, m->k, lm_head_grad(m), a->logits, m->act_dtype,
-                                            lnf, lm_head_weight(m), m->dbufC, N, C, m->cfg.vocab, Vl);
+            dlnf = loom_tp_exact_head_backward(&m->exact, &m->rg, m->k, lm_head_grad(m), a->logits,
+                                               m->act_dtype, lnf, lm_head_weight(m), lm_head_weight16(m),
+                                               m->dbufC, N, C, m->cfg.vocab, Vl);
         } else {
             if (lp(m)) /* the logits' gradient read in 16 bits */
                 m->k->lm_head_backward_lp(m->dbufC, lm_head_grad(m), a->logits, m->act_dtype, lnf,

@@ -466,7 +466,7 @@ static float *row_forward(struct loom_llama *m, const float *x, struct loom_bloc
 {
     const int C = m->cfg.hidden;
     if (m->exact.pieces)
-        return loom_tp_exact_row_forward(&m->exact, &m->rg, m->k, x, NULL, loom_param(b, w), 1, NULL,
+        return loom_tp_exact_row_forward(&m->exact, &m->rg, m->k, x, NULL, loom_param(b, w), NULL, 1, NULL,
                                          m->scratchC, N, in, C);
     linear(m, m->scratchC, x, b, w, N, in, C);
     return loom_tp_region_output(&m->rg, m->scratchC, N);
@@ -642,7 +642,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     round_act(m, a->lnf, NrC);
     if (m->exact.pieces)
         loom_tp_exact_head_forward(&m->exact, m->k, a->logits, LOOM_DTYPE_F32,
-                                   loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C,
+                                   loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), NULL, N, C,
                                    m->cfg.vocab, V);
     else
         m->k->lm_head_forward(a->logits, loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C, V);
@@ -691,7 +691,7 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     if (m->exact.pieces)
         loom_tp_exact_row_backward(&m->exact, m->k, m->dh, loom_grad(b, DOWN_W), NULL, dout, x->h, NULL,
-                                   loom_param(b, DOWN_W), 1, N, F, C);
+                                   loom_param(b, DOWN_W), NULL, 1, N, F, C);
     else
         linear_backward(m, m->dh, NULL, b, DOWN_W, dout, x->h, N, F, C, 0);
     round_act(m, m->dh, NF);
@@ -719,7 +719,7 @@ static void layer_backward(struct loom_llama *m, struct loom_llama_acts *a, int 
     dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     if (m->exact.pieces)
         loom_tp_exact_row_backward(&m->exact, m->k, m->dbufC, loom_grad(b, O_W), NULL, dout, x->atty, NULL,
-                                   loom_param(b, O_W), 1, N, Cl, C);
+                                   loom_param(b, O_W), NULL, 1, N, Cl, C);
     else
         linear_backward(m, m->dbufC, NULL, b, O_W, dout, x->atty, N, Cl, C, 0);
     round_act(m, m->dbufC, NCl);
@@ -786,7 +786,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         if (m->exact.pieces) {
             dlnf = loom_tp_exact_head_backward(&m->exact, &m->rg, m->k, lm_head_grad(m), a->logits,
                                                LOOM_DTYPE_F32, loom_tp_region_input(&m->rg, a->lnf, N),
-                                               lm_head_weight(m), m->dbufC, N, C, m->cfg.vocab, V);
+                                               lm_head_weight(m), NULL, m->dbufC, N, C, m->cfg.vocab, V);
         } else {
             m->k->lm_head_backward(m->dbufC, lm_head_grad(m), a->logits,
                                    loom_tp_region_input(&m->rg, a->lnf, N), lm_head_weight(m), N, C, V);

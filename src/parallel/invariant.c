@@ -1,8 +1,6 @@
 /* Layout-invariant accumulation: micro-batch gradients in a binary tree (invariant.h). */
 #include "parallel/invariant.h"
 
-#include <string.h>
-
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/pool.h"
@@ -35,6 +33,14 @@ static void add(float *s, const float *v, size_t n)
     for (size_t i = 0; i < n; i++) s[i] += v[i];
 }
 
+/* d = v, n floats, over the threads (a block's gradient: one thread alone
+ * leaves the others waiting) */
+static void copy(float *d, const float *v, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i++) d[i] = v[i];
+}
+
 static float **slot(struct loom_invariant *x, int k, int b)
 {
     return &x->level[(size_t)k * x->model->nblocks + b];
@@ -54,7 +60,7 @@ static void grads_ready(void *ctx, int b)
         float **l = slot(x, k, b);
         LOOM_ASSERT(k < x->levels);
         if (!*l) *l = loom_alloc(n * sizeof(float), LOOM_MEM_GRADS);
-        memcpy(*l, s, n * sizeof(float));
+        copy(*l, s, n);
     } else { /* A not a power of two: the levels still held, lowest first */
         for (t >>= 1, k++; t; t >>= 1, k++)
             if (t & 1) add(s, *slot(x, k, b), n);

@@ -134,12 +134,24 @@ static void unpack_cols(float *dst, const float *src, size_t n, int ld, struct p
     }
 }
 
+/* n rows of w floats: dst's (rows of ldd) = src's (rows of lds), or += with add */
+static void copy_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t n, size_t w, int add)
+{
+#pragma omp parallel for schedule(static) if (n * w >= 65536)
+    for (size_t i = 0; i < n; i++) {
+        float *d = dst + i * ldd;
+        const float *q = src + i * lds;
+        if (add)
+            for (size_t c = 0; c < w; c++) d[c] += q[c];
+        else
+            memcpy(d, q, w * sizeof(float));
+    }
+}
+
 /* the piece's rows of dst (rows of ld) += src (p.width, ld) */
 static void add_rows(float *dst, const float *src, size_t ld, struct piece p)
 {
-    float *d = dst + (size_t)p.at * ld;
-    const size_t n = (size_t)p.width * ld;
-    for (size_t i = 0; i < n; i++) d[i] += src[i];
+    copy_rows(dst + (size_t)p.at * ld, ld, src, ld, (size_t)p.width, ld, 1);
 }
 
 /* x->grad, zeroed (n) */
@@ -179,6 +191,30 @@ static float *exit_region(struct loom_tp_exact *x, struct loom_tp_regions *r, fl
     return dst;
 }
 
+/* Whether the products take bf16 operands as they are (the kernels' _b16
+ * forms): the stored bf16 weights and 16-bit activations go in without
+ * the float32 round trip. The same products on the same values: the same
+ * bits. [in, out] weights only (GPT-2's; Llama's go through float32). */
+static int takes16(const struct loom_kernels *k, int w_out_in)
+{
+    return k->matmul_forward_b16 && k->matmul_backward_b16 && !w_out_in;
+}
+
+/* n rows of w: dst's (rows of ldd) = src16's (rows of lds) as they are, or
+ * src's rounded to bf16 */
+static void copy_rows16(uint16_t *dst, size_t ldd, const uint16_t *src16, const float *src, size_t lds,
+                        size_t n, size_t w)
+{
+#pragma omp parallel for schedule(static) if (n * w >= 65536)
+    for (size_t i = 0; i < n; i++) {
+        uint16_t *d = dst + i * ldd;
+        if (src16)
+            memcpy(d, src16 + i * lds, w * sizeof *d);
+        else
+            for (size_t c = 0; c < w; c++) d[c] = loom_f32_to_bf16(src[i * lds + c]);
+    }
+}
+
 /* The segments' piece j: its columns in each segment, [lo_s, lo_s + w_s) */
 static int segment_piece(const struct loom_tp_exact *x, const struct loom_tp_segment *seg, int nseg, int j,
                          int *lo, int *w)
@@ -201,27 +237,45 @@ static void pack_weight(float *dst, const struct loom_tp_segment *seg, int nseg,
                         int width, int w_out_in, int C)
 {
     for (int s = 0, at = 0; s < nseg; at += w[s], s++) {
-        if (w_out_in) {
-            memcpy(dst + (size_t)at * C, seg[s].W + (size_t)lo[s] * C, (size_t)w[s] * C * sizeof(float));
-        } else {
-            for (int c = 0; c < C; c++)
-                memcpy(dst + (size_t)c * width + at, seg[s].W + (size_t)c * seg[s].ldw + lo[s],
-                       (size_t)w[s] * sizeof(float));
-        }
+        if (w_out_in)
+            copy_rows(dst + (size_t)at * C, (size_t)C, seg[s].W + (size_t)lo[s] * C, (size_t)C, (size_t)w[s],
+                      (size_t)C, 0);
+        else
+            copy_rows(dst + at, (size_t)width, seg[s].W + lo[s], (size_t)seg[s].ldw, (size_t)C, (size_t)w[s],
+                      0);
     }
+}
+
+/* The same in bf16 ([in, out]): (C, width), from the stored bf16 weights
+ * where given (W16), else rounded (in a buffer of float32 slots). */
+static uint16_t *pack_weight16(struct loom_tp_exact *x, const struct loom_tp_segment *seg, int nseg,
+                               const int *lo, const int *w, int width, int C)
+{
+    uint16_t *dst = grow(&x->pack_w, &x->cap_pack_w, ((size_t)C * width + 1) / 2, sizeof(float));
+    for (int s = 0, at = 0; s < nseg; at += w[s], s++)
+        copy_rows16(dst + at, (size_t)width, seg[s].W16 ? seg[s].W16 + lo[s] : NULL, seg[s].W + lo[s],
+                    (size_t)seg[s].ldw, (size_t)C, (size_t)w[s]);
+    return dst;
 }
 
 void loom_tp_exact_column_forward(struct loom_tp_exact *x, const struct loom_kernels *k,
                                   const struct loom_tp_segment *seg, int nseg, const float *inp,
                                   const uint16_t *inp16, int w_out_in, int N, int C)
 {
-    const float *a = input_f32(x, inp, inp16, (size_t)N * C);
+    const int use16 = takes16(k, w_out_in);
+    const float *a = use16 ? inp : input_f32(x, inp, inp16, (size_t)N * C);
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         int lo[4], w[4];
         const int width = segment_piece(x, seg, nseg, j, lo, w);
-        float *wt = grow(&x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
         float *part = grow(&x->part, &x->cap_part, (size_t)N * width, sizeof(float));
-        pack_weight(wt, seg, nseg, lo, w, width, w_out_in, C);
+        float *wt = NULL;
+        const uint16_t *wt16 = NULL;
+        if (use16) {
+            wt16 = pack_weight16(x, seg, nseg, lo, w, width, C);
+        } else {
+            wt = grow(&x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
+            pack_weight(wt, seg, nseg, lo, w, width, w_out_in, C);
+        }
         if (w_out_in) { /* inp @ W^T */
             k->lm_head_forward(part, a, wt, N, C, width);
         } else {
@@ -231,12 +285,14 @@ void loom_tp_exact_column_forward(struct loom_tp_exact *x, const struct loom_ker
                 for (int s = 0, at = 0; s < nseg; at += w[s], s++)
                     memcpy(bias + at, seg[s].bias + lo[s], (size_t)w[s] * sizeof(float));
             }
-            k->matmul_forward(part, a, wt, bias, N, C, width);
+            if (use16)
+                k->matmul_forward_b16(part, a, inp16, NULL, wt16, bias, N, C, width);
+            else
+                k->matmul_forward(part, a, wt, bias, N, C, width);
         }
         for (int s = 0, at = 0; s < nseg; at += w[s], s++)
-            for (int i = 0; i < N; i++)
-                memcpy(seg[s].out + (size_t)i * seg[s].ld + lo[s], part + (size_t)i * width + at,
-                       (size_t)w[s] * sizeof(float));
+            copy_rows(seg[s].out + lo[s], (size_t)seg[s].ld, part + at, (size_t)width, (size_t)N,
+                      (size_t)w[s], 0);
     }
 }
 
@@ -247,64 +303,84 @@ float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_reg
 {
     LOOM_ASSERT(r->width == C);
     const size_t n = (size_t)N * C;
-    const float *a = input_f32(x, inp, inp16, n);
+    const int use16 = takes16(k, w_out_in);
+    const float *a = use16 ? inp : input_f32(x, inp, inp16, n);
     double *acc = loom_tp_exact_sum(x, n);
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         int lo[4], w[4];
         const int width = segment_piece(x, seg, nseg, j, lo, w);
         float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * width, sizeof(float));
-        float *wt = grow(&x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
         float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
         float *g = zeroed(x, (size_t)C * width);
         for (int s = 0, at = 0; s < nseg; at += w[s], s++)
-            for (int i = 0; i < N; i++)
-                memcpy(d + (size_t)i * width + at, seg[s].dout + (size_t)i * seg[s].ld + lo[s],
-                       (size_t)w[s] * sizeof(float));
-        pack_weight(wt, seg, nseg, lo, w, width, w_out_in, C);
-        if (w_out_in) /* dinp = d @ W, g (width, C) += d^T @ a */
-            k->lm_head_backward(part, g, d, a, wt, N, C, width);
-        else /* dinp = d @ W^T, g (C, width) += a^T @ d */
-            k->matmul_backward(part, g, NULL, d, a, wt, N, C, width);
+            copy_rows(d + at, (size_t)width, seg[s].dout + lo[s], (size_t)seg[s].ld, (size_t)N, (size_t)w[s],
+                      0);
+        if (use16) { /* dinp = d @ W^T, g (C, width) += a^T @ d */
+            k->matmul_backward_b16(part, g, NULL, d, a, inp16, NULL,
+                                   pack_weight16(x, seg, nseg, lo, w, width, C), N, C, width);
+        } else {
+            float *wt = grow(&x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
+            pack_weight(wt, seg, nseg, lo, w, width, w_out_in, C);
+            if (w_out_in) /* dinp = d @ W, g (width, C) += d^T @ a */
+                k->lm_head_backward(part, g, d, a, wt, N, C, width);
+            else
+                k->matmul_backward(part, g, NULL, d, a, wt, N, C, width);
+        }
         for (int s = 0, at = 0; s < nseg; at += w[s], s++) {
-            if (w_out_in) {
-                float *dw = seg[s].dW + (size_t)lo[s] * C;
-                const float *gs = g + (size_t)at * C;
-                for (size_t i = 0; i < (size_t)w[s] * C; i++) dw[i] += gs[i];
-            } else {
-                for (int c = 0; c < C; c++) {
-                    float *dw = seg[s].dW + (size_t)c * seg[s].ldw + lo[s];
-                    const float *gs = g + (size_t)c * width + at;
-                    for (int o = 0; o < w[s]; o++) dw[o] += gs[o];
-                }
-            }
+            if (w_out_in)
+                copy_rows(seg[s].dW + (size_t)lo[s] * C, (size_t)C, g + (size_t)at * C, (size_t)C,
+                          (size_t)w[s], (size_t)C, 1);
+            else
+                copy_rows(seg[s].dW + lo[s], (size_t)seg[s].ldw, g + at, (size_t)width, (size_t)C,
+                          (size_t)w[s], 1);
         }
         loom_tp_exact_add(acc, part, n);
     }
     for (int s = 0; s < nseg; s++) /* column by column over the rows: no split sum */
         if (seg[s].dbias) {
             float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * seg[s].width, sizeof(float));
-            for (int i = 0; i < N; i++)
-                memcpy(d + (size_t)i * seg[s].width, seg[s].dout + (size_t)i * seg[s].ld,
-                       (size_t)seg[s].width * sizeof(float));
+            copy_rows(d, (size_t)seg[s].width, seg[s].dout, (size_t)seg[s].ld, (size_t)N,
+                      (size_t)seg[s].width, 0);
             loom_bias_backward(seg[s].dbias, d, N, seg[s].width);
         }
     return exit_region(x, r, dst, r->grad_rows, N);
 }
 
+/* The piece's columns of a row product's input (N rows of Kl), for a _b16
+ * product: 16-bit as they are (*a16) when held so, else float32 (*a32). */
+static void pack_input(struct loom_tp_exact *x, const float *inp, const uint16_t *inp16, int use16, int N,
+                       int Kl, struct piece p, float **a32, uint16_t **a16)
+{
+    *a32 = NULL;
+    *a16 = NULL;
+    if (use16 && inp16) {
+        *a16 = grow(&x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
+        pack_cols16(*a16, inp16, (size_t)N, Kl, p);
+    } else {
+        *a32 = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+        pack_cols(*a32, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, p);
+    }
+}
+
 float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions *r,
                                  const struct loom_kernels *k, const float *inp, const uint16_t *inp16,
-                                 const float *W, int w_out_in, const float *bias, float *dst, int N, int Kl,
-                                 int OC)
+                                 const float *W, const uint16_t *W16, int w_out_in, const float *bias,
+                                 float *dst, int N, int Kl, int OC)
 {
     LOOM_ASSERT(r->width == OC);
     const size_t n = (size_t)N * OC;
+    const int use16 = takes16(k, w_out_in);
     double *acc = loom_tp_exact_sum(x, n);
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         const struct piece p = piece_of_part(x, (int64_t)Kl * x->tp, j);
-        float *a = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+        float *a;
+        uint16_t *a16;
+        pack_input(x, inp, inp16, use16, N, Kl, p, &a, &a16);
         float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
-        pack_cols(a, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, p);
-        if (w_out_in) { /* (OC, Kl): the piece's columns; a @ w^T */
+        if (use16) { /* [in, out]: the piece's rows as they are */
+            k->matmul_forward_b16(part, a, a16, W + (size_t)p.at * OC, W16 ? W16 + (size_t)p.at * OC : NULL,
+                                  NULL, N, p.width, OC);
+        } else if (w_out_in) { /* (OC, Kl): the piece's columns; a @ w^T */
             float *w = grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
             pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
             k->lm_head_forward(part, a, w, N, p.width, OC);
@@ -316,6 +392,7 @@ float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions
     float *y = exit_region(x, r, dst, r->out_rows, N);
     if (bias) {
         const int Nr = loom_tp_rows_held(r, N);
+#pragma omp parallel for schedule(static) if ((size_t)Nr * OC >= 65536)
         for (int i = 0; i < Nr; i++)
             for (int o = 0; o < OC; o++) y[(size_t)i * OC + o] += bias[o];
     }
@@ -324,15 +401,21 @@ float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions
 
 void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kernels *k, float *dinp, float *dW,
                                 float *dbias, const float *dout, const float *inp, const uint16_t *inp16,
-                                const float *W, int w_out_in, int N, int Kl, int OC)
+                                const float *W, const uint16_t *W16, int w_out_in, int N, int Kl, int OC)
 {
+    const int use16 = takes16(k, w_out_in);
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         const struct piece p = piece_of_part(x, (int64_t)Kl * x->tp, j);
-        float *a = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+        float *a;
+        uint16_t *a16;
+        pack_input(x, inp, inp16, use16, N, Kl, p, &a, &a16);
         float *part = grow(&x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
         float *g = zeroed(x, (size_t)OC * p.width);
-        pack_cols(a, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, p);
-        if (w_out_in) { /* (OC, Kl): w (OC, width); dinp = dout @ w, g (OC, width) += dout^T @ a */
+        if (use16) { /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
+            k->matmul_backward_b16(part, g, NULL, dout, a, a16, W + (size_t)p.at * OC,
+                                   W16 ? W16 + (size_t)p.at * OC : NULL, N, p.width, OC);
+            add_rows(dW, g, (size_t)OC, p);
+        } else if (w_out_in) { /* (OC, Kl): w (OC, width); dinp = dout @ w, g (OC, width) += dout^T @ a */
             float *w = grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
             pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
             k->matmul_forward(part, dout, w, NULL, N, OC, p.width);
@@ -348,8 +431,8 @@ void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kerne
 }
 
 void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kernels *k, void *logits,
-                                enum loom_dtype dt, const float *inp, const float *W, int N, int C, int V,
-                                int Vl)
+                                enum loom_dtype dt, const float *inp, const float *W, const uint16_t *W16,
+                                int N, int C, int V, int Vl)
 {
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         const struct piece p = piece_of_part(x, V, j);
@@ -361,7 +444,8 @@ void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kerne
         } else {
             uint16_t *part = grow(&x->part, &x->cap_part, ((size_t)N * p.width + 1) / 2, sizeof(float));
             uint16_t *l = logits;
-            k->lm_head_forward_lp(part, dt, inp, W + (size_t)p.at * C, NULL, N, C, p.width);
+            k->lm_head_forward_lp(part, dt, inp, W + (size_t)p.at * C, W16 ? W16 + (size_t)p.at * C : NULL, N,
+                                  C, p.width);
             for (int i = 0; i < N; i++)
                 memcpy(l + (size_t)i * Vl + p.at, part + (size_t)i * p.width, (size_t)p.width * sizeof *l);
         }
@@ -370,8 +454,8 @@ void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kerne
 
 float *loom_tp_exact_head_backward(struct loom_tp_exact *x, struct loom_tp_regions *r,
                                    const struct loom_kernels *k, float *dW, const void *dlogits,
-                                   enum loom_dtype dt, const float *inp, const float *W, float *dst, int N,
-                                   int C, int V, int Vl)
+                                   enum loom_dtype dt, const float *inp, const float *W, const uint16_t *W16,
+                                   float *dst, int N, int C, int V, int Vl)
 {
     LOOM_ASSERT(r->width == C);
     const size_t n = (size_t)N * C;
@@ -388,7 +472,7 @@ float *loom_tp_exact_head_backward(struct loom_tp_exact *x, struct loom_tp_regio
         } else {
             uint16_t *d = grow(&x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
             pack_cols16(d, dlogits, (size_t)N, Vl, p);
-            k->lm_head_backward_lp(part, dW + at, d, dt, inp, W + at, NULL, N, C, p.width);
+            k->lm_head_backward_lp(part, dW + at, d, dt, inp, W + at, W16 ? W16 + at : NULL, N, C, p.width);
         }
         loom_tp_exact_add(acc, part, n);
     }

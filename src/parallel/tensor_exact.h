@@ -55,8 +55,12 @@ int loom_tp_exact_first(const struct loom_tp_exact *x);
 void loom_tp_exact_piece(const struct loom_tp_exact *x, int64_t n, int j, int *lo, int *hi);
 
 /* Weights are [in, out] (GPT-2's Conv1D: inp @ W) or, with w_out_in,
- * (out, in) (Llama's: inp @ W^T), this rank's part of them. Inputs are
- * float32, or where inp is NULL the bf16 values inp16. Every product below
+ * (out, in) (Llama's: inp @ W^T), this rank's part of them, with W16 the
+ * same as stored in bf16 where it is (NULL: not). Inputs are float32, or
+ * where inp is NULL the bf16 values inp16. Where the kernels take bf16
+ * operands as they are (their _b16 products, [in, out] weights), W16 and
+ * inp16 go in without a float32 round trip: the same values, the same
+ * bits. Every product below
  * is taken piece by piece with the piece's shapes, whatever the layout: the
  * pieces of an output split (the column-parallel products, the LM head)
  * are written in place, the pieces of an inner split are summed exactly.
@@ -71,6 +75,7 @@ void loom_tp_exact_piece(const struct loom_tp_exact *x, int64_t n, int j, int *l
 struct loom_tp_segment {
     int width;
     const float *W;
+    const uint16_t *W16; /* W as stored in bf16 (NULL: not), laid out alike: what a bf16 product takes */
     float *dW;
     int ldw;
     const float *bias;
@@ -97,24 +102,24 @@ float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_reg
  * W + bias (OC, NULL: none), the bias added to the rounded sum. */
 float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions *r,
                                  const struct loom_kernels *k, const float *inp, const uint16_t *inp16,
-                                 const float *W, int w_out_in, const float *bias, float *dst, int N, int Kl,
-                                 int OC);
+                                 const float *W, const uint16_t *W16, int w_out_in, const float *bias,
+                                 float *dst, int N, int Kl, int OC);
 /* Its backward, dout (N, OC) every row: dinp (N, Kl) written; dW and dbias
  * (NULL: none) accumulate. */
 void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kernels *k, float *dinp, float *dW,
                                 float *dbias, const float *dout, const float *inp, const uint16_t *inp16,
-                                const float *W, int w_out_in, int N, int Kl, int OC);
+                                const float *W, const uint16_t *W16, int w_out_in, int N, int Kl, int OC);
 /* The vocab-parallel LM head: logits (N, Vl: this rank's vocabulary of V)
  * = inp (N, C) @ W^T, W (Vl, C); float32 logits (dt F32) or 16 bits of dt. */
 void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kernels *k, void *logits,
-                                enum loom_dtype dt, const float *inp, const float *W, int N, int C, int V,
-                                int Vl);
+                                enum loom_dtype dt, const float *inp, const float *W, const uint16_t *W16,
+                                int N, int C, int V, int Vl);
 /* Its backward from dlogits (as the logits): dW (Vl, C) accumulates, and the
  * input gradient is returned as loom_tp_region_input_grad returns it. */
 float *loom_tp_exact_head_backward(struct loom_tp_exact *x, struct loom_tp_regions *r,
                                    const struct loom_kernels *k, float *dW, const void *dlogits,
-                                   enum loom_dtype dt, const float *inp, const float *W, float *dst, int N,
-                                   int C, int V, int Vl);
+                                   enum loom_dtype dt, const float *inp, const float *W, const uint16_t *W16,
+                                   float *dst, int N, int C, int V, int Vl);
 
 /* The cross-entropy's statistics over the vocabulary pieces, summed over
  * the tp group: sumexp (N) and target (N, the target's logit) of logits
