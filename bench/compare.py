@@ -21,14 +21,11 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from pyref import shard  # noqa: E402
+from common import ENV
+from pyref import shard
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_mpi_yield_when_idle="1")
 CASES = {
     "1proc-B4-T64": (1, ["--micro-batch-size", "4", "--global-batch-size", "4", "--threads", "2"]),
     "1proc-B8-T256": (1, ["--micro-batch-size", "8", "--global-batch-size", "8", "--threads", "2",

@@ -25,13 +25,10 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-LOOM = os.path.join(HERE, "..", os.environ.get("BUILD", "build"), "loom")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_mpi_yield_when_idle="1")
+from common import ENV, LOOM
+
 MODELS = {
     "gpt2": {"base": ["--model", "gpt2", "--bf16", "--seq-length", "256", "--global-batch-size", "16"],
              "budgets": [11.0, 3.0, 1.6],

@@ -15,16 +15,11 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from pyref import shard  # noqa: E402
+from common import ENV, LOOM, MB
+from pyref import shard
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-LOOM = os.path.join(HERE, "..", os.environ.get("BUILD", "build"), "loom")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_mpi_yield_when_idle="1")
-MB = 2**20
 INV = ["--layout-invariant", "2"]
 
 

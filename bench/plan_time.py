@@ -18,10 +18,8 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-LOOM = os.path.join(HERE, "..", os.environ.get("BUILD", "build"), "loom")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_mpi_yield_when_idle="1")
+from common import ENV, LOOM
+
 BASE = ["--model", "gpt2", "--seq-length", "128", "--global-batch-size", "8"]
 FULL = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
 LAYOUTS = [

@@ -20,7 +20,7 @@ void loom_tp_wait(struct loom_comm_handle *h)
 
 void loom_tp_allreduce(float *x, size_t n, enum loom_op op)
 {
-    waited += loom_comm_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_f32(x, n), op));
+    loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_f32(x, n), op));
 }
 
 void loom_tp_copy_backward(float *dx, size_t n)
@@ -35,14 +35,14 @@ void loom_tp_reduce_forward(float *y, size_t n)
 
 void loom_tp_gather(float *full, const float *local, size_t n_local, int tp)
 {
-    waited += loom_comm_wait(loom_comm_allgather(LOOM_GROUP_TP, loom_buf_f32((float *)local, n_local),
-                                                 loom_buf_f32(full, n_local * (size_t)tp)));
+    loom_tp_wait(loom_comm_allgather(LOOM_GROUP_TP, loom_buf_f32((float *)local, n_local),
+                                     loom_buf_f32(full, n_local * (size_t)tp)));
 }
 
 void loom_tp_reduce_scatter(float *local, const float *full, size_t n_local, int tp)
 {
-    waited += loom_comm_wait(loom_comm_reduce_scatter(
-        LOOM_GROUP_TP, loom_buf_f32((float *)full, n_local * (size_t)tp), loom_buf_f32(local, n_local)));
+    loom_tp_wait(loom_comm_reduce_scatter(LOOM_GROUP_TP, loom_buf_f32((float *)full, n_local * (size_t)tp),
+                                          loom_buf_f32(local, n_local)));
 }
 
 int loom_tp_rows_held(const struct loom_tp_regions *r, int N)
