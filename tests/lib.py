@@ -243,7 +243,62 @@ def tiny_run(tmp, tag, np_ranks, extra):
         "--weight-decay", "0.1", "--log-interval", "1", "--eval-iters", "0", "--threads", "1", "--seed", "7",
         "--metrics", metrics, "--save", save, "--ddp-bucket-size", "0.01", "--comm-timeout", "60"] + extra
     p = run_ranks(np_ranks, cmd, tag=tag)
-    return [r["loss"] for r in metrics_rows(metrics)], ckpt.weights(save), p.stdout
+    out = Run(([r["loss"] for r in metrics_rows(metrics)], ckpt.weights(save), p.stdout))
+    out.remake = (tmp, tag, np_ranks, extra)
+    return out
+
+
+class Run(tuple):
+    """tiny_run's (per-step losses, final weights, stdout), with remake =
+    the arguments that made it (for reorder_noise)."""
+    remake = None
+
+
+# How far one tensor's final weights move when the same run sums its float32
+# gradients in another order. Adam divides each gradient element by the root
+# of its own running square: an element whose gradient is small and made of
+# sums that cancel gets a step whose size the last bits of those sums decide,
+# so a tensor holding a few such elements moves by far more than float32's
+# 2^-24 and by an amount no formula gives in advance (measured on the 8-layer
+# model: 5e-6 to 1.7e-5 for the worst tensor when one process only changes its
+# micro-batch size; 1.05e-5 under TP 2, which also only reorders sums). So a
+# tensor's bound is REORDER_FACTOR times the worst tensor's move that this
+# machine's own reordering gives, measured in the test, when that exceeds the
+# fixed bound. A wrong gradient moves a tensor by orders of magnitude more.
+REORDER_FACTOR = 4
+_reorder_cache = {}
+
+
+def reorder_noise(ref):
+    """The worst tensor's relative L2 distance between the run ref (from
+    tiny_run) and the same run with its micro-batch size doubled and
+    quadrupled (the same math; the gradient sums taken in another order),
+    the larger of the two; None when ref cannot be remade so (no micro-batch
+    size given, or the global batch does not divide). Measured once a run."""
+    import numpy as np
+
+    if ref.remake is None:
+        return None
+    key = id(ref)
+    if key in _reorder_cache:
+        return _reorder_cache[key][0]
+    tmp, tag, n, extra = ref.remake
+    def last(flag):
+        idx = [i for i, a in enumerate(extra) if a == flag]
+        return int(extra[idx[-1] + 1]) if idx else None
+    mb, gb = last("--micro-batch-size"), last("--global-batch-size")
+    worst = None
+    for k in (2, 4):
+        if mb is None or gb is None or gb % (mb * k * n) != 0:
+            continue
+        other = tiny_run(tmp, f"{tag}-reordered-mb{mb * k}", n, list(extra) + ["--micro-batch-size", str(mb * k)])
+        for name, ref_t in ref[1].items():
+            a = without_key_bias(name, other[1][name].astype(np.float64))
+            b = without_key_bias(name, ref_t.astype(np.float64))
+            d = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+            worst = d if worst is None else max(worst, d)
+    _reorder_cache[key] = (worst, ref)  # ref kept alive so that id(ref) stays its own
+    return worst
 
 
 def check_export(tag, src, out):
@@ -277,8 +332,17 @@ def compare_runs(tag, ref, got, tol=1e-5, wtol=None, tensor_tol=None):
     """One check line: tiny_run's got against ref, every step's loss within
     tol relative and the final weights within wtol (default tol): the whole
     model's relative L2 error and every tensor's, each tensor's within
-    tensor_tol instead when given (a caller that widens it says why). Prints
-    every step's losses on failure."""
+    tensor_tol instead when given (a caller that widens it says why), or
+    within REORDER_FACTOR times the move the reference's own reordering
+    gives (reorder_noise) when that is larger. Prints every step's losses on
+    failure.
+
+    The default 1e-5 for float32 runs: a layout that only reorders float32
+    sums changes each product by a few units of 2^-24 (6e-8) and the loss by
+    about 1e-7 after 20 steps (measured: at most 6e-8 for every reordering
+    of the 8-layer model in tests/test_pipeline_parallel.py, 7e-7 for the
+    whole model's weights), so 1e-5 leaves more than 10x on any machine, and
+    a wrong gradient or a lost micro-batch moves both by 1e-3 or more."""
     import numpy as np
 
     losses_ref, w_ref, _ = ref
@@ -306,12 +370,20 @@ def compare_runs(tag, ref, got, tol=1e-5, wtol=None, tensor_tol=None):
     whole = (num / den) ** 0.5
     wtol = tol if wtol is None else wtol
     ttol = wtol if tensor_tol is None else tensor_tol
+    measured = ""
+    if wworst > ttol and ok and worst <= tol and whole <= wtol and isinstance(ref, Run):
+        # one tensor past the fixed bound: judge it against this machine's own
+        # float32 reordering of the reference (see REORDER_FACTOR)
+        noise = reorder_noise(ref)
+        if noise is not None and REORDER_FACTOR * noise > ttol:
+            ttol = REORDER_FACTOR * noise
+            measured = f" = {REORDER_FACTOR}x the reference's own reordering"
     ok = ok and worst <= tol and whole <= wtol and wworst <= ttol
     wworst = max(wworst, whole)
     buckets = [line for line in out.splitlines() if line.startswith("data parallel")]
     if not check(f"{tag:40s} loss max rel err {worst:.2e}, weights rel L2 whole {whole:.2e}, worst tensor "
                  f"{wworst:.2e} ({wname}) (tol {tol:g}{'' if wtol == tol else f', weights {wtol:g}'}"
-                 f"{'' if ttol == wtol else f', a tensor {ttol:g}'}) "
+                 f"{'' if ttol == wtol else f', a tensor {ttol:.2g}{measured}'}) "
                  f"{buckets[0] if buckets else ''}", ok):
         for i, (a, b) in enumerate(zip(losses, losses_ref)):
             print(f"    step {i + 1}: {a:.9f} vs {b:.9f}")
