@@ -64,9 +64,10 @@ static void row_done(struct loom_report *r)
 
 int loom_report_status(const struct loom_report *r)
 {
-    if (!r->metrics_errno) return LOOM_OK;
-    return loom_error_set(LOOM_ERR_RUNTIME, "--metrics %s: writing failed: %s", r->metrics_path,
-                          strerror(r->metrics_errno));
+    if (r->metrics_errno)
+        return loom_error_set(LOOM_ERR_RUNTIME, "--metrics %s: write failed: %s", r->metrics_path,
+                              strerror(r->metrics_errno));
+    return loom_tb_status(&r->tb);
 }
 
 void loom_report_close(struct loom_report *r)

@@ -44,8 +44,9 @@ struct loom_report {
  * that failed. */
 int loom_report_open(struct loom_report *r, const char *metrics_path, const char *tensorboard_dir);
 void loom_report_close(struct loom_report *r);
-/* LOOM_ERR_RUNTIME naming the metrics file when a write to it failed (a
- * full disk), else LOOM_OK: the training loop stops on it. */
+/* LOOM_ERR_RUNTIME naming the metrics file or the TensorBoard event file
+ * (the first that failed) when a write to it failed (a full disk), else
+ * LOOM_OK: the training loop saves and stops on it. */
 int loom_report_status(const struct loom_report *r);
 
 /* mem_by_rank: (world, LOOM_MEM_COUNT+1) peaks with the total last, or NULL. */

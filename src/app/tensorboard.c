@@ -113,18 +113,29 @@ static double wall_time(void)
     return (double)tv.tv_sec + tv.tv_usec * 1e-6;
 }
 
+/* The first failure of the file is kept (its errno; EIO when stdio left none). */
+static void failed(struct loom_tb *tb)
+{
+    if (!tb->err) tb->err = errno ? errno : EIO;
+}
+
+static void put(struct loom_tb *tb, const void *data, size_t n)
+{
+    if (fwrite(data, 1, n, tb->f) != n) failed(tb);
+}
+
 static void write_record(struct loom_tb *tb, const struct pb *ev)
 {
     unsigned char len[8];
     for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)ev->n >> (8 * i));
     const uint32_t lc = masked_crc(len, sizeof len), dc = masked_crc(ev->b, ev->n);
     unsigned char c[4];
-    fwrite(len, 1, sizeof len, tb->f);
+    put(tb, len, sizeof len);
     for (int i = 0; i < 4; i++) c[i] = (unsigned char)(lc >> (8 * i));
-    fwrite(c, 1, 4, tb->f);
-    fwrite(ev->b, 1, ev->n, tb->f);
+    put(tb, c, 4);
+    put(tb, ev->b, ev->n);
     for (int i = 0; i < 4; i++) c[i] = (unsigned char)(dc >> (8 * i));
-    fwrite(c, 1, 4, tb->f);
+    put(tb, c, 4);
 }
 
 int loom_tb_open(struct loom_tb *tb, const char *dir)
@@ -168,11 +179,18 @@ void loom_tb_scalar(struct loom_tb *tb, int64_t step, const char *tag, double va
 
 void loom_tb_flush(struct loom_tb *tb)
 {
-    if (tb->f) fflush(tb->f);
+    if (tb->f && (fflush(tb->f) != 0 || ferror(tb->f))) failed(tb);
 }
 
 void loom_tb_close(struct loom_tb *tb)
 {
-    if (tb->f) fclose(tb->f);
+    if (tb->f && fclose(tb->f) != 0) failed(tb);
     tb->f = NULL;
+}
+
+int loom_tb_status(const struct loom_tb *tb)
+{
+    if (!tb->err) return LOOM_OK;
+    return loom_error_set(LOOM_ERR_RUNTIME, "--tensorboard-dir %s: write failed: %s", tb->path,
+                          strerror(tb->err));
 }

@@ -19,6 +19,7 @@
 struct loom_tb {
     FILE *f; /* NULL: closed, or never opened */
     char path[1024];
+    int err; /* errno of the first failed write, flush or close (0: none) */
 };
 
 /* Creates DIR (mkdir -p) and a new event file in it; LOOM_ERR_INPUT naming
@@ -29,6 +30,9 @@ int loom_tb_open(struct loom_tb *tb, const char *dir);
 void loom_tb_scalar(struct loom_tb *tb, int64_t step, const char *tag, double value);
 void loom_tb_flush(struct loom_tb *tb);
 void loom_tb_close(struct loom_tb *tb);
+/* LOOM_ERR_RUNTIME naming --tensorboard-dir's file and the cause when a
+ * write, flush or close of it failed (a full disk), else LOOM_OK. */
+int loom_tb_status(const struct loom_tb *tb);
 
 /* CRC-32C (Castagnoli) of n bytes, as TFRecord checks them (unmasked). */
 uint32_t loom_crc32c(const void *data, size_t n);

@@ -698,22 +698,42 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
 }
 
 /* Why the run stops early, agreed by every rank at a step boundary: the
- * largest reason any rank has (one rank's SIGTERM stops them all). */
-enum { STOP_NONE, STOP_INTERVAL, STOP_DURATION, STOP_SIGINT, STOP_SIGTERM };
+ * largest reason any rank has (one rank's SIGTERM stops them all; rank 0's
+ * failed write of --metrics or --tensorboard-dir outranks every signal). */
+enum { STOP_NONE, STOP_INTERVAL, STOP_DURATION, STOP_SIGINT, STOP_SIGTERM, STOP_WRITER };
 static const char *const stop_names[] = {"", "--exit-interval", "--exit-duration-in-mins", "SIGINT",
                                          "SIGTERM"};
 
-static int stop_reason(const struct loom_config *cfg, int step, double t_train)
+static int stop_reason(const struct loom_config *cfg, int step, double t_train, int write_failed)
 {
     const int sig = loom_stop_signal();
-    int32_t why = sig == SIGTERM  ? STOP_SIGTERM
-                  : sig == SIGINT ? STOP_SIGINT
+    int32_t why = write_failed     ? STOP_WRITER
+                  : sig == SIGTERM ? STOP_SIGTERM
+                  : sig == SIGINT  ? STOP_SIGINT
                   : cfg->exit_duration_in_mins > 0 && loom_now() - t_train >= cfg->exit_duration_in_mins * 60
                       ? STOP_DURATION
                   : cfg->exit_interval > 0 && step % cfg->exit_interval == 0 ? STOP_INTERVAL
                                                                              : STOP_NONE;
     loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&why, 1, LOOM_DTYPE_I32), LOOM_OP_MAX);
     return why;
+}
+
+/* The run stopped on a failed write (STOP_WRITER), after its save: rank 0's
+ * one line names the file, the cause and what was saved; every rank
+ * returns the failure (exit 1). */
+static int write_stopped(struct run *r, const struct loom_report *rep)
+{
+    int rc = loom_report_status(rep);
+    if (rc) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        const char *dir = r->engine->save_io.dir, *slash = strrchr(dir, '/');
+        if (*r->cfg->save)
+            loom_error_set(LOOM_ERR_RUNTIME, "%s; saved %s, stopping", why, slash ? slash + 1 : dir);
+        else
+            loom_error_set(LOOM_ERR_RUNTIME, "%s; no --save: nothing saved, stopping", why);
+    }
+    return agree(r, rc);
 }
 
 int loom_train(struct loom_config *cfg)
@@ -732,6 +752,13 @@ int loom_train(struct loom_config *cfg)
         return rc;
     }
     loom_report_config(&rep, cfg);
+    /* the first rows' writes (the config row, the event file's header): a
+     * full disk stops the run before it trains */
+    if ((rc = agree(&r, loom_report_status(&rep)))) {
+        loom_report_close(&rep);
+        teardown(&r);
+        return rc;
+    }
     struct loom_engine *e = r.engine;
     /* peak FLOP/s of the whole job: the sum over ranks */
     double peak = cfg->peak_tflops * 1e12;
@@ -796,7 +823,6 @@ int loom_train(struct loom_config *cfg)
             loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
             loom_free(by_rank);
             loom_free(pipeline);
-            if ((rc = agree(&r, loom_report_status(&rep)))) break; /* a full disk under --metrics */
         }
         if (r.have_valid && cfg->eval_iters > 0 &&
             (step % cfg->eval_interval == 0 || step == cfg->train_iters)) {
@@ -807,7 +833,15 @@ int loom_train(struct loom_config *cfg)
         const int saving = *cfg->save && ((cfg->save_interval && step % cfg->save_interval == 0) ||
                                           step == cfg->train_iters);
         if (saving) rc = save(&r, &rep);
-        if (rc == LOOM_OK && step < cfg->train_iters && (stop = stop_reason(cfg, step, t_train))) {
+        /* a failed write (a full disk under --metrics or --tensorboard-dir)
+         * stops the run as a signal does, saving first, but fails it */
+        if (rc == LOOM_OK) stop = stop_reason(cfg, step, t_train, loom_report_status(&rep) != LOOM_OK);
+        if (stop == STOP_WRITER) {
+            if (*cfg->save && !saving) rc = save(&r, &rep);
+            if (rc == LOOM_OK) rc = write_stopped(&r, &rep);
+            break;
+        }
+        if (stop && step < cfg->train_iters) {
             if (*cfg->save && !saving) rc = save(&r, &rep);
             loom_report_line(&rep, "stopped after step %d of %d: %s%s\n", step, cfg->train_iters,
                              stop_names[stop], *cfg->save ? "" : " (no --save: nothing saved)");
