@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "config/config.h"
 #include "config/config_impl.h"
+#include "io/model_shape.h"
 #include "model/family.h"
 
 #define F(field) offsetof(struct loom_config, field)
@@ -75,9 +76,13 @@ int loom_setting_set(struct loom_config *cfg, const struct setting *s, const cha
     }
     case T_DOUBLE: {
         double x = strtod(v, &end);
-        if (errno || end == v || *end || !isfinite(x) || x < s->min || x > s->max)
-            return loom_error_set(LOOM_ERR_INPUT, "%s: expected a number in [%g, %g], got '%s'", s->flag,
-                                  s->min, s->max, v);
+        if (errno || end == v || *end || !isfinite(x) || x < s->min || x > s->max) {
+            char lo[32], hi[32]; /* exactly: %g would call 0.99999994 1 */
+            loom_real_text(s->min, lo, sizeof lo);
+            loom_real_text(s->max, hi, sizeof hi);
+            return loom_error_set(LOOM_ERR_INPUT, "%s: expected a number in [%s, %s], got '%s'", s->flag, lo,
+                                  hi, v);
+        }
         *(double *)p = x;
         return LOOM_OK;
     }

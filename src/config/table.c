@@ -142,9 +142,10 @@ const struct setting loom_settings[] = {
         "0.0001", "WarmupCosineLR: cosine ends at this fraction of --lr"),
     DBL("--weight-decay", "optimizer.params.weight_decay", "training", weight_decay, 0, 10, "0.1",
         "decoupled weight decay (2-D tensors only)"),
+    /* below 1 as the float the update takes: a beta that rounds to 1.0f divides by zero */
     DBL("--adam-beta1", "optimizer.params.betas[0]", "training", adam_beta1, 0, 0.999999, "0.9",
         "AdamW beta1"),
-    DBL("--adam-beta2", "optimizer.params.betas[1]", "training", adam_beta2, 0, 0.999999999, "0.95",
+    DBL("--adam-beta2", "optimizer.params.betas[1]", "training", adam_beta2, 0, 0.99999994, "0.95",
         "AdamW beta2"),
     DBL("--adam-eps", "optimizer.params.eps", "training", adam_eps, 0, 1, "1e-8", "AdamW epsilon"),
     DBL("--clip-grad", "gradient_clipping", "training", clip_grad, 0, 1e9, "1.0",

