@@ -8,6 +8,10 @@ bit for bit), and the loss falls. Checkpoints work for it too: ZeRO-2 on 2
 ranks saves at step 10 and one process resumes to step 20 with the same
 losses as the uninterrupted run (within the same tolerance), and a
 one-process resume is exact bit for bit.
+Under --pipeline-model-parallel-size 2 (the model has no boundary_numel)
+and --tensor-model-parallel-size 2 (its tensors are whole) the engine
+refuses it at set-up: exit 2 and one line on the two ranks naming the flag
+and what the model lacks, not a crash or a silently replicated model.
 """
 import json
 import os
@@ -69,6 +73,15 @@ def main():
             errs = lib.error_lines(p.stderr.replace("mlp_regression: error:", "loom: error:"))
             check(f"{why} under the engine API: exit 2, one line saying loom train decides it",
                   len(errs) == 1 and "loom train" in errs[0], p.stderr[-300:])
+        # a layout the model does not provide for: one line on 2 ranks naming the flag and what is missing
+        for flag, missing in (("--pipeline-model-parallel-size", "boundary_numel"),
+                              ("--tensor-model-parallel-size", "loom_block_add_tensor_split")):
+            p = lib.run_ranks(2, [EXAMPLE, flag, "2", "--global-batch-size", "4", "--train-iters", "2",
+                                  "--comm-timeout", "20"], expect=None, timeout=90)
+            errs = lib.error_lines(p.stderr.replace("mlp_regression: error:", "loom: error:"))
+            check(f"{flag} 2 for a model without {missing}: exit 2, one line naming both",
+                  p.returncode == 2 and len(errs) == 1 and flag in errs[0] and missing in errs[0],
+                  f"exit {p.returncode}\n{p.stderr[-600:]}")
 
         # checkpoints of a user model: layout-free and exact
         cfg2 = ds_config(tmp, "z2", 2, 2)

@@ -19,7 +19,10 @@
  * --deepspeed-config ds_config.json
  *
  * (gemini and --layout auto are loom train's: they count a model family's
- * memory, and the engine refuses them here with a line saying so).
+ * memory, and the engine refuses them here with a line saying so). Tensor
+ * and pipeline parallelism ask more of a model than this one gives (split
+ * tensors; boundary_numel, set_slots and a stage's blocks only, see
+ * loom/model.h): the engine refuses them with a line naming what is missing.
  *
  * Every loom setting is accepted (flags or DeepSpeed JSON); the model's own
  * sizes are the constants below. Each step prints "step N loss L" with L to
@@ -258,7 +261,7 @@ int main(int argc, char **argv)
             printf("step %lld loss %.17g grad_norm %.17g\n", (long long)res.step, res.loss, res.grad_norm);
     }
     if (rc == LOOM_OK && *cfg.save) rc = loom_engine_save(e);
-    if (rc && loom_error_message()[0]) fprintf(stderr, "mlp_regression: error: %s\n", loom_error_message());
+    if (rc && loom_error_is_set()) fprintf(stderr, "mlp_regression: error: %s\n", loom_error_message());
     free(d.x);
     free(d.y);
     loom_engine_free(e);

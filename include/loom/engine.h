@@ -57,7 +57,12 @@ int loom_engine_init(struct loom_engine **e, struct loom_config *cfg);
  * loads --load: a checkpoint resumes exactly), sets up the strategy, the
  * optimizer and the schedule. The engine does not own the model, but
  * its strategies hold views into it: free the engine before the model.
- * After a failed call the engine can only be freed. */
+ * After a failed call the engine can only be freed. What the layout asks of
+ * the model is checked first, on every rank: a model built for this rank of
+ * the tp group under tensor parallelism (m->tp, m->tp_rank); under pipeline
+ * parallelism ops->boundary_numel, ops->set_slots when the stage keeps more
+ * than one micro-batch in flight, and the stage's own blocks only.
+ * LOOM_ERR_INPUT naming the flag and what is missing otherwise. */
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *model);
 void loom_engine_free(struct loom_engine *e);
 

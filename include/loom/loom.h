@@ -23,6 +23,9 @@ enum loom_status {
 
 /* The message of the last error returned on this thread. */
 const char *loom_error_message(void);
+/* Whether this rank holds a message: after a status every rank of a job
+ * agrees on, only the lowest failing rank does, so that one line is printed. */
+int loom_error_is_set(void);
 
 /* Starts and ends the process's part in a job: MPI when loom is built with
  * it (a single process runs without mpirun), the communication thread, the

@@ -170,10 +170,12 @@ struct loom_model_ops {
      * micro-batch's mean loss. */
     void (*forward)(struct loom_model *m, int first, int last, struct loom_micro *mb);
     void (*backward)(struct loom_model *m, int first, int last, struct loom_micro *mb, float loss_weight);
-    /* Optional (NULL: one slot only). Activations for n micro-batches in
+    /* Optional (NULL: one slot only; the engine refuses a schedule that
+     * keeps more in flight). Activations for n micro-batches in
      * flight; before the first forward. */
     void (*set_slots)(struct loom_model *m, int n);
-    /* Optional (NULL: no pipelining). Floats of the activation between two
+    /* Optional (NULL: no pipelining; the engine refuses a pipelined layout
+     * without it). Floats of the activation between two
      * consecutive blocks, for `rows` examples. */
     size_t (*boundary_numel)(const struct loom_model *m, int rows);
     /* Optional (NULL: each tensor's init field, loom_model_init_block). The

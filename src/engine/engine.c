@@ -301,6 +301,61 @@ void loom_engine_alloc_optimizer(struct loom_engine *e)
     if (e->model->dtype != LOOM_DTYPE_F32) loom_adamw_alloc_master(&e->opt);
 }
 
+/* What the layout asks of the model, checked before anything is allocated:
+ * tensor parallelism a model built for this rank's place in the tp group
+ * (its tensors split by loom_block_add_tensor_split), pipeline parallelism
+ * ops->boundary_numel, ops->set_slots when this stage's schedule keeps more
+ * than one micro-batch in flight, and a stage's own blocks (the stages'
+ * models together hold each block of the whole once, in the chunks the
+ * schedule runs). Collective over the job: every rank reaches the verdict. */
+static int check_model_for_layout(struct loom_engine *e, const struct loom_model *m)
+{
+    const struct loom_config *cfg = e->cfg;
+    const struct loom_topology *t = &e->topo;
+    int rc = LOOM_OK;
+    if (t->tp > 1 && (m->tp != t->tp || m->tp_rank != t->tp_rank))
+        rc =
+            loom_error_set(LOOM_ERR_INPUT,
+                           "--tensor-model-parallel-size %d: the model %s is built for tp rank %d of %d, not "
+                           "%d of %d (tensor parallelism needs a model whose tensors are split over the "
+                           "group with loom_block_add_tensor_split)",
+                           t->tp, m->name, m->tp_rank, m->tp, t->tp_rank, t->tp);
+    if (t->pp > 1) {
+        const int chunks = loom_pp_chunks(cfg);
+        struct loom_pipe_plan plan;
+        loom_schedule_plan(&plan, cfg->pipeline_schedule, t->pp, t->pp_rank, chunks,
+                           cfg->gradient_accumulation_steps);
+        const int slots = plan.slots;
+        loom_schedule_plan_free(&plan);
+        int runs = m->nblocks > 0;
+        int64_t held[2] = {m->nblocks, 0}; /* blocks, the whole model's blocks (highest index + 1) */
+        for (int b = 0; b < m->nblocks; b++) {
+            if (b > 0 && m->blocks[b].index != m->blocks[b - 1].index + 1) runs++;
+            if (m->blocks[b].index + 1 > held[1]) held[1] = m->blocks[b].index + 1;
+        }
+        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&held[0], 1, LOOM_DTYPE_I64), LOOM_OP_SUM);
+        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&held[1], 1, LOOM_DTYPE_I64), LOOM_OP_MAX);
+        if (rc == LOOM_OK && !m->ops->boundary_numel)
+            rc = loom_error_set(LOOM_ERR_INPUT,
+                                "--pipeline-model-parallel-size %d: the model %s has no boundary_numel "
+                                "operation (the activation a stage sends the next; pipeline parallelism "
+                                "needs it)",
+                                t->pp, m->name);
+        else if (rc == LOOM_OK && slots > 1 && !m->ops->set_slots)
+            rc = loom_error_set(LOOM_ERR_INPUT,
+                                "--pipeline-model-parallel-size %d: the model %s has no set_slots operation, "
+                                "and stage %d keeps %d micro-batches in flight (activations for each)",
+                                t->pp, m->name, t->pp_rank, slots);
+        else if (rc == LOOM_OK && (held[0] != held[1] || runs != chunks))
+            rc = loom_error_set(LOOM_ERR_INPUT,
+                                "--pipeline-model-parallel-size %d: the stages' models hold %lld blocks of a "
+                                "model of %lld, stage %d in %d runs for %d chunks (each stage's model must "
+                                "hold its own blocks only, block.index their place in the whole)",
+                                t->pp, (long long)held[0], (long long)held[1], t->pp_rank, runs, chunks);
+    }
+    return loom_engine_agree(e, rc);
+}
+
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
 {
     struct loom_config *cfg = e->cfg;
@@ -310,6 +365,8 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
             e, loom_error_set(LOOM_ERR_INPUT, "--offload auto (and --plugin gemini) is placed by loom train "
                                               "(it counts a model family's memory); with the engine API give "
                                               "--offload-optimizer and --offload-param"));
+    int rc = check_model_for_layout(e, m);
+    if (rc) return rc;
     e->model = m;
     m->dtype = loom_engine_state_dtype(cfg);
     /* ZeRO-3 never builds the whole model unless --load names a weights
@@ -320,7 +377,6 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     const int from_dir = *cfg->load && loom_ckpt_is_checkpoint(cfg->load);
     e->init_sharded = cfg->zero_stage == 3 && dp > 1 && (!*cfg->load || from_dir);
     loom_engine_alloc_arenas(e);
-    int rc = LOOM_OK;
     if (*cfg->load && !from_dir)
         rc = load_weights_file(m, cfg->load);
     else if (!e->init_sharded && !from_dir)
