@@ -52,12 +52,24 @@ def test_beta_range(tmp):
               p.returncode == 0 and "nan" not in p.stdout.lower(), p.stderr[-300:])
 
 
+def test_load_missing(tmp):
+    """A --load path that is not there: the flag, the path, and why."""
+    missing = os.path.join(tmp, "no-such-checkpoints", "")
+    for cmd in ("train", "eval"):
+        p = lib.loom(cmd, "--load", missing, "--data-path", os.path.join(tmp, "d", "train.bin"), *TINY,
+                     "--train-iters", "1")
+        ok, detail = one_error(p, ["--load", missing, "No such file or directory"])
+        check(f"loom {cmd} --load of a directory that is not there: exit 2, one line naming --load and the path",
+              ok, detail)
+
+
 def main():
     if not lib.built(LOOM):
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         lib.synth(os.path.join(tmp, "d"), 20000)
         test_beta_range(tmp)
+        test_load_missing(tmp)
     return lib.verdict()
 
 

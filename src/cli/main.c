@@ -3,10 +3,12 @@
  * errors and exit codes (0 done, 2 bad input, 1 failure while running).
  * Subcommands not built yet (plan, report) say so.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "app/html_report.h"
 #include "app/plan.h"
@@ -69,6 +71,9 @@ static int fail(int rc)
  * sequence follows a shorter position table unless it is given. */
 static int shape_from_load(struct loom_config *cfg)
 {
+    struct stat sb;
+    if (stat(cfg->load, &sb) != 0) /* said here: the readers below name the file, not the flag */
+        return loom_error_set(LOOM_ERR_INPUT, "--load %s: %s", cfg->load, strerror(errno));
     int rc = loom_checkpoint_read_shape(cfg->load, cfg);
     if (rc == LOOM_OK && !loom_config_given(cfg, "--seq-length") &&
         cfg->seq_length > cfg->max_position_embeddings)
