@@ -70,14 +70,8 @@ static int find_tokenizer(const struct loom_config *cfg, struct loom_bpe **t)
     if (*cfg->tokenizer) {
         snprintf(path, sizeof path, "%s", cfg->tokenizer);
     } else {
-        char **dirs;
-        int n, is_save_dir;
-        if (loom_ckpt_candidates(cfg->load, &dirs, &n, &is_save_dir) == LOOM_OK && n > 0) {
-            snprintf(path, sizeof path, "%s/tokenizer.json", dirs[0]);
-            if (access(path, F_OK) != 0) *path = 0;
-        }
-        loom_error_clear();
-        if (n > 0) loom_ckpt_candidates_free(dirs, n);
+        int rc = loom_ckpt_find_tokenizer(cfg->load, path, sizeof path); /* held to its record */
+        if (rc) return rc;
     }
     if (!*path) return LOOM_OK;
     int rc = loom_bpe_load(path, t);

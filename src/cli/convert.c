@@ -32,20 +32,21 @@ static int read_checkpoint(const char *path, struct loom_model **out)
 
 /* A Hugging Face directory written from a checkpoint or directory that
  * holds a tokenizer.json gets it too (loom train --tokenizer saves it in
- * every checkpoint). */
-static int copy_tokenizer(const char *in, const char *out)
+ * every checkpoint): its path, "" when there is none. */
+static int find_tokenizer(const char *in, char *path, size_t n)
 {
-    char path[4400] = "";
-    char **dirs;
-    int n = 0, is_save_dir;
-    if (loom_ckpt_candidates(in, &dirs, &n, &is_save_dir) == LOOM_OK && n > 0)
-        snprintf(path, sizeof path, "%s/tokenizer.json", dirs[0]);
-    else if (loom_fs_is_dir(in))
-        snprintf(path, sizeof path, "%s/tokenizer.json", in);
-    loom_error_clear();
-    if (n > 0) loom_ckpt_candidates_free(dirs, n);
-    if (!*path || access(path, F_OK) != 0) return LOOM_OK;
-    const int rc = loom_bpe_export(path, out);
+    *path = 0;
+    if (loom_ckpt_is_checkpoint(in)) /* the checkpoint's, held to its trainer state's record */
+        return loom_ckpt_find_tokenizer(in, path, n);
+    if (loom_fs_is_dir(in)) snprintf(path, n, "%s/tokenizer.json", in);
+    if (*path && access(path, F_OK) != 0) *path = 0;
+    return LOOM_OK;
+}
+
+static int copy_tokenizer(const char *path, const char *out)
+{
+    if (!*path) return LOOM_OK;
+    int rc = loom_bpe_export(path, out);
     if (rc == LOOM_OK) printf("copied %s into %s\n", path, out);
     return rc;
 }
@@ -79,7 +80,9 @@ int loom_convert(int argc, char **argv)
         for (int k = 0; (f = loom_model_family_at(k)) && !f->converter; k++) {
         }
     if (!f) return loom_error_set(LOOM_ERR_INPUT, "no model family has weights formats to convert");
-    int rc = f->converter->run(argc, argv, &env);
-    if (rc == LOOM_OK && out && loom_fs_is_dir(out)) rc = copy_tokenizer(in, out);
+    char tok[4400] = ""; /* found (and a checkpoint's checked) before anything is written */
+    int rc = in ? find_tokenizer(in, tok, sizeof tok) : LOOM_OK;
+    if (rc == LOOM_OK) rc = f->converter->run(argc, argv, &env);
+    if (rc == LOOM_OK && out && loom_fs_is_dir(out)) rc = copy_tokenizer(tok, out);
     return rc;
 }

@@ -251,7 +251,10 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     return rc;
 }
 
-static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration, const uint64_t *file_bytes)
+/* The state of the checkpoint in tmp, into *out (loom_free it); an error
+ * when its tokenizer cannot be read back for its record. */
+static int state_text(const struct loom_ckpt_parts *p, const char *tmp, int64_t iteration,
+                      const uint64_t *file_bytes, char **out)
 {
     const struct loom_config *cfg = p->cfg;
     struct loom_ckpt_state st = {0};
@@ -281,9 +284,20 @@ static char *state_text(const struct loom_ckpt_parts *p, int64_t iteration, cons
         st.files[r].bytes = (int64_t)file_bytes[r];
     }
     snprintf(st.run, sizeof st.run, "%s", p->run);
-    char *text = loom_ckpt_state_format(&st, NULL);
+    st.tokenizer = LOOM_CKPT_TOKENIZER_NONE;
+    if (*cfg->tokenizer) { /* exported into tmp: recorded, so a file put there later is refused */
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", tmp, LOOM_CKPT_TOKENIZER_FILE);
+        st.tokenizer = LOOM_CKPT_TOKENIZER_SAVED;
+        int rc = loom_ckpt_file_sum(path, &st.tokenizer_bytes, &st.tokenizer_xxh3);
+        if (rc) {
+            loom_ckpt_state_free(&st);
+            return rc;
+        }
+    }
+    *out = loom_ckpt_state_format(&st, NULL);
     loom_ckpt_state_free(&st);
-    return text;
+    return *out ? LOOM_OK : loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting the trainer state");
 }
 
 int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, struct loom_ckpt_io_stats *stats)
@@ -305,8 +319,9 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
     /* the tokenizer travels with the weights (loom sample and loom convert read it there) */
     if (rc == LOOM_OK && root && *cfg->tokenizer) rc = loom_bpe_export(cfg->tokenizer, tmp);
     if (rc == LOOM_OK && root) {
-        char *text = state_text(p, iteration, sizes);
-        rc = loom_ckpt_commit(cfg->save, iteration, tmp, text, cfg->keep_last);
+        char *text = NULL;
+        rc = state_text(p, tmp, iteration, sizes, &text);
+        if (rc == LOOM_OK) rc = loom_ckpt_commit(cfg->save, iteration, tmp, text, cfg->keep_last);
         loom_free(text);
     }
     loom_free(sizes);
@@ -554,6 +569,21 @@ static int restore_training(const struct loom_ckpt_parts *p, const char *dir, st
     return restore(p, dir, st, bytes);
 }
 
+/* A fallback that lands on another run's checkpoint than the newest one's
+ * (every one of that run's is damaged) says so, naming both runs: the
+ * training that follows continues another line of checkpoints. */
+static void say_crossing(const char *newest, const char *loaded, const char *loaded_run)
+{
+    char head[LOOM_CKPT_RUN_LEN + 8];
+    loom_ckpt_run_of(newest, head, sizeof head);
+    const char *run = *loaded_run ? loaded_run : "none";
+    if (!*head || strcmp(head, run) == 0) return;
+    loom_log_warn(
+        "%s is run %s's checkpoint, not run %s's (the newest, %s, is damaged, and so is every other "
+        "checkpoint of its run): loading another run's",
+        loaded, run, head, newest);
+}
+
 static int try_candidates(const struct loom_ckpt_parts *p, const char *path, restore_fn fn,
                           struct loom_ckpt_state *out, uint64_t *bytes, char *from, size_t from_size)
 {
@@ -576,6 +606,7 @@ static int try_candidates(const struct loom_ckpt_parts *p, const char *path, res
         if (got == LOOM_OK) {
             *out = st;
             snprintf(from, from_size, "%s", dirs[c]);
+            if (c > 0) say_crossing(dirs[0], dirs[c], st.run);
             break;
         }
         loom_ckpt_state_free(&st);

@@ -39,8 +39,9 @@
  * as zeros. It holds the iteration, the optimizer step, the seed and data
  * position, the model ("model": its "type" and, for a model family, the
  * integer shape settings the family records, e.g. "num_layers"), the layout
- * that wrote it, the files and (when one exists) the loss scaler, plus
- * every setting for the record.
+ * that wrote it, the files and (when one exists) the loss scaler, the
+ * run's identifier and the saved tokenizer's record, plus every setting
+ * for the record.
  *
  * Crash safety: a checkpoint is built in SAVE/.tmp.iter_NNNNNNN, every file
  * fsynced, renamed to iter_NNNNNNN, SAVE fsynced, and only then latest moves
@@ -166,6 +167,16 @@ struct loom_ckpt_file {
 #define LOOM_CKPT_META_RUN "loom.run"
 #define LOOM_CKPT_META_ITERATION "loom.iteration"
 
+/* What a trainer state says of the checkpoint's tokenizer. */
+#define LOOM_CKPT_TOKENIZER_FILE "tokenizer.json"
+#define LOOM_CKPT_TOKENIZER_MAX_BYTES ((size_t)1 << 30)
+enum loom_ckpt_tokenizer {
+    LOOM_CKPT_TOKENIZER_UNRECORDED = 0, /* a state written before tokenizers were recorded: no key */
+    LOOM_CKPT_TOKENIZER_NONE = 1,       /* "tokenizer": null: none was saved */
+    LOOM_CKPT_TOKENIZER_SAVED = 2,      /* {"name": "tokenizer.json", "bytes": N, "xxh3": "<16 hex>"} */
+    LOOM_CKPT_TOKENIZER_COUNT
+};
+
 struct loom_ckpt_state {
     int64_t iteration;        /* optimizer steps completed: the next step is iteration + 1 */
     int64_t optimizer_step;   /* AdamW's t */
@@ -182,6 +193,11 @@ struct loom_ckpt_state {
     int64_t loss_scale_good_steps, loss_scale_hysteresis;
     int64_t skipped_steps; /* updates skipped for a non-finite gradient (they do not advance the schedule) */
     char run[LOOM_CKPT_RUN_LEN + 1]; /* "" in a state written before runs were recorded */
+    /* The tokenizer saved beside the weights (LOOM_CKPT_TOKENIZER_FILE): its
+     * size and XXH3-64 when saved, so a file put there later is refused */
+    enum loom_ckpt_tokenizer tokenizer;
+    int64_t tokenizer_bytes;
+    uint64_t tokenizer_xxh3;
     int nfiles;
     struct loom_ckpt_file *files; /* (nfiles), malloc'd; loom_ckpt_state_free */
 };
@@ -201,6 +217,16 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
  * damage is). */
 int loom_ckpt_state_read(const char *dir, struct loom_ckpt_state *st);
 void loom_ckpt_state_free(struct loom_ckpt_state *st);
+/* The size and XXH3-64 of the whole file at path (at most
+ * LOOM_CKPT_TOKENIZER_MAX_BYTES): a tokenizer's record. */
+int loom_ckpt_file_sum(const char *path, int64_t *bytes, uint64_t *xxh3);
+/* The tokenizer of the checkpoint that --load path gives first (the first
+ * candidate whose trainer state reads), in path ("" when it has none),
+ * checked against the state's record: a tokenizer.json of another size or
+ * checksum, or one where the state records none was saved, is
+ * LOOM_ERR_INPUT naming it. A state that predates the record takes the
+ * file as it is. */
+int loom_ckpt_find_tokenizer(const char *load, char *path, size_t n);
 
 /* ---- the save directory -------------------------------------------------- */
 
@@ -224,6 +250,20 @@ void loom_ckpt_abandon(const char *tmp);
  * job writes a save directory at a time. LOOM_ERR_INPUT naming the holder
  * (pid and host) when another job has it. */
 int loom_ckpt_lock(const char *save);
+/* Rank 0, before it writes into save: the lock this process took is still
+ * SAVE/.lock (the same file, not removed or replaced: a second job could
+ * be writing there). LOOM_ERR_RUNTIME naming it otherwise; LOOM_OK when
+ * this process took no lock. */
+int loom_ckpt_lock_check(const char *save);
+/* At start-up, before training: nothing in save would make a save fail
+ * (a `latest` that is a directory, an iter_NNNNNNN that is not a
+ * directory). LOOM_ERR_INPUT naming the first such entry. */
+int loom_ckpt_check_save(const char *save);
+/* The run a checkpoint directory belongs to, as best its files tell (its
+ * trainer state, checksum unchecked; else a rank file's LOOM_CKPT_META_RUN):
+ * the identifier, "none" for one written before runs were recorded, ""
+ * when nothing says. */
+void loom_ckpt_run_of(const char *dir, char *run, size_t n);
 
 /* The iteration of the newest complete checkpoint in save, or -1. */
 int64_t loom_ckpt_newest(const char *save);
@@ -238,7 +278,8 @@ int loom_ckpt_is_checkpoint(const char *path);
 
 /* What a --load path names. A checkpoint directory (holding trainer_state.json)
  * is the one candidate; a save directory gives its latest first, then every
- * other complete checkpoint, newest first (the fallbacks). Sets *ndirs = 0
+ * other complete checkpoint (the fallbacks): those of the first one's run
+ * newest first, then other runs' newest first. Sets *ndirs = 0
  * and returns LOOM_OK when path is a regular file (weights only).
  * LOOM_ERR_INPUT when path does not exist or holds no checkpoint. The
  * caller frees the list with loom_ckpt_candidates_free, whatever the status. */

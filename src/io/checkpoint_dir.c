@@ -1,8 +1,10 @@
 /*
  * The save directory: building a checkpoint under a temporary name and
  * committing it (state file, rename, directory fsync, then `latest`),
- * keeping the newest K, and finding what a --load path names with its
- * fallbacks. See checkpoint.h for the protocol and why it is crash-safe.
+ * keeping the newest K, the lock that keeps one job writing there and the
+ * start-up check that the directory can take checkpoints, and finding what
+ * a --load path names with its fallbacks (the same run's first). See checkpoint.h for the protocol and why it
+ * is crash-safe.
  */
 #define _GNU_SOURCE /* renameat2 */
 #include "io/checkpoint.h"
@@ -22,13 +24,17 @@
 #include "base/mem.h"
 #include "base/testpoint.h"
 #include "io/fs.h"
+#include "io/safetensors.h"
 
 #define ITER_PREFIX "iter_"
 #define LATEST "latest"
 
+/* The lock this process holds (it lives as long as the process): its
+ * descriptor, -1 before one is taken. */
+static int held = -1;
+
 int loom_ckpt_lock(const char *save)
 {
-    static int held = -1; /* the lock lives as long as the process */
     int rc = loom_fs_mkdir_p(save);
     if (rc) return rc;
     char path[4200], holder[256] = "";
@@ -54,6 +60,24 @@ int loom_ckpt_lock(const char *save)
         loom_log_warn("--save %s: cannot write its lock's holder: %s", save, strerror(errno));
     if (held >= 0) close(held);
     held = fd;
+    return LOOM_OK;
+}
+
+int loom_ckpt_lock_check(const char *save)
+{
+    if (held < 0) return LOOM_OK;
+    char path[4200];
+    struct stat mine, there;
+    snprintf(path, sizeof path, "%s/.lock", save);
+    if (fstat(held, &mine) != 0)
+        return loom_error_set(LOOM_ERR_RUNTIME, "--save %s: cannot stat the lock this job holds: %s", save,
+                              strerror(errno));
+    const int gone = lstat(path, &there) != 0;
+    if (gone || there.st_dev != mine.st_dev || there.st_ino != mine.st_ino)
+        return loom_error_set(LOOM_ERR_RUNTIME,
+                              "--save %s: its lock %s was %s while this job held it (another job may be "
+                              "writing there): not saving, nothing in it is touched",
+                              save, path, gone ? "removed" : "replaced");
     return LOOM_OK;
 }
 
@@ -100,10 +124,36 @@ static int remove_leftovers(const char *save)
     return rc;
 }
 
+int loom_ckpt_check_save(const char *save)
+{
+    DIR *d = opendir(save);
+    if (!d) return loom_error_set(LOOM_ERR_INPUT, "--save %s: cannot open it: %s", save, strerror(errno));
+    struct dirent *e;
+    int rc = LOOM_OK;
+    while (rc == LOOM_OK && (e = readdir(d))) {
+        const char *n = e->d_name;
+        char path[4400];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", save, n);
+        if (strcmp(n, LATEST) == 0 && lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            rc = loom_error_set(LOOM_ERR_INPUT,
+                                "--save %s: %s is a directory; every save writes the newest checkpoint's "
+                                "name into a file there: move it away",
+                                save, path);
+        else if (iter_of(n) >= 0 && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)))
+            rc = loom_error_set(LOOM_ERR_INPUT,
+                                "--save %s: %s is not a directory; a save of iteration %" PRId64
+                                " would fail on it: move it away",
+                                save, path, iter_of(n));
+    }
+    closedir(d);
+    return rc;
+}
+
 int loom_ckpt_begin(const char *save, int64_t iteration)
 {
     int rc = loom_fs_mkdir_p(save);
-    if (rc || (rc = remove_leftovers(save))) return rc;
+    if (rc || (rc = loom_ckpt_lock_check(save)) || (rc = remove_leftovers(save))) return rc;
     char tmp[4200];
     loom_ckpt_tmp_dir(save, iteration, tmp, sizeof tmp);
     if (mkdir(tmp, 0755) != 0)
@@ -216,6 +266,7 @@ int loom_ckpt_commit(const char *save, int64_t iteration, const char *tmp, const
     loom_ckpt_iter_dir(save, iteration, final, sizeof final);
     snprintf(old, sizeof old, "%s/.old." ITER_PREFIX "%07" PRId64, save, iteration);
     char other[LOOM_CKPT_RUN_LEN + 16];
+    if ((rc = loom_ckpt_lock_check(save))) return rc; /* the save began under this job's lock: still? */
     if (loom_fs_is_dir(final) && other_run(final, state_text, other, sizeof other)) {
         /* another run's checkpoint of this iteration: nothing is lost, it
          * moves aside under a name no loader or --keep-last reads */
@@ -317,6 +368,59 @@ int loom_ckpt_is_checkpoint(const char *path)
     return n > 0;
 }
 
+void loom_ckpt_run_of(const char *dir, char *run, size_t n)
+{
+    char path[4400], *text;
+    size_t len;
+    snprintf(run, n, "%s", "");
+    snprintf(path, sizeof path, "%s/%s", dir, LOOM_CKPT_STATE_FILE);
+    if (loom_fs_read_small(path, LOOM_CKPT_STATE_MAX_BYTES, &text, &len) == LOOM_OK) {
+        struct loom_ckpt_state st;
+        if (loom_ckpt_state_parse(text, len, &st) == LOOM_OK) {
+            snprintf(run, n, "%s", *st.run ? st.run : "none");
+            loom_ckpt_state_free(&st);
+        }
+        loom_free(text);
+    }
+    loom_error_clear();
+    DIR *d = *run ? NULL : opendir(dir);
+    struct dirent *e;
+    while (d && !*run && (e = readdir(d))) { /* the state says nothing: a rank file may */
+        size_t k = strlen(e->d_name);
+        if (k < 12 || strcmp(e->d_name + k - 12, ".safetensors") != 0) continue;
+        struct loom_st f;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (loom_st_open(&f, path) == LOOM_OK) {
+            const char *r = loom_st_meta(&f, LOOM_CKPT_META_RUN);
+            if (r && strlen(r) == LOOM_CKPT_RUN_LEN) snprintf(run, n, "%s", r);
+            loom_st_close(&f);
+        }
+        loom_error_clear();
+    }
+    if (d) closedir(d);
+}
+
+/* dirs[1..n) in place, stably: those of dirs[0]'s run first (the run the
+ * newest checkpoint, or latest, names), then the others. */
+static void same_run_first(char **dirs, int n)
+{
+    char head[LOOM_CKPT_RUN_LEN + 8], run[LOOM_CKPT_RUN_LEN + 8];
+    if (n < 3) return;
+    loom_ckpt_run_of(dirs[0], head, sizeof head);
+    if (!*head) return; /* nothing says which run it is */
+    char **other = loom_alloc(loom_mul_size((size_t)n, sizeof *other), LOOM_MEM_OTHER);
+    int k = 1, m = 0;
+    for (int i = 1; i < n; i++) {
+        loom_ckpt_run_of(dirs[i], run, sizeof run);
+        if (strcmp(run, head) == 0)
+            dirs[k++] = dirs[i];
+        else
+            other[m++] = dirs[i];
+    }
+    memcpy(dirs + k, other, (size_t)m * sizeof *other);
+    loom_free(other);
+}
+
 int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_save_dir)
 {
     *dirs = NULL;
@@ -360,6 +464,7 @@ int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_sav
         add_dir(dirs, ndirs, buf);
     }
     loom_free(its);
+    same_run_first(*dirs, *ndirs);
     if (*ndirs == 0)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "--load %s: no checkpoint there (no %s naming one, no iter_NNNNNNN with %s)",

@@ -96,6 +96,16 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
     cJSON_AddNumberToObject(layout, "pipeline_model_parallel_size", st->pp);
     cJSON_AddNumberToObject(layout, "zero_stage", st->zero_stage);
     if (st->run[0]) cJSON_AddStringToObject(o, "run", st->run);
+    if (st->tokenizer == LOOM_CKPT_TOKENIZER_NONE) {
+        cJSON_AddNullToObject(o, "tokenizer");
+    } else if (st->tokenizer == LOOM_CKPT_TOKENIZER_SAVED) {
+        char sum[CHECKSUM_DIGITS + 1];
+        snprintf(sum, sizeof sum, "%016" PRIx64, st->tokenizer_xxh3);
+        cJSON *t = cJSON_AddObjectToObject(o, "tokenizer");
+        cJSON_AddStringToObject(t, "name", LOOM_CKPT_TOKENIZER_FILE);
+        cJSON_AddNumberToObject(t, "bytes", (double)st->tokenizer_bytes);
+        cJSON_AddStringToObject(t, "xxh3", sum);
+    }
     cJSON *files = cJSON_AddArrayToObject(o, "files");
     for (int i = 0; i < st->nfiles; i++) {
         if (st->files[i].bytes < 0) { /* as a state without sizes lists it */
@@ -251,6 +261,31 @@ static int parse_model(const cJSON *model, struct loom_model_shape *out)
     return LOOM_OK;
 }
 
+/* "tokenizer": absent (a state before the record), null, or
+ * {"name": "tokenizer.json", "bytes": N, "xxh3": "<16 hex>"}. */
+static int parse_tokenizer(const cJSON *t, struct loom_ckpt_state *st)
+{
+    st->tokenizer = !t ? LOOM_CKPT_TOKENIZER_UNRECORDED : LOOM_CKPT_TOKENIZER_NONE;
+    if (!t || cJSON_IsNull(t)) return LOOM_OK;
+    const cJSON *name = member(t, "name"), *sum = member(t, "xxh3");
+    if (!cJSON_IsObject(t) || !cJSON_IsString(name) ||
+        strcmp(name->valuestring, LOOM_CKPT_TOKENIZER_FILE) != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "tokenizer: expected null or {\"name\": \"%s\", ...}",
+                              LOOM_CKPT_TOKENIZER_FILE);
+    int rc =
+        get_int(t, "tokenizer.", "bytes", 0, (int64_t)LOOM_CKPT_TOKENIZER_MAX_BYTES, &st->tokenizer_bytes);
+    if (rc) return rc;
+    int hex = cJSON_IsString(sum) && strlen(sum->valuestring) == CHECKSUM_DIGITS;
+    for (int i = 0; hex && i < CHECKSUM_DIGITS; i++)
+        hex = strchr("0123456789abcdef", sum->valuestring[i]) != NULL;
+    if (!hex)
+        return loom_error_set(LOOM_ERR_INPUT, "tokenizer.xxh3: expected %d lowercase hex digits",
+                              CHECKSUM_DIGITS);
+    st->tokenizer_xxh3 = strtoull(sum->valuestring, NULL, 16);
+    st->tokenizer = LOOM_CKPT_TOKENIZER_SAVED;
+    return LOOM_OK;
+}
+
 int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *st)
 {
     memset(st, 0, sizeof *st);
@@ -336,6 +371,7 @@ int loom_ckpt_state_parse(const char *buf, size_t len, struct loom_ckpt_state *s
         }
         snprintf(st->run, sizeof st->run, "%s", run->valuestring);
     }
+    if ((rc = parse_tokenizer(member(root, "tokenizer"), st))) goto done;
     const cJSON *files = member(root, "files");
     int n = cJSON_GetArraySize(files);
     if (!cJSON_IsArray(files) || n < 1 || n > LOOM_CKPT_MAX_FILES) {
@@ -452,4 +488,79 @@ void loom_ckpt_state_free(struct loom_ckpt_state *st)
     loom_free(st->files);
     st->files = NULL;
     st->nfiles = 0;
+}
+
+int loom_ckpt_file_sum(const char *path, int64_t *bytes, uint64_t *xxh3)
+{
+    char *buf;
+    size_t len;
+    int rc = loom_fs_read_small(path, LOOM_CKPT_TOKENIZER_MAX_BYTES, &buf, &len);
+    if (rc) return rc;
+    *bytes = (int64_t)len;
+    *xxh3 = XXH3_64bits(buf, len);
+    loom_free(buf);
+    return LOOM_OK;
+}
+
+/* dir's tokenizer held to its state's record (loom_ckpt_find_tokenizer). */
+static int checked_tokenizer(const char *dir, const struct loom_ckpt_state *st, char *path, size_t n)
+{
+    struct stat sb;
+    snprintf(path, n, "%s/%s", dir, LOOM_CKPT_TOKENIZER_FILE);
+    const int there = lstat(path, &sb) == 0;
+    if (st->tokenizer == LOOM_CKPT_TOKENIZER_UNRECORDED) { /* an older state: the file as it is */
+        if (!there) *path = 0;
+        return LOOM_OK;
+    }
+    if (st->tokenizer == LOOM_CKPT_TOKENIZER_NONE) {
+        if (!there) {
+            *path = 0;
+            return LOOM_OK;
+        }
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: the checkpoint was saved without a tokenizer (its trainer state records "
+                              "none): this file was put there later; give --tokenizer, or remove it",
+                              path);
+    }
+    int64_t bytes;
+    uint64_t sum;
+    int rc = loom_ckpt_file_sum(path, &bytes, &sum);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        return loom_error_set(LOOM_ERR_INPUT, "the checkpoint's tokenizer, recorded in its trainer state: %s",
+                              why);
+    }
+    if (bytes != st->tokenizer_bytes || sum != st->tokenizer_xxh3)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: not the tokenizer saved with the checkpoint (%" PRId64
+                              " bytes, XXH3 %016" PRIx64 "; its trainer state records %" PRId64
+                              " bytes, XXH3 %016" PRIx64 "): replaced or damaged",
+                              path, bytes, sum, st->tokenizer_bytes, st->tokenizer_xxh3);
+    return LOOM_OK;
+}
+
+int loom_ckpt_find_tokenizer(const char *load, char *path, size_t n)
+{
+    char **dirs;
+    int ndirs, is_save;
+    *path = 0;
+    int rc = loom_ckpt_candidates(load, &dirs, &ndirs, &is_save);
+    if (rc) { /* not a checkpoint: none to find here */
+        loom_ckpt_candidates_free(dirs, ndirs);
+        loom_error_clear();
+        return LOOM_OK;
+    }
+    for (int c = 0; c < ndirs; c++) {
+        struct loom_ckpt_state st;
+        if (loom_ckpt_state_read(dirs[c], &st) != LOOM_OK) {
+            loom_error_clear(); /* damaged: its weights are not loaded either */
+            continue;
+        }
+        rc = checked_tokenizer(dirs[c], &st, path, n);
+        loom_ckpt_state_free(&st);
+        break;
+    }
+    loom_ckpt_candidates_free(dirs, ndirs);
+    return rc;
 }
