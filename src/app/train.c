@@ -183,6 +183,7 @@ static int check_save_dir(const char *save)
     int rc = loom_ckpt_lock(save);
     if (rc == LOOM_OK && access(save, W_OK) != 0)
         rc = loom_error_set(LOOM_ERR_INPUT, "--save %s: not writable: %s", save, strerror(errno));
+    if (rc == LOOM_OK) rc = loom_ckpt_check_save(save); /* nothing there a save would fail on */
     return rc;
 }
 
