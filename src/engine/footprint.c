@@ -1,6 +1,7 @@
 /* A layout's memory on one rank, counted by the trainer's own set-up code (see footprint.h). */
 #include "engine/footprint.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -14,12 +15,25 @@
  * the way in: ZeRO or DDP, then mixed precision, then the layout-invariant
  * tree; the reverse on the way out), for the step's micro-batches one
  * after another. */
+/* The micro-batch replayed after k of A. The others repeat what these do:
+ * the strategies' state is per block and settles in the first micro-batch;
+ * the layout-invariant tree opens a level at each micro-batch 2^j - 1; the
+ * last two differ (the last reduces). So a step of any length replays in
+ * O(log A) micro-batches to the same peak. */
+static int next_micro(int k, int A)
+{
+    if (k < 3 || k >= A - 3) return k + 1;
+    int64_t level = 2; /* the next micro-batch 2^j - 1 after k */
+    while (level - 1 <= k) level *= 2;
+    return level - 1 < A - 2 ? (int)(level - 1) : A - 2;
+}
+
 static void replay_step(struct loom_engine *e)
 {
     struct loom_model *m = e->model;
     const int A = e->cfg->gradient_accumulation_steps, n = m->nblocks;
     if (e->prec) loom_precision_replay_begin(e->prec);
-    for (int k = 0; k < A; k++) {
+    for (int k = 0; k < A; k = next_micro(k, A)) {
         for (int b = 0; b < n; b++) {
             if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_PRE_FORWARD);
             if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_PRE_FORWARD, 0);
