@@ -63,6 +63,29 @@ def test_load_missing(tmp):
               ok, detail)
 
 
+def test_nvme_small(tmp):
+    """A 64 KB file system as --nvme-path: the space needed and free are
+    printed in a unit that shows them (not "0.00 GB"). The tmpfs is mounted
+    in a user and mount namespace of its own (unshare), so the test needs no
+    root; where namespaces are not allowed it says so and passes."""
+    small = os.path.join(tmp, "small")
+    os.mkdir(small)
+    cmd = [LOOM, "train", "--data-path", os.path.join(tmp, "d", "train.bin"), *lib.TINY_MODEL, "--train-iters", "1",
+           "--offload-optimizer", "nvme", "--nvme-path", small]
+    script = 'mount -t tmpfs -o size=64k tmpfs "$0" || exit 99; exec "$@"'
+    try:
+        p = lib.run(["unshare", "-rm", "sh", "-c", script, small, *cmd], timeout=120)
+    except OSError:
+        p = None
+    if p is None or p.returncode == 99 or "unshare:" in p.stderr:
+        print("note: no user namespaces here: the small --nvme-path case is not run")
+        return
+    ok, detail = one_error(p, ["--nvme-path", small, "needs", "free"])
+    m = re.search(r"needs ([0-9.]+) (\w+) \(\d+ bytes\), ([0-9.]+) (\w+) free", p.stderr)
+    check("a --nvme-path too small: exit 2, one line naming the flag, the space needed and free both non-zero in "
+          "the unit printed", ok and m is not None and float(m.group(1)) > 0 and float(m.group(3)) > 0, detail)
+
+
 def main():
     if not lib.built(LOOM):
         return 1
@@ -70,6 +93,7 @@ def main():
         lib.synth(os.path.join(tmp, "d"), 20000)
         test_beta_range(tmp)
         test_load_missing(tmp)
+        test_nvme_small(tmp)
     return lib.verdict()
 
 

@@ -16,9 +16,13 @@
 
 #include "base/log.h"
 
-static void fmt_gb(char *buf, size_t n, double bytes)
+/* bytes in the unit that shows them: "64.0 KB", "278.5 KB", "12.3 GB" */
+static void fmt_size(char *buf, size_t n, double bytes)
 {
-    snprintf(buf, n, "%.2f GB", bytes / 1e9);
+    static const char *const units[] = {"bytes", "KB", "MB", "GB", "TB"};
+    int u = 0;
+    while (bytes >= 1000 && u < 4) bytes /= 1000, u++;
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
 }
 
 int loom_offload_open(struct loom_offload_file *o, const char *dir, size_t bytes, const char *what,
@@ -59,8 +63,9 @@ int loom_offload_open(struct loom_offload_file *o, const char *dir, size_t bytes
         const int e = errno;
         struct statvfs vfs;
         char need[32], avail[32] = "?";
-        fmt_gb(need, sizeof need, (double)bytes);
-        if (statvfs(dir, &vfs) == 0) fmt_gb(avail, sizeof avail, (double)vfs.f_bavail * (double)vfs.f_frsize);
+        fmt_size(need, sizeof need, (double)bytes);
+        if (statvfs(dir, &vfs) == 0)
+            fmt_size(avail, sizeof avail, (double)vfs.f_bavail * (double)vfs.f_frsize);
         loom_offload_close(o);
         if (e == ENOSPC || e == EDQUOT || e == EFBIG)
             return loom_error_set(LOOM_ERR_INPUT,
