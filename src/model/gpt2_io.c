@@ -77,20 +77,24 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
     if (rc) return rc;
     if ((rc = loom_model_read_tensors(&m->base, &st, path, find_tensor))) goto fail;
     /* a tied model must not drop an LM head of the file's own: that is
-     * another model (tie_word_embeddings false) */
-    const struct loom_st_tensor *head = m->cfg.untied ? NULL : find_tensor(&st, "lm_head.weight");
+     * another model (tie_word_embeddings false); the stage holding the
+     * embedding checks it */
+    const struct loom_st_tensor *head =
+        m->cfg.untied || m->emb < 0 ? NULL : find_tensor(&st, "lm_head.weight");
     if (head && (rc = check_tied_head(m, path, head))) goto fail;
-    /* GPT-2 tensors the model does not have are refused, not silently dropped */
-    for (int i = 0; i < loom_st_count(&st); i++) {
+    /* GPT-2 tensors the whole model does not have are refused, not silently
+     * dropped; a pipeline stage skips the other stages' (described by the
+     * whole model, made the first time a name is not this stage's) */
+    struct loom_gpt2 *whole = NULL;
+    for (int i = 0; i < loom_st_count(&st) && rc == LOOM_OK; i++) {
         const char *name = loom_st_at(&st, i)->name;
-        if (!ignorable(name) && !loom_model_find(&m->base, unprefixed(name), NULL)) {
+        if (ignorable(name) || loom_model_find(&m->base, unprefixed(name), NULL)) continue;
+        if (!whole) whole = loom_gpt2_create(&m->cfg, 1, m->T);
+        if (!loom_model_find(&whole->base, unprefixed(name), NULL))
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", path,
                                 name, m->cfg.num_layers);
-            goto fail;
-        }
     }
-    loom_st_close(&st);
-    return LOOM_OK;
+    loom_gpt2_free(whole);
 fail:
     loom_st_close(&st);
     return rc;

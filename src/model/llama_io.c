@@ -141,9 +141,14 @@ int loom_llama_load(struct loom_llama *m, const char *path)
     struct loom_st st;
     if ((rc = loom_st_open(&st, file))) return rc;
     if ((rc = loom_model_read_tensors(&m->base, &st, file, NULL))) goto done;
+    /* a pipeline stage skips the other stages' tensors (described by the
+     * whole model, made the first time a name is not this stage's) */
+    struct loom_llama *whole = NULL;
     for (int i = 0; i < loom_st_count(&st) && rc == LOOM_OK; i++) {
         const char *name = loom_st_at(&st, i)->name;
         if (ignorable(name) || loom_model_find(&m->base, name, NULL)) continue;
+        if (!whole) whole = loom_llama_create(&m->cfg, 1, m->T);
+        if (loom_model_find(&whole->base, name, NULL)) continue;
         if (strcmp(name, "lm_head.weight") == 0) /* a tied model must not drop a head of the file's own */
             rc = loom_error_set(LOOM_ERR_INPUT,
                                 "%s: has lm_head.weight, but the model ties its LM head to "
@@ -154,6 +159,7 @@ int loom_llama_load(struct loom_llama *m, const char *path)
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", file,
                                 name, m->cfg.num_layers);
     }
+    loom_llama_free(whole);
 done:
     loom_st_close(&st);
     return rc;
