@@ -86,6 +86,30 @@ def test_nvme_small(tmp):
           "the unit printed", ok and m is not None and float(m.group(1)) > 0 and float(m.group(3)) > 0, detail)
 
 
+def safetensors(path, tensors):
+    """A safetensors file of the header entries `tensors` and no data."""
+    header = json.dumps(tensors).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+
+
+def test_shape_overflow(tmp):
+    """wte.weight [2^32 + 256, 0] (an empty tensor, so the file is valid):
+    its first dimension does not fit a model size, which is what the line
+    says, not hidden size 0 or a vocabulary of 256."""
+    big = 2 ** 32 + 256
+    path = os.path.join(tmp, "big.safetensors")
+    safetensors(path, {"wte.weight": {"dtype": "F32", "shape": [big, 0], "data_offsets": [0, 0]},
+                       "wpe.weight": {"dtype": "F32", "shape": [16, 0], "data_offsets": [0, 0]}})
+    for tag, args in (("loom convert", ["convert", path, os.path.join(tmp, "out.safetensors")]),
+                      ("loom train --load --finetune", ["train", "--load", path, "--finetune", "--train-iters", "1",
+                                                         "--data-path", os.path.join(tmp, "d", "train.bin")])):
+        p = lib.loom(*args)
+        ok, detail = one_error(p, ["wte.weight", str(big)])
+        check(f"{tag} of a shape [2^32+256, 0]: exit 2, one line naming the tensor and the dimension too large",
+              ok and "hidden size 0" not in p.stderr and "larger than" in p.stderr, detail)
+
+
 def main():
     if not lib.built(LOOM):
         return 1
@@ -94,6 +118,7 @@ def main():
         test_beta_range(tmp)
         test_load_missing(tmp)
         test_nvme_small(tmp)
+        test_shape_overflow(tmp)
     return lib.verdict()
 
 

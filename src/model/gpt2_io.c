@@ -3,6 +3,7 @@
  */
 #include "model/gpt2_io.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,20 @@ int loom_gpt2_peek_config(const char *path, struct loom_gpt2_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT, "%s: not GPT-2 weights (no 2-D wte.weight and wpe.weight)",
                               path);
     }
+    /* a size past int is named as such, not as the int it would wrap to */
+    const struct loom_st_tensor *const embeddings[] = {wte, wpe};
+    for (int i = 0; i < 2; i++)
+        for (int d = 0; d < 2; d++)
+            if (embeddings[i]->shape[d] > INT_MAX) {
+                const struct loom_st_tensor *t = embeddings[i];
+                rc = loom_error_set(LOOM_ERR_INPUT,
+                                    "%s: %s has shape [%lld, %lld]: dimension %d (%lld) is larger than any "
+                                    "model size (at most %d)",
+                                    path, t->name, (long long)t->shape[0], (long long)t->shape[1], d,
+                                    (long long)t->shape[d], INT_MAX);
+                loom_st_close(&st);
+                return rc;
+            }
     cfg->vocab = (int)wte->shape[0];
     cfg->hidden = (int)wte->shape[1];
     cfg->max_pos = (int)wpe->shape[0];
