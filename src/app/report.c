@@ -2,11 +2,13 @@
 #include "app/report.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -35,6 +37,43 @@ const char *loom_fmt_duration(char *buf, size_t n, double s)
     return buf;
 }
 
+/* A metrics file whose last row an earlier run's failed write cut (a full
+ * disk) ends without a newline: appending to it would glue the next row
+ * onto the fragment, a corrupt line in the middle that readers refuse. The
+ * fragment (a row's start, no newline, within the last MiB) is dropped and
+ * said; any other file is left as it is. */
+static int drop_cut_row(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return LOOM_OK; /* missing: fopen makes it (or says why not) */
+    struct stat st;
+    char buf[4096];
+    off_t pos = 0, keep = -1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) pos = st.st_size;
+    while (pos > 0 && keep < 0 && st.st_size - pos < (1 << 20)) {
+        const size_t n = pos < (off_t)sizeof buf ? (size_t)pos : sizeof buf;
+        if (pread(fd, buf, n, pos - (off_t)n) != (ssize_t)n) break;
+        for (size_t i = n; i-- > 0 && keep < 0;)
+            if (buf[i] == '\n') keep = pos - (off_t)n + (off_t)i + 1;
+        pos -= (off_t)n;
+        if (keep < 0 && pos == 0) keep = 0; /* the whole file is the fragment */
+    }
+    int rc = LOOM_OK;
+    char first = 0;
+    if (keep >= 0 && keep < st.st_size && pread(fd, &first, 1, keep) == 1 && first == '{') {
+        if (ftruncate(fd, keep) != 0)
+            rc = loom_error_set(LOOM_ERR_RUNTIME, "--metrics %s: cannot drop a cut final row: %s", path,
+                                strerror(errno));
+        else
+            fprintf(stderr,
+                    "loom: note: --metrics %s: dropped a cut final row (%lld bytes, no newline) that an "
+                    "earlier run's failed write left\n",
+                    path, (long long)(st.st_size - keep));
+    }
+    close(fd);
+    return rc;
+}
+
 int loom_report_open(struct loom_report *r, const char *metrics_path, const char *tensorboard_dir)
 {
     memset(r, 0, sizeof *r);
@@ -45,6 +84,8 @@ int loom_report_open(struct loom_report *r, const char *metrics_path, const char
     r->t_start = loom_now();
     if (metrics_path && *metrics_path && loom_log_rank() == 0) {
         snprintf(r->metrics_path, sizeof r->metrics_path, "%s", metrics_path);
+        int rc = drop_cut_row(metrics_path);
+        if (rc) return rc;
         r->metrics = fopen(metrics_path, "a");
         if (!r->metrics)
             return loom_error_set(LOOM_ERR_INPUT, "--metrics: cannot open %s: %s", metrics_path,

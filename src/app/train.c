@@ -639,8 +639,8 @@ static int trace_write(const struct run *r, const struct loom_config *cfg)
     if (r->topo->rank == 0) {
         FILE *f = fopen(cfg->trace, "w");
         if (!f) {
-            rc =
-                loom_error_set(LOOM_ERR_RUNTIME, "--trace: cannot write %s: %s", cfg->trace, strerror(errno));
+            rc = loom_error_set(LOOM_ERR_RUNTIME, "--trace %s: cannot open for writing: %s", cfg->trace,
+                                strerror(errno));
         } else {
             char where[64];
             fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
@@ -664,9 +664,12 @@ static int trace_write(const struct run *r, const struct loom_config *cfg)
                 }
             }
             fputs("\n]}\n", f);
-            if (fclose(f) != 0)
-                rc = loom_error_set(LOOM_ERR_RUNTIME, "--trace: cannot write %s: %s", cfg->trace,
-                                    strerror(errno));
+            /* every write checked: a failed one sets the error flag, and the
+             * close flushes the rest */
+            const int ok = fflush(f) == 0 && !ferror(f), e = errno ? errno : EIO;
+            if (fclose(f) != 0 || !ok)
+                rc = loom_error_set(LOOM_ERR_RUNTIME, "--trace %s: write failed: %s", cfg->trace,
+                                    strerror(ok ? errno : e));
         }
     }
     loom_free(lens);
