@@ -267,9 +267,8 @@ static int parse_tokenizer(const cJSON *t, struct loom_ckpt_state *st)
 {
     st->tokenizer = !t ? LOOM_CKPT_TOKENIZER_UNRECORDED : LOOM_CKPT_TOKENIZER_NONE;
     if (!t || cJSON_IsNull(t)) return LOOM_OK;
-    const cJSON *name = member(t, "name"), *sum = member(t, "xxh3");
-    if (!cJSON_IsObject(t) || !cJSON_IsString(name) ||
-        strcmp(name->valuestring, LOOM_CKPT_TOKENIZER_FILE) != 0)
+    const cJSON *name = cJSON_IsObject(t) ? member(t, "name") : NULL, *sum = member(t, "xxh3");
+    if (!cJSON_IsString(name) || strcmp(name->valuestring, LOOM_CKPT_TOKENIZER_FILE) != 0)
         return loom_error_set(LOOM_ERR_INPUT, "tokenizer: expected null or {\"name\": \"%s\", ...}",
                               LOOM_CKPT_TOKENIZER_FILE);
     int rc =
