@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static int check_failures;
 static int check_count;
@@ -25,7 +26,9 @@ static int check_count;
 
 /* Max relative error |a-b| / max(|b|, floor) over the tensor; floor keeps
  * near-zero entries from dominating (it is the scale below which an absolute
- * error is what matters). */
+ * error is what matters). With CHECK_VERBOSE=1 in the environment every
+ * comparison prints its measured error against its tolerance, passing or
+ * not: how a bound's margin is measured on a machine. */
 static inline int check_close(const char *name, const float *got, const float *want, size_t n, double rtol,
                               double floor)
 {
@@ -45,6 +48,8 @@ static inline int check_close(const char *name, const float *got, const float *w
         if (err > max_err || err != err) max_err = err;
     }
     check_count++;
+    if (getenv("CHECK_VERBOSE") && *getenv("CHECK_VERBOSE") == '1')
+        printf("  measured %s: max rel err %.3g, tol %.3g\n", name, max_err, rtol);
     if (bad) {
         check_failures++;
         fprintf(stderr, "FAIL %s: %zu of %zu mismatch, max rel err %.3g > tol %.3g\n", name, bad, n, max_err,

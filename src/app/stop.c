@@ -1,4 +1,4 @@
-/* Graceful stop on SIGTERM and SIGINT (see stop.h). */
+/* Graceful stop on SIGTERM, SIGINT and SIGUSR2 (see stop.h). */
 #include "app/stop.h"
 
 #include <signal.h>
@@ -12,7 +12,7 @@ static void on_signal(int sig)
 {
     received = sig;
     loom_comm_note_stop();
-    signal(sig, SIG_DFL); /* a second one ends the process */
+    if (sig != SIGUSR2) signal(sig, SIG_DFL); /* a second one ends the process */
 }
 
 void loom_stop_install(void)
@@ -24,6 +24,7 @@ void loom_stop_install(void)
     sa.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR2, &sa, NULL);
 }
 
 int loom_stop_signal(void)

@@ -4,13 +4,18 @@
  * at the next step boundary; the training loop agrees on it across ranks,
  * saves a checkpoint and exits 0. The first signal puts the default action
  * back, so a second one ends the process at once.
+ *
+ * SIGUSR2 asks the same, and again and again without harm: it is the stop
+ * `loom launch` sends, through mpirun, which forwards SIGUSR2 to every rank
+ * but answers a SIGTERM of its own by killing them (cli/launch.c).
  */
 #ifndef LOOM_APP_STOP_H
 #define LOOM_APP_STOP_H
 
-/* Installs the handlers (training only). */
+/* Installs the handlers (training only, before MPI starts: a stop asked
+ * during set-up is kept for the first step boundary). */
 void loom_stop_install(void);
-/* The signal that asked to stop (SIGTERM, SIGINT), or 0. */
+/* The signal that asked to stop (SIGTERM, SIGINT, SIGUSR2), or 0. */
 int loom_stop_signal(void);
 
 #endif

@@ -704,9 +704,9 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
 /* Why the run stops early, agreed by every rank at a step boundary: the
  * largest reason any rank has (one rank's SIGTERM stops them all; rank 0's
  * failed write of --metrics or --tensorboard-dir outranks every signal). */
-enum { STOP_NONE, STOP_INTERVAL, STOP_DURATION, STOP_SIGINT, STOP_SIGTERM, STOP_WRITER };
-static const char *const stop_names[] = {"", "--exit-interval", "--exit-duration-in-mins", "SIGINT",
-                                         "SIGTERM"};
+enum { STOP_NONE, STOP_INTERVAL, STOP_DURATION, STOP_SIGUSR2, STOP_SIGINT, STOP_SIGTERM, STOP_WRITER };
+static const char *const stop_names[] = {"",        "--exit-interval", "--exit-duration-in-mins",
+                                         "SIGUSR2", "SIGINT",          "SIGTERM"};
 
 static int stop_reason(const struct loom_config *cfg, int step, double t_train, int write_failed)
 {
@@ -714,6 +714,7 @@ static int stop_reason(const struct loom_config *cfg, int step, double t_train, 
     int32_t why = write_failed     ? STOP_WRITER
                   : sig == SIGTERM ? STOP_SIGTERM
                   : sig == SIGINT  ? STOP_SIGINT
+                  : sig == SIGUSR2 ? STOP_SIGUSR2
                   : cfg->exit_duration_in_mins > 0 && loom_now() - t_train >= cfg->exit_duration_in_mins * 60
                       ? STOP_DURATION
                   : cfg->exit_interval > 0 && step % cfg->exit_interval == 0 ? STOP_INTERVAL
@@ -787,7 +788,6 @@ int loom_train(struct loom_config *cfg)
                          (long long)done, cfg->train_iters);
     int ran = 0; /* steps completed in this run */
     int stop = STOP_NONE;
-    loom_stop_install();
     while (loom_engine_steps_done(e) < cfg->train_iters && rc == LOOM_OK) {
         const int step = (int)loom_engine_steps_done(e) + 1;
         char point[32];

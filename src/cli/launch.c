@@ -1,6 +1,6 @@
 /*
  * `loom launch`: the convenience launcher, like torchrun or the deepspeed
- * launcher. It builds an mpirun command line and execs it:
+ * launcher. It builds an mpirun command line and runs it as its child:
  *
  *   loom launch --nproc-per-node N [--hostfile FILE] -- train ARGS...
  *
@@ -9,25 +9,41 @@
  * and gives each rank cores/ranks threads unless ARGS set --threads. With a
  * hostfile, N ranks go on each host listed.
  *
- * With --max-restarts K it runs mpirun as a child instead, and when the job
- * fails (a rank killed, a host gone, a hang aborted: any status but 0 and
- * 2, bad input, which would fail again) it
- * runs it again from the newest intact checkpoint of the train arguments'
- * --save directory (adding --load DIR), at most K times, saying why each
- * time; the job sees LOOM_RESTART_COUNT. Not here: Slurm (srun works as
- * mpirun does), changing the world size between restarts.
+ * The train arguments' --save (as the ranks read it: --save DIR,
+ * --save=DIR, a DeepSpeed JSON's "save") is where a run resumes from: when
+ * it holds a checkpoint, the job gets --load DIR after ARGS (over any
+ * --load in them), so the same command resumes a stopped job.
+ *
+ * Signals: the first SIGTERM or SIGINT stops the job gracefully. mpirun
+ * answers a SIGTERM of its own by killing the ranks (and exits 1 even when
+ * they saved), so the launcher sends it SIGUSR2, which mpirun forwards to
+ * every rank; the ranks stop at the next step boundary, save and exit 0
+ * (app/stop.h), and so does mpirun, and so the launcher. A second signal
+ * ends the job at once (SIGTERM to mpirun). A job stopped on a signal is
+ * never restarted.
+ *
+ * With --max-restarts K, when the job fails (a rank killed, a host gone, a
+ * hang aborted: any status but 0 and 2, bad input, which would fail again)
+ * it runs it again from the newest intact checkpoint of --save, at most K
+ * times, saying why each time; the job sees LOOM_RESTART_COUNT. Not here:
+ * Slurm (srun works as mpirun does), changing the world size between
+ * restarts.
  */
 #include "cli/launch.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "config/config.h"
 #include "io/checkpoint.h"
 #include "loom/loom.h"
 
@@ -47,17 +63,79 @@ static int count_hosts(const char *path, int *hosts)
     return LOOM_OK;
 }
 
+/* The job under the launcher: mpirun's pid while it runs (0 otherwise), and
+ * the first stop signal the launcher was sent, with how many came. */
+static volatile pid_t job;
+static volatile sig_atomic_t stop_sig, stop_count;
+
+static void say(const char *s)
+{
+    ssize_t r = write(STDERR_FILENO, s, strlen(s));
+    (void)r;
+}
+
+/* SIGTERM, SIGINT: the first asks the job to stop (SIGUSR2, which mpirun
+ * forwards to every rank; they save and exit 0); a second ends it (SIGTERM
+ * to mpirun, which kills the ranks). */
+static void on_stop(int sig)
+{
+    if (!stop_sig) stop_sig = sig;
+    if (++stop_count == 1) {
+        say(sig == SIGINT ? "loom launch: SIGINT: stopping the job at the next step boundary (a second "
+                            "signal ends it at once)\n"
+                          : "loom launch: SIGTERM: stopping the job at the next step boundary (a second "
+                            "signal ends it at once)\n");
+        if (job > 0) kill(job, SIGUSR2);
+        alarm(2);
+    } else if (job > 0) {
+        say("loom launch: a second signal: ending the job now\n");
+        kill(job, SIGTERM);
+    }
+}
+
+/* Every 2 s after the first stop signal: SIGUSR2 again, for ranks that were
+ * not running yet when it came (a rank takes it any number of times). */
+static void on_alarm(int sig)
+{
+    (void)sig;
+    if (job > 0 && stop_count == 1) kill(job, SIGUSR2);
+    alarm(2);
+}
+
+static void catch_stops(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART; /* the reads of the job's stderr go on */
+    sa.sa_handler = on_stop;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+}
+
 /* Runs args (mpirun ...) as a child, its stderr passed through and its
  * last `loom: error:` line kept in why; returns its exit status (128 + the
- * signal that ended it). */
+ * signal that ended it). mpirun runs in a process group of its own, so that
+ * a terminal's Ctrl-C reaches the launcher alone (mpirun answers SIGINT by
+ * killing the ranks), reading no terminal; and it is asked to stop as on a
+ * signal when the launcher dies. */
 static int run_job(const char **args, char *why, size_t nwhy)
 {
     int fds[2];
     why[0] = 0;
     if (pipe(fds) != 0) return loom_error_set(LOOM_ERR_RUNTIME, "loom launch: cannot make a pipe");
+    const pid_t launcher = getpid();
     pid_t pid = fork();
     if (pid < 0) return loom_error_set(LOOM_ERR_RUNTIME, "loom launch: cannot fork");
     if (pid == 0) {
+        setpgid(0, 0);
+        signal(SIGUSR2, SIG_IGN); /* until mpirun forwards it */
+        prctl(PR_SET_PDEATHSIG, SIGUSR2);
+        if (getppid() != launcher) _exit(LOOM_ERR_RUNTIME); /* gone already */
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0) dup2(null, STDIN_FILENO);
         dup2(fds[1], STDERR_FILENO);
         close(fds[0]);
         close(fds[1]);
@@ -65,6 +143,8 @@ static int run_job(const char **args, char *why, size_t nwhy)
         fprintf(stderr, "loom: error: cannot run mpirun (is openmpi-bin installed?)\n");
         _exit(LOOM_ERR_INPUT);
     }
+    job = pid;
+    if (stop_sig) kill(pid, SIGUSR2); /* a signal in between */
     close(fds[1]);
     FILE *err = fdopen(fds[0], "r");
     char line[4096];
@@ -79,32 +159,56 @@ static int run_job(const char **args, char *why, size_t nwhy)
     }
     if (err) fclose(err);
     int status;
-    while (waitpid(pid, &status, 0) < 0) {
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
+    job = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* The value of flag in the train arguments, or NULL. */
-static const char *train_flag(char **cmd, int ncmd, const char *flag)
+/* The job ended after the launcher was sent a stop signal: never restarted;
+ * exit 0 when every rank stopped cleanly (mpirun's status is theirs, as
+ * SIGUSR2 is forwarded, not an abort). */
+static int stopped(int st, const char *why, const char *save)
 {
-    const char *v = NULL;
-    for (int k = 0; k + 1 < ncmd; k++)
-        if (strcmp(cmd[k], flag) == 0) v = cmd[k + 1];
-    return v;
+    alarm(0);
+    const char *name = stop_sig == SIGINT ? "SIGINT" : "SIGTERM";
+    if (st == 0) {
+        fprintf(stderr, "loom launch: the job stopped on %s%s%s\n", name,
+                *save ? "; resume it from --save " : "", save);
+        return LOOM_OK;
+    }
+    return loom_error_set(LOOM_ERR_RUNTIME,
+                          "the job did not stop cleanly on %s (exit status %d%s%s): not restarted", name, st,
+                          *why ? ": " : "", why);
 }
 
-/* mpirun again and again from the newest checkpoint, at most max_restarts times. */
-static int run_with_restarts(const char **args, int n, char **cmd, int ncmd, int max_restarts)
+/* mpirun, again and again from the newest checkpoint of save (when there
+ * is one, on the first run too: the same command resumes a stopped job), at
+ * most max_restarts more times. */
+static int supervise(const char **args, int n, const char *save, const char *load, int max_restarts)
 {
-    const char *save = train_flag(cmd, ncmd, "--save");
-    const int loads = train_flag(cmd, ncmd, "--load") != NULL;
     char why[512], count[16];
+    int resumed = 0; /* --load SAVE appended */
+    catch_stops();
     for (int restart = 0;; restart++) {
+        if (*save && !resumed && loom_ckpt_is_checkpoint(save)) { /* after the train arguments: it wins */
+            args[n++] = "--load";
+            args[n++] = save;
+            args[n] = NULL;
+            resumed = 1;
+            if (restart == 0)
+                fprintf(stderr, "loom launch: resuming from the newest intact checkpoint of --save %s%s%s\n",
+                        save, *load && strcmp(load, save) != 0 ? ", not --load " : "",
+                        *load && strcmp(load, save) != 0 ? load : "");
+        }
+        if (stop_sig) return stopped(0, "", save); /* before a run began: nothing to stop */
         snprintf(count, sizeof count, "%d", restart);
         setenv("LOOM_RESTART_COUNT", count, 1); /* exported to every rank (-x) */
         int st = run_job(args, why, sizeof why);
+        if (stop_sig) return stopped(st, why, save);
         if (st == 0) return LOOM_OK;
-        if (st == LOOM_ERR_INPUT) /* bad input fails the same way again */
+        if (max_restarts == 0) return st; /* the ranks said why */
+        if (st == LOOM_ERR_INPUT)         /* bad input fails the same way again */
             return loom_error_set(LOOM_ERR_INPUT, "the job refused its input (%s): not restarted", why);
         char ended[600];
         snprintf(ended, sizeof ended, "the job exited with status %d%s%s", st, *why ? ": " : "", why);
@@ -112,15 +216,9 @@ static int run_with_restarts(const char **args, int n, char **cmd, int ncmd, int
             fprintf(stderr, "loom launch: %s; --max-restarts %d used up\n", ended, max_restarts);
             return loom_error_set(LOOM_ERR_RUNTIME, "the job failed %d times (%s)", restart + 1, ended);
         }
-        const int from_ckpt = loom_ckpt_is_checkpoint(save);
         fprintf(stderr, "loom launch: restart %d of %d: %s; %s\n", restart + 1, max_restarts, ended,
-                from_ckpt ? "resuming from the newest intact checkpoint of --save"
-                          : "no checkpoint yet: from the start");
-        if (from_ckpt && !loads) { /* --load SAVE, once, before the mpirun line's end */
-            args[n++] = "--load";
-            args[n++] = save;
-            args[n] = NULL;
-        }
+                loom_ckpt_is_checkpoint(save) ? "resuming from the newest intact checkpoint of --save"
+                                              : "no checkpoint yet: from the start");
     }
 }
 
@@ -164,11 +262,19 @@ int loom_launch(int argc, char **argv)
     int ncmd = argc - i - 1;
     if (strcmp(cmd[0], "train") != 0)
         return loom_error_set(LOOM_ERR_INPUT, "loom launch runs 'train', got '%s'", cmd[0]);
-    if (max_restarts > 0 && !train_flag(cmd, ncmd, "--save"))
+    /* --save and --load as the ranks will read them (--save=DIR, a DeepSpeed JSON's "save") */
+    struct loom_config cfg;
+    int help, rc = loom_config_parse(&cfg, ncmd - 1, cmd + 1, &help);
+    char save[sizeof cfg.save], load[sizeof cfg.load];
+    snprintf(save, sizeof save, "%s", rc ? "" : cfg.save);
+    snprintf(load, sizeof load, "%s", rc ? "" : cfg.load);
+    loom_config_free(&cfg);
+    if (rc) return rc;
+    if (max_restarts > 0 && !*save)
         return loom_error_set(
             LOOM_ERR_INPUT, "--max-restarts needs --save DIR in the train arguments: a restart resumes from "
                             "its newest checkpoint");
-    int hosts = 1, rc;
+    int hosts = 1;
     if (hostfile && (rc = count_hosts(hostfile, &hosts))) return rc;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
@@ -203,10 +309,8 @@ int loom_launch(int argc, char **argv)
     args[n++] = !threads_given && threads == 1 && nproc <= cores ? "core" : "none";
     args[n++] = "-x";
     args[n++] = omp;
-    if (max_restarts > 0) {
-        args[n++] = "-x";
-        args[n++] = "LOOM_RESTART_COUNT";
-    }
+    args[n++] = "-x";
+    args[n++] = "LOOM_RESTART_COUNT";
     args[n++] = exe;
     for (int k = 0; k < ncmd; k++) args[n++] = cmd[k];
     if (!threads_given) {
@@ -217,12 +321,7 @@ int loom_launch(int argc, char **argv)
     fprintf(stderr, "loom launch:");
     for (int k = 0; k < n; k++) fprintf(stderr, " %s", args[k]);
     fputc('\n', stderr);
-    if (max_restarts > 0) {
-        rc = run_with_restarts(args, n, cmd, ncmd, max_restarts);
-        loom_free(args);
-        return rc;
-    }
-    execvp("mpirun", (char *const *)args);
+    rc = supervise(args, n, save, load, max_restarts);
     loom_free(args);
-    return loom_error_set(LOOM_ERR_INPUT, "cannot run mpirun (is openmpi-bin installed?)");
+    return rc;
 }

@@ -1,4 +1,5 @@
-/* `loom launch`: builds and execs the mpirun command line (see launch.c). */
+/* `loom launch`: builds the mpirun command line and runs the job under it,
+ * stopping it gracefully on a signal (see launch.c). */
 #ifndef LOOM_CLI_LAUNCH_H
 #define LOOM_CLI_LAUNCH_H
 

@@ -13,6 +13,7 @@
 #include "app/html_report.h"
 #include "app/plan.h"
 #include "app/sample.h"
+#include "app/stop.h"
 #include "base/blas_env.h"
 #include "base/log.h"
 #include "cli/convert.h"
@@ -125,6 +126,7 @@ int main(int argc, char **argv)
         else if (*cfg.load)
             rc = shape_from_load(&cfg);
         if (strcmp(cmd, "train") == 0) {
+            loom_stop_install(); /* before MPI starts: a stop asked during set-up is kept */
             /* every rank parses the same flags; setup agrees on errors across ranks */
             loom_comm_init(&argc, &argv);
             if (rc && loom_comm_world_rank() != 0)
