@@ -113,6 +113,25 @@ static int check_scaled(const char *name, const float *got, const float *want, s
     return check_close(name, got, want, n, tol, scale > 0 ? scale : 1e-30);
 }
 
+/* The tolerance, against the tensor's scale (check_scaled), of a kernel
+ * whose outputs are float32 sums of K terms held against the reference's
+ * double sums rounded once: 4 u sqrt(K), u = 2^-24, and at least 1e-6. The
+ * error depends on the order the backend sums in, which a BLAS chooses by
+ * its core (kernel width, K blocking) and thread count, so the bound is the
+ * one of the worst usual order: a sequential float32 sum of K products of
+ * random sign errs by about u sqrt(K) of the output's scale (measured, max
+ * over a tensor: 0.47 to 0.61 u sqrt(K) for K = 12 to 30000), blocked and
+ * pairwise orders by less; 4x leaves 6x over it. This machine's OpenBLAS
+ * measures 4.3e-7 at K = 130 (the sequential order's 4.2e-7) and 3.7e-7 at
+ * K = 30000 (the sequential order's 5.8e-6 would fail a fixed 1e-6). The
+ * 1e-6 floor is 17 u, a few roundings of a short sum. A wrong or missing
+ * term errs by 1e-2 of the scale or more. */
+static double sum_tol(int n_terms)
+{
+    const double t = 4.0 * sqrt((double)n_terms) * 0x1p-24;
+    return t > 1e-6 ? t : 1e-6;
+}
+
 /* got - base, the part a kernel accumulated. */
 static void sub(float *out, const float *got, const float *base, size_t n)
 {
@@ -175,7 +194,7 @@ static void test_matmul_vs_ref(int N, int C, int OC, int with_bias)
     float *out = new_const((size_t)N * OC, NAN), *out_ref = new_const((size_t)N * OC, NAN);
     K->matmul_forward(out, inp, w, bias, N, C, OC);
     REF->matmul_forward(out_ref, inp, w, bias, N, C, OC);
-    check_scaled("matmul fwd vs ref", out, out_ref, (size_t)N * OC, 1e-6);
+    check_scaled("matmul fwd vs ref", out, out_ref, (size_t)N * OC, sum_tol(C + 1));
 
     float *dout = new_rand((size_t)N * OC, 1.0f);
     float *dinp = new_const((size_t)N * C, NAN), *dinp_ref = new_const((size_t)N * C, NAN);
@@ -184,15 +203,15 @@ static void test_matmul_vs_ref(int N, int C, int OC, int with_bias)
     float *db = new_copy(db0, OC), *db_ref = new_copy(db0, OC);
     K->matmul_backward(dinp, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
     REF->matmul_backward(dinp_ref, dw_ref, with_bias ? db_ref : NULL, dout, inp, w, N, C, OC);
-    check_scaled("matmul dinp vs ref", dinp, dinp_ref, (size_t)N * C, 1e-6);
-    check_scaled("matmul dweight vs ref", dw, dw_ref, (size_t)C * OC, 1e-6);
-    check_scaled("matmul dbias vs ref", db, db_ref, OC, 1e-6);
+    check_scaled("matmul dinp vs ref", dinp, dinp_ref, (size_t)N * C, sum_tol(OC));
+    check_scaled("matmul dweight vs ref", dw, dw_ref, (size_t)C * OC, sum_tol(N + 1)); /* onto dw0 */
+    check_scaled("matmul dbias vs ref", db, db_ref, OC, sum_tol(N + 1));
     if (!with_bias) CHECK(memcmp(db, db0, OC * sizeof(float)) == 0); /* NULL bias: untouched */
 
     /* dinp NULL: skipped, dweight still accumulates */
     float *dw2 = new_copy(dw0, (size_t)C * OC);
     K->matmul_backward(NULL, dw2, NULL, dout, inp, w, N, C, OC);
-    check_scaled("matmul dweight (dinp NULL)", dw2, dw_ref, (size_t)C * OC, 1e-6);
+    check_scaled("matmul dweight (dinp NULL)", dw2, dw_ref, (size_t)C * OC, sum_tol(N + 1));
 
     free(inp), free(w), free(bias), free(out), free(out_ref), free(dout), free(dinp);
     free(dinp_ref), free(dw0), free(db0), free(dw), free(dw_ref), free(db), free(db_ref), free(dw2);
@@ -215,22 +234,24 @@ static void test_lm_head_lp(int N, int C, int V)
         float *dwte0 = new_rand((size_t)V * C, 1.0f), *dwte = new_copy(dwte0, (size_t)V * C);
         float *dwte_ref = new_copy(dwte0, (size_t)V * C);
         float *dinp = new_const((size_t)N * C, NAN), *dinp_ref = new_const((size_t)N * C, NAN);
-        /* the logits: the float32 sums rounded, one 16-bit step apart at most where the sums'
-         * orders put them on two sides of a rounding boundary */
+        /* the logits: the float32 sums rounded to 16 bits, the reference's not: at most half a
+         * 16-bit step (2^-8 of the value for bf16, 2^-11 for fp16, so of the scale) plus the
+         * float32 sums' own difference (sum_tol); measured 2.4e-3 (bf16) and 3.0e-4 (fp16): the
+         * bound is the rounding's own limit, a wrong product errs by far more */
         uint16_t *l16 = malloc((size_t)N * V * sizeof *l16);
         float *l = new_const((size_t)N * V, NAN), *l_ref = new_const((size_t)N * V, NAN);
         K->lm_head_forward_lp(l16, dts[k], inp, wte, NULL, N, C, V);
         loom_lp_to_f32(l, l16, (size_t)N * V, dts[k]);
         REF->lm_head_forward(l_ref, inp, wte, N, C, V);
         check_scaled(k ? "lm_head_lp fp16 logits vs ref" : "lm_head_lp bf16 logits vs ref", l, l_ref,
-                     (size_t)N * V, k ? 1.0 / 2048 : 1.0 / 256);
+                     (size_t)N * V, (k ? 1.0 / 2048 : 1.0 / 256) + sum_tol(C));
         free(l16), free(l), free(l_ref);
         K->lm_head_backward_lp(dinp, dwte, dl16, dts[k], inp, wte, NULL, N, C, V);
         REF->lm_head_backward(dinp_ref, dwte_ref, dl, inp, wte, N, C, V);
         check_scaled(k ? "lm_head_lp fp16 dinp vs ref" : "lm_head_lp bf16 dinp vs ref", dinp, dinp_ref,
-                     (size_t)N * C, 1e-6);
+                     (size_t)N * C, sum_tol(V));
         check_scaled(k ? "lm_head_lp fp16 dwte vs ref" : "lm_head_lp bf16 dwte vs ref", dwte, dwte_ref,
-                     (size_t)V * C, 1e-6);
+                     (size_t)V * C, sum_tol(N + 1));
         free(inp), free(wte), free(dl), free(dl16), free(dwte0), free(dwte), free(dwte_ref), free(dinp);
         free(dinp_ref);
     }
@@ -251,7 +272,7 @@ static void test_lm_head_vs_ref(int N, int C, int V)
     float *logits = new_const((size_t)N * V, NAN), *logits_ref = new_const((size_t)N * V, NAN);
     K->lm_head_forward(logits, inp, wte, N, C, V);
     REF->matmul_forward(logits_ref, inp, wT, NULL, N, C, V);
-    check_scaled("lm_head fwd vs ref", logits, logits_ref, (size_t)N * V, 1e-6);
+    check_scaled("lm_head fwd vs ref", logits, logits_ref, (size_t)N * V, sum_tol(C));
 
     float *dlogits = new_rand((size_t)N * V, 1.0f);
     float *dinp = new_const((size_t)N * C, NAN), *dinp_ref = new_const((size_t)N * C, NAN);
@@ -263,16 +284,16 @@ static void test_lm_head_vs_ref(int N, int C, int V)
     for (int v = 0; v < V; v++)
         for (int c = 0; c < C; c++)
             dwte_ref[(size_t)v * C + c] = dwte0[(size_t)v * C + c] + dwT[(size_t)c * V + v];
-    check_scaled("lm_head dinp vs ref", dinp, dinp_ref, (size_t)N * C, 1e-6);
-    check_scaled("lm_head dwte vs ref", dwte, dwte_ref, (size_t)V * C, 1e-6);
+    check_scaled("lm_head dinp vs ref", dinp, dinp_ref, (size_t)N * C, sum_tol(V));
+    check_scaled("lm_head dwte vs ref", dwte, dwte_ref, (size_t)V * C, sum_tol(N + 1));
     /* and against the reference table's own LM head (wte as stored) */
     float *hl = new_const((size_t)N * V, NAN), *hdinp = new_const((size_t)N * C, NAN);
     float *hdwte = new_copy(dwte0, (size_t)V * C);
     REF->lm_head_forward(hl, inp, wte, N, C, V);
     REF->lm_head_backward(hdinp, hdwte, dlogits, inp, wte, N, C, V);
-    check_scaled("lm_head fwd vs ref lm_head", logits, hl, (size_t)N * V, 1e-6);
-    check_scaled("lm_head dinp vs ref lm_head", dinp, hdinp, (size_t)N * C, 1e-6);
-    check_scaled("lm_head dwte vs ref lm_head", dwte, hdwte, (size_t)V * C, 1e-6);
+    check_scaled("lm_head fwd vs ref lm_head", logits, hl, (size_t)N * V, sum_tol(C));
+    check_scaled("lm_head dinp vs ref lm_head", dinp, hdinp, (size_t)N * C, sum_tol(V));
+    check_scaled("lm_head dwte vs ref lm_head", dwte, hdwte, (size_t)V * C, sum_tol(N + 1));
     free(hl), free(hdinp), free(hdwte);
     free(inp), free(wte), free(wT), free(logits), free(logits_ref), free(dlogits), free(dinp);
     free(dinp_ref), free(dwte0), free(dwte), free(dwT), free(dwte_ref);
@@ -344,10 +365,12 @@ static void test_attention_vs_ref(int B, int T, int C, int NH)
     K->attention_forward(out, att, qkv, B, T, C, NH);
     REF->attention_forward(out_ref, att_ref, qkv, B, T, C, NH);
     char name[96];
+    /* sums over up to T keys and over a head's C / NH channels (sum_tol of the longer) */
+    const double tol = sum_tol(T > C / NH ? T : C / NH);
     snprintf(name, sizeof name, "attention out vs ref (B=%d T=%d C=%d NH=%d)", B, T, C, NH);
-    check_scaled(name, out, out_ref, nout, 1e-6);
+    check_scaled(name, out, out_ref, nout, tol);
     snprintf(name, sizeof name, "attention att vs ref (B=%d T=%d C=%d NH=%d)", B, T, C, NH);
-    check_scaled(name, att, att_ref, natt, 1e-6);
+    check_scaled(name, att, att_ref, natt, tol);
     /* probabilities: exact zeros above the diagonal, rows sum to 1 */
     int zeros_ok = 1, sums_ok = 1;
     for (size_t bh = 0; bh < (size_t)B * NH; bh++)
@@ -358,7 +381,7 @@ static void test_attention_vs_ref(int B, int T, int C, int NH)
                 if (j > i && row[j] != 0.0f) zeros_ok = 0;
                 s += row[j];
             }
-            if (fabs(s - 1.0) > 1e-5) sums_ok = 0;
+            if (fabs(s - 1.0) > 1e-5) sums_ok = 0; /* T <= 150 float32 terms: ~T u = 9e-6 worst */
         }
     CHECK(zeros_ok);
     CHECK(sums_ok);
@@ -369,7 +392,7 @@ static void test_attention_vs_ref(int B, int T, int C, int NH)
     K->attention_backward(dqkv, datt, dout, att, qkv, B, T, C, NH);
     REF->attention_backward(dqkv_ref, datt_ref, dout, att_ref, qkv, B, T, C, NH);
     snprintf(name, sizeof name, "attention dqkv vs ref (B=%d T=%d C=%d NH=%d)", B, T, C, NH);
-    check_scaled(name, dqkv, dqkv_ref, nqkv, 1e-6);
+    check_scaled(name, dqkv, dqkv_ref, nqkv, tol);
     free(qkv), free(out), free(out_ref), free(att), free(att_ref), free(dout), free(dqkv);
     free(dqkv_ref), free(datt), free(datt_ref);
 }
@@ -786,9 +809,32 @@ static void test_swiglu(void)
 
 /* ---- GELU, residual ------------------------------------------------------------ */
 
+/* 0.5 x (1 + tanh(u)) as x / (1 + exp(-2u)): the same function, without
+ * 1 + tanh's cancellation in double for x < -4 */
 static double gelu_double(double x)
 {
-    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    return x / (1.0 + exp(-2.0 * sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* A float GELU's error at x against the double formula (want, derivative
+ * dwant), in units of what its rounding allows there: u = 2^-24 times
+ * |want| times (1 + the condition number |x gelu'(x) / gelu(x)|). The
+ * kernels compute an argument (t = -2 sqrt(2/pi) (x + 0.044715 x^3), or
+ * x / sqrt 2) in a few float roundings and take exp or erfc of it: a
+ * relative error d in the argument becomes about cond x d in the result
+ * (cond reaches 13 at x = -3.2, where gelu = -1e-3, and 170 at x = -9),
+ * and exp / erfc add an ulp or two. So the error is a few of these units
+ * whatever the libm, the vector width or FMA contraction (measured here:
+ * 3.0 for the tanh form, 2.1 for the erf form, over [-10, 10]; a fixed
+ * 1e-6 relative held with 1.04x to spare); the bound is GELU_UNITS. An absolute 1e-30 covers the far tail (x < -9.3), where
+ * exp's argument is capped and the result is 0 to float's range. A wrong
+ * formula errs by 1e-4 of the value (the tanh form vs the erf one) or more:
+ * thousands of units. */
+#define GELU_UNITS 16.0
+static double gelu_units(float got, double want, double dwant, double x)
+{
+    const double cond = want != 0.0 ? fabs(x * dwant / want) : 0.0;
+    return fabs(got - want) / ((1.0 + cond) * 0x1p-24 * fabs(want) + 1e-30 / GELU_UNITS);
 }
 
 struct unary_ctx {
@@ -812,7 +858,7 @@ static void test_gelu(void)
     float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) x[i] = -10.0f + 20.0f * (float)i / (float)(n - 1);
     K->gelu_forward(y, x, n);
-    double max_rel = 0.0, max_abs_small = 0.0;
+    double max_rel = 0.0, max_abs_small = 0.0, max_units = 0.0;
     for (size_t i = 0; i < n; i++) {
         const double want = gelu_double(x[i]), err = fabs(y[i] - want);
         if (fabs(want) >= 1e-3) {
@@ -820,12 +866,17 @@ static void test_gelu(void)
         } else if (err > max_abs_small) {
             max_abs_small = err;
         }
+        /* gelu' through s = 1 / (1 + e), 1 - s = e s: no 1 - tanh^2 cancellation */
+        const double xd = x[i], k = sqrt(2.0 / M_PI), u = k * (xd + 0.044715 * xd * xd * xd);
+        const double e = exp(-2.0 * u), sg = 1.0 / (1.0 + e);
+        const double dwant = sg + 2.0 * xd * sg * (e * sg) * k * (1.0 + 3.0 * 0.044715 * xd * xd);
+        const double units = gelu_units(y[i], want, dwant, xd);
+        if (units > max_units) max_units = units;
     }
     printf("gelu vs double on [-10,10]: max rel err %.3g (|gelu| >= 1e-3), max abs err %.3g "
-           "below\n",
-           max_rel, max_abs_small);
-    CHECK(max_rel <= 1e-6);
-    CHECK(max_abs_small <= 1e-9);
+           "below; %.3g units of its rounding (bound %g)\n",
+           max_rel, max_abs_small, max_units, GELU_UNITS);
+    CHECK(max_units <= GELU_UNITS);
     /* gradient sweep against the derivative in double */
     float *ones = new_const(n, 1.0f), *g = malloc(n * sizeof(float));
     K->gelu_backward(g, ones, x, n);
@@ -839,6 +890,8 @@ static void test_gelu(void)
         if (err > max_grad_err) max_grad_err = err;
     }
     printf("gelu' vs double on [-10,10]: max abs err %.3g\n", max_grad_err);
+    /* gelu' is O(1) where it is not tiny: a few float roundings of the
+     * same exp, 17 u absolute (measured 1.8e-7 here, 1.2e-7 for the erf form) */
     CHECK(max_grad_err <= 1e-6);
     /* special values: NaN propagates, no NaN from far-negative inputs */
     float sx[4] = {NAN, -200.0f, 200.0f, 0.0f}, sy[4], sg[4], sd[4] = {1, 1, 1, 1};
@@ -877,7 +930,7 @@ static void test_gelu_exact(void)
     K->gelu_exact_forward(y, x, n);
     K->gelu_forward(yt, x, n);
     K->gelu_exact_backward(g, ones, x, n);
-    double max_rel = 0.0, max_abs_small = 0.0, max_grad_err = 0.0, max_tanh_diff = 0.0;
+    double max_rel = 0.0, max_abs_small = 0.0, max_grad_err = 0.0, max_tanh_diff = 0.0, max_units = 0.0;
     for (size_t i = 0; i < n; i++) {
         const double xd = x[i], cdf = 0.5 * erfc(-xd / sqrt(2.0));
         const double want = xd * cdf, err = fabs(y[i] - want);
@@ -887,14 +940,15 @@ static void test_gelu_exact(void)
             max_abs_small = err;
         }
         const double dwant = cdf + xd * exp(-0.5 * xd * xd) / sqrt(2.0 * M_PI);
+        const double units = gelu_units(y[i], want, dwant, xd);
+        if (units > max_units) max_units = units;
         if (fabs(g[i] - dwant) > max_grad_err) max_grad_err = fabs(g[i] - dwant);
         if (fabs(yt[i] - y[i]) > max_tanh_diff) max_tanh_diff = fabs(yt[i] - y[i]);
     }
     printf("exact gelu vs double on [-10,10]: max rel err %.3g (|gelu| >= 1e-3), max abs err %.3g below; "
-           "gelu' max abs err %.3g; tanh form differs by up to %.3g\n",
-           max_rel, max_abs_small, max_grad_err, max_tanh_diff);
-    CHECK(max_rel <= 1e-6);
-    CHECK(max_abs_small <= 1e-9);
+           "gelu' max abs err %.3g; tanh form differs by up to %.3g; %.3g units of its rounding (bound %g)\n",
+           max_rel, max_abs_small, max_grad_err, max_tanh_diff, max_units, GELU_UNITS);
+    CHECK(max_units <= GELU_UNITS);
     CHECK(max_grad_err <= 1e-6);
     CHECK(max_tanh_diff > 1e-4);
     float sx[4] = {NAN, -200.0f, 200.0f, 0.0f}, sy[4], sg[4], sd[4] = {1, 1, 1, 1};
@@ -1113,7 +1167,8 @@ static void test_crossentropy_vp(int N, int V, float offset, int rising)
         CHECK(tl_ok);
         CHECK(inplace_ok);
         snprintf(name, sizeof name, "crossentropy_vp sumexp vs double (S=%d V=%d offset %g)", S, V, offset);
-        check_close(name, gsum, want_sum, N, 1e-6, 1.0); /* every sum is >= 1 */
+        /* every sum is >= 1; V / S positive float32 terms (sum_tol: measured 2.2e-7) */
+        check_close(name, gsum, want_sum, N, sum_tol(V), 1.0);
         snprintf(name, sizeof name, "crossentropy_vp lse vs fused (S=%d V=%d offset %g)", S, V, offset);
         check_scaled(name, vlse, lse, N, 1e-6);
         snprintf(name, sizeof name, "crossentropy_vp loss vs fused (S=%d V=%d offset %g)", S, V, offset);
