@@ -87,10 +87,40 @@ def test_nvme_small(tmp):
 
 
 def safetensors(path, tensors):
-    """A safetensors file of the header entries `tensors` and no data."""
-    header = json.dumps(tensors).encode()
+    """A safetensors file of the F32 tensors {name: shape}, zeros, or of the
+    header entries {name: entry} as given and no data."""
+    header, offset = {}, 0
+    for name, t in tensors.items():
+        if isinstance(t, dict):
+            header[name] = t
+            continue
+        n = 4
+        for d in t:
+            n *= d
+        header[name] = {"dtype": "F32", "shape": t, "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header).encode()
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header)
+        f.write(struct.pack("<Q", len(text)) + text + bytes(offset))
+
+
+def test_hf_given_field(tmp):
+    """config.json beside GPT-2 tensors of width 32: a given n_embd 64 is
+    reported as the value given, an absent one as GPT2Config's default."""
+    for tag, fields, want, not_want in (
+            ("given", {"n_embd": 64}, "gives n_embd 64", "absent"),
+            ("left out", {}, "leaves out n_embd", "gives")):
+        d = os.path.join(tmp, f"hf-{tag.replace(' ', '-')}")
+        os.mkdir(d)
+        safetensors(os.path.join(d, "model.safetensors"),
+                    {"wte.weight": [256, 32], "wpe.weight": [16, 32], "h.0.ln_1.weight": [32]})
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_positions": 16, "vocab_size": 256,
+                       **fields}, f)
+        p = lib.loom("convert", d, os.path.join(tmp, "out.safetensors"))
+        ok, detail = one_error(p, ["config.json", want, "32 columns of wte.weight"])
+        check(f"config.json with n_embd {tag}, tensors of width 32: exit 2, one line saying it is {tag}",
+              ok and not_want not in lib.error_lines(p.stderr)[0], detail)
 
 
 def test_shape_overflow(tmp):
@@ -119,6 +149,7 @@ def main():
         test_load_missing(tmp)
         test_nvme_small(tmp)
         test_shape_overflow(tmp)
+        test_hf_given_field(tmp)
     return lib.verdict()
 
 

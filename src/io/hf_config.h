@@ -35,6 +35,10 @@ struct loom_hf_field {
 int loom_hf_config_read(const char *path, const struct loom_hf_field *fields, int n, const char *model,
                         cJSON **out);
 
+/* Whether config.json at path gives the field (a file that cannot be read
+ * or parsed gives none). */
+int loom_hf_config_gives(const char *path, const char *field);
+
 /* A member's value as short JSON text for messages ("false", "\"relu\"",
  * "[1, 2]"), cut to fit buf. */
 void loom_hf_value_text(const cJSON *v, char *buf, size_t n);

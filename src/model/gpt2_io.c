@@ -11,6 +11,7 @@
 
 #include "base/log.h"
 #include "io/fs.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/gpt2_hf.h"
 #include "model/gpt2_llmc.h"
@@ -309,12 +310,13 @@ static int check_config_tensors(const char *config, const struct loom_model_shap
     const int have[] = {t->num_layers, t->hidden, t->max_pos, t->vocab};
     for (int i = 0; i < 4; i++) {
         const struct loom_shape_setting *kv = loom_model_shape_find(shape, sizes[i].key);
-        if (kv && kv->value != have[i])
-            return loom_error_set(
-                LOOM_ERR_INPUT,
-                "%s says %s %lld (GPT2Config's default when the field is absent), but %s has "
-                "%d %s",
-                config, sizes[i].field, (long long)kv->value, file, have[i], sizes[i].tensors);
+        if (!kv || kv->value == have[i]) continue;
+        if (loom_hf_config_gives(config, sizes[i].field)) /* the value given, not the default */
+            return loom_error_set(LOOM_ERR_INPUT, "%s gives %s %lld, but %s has %d %s", config,
+                                  sizes[i].field, (long long)kv->value, file, have[i], sizes[i].tensors);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s leaves out %s, so GPT2Config's default %lld holds, but %s has %d %s",
+                              config, sizes[i].field, (long long)kv->value, file, have[i], sizes[i].tensors);
     }
     return LOOM_OK;
 }
