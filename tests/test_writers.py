@@ -11,6 +11,8 @@ run gracefully; readers skip a row cut by such a failure.
   line in the middle, and a page it cannot write is an error naming the
   cause that leaves no cut page behind.
 - --trace on a full disk: exit 1, one line naming the file and the cause.
+- loom eval --metrics on a full disk: exit 1 naming it (it used to exit 0
+  with the row missing).
 
 A full disk is a file-size limit (RLIMIT_FSIZE, as test_checkpoint's): loom
 ignores SIGXFSZ, so a write past it fails with EFBIG ("File too large").
@@ -136,6 +138,17 @@ def trace_full(tmp):
           f"exit {p.returncode}: {p.stderr[-300:]}")
 
 
+def eval_full(tmp):
+    save = os.path.join(tmp, "evalsave")
+    train(tmp, ["--train-iters", "2", "--save", save])
+    p = lib.run([LOOM, "eval", "--load", save, "--valid-data-path", os.path.join(tmp, "train.bin"), "--eval-iters",
+                 "2", "--threads", "1", "--metrics", "/dev/full"], timeout=60, env=ENV_LIMITED)
+    errs = lib.error_lines(p.stderr)
+    check("loom eval --metrics on a full disk (/dev/full): exit 1, one line naming the file and the cause",
+          p.returncode == 1 and len(errs) == 1 and "--metrics /dev/full" in errs[0] and "No space" in errs[0],
+          f"exit {p.returncode}: {p.stderr[-300:]}")
+
+
 def main():
     if not lib.built(LOOM):
         return 1
@@ -146,6 +159,7 @@ def main():
         report_reader(tmp)
         report_writer(tmp)
         trace_full(tmp)
+        eval_full(tmp)
     return lib.verdict()
 
 

@@ -904,6 +904,7 @@ int loom_eval(struct loom_config *cfg)
             loom_log_info("val loss %.4f over %d batches\n", val, cfg->eval_iters);
         loom_report_eval_row(&rep, 0, val); /* --metrics: the value in full */
         loom_report_close(&rep);
+        rc = loom_report_status(&rep); /* a full disk: the row is not there */
     }
     teardown(&r);
     return rc;
