@@ -140,6 +140,31 @@ def test_shape_overflow(tmp):
               ok and "hidden size 0" not in p.stderr and "larger than" in p.stderr, detail)
 
 
+def test_hang_summary_once(tmp):
+    """Rank 1 of 3 stalls before step 2; one SIGTERM reaches the waiting
+    ranks, whose report names rank 1; the deadline (4 s) then ends the job.
+    Each waiting rank prints its never-reached summary once, not again at
+    the deadline."""
+    metrics, marker = os.path.join(tmp, "hang.jsonl"), os.path.join(tmp, "hang-marker")
+    args = ["--data-path", os.path.join(tmp, "d", "train.bin"), *TINY, "--train-iters", "50", "--log-interval", "1",
+            "--comm-timeout", "4", "--metrics", metrics, "--data-cache", marker]
+    p = subprocess.Popen(lib.mpirun(3, [LOOM, "train"] + args, ["-x", "LOOM_TEST_STALL"]), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env=dict(lib.ENV, LOOM_TEST_STALL="1:2"))
+    deadline = time.time() + 60
+    while time.time() < deadline and len(lib.metrics_rows(metrics)) < 1:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    for pid in lib.loom_ranks(marker):
+        os.kill(pid, signal.SIGTERM)
+    _, err, _ = lib.finish(p, 60)
+    summary = {r: [l for l in err.splitlines() if f"[rank {r}] the dp group's ranks that never reached" in l]
+               for r in (0, 2)}
+    timed_out = "communication timeout" in err
+    check("a hang reported on SIGTERM, then at the deadline: each waiting rank names rank 1 once",
+          timed_out and all(len(summary[r]) == 1 and ": 1 (" in summary[r][0] for r in (0, 2)),
+          "\n".join(l for l in err.splitlines() if "hang report" in l or "error" in l) or err[-500:])
+
+
 def main():
     if not lib.built(LOOM):
         return 1
@@ -150,6 +175,7 @@ def main():
         test_nvme_small(tmp)
         test_shape_overflow(tmp)
         test_hf_given_field(tmp)
+        test_hang_summary_once(tmp)
     return lib.verdict()
 
 

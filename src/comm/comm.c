@@ -293,9 +293,15 @@ static void report_hang(const struct loom_comm_handle *h, double answer_s)
                                    "%s%s, %lld posted there, at step %lld", kb ? "; " : "", name,
                                    (long long)replies[m][0], (long long)replies[m][2]);
     }
-    fprintf(stderr, "loom: hang report: [rank %d] the %s group's ranks that never reached %s #%lld: %s%s%s\n",
-            world_rank, group_names[g], coll_names[h->op.coll], (long long)h->seq, *behind ? behind : "none",
-            *silent ? "; no answer from " : "", silent);
+    /* once: the deadline after a stop signal's report says it again only if it changed */
+    static char said[1200];
+    char summary[1200];
+    snprintf(summary, sizeof summary,
+             "loom: hang report: [rank %d] the %s group's ranks that never reached %s #%lld: %s%s%s\n",
+             world_rank, group_names[g], coll_names[h->op.coll], (long long)h->seq, *behind ? behind : "none",
+             *silent ? "; no answer from " : "", silent);
+    if (strcmp(summary, said) != 0) fputs(summary, stderr);
+    snprintf(said, sizeof said, "%s", summary);
     fflush(stderr);
     struct timespec ts = {0, answer_s > 1 ? 200000000 : 20000000}; /* let the answering ranks' lines out */
     nanosleep(&ts, NULL);
