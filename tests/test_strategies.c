@@ -1014,6 +1014,9 @@ static void reference(int bf16, int A, struct snapshot snap[STEPS])
         } else {
             compare("first gradient against exact_grads", s->grads, g, N, LOOM_DTYPE_F32, -1, 0);
             adamw_formula(m, g, want);
+            /* AdamW's first update in float against the double formula: a
+             * handful of roundings per element (~10 u), 1e-6 = 17 u of the
+             * larger values; measured 1.9e-7 */
             compare("parameters against AdamW's formula", s->params, want, N, LOOM_DTYPE_F32, 1e-6, 1e-2);
         }
         if (rank_ == 0 && !bf16)
@@ -1120,9 +1123,16 @@ static const struct layout layouts[] = {
 };
 
 /* Tolerances after the second step (the first is bit for bit): float32
- * rounding of sums in another order (seen: 4e-6 at most), and in bf16 a
- * step or two of the 16-bit values; the AdamW moments, from those gradients,
- * ten times looser (seen: 3e-5). */
+ * rounding of sums in another order (a gradient element sums the batch's
+ * and the micro-batches' contributions, a few dozen terms: about u sqrt(K)
+ * of the scale; measured on 1 to 4 ranks: parameters 4.6e-7, gradients
+ * 3.9e-6 at most, 25x under TOL_F32), and in bf16 two steps of the 16-bit
+ * values (2 x 2^-7 = 1.6e-2: a sum in another order can round one step
+ * off, and the update from it one more; measured 0, every layout's bf16
+ * sums being the reference's); the AdamW moments, from those gradients,
+ * ten times looser (Adam divides by the root of v: a gradient element near
+ * zero moves m / sqrt(v) by more than its own relative error; measured
+ * 2.7e-5, 37x under). */
 #define TOL_F32 1e-4
 #define TOL_BF16 1.6e-2
 
@@ -1169,9 +1179,15 @@ static void compare_step(struct loom_engine *e, const struct snapshot *ref, int 
         errs[2] = fmax(errs[2], compare(what, e->opt.master, ref->master + p.begin, n, LOOM_DTYPE_F32,
                                         step == 0 ? -1 : TOL_F32, floor_frac));
     }
-    /* the same micro-batch losses (identical weights), summed in another order */
+    /* the same micro-batch losses (identical weights), summed in another
+     * order in double: a few double roundings, 2^-53 each (measured 0) */
     expect(fabs(res->loss - ref->loss) <= 1e-12 * fabs(ref->loss), "step %d: loss %.17g, reference %.17g",
            step + 1, res->loss, ref->loss);
+    /* the norm: step 1's gradients are the same bits (double sums of squares
+     * in another order, 1e-12); after, the norm of gradients that differ by
+     * float32 reordering (TOL_F32's) or bf16 steps, their errors of random
+     * sign averaging out over the model (measured 1.1e-7 in float32, 8.8x
+     * under 1e-6; 0 in bf16) */
     const double ntol = step == 0 ? 1e-12 : dt == LOOM_DTYPE_F32 ? 1e-6 : 1e-2;
     expect(fabs(res->grad_norm - ref->norm) <= ntol * ref->norm,
            "step %d: gradient norm %.17g, reference %.17g", step + 1, res->grad_norm, ref->norm);
