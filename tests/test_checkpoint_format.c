@@ -583,6 +583,9 @@ static void test_state(void)
                                  .loss_scale_hysteresis = 2,
                                  .skipped_steps = 1,
                                  .run = "0123456789abcdef",
+                                 .tokenizer = LOOM_CKPT_TOKENIZER_SAVED,
+                                 .tokenizer_bytes = 4321,
+                                 .tokenizer_xxh3 = 0xfedcba9876543210ull,
                                  .nfiles = 2,
                                  .files = files};
     char *text = loom_ckpt_state_format(&st, "{\"lr\":\"0.001\"}");
@@ -597,6 +600,24 @@ static void test_state(void)
           strcmp(back.files[1].name, "rank_00001.safetensors") == 0);
     CHECK(back.files[0].bytes == 1234 && back.files[1].bytes == -1); /* sizes as recorded, or none */
     CHECK(strcmp(back.run, st.run) == 0);
+    /* the tokenizer's record: saved (size, checksum), none, or absent (an older state) */
+    CHECK(back.tokenizer == LOOM_CKPT_TOKENIZER_SAVED && back.tokenizer_bytes == 4321 &&
+          back.tokenizer_xxh3 == 0xfedcba9876543210ull);
+    for (int k = LOOM_CKPT_TOKENIZER_UNRECORDED; k <= LOOM_CKPT_TOKENIZER_NONE; k++) {
+        struct loom_ckpt_state other = st, got;
+        other.tokenizer = (enum loom_ckpt_tokenizer)k;
+        char *t = loom_ckpt_state_format(&other, NULL);
+        CHECK(loom_ckpt_state_parse(t, strlen(t), &got) == LOOM_OK && got.tokenizer == other.tokenizer &&
+              (strstr(t, "\"tokenizer\"") != NULL) == (k == LOOM_CKPT_TOKENIZER_NONE));
+        loom_ckpt_state_free(&got);
+        loom_free(t);
+    }
+    char *tk = loom_xstrdup(text), *at = strstr(tk, "fedcba9876543210");
+    CHECK(at != NULL);
+    memcpy(at, "FEDC", 4); /* not lowercase hex */
+    CHECK(loom_ckpt_state_parse(tk, n, &back) == LOOM_ERR_INPUT &&
+          strstr(loom_error_message(), "tokenizer.xxh3"));
+    loom_free(tk);
     /* the model's shape comes back as written: type, keys in order, values
      * of each kind (a real exactly) */
     CHECK(strcmp(back.model.type, "gpt2") == 0 && back.model.n == 5 &&

@@ -471,3 +471,66 @@ int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_sav
                             path, LATEST, LOOM_CKPT_STATE_FILE);
     return rc;
 }
+
+/* dir's tokenizer held to its state's record (loom_ckpt_find_tokenizer). */
+static int checked_tokenizer(const char *dir, const struct loom_ckpt_state *st, char *path, size_t n)
+{
+    struct stat sb;
+    snprintf(path, n, "%s/%s", dir, LOOM_CKPT_TOKENIZER_FILE);
+    const int there = lstat(path, &sb) == 0;
+    if (st->tokenizer == LOOM_CKPT_TOKENIZER_UNRECORDED) { /* an older state: the file as it is */
+        if (!there) *path = 0;
+        return LOOM_OK;
+    }
+    if (st->tokenizer == LOOM_CKPT_TOKENIZER_NONE) {
+        if (!there) {
+            *path = 0;
+            return LOOM_OK;
+        }
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: the checkpoint was saved without a tokenizer (its trainer state records "
+                              "none): this file was put there later; give --tokenizer, or remove it",
+                              path);
+    }
+    int64_t bytes;
+    uint64_t sum;
+    int rc = loom_ckpt_file_sum(path, &bytes, &sum);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        return loom_error_set(LOOM_ERR_INPUT, "the checkpoint's tokenizer, recorded in its trainer state: %s",
+                              why);
+    }
+    if (bytes != st->tokenizer_bytes || sum != st->tokenizer_xxh3)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: not the tokenizer saved with the checkpoint (%" PRId64
+                              " bytes, XXH3 %016" PRIx64 "; its trainer state records %" PRId64
+                              " bytes, XXH3 %016" PRIx64 "): replaced or damaged",
+                              path, bytes, sum, st->tokenizer_bytes, st->tokenizer_xxh3);
+    return LOOM_OK;
+}
+
+int loom_ckpt_find_tokenizer(const char *load, char *path, size_t n)
+{
+    char **dirs;
+    int ndirs, is_save;
+    *path = 0;
+    int rc = loom_ckpt_candidates(load, &dirs, &ndirs, &is_save);
+    if (rc) { /* not a checkpoint: none to find here */
+        loom_ckpt_candidates_free(dirs, ndirs);
+        loom_error_clear();
+        return LOOM_OK;
+    }
+    for (int c = 0; c < ndirs; c++) {
+        struct loom_ckpt_state st;
+        if (loom_ckpt_state_read(dirs[c], &st) != LOOM_OK) {
+            loom_error_clear(); /* damaged: its weights are not loaded either */
+            continue;
+        }
+        rc = checked_tokenizer(dirs[c], &st, path, n);
+        loom_ckpt_state_free(&st);
+        break;
+    }
+    loom_ckpt_candidates_free(dirs, ndirs);
+    return rc;
+}

@@ -94,6 +94,8 @@ static void check_ranges(const struct loom_ckpt_state *st)
         REQUIRE(st->files[i].bytes >= -1 && st->files[i].bytes <= LOOM_CKPT_INT_MAX);
     }
     REQUIRE(st->run[0] == '\0' || strspn(st->run, "0123456789abcdef") == LOOM_CKPT_RUN_LEN);
+    REQUIRE(st->tokenizer >= 0 && st->tokenizer < LOOM_CKPT_TOKENIZER_COUNT);
+    REQUIRE(st->tokenizer_bytes >= 0 && (size_t)st->tokenizer_bytes <= LOOM_CKPT_TOKENIZER_MAX_BYTES);
 }
 
 static void check_error(int rc)
