@@ -11,6 +11,10 @@
 #include "optim/adamw.h"
 #include "optim/lr.h"
 
+/* The schedules are a few double operations (and a log or a cos, within an
+ * ulp in any libm) on both sides: they differ by a few 2^-53 = 1.1e-16 at
+ * most, so 1e-12 (absolute below 1) and 1e-13 relative leave 1000x; a wrong
+ * schedule step differs by 1e-3 of the rate or more. */
 static int near(double a, double b)
 {
     return fabs(a - b) <= 1e-12 * fmax(1.0, fabs(b));
@@ -116,10 +120,11 @@ int main(void)
 
     CHECK(loom_clip_coef(10.0, 0.0) == 1.0f);
     CHECK(loom_clip_coef(0.5, 1.0) == 1.0f);
+    /* a float: half an ulp of 0.25 is 7.5e-9 */
     CHECK(fabs(loom_clip_coef(4.0, 1.0) - 1.0 / (4.0 + 1e-6)) < 1e-7);
 
     float g1[3] = {3, 0, 0}, g2[2] = {0, 4};
     struct loom_block blocks[2] = {{.numel = 3, .work_grads = g1}, {.numel = 2, .work_grads = g2}};
-    CHECK(fabs(loom_grad_norm(blocks, 2) - 5.0) < 1e-12);
+    CHECK(fabs(loom_grad_norm(blocks, 2) - 5.0) < 1e-12); /* sqrt(25): exact in double */
     return check_summary("test_optim");
 }
