@@ -13,7 +13,11 @@ layernorm's dinp or attention's dqkv are sums with cancellation, and their
 near-zero entries carry an absolute float32 error set by the tensor's scale,
 not by their own size. A relative L2 norm would average one bad element
 away; the max does not. Tolerance 1e-5 everywhere (float32 epsilon is 6e-8,
-so this leaves room for sums of a few hundred terms and nothing more).
+so this leaves room for sums of a few hundred terms and nothing more: the
+longest here, OC = 192 terms, err by about u sqrt(K) = 8e-7 of the scale in
+the worst usual summation order, whatever the BLAS core or thread count
+kernel_probe runs at (all cores, unpinned); measured at most 1.4e-6,
+layernorm out, 7x under).
 
 The bf16 matrix products (each units path forced) are held to the same
 bound against the product of their bf16-rounded operands (bf16_products).
@@ -116,7 +120,10 @@ def bf16_products(g, d, out):
         ref = (x @ wte.T).reshape(-1)
         err = (ours - ref).abs().max().item() / ref.abs().max().item()
         exact = bool((ours == ours.bfloat16().double()).all())
-        ok = err <= 2 ** -8 and exact
+        # rounding to bf16 moves a value by at most half a bf16 step, 2^-8 of
+        # it (so of the scale), from the float32 sum, itself within TOL of the
+        # exact product: measured 2.0e-3
+        ok = err <= 2 ** -8 + TOL and exact
         print(f"{'ok  ' if ok else 'FAIL'} {units}: lm_head logits kept in bf16: bf16 values within one bf16 step "
               f"(2^-8) of the float64 product (max err {err:.1e})")
         failures += 0 if ok else 1
