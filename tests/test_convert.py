@@ -36,6 +36,12 @@ from lib import check
 from pyref import gpt2, st
 
 GRADS = lib.tool("gpt2_grads")
+# Absolute, on logits of scale 3.7 (max |x|): loom's float32 forward against
+# float64 ones, sums of up to 4C = 256 terms two layers deep, errs by about
+# u sqrt(K) = 1e-6 of the scale per sum in the worst usual order (u = 2^-24),
+# a few of those, at any thread count or BLAS core; measured 1.4e-6 (7x
+# under). The two float64 forwards differ by 0 (measured). A tensor read
+# from the wrong place or layout errs by 1e-1 or more.
 LOGITS_TOL = 1e-5
 MAGIC = 20240326
 
