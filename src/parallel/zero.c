@@ -488,8 +488,12 @@ void loom_zero_replay(struct loom_zero *z, int b, enum loom_replay_point at)
     case LOOM_REPLAY_GRADS_READY: { /* grads_ready: post_grads; released after its first block */
         struct loom_zero_flight *f = &z->flights[b];
         const size_t lo = m->blocks[b].offset, hi = lo + m->blocks[b].numel;
-        split(z, lo, hi);
-        const size_t nrecv = (size_t)z->counts[z->dp_rank];
+        /* this rank's count of split(): its shard within [lo, hi), found
+         * without walking every rank's */
+        size_t a = (size_t)z->dp_rank * z->part.shard, e = a + z->part.shard;
+        if (a < lo) a = lo;
+        if (e > hi) e = hi;
+        const size_t nrecv = e > a ? e - a : 0;
         f->recv = take(nrecv, LOOM_DTYPE_F32, 0);
         if (z->reduce_dtype != LOOM_DTYPE_F32) {
             f->send16 = take(hi - lo, z->reduce_dtype, 0);

@@ -1,6 +1,7 @@
 /* The planner's search (see search.h). */
 #include "plan/search.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,54 +173,93 @@ static int fixed(const struct search *s, const char *flag)
     return s->keep && loom_config_given(s->base, flag);
 }
 
-/* Every recomputation, precision and offload choice of one split. */
-static void add_candidates(struct search *s, struct loom_layout l)
+/* A new entry for layout l, its order the search's. */
+static struct loom_plan_entry *new_entry(struct search *s, const struct loom_layout *l)
+{
+    struct loom_plan *out = s->out;
+    if ((size_t)out->n == s->cap) {
+        s->cap *= 2;
+        out->entries = loom_realloc(out->entries, s->cap * sizeof *out->entries, LOOM_MEM_OTHER);
+    }
+    struct loom_plan_entry *e = &out->entries[out->n++];
+    memset(e, 0, sizeof *e);
+    e->layout = *l;
+    e->order = out->n - 1;
+    return e;
+}
+
+/* Every recomputation, precision and offload choice of one split. Returns
+ * whether one of them might fit with a larger micro-batch: all but those
+ * whose activations alone pass the limit (they only grow with it). */
+static int add_candidates(struct search *s, struct loom_layout l)
 {
     const int fix_rec = fixed(s, "--recompute-granularity") || fixed(s, "--recompute-activations");
+    int larger = 0;
     for (int r = 0; r <= 2; r++) {
         if (fix_rec && r != (int)s->base->recompute_granularity) continue;
         for (int prec = 0; prec < 3; prec++) {
             if (!(s->precisions & (1u << prec))) continue;
             for (int off = 0; off < s->offloads; off++) {
-                struct loom_plan *out = s->out;
-                if ((size_t)out->n == s->cap) {
-                    s->cap *= 2;
-                    out->entries = loom_realloc(out->entries, s->cap * sizeof *out->entries, LOOM_MEM_OTHER);
-                }
-                struct loom_plan_entry *e = &out->entries[out->n++];
-                memset(e, 0, sizeof *e);
-                e->layout = l;
-                e->order = out->n - 1;
+                struct loom_plan_entry *e = new_entry(s, &l);
                 e->layout.recompute = (enum loom_recompute)r;
                 e->layout.precision = prec;
                 e->layout.offload_nvme =
                     s->offloads == 2 ? off : s->base->offload_optimizer == LOOM_OFFLOAD_NVME;
                 evaluate(s->base, s->world, s->c, s->mem_limit, e);
-                out->nfit += e->fits;
+                s->out->nfit += e->fits;
+                larger |= !((double)e->mem.peak[LOOM_MEM_ACTIVATIONS] > s->mem_limit);
             }
         }
     }
+    return larger;
 }
 
-/* The data-parallel choices of a tp x pp split: ZeRO stage, micro-batch. */
+/* A layout the search does not evaluate, with the reason. */
+static void add_unevaluated(struct search *s, struct loom_layout l, const char *fmt, int64_t a, int64_t b)
+{
+    struct loom_plan_entry *e = new_entry(s, &l);
+    e->layout.recompute = s->base->recompute_granularity;
+    e->layout.precision = s->base->bf16 ? 1 : s->base->fp16 ? 2 : 0;
+    snprintf(e->reason, sizeof e->reason, fmt, (long long)a, (long long)b);
+}
+
+/* The candidates of micro-batch mb; whether a larger one might fit (see
+ * add_candidates). The bounds keep the search's work bounded: a step's
+ * micro-batches are replayed and scheduled one by one. */
+static int add_micro_batch(struct search *s, struct loom_layout l, int64_t mb)
+{
+    const int64_t G = s->base->global_batch_size, tokens = mb * s->base->seq_length, acc = G / (mb * l.dp);
+    l.micro_batch = (int)mb;
+    if (tokens > INT32_MAX) {
+        add_unevaluated(s, l, "a micro-batch of %lld tokens (micro-batch x --seq-length) is above %lld",
+                        tokens, INT32_MAX);
+        return 0;
+    }
+    if (G % (mb * l.dp) == 0 && acc > LOOM_PLAN_MAX_ACCUMULATION) {
+        add_unevaluated(s, l, "%lld micro-batches a step: the planner tries up to %lld", acc,
+                        LOOM_PLAN_MAX_ACCUMULATION);
+        return 1;
+    }
+    return add_candidates(s, l);
+}
+
+/* The data-parallel choices of a tp x pp split: ZeRO stage, micro-batch.
+ * Micro-batches run in powers of two up to what --micro-batch-size takes,
+ * and stop past one whose activations alone need more than a rank has. */
 static void add_dp_choices(struct search *s, struct loom_layout l)
 {
     const struct loom_config *b = s->base;
-    const int G = b->global_batch_size, fix_z = fixed(s, "--zero-stage"),
-              fix_mb = fixed(s, "--micro-batch-size");
+    const int64_t G = b->global_batch_size, given_mb = b->micro_batch_size;
+    const int fix_z = fixed(s, "--zero-stage"), fix_mb = fixed(s, "--micro-batch-size") && given_mb > 0;
     for (int z = 0; z <= (l.dp > 1 ? 3 : 0); z++) {
         if (fix_z && z != b->zero_stage) continue;
-        for (int mb = 1; mb <= G; mb *= 2) {
-            if (fix_mb ? mb != b->micro_batch_size : G % (mb * l.dp) != 0) continue;
-            l.zero_stage = z;
-            l.micro_batch = mb;
-            add_candidates(s, l);
+        l.zero_stage = z;
+        if (fix_mb) {
+            add_micro_batch(s, l, given_mb);
+            continue;
         }
-        if (fix_mb && b->micro_batch_size & (b->micro_batch_size - 1)) { /* not a power of two */
-            l.zero_stage = z;
-            l.micro_batch = b->micro_batch_size;
-            add_candidates(s, l);
-        }
+        for (int64_t mb = 1; mb <= G && mb <= LOOM_PLAN_MAX_MICRO_BATCH; mb *= 2)
+            if (G % (mb * l.dp) == 0 && !add_micro_batch(s, l, mb)) break;
     }
 }
 
@@ -235,6 +275,13 @@ int loom_plan_search(const struct loom_config *base, int world, const struct loo
     if (rc) return rc;
     if (base->global_batch_size < 1)
         return loom_error_set(LOOM_ERR_INPUT, "loom plan needs --global-batch-size G (sequences per step)");
+    /* a batch in tokens where sequences are meant: say so */
+    const int64_t G = base->global_batch_size, T = base->seq_length;
+    if (G * T > LOOM_PLAN_TOKENS_HINT && G % T == 0)
+        loom_log_warn(
+            "--global-batch-size %lld counts sequences of --seq-length %lld: %lld tokens a step; for "
+            "%lld tokens a step give --global-batch-size %lld",
+            (long long)G, (long long)T, (long long)(G * T), (long long)G, (long long)(G / T));
     struct search s = {.base = base,
                        .world = world,
                        .keep = opt->keep_given,

@@ -42,6 +42,15 @@ struct loom_plan {
 
 /* What to search beyond the layout settings. */
 enum { LOOM_PLAN_F32 = 1, LOOM_PLAN_BF16 = 2, LOOM_PLAN_FP16 = 4 };
+/* The search's bounds: micro-batches up to --micro-batch-size's largest,
+ * and steps of up to this many micro-batches (a layout past it is listed
+ * as rejected, not evaluated). */
+#define LOOM_PLAN_MAX_MICRO_BATCH (1LL << 20)
+#define LOOM_PLAN_MAX_ACCUMULATION (1LL << 16)
+/* Above this many tokens a step, a global batch divisible by the sequence
+ * length is likely tokens given where sequences are meant (the largest
+ * published batches are about 16M tokens). */
+#define LOOM_PLAN_TOKENS_HINT (1LL << 28)
 struct loom_plan_options {
     int keep_given;      /* the layout settings the user gave stay (else all are searched) */
     unsigned precisions; /* LOOM_PLAN_* bits searched; 0: the one base gives */
