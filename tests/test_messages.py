@@ -140,6 +140,28 @@ def test_shape_overflow(tmp):
               ok and "hidden size 0" not in p.stderr and "larger than" in p.stderr, detail)
 
 
+def test_lone_surrogate(tmp):
+    """config.json with a string holding an unpaired \\ud800: called a
+    surrogate without its other half, not "not a JSON object"; a proper
+    pair is read."""
+    d = os.path.join(tmp, "hf-surrogate")
+    os.mkdir(d)
+    safetensors(os.path.join(d, "model.safetensors"),
+                {"wte.weight": [256, 32], "wpe.weight": [16, 32], "h.0.ln_1.weight": [32]})
+    fields = '"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 16, "vocab_size": 256'
+    for name, text, lone in (("an unpaired \\ud800", "a\\ud800b", True),
+                             ("a surrogate pair", "a\\ud83d\\ude00b", False)):
+        with open(os.path.join(d, "config.json"), "w") as f:
+            f.write('{' + fields + ', "_name_or_path": "' + text + '"}')
+        p = lib.loom("convert", d, os.path.join(tmp, "out.safetensors"))
+        if lone:
+            ok, detail = one_error(p, ["config.json", "\\ud800", "surrogate"])
+            check(f"config.json with {name}: exit 2, one line naming the escape", ok and "JSON object" not in p.stderr,
+                  detail)
+        else:
+            check(f"config.json with {name}: read (the failure is past it)", "config.json" not in p.stderr, p.stderr)
+
+
 def test_hang_summary_once(tmp):
     """Rank 1 of 3 stalls before step 2; one SIGTERM reaches the waiting
     ranks, whose report names rank 1; the deadline (4 s) then ends the job.
@@ -175,6 +197,7 @@ def main():
         test_nvme_small(tmp)
         test_shape_overflow(tmp)
         test_hf_given_field(tmp)
+        test_lone_surrogate(tmp)
         test_hang_summary_once(tmp)
     return lib.verdict()
 

@@ -114,6 +114,34 @@ static const struct loom_hf_field common[] = {
 };
 #define NCOMMON ((int)(sizeof common / sizeof common[0]))
 
+/* The byte offset of the first \\u escape in text that is a UTF-16
+ * surrogate without its other half (which JSON parsers refuse), or -1. */
+static long lone_surrogate(const char *text)
+{
+    unsigned prev = 0; /* the high surrogate just read, or 0 */
+    long prev_at = -1;
+    for (const char *c = text; *c; c++) {
+        if (prev && c != text + prev_at + 6) return prev_at; /* the low half must follow at once */
+        if (*c != '\\') continue;
+        if (c[1] != 'u') {
+            if (prev) return prev_at;
+            c += c[1] != 0;
+            continue;
+        }
+        char *end;
+        char hex[5] = {0};
+        memcpy(hex, c + 2, strnlen(c + 2, 4));
+        const unsigned u = (unsigned)strtoul(hex, &end, 16);
+        if (end != hex + 4) return -1; /* the parser's own complaint */
+        if (prev && !(u >= 0xDC00 && u <= 0xDFFF)) return prev_at;
+        if (!prev && u >= 0xDC00 && u <= 0xDFFF) return (long)(c - text);
+        prev = !prev && u >= 0xD800 && u <= 0xDBFF ? u : 0;
+        prev_at = (long)(c - text);
+        c += 5;
+    }
+    return prev ? prev_at : -1;
+}
+
 /* The rule for a field: the family's, else the common one, else NULL. */
 static const struct loom_hf_field *rule_of(const char *name, const struct loom_hf_field *fields, int n)
 {
@@ -132,6 +160,18 @@ int loom_hf_config_read(const char *path, const struct loom_hf_field *fields, in
     char *text = read_text(path, &rc);
     if (!text) return rc;
     cJSON *root = cJSON_Parse(text);
+    if (!root) {
+        const long at = lone_surrogate(text);
+        if (at >= 0)
+            rc = loom_error_set(LOOM_ERR_INPUT,
+                                "%s: not valid JSON: the escape %.6s at byte %ld is half of a "
+                                "UTF-16 surrogate pair, without its other half",
+                                path, text + at, at);
+        else
+            rc = loom_error_set(LOOM_ERR_INPUT, "%s: not valid JSON", path);
+        free(text);
+        return rc;
+    }
     free(text);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
