@@ -342,7 +342,16 @@ def compare_runs(tag, ref, got, tol=1e-5, wtol=None, tensor_tol=None):
     about 1e-7 after 20 steps (measured: at most 6e-8 for every reordering
     of the 8-layer model in tests/test_pipeline_parallel.py, 7e-7 for the
     whole model's weights), so 1e-5 leaves more than 10x on any machine, and
-    a wrong gradient or a lost micro-batch moves both by 1e-3 or more."""
+    a wrong gradient or a lost micro-batch moves both by 1e-3 or more.
+
+    16-bit runs pass tol=1e-4 and wtol=4e-3 (bf16) or 1e-3 (fp16): a float32
+    sum in another order that lands on the other side of a 16-bit rounding
+    boundary moves that weight or activation by a whole 16-bit step, 2^-8 =
+    3.9e-3 of it in bf16 (wtol: one step), 2^-11 = 4.9e-4 in fp16 (wtol:
+    two), and the loss follows by far less (measured: 2.8e-5 to 3.0e-5 for
+    bf16 in tests/test_bf16_torch.py against PyTorch, whose every sum is in
+    another order; 2.4e-4 for fp16's worst tensor in
+    tests/test_tensor_parallel.py)."""
     import numpy as np
 
     losses_ref, w_ref, _ = ref
