@@ -6,6 +6,9 @@
   the signal is not followed by a restart. The same command launched again
   resumes from --save, its steps' losses those of an uninterrupted run bit
   for bit.
+- The launcher SIGKILLed: the job stops as on a signal (saves, exits)
+  instead of training on unsupervised. SIGUSR2 to a plain mpirun stops the
+  job the same way (mpirun forwards it).
 - A restart resumes from --save, not from a --load among the train
   arguments; --save=DIR and a DeepSpeed JSON's "save" are the launcher's
   --save as well.
@@ -130,6 +133,34 @@ def signal_case(tmp, tag, sig, full, launch_flags=(), resume=True):
           f"({len(same)} of {STEPS - step} equal)", ok and len(same) == STEPS - step)
 
 
+def orphan_cases(tmp):
+    save = os.path.join(tmp, "killed")
+    p, metrics, marker = launch(tmp, "killed", ["--save", save])
+    if check("launcher SIGKILLed: running", wait_steps(p, metrics, 5)):
+        p.kill()
+        p.communicate()
+        deadline = time.time() + 15
+        while time.time() < deadline and job_processes(marker):
+            time.sleep(0.1)
+        left = leftovers(marker)
+        step = len(lib.metrics_rows(metrics))
+        check(f"launcher SIGKILLed: the job stopped (step {step} of {STEPS}) with its checkpoint, nothing left",
+              not left and 0 < step < STEPS and os.path.isdir(os.path.join(save, f"iter_{step:07d}")) and
+              lock_free(save), str(left))
+
+    save, metrics, marker = (os.path.join(tmp, "usr2" + x) for x in ("", ".jsonl", "-marker"))
+    p = subprocess.Popen(lib.mpirun(2, [LOOM, "train"] + train_args(tmp, ["--save", save], metrics, marker)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    if check("SIGUSR2 to mpirun: running", wait_steps(p, metrics, 5)):
+        p.send_signal(signal.SIGUSR2)
+        out, err, _ = lib.finish(p, 60)
+        step = len(lib.metrics_rows(metrics))
+        check(f"SIGUSR2 to mpirun: every rank stops after step {step}, saves, exit {p.returncode}",
+              p.returncode == 0 and f"stopped after step {step} of {STEPS}: SIGUSR2" in out and
+              os.path.isdir(os.path.join(save, f"iter_{step:07d}")), (out + err)[-600:])
+    leftovers(marker)
+
+
 def restart_cases(tmp):
     """A restart resumes from --save (given as --save=DIR) and not from the
     --load X among the train arguments; a JSON "save" counts as --save."""
@@ -179,6 +210,7 @@ def main():
         signal_case(tmp, "sigterm", signal.SIGTERM, full)
         signal_case(tmp, "sigint", signal.SIGINT, full, resume=False)
         signal_case(tmp, "restarts", signal.SIGTERM, full, ["--max-restarts", "2"])
+        orphan_cases(tmp)
         restart_cases(tmp)
     return lib.verdict()
 

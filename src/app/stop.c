@@ -1,4 +1,4 @@
-/* Graceful stop on SIGTERM, SIGINT and SIGUSR2 (see stop.h). */
+/* Graceful stop on SIGTERM, SIGINT, SIGUSR2 and SIGURG (see stop.h). */
 #include "app/stop.h"
 
 #include <signal.h>
@@ -12,7 +12,7 @@ static void on_signal(int sig)
 {
     received = sig;
     loom_comm_note_stop();
-    if (sig != SIGUSR2) signal(sig, SIG_DFL); /* a second one ends the process */
+    if (sig == SIGTERM || sig == SIGINT) signal(sig, SIG_DFL); /* a second one ends the process */
 }
 
 void loom_stop_install(void)
@@ -25,6 +25,7 @@ void loom_stop_install(void)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR2, &sa, NULL);
+    sigaction(SIGURG, &sa, NULL);
 }
 
 int loom_stop_signal(void)

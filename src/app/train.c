@@ -704,9 +704,19 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
 /* Why the run stops early, agreed by every rank at a step boundary: the
  * largest reason any rank has (one rank's SIGTERM stops them all; rank 0's
  * failed write of --metrics or --tensorboard-dir outranks every signal). */
-enum { STOP_NONE, STOP_INTERVAL, STOP_DURATION, STOP_SIGUSR2, STOP_SIGINT, STOP_SIGTERM, STOP_WRITER };
-static const char *const stop_names[] = {"",        "--exit-interval", "--exit-duration-in-mins",
-                                         "SIGUSR2", "SIGINT",          "SIGTERM"};
+enum {
+    STOP_NONE,
+    STOP_INTERVAL,
+    STOP_DURATION,
+    STOP_LAUNCH,
+    STOP_SIGUSR2,
+    STOP_SIGINT,
+    STOP_SIGTERM,
+    STOP_WRITER
+};
+static const char *const stop_names[] = {
+    "",       "--exit-interval", "--exit-duration-in-mins", "SIGURG (loom launch's stop)", "SIGUSR2",
+    "SIGINT", "SIGTERM"};
 
 static int stop_reason(const struct loom_config *cfg, int step, double t_train, int write_failed)
 {
@@ -715,6 +725,7 @@ static int stop_reason(const struct loom_config *cfg, int step, double t_train, 
                   : sig == SIGTERM ? STOP_SIGTERM
                   : sig == SIGINT  ? STOP_SIGINT
                   : sig == SIGUSR2 ? STOP_SIGUSR2
+                  : sig == SIGURG  ? STOP_LAUNCH
                   : cfg->exit_duration_in_mins > 0 && loom_now() - t_train >= cfg->exit_duration_in_mins * 60
                       ? STOP_DURATION
                   : cfg->exit_interval > 0 && step % cfg->exit_interval == 0 ? STOP_INTERVAL

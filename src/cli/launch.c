@@ -16,9 +16,11 @@
  *
  * Signals: the first SIGTERM or SIGINT stops the job gracefully. mpirun
  * answers a SIGTERM of its own by killing the ranks (and exits 1 even when
- * they saved), so the launcher sends it SIGUSR2, which mpirun forwards to
- * every rank; the ranks stop at the next step boundary, save and exit 0
- * (app/stop.h), and so does mpirun, and so the launcher. A second signal
+ * they saved), so the launcher sends it SIGURG instead, which mpirun is
+ * told to forward to every rank (ignored by default, it cannot kill a rank
+ * that is still starting; it is sent again every second until the job ends);
+ * the ranks stop at the next step boundary, save and exit 0 (app/stop.h),
+ * and so does mpirun, and so the launcher. A second signal
  * ends the job at once (SIGTERM to mpirun). A job stopped on a signal is
  * never restarted.
  *
@@ -74,7 +76,7 @@ static void say(const char *s)
     (void)r;
 }
 
-/* SIGTERM, SIGINT: the first asks the job to stop (SIGUSR2, which mpirun
+/* SIGTERM, SIGINT: the first asks the job to stop (SIGURG, which mpirun
  * forwards to every rank; they save and exit 0); a second ends it (SIGTERM
  * to mpirun, which kills the ranks). */
 static void on_stop(int sig)
@@ -85,21 +87,21 @@ static void on_stop(int sig)
                             "signal ends it at once)\n"
                           : "loom launch: SIGTERM: stopping the job at the next step boundary (a second "
                             "signal ends it at once)\n");
-        if (job > 0) kill(job, SIGUSR2);
-        alarm(2);
+        if (job > 0) kill(job, SIGURG);
+        alarm(1);
     } else if (job > 0) {
         say("loom launch: a second signal: ending the job now\n");
         kill(job, SIGTERM);
     }
 }
 
-/* Every 2 s after the first stop signal: SIGUSR2 again, for ranks that were
+/* Every second after the first stop signal: SIGURG again, for ranks that were
  * not running yet when it came (a rank takes it any number of times). */
 static void on_alarm(int sig)
 {
     (void)sig;
-    if (job > 0 && stop_count == 1) kill(job, SIGUSR2);
-    alarm(2);
+    if (job > 0 && stop_count == 1) kill(job, SIGURG);
+    alarm(1);
 }
 
 static void catch_stops(void)
@@ -131,8 +133,7 @@ static int run_job(const char **args, char *why, size_t nwhy)
     if (pid < 0) return loom_error_set(LOOM_ERR_RUNTIME, "loom launch: cannot fork");
     if (pid == 0) {
         setpgid(0, 0);
-        signal(SIGUSR2, SIG_IGN); /* until mpirun forwards it */
-        prctl(PR_SET_PDEATHSIG, SIGUSR2);
+        prctl(PR_SET_PDEATHSIG, SIGURG);
         if (getppid() != launcher) _exit(LOOM_ERR_RUNTIME); /* gone already */
         int null = open("/dev/null", O_RDONLY);
         if (null >= 0) dup2(null, STDIN_FILENO);
@@ -144,7 +145,7 @@ static int run_job(const char **args, char *why, size_t nwhy)
         _exit(LOOM_ERR_INPUT);
     }
     job = pid;
-    if (stop_sig) kill(pid, SIGUSR2); /* a signal in between */
+    if (stop_sig) kill(pid, SIGURG); /* a signal in between */
     close(fds[1]);
     FILE *err = fdopen(fds[0], "r");
     char line[4096];
@@ -167,7 +168,7 @@ static int run_job(const char **args, char *why, size_t nwhy)
 
 /* The job ended after the launcher was sent a stop signal: never restarted;
  * exit 0 when every rank stopped cleanly (mpirun's status is theirs, as
- * SIGUSR2 is forwarded, not an abort). */
+ * SIGURG is forwarded, not an abort). */
 static int stopped(int st, const char *why, const char *save)
 {
     alarm(0);
@@ -189,7 +190,6 @@ static int supervise(const char **args, int n, const char *save, const char *loa
 {
     char why[512], count[16];
     int resumed = 0; /* --load SAVE appended */
-    catch_stops();
     for (int restart = 0;; restart++) {
         if (*save && !resumed && loom_ckpt_is_checkpoint(save)) { /* after the train arguments: it wins */
             args[n++] = "--load";
@@ -201,7 +201,12 @@ static int supervise(const char **args, int n, const char *save, const char *loa
                         save, *load && strcmp(load, save) != 0 ? ", not --load " : "",
                         *load && strcmp(load, save) != 0 ? load : "");
         }
-        if (stop_sig) return stopped(0, "", save); /* before a run began: nothing to stop */
+        if (stop_sig) { /* between runs, or before the first: nothing to stop, nothing started */
+            alarm(0);
+            fprintf(stderr, "loom launch: %s before the job started: not started\n",
+                    stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
+            return LOOM_OK;
+        }
         snprintf(count, sizeof count, "%d", restart);
         setenv("LOOM_RESTART_COUNT", count, 1); /* exported to every rank (-x) */
         int st = run_job(args, why, sizeof why);
@@ -225,6 +230,7 @@ static int supervise(const char **args, int n, const char *save, const char *loa
 int loom_launch(int argc, char **argv)
 {
     int nproc = 0, i, max_restarts = 0;
+    catch_stops(); /* first: a signal from here on stops the job, or keeps it from starting */
     const char *hostfile = NULL;
     for (i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (strcmp(argv[i], "--help") == 0) {
@@ -311,6 +317,9 @@ int loom_launch(int argc, char **argv)
     args[n++] = omp;
     args[n++] = "-x";
     args[n++] = "LOOM_RESTART_COUNT";
+    args[n++] = "--mca"; /* the launcher's stop, forwarded to every rank */
+    args[n++] = "ess_base_forward_signals";
+    args[n++] = "SIGURG";
     args[n++] = exe;
     for (int k = 0; k < ncmd; k++) args[n++] = cmd[k];
     if (!threads_given) {
