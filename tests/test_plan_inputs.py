@@ -48,7 +48,8 @@ def judge(name, args, p, secs, why=""):
         detail = f"exit 2 with {len(lines)} lines: {p.stderr[-400:]}"
     else:
         ok, detail = False, f"exit {p.returncode}: {p.stderr[-400:]}"
-    ok = ok and secs <= LIMIT
+    if ok and secs > LIMIT:
+        ok, detail = False, f"exit {p.returncode} after {secs:.1f} s, above {LIMIT:.0f} s"
     return lib.check(name, ok, f"{cmd}: {detail} ({secs:.1f} s)")
 
 
@@ -76,7 +77,7 @@ def value(rng, kind):
     """A random value for a flag: mostly sensible, sometimes extreme or junk."""
     junk = ["0", "-1", "-4096", "x", "", "1e3", "2147483647", "2147483648", "99999999999", "0x10", " 4"]
     r = rng.random()
-    if r < 0.15:
+    if r < 0.04:
         return rng.choice(junk)
     if kind == "world":
         return str(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 64, 96, 256, 1024, 4096, 65536, 1 << 20]))
@@ -103,7 +104,7 @@ FLAGS = [("--world", "world"), ("--global-batch-size", "batch"), ("--micro-batch
 SWITCHES = [["--sequence-parallel"], ["--bf16"], ["--fp16"], ["--recompute-granularity", "full"],
             ["--recompute-granularity", "selective"], ["--json"], ["--rejected"], ["--precision", "f32,bf16,fp16"],
             ["--precision", "bf16,x"], ["--cluster", "h100-80gb"], ["--cluster", "a100-40gb"]]
-MODELS = ["gpt2-tiny", "gpt2", "gpt2-medium", "llama-tiny", "nosuch"]
+MODELS = ["gpt2-tiny", "gpt2", "gpt2", "gpt2-medium", "llama-tiny", "llama-tiny", "nosuch"]
 
 
 def random_section(n):
@@ -111,11 +112,12 @@ def random_section(n):
     print(f"2. {n} random inputs (seed {seed})")
     rng = random.Random(seed)
     bad = slowest = 0
+    answers = {}
     for i in range(n):
         args = ["--model", rng.choice(MODELS)]
-        for flag, kind in rng.sample(FLAGS, rng.randint(1, 6)):
+        for flag, kind in rng.sample(FLAGS, rng.randint(1, 4)):
             args += [flag, value(rng, kind)]
-        for sw in rng.sample(SWITCHES, rng.randint(0, 3)):
+        for sw in rng.sample(SWITCHES, rng.randint(0, 2)):
             args += sw
         if "--cluster" not in args:
             args += CLUSTER
@@ -123,9 +125,10 @@ def random_section(n):
             args += ["--global-batch-size", value(rng, "batch")]
         p, secs, why = run_plan(args)
         slowest = max(slowest, secs)
+        answers[p.returncode if p else None] = answers.get(p.returncode if p else None, 0) + 1
         if not judge(f"random input {i}", args, p, secs, why):
             bad += 1
-    print(f"   slowest answer {slowest:.2f} s")
+    print(f"   slowest answer {slowest:.2f} s; exit statuses {answers}")
     return bad
 
 

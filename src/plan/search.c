@@ -275,13 +275,6 @@ int loom_plan_search(const struct loom_config *base, int world, const struct loo
     if (rc) return rc;
     if (base->global_batch_size < 1)
         return loom_error_set(LOOM_ERR_INPUT, "loom plan needs --global-batch-size G (sequences per step)");
-    /* a batch in tokens where sequences are meant: say so */
-    const int64_t G = base->global_batch_size, T = base->seq_length;
-    if (G * T > LOOM_PLAN_TOKENS_HINT && G % T == 0)
-        loom_log_warn(
-            "--global-batch-size %lld counts sequences of --seq-length %lld: %lld tokens a step; for "
-            "%lld tokens a step give --global-batch-size %lld",
-            (long long)G, (long long)T, (long long)(G * T), (long long)G, (long long)(G / T));
     struct search s = {.base = base,
                        .world = world,
                        .keep = opt->keep_given,
@@ -322,6 +315,13 @@ int loom_plan_search(const struct loom_config *base, int world, const struct loo
     if (out->n == 0)
         return loom_error_set(LOOM_ERR_INPUT, "no layout of %d ranks is possible with the settings given",
                               world);
+    /* a batch in tokens where sequences are meant: say so */
+    const int64_t G = base->global_batch_size, T = base->seq_length;
+    if (G * T > LOOM_PLAN_TOKENS_HINT && G % T == 0)
+        loom_log_warn(
+            "--global-batch-size %lld counts sequences of --seq-length %lld: %lld tokens a step; for "
+            "%lld tokens a step give --global-batch-size %lld",
+            (long long)G, (long long)T, (long long)(G * T), (long long)G, (long long)(G / T));
     qsort(out->entries, (size_t)out->n, sizeof *out->entries, cmp_entry);
     return LOOM_OK;
 }
