@@ -84,6 +84,9 @@ int loom_report_open(struct loom_report *r, const char *metrics_path, const char
     r->t_start = loom_now();
     if (metrics_path && *metrics_path && loom_log_rank() == 0) {
         snprintf(r->metrics_path, sizeof r->metrics_path, "%s", metrics_path);
+        struct stat st; /* a FIFO would wait for a reader: a file, or a device such as /dev/null */
+        if (stat(metrics_path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
+            return loom_error_set(LOOM_ERR_INPUT, "--metrics %s: not a regular file", metrics_path);
         int rc = drop_cut_row(metrics_path);
         if (rc) return rc;
         r->metrics = fopen(metrics_path, "a");

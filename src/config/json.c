@@ -20,9 +20,11 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "config/config_impl.h"
+#include "io/fs.h"
 
 /* Keys DeepSpeed has that loom accepts and does not act on, with what loom
  * does instead. An object listed here is accepted whole. */
@@ -434,21 +436,10 @@ static void find_scheduler(struct reader *r)
 
 static int read_file(const char *file, char **text, size_t *n)
 {
-    FILE *f = fopen(file, "rb");
-    if (!f)
-        return loom_error_set(LOOM_ERR_INPUT, "--deepspeed-config %s: cannot open: %s", file,
-                              strerror(errno));
     struct stat st;
-    int rc = LOOM_OK;
+    int fd, rc = loom_fs_open_input(file, "--deepspeed-config", &fd, &st); /* a FIFO: refused */
     *text = NULL;
-    if (fstat(fileno(f), &st) != 0) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "--deepspeed-config %s: cannot stat: %s", file, strerror(errno));
-        goto fail;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "--deepspeed-config %s: is a directory, not a JSON file", file);
-        goto fail;
-    }
+    if (rc) return rc;
     if (st.st_size > (16 << 20)) {
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "--deepspeed-config %s: %lld bytes is too large for a config (16 MB at most)",
@@ -457,18 +448,25 @@ static int read_file(const char *file, char **text, size_t *n)
     }
     *text = malloc((size_t)st.st_size + 1);
     LOOM_ASSERT(*text);
-    *n = fread(*text, 1, (size_t)st.st_size, f);
-    if (ferror(f)) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "--deepspeed-config %s: cannot read: %s", file, strerror(errno));
-        goto fail;
+    *n = 0;
+    while (*n < (size_t)st.st_size) {
+        const ssize_t r = read(fd, *text + *n, (size_t)st.st_size - *n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            rc = loom_error_set(LOOM_ERR_INPUT, "--deepspeed-config %s: cannot read: %s", file,
+                                strerror(errno));
+            goto fail;
+        }
+        if (r == 0) break; /* shrank: parse what is there */
+        *n += (size_t)r;
     }
     (*text)[*n] = 0;
-    fclose(f);
+    close(fd);
     return LOOM_OK;
 fail:
     free(*text);
     *text = NULL;
-    fclose(f);
+    close(fd);
     return rc;
 }
 

@@ -185,24 +185,74 @@ int loom_fs_remove_tree(const char *path)
     return LOOM_OK;
 }
 
+static const char *kind_of(mode_t m)
+{
+    return S_ISFIFO(m)   ? "a FIFO"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a plain file";
+}
+
+int loom_fs_open_input(const char *path, const char *what, int *fd_out, struct stat *st_out)
+{
+    *fd_out = -1;
+    const char *sep = what && *what ? " " : "";
+    what = what ? what : "";
+    /* O_NONBLOCK: a FIFO in a file's place opens at once (and is refused
+     * below) instead of waiting for a writer */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        if (*what)
+            return loom_error_set(LOOM_ERR_INPUT, "%s %s: cannot open: %s", what, path, strerror(errno));
+        return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        const int e = errno;
+        close(fd);
+        return loom_error_set(LOOM_ERR_INPUT, "%s%sstat %s: %s", what, sep, path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return loom_error_set(LOOM_ERR_INPUT, "%s%s%s: not a regular file (%s)", what, sep, path,
+                              kind_of(st.st_mode));
+    }
+    /* a regular file never blocks; the flag goes so reads behave as usual */
+    const int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        const int e = errno;
+        close(fd);
+        return loom_error_set(LOOM_ERR_RUNTIME, "fcntl %s: %s", path, strerror(e));
+    }
+    if (st_out) *st_out = st;
+    *fd_out = fd;
+    return LOOM_OK;
+}
+
+FILE *loom_fs_fopen_input(const char *path, const char *what, int *rc)
+{
+    int fd;
+    *rc = loom_fs_open_input(path, what, &fd, NULL);
+    if (*rc) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        *rc = loom_error_set(LOOM_ERR_RUNTIME, "fdopen %s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
 int loom_fs_read_small(const char *path, size_t max_bytes, char **out, size_t *len)
 {
     *out = NULL;
     *len = 0;
-    /* O_NONBLOCK: a FIFO in a file's place is refused below, not waited on */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
-    int rc = LOOM_OK;
+    int fd;
+    int rc = loom_fs_open_input(path, NULL, &fd, &st);
+    if (rc) return rc;
     char *buf = NULL;
-    if (fstat(fd, &st) != 0) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "stat %s: %s", path, strerror(errno));
-        goto done;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s is not a regular file", path);
-        goto done;
-    }
     if ((size_t)st.st_size > max_bytes) {
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: %lld bytes, more than the %zu allowed", path,
                             (long long)st.st_size, max_bytes);

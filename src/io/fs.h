@@ -9,6 +9,8 @@
 #define LOOM_IO_FS_H
 
 #include <stddef.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 /* mkdir -p; LOOM_ERR_INPUT naming the component that cannot be created. */
@@ -40,6 +42,15 @@ int loom_fs_atomic_commit(struct loom_fs_atomic *w);
 void loom_fs_atomic_abort(struct loom_fs_atomic *w);
 /* rm -rf; a missing path is not an error. LOOM_ERR_RUNTIME. */
 int loom_fs_remove_tree(const char *path);
+/* Opens an input for reading: only a regular file is taken. A FIFO,
+ * device, socket or directory in its place is refused at once (opened with
+ * O_NONBLOCK, never waited on): LOOM_ERR_INPUT "WHAT PATH: not a regular
+ * file (a FIFO)", WHAT naming the flag or argument (NULL: none). *st gets
+ * the file's stat when st is not NULL. Every file loom reads goes through
+ * here or loom_fs_read_small. */
+int loom_fs_open_input(const char *path, const char *what, int *fd, struct stat *st);
+/* The same as a stdio stream; NULL with *rc set on failure. */
+FILE *loom_fs_fopen_input(const char *path, const char *what, int *rc);
 /* Reads a whole regular file of at most max_bytes into a NUL-terminated
  * buffer (loom_free it); LOOM_ERR_INPUT naming the file when it is missing,
  * not a regular file, too large or unreadable. */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "io/fs.h"
 
 #define CONFIG_MAX_BYTES (1 << 20)
 
@@ -28,11 +29,8 @@ void loom_hf_value_text(const cJSON *v, char *buf, size_t n)
 
 static char *read_text(const char *path, int *rc)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        *rc = loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
+    FILE *f = loom_fs_fopen_input(path, NULL, rc); /* a FIFO: refused, not waited on */
+    if (!f) return NULL;
     char *buf = malloc(CONFIG_MAX_BYTES + 1);
     size_t len = buf ? fread(buf, 1, CONFIG_MAX_BYTES + 1, f) : 0;
     int bad = ferror(f);

@@ -337,10 +337,9 @@ static int read_description(const char *outdir, cJSON **root, char **path)
     size_t plen = strlen(outdir) + sizeof "/corpus.json";
     *path = loom_alloc(plen, LOOM_MEM_OTHER);
     snprintf(*path, plen, "%s/corpus.json", outdir);
-    FILE *f = fopen(*path, "rb");
-    if (!f)
-        return loom_error_set(LOOM_ERR_INPUT, "cannot open corpus description '%s': %s", *path,
-                              strerror(errno));
+    int rc;
+    FILE *f = loom_fs_fopen_input(*path, "corpus description", &rc); /* a FIFO: refused */
+    if (!f) return rc;
     char text[16384];
     size_t n = fread(text, 1, sizeof text - 1, f);
     int read_error = ferror(f);

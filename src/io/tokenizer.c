@@ -48,18 +48,10 @@ int loom_data_tokenize(const char *in, const char *outdir, double val_fraction)
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
         return loom_error_set(LOOM_ERR_INPUT, "validation fraction %g is outside [0, 1) for tokenizing '%s'",
                               val_fraction, in);
-    int fd = open(in, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return loom_error_set(LOOM_ERR_INPUT, "cannot open text file '%s': %s", in, strerror(errno));
+    int fd;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return loom_error_set(LOOM_ERR_INPUT, "fstat '%s': %s", in, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return loom_error_set(LOOM_ERR_INPUT, "text file '%s' is not a regular file", in);
-    }
+    int rc = loom_fs_open_input(in, "loom data tokenize IN", &fd, &st); /* a FIFO: refused */
+    if (rc) return rc;
     int64_t n = (int64_t)st.st_size;
     if (n == 0 || n > LOOM_SHARD_MAX_TOKENS) {
         close(fd);

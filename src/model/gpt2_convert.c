@@ -115,8 +115,12 @@ static int ends_with(const char *s, const char *suffix)
 /* A safetensors file starts with a little-endian u64 header length and '{'. */
 static int sniff_safetensors(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
+    int rc;
+    FILE *f = loom_fs_fopen_input(path, NULL, &rc); /* a FIFO is no safetensors file */
+    if (!f) {
+        loom_error_clear();
+        return 0;
+    }
     unsigned char b[9];
     int ok = fread(b, 1, sizeof b, f) == sizeof b && b[8] == '{';
     fclose(f);
@@ -132,6 +136,8 @@ static int detect_input(const char *path, enum convert_format *kind)
         *kind = CONVERT_CHECKPOINT;
     else if (S_ISDIR(sb.st_mode))
         *kind = CONVERT_HF_DIR;
+    else if (!S_ISREG(sb.st_mode)) /* a FIFO or a device: refused, never opened (it would wait) */
+        return loom_error_set(LOOM_ERR_INPUT, "loom convert IN %s: not a regular file", path);
     else if (loom_llmc_sniff(path))
         *kind = CONVERT_LLMC;
     else if (sniff_safetensors(path))

@@ -281,17 +281,9 @@ int loom_llmc_read(const char *path, struct loom_gpt2 **out, struct loom_llmc_ex
     int rc = LOOM_OK;
     void *map = MAP_FAILED;
     size_t size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "fstat %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: not a regular file", path);
-        goto fail;
-    }
+    if ((rc = loom_fs_open_input(path, NULL, &fd, &sb))) return rc; /* a FIFO: refused */
     size = (size_t)sb.st_size;
     if (size < LOOM_LLMC_HEADER_BYTES) {
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: %zu bytes, shorter than llm.c's %d-byte header", path, size,
@@ -517,8 +509,9 @@ void loom_llmc_extra_free(struct loom_llmc_extra *extra)
 
 int loom_llmc_read_config(const char *path, struct loom_gpt2_config *cfg)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return loom_error_set(LOOM_ERR_INPUT, "cannot open %s: %s", path, strerror(errno));
+    int rc;
+    FILE *f = loom_fs_fopen_input(path, NULL, &rc); /* a FIFO: refused */
+    if (!f) return rc;
     int32_t h[LOOM_LLMC_HEADER_INTS];
     const int whole = fread(h, sizeof h, 1, f) == 1;
     fclose(f);
@@ -526,7 +519,7 @@ int loom_llmc_read_config(const char *path, struct loom_gpt2_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT, "%s: shorter than llm.c's %d-byte header", path,
                               LOOM_LLMC_HEADER_BYTES);
     struct llmc_dims d = {0};
-    int rc = check_header(path, h, &d);
+    rc = check_header(path, h, &d);
     if (rc) return rc;
     *cfg = (struct loom_gpt2_config){.num_layers = (int)d.L,
                                      .hidden = (int)d.C,

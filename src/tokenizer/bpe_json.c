@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
@@ -406,16 +407,11 @@ static int load(const char *path, struct loom_bpe **out)
     char file[4096];
     if (!loom_fs_is_dir(path)) return load_tokenizer_json(path, out);
     snprintf(file, sizeof file, "%s/tokenizer.json", path);
-    FILE *f = fopen(file, "r");
-    if (f) {
-        fclose(f);
-        return load_tokenizer_json(file, out);
-    }
+    /* whether the files are there (not opened: a FIFO would wait); the
+     * readers refuse what is not a regular file */
+    if (access(file, F_OK) == 0) return load_tokenizer_json(file, out);
     snprintf(file, sizeof file, "%s/vocab.json", path);
-    if ((f = fopen(file, "r"))) {
-        fclose(f);
-        return load_gpt2_files(path, out);
-    }
+    if (access(file, F_OK) == 0) return load_gpt2_files(path, out);
     return loom_error_set(LOOM_ERR_INPUT,
                           "%s holds neither tokenizer.json nor GPT-2's vocab.json and merges.txt", path);
 }
@@ -426,8 +422,7 @@ int loom_bpe_export(const char *src, const char *dir)
     const char *json = src;
     if (loom_fs_is_dir(src)) {
         snprintf(file, sizeof file, "%s/tokenizer.json", src);
-        FILE *f = fopen(file, "r");
-        if (!f) { /* GPT-2's files: converted */
+        if (access(file, F_OK) != 0) { /* GPT-2's files: converted */
             struct loom_bpe *t;
             int rc = loom_bpe_load(src, &t);
             if (rc) return rc;
@@ -435,7 +430,6 @@ int loom_bpe_export(const char *src, const char *dir)
             loom_bpe_free(t);
             return rc;
         }
-        fclose(f);
         json = file;
     }
     char *text, out[4096];

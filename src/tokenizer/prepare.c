@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 #ifdef _OPENMP
@@ -200,17 +201,20 @@ static int shard_push(struct shard_out *s, const int32_t *ids, size_t n)
     return LOOM_OK;
 }
 
-static double total_bytes(const char *const *in, int n_in)
+/* The inputs' total size, for the progress line; each must be a regular
+ * file (a FIFO is refused here, before any output is made). */
+static int total_bytes(const char *const *in, int n_in, double *total)
 {
-    double total = 0;
+    *total = 0;
     for (int i = 0; i < n_in; i++) {
-        FILE *f = fopen(in[i], "rb");
-        if (!f) continue;
-        fseek(f, 0, SEEK_END);
-        total += (double)ftell(f);
-        fclose(f);
+        struct stat st;
+        int fd;
+        const int rc = loom_fs_open_input(in[i], "input", &fd, &st);
+        if (rc) return rc;
+        close(fd);
+        *total += (double)st.st_size;
     }
-    return total;
+    return LOOM_OK;
 }
 
 int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in, const char *outdir,
@@ -234,7 +238,8 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
             "between documents",
             tokenizer);
     }
-    if ((rc = loom_fs_mkdir_p(outdir))) {
+    double total;
+    if ((rc = total_bytes(in, n_in, &total)) || (rc = loom_fs_mkdir_p(outdir))) {
         loom_bpe_free(t);
         return rc;
     }
@@ -249,7 +254,7 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
     val.buf = loom_alloc(loom_mul_size((size_t)o->shard_size, sizeof *val.buf), LOOM_MEM_OTHER);
     if (!states || !out || !bad || !err) loom_die("out of memory preparing data");
     for (int i = 0; i < nt; i++) states[i] = loom_bpe_state_new(t);
-    const double total = total_bytes(in, n_in), t0 = loom_now();
+    const double t0 = loom_now();
     double done = 0;
     int64_t n_docs = 0;
     for (int fi = 0; fi < n_in && !rc; fi++) {
@@ -380,16 +385,18 @@ int loom_prepare_train_tokenizer(const char *const *in, int n_in, const char *ou
             "--vocab-size %lld: must exceed the 256 bytes plus %d special token%s (and be at most "
             "2^30)",
             (long long)vocab_size, n_specials, n_specials == 1 ? "" : "s");
-    struct loom_bpe *split;
-    int rc = loom_bpe_build(specials, n_specials, re, NULL, 0, &split);
+    double total;
+    int rc = total_bytes(in, n_in, &total);
     if (rc) return rc;
+    struct loom_bpe *split;
+    if ((rc = loom_bpe_build(specials, n_specials, re, NULL, 0, &split))) return rc;
     if ((rc = loom_fs_mkdir_p(outdir))) {
         loom_bpe_free(split);
         return rc;
     }
     struct loom_bpe_state *st = loom_bpe_state_new(split);
     struct word_counts wc = {0};
-    const double total = total_bytes(in, n_in), t0 = loom_now();
+    const double t0 = loom_now();
     double done = 0;
     int64_t n_docs = 0;
     char err[512];
