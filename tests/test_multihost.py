@@ -9,7 +9,9 @@ MPI over TCP between them:
   not answer, and the job ends within --comm-timeout + 30 s;
 - kill -9 of a whole host: the job ends within 10 s naming the lost host;
 - loom launch --max-restarts 1, a host killed and back: the job finishes and
-  its final weights and moments equal an uninterrupted run's bit for bit.
+  its final weights and moments equal an uninterrupted run's bit for bit;
+- SIGTERM to loom launch, on a host that holds no rank: mpirun carries the
+  stop to every host, each rank saves and exits, the launcher exits 0.
 
 Skipped, saying why, where namespaces cannot be made (not root, no ip).
 Everything made is removed at the end, whatever happens.
@@ -186,6 +188,22 @@ def restarts(tmp, env):
           a.keys() == b.keys() and all(lib.same_bits(a[k], b[k]) for k in a), str(lib.differing(a, b))[:300])
 
 
+def launcher_stop(tmp, env):
+    save, metrics = os.path.join(tmp, "stop"), os.path.join(tmp, "stop.jsonl")
+    cmd = ["ip", "netns", "exec", LAUNCHER, LOOM, "launch", "--nproc-per-node", "1", "--hostfile", hostfile(tmp),
+           "--max-restarts", "1", "--"] + train_args(tmp, metrics, iters=5000, extra=["--save", save])
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None and len(lib.metrics_rows(metrics)) < 5:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)  # ip netns exec runs loom in its own process
+    out, err, took = lib.finish(p, 60)
+    step = len(lib.metrics_rows(metrics))
+    check(f"SIGTERM to loom launch: every host's rank stops after step {step} and saves, exit {p.returncode} "
+          f"in {took:.1f} s, no restart", p.returncode == 0 and f"stopped after step {step} of 5000" in out and
+          os.path.isdir(os.path.join(save, f"iter_{step:07d}")) and "restart 1" not in err, (out + err)[-600:])
+
+
 def main():
     if not lib.built(LOOM):
         return 1
@@ -207,6 +225,7 @@ def main():
             link_cut(tmp, env)
             host_killed(tmp, env)
             restarts(tmp, env)
+            launcher_stop(tmp, env)
     finally:
         teardown()
     return lib.verdict()
