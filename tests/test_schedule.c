@@ -164,6 +164,8 @@ static void free_plans(struct sim *S)
     for (int s = 0; s < S->P; s++) loom_schedule_plan_free(&S->plan[s]);
 }
 
+/* idle fractions: sums of whole time units divided once, in double: exact to
+ * ~1e-16; 1e-9 leaves room, a schedule one slot off differs by 1e-2 or more */
 static int near(double a, double b)
 {
     return fabs(a - b) < 1e-9;
