@@ -34,6 +34,8 @@ comparison, not loom's error. Hence:
     flips out; measured about 3e-7);
   - logits, and all parameter gradients taken together: relative L2 error
     <= 1e-3 (bf16), 5e-4 (fp16); measured up to 4.2e-4 and 2.0e-4;
+    each of these bounds is lib.REORDER_FACTOR times PyTorch's float32
+    distance instead when that is larger (the floor, measured in the test);
   - each gradient tensor: <= 1e-2 (bf16), 5e-3 (fp16), without the key
     third of attn.c_attn.bias, whose exact gradient is zero (softmax ignores
     a shift shared by all keys), so that it holds rounding noise only.
@@ -152,18 +154,31 @@ def run_case(name, L, C, NH, T, maxT, V, B, sharp, dt, seed, tmp):
     f32, _ = reference(cfg, w, rows, TORCH_DTYPE[dt], prec=torch.float32)
     plain, _ = reference(cfg, w, rows, None)
 
+    # Each bound is the fixed one, or lib.REORDER_FACTOR times how far PyTorch's float32 run with the same
+    # rounding points (another summation order, measured here) lands from the reference when that is more:
+    # how many 16-bit roundings a float32 order flips is not set by the precision alone, and the fixed
+    # logits and gradient bounds hold with only 2.4x (bf16) and 2.5x (fp16) to spare over what is measured.
+    def bound(fixed, floor):
+        return max(fixed, lib.REORDER_FACTOR * floor)
+
     loss_err = abs(got["loss"][0] - ref["loss"][0]) / abs(ref["loss"][0])
     f32_loss = abs(f32["loss"][0] - ref["loss"][0]) / abs(ref["loss"][0])
-    check(f"loss rel err {loss_err:.2e} <= {LOSS_TOL:.0e} (torch fp32 {f32_loss:.2e}; loom {got['loss'][0]:.7f} "
-          f"ref {ref['loss'][0]:.7f})", loss_err <= LOSS_TOL)
+    tol = bound(LOSS_TOL, f32_loss)
+    check(f"loss rel err {loss_err:.2e} <= {tol:.2g} (torch fp32 {f32_loss:.2e}; loom {got['loss'][0]:.7f} "
+          f"ref {ref['loss'][0]:.7f})", loss_err <= tol)
     lg, g = rel_l2(got["logits"], ref["logits"]), grads_rel_l2(got, ref)
-    check(f"logits rel L2 {lg:.2e} <= {TOL[dt]:.0e} (torch fp32 {rel_l2(f32['logits'], ref['logits']):.2e})",
-          lg <= TOL[dt])
-    check(f"all gradients rel L2 {g:.2e} <= {TOL[dt]:.0e} (torch fp32 {grads_rel_l2(f32, ref):.2e})", g <= TOL[dt])
+    f32_lg, f32_g = rel_l2(f32["logits"], ref["logits"]), grads_rel_l2(f32, ref)
+    tol = bound(TOL[dt], f32_lg)
+    check(f"logits rel L2 {lg:.2e} <= {tol:.2g} (torch fp32 {f32_lg:.2e})", lg <= tol)
+    tol = bound(TOL[dt], f32_g)
+    check(f"all gradients rel L2 {g:.2e} <= {tol:.2g} (torch fp32 {f32_g:.2e})", g <= tol)
     worst, wkey = max((rel_l2(without_key_bias(k, got[k]), without_key_bias(k, r)), k)
                       for k, r in ref.items() if k.startswith("grad."))
-    check(f"every gradient tensor rel L2 <= {TENSOR_TOL[dt]:.0e} (worst {worst:.2e}, {wkey})",
-          worst <= TENSOR_TOL[dt])
+    f32_worst = max(rel_l2(without_key_bias(k, f32[k]), without_key_bias(k, r))
+                    for k, r in ref.items() if k.startswith("grad."))
+    tol = bound(TENSOR_TOL[dt], f32_worst)
+    check(f"every gradient tensor rel L2 <= {tol:.2g} (worst {worst:.2e}, {wkey}; torch fp32 {f32_worst:.2e})",
+          worst <= tol)
     far = grads_rel_l2(got, plain)
     check(f"the reference without rounding is >= 2x farther: {far:.2e} vs {g:.2e}", far >= 2 * g)
     if not (sharp and dt == "bf16"):
