@@ -5,9 +5,12 @@
  * document order so the output does not depend on the thread count), and
  * written as llm.c shards; or pre-tokenized and counted to learn merges.
  */
+#define _GNU_SOURCE /* memmem */
 #include "tokenizer/prepare.h"
 
 #include <cJSON.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +29,7 @@
 #include "loom/loom.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/bpe_learn.h"
+#include "tokenizer/jsonl_text.h"
 
 enum { BATCH_DOCS = 4096, BATCH_BYTES = 16 << 20 };
 #define MAX_INPUT_FILE (1LL << 40)
@@ -111,12 +115,14 @@ static void free_docs(struct file_docs *f)
     free(f->docs);
 }
 
-/* The text of a .jsonl line (a string cJSON owns, in *json) or the document
- * itself; LOOM_ERR_INPUT with the message in err. */
+/* The text of a .jsonl line (a string cJSON owns, in *json, or one decoded
+ * here, in *owned, to free) or the document itself; LOOM_ERR_INPUT with
+ * the message in err. */
 static int doc_text(const struct file_docs *f, const struct doc *d, const char *key, cJSON **json,
-                    const char **text, size_t *n, char *err, size_t err_n)
+                    char **owned, const char **text, size_t *n, char *err, size_t err_n)
 {
     *json = NULL;
+    *owned = NULL;
     if (!f->jsonl) {
         *text = d->p, *n = d->n;
         return LOOM_OK;
@@ -136,6 +142,9 @@ static int doc_text(const struct file_docs *f, const struct doc *d, const char *
         return LOOM_ERR_INPUT;
     }
     *text = v->valuestring, *n = strlen(v->valuestring);
+    /* cJSON's string ends at a \u0000 escape: such a line's text is decoded
+     * whole here (its length from the decoding, not strlen) */
+    if (memmem(d->p, d->n, "\\u0000", 6) && loom_jsonl_text(d->p, d->n, key, owned, n) == 0) *text = *owned;
     return LOOM_OK;
 }
 
@@ -201,6 +210,39 @@ static int shard_push(struct shard_out *s, const int32_t *ids, size_t n)
     return LOOM_OK;
 }
 
+/* Removes the shards s wrote (a run that failed leaves none behind). */
+static void shard_remove(struct shard_out *s)
+{
+    for (int i = 0; i < s->index; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s_%06d.bin", s->dir, s->prefix, i);
+        unlink(path);
+    }
+}
+
+/* LOOM_ERR_INPUT when outdir already holds train_*.bin or val_*.bin: the
+ * new shards would not replace them all, and a glob over the directory
+ * would train on both corpora without a word. */
+static int check_no_shards(const char *outdir)
+{
+    DIR *d = opendir(outdir);
+    if (!d) return loom_error_set(LOOM_ERR_INPUT, "open directory %s: %s", outdir, strerror(errno));
+    char found[256] = "";
+    int64_t n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if ((strncmp(e->d_name, "train_", 6) == 0 || strncmp(e->d_name, "val_", 4) == 0) &&
+            ends_with(e->d_name, ".bin") && n++ == 0)
+            snprintf(found, sizeof found, "%s", e->d_name);
+    closedir(d);
+    if (n)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "OUTDIR %s already holds %lld shard%s of an earlier run (%s): new shards would mix "
+            "with them under a train_*.bin glob; remove them or choose another directory",
+            outdir, (long long)n, n == 1 ? "" : "s", found);
+    return LOOM_OK;
+}
+
 /* The inputs' total size, for the progress line; each must be a regular
  * file (a FIFO is refused here, before any output is made). */
 static int total_bytes(const char *const *in, int n_in, double *total)
@@ -239,7 +281,9 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
             tokenizer);
     }
     double total;
-    if ((rc = total_bytes(in, n_in, &total)) || (rc = loom_fs_mkdir_p(outdir))) {
+    const int made_dir = !loom_fs_is_dir(outdir);
+    if ((rc = total_bytes(in, n_in, &total)) || (rc = loom_fs_mkdir_p(outdir)) ||
+        (rc = check_no_shards(outdir))) {
         loom_bpe_free(t);
         return rc;
     }
@@ -268,13 +312,15 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
 #pragma omp parallel for schedule(dynamic, 1)
             for (int64_t i = 0; i < m; i++) {
                 cJSON *json;
+                char *owned;
                 const char *text;
                 size_t n;
                 out[i].n = 0;
-                bad[i] = doc_text(&f, &f.docs[b + (size_t)i], o->text_key, &json, &text, &n, err[i],
+                bad[i] = doc_text(&f, &f.docs[b + (size_t)i], o->text_key, &json, &owned, &text, &n, err[i],
                                   sizeof err[i]);
                 if (!bad[i]) loom_bpe_encode(t, states[thread_id()], text, n, &out[i]);
                 cJSON_Delete(json);
+                free(owned);
             }
             for (int64_t i = 0; i < m && !rc; i++) {
                 if (bad[i]) {
@@ -294,8 +340,17 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
         }
         free_docs(&f);
     }
+    if (!rc && n_docs == 0)
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "loom data tokenize: no document in the input%s (empty, or only blank lines)",
+                            n_in == 1 ? "" : "s");
     if (!rc) rc = shard_flush(&train);
     if (!rc) rc = shard_flush(&val);
+    if (rc) { /* nothing half-made left: this run's shards, and OUTDIR when it made it */
+        shard_remove(&train);
+        shard_remove(&val);
+        if (made_dir) rmdir(outdir);
+    }
     progress(o, "loom data tokenize", done, total, train.total + val.total, t0, 1);
     if (!rc)
         printf("wrote %lld tokens of %lld documents to %s: %lld train in %d shard%s, %lld validation in %d "
@@ -405,14 +460,17 @@ int loom_prepare_train_tokenizer(const char *const *in, int n_in, const char *ou
         if ((rc = read_docs(in[fi], o, &f))) break;
         for (size_t i = 0; i < f.n_docs && !rc; i++) {
             cJSON *json;
+            char *owned;
             const char *text;
             size_t n;
-            if (doc_text(&f, &f.docs[i], o->text_key, &json, &text, &n, err, sizeof err)) {
+            if (doc_text(&f, &f.docs[i], o->text_key, &json, &owned, &text, &n, err, sizeof err)) {
+                cJSON_Delete(json);
                 rc = loom_error_set(LOOM_ERR_INPUT, "%s", err);
                 break;
             }
             loom_bpe_pieces(split, st, text, n, count_word, &wc);
             cJSON_Delete(json);
+            free(owned);
             n_docs++;
             done += (double)f.docs[i].n;
             if ((n_docs & 4095) == 0) progress(o, "counting words", done, total, (int64_t)wc.used, t0, 0);
