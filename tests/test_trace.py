@@ -30,6 +30,15 @@ import lib
 from lib import LOOM, check
 
 PHASES = {"X", "M", "b", "e"}
+# Slices that meet (one ends where the next starts, in the same clock read)
+# can look apart or overlapping in the file: ts and dur are printed with
+# %.3f (microseconds, a 1e-3 grid), so an end ts + dur and a start, or two
+# such ends, each carry up to two roundings of 5e-4 and land at most two
+# grid steps (2e-3) apart, plus the float error of adding the parsed values.
+# SLACK sits halfway between two steps and three; a real overlap or gap is
+# an activity's length, a microsecond or more. (1e-3, one step exactly, was
+# what two meeting slices can measure, and Python's sum could tip it over.)
+SLACK = 2.5e-3
 
 
 def valid(doc):
@@ -83,17 +92,17 @@ def main():
               str([(e["dur"] / 1e3, rows.get(e["args"]["step"], {}).get("ms_per_step")) for e in steps]))
         slices = sorted((e for e in ev if e["ph"] == "X" and e["tid"] == 0 and e.get("cat") != "step"),
                         key=lambda e: e["ts"])
-        overlap = [(a["name"], b["name"]) for a, b in zip(slices, slices[1:]) if a["ts"] + a["dur"] > b["ts"] + 1e-3]
+        overlap = [(a["name"], b["name"]) for a, b in zip(slices, slices[1:]) if a["ts"] + a["dur"] > b["ts"] + SLACK]
         check(f"the compute row's {len(slices)} slices do not overlap", not overlap, str(overlap[:3]))
         want = {"data", "optimizer step", "forward embedding", "forward head", "backward head", "backward embedding"}
         want |= {f"{d} layer {l}" for d in ("forward", "backward") for l in range(2)}
         for s in steps:
-            inside = [e for e in slices if e["ts"] >= s["ts"] - 1e-3 and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1e-3]
+            inside = [e for e in slices if e["ts"] >= s["ts"] - SLACK and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + SLACK]
             cover = sum(e["dur"] for e in inside) / s["dur"]
             missing = want - {e["name"] for e in inside}
             check(f"{s['name']}: its slices cover {100 * cover:.0f}% of it (>= 80%), every block's forward and "
                   f"backward, data and the optimizer step among them", cover >= 0.8 and not missing, str(missing))
-        outside = [e for e in slices if not any(s["ts"] - 1e-3 <= e["ts"] <= s["ts"] + s["dur"] + 1e-3 for s in steps)]
+        outside = [e for e in slices if not any(s["ts"] - SLACK <= e["ts"] <= s["ts"] + s["dur"] + SLACK for s in steps)]
         check("no slice outside the traced steps", not outside, str(outside[:2]))
 
         # 2. DDP on 2 ranks
@@ -135,7 +144,7 @@ def main():
               and all(e["tid"] == 1 and e["args"]["bytes"] > 0 for e in waits), str(why))
         busy = [e for e in ev if e["ph"] == "X" and e["tid"] == 0 and e.get("cat") == "compute"]
         clash = [(w["name"], c["name"]) for w in waits for c in busy
-                 if c["pid"] == w["pid"] and c["ts"] < w["ts"] + w["dur"] - 1e-3 and w["ts"] < c["ts"] + c["dur"] - 1e-3]
+                 if c["pid"] == w["pid"] and c["ts"] < w["ts"] + w["dur"] - SLACK and w["ts"] < c["ts"] + c["dur"] - SLACK]
         check("the compute row is empty while a rank waits", not clash, str(clash[:3]))
 
         # 4. bad input
