@@ -106,11 +106,38 @@ def fifos(tmp):
              "--num-attention-heads", "2", "--seq-length", "8", "--micro-batch-size", "1"], fifo)
 
 
+def many_keys(tmp):
+    keys = {f"k{i:06d}": i for i in range(80000)}
+    big = os.path.join(tmp, "big.json")
+    with open(big, "w") as f:
+        json.dump(keys, f)
+    t0 = time.time()
+    rc, err = run(["train", "--dry-run", "--deepspeed-config", big], timeout=60)
+    dt = time.time() - t0
+    check(f"--deepspeed-config with 80,000 keys in one object: read in {dt:.1f} s (under 6)",
+          rc == 0 and dt < 6, f"exit {rc}: {err[-300:]}")
+    dup = os.path.join(tmp, "dup.json")
+    with open(dup, "w") as f:
+        f.write(json.dumps(keys)[:-1] + ', "k079998": 1}')
+    rc, err = run(["train", "--dry-run", "--deepspeed-config", dup], timeout=60)
+    errs = lib.error_lines(err) if rc is not None else []
+    check("... and a key given twice among them is named", rc == 2 and len(errs) == 1 and '"k079998"' in errs[0],
+          f"exit {rc}: {err[-300:]}")
+    nested = os.path.join(tmp, "nested.json")
+    with open(nested, "w") as f:
+        f.write('{"a": {"x": 1, "x": 2}, "b": 1, "b": 2}')
+    rc, err = run(["train", "--dry-run", "--deepspeed-config", nested])
+    errs = lib.error_lines(err) if rc is not None else []
+    check("the first repeat in document order is the one named (a.x before b)",
+          rc == 2 and len(errs) == 1 and '"a.x"' in errs[0], f"exit {rc}: {err[-300:]}")
+
+
 def main():
     if not lib.built(lib.LOOM):
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         fifos(tmp)
+        many_keys(tmp)
     return verdict()
 
 

@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,6 +235,11 @@ static int check_object(struct reader *r, const cJSON *obj, const char *parent)
             if ((rc = check_object(r, c, path))) return rc;
             break;
         case K_UNKNOWN: {
+            if (r->cfg->rec.nwarnings ==
+                LOOM_CONFIG_MAX_WARNINGS) { /* only counted: no nearest key to seek */
+                loom_config_warn(r->cfg, "%s", "");
+                break;
+            }
             char near[256];
             nearest_key(parent, c->string, near, sizeof near);
             loom_config_warn(r->cfg, "%s: unknown key %s (nearest known key: %s); ignored", r->file, path,
@@ -470,21 +476,54 @@ fail:
     return rc;
 }
 
+struct named {
+    const char *name;
+    int64_t at; /* the member's place in its object */
+};
+
+static int cmp_named(const void *a, const void *b)
+{
+    const struct named *x = a, *y = b;
+    const int c = strcmp(x->name, y->name);
+    return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* The place of the first member of object o whose key appears again later
+ * in o, or -1: the keys sorted (O(n log n); each pair compared once was
+ * O(n^2), 20 s for 80,000 keys). */
+static int64_t first_repeated(const cJSON *o)
+{
+    int64_t n = 0;
+    for (const cJSON *c = o->child; c; c = c->next) n++;
+    if (n < 2) return -1;
+    struct named *v = malloc((size_t)n * sizeof *v);
+    LOOM_ASSERT(v);
+    int64_t k = 0;
+    for (const cJSON *c = o->child; c; c = c->next, k++) v[k] = (struct named){c->string ? c->string : "", k};
+    qsort(v, (size_t)n, sizeof *v, cmp_named);
+    int64_t first = -1;
+    for (int64_t i = 1; i < n; i++)
+        if (strcmp(v[i - 1].name, v[i].name) == 0 && (first < 0 || v[i - 1].at < first)) first = v[i - 1].at;
+    free(v);
+    return first;
+}
+
 /* The first key of an object (at any depth) that appears twice in it, as
  * "outer.key", or 0: cJSON keeps both and a lookup takes the first, so a
- * second value would be ignored without a word. */
+ * second value would be ignored without a word. Members are visited in
+ * order, each object's own repeat before what nests deeper after it. */
 static int duplicate_key(const cJSON *o, const char *path, char *out, size_t n)
 {
-    for (const cJSON *a = o ? o->child : NULL; a; a = a->next) {
+    const int64_t repeated = cJSON_IsObject(o) ? first_repeated(o) : -1;
+    int64_t k = 0;
+    for (const cJSON *a = o ? o->child : NULL; a; a = a->next, k++) {
         char sub[256];
         snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", a->string ? a->string : "[]");
         printable(sub);
-        if (cJSON_IsObject(o))
-            for (const cJSON *b = a->next; b; b = b->next)
-                if (a->string && b->string && strcmp(a->string, b->string) == 0) {
-                    snprintf(out, n, "%s", sub);
-                    return 1;
-                }
+        if (k == repeated) {
+            snprintf(out, n, "%s", sub);
+            return 1;
+        }
         if ((cJSON_IsObject(a) || cJSON_IsArray(a)) && duplicate_key(a, sub, out, n)) return 1;
     }
     return 0;
