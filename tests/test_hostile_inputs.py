@@ -10,8 +10,10 @@ or a memory blow-up.
 - A DeepSpeed config with 80,000 keys in one object: the duplicate-key
   check takes well under a second (it was quadratic); a duplicate among
   them is still named.
-- A safetensors header of tens of MB: refused with peak memory a small
-  multiple of the header, not tens of times it.
+- Safetensors headers of 16 MB (small entries, one long array, many
+  metadata pairs), each refused: peak memory at most 6 times the header
+  (it was 15 to 40 times); a header length past the file's end is refused
+  before anything is read.
 
 Every run has a timeout, so a hang fails the check instead of blocking.
 """
@@ -132,12 +134,64 @@ def many_keys(tmp):
           rc == 2 and len(errs) == 1 and '"a.x"' in errs[0], f"exit {rc}: {err[-300:]}")
 
 
+def peak_rss_mb(args):
+    """(returncode, stderr, peak resident MB) of loom ARGS, measured alone in
+    a child of a fresh interpreter."""
+    probe = ("import resource, subprocess, sys\n"
+             "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+             "sys.stderr.write(p.stderr)\n"
+             "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+    q = subprocess.run([sys.executable, "-c", probe, lib.LOOM, *args], capture_output=True, text=True, timeout=120)
+    rc, kb = q.stdout.split()
+    return int(rc), q.stderr, int(kb) / 1024
+
+
+def st_header(path, body):
+    h = body + b" " * ((8 - len(body) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+    return len(h) / 2**20
+
+
+def big_headers(tmp):
+    """Headers of 16 MB that are refused; peak memory within a few times the
+    header (a whole tree of it cost 15 and 40 times)."""
+    _, _, base = peak_rss_mb(["convert", os.path.join(tmp, "none.safetensors"), os.path.join(tmp, "o.bin")])
+    n = 16 << 20
+    parts, size, i = [], 0, 0
+    while size < n:  # small valid entries, the first name repeated at the end
+        parts.append(b'"t%08d":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}' % i)
+        size += len(parts[-1]) + 1
+        i += 1
+    parts.append(parts[0])
+    cases = [("entries", b"{" + b",".join(parts) + b"}", "appears twice"),
+             ("a long array", b'{"x":{"dtype":"F32","shape":[' + b"0," * (n // 2) + b'0],"data_offsets":[0,0]}}',
+              "'x'"),
+             ("metadata pairs", b'{"__metadata__":{' + b",".join(b'"k%07d":"v"' % j for j in range(n // 14)) +
+              b',"k0000000":"w"}}', "appears twice")]
+    for name, body, needle in cases:
+        path = os.path.join(tmp, "big.safetensors")
+        mb = st_header(path, body)
+        rc, err, rss = peak_rss_mb(["convert", path, os.path.join(tmp, "o.bin")])
+        errs = lib.error_lines(err)
+        check(f"a {mb:.0f} MB safetensors header of {name}: exit 2 in one line, peak memory {rss - base:.0f} MB "
+              f"over the baseline (at most 6 times the header)",
+              rc == 2 and len(errs) == 1 and needle in errs[0] and rss - base <= 6 * mb, f"exit {rc}: {err[-300:]}")
+    path = os.path.join(tmp, "short.safetensors")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", 90_000_000) + b"{}")
+    rc, err, rss = peak_rss_mb(["convert", path, os.path.join(tmp, "o.bin")])
+    check(f"a header length past the end of the file: refused at once ({rss - base:.0f} MB over the baseline)",
+          rc == 2 and "exceeds" in err and rss - base < 8, f"exit {rc}: {err[-300:]}")
+
+
 def main():
     if not lib.built(lib.LOOM):
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         fifos(tmp)
         many_keys(tmp)
+        big_headers(tmp)
     return verdict()
 
 

@@ -4,14 +4,13 @@
  *
  * The reader trusts nothing in the file: the header size is bounded; the
  * header's bytes must be strict UTF-8 without NUL, raw control bytes in
- * strings or \u0000 escapes; the JSON is parsed from a NUL-terminated copy;
- * every number must be an exact non-negative integer below 2^53; a shape's
- * product, even with a zero dimension, must fit int64 in bytes; every span
- * must match its shape and lie inside the data area; and no two non-empty
- * spans may share a byte. Gaps between spans and bytes after the last span
- * are accepted. Numbers pass through a double: 2.0 or 2e0 read as 2, and so
- * does a literal like 2.00000000000000001 that rounds to it; 2^53 and above
- * are rejected, since 2^53 + 1 would read as 2^53.
+ * strings or \u0000 escapes; the JSON is read in place, one key or member
+ * at a time (memory a few times the header, never a tree of all of it; a
+ * tensor entry of more than 1 MiB is refused); every number must be an exact non-negative integer below 2^53;
+ * a shape's product, even with a zero dimension, must fit int64 in bytes; every span must match its shape and
+ * lie inside the data area; and no two non-empty spans may share a byte. Gaps between spans and bytes after
+ * the last span are accepted. Numbers pass through a double: 2.0 or 2e0 read as 2, and so does a literal
+ * like 2.00000000000000001 that rounds to it; 2^53 and above are rejected, since 2^53 + 1 would read as 2^53.
  *
  * Not here: byte swapping (a little-endian host is required), protection
  * against the file being truncated while mapped (SIGBUS, as with any mmap),
@@ -192,30 +191,6 @@ int loom_st_cmp_pair_key(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static int parse_meta(struct loom_st *st, const cJSON *m)
-{
-    char nb[80];
-    if (!cJSON_IsObject(m)) return loom_st_bad_file(st->path, "\"__metadata__\" is not a JSON object");
-    int n = 0;
-    for (const cJSON *kv = m->child; kv; kv = kv->next) n++;
-    st->meta = loom_alloc(((size_t)n * 2 + 1) * sizeof *st->meta, LOOM_MEM_OTHER);
-    for (const cJSON *kv = m->child; kv; kv = kv->next) {
-        const char *key = kv->string ? kv->string : "";
-        if (!cJSON_IsString(kv) || !kv->valuestring)
-            return loom_st_bad_file(st->path, "\"__metadata__\" entry '%s' is not a string",
-                                    loom_st_shown(key, nb, sizeof nb));
-        st->meta[2 * st->nmeta] = key;
-        st->meta[2 * st->nmeta + 1] = kv->valuestring;
-        st->nmeta++;
-    }
-    qsort(st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, loom_st_cmp_pair_key);
-    for (int i = 1; i < st->nmeta; i++)
-        if (strcmp(st->meta[2 * i - 2], st->meta[2 * i]) == 0)
-            return loom_st_bad_file(st->path, "\"__metadata__\" key '%s' appears twice",
-                                    loom_st_shown(st->meta[2 * i], nb, sizeof nb));
-    return 0;
-}
-
 /* One header entry into *t; data_size is the size of the data area. */
 static int parse_entry(const struct loom_st *st, const cJSON *e, uint64_t data_size, struct loom_st_tensor *t)
 {
@@ -326,10 +301,182 @@ fail:
     return rc;
 }
 
+/* ---- the header's two outer levels, scanned in place ----------------------------
+ *
+ * The header is not parsed whole: a tree of it costs tens of times its
+ * bytes (a 47.5 MB header of small entries took 745 MB, one of a long
+ * array 1.9 GB). The outer object and __metadata__ are scanned here, and
+ * cJSON parses one key or one member's value at a time, each tree freed
+ * before the next; names and metadata strings are copied into one arena
+ * of at most the header's size. Memory stays a small multiple of the
+ * header: the tensor table, the arena, and the largest single member. */
+
+static const char *skip_space(const char *p, const char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+    return p;
+}
+
+/* p at an opening quote: the byte after the closing one, or NULL. */
+static const char *string_end(const char *p, const char *e)
+{
+    for (p++; p < e; p++) {
+        if (*p == '\\')
+            p++;
+        else if (*p == '"')
+            return p + 1;
+    }
+    return NULL;
+}
+
+/* The end of the JSON value starting at p, found by its quotes and
+ * brackets (cJSON validates it), or NULL when it runs past e. */
+static const char *value_end(const char *p, const char *e)
+{
+    if (p >= e) return NULL;
+    if (*p == '"') return string_end(p, e);
+    if (*p == '{' || *p == '[') {
+        int64_t depth = 0;
+        while (p < e) {
+            if (*p == '"') {
+                if (!(p = string_end(p, e))) return NULL;
+                continue;
+            }
+            if (*p == '{' || *p == '[') depth++;
+            if ((*p == '}' || *p == ']') && --depth == 0) return p + 1;
+            p++;
+        }
+        return NULL;
+    }
+    const char *q = p;
+    while (q < e && *q != ',' && *q != '}' && *q != ']' && *q != ' ' && *q != '\t' && *q != '\n' &&
+           *q != '\r')
+        q++;
+    return q > p ? q : NULL;
+}
+
+struct scan {
+    struct loom_st *st;
+    const char *h, *e; /* the header */
+    char *arena;       /* where decoded strings go */
+    size_t used;
+};
+
+static int invalid_at(const struct scan *sc, const char *at)
+{
+    return loom_st_bad_file(sc->st->path, "header is not valid JSON (error near byte %zu of %zu)",
+                            (size_t)(at - sc->h), (size_t)(sc->e - sc->h));
+}
+
+/* One JSON value of [p, q) parsed alone; NULL with the error set. */
+static cJSON *parse_span(const struct scan *sc, const char *p, const char *q)
+{
+    const char *end = NULL;
+    cJSON *c = cJSON_ParseWithLengthOpts(p, (size_t)(q - p), &end, 0);
+    if (!c) {
+        invalid_at(sc, end && end >= p && end <= q ? end : p);
+        return NULL;
+    }
+    return c;
+}
+
+/* A decoded string copied into the arena (there is room: decoding never
+ * lengthens a string, and each raw string is counted once). */
+static const char *keep(struct scan *sc, const char *s)
+{
+    const size_t n = strlen(s) + 1;
+    LOOM_ASSERT(sc->used + n <= (size_t)(sc->e - sc->h) + 1);
+    char *out = memcpy(sc->arena + sc->used, s, n);
+    sc->used += n;
+    return out;
+}
+
+/* The next member of an object at *p (just past '{' or a ','): its key
+ * (decoded into the arena when key is not NULL) and its value's span, *p
+ * left past the ',' or at the '}'. Returns 1 for a member, 0 at the end
+ * of the object (*p past the '}'), -1 with the error set. */
+static int next_member(struct scan *sc, const char **p, const char **key, const char **v, const char **ve)
+{
+    const char *q = skip_space(*p, sc->e);
+    if (q < sc->e && *q == '}') {
+        *p = q + 1;
+        return 0;
+    }
+    const char *ke = q < sc->e && *q == '"' ? string_end(q, sc->e) : NULL;
+    if (!ke) return invalid_at(sc, q), -1;
+    if (key) {
+        cJSON *k = parse_span(sc, q, ke);
+        if (!k) return -1;
+        *key = keep(sc, k->valuestring);
+        cJSON_Delete(k);
+    }
+    q = skip_space(ke, sc->e);
+    if (q == sc->e || *q != ':') return invalid_at(sc, q), -1;
+    *v = skip_space(q + 1, sc->e);
+    if (!(*ve = value_end(*v, sc->e))) return invalid_at(sc, *v), -1;
+    q = skip_space(*ve, sc->e);
+    if (q < sc->e && *q == ',') {
+        const char *n = skip_space(q + 1, sc->e);
+        if (n == sc->e || *n != '"') return invalid_at(sc, n), -1; /* a trailing comma */
+        *p = q + 1;
+    } else if (q < sc->e && *q == '}') {
+        *p = q;
+    } else {
+        return invalid_at(sc, q), -1;
+    }
+    return 1;
+}
+
+/* The members of the object at p ('{'); -1 when malformed. */
+static int64_t count_members(struct scan *sc, const char *p)
+{
+    int64_t n = 0;
+    const char *v, *ve;
+    int r;
+    for (p++; (r = next_member(sc, &p, NULL, &v, &ve)) == 1;) n++;
+    return r < 0 ? -1 : n;
+}
+
+/* Largest single tensor entry: a real one is about a hundred bytes; a
+ * bigger one holds unknown fields whose tree alone would cost memory. */
+#define MAX_ENTRY_BYTES ((size_t)1 << 20)
+
+static int scan_meta(struct scan *sc, const char *v, const char *ve)
+{
+    struct loom_st *st = sc->st;
+    char nb[80];
+    if (*v != '{') return loom_st_bad_file(st->path, "\"__metadata__\" is not a JSON object");
+    const int64_t n = count_members(sc, v);
+    if (n < 0) return LOOM_ERR_INPUT;
+    st->meta = loom_alloc(((size_t)n * 2 + 1) * sizeof *st->meta, LOOM_MEM_OTHER);
+    const char *p = v + 1, *key, *kv, *kve;
+    int r;
+    while ((r = next_member(sc, &p, &key, &kv, &kve)) == 1) {
+        cJSON *c = parse_span(sc, kv, kve);
+        if (!c) return LOOM_ERR_INPUT;
+        if (!cJSON_IsString(c) || !c->valuestring) {
+            cJSON_Delete(c);
+            return loom_st_bad_file(st->path, "\"__metadata__\" entry '%s' is not a string",
+                                    loom_st_shown(key, nb, sizeof nb));
+        }
+        st->meta[2 * st->nmeta] = key;
+        st->meta[2 * st->nmeta + 1] = keep(sc, c->valuestring);
+        st->nmeta++;
+        cJSON_Delete(c);
+    }
+    if (r < 0) return LOOM_ERR_INPUT;
+    LOOM_ASSERT(p == ve);
+    qsort(st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, loom_st_cmp_pair_key);
+    for (int i = 1; i < st->nmeta; i++)
+        if (strcmp(st->meta[2 * i - 2], st->meta[2 * i]) == 0)
+            return loom_st_bad_file(st->path, "\"__metadata__\" key '%s' appears twice",
+                                    loom_st_shown(st->meta[2 * i], nb, sizeof nb));
+    return 0;
+}
+
 static int parse_header(struct loom_st *st)
 {
     int rc = 0;
-    char *text = NULL;
     uint64_t size = st->map_size;
     if (size < 8)
         return loom_st_bad_file(st->path, "file is %" PRIu64 " bytes, too short for the 8-byte header size",
@@ -345,54 +492,48 @@ static int parse_header(struct loom_st *st)
     uint64_t data_size = size - 8 - hlen;
 
     if ((rc = check_header_bytes(st, st->map + 8, (size_t)hlen)) != 0) return rc;
-    text = loom_alloc((size_t)hlen + 1, LOOM_MEM_OTHER);
-    memcpy(text, st->map + 8, (size_t)hlen);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, 0);
-    if (!root) {
-        size_t at = end && end >= text && end <= text + hlen ? (size_t)(end - text) : 0;
-        rc = loom_st_bad_file(st->path, "header is not valid JSON (error near byte %zu of %" PRIu64 ")", at,
-                              hlen);
-        goto fail;
+    struct scan sc = {st, (const char *)st->map + 8, (const char *)st->map + 8 + hlen, NULL, 0};
+    const char *p = skip_space(sc.h, sc.e);
+    if (p == sc.e) return invalid_at(&sc, p);
+    if (*p != '{') {
+        const char *ve = value_end(p, sc.e);
+        return ve ? loom_st_bad_file(st->path, "header is not a JSON object") : invalid_at(&sc, p);
     }
-    st->json = root;
-    for (const char *p = end; p < text + hlen; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            rc = loom_st_bad_file(st->path, "header has bytes after its JSON value, at byte %zu",
-                                  (size_t)(p - text));
-            goto fail;
-        }
-    }
-    if (!cJSON_IsObject(root)) {
-        rc = loom_st_bad_file(st->path, "header is not a JSON object");
-        goto fail;
-    }
-
-    int n = 0;
-    for (const cJSON *e = root->child; e; e = e->next) n++;
+    const char *root_end = value_end(p, sc.e);
+    if (!root_end) return invalid_at(&sc, sc.e);
+    for (const char *q = root_end; q < sc.e; q++)
+        if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r')
+            return loom_st_bad_file(st->path, "header has bytes after its JSON value, at byte %zu",
+                                    (size_t)(q - sc.h));
+    const int64_t n = count_members(&sc, p);
+    if (n < 0) return LOOM_ERR_INPUT;
+    if (n > INT32_MAX - 1) return loom_st_bad_file(st->path, "header has %" PRId64 " entries", n);
+    st->strings = sc.arena = loom_alloc((size_t)hlen + 1, LOOM_MEM_OTHER);
     st->tensors = loom_alloc(((size_t)n + 1) * sizeof *st->tensors, LOOM_MEM_OTHER);
-    const cJSON *meta = NULL;
-    for (const cJSON *e = root->child; e; e = e->next) {
-        const char *key = e->string ? e->string : "";
+    int meta = 0, r;
+    const char *key, *v, *ve;
+    char nb[80];
+    for (p++; (r = next_member(&sc, &p, &key, &v, &ve)) == 1;) {
         if (strcmp(key, "__metadata__") == 0) {
-            if (meta) {
-                rc = loom_st_bad_file(st->path, "\"__metadata__\" appears twice");
-                goto fail;
-            }
-            meta = e;
-            if ((rc = parse_meta(st, e)) != 0) goto fail;
+            if (meta++) return loom_st_bad_file(st->path, "\"__metadata__\" appears twice");
+            if ((rc = scan_meta(&sc, v, ve)) != 0) return rc;
             continue;
         }
+        if ((size_t)(ve - v) > MAX_ENTRY_BYTES)
+            return loom_st_bad_file(st->path, "tensor '%s': entry of %zu bytes (at most %zu)",
+                                    loom_st_shown(key, nb, sizeof nb), (size_t)(ve - v), MAX_ENTRY_BYTES);
+        cJSON *e = parse_span(&sc, v, ve);
+        if (!e) return LOOM_ERR_INPUT;
         struct loom_st_tensor *t = &st->tensors[st->ntensors];
         t->name = key;
-        if ((rc = parse_entry(st, e, data_size, t)) != 0) goto fail;
+        rc = parse_entry(st, e, data_size, t);
+        cJSON_Delete(e);
+        if (rc) return rc;
         t->data = st->map + 8 + hlen + t->offset;
         st->ntensors++;
     }
-    rc = check_layout(st);
-fail:
-    loom_free(text);
-    return rc;
+    if (r < 0) return LOOM_ERR_INPUT;
+    return check_layout(st);
 }
 
 int loom_st_open(struct loom_st *st, const char *path)
@@ -464,7 +605,7 @@ int loom_st_open_memory(struct loom_st *st, const char *name, const void *buf, s
 void loom_st_close(struct loom_st *st)
 {
     if (st->mapped) munmap((void *)st->map, st->map_size);
-    if (st->json) cJSON_Delete(st->json);
+    loom_free(st->strings);
     loom_free(st->tensors);
     loom_free(st->meta);
     loom_free(st->path);

@@ -61,7 +61,7 @@ struct loom_st {
     const unsigned char *map; /* the whole file, PROT_READ */
     size_t map_size;
     int mapped;                     /* map is our mmap: loom_st_close unmaps it */
-    void *json;                     /* the parsed header (cJSON *); owns the strings */
+    char *strings;                  /* owns the names and metadata strings */
     struct loom_st_tensor *tensors; /* sorted by name */
     int ntensors;
     const char **meta; /* key, value pairs sorted by key */
