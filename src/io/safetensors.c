@@ -37,6 +37,7 @@
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "io/json_span.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
 
@@ -311,50 +312,6 @@ fail:
  * of at most the header's size. Memory stays a small multiple of the
  * header: the tensor table, the arena, and the largest single member. */
 
-static const char *skip_space(const char *p, const char *e)
-{
-    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-    return p;
-}
-
-/* p at an opening quote: the byte after the closing one, or NULL. */
-static const char *string_end(const char *p, const char *e)
-{
-    for (p++; p < e; p++) {
-        if (*p == '\\')
-            p++;
-        else if (*p == '"')
-            return p + 1;
-    }
-    return NULL;
-}
-
-/* The end of the JSON value starting at p, found by its quotes and
- * brackets (cJSON validates it), or NULL when it runs past e. */
-static const char *value_end(const char *p, const char *e)
-{
-    if (p >= e) return NULL;
-    if (*p == '"') return string_end(p, e);
-    if (*p == '{' || *p == '[') {
-        int64_t depth = 0;
-        while (p < e) {
-            if (*p == '"') {
-                if (!(p = string_end(p, e))) return NULL;
-                continue;
-            }
-            if (*p == '{' || *p == '[') depth++;
-            if ((*p == '}' || *p == ']') && --depth == 0) return p + 1;
-            p++;
-        }
-        return NULL;
-    }
-    const char *q = p;
-    while (q < e && *q != ',' && *q != '}' && *q != ']' && *q != ' ' && *q != '\t' && *q != '\n' &&
-           *q != '\r')
-        q++;
-    return q > p ? q : NULL;
-}
-
 struct scan {
     struct loom_st *st;
     const char *h, *e; /* the header */
@@ -397,12 +354,12 @@ static const char *keep(struct scan *sc, const char *s)
  * of the object (*p past the '}'), -1 with the error set. */
 static int next_member(struct scan *sc, const char **p, const char **key, const char **v, const char **ve)
 {
-    const char *q = skip_space(*p, sc->e);
+    const char *q = loom_json_space(*p, sc->e);
     if (q < sc->e && *q == '}') {
         *p = q + 1;
         return 0;
     }
-    const char *ke = q < sc->e && *q == '"' ? string_end(q, sc->e) : NULL;
+    const char *ke = q < sc->e && *q == '"' ? loom_json_string_end(q, sc->e) : NULL;
     if (!ke) return invalid_at(sc, q), -1;
     if (key) {
         cJSON *k = parse_span(sc, q, ke);
@@ -410,13 +367,13 @@ static int next_member(struct scan *sc, const char **p, const char **key, const 
         *key = keep(sc, k->valuestring);
         cJSON_Delete(k);
     }
-    q = skip_space(ke, sc->e);
+    q = loom_json_space(ke, sc->e);
     if (q == sc->e || *q != ':') return invalid_at(sc, q), -1;
-    *v = skip_space(q + 1, sc->e);
-    if (!(*ve = value_end(*v, sc->e))) return invalid_at(sc, *v), -1;
-    q = skip_space(*ve, sc->e);
+    *v = loom_json_space(q + 1, sc->e);
+    if (!(*ve = loom_json_value_end(*v, sc->e))) return invalid_at(sc, *v), -1;
+    q = loom_json_space(*ve, sc->e);
     if (q < sc->e && *q == ',') {
-        const char *n = skip_space(q + 1, sc->e);
+        const char *n = loom_json_space(q + 1, sc->e);
         if (n == sc->e || *n != '"') return invalid_at(sc, n), -1; /* a trailing comma */
         *p = q + 1;
     } else if (q < sc->e && *q == '}') {
@@ -493,13 +450,13 @@ static int parse_header(struct loom_st *st)
 
     if ((rc = check_header_bytes(st, st->map + 8, (size_t)hlen)) != 0) return rc;
     struct scan sc = {st, (const char *)st->map + 8, (const char *)st->map + 8 + hlen, NULL, 0};
-    const char *p = skip_space(sc.h, sc.e);
+    const char *p = loom_json_space(sc.h, sc.e);
     if (p == sc.e) return invalid_at(&sc, p);
     if (*p != '{') {
-        const char *ve = value_end(p, sc.e);
+        const char *ve = loom_json_value_end(p, sc.e);
         return ve ? loom_st_bad_file(st->path, "header is not a JSON object") : invalid_at(&sc, p);
     }
-    const char *root_end = value_end(p, sc.e);
+    const char *root_end = loom_json_value_end(p, sc.e);
     if (!root_end) return invalid_at(&sc, sc.e);
     for (const char *q = root_end; q < sc.e; q++)
         if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r')

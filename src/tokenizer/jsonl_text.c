@@ -12,42 +12,7 @@
 #include <string.h>
 
 #include "base/log.h"
-
-static const char *skip_space(const char *p, const char *e)
-{
-    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-    return p;
-}
-
-/* p at an opening quote; returns the byte after the closing one. */
-static const char *skip_string(const char *p, const char *e)
-{
-    for (p++; p < e && *p != '"'; p++)
-        if (*p == '\\') p++;
-    return p < e ? p + 1 : e;
-}
-
-static const char *skip_value(const char *p, const char *e)
-{
-    if (p < e && *p == '"') return skip_string(p, e);
-    if (p < e && (*p == '{' || *p == '[')) {
-        int64_t depth = 0;
-        while (p < e) {
-            if (*p == '"') {
-                p = skip_string(p, e);
-                continue;
-            }
-            if (*p == '{' || *p == '[') depth++;
-            if ((*p == '}' || *p == ']') && --depth == 0) return p + 1;
-            p++;
-        }
-        return e;
-    }
-    while (p < e && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\t' && *p != '\r' &&
-           *p != '\n')
-        p++;
-    return p;
-}
+#include "io/json_span.h"
 
 static uint32_t hex4(const char *p)
 {
@@ -135,31 +100,32 @@ int loom_jsonl_text(const char *line, size_t n, const char *key, char **out, siz
     const char *p = line, *e = line + n;
     const size_t klen = strlen(key);
     *out = NULL, *len = 0;
-    p = skip_space(p, e);
+    p = loom_json_space(p, e);
     if (p == e || *p != '{') return -1;
-    p = skip_space(p + 1, e);
+    p = loom_json_space(p + 1, e);
     while (p < e && *p == '"') {
         const char *k = p;
-        p = skip_string(p, e);
+        if (!(p = loom_json_string_end(p, e))) return -1;
         char *name = malloc((size_t)(p - k) + 1);
         if (!name) loom_die("out of memory reading a JSON line");
         const size_t nlen = decode(k, p, name);
         const int match = nlen == klen && memcmp(name, key, klen) == 0;
         free(name);
-        p = skip_space(p, e);
-        if (p < e && *p == ':') p = skip_space(p + 1, e);
+        p = loom_json_space(p, e);
+        if (p < e && *p == ':') p = loom_json_space(p + 1, e);
         if (match) {
             if (p == e || *p != '"') return -1;
             const char *v = p;
-            p = skip_string(p, e);
+            if (!(p = loom_json_string_end(p, e))) return -1;
             *out = malloc((size_t)(p - v) + 1);
             if (!*out) loom_die("out of memory reading a JSON line");
             *len = decode(v, p, *out);
             (*out)[*len] = 0;
             return 0;
         }
-        p = skip_space(skip_value(p, e), e);
-        if (p < e && *p == ',') p = skip_space(p + 1, e);
+        if (!(p = loom_json_value_end(p, e))) return -1;
+        p = loom_json_space(p, e);
+        if (p < e && *p == ',') p = loom_json_space(p + 1, e);
     }
     return -1;
 }
