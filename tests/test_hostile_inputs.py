@@ -4,7 +4,8 @@ or a memory blow-up.
 - A FIFO (no writer ever comes) in the place of every file loom reads:
   --deepspeed-config, a Hugging Face config.json, GPT-2's vocab.json, the
   input of `loom convert`, of `loom data tokenize` (with and without
-  --tokenizer) and of `loom data train-tokenizer`; and --metrics, an
+  --tokenizer) and of `loom data train-tokenizer`, `loom launch
+  --hostfile`; and --metrics, an
   output, where a FIFO would wait for a reader. Each: exit 2 within the
   timeout, one error line naming the path.
 - A DeepSpeed config with 80,000 keys in one object: the duplicate-key
@@ -103,6 +104,8 @@ def fifos(tmp):
     refused("loom data tokenize (byte-level): IN a FIFO", ["data", "tokenize", fifo, os.path.join(tmp, "o3")], fifo)
     refused("loom data train-tokenizer: IN a FIFO",
             ["data", "train-tokenizer", "--vocab-size", "300", fifo, os.path.join(tmp, "o4")], fifo)
+    refused("loom launch --hostfile a FIFO",
+            ["launch", "--nproc-per-node", "1", "--hostfile", fifo, "--", "train", "--dry-run"], fifo)
     refused("--metrics a FIFO (an output no reader drains)",
             ["train", "--metrics", fifo, "--train-iters", "1", "--num-layers", "1", "--hidden-size", "16",
              "--num-attention-heads", "2", "--seq-length", "8", "--micro-batch-size", "1"], fifo)

@@ -47,12 +47,14 @@
 #include "base/mem.h"
 #include "config/config.h"
 #include "io/checkpoint.h"
+#include "io/fs.h"
 #include "loom/loom.h"
 
 static int count_hosts(const char *path, int *hosts)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return loom_error_set(LOOM_ERR_INPUT, "--hostfile: cannot open %s", path);
+    int rc;
+    FILE *f = loom_fs_fopen_input(path, "--hostfile", &rc); /* a FIFO: refused, not waited on */
+    if (!f) return rc;
     char line[1024];
     *hosts = 0;
     while (fgets(line, sizeof line, f)) {
