@@ -9,7 +9,7 @@ mixed, nothing left half-made.
   it, the shards there left byte for byte (a train_*.bin glob would mix the
   two corpora).
 - An empty input, or one of blank lines only: exit 2 in one line, no shard
-  and no OUTDIR made.
+  and no OUTDIR made; the same for `loom data train-tokenizer`.
 - A run that fails on a bad line after shards were written: exit 2, and
   none of its shards left behind.
 """
@@ -99,6 +99,12 @@ def main():
             ok, errs = one_error(p)
             check(f"an input that is {name}: exit 2 in one line, no OUTDIR made", ok and not os.path.exists(out),
                   f"exit {p.returncode}: {p.stderr[-300:]}; {out} exists: {os.path.exists(out)}")
+
+        out = P("o_tok_empty")
+        p = lib.loom("data", "train-tokenizer", "--vocab-size", "300", "--no-progress", P("empty.jsonl"), out)
+        ok, errs = one_error(p)
+        check("train-tokenizer on an empty input: exit 2 in one line, no OUTDIR made",
+              ok and not os.path.exists(out), f"exit {p.returncode}: {p.stderr[-300:]}")
 
         # a bad line after shards were written: none of them left
         with open(P("bad.jsonl"), "w") as f:

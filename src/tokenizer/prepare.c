@@ -445,6 +445,7 @@ int loom_prepare_train_tokenizer(const char *const *in, int n_in, const char *ou
     if (rc) return rc;
     struct loom_bpe *split;
     if ((rc = loom_bpe_build(specials, n_specials, re, NULL, 0, &split))) return rc;
+    const int made_dir = !loom_fs_is_dir(outdir);
     if ((rc = loom_fs_mkdir_p(outdir))) {
         loom_bpe_free(split);
         return rc;
@@ -495,9 +496,15 @@ int loom_prepare_train_tokenizer(const char *const *in, int n_in, const char *ou
         n_merges = loom_bpe_learn(words, k, max_merges, min_frequency, merges);
         if (n_merges < 0) loom_die("out of memory learning merges");
     }
+    if (!rc && n_docs == 0)
+        rc = loom_error_set(
+            LOOM_ERR_INPUT,
+            "loom data train-tokenizer: no document in the input%s (empty, or only blank lines)",
+            n_in == 1 ? "" : "s");
     struct loom_bpe *t = NULL;
     if (!rc) rc = loom_bpe_build(specials, n_specials, re, (const int32_t(*)[2])merges, n_merges, &t);
     if (!rc) rc = loom_bpe_save(t, outdir);
+    if (rc && made_dir) rmdir(outdir); /* only when empty: nothing else is removed */
     if (!rc)
         printf("learned %lld merges from %zu distinct words of %lld documents (%.1f MB) in %.1f s: %d ids; "
                "wrote "
