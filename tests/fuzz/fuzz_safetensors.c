@@ -12,7 +12,7 @@
  *
  * Not here: the mmap path of loom_st_open (the unit tests cover it).
  *
- * fuzz-sources: src/io/safetensors.c src/base/dtype.c src/base/log.c src/base/mem.c
+ * fuzz-sources: src/io/safetensors.c src/io/json_span.c src/base/dtype.c src/base/log.c src/base/mem.c
  * fuzz-libs: -lcjson
  */
 #include <stdint.h>
@@ -128,7 +128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         REQUIRE(rc == LOOM_ERR_INPUT);
         REQUIRE(strncmp(msg, NAME ": ", strlen(NAME) + 2) == 0 && msg[strlen(NAME) + 2] != '\0');
         REQUIRE(!strchr(msg, '\n'));
-        REQUIRE(st.map == NULL && st.ntensors == 0 && st.json == NULL);
+        REQUIRE(st.map == NULL && st.ntensors == 0 && st.strings == NULL);
     }
     free(buf);
     return 0;
