@@ -6,7 +6,8 @@ src/parallel/fp8.h) end to end, beside test_fp8_torch.py's numerics:
    sequence parallelism) give the single process's per-step losses within
    1e-4 relative and its weights within one bf16 step, the bounds of bf16
    alone (test_mixed_precision.py, test_tensor_parallel.py: the float32 sums
-   change order; measured here: bit for bit but for TP, 8.6e-5 under TP).
+   change order; measured here: bit for bit but for TP, 8.6e-5 under TP,
+   whose loss bound is 4e-4: TP_LOSS_TOL says why).
    The amax reduction itself is held exactly: after the first step (same
    weights, same data) every scale of the data-parallel and pipeline runs
    (x, W and dy: each rank sees part of the batch) and the weights' scales
@@ -50,6 +51,15 @@ def model_only(run):
     return out
 
 
+# The losses' bound: 1e-4, bf16's (test_tensor_parallel.py), where the float32 sums keep their order (DP, ZeRO,
+# PP: measured bit for bit). Under TP the partial products are summed in another order, and a value that lands on
+# the other side of a rounding boundary moves by an fp8 step (2^-3 of it for E4M3, 2^-2 for E5M2's gradients), 32
+# times a bf16 step: flips are that much rarer for the same float32 perturbation but each weighs that much more, so
+# the loss moves by bf16's order with a wider spread (measured: 8.6e-5 under TP 2 on the bf16 units, against 4e-5
+# for bf16 alone). TP_LOSS_TOL is 4x that; a scale not reduced over the tp group moves a loss by 1e-2 or more.
+TP_LOSS_TOL = 4e-4
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         lib.write_corpus(tmp)
@@ -65,7 +75,8 @@ def main():
             # under TP a flipped rounding inside a quantised operand is an fp8 step (2^-3 of that value for
             # E4M3), not a bf16 one: a single tensor then moves by up to a few bf16 steps (measured 4.9e-3,
             # 4x under 2e-2; past it, compare_runs judges the tensor against the reference's own reordering)
-            lib.compare_runs(f"fp8 {tag}", model_only(ref), model_only(got), tol=1e-4, wtol=4e-3,
+            lib.compare_runs(f"fp8 {tag}", model_only(ref), model_only(got), tol=TP_LOSS_TOL if "TP" in tag else 1e-4,
+                             wtol=4e-3,
                              tensor_tol=2e-2 if "TP" in tag else None)
             one = lib.tiny_run(tmp, name + "-1", n, BASE + extra + ["--exit-interval", "1"])
             # the weights' scales (W) under TP; every operand's (x, W, dy) where the ranks see other data
@@ -84,7 +95,8 @@ def main():
         for tag, n, extra in (("ZeRO-2", 2, ["--zero-stage", "2"]),
                               ("TP 2 + SP", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"])):
             got = lib.tiny_run(tmp, f"llama-{tag.replace(' ', '').replace('+', '')}", n, BASE + llama + extra)
-            lib.compare_runs(f"fp8 llama {tag}", model_only(lone), model_only(got), tol=1e-4, wtol=4e-3,
+            lib.compare_runs(f"fp8 llama {tag}", model_only(lone), model_only(got),
+                             tol=TP_LOSS_TOL if "TP" in tag else 1e-4, wtol=4e-3,
                              tensor_tol=2e-2 if "TP" in tag else None)
 
         # 2. resume
