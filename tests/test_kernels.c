@@ -810,7 +810,7 @@ static void test_swiglu(void)
     float *want = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) want[i] = (float)(c.gate[i] / (1.0 + exp(-(double)c.gate[i])) * c.up[i]);
     check_scaled("swiglu out vs double", c.out, want, n, 1e-6); /* elementwise: measured 3.4e-8 */
-    float *dg = new_const(n, NAN), *du = new_const(n, NAN); /* written, not accumulated */
+    float *dg = new_const(n, NAN), *du = new_const(n, NAN);     /* written, not accumulated */
     K->swiglu_backward(dg, du, c.wout, c.gate, c.up, n);
     fd_check("swiglu dgate vs fd", dg, c.gate, n, swiglu_obj, &c);
     fd_check("swiglu dup vs fd", du, c.up, n, swiglu_obj, &c);
@@ -836,10 +836,9 @@ static double gelu_double(double x)
  * and exp / erfc add an ulp or two. So the error is a few of these units
  * whatever the libm, the vector width or FMA contraction (measured here:
  * 3.0 for the tanh form, 2.1 for the erf form, over [-10, 10]; a fixed
- * 1e-6 relative held with 1.04x to spare); the bound is GELU_UNITS. An absolute 1e-30 covers the far tail (x < -9.3), where
- * exp's argument is capped and the result is 0 to float's range. A wrong
- * formula errs by 1e-4 of the value (the tanh form vs the erf one) or more:
- * thousands of units. */
+ * 1e-6 relative held with 1.04x to spare); the bound is GELU_UNITS. An absolute 1e-30 covers the far tail (x
+ * < -9.3), where exp's argument is capped and the result is 0 to float's range. A wrong formula errs by 1e-4
+ * of the value (the tanh form vs the erf one) or more: thousands of units. */
 #define GELU_UNITS 16.0
 static double gelu_units(float got, double want, double dwant, double x)
 {
