@@ -615,7 +615,8 @@ static void test_state(void)
     char *tk = loom_xstrdup(text), *at = strstr(tk, "fedcba9876543210");
     CHECK(at != NULL);
     memcpy(at, "FEDC", 4); /* not lowercase hex */
-    CHECK(loom_ckpt_state_parse(tk, n, &back) == LOOM_ERR_INPUT &&
+    struct loom_ckpt_state refused;
+    CHECK(loom_ckpt_state_parse(tk, n, &refused) == LOOM_ERR_INPUT &&
           strstr(loom_error_message(), "tokenizer.xxh3"));
     loom_free(tk);
     /* the model's shape comes back as written: type, keys in order, values
