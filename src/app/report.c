@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "config/config.h"
+#include "io/fs.h"
 
 const char *loom_fmt_bytes(char *buf, size_t n, double bytes)
 {
@@ -84,10 +85,10 @@ int loom_report_open(struct loom_report *r, const char *metrics_path, const char
     r->t_start = loom_now();
     if (metrics_path && *metrics_path && loom_log_rank() == 0) {
         snprintf(r->metrics_path, sizeof r->metrics_path, "%s", metrics_path);
-        struct stat st; /* a FIFO would wait for a reader: a file, or a device such as /dev/null */
-        if (stat(metrics_path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
-            return loom_error_set(LOOM_ERR_INPUT, "--metrics %s: not a regular file", metrics_path);
-        int rc = drop_cut_row(metrics_path);
+        /* a FIFO would wait for a reader: a file, or a device such as /dev/null */
+        int rc = loom_fs_check_output(metrics_path, "--metrics");
+        if (rc) return rc;
+        rc = drop_cut_row(metrics_path);
         if (rc) return rc;
         r->metrics = fopen(metrics_path, "a");
         if (!r->metrics)

@@ -599,7 +599,7 @@ static int trace_begin(const struct run *r, const struct loom_config *cfg, int64
 {
     if (!*cfg->trace) return LOOM_OK;
     int rc = LOOM_OK;
-    if (r->topo->rank == 0) {
+    if (r->topo->rank == 0 && !(rc = loom_fs_check_output(cfg->trace, "--trace"))) {
         FILE *f = fopen(cfg->trace, "w");
         if (!f)
             rc = loom_error_set(LOOM_ERR_INPUT, "--trace: cannot create %s: %s", cfg->trace, strerror(errno));

@@ -231,6 +231,14 @@ int loom_fs_open_input(const char *path, const char *what, int *fd_out, struct s
     return LOOM_OK;
 }
 
+int loom_fs_check_output(const char *path, const char *what)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)) return LOOM_OK;
+    return loom_error_set(LOOM_ERR_INPUT, "%s%s%s: not a regular file (%s)", what ? what : "",
+                          what && *what ? " " : "", path, kind_of(st.st_mode));
+}
+
 FILE *loom_fs_fopen_input(const char *path, const char *what, int *rc)
 {
     int fd;

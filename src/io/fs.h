@@ -51,6 +51,12 @@ int loom_fs_remove_tree(const char *path);
 int loom_fs_open_input(const char *path, const char *what, int *fd, struct stat *st);
 /* The same as a stdio stream; NULL with *rc set on failure. */
 FILE *loom_fs_fopen_input(const char *path, const char *what, int *rc);
+/* Whether path can take an output without waiting for a reader: missing
+ * (it will be made), a regular file, or a character device such as
+ * /dev/null. A FIFO, socket, directory or block device in its place is
+ * LOOM_ERR_INPUT "WHAT PATH: not a regular file (a FIFO)". Every file loom
+ * writes by a name the user gives is checked here before it is opened. */
+int loom_fs_check_output(const char *path, const char *what);
 /* Reads a whole regular file of at most max_bytes into a NUL-terminated
  * buffer (loom_free it); LOOM_ERR_INPUT naming the file when it is missing,
  * not a regular file, too large or unreadable. */
