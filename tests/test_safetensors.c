@@ -272,6 +272,10 @@ static void test_bad_files(void)
     bad_header("[1, 2]", 0, "not a JSON object", NULL);
     bad_header("\"str\"", 0, "not a JSON object", NULL);
     bad_header("{} x", 0, "after its JSON", NULL);
+    /* a control byte where a value starts: cJSON would skip it as space, the
+     * scan of the members would not (they must agree, or the header is bad) */
+    bad_header("{\"__metadata__\":{\"k\": \x02\"v\"e\"}, \"a\": {}}", 0, "not valid JSON", NULL);
+    bad_header("{\"__metadata__\":{\"k\": 12abc}}", 0, "not valid JSON", NULL);
     write_raw_sized(path, 4, "{}", 0); /* a 4-byte header: "{}", a NUL, a space */
     f = fopen(path, "ab");
     fwrite("\0 ", 1, 2, f);

@@ -38,9 +38,10 @@ const char *loom_json_value_end(const char *p, const char *e)
         }
         return NULL;
     }
+    /* a number or a literal (true, false, null): nothing else is a value */
     const char *q = p;
-    while (q < e && *q != ',' && *q != '}' && *q != ']' && *q != ' ' && *q != '\t' && *q != '\n' &&
-           *q != '\r')
+    while (q < e && ((*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'z') || *q == '-' || *q == '+' ||
+                     *q == '.' || *q == 'E'))
         q++;
     return q > p ? q : NULL;
 }

@@ -14,7 +14,7 @@ const char *loom_json_space(const char *p, const char *e);
  * string runs past e. */
 const char *loom_json_string_end(const char *p, const char *e);
 /* The byte after the JSON value starting at p (a string, an object or an
- * array by its brackets, else a literal up to a delimiter), or NULL when
+ * array by its brackets, else a number or literal: its run of [0-9a-z+-.E]), or NULL when
  * there is none before e. */
 const char *loom_json_value_end(const char *p, const char *e);
 

@@ -334,6 +334,11 @@ static cJSON *parse_span(const struct scan *sc, const char *p, const char *q)
         invalid_at(sc, end && end >= p && end <= q ? end : p);
         return NULL;
     }
+    if (end != q) { /* cJSON stopped early (it skips control bytes as space): not one value */
+        cJSON_Delete(c);
+        invalid_at(sc, end && end >= p && end <= q ? end : p);
+        return NULL;
+    }
     return c;
 }
 
@@ -422,7 +427,7 @@ static int scan_meta(struct scan *sc, const char *v, const char *ve)
         cJSON_Delete(c);
     }
     if (r < 0) return LOOM_ERR_INPUT;
-    LOOM_ASSERT(p == ve);
+    if (p != ve) return invalid_at(sc, p); /* the members ended before the brackets did */
     qsort(st->meta, (size_t)st->nmeta, 2 * sizeof *st->meta, loom_st_cmp_pair_key);
     for (int i = 1; i < st->nmeta; i++)
         if (strcmp(st->meta[2 * i - 2], st->meta[2 * i]) == 0)
