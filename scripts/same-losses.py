@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Two builds of loom, the same runs: are the per-step losses and gradient
 norms bit for bit the same? For refactors that promise not to change the
-math. Each layout trains gpt2-tiny 8 steps (global batch 8, micro-batch 2)
-with one build and then the other, and the metrics are compared exactly.
+math. Each layout trains gpt2-tiny (or llama-tiny) 8 steps (global batch 8,
+micro-batch 2) with one build and then the other, and the metrics are
+compared exactly: data, tensor, sequence and pipeline parallelism (every
+schedule), their mixes, recomputation, 16-bit and fp8 training.
 
     scripts/same-losses.py BUILD_A BUILD_B [LAYOUT ...]
 
@@ -20,6 +22,9 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_mpi_yield_when_idle="1")
 BASE = ["train", "--train-iters", "8", "--log-interval", "1", "--eval-iters", "0", "--global-batch-size", "8",
         "--micro-batch-size", "2"]
+TP2 = ["--tensor-model-parallel-size", "2"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+LLAMA = ["--model", "llama-tiny"]
 LAYOUTS = {
     "1 process": (1, []),
     "1 process bf16": (1, ["--bf16"]),
@@ -37,6 +42,33 @@ LAYOUTS = {
     "ZeRO-3": (2, ["--zero-stage", "3"]),
     "ZeRO-3 multi-block units": (2, ["--zero-stage", "3", "--zero3-min-params", "300000"]),
     "ZeRO-3 bf16, bf16 reduction": (2, ["--zero-stage", "3", "--bf16", "--grad-reduce-dtype", "bf16"]),
+    "selective recomputation": (1, ["--recompute-granularity", "selective"]),
+    "fp8": (1, ["--fp8-format", "hybrid"]),
+    "attention window": (1, ["--attention-window", "24", "--sparse-block", "8"]),
+    "TP 2": (2, TP2),
+    "TP 2 + SP": (2, TP2 + ["--sequence-parallel"]),
+    "TP 2 + SP bf16": (2, TP2 + ["--sequence-parallel", "--bf16"]),
+    "TP 2 fp8": (2, TP2 + ["--fp8-format", "hybrid"]),
+    "PP 2 1f1b": (2, PP2),
+    "PP 2 gpipe": (2, PP2 + ["--pipeline-schedule", "gpipe"]),
+    "PP 2 interleaved": (2, PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"]),
+    "PP 2 bf16, full recomputation": (2, PP2 + ["--bf16", "--recompute-granularity", "full", "--recompute-method",
+                                                "block", "--recompute-num-layers", "1"]),
+    "TP 2 x PP 2 invariant": (4, TP2 + PP2 + ["--layout-invariant", "2"]),
+    "DDP 2 x TP 2, ZeRO-3": (4, TP2 + ["--zero-stage", "3"]),
+    "llama 1 process": (1, LLAMA),
+    "llama bf16": (1, LLAMA + ["--bf16"]),
+    "llama fp16, selective recomputation": (1, LLAMA + ["--fp16", "--recompute-granularity", "selective"]),
+    "llama fp8": (1, LLAMA + ["--fp8-format", "hybrid"]),
+    "llama full recomputation": (1, LLAMA + ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                             "--recompute-num-layers", "2"]),
+    "llama attention window": (1, LLAMA + ["--attention-window", "24", "--sparse-block", "8"]),
+    "llama DDP": (2, LLAMA),
+    "llama ZeRO-3": (2, LLAMA + ["--zero-stage", "3"]),
+    "llama TP 2 + SP": (2, LLAMA + TP2 + ["--sequence-parallel"]),
+    "llama TP 2 + SP bf16": (2, LLAMA + TP2 + ["--sequence-parallel", "--bf16"]),
+    "llama PP 2 interleaved": (2, LLAMA + PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"]),
+    "llama TP 2 x PP 2 invariant": (4, LLAMA + TP2 + PP2 + ["--layout-invariant", "2"]),
 }
 
 
