@@ -1,5 +1,5 @@
 """fp8 training (--fp8-format, Transformer Engine's delayed scaling; see
-src/parallel/fp8.h) end to end, beside test_fp8_torch.py's numerics:
+src/layers/fp8_linear.h) end to end, beside test_fp8_torch.py's numerics:
 
 1. Layouts: with the same micro-batches, data parallelism (DDP, ZeRO-1,
    ZeRO-3), pipeline parallelism and tensor parallelism (with and without

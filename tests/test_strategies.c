@@ -1,9 +1,10 @@
 /*
  * The data-parallel strategies (parallel/ddp.c, zero.c, precision.c) and
- * their stack (parallel/stack.c), in process, on a 5-block MLP of the
- * test's own (8 -> 16 -> 16 -> 12 -> 8 -> 1, ReLU; 733 parameters, so ZeRO
- * pads its shards at 3 and 4 ranks). Run alone, or under mpirun at 2, 3
- * and 4 ranks (tests/test_strategies.py); every rank checks its own piece.
+ * their stack (parallel/stack.c, model/model.c), in process, on a 5-block
+ * MLP of the test's own (8 -> 16 -> 16 -> 12 -> 8 -> 1, ReLU; 733
+ * parameters, so ZeRO pads its shards at 3 and 4 ranks). Run alone, or
+ * under mpirun at 2, 3 and 4 ranks (tests/test_strategies.py); every rank
+ * checks its own piece.
  *
  * 1. One step, then a second, through the public engine under: no strategy
  *    (DDP on more than one rank), DDP bucketed with 0.001 MB buckets (three

@@ -221,7 +221,7 @@ struct loom_model {
      * unless the model was built for one). */
     int tp, tp_rank;
     /* fp8 linear layers (--fp8-format): their scales and amax histories
-     * (src/parallel/fp8.h), kept by the model family, stepped by the
+     * (src/layers/fp8_linear.h), kept by the model family, stepped by the
      * engine after each optimizer step; NULL without fp8 */
     struct loom_fp8 *fp8;
     /* --layout-invariant: every sum in one order whatever the layout, so no
@@ -248,7 +248,8 @@ struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name
 struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char *name, int ndim,
                                                 const int64_t *full, int view_ndim, const int64_t *view,
                                                 int split, int tp, int tp_rank);
-/* Rank r's part [lo, hi) of n entries split over tp ranks. */
+/* Rank r's part [lo, hi) of n entries split over tp ranks (defined with
+ * the tensor-parallel regions, src/layers/tp_regions.c). */
 void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi);
 /* The whole model's parameter count, from its tensors' full shapes: the same
  * as num_params unless the model holds a tensor-parallel rank's part. */

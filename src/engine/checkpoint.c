@@ -18,10 +18,10 @@
 #include "io/checkpoint.h"
 #include "io/fs.h"
 #include "io/safetensors.h"
+#include "layers/fp8_linear.h"
 #include "model/family.h"
 #include "optim/adamw.h"
 #include "optim/offload.h"
-#include "parallel/fp8.h"
 #include "tokenizer/bpe.h"
 
 #define EXP_AVG "optimizer.exp_avg."
@@ -148,7 +148,7 @@ static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_
     return LOOM_OK;
 }
 
-/* The fp8 scales and amax histories (parallel/fp8.h), whole tensors: the
+/* The fp8 scales and amax histories (layers/fp8_linear.h), whole tensors: the
  * same on every rank of a stage, written by its first. */
 static void add_fp8_pieces(const struct loom_fp8 *f, struct save_ctx *s)
 {

@@ -30,12 +30,12 @@
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* loom_has_nonfinite */
-#include "parallel/fp8.h"
+#include "layers/fp8_linear.h"
+#include "layers/pp_stages.h"
+#include "layers/tp_regions.h"
 #include "parallel/invariant.h"
-#include "parallel/pipeline.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
-#include "parallel/tensor.h"
 
 void loom_init(int *argc, char ***argv)
 {

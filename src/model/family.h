@@ -48,7 +48,7 @@ struct loom_model_family {
      * (blocks and tensors) without arenas; recomputation and the activation
      * dtype from cfg; rank tp_rank's part when cfg's tensor-parallel size is
      * above 1, and only pipeline stage pp_rank's blocks when its
-     * pipeline-parallel size is (parallel/pipeline.h). Freed with destroy. */
+     * pipeline-parallel size is (layers/pp_stages.h). Freed with destroy. */
     struct loom_model *(*create)(const struct loom_config *cfg, int B, int T, int training, int tp_rank,
                                  int pp_rank);
     void (*destroy)(struct loom_model *m);

@@ -41,7 +41,7 @@
  * Tensor parallelism (m->tp > 1): the layers compute on the rank's part
  * (Cl = C/tp channels of attention and 4 Cl of the MLP, NH/tp heads, Vl
  * vocabulary rows); the regions between column- and row-parallel matmuls
- * are entered and left through parallel/tensor.h's loom_tp_region_input
+ * are entered and left through layers/tp_regions.h's loom_tp_region_input
  * and loom_tp_region_output (and their gradient forms), which are the
  * identity in one process, all-reduces under TP, and gathers/reduce-scatters
  * of each rank's rows under sequence parallelism (m->rg.sp), where the
@@ -62,11 +62,11 @@
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
+#include "layers/fp8_linear.h"
+#include "layers/pp_stages.h"
+#include "layers/tp_regions.h"
 #include "model/family.h"
 #include "model/sparsity.h"
-#include "parallel/fp8.h"
-#include "parallel/pipeline.h"
-#include "parallel/tensor.h"
 
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
 {
@@ -204,7 +204,7 @@ static float *lm_head_grad(struct loom_gpt2 *m)
 }
 
 /* Whether the tied table crosses stages: the embedding's stage sends it to
- * the head's (parallel/pipeline.h). */
+ * the head's (layers/pp_stages.h). */
 static int tied_across_stages(const struct loom_gpt2 *m)
 {
     return m->pipelined && !m->cfg.untied && (m->emb >= 0) != (m->head >= 0);
@@ -700,7 +700,7 @@ void loom_gpt2_free(struct loom_gpt2 *m)
 /* indices of the tensors of a layer block, in layout order */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B };
 
-/* ---- tensor-parallel regions: entered and left through m->rg (parallel/tensor.h) */
+/* ---- tensor-parallel regions: entered and left through m->rg (layers/tp_regions.h) */
 
 /* LayerNorm's backward over the rows this rank holds; under sequence
  * parallelism its weight and bias gradients are partial sums over those
@@ -860,7 +860,7 @@ static void attention_backward(struct loom_gpt2 *m, struct loom_layer_acts *x, c
     }
 }
 
-/* --layout-invariant's products (parallel/tensor_exact.h) on weight w of block
+/* --layout-invariant's products (layers/tp_exact.h) on weight w of block
  * b and its bias w + 1: a column-parallel product's OCl columns (C rows of
  * its [in, out] weight) are nseg equal segments (q | k | v, or fc's one),
  * with out or dout (N, OCl). */

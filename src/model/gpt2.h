@@ -14,7 +14,7 @@
  * compute in float32 on staging buffers). A model
  * built for a tensor-parallel group (loom_gpt2_create_tp) holds and
  * computes its rank's part of every layer, Megatron's way, with sequence
- * parallelism as an option; the communication is parallel/tensor.h's.
+ * parallelism as an option; the communication is layers/tp_regions.h's.
  * Not here: the optimizer, data, data parallelism.
  */
 #ifndef LOOM_MODEL_GPT2_H
@@ -24,11 +24,11 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "layers/pp_stages.h"
+#include "layers/tp_exact.h"
+#include "layers/tp_regions.h"
 #include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
-#include "parallel/pipeline.h"
-#include "parallel/tensor.h"
-#include "parallel/tensor_exact.h"
 
 struct loom_kernels;
 
@@ -105,9 +105,9 @@ struct loom_gpt2 {
     /* sequence parallelism (set before the first forward): between the
      * tensor-parallel regions this rank holds rows [r N/tp, (r+1) N/tp) of
      * the N = B*T rows (the residual stream, the norms' inputs and outputs) */
-    struct loom_tp_regions rg; /* the regions' entries and exits, rows of C (parallel/tensor.h) */
+    struct loom_tp_regions rg; /* the regions' entries and exits, rows of C (layers/tp_regions.h) */
     float *norm_grads;         /* (2C) one norm's weight and bias gradient before the tp sum; sp only */
-    /* --layout-invariant: the split sums in fixed pieces (parallel/tensor_exact.h); pieces 0: off */
+    /* --layout-invariant: the split sums in fixed pieces (layers/tp_exact.h); pieces 0: off */
     struct loom_tp_exact exact;
 
     const struct loom_kernels *k; /* the backend's kernels (kernels/backend.h): the CPU's */
@@ -132,9 +132,9 @@ struct loom_gpt2 {
 
     /* pipeline parallelism (loom_gpt2_create_stage): the layers this model
      * holds, in model chunks of consecutive layers */
-    struct loom_pp_stage_layers stage; /* the layers held and their chunks (parallel/pipeline.h) */
+    struct loom_pp_stage_layers stage; /* the layers held and their chunks (layers/pp_stages.h) */
     int pipelined;                     /* pp > 1: a tied table and its LM head may be on different stages */
-    /* a tied LM head on another stage than the embedding (parallel/pipeline.h):
+    /* a tied LM head on another stage than the embedding (layers/pp_stages.h):
      * on the last stage, the copy of the table (Vl, C) the head reads and its
      * gradient; on the first stage, one buffer for both: the table's send
      * buffer, then the received gradient; else NULL */
@@ -158,7 +158,7 @@ int loom_gpt2_config_of_shape(const struct loom_model_shape *shape, struct loom_
 struct loom_sparse_config;
 int loom_gpt2_set_sparse(struct loom_gpt2 *m, const struct loom_sparse_config *sc);
 
-/* fp8 products in the layers' four linear layers (parallel/fp8.h). */
+/* fp8 products in the layers' four linear layers (layers/fp8_linear.h). */
 struct loom_fp8_recipe;
 void loom_gpt2_set_fp8(struct loom_gpt2 *m, const struct loom_fp8_recipe *r);
 
@@ -173,7 +173,7 @@ int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T);
 struct loom_gpt2 *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B, int T);
 /* The same as rank tp_rank of a tensor-parallel group of tp (Megatron's
  * layout: column-parallel c_attn and c_fc, row-parallel c_proj,
- * vocab-parallel wte and LM head; layers use parallel/tensor.h). hidden and
+ * vocab-parallel wte and LM head; layers use layers/tp_regions.h). hidden and
  * heads must divide by tp; the vocabulary splits unevenly when it does not. */
 struct loom_gpt2 *loom_gpt2_create_tp(const struct loom_gpt2_config *cfg, int B, int T, int tp, int tp_rank);
 /* One pipeline stage of it (of pp > 1 stages): the layers lo[c]..hi[c] of

@@ -13,13 +13,13 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/backend.h"
+#include "layers/fp8_linear.h"
+#include "layers/pp_stages.h"
 #include "model/convert.h"
 #include "model/family.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
 #include "model/sparsity.h"
-#include "parallel/fp8.h"
-#include "parallel/pipeline.h"
 
 /* Presets: the shape and the training defaults that go with it. A preset's
  * micro-batch applies only while no batch setting is given (config/parse.c). */
@@ -119,7 +119,7 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     const struct loom_gpt2_config mc = shape_of_config(cfg);
     const int pp = cfg->pipeline_model_parallel_size, tp = cfg->tensor_model_parallel_size;
     struct loom_gpt2 *m;
-    if (pp > 1) { /* this stage's chunks of layers (parallel/pipeline.h) */
+    if (pp > 1) { /* this stage's chunks of layers (layers/pp_stages.h) */
         const int chunks = loom_pp_chunks(cfg);
         int *lo = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER), *hi = lo + chunks;
         for (int c = 0; c < chunks; c++) loom_pp_layers(cfg, pp_rank, c, &lo[c], &hi[c]);

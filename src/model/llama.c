@@ -15,11 +15,11 @@
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
+#include "layers/fp8_linear.h"
+#include "layers/pp_stages.h"
+#include "layers/tp_regions.h"
 #include "model/family.h"
 #include "model/sparsity.h"
-#include "parallel/fp8.h"
-#include "parallel/pipeline.h"
-#include "parallel/tensor.h"
 
 int loom_llama_config_check(const struct loom_llama_config *cfg, int T)
 {
@@ -133,7 +133,7 @@ static float *lm_head_grad(struct loom_llama *m)
     return m->emb >= 0 ? loom_grad(&m->base.blocks[m->emb], 0) : m->tied_grad;
 }
 
-/* Whether the tied table crosses stages (parallel/pipeline.h). */
+/* Whether the tied table crosses stages (layers/pp_stages.h). */
 static int tied_across_stages(const struct loom_llama *m)
 {
     return m->pipelined && !m->cfg.untied && (m->emb >= 0) != (m->head >= 0);
@@ -385,7 +385,7 @@ static void unpack_dqkv(const struct loom_llama *m, float *dq, float *dk, float 
     }
 }
 
-/* ---- tensor-parallel regions: entered and left through m->rg (parallel/tensor.h) */
+/* ---- tensor-parallel regions: entered and left through m->rg (layers/tp_regions.h) */
 
 /* RMSNorm's backward over the Nr rows this rank holds; under sequence
  * parallelism its weight gradient is a partial sum over those rows, summed
@@ -443,7 +443,7 @@ static void linear(const struct loom_llama *m, float *y, const float *x, struct 
         m->k->lm_head_forward(y, x, loom_param(b, w), N, in, out);
 }
 
-/* --layout-invariant's products (parallel/tensor_exact.h): a column-parallel
+/* --layout-invariant's products (layers/tp_exact.h): a column-parallel
  * region's weights w[s] of block b, out[s] features each, with outputs
  * out[s] or output gradients dout[s] (rows of out[s]). */
 static int segments(struct loom_tp_segment *seg, struct loom_block *b, const int *w, const int *out,

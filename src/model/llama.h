@@ -19,7 +19,7 @@
  * float32), as GPT-2's are; activations can be recomputed (Megatron's
  * selective and full); a model may hold one pipeline stage's blocks, as
  * GPT-2's does, and a tensor-parallel rank's part of every layer (Megatron's
- * splits, parallel/tensor.h), with Megatron's sequence parallelism: the
+ * splits, layers/tp_regions.h), with Megatron's sequence parallelism: the
  * residual stream and the norms between the parallel regions hold B*T/tp
  * rows of the sequence, gathered at a region's entry and reduce-scattered
  * at its exit (loom_llama_set_sequence_parallel). Not here: loading weights (llama_family.c).
@@ -31,11 +31,11 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "layers/pp_stages.h"
+#include "layers/tp_exact.h"
+#include "layers/tp_regions.h"
 #include "loom/config.h" /* enum loom_recompute, enum loom_recompute_method */
 #include "loom/model.h"
-#include "parallel/pipeline.h"
-#include "parallel/tensor.h"
-#include "parallel/tensor_exact.h"
 
 struct loom_kernels;
 
@@ -92,9 +92,9 @@ struct loom_llama {
     float *ce_stats; /* (3, N) the vocab-parallel cross-entropy's row statistics; tp > 1 only */
     /* sequence parallelism: the residual stream, the norms and their saved
      * state hold N/tp rows (the layer acts' and slot's (N,C) buffers of them) */
-    struct loom_tp_regions rg; /* the regions' entries and exits, rows of C (parallel/tensor.h) */
+    struct loom_tp_regions rg; /* the regions' entries and exits, rows of C (layers/tp_regions.h) */
     float *norm_grads;         /* (C) one norm's weight gradient before the tp sum; sp only */
-    /* --layout-invariant: the split sums in fixed pieces (parallel/tensor_exact.h); pieces 0: off */
+    /* --layout-invariant: the split sums in fixed pieces (layers/tp_exact.h); pieces 0: off */
     struct loom_tp_exact exact;
     enum loom_dtype act_dtype; /* F32; BF16, F16: every activation a kernel writes is rounded to it */
     /* activation recomputation (Megatron's, as GPT-2's: loom_llama_set_recompute) */
@@ -116,8 +116,8 @@ struct loom_llama {
     int defer_wte_scatter; /* leave the embedding's scatter out of this backward (loom_tied_embedding) */
     /* pipeline parallelism (loom_llama_create_stage), as GPT-2's: the layers
      * held, in model chunks, and a tied head's table across stages
-     * (parallel/pipeline.h) */
-    struct loom_pp_stage_layers stage; /* the layers held and their chunks (parallel/pipeline.h) */
+     * (layers/pp_stages.h) */
+    struct loom_pp_stage_layers stage; /* the layers held and their chunks (layers/pp_stages.h) */
     int pipelined;
     float *tied_copy, *tied_grad; /* the last stage's copy and its gradient; the first stage's one buffer */
     float *
@@ -148,7 +148,7 @@ void loom_llama_set_tp_invariant(struct loom_llama *m, int pieces);
  * keeps the dense kernels. LOOM_ERR_INPUT from the layout's checks. */
 struct loom_sparse_config;
 int loom_llama_set_sparse(struct loom_llama *m, const struct loom_sparse_config *sc);
-/* fp8 products in the layers' seven linear layers (parallel/fp8.h). */
+/* fp8 products in the layers' seven linear layers (layers/fp8_linear.h). */
 struct loom_fp8_recipe;
 void loom_llama_set_fp8(struct loom_llama *m, const struct loom_fp8_recipe *r);
 /* Megatron's recomputation, before the first forward (see gpt2.h):

@@ -15,13 +15,13 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/backend.h"
+#include "layers/fp8_linear.h"
+#include "layers/pp_stages.h"
 #include "model/convert.h"
 #include "model/family.h"
 #include "model/llama.h"
 #include "model/llama_io.h"
 #include "model/sparsity.h"
-#include "parallel/fp8.h"
-#include "parallel/pipeline.h"
 
 /* clang-format off */
 #define LLAMA_ARCH {"--normalization", "RMSNorm"}, {"--position-embedding-type", "rope"}, {"--swiglu", "1"}, \
@@ -143,7 +143,7 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
     /* a configuration that says none (a checkpoint's reader's) is one process */
     const int pp = cfg->pipeline_model_parallel_size > 1 ? cfg->pipeline_model_parallel_size : 1,
               tp = cfg->tensor_model_parallel_size > 1 ? cfg->tensor_model_parallel_size : 1;
-    /* this stage's chunks of layers (parallel/pipeline.h), all of them without pipelining */
+    /* this stage's chunks of layers (layers/pp_stages.h), all of them without pipelining */
     const int chunks = pp > 1 ? loom_pp_chunks(cfg) : 1;
     int *lo = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER), *hi = lo + chunks;
     if (pp > 1)

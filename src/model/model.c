@@ -1,8 +1,10 @@
 /* Building a model of blocks and named tensors, its arenas, initialisation
- * from the tensors' init fields, and whole-model evaluation (see
- * loom/model.h). Not here: the strategy stack's dispatch (parallel/stack.c). */
+ * from the tensors' init fields, whole-model evaluation, and its strategy
+ * stack with the blocks' announcements to it (see loom/model.h). Not here:
+ * the stack's step-level calls (parallel/stack.c). */
 #include "loom/model.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/buf.h"
@@ -10,6 +12,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
+#include "base/trace.h"
 #include "kernels/backend.h"
 
 void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, const char *name, int nblocks)
@@ -28,13 +31,6 @@ void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, con
         m->blocks[i].index = i;
         m->blocks[i].grads_owner = LOOM_GRADS_NONE;
     }
-}
-
-void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi)
-{
-    LOOM_ASSERT(tp >= 1 && r >= 0 && r < tp && n >= 0);
-    *lo = n * r / tp;
-    *hi = n * (r + 1) / tp;
 }
 
 struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char *name, int ndim,
@@ -282,4 +278,69 @@ float loom_model_eval(struct loom_model *m, const void *batch, int rows)
 const float *loom_model_logits(struct loom_model *m)
 {
     return m->ops->logits ? m->ops->logits(m) : NULL;
+}
+
+/* ---- the stack (loom/strategy.h): its strategies, and the blocks announced
+ * to them, in stack order on the way in, in reverse on the way out */
+
+void loom_model_push_strategy(struct loom_model *m, const struct loom_strategy *s, void *ctx)
+{
+    LOOM_ASSERT(m->stack.n < LOOM_STRATEGY_MAX);
+    m->stack.s[m->stack.n] = s;
+    m->stack.ctx[m->stack.n] = ctx;
+    m->stack.n++;
+}
+
+int loom_model_strategy_index(const struct loom_model *m, const void *ctx)
+{
+    for (int i = 0; i < m->stack.n; i++)
+        if (m->stack.ctx[i] == ctx) return i;
+    return -1;
+}
+
+/* in stack order: the way in */
+#define FORWARD_ORDER(m, member, ...)                                                                        \
+    for (int i_ = 0; i_ < (m)->stack.n; i_++)                                                                \
+        if ((m)->stack.s[i_]->member) (m)->stack.s[i_]->member((m)->stack.ctx[i_], ##__VA_ARGS__)
+/* in reverse: the way out */
+#define REVERSE_ORDER(m, member, ...)                                                                        \
+    for (int i_ = (m)->stack.n - 1; i_ >= 0; i_--)                                                           \
+        if ((m)->stack.s[i_]->member) (m)->stack.s[i_]->member((m)->stack.ctx[i_], ##__VA_ARGS__)
+
+/* The trace's name of a pass over block b: "forward layer 3", "backward head". */
+static const char *pass_name(char *buf, size_t n, const struct loom_model *m, int b, const char *pass)
+{
+    LOOM_ASSERT(b >= 0 && b < m->nblocks);
+    const struct loom_block *blk = &m->blocks[b];
+    if (blk->role == LOOM_ROLE_LAYER)
+        snprintf(buf, n, "%s layer %d", pass, blk->layer);
+    else
+        snprintf(buf, n, "%s %s", pass, blk->role == LOOM_ROLE_EMBEDDING ? "embedding" : "head");
+    return buf;
+}
+
+void loom_model_forward_begin(struct loom_model *m, int b)
+{
+    char name[64];
+    if (loom_trace_on()) loom_trace_push(pass_name(name, sizeof name, m, b, "forward"));
+    FORWARD_ORDER(m, pre_forward, b);
+}
+void loom_model_forward_end(struct loom_model *m, int b)
+{
+    char name[64];
+    REVERSE_ORDER(m, post_forward, b);
+    if (loom_trace_on()) loom_trace_pop(pass_name(name, sizeof name, m, b, "forward"));
+}
+void loom_model_backward_begin(struct loom_model *m, int b)
+{
+    char name[64];
+    if (loom_trace_on()) loom_trace_push(pass_name(name, sizeof name, m, b, "backward"));
+    FORWARD_ORDER(m, pre_backward, b);
+}
+void loom_model_grads_ready(struct loom_model *m, int b)
+{
+    char name[64];
+    REVERSE_ORDER(m, grads_ready, b);
+    /* LOOM_GRAD_READY_TIED_HEAD (negative) is no block's end */
+    if (b >= 0 && loom_trace_on()) loom_trace_pop(pass_name(name, sizeof name, m, b, "backward"));
 }

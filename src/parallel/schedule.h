@@ -30,7 +30,7 @@
  * m+P-1) |
  *
  * Not here: the step itself (reduce, clip, update); which layers a chunk
- * holds (parallel/pipeline.h).
+ * holds (layers/pp_stages.h).
  */
 #ifndef LOOM_PARALLEL_SCHEDULE_H
 #define LOOM_PARALLEL_SCHEDULE_H

@@ -1,8 +1,8 @@
 /*
  * The strategy stack's step-level calls (loom/strategy.h): the engine and
- * the schedules call these at step and micro-batch boundaries; the model's
- * block announcements (loom_model_forward_begin, ...) are implemented here
- * too. In stack order on the way in, in reverse on the way out. Not here:
+ * the schedules call these at step and micro-batch boundaries. In stack
+ * order on the way in, in reverse on the way out. Not here: the model's
+ * block announcements (loom_model_forward_begin, ...: model/model.c), and
  * which strategies make up a stack (the engine builds it from the config).
  */
 #ifndef LOOM_PARALLEL_STACK_H

@@ -1,5 +1,5 @@
-/* Pipeline placement and the tied embedding's exchange (see pipeline.h). */
-#include "parallel/pipeline.h"
+/* Pipeline placement and the tied embedding's exchange (see pp_stages.h). */
+#include "layers/pp_stages.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -18,14 +18,19 @@
  * sequence parallelism, since every tp rank computes them from the same
  * inputs (with sequence parallelism each rank sees its rows only, and the
  * norms' gradients are summed over the group by the model). Not here:
- * pipeline send/recv (schedule.c).
+ * pipeline send/recv (parallel/schedule.c).
  */
-#ifndef LOOM_PARALLEL_TENSOR_H
-#define LOOM_PARALLEL_TENSOR_H
+#ifndef LOOM_LAYERS_TP_REGIONS_H
+#define LOOM_LAYERS_TP_REGIONS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "comm/comm.h"
+
+/* Rank r's part [lo, hi) of n entries split over tp ranks (loom/model.h
+ * declares it too, for the model's tensor splits). */
+void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi);
 
 /* f's backward: dx (n floats) summed over the tp group, in place. */
 void loom_tp_copy_backward(float *dx, size_t n);

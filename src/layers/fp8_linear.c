@@ -1,5 +1,5 @@
-/* fp8 linear layers with delayed scaling (see fp8.h). */
-#include "parallel/fp8.h"
+/* fp8 linear layers with delayed scaling (see fp8_linear.h). */
+#include "layers/fp8_linear.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -25,14 +25,14 @@
  * (the gradients' accumulation and reduction, the layouts' float32 order),
  * and fp8.
  */
-#ifndef LOOM_PARALLEL_TENSOR_EXACT_H
-#define LOOM_PARALLEL_TENSOR_EXACT_H
+#ifndef LOOM_LAYERS_TP_EXACT_H
+#define LOOM_LAYERS_TP_EXACT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/backend.h"
-#include "parallel/tensor.h"
+#include "layers/tp_regions.h"
 
 struct loom_tp_exact {
     int pieces; /* N; 0: off (the layout's own sums) */

@@ -1,7 +1,7 @@
 /*
- * Layout-invariant tensor parallelism's sums (tensor_exact.h).
+ * Layout-invariant tensor parallelism's sums (tp_exact.h).
  */
-#include "parallel/tensor_exact.h"
+#include "layers/tp_exact.h"
 
 #include <string.h>
 
@@ -9,7 +9,6 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/kernels.h"
-#include "loom/model.h"
 
 void loom_tp_exact_init(struct loom_tp_exact *x, int pieces, int tp, int tp_rank)
 {

@@ -1,7 +1,9 @@
 /*
- * Tensor parallelism's communication pairs (tensor.h).
+ * Tensor parallelism's communication pairs, regions and splits (tp_regions.h).
  */
-#include "parallel/tensor.h"
+#include "layers/tp_regions.h"
+
+#include "base/log.h"
 
 /* Seconds the collectives of this process waited since the last take. */
 static double waited;
@@ -82,4 +84,11 @@ float *loom_tp_region_input_grad(struct loom_tp_regions *r, float *partial, int 
     }
     loom_tp_reduce_scatter(r->grad_rows, partial, (size_t)loom_tp_rows_held(r, N) * r->width, r->tp);
     return r->grad_rows;
+}
+
+void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi)
+{
+    LOOM_ASSERT(tp >= 1 && r >= 0 && r < tp && n >= 0);
+    *lo = n * r / tp;
+    *hi = n * (r + 1) / tp;
 }

@@ -35,8 +35,8 @@
  * Not here: fp8 storage of weights or activations (the operands are
  * quantised from bf16 at each use), fp8 attention, per-block scaling.
  */
-#ifndef LOOM_PARALLEL_FP8_H
-#define LOOM_PARALLEL_FP8_H
+#ifndef LOOM_LAYERS_FP8_LINEAR_H
+#define LOOM_LAYERS_FP8_LINEAR_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -20,10 +20,10 @@
  * completes it. So the table is trained once, by the stage that owns it,
  * and the optimizer, checkpoints and the gradient norm see it once.
  *
- * Not here: the schedules and their point-to-point helpers (schedule.h).
+ * Not here: the schedules and their point-to-point helpers (parallel/schedule.h).
  */
-#ifndef LOOM_PARALLEL_PIPELINE_H
-#define LOOM_PARALLEL_PIPELINE_H
+#ifndef LOOM_LAYERS_PP_STAGES_H
+#define LOOM_LAYERS_PP_STAGES_H
 
 #include <stddef.h>
 
