@@ -21,13 +21,22 @@
  *     shard border) and recombined, against the unsplit kernels: exact for
  *     the embedding and for dlogits given the same lse, 1e-6 for lse, loss
  *     and dlogits from the recombined lse.
+ *   - the linear layer (weight [out, in]) of the backend's table, the
+ *     reference table and, in a process of its own per units path (they
+ *     are chosen once per process), the bf16 table: against double sums,
+ *     and bit for bit the same table's LM head without bias, the product
+ *     plus the bias with it, and the same with the operands handed over
+ *     in bf16; GeGLU's gate against double formulas, finite differences
+ *     and, bit for bit, GELU's kernels.
  * The PyTorch comparison is tests/test_kernels_torch.py.
  */
 #include <math.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "base/log.h"
 #include "check.h"
@@ -356,6 +365,158 @@ static void test_lm_head_fd(void)
     fd_check("lm_head dinp vs fd", dinp, c.inp, N * C, lm_head_obj, &c);
     fd_check("lm_head dwte vs fd", dwte, c.wte, V * C, lm_head_obj, &c);
     free(c.inp), free(c.wte), free(c.logits), free(c.wout), free(dinp), free(dwte);
+}
+
+/* ---- linear layer ------------------------------------------------------------------ */
+
+/* Table t's linear layer, weight (OC,C) in torch.nn.Linear's layout, on
+ * bf16-valued inp, weight and dout, so that every table (the bf16 one
+ * included) computes on the same numbers and the products are exact in
+ * float32:
+ *   - against double sums rounded once, with the bounds of the products
+ *     above: C products and the bias (sum_tol(C + 1)), OC terms for dinp,
+ *     N onto dweight's prior contents (sum_tol(N + 1));
+ *   - dbias exactly the prior plus each column's double sum rounded once
+ *     (every dout is a multiple of 2^-12 below 1, so the double sum is
+ *     exact in any order);
+ *   - bit for bit: without bias, the same table's lm_head_forward and
+ *     lm_head_backward; with it, the product plus the bias; the operands
+ *     handed over in bf16 (inp, weight or both, the float32 pointer NULL),
+ *     the same bits as in float32; dinp NULL leaves dweight and dbias as
+ *     they are with it, dweight NULL dinp. dinp is written (NaN before). */
+static void test_linear(const struct loom_kernels *t, const char *table, int N, int C, int OC)
+{
+    char name[112];
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float *x = new_rand(nx, 1.0f), *w = new_rand(nw, 1.0f), *dy = new_rand(ny, 1.0f);
+    uint16_t *x16 = malloc(nx * sizeof *x16), *w16 = malloc(nw * sizeof *w16);
+    loom_lp_round_store(x16, x, nx, LOOM_DTYPE_BF16); /* x rounded, and its bf16 bits */
+    loom_lp_round_store(w16, w, nw, LOOM_DTYPE_BF16);
+    loom_dtype_round_trip(dy, ny, LOOM_DTYPE_BF16);
+    float *bias = new_rand(OC, 1.0f), *dw0 = new_rand(nw, 1.0f), *db0 = new_rand(OC, 1.0f);
+
+    float *out = new_const(ny, NAN), *nob = new_const(ny, NAN), *lm = new_const(ny, NAN);
+    float *want = malloc(ny * sizeof(float)), *alt = malloc(ny * sizeof(float));
+    t->linear_forward(out, x, NULL, w, NULL, bias, N, C, OC);
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = bias[o];
+            for (int c = 0; c < C; c++) s += (double)x[(size_t)i * C + c] * w[(size_t)o * C + c];
+            want[(size_t)i * OC + o] = (float)s;
+        }
+    snprintf(name, sizeof name, "%s linear out vs double (N=%d C=%d OC=%d)", table, N, C, OC);
+    check_scaled(name, out, want, ny, sum_tol(C + 1));
+    t->linear_forward(nob, x, NULL, w, NULL, NULL, N, C, OC);
+    t->lm_head_forward(lm, x, w, N, C, OC);
+    CHECK(memcmp(nob, lm, ny * sizeof(float)) == 0);
+    for (size_t i = 0; i < ny; i++) want[i] = nob[i] + bias[i % OC];
+    CHECK(memcmp(out, want, ny * sizeof(float)) == 0);
+    for (int m = 1; m <= 3; m++) { /* inp, weight, both in bf16 */
+        for (size_t i = 0; i < ny; i++) alt[i] = NAN;
+        t->linear_forward(alt, m & 1 ? NULL : x, m & 1 ? x16 : NULL, m & 2 ? NULL : w, m & 2 ? w16 : NULL,
+                          bias, N, C, OC);
+        CHECK(memcmp(alt, out, ny * sizeof(float)) == 0);
+    }
+
+    float *dx = new_const(nx, NAN), *dw = new_copy(dw0, nw), *db = new_copy(db0, OC);
+    t->linear_backward(dx, dw, db, dy, x, NULL, w, NULL, N, C, OC);
+    float *dx_want = malloc(nx * sizeof(float)), *dw_want = malloc(nw * sizeof(float));
+    float *db_want = malloc(OC * sizeof(float));
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int o = 0; o < OC; o++) s += (double)dy[(size_t)i * OC + o] * w[(size_t)o * C + c];
+            dx_want[(size_t)i * C + c] = (float)s;
+        }
+    for (int o = 0; o < OC; o++) {
+        for (int c = 0; c < C; c++) {
+            double s = dw0[(size_t)o * C + c];
+            for (int i = 0; i < N; i++) s += (double)dy[(size_t)i * OC + o] * x[(size_t)i * C + c];
+            dw_want[(size_t)o * C + c] = (float)s;
+        }
+        double s = 0.0;
+        for (int i = 0; i < N; i++) s += dy[(size_t)i * OC + o];
+        db_want[o] = db0[o] + (float)s;
+    }
+    snprintf(name, sizeof name, "%s linear dinp vs double (N=%d C=%d OC=%d)", table, N, C, OC);
+    check_scaled(name, dx, dx_want, nx, sum_tol(OC));
+    snprintf(name, sizeof name, "%s linear dweight vs double (N=%d C=%d OC=%d)", table, N, C, OC);
+    check_scaled(name, dw, dw_want, nw, sum_tol(N + 1));
+    CHECK(memcmp(db, db_want, OC * sizeof(float)) == 0);
+
+    float *dx2 = new_const(nx, NAN), *dw2 = new_copy(dw0, nw), *db2 = new_copy(db0, OC);
+    float *dx3 = new_const(nx, NAN), *dw3 = new_copy(dw0, nw);
+    t->linear_backward(dx2, dw2, NULL, dy, x, NULL, w, NULL, N, C, OC);
+    t->lm_head_backward(dx3, dw3, dy, x, w, N, C, OC);
+    CHECK(memcmp(dx2, dx3, nx * sizeof(float)) == 0 && memcmp(dw2, dw3, nw * sizeof(float)) == 0);
+    CHECK(memcmp(dx2, dx, nx * sizeof(float)) == 0 && memcmp(dw2, dw, nw * sizeof(float)) == 0);
+    memcpy(dw2, dw0, nw * sizeof(float));
+    t->linear_backward(NULL, dw2, db2, dy, x, NULL, w, NULL, N, C, OC);
+    CHECK(memcmp(dw2, dw, nw * sizeof(float)) == 0 && memcmp(db2, db, OC * sizeof(float)) == 0);
+    for (size_t i = 0; i < nx; i++) dx2[i] = NAN;
+    t->linear_backward(dx2, NULL, NULL, dy, x, NULL, w, NULL, N, C, OC);
+    CHECK(memcmp(dx2, dx, nx * sizeof(float)) == 0);
+    for (int m = 1; m <= 3; m++) {
+        for (size_t i = 0; i < nx; i++) dx2[i] = NAN;
+        memcpy(dw2, dw0, nw * sizeof(float));
+        memcpy(db2, db0, OC * sizeof(float));
+        t->linear_backward(dx2, dw2, db2, dy, m & 1 ? NULL : x, m & 1 ? x16 : NULL, m & 2 ? NULL : w,
+                           m & 2 ? w16 : NULL, N, C, OC);
+        CHECK(memcmp(dx2, dx, nx * sizeof(float)) == 0 && memcmp(dw2, dw, nw * sizeof(float)) == 0 &&
+              memcmp(db2, db, OC * sizeof(float)) == 0);
+    }
+    free(x), free(w), free(dy), free(x16), free(w16), free(bias), free(dw0), free(db0), free(out), free(nob);
+    free(lm), free(want), free(alt), free(dx), free(dw), free(db), free(dx_want), free(dw_want);
+    free(db_want), free(dx2), free(dw2), free(db2), free(dx3), free(dw3);
+}
+
+/* The linear layer's sizes: odd ones, and one whose bias passes take the
+ * parallel path (N * OC >= 32768). */
+static void test_linear_sizes(const struct loom_kernels *t, const char *table)
+{
+    printf("linear, %s table\n", table);
+    test_linear(t, table, 7, 12, 5);
+    test_linear(t, table, 33, 48, 20);
+    test_linear(t, table, 128, 40, 300);
+}
+
+extern char **environ;
+
+/* The bf16 table (kernels_for(BF16)) of each units path: the units are
+ * chosen once per process, so each runs in a process of its own, this
+ * program again with the path named (bf16_table_main). A path above what
+ * the CPU has runs on the best it has. */
+static void test_bf16_tables(void)
+{
+    static const char *const units[] = {"amx", "avx512_bf16", "avx512"};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        char *argv[] = {"test_kernels", "--bf16-units", (char *)units[i], NULL};
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid;
+        int status = 0;
+        const int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+        CHECK(rc == 0);
+        if (rc == 0) {
+            CHECK(waitpid(pid, &status, 0) == pid);
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+    }
+}
+
+static int bf16_table_main(const char *units)
+{
+#ifdef LOOM_HAVE_DNNL
+    CHECK(loom_bf16_units_select(units) == LOOM_OK);
+    const struct loom_kernels *t = loom_backend_kernels(loom_backend_cpu(), LOOM_DTYPE_BF16);
+    CHECK(t != loom_backend_cpu()->k);
+    char table[64];
+    snprintf(table, sizeof table, "bf16 (%s, %s)", units, loom_bf16_units_kernel());
+    test_linear_sizes(t, table);
+#else
+    printf("bf16 units %s: no oneDNN in this build, no bf16 table\n", units);
+#endif
+    return check_summary("test_kernels, bf16 table");
 }
 
 /* ---- attention --------------------------------------------------------------- */
@@ -976,6 +1137,63 @@ static void test_gelu_exact(void)
     free(c.inp), free(c.out), free(c.wout), free(dinp);
 }
 
+/* ---- GeGLU ------------------------------------------------------------------------ */
+
+static double geglu_obj(void *p)
+{
+    struct swiglu_ctx *c = p; /* a gate, an up and their output, as SwiGLU's */
+    K->geglu_forward(c->out, c->gate, c->up, c->n);
+    return dot(c->out, c->wout, c->n);
+}
+
+/* GeGLU's gate, gelu(gate) * up on the tanh form, is GELU's kernels
+ * composed, bit for bit: gelu_forward's value times up; dgate gelu_backward
+ * at dout * up, dup dout times gelu_forward's value (over GELU's sweep, at
+ * a size that takes the parallel path). So its accuracy is GELU's, which
+ * test_gelu bounds; held against the double formula in the same units
+ * (gelu_units: up is a factor of both the value and its derivative, so the
+ * condition number is gelu's) with one more for the product's rounding
+ * (half an ulp of out); a wrong form (SwiGLU's, the erf GELU) errs by
+ * thousands of them. The backward against finite differences. */
+static void test_geglu(void)
+{
+    const size_t n = 40001;
+    float *x = malloc(n * sizeof(float)), *up = new_rand(n, 2.0f), *dout = new_rand(n, 1.0f);
+    for (size_t i = 0; i < n; i++) x[i] = -10.0f + 20.0f * (float)i / (float)(n - 1);
+    float *out = new_const(n, NAN), *g = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+    K->geglu_forward(out, x, up, n);
+    K->gelu_forward(g, x, n);
+    for (size_t i = 0; i < n; i++) want[i] = g[i] * up[i];
+    CHECK(memcmp(out, want, n * sizeof(float)) == 0);
+    double max_units = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double xd = x[i], k = sqrt(2.0 / M_PI), u = k * (xd + 0.044715 * xd * xd * xd);
+        const double e = exp(-2.0 * u), sg = 1.0 / (1.0 + e);
+        const double dgelu = sg + 2.0 * xd * sg * (e * sg) * k * (1.0 + 3.0 * 0.044715 * xd * xd);
+        const double units = gelu_units(out[i], gelu_double(xd) * up[i], dgelu * up[i], xd);
+        if (units > max_units) max_units = units;
+    }
+    printf("geglu vs double on [-10,10]: %.3g units of its rounding (bound %g)\n", max_units, GELU_UNITS + 1);
+    CHECK(max_units <= GELU_UNITS + 1);
+    float *dg = new_const(n, NAN), *du = new_const(n, NAN), *dxu = malloc(n * sizeof(float));
+    float *dg_want = malloc(n * sizeof(float)), *du_want = malloc(n * sizeof(float));
+    K->geglu_backward(dg, du, dout, x, up, n);
+    for (size_t i = 0; i < n; i++) dxu[i] = dout[i] * up[i], du_want[i] = dout[i] * g[i];
+    K->gelu_backward(dg_want, dxu, x, n);
+    CHECK(memcmp(dg, dg_want, n * sizeof(float)) == 0);
+    CHECK(memcmp(du, du_want, n * sizeof(float)) == 0);
+    free(x), free(up), free(dout), free(out), free(g), free(want), free(dg), free(du), free(dxu);
+    free(dg_want), free(du_want);
+
+    const size_t m = 40;
+    struct swiglu_ctx c = {new_rand(m, 4.0f), new_rand(m, 2.0f), new_const(m, 0.0f), new_rand(m, 1.0f), m};
+    float *dgate = new_const(m, NAN), *dup = new_const(m, NAN); /* written, not accumulated */
+    K->geglu_backward(dgate, dup, c.wout, c.gate, c.up, m);
+    fd_check("geglu dgate vs fd", dgate, c.gate, m, geglu_obj, &c);
+    fd_check("geglu dup vs fd", dup, c.up, m, geglu_obj, &c);
+    free(c.gate), free(c.up), free(c.out), free(c.wout), free(dgate), free(dup);
+}
+
 struct residual_ctx {
     float *a, *b, *out, *wout;
     size_t n;
@@ -1279,6 +1497,8 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->lm_head_backward != NULL,
         k->lm_head_forward_lp != NULL,
         k->lm_head_backward_lp != NULL,
+        k->linear_forward != NULL,
+        k->linear_backward != NULL,
         k->attention_forward != NULL,
         k->attention_backward != NULL,
         k->gelu_forward != NULL,
@@ -1293,6 +1513,8 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->rope_backward != NULL,
         k->swiglu_forward != NULL,
         k->swiglu_backward != NULL,
+        k->geglu_forward != NULL,
+        k->geglu_backward != NULL,
         k->crossentropy_forward != NULL,
         k->crossentropy_backward != NULL,
         k->crossentropy_vp_max != NULL,
@@ -1329,8 +1551,9 @@ static void test_bf16_units_select(void)
     loom_error_clear();
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--bf16-units") == 0) return bf16_table_main(argv[2]);
     REF = loom_kernels_ref();
     check_complete("ref", REF);
     CHECK(loom_backend_count() >= 1 && loom_backend_get("cpu") == loom_backend_cpu());
@@ -1379,7 +1602,11 @@ int main(void)
         test_rope();
         test_swiglu();
         test_lm_head_lp(40, 16, 30000); /* column blocks of 26214: two, the second partial */
+        test_geglu();
+        test_linear_sizes(K, be->name);
     }
+    test_linear_sizes(REF, "ref");
+    test_bf16_tables();
     test_bf16_units_select();
     return check_summary("test_kernels");
 }

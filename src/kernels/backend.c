@@ -23,6 +23,8 @@ const struct loom_kernels *loom_kernels_ref(void)
         ref.lm_head_backward = loom_lm_head_backward_ref;
         ref.lm_head_forward_lp = loom_lm_head_forward_lp_ref;
         ref.lm_head_backward_lp = loom_lm_head_backward_lp_ref;
+        ref.linear_forward = loom_linear_forward_ref;
+        ref.linear_backward = loom_linear_backward_ref;
         ref.attention_forward = loom_attention_forward_ref;
         ref.attention_backward = loom_attention_backward_ref;
         made = 1;

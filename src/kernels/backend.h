@@ -58,7 +58,7 @@ struct loom_kernels {
 
     /* ---- LM head: logits (N,V) = inp (N,C) @ wte (V,C)^T */
     void (*lm_head_forward)(float *logits, const float *inp, const float *wte, int N, int C, int V);
-    /* dinp (N,C) written (NULL: skipped, here and in the _lp form); dwte (V,C) accumulates */
+    /* dinp (N,C) written, dwte (V,C) accumulates; each skipped when NULL (dinp in the _lp form too) */
     void (*lm_head_backward)(float *dinp, float *dwte, const float *dlogits, const float *inp,
                              const float *wte, int N, int C, int V);
     /* the same with logits / dlogits (N,V) held in 16 bits of dtype dt (BF16
@@ -80,6 +80,22 @@ struct loom_kernels {
     void (*matmul_backward_b16)(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const uint16_t *inp16, const float *weight,
                                 const uint16_t *weight16, int N, int C, int OC);
+
+    /* ---- linear: out (N,OC) = inp (N,C) @ weight (OC,C)^T, then bias (OC) added
+     * to each row unless NULL; the weight stored [out, in] (torch.nn.Linear's).
+     * inp16 and weight16, where non-NULL, are the operands in bf16, used in
+     * place of inp and weight (which may then be NULL): a bf16-valued operand
+     * gives the same bits either way. Without bias and 16-bit operands it is
+     * this table's lm_head_forward, bit for bit */
+    void (*linear_forward)(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                           const uint16_t *weight16, const float *bias, int N, int C, int OC);
+    /* dinp (N,C) written; dweight (OC,C) and dbias (OC) accumulate, dbias the
+     * column sums of dout in bias_backward's order; each skipped when NULL.
+     * Without dbias and 16-bit operands: this table's lm_head_backward, bit
+     * for bit */
+    void (*linear_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                            int C, int OC);
 
     /* ---- causal attention: qkv (B,T,3C) -> out (B,T,C); saves att (B,NH,T,T) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
@@ -107,6 +123,11 @@ struct loom_kernels {
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                             size_t n);
+    /* ---- GeGLU's gate: out (n) = gelu(gate) * up, gelu gelu_forward's (tanh
+     * form, its bits); dgate, dup (n) written */
+    void (*geglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*geglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                           size_t n);
 
     /* ---- residual: out (n) = a + b; da, db (n) accumulate dout */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
@@ -167,10 +188,10 @@ struct loom_backend {
 
 /* The CPU backend: kernels/cpu/, the accounting allocator, base/buf.c. */
 const struct loom_backend *loom_backend_cpu(void);
-/* The reference kernels: the `_ref` loops for matmul, the LM head and
- * attention; every other member is the CPU kernel, which is its own
- * reference (tests/test_kernels.c checks those against double formulas and
- * finite differences instead). */
+/* The reference kernels: the `_ref` loops for matmul, the LM head, the
+ * linear layer and attention; every other member is the CPU kernel, which
+ * is its own reference (tests/test_kernels.c checks those against double
+ * formulas and finite differences instead). */
 const struct loom_kernels *loom_kernels_ref(void);
 
 /* The table for compute in dtype: b->kernels_for's, or b->k. */

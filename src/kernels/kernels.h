@@ -83,7 +83,7 @@ void loom_matmul_backward_ref(float *dinp, float *dweight, float *dbias, const f
 /* ---- LM head tied to the token embedding ----------------------------------
  * logits (N,V) = inp (N,C) @ wte^T, wte (V,C). No bias. */
 void loom_lm_head_forward(float *logits, const float *inp, const float *wte, int N, int C, int V);
-/* dinp (N,C) is written (skipped when NULL); dwte (V,C) accumulates. */
+/* dinp (N,C) is written; dwte (V,C) accumulates; each skipped when NULL. */
 void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const float *inp, const float *wte,
                            int N, int C, int V);
 void loom_lm_head_forward_ref(float *logits, const float *inp, const float *wte, int N, int C, int V);
@@ -106,8 +106,37 @@ void loom_lm_head_backward_lp(float *dinp, float *dwte, const uint16_t *dlogits,
 void loom_lm_head_backward_lp_ref(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
                                   const float *inp, const float *wte, const uint16_t *wte16, int N, int C,
                                   int V);
-/* dbias (OC) += the column sums of dout (N,OC), in row order */
+/* out (N,OC) += bias (OC), added to each row */
+void loom_bias_forward(float *out, const float *bias, int N, int OC);
+/* dbias (OC) += the column sums of dout (N,OC): each column's rows 0..N-1
+ * added in order in double, the sum rounded to float once and added */
 void loom_bias_backward(float *dbias, const float *dout, int N, int OC);
+
+/* ---- linear layer, weight stored [out, in] (torch.nn.Linear's) ------------
+ * out (N,OC) = inp (N,C) @ weight (OC,C)^T, then bias (OC) added to each
+ * row (loom_bias_forward) unless NULL. inp16 and weight16, where non-NULL,
+ * are the same operands in bf16 (a 16-bit activation, the stored 16-bit
+ * parameters), used in place of inp and weight (which may then be NULL):
+ * the float32 kernels widen them, which is exact, and the bf16 ones
+ * (below) take them as they are, so a bf16-valued operand gives the same
+ * bits either way. Without bias and 16-bit operands it is
+ * loom_lm_head_forward, bit for bit: the same product. */
+void loom_linear_forward(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                         const uint16_t *weight16, const float *bias, int N, int C, int OC);
+/* dinp (N,C) = dout (N,OC) @ weight, written; dweight (OC,C) += dout^T @
+ * inp; dbias (OC) += the column sums of dout (loom_bias_backward's order);
+ * each skipped when NULL. Without dbias and 16-bit operands it is
+ * loom_lm_head_backward, bit for bit. */
+void loom_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N, int C,
+                          int OC);
+/* The references: plain loops, double sums rounded once, the bias added
+ * to the rounded product. */
+void loom_linear_forward_ref(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                             const uint16_t *weight16, const float *bias, int N, int C, int OC);
+void loom_linear_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                              const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                              int C, int OC);
 
 /* ---- the same products on the CPU's bf16 units (matmul_bf16.c) -------------
  * Signatures, layouts and gradient rule as above; both operands are rounded
@@ -156,6 +185,14 @@ void loom_matmul_forward_b16(float *out, const float *inp, const uint16_t *inp16
 void loom_matmul_backward_b16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                               const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
                               int C, int OC);
+/* The linear layer on the bf16 units: without bias and 16-bit operands,
+ * loom_lm_head_forward_bf16 / loom_lm_head_backward_bf16 bit for bit; the
+ * 16-bit operands go to the units as they are. */
+void loom_linear_forward_bf16(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                              const uint16_t *weight16, const float *bias, int N, int C, int OC);
+void loom_linear_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                               const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                               int C, int OC);
 
 /* ---- causal multi-head self-attention ------------------------------------
  * qkv (B,T,3C) holds [q | k | v] along the last axis, head h at columns
@@ -186,6 +223,15 @@ void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, co
 void loom_gelu_forward(float *out, const float *inp, size_t n);
 /* dinp (n) is written. */
 void loom_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);
+
+/* ---- GeGLU's gate (Gemma's MLP): out (n) = gelu(gate) * up ------------------
+ * gelu the tanh form above, computed as loom_gelu_forward computes it:
+ * out[i] is the bits of loom_gelu_forward's gelu(gate[i]) times up[i]. */
+void loom_geglu_forward(float *out, const float *gate, const float *up, size_t n);
+/* dgate = (dout up) gelu'(gate), the bits of loom_gelu_backward given the
+ * output gradient dout[i] * up[i]; dup = dout gelu(gate); both (n) written. */
+void loom_geglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                         size_t n);
 
 /* ---- GELU, exact (erf) form (torch.nn.functional.gelu(x)) ----------------- */
 void loom_gelu_exact_forward(float *out, const float *inp, size_t n);

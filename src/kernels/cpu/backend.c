@@ -25,6 +25,8 @@ static const struct loom_kernels cpu_kernels = {
     .lm_head_forward_lp = loom_lm_head_forward_lp,
     .lm_head_backward_lp = loom_lm_head_backward_lp,
     .lm_head_lp_scratch = loom_lm_head_lp_scratch,
+    .linear_forward = loom_linear_forward,
+    .linear_backward = loom_linear_backward,
     .attention_forward = loom_attention_forward,
     .attention_backward = loom_attention_backward,
     .gelu_forward = loom_gelu_forward,
@@ -37,6 +39,8 @@ static const struct loom_kernels cpu_kernels = {
     .rope_backward = loom_rope_backward,
     .swiglu_forward = loom_swiglu_forward,
     .swiglu_backward = loom_swiglu_backward,
+    .geglu_forward = loom_geglu_forward,
+    .geglu_backward = loom_geglu_backward,
     .residual_forward = loom_residual_forward,
     .residual_backward = loom_residual_backward,
     .crossentropy_forward = loom_crossentropy_forward,
@@ -67,6 +71,8 @@ static const struct loom_kernels *cpu_kernels_for(enum loom_dtype compute)
         bf16.lm_head_lp_scratch = NULL; /* its conversions are the kernels' own (other) */
         bf16.matmul_forward_b16 = loom_matmul_forward_b16;
         bf16.matmul_backward_b16 = loom_matmul_backward_b16;
+        bf16.linear_forward = loom_linear_forward_bf16;
+        bf16.linear_backward = loom_linear_backward_bf16;
     }
     return &bf16;
 }

@@ -1,5 +1,6 @@
 /*
- * GELU, forward and backward, in two forms.
+ * GELU, forward and backward, in two forms; and GeGLU's gate (Gemma's MLP:
+ * down(gelu(gate(x)) * up(x))) on the tanh form.
  *
  * The tanh form (GPT-2's, Hugging Face's gelu_new), as
  * torch.nn.functional.gelu(x, approximate="tanh"):
@@ -58,6 +59,35 @@ void loom_gelu_backward(float *dinp, const float *dout, const float *inp, size_t
         const float s = 1.0f / (1.0f + e);
         const float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
         dinp[i] = dout[i] * (s + 2.0f * x * s * (e * s) * du);
+    }
+}
+
+/* GeGLU, on the tanh form's steps above, so that gelu(g) and gelu'(g) are
+ * the bits loom_gelu_forward and loom_gelu_backward compute:
+ *   out = gelu(g) u;  dg = (dout u) gelu'(g),  du = dout gelu(g).
+ * out, gate, up (n) */
+void loom_geglu_forward(float *out, const float *gate, const float *up, size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float x = gate[i];
+        const float g = x / (1.0f + vexpf(neg_two_u(x)));
+        out[i] = g * up[i];
+    }
+}
+
+/* dgate, dup (n) written; dout, gate, up (n) */
+void loom_geglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                         size_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        const float x = gate[i], d = dout[i];
+        const float e = vexpf(neg_two_u(x));
+        const float s = 1.0f / (1.0f + e);
+        const float du = GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+        dgate[i] = d * up[i] * (s + 2.0f * x * s * (e * s) * du);
+        dup[i] = d * (x / (1.0f + e));
     }
 }
 

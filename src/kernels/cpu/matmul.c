@@ -1,9 +1,10 @@
 /*
  * Dense layers through cblas_sgemm: matmul + bias with the weight stored
- * [in, out] (Hugging Face GPT-2's Conv1D layout), and the LM head tied to
- * the token embedding (logits = inp @ wte^T). Plus plain triple-loop
- * `_ref` versions of both (double accumulators) that the tests hold the
- * BLAS path against.
+ * [in, out] (Hugging Face GPT-2's Conv1D layout), the LM head tied to the
+ * token embedding (logits = inp @ wte^T), and the linear layer with the
+ * weight stored [out, in] (torch.nn.Linear's), which is the LM head's
+ * product plus a bias. Plus plain triple-loop `_ref` versions (double
+ * accumulators) that the tests hold the BLAS path against.
  *
  * The BLAS is called outside any parallel region, so it uses every thread.
  * Deliberately not: a hand-written GEMM, or fused activations.
@@ -15,6 +16,17 @@
 #include "base/mem.h"
 
 #define COL_BLOCK 128 /* columns per task in the bias-gradient reduction */
+
+/* out (N,OC) += bias (OC), row by row */
+void loom_bias_forward(float *out, const float *bias, int N, int OC)
+{
+#pragma omp parallel for schedule(static) if ((size_t)N * OC >= 32768)
+    for (int i = 0; i < N; i++) {
+        float *o = out + (size_t)i * OC;
+#pragma omp simd
+        for (int c = 0; c < OC; c++) o[c] += bias[c];
+    }
+}
 
 /* dbias (OC) += column sums of dout (N,OC). Threads own column bands, so
  * there is no race and the rows are added in order. */
@@ -80,7 +92,45 @@ void loom_lm_head_backward(float *dinp, float *dwte, const float *dlogits, const
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dinp,
                     C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f, dwte, C);
+    if (dwte)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f, dwte,
+                    C);
+}
+
+/* x16 (n values, bf16) widened to float32 in a buffer to loom_free; NULL
+ * when x16 is NULL. */
+static float *widened(const uint16_t *x16, size_t n)
+{
+    if (!x16) return NULL;
+    float *x = loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_OTHER);
+    loom_bf16_to_f32_array(x, x16, n);
+    return x;
+}
+
+/* out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC): the LM head's
+ * product, on the bf16 operands widened where given */
+void loom_linear_forward(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                         const uint16_t *weight16, const float *bias, int N, int C, int OC)
+{
+    float *x = widened(inp16, (size_t)N * C), *w = widened(weight16, (size_t)OC * C);
+    loom_lm_head_forward(out, x ? x : inp, w ? w : weight, N, C, OC);
+    if (bias) loom_bias_forward(out, bias, N, OC);
+    loom_free(x);
+    loom_free(w);
+}
+
+/* dinp (N,C) = dout @ weight, written; dweight (OC,C) += dout^T @ inp;
+ * dbias (OC) += column sums of dout; each skipped when NULL */
+void loom_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N, int C,
+                          int OC)
+{
+    float *x = dweight ? widened(inp16, (size_t)N * C) : NULL;
+    float *w = dinp ? widened(weight16, (size_t)OC * C) : NULL;
+    if (dinp || dweight) loom_lm_head_backward(dinp, dweight, dout, x ? x : inp, w ? w : weight, N, C, OC);
+    if (dbias) loom_bias_backward(dbias, dout, N, OC);
+    loom_free(x);
+    loom_free(w);
 }
 
 /* A block of the (N, V) logits staged in float32: V columns of N rows
@@ -214,10 +264,57 @@ void loom_lm_head_backward_ref(float *dinp, float *dwte, const float *dlogits, c
                 for (int v = 0; v < V; v++) s += (double)dlogits[(size_t)i * V + v] * wte[(size_t)v * C + c];
                 dinp[(size_t)i * C + c] = (float)s;
             }
+    if (!dwte) return;
     for (int v = 0; v < V; v++)
         for (int c = 0; c < C; c++) {
             double s = 0.0;
             for (int i = 0; i < N; i++) s += (double)dlogits[(size_t)i * V + v] * inp[(size_t)i * C + c];
             dwte[(size_t)v * C + c] += (float)s;
+        }
+}
+
+/* element i of an operand given in float32 (x) or in bf16 (x16, when non-NULL) */
+static float at(const float *x, const uint16_t *x16, size_t i)
+{
+    return x16 ? loom_bf16_to_f32(x16[i]) : x[i];
+}
+
+void loom_linear_forward_ref(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                             const uint16_t *weight16, const float *bias, int N, int C, int OC)
+{
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0.0;
+            for (int c = 0; c < C; c++)
+                s += (double)at(inp, inp16, (size_t)i * C + c) * at(weight, weight16, (size_t)o * C + c);
+            out[(size_t)i * OC + o] = bias ? (float)s + bias[o] : (float)s;
+        }
+}
+
+void loom_linear_backward_ref(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                              const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                              int C, int OC)
+{
+    if (dinp)
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < C; c++) {
+                double s = 0.0;
+                for (int o = 0; o < OC; o++)
+                    s += (double)dout[(size_t)i * OC + o] * at(weight, weight16, (size_t)o * C + c);
+                dinp[(size_t)i * C + c] = (float)s;
+            }
+    if (dweight)
+        for (int o = 0; o < OC; o++)
+            for (int c = 0; c < C; c++) {
+                double s = 0.0;
+                for (int i = 0; i < N; i++)
+                    s += (double)dout[(size_t)i * OC + o] * at(inp, inp16, (size_t)i * C + c);
+                dweight[(size_t)o * C + c] += (float)s;
+            }
+    if (dbias)
+        for (int o = 0; o < OC; o++) {
+            double s = 0.0;
+            for (int i = 0; i < N; i++) s += dout[(size_t)i * OC + o];
+            dbias[o] += (float)s;
         }
 }

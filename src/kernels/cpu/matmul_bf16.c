@@ -1,12 +1,12 @@
 /*
- * Dense layers and the LM head on the CPU's bf16 units: the same products
- * as matmul.c (same signatures, layouts and gradient rule), with both
- * operands rounded to bf16 and products accumulated in float32, through
- * oneDNN's matmul primitive. oneDNN picks its kernel by the CPU's features
- * (AMX tiles, then AVX512-BF16's dot products, then an emulation on plain
- * AVX512); which units run is chosen once per process (loom_bf16_units_select)
- * by capping the instruction set oneDNN may use, or set aside for
- * matmul.c's float32 path.
+ * Dense layers, the LM head and the linear layer on the CPU's bf16 units:
+ * the same products as matmul.c (same signatures, layouts and gradient
+ * rule), with both operands rounded to bf16 and products accumulated in
+ * float32, through oneDNN's matmul primitive. oneDNN picks its kernel by
+ * the CPU's features (AMX tiles, then AVX512-BF16's dot products, then an
+ * emulation on plain AVX512); which units run is chosen once per process
+ * (loom_bf16_units_select) by capping the instruction set oneDNN may use,
+ * or set aside for matmul.c's float32 path.
  *
  * Under --bf16 every operand is already bf16-valued (the parameters are held
  * in bf16; the activations and their gradients are rounded as they are
@@ -290,16 +290,16 @@ void loom_matmul_backward_bf16(float *dinp, float *dweight, float *dbias, const 
     if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }
 
+/* The LM head is the linear layer without bias: the same products. */
 void loom_lm_head_forward_bf16(float *logits, const float *inp, const float *wte, int N, int C, int V)
 {
-    gemm(N, V, C, inp, 0, wte, 1, logits, 0);
+    loom_linear_forward_bf16(logits, inp, NULL, wte, NULL, NULL, N, C, V);
 }
 
 void loom_lm_head_backward_bf16(float *dinp, float *dwte, const float *dlogits, const float *inp,
                                 const float *wte, int N, int C, int V)
 {
-    if (dinp) gemm(N, C, V, dlogits, 0, wte, 0, dinp, 0);
-    gemm(V, C, N, dlogits, 1, inp, 0, dwte, 1);
+    loom_linear_backward_bf16(dinp, dwte, NULL, dlogits, inp, NULL, wte, NULL, N, C, V);
 }
 
 void loom_lm_head_backward_lp_bf16(float *dinp, float *dwte, const uint16_t *dlogits, enum loom_dtype dt,
@@ -340,5 +340,22 @@ void loom_matmul_backward_b16(float *dinp, float *dweight, float *dbias, const f
 {
     if (dinp) gemm_x(N, C, OC, dout, NULL, 0, weight, weight16, 1, dinp, 0, 0); /* dout @ weight^T */
     if (dweight) gemm_x(C, OC, N, inp, inp16, 1, dout, NULL, 0, dweight, 1, 0); /* dweight += inp^T @ dout */
+    if (dbias) loom_bias_backward(dbias, dout, N, OC);
+}
+
+/* out (N,OC) = inp (N,C) @ weight (OC,C)^T, then the bias added to each row */
+void loom_linear_forward_bf16(float *out, const float *inp, const uint16_t *inp16, const float *weight,
+                              const uint16_t *weight16, const float *bias, int N, int C, int OC)
+{
+    gemm_x(N, OC, C, inp, inp16, 0, weight, weight16, 1, out, 0, 0);
+    if (bias) loom_bias_forward(out, bias, N, OC);
+}
+
+void loom_linear_backward_bf16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                               const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
+                               int C, int OC)
+{
+    if (dinp) gemm_x(N, C, OC, dout, NULL, 0, weight, weight16, 0, dinp, 0, 0); /* dout @ weight */
+    if (dweight) gemm_x(OC, C, N, dout, NULL, 1, inp, inp16, 0, dweight, 1, 0); /* dweight += dout^T @ inp */
     if (dbias) loom_bias_backward(dbias, dout, N, OC);
 }
