@@ -27,7 +27,10 @@
  *     and bit for bit the same table's LM head without bias, the product
  *     plus the bias with it, and the same with the operands handed over
  *     in bf16; GeGLU's gate against double formulas, finite differences
- *     and, bit for bit, GELU's kernels.
+ *     and, bit for bit, GELU's kernels;
+ *   - the non-finite checks (float32, bf16, fp16) at every position and
+ *     the 16-bit sum of squares against an exact double sum. The sparse
+ *     attention members are tests/test_sparse_attention.c's.
  * The PyTorch comparison is tests/test_kernels_torch.py.
  */
 #include <math.h>
@@ -443,6 +446,10 @@ static void test_linear(const struct loom_kernels *t, const char *table, int N, 
     snprintf(name, sizeof name, "%s linear dweight vs double (N=%d C=%d OC=%d)", table, N, C, OC);
     check_scaled(name, dw, dw_want, nw, sum_tol(N + 1));
     CHECK(memcmp(db, db_want, OC * sizeof(float)) == 0);
+    float *db3 = new_copy(db0, OC); /* the table's bias gradient: the same sums */
+    t->bias_backward(db3, dy, N, OC);
+    CHECK(memcmp(db3, db, OC * sizeof(float)) == 0);
+    free(db3);
 
     float *dx2 = new_const(nx, NAN), *dw2 = new_copy(dw0, nw), *db2 = new_copy(db0, OC);
     float *dx3 = new_const(nx, NAN), *dw3 = new_copy(dw0, nw);
@@ -482,13 +489,14 @@ static void test_linear_sizes(const struct loom_kernels *t, const char *table)
 
 extern char **environ;
 
-/* The bf16 table (kernels_for(BF16)) of each units path: the units are
- * chosen once per process, so each runs in a process of its own, this
- * program again with the path named (bf16_table_main). A path above what
- * the CPU has runs on the best it has. */
+/* The bf16 table (kernels_for(BF16)): the units are chosen once per
+ * process, so each path runs in a process of its own, this program again
+ * with the path named (bf16_table_main): the best the CPU has (AMX or
+ * AVX512-BF16; none: no bf16 table to test) and oneDNN's emulation on
+ * plain AVX512 (which runs on the best the CPU has where it lacks AVX512). */
 static void test_bf16_tables(void)
 {
-    static const char *const units[] = {"amx", "avx512_bf16", "avx512"};
+    static const char *const units[] = {"auto", "avx512"};
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         char *argv[] = {"test_kernels", "--bf16-units", (char *)units[i], NULL};
         fflush(stdout);
@@ -509,10 +517,16 @@ static int bf16_table_main(const char *units)
 #ifdef LOOM_HAVE_DNNL
     CHECK(loom_bf16_units_select(units) == LOOM_OK);
     const struct loom_kernels *t = loom_backend_kernels(loom_backend_cpu(), LOOM_DTYPE_BF16);
-    CHECK(t != loom_backend_cpu()->k);
-    char table[64];
-    snprintf(table, sizeof table, "bf16 (%s, %s)", units, loom_bf16_units_kernel());
-    test_linear_sizes(t, table);
+    if (loom_bf16_units() == LOOM_BF16_UNITS_F32) {
+        printf("bf16 units %s: the CPU has none, the bf16 table is the float32 one\n", units);
+        CHECK(t == loom_backend_cpu()->k);
+    } else {
+        CHECK(t != loom_backend_cpu()->k);
+        char table[96];
+        snprintf(table, sizeof table, "bf16 (%s: %s, %s)", units, loom_bf16_units_name(loom_bf16_units()),
+                 loom_bf16_units_kernel());
+        test_linear_sizes(t, table);
+    }
 #else
     printf("bf16 units %s: no oneDNN in this build, no bf16 table\n", units);
 #endif
@@ -1481,6 +1495,115 @@ static void test_sum_squares(void)
     }
 }
 
+/* ---- the non-finite checks, the 16-bit sum of squares ------------------------------- */
+
+/* Table t's has_nonfinite finds one inf or NaN anywhere: every position of
+ * short arrays (the vector loop's remainders), and the ends and middle of a
+ * long one (the parallel path); finite extremes are not flagged. */
+static void test_has_nonfinite(const struct loom_kernels *t, const char *table)
+{
+    printf("has_nonfinite, %s table\n", table);
+    static const uint32_t bad_bits[] = {0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000,
+                                        0x7f800001, 0xffbfffff, 0x7fffffff};
+    enum { SHORT = 70, LONG = 1 << 18 }; /* LONG: 4x the size the parallel path starts at */
+    float *x = malloc(LONG * sizeof *x);
+    for (size_t i = 0; i < LONG; i++) x[i] = (i % 3 == 0) ? 3.4028235e38f : (i % 3 == 1) ? -1.4e-45f : 0.f;
+    CHECK(!t->has_nonfinite(x, 0) && !t->has_nonfinite(x, LONG));
+    int missed = 0;
+    for (size_t k = 0; k < sizeof bad_bits / sizeof bad_bits[0]; k++) {
+        float v;
+        memcpy(&v, &bad_bits[k], sizeof v);
+        for (size_t n = 1; n <= SHORT; n++)
+            for (size_t pos = 0; pos < n; pos++) {
+                float keep = x[pos];
+                x[pos] = v;
+                missed += !t->has_nonfinite(x, n);
+                missed += t->has_nonfinite(x + pos + 1, n - pos - 1); /* past it: clean */
+                x[pos] = keep;
+            }
+        size_t at[] = {0, 1, LONG / 2, LONG - 2, LONG - 1};
+        for (size_t j = 0; j < sizeof at / sizeof at[0]; j++) {
+            float keep = x[at[j]];
+            x[at[j]] = v;
+            missed += !t->has_nonfinite(x, LONG);
+            x[at[j]] = keep;
+        }
+    }
+    CHECK(missed == 0);
+    free(x);
+}
+
+/* The same for values held in bf16 and fp16: each dtype's infinities and
+ * NaNs (both signs, quiet and signalling) found at every position of short
+ * arrays and at the ends and middle of a long one; the largest finite value
+ * and the smallest subnormal, of both signs, not flagged. */
+static void test_lp_has_nonfinite(void)
+{
+    static const enum loom_dtype dts[2] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    static const uint16_t bad[2][4] = {{0x7f80, 0xff80, 0x7fc0, 0xff81}, {0x7c00, 0xfc00, 0x7e00, 0xfc01}};
+    static const uint16_t fine[2][4] = {{0x7f7f, 0xff7f, 0x0001, 0x8001}, {0x7bff, 0xfbff, 0x0001, 0x8001}};
+    enum { SHORT = 70, LONG = 1 << 18 }; /* LONG: 4x the size the parallel path starts at */
+    uint16_t *x = malloc(LONG * sizeof *x);
+    for (int d = 0; d < 2; d++) {
+        const enum loom_dtype dt = dts[d];
+        for (size_t i = 0; i < LONG; i++) x[i] = fine[d][i % 4];
+        CHECK(!K->lp_has_nonfinite(x, 0, dt) && !K->lp_has_nonfinite(x, LONG, dt));
+        int missed = 0;
+        for (int k = 0; k < 4; k++) {
+            for (size_t n = 1; n <= SHORT; n++)
+                for (size_t pos = 0; pos < n; pos++) {
+                    const uint16_t keep = x[pos];
+                    x[pos] = bad[d][k];
+                    missed += !K->lp_has_nonfinite(x, n, dt);
+                    missed += K->lp_has_nonfinite(x + pos + 1, n - pos - 1, dt);
+                    x[pos] = keep;
+                }
+            const size_t at[] = {0, 1, LONG / 2, LONG - 2, LONG - 1};
+            for (size_t j = 0; j < sizeof at / sizeof at[0]; j++) {
+                const uint16_t keep = x[at[j]];
+                x[at[j]] = bad[d][k];
+                missed += !K->lp_has_nonfinite(x, LONG, dt);
+                x[at[j]] = keep;
+            }
+        }
+        printf("lp_has_nonfinite %s: %d missed or false\n", loom_dtype_name(dt), missed);
+        CHECK(missed == 0);
+    }
+    free(x);
+}
+
+/* lp_sum_squares of bf16 and fp16 values: multiples of 2^-12 below 2 stay
+ * multiples of 2^-12 when rounded to either dtype (neither has a finer bit
+ * at that size), so every square is a multiple of 2^-24 of at most 4 and a
+ * sum of n < 2^20 of them needs under 46 bits: exact in double in any
+ * order. So equal to a sequential double sum, at 1 and 2 threads, below and
+ * above the parallel path's size. */
+static void test_lp_sum_squares(void)
+{
+    static const enum loom_dtype dts[2] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    const size_t sizes[3] = {1, 1001, 300007};
+    const int saved = get_threads();
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 3; k++) {
+            const size_t n = sizes[k];
+            float *x = new_rand(n, 2.0f);
+            uint16_t *h = malloc(n * sizeof *h);
+            loom_lp_from_f32(h, x, n, dts[d]);
+            loom_lp_to_f32(x, h, n, dts[d]);
+            double want = 0.0;
+            for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
+            set_threads(1);
+            const double s1 = K->lp_sum_squares(h, n, dts[d]);
+            set_threads(2);
+            const double s2 = K->lp_sum_squares(h, n, dts[d]);
+            printf("lp_sum_squares %s n=%zu: %.17g, sequential double sum %.17g\n", loom_dtype_name(dts[d]),
+                   n, s1, want);
+            CHECK(s1 == want && s2 == want);
+            free(x), free(h);
+        }
+    set_threads(saved);
+}
+
 /* Every required member of a table is set (in the order of backend.h). */
 static void check_complete(const char *name, const struct loom_kernels *k)
 {
@@ -1493,6 +1616,7 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->layernorm_backward != NULL,
         k->matmul_forward != NULL,
         k->matmul_backward != NULL,
+        k->bias_backward != NULL,
         k->lm_head_forward != NULL,
         k->lm_head_backward != NULL,
         k->lm_head_forward_lp != NULL,
@@ -1501,6 +1625,8 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->linear_backward != NULL,
         k->attention_forward != NULL,
         k->attention_backward != NULL,
+        k->sparse_attention_forward != NULL,
+        k->sparse_attention_backward != NULL,
         k->gelu_forward != NULL,
         k->gelu_backward != NULL,
         k->gelu_exact_forward != NULL,
@@ -1522,6 +1648,9 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->crossentropy_vp_backward != NULL,
         k->adamw_update != NULL,
         k->sum_squares != NULL,
+        k->lp_sum_squares != NULL,
+        k->has_nonfinite != NULL,
+        k->lp_has_nonfinite != NULL,
     };
     /* optional: the bf16 products on bf16 operands come in a pair */
     CHECK(!k->matmul_forward_b16 == !k->matmul_backward_b16);
@@ -1604,8 +1733,12 @@ int main(int argc, char **argv)
         test_lm_head_lp(40, 16, 30000); /* column blocks of 26214: two, the second partial */
         test_geglu();
         test_linear_sizes(K, be->name);
+        test_has_nonfinite(K, be->name);
+        test_lp_has_nonfinite();
+        test_lp_sum_squares();
     }
     test_linear_sizes(REF, "ref");
+    test_has_nonfinite(REF, "ref");
     test_bf16_tables();
     test_bf16_units_select();
     return check_summary("test_kernels");

@@ -2,8 +2,8 @@
  * The loss scaler against DeepSpeed's rules (optim/loss_scaler.h), one
  * scripted scenario per rule; then against DeepSpeed's own bookkeeping
  * (iteration counter, last overflowing iteration), restated below, on
- * random scripts over a grid of knobs; checkpoint restore; and the
- * overflow check.
+ * random scripts over a grid of knobs; checkpoint restore. The overflow
+ * check itself is a kernel (tests/test_kernels.c).
  *
  * Scripts have one character per optimizer step: 'x' a step whose
  * gradients overflowed, '.' a clean one.
@@ -326,43 +326,6 @@ static void test_restore(void)
     CHECK(s.st.scale == 8 && s.st.steps == good.steps && s.st.skipped_steps == good.skipped_steps);
 }
 
-/* The overflow check finds one inf or NaN anywhere: every position of short
- * arrays (the vector loop's remainders), and the ends and middle of a long
- * one (the parallel path); finite extremes are not flagged. */
-static void test_has_nonfinite(void)
-{
-    static const uint32_t bad_bits[] = {0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000,
-                                        0x7f800001, 0xffbfffff, 0x7fffffff};
-    enum { SHORT = 70, LONG = 1 << 20 };
-    float *x = malloc(LONG * sizeof *x);
-    CHECK(x != NULL);
-    if (!x) return;
-    for (size_t i = 0; i < LONG; i++) x[i] = (i % 3 == 0) ? 3.4028235e38f : (i % 3 == 1) ? -1.4e-45f : 0.f;
-    CHECK(!loom_has_nonfinite(x, 0) && !loom_has_nonfinite(x, LONG) && !loom_has_nonfinite_ref(x, LONG));
-    int missed = 0;
-    for (size_t k = 0; k < sizeof bad_bits / sizeof bad_bits[0]; k++) {
-        float v;
-        memcpy(&v, &bad_bits[k], sizeof v);
-        for (size_t n = 1; n <= SHORT; n++)
-            for (size_t pos = 0; pos < n; pos++) {
-                float keep = x[pos];
-                x[pos] = v;
-                missed += !loom_has_nonfinite(x, n) || !loom_has_nonfinite_ref(x, n);
-                missed += loom_has_nonfinite(x + pos + 1, n - pos - 1); /* past it: clean */
-                x[pos] = keep;
-            }
-        size_t at[] = {0, 1, LONG / 2, LONG - 2, LONG - 1};
-        for (size_t j = 0; j < sizeof at / sizeof at[0]; j++) {
-            float keep = x[at[j]];
-            x[at[j]] = v;
-            missed += !loom_has_nonfinite(x, LONG) || !loom_has_nonfinite_ref(x, LONG);
-            x[at[j]] = keep;
-        }
-    }
-    CHECK(missed == 0);
-    free(x);
-}
-
 int main(void)
 {
     test_defaults_are_deepspeeds();
@@ -375,6 +338,5 @@ int main(void)
     test_bad_config();
     test_against_deepspeed_bookkeeping();
     test_restore();
-    test_has_nonfinite();
     return check_summary("test_loss_scaler");
 }

@@ -14,7 +14,7 @@
  *   - the `_ref` backward (and the fast one) against central finite
  *     differences at small shapes;
  *   - a layout allowing every causal pair (dense mode, window >= T) gives
- *     loom_attention_forward/backward's bits;
+ *     the table's attention_forward/backward's bits;
  *   - every bad setting is LOOM_ERR_INPUT with one line naming it.
  * Deliberately not: timing (tests/tools/attn_bench.c) or PyTorch.
  */
@@ -26,8 +26,13 @@
 
 #include "base/log.h"
 #include "check.h"
+#include "kernels/backend.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
+
+/* The table of the backend under test: the fast kernels are called through
+ * it, as the models call them; the `_ref` ones directly. */
+static const struct loom_kernels *K;
 
 /* ---- inputs and checks ---------------------------------------------------------- */
 
@@ -324,7 +329,7 @@ static void test_vs_ref(const char *what, const struct loom_sparse_config *cfg, 
     float *att = new_const(natt, NAN), *att_ref = new_const(ndense, NAN), *att_x = new_const(ndense, NAN);
     float *dqkv = new_const(nqkv, NAN), *dqkv_ref = new_const(nqkv, NAN);
     float *datt = new_const(natt, NAN), *datt_ref = new_const(ndense, NAN);
-    loom_sparse_attention_forward(out, att, qkv, B, T, C, NH, h0, &l);
+    K->sparse_attention_forward(out, att, qkv, B, T, C, NH, h0, &l);
     loom_sparse_attention_forward_ref(out_ref, att_ref, qkv, B, T, C, NH, h0, &l);
     char name[160];
     /* float32 sums of up to T <= 256 keys (and HS channels) against the
@@ -341,7 +346,7 @@ static void test_vs_ref(const char *what, const struct loom_sparse_config *cfg, 
         expand_att(att_x, att, &l, B, NH, h0);
     snprintf(name, sizeof name, "%s att (B=%d T=%d NH=%d h0=%d HS=%d)", what, B, T, NH, h0, HS);
     check_scaled(name, att_x, att_ref, ndense, 1e-5);
-    loom_sparse_attention_backward(dqkv, datt, dout, att, qkv, B, T, C, NH, h0, &l);
+    K->sparse_attention_backward(dqkv, datt, dout, att, qkv, B, T, C, NH, h0, &l);
     loom_sparse_attention_backward_ref(dqkv_ref, datt_ref, dout, att_ref, qkv, B, T, C, NH, h0, &l);
     snprintf(name, sizeof name, "%s dqkv (B=%d T=%d NH=%d h0=%d HS=%d)", what, B, T, NH, h0, HS);
     check_scaled(name, dqkv, dqkv_ref, nqkv, 1e-5);
@@ -411,8 +416,8 @@ static void test_head_slice(void)
     float *out = new_const((size_t)B * T * Call, NAN), *dqkv = new_const((size_t)B * T * 3 * Call, NAN);
     float *att = new_const(loom_sparse_att_numel(&l, B, NHall, 0), NAN);
     float *datt = new_const(loom_sparse_att_numel(&l, B, NHall, 0), NAN);
-    loom_sparse_attention_forward(out, att, qkv, B, T, Call, NHall, 0, &l);
-    loom_sparse_attention_backward(dqkv, datt, dout, att, qkv, B, T, Call, NHall, 0, &l);
+    K->sparse_attention_forward(out, att, qkv, B, T, Call, NHall, 0, &l);
+    K->sparse_attention_backward(dqkv, datt, dout, att, qkv, B, T, Call, NHall, 0, &l);
 
     float *qkv_s = malloc((size_t)B * T * 3 * C * sizeof(float)),
           *dout_s = malloc((size_t)B * T * C * sizeof(float));
@@ -425,8 +430,8 @@ static void test_head_slice(void)
     float *out_s = new_const((size_t)B * T * C, NAN), *dqkv_s = new_const((size_t)B * T * 3 * C, NAN);
     float *att_s = new_const(loom_sparse_att_numel(&l, B, NH, h0), NAN);
     float *datt_s = new_const(loom_sparse_att_numel(&l, B, NH, h0), NAN);
-    loom_sparse_attention_forward(out_s, att_s, qkv_s, B, T, C, NH, h0, &l);
-    loom_sparse_attention_backward(dqkv_s, datt_s, dout_s, att_s, qkv_s, B, T, C, NH, h0, &l);
+    K->sparse_attention_forward(out_s, att_s, qkv_s, B, T, C, NH, h0, &l);
+    K->sparse_attention_backward(dqkv_s, datt_s, dout_s, att_s, qkv_s, B, T, C, NH, h0, &l);
     int out_same = 1, dqkv_same = 1;
     for (size_t n = 0; n < (size_t)B * T; n++) {
         if (memcmp(out_s + n * C, out + n * Call + h0 * HS, C * sizeof(float))) out_same = 0;
@@ -457,10 +462,10 @@ static void test_dense_bits(const struct loom_sparse_config *cfg, int B, int T, 
         out[k] = new_const(nout, NAN), att[k] = new_const(natt, NAN);
         dqkv[k] = new_const(nqkv, NAN), datt[k] = new_const(natt, NAN);
     }
-    loom_sparse_attention_forward(out[0], att[0], qkv, B, T, C, NH, 0, &l);
-    loom_sparse_attention_backward(dqkv[0], datt[0], dout, att[0], qkv, B, T, C, NH, 0, &l);
-    loom_attention_forward(out[1], att[1], qkv, B, T, C, NH);
-    loom_attention_backward(dqkv[1], datt[1], dout, att[1], qkv, B, T, C, NH);
+    K->sparse_attention_forward(out[0], att[0], qkv, B, T, C, NH, 0, &l);
+    K->sparse_attention_backward(dqkv[0], datt[0], dout, att[0], qkv, B, T, C, NH, 0, &l);
+    K->attention_forward(out[1], att[1], qkv, B, T, C, NH);
+    K->attention_backward(dqkv[1], datt[1], dout, att[1], qkv, B, T, C, NH);
     CHECK(memcmp(out[0], out[1], nout * sizeof(float)) == 0);
     CHECK(memcmp(att[0], att[1], natt * sizeof(float)) == 0);
     CHECK(memcmp(dqkv[0], dqkv[1], nqkv * sizeof(float)) == 0);
@@ -510,8 +515,8 @@ static void test_fd(const char *what, const struct loom_sparse_config *cfg, int 
     loom_sparse_attention_backward_ref(dqkv_ref, datt_ref, c.w, c.att, c.qkv, B, T, C, NH, h0, &l);
     float *out = new_const((size_t)B * T * C, NAN), *att = new_const(natt, NAN), *datt = new_const(natt, NAN);
     float *dqkv = new_const(nqkv, NAN);
-    loom_sparse_attention_forward(out, att, c.qkv, B, T, C, NH, h0, &l);
-    loom_sparse_attention_backward(dqkv, datt, c.w, att, c.qkv, B, T, C, NH, h0, &l);
+    K->sparse_attention_forward(out, att, c.qkv, B, T, C, NH, h0, &l);
+    K->sparse_attention_backward(dqkv, datt, c.w, att, c.qkv, B, T, C, NH, h0, &l);
     float *fd = malloc(nqkv * sizeof(float));
     for (size_t i = 0; i < nqkv; i++) {
         const float x0 = c.qkv[i];
@@ -609,27 +614,32 @@ int main(void)
     test_layout_fixed();
     test_layout_bigbird_bslongformer();
     test_layout_variable_window_dense();
-    test_modes_vs_ref();
-    test_head_slice();
+    for (int i = 0; i < loom_backend_count(); i++) {
+        K = loom_backend_at(i)->k;
+        printf("backend %s\n", loom_backend_at(i)->name);
+        test_modes_vs_ref();
+        test_head_slice();
 
-    struct loom_sparse_config c;
-    loom_sparse_config_default(&c, LOOM_SPARSE_WINDOW);
-    c.window = 128;
-    test_dense_bits(&c, 3, 128, 2, 16); /* window = T */
-    c.window = 1000, c.block = 32;
-    test_dense_bits(&c, 1, 160, 3, 8); /* window > T; T over two of the dense kernel's row blocks */
-    loom_sparse_config_default(&c, LOOM_SPARSE_DENSE);
-    test_dense_bits(&c, 1, 64, 1, 32);
+        struct loom_sparse_config c;
+        loom_sparse_config_default(&c, LOOM_SPARSE_WINDOW);
+        c.window = 128;
+        test_dense_bits(&c, 3, 128, 2, 16); /* window = T */
+        c.window = 1000, c.block = 32;
+        test_dense_bits(&c, 1, 160, 3, 8); /* window > T; T over two of the dense kernel's row blocks */
+        loom_sparse_config_default(&c, LOOM_SPARSE_DENSE);
+        test_dense_bits(&c, 1, 64, 1, 32);
 
-    loom_sparse_config_default(&c, LOOM_SPARSE_WINDOW);
-    c.block = 2, c.window = 3;
-    test_fd("window", &c, 2, 0);
-    loom_sparse_config_default(&c, LOOM_SPARSE_FIXED);
-    c.block = 2, c.num_local_blocks = 2, c.different_layout_per_head = 1, c.num_different_global_patterns = 2;
-    test_fd("fixed per head", &c, 3, 1);
-    loom_sparse_config_default(&c, LOOM_SPARSE_BIGBIRD);
-    c.block = 2, c.unidirectional = 0, c.num_sliding_window_blocks = 1;
-    test_fd("bigbird bidirectional", &c, 2, 0);
+        loom_sparse_config_default(&c, LOOM_SPARSE_WINDOW);
+        c.block = 2, c.window = 3;
+        test_fd("window", &c, 2, 0);
+        loom_sparse_config_default(&c, LOOM_SPARSE_FIXED);
+        c.block = 2, c.num_local_blocks = 2, c.different_layout_per_head = 1,
+        c.num_different_global_patterns = 2;
+        test_fd("fixed per head", &c, 3, 1);
+        loom_sparse_config_default(&c, LOOM_SPARSE_BIGBIRD);
+        c.block = 2, c.unidirectional = 0, c.num_sliding_window_blocks = 1;
+        test_fd("bigbird bidirectional", &c, 2, 0);
+    }
 
     test_bad_settings();
     return check_summary("test_sparse_attention");

@@ -29,7 +29,7 @@
 #include "config/config.h"
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
-#include "kernels/kernels.h" /* loom_has_nonfinite */
+#include "kernels/kernels.h" /* loom_bf16_units_select */
 #include "layers/fp8_linear.h"
 #include "layers/pp_stages.h"
 #include "layers/tp_regions.h"
@@ -551,8 +551,9 @@ static int block_nonfinite(const struct loom_engine *e, int i)
     }
     if (lo >= hi) return 0;
     const struct loom_buf g = loom_buf_slice(sharded ? e->zero->grad_shard : m->grads, lo - base, hi - lo);
-    const int bad = g.dtype == LOOM_DTYPE_F32 ? loom_has_nonfinite(g.data, g.numel)
-                                              : loom_lp_has_nonfinite(g.data, g.numel, g.dtype);
+    const struct loom_kernels *k = m->backend->k;
+    const int bad = g.dtype == LOOM_DTYPE_F32 ? k->has_nonfinite(g.data, g.numel)
+                                              : k->lp_has_nonfinite(g.data, g.numel, g.dtype);
     if (sharded)
         loom_offload_drop(&e->zero->grad_map, g.data, loom_buf_bytes(g)); /* offloaded: read, let go */
     return bad;
@@ -606,8 +607,9 @@ struct squares {
 static void add_squares(void *ctx, struct loom_buf part)
 {
     struct squares *q = ctx;
-    q->ss += part.dtype == LOOM_DTYPE_F32 ? q->m->backend->k->sum_squares(part.data, part.numel)
-                                          : loom_lp_sum_squares(part.data, part.numel, part.dtype);
+    q->ss += part.dtype == LOOM_DTYPE_F32
+                 ? q->m->backend->k->sum_squares(part.data, part.numel)
+                 : q->m->backend->k->lp_sum_squares(part.data, part.numel, part.dtype);
 }
 
 /* Sum of squares of the parts counted_parts names. */
@@ -664,7 +666,8 @@ static double stage_grad_norm(const struct loom_engine *e)
         return sqrt(ss);
     }
     if (e->zero && e->zero->stage >= 2) return loom_zero_grad_norm(e->zero);
-    if (m->dtype != LOOM_DTYPE_F32) return sqrt(loom_lp_sum_squares(m->grads.data, m->num_params, m->dtype));
+    if (m->dtype != LOOM_DTYPE_F32)
+        return sqrt(m->backend->k->lp_sum_squares(m->grads.data, m->num_params, m->dtype));
     return loom_grad_norm(m->blocks, m->nblocks);
 }
 

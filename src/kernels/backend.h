@@ -5,8 +5,9 @@
  * first; a CUDA one plugs in beside it with its own table.
  *
  * Every kernel member has the signature, argument order and gradient rule
- * of the free function of the same name in kernels/kernels.h, without the
- * loom_ prefix: `k->matmul_forward(out, inp, weight, bias, N, C, OC)` is
+ * of the free function of the same name in kernels/kernels.h (lp_sum_squares
+ * and lp_has_nonfinite: base/dtype.h), without the loom_ prefix:
+ * `k->matmul_forward(out, inp, weight, bias, N, C, OC)` is
  * loom_matmul_forward on the CPU. Pointers are to the backend's device
  * memory. Members are required unless marked optional, with what NULL means.
  *
@@ -25,6 +26,8 @@
 
 #include "base/buf.h"
 #include "base/mem.h"
+
+struct loom_sparse_layout; /* kernels/sparse_layout.h */
 
 struct loom_kernels {
     /* ---- embedding: out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C) */
@@ -55,6 +58,9 @@ struct loom_kernels {
     /* dinp (N,C) written; dweight (C,OC), dbias (OC) accumulate; each skipped when NULL */
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int N, int C, int OC);
+    /* ---- bias gradient: dbias (OC) += the column sums of dout (N,OC), each
+     * column's rows in order in double, rounded once (matmul_backward's dbias) */
+    void (*bias_backward)(float *dbias, const float *dout, int N, int OC);
 
     /* ---- LM head: logits (N,V) = inp (N,C) @ wte (V,C)^T */
     void (*lm_head_forward)(float *logits, const float *inp, const float *wte, int N, int C, int V);
@@ -102,6 +108,16 @@ struct loom_kernels {
     /* dqkv (B,T,3C) written; datt (B,NH,T,T) scratch */
     void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *att,
                                const float *qkv, int B, int T, int C, int NH);
+    /* ---- block-sparse causal attention on layout l (kernels/sparse_layout.h)
+     * for the NH heads held, the layout's heads [h0, h0+NH): qkv (B,T,3C) ->
+     * out (B,T,C); att saves the layout's blocks, loom_sparse_att_numel(l, B,
+     * NH, h0) floats ((B,NH,T,T) for a dense layout, which runs attention_*) */
+    void (*sparse_attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                                     int h0, const struct loom_sparse_layout *l);
+    /* dqkv (B,T,3C) written; datt (as att) scratch */
+    void (*sparse_attention_backward)(float *dqkv, float *datt, const float *dout, const float *att,
+                                      const float *qkv, int B, int T, int C, int NH, int h0,
+                                      const struct loom_sparse_layout *l);
 
     /* ---- GELU (tanh form): out (n); dinp (n) written, and may be dout
      * (elementwise: each is read before it is written) */
@@ -157,6 +173,11 @@ struct loom_kernels {
     /* ---- reductions: sum of x (n) squared, in double, the same bits at any
      * thread count */
     double (*sum_squares)(const float *x, size_t n);
+    /* the same of x (n) held in 16 bits of dtype dt (BF16 or F16), in double */
+    double (*lp_sum_squares)(const uint16_t *x, size_t n, enum loom_dtype dt);
+    /* whether x (n) holds an inf or a NaN: float32, and in 16 bits of dtype dt */
+    int (*has_nonfinite)(const float *x, size_t n);
+    int (*lp_has_nonfinite)(const uint16_t *x, size_t n, enum loom_dtype dt);
 
     /* ---- settings */
     /* optional: the backend's thread count (n >= 1); NULL: it has none to set */
@@ -189,9 +210,11 @@ struct loom_backend {
 /* The CPU backend: kernels/cpu/, the accounting allocator, base/buf.c. */
 const struct loom_backend *loom_backend_cpu(void);
 /* The reference kernels: the `_ref` loops for matmul, the LM head, the
- * linear layer and attention; every other member is the CPU kernel, which
- * is its own reference (tests/test_kernels.c checks those against double
- * formulas and finite differences instead). */
+ * linear layer, attention and the non-finite check; every other member is
+ * the CPU kernel, which is its own reference (tests/test_kernels.c checks
+ * those against double formulas and finite differences instead; the sparse
+ * attention's `_ref` keeps a dense att, so tests/test_sparse_attention.c
+ * holds the kernel against it). */
 const struct loom_kernels *loom_kernels_ref(void);
 
 /* The table for compute in dtype: b->kernels_for's, or b->k. */

@@ -307,6 +307,12 @@ void loom_adamw_update(float *param, float *m, float *v, const float *grad, size
 /* ---- reductions ---------------------------------------------------------- */
 /* Sum of squares in double precision. */
 double loom_sum_squares(const float *x, size_t n);
+/* Whether x (n) holds an inf or a NaN. OpenMP-parallel, vectorised, on the
+ * bit patterns (so -ffast-math cannot remove it); the reference beside it.
+ * The 16-bit forms are base/dtype.h's loom_lp_has_nonfinite and
+ * loom_lp_sum_squares. */
+int loom_has_nonfinite(const float *x, size_t n);
+int loom_has_nonfinite_ref(const float *x, size_t n);
 
 /* Sets the thread count of OpenMP and of the BLAS (n >= 1). */
 void loom_threads_set(int n);

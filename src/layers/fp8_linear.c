@@ -197,7 +197,7 @@ static void fp8_backward(struct loom_fp8 *f, int li, const struct loom_kernels *
     }
 #pragma omp parallel for simd schedule(static) if (nw >= 65536)
     for (size_t i = 0; i < nw; i++) dweight[i] += f->dw[i] * undo_w;
-    if (dbias) loom_bias_backward(dbias, dout, N, OC); /* from the unquantised gradient */
+    if (dbias) k->bias_backward(dbias, dout, N, OC); /* from the unquantised gradient */
 }
 
 void loom_fp8_linear_forward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *out,

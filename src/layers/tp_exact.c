@@ -340,7 +340,7 @@ float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_reg
             float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * seg[s].width, sizeof(float));
             copy_rows(d, (size_t)seg[s].width, seg[s].dout, (size_t)seg[s].ld, (size_t)N,
                       (size_t)seg[s].width, 0);
-            loom_bias_backward(seg[s].dbias, d, N, seg[s].width);
+            k->bias_backward(seg[s].dbias, d, N, seg[s].width);
         }
     return exit_region(x, r, dst, r->grad_rows, N);
 }
@@ -426,7 +426,7 @@ void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kerne
         }
         unpack_cols(dinp, part, (size_t)N, Kl, p, 0);
     }
-    if (dbias) loom_bias_backward(dbias, dout, N, OC);
+    if (dbias) k->bias_backward(dbias, dout, N, OC);
 }
 
 void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kernels *k, void *logits,

@@ -1,5 +1,5 @@
 /*
- * The loss scaler (rules in loss_scaler.h) and the overflow check.
+ * The loss scaler (rules in loss_scaler.h).
  *
  * DeepSpeed counts iterations and remembers the last overflowing one; the
  * clean steps between them (its "stable interval") are what the rules use,
@@ -8,13 +8,9 @@
 #include "optim/loss_scaler.h"
 
 #include <math.h>
-#include <string.h>
 
 #include "base/log.h"
 #include "loom/loom.h"
-
-/* Below this many elements a parallel region costs more than it saves. */
-#define PAR_MIN 65536
 
 void loom_loss_scaler_defaults(struct loom_loss_scaler_config *cfg)
 {
@@ -108,25 +104,4 @@ int loom_loss_scaler_restore(struct loom_loss_scaler *s, const struct loom_loss_
     s->st = *st;
     s->st.scale = scale;
     return LOOM_OK;
-}
-
-/* ---- the overflow check -------------------------------------------------------- */
-
-int loom_has_nonfinite(const float *x, size_t n)
-{
-    unsigned found = 0;
-#pragma omp parallel for simd schedule(static) reduction(| : found) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], sizeof u);
-        found |= (u & 0x7f800000u) == 0x7f800000u; /* exponent all ones: inf or NaN */
-    }
-    return found != 0;
-}
-
-int loom_has_nonfinite_ref(const float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (isinf(x[i]) || isnan(x[i])) return 1;
-    return 0;
 }

@@ -26,8 +26,9 @@
  *   - Static (loss_scale > 0): the scale never changes; an overflow still
  *     skips the step.
  *
- * The update runs once per optimizer step, after the overflow check; the
- * scale it leaves is the one for the next step's backward. Not here: the
+ * The update runs once per optimizer step, after the overflow check (the
+ * kernel table's has_nonfinite); the scale it leaves is the one for the
+ * next step's backward. Not here: the overflow check itself, the
  * trainer's use of the scale (scaling the loss, unscaling the gradients in
  * double), bf16 (no scaling), the fused FP16_Optimizer of DeepSpeed's
  * ZeRO-0 path, which ignores hysteresis.
@@ -84,10 +85,5 @@ enum loom_scaler_verdict loom_loss_scaler_update(struct loom_loss_scaler *s, int
  * static scaler keeps its configured scale and takes only the counts).
  * LOOM_ERR_INPUT naming the field when the state cannot be one. */
 int loom_loss_scaler_restore(struct loom_loss_scaler *s, const struct loom_loss_scaler_state *st);
-
-/* Whether x (n) holds an inf or a NaN. OpenMP-parallel, vectorised, on the
- * bit patterns (so -ffast-math cannot remove it); the reference beside it. */
-int loom_has_nonfinite(const float *x, size_t n);
-int loom_has_nonfinite_ref(const float *x, size_t n);
 
 #endif

@@ -563,8 +563,9 @@ double loom_zero_grad_norm(const struct loom_zero *z)
     double ss = 0;
     for (size_t at = 0; at < n; at += PIECE) {
         const struct loom_buf g = loom_buf_slice(z->grad_shard, at, n - at < PIECE ? n - at : PIECE);
-        ss += z->model->dtype == LOOM_DTYPE_F32 ? z->model->backend->k->sum_squares(g.data, g.numel)
-                                                : loom_lp_sum_squares(g.data, g.numel, z->model->dtype);
+        ss += z->model->dtype == LOOM_DTYPE_F32
+                  ? z->model->backend->k->sum_squares(g.data, g.numel)
+                  : z->model->backend->k->lp_sum_squares(g.data, g.numel, z->model->dtype);
         loom_offload_drop(&z->grad_map, g.data, loom_buf_bytes(g));
     }
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
