@@ -81,6 +81,8 @@
 #include "loom/engine.h"
 #include "loom/loom.h"
 #include "loom/model.h"
+#include "parallel/ddp.h"
+#include "parallel/precision.h"
 #include "parallel/stack.h"
 
 enum { NBLOCKS = 5, D = 8, MAX_WIDTH = 16, ROWS = 4, STEPS = 2, MAX_EVENTS = 4096 };
@@ -88,6 +90,8 @@ static const int width[NBLOCKS + 1] = {D, 16, 16, 12, 8, 1}; /* block l: width[l
 
 /* The settings every run shares (the AdamW constants repeated for adamw_formula). */
 #define SEED 5
+/* the engine's ZeRO strategy, or NULL */
+#define ZERO(e) ((struct loom_zero *)(e)->state[LOOM_KIND_ZERO])
 #define LR 0.01
 #define WEIGHT_DECAY 0.1
 #define BETA1 0.9
@@ -856,7 +860,7 @@ static void check_partition(const struct loom_engine *e, char *desc, size_t size
 {
     const struct loom_model *m = e->model;
     const int dp = loom_engine_dp_size(e);
-    const struct loom_partition p = e->part, zp = e->zero->part;
+    const struct loom_partition p = e->part, zp = ZERO(e)->part;
     expect(p.shard == zp.shard && p.begin == zp.begin && p.end == zp.end,
            "the engine's partition [%zu, %zu) of %zu and ZeRO's [%zu, %zu) of %zu differ", p.begin, p.end,
            p.shard, zp.begin, zp.end, zp.shard);
@@ -973,7 +977,7 @@ static void reference(int bf16, int A, struct snapshot snap[STEPS])
     e->cfg = &cfg;
     e->topo = (struct loom_topology){.world = 1, .dp = 1, .tp = 1, .pp = 1};
     int rc = parse(&cfg, flags, bf16, A * world_);
-    if (rc == LOOM_OK) rc = loom_config_resolve(&cfg, 1);
+    if (rc == LOOM_OK) rc = loom_kinds_resolve(&cfg, 1);
     if (rc == LOOM_OK) rc = loom_engine_initialize(e, m);
     expect(rc == LOOM_OK, "engine: %s", loom_error_message());
     const size_t N = m->num_params, es = loom_dtype_size(bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32);
@@ -1151,24 +1155,24 @@ static void compare_step(struct loom_engine *e, const struct snapshot *ref, int 
         return;
     }
     const size_t N = m->num_params, n = p.end - p.begin, es = loom_dtype_size(dt);
-    const int sharded_params = e->zero && e->zero->stage == 3, sharded_grads = e->zero && e->zero->stage >= 2;
+    const struct loom_zero *z = ZERO(e);
+    const int sharded_params = z && z->stage == 3, sharded_grads = z && z->stage >= 2;
     const double tol = step == 0 ? -1 : dt == LOOM_DTYPE_F32 ? TOL_F32 : TOL_BF16;
     const double floor_frac = 1e-2; /* of the largest value: below it the error is absolute */
     char what[128];
     snprintf(what, sizeof what, "step %d: %s", step + 1, sharded_params ? "parameter shard" : "parameters");
-    errs[0] = sharded_params ? compare(what, loom_zero_params(e->zero).data,
+    errs[0] = sharded_params ? compare(what, loom_zero_params(z).data,
                                        (const char *)ref->params + p.begin * es, n, dt, tol, floor_frac)
                              : compare(what, m->params.data, ref->params, N, dt, tol, floor_frac);
     if (sharded_params)
-        expect_zero("parameter shard padding", (const char *)e->zero->param_shard.data + n * es,
+        expect_zero("parameter shard padding", (const char *)z->param_shard.data + n * es,
                     (p.shard - n) * es);
     snprintf(what, sizeof what, "step %d: %s", step + 1, sharded_grads ? "gradient shard" : "gradients");
-    errs[1] = sharded_grads ? compare(what, loom_zero_grads(e->zero).data,
-                                      (const char *)ref->grads + p.begin * es, n, dt, tol, floor_frac)
+    errs[1] = sharded_grads ? compare(what, loom_zero_grads(z).data, (const char *)ref->grads + p.begin * es,
+                                      n, dt, tol, floor_frac)
                             : compare(what, m->grads.data, ref->grads, N, dt, tol, floor_frac);
     if (sharded_grads)
-        expect_zero("gradient shard padding", (const char *)e->zero->grad_shard.data + n * es,
-                    (p.shard - n) * es);
+        expect_zero("gradient shard padding", (const char *)z->grad_shard.data + n * es, (p.shard - n) * es);
     const double tol_state = step == 0 ? -1 : 10 * (dt == LOOM_DTYPE_F32 ? TOL_F32 : TOL_BF16);
     snprintf(what, sizeof what, "step %d: AdamW m", step + 1);
     errs[2] = compare(what, e->opt.m, ref->m + p.begin, n, LOOM_DTYPE_F32, tol_state, floor_frac);
@@ -1223,9 +1227,9 @@ static void run_layout(const struct layout *lay, int A, struct snapshot ref[2][2
                              .bf16 = cfg.bf16,
                              .accumulation = A,
                              .overlap = !cfg.no_overlap,
-                             .zero = e->zero,
-                             .ddp = e->ddp,
-                             .prec = e->prec,
+                             .zero = ZERO(e),
+                             .ddp = e->state[LOOM_KIND_DATA],
+                             .prec = e->state[LOOM_KIND_PRECISION],
                              .nrec = 2};
         /* the stack the layout asks for (build_stack), between the recorders */
         char stack[128], want[128] = "record";
@@ -1235,26 +1239,26 @@ static void run_layout(const struct layout *lay, int A, struct snapshot ref[2][2
         if (cfg.bf16) strcat(want, " > precision");
         strcat(want, " > record");
         expect(strcmp(stack, want) == 0, "stack %s, want %s", stack, want);
-        expect(!e->zero || e->zero->index == loom_model_strategy_index(m, e->zero), "zero's index %d",
-               e->zero ? e->zero->index : -1);
-        expect(!e->ddp || e->ddp->index == loom_model_strategy_index(m, e->ddp), "ddp's index");
-        expect(!e->prec || e->prec->index == loom_model_strategy_index(m, e->prec), "precision's index");
-        if (e->ddp && !e->ddp->naive) {
+        expect(!sc->zero || sc->zero->index == loom_model_strategy_index(m, sc->zero), "zero's index %d",
+               sc->zero ? sc->zero->index : -1);
+        expect(!sc->ddp || sc->ddp->index == loom_model_strategy_index(m, sc->ddp), "ddp's index");
+        expect(!sc->prec || sc->prec->index == loom_model_strategy_index(m, sc->prec), "precision's index");
+        if (sc->ddp && !sc->ddp->naive) {
             char b[128];
-            int nb = check_buckets(e->ddp, m, cfg.ddp_bucket_size, b, sizeof b);
+            int nb = check_buckets(sc->ddp, m, cfg.ddp_bucket_size, b, sizeof b);
             snprintf(layout_desc, sizeof layout_desc, "; %d bucket%s %s", nb, nb > 1 ? "s" : "", b);
         }
-        if (e->zero) {
+        if (sc->zero) {
             char b[128];
             check_partition(e, b, sizeof b);
             size_t l = strlen(layout_desc);
             snprintf(layout_desc + l, sizeof layout_desc - l, "; %s", b);
         }
-        if (e->zero && stage == 3) {
+        if (sc->zero && stage == 3) {
             char b[128];
-            check_units(e->zero, m, cfg.zero3_min_params, b, sizeof b);
+            check_units(sc->zero, m, cfg.zero3_min_params, b, sizeof b);
             size_t l = strlen(layout_desc);
-            snprintf(layout_desc + l, sizeof layout_desc - l, "; %d units %s", e->zero->nunits, b);
+            snprintf(layout_desc + l, sizeof layout_desc - l, "; %d units %s", sc->zero->nunits, b);
         }
         struct data d = {.global = cfg.global_batch_size};
         for (int step = 0; step < STEPS && rc == LOOM_OK; step++) {

@@ -24,6 +24,28 @@
 
 #include <stddef.h>
 
+/* Where the footprint's replay (src/engine/footprint.h) is in a step, as
+ * the hooks it mirrors are called: the step-level points (block -1) and a
+ * block's passage. */
+enum loom_replay_point {
+    LOOM_REPLAY_BEGIN_STEP = 0,
+    LOOM_REPLAY_PRE_FORWARD = 1,
+    LOOM_REPLAY_POST_FORWARD = 2,
+    LOOM_REPLAY_BEGIN_BACKWARD = 3, /* before a micro-batch's backward */
+    LOOM_REPLAY_PRE_BACKWARD = 4,
+    LOOM_REPLAY_GRADS_READY = 5,
+    LOOM_REPLAY_FINISH = 6, /* the step's end: finish_backward and after_step */
+    LOOM_REPLAY_POINT_COUNT
+};
+
+/* The replay's place in the step, shared by the stack's members. */
+struct loom_replay {
+    int micro, last; /* micro-batch micro; last: the step's last */
+    /* set at BEGIN_BACKWARD by a strategy that provides the blocks' float32
+     * gradient buffers in this micro-batch's backward */
+    int grads_provided;
+};
+
 struct loom_strategy {
     const char *name; /* "ddp", "zero-3", "precision": printed in the run summary */
     /* The first micro-batch of a step is about to run. */
@@ -49,6 +71,13 @@ struct loom_strategy {
     double (*comm_wait_s)(void *ctx);
     /* One line for the run summary ("ZeRO-3: 14 gather units"); default: the name. */
     void (*describe)(void *ctx, char *buf, size_t n);
+    /* The footprint's replay, under the allocator's counting mode: at point
+     * `at` (of block `block`; -1 at the step-level points) the transient
+     * buffers the hook there takes and gives back, without communicating or
+     * touching them; beside the hooks it mirrors (change both together).
+     * Called in stack order, in reverse at POST_FORWARD and GRADS_READY.
+     * Default: the strategy takes none. */
+    void (*replay)(void *ctx, enum loom_replay_point at, int block, struct loom_replay *r);
 };
 
 #define LOOM_STRATEGY_MAX 8

@@ -15,27 +15,12 @@
 #include "kernels/kernels.h"
 #include "plan/cluster.h"
 
-/* What rank 0 sends: the layout and the prediction. */
-enum {
-    M_TP,
-    M_PP,
-    M_DP,
-    M_VPP,
-    M_SP,
-    M_ZERO,
-    M_MICRO,
-    M_ACC,
-    M_REC,
-    M_RLAYERS,
-    M_RBLOCK,
-    M_PREC,
-    M_OFFLOAD,
-    M_MEM,
-    M_STEP,
-    M_LIMIT,
-    M_NFIT,
-    M_N,
-    M_COUNT
+/* What rank 0 sends: the layout (as its bytes: every rank runs the same
+ * build) and the prediction. */
+enum { M_MEM, M_STEP, M_LIMIT, M_NFIT, M_N, M_COUNT };
+struct choice {
+    struct loom_layout layout;
+    double v[M_COUNT];
 };
 
 /* This node, measured by every rank at once on its own threads, as training
@@ -55,7 +40,8 @@ static int measure(const struct loom_config *cfg, int world, struct loom_cluster
     return LOOM_OK;
 }
 
-static int plan_on_root(struct loom_config *cfg, int world, const struct loom_cluster *node, double *msg)
+static int plan_on_root(struct loom_config *cfg, int world, const struct loom_cluster *node,
+                        struct choice *msg)
 {
     const double limit = loom_placement_budget(cfg);
     struct loom_plan p;
@@ -75,26 +61,12 @@ static int plan_on_root(struct loom_config *cfg, int world, const struct loom_cl
     }
     if (rc == LOOM_OK) {
         const struct loom_plan_entry *e = &p.entries[0];
-        const struct loom_layout *l = &e->layout;
-        const double v[M_COUNT] = {[M_TP] = l->tp,
-                                   [M_PP] = l->pp,
-                                   [M_DP] = l->dp,
-                                   [M_VPP] = l->vpp,
-                                   [M_SP] = l->sp,
-                                   [M_ZERO] = l->zero_stage,
-                                   [M_MICRO] = l->micro_batch,
-                                   [M_ACC] = l->accumulation,
-                                   [M_REC] = l->recompute,
-                                   [M_RLAYERS] = l->recompute_layers,
-                                   [M_RBLOCK] = l->recompute_block,
-                                   [M_PREC] = l->precision,
-                                   [M_OFFLOAD] = l->offload_nvme,
-                                   [M_MEM] = (double)e->mem.total,
-                                   [M_STEP] = e->time.total,
-                                   [M_LIMIT] = limit,
-                                   [M_NFIT] = p.nfit,
-                                   [M_N] = p.n};
-        memcpy(msg, v, sizeof v);
+        msg->layout = e->layout;
+        msg->v[M_MEM] = (double)e->mem.total;
+        msg->v[M_STEP] = e->time.total;
+        msg->v[M_LIMIT] = limit;
+        msg->v[M_NFIT] = p.nfit;
+        msg->v[M_N] = p.n;
     }
     loom_plan_free(&p);
     return rc;
@@ -109,40 +81,29 @@ int loom_layout_auto_choose(struct loom_config *cfg, struct loom_layout_auto *ou
                               "layouts it compares train the same batch");
     loom_comm_setup_world();
     const int world = loom_comm_world_size(), rank = loom_comm_world_rank();
-    double msg[M_COUNT] = {0};
+    struct choice msg;
+    memset(&msg, 0, sizeof msg);
     struct loom_cluster node;
     int rc = measure(cfg, world, &node), first;
     if (rc) {
         if (rank != 0) loom_error_clear();
         return rc;
     }
-    rc = rank == 0 ? plan_on_root(cfg, world, &node, msg) : LOOM_OK;
+    rc = rank == 0 ? plan_on_root(cfg, world, &node, &msg) : LOOM_OK;
     if ((rc = loom_comm_agree(rc, &first))) {
         if (first != rank) loom_error_clear();
         return rc;
     }
-    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, loom_buf_of(msg, M_COUNT, LOOM_DTYPE_F64), 0));
+    loom_comm_wait(loom_comm_broadcast(LOOM_GROUP_WORLD, loom_buf_of(&msg, sizeof msg, LOOM_DTYPE_U8), 0));
     struct loom_layout *l = &out->layout;
-    *l = (struct loom_layout){.tp = (int)msg[M_TP],
-                              .pp = (int)msg[M_PP],
-                              .dp = (int)msg[M_DP],
-                              .vpp = (int)msg[M_VPP],
-                              .sp = (int)msg[M_SP],
-                              .zero_stage = (int)msg[M_ZERO],
-                              .micro_batch = (int)msg[M_MICRO],
-                              .accumulation = (int)msg[M_ACC],
-                              .recompute = (enum loom_recompute)(int)msg[M_REC],
-                              .recompute_layers = (int)msg[M_RLAYERS],
-                              .recompute_block = (int)msg[M_RBLOCK],
-                              .precision = (int)msg[M_PREC],
-                              .offload_nvme = (int)msg[M_OFFLOAD]};
+    *l = msg.layout;
     out->on = 1;
     cfg->decided |= LOOM_DECIDED_LAYOUT;
-    out->predicted_mem = msg[M_MEM];
-    out->predicted_step = msg[M_STEP];
-    out->mem_limit = msg[M_LIMIT];
-    out->nfit = (int)msg[M_NFIT];
-    out->n = (int)msg[M_N];
+    out->predicted_mem = msg.v[M_MEM];
+    out->predicted_step = msg.v[M_STEP];
+    out->mem_limit = msg.v[M_LIMIT];
+    out->nfit = (int)msg.v[M_NFIT];
+    out->n = (int)msg.v[M_N];
     /* the settings it changes take the origin "layout auto" */
     const int n = loom_config_count();
     const char *name;

@@ -14,6 +14,7 @@
 #include "engine/footprint.h"
 #include "io/synth.h"
 #include "loom/loom.h"
+#include "parallel/kinds.h"
 
 /* What the prediction cannot see (code and library pages a step touches,
  * thread stacks, the allocator's own slack): a share and a constant. */
@@ -106,7 +107,9 @@ int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t
                     w + WARM * WARM, WARM, 0.0f, w + 2 * WARM * WARM, WARM);
     free(w);
     const double base = rss_now() + data_bytes(cfg); /* the shards are mapped: a step touches them */
-    const int most = cfg->zero_stage == 3 ? 2 : 1;
+    struct loom_layout_shape shape;
+    loom_kinds_shape(cfg, t->world, &shape);
+    const int most = shape.shard_params ? 2 : 1; /* the parameters' shards offloaded too */
     double predicted[3] = {0, 0, 0};
     int level = -1;
     const double buffer = cfg->offload_buffer_size;

@@ -27,6 +27,7 @@
 #include "loom/loom.h"
 #include "loom/train.h"
 #include "model/family.h"
+#include "parallel/kinds.h"
 
 static void usage(FILE *f)
 {
@@ -146,7 +147,7 @@ int main(int argc, char **argv)
             loom_config_free(&cfg);
             return rc;
         }
-        if (rc == LOOM_OK && strcmp(cmd, "sample") == 0 && (rc = loom_config_resolve(&cfg, 1)) == LOOM_OK)
+        if (rc == LOOM_OK && strcmp(cmd, "sample") == 0 && (rc = loom_kinds_resolve(&cfg, 1)) == LOOM_OK)
             rc = loom_sample(&cfg);
         loom_config_free(&cfg);
         return rc ? fail(rc) : 0;

@@ -8,6 +8,7 @@
 #ifndef LOOM_CONFIG_CONFIG_H
 #define LOOM_CONFIG_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -17,6 +18,15 @@
  * micro x accumulation x dp) and the other derived values, and checks
  * cross-setting invariants; dp is the data-parallel size. */
 int loom_config_resolve(struct loom_config *cfg, int dp);
+/* For the settings checks outside src/config/ (the parallelism kinds',
+ * parallel/kinds.h), by a field's offsetof in struct loom_config: how
+ * messages name the setting (its flag, or the JSON key that gave it),
+ * whether the user gave it (flag or JSON), marking its value derived, and
+ * the name of an enum setting's value. */
+const char *loom_config_name_of(const struct loom_config *cfg, size_t offset);
+int loom_config_given_at(const struct loom_config *cfg, size_t offset);
+void loom_config_set_derived(struct loom_config *cfg, size_t offset);
+const char *loom_config_choice_of(size_t offset, int value);
 /* Sets the setting of flag to value (its text form) with origin, unless
  * the user gave it (flag or JSON): then the value given stays, and another
  * value than this is LOOM_ERR_INPUT naming who (e.g. "--plugin torch_ddp")

@@ -2,10 +2,11 @@
  * Resolving a parsed configuration once the data-parallel size is known:
  * the batch invariant (global = micro x accumulation x dp, any two give the
  * third), the learning-rate schedule's derived steps, Megatron's
- * recomputation rules, FSDP's names for ZeRO stages, and the invariants
- * between settings, each checked with every number in the message. Derived
- * values get the origin "derived". Not here: parsing (parse.c), the checks
- * a model family makes of its shape (model/family.h).
+ * recomputation rules, and the invariants between settings, each checked
+ * with every number in the message. Derived values get the origin
+ * "derived". Not here: parsing (parse.c), the checks a model family makes
+ * of its shape (model/family.h), the parallelism kinds' settings (each
+ * kind's resolve, parallel/kinds.h, after these: loom_kinds_resolve).
  */
 #include <assert.h>
 #include <math.h>
@@ -41,6 +42,23 @@ static int given(const struct loom_config *cfg, size_t offset)
     return origin_of(cfg, offset) == LOOM_ORIGIN_JSON || origin_of(cfg, offset) == LOOM_ORIGIN_FLAG;
 }
 #define NAME(field) loom_setting_name(cfg, loom_setting_index(F(field)))
+
+const char *loom_config_name_of(const struct loom_config *cfg, size_t offset)
+{
+    return loom_setting_name(cfg, loom_setting_index(offset));
+}
+int loom_config_given_at(const struct loom_config *cfg, size_t offset)
+{
+    return given(cfg, offset);
+}
+void loom_config_set_derived(struct loom_config *cfg, size_t offset)
+{
+    set_derived(cfg, offset);
+}
+const char *loom_config_choice_of(size_t offset, int value)
+{
+    return choice(offset, value);
+}
 
 static int is_deepspeed_schedule(enum loom_lr_decay_style style)
 {
@@ -181,97 +199,6 @@ static int resolve_recompute(struct loom_config *cfg)
     return LOOM_OK;
 }
 
-/* FSDP's names: each means one ZeRO stage. */
-static int resolve_fsdp(struct loom_config *cfg)
-{
-    static const int stage_of[] = {
-        [LOOM_FSDP_NONE] = 0,
-        [LOOM_FSDP_FULL_SHARD] = 3,
-        [LOOM_FSDP_SHARD_GRAD_OP] = 2,
-        [LOOM_FSDP_NO_SHARD] = 0,
-    };
-    static_assert(sizeof stage_of / sizeof stage_of[0] == LOOM_FSDP_STRATEGY_COUNT, "stage_of");
-    if (cfg->fsdp_sharding_strategy == LOOM_FSDP_NONE) return LOOM_OK;
-    const int want = stage_of[cfg->fsdp_sharding_strategy];
-    if (given(cfg, F(zero_stage)) && cfg->zero_stage != want)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--fsdp-sharding-strategy %s means --zero-stage %d, but %s %d is given",
-                              choice(F(fsdp_sharding_strategy), cfg->fsdp_sharding_strategy), want,
-                              NAME(zero_stage), cfg->zero_stage);
-    cfg->zero_stage = want;
-    set_derived(cfg, F(zero_stage));
-    return LOOM_OK;
-}
-
-/* Pipeline parallelism (Megatron's rules): a stage has a layer at least;
- * virtual stages divide the layers; Megatron's distributed optimizer is
- * ZeRO-1. The world's divisibility is checked with the topology. */
-static int resolve_pipeline(struct loom_config *cfg)
-{
-    const int pp = cfg->pipeline_model_parallel_size, L = cfg->num_layers;
-    const int vl = cfg->num_layers_per_virtual_pipeline_stage, first = cfg->decoder_first_pipeline_num_layers,
-              last = cfg->decoder_last_pipeline_num_layers;
-    if (cfg->use_distributed_optimizer) {
-        if (given(cfg, F(zero_stage)) && cfg->zero_stage != 1)
-            return loom_error_set(
-                LOOM_ERR_INPUT,
-                "%s is ZeRO-1 (the optimizer state sharded over the data-parallel group), but "
-                "%s %d is given",
-                NAME(use_distributed_optimizer), NAME(zero_stage), cfg->zero_stage);
-        cfg->zero_stage = 1;
-        if (!given(cfg, F(zero_stage))) set_derived(cfg, F(zero_stage));
-    }
-    if (pp > L)
-        return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d: every stage needs a layer",
-                              NAME(pipeline_model_parallel_size), pp, NAME(num_layers), L);
-    if (vl && cfg->pipeline_schedule != LOOM_PIPELINE_SCHEDULE_INTERLEAVED) {
-        if (given(cfg, F(pipeline_schedule)))
-            return loom_error_set(LOOM_ERR_INPUT, "%s %d needs %s interleaved (it is %s)",
-                                  NAME(num_layers_per_virtual_pipeline_stage), vl, NAME(pipeline_schedule),
-                                  choice(F(pipeline_schedule), cfg->pipeline_schedule));
-        cfg->pipeline_schedule = LOOM_PIPELINE_SCHEDULE_INTERLEAVED;
-        set_derived(cfg, F(pipeline_schedule));
-    }
-    if (pp > 1 && cfg->pipeline_schedule == LOOM_PIPELINE_SCHEDULE_INTERLEAVED) {
-        if (!vl)
-            return loom_error_set(LOOM_ERR_INPUT, "%s interleaved needs %s N", NAME(pipeline_schedule),
-                                  NAME(num_layers_per_virtual_pipeline_stage));
-        if (L % (vl * pp) || L / (vl * pp) < 2)
-            return loom_error_set(
-                LOOM_ERR_INPUT,
-                "%s %d: %s %d is not divisible into %s %d stages of two or more chunks of %d "
-                "layers",
-                NAME(num_layers_per_virtual_pipeline_stage), vl, NAME(num_layers), L,
-                NAME(pipeline_model_parallel_size), pp, vl);
-        if (first || last)
-            return loom_error_set(LOOM_ERR_INPUT, "%s and %s do not combine with the interleaved schedule",
-                                  NAME(decoder_first_pipeline_num_layers),
-                                  NAME(decoder_last_pipeline_num_layers));
-        const int m = cfg->gradient_accumulation_steps;
-        if (m % pp)
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "the interleaved schedule needs the micro-batches per step (%s %d) to be a "
-                                  "multiple of %s %d",
-                                  NAME(gradient_accumulation_steps), m, NAME(pipeline_model_parallel_size),
-                                  pp);
-    }
-    if ((first || last) && pp < 2)
-        return loom_error_set(LOOM_ERR_INPUT, "%s and %s need %s 2 or more",
-                              NAME(decoder_first_pipeline_num_layers), NAME(decoder_last_pipeline_num_layers),
-                              NAME(pipeline_model_parallel_size));
-    if (first || last) {
-        const int middle = pp - (first > 0) - (last > 0), rest = L - first - last;
-        if (rest < middle || (middle == 0 && rest != 0))
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "%s %d and %s %d leave %d of %s %d layers for the %d other stages of %s %d "
-                                  "(each needs one at least, and none may be left over)",
-                                  NAME(decoder_first_pipeline_num_layers), first,
-                                  NAME(decoder_last_pipeline_num_layers), last, rest, NAME(num_layers), L,
-                                  middle, NAME(pipeline_model_parallel_size), pp);
-    }
-    return LOOM_OK;
-}
-
 /* Attention: one sparsity, causal. */
 static int resolve_attention(struct loom_config *cfg)
 {
@@ -347,8 +274,6 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
                               "implement (it implements AdamW's decoupled decay); use %s adamw, or %s 0",
                               NAME(adam_w_mode), NAME(optimizer), NAME(weight_decay));
     if ((rc = resolve_batch(cfg, dp))) return rc;
-    if ((rc = resolve_fsdp(cfg))) return rc;
-    if ((rc = resolve_pipeline(cfg))) return rc;
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME && !*cfg->nvme_path)
         return loom_error_set(LOOM_ERR_INPUT, "%s nvme needs %s DIR", NAME(offload_optimizer),
                               NAME(nvme_path));
@@ -361,20 +286,6 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
                                   "%s auto decides %s and %s itself: give them or it, not both",
                                   NAME(offload_auto), NAME(offload_optimizer), NAME(offload_param));
     }
-    if (cfg->offload_param == LOOM_OFFLOAD_NVME) {
-        if (cfg->zero_stage != 3)
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "%s nvme needs %s 3 (the parameters are sharded there), not %d",
-                                  NAME(offload_param), NAME(zero_stage), cfg->zero_stage);
-        if (cfg->offload_optimizer != LOOM_OFFLOAD_NVME)
-            return loom_error_set(
-                LOOM_ERR_INPUT,
-                "%s nvme needs %s nvme: a shard offloaded is updated by an optimizer streaming "
-                "its state",
-                NAME(offload_param), NAME(offload_optimizer));
-        if (!*cfg->param_nvme_path)
-            snprintf(cfg->param_nvme_path, sizeof cfg->param_nvme_path, "%s", cfg->nvme_path);
-    }
     if ((rc = resolve_schedule(cfg))) return rc;
     if (cfg->seq_length > cfg->max_position_embeddings)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d", NAME(seq_length), cfg->seq_length,
@@ -384,25 +295,6 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
                               cfg->hidden_size, NAME(num_attention_heads), cfg->num_attention_heads);
     if ((rc = resolve_recompute(cfg))) return rc;
     if ((rc = resolve_trace(cfg))) return rc;
-    if (cfg->sequence_parallel && cfg->tensor_model_parallel_size < 2)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s splits the sequence within a tensor-parallel group: it needs %s 2 or more",
-                              NAME(sequence_parallel), NAME(tensor_model_parallel_size));
-    if (cfg->sequence_parallel && cfg->seq_length % cfg->tensor_model_parallel_size)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: %s %d is not divisible by %s %d", NAME(sequence_parallel),
-                              NAME(seq_length), cfg->seq_length, NAME(tensor_model_parallel_size),
-                              cfg->tensor_model_parallel_size);
-    if (cfg->layout_invariant && cfg->layout_invariant % cfg->tensor_model_parallel_size)
-        return loom_error_set(
-            LOOM_ERR_INPUT, "%s %d is not a multiple of %s %d: each tensor-parallel rank takes whole pieces",
-            NAME(layout_invariant), cfg->layout_invariant, NAME(tensor_model_parallel_size),
-            cfg->tensor_model_parallel_size);
-    if (cfg->layout_invariant && cfg->grad_reduce_dtype != LOOM_REDUCE_FP32)
-        return loom_error_set(LOOM_ERR_INPUT, "%s sums the gradients in float32: %s must be fp32",
-                              NAME(layout_invariant), NAME(grad_reduce_dtype));
-    if (cfg->layout_invariant && cfg->fp8_format != LOOM_FP8_OFF)
-        return loom_error_set(LOOM_ERR_INPUT, "%s does not take fp8 yet (%s)", NAME(layout_invariant),
-                              NAME(fp8_format));
     if (cfg->eval_interval == 0) cfg->eval_interval = cfg->train_iters;
     return LOOM_OK;
 }

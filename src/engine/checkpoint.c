@@ -77,7 +77,7 @@ static void shape_of(const struct loom_model *m, const struct loom_config *cfg, 
  * (every rank holds everything) an even split, so writing is spread. */
 static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
 {
-    if (p->zero_stage >= 1) {
+    if (p->sharded) {
         *lo = p->part.begin, *hi = p->part.end;
         return;
     }
@@ -269,7 +269,7 @@ static int state_text(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     st.dp = p->topo->dp;
     st.tp = p->topo->tp;
     st.pp = p->topo->pp;
-    st.zero_stage = p->zero_stage;
+    st.zero_stage = cfg->zero_stage; /* the layout's record */
     st.skipped_steps = p->skipped;
     if (p->scaler) {
         st.has_loss_scaler = 1;

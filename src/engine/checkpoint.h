@@ -37,8 +37,8 @@
 struct loom_ckpt_parts {
     struct loom_config *cfg;
     const struct loom_topology *topo;
-    struct loom_model *model; /* a model family's or a user's */
-    int zero_stage;
+    struct loom_model *model;   /* a model family's or a user's */
+    int sharded;                /* the optimizer's range is this rank's shard (ZeRO) */
     struct loom_partition part; /* this rank's part of the arena (optimizer state) */
     /* where this rank's parameters live, in the model's dtype: elements
      * [store_lo, store_hi) of the arena (the stage-3 shard, else the arena) */

@@ -111,7 +111,7 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
                             "layouts); with the engine API give the layout's flags (loom plan prints them)");
     int rc = loom_comm_setup(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
     loom_comm_set_timeout(cfg->comm_timeout);
-    if (rc == LOOM_OK) rc = loom_config_resolve(cfg, e->topo.dp);
+    if (rc == LOOM_OK) rc = loom_kinds_resolve(cfg, e->topo.dp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if ((rc = loom_engine_agree(e, check_same_config(cfg)))) return rc;
     /* bf16's matrix products: the units the CPU has, or LOOM_BF16_UNITS's */
@@ -156,54 +156,40 @@ static int scaler_init(struct loom_engine *e)
     return loom_loss_scaler_init(e->scaler, &sc);
 }
 
-/* The strategy stack for the layout, in stack order (loom/strategy.h): the
- * data-parallel strategy that owns the stored parameters and gradients
- * first (DDP below stage 2, plus ZeRO-1's post-step gather; ZeRO-2/3 reduce
- * their own), mixed precision's float32 working views last. */
+/* The strategy stack for the layout: every kind's strategies, in registry
+ * order (parallel/kinds.h), which is the stack's (loom/strategy.h): the
+ * data-parallel strategies that own the stored parameters and gradients
+ * first, mixed precision's float32 working views next, the invariant tree
+ * on top. */
 int loom_engine_build_stack(struct loom_engine *e)
 {
-    const struct loom_config *cfg = e->cfg;
     struct loom_model *m = e->model;
-    const int dp = e->topo.dp, stage = cfg->zero_stage;
-    /* checked with the config: F32, or the compute dtype */
-    const enum loom_dtype reduce = (enum loom_dtype)cfg->grad_reduce_dtype;
-    const int accumulate_f32 = m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1;
-    m->invariant_sums = cfg->layout_invariant > 0; /* before DDP's buckets */
-    m->step_micros = cfg->gradient_accumulation_steps;
-    loom_comm_set_tree_sums(LOOM_GROUP_DP, cfg->layout_invariant > 0);
-    if (dp > 1 && stage < 2) {
-        e->ddp = loom_alloc(sizeof *e->ddp, LOOM_MEM_OTHER);
-        loom_ddp_init(e->ddp, m, dp, cfg->ddp_bucket_size, !cfg->no_overlap, cfg->ddp_impl == LOOM_DDP_NAIVE,
-                      reduce);
-    }
-    if (stage >= 1) {
-        e->zero = loom_alloc(sizeof *e->zero, LOOM_MEM_OTHER);
-        const int rc = loom_zero_init(e->zero, stage, dp, e->topo.dp_rank, m, cfg->zero3_min_params,
-                                      stage >= 2 ? reduce : LOOM_DTYPE_F32, stage >= 2 && accumulate_f32,
-                                      cfg->offload_param == LOOM_OFFLOAD_NVME ? cfg->param_nvme_path : NULL);
-        if (rc) return rc;
-    }
-    if (m->dtype != LOOM_DTYPE_F32) {
-        e->prec = loom_alloc(sizeof *e->prec, LOOM_MEM_OTHER);
-        loom_precision_init(e->prec, m);
-    }
-    if (cfg->layout_invariant) { /* on top: each micro-batch's own gradient, summed in the tree */
-        e->inv = loom_alloc(sizeof *e->inv, LOOM_MEM_OTHER);
-        loom_invariant_init(e->inv, m, cfg->gradient_accumulation_steps, cfg->layout_invariant);
-    }
-    return LOOM_OK;
+    m->invariant_sums = e->shape.exact_sums; /* before DDP's buckets */
+    m->step_micros = e->cfg->gradient_accumulation_steps;
+    loom_comm_set_tree_sums(LOOM_GROUP_DP, e->shape.exact_sums);
+    struct loom_kind_build b = {
+        .cfg = e->cfg, .topo = &e->topo, .shape = &e->shape, .model = m, .schedule = &e->pipe_times};
+    const int rc = loom_kinds_build(&b, e->state);
+    e->boundary = b.boundary;
+    return rc;
+}
+
+/* ZeRO's strategy, while the step still reads it. */
+static struct loom_zero *zero_of(const struct loom_engine *e)
+{
+    return e->state[LOOM_KIND_ZERO];
 }
 
 /* The optimizer's view of this rank's parameters and gradients [begin, end). */
 static struct loom_buf opt_params(const struct loom_engine *e)
 {
-    if (e->zero) return loom_zero_params(e->zero);
+    if (zero_of(e)) return loom_zero_params(zero_of(e));
     return loom_buf_slice(e->model->params, e->part.begin, e->part.end - e->part.begin);
 }
 
 static struct loom_buf opt_grads(const struct loom_engine *e)
 {
-    if (e->zero) return loom_zero_grads(e->zero);
+    if (zero_of(e)) return loom_zero_grads(zero_of(e));
     return loom_buf_slice(e->model->grads, e->part.begin, e->part.end - e->part.begin);
 }
 
@@ -213,13 +199,13 @@ static struct loom_buf opt_grads(const struct loom_engine *e)
 static struct loom_ckpt_parts ckpt_parts(struct loom_engine *e)
 {
     struct loom_model *m = e->model;
-    const int stage3 = e->cfg->zero_stage == 3;
+    const int stage3 = e->shape.shard_params;
     return (struct loom_ckpt_parts){.cfg = e->cfg,
                                     .topo = &e->topo,
                                     .model = m,
-                                    .zero_stage = e->cfg->zero_stage,
+                                    .sharded = e->shape.shard_optimizer,
                                     .part = e->part,
-                                    .store = stage3 ? e->zero->param_shard : m->params,
+                                    .store = stage3 ? zero_of(e)->param_shard : m->params,
                                     .store_lo = stage3 ? e->part.begin : 0,
                                     .store_hi = stage3 ? e->part.end : m->num_params,
                                     .opt = &e->opt,
@@ -235,7 +221,7 @@ void loom_engine_plan_schedule(struct loom_engine *e)
 {
     const struct loom_config *cfg = e->cfg;
     struct loom_model *m = e->model;
-    const int chunks = e->topo.pp > 1 ? loom_pp_chunks(cfg) : 1;
+    const int chunks = e->shape.chunks;
     loom_schedule_plan(&e->plan, cfg->pipeline_schedule, e->topo.pp, e->topo.pp_rank, chunks,
                        cfg->gradient_accumulation_steps);
     e->chunk_first = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER);
@@ -278,17 +264,16 @@ enum loom_dtype loom_engine_state_dtype(const struct loom_config *cfg)
 
 void loom_engine_alloc_arenas(struct loom_engine *e)
 {
-    const struct loom_config *cfg = e->cfg;
     const int arenas =
-        (e->init_sharded ? 0 : LOOM_MODEL_PARAM_ARENA) | (cfg->zero_stage < 2 ? LOOM_MODEL_GRAD_ARENA : 0);
-    loom_model_alloc_arenas(e->model, loom_zero_arena_multiple(cfg->zero_stage, e->topo.dp), arenas);
+        (e->init_sharded ? 0 : LOOM_MODEL_PARAM_ARENA) | (e->shape.shard_grads ? 0 : LOOM_MODEL_GRAD_ARENA);
+    loom_model_alloc_arenas(e->model, e->shape.arena_multiple, arenas);
 }
 
 void loom_engine_alloc_grad_acc(struct loom_engine *e)
 {
     const struct loom_config *cfg = e->cfg;
     struct loom_model *m = e->model;
-    if (m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1 && cfg->zero_stage < 2)
+    if (m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1 && !e->shape.shard_grads)
         m->grad_acc = loom_buf_alloc(m->arena_numel, LOOM_DTYPE_F32, LOOM_MEM_GRADS);
 }
 
@@ -301,59 +286,14 @@ void loom_engine_alloc_optimizer(struct loom_engine *e)
     if (e->model->dtype != LOOM_DTYPE_F32) loom_adamw_alloc_master(&e->opt);
 }
 
-/* What the layout asks of the model, checked before anything is allocated:
- * tensor parallelism a model built for this rank's place in the tp group
- * (its tensors split by loom_block_add_tensor_split), pipeline parallelism
- * ops->boundary_numel, ops->set_slots when this stage's schedule keeps more
- * than one micro-batch in flight, and a stage's own blocks (the stages'
- * models together hold each block of the whole once, in the chunks the
- * schedule runs). Collective over the job: every rank reaches the verdict. */
+/* What the layout's kinds ask of the model, checked before anything is
+ * allocated (parallel/kinds.h: tensor parallelism a model built for this
+ * rank's place in the tp group, pipeline parallelism a stage's own blocks
+ * and the operations its schedule needs). Collective over the job: every
+ * rank reaches the verdict. */
 static int check_model_for_layout(struct loom_engine *e, const struct loom_model *m)
 {
-    const struct loom_config *cfg = e->cfg;
-    const struct loom_topology *t = &e->topo;
-    int rc = LOOM_OK;
-    if (t->tp > 1 && (m->tp != t->tp || m->tp_rank != t->tp_rank))
-        rc =
-            loom_error_set(LOOM_ERR_INPUT,
-                           "--tensor-model-parallel-size %d: the model %s is built for tp rank %d of %d, not "
-                           "%d of %d (tensor parallelism needs a model whose tensors are split over the "
-                           "group with loom_block_add_tensor_split)",
-                           t->tp, m->name, m->tp_rank, m->tp, t->tp_rank, t->tp);
-    if (t->pp > 1) {
-        const int chunks = loom_pp_chunks(cfg);
-        struct loom_pipe_plan plan;
-        loom_schedule_plan(&plan, cfg->pipeline_schedule, t->pp, t->pp_rank, chunks,
-                           cfg->gradient_accumulation_steps);
-        const int slots = plan.slots;
-        loom_schedule_plan_free(&plan);
-        int runs = m->nblocks > 0;
-        int64_t held[2] = {m->nblocks, 0}; /* blocks, the whole model's blocks (highest index + 1) */
-        for (int b = 0; b < m->nblocks; b++) {
-            if (b > 0 && m->blocks[b].index != m->blocks[b - 1].index + 1) runs++;
-            if (m->blocks[b].index + 1 > held[1]) held[1] = m->blocks[b].index + 1;
-        }
-        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&held[0], 1, LOOM_DTYPE_I64), LOOM_OP_SUM);
-        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&held[1], 1, LOOM_DTYPE_I64), LOOM_OP_MAX);
-        if (rc == LOOM_OK && !m->ops->boundary_numel)
-            rc = loom_error_set(LOOM_ERR_INPUT,
-                                "--pipeline-model-parallel-size %d: the model %s has no boundary_numel "
-                                "operation (the activation a stage sends the next; pipeline parallelism "
-                                "needs it)",
-                                t->pp, m->name);
-        else if (rc == LOOM_OK && slots > 1 && !m->ops->set_slots)
-            rc = loom_error_set(LOOM_ERR_INPUT,
-                                "--pipeline-model-parallel-size %d: the model %s has no set_slots operation, "
-                                "and stage %d keeps %d micro-batches in flight (activations for each)",
-                                t->pp, m->name, t->pp_rank, slots);
-        else if (rc == LOOM_OK && (held[0] != held[1] || runs != chunks))
-            rc = loom_error_set(LOOM_ERR_INPUT,
-                                "--pipeline-model-parallel-size %d: the stages' models hold %lld blocks of a "
-                                "model of %lld, stage %d in %d runs for %d chunks (each stage's model must "
-                                "hold its own blocks only, block.index their place in the whole)",
-                                t->pp, (long long)held[0], (long long)held[1], t->pp_rank, runs, chunks);
-    }
-    return loom_engine_agree(e, rc);
+    return loom_engine_agree(e, loom_kinds_check_model(e->cfg, &e->topo, m));
 }
 
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
@@ -365,6 +305,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
             e, loom_error_set(LOOM_ERR_INPUT, "--offload auto (and --plugin gemini) is placed by loom train "
                                               "(it counts a model family's memory); with the engine API give "
                                               "--offload-optimizer and --offload-param"));
+    loom_kinds_shape(cfg, e->topo.world, &e->shape);
     int rc = check_model_for_layout(e, m);
     if (rc) return rc;
     e->model = m;
@@ -375,7 +316,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * initialisation draws from (seed, block), and every rank's seed is the
      * same (checked with the config), so no weight check is needed. */
     const int from_dir = *cfg->load && loom_ckpt_is_checkpoint(cfg->load);
-    e->init_sharded = cfg->zero_stage == 3 && dp > 1 && (!*cfg->load || from_dir);
+    e->init_sharded = e->shape.shard_params && dp > 1 && (!*cfg->load || from_dir);
     loom_engine_alloc_arenas(e);
     if (*cfg->load && !from_dir)
         rc = load_weights_file(m, cfg->load);
@@ -390,9 +331,9 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * stage 2 the accumulator is ZeRO's float32 shard */
     new_run_id(e);
     loom_engine_alloc_grad_acc(e);
-    e->part = loom_zero_partition(cfg->zero_stage, dp, e->topo.dp_rank, m);
+    e->part = loom_zero_partition(e->shape.shard_optimizer, dp, e->topo.dp_rank, m);
     if ((rc = loom_engine_agree(e, loom_engine_build_stack(e)))) return rc;
-    if (e->init_sharded && !from_dir) loom_zero_init_weights(e->zero, (uint64_t)cfg->seed);
+    if (e->init_sharded && !from_dir) loom_zero_init_weights(zero_of(e), (uint64_t)cfg->seed);
     loom_engine_alloc_optimizer(e);
     /* the optimizer's file first (nothing of its state is ever all in memory) */
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME &&
@@ -400,9 +341,9 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
                                                       (size_t)(cfg->offload_buffer_size * 1e6),
                                                       cfg->offload_direct_io))))
         return rc;
-    if (e->zero && e->zero->param_map.data) { /* offloaded shards: streamed by the optimizer's chunks */
-        e->opt.param_map = &e->zero->param_map;
-        e->opt.grad_map = &e->zero->grad_map;
+    if (zero_of(e) && zero_of(e)->param_map.data) { /* offloaded shards: streamed by the optimizer's chunks */
+        e->opt.param_map = &zero_of(e)->param_map;
+        e->opt.grad_map = &zero_of(e)->grad_map;
     }
     /* master weights from the 16-bit parameters, as DeepSpeed makes them */
     if (m->dtype != LOOM_DTYPE_F32) {
@@ -436,14 +377,7 @@ void loom_engine_free(struct loom_engine *e)
 
 void loom_engine_release_state(struct loom_engine *e)
 {
-    if (e->prec) loom_precision_free(e->prec);
-    if (e->inv) loom_invariant_free(e->inv);
-    if (e->ddp) loom_ddp_free(e->ddp);
-    if (e->zero) loom_zero_free(e->zero);
-    loom_free(e->prec);
-    loom_free(e->inv);
-    loom_free(e->ddp);
-    loom_free(e->zero);
+    loom_kinds_release(e->state);
     loom_free(e->scaler);
     loom_schedule_plan_free(&e->plan);
     loom_free(e->mbs);
@@ -542,7 +476,7 @@ void loom_engine_backward(struct loom_engine *e)
 static int block_nonfinite(const struct loom_engine *e, int i)
 {
     const struct loom_model *m = e->model;
-    const int sharded = e->zero && e->zero->stage >= 2;
+    const int sharded = zero_of(e) && zero_of(e)->stage >= 2;
     size_t lo = m->blocks[i].offset, hi = lo + m->blocks[i].numel, base = 0;
     if (sharded) {
         lo = lo > e->part.begin ? lo : e->part.begin;
@@ -550,12 +484,12 @@ static int block_nonfinite(const struct loom_engine *e, int i)
         base = e->part.begin;
     }
     if (lo >= hi) return 0;
-    const struct loom_buf g = loom_buf_slice(sharded ? e->zero->grad_shard : m->grads, lo - base, hi - lo);
+    const struct loom_buf g = loom_buf_slice(sharded ? zero_of(e)->grad_shard : m->grads, lo - base, hi - lo);
     const struct loom_kernels *k = m->backend->k;
     const int bad = g.dtype == LOOM_DTYPE_F32 ? k->has_nonfinite(g.data, g.numel)
                                               : k->lp_has_nonfinite(g.data, g.numel, g.dtype);
     if (sharded)
-        loom_offload_drop(&e->zero->grad_map, g.data, loom_buf_bytes(g)); /* offloaded: read, let go */
+        loom_offload_drop(&zero_of(e)->grad_map, g.data, loom_buf_bytes(g)); /* offloaded: read, let go */
     return bad;
 }
 
@@ -631,10 +565,10 @@ static void add_exact(void *ctx, struct loom_buf part)
 static double exact_grad_norm(const struct loom_engine *e)
 {
     const struct loom_model *m = e->model;
-    const int sharded = e->zero && e->zero->stage >= 2;
+    const int sharded = zero_of(e) && zero_of(e)->stage >= 2;
     struct loom_sumsq_exact s = {0};
     if (sharded)
-        counted_parts(m, loom_zero_grads(e->zero), e->part.begin, e->part.end, add_exact, &s);
+        counted_parts(m, loom_zero_grads(zero_of(e)), e->part.begin, e->part.end, add_exact, &s);
     else
         counted_parts(m, loom_buf_slice(m->grads, 0, m->num_params), 0, m->num_params, add_exact, &s);
     uint64_t limbs[LOOM_SUMSQ_LIMBS];
@@ -656,8 +590,8 @@ static double stage_grad_norm(const struct loom_engine *e)
     const struct loom_model *m = e->model;
     if (m->tp > 1) {
         double ss;
-        if (e->zero && e->zero->stage >= 2) {
-            ss = tp_sum_squares(m, loom_zero_grads(e->zero), e->part.begin, e->part.end);
+        if (zero_of(e) && zero_of(e)->stage >= 2) {
+            ss = tp_sum_squares(m, loom_zero_grads(zero_of(e)), e->part.begin, e->part.end);
             loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
         } else {
             ss = tp_sum_squares(m, loom_buf_slice(m->grads, 0, m->num_params), 0, m->num_params);
@@ -665,7 +599,7 @@ static double stage_grad_norm(const struct loom_engine *e)
         loom_comm_allreduce_sync(LOOM_GROUP_TP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
         return sqrt(ss);
     }
-    if (e->zero && e->zero->stage >= 2) return loom_zero_grad_norm(e->zero);
+    if (zero_of(e) && zero_of(e)->stage >= 2) return loom_zero_grad_norm(zero_of(e));
     if (m->dtype != LOOM_DTYPE_F32)
         return sqrt(m->backend->k->lp_sum_squares(m->grads.data, m->num_params, m->dtype));
     return loom_grad_norm(m->blocks, m->nblocks);
@@ -786,8 +720,7 @@ static const struct loom_schedule_ops engine_schedule_ops = {source_get, source_
 
 size_t loom_engine_boundary(const struct loom_engine *e)
 {
-    const struct loom_model *m = e->model;
-    return e->topo.pp > 1 ? m->ops->boundary_numel(m, e->cfg->micro_batch_size) : 0;
+    return e->boundary;
 }
 
 int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx, struct loom_step_result *out)

@@ -13,8 +13,7 @@
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr.h"
-#include "parallel/ddp.h"
-#include "parallel/precision.h"
+#include "parallel/kinds.h"
 #include "parallel/schedule.h"
 #include "parallel/zero.h"
 
@@ -22,12 +21,11 @@ struct loom_engine {
     struct loom_config *cfg;
     struct loom_topology topo;
     struct loom_model *model;
-    struct loom_partition part; /* this rank's part of the arena: the optimizer's range */
-    /* the strategies on the model's stack (build_stack), each NULL when absent */
-    struct loom_zero *zero;      /* stages 1-3 */
-    struct loom_ddp *ddp;        /* dp > 1 below stage 2 */
-    struct loom_precision *prec; /* bf16/fp16 */
-    struct loom_invariant *inv;  /* --layout-invariant with accumulation: the micro-batch tree */
+    struct loom_layout_shape shape; /* what the layout's kinds make of this rank (parallel/kinds.h) */
+    struct loom_partition part;     /* this rank's part of the arena: the optimizer's range */
+    /* each kind's strategies on the model's stack (build_stack), NULL when it built none */
+    void *state[LOOM_KIND_COUNT];
+    size_t boundary; /* floats of the activation between pipeline stages (0 without pipelining) */
     struct loom_adamw opt;
     int have_opt;
     struct loom_lr_schedule sched;
@@ -61,8 +59,7 @@ int loom_engine_agree(const struct loom_engine *e, int rc);
 enum loom_dtype loom_engine_state_dtype(const struct loom_config *cfg); /* the arenas' dtype */
 void loom_engine_alloc_arenas(struct loom_engine *e);   /* the model's arenas the layout keeps */
 void loom_engine_alloc_grad_acc(struct loom_engine *e); /* mixed precision's float32 accumulator */
-int loom_engine_build_stack(
-    struct loom_engine *e); /* DDP / ZeRO / mixed precision; LOOM_ERR_INPUT: offload */
+int loom_engine_build_stack(struct loom_engine *e);     /* every kind's strategies; LOOM_ERR_INPUT: offload */
 void loom_engine_alloc_optimizer(struct loom_engine *e); /* AdamW's state (and master weights) */
 void loom_engine_plan_schedule(struct loom_engine *e);   /* the schedule's plan and activation slots */
 /* Floats of an activation between pipeline stages (0 without pipelining). */

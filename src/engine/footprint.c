@@ -8,13 +8,12 @@
 #include "base/pool.h"
 #include "engine/engine_impl.h"
 #include "model/family.h"
-#include "parallel/invariant.h"
+#include "parallel/stack.h"
 
-/* One step's transient buffers: each strategy's replay at each block's
- * hooks, in the order the block announcements call them (stack order on
- * the way in: ZeRO or DDP, then mixed precision, then the layout-invariant
- * tree; the reverse on the way out), for the step's micro-batches one
- * after another. */
+/* One step's transient buffers: each strategy's replay (loom/strategy.h)
+ * at each point of the step, in the order the stack's calls make them (the
+ * strategies in stack order on the way in, in reverse on the way out), for
+ * the step's micro-batches one after another. */
 /* The micro-batch replayed after k of A. The others repeat what these do:
  * the strategies' state is per block and settles in the first micro-batch;
  * the layout-invariant tree opens a level at each micro-batch 2^j - 1; the
@@ -32,40 +31,27 @@ static void replay_step(struct loom_engine *e)
 {
     struct loom_model *m = e->model;
     const int A = e->cfg->gradient_accumulation_steps, n = m->nblocks;
-    if (e->prec) loom_precision_replay_begin(e->prec);
+    struct loom_replay r = {0};
+    loom_stack_replay(m, LOOM_REPLAY_BEGIN_STEP, -1, &r);
+    /* a tied embedding's gradients open with the head's backward (its
+     * first), and close with its own */
+    struct loom_tied_embedding te;
+    const int tied = m->ops->tied_embedding && m->ops->tied_embedding(m, &te) ? te.block : -1;
     for (int k = 0; k < A; k = next_micro(k, A)) {
+        r = (struct loom_replay){.micro = k, .last = k == A - 1};
         for (int b = 0; b < n; b++) {
-            if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_PRE_FORWARD);
-            if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_PRE_FORWARD, 0);
-            if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_POST_FORWARD, 0);
-            if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_POST_FORWARD);
+            loom_stack_replay(m, LOOM_REPLAY_PRE_FORWARD, b, &r);
+            loom_stack_replay(m, LOOM_REPLAY_POST_FORWARD, b, &r);
         }
-        const int last = k == A - 1;
-        if (last && e->ddp) loom_ddp_replay_open(e->ddp);
-        /* gradients a strategy below mixed precision provides: ZeRO-2/3's
-         * always, pooled DDP's in the micro-batch that reduces */
-        const int provided = (e->zero && e->zero->stage >= 2) || (last && e->ddp && e->ddp->pooled);
-        /* a tied embedding's gradients open with the head's backward (its
-         * first), and close with its own */
-        struct loom_tied_embedding te;
-        const int tied = m->ops->tied_embedding && m->ops->tied_embedding(m, &te) ? te.block : -1;
+        loom_stack_replay(m, LOOM_REPLAY_BEGIN_BACKWARD, -1, &r);
         for (int i = -1; i < n; i++) {
             const int b = i < 0 ? tied : n - 1 - i;
             if (b < 0) continue;
-            if (b != tied || i < 0) { /* the block's backward begins */
-                if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_PRE_BACKWARD);
-                if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_PRE_BACKWARD, provided);
-                if (e->inv) loom_invariant_replay(e->inv, b, LOOM_REPLAY_PRE_BACKWARD, k);
-            }
-            if (i < 0) continue;
-            if (e->inv) loom_invariant_replay(e->inv, b, LOOM_REPLAY_GRADS_READY, k);
-            if (e->prec) loom_precision_replay(e->prec, b, LOOM_REPLAY_GRADS_READY, provided);
-            if (e->zero) loom_zero_replay(e->zero, b, LOOM_REPLAY_GRADS_READY);
+            if (b != tied || i < 0) loom_stack_replay(m, LOOM_REPLAY_PRE_BACKWARD, b, &r);
+            if (i >= 0) loom_stack_replay(m, LOOM_REPLAY_GRADS_READY, b, &r);
         }
     }
-    if (e->ddp) loom_ddp_replay_finish(e->ddp);
-    if (e->zero) loom_zero_replay_finish(e->zero);
-    if (e->prec) loom_precision_replay_finish(e->prec);
+    loom_stack_replay(m, LOOM_REPLAY_FINISH, -1, &r);
 }
 
 int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *topo,
@@ -84,12 +70,13 @@ int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *t
         family->create(cfg, cfg->micro_batch_size, cfg->seq_length, 1, topo->tp_rank, topo->pp_rank);
     e.model = m;
     m->dtype = loom_engine_state_dtype(cfg);
-    /* a step's peak: ZeRO-3 keeps its shard only (the whole arena it may
-     * start from is gone before the first step) */
-    e.init_sharded = cfg->zero_stage == 3;
+    loom_kinds_shape(cfg, topo->world, &e.shape);
+    /* a step's peak: a layout that shards the parameters keeps its shard
+     * only (the whole arena it may start from is gone before the first step) */
+    e.init_sharded = e.shape.shard_params;
     loom_engine_alloc_arenas(&e);
     loom_engine_alloc_grad_acc(&e);
-    e.part = loom_zero_partition(cfg->zero_stage, topo->dp, topo->dp_rank, m);
+    e.part = loom_zero_partition(e.shape.shard_optimizer, topo->dp, topo->dp_rank, m);
     loom_engine_build_stack(&e); /* offload files are not made while counting */
     loom_engine_alloc_optimizer(&e);
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME)

@@ -25,7 +25,7 @@ struct loom_footprint {
 };
 
 /* The footprint of the rank at topo's coordinates, for a configuration
- * resolved for topo's dp (loom_config_resolve). LOOM_ERR_INPUT naming the
+ * resolved for topo's dp (loom_kinds_resolve). LOOM_ERR_INPUT naming the
  * setting when the model does not take the layout. The bookkeeping
  * (LOOM_MEM_OTHER's small blocks) is allocated for real and freed; nothing
  * else is. */

@@ -173,12 +173,36 @@ static void describe(void *ctx, char *buf, size_t n)
                  loom_dtype_name(d->reduce_dtype));
 }
 
+/* The footprint's replay: mixed precision's float32 bucket sums (pooled),
+ * taken before the backward that reduces (they are the blocks' gradient
+ * buffers there) and landed at the step's end. */
+static void replay(void *ctx, enum loom_replay_point at, int block, struct loom_replay *r)
+{
+    (void)block;
+    struct loom_ddp *d = ctx;
+    if (!d->pooled) return;
+    if (at == LOOM_REPLAY_BEGIN_BACKWARD && r->last) {
+        r->grads_provided = 1;
+        if (d->naive) {
+            d->all = bucket(d->model, 0, d->model->nblocks - 1, d->model->num_params);
+            d->all.f32 = loom_pool_take(d->all.stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
+            return;
+        }
+        for (int i = 0; i < d->nbuckets; i++)
+            d->buckets[i].f32 = loom_pool_take(d->buckets[i].stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
+    } else if (at == LOOM_REPLAY_FINISH) {
+        if (d->naive) loom_pool_give(&d->all.f32);
+        for (int i = 0; i < d->nbuckets && !d->naive; i++) loom_pool_give(&d->buckets[i].f32);
+    }
+}
+
 static const struct loom_strategy ddp_strategy = {.name = "ddp",
                                                   .begin_backward = begin_backward,
                                                   .grads_ready = grads_ready,
                                                   .finish_backward = finish_backward,
                                                   .comm_wait_s = comm_wait_s,
-                                                  .describe = describe};
+                                                  .describe = describe,
+                                                  .replay = replay};
 
 void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive,
                    enum loom_dtype reduce_dtype)
@@ -220,25 +244,6 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
     }
     d->index = m->stack.n;
     loom_model_push_strategy(m, &ddp_strategy, d);
-}
-
-void loom_ddp_replay_open(struct loom_ddp *d)
-{
-    if (!d->pooled) return;
-    if (d->naive) {
-        d->all = bucket(d->model, 0, d->model->nblocks - 1, d->model->num_params);
-        d->all.f32 = loom_pool_take(d->all.stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
-        return;
-    }
-    for (int i = 0; i < d->nbuckets; i++)
-        d->buckets[i].f32 = loom_pool_take(d->buckets[i].stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
-}
-
-void loom_ddp_replay_finish(struct loom_ddp *d)
-{
-    if (!d->pooled) return;
-    if (d->naive) loom_pool_give(&d->all.f32);
-    for (int i = 0; i < d->nbuckets && !d->naive; i++) loom_pool_give(&d->buckets[i].f32);
 }
 
 void loom_ddp_free(struct loom_ddp *d)

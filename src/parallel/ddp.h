@@ -74,10 +74,5 @@ struct loom_ddp {
 void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive,
                    enum loom_dtype reduce_dtype);
 void loom_ddp_free(struct loom_ddp *d);
-/* The footprint's replay (see loom_zero_replay): mixed precision's float32
- * bucket sums, opened by the last micro-batch's begin_backward (open) and
- * landed at the backward's end (finish). */
-void loom_ddp_replay_open(struct loom_ddp *d);
-void loom_ddp_replay_finish(struct loom_ddp *d);
 
 #endif

@@ -81,15 +81,14 @@ static void describe(void *ctx, char *buf, size_t n)
         x->pieces, x->micros, x->micros == 1 ? "" : "s");
 }
 
-static const struct loom_strategy invariant_strategy = {.name = "invariant",
-                                                        .begin_backward = begin_backward,
-                                                        .pre_backward = pre_backward,
-                                                        .grads_ready = grads_ready,
-                                                        .describe = describe};
-
-void loom_invariant_replay(struct loom_invariant *x, int b, enum loom_replay_point at, int micro)
+/* The footprint's replay of block b in the replay's micro-batch: its own
+ * gradient (pooled) and the levels it fills, allocated as grads_ready
+ * allocates them. */
+static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r)
 {
-    if (x->micros == 1) return;
+    struct loom_invariant *x = ctx;
+    const int micro = r->micro;
+    if (x->micros == 1 || b < 0) return;
     const size_t n = x->model->blocks[b].numel;
     if (at == LOOM_REPLAY_PRE_BACKWARD) {
         LOOM_ASSERT(x->own[b] == NULL);
@@ -105,6 +104,13 @@ void loom_invariant_replay(struct loom_invariant *x, int b, enum loom_replay_poi
         x->own[b] = NULL;
     }
 }
+
+static const struct loom_strategy invariant_strategy = {.name = "invariant",
+                                                        .begin_backward = begin_backward,
+                                                        .pre_backward = pre_backward,
+                                                        .grads_ready = grads_ready,
+                                                        .describe = describe,
+                                                        .replay = replay};
 
 void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros, int pieces)
 {

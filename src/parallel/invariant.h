@@ -47,9 +47,5 @@ struct loom_invariant {
  * step (one: it does nothing but describe the run). */
 void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int micros, int pieces);
 void loom_invariant_free(struct loom_invariant *x);
-/* The footprint's replay of block b's hooks in micro-batch micro: the
- * micro-batch's own gradient (pooled) and the levels it fills, allocated
- * as grads_ready allocates them (counted, never touched). */
-void loom_invariant_replay(struct loom_invariant *x, int b, enum loom_replay_point at, int micro);
 
 #endif

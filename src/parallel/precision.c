@@ -83,13 +83,59 @@ static void describe(void *ctx, char *buf, size_t n)
              loom_dtype_name(p->dtype));
 }
 
+/* The footprint's replay: the float32 working copies of block b's
+ * parameters, and of its gradient unless a strategy below provides it or
+ * the float32 accumulator holds it; the bookkeeping of which it holds,
+ * from the step's start to its end. */
+static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r)
+{
+    struct loom_precision *p = ctx;
+    struct loom_model *m = p->model;
+    switch (at) {
+    case LOOM_REPLAY_BEGIN_STEP: {
+        const size_t nb = (size_t)m->nblocks;
+        p->replay_params = loom_alloc(2 * nb * sizeof *p->replay_params, LOOM_MEM_OTHER);
+        p->replay_grads = p->replay_params + nb;
+        return;
+    }
+    case LOOM_REPLAY_PRE_FORWARD:
+    case LOOM_REPLAY_PRE_BACKWARD: { /* take_params (the pinned copy may be held), and the gradient's */
+        const size_t n = m->blocks[b].numel;
+        if (!p->replay_params[b]) p->replay_params[b] = loom_pool_take_f32(n, 0, LOOM_MEM_OTHER);
+        if (at == LOOM_REPLAY_PRE_BACKWARD && !r->grads_provided && !m->grad_acc.data)
+            p->replay_grads[b] = loom_pool_take_f32(n, 1, LOOM_MEM_OTHER);
+        return;
+    }
+    case LOOM_REPLAY_POST_FORWARD:
+    case LOOM_REPLAY_GRADS_READY: {
+        const size_t n = m->blocks[b].numel;
+        if (p->replay_grads[b]) loom_pool_give_f32(p->replay_grads[b], n);
+        p->replay_grads[b] = NULL;
+        if (b != p->pinned && p->replay_params[b]) {
+            loom_pool_give_f32(p->replay_params[b], n);
+            p->replay_params[b] = NULL;
+        }
+        return;
+    }
+    case LOOM_REPLAY_FINISH:
+        if (p->pinned >= 0 && p->replay_params[p->pinned]) /* after_step */
+            loom_pool_give_f32(p->replay_params[p->pinned], m->blocks[p->pinned].numel);
+        loom_free(p->replay_params);
+        p->replay_params = p->replay_grads = NULL;
+        return;
+    default:
+        return;
+    }
+}
+
 static const struct loom_strategy precision_strategy = {.name = "precision",
                                                         .pre_forward = pre_forward,
                                                         .post_forward = post_forward,
                                                         .pre_backward = pre_backward,
                                                         .grads_ready = grads_ready,
                                                         .after_step = after_step,
-                                                        .describe = describe};
+                                                        .describe = describe,
+                                                        .replay = replay};
 
 void loom_precision_init(struct loom_precision *p, struct loom_model *m)
 {
@@ -100,44 +146,6 @@ void loom_precision_init(struct loom_precision *p, struct loom_model *m)
     p->pinned = m->ops->tied_embedding && m->ops->tied_embedding(m, &te) ? te.block : -1;
     p->index = m->stack.n;
     loom_model_push_strategy(m, &precision_strategy, p);
-}
-
-void loom_precision_replay(struct loom_precision *p, int b, enum loom_replay_point at, int grads_provided)
-{
-    struct loom_model *m = p->model;
-    const size_t n = m->blocks[b].numel;
-    switch (at) {
-    case LOOM_REPLAY_PRE_FORWARD:
-    case LOOM_REPLAY_PRE_BACKWARD: /* take_params (the pinned copy may be held), and the gradient's */
-        if (!p->replay_params[b]) p->replay_params[b] = loom_pool_take_f32(n, 0, LOOM_MEM_OTHER);
-        if (at == LOOM_REPLAY_PRE_BACKWARD && !grads_provided && !m->grad_acc.data)
-            p->replay_grads[b] = loom_pool_take_f32(n, 1, LOOM_MEM_OTHER);
-        return;
-    case LOOM_REPLAY_POST_FORWARD:
-    case LOOM_REPLAY_GRADS_READY:
-        if (p->replay_grads[b]) loom_pool_give_f32(p->replay_grads[b], n);
-        p->replay_grads[b] = NULL;
-        if (b != p->pinned && p->replay_params[b]) {
-            loom_pool_give_f32(p->replay_params[b], n);
-            p->replay_params[b] = NULL;
-        }
-        return;
-    }
-}
-
-void loom_precision_replay_finish(struct loom_precision *p)
-{
-    if (p->pinned >= 0 && p->replay_params[p->pinned]) /* after_step */
-        loom_pool_give_f32(p->replay_params[p->pinned], p->model->blocks[p->pinned].numel);
-    loom_free(p->replay_params);
-    p->replay_params = p->replay_grads = NULL;
-}
-
-void loom_precision_replay_begin(struct loom_precision *p)
-{
-    const size_t n = (size_t)p->model->nblocks;
-    p->replay_params = loom_alloc(2 * n * sizeof *p->replay_params, LOOM_MEM_OTHER);
-    p->replay_grads = p->replay_params + n;
 }
 
 void loom_precision_free(struct loom_precision *p)

@@ -44,12 +44,5 @@ struct loom_precision {
 /* Pushes the strategy on m's stack (last: next to the kernels). */
 void loom_precision_init(struct loom_precision *p, struct loom_model *m);
 void loom_precision_free(struct loom_precision *p);
-/* The footprint's replay (see loom_zero_replay): the float32 working
- * copies of block b's parameters, and of its gradient unless a strategy
- * below provides it (grads_provided) or the float32 accumulator holds it.
- * begin before the first block, finish at the step's end. */
-void loom_precision_replay_begin(struct loom_precision *p);
-void loom_precision_replay(struct loom_precision *p, int b, enum loom_replay_point at, int grads_provided);
-void loom_precision_replay_finish(struct loom_precision *p);
 
 #endif

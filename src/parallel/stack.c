@@ -33,6 +33,15 @@ void loom_stack_after_step(struct loom_model *m)
     REVERSE_ORDER(m, after_step);
 }
 
+void loom_stack_replay(struct loom_model *m, enum loom_replay_point at, int block, struct loom_replay *r)
+{
+    if (at == LOOM_REPLAY_POST_FORWARD || at == LOOM_REPLAY_GRADS_READY) {
+        REVERSE_ORDER(m, replay, at, block, r);
+    } else {
+        FORWARD_ORDER(m, replay, at, block, r);
+    }
+}
+
 double loom_stack_comm_wait_s(struct loom_model *m)
 {
     double w = -1;

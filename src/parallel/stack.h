@@ -12,21 +12,15 @@
 
 #include "loom/model.h"
 
-/* Where a strategy's footprint replay (engine/footprint.h) is in a block's
- * passage, as the block announcements call the hooks. */
-enum loom_replay_point {
-    LOOM_REPLAY_PRE_FORWARD,
-    LOOM_REPLAY_POST_FORWARD,
-    LOOM_REPLAY_PRE_BACKWARD,
-    LOOM_REPLAY_GRADS_READY
-};
-
 void loom_stack_begin_step(struct loom_model *m);
 void loom_stack_begin_backward(struct loom_model *m, int micro, int last);
 void loom_stack_finish_backward(struct loom_model *m);
 void loom_stack_after_step(struct loom_model *m);
 /* The largest communication wait any strategy reports for this step, or -1. */
 double loom_stack_comm_wait_s(struct loom_model *m);
+/* The footprint's replay of point `at` (of block `block`, or -1) by every
+ * strategy, in its order (loom/strategy.h). */
+void loom_stack_replay(struct loom_model *m, enum loom_replay_point at, int block, struct loom_replay *r);
 /* "ddp > precision", or "none" for an empty stack. */
 void loom_stack_format(const struct loom_model *m, char *buf, size_t n);
 /* One line per strategy, each through `line` (the run summary). */

@@ -35,9 +35,9 @@ size_t loom_zero_arena_multiple(int stage, int dp)
     return stage >= 1 ? (size_t)dp : 1;
 }
 
-struct loom_partition loom_zero_partition(int stage, int dp, int dp_rank, const struct loom_model *m)
+struct loom_partition loom_zero_partition(int sharded, int dp, int dp_rank, const struct loom_model *m)
 {
-    if (stage == 0) return (struct loom_partition){m->num_params, 0, m->num_params};
+    if (!sharded) return (struct loom_partition){m->num_params, 0, m->num_params};
     LOOM_ASSERT(m->arena_numel % (size_t)dp == 0);
     struct loom_partition p;
     p.shard = m->arena_numel / (size_t)dp;
@@ -300,6 +300,8 @@ static void describe(void *ctx, char *buf, size_t n)
                  z->stage == 2 ? "gradients and optimizer state" : "optimizer state", z->dp);
 }
 
+static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r);
+
 static const struct loom_strategy zero1_strategy = {
     .name = "zero-1", .after_step = after_step, .describe = describe};
 static const struct loom_strategy zero2_strategy = {.name = "zero-2",
@@ -309,7 +311,8 @@ static const struct loom_strategy zero2_strategy = {.name = "zero-2",
                                                     .finish_backward = finish_backward,
                                                     .after_step = after_step,
                                                     .comm_wait_s = comm_wait_s,
-                                                    .describe = describe};
+                                                    .describe = describe,
+                                                    .replay = replay};
 static const struct loom_strategy zero3_strategy = {.name = "zero-3",
                                                     .begin_step = begin_step,
                                                     .pre_forward = pre_forward,
@@ -319,7 +322,8 @@ static const struct loom_strategy zero3_strategy = {.name = "zero-3",
                                                     .finish_backward = finish_backward,
                                                     .after_step = after_step,
                                                     .comm_wait_s = comm_wait_s,
-                                                    .describe = describe};
+                                                    .describe = describe,
+                                                    .replay = replay};
 
 /* ---- set-up ---------------------------------------------------------------- */
 
@@ -460,10 +464,21 @@ static struct loom_buf *replay_gather(struct loom_zero *z, int u)
     return &x->buf;
 }
 
-void loom_zero_replay(struct loom_zero *z, int b, enum loom_replay_point at)
+/* Stages 2-3 (zero-1 has no replay): the step's end lands what is in
+ * flight, and lets go of the pinned unit. */
+static void replay_finish(struct loom_zero *z)
 {
+    while (z->norder > 0) replay_land_oldest(z);                                   /* finish_backward */
+    if (z->stage == 3 && z->pinned >= 0) loom_pool_give(&z->units[z->pinned].buf); /* after_step */
+}
+
+static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r)
+{
+    struct loom_zero *z = ctx;
     const struct loom_model *m = z->model;
-    if (z->stage == 1) return;
+    if (at == LOOM_REPLAY_BEGIN_BACKWARD) r->grads_provided = 1; /* every block's, in every backward */
+    if (at == LOOM_REPLAY_FINISH) replay_finish(z);
+    if (b < 0) return;
     const int u = z->stage == 3 ? z->unit_of[b] : -1;
     const struct loom_zero_unit *x = u >= 0 ? &z->units[u] : NULL;
     switch (at) {
@@ -503,14 +518,9 @@ void loom_zero_replay(struct loom_zero *z, int b, enum loom_replay_point at)
         if (x && b == x->first && u != z->pinned) loom_pool_give(&z->units[u].buf);
         return;
     }
+    default:
+        return;
     }
-}
-
-void loom_zero_replay_finish(struct loom_zero *z)
-{
-    if (z->stage == 1) return;
-    while (z->norder > 0) replay_land_oldest(z);                                   /* finish_backward */
-    if (z->stage == 3 && z->pinned >= 0) loom_pool_give(&z->units[z->pinned].buf); /* after_step */
 }
 
 void loom_zero_free(struct loom_zero *z)

@@ -57,7 +57,8 @@ struct loom_partition {
 
 /* The arena multiple a model must be created with for this layout. */
 size_t loom_zero_arena_multiple(int stage, int dp);
-struct loom_partition loom_zero_partition(int stage, int dp, int dp_rank, const struct loom_model *m);
+/* sharded: the optimizer state is (stages 1-3); else the whole model. */
+struct loom_partition loom_zero_partition(int sharded, int dp, int dp_rank, const struct loom_model *m);
 
 struct loom_zero_flight; /* a block's gradient on its way to the shards */
 struct loom_zero_unit;   /* stage 3: blocks gathered together */
@@ -111,15 +112,6 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
  * rank computes the same values) and keeps its shard of it. */
 void loom_zero_init_weights(struct loom_zero *z, uint64_t seed);
 void loom_zero_free(struct loom_zero *z);
-/* The footprint's replay (engine/footprint.h, under the allocator's
- * counting mode): at each point of block b's passage, the transient buffers
- * the hook there takes and gives back, from the pool, without communicating
- * or touching them (stage 3's gathered units with their prefetch, stages
- * 2-3's float32 block gradients with at most MAX_LAYERS_IN_FLIGHT
- * reductions posted, their segments); finish: the step's end. Beside the
- * hooks they mirror: change both together. */
-void loom_zero_replay(struct loom_zero *z, int b, enum loom_replay_point at);
-void loom_zero_replay_finish(struct loom_zero *z);
 
 /* This rank's parameters and gradients [begin, end) for the optimizer, in
  * the model's dtype: the stage-3 shard or a slice of the arena; the stage-2

@@ -13,32 +13,25 @@
 
 void loom_layout_describe(const struct loom_layout *l, char *buf, size_t n)
 {
-    int k = snprintf(buf, n, "tp %d", l->tp);
-    if (l->pp > 1) k += snprintf(buf + k, n - (size_t)k, " x pp %d", l->pp);
-    if (l->vpp > 1) k += snprintf(buf + k, n - (size_t)k, " (%d chunks)", l->vpp);
-    k += snprintf(buf + k, n - (size_t)k, " x dp %d", l->dp);
-    if (l->zero_stage) k += snprintf(buf + k, n - (size_t)k, ", ZeRO-%d", l->zero_stage);
-    if (l->sp) k += snprintf(buf + k, n - (size_t)k, ", SP");
-    if (l->precision) k += snprintf(buf + k, n - (size_t)k, ", %s", l->precision == 1 ? "bf16" : "fp16");
-    if (l->offload_nvme) snprintf(buf + k, n - (size_t)k, ", NVMe offload");
+    loom_kinds_plan_describe(l->kind, buf, n);
+    size_t k = strlen(buf);
+    if (l->precision) k += (size_t)snprintf(buf + k, n - k, ", %s", l->precision == 1 ? "bf16" : "fp16");
+    if (l->offload_nvme) snprintf(buf + k, n - k, ", NVMe offload");
 }
 
 void loom_layout_flags(const struct loom_layout *l, char *buf, size_t n)
 {
-    int k =
-        snprintf(buf, n, "--tensor-model-parallel-size %d --pipeline-model-parallel-size %d", l->tp, l->pp);
-    if (l->vpp > 1)
-        k += snprintf(buf + k, n - (size_t)k, " --num-layers-per-virtual-pipeline-stage V/%d", l->vpp);
-    k += snprintf(buf + k, n - (size_t)k, "%s --zero-stage %d --micro-batch-size %d%s%s",
-                  l->sp ? " --sequence-parallel" : "", l->zero_stage, l->micro_batch,
-                  l->precision == 1   ? " --bf16"
-                  : l->precision == 2 ? " --fp16"
-                                      : "",
-                  l->offload_nvme ? " --offload-optimizer nvme" : "");
+    loom_kinds_plan_flags(l->kind, buf, n);
+    size_t k = strlen(buf);
+    k += (size_t)snprintf(buf + k, n - k, " --micro-batch-size %d%s%s", l->micro_batch,
+                          l->precision == 1   ? " --bf16"
+                          : l->precision == 2 ? " --fp16"
+                                              : "",
+                          l->offload_nvme ? " --offload-optimizer nvme" : "");
     if (l->recompute == LOOM_RECOMPUTE_SELECTIVE)
-        snprintf(buf + k, n - (size_t)k, " --recompute-granularity selective");
+        snprintf(buf + k, n - k, " --recompute-granularity selective");
     else if (l->recompute == LOOM_RECOMPUTE_FULL)
-        snprintf(buf + k, n - (size_t)k,
+        snprintf(buf + k, n - k,
                  " --recompute-granularity full --recompute-method %s --recompute-num-layers %d",
                  l->recompute_block ? "block" : "uniform", l->recompute_layers);
 }
@@ -50,23 +43,19 @@ static int configure(struct loom_config *cfg, const struct loom_config *base, co
     cfg->ndata_paths = cfg->nvalid_paths = 0; /* the copy does not own base's paths */
     loom_layout_apply(cfg, l);
     cfg->rec.nwarnings = cfg->rec.nwarnings_dropped = 0; /* said once, by the caller */
-    return loom_config_resolve(cfg, l->dp);
+    return loom_kinds_resolve(cfg, l->kind[LOOM_KIND_DATA].value);
 }
 
 void loom_layout_apply(struct loom_config *cfg, const struct loom_layout *l)
 {
     const struct loom_config had = *cfg, *base = &had;
-    cfg->tensor_model_parallel_size = l->tp;
-    cfg->pipeline_model_parallel_size = l->pp;
-    cfg->num_layers_per_virtual_pipeline_stage = l->vpp > 1 ? cfg->num_layers / (l->pp * l->vpp) : 0;
-    cfg->sequence_parallel = l->sp;
+    loom_kinds_plan_apply(cfg, l->kind);
     cfg->bf16 = l->precision == 1;
     cfg->fp16 = l->precision == 2;
     if (l->offload_nvme)
         cfg->offload_optimizer = LOOM_OFFLOAD_NVME;
     else if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME)
         cfg->offload_optimizer = LOOM_OFFLOAD_NONE;
-    cfg->zero_stage = l->zero_stage;
     cfg->micro_batch_size = l->micro_batch;
     cfg->gradient_accumulation_steps = 0;
     cfg->recompute_granularity = l->recompute;
@@ -82,7 +71,6 @@ void loom_layout_apply(struct loom_config *cfg, const struct loom_layout *l)
                                 : l->recompute == LOOM_RECOMPUTE_FULL ? 1
                                                                       : 0;
     cfg->recompute_activations = 0;
-    cfg->fsdp_sharding_strategy = LOOM_FSDP_NONE;
 }
 
 /* Fitting first; fastest first, then the least memory, then the order of
@@ -115,34 +103,31 @@ static void evaluate(const struct loom_config *base, int world, const struct loo
     e->layout.accumulation = cfg.gradient_accumulation_steps;
     e->layout.recompute_layers = cfg.recompute_num_layers;
     e->layout.recompute_block = cfg.recompute_method == LOOM_RECOMPUTE_BLOCK;
-    /* the first and last stages hold the most (in-flight activations, the
-     * embedding, the head), and the first and last data-parallel ranks the
-     * most of a shard (ZeRO's padding and block boundaries): each category
-     * at its largest over them, the total of the busiest */
-    const int stages[2] = {0, e->layout.pp - 1}, dps[2] = {0, e->layout.dp - 1};
-    for (int i = 0; i < (e->layout.pp > 1 ? 2 : 1); i++)
-        for (int j = 0; j < (e->layout.dp > 1 ? 2 : 1); j++) {
-            struct loom_topology t = {.world = world,
-                                      .dp = e->layout.dp,
-                                      .tp = e->layout.tp,
-                                      .pp = e->layout.pp,
-                                      .pp_rank = stages[i],
-                                      .dp_rank = dps[j]};
-            struct loom_footprint fp;
-            if ((rc = loom_engine_footprint(&cfg, &t, &fp))) {
-                snprintf(e->reason, sizeof e->reason, "%s", loom_error_message());
-                loom_error_clear();
-                return;
-            }
-            if ((i == 0 && j == 0) || fp.total > e->mem.total) {
-                e->busiest_stage = stages[i];
-                e->mem.total = fp.total;
-                e->mem.params = fp.params;
-                e->mem.flops_per_token = fp.flops_per_token;
-            }
-            for (int k = 0; k < LOOM_MEM_COUNT; k++)
-                if (fp.peak[k] > e->mem.peak[k]) e->mem.peak[k] = fp.peak[k];
+    /* the busiest rank: each category at its largest over the ranks the
+     * kinds name (the first and last stage, the first and last
+     * data-parallel rank), the total of the busiest */
+    int probe[LOOM_KIND_COUNT] = {0}, nprobes[LOOM_KIND_COUNT];
+    for (int first = 1;; first = 0) {
+        struct loom_topology t;
+        loom_kinds_plan_topology(e->layout.kind, world, probe, &t, nprobes);
+        struct loom_footprint fp;
+        if ((rc = loom_engine_footprint(&cfg, &t, &fp))) {
+            snprintf(e->reason, sizeof e->reason, "%s", loom_error_message());
+            loom_error_clear();
+            return;
         }
+        if (first || fp.total > e->mem.total) {
+            e->busiest_stage = t.pp_rank;
+            e->mem.total = fp.total;
+            e->mem.params = fp.params;
+            e->mem.flops_per_token = fp.flops_per_token;
+        }
+        for (int k = 0; k < LOOM_MEM_COUNT; k++)
+            if (fp.peak[k] > e->mem.peak[k]) e->mem.peak[k] = fp.peak[k];
+        int k = LOOM_KIND_COUNT - 1; /* the next probe: the last kind's the fastest */
+        while (k >= 0 && ++probe[k] >= nprobes[k]) probe[k--] = 0;
+        if (k < 0) break;
+    }
     loom_step_time_predict(c, &cfg, world, &e->mem, &e->time);
     if ((double)e->mem.total > mem_limit) {
         char need[32], have[32];
@@ -158,6 +143,7 @@ static void evaluate(const struct loom_config *base, int world, const struct loo
 /* The search's state: what stays as given, and the candidates so far. */
 struct search {
     const struct loom_config *base;
+    struct loom_plan_space space; /* as the kinds see it */
     int world, keep;
     unsigned precisions; /* LOOM_PLAN_* bits */
     int offloads;        /* 1: as given; 2: without and with NVMe offload */
@@ -228,14 +214,15 @@ static void add_unevaluated(struct search *s, struct loom_layout l, const char *
  * micro-batches are replayed and scheduled one by one. */
 static int add_micro_batch(struct search *s, struct loom_layout l, int64_t mb)
 {
-    const int64_t G = s->base->global_batch_size, tokens = mb * s->base->seq_length, acc = G / (mb * l.dp);
+    const int64_t G = s->base->global_batch_size, tokens = mb * s->base->seq_length,
+                  acc = G / (mb * l.kind[LOOM_KIND_DATA].value);
     l.micro_batch = (int)mb;
     if (tokens > INT32_MAX) {
         add_unevaluated(s, l, "a micro-batch of %lld tokens (micro-batch x --seq-length) is above %lld",
                         tokens, INT32_MAX);
         return 0;
     }
-    if (G % (mb * l.dp) == 0 && acc > LOOM_PLAN_MAX_ACCUMULATION) {
+    if (G % (mb * l.kind[LOOM_KIND_DATA].value) == 0 && acc > LOOM_PLAN_MAX_ACCUMULATION) {
         add_unevaluated(s, l, "%lld micro-batches a step: the planner tries up to %lld", acc,
                         LOOM_PLAN_MAX_ACCUMULATION);
         return 1;
@@ -243,24 +230,44 @@ static int add_micro_batch(struct search *s, struct loom_layout l, int64_t mb)
     return add_candidates(s, l);
 }
 
-/* The data-parallel choices of a tp x pp split: ZeRO stage, micro-batch.
- * Micro-batches run in powers of two up to what --micro-batch-size takes,
- * and stop past one whose activations alone need more than a rank has. */
-static void add_dp_choices(struct search *s, struct loom_layout l)
+/* The micro-batches of a layout of the kinds' choices. They run in powers
+ * of two up to what --micro-batch-size takes, and stop past one whose
+ * activations alone need more than a rank has. */
+static void add_micro_batches(struct search *s, struct loom_layout l)
 {
     const struct loom_config *b = s->base;
-    const int64_t G = b->global_batch_size, given_mb = b->micro_batch_size;
-    const int fix_z = fixed(s, "--zero-stage"), fix_mb = fixed(s, "--micro-batch-size") && given_mb > 0;
-    for (int z = 0; z <= (l.dp > 1 ? 3 : 0); z++) {
-        if (fix_z && z != b->zero_stage) continue;
-        l.zero_stage = z;
-        if (fix_mb) {
-            add_micro_batch(s, l, given_mb);
-            continue;
-        }
-        for (int64_t mb = 1; mb <= G && mb <= LOOM_PLAN_MAX_MICRO_BATCH; mb *= 2)
-            if (G % (mb * l.dp) == 0 && !add_micro_batch(s, l, mb)) break;
+    const int64_t G = b->global_batch_size, given_mb = b->micro_batch_size, dp = l.kind[LOOM_KIND_DATA].value;
+    if (fixed(s, "--micro-batch-size") && given_mb > 0) {
+        add_micro_batch(s, l, given_mb);
+        return;
     }
+    for (int64_t mb = 1; mb <= G && mb <= LOOM_PLAN_MAX_MICRO_BATCH; mb *= 2)
+        if (G % (mb * dp) == 0 && !add_micro_batch(s, l, mb)) break;
+}
+
+/* Every kind's choices, slot by slot in registry order (the tensor and
+ * pipeline sizes, the pipeline's chunks, SP, the data-parallel size, the
+ * ZeRO stage), `left` the ranks the kinds before kind k leave; then the
+ * micro-batches and the planner's own choices of each layout the kinds
+ * accept. */
+static void add_kind_choices(struct search *s, struct loom_layout *l, int k, int slot, int left)
+{
+    if (k == LOOM_KIND_COUNT) {
+        if (loom_kinds_plan_accepts(&s->space, l->kind)) add_micro_batches(s, *l);
+        return;
+    }
+    const struct loom_kind *kind = loom_kind_at((enum loom_kind_id)k);
+    if (slot == kind->plan_slots) {
+        add_kind_choices(s, l, k + 1, 0, kind->plan_ranks ? left / kind->plan_ranks(&l->kind[k]) : left);
+        return;
+    }
+    int *v = loom_alloc(sizeof(int) * LOOM_KIND_MAX_CHOICES, LOOM_MEM_OTHER);
+    const int n = kind->plan_choices(&s->space, l->kind, slot, left, v);
+    for (int i = 0; i < n; i++) {
+        *(slot ? &l->kind[k].sub : &l->kind[k].value) = v[i];
+        add_kind_choices(s, l, k, slot + 1, left);
+    }
+    loom_free(v);
 }
 
 int loom_plan_search(const struct loom_config *base, int world, const struct loom_cluster *c,
@@ -287,31 +294,10 @@ int loom_plan_search(const struct loom_config *base, int world, const struct loo
     /* NVMe offload is searched when a path is given and the choice is not */
     s.offloads = *base->nvme_path && !fixed(&s, "--offload-optimizer") ? 2 : 1;
     out->entries = loom_alloc(s.cap * sizeof *out->entries, LOOM_MEM_OTHER);
-    const int L = base->num_layers, fix_tp = fixed(&s, "--tensor-model-parallel-size"),
-              fix_pp = fixed(&s, "--pipeline-model-parallel-size"), fix_sp = fixed(&s, "--sequence-parallel"),
-              fix_v = fixed(&s, "--num-layers-per-virtual-pipeline-stage");
-    const int want_v =
-        base->num_layers_per_virtual_pipeline_stage > 0 && base->pipeline_model_parallel_size > 0
-            ? L / (base->pipeline_model_parallel_size * base->num_layers_per_virtual_pipeline_stage)
-            : 1;
-    for (int tp = 1; tp <= world; tp++) {
-        /* --layout-invariant N takes tensor-parallel sizes dividing N */
-        if (world % tp || (base->layout_invariant && base->layout_invariant % tp) ||
-            (fix_tp ? tp != base->tensor_model_parallel_size
-                    : tp > c->ranks_per_node || base->num_attention_heads % tp))
-            continue;
-        for (int pp = 1; pp <= world / tp; pp++) {
-            if ((world / tp) % pp || (fix_pp ? pp != base->pipeline_model_parallel_size : L % pp)) continue;
-            for (int v = 1; v <= (pp > 1 ? 2 : 1); v++) {
-                if ((fix_v && v != want_v) || (v > 1 && L % (pp * v))) continue;
-                for (int sp = 0; sp <= (tp > 1); sp++) {
-                    if (fix_sp && sp != base->sequence_parallel) continue;
-                    add_dp_choices(&s, (struct loom_layout){
-                                           .tp = tp, .pp = pp, .dp = world / (tp * pp), .vpp = v, .sp = sp});
-                }
-            }
-        }
-    }
+    s.space = (struct loom_plan_space){
+        .base = base, .world = world, .ranks_per_node = c->ranks_per_node, .keep = opt->keep_given};
+    struct loom_layout l = {0};
+    add_kind_choices(&s, &l, 0, 0, world);
     if (out->n == 0)
         return loom_error_set(LOOM_ERR_INPUT, "no layout of %d ranks is possible with the settings given",
                               world);

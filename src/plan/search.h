@@ -1,23 +1,28 @@
 /*
- * The planner's search: every layout of a model on `world` ranks (tensor,
- * pipeline and data parallel sizes, virtual stages, ZeRO stage, micro-batch,
- * recomputation, sequence parallelism), each checked by the configuration's
- * own rules (loom_config_resolve), its memory counted by the trainer's
- * set-up code (engine/footprint.h) on its busiest pipeline stage, and its
- * step timed by the time model (plan/step_time.h). Settings the user gave
- * stay as given; the rest are searched.
+ * The planner's search: every layout of a model on `world` ranks (each
+ * parallelism kind's choices, parallel/kinds.h: tensor, pipeline and data
+ * parallel sizes, virtual stages, sequence parallelism, ZeRO stage; then
+ * its own: micro-batch, recomputation, precision, offload), each checked by
+ * the configuration's and the kinds' rules (loom_kinds_resolve), its
+ * memory counted by the trainer's set-up code (engine/footprint.h) on its
+ * busiest ranks, and its step timed by the time model (plan/step_time.h).
+ * Settings the user gave stay as given; the rest are searched.
  */
 #ifndef LOOM_PLAN_SEARCH_H
 #define LOOM_PLAN_SEARCH_H
 
 #include "engine/footprint.h"
 #include "loom/config.h"
+#include "parallel/kinds.h"
 #include "plan/cluster.h"
 #include "plan/step_time.h"
 
+/* A layout: each parallelism kind's choice (parallel/kinds.h: the tensor,
+ * pipeline and data-parallel sizes, the pipeline's chunks a stage, SP, the
+ * ZeRO stage), and the planner's own. */
 struct loom_layout {
-    int tp, pp, dp, vpp; /* vpp: model chunks per stage (1: no interleaving) */
-    int sp, zero_stage, micro_batch, accumulation;
+    struct loom_kind_choice kind[LOOM_KIND_COUNT]; /* by enum loom_kind_id */
+    int micro_batch, accumulation;
     enum loom_recompute recompute;
     int recompute_layers, recompute_block; /* full: --recompute-num-layers, and method block (else uniform) */
     int precision;                         /* 0 float32, 1 bf16, 2 fp16 */
