@@ -1,8 +1,10 @@
 /*
- * Strategies: what runs around a model's blocks (data parallelism, ZeRO's
- * sharding, mixed precision's working copies, later the tensor-parallel and
- * embedding-group gradient syncs). A model announces each block as it uses
- * it (loom/model.h); the announcement walks the model's strategy stack:
+ * Strategies: what runs around a model's blocks and its step (data
+ * parallelism, ZeRO's sharding, mixed precision's working copies, tensor
+ * parallelism's count of replicated gradients and its waits, the pipeline's
+ * waits, fp8's scales; later the embedding group's gradient sync). A model
+ * announces each block as it uses it (loom/model.h); the announcement walks
+ * the model's strategy stack:
  *
  *   on the way in   (begin_step, begin_backward, pre_forward, pre_backward):
  *                   in stack order, first to last;
@@ -16,13 +18,21 @@
  *
  * Every member is optional (NULL: nothing to do at that point). Block
  * indices are the model's; LOOM_GRAD_READY_TIED_HEAD (loom/model.h) is the
- * extra grads_ready event of a tied embedding. Not here: who builds the
- * stack (the engine, from the configuration).
+ * extra grads_ready event of a tied embedding. Besides the hooks, a
+ * strategy answers the step's questions: where the stored state is (view),
+ * which tensors this rank counts in the gradient norm (counts_tensor). Not
+ * here: who builds the stack (the engine, from the parallelism kinds).
  */
 #ifndef LOOM_STRATEGY_H
 #define LOOM_STRATEGY_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "loom/types.h"
+
+struct loom_tensor;
+struct loom_offload_map;
 
 /* Where the footprint's replay (src/engine/footprint.h) is in a step, as
  * the hooks it mirrors are called: the step-level points (block -1) and a
@@ -46,6 +56,23 @@ struct loom_replay {
     int grads_provided;
 };
 
+/* Where the model's stored state is on this rank, for the optimizer, the
+ * gradient norm, the non-finite check and checkpoints: the model's arenas,
+ * or the shards of the strategy that keeps them instead (its view). */
+struct loom_state_view {
+    struct loom_buf params; /* the stored parameters: elements [params_lo, params_hi) of the arena */
+    size_t params_lo, params_hi;
+    struct loom_buf grads; /* the reduced gradients: elements [grads_lo, grads_hi) */
+    size_t grads_lo, grads_hi;
+    int grads_split; /* the data-parallel ranks hold disjoint ranges (sums over them are added) */
+    /* the gradients' sums of squares go in pieces of this many elements
+     * (the grouping fixes the norm's bits), or block by block (0) */
+    size_t piece;
+    /* offloaded to files (optim/offload.h): a piece is dropped once read;
+     * NULL: in memory */
+    struct loom_offload_map *param_map, *grad_map;
+};
+
 struct loom_strategy {
     const char *name; /* "ddp", "zero-3", "precision": printed in the run summary */
     /* The first micro-batch of a step is about to run. */
@@ -66,8 +93,9 @@ struct loom_strategy {
     void (*finish_backward)(void *ctx);
     /* After the optimizer's update (or a skipped one). */
     void (*after_step)(void *ctx);
-    /* Seconds this step spent blocked on this strategy's communication
-     * after the backward; default: none (-1). */
+    /* Seconds this step was blocked on this strategy's communication (after
+     * the backward, or inside the layers where they block); the stack's is
+     * the sum. Default: none (-1). */
     double (*comm_wait_s)(void *ctx);
     /* One line for the run summary ("ZeRO-3: 14 gather units"); default: the name. */
     void (*describe)(void *ctx, char *buf, size_t n);
@@ -78,9 +106,24 @@ struct loom_strategy {
      * Called in stack order, in reverse at POST_FORWARD and GRADS_READY.
      * Default: the strategy takes none. */
     void (*replay)(void *ctx, enum loom_replay_point at, int block, struct loom_replay *r);
+    /* A strategy that keeps the stored state in place of the model's
+     * arenas: fills *v and returns 1. The first in stack order that does
+     * answers; default: the model's arenas. */
+    int (*view)(void *ctx, struct loom_state_view *v);
+    /* Whether this rank counts tensor t's gradient in the norm (each
+     * parameter counts once over the ranks: a tensor that ranks hold copies
+     * of, on one of them). With such a strategy on the stack the norm sums
+     * tensor by tensor. Default: every tensor. */
+    int (*counts_tensor)(void *ctx, const struct loom_tensor *t);
+    /* The strategy that keeps the stored parameters in place of an arena
+     * the model was never given initialises them (the initialisation draws
+     * from (seed, block), loom/model.h). */
+    void (*init_weights)(void *ctx, uint64_t seed);
 };
 
-#define LOOM_STRATEGY_MAX 8
+/* The engine's kinds put at most 7 on a stack (tp, pp, fp8, ddp, zero-1,
+ * precision, invariant); the rest is room for a user's. */
+#define LOOM_STRATEGY_MAX 12
 
 /* A model's stack: strategies and their contexts, in stack order. */
 struct loom_strategy_stack {

@@ -2,7 +2,9 @@
  * The engine (loom/engine.h): ranks and resolved settings, the model's
  * arenas and weights for the layout, the strategy stack around the model's
  * blocks (built in one place, build_stack), AdamW over this rank's range,
- * the schedule of the step's micro-batches, and the step. Rank r of dp
+ * the schedule of the step's micro-batches, and the step: the stack's
+ * finish, one gradient norm over where the stack keeps the gradients, the
+ * update, the stack's after-step; no branch on a strategy. Rank r of dp
  * takes rows [(r*A + a)*B, +B) of the global batch for micro-batch a, so
  * every layout trains on the same global batch; each rank back-propagates
  * its micro-batch mean times 1/(A x dp), so the sum over ranks and
@@ -30,10 +32,7 @@
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* loom_bf16_units_select */
-#include "layers/fp8_linear.h"
 #include "layers/pp_stages.h"
-#include "layers/tp_regions.h"
-#include "parallel/invariant.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
 
@@ -174,40 +173,37 @@ int loom_engine_build_stack(struct loom_engine *e)
     return rc;
 }
 
-/* ZeRO's strategy, while the step still reads it. */
-static struct loom_zero *zero_of(const struct loom_engine *e)
-{
-    return e->state[LOOM_KIND_ZERO];
-}
-
-/* The optimizer's view of this rank's parameters and gradients [begin, end). */
+/* The optimizer's view of this rank's parameters and gradients [begin,
+ * end): its range of where the stack keeps them. */
 static struct loom_buf opt_params(const struct loom_engine *e)
 {
-    if (zero_of(e)) return loom_zero_params(zero_of(e));
-    return loom_buf_slice(e->model->params, e->part.begin, e->part.end - e->part.begin);
+    struct loom_state_view v;
+    loom_stack_view(e->model, &v);
+    return loom_buf_slice(v.params, e->part.begin - v.params_lo, e->part.end - e->part.begin);
 }
 
 static struct loom_buf opt_grads(const struct loom_engine *e)
 {
-    if (zero_of(e)) return loom_zero_grads(zero_of(e));
-    return loom_buf_slice(e->model->grads, e->part.begin, e->part.end - e->part.begin);
+    struct loom_state_view v;
+    loom_stack_view(e->model, &v);
+    return loom_buf_slice(v.grads, e->part.begin - v.grads_lo, e->part.end - e->part.begin);
 }
 
 /* What a checkpoint reads and writes on this rank: the parameters where the
- * layout keeps them (the stage-3 shard, else the arena), the optimizer's
- * range, the loss scaler and the skipped steps. */
+ * stack keeps them (a shard, or the arena), the optimizer's range, the loss
+ * scaler and the skipped steps. */
 static struct loom_ckpt_parts ckpt_parts(struct loom_engine *e)
 {
-    struct loom_model *m = e->model;
-    const int stage3 = e->shape.shard_params;
+    struct loom_state_view v;
+    loom_stack_view(e->model, &v);
     return (struct loom_ckpt_parts){.cfg = e->cfg,
                                     .topo = &e->topo,
-                                    .model = m,
+                                    .model = e->model,
                                     .sharded = e->shape.shard_optimizer,
                                     .part = e->part,
-                                    .store = stage3 ? zero_of(e)->param_shard : m->params,
-                                    .store_lo = stage3 ? e->part.begin : 0,
-                                    .store_hi = stage3 ? e->part.end : m->num_params,
+                                    .store = v.params,
+                                    .store_lo = v.params_lo,
+                                    .store_hi = v.params_hi,
                                     .opt = &e->opt,
                                     .scaler = e->scaler,
                                     .skipped = e->skipped,
@@ -310,9 +306,10 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     if (rc) return rc;
     e->model = m;
     m->dtype = loom_engine_state_dtype(cfg);
-    /* ZeRO-3 never builds the whole model unless --load names a weights
-     * file: each rank initialises it block by block and keeps its shard
-     * (loom_zero_init_weights), or reads its shard from the checkpoint. The
+    /* A layout that shards the parameters (ZeRO-3) never builds the whole
+     * model unless --load names a weights file: each rank initialises it
+     * block by block and keeps its shard (the stack's init_weights), or
+     * reads its shard from the checkpoint. The
      * initialisation draws from (seed, block), and every rank's seed is the
      * same (checked with the config), so no weight check is needed. */
     const int from_dir = *cfg->load && loom_ckpt_is_checkpoint(cfg->load);
@@ -333,7 +330,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     loom_engine_alloc_grad_acc(e);
     e->part = loom_zero_partition(e->shape.shard_optimizer, dp, e->topo.dp_rank, m);
     if ((rc = loom_engine_agree(e, loom_engine_build_stack(e)))) return rc;
-    if (e->init_sharded && !from_dir) loom_zero_init_weights(zero_of(e), (uint64_t)cfg->seed);
+    if (e->init_sharded && !from_dir) loom_stack_init_weights(m, (uint64_t)cfg->seed);
     loom_engine_alloc_optimizer(e);
     /* the optimizer's file first (nothing of its state is ever all in memory) */
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME &&
@@ -341,9 +338,11 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
                                                       (size_t)(cfg->offload_buffer_size * 1e6),
                                                       cfg->offload_direct_io))))
         return rc;
-    if (zero_of(e) && zero_of(e)->param_map.data) { /* offloaded shards: streamed by the optimizer's chunks */
-        e->opt.param_map = &zero_of(e)->param_map;
-        e->opt.grad_map = &zero_of(e)->grad_map;
+    struct loom_state_view v;
+    loom_stack_view(m, &v);
+    if (v.param_map) { /* offloaded shards: streamed by the optimizer's chunks */
+        e->opt.param_map = v.param_map;
+        e->opt.grad_map = v.grad_map;
     }
     /* master weights from the 16-bit parameters, as DeepSpeed makes them */
     if (m->dtype != LOOM_DTYPE_F32) {
@@ -471,25 +470,19 @@ void loom_engine_backward(struct loom_engine *e)
     backward_micro(e, &e->mb, e->backwards, 0, NULL, NULL);
 }
 
-/* Whether block i's reduced gradient, as far as this rank holds it (all of
- * it below stage 2, its part of the shard from stage 2), has an inf or NaN. */
-static int block_nonfinite(const struct loom_engine *e, int i)
+/* Whether block i's reduced gradient, as far as this rank holds it (v: all
+ * of it, or its part of a shard), has an inf or NaN. */
+static int block_nonfinite(const struct loom_engine *e, const struct loom_state_view *v, int i)
 {
-    const struct loom_model *m = e->model;
-    const int sharded = zero_of(e) && zero_of(e)->stage >= 2;
-    size_t lo = m->blocks[i].offset, hi = lo + m->blocks[i].numel, base = 0;
-    if (sharded) {
-        lo = lo > e->part.begin ? lo : e->part.begin;
-        hi = hi < e->part.end ? hi : e->part.end;
-        base = e->part.begin;
-    }
+    const struct loom_block *blk = &e->model->blocks[i];
+    const size_t lo = blk->offset > v->grads_lo ? blk->offset : v->grads_lo,
+                 hi = blk->offset + blk->numel < v->grads_hi ? blk->offset + blk->numel : v->grads_hi;
     if (lo >= hi) return 0;
-    const struct loom_buf g = loom_buf_slice(sharded ? zero_of(e)->grad_shard : m->grads, lo - base, hi - lo);
-    const struct loom_kernels *k = m->backend->k;
+    const struct loom_buf g = loom_buf_slice(v->grads, lo - v->grads_lo, hi - lo);
+    const struct loom_kernels *k = e->model->backend->k;
     const int bad = g.dtype == LOOM_DTYPE_F32 ? k->has_nonfinite(g.data, g.numel)
                                               : k->lp_has_nonfinite(g.data, g.numel, g.dtype);
-    if (sharded)
-        loom_offload_drop(&zero_of(e)->grad_map, g.data, loom_buf_bytes(g)); /* offloaded: read, let go */
+    if (v->grad_map) loom_offload_drop(v->grad_map, g.data, loom_buf_bytes(g)); /* offloaded: read, let go */
     return bad;
 }
 
@@ -497,12 +490,14 @@ static int block_nonfinite(const struct loom_engine *e, int i)
  * finite on any rank; -1 when none is. */
 static int nonfinite_block(struct loom_engine *e)
 {
+    struct loom_state_view v;
+    loom_stack_view(e->model, &v);
     int64_t b = -1; /* by its index in the whole model: pipeline stages hold different blocks */
     for (int i = e->model->nblocks - 1; i >= 0 && b < 0; i--)
-        if (block_nonfinite(e, i)) b = e->model->blocks[i].index;
-    uint64_t v = (uint64_t)(b + 1);
-    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&v, 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
-    return (int)v - 1;
+        if (block_nonfinite(e, &v, i)) b = e->model->blocks[i].index;
+    uint64_t u = (uint64_t)(b + 1);
+    loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&u, 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
+    return (int)u - 1;
 }
 
 /* The first tensor of the block with this index in the whole model, when
@@ -514,106 +509,87 @@ static const char *block_name(const struct loom_model *m, int index)
     return index >= 0 ? "on another pipeline stage" : NULL;
 }
 
-/* Calls fn for each part of the gradients g holds for the model's arena
- * range [lo, hi) that this rank counts in the norm: all of it, but a tensor
- * the tp group replicates on tp rank 0 only (every tp rank holds the same
- * gradient for it). */
-static void counted_parts(const struct loom_model *m, struct loom_buf g, size_t lo, size_t hi,
-                          void (*fn)(void *ctx, struct loom_buf part), void *ctx)
-{
-    for (int bi = 0; bi < m->nblocks; bi++) {
-        const struct loom_block *b = &m->blocks[bi];
-        for (int ti = 0; ti < b->ntensors; ti++) {
-            const struct loom_tensor *t = &b->tensors[ti];
-            const size_t t_lo = b->offset + t->offset, t_hi = t_lo + t->numel;
-            const size_t a = t_lo > lo ? t_lo : lo, z = t_hi < hi ? t_hi : hi;
-            if (a >= z || (t->tp_split == LOOM_TP_REPLICATED && m->tp_rank != 0)) continue;
-            fn(ctx, loom_buf_slice(g, a - lo, z - a));
-        }
-    }
-}
+/* ---- the gradient norm ---------------------------------------------------------- */
 
+/* The sum of squares the norm adds up: in double, or exactly (as integers,
+ * base/sumsq_exact.h) when the model sums in one order whatever the layout
+ * (--layout-invariant), so that no layout changes a bit of it. */
 struct squares {
     const struct loom_model *m;
+    const struct loom_offload_map *map; /* the view's: a part dropped once read, or NULL */
     double ss;
+    struct loom_sumsq_exact exact;
 };
 
-static void add_squares(void *ctx, struct loom_buf part)
+static void add_squares(struct squares *q, struct loom_buf part)
 {
-    struct squares *q = ctx;
-    q->ss += part.dtype == LOOM_DTYPE_F32
-                 ? q->m->backend->k->sum_squares(part.data, part.numel)
-                 : q->m->backend->k->lp_sum_squares(part.data, part.numel, part.dtype);
-}
-
-/* Sum of squares of the parts counted_parts names. */
-static double tp_sum_squares(const struct loom_model *m, struct loom_buf g, size_t lo, size_t hi)
-{
-    struct squares q = {m, 0};
-    counted_parts(m, g, lo, hi, add_squares, &q);
-    return q.ss;
-}
-
-static void add_exact(void *ctx, struct loom_buf part)
-{
-    loom_sumsq_exact_add(ctx, part.data, part.numel, part.dtype);
-}
-
-/* --layout-invariant's norm: the same parts as below, their squares summed
- * as integers (base/sumsq_exact.h) over the shards, the tp group and the
- * stages, so no layout changes a bit of it. */
-static double exact_grad_norm(const struct loom_engine *e)
-{
-    const struct loom_model *m = e->model;
-    const int sharded = zero_of(e) && zero_of(e)->stage >= 2;
-    struct loom_sumsq_exact s = {0};
-    if (sharded)
-        counted_parts(m, loom_zero_grads(zero_of(e)), e->part.begin, e->part.end, add_exact, &s);
+    const struct loom_model *m = q->m;
+    if (m->invariant_sums)
+        loom_sumsq_exact_add(&q->exact, part.data, part.numel, part.dtype);
     else
-        counted_parts(m, loom_buf_slice(m->grads, 0, m->num_params), 0, m->num_params, add_exact, &s);
-    uint64_t limbs[LOOM_SUMSQ_LIMBS];
-    loom_sumsq_exact_limbs(&s, limbs);
-    const struct loom_buf b = loom_buf_of(limbs, LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64);
-    if (sharded) loom_comm_allreduce_sync(LOOM_GROUP_DP, b, LOOM_OP_SUM);
-    if (m->tp > 1) loom_comm_allreduce_sync(LOOM_GROUP_TP, b, LOOM_OP_SUM);
-    if (e->topo.pp > 1) loom_comm_allreduce_sync(LOOM_GROUP_PP, b, LOOM_OP_SUM);
-    loom_sumsq_exact_from_limbs(&s, limbs);
-    return sqrt(loom_sumsq_exact_value(&s));
+        q->ss += part.dtype == LOOM_DTYPE_F32
+                     ? m->backend->k->sum_squares(part.data, part.numel)
+                     : m->backend->k->lp_sum_squares(part.data, part.numel, part.dtype);
+    if (q->map) loom_offload_drop(q->map, part.data, loom_buf_bytes(part));
 }
 
-/* The global gradient norm: over the shards from stage 2, else over the
- * (reduced, identical) gradients every rank holds; with tensor parallelism,
- * each tp rank's part once and the replicated tensors once, summed over the
- * tp group. */
-static double stage_grad_norm(const struct loom_engine *e)
+/* The squares of the gradients view v holds, in its grouping: the tensors
+ * this rank counts, one by one, when a strategy counts only some (tensor
+ * parallelism's replicated ones, on one rank); else the view's pieces, or
+ * its blocks. */
+static void sweep(struct squares *q, const struct loom_state_view *v)
 {
-    const struct loom_model *m = e->model;
-    if (m->tp > 1) {
-        double ss;
-        if (zero_of(e) && zero_of(e)->stage >= 2) {
-            ss = tp_sum_squares(m, loom_zero_grads(zero_of(e)), e->part.begin, e->part.end);
-            loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-        } else {
-            ss = tp_sum_squares(m, loom_buf_slice(m->grads, 0, m->num_params), 0, m->num_params);
+    const struct loom_model *m = q->m;
+    const size_t lo = v->grads_lo, hi = v->grads_hi;
+    if (loom_stack_filters_tensors(m)) {
+        for (int bi = 0; bi < m->nblocks; bi++) {
+            const struct loom_block *b = &m->blocks[bi];
+            for (int ti = 0; ti < b->ntensors; ti++) {
+                const struct loom_tensor *t = &b->tensors[ti];
+                const size_t t_lo = b->offset + t->offset, t_hi = t_lo + t->numel;
+                const size_t a = t_lo > lo ? t_lo : lo, z = t_hi < hi ? t_hi : hi;
+                if (a < z && loom_stack_counts_tensor(m, t))
+                    add_squares(q, loom_buf_slice(v->grads, a - lo, z - a));
+            }
         }
-        loom_comm_allreduce_sync(LOOM_GROUP_TP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-        return sqrt(ss);
+    } else if (v->piece == 0) {
+        for (int bi = 0; bi < m->nblocks; bi++)
+            add_squares(q, loom_buf_slice(v->grads, m->blocks[bi].offset - lo, m->blocks[bi].numel));
+    } else {
+        for (size_t at = 0; at < hi - lo; at += v->piece)
+            add_squares(q, loom_buf_slice(v->grads, at, hi - lo - at < v->piece ? hi - lo - at : v->piece));
     }
-    if (zero_of(e) && zero_of(e)->stage >= 2) return loom_zero_grad_norm(zero_of(e));
-    if (m->dtype != LOOM_DTYPE_F32)
-        return sqrt(m->backend->k->lp_sum_squares(m->grads.data, m->num_params, m->dtype));
-    return loom_grad_norm(m->blocks, m->nblocks);
 }
 
-/* The global norm over every pipeline stage's. */
+/* The global gradient norm over the owners' views: each rank's squares,
+ * summed over the data-parallel group when the view is a shard and over
+ * the tensor-parallel group (its parts of the split tensors) into the
+ * stage's, then over the pipeline's stages: the stages' norms squared, or
+ * the exact sums. A group of one rank adds nothing. */
 static double grad_norm(const struct loom_engine *e)
 {
-    if (e->cfg->layout_invariant) return exact_grad_norm(e);
-    double norm = stage_grad_norm(e);
-    if (e->topo.pp == 1) return norm;
-    double ss = norm * norm;
-    loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-    return sqrt(ss);
+    const struct loom_model *m = e->model;
+    struct loom_state_view v;
+    loom_stack_view(m, &v);
+    struct squares q = {.m = m, .map = v.grad_map};
+    sweep(&q, &v);
+    if (m->invariant_sums) {
+        uint64_t limbs[LOOM_SUMSQ_LIMBS];
+        loom_sumsq_exact_limbs(&q.exact, limbs);
+        const struct loom_buf b = loom_buf_of(limbs, LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64);
+        if (v.grads_split) loom_comm_allreduce_sync(LOOM_GROUP_DP, b, LOOM_OP_SUM);
+        loom_comm_allreduce_sync(LOOM_GROUP_TP, b, LOOM_OP_SUM);
+        loom_comm_allreduce_sync(LOOM_GROUP_PP, b, LOOM_OP_SUM);
+        loom_sumsq_exact_from_limbs(&q.exact, limbs);
+        return sqrt(loom_sumsq_exact_value(&q.exact));
+    }
+    const struct loom_buf ss = loom_buf_of(&q.ss, 1, LOOM_DTYPE_F64);
+    if (v.grads_split) loom_comm_allreduce_sync(LOOM_GROUP_DP, ss, LOOM_OP_SUM);
+    loom_comm_allreduce_sync(LOOM_GROUP_TP, ss, LOOM_OP_SUM);
+    const double stage = sqrt(q.ss); /* sqrt(stage^2) is stage again: one stage's norm is its own */
+    q.ss = stage * stage;
+    loom_comm_allreduce_sync(LOOM_GROUP_PP, ss, LOOM_OP_SUM);
+    return sqrt(q.ss);
 }
 
 int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
@@ -622,16 +598,15 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     const int A = e->cfg->gradient_accumulation_steps, dp = e->topo.dp;
     LOOM_ASSERT(e->micro == A && e->backwards == A);
     struct loom_model *m = e->model;
-    loom_stack_finish_backward(m);
+    loom_stack_finish_backward(m);         /* every reduction landed, every send waited for */
     if (m->grad_acc.data && m->grads.data) /* accumulated in float32: rounded once */
         loom_buf_convert(loom_buf_slice(m->grads, 0, m->num_params),
                          loom_buf_slice(m->grad_acc, 0, m->num_params));
-    double pp_wait = loom_pp_flush(); /* the tied table's sends of this step */
-    double loss = e->loss_sum;        /* under pipelining, summed over the stages already (train_batch) */
+    double loss = e->loss_sum; /* under pipelining, summed over the stages already (train_batch) */
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&loss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     loss /= (double)A * dp;
     const double scale = e->scaler ? e->scaler->st.scale : 1.0;
-    double norm = grad_norm(e) / scale;
+    double norm = grad_norm(e) / scale; /* one norm over the owners' views */
     const int64_t step = e->steps + 1;
     /* skipped steps do not advance the schedule (DeepSpeed and Megatron step it only on an update) */
     const double lr = loom_lr_at(&e->sched, (int)(step - e->skipped));
@@ -668,16 +643,11 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
         const float grad_scale = (float)(loom_clip_coef(norm, e->cfg->clip_grad) / scale);
         loom_adamw_step(&e->opt, m, opt_params(e), opt_grads(e), lr, grad_scale);
     }
-    loom_stack_after_step(m);
-    if (m->fp8) loom_fp8_step_end(m->fp8); /* the scales of the next step, from every rank's amaxes */
+    loom_stack_after_step(m); /* the parameters gathered, fp8's next scales, ... */
     e->skipped += skip;
     e->steps = step;
     e->micro = e->backwards = 0;
-    double wait = loom_stack_comm_wait_s(m);
-    if (e->topo.pp > 1) /* blocked on the neighbouring stages */
-        wait = (wait > 0 ? wait : 0) + e->pipe_times.wait_s + pp_wait;
-    if (m->tp > 1)
-        wait = (wait > 0 ? wait : 0) + loom_tp_comm_take_s(); /* the layers' blocking collectives */
+    const double wait = loom_stack_comm_wait_s(m);
     if (out)
         *out = (struct loom_step_result){step, loss, lr, norm, wait, e->scaler ? scale : 0, skip, e->skipped};
     rc = loom_engine_agree(e, rc);
@@ -728,16 +698,14 @@ int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
     struct batch_source s = {e, get, ctx};
     int rc = loom_schedule_run(&e->plan, &engine_schedule_ops, &s, loom_engine_boundary(e), &e->pipe_times);
     if (rc) return rc;
-    if (e->topo.pp > 1) {
-        /* the head's stage has the loss: every stage learns it, once the last
-         * backward anywhere is done; the wait for that is each stage's share
-         * of the pipeline's drain, part of its idle time */
-        const double t0 = loom_now();
-        loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&e->loss_sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-        const double drain = loom_now() - t0;
-        e->pipe_times.wait_s += drain;
-        e->pipe_times.total_s += drain;
-    }
+    /* the head's stage has the loss: every stage learns it, once the last
+     * backward anywhere is done; the wait for that is each stage's share of
+     * the pipeline's drain, part of its idle time (one stage: none) */
+    const double t0 = loom_now();
+    loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&e->loss_sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+    const double drain = loom_now() - t0;
+    e->pipe_times.wait_s += drain;
+    e->pipe_times.total_s += drain;
     return loom_engine_step(e, out);
 }
 

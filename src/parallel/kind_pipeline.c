@@ -9,7 +9,6 @@
  */
 #include <stdio.h>
 
-#include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "config/config.h"
@@ -126,13 +125,55 @@ static int check_model(const struct loom_config *cfg, const struct loom_topology
     return rc;
 }
 
-/* The activation between stages, for the schedule's messages. */
+/* The "pp" strategy: after the backward, the tied table's sends of the
+ * step are waited for (layers/pp_stages.h); its wait is that and the
+ * schedule's time blocked on the neighbouring stages (the bubble
+ * included). */
+struct pp_strategy {
+    const struct loom_schedule_times *schedule; /* the last step's */
+    int pp;
+    double flush_s;
+};
+
+static void finish_backward(void *ctx)
+{
+    struct pp_strategy *p = ctx;
+    p->flush_s = loom_pp_flush();
+}
+
+static double comm_wait_s(void *ctx)
+{
+    const struct pp_strategy *p = ctx;
+    return p->schedule->wait_s + p->flush_s;
+}
+
+static void describe(void *ctx, char *buf, size_t n)
+{
+    const struct pp_strategy *p = ctx;
+    snprintf(buf, n, "pipeline: %d stages; a step's wait: the neighbouring stages and the tied table's sends",
+             p->pp);
+}
+
+static const struct loom_strategy pp_strategy = {
+    .name = "pp", .finish_backward = finish_backward, .comm_wait_s = comm_wait_s, .describe = describe};
+
+/* The strategy, and the activation between stages for the schedule's
+ * messages. */
 static int build(struct loom_kind_build *b, void **state)
 {
-    (void)state;
-    const struct loom_model *m = b->model;
-    if (b->topo->pp > 1) b->boundary = m->ops->boundary_numel(m, b->cfg->micro_batch_size);
+    struct loom_model *m = b->model;
+    if (b->topo->pp == 1) return LOOM_OK;
+    b->boundary = m->ops->boundary_numel(m, b->cfg->micro_batch_size);
+    struct pp_strategy *p = loom_alloc(sizeof *p, LOOM_MEM_OTHER);
+    *p = (struct pp_strategy){.schedule = b->schedule, .pp = b->topo->pp};
+    *state = p;
+    loom_model_push_strategy(m, &pp_strategy, p);
     return LOOM_OK;
+}
+
+static void release(void *state)
+{
+    loom_free(state);
 }
 
 /* The bubble: (P - 1) / (v m) of the work when stages wait on each other;
@@ -220,6 +261,7 @@ const struct loom_kind loom_kind_pipeline = {.name = "pipeline",
                                              .shape = shape,
                                              .check_model = check_model,
                                              .build = build,
+                                             .release = release,
                                              .time = time_terms,
                                              .plan_slots = 2,
                                              .plan_choices = plan_choices,

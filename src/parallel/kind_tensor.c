@@ -1,12 +1,17 @@
 /*
  * The tensor-parallel kind (kinds.h): --tensor-model-parallel-size ranks,
  * each holding its part of the split tensors (the model's, built for its
- * place in the group: layers/tp_regions.h); the layers' collectives in the
- * time model; the sizes the planner tries.
+ * place in the group: layers/tp_regions.h). Its strategy, "tp", counts a
+ * replicated tensor's gradient in the norm on tp rank 0 only (every tp rank
+ * holds the same gradient for it) and reports the layers' blocking
+ * collectives as its wait; the layers' collectives in the time model; the
+ * sizes the planner tries.
  */
 #include <stdio.h>
 
 #include "base/log.h"
+#include "base/mem.h"
+#include "layers/tp_regions.h"
 #include "parallel/kinds.h"
 
 static void shape(const struct loom_config *cfg, int world, struct loom_layout_shape *s)
@@ -27,6 +32,38 @@ static int check_model(const struct loom_config *cfg, const struct loom_topology
                            "group with loom_block_add_tensor_split)",
                            t->tp, m->name, m->tp_rank, m->tp, t->tp_rank, t->tp);
     return rc;
+}
+
+static int counts_tensor(void *ctx, const struct loom_tensor *t)
+{
+    const struct loom_model *m = ctx;
+    return t->tp_split != LOOM_TP_REPLICATED || m->tp_rank == 0;
+}
+
+/* The layers' collectives block them: all of their time is exposed. */
+static double comm_wait_s(void *ctx)
+{
+    (void)ctx;
+    return loom_tp_comm_take_s();
+}
+
+static void describe(void *ctx, char *buf, size_t n)
+{
+    const struct loom_model *m = ctx;
+    snprintf(buf, n,
+             "tensor parallelism: rank %d of %d; a replicated tensor's gradient counted once in the norm "
+             "(on rank 0)",
+             m->tp_rank, m->tp);
+}
+
+static const struct loom_strategy tp_strategy = {
+    .name = "tp", .comm_wait_s = comm_wait_s, .describe = describe, .counts_tensor = counts_tensor};
+
+static int build(struct loom_kind_build *b, void **state)
+{
+    (void)state;
+    if (b->topo->tp > 1) loom_model_push_strategy(b->model, &tp_strategy, b->model);
+    return LOOM_OK;
 }
 
 /* Two all-reduces (or reduce-scatter + all-gather) per layer each way, per
@@ -95,6 +132,7 @@ const struct loom_kind loom_kind_tensor = {.name = "tensor",
                                            .group = LOOM_GROUP_TP,
                                            .shape = shape,
                                            .check_model = check_model,
+                                           .build = build,
                                            .time = time_terms,
                                            .plan_slots = 1,
                                            .plan_choices = plan_choices,

@@ -47,10 +47,42 @@ double loom_stack_comm_wait_s(struct loom_model *m)
     double w = -1;
     for (int i = 0; i < m->stack.n; i++)
         if (m->stack.s[i]->comm_wait_s) {
-            double x = m->stack.s[i]->comm_wait_s(m->stack.ctx[i]);
-            if (x > w) w = x;
+            const double x = m->stack.s[i]->comm_wait_s(m->stack.ctx[i]);
+            if (x >= 0) w = (w > 0 ? w : 0) + x;
         }
     return w;
+}
+
+void loom_stack_view(const struct loom_model *m, struct loom_state_view *v)
+{
+    for (int i = 0; i < m->stack.n; i++)
+        if (m->stack.s[i]->view && m->stack.s[i]->view(m->stack.ctx[i], v)) return;
+    const size_t n = m->num_params;
+    *v = (struct loom_state_view){.params = m->params,
+                                  .params_hi = n,
+                                  .grads = m->grads,
+                                  .grads_hi = n,
+                                  .piece = m->dtype == LOOM_DTYPE_F32 ? 0 : n};
+}
+
+int loom_stack_filters_tensors(const struct loom_model *m)
+{
+    for (int i = 0; i < m->stack.n; i++)
+        if (m->stack.s[i]->counts_tensor) return 1;
+    return 0;
+}
+
+int loom_stack_counts_tensor(const struct loom_model *m, const struct loom_tensor *t)
+{
+    for (int i = 0; i < m->stack.n; i++)
+        if (m->stack.s[i]->counts_tensor && !m->stack.s[i]->counts_tensor(m->stack.ctx[i], t)) return 0;
+    return 1;
+}
+
+void loom_stack_init_weights(struct loom_model *m, uint64_t seed)
+{
+    for (int i = 0; i < m->stack.n; i++)
+        if (m->stack.s[i]->init_weights) m->stack.s[i]->init_weights(m->stack.ctx[i], seed);
 }
 
 void loom_stack_format(const struct loom_model *m, char *buf, size_t n)

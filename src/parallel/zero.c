@@ -302,6 +302,37 @@ static void describe(void *ctx, char *buf, size_t n)
 
 static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r);
 
+/* Stages 2-3: the gradient shard (and at stage 3 the parameter shard) in
+ * place of the arenas; its norm in pieces of a fixed size, in memory or
+ * offloaded alike (the same sums in the same order). */
+static int view(void *ctx, struct loom_state_view *v)
+{
+    struct loom_zero *z = ctx;
+    const struct loom_model *m = z->model;
+    const size_t n = z->part.end - z->part.begin;
+    enum { PIECE = 1 << 22 };
+    *v = (struct loom_state_view){.params = m->params,
+                                  .params_hi = m->num_params,
+                                  .grads = loom_buf_slice(z->grad_shard, 0, n),
+                                  .grads_lo = z->part.begin,
+                                  .grads_hi = z->part.end,
+                                  .grads_split = 1,
+                                  .piece = PIECE,
+                                  .param_map = z->param_map.data ? &z->param_map : NULL,
+                                  .grad_map = z->grad_map.data ? &z->grad_map : NULL};
+    if (z->stage == 3) {
+        v->params = loom_buf_slice(z->param_shard, 0, n);
+        v->params_lo = z->part.begin;
+        v->params_hi = z->part.end;
+    }
+    return 1;
+}
+
+static void init_weights(void *ctx, uint64_t seed)
+{
+    loom_zero_init_weights(ctx, seed);
+}
+
 static const struct loom_strategy zero1_strategy = {
     .name = "zero-1", .after_step = after_step, .describe = describe};
 static const struct loom_strategy zero2_strategy = {.name = "zero-2",
@@ -312,7 +343,8 @@ static const struct loom_strategy zero2_strategy = {.name = "zero-2",
                                                     .after_step = after_step,
                                                     .comm_wait_s = comm_wait_s,
                                                     .describe = describe,
-                                                    .replay = replay};
+                                                    .replay = replay,
+                                                    .view = view};
 static const struct loom_strategy zero3_strategy = {.name = "zero-3",
                                                     .begin_step = begin_step,
                                                     .pre_forward = pre_forward,
@@ -323,7 +355,9 @@ static const struct loom_strategy zero3_strategy = {.name = "zero-3",
                                                     .after_step = after_step,
                                                     .comm_wait_s = comm_wait_s,
                                                     .describe = describe,
-                                                    .replay = replay};
+                                                    .replay = replay,
+                                                    .view = view,
+                                                    .init_weights = init_weights};
 
 /* ---- set-up ---------------------------------------------------------------- */
 
@@ -561,23 +595,4 @@ struct loom_buf loom_zero_grads(const struct loom_zero *z)
     const size_t n = z->part.end - z->part.begin;
     return z->stage >= 2 ? loom_buf_slice(z->grad_shard, 0, n)
                          : loom_buf_slice(z->model->grads, z->part.begin, n);
-}
-
-double loom_zero_grad_norm(const struct loom_zero *z)
-{
-    LOOM_ASSERT(z->stage >= 2);
-    const size_t n = z->part.end - z->part.begin;
-    /* in pieces of a fixed size, in memory or offloaded alike (the same
-     * sums in the same order), an offloaded piece dropped once read */
-    enum { PIECE = 1 << 22 };
-    double ss = 0;
-    for (size_t at = 0; at < n; at += PIECE) {
-        const struct loom_buf g = loom_buf_slice(z->grad_shard, at, n - at < PIECE ? n - at : PIECE);
-        ss += z->model->dtype == LOOM_DTYPE_F32
-                  ? z->model->backend->k->sum_squares(g.data, g.numel)
-                  : z->model->backend->k->lp_sum_squares(g.data, g.numel, z->model->dtype);
-        loom_offload_drop(&z->grad_map, g.data, loom_buf_bytes(g));
-    }
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&ss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-    return sqrt(ss);
 }

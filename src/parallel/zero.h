@@ -13,7 +13,8 @@
  *   into the owners' shards and freed (at most two layers in flight besides
  *   the embedding block, which the tied LM head keeps busy from the first
  *   backward kernel to the last). Every micro-batch reduces; the shard
- *   accumulates. The gradient norm is the all-reduced sum of the shards'.
+ *   accumulates. The gradient norm sums the shards' squares (the strategy's
+ *   view of the state, loom/strategy.h).
  *
  * - stage 3: parameters too. Each rank keeps only its shard of the
  *   parameters; the blocks are grouped into gather units (one block each, or
@@ -118,7 +119,5 @@ void loom_zero_free(struct loom_zero *z);
  * shard or a slice of the gradient arena. */
 struct loom_buf loom_zero_params(const struct loom_zero *z);
 struct loom_buf loom_zero_grads(const struct loom_zero *z);
-/* Global gradient norm over the shards (stages 2-3). */
-double loom_zero_grad_norm(const struct loom_zero *z);
 
 #endif
