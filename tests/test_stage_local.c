@@ -26,11 +26,11 @@ enum { L = 3, C = 32, NH = 4, MAXT = 16, V = 64, B = 2, T = 8, MICRO = 2 };
 
 static int untied; /* the models made have an LM head of their own */
 
-static struct loom_gpt2 *make_model(int slots)
+static struct loom_decoder *make_model(int slots)
 {
     const struct loom_gpt2_config cfg = {L,     C, NH, MAXT, V, LOOM_GPT2_NORM_EPS, LOOM_ACTIVATION_GELU_NEW,
                                          untied};
-    struct loom_gpt2 *m = loom_gpt2_create(&cfg, B, T);
+    struct loom_decoder *m = loom_gpt2_create(&cfg, B, T);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     loom_model_init_weights(&m->base, 7);
     if (slots > 1) m->base.ops->set_slots(&m->base, slots);
@@ -76,7 +76,7 @@ static void run(void)
     const float weight = 1.0f / MICRO;
 
     /* the reference: the whole model, one micro-batch after the other */
-    struct loom_gpt2 *ref = make_model(1);
+    struct loom_decoder *ref = make_model(1);
     struct loom_model *r = &ref->base;
     const int n = r->nblocks;
     double ref_loss[MICRO];
@@ -93,7 +93,7 @@ static void run(void)
     CHECK(r->ops->boundary_numel(r, B) == NC);
 
     for (int split = 0; split < n - 1; split++) { /* ranges [0, split] and [split + 1, n - 1] */
-        struct loom_gpt2 *g = make_model(MICRO);
+        struct loom_decoder *g = make_model(MICRO);
         struct loom_model *m = &g->base;
         struct counts seen = {0};
         loom_model_push_strategy(m, &counting, &seen);
@@ -148,9 +148,9 @@ static void run(void)
             free(act[k]);
             free(dact[k]);
         }
-        loom_gpt2_free(g);
+        loom_decoder_free(g);
     }
-    loom_gpt2_free(ref);
+    loom_decoder_free(ref);
 }
 
 int main(void)

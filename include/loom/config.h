@@ -213,6 +213,7 @@ struct loom_config {
     int swiglu, disable_bias_linear, group_query_attention;
     int num_query_groups; /* key/value heads under group_query_attention */
     int ffn_hidden_size;  /* the MLP's width; 0: the family's rule */
+    int kv_channels;      /* an attention head's width; 0: hidden_size / num_attention_heads */
     double rotary_base;   /* RoPE's theta */
     /* batch: global = micro x accumulation x dp */
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;

@@ -108,6 +108,8 @@ const struct setting loom_settings[] = {
         "key/value heads under --group-query-attention (0: not given)"),
     INT("--ffn-hidden-size", "ffn_hidden_size", "model", ffn_hidden_size, 0, 1 << 20, "0",
         "the MLP's width (0: the family's rule)"),
+    INT("--kv-channels", "kv_channels", "model", kv_channels, 0, 1 << 16, "0",
+        "each attention head's width (0: --hidden-size / --num-attention-heads)"),
     DBL("--rotary-base", "rotary_base", "model", rotary_base, 1, 1e12, "10000", "RoPE's base (theta)"),
 
     INT("--micro-batch-size", "train_micro_batch_size_per_gpu", "batch", micro_batch_size, 0, 1 << 20, "0",

@@ -54,7 +54,7 @@ enum convert_format {
 
 /* The model between reading and writing. */
 struct converted {
-    struct loom_gpt2 *model;
+    struct loom_decoder *model;
     struct loom_llmc_extra llmc; /* all zero unless the weights came from llm.c */
 };
 
@@ -175,9 +175,9 @@ static int detect_output(const char *path, enum convert_format *kind)
 static int read_llmc(const char *path, const struct convert_opts *o, struct converted *c)
 {
     int rc = loom_llmc_read(path, &c->model, &c->llmc);
-    if (rc == LOOM_OK && o->heads && o->heads != c->model->cfg.heads)
+    if (rc == LOOM_OK && o->heads && o->heads != c->model->spec.heads)
         rc = loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
-                            o->heads, path, c->model->cfg.heads);
+                            o->heads, path, c->model->spec.heads);
     return rc;
 }
 
@@ -212,7 +212,7 @@ static int read_source(const char *path, const struct convert_opts *o, struct co
     loom_model_alloc_arenas(&c->model->base, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_gpt2_source_load(c->model, path)) ||
         (rc = loom_llmc_extra_load(file, c->model, &c->llmc))) {
-        loom_gpt2_free(c->model);
+        loom_decoder_free(c->model);
         c->model = NULL;
     }
     return rc;
@@ -229,11 +229,11 @@ static int read_checkpoint(const char *path, const struct convert_opts *o, struc
     if (family != &loom_gpt2_family)
         rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not %s", path, m->name,
                             loom_gpt2_family.title);
-    else if (o->heads && o->heads != loom_gpt2_of(m)->cfg.heads)
+    else if (o->heads && o->heads != loom_decoder_of(m)->spec.heads)
         rc = loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
-                            o->heads, path, loom_gpt2_of(m)->cfg.heads);
+                            o->heads, path, loom_decoder_of(m)->spec.heads);
     if (rc == LOOM_OK)
-        c->model = loom_gpt2_of(m);
+        c->model = loom_decoder_of(m);
     else if (family)
         family->destroy(m);
     return rc;
@@ -286,9 +286,10 @@ static int write_hf_dir(const char *path, const struct convert_opts *o, const st
     if (rc) return rc;
     char *weights = join(path, "model.safetensors"), *config = join(path, "config.json");
     char *generation = join(path, "generation_config.json");
+    const struct loom_gpt2_config gc = loom_gpt2_config_of(c->model);
     if ((rc = write_safetensors(weights, o, c)) == LOOM_OK &&
-        (rc = write_json(config, loom_gpt2_hf_config_json(&c->model->cfg))) == LOOM_OK)
-        rc = write_json(generation, loom_gpt2_hf_generation_config_json(&c->model->cfg));
+        (rc = write_json(config, loom_gpt2_hf_config_json(&gc))) == LOOM_OK)
+        rc = write_json(generation, loom_gpt2_hf_generation_config_json(&gc));
     loom_free(weights);
     loom_free(config);
     loom_free(generation);
@@ -356,7 +357,7 @@ static int parse_args(int argc, char **argv, struct convert_opts *o, int *help)
 static void describe(char *buf, size_t cap, enum convert_format kind, const struct converted *c,
                      int llmc_version)
 {
-    const struct loom_gpt2_config *m = &c->model->cfg;
+    const struct loom_gpt2_config gc = loom_gpt2_config_of(c->model), *m = &gc;
     int n = snprintf(buf, cap, "%s, L=%d C=%d NH=%d V=%d maxT=%d", formats[kind].what, m->num_layers,
                      m->hidden, m->heads, m->vocab, m->max_pos);
     if (kind == CONVERT_LLMC && n > 0 && (size_t)n < cap)
@@ -400,7 +401,7 @@ static int run(int argc, char **argv, const struct loom_convert_env *env)
         describe(to, sizeof to, out_kind, &c, llmc_out_version(&o, &c));
         printf("converted %s (%s)\n       to %s (%s)\n", o.in, from, o.out, to);
     }
-    loom_gpt2_free(c.model);
+    loom_decoder_free(c.model);
     loom_llmc_extra_free(&c.llmc);
     return rc;
 }

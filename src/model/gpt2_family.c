@@ -13,9 +13,8 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/backend.h"
-#include "layers/fp8_linear.h"
-#include "layers/pp_stages.h"
 #include "model/convert.h"
+#include "model/decoder_family.h"
 #include "model/family.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
@@ -65,15 +64,19 @@ static struct loom_gpt2_config shape_of_config(const struct loom_config *cfg)
                                      .untied = cfg->untie_embeddings_and_output_weights};
 }
 
-static struct loom_gpt2 *gpt2_of(const struct loom_model *m)
+static const struct loom_decoder *gpt2_of(const struct loom_model *m)
 {
-    return loom_gpt2_of((struct loom_model *)m);
+    return loom_decoder_of((struct loom_model *)m);
 }
 
 /* Megatron's architecture settings other than GPT-2's are another model
  * (the Llama family's presets set them). */
 static int check_architecture(const struct loom_config *cfg)
 {
+    if (cfg->kv_channels && cfg->kv_channels * cfg->num_attention_heads != cfg->hidden_size)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--kv-channels %d: a GPT-2 head is --hidden-size / --num-attention-heads wide",
+                              cfg->kv_channels);
     const char *what =
         cfg->normalization != LOOM_NORM_LAYERNORM               ? "--normalization RMSNorm"
         : cfg->position_embedding_type != LOOM_POSITION_LEARNED ? "--position-embedding-type rope"
@@ -117,56 +120,24 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
                                  int pp_rank)
 {
     const struct loom_gpt2_config mc = shape_of_config(cfg);
-    const int pp = cfg->pipeline_model_parallel_size, tp = cfg->tensor_model_parallel_size;
-    struct loom_gpt2 *m;
-    if (pp > 1) { /* this stage's chunks of layers (layers/pp_stages.h) */
-        const int chunks = loom_pp_chunks(cfg);
-        int *lo = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER), *hi = lo + chunks;
-        for (int c = 0; c < chunks; c++) loom_pp_layers(cfg, pp_rank, c, &lo[c], &hi[c]);
-        m = loom_gpt2_create_stage(&mc, B, T, tp, tp_rank, chunks, lo, hi, pp_rank == 0, pp_rank == pp - 1);
-        loom_free(lo);
-    } else {
-        m = loom_gpt2_create_tp(&mc, B, T, tp, tp_rank);
-    }
-    struct loom_sparse_config sc;
-    int sparse;
-    if (loom_model_sparsity(cfg, &sc, &sparse) == LOOM_OK && sparse)
-        LOOM_ASSERT(loom_gpt2_set_sparse(m, &sc) == LOOM_OK); /* check() built it once already */
-    loom_gpt2_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
-    if (cfg->sequence_parallel) loom_gpt2_set_sequence_parallel(m, 1);
-    if (cfg->layout_invariant) loom_gpt2_set_tp_invariant(m, cfg->layout_invariant);
-    if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
-        m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
-        m->k = loom_backend_kernels(m->base.backend, m->act_dtype);
-        struct loom_fp8_recipe r;
-        if (loom_fp8_recipe_of(cfg, &r)) loom_gpt2_set_fp8(m, &r);
-    }
-    return &m->base;
-}
-
-static void destroy(struct loom_model *m)
-{
-    if (m) loom_gpt2_free(loom_gpt2_of(m));
-}
-
-static double flops_per_token(const struct loom_model *m)
-{
-    return loom_gpt2_flops_per_token(gpt2_of(m));
+    const struct loom_decoder_spec spec = loom_gpt2_spec(&mc);
+    return loom_decoder_build(cfg, &spec, B, T, training, tp_rank, pp_rank);
 }
 
 static void describe(const struct loom_model *m, char *buf, size_t n)
 {
-    const struct loom_gpt2 *g = gpt2_of(m);
-    int len = snprintf(buf, n, "%d layers, %d channels, %d heads, T=%d, V=%d", g->cfg.num_layers,
-                       g->cfg.hidden, g->cfg.heads, g->T, g->cfg.vocab);
+    const struct loom_decoder *d = gpt2_of(m);
+    const struct loom_gpt2_config c = loom_gpt2_config_of(d), *g_cfg = &c;
+    int len = snprintf(buf, n, "%d layers, %d channels, %d heads, T=%d, V=%d", g_cfg->num_layers,
+                       g_cfg->hidden, g_cfg->heads, d->T, g_cfg->vocab);
     /* the numerics only where they are not GPT-2's */
-    if (len > 0 && (size_t)len < n && g->cfg.norm_eps != LOOM_GPT2_NORM_EPS)
-        len += snprintf(buf + len, n - (size_t)len, ", LayerNorm eps %g", g->cfg.norm_eps);
-    if (len > 0 && (size_t)len < n && g->cfg.activation != LOOM_ACTIVATION_GELU_NEW)
-        len += snprintf(buf + len, n - (size_t)len, ", %s", loom_activation_names[g->cfg.activation]);
-    if (len > 0 && (size_t)len < n && g->cfg.untied)
+    if (len > 0 && (size_t)len < n && g_cfg->norm_eps != LOOM_GPT2_NORM_EPS)
+        len += snprintf(buf + len, n - (size_t)len, ", LayerNorm eps %g", g_cfg->norm_eps);
+    if (len > 0 && (size_t)len < n && g_cfg->activation != LOOM_ACTIVATION_GELU_NEW)
+        len += snprintf(buf + len, n - (size_t)len, ", %s", loom_activation_names[g_cfg->activation]);
+    if (len > 0 && (size_t)len < n && g_cfg->untied)
         len += snprintf(buf + len, n - (size_t)len, ", untied LM head");
-    if (len > 0 && (size_t)len < n) loom_model_sparsity_describe(g->sparse, buf, n);
+    if (len > 0 && (size_t)len < n) loom_model_sparsity_describe(d->sparse, buf, n);
 }
 
 /* The shape settings as files record them: the keys checkpoints' trainer
@@ -306,12 +277,12 @@ static int read_shape(const char *path, const struct loom_config *cfg, struct lo
 
 static int load_weights(struct loom_model *m, const char *path)
 {
-    return loom_gpt2_source_load(loom_gpt2_of(m), path);
+    return loom_gpt2_source_load(loom_decoder_of(m), path);
 }
 
 static int save_weights(struct loom_model *m, const char *path)
 {
-    return loom_gpt2_save(loom_gpt2_of(m), path);
+    return loom_gpt2_save(loom_decoder_of(m), path);
 }
 
 const struct loom_model_family loom_gpt2_family = {
@@ -321,8 +292,8 @@ const struct loom_model_family loom_gpt2_family = {
     .npresets = (int)(sizeof presets / sizeof presets[0]),
     .check = check,
     .create = create,
-    .destroy = destroy,
-    .flops_per_token = flops_per_token,
+    .destroy = loom_decoder_destroy,
+    .flops_per_token = loom_decoder_model_flops,
     .describe = describe,
     .shape_of = shape_of,
     .apply_shape = apply_shape,

@@ -49,11 +49,11 @@ static int ignorable(const char *name)
 
 /* An lm_head.weight beside a tied model's wte must equal it (as the
  * model's float32 values: the file may hold another dtype of both). */
-static int check_tied_head(struct loom_gpt2 *m, const char *path, const struct loom_st_tensor *head)
+static int check_tied_head(struct loom_decoder *m, const char *path, const struct loom_st_tensor *head)
 {
     const struct loom_block *emb = &m->base.blocks[m->emb];
-    const size_t n = (size_t)m->cfg.vocab * (size_t)m->cfg.hidden;
-    if (head->ndim != 2 || head->shape[0] != m->cfg.vocab || head->shape[1] != m->cfg.hidden)
+    const size_t n = (size_t)m->spec.vocab * (size_t)m->spec.hidden;
+    if (head->ndim != 2 || head->shape[0] != m->spec.vocab || head->shape[1] != m->spec.hidden)
         return loom_error_set(LOOM_ERR_INPUT, "%s: lm_head.weight does not have wte.weight's shape", path);
     const struct loom_tensor *wte = &emb->tensors[0]; /* this model's part of it */
     float *w = malloc(n * sizeof(float)), *part = malloc(wte->numel * sizeof(float));
@@ -72,7 +72,7 @@ static int check_tied_head(struct loom_gpt2 *m, const char *path, const struct l
     return rc;
 }
 
-int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
+int loom_gpt2_load(struct loom_decoder *m, const char *path)
 {
     struct loom_st st;
     int rc = loom_st_open(&st, path);
@@ -82,32 +82,32 @@ int loom_gpt2_load(struct loom_gpt2 *m, const char *path)
      * another model (tie_word_embeddings false); the stage holding the
      * embedding checks it */
     const struct loom_st_tensor *head =
-        m->cfg.untied || m->emb < 0 ? NULL : find_tensor(&st, "lm_head.weight");
+        m->spec.untied || m->emb < 0 ? NULL : find_tensor(&st, "lm_head.weight");
     if (head && (rc = check_tied_head(m, path, head))) goto fail;
     /* GPT-2 tensors the whole model does not have are refused, not silently
      * dropped; a pipeline stage skips the other stages' (described by the
      * whole model, made the first time a name is not this stage's) */
-    struct loom_gpt2 *whole = NULL;
+    struct loom_decoder *whole = NULL;
     for (int i = 0; i < loom_st_count(&st) && rc == LOOM_OK; i++) {
         const char *name = loom_st_at(&st, i)->name;
         if (ignorable(name) || loom_model_find(&m->base, unprefixed(name), NULL)) continue;
-        if (!whole) whole = loom_gpt2_create(&m->cfg, 1, m->T);
+        if (!whole) whole = loom_decoder_create_whole(&m->spec, 1, m->T);
         if (!loom_model_find(&whole->base, unprefixed(name), NULL))
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", path,
-                                name, m->cfg.num_layers);
+                                name, m->spec.num_layers);
     }
-    loom_gpt2_free(whole);
+    loom_decoder_free(whole);
 fail:
     loom_st_close(&st);
     return rc;
 }
 
-int loom_gpt2_save(const struct loom_gpt2 *m, const char *path)
+int loom_gpt2_save(const struct loom_decoder *m, const char *path)
 {
     return loom_gpt2_save_ext(m, path, NULL, 0, NULL, 0);
 }
 
-int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct loom_st_tensor_in *extra,
+int loom_gpt2_save_ext(const struct loom_decoder *m, const char *path, const struct loom_st_tensor_in *extra,
                        int nextra, const char *const *meta_kv, int nmeta)
 {
     int n = nextra;
@@ -116,7 +116,8 @@ int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct
     /* names, and the metadata's keys and values, each as text */
     char(*names)[LOOM_TENSOR_NAME_MAX + 16] = calloc((size_t)n, sizeof *names);
     struct loom_model_shape shape;
-    loom_gpt2_shape(&m->cfg, &shape);
+    const struct loom_gpt2_config gc = loom_gpt2_config_of(m);
+    loom_gpt2_shape(&gc, &shape);
     const int nown = 2 + shape.n;
     const char **meta = calloc((size_t)(nown + nmeta) * 2, sizeof *meta);
     char(*text)[2][64] = calloc((size_t)shape.n, sizeof *text);
@@ -132,7 +133,7 @@ int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct
             const struct loom_tensor *t = &b->tensors[ti];
             /* an untied model under GPT2LMHeadModel's own names (transformer.h.0...,
              * lm_head.weight), which transformers needs once a head is beside the body */
-            const int prefixed = m->cfg.untied && strcmp(t->name, "lm_head.weight") != 0;
+            const int prefixed = m->spec.untied && strcmp(t->name, "lm_head.weight") != 0;
             snprintf(names[k], sizeof names[k], "%s%s", prefixed ? "transformer." : "", t->name);
             ts[k].name = names[k];
             ts[k].dtype = LOOM_DTYPE_F32;
@@ -376,7 +377,7 @@ int loom_gpt2_source_shape(const char *path, struct loom_model_shape *out)
     return LOOM_OK;
 }
 
-int loom_gpt2_source_load(struct loom_gpt2 *m, const char *path)
+int loom_gpt2_source_load(struct loom_decoder *m, const char *path)
 {
     if (is_llmc(path)) return loom_llmc_load(m, path);
     char file[4200];

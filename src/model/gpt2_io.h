@@ -19,12 +19,12 @@
 #include "io/safetensors.h"
 #include "model/gpt2.h"
 
-int loom_gpt2_load(struct loom_gpt2 *m, const char *path);
-int loom_gpt2_save(const struct loom_gpt2 *m, const char *path);
+int loom_gpt2_load(struct loom_decoder *m, const char *path);
+int loom_gpt2_save(const struct loom_decoder *m, const char *path);
 /* The same with `nextra` more tensors (names outside GPT-2's, so readers
  * ignore them) and `nmeta` more metadata pairs (meta_kv[2*i] a key,
  * meta_kv[2*i+1] its value) written beside the model's. */
-int loom_gpt2_save_ext(const struct loom_gpt2 *m, const char *path, const struct loom_st_tensor_in *extra,
+int loom_gpt2_save_ext(const struct loom_decoder *m, const char *path, const struct loom_st_tensor_in *extra,
                        int nextra, const char *const *meta_kv, int nmeta);
 
 /* The shape settings loom's metadata records in a weights file (*found 0,
@@ -50,7 +50,7 @@ int loom_gpt2_peek_config(const char *path, struct loom_gpt2_config *cfg);
  * of *out. */
 int loom_gpt2_source_shape(const char *path, struct loom_model_shape *out);
 /* The source's weights into m (parameter arena, float32). */
-int loom_gpt2_source_load(struct loom_gpt2 *m, const char *path);
+int loom_gpt2_source_load(struct loom_decoder *m, const char *path);
 /* The safetensors file of a source (path, or DIR/model.safetensors). */
 int loom_gpt2_source_file(const char *path, char *file, size_t n);
 

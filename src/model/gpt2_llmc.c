@@ -162,7 +162,7 @@ static void store_elem(unsigned char *p, size_t i, float f, int version)
 }
 
 /* The model tensor of kind k at layer l (its shape checked against the table). */
-static float *model_tensor(const struct loom_gpt2 *m, const struct llmc_dims *d, int k, int l)
+static float *model_tensor(const struct loom_decoder *m, const struct llmc_dims *d, int k, int l)
 {
     char name[LOOM_TENSOR_NAME_MAX];
     snprintf(name, sizeof name, kinds[k].loom, l);
@@ -179,7 +179,7 @@ static float *model_tensor(const struct loom_gpt2 *m, const struct llmc_dims *d,
 /* Copies every parameter between the file's parameter area `area` and the
  * model: to_model 1 reads the file, 0 writes it. wte's padding rows go to
  * or come from `pad` ((Vp - V, C), NULL for zeros when writing). */
-static void copy_params(const struct loom_gpt2 *m, const struct llmc_dims *d, unsigned char *area,
+static void copy_params(const struct loom_decoder *m, const struct llmc_dims *d, unsigned char *area,
                         int version, int to_model, float *pad)
 {
     size_t off = 0; /* elements into the area */
@@ -274,7 +274,7 @@ static int check_header(const char *path, const int32_t *h, struct llmc_dims *d)
     return LOOM_OK;
 }
 
-int loom_llmc_read(const char *path, struct loom_gpt2 **out, struct loom_llmc_extra *extra)
+int loom_llmc_read(const char *path, struct loom_decoder **out, struct loom_llmc_extra *extra)
 {
     *out = NULL;
     memset(extra, 0, sizeof *extra);
@@ -319,7 +319,7 @@ int loom_llmc_read(const char *path, struct loom_gpt2 **out, struct loom_llmc_ex
                                    .vocab = (int)d.V,
                                    .norm_eps = LOOM_GPT2_NORM_EPS};
     if ((rc = loom_gpt2_config_check(&cfg, 1))) goto fail;
-    struct loom_gpt2 *m = loom_gpt2_create(&cfg, 1, 1);
+    struct loom_decoder *m = loom_gpt2_create(&cfg, 1, 1);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA);
     size_t npad = (size_t)(d.Vp - d.V) * (size_t)d.C;
     float *pad = npad ? loom_alloc(npad * sizeof(float), LOOM_MEM_PARAMS) : NULL;
@@ -343,7 +343,7 @@ fail:
     if (close(fd) != 0 && rc == LOOM_OK)
         rc = loom_error_set(LOOM_ERR_RUNTIME, "close %s: %s", path, strerror(errno));
     if (rc && *out) {
-        loom_gpt2_free(*out);
+        loom_decoder_free(*out);
         *out = NULL;
         loom_llmc_extra_free(extra);
     }
@@ -351,10 +351,10 @@ fail:
 }
 
 /* Vp for writing: the extra's, or V rounded up as llm.c's export does. */
-static int padded_vocab(const char *path, const struct loom_gpt2 *m, const struct loom_llmc_extra *extra,
+static int padded_vocab(const char *path, const struct loom_decoder *m, const struct loom_llmc_extra *extra,
                         int64_t *Vp)
 {
-    const int64_t V = m->cfg.vocab;
+    const int64_t V = m->spec.vocab;
     if (extra && extra->padded_vocab) {
         if (extra->padded_vocab < V || extra->padded_vocab > MAX_VOCAB)
             return loom_error_set(LOOM_ERR_INPUT, "%s: padded vocabulary %d is outside %lld..%d", path,
@@ -366,14 +366,14 @@ static int padded_vocab(const char *path, const struct loom_gpt2 *m, const struc
     return LOOM_OK;
 }
 
-int loom_llmc_write(const char *path, const struct loom_gpt2 *m, const struct loom_llmc_extra *extra,
+int loom_llmc_write(const char *path, const struct loom_decoder *m, const struct loom_llmc_extra *extra,
                     int version)
 {
     if (version != LOOM_LLMC_VERSION_F32 && version != LOOM_LLMC_VERSION_BF16)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s: cannot write llm.c checkpoint version %d (3: float32, 5: bfloat16)", path,
                               version);
-    const struct loom_gpt2_config *c = &m->cfg;
+    const struct loom_gpt2_config gc = loom_gpt2_config_of(m), *c = &gc;
     /* llm.c's header records the shape only: its GPT-2 is eps 1e-5, tanh GELU, tied */
     if (c->norm_eps != LOOM_GPT2_NORM_EPS)
         return loom_error_set(LOOM_ERR_INPUT,
@@ -414,7 +414,7 @@ int loom_llmc_write(const char *path, const struct loom_gpt2 *m, const struct lo
     return rc;
 }
 
-int loom_llmc_save_safetensors(const char *path, const struct loom_gpt2 *m,
+int loom_llmc_save_safetensors(const char *path, const struct loom_decoder *m,
                                const struct loom_llmc_extra *extra)
 {
     char version[16], vp[16];
@@ -428,17 +428,17 @@ int loom_llmc_save_safetensors(const char *path, const struct loom_gpt2 *m,
         meta[2 * nmeta++ + 1] = version;
     }
     if (extra && extra->padded_vocab) {
-        if (extra->padded_vocab < m->cfg.vocab)
+        if (extra->padded_vocab < m->spec.vocab)
             return loom_error_set(LOOM_ERR_INPUT, "%s: padded vocabulary %d is below the vocabulary %d", path,
-                                  extra->padded_vocab, m->cfg.vocab);
+                                  extra->padded_vocab, m->spec.vocab);
         snprintf(vp, sizeof vp, "%d", extra->padded_vocab);
         meta[2 * nmeta] = "loom.llmc.padded_vocab_size";
         meta[2 * nmeta++ + 1] = vp;
-        if (extra->wte_padding && extra->padded_vocab > m->cfg.vocab) {
+        if (extra->wte_padding && extra->padded_vocab > m->spec.vocab) {
             pad = (struct loom_st_tensor_in){.name = "llmc.wte_padding",
                                              .dtype = LOOM_DTYPE_F32,
                                              .ndim = 2,
-                                             .shape = {extra->padded_vocab - m->cfg.vocab, m->cfg.hidden},
+                                             .shape = {extra->padded_vocab - m->spec.vocab, m->spec.hidden},
                                              .data = extra->wte_padding};
             npad = 1;
         }
@@ -461,7 +461,7 @@ static int meta_int(const struct loom_st *st, const char *key, int64_t lo, int64
     return LOOM_OK;
 }
 
-int loom_llmc_extra_load(const char *path, const struct loom_gpt2 *m, struct loom_llmc_extra *extra)
+int loom_llmc_extra_load(const char *path, const struct loom_decoder *m, struct loom_llmc_extra *extra)
 {
     memset(extra, 0, sizeof *extra);
     struct loom_st st;
@@ -476,16 +476,16 @@ int loom_llmc_extra_load(const char *path, const struct loom_gpt2 *m, struct loo
                             extra->version);
         goto fail;
     }
-    if ((rc = meta_int(&st, "loom.llmc.padded_vocab_size", m->cfg.vocab, MAX_VOCAB, &extra->padded_vocab)))
+    if ((rc = meta_int(&st, "loom.llmc.padded_vocab_size", m->spec.vocab, MAX_VOCAB, &extra->padded_vocab)))
         goto fail;
     const struct loom_st_tensor *t = loom_st_find(&st, "llmc.wte_padding");
     if (t) {
-        const int64_t rows = (int64_t)extra->padded_vocab - m->cfg.vocab;
-        if (!extra->padded_vocab || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != m->cfg.hidden) {
+        const int64_t rows = (int64_t)extra->padded_vocab - m->spec.vocab;
+        if (!extra->padded_vocab || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != m->spec.hidden) {
             rc = loom_error_set(LOOM_ERR_INPUT,
                                 "%s: tensor llmc.wte_padding does not match loom.llmc.padded_vocab_size %d "
                                 "(expected shape [%lld, %d])",
-                                path, extra->padded_vocab, (long long)rows, m->cfg.hidden);
+                                path, extra->padded_vocab, (long long)rows, m->spec.hidden);
             goto fail;
         }
         if (rows > 0) {
@@ -532,13 +532,14 @@ int loom_llmc_read_config(const char *path, struct loom_gpt2_config *cfg)
     return LOOM_OK;
 }
 
-int loom_llmc_load(struct loom_gpt2 *m, const char *path)
+int loom_llmc_load(struct loom_decoder *m, const char *path)
 {
-    struct loom_gpt2 *file;
+    struct loom_decoder *file;
     struct loom_llmc_extra extra;
     int rc = loom_llmc_read(path, &file, &extra);
     if (rc) return rc;
-    const struct loom_gpt2_config *a = &file->cfg, *b = &m->cfg;
+    const struct loom_gpt2_config ga = loom_gpt2_config_of(file), gb = loom_gpt2_config_of(m), *a = &ga,
+                                  *b = &gb;
     if (a->num_layers != b->num_layers || a->hidden != b->hidden || a->heads != b->heads ||
         a->max_pos != b->max_pos || a->vocab != b->vocab || b->untied || b->norm_eps != a->norm_eps ||
         b->activation != a->activation) {
@@ -555,7 +556,7 @@ int loom_llmc_load(struct loom_gpt2 *m, const char *path)
                     m->base.blocks[i].work_params + t->offset);
             }
     }
-    loom_gpt2_free(file);
+    loom_decoder_free(file);
     loom_llmc_extra_free(&extra);
     return rc;
 }

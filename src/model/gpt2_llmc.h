@@ -53,7 +53,7 @@ int loom_llmc_sniff(const char *path);
  * header plus the parameters, then creates the model (parameters only;
  * activations for one token) into *out and fills *extra. LOOM_ERR_INPUT
  * with one line naming the file and what is wrong with it. */
-int loom_llmc_read(const char *path, struct loom_gpt2 **out, struct loom_llmc_extra *extra);
+int loom_llmc_read(const char *path, struct loom_decoder **out, struct loom_llmc_extra *extra);
 
 /* The model an llm.c checkpoint holds, from its header alone (checked as
  * loom_llmc_read checks it): the shape, and GPT-2's numerics, the only ones
@@ -62,23 +62,23 @@ int loom_llmc_read_config(const char *path, struct loom_gpt2_config *cfg);
 
 /* Reads an llm.c checkpoint's weights into `m`, whose parameter arena
  * exists: its shape must be the file's (LOOM_ERR_INPUT naming both). */
-int loom_llmc_load(struct loom_gpt2 *m, const char *path);
+int loom_llmc_load(struct loom_decoder *m, const char *path);
 
 /* Writes `m` as an llm.c checkpoint of `version` (LOOM_LLMC_VERSION_F32 or
  * _BF16; bfloat16 rounds to nearest even) crash-safely. Vp and the padding
  * rows come from `extra` when it has them; otherwise Vp is V rounded up to
  * LOOM_LLMC_VOCAB_MULTIPLE and the padding rows are zero. */
-int loom_llmc_write(const char *path, const struct loom_gpt2 *m, const struct loom_llmc_extra *extra,
+int loom_llmc_write(const char *path, const struct loom_decoder *m, const struct loom_llmc_extra *extra,
                     int version);
 
 /* Writes `m` as safetensors under Hugging Face GPT-2 names (loom_gpt2_save)
  * with `extra` in the metadata and, when not all zero, the padding rows. */
-int loom_llmc_save_safetensors(const char *path, const struct loom_gpt2 *m,
+int loom_llmc_save_safetensors(const char *path, const struct loom_decoder *m,
                                const struct loom_llmc_extra *extra);
 
 /* Reads the extra back from a safetensors file written for model `m`; all
  * zero when the file has none. LOOM_ERR_INPUT when it is inconsistent. */
-int loom_llmc_extra_load(const char *path, const struct loom_gpt2 *m, struct loom_llmc_extra *extra);
+int loom_llmc_extra_load(const char *path, const struct loom_decoder *m, struct loom_llmc_extra *extra);
 
 void loom_llmc_extra_free(struct loom_llmc_extra *extra);
 

@@ -43,7 +43,7 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-static int read_input(const char *path, const struct loom_convert_env *env, struct loom_llama **out)
+static int read_input(const char *path, const struct loom_convert_env *env, struct loom_decoder **out)
 {
     if (loom_ckpt_is_checkpoint(path)) {
         struct loom_model *m;
@@ -54,7 +54,7 @@ static int read_input(const char *path, const struct loom_convert_env *env, stru
             loom_model_family_of(m)->destroy(m);
             return rc;
         }
-        *out = loom_llama_of(m);
+        *out = loom_decoder_of(m);
         return LOOM_OK;
     }
     struct loom_model_shape shape;
@@ -66,7 +66,7 @@ static int read_input(const char *path, const struct loom_convert_env *env, stru
     *out = loom_llama_create(&cfg, 1, 1);
     loom_model_alloc_arenas(&(*out)->base, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_llama_load(*out, path))) {
-        loom_llama_free(*out);
+        loom_decoder_free(*out);
         *out = NULL;
     }
     return rc;
@@ -85,15 +85,16 @@ static int write_json(const char *dir, const char *name, char *text)
     return rc;
 }
 
-static int write_hf_dir(const char *dir, const struct loom_llama *m)
+static int write_hf_dir(const char *dir, const struct loom_decoder *m)
 {
     int rc = loom_fs_mkdir_p(dir);
     if (rc) return rc;
     char weights[4200];
     snprintf(weights, sizeof weights, "%s%smodel.safetensors", dir, ends_with(dir, "/") ? "" : "/");
+    const struct loom_llama_config c = loom_llama_config_of(m);
     if ((rc = loom_llama_save(m, weights)) == LOOM_OK &&
-        (rc = write_json(dir, "config.json", loom_llama_hf_config_json(&m->cfg))) == LOOM_OK)
-        rc = write_json(dir, "generation_config.json", loom_llama_hf_generation_config_json(&m->cfg));
+        (rc = write_json(dir, "config.json", loom_llama_hf_config_json(&c))) == LOOM_OK)
+        rc = write_json(dir, "generation_config.json", loom_llama_hf_generation_config_json(&c));
     return rc;
 }
 
@@ -129,15 +130,15 @@ static int run(int argc, char **argv, const struct loom_convert_env *env)
                               "%s: llm.c checkpoints hold GPT-2 models only; give a .safetensors "
                               "file or a directory",
                               out);
-    struct loom_llama *m = NULL;
+    struct loom_decoder *m = NULL;
     int rc = read_input(in, env, &m);
     if (rc) return rc;
     rc = to_file ? loom_llama_save(m, out) : write_hf_dir(out, m);
     if (rc == LOOM_OK)
         printf("converted %s\n       to %s (%s, L=%d C=%d NH=%d G=%d F=%d V=%d)\n", in, out,
-               to_file ? "safetensors" : "Hugging Face directory", m->cfg.num_layers, m->cfg.hidden,
-               m->cfg.heads, m->cfg.kv_heads, m->cfg.ffn, m->cfg.vocab);
-    loom_llama_free(m);
+               to_file ? "safetensors" : "Hugging Face directory", m->spec.num_layers, m->spec.hidden,
+               m->spec.heads, m->spec.kv_heads, m->spec.ffn, m->spec.vocab);
+    loom_decoder_free(m);
     return rc;
 }
 

@@ -15,9 +15,8 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/backend.h"
-#include "layers/fp8_linear.h"
-#include "layers/pp_stages.h"
 #include "model/convert.h"
+#include "model/decoder_family.h"
 #include "model/family.h"
 #include "model/llama.h"
 #include "model/llama_io.h"
@@ -84,6 +83,10 @@ static struct loom_llama_config shape_of_config(const struct loom_config *cfg)
  * another model. */
 static int check_architecture(const struct loom_config *cfg)
 {
+    if (cfg->kv_channels && cfg->kv_channels * cfg->num_attention_heads != cfg->hidden_size)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--kv-channels %d: a Llama head is --hidden-size / --num-attention-heads wide",
+                              cfg->kv_channels);
     if (cfg->normalization != LOOM_NORM_RMSNORM)
         return loom_error_set(LOOM_ERR_INPUT, "--normalization LayerNorm: Llama models use RMSNorm");
     if (cfg->position_embedding_type != LOOM_POSITION_ROPE)
@@ -140,54 +143,19 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
                                  int pp_rank)
 {
     const struct loom_llama_config mc = shape_of_config(cfg);
-    /* a configuration that says none (a checkpoint's reader's) is one process */
-    const int pp = cfg->pipeline_model_parallel_size > 1 ? cfg->pipeline_model_parallel_size : 1,
-              tp = cfg->tensor_model_parallel_size > 1 ? cfg->tensor_model_parallel_size : 1;
-    /* this stage's chunks of layers (layers/pp_stages.h), all of them without pipelining */
-    const int chunks = pp > 1 ? loom_pp_chunks(cfg) : 1;
-    int *lo = loom_alloc(sizeof(int) * 2 * (size_t)chunks, LOOM_MEM_OTHER), *hi = lo + chunks;
-    if (pp > 1)
-        for (int c = 0; c < chunks; c++) loom_pp_layers(cfg, pp_rank, c, &lo[c], &hi[c]);
-    else
-        lo[0] = 0, hi[0] = mc.num_layers - 1;
-    struct loom_llama *m = loom_llama_create_stage(&mc, B, T, tp, tp_rank, chunks, lo, hi,
-                                                   pp_rank == 0 || pp == 1, pp_rank == pp - 1 || pp == 1);
-    m->pipelined = pp > 1;
-    loom_free(lo);
-    struct loom_sparse_config sc;
-    int sparse;
-    if (loom_model_sparsity(cfg, &sc, &sparse) == LOOM_OK && sparse)
-        LOOM_ASSERT(loom_llama_set_sparse(m, &sc) == LOOM_OK); /* check() built it once already */
-    loom_llama_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method, cfg->recompute_num_layers);
-    if (cfg->sequence_parallel) loom_llama_set_sequence_parallel(m, 1);
-    if (cfg->layout_invariant) loom_llama_set_tp_invariant(m, cfg->layout_invariant);
-    if (training) { /* activations in the compute dtype, products on its units (eval and sampling: float32) */
-        m->act_dtype = cfg->bf16 ? LOOM_DTYPE_BF16 : cfg->fp16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
-        m->k = loom_backend_kernels(m->base.backend, m->act_dtype);
-        struct loom_fp8_recipe r;
-        if (loom_fp8_recipe_of(cfg, &r)) loom_llama_set_fp8(m, &r);
-    }
-    return &m->base;
-}
-
-static void destroy(struct loom_model *m)
-{
-    if (m) loom_llama_free(loom_llama_of(m));
-}
-
-static double flops_per_token(const struct loom_model *m)
-{
-    return loom_llama_flops_per_token(loom_llama_of((struct loom_model *)m));
+    const struct loom_decoder_spec spec = loom_llama_spec(&mc);
+    return loom_decoder_build(cfg, &spec, B, T, training, tp_rank, pp_rank);
 }
 
 static void describe(const struct loom_model *m, char *buf, size_t n)
 {
-    const struct loom_llama *l = loom_llama_of((struct loom_model *)m);
+    const struct loom_decoder *d = loom_decoder_of((struct loom_model *)m);
+    const struct loom_llama_config c = loom_llama_config_of(d);
     snprintf(buf, n,
              "%d layers, %d channels, %d heads (%d key/value), MLP %d, T=%d, V=%d, rope %g, RMSNorm eps %g%s",
-             l->cfg.num_layers, l->cfg.hidden, l->cfg.heads, l->cfg.kv_heads, l->cfg.ffn, l->T, l->cfg.vocab,
-             l->cfg.rope_theta, l->cfg.norm_eps, l->cfg.untied ? ", untied LM head" : "");
-    loom_model_sparsity_describe(l->sparse, buf, n);
+             c.num_layers, c.hidden, c.heads, c.kv_heads, c.ffn, d->T, c.vocab, c.rope_theta, c.norm_eps,
+             c.untied ? ", untied LM head" : "");
+    loom_model_sparsity_describe(d->sparse, buf, n);
 }
 
 /* The shape as checkpoints record it: every setting that changes the
@@ -303,12 +271,12 @@ static int read_shape(const char *path, const struct loom_config *cfg, struct lo
 
 static int load_weights(struct loom_model *m, const char *path)
 {
-    return loom_llama_load(loom_llama_of(m), path);
+    return loom_llama_load(loom_decoder_of(m), path);
 }
 
 static int save_weights(struct loom_model *m, const char *path)
 {
-    return loom_llama_save(loom_llama_of(m), path);
+    return loom_llama_save(loom_decoder_of(m), path);
 }
 
 const struct loom_model_family loom_llama_family = {
@@ -318,8 +286,8 @@ const struct loom_model_family loom_llama_family = {
     .npresets = (int)(sizeof presets / sizeof presets[0]),
     .check = check,
     .create = create,
-    .destroy = destroy,
-    .flops_per_token = flops_per_token,
+    .destroy = loom_decoder_destroy,
+    .flops_per_token = loom_decoder_model_flops,
     .describe = describe,
     .shape_of = shape_of,
     .apply_shape = apply_shape,

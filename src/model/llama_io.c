@@ -133,7 +133,7 @@ static int ignorable(const char *name)
     return s && s[strlen("rotary_emb.inv_freq")] == '\0';
 }
 
-int loom_llama_load(struct loom_llama *m, const char *path)
+int loom_llama_load(struct loom_decoder *m, const char *path)
 {
     char file[4200], config[4200];
     int rc = source_paths(path, file, config, sizeof file);
@@ -143,11 +143,11 @@ int loom_llama_load(struct loom_llama *m, const char *path)
     if ((rc = loom_model_read_tensors(&m->base, &st, file, NULL))) goto done;
     /* a pipeline stage skips the other stages' tensors (described by the
      * whole model, made the first time a name is not this stage's) */
-    struct loom_llama *whole = NULL;
+    struct loom_decoder *whole = NULL;
     for (int i = 0; i < loom_st_count(&st) && rc == LOOM_OK; i++) {
         const char *name = loom_st_at(&st, i)->name;
         if (ignorable(name) || loom_model_find(&m->base, name, NULL)) continue;
-        if (!whole) whole = loom_llama_create(&m->cfg, 1, m->T);
+        if (!whole) whole = loom_decoder_create_whole(&m->spec, 1, m->T);
         if (loom_model_find(&whole->base, name, NULL)) continue;
         if (strcmp(name, "lm_head.weight") == 0) /* a tied model must not drop a head of the file's own */
             rc = loom_error_set(LOOM_ERR_INPUT,
@@ -157,21 +157,22 @@ int loom_llama_load(struct loom_llama *m, const char *path)
                                 file);
         else
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", file,
-                                name, m->cfg.num_layers);
+                                name, m->spec.num_layers);
     }
-    loom_llama_free(whole);
+    loom_decoder_free(whole);
 done:
     loom_st_close(&st);
     return rc;
 }
 
-int loom_llama_save(const struct loom_llama *m, const char *path)
+int loom_llama_save(const struct loom_decoder *m, const char *path)
 {
     int n = 0;
     for (int bi = 0; bi < m->base.nblocks; bi++) n += m->base.blocks[bi].ntensors;
     struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     struct loom_model_shape shape;
-    loom_llama_shape(&m->cfg, &shape);
+    const struct loom_llama_config c = loom_llama_config_of(m);
+    loom_llama_shape(&c, &shape);
     const char **meta = calloc((size_t)(2 + shape.n) * 2, sizeof *meta);
     char(*text)[2][64] = calloc((size_t)shape.n, sizeof *text);
     int rc = LOOM_OK, k = 0;

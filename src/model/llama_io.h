@@ -13,9 +13,9 @@
 int loom_llama_source_shape(const char *path, struct loom_model_shape *out);
 /* Its weights into m's float32 parameters; a tensor the model does not
  * have is refused (an LM head of its own beside a tied model included). */
-int loom_llama_load(struct loom_llama *m, const char *path);
+int loom_llama_load(struct loom_decoder *m, const char *path);
 /* One safetensors file under Hugging Face's names, with loom's metadata. */
-int loom_llama_save(const struct loom_llama *m, const char *path);
+int loom_llama_save(const struct loom_decoder *m, const char *path);
 /* The shape of a model's settings, and back (llama_family.c). */
 void loom_llama_shape(const struct loom_llama_config *cfg, struct loom_model_shape *out);
 int loom_llama_config_of_shape(const struct loom_model_shape *shape, struct loom_llama_config *out);

@@ -19,7 +19,7 @@
  *                                           with its parts: the logits of its vocabulary, the
  *                                           gradients of its part of each tensor
  *   --sp 0|1                                with --tp: sequence parallelism
- *   --tp-invariant N                        the split sums in N pieces (loom_gpt2_set_tp_invariant)
+ *   --tp-invariant N                        the split sums in N pieces (loom_decoder_set_tp_invariant)
  *
  * TOKENS.i32 holds B rows of T+1 int32 tokens: inputs are each row's first
  * T, targets its last T. OUT holds "loss" [1], "logits" [B,T,V] and
@@ -106,13 +106,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    struct loom_gpt2 *m = loom_gpt2_create_tp(&cfg, B, T, tp, topo.tp_rank);
-    if (sp) loom_gpt2_set_sequence_parallel(m, 1);
-    if (invariant) loom_gpt2_set_tp_invariant(m, invariant);
+    struct loom_decoder *m = loom_gpt2_create_tp(&cfg, B, T, tp, topo.tp_rank);
+    if (sp) loom_decoder_set_sequence_parallel(m, 1);
+    if (invariant) loom_decoder_set_tp_invariant(m, invariant);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     m->act_dtype = (enum loom_dtype)act_dtype;
-    loom_gpt2_set_recompute(m, (enum loom_recompute)granularity, (enum loom_recompute_method)method,
-                            num_layers);
+    loom_decoder_set_recompute(m, (enum loom_recompute)granularity, (enum loom_recompute_method)method,
+                               num_layers);
     if (loom_gpt2_load(m, argv[1])) {
         fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());
         return 2;
@@ -131,12 +131,12 @@ int main(int argc, char **argv)
             tgt[b * T + t] = rows[b * (T + 1) + t + 1];
         }
     loom_model_zero_grad(&m->base);
-    float loss = loom_gpt2_forward(m, inp, tgt, B);
+    float loss = loom_decoder_forward(m, inp, tgt, B);
     /* keep the logits before backward turns them into dlogits */
     size_t nlogits = (size_t)B * T * m->Vl; /* this rank's vocabulary */
     float *logits = malloc(sizeof(float) * nlogits);
-    loom_gpt2_logits(m, logits);
-    loom_gpt2_backward(m, 1.0f);
+    loom_decoder_logits(m, logits);
+    loom_decoder_backward(m, 1.0f);
 
     int n = 2;
     for (int i = 0; i < m->base.nblocks; i++) n += m->base.blocks[i].ntensors;
@@ -174,7 +174,7 @@ int main(int argc, char **argv)
     free(inp);
     free(tgt);
     free(logits);
-    loom_gpt2_free(m);
+    loom_decoder_free(m);
     if (tp > 1) loom_comm_finalize();
     return 0;
 }

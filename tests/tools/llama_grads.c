@@ -40,7 +40,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "llama_grads: %s\n", loom_error_message());
         return 2;
     }
-    struct loom_llama *m = loom_llama_create(&cfg, B, T);
+    struct loom_decoder *m = loom_llama_create(&cfg, B, T);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     struct loom_st st;
     if (loom_st_open(&st, argv[1]) || loom_model_read_tensors(&m->base, &st, argv[1], NULL)) {
@@ -62,12 +62,12 @@ int main(int argc, char **argv)
             tgt[b * T + t] = rows[b * (T + 1) + t + 1];
         }
     loom_model_zero_grad(&m->base);
-    float loss = loom_llama_forward(m, inp, tgt, B);
+    float loss = loom_decoder_forward(m, inp, tgt, B);
     const size_t nlogits = (size_t)B * T * cfg.vocab;
     float *logits = malloc(sizeof(float) * nlogits);
     memcpy(logits, m->slots[0].logits,
            nlogits * sizeof(float)); /* before the backward turns them to dlogits */
-    loom_llama_backward(m, 1.0f);
+    loom_decoder_backward(m, 1.0f);
 
     int n = 2;
     for (int i = 0; i < m->base.nblocks; i++) n += m->base.blocks[i].ntensors;
@@ -94,6 +94,6 @@ int main(int argc, char **argv)
     }
     printf("loss %.6f\n", loss);
     free(ts), free(names), free(rows), free(inp), free(tgt), free(logits);
-    loom_llama_free(m);
+    loom_decoder_free(m);
     return 0;
 }

@@ -1,0 +1,231 @@
+/*
+ * The decoder-only language model every family is (Megatron's GPTModel):
+ * the embedding block (token table, and a learned position table where the
+ * family has one), L transformer layers, and the head block (final norm, and
+ * an LM head of its own when untied; tied, the head reads the token table).
+ * A family is a layer spec (struct loom_decoder_spec) plus its presets,
+ * weights formats and Hugging Face mapping; nothing in here names one.
+ *
+ * A layer: norm -> attention (q, k, v projections, fused or separate, with
+ * rotary positions or none, grouped-query heads repeated into the attention
+ * kernel's packed q | k | v, dense or block-sparse attention, the output
+ * projection) -> residual -> norm -> MLP (dense: fc, GELU, projection;
+ * gated: gate and up, SiLU or GELU of the gate times up, down) -> residual.
+ * Family variants the spec carries: LayerNorm or RMSNorm, a norm weight
+ * offset (Gemma's 1 + w), learned or rotary positions, an embedding scale,
+ * a head width of its own, biases, tied or untied head.
+ * Every product is a parallel linear layer (layers/linear.h): column- or
+ * row-parallel under tensor parallelism, in the weight orientation the
+ * family stores (Conv1D's [in, out] or nn.Linear's [out, in]), on float32,
+ * bf16 operands, fp8 or --layout-invariant's exact pieces.
+ *
+ * Forward and backward run over a range of blocks for one micro-batch slot
+ * (loom/model.h): a model may hold one pipeline stage's blocks, a
+ * tensor-parallel rank's part of every layer (with Megatron's sequence
+ * parallelism), keep activations in a 16-bit dtype (the kernels compute in
+ * float32 on staging buffers), and recompute activations (Megatron's
+ * selective and full recomputation) bit for bit.
+ */
+#ifndef LOOM_MODEL_DECODER_H
+#define LOOM_MODEL_DECODER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/dtype.h"
+#include "layers/linear.h"
+#include "layers/pp_stages.h"
+#include "layers/tp_exact.h"
+#include "layers/tp_regions.h"
+#include "loom/config.h" /* enum loom_normalization, loom_position_embedding, loom_recompute */
+#include "loom/model.h"
+
+struct loom_kernels;
+struct loom_model_family;
+struct loom_sparse_config;
+struct loom_fp8_recipe;
+
+#define LOOM_DECODER_HEAD_ROWS 32 /* rows of logits staged in float32 at a time, 16-bit act_dtype */
+
+enum loom_mlp_kind {
+    LOOM_MLP_DENSE = 0, /* fc -> activation -> projection (GPT-2) */
+    LOOM_MLP_GATED = 1, /* activation(gate) * up -> down (SwiGLU, GeGLU) */
+};
+
+/* The MLP's activation. */
+enum loom_mlp_activation {
+    LOOM_MLP_GELU_TANH = 0, /* GELU's tanh form (gelu_new, gelu_pytorch_tanh) */
+    LOOM_MLP_GELU = 1,      /* exact GELU (erf) */
+    LOOM_MLP_SILU = 2,      /* SiLU (gated: SwiGLU) */
+};
+
+/* The tensors' names, Hugging Face's for the family: each layer tensor is
+ * layer (a printf format of the layer index) + its name + ".weight" or
+ * ".bias". NULL where the family has no such tensor. */
+struct loom_decoder_names {
+    const char *embedding, *positions; /* "wte", "wpe" */
+    const char *layer;                 /* "h.%d." */
+    const char *norm1, *qkv;           /* qkv: one fused weight (NULL: q, k, v) */
+    const char *q, *k, *v, *o;
+    const char *norm2;
+    const char *gate, *up, *down; /* dense: up is fc, down its projection */
+    const char *final_norm, *lm_head;
+};
+
+/* A family's layer spec and shape: Megatron's TransformerConfig. */
+struct loom_decoder_spec {
+    const struct loom_model_family *family; /* base.family of the models built */
+    const char *name;                       /* base.name: the family's name */
+    const struct loom_decoder_names *names;
+    int num_layers; /* L */
+    int hidden;     /* C */
+    int heads;      /* NH */
+    int kv_heads;   /* G: key/value heads, dividing NH */
+    int head_dim;   /* hs (0: C / NH) */
+    int ffn;        /* F: the MLP's width */
+    int max_pos;    /* the longest sequence (rows of a learned position table) */
+    int vocab;      /* V */
+    enum loom_normalization norm;
+    double norm_eps;
+    double norm_offset; /* the norms' weights act as norm_offset + w (Gemma's RMSNorm: 1, the weights
+                         * then start at 0); 0: w */
+    enum loom_position_embedding positions;
+    double rope_theta;
+    enum loom_weight_orientation weights;
+    int fused_qkv;                  /* one weight for q | k | v (needs G == NH, no rotary) */
+    int qkv_bias, o_bias, mlp_bias; /* biases of those products */
+    enum loom_mlp_kind mlp;
+    enum loom_mlp_activation activation;
+    double embed_scale; /* the embedding's output times this (Gemma: sqrt(C)); 0: none */
+    int untied;         /* the LM head has its own weight */
+    double init_std;    /* normal(0, init_std) for weights */
+    int scaled_init;    /* the residual stream's output projections: init_std / sqrt(2 L) */
+};
+
+/* Indices of a layer block's tensors, in block order (-1: absent): the same
+ * for every layer. qkv[0..nqkv) are the attention's input projections (one
+ * fused, or q, k, v). */
+struct loom_decoder_slots {
+    int norm1_w, norm1_b;
+    int nqkv, qkv_w[3], qkv_b[3];
+    int o_w, o_b;
+    int norm2_w, norm2_b;
+    int gate_w, gate_b, up_w, up_b, down_w, down_b;
+};
+
+/* One layer's saved forward state for B sequences of T (N = B T rows). The
+ * residual stream and the norms hold Nr rows (B T / tp under sequence
+ * parallelism, else N); the parallel regions every row of this rank's
+ * columns. `void *` buffers are in act_dtype (float32, or its 16 bits);
+ * norm statistics and attention probabilities float32. */
+struct loom_decoder_layer_acts {
+    void *ln1;                  /* (Nr,C) */
+    float *ln1_mean, *ln1_rstd; /* (Nr) each; mean LayerNorm's only */
+    void *qkv;                  /* (N, 3 Cq) q and k rotated, key/value heads repeated to NH */
+    void *atty;                 /* (N, Cq) */
+    float *att;                 /* probabilities, kept (float32 activations only) */
+    void *res2;                 /* (Nr,C) */
+    void *ln2;                  /* (Nr,C) */
+    float *ln2_mean, *ln2_rstd; /* (Nr) each */
+    void *fc;                   /* (N,F) dense: fc's output; gated: the gate's */
+    void *up;                   /* (N,F) gated: up's output; dense: NULL */
+    void *h;                    /* (N,F) the activation's output */
+    void *res3;                 /* (Nr,C) the layer's output */
+};
+
+/* A micro-batch slot's activations. */
+struct loom_decoder_acts {
+    struct loom_decoder_layer_acts *layers;  /* (L); a recomputed layer's lead into the scratch */
+    struct loom_decoder_layer_acts *scratch; /* full recomputation: one chunk of layers' buffers */
+    void *encoded;                           /* (Nr,C) the embedding's output, in act_dtype */
+    float *lnf, *lnf_mean, *lnf_rstd;        /* (Nr,C) (Nr) (Nr), float32 */
+    void *logits;        /* (N,Vl) in act_dtype; dlogits after the backward; holds the recompute scratch */
+    size_t logits_bytes; /* its buffer */
+    float *losses, *lse; /* (N) */
+    const int32_t *inputs, *targets;
+    int rows;
+    int emb_open;        /* the head's backward announced the embedding's gradients */
+    float **chunk_input; /* (L) the input of a pipeline model chunk that starts at layer l > 0, else NULL */
+};
+
+struct loom_decoder {
+    struct loom_model base; /* blocks [embedding, layers..., head]; base.user is this */
+    struct loom_decoder_spec spec;
+    struct loom_decoder_slots t; /* a layer block's tensors */
+    int B, T;
+    enum loom_dtype act_dtype; /* F32; BF16, F16: activations kept in it, kernels in float32 */
+    enum loom_recompute recompute;
+    enum loom_recompute_method recompute_method;
+    int recompute_num_layers;
+    /* tensor parallelism: this rank's part of a group of tp */
+    int tp, tp_rank;
+    int hs;                     /* head size */
+    int NHl, Gl;                /* this rank's query and key/value heads */
+    int Cq, kvC;                /* their widths: NHl hs, Gl hs */
+    int Fl;                     /* this rank's MLP columns */
+    int v0, Vl;                 /* its vocabulary rows [v0, v0 + Vl) */
+    float *ce_stats;            /* (3, N) the vocab-parallel cross-entropy's row statistics */
+    struct loom_tp_regions rg;  /* the regions' entries and exits; rg.sp: sequence parallelism */
+    float *norm_grads;          /* (2C) a norm's gradients before the tp sum (sp, exact) */
+    struct loom_tp_exact exact; /* --layout-invariant's pieces; pieces 0: off */
+    const struct loom_kernels *k;
+    struct loom_linear_ctx lc; /* what every product shares (set by the first forward or reserve) */
+    int nslots;
+    struct loom_decoder_acts *slots; /* (nslots), allocated by the first forward or reserve */
+    int emb, head;                   /* the embedding's and the head's block, or -1 */
+    /* scratch shared by the slots (one forward or backward at a time) */
+    float *dres;           /* (Nr,C) the residual stream's gradient */
+    float *dbufC, *dbufC2; /* (N, max(C, Cq)); dbufC2 for separate products only */
+    float *scratchC;       /* (N, max(C, Cq)) */
+    float *dqkv, *datt;    /* (N, 3 Cq), attention's scratch */
+    float *q, *kk, *v;     /* (N,Cq) (N,kvC) (N,kvC) separate projections; NULL when fused */
+    float *dbufF[3];       /* (N, max(F, Cq)) the MLP's; the third for gated only */
+    float *stage_res;      /* (Nr,C) 16-bit activations: a residual's float32 values */
+    float *seq_att;        /* one sequence's probabilities (16-bit activations) */
+    float *head_rows;      /* (LOOM_DECODER_HEAD_ROWS, Vl) */
+    float *norm_w;         /* (C) a norm's weight plus the spec's norm_offset */
+    int bwd_slot;
+    int defer_wte_scatter;
+    /* pipeline parallelism: the layers held and the tied table across stages */
+    struct loom_pp_stage_layers stage;
+    int pipelined;
+    float *tied_copy, *tied_grad;
+    float **tied_sends;
+    struct loom_sparse_layout *sparse; /* block-sparse attention, or NULL: dense causal */
+};
+
+/* LOOM_ERR_INPUT naming the flag when the spec cannot be built for T. */
+int loom_decoder_check(const struct loom_decoder_spec *s, int T);
+/* One pipeline stage (or all: chunks 1, lo 0, hi L-1, both ends) of a
+ * tensor-parallel rank (tp 1: the whole layer), for micro-batches of up to B
+ * sequences of T: blocks and tensors described; the caller allocates the
+ * arenas. */
+struct loom_decoder *loom_decoder_create(const struct loom_decoder_spec *s, int B, int T, int tp, int tp_rank,
+                                         int chunks, const int *lo, const int *hi, int embedding, int head);
+/* The whole model in one process. */
+struct loom_decoder *loom_decoder_create_whole(const struct loom_decoder_spec *s, int B, int T);
+void loom_decoder_free(struct loom_decoder *m);
+/* The decoder behind a model built by loom_decoder_create, or NULL. */
+struct loom_decoder *loom_decoder_of(struct loom_model *m);
+
+/* Settings, before the first forward. */
+void loom_decoder_set_recompute(struct loom_decoder *m, enum loom_recompute granularity,
+                                enum loom_recompute_method method, int num_layers);
+void loom_decoder_set_sequence_parallel(struct loom_decoder *m, int on);
+void loom_decoder_set_tp_invariant(struct loom_decoder *m, int pieces);
+int loom_decoder_set_sparse(struct loom_decoder *m, const struct loom_sparse_config *sc);
+void loom_decoder_set_fp8(struct loom_decoder *m, const struct loom_fp8_recipe *r);
+/* The compute dtype's activations and kernels (training in bf16 or fp16). */
+void loom_decoder_set_act_dtype(struct loom_decoder *m, enum loom_dtype dt);
+
+/* Forward of every block on B rows in slot 0 (mean loss, or 0 without
+ * targets), its backward, and the logits (B, T, Vl) as float32. */
+float loom_decoder_forward(struct loom_decoder *m, const int32_t *inputs, const int32_t *targets, int B);
+void loom_decoder_backward(struct loom_decoder *m, float loss_weight);
+void loom_decoder_logits(const struct loom_decoder *m, float *dst);
+
+/* The whole model's parameter count, and its training FLOPs per token. */
+double loom_decoder_num_params(const struct loom_decoder_spec *s);
+double loom_decoder_flops_per_token(const struct loom_decoder *m);
+
+#endif
