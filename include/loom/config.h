@@ -211,6 +211,7 @@ struct loom_config {
     enum loom_normalization normalization;
     enum loom_position_embedding position_embedding_type;
     int swiglu, disable_bias_linear, group_query_attention;
+    int add_qkv_bias;     /* q, k and v's biases kept under disable_bias_linear */
     int num_query_groups; /* key/value heads under group_query_attention */
     int ffn_hidden_size;  /* the MLP's width; 0: the family's rule */
     int kv_channels;      /* an attention head's width; 0: hidden_size / num_attention_heads */

@@ -102,6 +102,8 @@ const struct setting loom_settings[] = {
     BOOL("--swiglu", "swiglu", "model", swiglu, "0", "the MLP is SwiGLU's gated one (Llama)"),
     BOOL("--disable-bias-linear", "disable_bias_linear", "model", disable_bias_linear, "0",
          "no biases in the linear layers (Llama)"),
+    BOOL("--add-qkv-bias", "add_qkv_bias", "model", add_qkv_bias, "0",
+         "biases on the query, key and value projections, even with --disable-bias-linear (Qwen2)"),
     BOOL("--group-query-attention", "group_query_attention", "model", group_query_attention, "0",
          "grouped-query attention: --num-query-groups key/value heads"),
     INT("--num-query-groups", "num_query_groups", "model", num_query_groups, 0, 1024, "0",

@@ -778,10 +778,12 @@ static int take_shape(const char *path, const struct loom_model_family *family,
     if (!out) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory");
     memcpy(out, cfg, sizeof *out);
     int rc = family->apply_shape(&merged, out);
-    if (rc == LOOM_OK)
+    if (rc == LOOM_OK) {
         loom_config_adopt(cfg, out, "model");
-    else
+        loom_config_adopt(cfg, out, "attention"); /* a family's recorded window (Mistral's) */
+    } else {
         rc = shape_error(path, rc);
+    }
     free(out);
     return rc;
 }

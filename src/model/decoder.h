@@ -97,6 +97,8 @@ struct loom_decoder_spec {
     enum loom_mlp_kind mlp;
     enum loom_mlp_activation activation;
     double embed_scale; /* the embedding's output times this (Gemma: sqrt(C)); 0: none */
+    int window;         /* the sliding window files record (i - W < j <= i; 0: none); the layout
+                         * itself comes from the settings (model/sparsity.h) */
     int untied;         /* the LM head has its own weight */
     double init_std;    /* normal(0, init_std) for weights */
     int scaled_init;    /* the residual stream's output projections: init_std / sqrt(2 L) */
