@@ -82,7 +82,9 @@ int loom_convert(int argc, char **argv)
     if (!f) return loom_error_set(LOOM_ERR_INPUT, "no model family has weights formats to convert");
     char tok[4400] = ""; /* found (and a checkpoint's checked) before anything is written */
     int rc = in ? find_tokenizer(in, tok, sizeof tok) : LOOM_OK;
-    if (rc == LOOM_OK) rc = f->converter->run(argc, argv, &env);
+    struct loom_convert_env e = env;
+    e.family = f;
+    if (rc == LOOM_OK) rc = f->converter->run(argc, argv, &e);
     if (rc == LOOM_OK && out && loom_fs_is_dir(out)) rc = copy_tokenizer(tok, out);
     return rc;
 }

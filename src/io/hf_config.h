@@ -22,7 +22,8 @@ enum loom_hf_rule {
 struct loom_hf_field {
     const char *name;
     enum loom_hf_rule rule;
-    const char *only; /* LOOM_HF_ONLY: the accepted value as JSON ("true", "{}", "null") */
+    const char *only; /* LOOM_HF_ONLY: the accepted value as JSON ("true", "{}", "null");
+                       * LOOM_HF_NO_EFFECT: the value an export writes, or NULL */
 };
 
 /* Parses path as a JSON object and checks every member against fields

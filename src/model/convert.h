@@ -18,7 +18,11 @@
 
 #include "loom/model.h"
 
+struct loom_model_family;
+
 struct loom_convert_env {
+    /* The family whose weights are converted (the one the input names). */
+    const struct loom_model_family *family;
     /* A new model of the family a loom checkpoint records (a save
      * directory, its latest, or one iter_NNNNNNN, any layout), its
      * parameter arena holding the weights in float32: *out, freed with the
@@ -34,6 +38,5 @@ struct loom_model_converter {
 };
 
 extern const struct loom_model_converter loom_gpt2_converter;
-extern const struct loom_model_converter loom_llama_converter;
 
 #endif

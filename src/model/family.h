@@ -1,16 +1,15 @@
 /*
  * Model families: the registry the trainer, the configuration, checkpoints
- * and the CLI consult instead of naming a model. A family (GPT-2 today, the
- * Llama family next) gives its presets, checks its shape settings, builds a
- * model for a micro-batch shape, counts its FLOPs, and reads and writes the
- * shape a weights file or a checkpoint records. Everything else (blocks,
- * tensors, forward and backward over a range of blocks) is the model
- * interface, loom/model.h.
+ * and the CLI consult instead of naming a model. A family (GPT-2, Llama, ...) gives its presets, checks its
+ * shape settings, builds a model for a micro-batch shape, counts its FLOPs, and reads and writes the shape a
+ * weights file or a checkpoint records. Everything else (blocks, tensors, forward and backward over a range
+ * of blocks) is the model interface, loom/model.h.
  *
- * Adding a family: one `src/model/<name>.c` with its blocks and kernels
- * calls, one `const struct loom_model_family` describing it, and a line in
- * family.c's table. Not here: the model interface itself, weights formats
- * (each family's own io file).
+ * Adding a decoder family: one `src/model/<name>.c` holding its definition
+ * (model/decoder_def.h: architecture, shape settings, presets, Hugging Face
+ * mapping) and its `const struct loom_model_family`, a line in family.c's
+ * table and its extern below. Not here: the model interface itself, weights
+ * formats (model/hf_decoder.h; GPT-2's own in gpt2_io.c, gpt2_llmc.c).
  */
 #ifndef LOOM_MODEL_FAMILY_H
 #define LOOM_MODEL_FAMILY_H
@@ -23,6 +22,7 @@
 #include "loom/model.h"
 
 struct loom_model_converter;
+struct loom_decoder_def;
 
 #define LOOM_PRESET_MAX_SETTINGS 32
 
@@ -73,6 +73,9 @@ struct loom_model_family {
     /* Optional (NULL: none): `loom convert` between its weights formats
      * (model/convert.h). */
     const struct loom_model_converter *converter;
+    /* Optional (NULL: none): a decoder family's definition
+     * (model/decoder_def.h), which its generic formats read. */
+    const struct loom_decoder_def *decoder;
 };
 
 /* The families, in registry order; NULL past the end. */

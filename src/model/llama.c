@@ -1,114 +1,117 @@
 /*
- * Llama's layer spec (llama.h): its tensors' names, its architecture in the
- * decoder's terms, and the check of its shape settings.
+ * Llama (Hugging Face's LlamaForCausalLM) as a decoder family
+ * (model/decoder_def.h): the embedding block (model.embed_tokens), L layers
+ * (RMSNorm, grouped-query attention with rotary position embedding,
+ * RMSNorm, SwiGLU MLP; no biases; projections [out, in] as nn.Linear keeps
+ * them), the head block (model.norm, and lm_head when untied). Its
+ * presets (a tiny one for the built-in corpus and the published shapes of
+ * TinyLlama 1.1B, Llama 2 7B and Llama 3 8B), its shape settings and its
+ * config.json (LlamaConfig). The
+ * model, its weights formats and `loom convert` are generic (decoder.h,
+ * hf_decoder.h).
  */
-#include "model/llama.h"
+#include <limits.h>
 
 #include "base/log.h"
-#include "model/family.h"
+#include "model/hf_decoder.h"
 
-int loom_llama_config_check(const struct loom_llama_config *cfg, int T)
-{
-    if (cfg->num_layers < 1)
-        return loom_error_set(LOOM_ERR_INPUT, "--num-layers must be >= 1, got %d", cfg->num_layers);
-    if (cfg->heads < 1 || cfg->hidden < 1 || cfg->hidden % cfg->heads)
-        return loom_error_set(LOOM_ERR_INPUT, "--hidden-size %d is not divisible by --num-attention-heads %d",
-                              cfg->hidden, cfg->heads);
-    if ((cfg->hidden / cfg->heads) % 2)
-        return loom_error_set(
-            LOOM_ERR_INPUT,
-            "the head size (--hidden-size %d / --num-attention-heads %d) must be even for the "
-            "rotary embedding",
-            cfg->hidden, cfg->heads);
-    if (cfg->kv_heads < 1 || cfg->heads % cfg->kv_heads)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--num-query-groups %d does not divide --num-attention-heads %d", cfg->kv_heads,
-                              cfg->heads);
-    if (cfg->ffn < 1)
-        return loom_error_set(LOOM_ERR_INPUT, "--ffn-hidden-size must be >= 1, got %d", cfg->ffn);
-    if (cfg->vocab < 2)
-        return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", cfg->vocab);
-    if (T > cfg->max_pos)
-        return loom_error_set(LOOM_ERR_INPUT, "--seq-length %d exceeds --max-position-embeddings %d", T,
-                              cfg->max_pos);
-    if (!(cfg->rope_theta > 0))
-        return loom_error_set(LOOM_ERR_INPUT, "--rotary-base must be positive, got %g", cfg->rope_theta);
-    return LOOM_OK;
-}
+/* clang-format off */
+#define LLAMA_ARCH {"--normalization", "RMSNorm"}, {"--position-embedding-type", "rope"}, {"--swiglu", "1"}, \
+                   {"--disable-bias-linear", "1"}, {"--group-query-attention", "1"}
+static const struct loom_model_preset presets[] = {
+    {.name = "llama-tiny", .summary = "Llama shape, 4 layers x 128 channels, 4 heads, 2 key/value heads, bytes",
+     .settings = {LLAMA_ARCH, {"--num-layers", "4"}, {"--hidden-size", "128"}, {"--num-attention-heads", "4"},
+                  {"--num-query-groups", "2"}, {"--ffn-hidden-size", "352"}, {"--seq-length", "64"},
+                  {"--max-position-embeddings", "64"}, {"--vocab-size", "256"}, {"--norm-epsilon", "1e-5"},
+                  LOOM_TINY_TRAINING}},
+    {.name = "tinyllama-1.1b", .summary = "TinyLlama 1.1B (22 layers, 2048 channels, 4 key/value heads)",
+     .settings = {LLAMA_ARCH, {"--num-layers", "22"}, {"--hidden-size", "2048"}, {"--num-attention-heads", "32"},
+                  {"--num-query-groups", "4"}, {"--ffn-hidden-size", "5632"}, {"--seq-length", "2048"},
+                  {"--max-position-embeddings", "2048"}, {"--vocab-size", "32000"}, {"--norm-epsilon", "1e-5"},
+                  {"--untie-embeddings-and-output-weights", "1"}, LOOM_REAL_TRAINING("4e-4")}},
+    {.name = "llama2-7b", .summary = "Llama 2 7B (32 layers, 4096 channels)",
+     .settings = {LLAMA_ARCH, {"--num-layers", "32"}, {"--hidden-size", "4096"}, {"--num-attention-heads", "32"},
+                  {"--num-query-groups", "32"}, {"--ffn-hidden-size", "11008"}, {"--seq-length", "4096"},
+                  {"--max-position-embeddings", "4096"}, {"--vocab-size", "32000"}, {"--norm-epsilon", "1e-5"},
+                  {"--untie-embeddings-and-output-weights", "1"}, LOOM_REAL_TRAINING("3e-4")}},
+    {.name = "llama3-8b", .summary = "Llama 3 8B (32 layers, 4096 channels, 8 key/value heads, theta 500000)",
+     .settings = {LLAMA_ARCH, {"--num-layers", "32"}, {"--hidden-size", "4096"}, {"--num-attention-heads", "32"},
+                  {"--num-query-groups", "8"}, {"--ffn-hidden-size", "14336"}, {"--seq-length", "8192"},
+                  {"--max-position-embeddings", "8192"}, {"--vocab-size", "128256"}, {"--norm-epsilon", "1e-5"},
+                  {"--rotary-base", "500000"}, {"--untie-embeddings-and-output-weights", "1"},
+                  LOOM_REAL_TRAINING("3e-4")}},
+};
+/* clang-format on */
 
-static const struct loom_decoder_names names = {
-    .embedding = "model.embed_tokens",
-    .layer = "model.layers.%d.",
-    .norm1 = "input_layernorm",
-    .q = "self_attn.q_proj",
-    .k = "self_attn.k_proj",
-    .v = "self_attn.v_proj",
-    .o = "self_attn.o_proj",
-    .norm2 = "post_attention_layernorm",
-    .gate = "mlp.gate_proj",
-    .up = "mlp.up_proj",
-    .down = "mlp.down_proj",
-    .final_norm = "model.norm",
-    .lm_head = "lm_head",
+static const struct loom_decoder_spec arch = {
+    .names = &loom_hf_decoder_names,
+    .norm = LOOM_NORM_RMSNORM,
+    .positions = LOOM_POSITION_ROPE,
+    .weights = LOOM_WEIGHTS_OUT_IN,
+    .mlp = LOOM_MLP_GATED,
+    .activation = LOOM_MLP_SILU,
+    .init_std = 0.02, /* Hugging Face's initializer_range */
 };
 
-struct loom_decoder_spec loom_llama_spec(const struct loom_llama_config *cfg)
+/* The shape as checkpoints record it: every setting that changes the function. */
+static const struct loom_shape_key keys[] = {LOOM_DECODER_SHAPE_KEYS};
+
+/* ---- config.json: transformers' LlamaConfig (4.39 and later) ---- */
+
+static const struct loom_hf_key hf_keys[] = {
+    LOOM_HF_KEY("num_hidden_layers", "num_layers", LOOM_HF_INT, 32),
+    LOOM_HF_KEY("hidden_size", "hidden_size", LOOM_HF_INT, 4096),
+    LOOM_HF_KEY("num_attention_heads", "num_attention_heads", LOOM_HF_INT, 32),
+    LOOM_HF_KEY_OF("num_key_value_heads", "num_query_groups", "num_attention_heads"),
+    LOOM_HF_KEY("intermediate_size", "ffn_hidden_size", LOOM_HF_INT, 11008),
+    LOOM_HF_KEY("max_position_embeddings", "max_position_embeddings", LOOM_HF_INT, 2048),
+    LOOM_HF_KEY("vocab_size", "vocab_size", LOOM_HF_INT, 32000),
+    LOOM_HF_KEY_REAL("rms_norm_eps", "norm_epsilon", 1e-6, 0, 1),
+    LOOM_HF_KEY_REAL("rope_theta", "rotary_base", 10000.0, 1, 1e12),
+    LOOM_HF_KEY("tie_word_embeddings", "untie_embeddings_and_output_weights", LOOM_HF_UNTIED, 1),
+};
+
+static const struct loom_hf_field hf_fields[] = {
+    {"head_dim", LOOM_HF_READ, NULL},
+    /* what changes the function: Llama's value only */
+    {"hidden_act", LOOM_HF_ONLY, "\"silu\""},
+    {"attention_bias", LOOM_HF_ONLY, "false"},
+    {"mlp_bias", LOOM_HF_ONLY, "false"},
+    {"rope_scaling", LOOM_HF_ONLY, "null"},
+    {"pretraining_tp", LOOM_HF_ONLY, "1"},
+};
+
+/* head_dim, where given, is the one the heads make. */
+static int hf_read(const char *path, const cJSON *j, struct loom_model_shape *shape)
 {
-    return (struct loom_decoder_spec){
-        .family = &loom_llama_family,
-        .name = loom_llama_family.name,
-        .names = &names,
-        .num_layers = cfg->num_layers,
-        .hidden = cfg->hidden,
-        .heads = cfg->heads,
-        .kv_heads = cfg->kv_heads,
-        .ffn = cfg->ffn,
-        .max_pos = cfg->max_pos,
-        .vocab = cfg->vocab,
-        .norm = LOOM_NORM_RMSNORM,
-        .norm_eps = cfg->norm_eps,
-        .positions = LOOM_POSITION_ROPE,
-        .rope_theta = cfg->rope_theta,
-        .weights = LOOM_WEIGHTS_OUT_IN,
-        .mlp = LOOM_MLP_GATED,
-        .activation = LOOM_MLP_SILU,
-        .untied = cfg->untied,
-        .init_std = 0.02, /* Hugging Face's initializer_range */
-    };
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "head_dim");
+    const int C = (int)loom_model_shape_find(shape, "hidden_size")->value,
+              NH = (int)loom_model_shape_find(shape, "num_attention_heads")->value;
+    if (!v || cJSON_IsNull(v) || (cJSON_IsNumber(v) && v->valuedouble * NH == C)) return LOOM_OK;
+    char want[64];
+    snprintf(want, sizeof want, "hidden_size / num_attention_heads = %d", C / NH);
+    return loom_hf_refuse(path, "Llama", v, want);
 }
 
-struct loom_llama_config loom_llama_config_of(const struct loom_decoder *m)
-{
-    const struct loom_decoder_spec *s = &m->spec;
-    return (struct loom_llama_config){.num_layers = s->num_layers,
-                                      .hidden = s->hidden,
-                                      .heads = s->heads,
-                                      .kv_heads = s->kv_heads,
-                                      .ffn = s->ffn,
-                                      .max_pos = s->max_pos,
-                                      .vocab = s->vocab,
-                                      .norm_eps = s->norm_eps,
-                                      .rope_theta = s->rope_theta,
-                                      .untied = s->untied};
-}
+static const char *const architectures[] = {"LlamaForCausalLM", "LlamaModel", NULL};
+static const struct loom_hf_map hf = {
+    .model_type = "llama",
+    .architectures = architectures,
+    .keys = hf_keys,
+    .nkeys = (int)(sizeof hf_keys / sizeof hf_keys[0]),
+    .fields = hf_fields,
+    .nfields = (int)(sizeof hf_fields / sizeof hf_fields[0]),
+    .bos_token_id = 1,
+    .eos_token_id = 2,
+    .read = hf_read,
+};
 
-struct loom_decoder *loom_llama_create_stage(const struct loom_llama_config *cfg, int B, int T, int tp,
-                                             int tp_rank, int chunks, const int *lo, const int *hi,
-                                             int embedding, int head)
-{
-    LOOM_ASSERT(loom_llama_config_check(cfg, T) == LOOM_OK);
-    const struct loom_decoder_spec s = loom_llama_spec(cfg);
-    return loom_decoder_create(&s, B, T, tp, tp_rank, chunks, lo, hi, embedding, head);
-}
+static const struct loom_decoder_def def = {
+    .family = &loom_llama_family,
+    .arch = &arch,
+    .keys = keys,
+    .nkeys = (int)(sizeof keys / sizeof keys[0]),
+    .hf = &hf,
+};
 
-struct loom_decoder *loom_llama_create(const struct loom_llama_config *cfg, int B, int T)
-{
-    const int lo = 0, hi = cfg->num_layers - 1;
-    return loom_llama_create_stage(cfg, B, T, 1, 0, 1, &lo, &hi, 1, 1);
-}
-
-double loom_llama_num_params(const struct loom_llama_config *cfg)
-{
-    const struct loom_decoder_spec s = loom_llama_spec(cfg);
-    return loom_decoder_num_params(&s);
-}
+LOOM_HF_DECODER_FAMILY(loom_llama_family, def, "llama", "Llama", presets);

@@ -3,7 +3,7 @@
  * family: each tensor's whole shape is checked against the file's, and a
  * tensor-parallel part is cut from the whole tensor (loom_tensor_take_part).
  * Families add their own rules around it (names, what else a file may hold):
- * GPT-2's in gpt2_io.c, Llama's in llama_family.c.
+ * GPT-2's in gpt2_io.c, the decoder families' in hf_decoder.c.
  */
 #ifndef LOOM_MODEL_MODEL_IO_H
 #define LOOM_MODEL_MODEL_IO_H

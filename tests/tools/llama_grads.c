@@ -16,7 +16,8 @@
 
 #include "base/log.h"
 #include "io/safetensors.h"
-#include "model/llama.h"
+#include "model/decoder.h"
+#include "model/family.h"
 #include "model/model_io.h"
 
 int main(int argc, char **argv)
@@ -25,22 +26,27 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: llama_grads WEIGHTS TOKENS OUT L C NH G F T V B THETA EPS UNTIED\n");
         return 2;
     }
-    const struct loom_llama_config cfg = {.num_layers = atoi(argv[4]),
-                                          .hidden = atoi(argv[5]),
-                                          .heads = atoi(argv[6]),
-                                          .kv_heads = atoi(argv[7]),
-                                          .ffn = atoi(argv[8]),
-                                          .max_pos = atoi(argv[9]),
-                                          .vocab = atoi(argv[10]),
-                                          .norm_eps = strtod(argv[13], NULL),
-                                          .rope_theta = strtod(argv[12], NULL),
-                                          .untied = atoi(argv[14])};
+    struct loom_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.num_layers = atoi(argv[4]);
+    cfg.hidden_size = atoi(argv[5]);
+    cfg.num_attention_heads = atoi(argv[6]);
+    cfg.num_query_groups = atoi(argv[7]);
+    cfg.ffn_hidden_size = atoi(argv[8]);
+    cfg.max_position_embeddings = atoi(argv[9]);
+    cfg.vocab_size = atoi(argv[10]);
+    cfg.rotary_base = strtod(argv[12], NULL);
+    cfg.norm_epsilon = strtod(argv[13], NULL);
+    cfg.untie_embeddings_and_output_weights = atoi(argv[14]);
+    cfg.normalization = LOOM_NORM_RMSNORM;
+    cfg.position_embedding_type = LOOM_POSITION_ROPE;
+    cfg.swiglu = cfg.disable_bias_linear = cfg.group_query_attention = 1;
     const int T = atoi(argv[9]), B = atoi(argv[11]);
-    if (loom_llama_config_check(&cfg, T)) {
+    if (loom_llama_family.check(&cfg, T)) {
         fprintf(stderr, "llama_grads: %s\n", loom_error_message());
         return 2;
     }
-    struct loom_decoder *m = loom_llama_create(&cfg, B, T);
+    struct loom_decoder *m = loom_decoder_of(loom_llama_family.create(&cfg, B, T, 0, 0, 0));
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     struct loom_st st;
     if (loom_st_open(&st, argv[1]) || loom_model_read_tensors(&m->base, &st, argv[1], NULL)) {
@@ -63,7 +69,7 @@ int main(int argc, char **argv)
         }
     loom_model_zero_grad(&m->base);
     float loss = loom_decoder_forward(m, inp, tgt, B);
-    const size_t nlogits = (size_t)B * T * cfg.vocab;
+    const size_t nlogits = (size_t)B * T * cfg.vocab_size;
     float *logits = malloc(sizeof(float) * nlogits);
     memcpy(logits, m->slots[0].logits,
            nlogits * sizeof(float)); /* before the backward turns them to dlogits */
@@ -75,8 +81,11 @@ int main(int argc, char **argv)
     char(*names)[96] = calloc((size_t)n, sizeof *names);
     ts[0] = (struct loom_st_tensor_in){
         .name = "loss", .dtype = LOOM_DTYPE_F32, .ndim = 1, .shape = {1}, .data = &loss};
-    ts[1] = (struct loom_st_tensor_in){
-        .name = "logits", .dtype = LOOM_DTYPE_F32, .ndim = 3, .shape = {B, T, cfg.vocab}, .data = logits};
+    ts[1] = (struct loom_st_tensor_in){.name = "logits",
+                                       .dtype = LOOM_DTYPE_F32,
+                                       .ndim = 3,
+                                       .shape = {B, T, cfg.vocab_size},
+                                       .data = logits};
     int k = 2;
     for (int i = 0; i < m->base.nblocks; i++)
         for (int j = 0; j < m->base.blocks[i].ntensors; j++, k++) {

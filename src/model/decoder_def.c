@@ -1,0 +1,272 @@
+/*
+ * What a decoder family's registry entry computes from its definition
+ * (decoder_def.h): the spec, the checks, the shape as files record it.
+ */
+#include "model/decoder_def.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "model/decoder_family.h"
+#include "model/family.h"
+#include "model/sparsity.h"
+
+struct loom_config loom_decoder_def_resolve(const struct loom_decoder_def *d, const struct loom_config *cfg)
+{
+    struct loom_config c = *cfg;
+    if (!c.group_query_attention || !c.num_query_groups) c.num_query_groups = c.num_attention_heads;
+    if (!c.kv_channels && c.num_attention_heads > 0) c.kv_channels = c.hidden_size / c.num_attention_heads;
+    if (!c.ffn_hidden_size)
+        c.ffn_hidden_size =
+            d->arch->mlp == LOOM_MLP_GATED ? (int)(4.0 * c.hidden_size * 2 / 3 / 64) * 64 : 4 * c.hidden_size;
+    return c;
+}
+
+struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
+                                               const struct loom_config *cfg)
+{
+    const struct loom_config c = loom_decoder_def_resolve(d, cfg);
+    struct loom_decoder_spec s = *d->arch;
+    s.family = d->family;
+    s.name = d->family->name;
+    for (int k = 0; k < d->nkeys; k++) {
+        const void *from = (const char *)&c + d->keys[k].cfg;
+        void *to = (char *)&s + d->keys[k].spec;
+        if (d->keys[k].kind == LOOM_SHAPE_INT)
+            *(int *)to = *(const int *)from;
+        else
+            *(double *)to = *(const double *)from;
+    }
+    if (d->finish) d->finish(&s);
+    return s;
+}
+
+static int has_key(const struct loom_decoder_def *d, size_t cfg_offset)
+{
+    for (int k = 0; k < d->nkeys; k++)
+        if (d->keys[k].cfg == cfg_offset) return 1;
+    return 0;
+}
+
+static const char *mlp_name(const struct loom_decoder_spec *a)
+{
+    return a->mlp == LOOM_MLP_DENSE         ? "a dense MLP"
+           : a->activation == LOOM_MLP_SILU ? "a SwiGLU MLP"
+                                            : "a GeGLU MLP";
+}
+
+/* Megatron's settings for the family's architecture; another value is another model. */
+static int check_architecture(const struct loom_decoder_def *d, const struct loom_config *cfg)
+{
+    const struct loom_decoder_spec *a = d->arch;
+    const char *title = d->family->title, *norms[] = {"LayerNorm", "RMSNorm"},
+               *positions[] = {"learned_absolute", "rope"};
+    const int swiglu = a->mlp == LOOM_MLP_GATED && a->activation == LOOM_MLP_SILU;
+    if (cfg->kv_channels && !has_key(d, offsetof(struct loom_config, kv_channels)) &&
+        cfg->kv_channels * cfg->num_attention_heads != cfg->hidden_size)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--kv-channels %d: a %s head is --hidden-size / --num-attention-heads wide",
+                              cfg->kv_channels, title);
+    if (cfg->normalization != a->norm)
+        return loom_error_set(LOOM_ERR_INPUT, "--normalization %s: %s models use %s",
+                              norms[cfg->normalization], title, norms[a->norm]);
+    if (cfg->position_embedding_type != a->positions)
+        return loom_error_set(LOOM_ERR_INPUT, "--position-embedding-type %s: %s models use %s",
+                              positions[cfg->position_embedding_type], title, positions[a->positions]);
+    if (cfg->swiglu != swiglu)
+        return loom_error_set(LOOM_ERR_INPUT, "--swiglu %s: %s models use %s", cfg->swiglu ? "on" : "off",
+                              title, mlp_name(a));
+    if (cfg->disable_bias_linear != !(a->o_bias || a->mlp_bias))
+        return loom_error_set(LOOM_ERR_INPUT, "--disable-bias-linear %s: %s models have %s",
+                              cfg->disable_bias_linear ? "on" : "off", title,
+                              a->o_bias     ? "biases"
+                              : a->qkv_bias ? "no biases but q, k and v's"
+                                            : "no biases");
+    if (cfg->add_qkv_bias != (a->qkv_bias && !a->o_bias))
+        return loom_error_set(LOOM_ERR_INPUT, "--add-qkv-bias %s: %s models have %s",
+                              cfg->add_qkv_bias ? "on" : "off", title,
+                              a->qkv_bias ? "biases on q, k and v" : "no biases on q, k and v");
+    if (cfg->num_query_groups && !cfg->group_query_attention)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-query-groups %d needs --group-query-attention",
+                              cfg->num_query_groups);
+    if (cfg->activation_function != LOOM_ACTIVATION_GELU_NEW &&
+        loom_config_given(cfg, "--activation-function"))
+        return loom_error_set(LOOM_ERR_INPUT, "--activation-function is GPT-2's: %s's MLP is %s", title,
+                              mlp_name(a) + 2);
+    return LOOM_OK;
+}
+
+static void set_architecture(const struct loom_decoder_def *d, struct loom_config *cfg)
+{
+    const struct loom_decoder_spec *a = d->arch;
+    cfg->normalization = a->norm;
+    cfg->position_embedding_type = a->positions;
+    cfg->swiglu = a->mlp == LOOM_MLP_GATED && a->activation == LOOM_MLP_SILU;
+    cfg->disable_bias_linear = !(a->o_bias || a->mlp_bias);
+    cfg->add_qkv_bias = a->qkv_bias && !a->o_bias;
+    cfg->group_query_attention = 1;
+}
+
+/* The sizes a spec can be built with for sequences of T. */
+static int check_spec(const struct loom_decoder_spec *s, int T)
+{
+    if (s->num_layers < 1)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-layers must be >= 1, got %d", s->num_layers);
+    if (s->heads < 1 || s->hidden < 1 || (!s->head_dim && s->hidden % s->heads))
+        return loom_error_set(LOOM_ERR_INPUT, "--hidden-size %d is not divisible by --num-attention-heads %d",
+                              s->hidden, s->heads);
+    const int hs = s->head_dim ? s->head_dim : s->hidden / s->heads;
+    if (s->positions == LOOM_POSITION_ROPE && hs % 2)
+        return loom_error_set(LOOM_ERR_INPUT, "the head size %d must be even for the rotary embedding", hs);
+    if (s->kv_heads < 1 || s->heads % s->kv_heads)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--num-query-groups %d does not divide --num-attention-heads %d", s->kv_heads,
+                              s->heads);
+    if (s->ffn < 1) return loom_error_set(LOOM_ERR_INPUT, "--ffn-hidden-size must be >= 1, got %d", s->ffn);
+    if (s->vocab < 2) return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", s->vocab);
+    if (T > s->max_pos)
+        return loom_error_set(LOOM_ERR_INPUT, "--seq-length %d exceeds --max-position-embeddings %d", T,
+                              s->max_pos);
+    if (s->positions == LOOM_POSITION_ROPE && !(s->rope_theta > 0))
+        return loom_error_set(LOOM_ERR_INPUT, "--rotary-base must be positive, got %g", s->rope_theta);
+    return LOOM_OK;
+}
+
+/* The tensor-parallel splits and --layout-invariant pieces the shape allows. */
+static int check_layout(const struct loom_config *cfg, const struct loom_decoder_spec *s)
+{
+    const int tp = cfg->tensor_model_parallel_size > 1 ? cfg->tensor_model_parallel_size : 1;
+    if (s->kv_heads % tp)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--num-query-groups %d is not divisible by --tensor-model-parallel-size %d: each "
+            "tensor-parallel rank computes whole key/value groups",
+            s->kv_heads, tp);
+    if (s->ffn % tp)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d",
+                              s->ffn, tp);
+    const int n = cfg->layout_invariant;
+    if (n && (s->heads % n || s->kv_heads % n || s->ffn % n))
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--layout-invariant %d must divide --num-attention-heads %d, the key/value groups "
+            "%d and --ffn-hidden-size %d: each piece is whole heads, groups and columns",
+            n, s->heads, s->kv_heads, s->ffn);
+    return LOOM_OK;
+}
+
+/* The attention sequences of T take: a sliding window that covers them is
+ * dense (a model read for its weights, at T = 1, builds no layout). */
+static struct loom_config attention_of(const struct loom_config *cfg, int T)
+{
+    struct loom_config c = *cfg;
+    if (c.attention_window >= T) c.attention_window = 0;
+    return c;
+}
+
+int loom_decoder_def_check(const struct loom_decoder_def *d, const struct loom_config *cfg, int T)
+{
+    const struct loom_decoder_spec s = loom_decoder_def_spec(d, cfg);
+    const struct loom_config c = attention_of(cfg, T);
+    int rc = check_architecture(d, cfg);
+    if (rc == LOOM_OK) rc = check_spec(&s, T);
+    if (rc == LOOM_OK) rc = check_layout(cfg, &s);
+    if (rc == LOOM_OK) rc = loom_model_sparsity_check(&c, s.heads, T);
+    return rc;
+}
+
+struct loom_model *loom_decoder_def_create(const struct loom_decoder_def *d, const struct loom_config *cfg,
+                                           int B, int T, int training, int tp_rank, int pp_rank)
+{
+    const struct loom_decoder_spec s = loom_decoder_def_spec(d, cfg);
+    const struct loom_config c = attention_of(cfg, T);
+    return loom_decoder_build(&c, &s, B, T, training, tp_rank, pp_rank);
+}
+
+void loom_decoder_def_describe(const struct loom_model *m, char *buf, size_t n)
+{
+    const struct loom_decoder *dm = loom_decoder_of((struct loom_model *)m);
+    const struct loom_decoder_spec *s = &dm->spec;
+    snprintf(buf, n, "%d layers, %d channels, %d heads (%d key/value", s->num_layers, s->hidden, s->heads,
+             s->kv_heads);
+    size_t l = strlen(buf);
+    if (s->head_dim && l < n) l += (size_t)snprintf(buf + l, n - l, ", head size %d", s->head_dim);
+    if (l < n) l += (size_t)snprintf(buf + l, n - l, "), MLP %d, T=%d, V=%d", s->ffn, dm->T, s->vocab);
+    if (s->positions == LOOM_POSITION_ROPE && l < n)
+        l += (size_t)snprintf(buf + l, n - l, ", rope %g", s->rope_theta);
+    if (l < n)
+        snprintf(buf + l, n - l, ", %s eps %g%s", s->norm == LOOM_NORM_RMSNORM ? "RMSNorm" : "LayerNorm",
+                 s->norm_eps, s->untied ? ", untied LM head" : "");
+    loom_model_sparsity_describe(dm->sparse, buf, n);
+}
+
+static void add(struct loom_model_shape *out, const struct loom_shape_key *k, const void *base, size_t offset)
+{
+    const void *field = (const char *)base + offset;
+    if (k->kind == LOOM_SHAPE_INT)
+        loom_model_shape_add_int(out, k->key, *(const int *)field);
+    else
+        loom_model_shape_add_real(out, k->key, *(const double *)field);
+}
+
+void loom_decoder_def_shape_of(const struct loom_decoder_def *d, const struct loom_config *cfg,
+                               struct loom_model_shape *out)
+{
+    const struct loom_config c =
+        loom_decoder_def_resolve(d, cfg); /* the derived values, as the model has them */
+    memset(out, 0, sizeof *out);
+    snprintf(out->type, sizeof out->type, "%s", d->family->name);
+    for (int k = 0; k < d->nkeys; k++) add(out, &d->keys[k], &c, d->keys[k].cfg);
+}
+
+void loom_decoder_def_model_shape(const struct loom_decoder_def *d, const struct loom_decoder *m,
+                                  struct loom_model_shape *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->type, sizeof out->type, "%s", d->family->name);
+    for (int k = 0; k < d->nkeys; k++) add(out, &d->keys[k], &m->spec, d->keys[k].spec);
+}
+
+int loom_decoder_def_apply_shape(const struct loom_decoder_def *d, const struct loom_model_shape *shape,
+                                 struct loom_config *cfg)
+{
+    const char *title = d->family->title;
+    if (strcmp(shape->type, d->family->name) != 0)
+        return loom_error_set(LOOM_ERR_INPUT, "the file holds a %s model, not %s", shape->type, title);
+    for (int i = 0; i < shape->n; i++) {
+        int k = 0;
+        while (k < d->nkeys && strcmp(shape->kv[i].key, d->keys[k].key) != 0) k++;
+        if (k == d->nkeys)
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: not a %s shape setting", shape->kv[i].key,
+                                  title);
+    }
+    struct loom_config out = *cfg; /* all or nothing */
+    for (int k = 0; k < d->nkeys; k++) {
+        const struct loom_shape_key *key = &d->keys[k];
+        const struct loom_shape_setting *kv = loom_model_shape_find(shape, key->key);
+        if (!kv) return loom_error_set(LOOM_ERR_INPUT, "model.%s: missing", key->key);
+        void *field = (char *)&out + key->cfg;
+        if (key->kind == LOOM_SHAPE_INT) {
+            if (kv->kind != LOOM_SHAPE_INT || kv->value < key->lo || kv->value > key->hi)
+                return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected an integer in [%.0f, %.0f]",
+                                      key->key, key->lo, key->hi);
+            *(int *)field = (int)kv->value;
+        } else {
+            if (kv->kind == LOOM_SHAPE_WORD || !(kv->real >= key->lo && kv->real <= key->hi))
+                return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number in [%.0f, %.0f]", key->key,
+                                      key->lo, key->hi);
+            *(double *)field = kv->real;
+        }
+    }
+    set_architecture(d, &out); /* the architecture the file's model has */
+    *cfg = out;
+    return LOOM_OK;
+}
+
+const struct loom_decoder_def *loom_decoder_def_of(const struct loom_model *m)
+{
+    const struct loom_model_family *f = m ? loom_model_family_of(m) : NULL;
+    return f ? f->decoder : NULL;
+}
