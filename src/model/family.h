@@ -93,5 +93,6 @@ extern const struct loom_model_family loom_gpt2_family;
 extern const struct loom_model_family loom_llama_family;
 extern const struct loom_model_family loom_mistral_family;
 extern const struct loom_model_family loom_qwen2_family;
+extern const struct loom_model_family loom_gemma_family;
 
 #endif
