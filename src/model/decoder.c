@@ -1289,8 +1289,12 @@ static void embedding_forward(struct loom_decoder *m, struct loom_decoder_acts *
     const float *wpe =
         m->spec.positions == LOOM_POSITION_LEARNED && m->tp_rank == 0 ? loom_param(emb, 1) : NULL;
     float *enc = out_of(m, a->encoded, m->dbufC);
-    m->k->embedding_vp_forward(m->scratchC, a->inputs, loom_param(emb, 0), wpe, m->v0, m->Vl, B, T, C);
-    memcpy(enc, loom_tp_region_output(&m->rg, m->scratchC, N), NrC * sizeof(float));
+    /* every row of this rank's vocabulary, summed in place unless sequence
+     * parallelism keeps a rank's rows (then gathered from scratchC) */
+    float *rows = m->rg.sp ? m->scratchC : enc;
+    m->k->embedding_vp_forward(rows, a->inputs, loom_param(emb, 0), wpe, m->v0, m->Vl, B, T, C);
+    rows = loom_tp_region_output(&m->rg, rows, N);
+    if (rows != enc) memcpy(enc, rows, NrC * sizeof(float));
     if (m->spec.embed_scale != 0) {
         const float scale = (float)m->spec.embed_scale;
         for (size_t i = 0; i < NrC; i++) enc[i] *= scale;

@@ -14,6 +14,7 @@
 #include "base/rng.h"
 #include "base/trace.h"
 #include "kernels/backend.h"
+#include "model/stack_order.h"
 
 void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, const char *name, int nblocks)
 {
@@ -298,15 +299,6 @@ int loom_model_strategy_index(const struct loom_model *m, const void *ctx)
     return -1;
 }
 
-/* in stack order: the way in */
-#define FORWARD_ORDER(m, member, ...)                                                                        \
-    for (int i_ = 0; i_ < (m)->stack.n; i_++)                                                                \
-        if ((m)->stack.s[i_]->member) (m)->stack.s[i_]->member((m)->stack.ctx[i_], ##__VA_ARGS__)
-/* in reverse: the way out */
-#define REVERSE_ORDER(m, member, ...)                                                                        \
-    for (int i_ = (m)->stack.n - 1; i_ >= 0; i_--)                                                           \
-        if ((m)->stack.s[i_]->member) (m)->stack.s[i_]->member((m)->stack.ctx[i_], ##__VA_ARGS__)
-
 /* The trace's name of a pass over block b: "forward layer 3", "backward head". */
 static const char *pass_name(char *buf, size_t n, const struct loom_model *m, int b, const char *pass)
 {
@@ -323,24 +315,24 @@ void loom_model_forward_begin(struct loom_model *m, int b)
 {
     char name[64];
     if (loom_trace_on()) loom_trace_push(pass_name(name, sizeof name, m, b, "forward"));
-    FORWARD_ORDER(m, pre_forward, b);
+    LOOM_STACK_FORWARD(m, pre_forward, b);
 }
 void loom_model_forward_end(struct loom_model *m, int b)
 {
     char name[64];
-    REVERSE_ORDER(m, post_forward, b);
+    LOOM_STACK_REVERSE(m, post_forward, b);
     if (loom_trace_on()) loom_trace_pop(pass_name(name, sizeof name, m, b, "forward"));
 }
 void loom_model_backward_begin(struct loom_model *m, int b)
 {
     char name[64];
     if (loom_trace_on()) loom_trace_push(pass_name(name, sizeof name, m, b, "backward"));
-    FORWARD_ORDER(m, pre_backward, b);
+    LOOM_STACK_FORWARD(m, pre_backward, b);
 }
 void loom_model_grads_ready(struct loom_model *m, int b)
 {
     char name[64];
-    REVERSE_ORDER(m, grads_ready, b);
+    LOOM_STACK_REVERSE(m, grads_ready, b);
     /* LOOM_GRAD_READY_TIED_HEAD (negative) is no block's end */
     if (b >= 0 && loom_trace_on()) loom_trace_pop(pass_name(name, sizeof name, m, b, "backward"));
 }

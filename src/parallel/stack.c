@@ -6,39 +6,31 @@
 #include <string.h>
 
 #include "base/log.h"
-
-/* in stack order: the way in */
-#define FORWARD_ORDER(m, member, ...)                                                                        \
-    for (int i_ = 0; i_ < (m)->stack.n; i_++)                                                                \
-        if ((m)->stack.s[i_]->member) (m)->stack.s[i_]->member((m)->stack.ctx[i_], ##__VA_ARGS__)
-/* in reverse: the way out */
-#define REVERSE_ORDER(m, member, ...)                                                                        \
-    for (int i_ = (m)->stack.n - 1; i_ >= 0; i_--)                                                           \
-        if ((m)->stack.s[i_]->member) (m)->stack.s[i_]->member((m)->stack.ctx[i_], ##__VA_ARGS__)
+#include "model/stack_order.h"
 
 void loom_stack_begin_step(struct loom_model *m)
 {
-    FORWARD_ORDER(m, begin_step);
+    LOOM_STACK_FORWARD(m, begin_step);
 }
 void loom_stack_begin_backward(struct loom_model *m, int micro, int last)
 {
-    FORWARD_ORDER(m, begin_backward, micro, last);
+    LOOM_STACK_FORWARD(m, begin_backward, micro, last);
 }
 void loom_stack_finish_backward(struct loom_model *m)
 {
-    REVERSE_ORDER(m, finish_backward);
+    LOOM_STACK_REVERSE(m, finish_backward);
 }
 void loom_stack_after_step(struct loom_model *m)
 {
-    REVERSE_ORDER(m, after_step);
+    LOOM_STACK_REVERSE(m, after_step);
 }
 
 void loom_stack_replay(struct loom_model *m, enum loom_replay_point at, int block, struct loom_replay *r)
 {
     if (at == LOOM_REPLAY_POST_FORWARD || at == LOOM_REPLAY_GRADS_READY) {
-        REVERSE_ORDER(m, replay, at, block, r);
+        LOOM_STACK_REVERSE(m, replay, at, block, r);
     } else {
-        FORWARD_ORDER(m, replay, at, block, r);
+        LOOM_STACK_FORWARD(m, replay, at, block, r);
     }
 }
 
