@@ -310,6 +310,7 @@ struct loom_config {
     int recompute_num_layers; /* N; 0: not given */
     /* machine */
     int threads;
+    char backend[32]; /* --backend: a registered backend's name (kernels/backend.h) */
     double peak_tflops;
     /* where each value came from, and the warnings (not a setting) */
     struct loom_config_record rec;

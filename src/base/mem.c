@@ -251,3 +251,24 @@ void loom_mem_reset_peak(void)
         __atomic_store_n(&peak[i], __atomic_load_n(&current[i], __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     __atomic_store_n(&peak_total, __atomic_load_n(&current_total, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
+
+static const struct loom_devmem *devmem;
+
+void loom_devmem_set(const struct loom_devmem *d)
+{
+    devmem = d;
+}
+
+const struct loom_devmem *loom_devmem(void)
+{
+    return devmem;
+}
+
+void loom_mem_count_device(enum loom_mem_tag tag, int64_t bytes)
+{
+    LOOM_ASSERT(tag >= 0 && tag < LOOM_MEM_COUNT);
+    int64_t c = __atomic_add_fetch(&current[tag], bytes, __ATOMIC_RELAXED);
+    if (bytes > 0) raise_peak(&peak[tag], c);
+    int64_t t = __atomic_add_fetch(&current_total, bytes, __ATOMIC_RELAXED);
+    if (bytes > 0) raise_peak(&peak_total, t);
+}

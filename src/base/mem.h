@@ -75,4 +75,20 @@ void loom_mem_count_end(struct loom_mem_stats *out);
 /* Whether p is a counted address (it must not be touched). */
 int loom_mem_is_counted(const void *p);
 
+/* Device memory that host code cannot touch. A backend whose buffers are
+ * not host memory (kernels/backend.h) sets how to tell them and copy them
+ * to and from host memory, so the layers below the kernels (comm) stage
+ * them through host copies as a transport without device support must;
+ * NULL (the CPU's): every buffer is host memory. */
+struct loom_devmem {
+    int (*owns)(const void *p); /* p lies in one of the device's buffers */
+    void (*download)(void *host, const void *dev, size_t bytes);
+    void (*upload)(void *dev, const void *host, size_t bytes);
+};
+void loom_devmem_set(const struct loom_devmem *d);
+const struct loom_devmem *loom_devmem(void);
+/* bytes (> 0: taken, < 0: given back) of a backend's own memory counted
+ * under tag, as loom_alloc counts its blocks */
+void loom_mem_count_device(enum loom_mem_tag tag, int64_t bytes);
+
 #endif

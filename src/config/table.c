@@ -346,6 +346,8 @@ const struct setting loom_settings[] = {
 
     INT("--threads", "threads", "machine", threads, 0, 4096, "0",
         "threads for kernels and BLAS (0: all cores)"),
+    STR("--backend", "backend", "machine", backend, "cpu",
+        "the kernel backend: cpu; guarded (the CPU's kernels on memory only they can reach, for tests)"),
     DBL("--peak-tflops", "peak_tflops", "machine", peak_tflops, 0, 1e6, "0",
         "peak FLOP/s for MFU, in TFLOP/s (0: calibrate)"),
 };

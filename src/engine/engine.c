@@ -116,8 +116,15 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     /* bf16's matrix products: the units the CPU has, or LOOM_BF16_UNITS's */
     if (cfg->bf16 && (rc = loom_engine_agree(e, loom_bf16_units_select(getenv("LOOM_BF16_UNITS")))))
         return rc;
-    if (cfg->threads > 0 && loom_backend_cpu()->k->set_threads)
-        loom_backend_cpu()->k->set_threads(cfg->threads);
+    const struct loom_backend *b = loom_backend_get(cfg->backend);
+    if (!b) {
+        char names[256];
+        loom_backend_names(names, sizeof names);
+        return loom_error_set(LOOM_ERR_INPUT, "--backend %s: no such backend (there are: %s)", cfg->backend,
+                              names);
+    }
+    loom_backend_use(b);
+    if (cfg->threads > 0 && b->k->set_threads) b->k->set_threads(cfg->threads);
     return LOOM_OK;
 }
 

@@ -5,6 +5,7 @@
  */
 #include "kernels/backend.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -56,4 +57,24 @@ const struct loom_backend *loom_backend_get(const char *name)
     for (int i = 0; i < NREGISTRY; i++)
         if (strcmp(registry[i]()->name, name) == 0) return registry[i]();
     return NULL;
+}
+
+static const struct loom_backend *in_use;
+
+const struct loom_backend *loom_backend_default(void)
+{
+    return in_use ? in_use : loom_backend_cpu();
+}
+
+void loom_backend_use(const struct loom_backend *b)
+{
+    in_use = b;
+}
+
+void loom_backend_names(char *buf, size_t n)
+{
+    size_t used = 0;
+    if (n) buf[0] = 0;
+    for (int i = 0; i < NREGISTRY && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? ", " : "", registry[i]()->name);
 }

@@ -193,9 +193,14 @@ struct loom_backend {
     /* bytes of device memory, zero-filled, 64-byte aligned, counted under tag
      * (base/mem.h); out of memory exits 1 naming tag and size */
     void *(*alloc)(size_t bytes, enum loom_mem_tag tag);
-    void (*free)(void *p); /* p from alloc, or NULL */
+    void (*free)(void *p);                         /* p from alloc, or NULL */
+    void (*retag)(void *p, enum loom_mem_tag tag); /* p from alloc counts under tag from now on */
     void (*memset)(void *p, int value, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes); /* both on this device, not overlapping */
+    /* bytes from host memory src into device memory dst, and back: the only
+     * ways host code reads or writes a device buffer (cudaMemcpy's two kinds) */
+    void (*upload)(void *dst, const void *src, size_t bytes);
+    void (*download)(void *dst, const void *src, size_t bytes);
     /* dst = src converted to dst's dtype (base/buf.h's rules), both on this device */
     void (*convert)(struct loom_buf dst, struct loom_buf src);
     /* optional: waits until every kernel and copy issued has finished; NULL:
@@ -225,5 +230,11 @@ const struct loom_kernels *loom_backend_kernels(const struct loom_backend *b, en
 int loom_backend_count(void);
 const struct loom_backend *loom_backend_at(int i);
 const struct loom_backend *loom_backend_get(const char *name);
+/* The backend new models take (loom_model_init): "cpu" until loom_backend_use
+ * names another (the engine's `--backend`). */
+const struct loom_backend *loom_backend_default(void);
+void loom_backend_use(const struct loom_backend *b);
+/* The registered names, comma-separated, into buf (for messages). */
+void loom_backend_names(char *buf, size_t n);
 
 #endif

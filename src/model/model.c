@@ -24,7 +24,7 @@ void loom_model_init(struct loom_model *m, const struct loom_model_ops *ops, con
     m->name = name;
     m->nblocks = nblocks;
     m->dtype = LOOM_DTYPE_F32;
-    m->backend = loom_backend_cpu();
+    m->backend = loom_backend_default();
     m->tp = 1;
     m->blocks = loom_alloc(sizeof *m->blocks * (size_t)nblocks, LOOM_MEM_OTHER);
     for (int i = 0; i < nblocks; i++) {
