@@ -49,6 +49,11 @@ struct loom_comm_handle {
      * gathered into tree_rows, summed at the wait into tree_dst */
     void *tree_rows, *tree_dst;
     size_t tree_off, tree_n, tree_stride; /* the elements summed: [off, off + n) of rows of stride */
+    /* device memory (base/mem.h's loom_devmem) moves through host copies:
+     * host_send downloaded at posting, host_recv uploaded to dev_recv at the
+     * wait; each NULL when its buffer is host memory */
+    void *host_send, *host_recv, *dev_recv;
+    size_t recv_bytes;
 };
 
 static const struct loom_comm_backend *transport; /* NULL: a single process, no transport */
@@ -589,21 +594,78 @@ static void finish_tree(struct loom_comm_handle *h)
     free(h->tree_rows);
 }
 
+/* A posting's buffers as the transport sees them: a device's buffer
+ * (loom_devmem) replaced by a host copy of it, the send's and the receive's
+ * current values downloaded (an in-place collective reads its receive). */
+struct staging {
+    void *send, *recv; /* what the transport gets */
+    void *host_send, *host_recv, *dev_recv;
+    size_t recv_bytes;
+};
+
+static void *download(const struct loom_devmem *d, const void *dev, size_t bytes)
+{
+    void *copy = malloc(bytes + 1);
+    if (!copy) loom_die("out of memory staging a collective's %zu bytes", bytes);
+    if (bytes) d->download(copy, dev, bytes);
+    return copy;
+}
+
+static struct staging stage(struct loom_buf send, struct loom_buf recv)
+{
+    struct staging s = {send.data, recv.data, NULL, NULL, NULL, 0};
+    const struct loom_devmem *d = loom_devmem();
+    if (!d) return s;
+    if (recv.data && d->owns(recv.data)) {
+        s.recv_bytes = loom_buf_bytes(recv);
+        s.recv = s.host_recv = download(d, recv.data, s.recv_bytes);
+        s.dev_recv = recv.data;
+    }
+    if (send.data == recv.data)
+        s.send = s.recv;
+    else if (send.data && d->owns(send.data))
+        s.send = s.host_send = download(d, send.data, loom_buf_bytes(send));
+    return s;
+}
+
+static struct loom_comm_handle *staged(struct loom_comm_handle *h, const struct staging *s)
+{
+    h->host_send = s->host_send;
+    h->host_recv = s->host_recv;
+    h->dev_recv = s->dev_recv;
+    h->recv_bytes = s->recv_bytes;
+    return h;
+}
+
+/* At the wait: the receive back into the device's buffer. */
+static void unstage(struct loom_comm_handle *h)
+{
+    if (h->dev_recv && h->recv_bytes) loom_devmem()->upload(h->dev_recv, h->host_recv, h->recv_bytes);
+    free(h->host_send);
+    free(h->host_recv);
+}
+
 struct loom_comm_handle *loom_comm_allreduce(enum loom_group g, struct loom_buf b, enum loom_op op)
 {
-    if (in_tree(g, op, b.dtype)) return post_tree(g, data_of(b), data_of(b), b.numel, 0, b.numel, b.dtype);
-    return post(LOOM_COLL_ALLREDUCE, g, data_of(b), data_of(b), b.numel, b.dtype, op, 0, 0);
+    const struct staging s = stage(b, b);
+    (void)data_of(b);
+    if (in_tree(g, op, b.dtype))
+        return staged(post_tree(g, s.send, s.recv, b.numel, 0, b.numel, b.dtype), &s);
+    return staged(post(LOOM_COLL_ALLREDUCE, g, s.send, s.recv, b.numel, b.dtype, op, 0, 0), &s);
 }
 
 struct loom_comm_handle *loom_comm_reduce_scatter(enum loom_group g, struct loom_buf send,
                                                   struct loom_buf recv)
 {
     LOOM_ASSERT(send.dtype == recv.dtype && send.numel == recv.numel * (size_t)group_size[g]);
+    (void)data_of(send), (void)data_of(recv);
+    const struct staging s = stage(send, recv);
     if (in_tree(g, LOOM_OP_SUM, recv.dtype))
-        return post_tree(g, data_of(send), data_of(recv), send.numel, recv.numel * (size_t)group_rank[g],
-                         recv.numel, recv.dtype);
-    return post(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), recv.numel, recv.dtype,
-                LOOM_OP_SUM, 0, 0);
+        return staged(post_tree(g, s.send, s.recv, send.numel, recv.numel * (size_t)group_rank[g], recv.numel,
+                                recv.dtype),
+                      &s);
+    return staged(
+        post(LOOM_COLL_REDUCE_SCATTER, g, s.send, s.recv, recv.numel, recv.dtype, LOOM_OP_SUM, 0, 0), &s);
 }
 
 struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, struct loom_buf send,
@@ -614,21 +676,24 @@ struct loom_comm_handle *loom_comm_reduce_scatter_v(enum loom_group g, struct lo
     for (int r = 0; r < n; r++) total += (size_t)counts[r];
     LOOM_ASSERT(send.dtype == recv.dtype && send.numel == total &&
                 recv.numel == (size_t)counts[group_rank[g]]);
+    (void)data_of(send), (void)data_of(recv);
     const enum loom_dtype dt = recv.dtype;
+    const struct staging s = stage(send, recv);
     if (local_only(g))
-        return post(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), (size_t)counts[0], dt,
-                    LOOM_OP_SUM, 0, 0);
+        return staged(
+            post(LOOM_COLL_REDUCE_SCATTER, g, s.send, s.recv, (size_t)counts[0], dt, LOOM_OP_SUM, 0, 0), &s);
     if (in_tree(g, LOOM_OP_SUM, dt)) {
         size_t off = 0;
         for (int r = 0; r < group_rank[g]; r++) off += (size_t)counts[r];
-        return post_tree(g, data_of(send), data_of(recv), total, off, (size_t)counts[group_rank[g]], dt);
+        return staged(post_tree(g, s.send, s.recv, total, off, (size_t)counts[group_rank[g]], dt), &s);
     }
     int *copy = malloc(sizeof(int) * (size_t)n);
     if (!copy) loom_die("out of memory posting a collective");
     for (int r = 0; r < n; r++) copy[r] = counts[r];
     struct loom_comm_handle *h =
-        build(LOOM_COLL_REDUCE_SCATTER, g, data_of(send), data_of(recv), total, dt, LOOM_OP_SUM, 0, 0);
+        build(LOOM_COLL_REDUCE_SCATTER, g, s.send, s.recv, total, dt, LOOM_OP_SUM, 0, 0);
     h->op.counts = h->counts = copy;
+    staged(h, &s);
     submit(h);
     return h;
 }
@@ -641,21 +706,23 @@ struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, struct loom_bu
     LOOM_ASSERT(send.dtype == dt && send.numel == (size_t)counts[group_rank[g]]);
     for (int r = 0; r < n; r++)
         LOOM_ASSERT(counts[r] >= 0 && displs[r] >= 0 && (size_t)displs[r] + (size_t)counts[r] <= recv.numel);
+    (void)data_of(send), (void)data_of(recv);
+    const struct staging s = stage(send, recv);
     if (local_only(g)) {
         struct loom_comm_handle *h = post(LOOM_COLL_ALLGATHER, g, NULL, NULL, 0, dt, LOOM_OP_SUM, 0, 0);
         if (counts[0])
-            memcpy((char *)data_of(recv) + (size_t)displs[0] * loom_dtype_size(dt), data_of(send),
+            memcpy((char *)s.recv + (size_t)displs[0] * loom_dtype_size(dt), s.send,
                    (size_t)counts[0] * loom_dtype_size(dt));
-        return h;
+        return staged(h, &s);
     }
     int *c = malloc(sizeof(int) * (size_t)n), *d = malloc(sizeof(int) * (size_t)n);
     if (!c || !d) loom_die("out of memory posting a collective");
     size_t total = 0;
     for (int r = 0; r < n; r++) total += (size_t)(c[r] = counts[r]), d[r] = displs[r];
-    struct loom_comm_handle *h =
-        build(LOOM_COLL_ALLGATHER, g, data_of(send), data_of(recv), total, dt, LOOM_OP_SUM, 0, 0);
+    struct loom_comm_handle *h = build(LOOM_COLL_ALLGATHER, g, s.send, s.recv, total, dt, LOOM_OP_SUM, 0, 0);
     h->op.counts = h->counts = c;
     h->op.displs = h->displs = d;
+    staged(h, &s);
     submit(h);
     return h;
 }
@@ -665,28 +732,37 @@ struct loom_comm_handle *loom_comm_allgather(enum loom_group g, struct loom_buf 
     const size_t count = recv.numel / (size_t)group_size[g];
     LOOM_ASSERT(recv.numel == count * (size_t)group_size[g]);
     LOOM_ASSERT(!send.data || (send.dtype == recv.dtype && send.numel == count));
-    return post(LOOM_COLL_ALLGATHER, g, send.data ? data_of(send) : NULL, data_of(recv), count, recv.dtype,
-                LOOM_OP_SUM, 0, 0);
+    if (send.data) (void)data_of(send);
+    (void)data_of(recv);
+    const struct staging s = stage(send, recv);
+    return staged(post(LOOM_COLL_ALLGATHER, g, s.send, s.recv, count, recv.dtype, LOOM_OP_SUM, 0, 0), &s);
 }
 
 struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, struct loom_buf b, int root)
 {
-    return post(LOOM_COLL_BROADCAST, g, data_of(b), data_of(b), b.numel, b.dtype, LOOM_OP_SUM, root, 0);
+    (void)data_of(b);
+    const struct staging s = stage(b, b);
+    return staged(post(LOOM_COLL_BROADCAST, g, s.send, s.recv, b.numel, b.dtype, LOOM_OP_SUM, root, 0), &s);
 }
 
 struct loom_comm_handle *loom_comm_send(enum loom_group g, struct loom_buf b, int peer, int tag)
 {
-    return post(LOOM_COLL_SEND, g, data_of(b), NULL, b.numel, b.dtype, LOOM_OP_SUM, peer, tag);
+    (void)data_of(b);
+    const struct staging s = stage(b, (struct loom_buf){0});
+    return staged(post(LOOM_COLL_SEND, g, s.send, NULL, b.numel, b.dtype, LOOM_OP_SUM, peer, tag), &s);
 }
 
 struct loom_comm_handle *loom_comm_recv(enum loom_group g, struct loom_buf b, int peer, int tag)
 {
-    return post(LOOM_COLL_RECV, g, NULL, data_of(b), b.numel, b.dtype, LOOM_OP_SUM, peer, tag);
+    (void)data_of(b);
+    const struct staging s = stage((struct loom_buf){0}, b);
+    return staged(post(LOOM_COLL_RECV, g, NULL, s.recv, b.numel, b.dtype, LOOM_OP_SUM, peer, tag), &s);
 }
 
 double loom_comm_wait(struct loom_comm_handle *h)
 {
     if (h->done && !have_thread) {
+        unstage(h);
         free(h->counts);
         free(h->displs);
         free(h);
@@ -752,6 +828,7 @@ double loom_comm_wait(struct loom_comm_handle *h)
         if (waited) loom_trace_wait(name, t0, t1, bytes);
     }
     if (h->tree_rows) finish_tree(h);
+    unstage(h);
     free(h->counts);
     free(h->displs);
     free(h);

@@ -24,7 +24,6 @@
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "base/pool.h"
 #include "base/rng.h"
 #include "base/sumsq_exact.h"
 #include "base/trace.h"
@@ -32,6 +31,7 @@
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* loom_bf16_units_select */
+#include "kernels/pool.h"
 #include "layers/pp_stages.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"

@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "base/pool.h"
 #include "engine/engine_impl.h"
+#include "kernels/pool.h"
 #include "model/family.h"
 #include "parallel/stack.h"
 

@@ -59,6 +59,19 @@ const struct loom_backend *loom_backend_get(const char *name)
     return NULL;
 }
 
+struct loom_buf loom_backend_buf(const struct loom_backend *b, size_t numel, enum loom_dtype dt,
+                                 enum loom_mem_tag tag)
+{
+    return loom_buf_of(b->alloc(loom_mul_size(numel, loom_dtype_size(dt)), tag), numel, dt);
+}
+
+void loom_backend_buf_free(const struct loom_backend *b, struct loom_buf *buf)
+{
+    b->free(buf->data);
+    buf->data = NULL;
+    buf->numel = 0;
+}
+
 static const struct loom_backend *in_use;
 
 const struct loom_backend *loom_backend_default(void)

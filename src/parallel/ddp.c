@@ -6,8 +6,8 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "base/pool.h"
 #include "kernels/backend.h"
+#include "kernels/pool.h"
 
 static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {

@@ -3,7 +3,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
-#include "base/pool.h"
+#include "kernels/pool.h"
 
 static void begin_backward(void *ctx, int micro, int last)
 {

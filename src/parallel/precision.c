@@ -6,7 +6,7 @@
 #include "base/buf.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "base/pool.h"
+#include "kernels/pool.h"
 
 static void take_params(struct loom_precision *p, int b)
 {

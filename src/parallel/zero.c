@@ -9,9 +9,9 @@
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "base/pool.h"
 #include "comm/comm.h"
 #include "kernels/backend.h"
+#include "kernels/pool.h"
 
 struct loom_zero_flight {
     struct loom_buf buf;            /* the block's full float32 gradient, transient */

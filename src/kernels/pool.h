@@ -5,10 +5,11 @@
  * precision's float32 working copies). Fresh pages would cost a fault and a
  * clear each time. A buffer is matched by its size in bytes and counted
  * under the tag of whoever took it last. Not thread-safe: the compute
- * thread only. The engine drains it when it is freed.
+ * thread only. The engine drains it when it is freed. Its memory is the
+ * default backend's (kernels/backend.h).
  */
-#ifndef LOOM_BASE_POOL_H
-#define LOOM_BASE_POOL_H
+#ifndef LOOM_KERNELS_POOL_H
+#define LOOM_KERNELS_POOL_H
 
 #include <stddef.h>
 

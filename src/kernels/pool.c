@@ -1,7 +1,7 @@
 /* The transient buffer pool (see pool.h). */
-#include "base/pool.h"
+#include "kernels/pool.h"
 
-#include <string.h>
+#include "kernels/backend.h"
 
 enum { POOL = 32 };
 
@@ -11,17 +11,32 @@ struct pooled {
 };
 static struct pooled pool[POOL];
 
+/* The backend's memory, or the counting window's addresses while a
+ * footprint is counted (base/mem.h: nothing touches them) */
+static void release(void *p)
+{
+    if (loom_mem_is_counted(p))
+        loom_free(p);
+    else
+        loom_backend_default()->free(p);
+}
+
 static void *take_bytes(size_t bytes, int zeroed, enum loom_mem_tag tag)
 {
+    const struct loom_backend *b = loom_backend_default();
     for (int i = 0; i < POOL; i++)
         if (pool[i].data && pool[i].bytes == bytes) {
             void *p = pool[i].data;
             pool[i].data = NULL;
-            loom_mem_retag(p, tag); /* counted under its new holder's tag */
-            if (zeroed && !loom_mem_is_counted(p)) memset(p, 0, bytes);
+            if (loom_mem_is_counted(p)) {
+                loom_mem_retag(p, tag);
+                return p;
+            }
+            b->retag(p, tag); /* counted under its new holder's tag */
+            if (zeroed) b->memset(p, 0, bytes);
             return p;
         }
-    return loom_alloc_data(bytes, tag);
+    return loom_mem_counting() ? loom_alloc_data(bytes, tag) : b->alloc(bytes, tag);
 }
 
 static void give_bytes(void *p, size_t bytes)
@@ -32,7 +47,7 @@ static void give_bytes(void *p, size_t bytes)
             pool[i] = (struct pooled){p, bytes};
             return;
         }
-    loom_free(p);
+    release(p);
 }
 
 struct loom_buf loom_pool_take(size_t numel, enum loom_dtype dt, int zeroed, enum loom_mem_tag tag)
@@ -61,7 +76,7 @@ void loom_pool_give_f32(float *data, size_t n)
 void loom_pool_drain(void)
 {
     for (int i = 0; i < POOL; i++) {
-        loom_free(pool[i].data);
+        if (pool[i].data) release(pool[i].data);
         pool[i].data = NULL;
     }
 }
