@@ -85,7 +85,7 @@ endif
 
 # ---- sources ----------------------------------------------------------------
 # every folder of src/ but the CLI is the library
-LIB_SRC  := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/kernels/cpu/*.c)))
+LIB_SRC  := $(sort $(filter-out src/cli/%,$(wildcard src/*/*.c src/kernels/cpu/*.c src/kernels/guarded/*.c)))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TOOL_SRC := $(sort $(wildcard tests/tools/*.c))

@@ -1,6 +1,7 @@
 /*
  * Unit test of the kernels, self-contained, run for every registered
- * backend (kernels/backend.h; today "cpu") through its table:
+ * backend (kernels/backend.h; today "cpu" and "guarded", whose kernels
+ * take host buffers too) through its table:
  *   - every table complete, the registry finds "cpu";
  *   - the backend vs the reference table (the `_ref` loops) for matmul, the
  *     LM head and attention, at odd sizes and across attention's row blocks;

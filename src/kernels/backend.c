@@ -39,7 +39,7 @@ const struct loom_kernels *loom_backend_kernels(const struct loom_backend *b, en
     return b->kernels_for ? b->kernels_for(compute) : b->k;
 }
 
-static const struct loom_backend *(*const registry[])(void) = {loom_backend_cpu};
+static const struct loom_backend *(*const registry[])(void) = {loom_backend_cpu, loom_backend_guarded};
 #define NREGISTRY ((int)(sizeof registry / sizeof registry[0]))
 
 int loom_backend_count(void)

@@ -2,7 +2,9 @@
  * The kernel backend interface: a table of kernels plus the memory
  * operations a device needs, one `struct loom_backend` per device (ggml's
  * ggml-backend-impl.h habit). The CPU backend (kernels/cpu/backend.c) is the
- * first; a CUDA one plugs in beside it with its own table.
+ * first, the guarded one (kernels/guarded/backend.c: the CPU's kernels on
+ * memory host code cannot touch, for tests) the second; a CUDA one plugs in
+ * beside them with its own table.
  *
  * Every kernel member has the signature, argument order and gradient rule
  * of the free function of the same name in kernels/kernels.h (lp_sum_squares
@@ -214,6 +216,10 @@ struct loom_backend {
 
 /* The CPU backend: kernels/cpu/, the accounting allocator, base/buf.c. */
 const struct loom_backend *loom_backend_cpu(void);
+/* The guarded backend (kernels/guarded/), for tests: the CPU's kernels on
+ * memory that only its own calls can reach; host code that touches one of
+ * its buffers directly exits 1 naming the address. */
+const struct loom_backend *loom_backend_guarded(void);
 /* The reference kernels: the `_ref` loops for matmul, the LM head, the
  * linear layer, attention and the non-finite check; every other member is
  * the CPU kernel, which is its own reference (tests/test_kernels.c checks
