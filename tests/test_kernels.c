@@ -1606,6 +1606,67 @@ static void test_lp_sum_squares(void)
 }
 
 /* Every required member of a table is set (in the order of backend.h). */
+/* The elementwise kernels against the loops they stand for, bit for bit:
+ * scaling, adding into, rounding to bf16/fp16 (in place and stored), the
+ * vocabulary-parallel loss's last step, and grouped-query packing. */
+static void test_elementwise(void)
+{
+    const size_t n = 40000; /* over the parallel threshold */
+    float *x = new_rand(n, 3.0f), *y = new_rand(n, 3.0f), *a = new_copy(x, n), *b = new_copy(x, n);
+    K->scale(a, n, 0.37f);
+    for (size_t i = 0; i < n; i++) b[i] *= 0.37f;
+    CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+    K->accumulate(a, y, n);
+    for (size_t i = 0; i < n; i++) b[i] += y[i];
+    CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+    K->add_scalar(a, y, n, 1.25f);
+    for (size_t i = 0; i < n; i++) b[i] = 1.25f + y[i];
+    CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+    const enum loom_dtype dts[] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    uint16_t *h1 = malloc(n * sizeof *h1), *h2 = malloc(n * sizeof *h2);
+    for (int d = 0; d < 2; d++) {
+        memcpy(a, x, n * sizeof(float)), memcpy(b, x, n * sizeof(float));
+        K->round_to(a, n, dts[d]);
+        loom_lp_from_f32(h2, x, n, dts[d]);
+        loom_lp_to_f32(b, h2, n, dts[d]);
+        CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+        memcpy(a, x, n * sizeof(float));
+        K->round_store(h1, a, n, dts[d]);
+        CHECK(memcmp(a, b, n * sizeof(float)) == 0 && memcmp(h1, h2, n * sizeof *h1) == 0);
+    }
+    free(h1), free(h2);
+    /* lse = max + log(sumexp), loss = lse - target logit */
+    const int N = 9;
+    float *mx = new_rand(N, 4.0f), *se = new_const(N, 2.5f), *tl = new_rand(N, 4.0f), loss[9], lse[9];
+    K->crossentropy_vp_finish(loss, lse, mx, se, tl, N);
+    for (int i = 0; i < N; i++) {
+        const float want = mx[i] + logf(se[i]);
+        CHECK(lse[i] == want && loss[i] == want - tl[i]);
+    }
+    free(mx), free(se), free(tl);
+    /* 4 query heads over 2 key/value heads of 3 */
+    const int R = 5, NH = 4, G = 2, hs = 3, C = NH * hs, kvC = G * hs;
+    float *q = new_rand((size_t)R * C, 1.0f), *k = new_rand((size_t)R * kvC, 1.0f),
+          *v = new_rand((size_t)R * kvC, 1.0f), *qkv = new_const((size_t)R * 3 * C, 0.0f);
+    K->gqa_pack(qkv, q, k, v, R, NH, G, hs);
+    float *dq = new_const((size_t)R * C, 9.0f), *dk = new_const((size_t)R * kvC, 9.0f),
+          *dv = new_const((size_t)R * kvC, 9.0f);
+    K->gqa_unpack(dq, dk, dv, qkv, R, NH, G, hs);
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < NH; h++)
+            for (int j = 0; j < hs; j++) {
+                const size_t row = (size_t)r * 3 * C, kv = (size_t)r * kvC + (size_t)(h / (NH / G)) * hs + j;
+                CHECK(qkv[row + (size_t)h * hs + j] == q[(size_t)r * C + (size_t)h * hs + j]);
+                CHECK(qkv[row + C + (size_t)h * hs + j] == k[kv] &&
+                      qkv[row + 2 * C + (size_t)h * hs + j] == v[kv]);
+                CHECK(dq[(size_t)r * C + (size_t)h * hs + j] == q[(size_t)r * C + (size_t)h * hs + j]);
+            }
+    /* each key/value entry served NH/G = 2 query heads: its gradient the sum of both copies */
+    for (size_t i = 0; i < (size_t)R * kvC; i++) CHECK(dk[i] == k[i] + k[i] && dv[i] == v[i] + v[i]);
+    free(q), free(k), free(v), free(qkv), free(dq), free(dk), free(dv);
+    free(x), free(y), free(a), free(b);
+}
+
 static void check_complete(const char *name, const struct loom_kernels *k)
 {
     const int set[] = {
@@ -1652,6 +1713,14 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->lp_sum_squares != NULL,
         k->has_nonfinite != NULL,
         k->lp_has_nonfinite != NULL,
+        k->crossentropy_vp_finish != NULL,
+        k->scale != NULL,
+        k->add_scalar != NULL,
+        k->accumulate != NULL,
+        k->round_to != NULL,
+        k->round_store != NULL,
+        k->gqa_pack != NULL,
+        k->gqa_unpack != NULL,
     };
     /* optional: the bf16 products on bf16 operands come in a pair */
     CHECK(!k->matmul_forward_b16 == !k->matmul_backward_b16);
@@ -1737,6 +1806,7 @@ int main(int argc, char **argv)
         test_has_nonfinite(K, be->name);
         test_lp_has_nonfinite();
         test_lp_sum_squares();
+        test_elementwise();
     }
     test_linear_sizes(REF, "ref");
     test_has_nonfinite(REF, "ref");

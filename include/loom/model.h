@@ -180,7 +180,7 @@ struct loom_model_ops {
     size_t (*boundary_numel)(const struct loom_model *m, int rows);
     /* Optional (NULL: each tensor's init field, loom_model_init_block). The
      * initial values of block b's parameters, written to its work_params
-     * (float32); must depend on (seed, b) alone, so every rank computes the
+     * (float32, host memory for this call); must depend on (seed, b) alone, so every rank computes the
      * same and ZeRO-3 can initialise one block at a time. */
     void (*init_block)(struct loom_model *m, int block, uint64_t seed);
     /* Optional (NULL: none): fills *te and returns 1 when the model has a
@@ -272,8 +272,9 @@ void loom_model_release(struct loom_model *m);
 /* Initial weights of every block (the parameter arena must exist; under
  * mixed precision each block is initialised in float32 and rounded). */
 void loom_model_init_weights(struct loom_model *m, uint64_t seed);
-/* Block b's initial float32 values into `out` (numel): the model's
- * init_block, or each tensor's init field. */
+/* Block b's initial float32 values into `out` (numel, on the model's
+ * backend): the model's init_block, or each tensor's init field, drawn in
+ * host memory and uploaded. */
 void loom_model_init_block(struct loom_model *m, int block, uint64_t seed, float *out);
 void loom_model_zero_grad(struct loom_model *m);
 /* The tensor with this name, or NULL; *block_out (if not NULL) gets its block index. */
@@ -300,7 +301,7 @@ int loom_model_strategy_index(const struct loom_model *m, const void *ctx);
  * the next step ends or the engine is freed. */
 float loom_model_eval(struct loom_model *m, const void *batch, int rows);
 /* The logits of the last loom_model_eval, (rows, T, V), or NULL when the
- * model has none. */
+ * model has none: on the model's backend (its download reads them). */
 const float *loom_model_logits(struct loom_model *m);
 
 /* For forward and backward functions: announce a block to the stack. */

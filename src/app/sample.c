@@ -11,6 +11,8 @@
  */
 #include "app/sample.h"
 
+#include "kernels/backend.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +158,8 @@ int loom_sample(struct loom_config *cfg)
     size_t total = prompt.n + (size_t)cfg->max_new_tokens;
     int32_t *toks = loom_alloc(sizeof(int32_t) * (total + 1), LOOM_MEM_OTHER);
     int32_t *window = loom_alloc(sizeof(int32_t) * (size_t)T, LOOM_MEM_OTHER);
+    float *row =
+        loom_alloc(sizeof(float) * (size_t)cfg->vocab_size, LOOM_MEM_OTHER); /* one position's logits */
     if (prompt.n) memcpy(toks, prompt.ids, prompt.n * sizeof *toks);
     size_t n = prompt.n;
     loom_ids_free(&prompt);
@@ -179,8 +183,9 @@ int loom_sample(struct loom_config *cfg)
             rc = loom_error_set(LOOM_ERR_INPUT, "loom sample: a %s model gives no logits", family->title);
             break;
         }
-        int next = pick(logits + (size_t)(len - 1) * cfg->vocab_size, cfg->vocab_size, cfg->temperature,
-                        cfg->top_k, &rng);
+        m->backend->download(row, logits + (size_t)(len - 1) * cfg->vocab_size,
+                             sizeof(float) * (size_t)cfg->vocab_size);
+        int next = pick(row, cfg->vocab_size, cfg->temperature, cfg->top_k, &rng);
         toks[n++] = next;
         size_t blen;
         const char *b = tok ? loom_bpe_token_bytes(tok, next, &blen) : NULL;
@@ -211,6 +216,7 @@ int loom_sample(struct loom_config *cfg)
     loom_bpe_free(tok);
     loom_free(toks);
     loom_free(window);
+    loom_free(row);
     family->destroy(m);
     return rc;
 }

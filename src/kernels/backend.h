@@ -164,6 +164,9 @@ struct loom_kernels {
      * target_logit (N) (0 where another rank holds the target), written */
     void (*crossentropy_vp_stats)(float *sumexp, float *target_logit, const float *logits, const float *max,
                                   const int32_t *targets, int v0, int N, int V);
+    /* losses, lse (N) written: lse = max + log(sumexp), loss = lse - target_logit */
+    void (*crossentropy_vp_finish)(float *losses, float *lse, const float *max, const float *sumexp,
+                                   const float *target_logit, int N);
     /* dlogits (N,V) written, may alias logits; lse (N) the whole vocabulary's */
     void (*crossentropy_vp_backward)(float *dlogits, const float *lse, const float *logits,
                                      const int32_t *targets, int v0, float dloss, int N, int V);
@@ -180,6 +183,20 @@ struct loom_kernels {
     /* whether x (n) holds an inf or a NaN: float32, and in 16 bits of dtype dt */
     int (*has_nonfinite)(const float *x, size_t n);
     int (*lp_has_nonfinite)(const uint16_t *x, size_t n, enum loom_dtype dt);
+
+    /* ---- elementwise and row moves: x (n) *= s; dst (n) += src; x (n)
+     * rounded to dt in place; the same also stored in 16 bits into dst16 */
+    void (*scale)(float *x, size_t n, float s);
+    void (*add_scalar)(float *dst, const float *src, size_t n, float s); /* dst (n) = s + src */
+    void (*accumulate)(float *dst, const float *src, size_t n);
+    void (*round_to)(float *x, size_t n, enum loom_dtype dt);
+    void (*round_store)(uint16_t *dst16, float *x, size_t n, enum loom_dtype dt);
+    /* grouped-query attention: qkv (N, 3 NH hs) packed from q (N, NH hs), k
+     * and v (N, G hs), and back (dq written, dk and dv summed over the query
+     * heads each key/value head serves) */
+    void (*gqa_pack)(float *qkv, const float *q, const float *k, const float *v, int N, int NH, int G,
+                     int hs);
+    void (*gqa_unpack)(float *dq, float *dk, float *dv, const float *dqkv, int N, int NH, int G, int hs);
 
     /* ---- settings */
     /* optional: the backend's thread count (n >= 1); NULL: it has none to set */

@@ -294,6 +294,9 @@ void loom_crossentropy_vp_stats(float *sumexp, float *target_logit, const float 
 /* dlogits (N,V) = dloss * (exp(logits - lse[i]) - [targets[i] == v0 + j]),
  * written, may alias logits; lse (N) is the whole vocabulary's. With v0 = 0
  * and the whole vocabulary it is loom_crossentropy_backward, bit for bit. */
+/* losses, lse (N) written: lse = max + log(sumexp), loss = lse - target_logit */
+void loom_crossentropy_vp_finish(float *losses, float *lse, const float *max, const float *sumexp,
+                                 const float *target_logit, int N);
 void loom_crossentropy_vp_backward(float *dlogits, const float *lse, const float *logits,
                                    const int32_t *targets, int v0, float dloss, int N, int V);
 
@@ -313,6 +316,26 @@ double loom_sum_squares(const float *x, size_t n);
  * loom_lp_sum_squares. */
 int loom_has_nonfinite(const float *x, size_t n);
 int loom_has_nonfinite_ref(const float *x, size_t n);
+
+/* ---- elementwise and row moves (cpu/elementwise.c) ------------------------ */
+/* x (n) *= s */
+void loom_scale(float *x, size_t n, float s);
+/* dst (n) = s + src (n) */
+void loom_add_scalar(float *dst, const float *src, size_t n, float s);
+/* dst (n) += src (n) */
+void loom_accumulate(float *dst, const float *src, size_t n);
+/* x (n) rounded to dt in place (base/dtype.h's loom_dtype_round_trip) */
+void loom_round_to(float *x, size_t n, enum loom_dtype dt);
+/* x (n) rounded to dt in place and stored in 16 bits into dst (n)
+ * (loom_lp_round_store) */
+void loom_round_store(uint16_t *dst, float *x, size_t n, enum loom_dtype dt);
+/* Grouped-query attention's packing: qkv (N, 3 NH hs) = (q | k | v) of NH
+ * query heads, from q (N, NH hs) and k, v (N, G hs), key/value head g
+ * serving query heads [g NH/G, (g+1) NH/G) */
+void loom_gqa_pack(float *qkv, const float *q, const float *k, const float *v, int N, int NH, int G, int hs);
+/* and back for gradients: dq written, dk and dv (written) the sums over the
+ * query heads each key/value head serves */
+void loom_gqa_unpack(float *dq, float *dk, float *dv, const float *dqkv, int N, int NH, int G, int hs);
 
 /* Sets the thread count of OpenMP and of the BLAS (n >= 1). */
 void loom_threads_set(int n);

@@ -151,8 +151,7 @@ float *loom_linear_column_backward(const struct loom_linear_ctx *c, const struct
     /* the first product's input gradient written, each next one's added in order */
     for (int s = 0; s < (g->fused ? 1 : g->n); s++) {
         product_backward(c, &g->lin[s], s == 0 ? dst : c->scratch, dout[s], inp, x16, N, C, g->lin[s].out);
-        if (s > 0)
-            for (size_t i = 0; i < (size_t)N * C; i++) dst[i] += c->scratch[i];
+        if (s > 0) c->k->accumulate(dst, c->scratch, (size_t)N * C);
     }
     return loom_tp_region_input_grad(c->rg, dst, N);
 }

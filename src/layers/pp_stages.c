@@ -43,16 +43,16 @@ void loom_pp_stage_layers_free(struct loom_pp_stage_layers *s)
     *s = (struct loom_pp_stage_layers){0};
 }
 
-void loom_pp_tied_alloc(float **copy, float **grad, size_t n, int holds_head)
+void loom_pp_tied_alloc(const struct loom_backend *b, float **copy, float **grad, size_t n, int holds_head)
 {
-    *copy = loom_alloc(loom_mul_size(n, sizeof(float)), holds_head ? LOOM_MEM_PARAMS : LOOM_MEM_COMM);
-    *grad = holds_head ? loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_GRADS) : *copy;
+    *copy = b->alloc(loom_mul_size(n, sizeof(float)), holds_head ? LOOM_MEM_PARAMS : LOOM_MEM_COMM);
+    *grad = holds_head ? b->alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_GRADS) : *copy;
 }
 
-void loom_pp_tied_free(float *copy, float *grad)
+void loom_pp_tied_free(const struct loom_backend *b, float *copy, float *grad)
 {
-    if (grad != copy) loom_free(grad);
-    loom_free(copy);
+    if (grad != copy) b->free(grad);
+    b->free(copy);
 }
 
 void loom_pp_layers(const struct loom_config *cfg, int stage, int chunk, int *lo, int *hi)
@@ -102,28 +102,28 @@ void loom_pp_tied_weights_recv(float *copy, size_t n)
 static struct loom_comm_handle **copies_sending;
 static int ncopies, capcopies;
 
-float **loom_pp_tied_copies_alloc(size_t n, int micros)
+float **loom_pp_tied_copies_alloc(const struct loom_backend *b, size_t n, int micros)
 {
     float **c = loom_alloc(sizeof *c * (size_t)micros, LOOM_MEM_OTHER);
-    for (int i = 0; i < micros; i++) c[i] = loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_COMM);
+    for (int i = 0; i < micros; i++) c[i] = b->alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_COMM);
     return c;
 }
 
-void loom_pp_tied_copies_free(float **copies, int micros)
+void loom_pp_tied_copies_free(const struct loom_backend *b, float **copies, int micros)
 {
     if (!copies) return;
-    for (int i = 0; i < micros; i++) loom_free(copies[i]);
+    for (int i = 0; i < micros; i++) b->free(copies[i]);
     loom_free(copies);
 }
 
-void loom_pp_tied_grads_send_copy(const float *grad, float *copy, size_t n)
+void loom_pp_tied_grads_send_copy(const struct loom_backend *b, const float *grad, float *copy, size_t n)
 {
     if (ncopies == capcopies) {
         capcopies = capcopies ? 2 * capcopies : 8;
         copies_sending = realloc(copies_sending, sizeof *copies_sending * (size_t)capcopies);
         if (!copies_sending) loom_die("out of memory for the tied table's sends");
     }
-    memcpy(copy, grad, n * sizeof(float));
+    b->copy(copy, grad, n * sizeof(float));
     copies_sending[ncopies++] = loom_comm_send(LOOM_GROUP_EMBEDDING, loom_buf_f32(copy, n), 0, TAG_GRADS);
 }
 
@@ -133,14 +133,14 @@ void loom_pp_tied_grads_send(const float *grad, size_t n)
     grads_sending = loom_comm_send(LOOM_GROUP_EMBEDDING, loom_buf_f32((float *)grad, n), 0, TAG_GRADS);
 }
 
-void loom_pp_tied_grads_add(float *grad, float *scratch, size_t n)
+void loom_pp_tied_grads_add(const struct loom_kernels *k, float *grad, float *scratch, size_t n)
 {
     if (weights_sending) { /* scratch may be the table's send buffer: that send is long done */
         loom_comm_wait(weights_sending);
         weights_sending = NULL;
     }
     loom_comm_wait(loom_comm_recv(LOOM_GROUP_EMBEDDING, loom_buf_f32(scratch, n), 1, TAG_GRADS));
-    for (size_t i = 0; i < n; i++) grad[i] += scratch[i];
+    k->accumulate(grad, scratch, n);
 }
 
 double loom_pp_flush(void)

@@ -25,6 +25,7 @@
 #ifndef LOOM_LAYERS_PP_STAGES_H
 #define LOOM_LAYERS_PP_STAGES_H
 
+#include "kernels/backend.h"
 #include <stddef.h>
 
 struct loom_config;
@@ -52,8 +53,8 @@ void loom_pp_stage_layers_free(struct loom_pp_stage_layers *s);
  * the head's stage a copy (counted as parameters) and its gradient; the
  * embedding's stage one buffer for both (the table's send, then the
  * gradient's receive). */
-void loom_pp_tied_alloc(float **copy, float **grad, size_t n, int holds_head);
-void loom_pp_tied_free(float *copy, float *grad);
+void loom_pp_tied_alloc(const struct loom_backend *b, float **copy, float **grad, size_t n, int holds_head);
+void loom_pp_tied_free(const struct loom_backend *b, float *copy, float *grad);
 
 /* The tied table's exchange (n floats: this tensor-parallel rank's rows).
  * The sends do not block; their buffers must stay untouched until
@@ -66,19 +67,19 @@ void loom_pp_tied_grads_send(const float *grad, size_t n);
  * send every micro-batch (the model's invariant_sums). The copy is the
  * micro-batch's own buffer of loom_pp_tied_copies_alloc's, untouched until
  * loom_pp_flush. */
-void loom_pp_tied_grads_send_copy(const float *grad, float *copy, size_t n);
+void loom_pp_tied_grads_send_copy(const struct loom_backend *b, const float *grad, float *copy, size_t n);
 /* The head's stage's copies for those sends: one of n floats for each of a
  * step's micro-batches (they are all in flight in the worst schedule),
  * counted as communication buffers. */
-float **loom_pp_tied_copies_alloc(size_t n, int micros);
-void loom_pp_tied_copies_free(float **copies, int micros);
+float **loom_pp_tied_copies_alloc(const struct loom_backend *b, size_t n, int micros);
+void loom_pp_tied_copies_free(const struct loom_backend *b, float **copies, int micros);
 /* The gradient goes once per step (its sum over the micro-batches), or
  * under --layout-invariant (loom_model.invariant_sums) once per micro-batch,
  * added before the lookup's own so the table's gradient is summed as one
  * process sums it.
  * Receives the copy's gradient into scratch (n) and adds it to grad;
  * scratch may be the buffer the table was sent from. */
-void loom_pp_tied_grads_add(float *grad, float *scratch, size_t n);
+void loom_pp_tied_grads_add(const struct loom_kernels *k, float *grad, float *scratch, size_t n);
 /* Waits for the sends in flight; returns the seconds it waited. */
 double loom_pp_flush(void);
 

@@ -267,9 +267,21 @@ static int per_micro_tied(const struct loom_decoder *m)
 
 /* ---- activations kept in act_dtype ------------------------------------------- */
 
-static float *act(size_t n)
+/* The model's device memory (kernels/backend.h): every activation buffer
+ * is allocated, set, copied and freed through it. */
+static const struct loom_backend *dev(const struct loom_decoder *m)
 {
-    return loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS);
+    return m->base.backend;
+}
+
+static float *act(const struct loom_decoder *m, size_t n)
+{
+    return dev(m)->alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_ACTIVATIONS);
+}
+
+static void act_free(const struct loom_decoder *m, void *p)
+{
+    dev(m)->free(p);
 }
 
 /* Whether activations are kept in 16 bits. */
@@ -281,7 +293,7 @@ static int lp(const struct loom_decoder *m)
 /* Activations are held in act_dtype: round what a kernel just wrote. */
 static void round_act(const struct loom_decoder *m, float *buf, size_t n)
 {
-    if (lp(m)) loom_dtype_round_trip(buf, n, m->act_dtype);
+    if (lp(m)) m->k->round_to(buf, n, m->act_dtype);
 }
 
 static size_t act_size(const struct loom_decoder *m)
@@ -306,7 +318,7 @@ static float *out_of(const struct loom_decoder *m, void *x, float *stage)
  * rounded to act_dtype in place, and kept. */
 static void keep(const struct loom_decoder *m, void *x, float *v, size_t n)
 {
-    if (lp(m)) loom_lp_round_store(x, v, n, m->act_dtype);
+    if (lp(m)) m->k->round_store(x, v, n, m->act_dtype);
 }
 
 /* Kept activation x (n values) as float32: x itself, or converted into
@@ -314,7 +326,7 @@ static void keep(const struct loom_decoder *m, void *x, float *v, size_t n)
 static const float *view(const struct loom_decoder *m, const void *x, float *stage, size_t n)
 {
     if (!lp(m)) return x;
-    loom_lp_to_f32(stage, x, n, m->act_dtype);
+    dev(m)->convert(loom_buf_f32(stage, n), loom_buf_of_const(x, n, m->act_dtype));
     return stage;
 }
 
@@ -323,16 +335,16 @@ static const float *view(const struct loom_decoder *m, const void *x, float *sta
 static void put(const struct loom_decoder *m, void *x, const float *src, size_t n)
 {
     if (lp(m))
-        loom_lp_from_f32(x, src, n, m->act_dtype);
+        dev(m)->convert(loom_buf_of(x, n, m->act_dtype), loom_buf_of_const(src, n, LOOM_DTYPE_F32));
     else
-        memcpy(x, src, n * sizeof(float));
+        dev(m)->copy(x, src, n * sizeof(float));
 }
 static void get(const struct loom_decoder *m, float *dst, const void *x, size_t n)
 {
     if (lp(m))
-        loom_lp_to_f32(dst, x, n, m->act_dtype);
+        dev(m)->convert(loom_buf_f32(dst, n), loom_buf_of_const(x, n, m->act_dtype));
     else
-        memcpy(dst, x, n * sizeof(float));
+        dev(m)->copy(dst, x, n * sizeof(float));
 }
 
 /* Whether the products take kept bf16 activations and stored bf16
@@ -420,10 +432,10 @@ struct carve {
 /* n values of `size` bytes: allocated (c NULL), or the next piece of c's
  * buffer, 64-byte aligned like loom_alloc's, so the kernels see the same
  * alignment. */
-static void *piece(struct carve *c, size_t n, size_t size)
+static void *piece(const struct loom_decoder *m, struct carve *c, size_t n, size_t size)
 {
     const size_t bytes = loom_mul_size(n, size);
-    if (!c) return loom_alloc(bytes, LOOM_MEM_ACTIVATIONS);
+    if (!c) return dev(m)->alloc(bytes, LOOM_MEM_ACTIVATIONS);
     void *p = c->base ? c->base + c->used : NULL;
     c->used += (bytes + 63) & ~(size_t)63;
     return p;
@@ -438,27 +450,27 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
                  C = (size_t)m->spec.hidden, Cq = (size_t)m->Cq, F = (size_t)m->Fl, sz = act_size(m),
                  f = sizeof(float);
     const int ln = m->spec.norm == LOOM_NORM_LAYERNORM;
-    a->ln1 = piece(c, Nr * C, sz);
-    a->ln1_mean = ln ? piece(c, Nr, f) : NULL;
-    a->ln1_rstd = piece(c, Nr, f);
-    a->qkv = piece(c, N * 3 * Cq, sz);
-    a->atty = piece(c, N * Cq, sz);
-    a->att = with_att && !lp(m) ? piece(c, att_numel(m), f) : NULL;
-    a->res2 = piece(c, Nr * C, sz);
-    a->ln2 = piece(c, Nr * C, sz);
-    a->ln2_mean = ln ? piece(c, Nr, f) : NULL;
-    a->ln2_rstd = piece(c, Nr, f);
-    a->fc = piece(c, N * F, sz);
-    a->up = m->spec.mlp == LOOM_MLP_GATED ? piece(c, N * F, sz) : NULL;
-    a->h = piece(c, N * F, sz);
-    a->res3 = with_res3 ? piece(c, Nr * C, sz) : NULL;
+    a->ln1 = piece(m, c, Nr * C, sz);
+    a->ln1_mean = ln ? piece(m, c, Nr, f) : NULL;
+    a->ln1_rstd = piece(m, c, Nr, f);
+    a->qkv = piece(m, c, N * 3 * Cq, sz);
+    a->atty = piece(m, c, N * Cq, sz);
+    a->att = with_att && !lp(m) ? piece(m, c, att_numel(m), f) : NULL;
+    a->res2 = piece(m, c, Nr * C, sz);
+    a->ln2 = piece(m, c, Nr * C, sz);
+    a->ln2_mean = ln ? piece(m, c, Nr, f) : NULL;
+    a->ln2_rstd = piece(m, c, Nr, f);
+    a->fc = piece(m, c, N * F, sz);
+    a->up = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, N * F, sz) : NULL;
+    a->h = piece(m, c, N * F, sz);
+    a->res3 = with_res3 ? piece(m, c, Nr * C, sz) : NULL;
 }
 
-static void free_layer_buffers(struct loom_decoder_layer_acts *a)
+static void free_layer_buffers(const struct loom_decoder *m, struct loom_decoder_layer_acts *a)
 {
     void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->res2,
                     a->ln2, a->ln2_mean, a->ln2_rstd, a->fc,  a->up,   a->h,   a->res3};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
 }
 
 /* One slot's activation buffers, for the recompute settings. A recomputed
@@ -485,30 +497,31 @@ static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
     for (int pass = 0; pass < 2; pass++) {
         c.used = 0;
         for (int s = 0; s < nscratch; s++) layer_buffers(m, &a->scratch[s], &c, 1, s < nscratch - 1);
-        if (selective) shared_att = piece(&c, att_numel(m), sizeof(float));
+        if (selective) shared_att = piece(m, &c, att_numel(m), sizeof(float));
         if (pass == 0) {
             a->logits_bytes = c.used > NV ? c.used : NV > 0 ? NV : 1;
-            c.base = a->logits = loom_alloc(a->logits_bytes, LOOM_MEM_ACTIVATIONS);
+            c.base = a->logits = dev(m)->alloc(a->logits_bytes, LOOM_MEM_ACTIVATIONS);
         }
     }
     for (int l = 0; l < L; l++) {
         struct loom_decoder_layer_acts *x = &a->layers[l];
         if (m->stage.block[l] < 0) continue; /* another stage's */
-        if (l > 0 && m->stage.lo[l] == l) a->chunk_input[l] = act(Nr * C);
+        if (l > 0 && m->stage.lo[l] == l) a->chunk_input[l] = act(m, Nr * C);
         if (recomputed(m, l)) {
             *x = a->scratch[l - chunk_first(m, l)];
-            if (keeps_output(m, l)) x->res3 = piece(NULL, Nr * C, act_size(m));
+            if (keeps_output(m, l)) x->res3 = piece(m, NULL, Nr * C, act_size(m));
         } else {
             layer_buffers(m, x, NULL, !selective, 1);
             if (selective) x->att = shared_att;
         }
     }
-    a->encoded = piece(NULL, Nr * C, act_size(m));
-    a->lnf = act(Nr * C);
-    a->lnf_mean = m->spec.norm == LOOM_NORM_LAYERNORM ? act(Nr) : NULL;
-    a->lnf_rstd = act(Nr);
-    a->losses = act(N);
-    a->lse = act(N);
+    a->encoded = piece(m, NULL, Nr * C, act_size(m));
+    a->lnf = act(m, Nr * C);
+    a->lnf_mean = m->spec.norm == LOOM_NORM_LAYERNORM ? act(m, Nr) : NULL;
+    a->lnf_rstd = act(m, Nr);
+    a->losses = act(m, N);
+    a->lse = act(m, N);
+    a->tokens = dev(m)->alloc(loom_mul_size(2 * N, sizeof(int32_t)), LOOM_MEM_ACTIVATIONS);
 }
 
 static void free_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
@@ -516,17 +529,17 @@ static void free_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
     for (int l = 0; l < m->spec.num_layers; l++) {
         struct loom_decoder_layer_acts *x = &a->layers[l];
         if (m->stage.block[l] < 0) continue;
-        loom_free(a->chunk_input[l]);
+        act_free(m, a->chunk_input[l]);
         if (recomputed(m, l)) {
-            if (keeps_output(m, l)) loom_free(x->res3);
+            if (keeps_output(m, l)) act_free(m, x->res3);
             continue;
         }
         /* selective's shared att lives in the logits' buffer */
         if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) x->att = NULL;
-        free_layer_buffers(x);
+        free_layer_buffers(m, x);
     }
-    void *bufs[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->losses, a->lse};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    void *bufs[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->losses, a->lse, a->tokens};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     loom_free(a->layers);
     loom_free(a->chunk_input);
     loom_free(a->scratch);
@@ -547,33 +560,34 @@ static void alloc_activations(struct loom_decoder *m)
                  Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N), F = (size_t)m->Fl, CC = C > Cq ? C : Cq;
     const int separate = !m->spec.fused_qkv, gated = m->spec.mlp == LOOM_MLP_GATED;
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
+    m->host_losses = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
-    m->dres = act(Nr * C);
+    m->dres = act(m, Nr * C);
     if (m->rg.sp) {
-        m->rg.gathered = act(N * C);
-        m->rg.out_rows = act(Nr * C);
-        m->rg.grad_rows = act(Nr * C);
-        m->norm_grads = act(2 * C);
+        m->rg.gathered = act(m, N * C);
+        m->rg.out_rows = act(m, Nr * C);
+        m->rg.grad_rows = act(m, Nr * C);
+        m->norm_grads = act(m, 2 * C);
     }
-    m->dbufC = act(N * CC);
-    if (separate || gated) m->dbufC2 = act(N * CC);
-    m->dqkv = act(N * 3 * Cq);
-    m->datt = act(lp(m) ? att_numel_of(m, 1) : att_numel(m));
+    m->dbufC = act(m, N * CC);
+    if (separate || gated) m->dbufC2 = act(m, N * CC);
+    m->dqkv = act(m, N * 3 * Cq);
+    m->datt = act(m, lp(m) ? att_numel_of(m, 1) : att_numel(m));
     if (separate) {
-        m->q = act(N * Cq);
-        m->kk = act(N * (size_t)m->kvC);
-        m->v = act(N * (size_t)m->kvC);
+        m->q = act(m, N * Cq);
+        m->kk = act(m, N * (size_t)m->kvC);
+        m->v = act(m, N * (size_t)m->kvC);
     }
-    m->dbufF[0] = act(N * (F > Cq ? F : Cq));
-    m->dbufF[1] = act(N * max3(F, Cq, lp(m) ? 3 * Cq : 0));
-    if (gated) m->dbufF[2] = act(N * F);
-    m->scratchC = act(N * CC);
-    if (m->tp > 1 || m->exact.pieces) m->ce_stats = act(3 * N);
-    if (m->exact.pieces && !m->rg.sp) m->norm_grads = act(2 * C);
+    m->dbufF[0] = act(m, N * (F > Cq ? F : Cq));
+    m->dbufF[1] = act(m, N * max3(F, Cq, lp(m) ? 3 * Cq : 0));
+    if (gated) m->dbufF[2] = act(m, N * F);
+    m->scratchC = act(m, N * CC);
+    if (m->tp > 1 || m->exact.pieces) m->ce_stats = act(m, 3 * N);
+    if (m->exact.pieces && !m->rg.sp) m->norm_grads = act(m, 2 * C);
     if (lp(m)) {
-        m->stage_res = act(Nr * C);
-        m->seq_att = act(att_numel_of(m, 1));
-        if (m->head >= 0) m->head_rows = act((size_t)LOOM_DECODER_HEAD_ROWS * m->Vl);
+        m->stage_res = act(m, Nr * C);
+        m->seq_att = act(m, att_numel_of(m, 1));
+        if (m->head >= 0) m->head_rows = act(m, (size_t)LOOM_DECODER_HEAD_ROWS * m->Vl);
     }
     m->lc = (struct loom_linear_ctx){.k = m->k,
                                      .model = &m->base,
@@ -594,8 +608,9 @@ static void free_activations(struct loom_decoder *m)
                      m->dbufF[0],   m->dbufF[1],    m->dbufF[2],    m->scratchC,
                      m->ce_stats,   m->rg.gathered, m->rg.out_rows, m->rg.grad_rows,
                      m->norm_grads, m->stage_res,   m->seq_att,     m->head_rows};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     loom_free(m->slots);
+    loom_free(m->host_losses);
     m->slots = NULL;
 }
 
@@ -674,7 +689,7 @@ static void reserve(struct loom_model *model)
     if (!m->slots) alloc_activations(m);
     /* the 16-bit head's own staging, taken and given back within a pass */
     if (lp(m) && m->head >= 0 && m->k->lm_head_lp_scratch)
-        loom_free(loom_alloc(m->k->lm_head_lp_scratch(m->B * m->T, m->Vl), LOOM_MEM_ACTIVATIONS));
+        act_free(m, dev(m)->alloc(m->k->lm_head_lp_scratch(m->B * m->T, m->Vl), LOOM_MEM_ACTIVATIONS));
     const size_t N = (size_t)m->B * m->T, C = (size_t)m->spec.hidden, F = (size_t)m->Fl, Cq = (size_t)m->Cq;
     /* fp8's quantised operands (and their float32 copies without bf16
      * products), for the largest linear layer (rows: a region's, all of B*T) */
@@ -699,7 +714,8 @@ static void reserve(struct loom_model *model)
         if (m->head >= 0) loom_tp_exact_reserve_head(&m->exact, &m->rg, m->act_dtype, Ni, Ci, m->spec.vocab);
     }
     if (per_micro_tied(m) && m->head >= 0 && !m->tied_sends) /* each micro-batch's share of the table */
-        m->tied_sends = loom_pp_tied_copies_alloc((size_t)m->Vl * m->spec.hidden, m->base.step_micros);
+        m->tied_sends =
+            loom_pp_tied_copies_alloc(dev(m), (size_t)m->Vl * m->spec.hidden, m->base.step_micros);
 }
 
 static size_t boundary_numel(const struct loom_model *model, int rows)
@@ -737,7 +753,15 @@ static const float *logits(struct loom_model *model)
 void loom_decoder_logits(const struct loom_decoder *m, float *dst)
 {
     const struct loom_decoder_acts *a = &m->slots[0];
-    get(m, dst, a->logits, (size_t)a->rows * m->T * m->Vl);
+    const size_t n = (size_t)a->rows * m->T * m->Vl;
+    if (!lp(m)) {
+        dev(m)->download(dst, a->logits, n * sizeof(float));
+        return;
+    }
+    float *f32 = act(m, n);
+    get(m, f32, a->logits, n);
+    dev(m)->download(dst, f32, n * sizeof(float));
+    act_free(m, f32);
 }
 
 static const struct loom_model_ops decoder_ops = {.forward = forward,
@@ -794,9 +818,9 @@ struct loom_decoder *loom_decoder_create(const struct loom_decoder_spec *s, int 
     loom_model_layout_done(&m->base);
     m->emb = loom_model_find_role(&m->base, LOOM_ROLE_EMBEDDING);
     m->head = loom_model_find_role(&m->base, LOOM_ROLE_HEAD);
-    if (s->norm_offset != 0) m->norm_w = loom_alloc(sizeof(float) * (size_t)s->hidden, LOOM_MEM_OTHER);
+    if (s->norm_offset != 0) m->norm_w = dev(m)->alloc(sizeof(float) * (size_t)s->hidden, LOOM_MEM_OTHER);
     if (tied_across_stages(m))
-        loom_pp_tied_alloc(&m->tied_copy, &m->tied_grad, (size_t)m->Vl * s->hidden, m->head >= 0);
+        loom_pp_tied_alloc(dev(m), &m->tied_copy, &m->tied_grad, (size_t)m->Vl * s->hidden, m->head >= 0);
     return m;
 }
 
@@ -806,12 +830,12 @@ void loom_decoder_free(struct loom_decoder *m)
     loom_model_release(&m->base);
     free_activations(m);
     loom_pp_stage_layers_free(&m->stage);
-    loom_pp_tied_free(m->tied_copy, m->tied_grad);
-    loom_pp_tied_copies_free(m->tied_sends, m->base.step_micros);
+    loom_pp_tied_free(dev(m), m->tied_copy, m->tied_grad);
+    loom_pp_tied_copies_free(dev(m), m->tied_sends, m->base.step_micros);
     loom_fp8_destroy(m->base.fp8);
     loom_model_sparse_layout_free(m->sparse);
     loom_tp_exact_free(&m->exact);
-    loom_free(m->norm_w);
+    if (m->norm_w) dev(m)->free(m->norm_w);
     loom_free(m);
 }
 
@@ -831,7 +855,7 @@ static const float *norm_weight(const struct loom_decoder *m, struct loom_block 
     const float *x = loom_param(b, w);
     if (m->spec.norm_offset == 0) return x;
     const float off = (float)m->spec.norm_offset;
-    for (int c = 0; c < m->spec.hidden; c++) m->norm_w[c] = off + x[c];
+    m->k->add_scalar(m->norm_w, x, (size_t)m->spec.hidden, off);
     return m->norm_w;
 }
 
@@ -877,7 +901,7 @@ static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block
             int lo, hi;
             loom_tp_exact_row_piece(&m->exact, &m->rg, N, j, &lo, &hi);
             const size_t at0 = (size_t)lo * C;
-            memset(g, 0, (size_t)nw * sizeof *g);
+            dev(m)->memset(g, 0, (size_t)nw * sizeof *g);
             norm_kernel_backward(m, dinp + at0, g, g + C, dout + at0, inp + at0, weight,
                                  mean ? mean + lo : NULL, rstd + lo, hi - lo);
             loom_tp_exact_add(acc, g, (size_t)nw);
@@ -892,16 +916,11 @@ static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block
         return;
     }
     float *g = m->norm_grads;
-    memset(g, 0, (size_t)nw * sizeof *g);
+    dev(m)->memset(g, 0, (size_t)nw * sizeof *g);
     norm_kernel_backward(m, dinp, g, g + C, dout, inp, weight, mean, rstd, Nr);
     loom_tp_allreduce(g, (size_t)nw, LOOM_OP_SUM);
-    if (dbias)
-        for (int c = 0; c < C; c++) {
-            dweight[c] += g[c];
-            dbias[c] += g[C + c];
-        }
-    else
-        for (int c = 0; c < C; c++) dweight[c] += g[c];
+    m->k->accumulate(dweight, g, (size_t)C);
+    if (dbias) m->k->accumulate(dbias, g + C, (size_t)C);
 }
 
 /* ---- attention --------------------------------------------------------------- */
@@ -969,16 +988,7 @@ static void attention_backward(struct loom_decoder *m, struct loom_decoder_layer
 static void pack_qkv(const struct loom_decoder *m, float *qkv, const float *q, const float *k, const float *v,
                      int N)
 {
-    const int C = m->Cq, hs = m->hs, NH = m->NHl, rep = m->spec.heads / m->spec.kv_heads;
-    for (int n = 0; n < N; n++) {
-        float *row = qkv + (size_t)n * 3 * C;
-        memcpy(row, q + (size_t)n * C, (size_t)C * sizeof(float));
-        for (int h = 0; h < NH; h++) {
-            const size_t src = (size_t)n * m->kvC + (size_t)(h / rep) * hs;
-            memcpy(row + C + (size_t)h * hs, k + src, (size_t)hs * sizeof(float));
-            memcpy(row + 2 * C + (size_t)h * hs, v + src, (size_t)hs * sizeof(float));
-        }
-    }
+    m->k->gqa_pack(qkv, q, k, v, N, m->NHl, m->kvC / m->hs, m->hs);
 }
 
 /* The converse for gradients: dq, and dk and dv summed over the query heads
@@ -986,22 +996,7 @@ static void pack_qkv(const struct loom_decoder *m, float *qkv, const float *q, c
 static void unpack_dqkv(const struct loom_decoder *m, float *dq, float *dk, float *dv, const float *dqkv,
                         int N)
 {
-    const int C = m->Cq, hs = m->hs, NH = m->NHl, rep = m->spec.heads / m->spec.kv_heads;
-    memset(dk, 0, (size_t)N * m->kvC * sizeof(float));
-    memset(dv, 0, (size_t)N * m->kvC * sizeof(float));
-    for (int n = 0; n < N; n++) {
-        const float *row = dqkv + (size_t)n * 3 * C;
-        memcpy(dq + (size_t)n * C, row, (size_t)C * sizeof(float));
-        for (int h = 0; h < NH; h++) {
-            float *k = dk + (size_t)n * m->kvC + (size_t)(h / rep) * hs;
-            float *v = dv + (size_t)n * m->kvC + (size_t)(h / rep) * hs;
-            const float *gk = row + C + (size_t)h * hs, *gv = row + 2 * C + (size_t)h * hs;
-            for (int j = 0; j < hs; j++) {
-                k[j] += gk[j];
-                v[j] += gv[j];
-            }
-        }
-    }
+    m->k->gqa_unpack(dq, dk, dv, dqkv, N, m->NHl, m->kvC / m->hs, m->hs);
 }
 
 /* ---- products ----------------------------------------------------------------- */
@@ -1131,7 +1126,7 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
     struct loom_block *b = &m->base.blocks[m->stage.block[l]];
     struct loom_decoder_layer_acts *x = &a->layers[l];
     float *const *F = m->dbufF;
-    /* MLP: res3 = res2 + down(act(fc(ln2(res2)))); the replicated bias's
+    /* MLP: res3 = res2 + down(act(m, fc(ln2(res2)))); the replicated bias's
      * gradient sums every row of dout, so it is the same on every tp rank */
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     const struct loom_linear down = linear(b, t->down_w, t->down_b, m->Fl, C);
@@ -1237,7 +1232,8 @@ static float *logits_rows(struct loom_decoder *m, struct loom_decoder_acts *a, i
 {
     const size_t at0 = (size_t)r0 * m->Vl;
     if (!lp(m)) return (float *)a->logits + at0;
-    loom_lp_to_f32(m->head_rows, at(m, a->logits, at0), (size_t)n * m->Vl, m->act_dtype);
+    const size_t nV = (size_t)n * m->Vl;
+    dev(m)->convert(loom_buf_f32(m->head_rows, nV), loom_buf_of(at(m, a->logits, at0), nV, m->act_dtype));
     return m->head_rows;
 }
 
@@ -1270,10 +1266,7 @@ static void vocab_parallel_crossentropy(struct loom_decoder *m, struct loom_deco
         }
         loom_tp_allreduce(sums, 2 * (size_t)N, LOOM_OP_SUM);
     }
-    for (int i = 0; i < N; i++) {
-        a->lse[i] = rowmax[i] + logf(sums[i]);
-        a->losses[i] = a->lse[i] - sums[N + i];
-    }
+    m->k->crossentropy_vp_finish(a->losses, a->lse, rowmax, sums, sums + N, N);
 }
 
 /* The embedding's forward into the slot's encoded: this rank's vocabulary
@@ -1294,14 +1287,14 @@ static void embedding_forward(struct loom_decoder *m, struct loom_decoder_acts *
     float *rows = m->rg.sp ? m->scratchC : enc;
     m->k->embedding_vp_forward(rows, a->inputs, loom_param(emb, 0), wpe, m->v0, m->Vl, B, T, C);
     rows = loom_tp_region_output(&m->rg, rows, N);
-    if (rows != enc) memcpy(enc, rows, NrC * sizeof(float));
+    if (rows != enc) dev(m)->copy(enc, rows, NrC * sizeof(float));
     if (m->spec.embed_scale != 0) {
         const float scale = (float)m->spec.embed_scale;
-        for (size_t i = 0; i < NrC; i++) enc[i] *= scale;
+        m->k->scale(enc, NrC, scale);
     }
     keep(m, a->encoded, enc, NrC);
     if (tied_across_stages(m) && mb->micro == 0) { /* the table, to the head's stage */
-        memcpy(m->tied_copy, loom_param(emb, 0), (size_t)m->Vl * C * sizeof(float));
+        dev(m)->copy(m->tied_copy, loom_param(emb, 0), (size_t)m->Vl * C * sizeof(float));
         loom_pp_tied_weights_send(m->tied_copy, (size_t)m->Vl * C);
     }
     loom_model_forward_end(model, m->emb);
@@ -1323,7 +1316,7 @@ static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, st
     if (announce_emb) loom_model_forward_begin(model, m->emb);
     if (tied_across_stages(m) && mb->micro == 0) { /* the table, from the embedding's stage */
         loom_pp_tied_weights_recv(m->tied_copy, (size_t)Vl * C);
-        memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
+        dev(m)->memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
     }
     loom_model_forward_begin(model, m->head);
     norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, view(m, a->layers[L - 1].res3, m->dbufC, NrC), head,
@@ -1353,8 +1346,11 @@ static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, st
     } else {
         vocab_parallel_crossentropy(m, a, N);
     }
+    /* the mean, on the host in row order */
+    float *losses = m->host_losses;
+    dev(m)->download(losses, a->losses, (size_t)N * sizeof(float));
     double sum = 0;
-    for (int i = 0; i < N; i++) sum += a->losses[i];
+    for (int i = 0; i < N; i++) sum += losses[i];
     mb->loss = (float)(sum / N);
 }
 
@@ -1373,8 +1369,15 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     const size_t NrC = (size_t)loom_tp_rows_held(&m->rg, N) * m->spec.hidden;
     struct loom_decoder_acts *a = &m->slots[mb->slot];
     const struct loom_lm_batch *batch = mb->batch;
-    a->inputs = batch ? batch->inputs : NULL;
-    a->targets = batch ? batch->targets : NULL;
+    a->inputs = a->targets = NULL;
+    if (batch && batch->inputs) {
+        dev(m)->upload(a->tokens, batch->inputs, (size_t)N * sizeof(int32_t));
+        a->inputs = a->tokens;
+    }
+    if (batch && batch->targets) {
+        dev(m)->upload(a->tokens + (size_t)m->B * m->T, batch->targets, (size_t)N * sizeof(int32_t));
+        a->targets = a->tokens + (size_t)m->B * m->T;
+    }
     a->rows = B;
     a->emb_open = 0;
     int l0, l1;
@@ -1387,7 +1390,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         LOOM_ASSERT(mb->input != NULL &&
                     (m->recompute != LOOM_RECOMPUTE_FULL || l0 >= L || l0 == 0 || a->chunk_input[l0]));
         if (l0 < L && l0 > 0 && a->chunk_input[l0])
-            memcpy(a->chunk_input[l0], mb->input, NrC * sizeof(float));
+            dev(m)->copy(a->chunk_input[l0], mb->input, NrC * sizeof(float));
         else /* the embedding's output, or the layer's before, which another range ran */
             put(m, l0 == 0 ? a->encoded : a->layers[l0 - 1].res3, mb->input, NrC);
     }
@@ -1432,7 +1435,7 @@ static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, s
     }
     loom_model_backward_begin(model, m->head);
     if (per_micro_tied(m)) /* this micro-batch's share alone, sent below */
-        memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
+        dev(m)->memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
     const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
     float *dlnf;
     if (m->exact.pieces) {
@@ -1452,11 +1455,11 @@ static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, s
     /* the copy's gradient over the step, to the embedding's stage */
     if (per_micro_tied(m)) {
         LOOM_ASSERT(m->tied_sends && mb->micro < m->base.step_micros);
-        loom_pp_tied_grads_send_copy(m->tied_grad, m->tied_sends[mb->micro], (size_t)Vl * C);
+        loom_pp_tied_grads_send_copy(dev(m), m->tied_grad, m->tied_sends[mb->micro], (size_t)Vl * C);
     } else if (tied_across_stages(m) && mb->micro == mb->micros - 1) {
         loom_pp_tied_grads_send(m->tied_grad, (size_t)Vl * C);
     }
-    memset(m->dres, 0, NrC * sizeof(float));
+    dev(m)->memset(m->dres, 0, NrC * sizeof(float));
     norm_backward(m, m->dres, head, lnf_w(), lnf_b(m), dlnf,
                   view(m, a->layers[L - 1].res3, m->stage_res, NrC), a->lnf_mean, a->lnf_rstd, Nr);
     round_act(m, m->dres, NrC);
@@ -1475,12 +1478,12 @@ static void embedding_backward(struct loom_decoder *m, struct loom_decoder_acts 
     struct loom_block *emb = &model->blocks[m->emb];
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
     if (per_micro_tied(m)) /* the head's share of this micro-batch first, as one process adds it */
-        loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, VC);
+        loom_pp_tied_grads_add(m->k, loom_grad(emb, 0), m->tied_grad, VC);
     if (m->spec.embed_scale !=
         0) { /* the lookup's gradient (the tied table's deferred scatter reads it too) */
         const float scale = (float)m->spec.embed_scale;
         const size_t NrC = (size_t)loom_tp_rows_held(&m->rg, N) * C;
-        for (size_t i = 0; i < NrC; i++) m->dres[i] *= scale;
+        m->k->scale(m->dres, NrC, scale);
     }
     float *dwpe = m->spec.positions == LOOM_POSITION_LEARNED ? loom_grad(emb, 1) : NULL;
     m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), dwpe,
@@ -1488,7 +1491,7 @@ static void embedding_backward(struct loom_decoder *m, struct loom_decoder_acts 
                                 C);
     /* the head's share, from its stage, once per step */
     if (tied_across_stages(m) && !per_micro_tied(m) && mb->micro == mb->micros - 1)
-        loom_pp_tied_grads_add(loom_grad(emb, 0), m->tied_grad, VC);
+        loom_pp_tied_grads_add(m->k, loom_grad(emb, 0), m->tied_grad, VC);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;
 }
@@ -1504,7 +1507,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     if (last == m->head)
         head_backward(m, a, mb, loss_weight);
     else
-        memcpy(m->dres, mb->doutput, NrC * sizeof(float));
+        dev(m)->copy(m->dres, mb->doutput, NrC * sizeof(float));
     /* m->dres is the gradient of the residual stream, flowing down */
     for (int l = l1; l >= l0; l--) {
         if (!recomputed(m, l)) {
@@ -1519,7 +1522,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         loom_model_grads_ready(model, m->stage.block[l]);
     }
     if (first != m->emb) {
-        memcpy(mb->dinput, m->dres, NrC * sizeof(float));
+        dev(m)->copy(mb->dinput, m->dres, NrC * sizeof(float));
         return;
     }
     embedding_backward(m, a, mb);

@@ -144,7 +144,8 @@ struct loom_decoder_acts {
     void *logits;        /* (N,Vl) in act_dtype; dlogits after the backward; holds the recompute scratch */
     size_t logits_bytes; /* its buffer */
     float *losses, *lse; /* (N) */
-    const int32_t *inputs, *targets;
+    const int32_t *inputs, *targets; /* the micro-batch's tokens on the device: in tokens */
+    int32_t *tokens;                 /* (2N) the inputs, then the targets, uploaded at the forward */
     int rows;
     int emb_open;        /* the head's backward announced the embedding's gradients */
     float **chunk_input; /* (L) the input of a pipeline model chunk that starts at layer l > 0, else NULL */
@@ -152,6 +153,7 @@ struct loom_decoder_acts {
 
 struct loom_decoder {
     struct loom_model base; /* blocks [embedding, layers..., head]; base.user is this */
+    float *host_losses;     /* (B T) host memory: a micro-batch's losses, downloaded for their mean */
     struct loom_decoder_spec spec;
     struct loom_decoder_slots t; /* a layer block's tensors */
     int B, T;

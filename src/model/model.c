@@ -161,8 +161,9 @@ void loom_model_alloc_arenas(struct loom_model *m, size_t multiple, int arenas)
     LOOM_ASSERT(multiple >= 1 && !m->params.data && !m->grads.data);
     m->arena_numel = (m->num_params + multiple - 1) / multiple * multiple;
     if (arenas & LOOM_MODEL_PARAM_ARENA)
-        m->params = loom_buf_alloc(m->arena_numel, m->dtype, LOOM_MEM_PARAMS);
-    if (arenas & LOOM_MODEL_GRAD_ARENA) m->grads = loom_buf_alloc(m->arena_numel, m->dtype, LOOM_MEM_GRADS);
+        m->params = loom_backend_buf(m->backend, m->arena_numel, m->dtype, LOOM_MEM_PARAMS);
+    if (arenas & LOOM_MODEL_GRAD_ARENA)
+        m->grads = loom_backend_buf(m->backend, m->arena_numel, m->dtype, LOOM_MEM_GRADS);
     for (int i = 0; i < m->nblocks; i++) {
         const struct loom_block *b = &m->blocks[i];
         loom_block_hold_params(m, i,
@@ -174,14 +175,15 @@ void loom_model_alloc_arenas(struct loom_model *m, size_t multiple, int arenas)
 
 void loom_model_release(struct loom_model *m)
 {
-    loom_buf_free(&m->params);
-    loom_buf_free(&m->grads);
-    loom_buf_free(&m->grad_acc);
+    loom_backend_buf_free(m->backend, &m->params);
+    loom_backend_buf_free(m->backend, &m->grads);
+    loom_backend_buf_free(m->backend, &m->grad_acc);
     loom_free(m->blocks);
     m->blocks = NULL;
 }
 
-void loom_model_init_block(struct loom_model *m, int bi, uint64_t seed, float *out)
+/* A block's initial values into host memory out (its numel floats). */
+static void init_block_host(struct loom_model *m, int bi, uint64_t seed, float *out)
 {
     struct loom_block *b = &m->blocks[bi];
     if (m->ops->init_block) {
@@ -229,6 +231,15 @@ void loom_model_init_block(struct loom_model *m, int bi, uint64_t seed, float *o
     }
 }
 
+void loom_model_init_block(struct loom_model *m, int bi, uint64_t seed, float *out)
+{
+    const struct loom_block *b = &m->blocks[bi];
+    float *host = loom_alloc(loom_mul_size(b->numel + 1, sizeof(float)), LOOM_MEM_OTHER);
+    init_block_host(m, bi, seed, host);
+    m->backend->upload(out, host, b->numel * sizeof(float));
+    loom_free(host);
+}
+
 void loom_model_init_weights(struct loom_model *m, uint64_t seed)
 {
     LOOM_ASSERT(m->params.data != NULL);
@@ -238,17 +249,17 @@ void loom_model_init_weights(struct loom_model *m, uint64_t seed)
             loom_model_init_block(m, bi, seed, b->params.data);
             continue;
         }
-        struct loom_buf tmp = loom_buf_alloc(b->numel, LOOM_DTYPE_F32, LOOM_MEM_OTHER);
+        struct loom_buf tmp = loom_backend_buf(m->backend, b->numel, LOOM_DTYPE_F32, LOOM_MEM_OTHER);
         loom_model_init_block(m, bi, seed, tmp.data);
-        loom_buf_convert(b->params, tmp);
-        loom_buf_free(&tmp);
+        m->backend->convert(b->params, tmp);
+        loom_backend_buf_free(m->backend, &tmp);
     }
 }
 
 void loom_model_zero_grad(struct loom_model *m)
 {
-    if (m->grads.data) memset(m->grads.data, 0, loom_buf_bytes(m->grads));
-    if (m->grad_acc.data) memset(m->grad_acc.data, 0, loom_buf_bytes(m->grad_acc));
+    if (m->grads.data) m->backend->memset(m->grads.data, 0, loom_buf_bytes(m->grads));
+    if (m->grad_acc.data) m->backend->memset(m->grad_acc.data, 0, loom_buf_bytes(m->grad_acc));
 }
 
 struct loom_tensor *loom_model_find(struct loom_model *m, const char *name, int *block_out)

@@ -50,6 +50,7 @@ static const struct loom_kernels cpu_kernels = {
     .crossentropy_backward = loom_crossentropy_backward,
     .crossentropy_vp_max = loom_crossentropy_vp_max,
     .crossentropy_vp_stats = loom_crossentropy_vp_stats,
+    .crossentropy_vp_finish = loom_crossentropy_vp_finish,
     .crossentropy_vp_backward = loom_crossentropy_vp_backward,
     .adamw_update = loom_adamw_update,
     .sum_squares = loom_sum_squares,
@@ -57,6 +58,13 @@ static const struct loom_kernels cpu_kernels = {
     .has_nonfinite = loom_has_nonfinite,
     .lp_has_nonfinite = loom_lp_has_nonfinite,
     .set_threads = loom_threads_set,
+    .scale = loom_scale,
+    .add_scalar = loom_add_scalar,
+    .accumulate = loom_accumulate,
+    .round_to = loom_round_to,
+    .round_store = loom_round_store,
+    .gqa_pack = loom_gqa_pack,
+    .gqa_unpack = loom_gqa_unpack,
     .get_threads = loom_threads_get,
 };
 

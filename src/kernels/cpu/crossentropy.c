@@ -137,3 +137,12 @@ void loom_crossentropy_backward(float *dlogits, const float *lse, const float *l
 {
     loom_crossentropy_vp_backward(dlogits, lse, logits, targets, 0, dloss, N, V);
 }
+
+void loom_crossentropy_vp_finish(float *losses, float *lse, const float *max, const float *sumexp,
+                                 const float *target_logit, int N)
+{
+    for (int i = 0; i < N; i++) {
+        lse[i] = max[i] + logf(sumexp[i]);
+        losses[i] = lse[i] - target_logit[i];
+    }
+}

@@ -130,6 +130,9 @@
            (float *sumexp, float *target_logit, const float *logits, const float *max,                       \
             const int32_t *targets, int v0, int N, int V),                                                   \
            (sumexp, target_logit, logits, max, targets, v0, N, V))                                           \
+    X_VOID(crossentropy_vp_finish,                                                                           \
+           (float *losses, float *lse, const float *max, const float *sumexp, const float *target_logit, int N), \
+           (losses, lse, max, sumexp, target_logit, N))                                                      \
     X_VOID(crossentropy_vp_backward,                                                                         \
            (float *dlogits, const float *lse, const float *logits, const int32_t *targets, int v0,           \
             float dloss, int N, int V),                                                                      \
@@ -142,6 +145,17 @@
     X_RET(double, lp_sum_squares, (const uint16_t *x, size_t n, enum loom_dtype dt), (x, n, dt))             \
     X_RET(int, has_nonfinite, (const float *x, size_t n), (x, n))                                            \
     X_RET(int, lp_has_nonfinite, (const uint16_t *x, size_t n, enum loom_dtype dt), (x, n, dt))              \
+    X_VOID(scale, (float *x, size_t n, float s), (x, n, s))                                                  \
+    X_VOID(add_scalar, (float *dst, const float *src, size_t n, float s), (dst, src, n, s))                  \
+    X_VOID(accumulate, (float *dst, const float *src, size_t n), (dst, src, n))                              \
+    X_VOID(round_to, (float *x, size_t n, enum loom_dtype dt), (x, n, dt))                                   \
+    X_VOID(round_store, (uint16_t * dst16, float *x, size_t n, enum loom_dtype dt), (dst16, x, n, dt))       \
+    X_VOID(gqa_pack,                                                                                         \
+           (float *qkv, const float *q, const float *k, const float *v, int N, int NH, int G, int hs),        \
+           (qkv, q, k, v, N, NH, G, hs))                                                                     \
+    X_VOID(gqa_unpack,                                                                                       \
+           (float *dq, float *dk, float *dv, const float *dqkv, int N, int NH, int G, int hs),                \
+           (dq, dk, dv, dqkv, N, NH, G, hs))                                                                 \
     X_PASS(set_threads)                                                                                      \
     X_PASS(get_threads)
 
