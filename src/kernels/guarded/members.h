@@ -131,7 +131,8 @@
             const int32_t *targets, int v0, int N, int V),                                                   \
            (sumexp, target_logit, logits, max, targets, v0, N, V))                                           \
     X_VOID(crossentropy_vp_finish,                                                                           \
-           (float *losses, float *lse, const float *max, const float *sumexp, const float *target_logit, int N), \
+           (float *losses, float *lse, const float *max, const float *sumexp, const float *target_logit,     \
+            int N),                                                                                          \
            (losses, lse, max, sumexp, target_logit, N))                                                      \
     X_VOID(crossentropy_vp_backward,                                                                         \
            (float *dlogits, const float *lse, const float *logits, const int32_t *targets, int v0,           \
@@ -151,10 +152,9 @@
     X_VOID(round_to, (float *x, size_t n, enum loom_dtype dt), (x, n, dt))                                   \
     X_VOID(round_store, (uint16_t * dst16, float *x, size_t n, enum loom_dtype dt), (dst16, x, n, dt))       \
     X_VOID(gqa_pack,                                                                                         \
-           (float *qkv, const float *q, const float *k, const float *v, int N, int NH, int G, int hs),        \
+           (float *qkv, const float *q, const float *k, const float *v, int N, int NH, int G, int hs),       \
            (qkv, q, k, v, N, NH, G, hs))                                                                     \
-    X_VOID(gqa_unpack,                                                                                       \
-           (float *dq, float *dk, float *dv, const float *dqkv, int N, int NH, int G, int hs),                \
+    X_VOID(gqa_unpack, (float *dq, float *dk, float *dv, const float *dqkv, int N, int NH, int G, int hs),   \
            (dq, dk, dv, dqkv, N, NH, G, hs))                                                                 \
     X_PASS(set_threads)                                                                                      \
     X_PASS(get_threads)
