@@ -150,6 +150,8 @@ def main():
             ("--kv-channels other than Llama's head width",
              ["train", "--model", "llama-tiny", "--train-iters", 1, "--eval-iters", 0, "--kv-channels", 16],
              ["--kv-channels", "16"], ["Llama"]),
+            ("--backend that is not registered", ["train"] + data + TINY + ["--backend", "tpu"],
+             ["--backend", "tpu"], ["cpu, guarded"]),
             ("unknown flag suggests the nearest", ["train"] + data + TINY + ["--num-layer", 2],
              ["--num-layer", "--num-layers"], ["did you mean"]),
             ("non-numeric value", ["train"] + data + TINY + ["--lr", "abc"], ["--lr", "abc"]),

@@ -12,6 +12,12 @@
  *                             reaches before each step, to exercise the
  *                             communication deadline.
  *
+ *   LOOM_TEST_HOST_READ=1     the model's parameters are read directly by host
+ *                             code once their initial values are in place
+ *                             (loom_test_host_read): on a backend whose
+ *                             memory host code cannot reach (--backend
+ *                             guarded) that must be caught.
+ *
  * Not here: faults a test can cause from outside (a full disk, kill -9 at a
  * random moment).
  */
@@ -20,5 +26,7 @@
 
 /* Acts when the environment arms the point `name`; returns otherwise. */
 void loom_test_point(const char *name);
+/* Reads the byte at p directly when LOOM_TEST_HOST_READ arms it. */
+void loom_test_host_read(const void *p);
 
 #endif

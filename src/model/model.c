@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
+#include "base/testpoint.h"
 #include "base/trace.h"
 #include "kernels/backend.h"
 #include "model/stack_order.h"
@@ -254,6 +255,7 @@ void loom_model_init_weights(struct loom_model *m, uint64_t seed)
         m->backend->convert(b->params, tmp);
         loom_backend_buf_free(m->backend, &tmp);
     }
+    loom_test_host_read(m->params.data);
 }
 
 void loom_model_zero_grad(struct loom_model *m)
