@@ -1667,6 +1667,70 @@ static void test_elementwise(void)
     free(x), free(y), free(a), free(b);
 }
 
+/* Rows with a pitch, float64 sums and fp8's elementwise kernels against
+ * the loops and base/ functions they stand for, bit for bit. */
+static void test_rows_and_fp8(void)
+{
+    const size_t R = 7, W = 5, LD = 9; /* 7 rows of 5 out of rows of 9 */
+    float *src = new_rand(R * LD, 2.0f), *dst = new_const(R * LD, 1.5f), *want = new_copy(dst, R * LD);
+    K->convert_rows(dst + 2, LOOM_DTYPE_F32, LD, src + 1, LOOM_DTYPE_F32, LD, R, W);
+    for (size_t i = 0; i < R; i++)
+        for (size_t c = 0; c < W; c++) want[i * LD + 2 + c] = src[i * LD + 1 + c];
+    CHECK(memcmp(dst, want, R * LD * sizeof(float)) == 0);
+    K->add_rows(dst + 1, LD, src, LD, R, W);
+    for (size_t i = 0; i < R; i++)
+        for (size_t c = 0; c < W; c++) want[i * LD + 1 + c] += src[i * LD + c];
+    CHECK(memcmp(dst, want, R * LD * sizeof(float)) == 0);
+    uint16_t *h = malloc(R * W * sizeof *h), *h2 = malloc(R * W * sizeof *h2);
+    K->convert_rows(h, LOOM_DTYPE_BF16, W, src, LOOM_DTYPE_F32, LD, R, W);
+    for (size_t i = 0; i < R; i++)
+        for (size_t c = 0; c < W; c++) CHECK(h[i * W + c] == loom_f32_to_bf16(src[i * LD + c]));
+    K->convert_rows(h2, LOOM_DTYPE_BF16, W, h, LOOM_DTYPE_BF16, W, R, W);
+    CHECK(memcmp(h, h2, R * W * sizeof *h) == 0);
+    K->convert_rows(dst, LOOM_DTYPE_F32, LD, h, LOOM_DTYPE_BF16, W, R, W);
+    for (size_t i = 0; i < R; i++)
+        for (size_t c = 0; c < W; c++) CHECK(dst[i * LD + c] == loom_bf16_to_f32(h[i * W + c]));
+    memcpy(want, dst, R * LD * sizeof(float));
+    K->add_bias(dst, src, 3, (int)LD);
+    for (size_t i = 0; i < 3; i++)
+        for (size_t c = 0; c < LD; c++) want[i * LD + c] += src[c];
+    CHECK(memcmp(dst, want, R * LD * sizeof(float)) == 0);
+    const size_t n = R * LD;
+    double *acc = calloc(n, sizeof *acc), *acc2 = calloc(n, sizeof *acc2);
+    K->acc_add(acc, src, n), K->acc_add(acc, dst, n);
+    for (size_t i = 0; i < n; i++) acc2[i] = ((double)0 + src[i]) + dst[i];
+    CHECK(memcmp(acc, acc2, n * sizeof *acc) == 0);
+    K->acc_round(want, acc, n);
+    for (size_t i = 0; i < n; i++) CHECK(want[i] == (float)acc[i]);
+    memcpy(want, src, n * sizeof(float));
+    K->acc_add_rounded(want, acc, n);
+    for (size_t i = 0; i < n; i++) CHECK(want[i] == src[i] + (float)acc[i]);
+    free(acc), free(acc2), free(h), free(h2);
+    /* fp8: the quantisation and amax of base/fp8.c, from float32 and from bf16 */
+    uint16_t *q = malloc(n * sizeof *q), *q2 = malloc(n * sizeof *q2), *s16 = malloc(n * sizeof *s16);
+    K->fp8_quantize(q, src, NULL, n, 3.0f, LOOM_FP8_E4M3);
+    loom_fp8_quantize_bf16(q2, src, n, 3.0f, LOOM_FP8_E4M3);
+    CHECK(memcmp(q, q2, n * sizeof *q) == 0);
+    loom_lp_from_f32(s16, src, n, LOOM_DTYPE_BF16);
+    K->fp8_quantize(q, NULL, s16, n, 0.5f, LOOM_FP8_E5M2);
+    loom_fp8_quantize_bf16_from16(q2, s16, n, 0.5f, LOOM_FP8_E5M2);
+    CHECK(memcmp(q, q2, n * sizeof *q) == 0);
+    CHECK(K->fp8_amax(src, NULL, n) == loom_fp8_amax(src, n) &&
+          K->fp8_amax(NULL, s16, n) == loom_fp8_amax16(s16, n));
+    /* the scales undone: out * undo + bias, and the gradients' */
+    memcpy(dst, src, n * sizeof(float)), memcpy(want, src, n * sizeof(float));
+    K->fp8_unscale(dst, src, (int)R, (int)LD, 0.25f);
+    for (size_t i = 0; i < R; i++)
+        for (size_t c = 0; c < LD; c++) want[i * LD + c] = want[i * LD + c] * 0.25f + src[c];
+    CHECK(memcmp(dst, want, n * sizeof(float)) == 0);
+    float *dw = new_rand(n, 1.0f), *dwant = new_copy(dst, n);
+    memcpy(want, src, n * sizeof(float));
+    K->fp8_scale_into(want, n, 0.5f, dst, dw, n, 0.125f);
+    for (size_t i = 0; i < n; i++) CHECK(want[i] == src[i] * 0.5f && dst[i] == dwant[i] + dw[i] * 0.125f);
+    free(q), free(q2), free(s16), free(dw), free(dwant);
+    free(src), free(dst), free(want);
+}
+
 static void check_complete(const char *name, const struct loom_kernels *k)
 {
     const int set[] = {
@@ -1721,6 +1785,16 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->round_store != NULL,
         k->gqa_pack != NULL,
         k->gqa_unpack != NULL,
+        k->convert_rows != NULL,
+        k->add_rows != NULL,
+        k->add_bias != NULL,
+        k->acc_add != NULL,
+        k->acc_round != NULL,
+        k->acc_add_rounded != NULL,
+        k->fp8_quantize != NULL,
+        k->fp8_amax != NULL,
+        k->fp8_unscale != NULL,
+        k->fp8_scale_into != NULL,
     };
     /* optional: the bf16 products on bf16 operands come in a pair */
     CHECK(!k->matmul_forward_b16 == !k->matmul_backward_b16);
@@ -1807,6 +1881,7 @@ int main(int argc, char **argv)
         test_lp_has_nonfinite();
         test_lp_sum_squares();
         test_elementwise();
+        test_rows_and_fp8();
     }
     test_linear_sizes(REF, "ref");
     test_has_nonfinite(REF, "ref");

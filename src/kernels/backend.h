@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "base/buf.h"
+#include "base/fp8.h"
 #include "base/mem.h"
 
 struct loom_sparse_layout; /* kernels/sparse_layout.h */
@@ -197,6 +198,29 @@ struct loom_kernels {
     void (*gqa_pack)(float *qkv, const float *q, const float *k, const float *v, int N, int NH, int G,
                      int hs);
     void (*gqa_unpack)(float *dq, float *dk, float *dv, const float *dqkv, int N, int NH, int G, int hs);
+
+    /* ---- rows with a pitch (in elements) and float64 sums: dst's rows
+     * (dtype ddt) = src's (sdt; one dtype: a copy, else 16-bit to float32 or
+     * float32 to bf16); dst's rows += src's; y (N,OC) += bias on each row;
+     * acc (float64) += v, dst = acc rounded, dst += acc rounded */
+    void (*convert_rows)(void *dst, enum loom_dtype ddt, size_t ldd, const void *src, enum loom_dtype sdt,
+                         size_t lds, size_t rows, size_t w);
+    void (*add_rows)(float *dst, size_t ldd, const float *src, size_t lds, size_t rows, size_t w);
+    void (*add_bias)(float *y, const float *bias, int N, int OC);
+    void (*acc_add)(double *acc, const float *v, size_t n);
+    void (*acc_round)(float *dst, const double *acc, size_t n);
+    void (*acc_add_rounded)(float *dst, const double *acc, size_t n);
+
+    /* ---- fp8 linear layers: q (n) = x (or x16 where non-NULL) quantised with
+     * scale to fmt, held in bf16; its max |x| (NaN when any is); out (N,OC) =
+     * out * undo + bias (may be NULL); dinp (nx, may be NULL) *= undo_x and
+     * dweight (nw) += dw * undo_w */
+    void (*fp8_quantize)(uint16_t *q, const float *x, const uint16_t *x16, size_t n, float scale,
+                         enum loom_fp8_format fmt);
+    float (*fp8_amax)(const float *x, const uint16_t *x16, size_t n);
+    void (*fp8_unscale)(float *out, const float *bias, int N, int OC, float undo);
+    void (*fp8_scale_into)(float *dinp, size_t nx, float undo_x, float *dweight, const float *dw, size_t nw,
+                           float undo_w);
 
     /* ---- settings */
     /* optional: the backend's thread count (n >= 1); NULL: it has none to set */

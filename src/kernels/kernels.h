@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "base/dtype.h" /* enum loom_dtype */
+#include "base/fp8.h"   /* enum loom_fp8_format */
 
 /* ---- embedding ------------------------------------------------------------
  * out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). Tokens are already
@@ -336,6 +337,34 @@ void loom_gqa_pack(float *qkv, const float *q, const float *k, const float *v, i
 /* and back for gradients: dq written, dk and dv (written) the sums over the
  * query heads each key/value head serves */
 void loom_gqa_unpack(float *dq, float *dk, float *dv, const float *dqkv, int N, int NH, int G, int hs);
+
+/* ---- rows with a pitch, float64 sums (cpu/rows.c) ---------------------------- */
+/* rows x w elements: dst's rows (pitch ldd elements, dtype ddt) = src's
+ * (pitch lds, dtype sdt): a copy for one dtype, else 16-bit to float32 or
+ * float32 to bf16 */
+void loom_convert_rows(void *dst, enum loom_dtype ddt, size_t ldd, const void *src, enum loom_dtype sdt,
+                       size_t lds, size_t rows, size_t w);
+/* dst's rows (pitch ldd) += src's (pitch lds), rows x w */
+void loom_add_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t rows, size_t w);
+/* y (N,OC) += bias (OC) on every row */
+void loom_add_bias(float *y, const float *bias, int N, int OC);
+/* acc (n, float64) += v; dst = acc rounded; dst += acc rounded */
+void loom_acc_add(double *acc, const float *v, size_t n);
+void loom_acc_round(float *dst, const double *acc, size_t n);
+void loom_acc_add_rounded(float *dst, const double *acc, size_t n);
+
+/* ---- fp8 linear layers (cpu/fp8.c) ---------------------------------------- */
+/* q (n) = x (n) quantised with scale to fmt, held in bf16; from x16 (bf16)
+ * in place of x where non-NULL */
+void loom_fp8_quantize(uint16_t *q, const float *x, const uint16_t *x16, size_t n, float scale,
+                       enum loom_fp8_format fmt);
+/* max |x| (n) of x, or of x16 where non-NULL; NaN when any element is */
+float loom_fp8_amax_of(const float *x, const uint16_t *x16, size_t n);
+/* out (N,OC) = out * undo + bias (OC, may be NULL) */
+void loom_fp8_unscale(float *out, const float *bias, int N, int OC, float undo);
+/* dinp (nx, may be NULL) *= undo_x; dweight (nw) += dw * undo_w */
+void loom_fp8_scale_into(float *dinp, size_t nx, float undo_x, float *dweight, const float *dw, size_t nw,
+                         float undo_w);
 
 /* Sets the thread count of OpenMP and of the BLAS (n >= 1). */
 void loom_threads_set(int n);

@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "comm/comm.h"
+#include "kernels/backend.h"
 #include "kernels/kernels.h"
 #include "loom/config.h"
 #include "loom/model.h"
@@ -32,6 +33,7 @@ struct loom_fp8 *loom_fp8_create(const struct loom_fp8_recipe *r, const struct l
     struct loom_fp8 *f = loom_alloc(sizeof *f, LOOM_MEM_OTHER);
     memset(f, 0, sizeof *f);
     f->recipe = *r;
+    f->backend = m->backend;
     f->per_block = per_block;
     memcpy(f->tensor, tensors, sizeof(int) * (size_t)per_block);
     f->first = loom_alloc(sizeof(int) * (size_t)m->nblocks, LOOM_MEM_OTHER);
@@ -68,64 +70,58 @@ int loom_fp8_linear_of(const struct loom_fp8 *f, const struct loom_model *m, con
 void loom_fp8_destroy(struct loom_fp8 *f)
 {
     if (!f) return;
-    loom_free(f->xq);
-    loom_free(f->wq);
-    loom_free(f->gq);
-    loom_free(f->gqf);
-    loom_free(f->dw);
-    loom_free(f->xqf);
-    loom_free(f->wqf);
+    void *bufs[] = {f->xq, f->wq, f->gq, f->gqf, f->dw, f->xqf, f->wqf};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) f->backend->free(bufs[i]);
     loom_free(f->histories);
     loom_free(f->lin);
     loom_free(f->first);
     loom_free(f);
 }
 
-/* *buf holding at least n elements of size es. */
-static void *grow(void *buf, size_t *cap, size_t n, size_t es)
+/* *buf holding at least n elements of size es, on the model's backend. */
+static void *grow(const struct loom_fp8 *f, void *buf, size_t *cap, size_t n, size_t es)
 {
     if (n <= *cap) return buf;
-    loom_free(buf);
+    if (buf) f->backend->free(buf);
     *cap = n;
-    return loom_alloc_data(loom_mul_size(n, es), LOOM_MEM_ACTIVATIONS);
+    return f->backend->alloc(loom_mul_size(n, es), LOOM_MEM_ACTIVATIONS);
 }
 
 void loom_fp8_reserve(struct loom_fp8 *f, size_t nx, size_t nw, size_t ny, int widen)
 {
-    f->xq = grow(f->xq, &f->xq_cap, nx, sizeof *f->xq);
-    f->wq = grow(f->wq, &f->wq_cap, nw, sizeof *f->wq);
-    f->gq = grow(f->gq, &f->gq_cap, ny, sizeof *f->gq);
-    f->gqf = grow(f->gqf, &f->gqf_cap, ny, sizeof *f->gqf);
-    f->dw = grow(f->dw, &f->dw_cap, nw, sizeof *f->dw);
+    f->xq = grow(f, f->xq, &f->xq_cap, nx, sizeof *f->xq);
+    f->wq = grow(f, f->wq, &f->wq_cap, nw, sizeof *f->wq);
+    f->gq = grow(f, f->gq, &f->gq_cap, ny, sizeof *f->gq);
+    f->gqf = grow(f, f->gqf, &f->gqf_cap, ny, sizeof *f->gqf);
+    f->dw = grow(f, f->dw, &f->dw_cap, nw, sizeof *f->dw);
     if (widen) {
-        f->xqf = grow(f->xqf, &f->xqf_cap, nx, sizeof *f->xqf);
-        f->wqf = grow(f->wqf, &f->wqf_cap, nw, sizeof *f->wqf);
+        f->xqf = grow(f, f->xqf, &f->xqf_cap, nx, sizeof *f->xqf);
+        f->wqf = grow(f, f->wqf, &f->wqf_cap, nw, sizeof *f->wqf);
     }
 }
 
 /* x (n), float32 or bf16, quantised with its scale into *q; its amax taken
  * into *amax (a NaN stays), unless amax is NULL (the backward's x and W,
  * whose amaxes the forward took). */
-static const uint16_t *quantize(uint16_t **q, size_t *cap, const float *x, const uint16_t *x16, size_t n,
-                                float scale, enum loom_fp8_format fmt, float *amax)
+static const uint16_t *quantize(const struct loom_fp8 *f, const struct loom_kernels *k, uint16_t **q,
+                                size_t *cap, const float *x, const uint16_t *x16, size_t n, float scale,
+                                enum loom_fp8_format fmt, float *amax)
 {
-    *q = grow(*q, cap, n, sizeof **q);
-    if (x16)
-        loom_fp8_quantize_bf16_from16(*q, x16, n, scale, fmt);
-    else
-        loom_fp8_quantize_bf16(*q, x, n, scale, fmt);
+    *q = grow(f, *q, cap, n, sizeof **q);
+    k->fp8_quantize(*q, x, x16, n, scale, fmt);
     if (amax) {
-        const float a = x16 ? loom_fp8_amax16(x16, n) : loom_fp8_amax(x, n);
+        const float a = k->fp8_amax(x, x16, n);
         if (isnan(a) || a > *amax) *amax = isnan(*amax) ? *amax : a;
     }
     return *q;
 }
 
 /* float32 copies of quantised values, for a table without bf16 products. */
-static const float *widened(float **buf, size_t *cap, const uint16_t *q, size_t n)
+static const float *widened(const struct loom_fp8 *f, float **buf, size_t *cap, const uint16_t *q, size_t n)
 {
-    *buf = grow(*buf, cap, n, sizeof **buf);
-    loom_bf16_to_f32_array(*buf, q, n);
+    *buf = grow(f, *buf, cap, n, sizeof **buf);
+    f->backend->convert(loom_buf_f32(*buf, n), loom_buf_of_const(q, n, LOOM_DTYPE_BF16));
     return *buf;
 }
 
@@ -140,27 +136,20 @@ static void fp8_forward(struct loom_fp8 *f, int li, const struct loom_kernels *k
     const enum loom_fp8_format fmt = f->recipe.fwd;
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C;
     const uint16_t *xq =
-        quantize(&f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], fmt, &l->amax[LOOM_FP8_X]);
-    const uint16_t *wq =
-        quantize(&f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], fmt, &l->amax[LOOM_FP8_W]);
+        quantize(f, k, &f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], fmt, &l->amax[LOOM_FP8_X]);
+    const uint16_t *wq = quantize(f, k, &f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], fmt,
+                                  &l->amax[LOOM_FP8_W]);
     if (out_in)
-        k->lm_head_forward(out, widened(&f->xqf, &f->xqf_cap, xq, nx), widened(&f->wqf, &f->wqf_cap, wq, nw),
-                           N, C, OC);
+        k->lm_head_forward(out, widened(f, &f->xqf, &f->xqf_cap, xq, nx),
+                           widened(f, &f->wqf, &f->wqf_cap, wq, nw), N, C, OC);
     else if (k->matmul_forward_b16)
         k->matmul_forward_b16(out, NULL, xq, NULL, wq, NULL, N, C, OC);
     else
-        k->matmul_forward(out, widened(&f->xqf, &f->xqf_cap, xq, nx), widened(&f->wqf, &f->wqf_cap, wq, nw),
-                          NULL, N, C, OC);
+        k->matmul_forward(out, widened(f, &f->xqf, &f->xqf_cap, xq, nx),
+                          widened(f, &f->wqf, &f->wqf_cap, wq, nw), NULL, N, C, OC);
     /* the scales undone on the float32 sums, then the bias */
     const float undo = (1.0f / l->scale[LOOM_FP8_X]) * (1.0f / l->scale[LOOM_FP8_W]);
-#pragma omp parallel for schedule(static) if ((size_t)N * OC >= 65536)
-    for (int i = 0; i < N; i++) {
-        float *o = out + (size_t)i * OC;
-        if (bias)
-            for (int j = 0; j < OC; j++) o[j] = o[j] * undo + bias[j];
-        else
-            for (int j = 0; j < OC; j++) o[j] *= undo;
-    }
+    k->fp8_unscale(out, bias, N, OC, undo);
 }
 
 static void fp8_backward(struct loom_fp8 *f, int li, const struct loom_kernels *k, float *dinp,
@@ -172,31 +161,26 @@ static void fp8_backward(struct loom_fp8 *f, int li, const struct loom_kernels *
     struct loom_fp8_linear *l = &f->lin[li];
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
     const uint16_t *xq =
-        quantize(&f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], f->recipe.fwd, NULL);
+        quantize(f, k, &f->xq, &f->xq_cap, inp, inp16, nx, l->scale[LOOM_FP8_X], f->recipe.fwd, NULL);
     const uint16_t *wq =
-        quantize(&f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], f->recipe.fwd, NULL);
-    const uint16_t *gq = quantize(&f->gq, &f->gq_cap, dout, NULL, ny, l->scale[LOOM_FP8_DY], f->recipe.bwd,
-                                  &l->amax[LOOM_FP8_DY]);
+        quantize(f, k, &f->wq, &f->wq_cap, weight, weight16, nw, l->scale[LOOM_FP8_W], f->recipe.fwd, NULL);
+    const uint16_t *gq = quantize(f, k, &f->gq, &f->gq_cap, dout, NULL, ny, l->scale[LOOM_FP8_DY],
+                                  f->recipe.bwd, &l->amax[LOOM_FP8_DY]);
     /* the products take the gradient as float32 values (exact) */
-    const float *gqf = widened(&f->gqf, &f->gqf_cap, gq, ny);
-    f->dw = grow(f->dw, &f->dw_cap, nw, sizeof *f->dw);
-    memset(f->dw, 0, nw * sizeof *f->dw);
+    const float *gqf = widened(f, &f->gqf, &f->gqf_cap, gq, ny);
+    f->dw = grow(f, f->dw, &f->dw_cap, nw, sizeof *f->dw);
+    f->backend->memset(f->dw, 0, nw * sizeof *f->dw);
     if (out_in)
-        k->lm_head_backward(dinp, f->dw, gqf, widened(&f->xqf, &f->xqf_cap, xq, nx),
-                            widened(&f->wqf, &f->wqf_cap, wq, nw), N, C, OC);
+        k->lm_head_backward(dinp, f->dw, gqf, widened(f, &f->xqf, &f->xqf_cap, xq, nx),
+                            widened(f, &f->wqf, &f->wqf_cap, wq, nw), N, C, OC);
     else if (k->matmul_backward_b16)
         k->matmul_backward_b16(dinp, f->dw, NULL, gqf, NULL, xq, NULL, wq, N, C, OC);
     else
-        k->matmul_backward(dinp, f->dw, NULL, gqf, widened(&f->xqf, &f->xqf_cap, xq, nx),
-                           widened(&f->wqf, &f->wqf_cap, wq, nw), N, C, OC);
+        k->matmul_backward(dinp, f->dw, NULL, gqf, widened(f, &f->xqf, &f->xqf_cap, xq, nx),
+                           widened(f, &f->wqf, &f->wqf_cap, wq, nw), N, C, OC);
     const float sg = 1.0f / l->scale[LOOM_FP8_DY];
     const float undo_x = sg * (1.0f / l->scale[LOOM_FP8_W]), undo_w = sg * (1.0f / l->scale[LOOM_FP8_X]);
-    if (dinp) {
-#pragma omp parallel for simd schedule(static) if (nx >= 65536)
-        for (size_t i = 0; i < nx; i++) dinp[i] *= undo_x;
-    }
-#pragma omp parallel for simd schedule(static) if (nw >= 65536)
-    for (size_t i = 0; i < nw; i++) dweight[i] += f->dw[i] * undo_w;
+    k->fp8_scale_into(dinp, nx, undo_x, dweight, f->dw, nw, undo_w);
     if (dbias) k->bias_backward(dbias, dout, N, OC); /* from the unquantised gradient */
 }
 

@@ -62,6 +62,7 @@ struct loom_fp8_linear {
     float *history;                 /* (3, history_len), newest first */
 };
 
+struct loom_backend; /* kernels/backend.h */
 struct loom_fp8 {
     struct loom_fp8_recipe recipe;
     int n;
@@ -70,9 +71,11 @@ struct loom_fp8 {
      * layer block's first linear in first[block] (-1: not a layer) */
     int per_block, tensor[LOOM_FP8_MAX_PER_BLOCK];
     int *first;       /* (the model's nblocks) */
-    float *histories; /* (n, 3, history_len): every history, one allocation */
-    /* scratch, grown to the largest layer: the quantised operands (bf16
-     * bits), and float32 for the gradient and the weight gradient */
+    float *histories; /* (n, 3, history_len): every history, one allocation (host) */
+    /* scratch on the model's backend, grown to the largest layer: the
+     * quantised operands (bf16 bits), and float32 for the gradient and the
+     * weight gradient */
+    const struct loom_backend *backend;
     uint16_t *xq, *wq, *gq;
     float *gqf, *dw, *xqf, *wqf;
     size_t xq_cap, wq_cap, gq_cap, gqf_cap, dw_cap, xqf_cap, wqf_cap;

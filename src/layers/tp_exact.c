@@ -8,37 +8,40 @@
 #include "base/dtype.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 
-void loom_tp_exact_init(struct loom_tp_exact *x, int pieces, int tp, int tp_rank)
+void loom_tp_exact_init(struct loom_tp_exact *x, const struct loom_backend *b, int pieces, int tp,
+                        int tp_rank)
 {
     LOOM_ASSERT(pieces >= 0 && tp >= 1 && (pieces == 0 || pieces % tp == 0));
     loom_tp_exact_free(x);
-    *x = (struct loom_tp_exact){.pieces = pieces, .tp = tp, .tp_rank = tp_rank};
+    *x = (struct loom_tp_exact){.b = b, .pieces = pieces, .tp = tp, .tp_rank = tp_rank};
 }
 
 void loom_tp_exact_free(struct loom_tp_exact *x)
 {
-    loom_free(x->acc);
-    loom_free(x->acc_rows);
-    loom_free(x->part);
-    loom_free(x->pack_a);
-    loom_free(x->pack_w);
-    loom_free(x->pack_in);
-    loom_free(x->grad);
+    void *bufs[] = {x->acc, x->acc_rows, x->part, x->pack_a, x->pack_w, x->pack_in, x->grad};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) x->b->free(bufs[i]);
     x->acc = x->acc_rows = NULL;
     x->part = x->pack_a = x->pack_w = x->pack_in = x->grad = NULL;
     x->cap_acc = x->cap_acc_rows = x->cap_part = x->cap_pack_a = x->cap_pack_w = x->cap_pack_in =
         x->cap_grad = 0;
 }
 
-/* *p with room for n elements of size sz (what it held is not kept) */
-static void *grow(void *p, size_t *cap, size_t n, size_t sz)
+/* The kernels of the rows and sums (one table serves every dtype). */
+static const struct loom_kernels *K(const struct loom_tp_exact *x)
+{
+    return x->b->k;
+}
+
+/* *p with room for n elements of size sz on the backend (what it held is not kept) */
+static void *grow(const struct loom_tp_exact *x, void *p, size_t *cap, size_t n, size_t sz)
 {
     void **pp = p;
     if (n > *cap) {
-        loom_free(*pp);
-        *pp = loom_alloc(loom_mul_size(n, sz), LOOM_MEM_ACTIVATIONS);
+        if (*pp) x->b->free(*pp);
+        *pp = x->b->alloc(loom_mul_size(n, sz), LOOM_MEM_ACTIVATIONS);
         *cap = n;
     }
     return *pp;
@@ -66,21 +69,14 @@ void loom_tp_exact_piece(const struct loom_tp_exact *x, int64_t n, int j, int *l
 
 double *loom_tp_exact_sum(struct loom_tp_exact *x, size_t n)
 {
-    double *acc = grow(&x->acc, &x->cap_acc, n, sizeof(double));
-    memset(acc, 0, n * sizeof(double));
+    double *acc = grow(x, &x->acc, &x->cap_acc, n, sizeof(double));
+    x->b->memset(acc, 0, n * sizeof(double));
     return acc;
 }
 
-void loom_tp_exact_add(double *acc, const float *v, size_t n)
+void loom_tp_exact_add(const struct loom_tp_exact *x, double *acc, const float *v, size_t n)
 {
-#pragma omp parallel for schedule(static) if (n >= 65536)
-    for (size_t i = 0; i < n; i++) acc[i] += v[i];
-}
-
-static void round_into(float *dst, const double *acc, size_t n)
-{
-#pragma omp parallel for schedule(static) if (n >= 65536)
-    for (size_t i = 0; i < n; i++) dst[i] = (float)acc[i];
+    K(x)->acc_add(acc, v, n);
 }
 
 /* A piece of a split dimension: entries [at, at + width) of this rank's part. */
@@ -98,66 +94,52 @@ static struct piece piece_of_part(const struct loom_tp_exact *x, int64_t n, int 
 
 /* dst (n, p.width) = the piece's columns of src (n rows of ld), float32,
  * or 16 bits of dt where src16 is given */
-static void pack_cols(float *dst, const float *src, const uint16_t *src16, enum loom_dtype dt, size_t n,
-                      int ld, struct piece p)
+static void pack_cols(const struct loom_tp_exact *x, float *dst, const float *src, const uint16_t *src16,
+                      enum loom_dtype dt, size_t n, int ld, struct piece p)
 {
-#pragma omp parallel for schedule(static) if (n * (size_t)p.width >= 65536)
-    for (size_t i = 0; i < n; i++) {
-        float *d = dst + i * (size_t)p.width;
-        if (src16)
-            loom_lp_to_f32(d, src16 + i * (size_t)ld + p.at, (size_t)p.width, dt);
-        else
-            memcpy(d, src + i * (size_t)ld + p.at, (size_t)p.width * sizeof(float));
-    }
+    if (src16)
+        K(x)->convert_rows(dst, LOOM_DTYPE_F32, (size_t)p.width, src16 + p.at, dt, (size_t)ld, n,
+                           (size_t)p.width);
+    else
+        K(x)->convert_rows(dst, LOOM_DTYPE_F32, (size_t)p.width, src + p.at, LOOM_DTYPE_F32, (size_t)ld, n,
+                           (size_t)p.width);
 }
 
-/* the same for 16-bit values, kept in 16 bits */
-static void pack_cols16(uint16_t *dst, const uint16_t *src, size_t n, int ld, struct piece p)
+/* the same for 16-bit values (of dt), kept in 16 bits */
+static void pack_cols16(const struct loom_tp_exact *x, uint16_t *dst, const uint16_t *src, enum loom_dtype dt,
+                        size_t n, int ld, struct piece p)
 {
-#pragma omp parallel for schedule(static) if (n * (size_t)p.width >= 65536)
-    for (size_t i = 0; i < n; i++)
-        memcpy(dst + i * (size_t)p.width, src + i * (size_t)ld + p.at, (size_t)p.width * sizeof(uint16_t));
-}
-
-/* the piece's columns of dst (n rows of ld) = src (n, p.width), or += with add */
-static void unpack_cols(float *dst, const float *src, size_t n, int ld, struct piece p, int add)
-{
-#pragma omp parallel for schedule(static) if (n * (size_t)p.width >= 65536)
-    for (size_t i = 0; i < n; i++) {
-        const float *q = src + i * (size_t)p.width;
-        float *d = dst + i * (size_t)ld + p.at;
-        if (add)
-            for (int c = 0; c < p.width; c++) d[c] += q[c];
-        else
-            memcpy(d, q, (size_t)p.width * sizeof(float));
-    }
+    K(x)->convert_rows(dst, dt, (size_t)p.width, src + p.at, dt, (size_t)ld, n, (size_t)p.width);
 }
 
 /* n rows of w floats: dst's (rows of ldd) = src's (rows of lds), or += with add */
-static void copy_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t n, size_t w, int add)
+static void copy_rows(const struct loom_tp_exact *x, float *dst, size_t ldd, const float *src, size_t lds,
+                      size_t n, size_t w, int add)
 {
-#pragma omp parallel for schedule(static) if (n * w >= 65536)
-    for (size_t i = 0; i < n; i++) {
-        float *d = dst + i * ldd;
-        const float *q = src + i * lds;
-        if (add)
-            for (size_t c = 0; c < w; c++) d[c] += q[c];
-        else
-            memcpy(d, q, w * sizeof(float));
-    }
+    if (add)
+        K(x)->add_rows(dst, ldd, src, lds, n, w);
+    else
+        K(x)->convert_rows(dst, LOOM_DTYPE_F32, ldd, src, LOOM_DTYPE_F32, lds, n, w);
+}
+
+/* the piece's columns of dst (n rows of ld) = src (n, p.width), or += with add */
+static void unpack_cols(const struct loom_tp_exact *x, float *dst, const float *src, size_t n, int ld,
+                        struct piece p, int add)
+{
+    copy_rows(x, dst + p.at, (size_t)ld, src, (size_t)p.width, n, (size_t)p.width, add);
 }
 
 /* the piece's rows of dst (rows of ld) += src (p.width, ld) */
-static void add_rows(float *dst, const float *src, size_t ld, struct piece p)
+static void add_rows(const struct loom_tp_exact *x, float *dst, const float *src, size_t ld, struct piece p)
 {
-    copy_rows(dst + (size_t)p.at * ld, ld, src, ld, (size_t)p.width, ld, 1);
+    copy_rows(x, dst + (size_t)p.at * ld, ld, src, ld, (size_t)p.width, ld, 1);
 }
 
 /* x->grad, zeroed (n) */
 static float *zeroed(struct loom_tp_exact *x, size_t n)
 {
-    float *g = grow(&x->grad, &x->cap_grad, n, sizeof(float));
-    memset(g, 0, n * sizeof(float));
+    float *g = grow(x, &x->grad, &x->cap_grad, n, sizeof(float));
+    x->b->memset(g, 0, n * sizeof(float));
     return g;
 }
 
@@ -165,8 +147,8 @@ static float *zeroed(struct loom_tp_exact *x, size_t n)
 static const float *input_f32(struct loom_tp_exact *x, const float *inp, const uint16_t *inp16, size_t n)
 {
     if (inp) return inp;
-    float *f = grow(&x->pack_in, &x->cap_pack_in, n, sizeof(float));
-    loom_lp_to_f32(f, inp16, n, LOOM_DTYPE_BF16);
+    float *f = grow(x, &x->pack_in, &x->cap_pack_in, n, sizeof(float));
+    x->b->convert(loom_buf_f32(f, n), loom_buf_of_const(inp16, n, LOOM_DTYPE_BF16));
     return f;
 }
 
@@ -180,13 +162,13 @@ static float *exit_region(struct loom_tp_exact *x, struct loom_tp_regions *r, fl
         loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of(x->acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
     } else if (r->sp) {
         const size_t nr = (size_t)loom_tp_rows_held(r, N) * r->width;
-        double *mine = grow(&x->acc_rows, &x->cap_acc_rows, nr, sizeof(double));
+        double *mine = grow(x, &x->acc_rows, &x->cap_acc_rows, nr, sizeof(double));
         loom_tp_wait(loom_comm_reduce_scatter(LOOM_GROUP_TP, loom_buf_of(x->acc, n, LOOM_DTYPE_F64),
                                               loom_buf_of(mine, nr, LOOM_DTYPE_F64)));
-        round_into(rows, mine, nr);
+        K(x)->acc_round(rows, mine, nr);
         return rows;
     }
-    round_into(dst, x->acc, n);
+    K(x)->acc_round(dst, x->acc, n);
     return dst;
 }
 
@@ -201,17 +183,13 @@ static int takes16(const struct loom_kernels *k, int w_out_in)
 
 /* n rows of w: dst's (rows of ldd) = src16's (rows of lds) as they are, or
  * src's rounded to bf16 */
-static void copy_rows16(uint16_t *dst, size_t ldd, const uint16_t *src16, const float *src, size_t lds,
-                        size_t n, size_t w)
+static void copy_rows16(const struct loom_tp_exact *x, uint16_t *dst, size_t ldd, const uint16_t *src16,
+                        const float *src, size_t lds, size_t n, size_t w)
 {
-#pragma omp parallel for schedule(static) if (n * w >= 65536)
-    for (size_t i = 0; i < n; i++) {
-        uint16_t *d = dst + i * ldd;
-        if (src16)
-            memcpy(d, src16 + i * lds, w * sizeof *d);
-        else
-            for (size_t c = 0; c < w; c++) d[c] = loom_f32_to_bf16(src[i * lds + c]);
-    }
+    if (src16)
+        K(x)->convert_rows(dst, LOOM_DTYPE_BF16, ldd, src16, LOOM_DTYPE_BF16, lds, n, w);
+    else
+        K(x)->convert_rows(dst, LOOM_DTYPE_BF16, ldd, src, LOOM_DTYPE_F32, lds, n, w);
 }
 
 /* The segments' piece j: its columns in each segment, [lo_s, lo_s + w_s) */
@@ -232,16 +210,16 @@ static int segment_piece(const struct loom_tp_exact *x, const struct loom_tp_seg
 
 /* The piece's weight as one matrix: [in, out] (C, width), the segments'
  * columns side by side; (out, in) (width, C), their rows one after another. */
-static void pack_weight(float *dst, const struct loom_tp_segment *seg, int nseg, const int *lo, const int *w,
-                        int width, int w_out_in, int C)
+static void pack_weight(const struct loom_tp_exact *x, float *dst, const struct loom_tp_segment *seg,
+                        int nseg, const int *lo, const int *w, int width, int w_out_in, int C)
 {
     for (int s = 0, at = 0; s < nseg; at += w[s], s++) {
         if (w_out_in)
-            copy_rows(dst + (size_t)at * C, (size_t)C, seg[s].W + (size_t)lo[s] * C, (size_t)C, (size_t)w[s],
-                      (size_t)C, 0);
+            copy_rows(x, dst + (size_t)at * C, (size_t)C, seg[s].W + (size_t)lo[s] * C, (size_t)C,
+                      (size_t)w[s], (size_t)C, 0);
         else
-            copy_rows(dst + at, (size_t)width, seg[s].W + lo[s], (size_t)seg[s].ldw, (size_t)C, (size_t)w[s],
-                      0);
+            copy_rows(x, dst + at, (size_t)width, seg[s].W + lo[s], (size_t)seg[s].ldw, (size_t)C,
+                      (size_t)w[s], 0);
     }
 }
 
@@ -250,9 +228,9 @@ static void pack_weight(float *dst, const struct loom_tp_segment *seg, int nseg,
 static uint16_t *pack_weight16(struct loom_tp_exact *x, const struct loom_tp_segment *seg, int nseg,
                                const int *lo, const int *w, int width, int C)
 {
-    uint16_t *dst = grow(&x->pack_w, &x->cap_pack_w, ((size_t)C * width + 1) / 2, sizeof(float));
+    uint16_t *dst = grow(x, &x->pack_w, &x->cap_pack_w, ((size_t)C * width + 1) / 2, sizeof(float));
     for (int s = 0, at = 0; s < nseg; at += w[s], s++)
-        copy_rows16(dst + at, (size_t)width, seg[s].W16 ? seg[s].W16 + lo[s] : NULL, seg[s].W + lo[s],
+        copy_rows16(x, dst + at, (size_t)width, seg[s].W16 ? seg[s].W16 + lo[s] : NULL, seg[s].W + lo[s],
                     (size_t)seg[s].ldw, (size_t)C, (size_t)w[s]);
     return dst;
 }
@@ -266,14 +244,14 @@ void loom_tp_exact_column_forward(struct loom_tp_exact *x, const struct loom_ker
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         int lo[4], w[4];
         const int width = segment_piece(x, seg, nseg, j, lo, w);
-        float *part = grow(&x->part, &x->cap_part, (size_t)N * width, sizeof(float));
+        float *part = grow(x, &x->part, &x->cap_part, (size_t)N * width, sizeof(float));
         float *wt = NULL;
         const uint16_t *wt16 = NULL;
         if (use16) {
             wt16 = pack_weight16(x, seg, nseg, lo, w, width, C);
         } else {
-            wt = grow(&x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
-            pack_weight(wt, seg, nseg, lo, w, width, w_out_in, C);
+            wt = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
+            pack_weight(x, wt, seg, nseg, lo, w, width, w_out_in, C);
         }
         if (w_out_in) { /* inp @ W^T */
             k->lm_head_forward(part, a, wt, N, C, width);
@@ -282,7 +260,7 @@ void loom_tp_exact_column_forward(struct loom_tp_exact *x, const struct loom_ker
             if (seg[0].bias) {
                 bias = zeroed(x, (size_t)width);
                 for (int s = 0, at = 0; s < nseg; at += w[s], s++)
-                    memcpy(bias + at, seg[s].bias + lo[s], (size_t)w[s] * sizeof(float));
+                    x->b->copy(bias + at, seg[s].bias + lo[s], (size_t)w[s] * sizeof(float));
             }
             if (use16)
                 k->matmul_forward_b16(part, a, inp16, NULL, wt16, bias, N, C, width);
@@ -290,7 +268,7 @@ void loom_tp_exact_column_forward(struct loom_tp_exact *x, const struct loom_ker
                 k->matmul_forward(part, a, wt, bias, N, C, width);
         }
         for (int s = 0, at = 0; s < nseg; at += w[s], s++)
-            copy_rows(seg[s].out + lo[s], (size_t)seg[s].ld, part + at, (size_t)width, (size_t)N,
+            copy_rows(x, seg[s].out + lo[s], (size_t)seg[s].ld, part + at, (size_t)width, (size_t)N,
                       (size_t)w[s], 0);
     }
 }
@@ -308,18 +286,18 @@ float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_reg
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         int lo[4], w[4];
         const int width = segment_piece(x, seg, nseg, j, lo, w);
-        float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * width, sizeof(float));
-        float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
+        float *d = grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * width, sizeof(float));
+        float *part = grow(x, &x->part, &x->cap_part, n, sizeof(float));
         float *g = zeroed(x, (size_t)C * width);
         for (int s = 0, at = 0; s < nseg; at += w[s], s++)
-            copy_rows(d + at, (size_t)width, seg[s].dout + lo[s], (size_t)seg[s].ld, (size_t)N, (size_t)w[s],
-                      0);
+            copy_rows(x, d + at, (size_t)width, seg[s].dout + lo[s], (size_t)seg[s].ld, (size_t)N,
+                      (size_t)w[s], 0);
         if (use16) { /* dinp = d @ W^T, g (C, width) += a^T @ d */
             k->matmul_backward_b16(part, g, NULL, d, a, inp16, NULL,
                                    pack_weight16(x, seg, nseg, lo, w, width, C), N, C, width);
         } else {
-            float *wt = grow(&x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
-            pack_weight(wt, seg, nseg, lo, w, width, w_out_in, C);
+            float *wt = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
+            pack_weight(x, wt, seg, nseg, lo, w, width, w_out_in, C);
             if (w_out_in) /* dinp = d @ W, g (width, C) += d^T @ a */
                 k->lm_head_backward(part, g, d, a, wt, N, C, width);
             else
@@ -327,18 +305,18 @@ float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_reg
         }
         for (int s = 0, at = 0; s < nseg; at += w[s], s++) {
             if (w_out_in)
-                copy_rows(seg[s].dW + (size_t)lo[s] * C, (size_t)C, g + (size_t)at * C, (size_t)C,
+                copy_rows(x, seg[s].dW + (size_t)lo[s] * C, (size_t)C, g + (size_t)at * C, (size_t)C,
                           (size_t)w[s], (size_t)C, 1);
             else
-                copy_rows(seg[s].dW + lo[s], (size_t)seg[s].ldw, g + at, (size_t)width, (size_t)C,
+                copy_rows(x, seg[s].dW + lo[s], (size_t)seg[s].ldw, g + at, (size_t)width, (size_t)C,
                           (size_t)w[s], 1);
         }
-        loom_tp_exact_add(acc, part, n);
+        loom_tp_exact_add(x, acc, part, n);
     }
     for (int s = 0; s < nseg; s++) /* column by column over the rows: no split sum */
         if (seg[s].dbias) {
-            float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * seg[s].width, sizeof(float));
-            copy_rows(d, (size_t)seg[s].width, seg[s].dout, (size_t)seg[s].ld, (size_t)N,
+            float *d = grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * seg[s].width, sizeof(float));
+            copy_rows(x, d, (size_t)seg[s].width, seg[s].dout, (size_t)seg[s].ld, (size_t)N,
                       (size_t)seg[s].width, 0);
             k->bias_backward(seg[s].dbias, d, N, seg[s].width);
         }
@@ -353,11 +331,11 @@ static void pack_input(struct loom_tp_exact *x, const float *inp, const uint16_t
     *a32 = NULL;
     *a16 = NULL;
     if (use16 && inp16) {
-        *a16 = grow(&x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
-        pack_cols16(*a16, inp16, (size_t)N, Kl, p);
+        *a16 = grow(x, &x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
+        pack_cols16(x, *a16, inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, p);
     } else {
-        *a32 = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
-        pack_cols(*a32, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, p);
+        *a32 = grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+        pack_cols(x, *a32, inp, inp ? NULL : inp16, LOOM_DTYPE_BF16, (size_t)N, Kl, p);
     }
 }
 
@@ -375,26 +353,21 @@ float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions
         float *a;
         uint16_t *a16;
         pack_input(x, inp, inp16, use16, N, Kl, p, &a, &a16);
-        float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
+        float *part = grow(x, &x->part, &x->cap_part, n, sizeof(float));
         if (use16) { /* [in, out]: the piece's rows as they are */
             k->matmul_forward_b16(part, a, a16, W + (size_t)p.at * OC, W16 ? W16 + (size_t)p.at * OC : NULL,
                                   NULL, N, p.width, OC);
         } else if (w_out_in) { /* (OC, Kl): the piece's columns; a @ w^T */
-            float *w = grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
-            pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
+            float *w = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
+            pack_cols(x, w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
             k->lm_head_forward(part, a, w, N, p.width, OC);
         } else { /* [in, out] (Kl, OC): the piece's rows as they are */
             k->matmul_forward(part, a, W + (size_t)p.at * OC, NULL, N, p.width, OC);
         }
-        loom_tp_exact_add(acc, part, n);
+        loom_tp_exact_add(x, acc, part, n);
     }
     float *y = exit_region(x, r, dst, r->out_rows, N);
-    if (bias) {
-        const int Nr = loom_tp_rows_held(r, N);
-#pragma omp parallel for schedule(static) if ((size_t)Nr * OC >= 65536)
-        for (int i = 0; i < Nr; i++)
-            for (int o = 0; o < OC; o++) y[(size_t)i * OC + o] += bias[o];
-    }
+    if (bias) K(x)->add_bias(y, bias, loom_tp_rows_held(r, N), OC);
     return y;
 }
 
@@ -408,23 +381,23 @@ void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kerne
         float *a;
         uint16_t *a16;
         pack_input(x, inp, inp16, use16, N, Kl, p, &a, &a16);
-        float *part = grow(&x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
+        float *part = grow(x, &x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
         float *g = zeroed(x, (size_t)OC * p.width);
         if (use16) { /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
             k->matmul_backward_b16(part, g, NULL, dout, a, a16, W + (size_t)p.at * OC,
                                    W16 ? W16 + (size_t)p.at * OC : NULL, N, p.width, OC);
-            add_rows(dW, g, (size_t)OC, p);
+            add_rows(x, dW, g, (size_t)OC, p);
         } else if (w_out_in) { /* (OC, Kl): w (OC, width); dinp = dout @ w, g (OC, width) += dout^T @ a */
-            float *w = grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
-            pack_cols(w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
+            float *w = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
+            pack_cols(x, w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
             k->matmul_forward(part, dout, w, NULL, N, OC, p.width);
             k->lm_head_backward(NULL, g, dout, a, w, N, p.width, OC);
-            unpack_cols(dW, g, (size_t)OC, Kl, p, 1);
+            unpack_cols(x, dW, g, (size_t)OC, Kl, p, 1);
         } else { /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
             k->matmul_backward(part, g, NULL, dout, a, W + (size_t)p.at * OC, N, p.width, OC);
-            add_rows(dW, g, (size_t)OC, p);
+            add_rows(x, dW, g, (size_t)OC, p);
         }
-        unpack_cols(dinp, part, (size_t)N, Kl, p, 0);
+        unpack_cols(x, dinp, part, (size_t)N, Kl, p, 0);
     }
     if (dbias) k->bias_backward(dbias, dout, N, OC);
 }
@@ -437,16 +410,16 @@ void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kerne
         const struct piece p = piece_of_part(x, V, j);
         if (!p.width) continue; /* an empty piece */
         if (dt == LOOM_DTYPE_F32) {
-            float *part = grow(&x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
+            float *part = grow(x, &x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
             k->lm_head_forward(part, inp, W + (size_t)p.at * C, N, C, p.width);
-            unpack_cols(logits, part, (size_t)N, Vl, p, 0);
+            unpack_cols(x, logits, part, (size_t)N, Vl, p, 0);
         } else {
-            uint16_t *part = grow(&x->part, &x->cap_part, ((size_t)N * p.width + 1) / 2, sizeof(float));
+            uint16_t *part = grow(x, &x->part, &x->cap_part, ((size_t)N * p.width + 1) / 2, sizeof(float));
             uint16_t *l = logits;
             k->lm_head_forward_lp(part, dt, inp, W + (size_t)p.at * C, W16 ? W16 + (size_t)p.at * C : NULL, N,
                                   C, p.width);
-            for (int i = 0; i < N; i++)
-                memcpy(l + (size_t)i * Vl + p.at, part + (size_t)i * p.width, (size_t)p.width * sizeof *l);
+            K(x)->convert_rows(l + p.at, dt, (size_t)Vl, part, dt, (size_t)p.width, (size_t)N,
+                               (size_t)p.width);
         }
     }
 }
@@ -462,18 +435,18 @@ float *loom_tp_exact_head_backward(struct loom_tp_exact *x, struct loom_tp_regio
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         const struct piece p = piece_of_part(x, V, j);
         if (!p.width) continue;
-        float *part = grow(&x->part, &x->cap_part, n, sizeof(float));
+        float *part = grow(x, &x->part, &x->cap_part, n, sizeof(float));
         const size_t at = (size_t)p.at * C;
         if (dt == LOOM_DTYPE_F32) {
-            float *d = grow(&x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
-            pack_cols(d, dlogits, NULL, dt, (size_t)N, Vl, p);
+            float *d = grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+            pack_cols(x, d, dlogits, NULL, dt, (size_t)N, Vl, p);
             k->lm_head_backward(part, dW + at, d, inp, W + at, N, C, p.width);
         } else {
-            uint16_t *d = grow(&x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
-            pack_cols16(d, dlogits, (size_t)N, Vl, p);
+            uint16_t *d = grow(x, &x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
+            pack_cols16(x, d, dlogits, dt, (size_t)N, Vl, p);
             k->lm_head_backward_lp(part, dW + at, d, dt, inp, W + at, W16 ? W16 + at : NULL, N, C, p.width);
         }
-        loom_tp_exact_add(acc, part, n);
+        loom_tp_exact_add(x, acc, part, n);
     }
     return exit_region(x, r, dst, r->grad_rows, N);
 }
@@ -490,18 +463,16 @@ void loom_tp_exact_crossentropy_rows(struct loom_tp_exact *x, const struct loom_
 {
     double *sum = x->acc, *tgt = x->acc + x->ce_rows;
     LOOM_ASSERT(row0 >= 0 && row0 + n <= x->ce_rows);
+    float *s = grow(x, &x->grad, &x->cap_grad, 2 * (size_t)n, sizeof(float)), *t = s + n;
     for (int j = 0; j < loom_tp_exact_held(x); j++) {
         int lo, hi;
         loom_tp_exact_piece(x, V, j, &lo, &hi);
         if (hi == lo) continue;
-        for (int i = 0; i < n; i++) {
-            float s, t;
-            const int row = row0 + i;
-            k->crossentropy_vp_stats(&s, &t, logits + (size_t)i * Vl + lo, rowmax + row, targets + row,
-                                     v0 + lo, 1, hi - lo);
-            sum[row] += s;
-            tgt[row] += t; /* one piece holds the target: the others add 0 */
-        }
+        for (int i = 0; i < n; i++) /* the piece's columns of row i: not a whole row of the table */
+            k->crossentropy_vp_stats(s + i, t + i, logits + (size_t)i * Vl + lo, rowmax + row0 + i,
+                                     targets + row0 + i, v0 + lo, 1, hi - lo);
+        K(x)->acc_add(sum + row0, s, (size_t)n);
+        K(x)->acc_add(tgt + row0, t, (size_t)n); /* one piece holds the target: the others add 0 */
     }
 }
 
@@ -511,8 +482,8 @@ void loom_tp_exact_crossentropy_done(struct loom_tp_exact *x, float *sumexp, flo
     if (x->tp > 1)
         loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of(x->acc, 2 * (size_t)N, LOOM_DTYPE_F64),
                                          LOOM_OP_SUM));
-    round_into(sumexp, x->acc, (size_t)N);
-    round_into(target, x->acc + N, (size_t)N);
+    K(x)->acc_round(sumexp, x->acc, (size_t)N);
+    K(x)->acc_round(target, x->acc + N, (size_t)N);
 }
 
 /* ---- the scratch, reserved ---------------------------------------------------- */
@@ -536,9 +507,9 @@ static int widest_piece(const struct loom_tp_exact *x, int64_t n)
 /* what exit_region takes: the float64 sum of every row, and the rows held under sp */
 static void reserve_exit(struct loom_tp_exact *x, const struct loom_tp_regions *r, int N)
 {
-    grow(&x->acc, &x->cap_acc, (size_t)N * r->width, sizeof(double));
+    grow(x, &x->acc, &x->cap_acc, (size_t)N * r->width, sizeof(double));
     if (r->sp)
-        grow(&x->acc_rows, &x->cap_acc_rows, (size_t)loom_tp_rows_held(r, N) * r->width, sizeof(double));
+        grow(x, &x->acc_rows, &x->cap_acc_rows, (size_t)loom_tp_rows_held(r, N) * r->width, sizeof(double));
 }
 
 void loom_tp_exact_reserve_column(struct loom_tp_exact *x, const struct loom_tp_regions *r, const int *width,
@@ -551,11 +522,11 @@ void loom_tp_exact_reserve_column(struct loom_tp_exact *x, const struct loom_tp_
         widest = max_size(widest, (size_t)width[s]);
     }
     const size_t n = (size_t)N * C;
-    if (in16) grow(&x->pack_in, &x->cap_pack_in, n, sizeof(float));
-    grow(&x->pack_w, &x->cap_pack_w, (size_t)C * wp, sizeof(float));
-    grow(&x->part, &x->cap_part, max_size((size_t)N * wp, n), sizeof(float));
-    grow(&x->grad, &x->cap_grad, (size_t)C * wp, sizeof(float));
-    grow(&x->pack_a, &x->cap_pack_a, (size_t)N * (bias ? max_size(wp, widest) : wp), sizeof(float));
+    if (in16) grow(x, &x->pack_in, &x->cap_pack_in, n, sizeof(float));
+    grow(x, &x->pack_w, &x->cap_pack_w, (size_t)C * wp, sizeof(float));
+    grow(x, &x->part, &x->cap_part, max_size((size_t)N * wp, n), sizeof(float));
+    grow(x, &x->grad, &x->cap_grad, (size_t)C * wp, sizeof(float));
+    grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * (bias ? max_size(wp, widest) : wp), sizeof(float));
     reserve_exit(x, r, N);
 }
 
@@ -563,10 +534,10 @@ void loom_tp_exact_reserve_row(struct loom_tp_exact *x, const struct loom_tp_reg
                                int Kl, int OC)
 {
     const size_t pw = (size_t)widest_piece(x, (int64_t)Kl * x->tp);
-    grow(&x->pack_a, &x->cap_pack_a, (size_t)N * pw, sizeof(float));
-    grow(&x->part, &x->cap_part, (size_t)N * max_size(pw, (size_t)OC), sizeof(float));
-    if (w_out_in) grow(&x->pack_w, &x->cap_pack_w, (size_t)OC * pw, sizeof(float));
-    grow(&x->grad, &x->cap_grad, (size_t)OC * pw, sizeof(float));
+    grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * pw, sizeof(float));
+    grow(x, &x->part, &x->cap_part, (size_t)N * max_size(pw, (size_t)OC), sizeof(float));
+    if (w_out_in) grow(x, &x->pack_w, &x->cap_pack_w, (size_t)OC * pw, sizeof(float));
+    grow(x, &x->grad, &x->cap_grad, (size_t)OC * pw, sizeof(float));
     reserve_exit(x, r, N);
 }
 
@@ -575,8 +546,8 @@ void loom_tp_exact_reserve_head(struct loom_tp_exact *x, const struct loom_tp_re
 {
     const size_t np = (size_t)N * widest_piece(x, V);
     const size_t f = dt == LOOM_DTYPE_F32 ? np : (np + 1) / 2; /* 16-bit pieces in float32 slots */
-    grow(&x->part, &x->cap_part, max_size(f, (size_t)N * C), sizeof(float));
-    grow(&x->pack_a, &x->cap_pack_a, f, sizeof(float));
+    grow(x, &x->part, &x->cap_part, max_size(f, (size_t)N * C), sizeof(float));
+    grow(x, &x->pack_a, &x->cap_pack_a, f, sizeof(float));
     reserve_exit(x, r, N);
 }
 
@@ -604,7 +575,7 @@ void loom_tp_exact_rows_sum(const struct loom_tp_regions *r, double *acc, size_t
         loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of(acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
 }
 
-void loom_tp_exact_add_rounded(float *grad, const double *acc, size_t n)
+void loom_tp_exact_add_rounded(const struct loom_tp_exact *x, float *grad, const double *acc, size_t n)
 {
-    for (size_t i = 0; i < n; i++) grad[i] += (float)acc[i];
+    K(x)->acc_add_rounded(grad, acc, n);
 }

@@ -34,8 +34,11 @@
 #include "kernels/backend.h"
 #include "layers/tp_regions.h"
 
+struct loom_backend; /* kernels/backend.h */
+
 struct loom_tp_exact {
-    int pieces; /* N; 0: off (the layout's own sums) */
+    const struct loom_backend *b; /* the model's: its scratch, copies and row kernels */
+    int pieces;                   /* N; 0: off (the layout's own sums) */
     int tp, tp_rank;
     /* scratch, grown on use (activations): float64 sums of every row and of
      * the rows held, a piece's product, its packed operands */
@@ -45,7 +48,8 @@ struct loom_tp_exact {
     int ce_rows; /* the cross-entropy's rows, from _begin */
 };
 
-void loom_tp_exact_init(struct loom_tp_exact *x, int pieces, int tp, int tp_rank);
+void loom_tp_exact_init(struct loom_tp_exact *x, const struct loom_backend *b, int pieces, int tp,
+                        int tp_rank);
 void loom_tp_exact_free(struct loom_tp_exact *x);
 /* Pieces this rank holds (N / T) and the first of them. */
 int loom_tp_exact_held(const struct loom_tp_exact *x);
@@ -152,11 +156,11 @@ void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp
 /* A float64 sum of n values (x->acc), zeroed. */
 double *loom_tp_exact_sum(struct loom_tp_exact *x, size_t n);
 /* acc += v (n) in float64. */
-void loom_tp_exact_add(double *acc, const float *v, size_t n);
+void loom_tp_exact_add(const struct loom_tp_exact *x, double *acc, const float *v, size_t n);
 /* acc (n), a sum over the row pieces this rank holds, summed over the tp
  * group under sequence parallelism (each rank holds its own rows). */
 void loom_tp_exact_rows_sum(const struct loom_tp_regions *r, double *acc, size_t n);
 /* grad (n) += acc rounded to float32. */
-void loom_tp_exact_add_rounded(float *grad, const double *acc, size_t n);
+void loom_tp_exact_add_rounded(const struct loom_tp_exact *x, float *grad, const double *acc, size_t n);
 
 #endif

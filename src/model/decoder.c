@@ -620,7 +620,7 @@ void loom_decoder_set_tp_invariant(struct loom_decoder *m, int pieces)
 {
     LOOM_ASSERT(m->slots == NULL && pieces > 0 && pieces % m->tp == 0 && m->spec.heads % pieces == 0 &&
                 m->spec.kv_heads % pieces == 0 && m->spec.ffn % pieces == 0);
-    loom_tp_exact_init(&m->exact, pieces, m->tp, m->tp_rank);
+    loom_tp_exact_init(&m->exact, dev(m), pieces, m->tp, m->tp_rank);
 }
 
 void loom_decoder_set_sequence_parallel(struct loom_decoder *m, int on)
@@ -904,11 +904,11 @@ static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block
             dev(m)->memset(g, 0, (size_t)nw * sizeof *g);
             norm_kernel_backward(m, dinp + at0, g, g + C, dout + at0, inp + at0, weight,
                                  mean ? mean + lo : NULL, rstd + lo, hi - lo);
-            loom_tp_exact_add(acc, g, (size_t)nw);
+            loom_tp_exact_add(&m->exact, acc, g, (size_t)nw);
         }
         loom_tp_exact_rows_sum(&m->rg, acc, (size_t)nw);
-        loom_tp_exact_add_rounded(dweight, acc, (size_t)C);
-        if (dbias) loom_tp_exact_add_rounded(dbias, acc + C, (size_t)C);
+        loom_tp_exact_add_rounded(&m->exact, dweight, acc, (size_t)C);
+        if (dbias) loom_tp_exact_add_rounded(&m->exact, dbias, acc + C, (size_t)C);
         return;
     }
     if (!m->rg.sp) {

@@ -65,6 +65,16 @@ static const struct loom_kernels cpu_kernels = {
     .round_store = loom_round_store,
     .gqa_pack = loom_gqa_pack,
     .gqa_unpack = loom_gqa_unpack,
+    .convert_rows = loom_convert_rows,
+    .add_rows = loom_add_rows,
+    .add_bias = loom_add_bias,
+    .acc_add = loom_acc_add,
+    .acc_round = loom_acc_round,
+    .acc_add_rounded = loom_acc_add_rounded,
+    .fp8_quantize = loom_fp8_quantize,
+    .fp8_amax = loom_fp8_amax_of,
+    .fp8_unscale = loom_fp8_unscale,
+    .fp8_scale_into = loom_fp8_scale_into,
     .get_threads = loom_threads_get,
 };
 

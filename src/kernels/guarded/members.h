@@ -156,6 +156,26 @@
            (qkv, q, k, v, N, NH, G, hs))                                                                     \
     X_VOID(gqa_unpack, (float *dq, float *dk, float *dv, const float *dqkv, int N, int NH, int G, int hs),   \
            (dq, dk, dv, dqkv, N, NH, G, hs))                                                                 \
+    X_VOID(convert_rows,                                                                                     \
+           (void *dst, enum loom_dtype ddt, size_t ldd, const void *src, enum loom_dtype sdt, size_t lds,    \
+            size_t rows, size_t w),                                                                          \
+           (dst, ddt, ldd, src, sdt, lds, rows, w))                                                          \
+    X_VOID(add_rows, (float *dst, size_t ldd, const float *src, size_t lds, size_t rows, size_t w),          \
+           (dst, ldd, src, lds, rows, w))                                                                    \
+    X_VOID(add_bias, (float *y, const float *bias, int N, int OC), (y, bias, N, OC))                         \
+    X_VOID(acc_add, (double *acc, const float *v, size_t n), (acc, v, n))                                    \
+    X_VOID(acc_round, (float *dst, const double *acc, size_t n), (dst, acc, n))                              \
+    X_VOID(acc_add_rounded, (float *dst, const double *acc, size_t n), (dst, acc, n))                        \
+    X_VOID(fp8_quantize,                                                                                     \
+           (uint16_t * q, const float *x, const uint16_t *x16, size_t n, float scale,                        \
+            enum loom_fp8_format fmt),                                                                       \
+           (q, x, x16, n, scale, fmt))                                                                       \
+    X_RET(float, fp8_amax, (const float *x, const uint16_t *x16, size_t n), (x, x16, n))                     \
+    X_VOID(fp8_unscale, (float *out, const float *bias, int N, int OC, float undo),                          \
+           (out, bias, N, OC, undo))                                                                         \
+    X_VOID(fp8_scale_into,                                                                                   \
+           (float *dinp, size_t nx, float undo_x, float *dweight, const float *dw, size_t nw, float undo_w), \
+           (dinp, nx, undo_x, dweight, dw, nw, undo_w))                                                      \
     X_PASS(set_threads)                                                                                      \
     X_PASS(get_threads)
 
