@@ -43,6 +43,7 @@
 #include <sys/wait.h>
 
 #include "base/log.h"
+#include "base/sumsq_exact.h"
 #include "check.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
@@ -1605,6 +1606,44 @@ static void test_lp_sum_squares(void)
     set_threads(saved);
 }
 
+/* sumsq_exact_add on values whose squares and their sums are exact in
+ * double (multiples of 2^-12 below 2, as in test_lp_sum_squares; 1e5 of
+ * them need under 44 bits): the total is the sequential double sum, in
+ * float32 and both 16-bit dtypes; and x added in two uneven pieces, the
+ * second first, holds the same bins as x added whole. */
+static void test_sumsq_exact_add(void)
+{
+    static const enum loom_dtype dts[3] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    const size_t n = 100003, cut = 31337;
+    for (int d = 0; d < 3; d++) {
+        const enum loom_dtype dt = dts[d];
+        float *x = new_rand(n, 2.0f);
+        uint16_t *h = malloc(n * sizeof *h);
+        const void *in = x;
+        if (dt != LOOM_DTYPE_F32) { /* the values the 16-bit ones hold */
+            loom_lp_from_f32(h, x, n, dt);
+            loom_lp_to_f32(x, h, n, dt);
+            in = h;
+        }
+        double want = 0.0;
+        for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
+        const size_t es = loom_dtype_size(dt);
+        struct loom_sumsq_exact whole = {0}, parts = {0};
+        K->sumsq_exact_add(&whole, in, n, dt);
+        K->sumsq_exact_add(&parts, (const char *)in + cut * es, n - cut, dt);
+        K->sumsq_exact_add(&parts, in, cut, dt);
+        uint64_t a[LOOM_SUMSQ_LIMBS], b[LOOM_SUMSQ_LIMBS];
+        loom_sumsq_exact_limbs(&whole, a);
+        loom_sumsq_exact_limbs(&parts, b);
+        const double got = loom_sumsq_exact_value(&whole);
+        printf("sumsq_exact_add %s n=%zu: %.17g, sequential double sum %.17g\n", loom_dtype_name(dt), n, got,
+               want);
+        CHECK(got == want);
+        CHECK(memcmp(a, b, sizeof a) == 0);
+        free(x), free(h);
+    }
+}
+
 /* Every required member of a table is set (in the order of backend.h). */
 /* The elementwise kernels against the loops they stand for, bit for bit:
  * scaling, adding into, rounding to bf16/fp16 (in place and stored), the
@@ -1778,6 +1817,7 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->has_nonfinite != NULL,
         k->lp_has_nonfinite != NULL,
         k->crossentropy_vp_finish != NULL,
+        k->sumsq_exact_add != NULL,
         k->scale != NULL,
         k->add_scalar != NULL,
         k->accumulate != NULL,
@@ -1882,6 +1922,7 @@ int main(int argc, char **argv)
         test_lp_sum_squares();
         test_elementwise();
         test_rows_and_fp8();
+        test_sumsq_exact_add();
     }
     test_linear_sizes(REF, "ref");
     test_has_nonfinite(REF, "ref");

@@ -532,7 +532,7 @@ static void add_squares(struct squares *q, struct loom_buf part)
 {
     const struct loom_model *m = q->m;
     if (m->invariant_sums)
-        loom_sumsq_exact_add(&q->exact, part.data, part.numel, part.dtype);
+        m->backend->k->sumsq_exact_add(&q->exact, part.data, part.numel, part.dtype);
     else
         q->ss += part.dtype == LOOM_DTYPE_F32
                      ? m->backend->k->sum_squares(part.data, part.numel)

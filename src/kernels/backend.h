@@ -8,7 +8,8 @@
  *
  * Every kernel member has the signature, argument order and gradient rule
  * of the free function of the same name in kernels/kernels.h (lp_sum_squares
- * and lp_has_nonfinite: base/dtype.h), without the loom_ prefix:
+ * and lp_has_nonfinite: base/dtype.h; sumsq_exact_add: base/sumsq_exact.h),
+ * without the loom_ prefix:
  * `k->matmul_forward(out, inp, weight, bias, N, C, OC)` is
  * loom_matmul_forward on the CPU. Pointers are to the backend's device
  * memory. Members are required unless marked optional, with what NULL means.
@@ -31,6 +32,7 @@
 #include "base/mem.h"
 
 struct loom_sparse_layout; /* kernels/sparse_layout.h */
+struct loom_sumsq_exact;   /* base/sumsq_exact.h */
 
 struct loom_kernels {
     /* ---- embedding: out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C) */
@@ -184,6 +186,10 @@ struct loom_kernels {
     /* whether x (n) holds an inf or a NaN: float32, and in 16 bits of dtype dt */
     int (*has_nonfinite)(const float *x, size_t n);
     int (*lp_has_nonfinite)(const uint16_t *x, size_t n, enum loom_dtype dt);
+    /* the squares of x (n) of dtype dt (F32, BF16 or F16) added exactly into
+     * *s, an accumulator in host memory: the same total in any order and
+     * split (--layout-invariant's gradient norm) */
+    void (*sumsq_exact_add)(struct loom_sumsq_exact *s, const void *x, size_t n, enum loom_dtype dt);
 
     /* ---- elementwise and row moves: x (n) *= s; dst (n) += src; x (n)
      * rounded to dt in place; the same also stored in 16 bits into dst16 */

@@ -314,7 +314,8 @@ double loom_sum_squares(const float *x, size_t n);
 /* Whether x (n) holds an inf or a NaN. OpenMP-parallel, vectorised, on the
  * bit patterns (so -ffast-math cannot remove it); the reference beside it.
  * The 16-bit forms are base/dtype.h's loom_lp_has_nonfinite and
- * loom_lp_sum_squares. */
+ * loom_lp_sum_squares; the exact sum of squares (the table's
+ * sumsq_exact_add) is base/sumsq_exact.h's loom_sumsq_exact_add. */
 int loom_has_nonfinite(const float *x, size_t n);
 int loom_has_nonfinite_ref(const float *x, size_t n);
 

@@ -8,6 +8,7 @@
  */
 #include <string.h>
 
+#include "base/sumsq_exact.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
 
@@ -57,6 +58,7 @@ static const struct loom_kernels cpu_kernels = {
     .lp_sum_squares = loom_lp_sum_squares,
     .has_nonfinite = loom_has_nonfinite,
     .lp_has_nonfinite = loom_lp_has_nonfinite,
+    .sumsq_exact_add = loom_sumsq_exact_add,
     .set_threads = loom_threads_set,
     .scale = loom_scale,
     .add_scalar = loom_add_scalar,

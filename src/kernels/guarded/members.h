@@ -146,6 +146,8 @@
     X_RET(double, lp_sum_squares, (const uint16_t *x, size_t n, enum loom_dtype dt), (x, n, dt))             \
     X_RET(int, has_nonfinite, (const float *x, size_t n), (x, n))                                            \
     X_RET(int, lp_has_nonfinite, (const uint16_t *x, size_t n, enum loom_dtype dt), (x, n, dt))              \
+    X_VOID(sumsq_exact_add, (struct loom_sumsq_exact * s, const void *x, size_t n, enum loom_dtype dt),      \
+           (s, x, n, dt))                                                                                    \
     X_VOID(scale, (float *x, size_t n, float s), (x, n, s))                                                  \
     X_VOID(add_scalar, (float *dst, const float *src, size_t n, float s), (dst, src, n, s))                  \
     X_VOID(accumulate, (float *dst, const float *src, size_t n), (dst, src, n))                              \
