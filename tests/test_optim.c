@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "check.h"
+#include "kernels/backend.h"
 #include "loom/config.h"
 #include "optim/adamw.h"
 #include "optim/lr.h"
@@ -125,6 +126,6 @@ int main(void)
 
     float g1[3] = {3, 0, 0}, g2[2] = {0, 4};
     struct loom_block blocks[2] = {{.numel = 3, .work_grads = g1}, {.numel = 2, .work_grads = g2}};
-    CHECK(fabs(loom_grad_norm(blocks, 2) - 5.0) < 1e-12); /* sqrt(25): exact in double */
+    CHECK(fabs(loom_grad_norm(loom_backend_cpu(), blocks, 2) - 5.0) < 1e-12); /* sqrt(25): exact in double */
     return check_summary("test_optim");
 }

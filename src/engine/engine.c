@@ -283,8 +283,8 @@ void loom_engine_alloc_grad_acc(struct loom_engine *e)
 void loom_engine_alloc_optimizer(struct loom_engine *e)
 {
     const struct loom_config *cfg = e->cfg;
-    loom_adamw_init(&e->opt, e->part.begin, e->part.end, cfg->adam_beta1, cfg->adam_beta2, cfg->adam_eps,
-                    cfg->weight_decay, cfg->offload_optimizer == LOOM_OFFLOAD_NVME);
+    loom_adamw_init(&e->opt, e->model->backend, e->part.begin, e->part.end, cfg->adam_beta1, cfg->adam_beta2,
+                    cfg->adam_eps, cfg->weight_decay, cfg->offload_optimizer == LOOM_OFFLOAD_NVME);
     e->have_opt = 1;
     if (e->model->dtype != LOOM_DTYPE_F32) loom_adamw_alloc_master(&e->opt);
 }

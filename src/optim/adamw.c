@@ -11,12 +11,21 @@
 #include "kernels/backend.h"
 #include "optim/offload.h"
 
-#include <unistd.h>
+enum {
+    LP_CHUNK = 1 << 16 /* elements of master weights and gradients handled at once under mixed precision */
+};
 
-void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double beta1, double beta2, double eps,
-                     double weight_decay, int streamed)
+/* Offload's buffer sets: file I/O reads into the host set SET_IN and
+ * writes from the host set SET_OUT (their numbers are also the offload
+ * file's slots), and the chunk being updated is on the backend: three sets
+ * in all. */
+enum { SET_IN = 0, SET_OUT = 1, HOST_SETS = 2, SETS = HOST_SETS + 1 };
+
+void loom_adamw_init(struct loom_adamw *opt, const struct loom_backend *b, size_t begin, size_t end,
+                     double beta1, double beta2, double eps, double weight_decay, int streamed)
 {
     LOOM_ASSERT(begin <= end);
+    opt->backend = b;
     opt->beta1 = beta1;
     opt->beta2 = beta2;
     opt->eps = eps;
@@ -26,7 +35,8 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
     opt->t = 0;
     opt->fd = -1;
     opt->io = NULL;
-    opt->sets = NULL;
+    opt->sets = opt->dev = NULL;
+    opt->dev_m = opt->dev_v = opt->dev_master = NULL;
     opt->param_map = opt->grad_map = NULL;
     opt->master = NULL;
     opt->has_master = 0;
@@ -35,13 +45,23 @@ void loom_adamw_init(struct loom_adamw *opt, size_t begin, size_t end, double be
     opt->streamed = streamed;
     opt->m = opt->v = NULL;
     if (streamed) return;
-    opt->m = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
-    opt->v = loom_alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    opt->m = b->alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    opt->v = b->alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
 
-enum {
-    LP_CHUNK = 1 << 16
-}; /* elements of master weights and gradients handled at once under mixed precision */
+/* The master weights on the backend into the offload file from byte
+ * offset off, through host memory a piece at a time. */
+static void master_to_file(const struct loom_adamw *opt, struct loom_offload_file *io, size_t off)
+{
+    const size_t n = opt->end - opt->begin;
+    float *piece = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
+    for (size_t k = 0; k < n; k += LP_CHUNK) {
+        const size_t c = n - k < LP_CHUNK ? n - k : LP_CHUNK;
+        opt->backend->download(piece, opt->master + k, c * sizeof(float));
+        loom_offload_write(io, piece, c * sizeof(float), off + k * sizeof(float));
+    }
+    loom_free(piece);
+}
 
 int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes, int direct)
 {
@@ -57,7 +77,7 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
         return rc;
     }
     if (opt->has_master && opt->master) /* to the file; the buffer sets stay */
-        loom_offload_write(io, opt->master, n * sizeof(float), 2 * region * sizeof(float));
+        master_to_file(opt, io, 2 * region * sizeof(float));
     loom_adamw_offload_buffers(opt, buffer_bytes);
     opt->io = io;
     opt->region = region;
@@ -67,44 +87,54 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
 
 void loom_adamw_offload_buffers(struct loom_adamw *opt, size_t buffer_bytes)
 {
+    const struct loom_backend *b = opt->backend;
     const size_t n = opt->end - opt->begin, arrays = opt->has_master ? 3 : 2,
                  align = LOOM_OFFLOAD_ALIGN / sizeof(float);
     /* chunks of whole aligned blocks: buffer_bytes (less the alignment's slack)
      * over the sets and arrays, one block each at least */
     const size_t usable = buffer_bytes > LOOM_OFFLOAD_ALIGN ? buffer_bytes - LOOM_OFFLOAD_ALIGN : 0;
-    size_t chunk = usable / (LOOM_OFFLOAD_SLOTS * arrays * sizeof(float)) / align * align;
+    size_t chunk = usable / (SETS * arrays * sizeof(float)) / align * align;
     if (chunk < align) chunk = align;
     /* the sets together need not hold more than the state once */
-    const size_t most =
-        loom_offload_round(((n ? n : 1) + LOOM_OFFLOAD_SLOTS - 1) / LOOM_OFFLOAD_SLOTS * sizeof(float)) /
-        sizeof(float);
+    const size_t most = loom_offload_round(((n ? n : 1) + SETS - 1) / SETS * sizeof(float)) / sizeof(float);
     if (chunk > most) chunk = most;
-    loom_free(opt->m);
-    loom_free(opt->v);
-    loom_free(opt->master);
+    b->free(opt->m);
+    b->free(opt->v);
+    b->free(opt->master);
     opt->m = opt->v = opt->master = NULL;
-    char *raw =
-        loom_alloc(loom_mul_size(LOOM_OFFLOAD_SLOTS * arrays, chunk * sizeof(float)) + LOOM_OFFLOAD_ALIGN,
-                   LOOM_MEM_OPTIMIZER);
+    loom_free(opt->sets);
+    b->free(opt->dev);
+    /* the host sets, aligned for direct I/O */
+    char *raw = loom_alloc(loom_mul_size(HOST_SETS * arrays, chunk * sizeof(float)) + LOOM_OFFLOAD_ALIGN,
+                           LOOM_MEM_OPTIMIZER);
     float *p = (float *)(((size_t)raw + LOOM_OFFLOAD_ALIGN - 1) / LOOM_OFFLOAD_ALIGN * LOOM_OFFLOAD_ALIGN);
-    for (int k = 0; k < LOOM_OFFLOAD_SLOTS; k++) {
+    for (int k = 0; k < HOST_SETS; k++) {
         opt->set_m[k] = p, p += chunk;
         opt->set_v[k] = p, p += chunk;
         opt->set_master[k] = opt->has_master ? p : NULL;
         if (opt->has_master) p += chunk;
     }
     opt->sets = raw;
+    /* the backend's set */
+    float *d = b->alloc(loom_mul_size(arrays, chunk * sizeof(float)), LOOM_MEM_OPTIMIZER);
+    opt->dev = d;
+    opt->dev_m = d;
+    opt->dev_v = d + chunk;
+    opt->dev_master = opt->has_master ? d + 2 * chunk : NULL;
     opt->chunk = chunk;
 }
 
 void loom_adamw_free(struct loom_adamw *opt)
 {
-    loom_free(opt->m);
-    loom_free(opt->v);
-    loom_free(opt->master);
+    const struct loom_backend *b = opt->backend;
+    b->free(opt->m);
+    b->free(opt->v);
+    b->free(opt->master);
+    b->free(opt->dev);
     loom_free(opt->sets);
     opt->m = opt->v = opt->master = NULL;
-    opt->sets = NULL;
+    opt->dev = opt->sets = NULL;
+    opt->dev_m = opt->dev_v = opt->dev_master = NULL;
     if (opt->io) {
         loom_offload_close(opt->io);
         loom_free(opt->io);
@@ -123,25 +153,23 @@ void loom_adamw_get(const struct loom_adamw *opt, enum loom_adamw_part part, siz
     const float *src = part == LOOM_ADAMW_EXP_AVG      ? opt->m
                        : part == LOOM_ADAMW_EXP_AVG_SQ ? opt->v
                                                        : opt->master;
-    memcpy(dst, src + k, n * sizeof(float));
+    opt->backend->download(dst, src + k, n * sizeof(float));
 }
 
 void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const float *m, const float *v)
 {
-    const size_t total = opt->end - opt->begin;
-    LOOM_ASSERT(k + n <= total);
+    LOOM_ASSERT(k + n <= opt->end - opt->begin);
     if (opt->fd < 0) {
-        memcpy(opt->m + k, m, n * sizeof(float));
-        memcpy(opt->v + k, v, n * sizeof(float));
+        opt->backend->upload(opt->m + k, m, n * sizeof(float));
+        opt->backend->upload(opt->v + k, v, n * sizeof(float));
         return;
     }
-    (void)total;
     loom_offload_write(opt->io, m, n * sizeof(float), k * sizeof(float));
     loom_offload_write(opt->io, v, n * sizeof(float), (opt->region + k) * sizeof(float));
 }
 
 /* Updates elements [k, k + n) of the range (params and grads point at
- * element k; m and v too). */
+ * element k; m and v too), all on the backend. */
 static void update_range(const struct loom_adamw *opt, const struct loom_kernels *kern, float *params,
                          const float *grads, float *m, float *v, size_t n, float lr, float wd,
                          float grad_scale)
@@ -150,11 +178,10 @@ static void update_range(const struct loom_adamw *opt, const struct loom_kernels
                        grad_scale, opt->t);
 }
 
-double loom_grad_norm(const struct loom_block *blocks, int nblocks)
+double loom_grad_norm(const struct loom_backend *b, const struct loom_block *blocks, int nblocks)
 {
     double ss = 0;
-    for (int i = 0; i < nblocks; i++)
-        ss += loom_backend_cpu()->k->sum_squares(blocks[i].work_grads, blocks[i].numel);
+    for (int i = 0; i < nblocks; i++) ss += b->k->sum_squares(blocks[i].work_grads, blocks[i].numel);
     return sqrt(ss);
 }
 
@@ -186,35 +213,39 @@ static void for_each_range(struct loom_adamw *opt, const struct loom_model *m,
 }
 
 struct step_args {
-    float *params;
-    const float *grads;
-    uint16_t *params_lp;
-    const uint16_t *grads_lp;
+    struct loom_buf params, grads; /* the range's (end - begin) on the backend: float32, or 16-bit */
     float lr, grad_scale;
-    float *scratch;                  /* (LP_CHUNK) float32 gradients */
-    const struct loom_kernels *kern; /* the model's backend's */
+    float *scratch;                  /* (LP_CHUNK) float32 gradients on the backend */
+    const struct loom_kernels *kern; /* the backend's */
 };
 
 static void step_f32(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
 {
     struct step_args *a = ctx;
-    update_range(opt, a->kern, a->params + k, a->grads + k, opt->m + k, opt->v + k, n, a->lr, wd,
-                 a->grad_scale);
+    update_range(opt, a->kern, loom_buf_f32_data(a->params) + k, loom_buf_f32_data(a->grads) + k, opt->m + k,
+                 opt->v + k, n, a->lr, wd, a->grad_scale);
 }
 
-/* Mixed precision: gradients from 16-bit, the update on the float32 master
- * weights, the new 16-bit parameters rounded from them. */
+/* Mixed precision on elements [k, k + n) of the range (master, m and v
+ * point at element k): the 16-bit gradients converted to float32 a piece at
+ * a time, the update on the float32 master weights, the new 16-bit
+ * parameters rounded from them; every conversion the backend's. */
+static void update_lp(const struct loom_adamw *opt, const struct step_args *a, size_t k, size_t n,
+                      float *master, float *m, float *v, float wd)
+{
+    const struct loom_backend *b = opt->backend;
+    for (size_t d = 0; d < n;) {
+        const size_t c = n - d < LP_CHUNK ? n - d : LP_CHUNK;
+        b->convert(loom_buf_f32(a->scratch, c), loom_buf_slice(a->grads, k + d, c));
+        update_range(opt, a->kern, master + d, a->scratch, m + d, v + d, c, a->lr, wd, a->grad_scale);
+        b->convert(loom_buf_slice(a->params, k + d, c), loom_buf_f32(master + d, c));
+        d += c;
+    }
+}
+
 static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
 {
-    struct step_args *a = ctx;
-    for (size_t done = 0; done < n;) {
-        size_t c = n - done < LP_CHUNK ? n - done : LP_CHUNK, at = k + done;
-        loom_lp_to_f32(a->scratch, a->grads_lp + at, c, opt->dtype);
-        update_range(opt, a->kern, opt->master + at, a->scratch, opt->m + at, opt->v + at, c, a->lr, wd,
-                     a->grad_scale);
-        loom_lp_from_f32(a->params_lp + at, opt->master + at, c, opt->dtype);
-        done += c;
-    }
+    update_lp(opt, ctx, k, n, opt->master + k, opt->m + k, opt->v + k, wd);
 }
 
 /* ---- offloaded: chunks through the buffer sets ------------------------------------ */
@@ -245,80 +276,89 @@ static int by_start(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Chunk i's reads (or writes) on slot: m, v and the master weights. */
-static void chunk_io(struct loom_adamw *opt, size_t i, int slot, int write)
+/* Chunk i's reads into SET_IN, or writes from SET_OUT: m, v and the master
+ * weights, whole aligned blocks (past the range's end, the region's padding
+ * takes what the set holds there: no state). */
+static void chunk_io(struct loom_adamw *opt, size_t i, int write)
 {
+    const int set = write ? SET_OUT : SET_IN;
     const size_t total = opt->end - opt->begin, at = i * opt->chunk;
     const size_t c = total - at < opt->chunk ? total - at : opt->chunk;
     const size_t bytes = loom_offload_round(c * sizeof(float));
-    float *bufs[3] = {opt->set_m[slot], opt->set_v[slot], opt->set_master[slot]};
+    float *bufs[3] = {opt->set_m[set], opt->set_v[set], opt->set_master[set]};
     for (int r = 0; r < (opt->has_master ? 3 : 2); r++) {
         const size_t off = ((size_t)r * opt->region + at) * sizeof(float);
         if (write)
-            loom_offload_write_async(opt->io, slot, bufs[r], bytes, off);
+            loom_offload_write_async(opt->io, set, bufs[r], bytes, off);
         else
-            loom_offload_read_async(opt->io, slot, bufs[r], bytes, off);
+            loom_offload_read_async(opt->io, set, bufs[r], bytes, off);
     }
 }
 
-/* The step with the state in the file: chunk i is read into slot i mod S
- * while chunk i - 1 is updated; its update is written back from that slot
- * while the next ones compute, and the slot is reused once that write is
- * done. Each element gets the same update as in memory. */
+/* c elements of each array between host set `set` and the backend's set:
+ * uploaded, or downloaded. */
+static void chunk_move(const struct loom_adamw *opt, int set, size_t c, int up)
+{
+    const struct loom_backend *b = opt->backend;
+    float *host[3] = {opt->set_m[set], opt->set_v[set], opt->set_master[set]};
+    float *dev[3] = {opt->dev_m, opt->dev_v, opt->dev_master};
+    for (int r = 0; r < (opt->has_master ? 3 : 2); r++)
+        if (up)
+            b->upload(dev[r], host[r], c * sizeof(float));
+        else
+            b->download(host[r], dev[r], c * sizeof(float));
+}
+
 /* Offloaded parameters and gradients of elements [lo, hi): read ahead, or
  * dropped once updated. */
 static void shard_pages(const struct loom_adamw *opt, const struct step_args *a, size_t lo, size_t hi,
                         int ahead)
 {
-    const size_t es = a->params ? sizeof(float) : sizeof(uint16_t);
-    const void *p = a->params ? (const void *)(a->params + lo) : (const void *)(a->params_lp + lo);
-    const void *g = a->grads ? (const void *)(a->grads + lo) : (const void *)(a->grads_lp + lo);
+    const size_t es = loom_dtype_size(a->params.dtype);
+    const char *p = (const char *)a->params.data + lo * es, *g = (const char *)a->grads.data + lo * es;
     void (*fn)(const struct loom_offload_map *, const void *, size_t) =
         ahead ? loom_offload_prefetch : loom_offload_drop;
     if (opt->param_map) fn(opt->param_map, p, (hi - lo) * es);
     if (opt->grad_map) fn(opt->grad_map, g, (hi - lo) * es);
 }
 
+/* The step with the state in the file: chunk i, read into the in set, is
+ * uploaded to the backend's set, and chunk i + 1 is read into the in set
+ * while chunk i is updated there; once chunk i - 1's write from the out set
+ * is done, chunk i is downloaded into it and written back while the next
+ * ones compute. Each element gets the same update as in memory. */
 static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, struct step_args *a)
 {
     struct segments l = {0};
     for_each_range(opt, m, add_segment, &l);
     if (l.n > 1) qsort(l.s, l.n, sizeof *l.s, by_start);
     const size_t total = opt->end - opt->begin, nchunks = (total + opt->chunk - 1) / opt->chunk;
-    if (nchunks) chunk_io(opt, 0, 0, 0);
+    if (nchunks) chunk_io(opt, 0, 0);
     size_t seg = 0;
     for (size_t i = 0; i < nchunks; i++) {
-        const int slot = (int)(i % LOOM_OFFLOAD_SLOTS);
-        if (i + 1 < nchunks) { /* the next chunk's slot: free once its last write is done */
-            const int next = (int)((i + 1) % LOOM_OFFLOAD_SLOTS);
-            loom_offload_wait(opt->io, next);
-            chunk_io(opt, i + 1, next, 0);
-            const size_t nlo = (i + 1) * opt->chunk;
+        const size_t lo = i * opt->chunk, hi = lo + opt->chunk < total ? lo + opt->chunk : total;
+        loom_offload_wait(opt->io, SET_IN); /* chunk i is in */
+        chunk_move(opt, SET_IN, hi - lo, 1);
+        if (i + 1 < nchunks) { /* the in set is free again: the next chunk */
+            chunk_io(opt, i + 1, 0);
+            const size_t nlo = hi;
             shard_pages(opt, a, nlo, nlo + opt->chunk < total ? nlo + opt->chunk : total, 1);
         }
-        loom_offload_wait(opt->io, slot); /* chunk i is in */
-        const size_t lo = i * opt->chunk, hi = lo + opt->chunk < total ? lo + opt->chunk : total;
         while (seg < l.n && l.s[seg].k + l.s[seg].n <= lo) seg++;
         for (size_t j = seg; j < l.n && l.s[j].k < hi; j++) {
             const size_t a0 = l.s[j].k > lo ? l.s[j].k : lo,
                          a1 = l.s[j].k + l.s[j].n < hi ? l.s[j].k + l.s[j].n : hi;
-            float *mm = opt->set_m[slot] + (a0 - lo), *vv = opt->set_v[slot] + (a0 - lo);
-            if (!opt->has_master) {
-                update_range(opt, a->kern, a->params + a0, a->grads + a0, mm, vv, a1 - a0, a->lr, l.s[j].wd,
+            float *mm = opt->dev_m + (a0 - lo), *vv = opt->dev_v + (a0 - lo);
+            if (opt->has_master)
+                update_lp(opt, a, a0, a1 - a0, opt->dev_master + (a0 - lo), mm, vv, l.s[j].wd);
+            else
+                update_range(opt, a->kern, loom_buf_f32_data(a->params) + a0,
+                             loom_buf_f32_data(a->grads) + a0, mm, vv, a1 - a0, a->lr, l.s[j].wd,
                              a->grad_scale);
-                continue;
-            }
-            float *master = opt->set_master[slot] + (a0 - lo);
-            for (size_t d = a0; d < a1;) { /* through the float32 gradient scratch */
-                const size_t c = a1 - d < LP_CHUNK ? a1 - d : LP_CHUNK;
-                loom_lp_to_f32(a->scratch, a->grads_lp + d, c, opt->dtype);
-                update_range(opt, a->kern, master + (d - a0), a->scratch, mm + (d - a0), vv + (d - a0), c,
-                             a->lr, l.s[j].wd, a->grad_scale);
-                loom_lp_from_f32(a->params_lp + d, master + (d - a0), c, opt->dtype);
-                d += c;
-            }
         }
-        chunk_io(opt, i, slot, 1);
+        loom_offload_wait(opt->io, SET_OUT); /* chunk i - 1 is written */
+        chunk_move(opt, SET_OUT, hi - lo, 0);
+        chunk_io(opt, i, 1);
         shard_pages(opt, a, lo, hi, 0);
     }
     loom_offload_wait(opt->io, -1);
@@ -329,36 +369,41 @@ void loom_adamw_alloc_master(struct loom_adamw *opt)
 {
     opt->has_master = 1;
     if (!opt->master && !opt->io && !opt->streamed)
-        opt->master = loom_alloc(loom_mul_size(opt->end - opt->begin + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+        opt->master =
+            opt->backend->alloc(loom_mul_size(opt->end - opt->begin + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
 
 void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
 {
-    const uint16_t *params_lp = params.data;
     const enum loom_dtype dtype = params.dtype;
     LOOM_ASSERT(dtype == LOOM_DTYPE_BF16 || dtype == LOOM_DTYPE_F16);
     const size_t n = opt->end - opt->begin;
+    LOOM_ASSERT(params.numel >= n);
     opt->dtype = dtype;
     loom_adamw_alloc_master(opt);
     if (!opt->io) {
-        loom_lp_to_f32(opt->master, params_lp, n, dtype);
+        opt->backend->convert(loom_buf_f32(opt->master, n), loom_buf_slice(params, 0, n));
         return;
     }
+    /* in pieces through host memory, into the file */
+    uint16_t *piece16 = loom_alloc(LP_CHUNK * sizeof(uint16_t), LOOM_MEM_OTHER);
     float *piece = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
-    for (size_t k = 0; k < n;) { /* in pieces, into the file */
+    for (size_t k = 0; k < n;) {
         const size_t c = n - k < LP_CHUNK ? n - k : LP_CHUNK;
-        loom_lp_to_f32(piece, params_lp + k, c, dtype);
+        opt->backend->download(piece16, (const uint16_t *)params.data + k, c * sizeof(uint16_t));
+        loom_lp_to_f32(piece, piece16, c, dtype);
         loom_adamw_set_master_range(opt, k, c, piece);
         k += c;
     }
     loom_free(piece);
+    loom_free(piece16);
 }
 
 void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src)
 {
     LOOM_ASSERT(opt->has_master && k + n <= opt->end - opt->begin);
     if (!opt->io)
-        memcpy(opt->master + k, src, n * sizeof(float));
+        opt->backend->upload(opt->master + k, src, n * sizeof(float));
     else
         loom_offload_write(opt->io, src, n * sizeof(float), (2 * opt->region + k) * sizeof(float));
 }
@@ -366,13 +411,15 @@ void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, con
 void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, struct loom_buf params,
                      struct loom_buf grads, double lr, float grad_scale)
 {
-    LOOM_ASSERT(params.dtype == grads.dtype && params.numel >= opt->end - opt->begin &&
-                grads.numel >= opt->end - opt->begin);
+    const size_t n = opt->end - opt->begin;
+    LOOM_ASSERT(params.dtype == grads.dtype && params.numel >= n && grads.numel >= n);
+    LOOM_ASSERT(m->backend == opt->backend);
+    const struct loom_backend *b = opt->backend;
     opt->t++;
+    struct step_args a = {
+        loom_buf_slice(params, 0, n), loom_buf_slice(grads, 0, n), (float)lr, grad_scale, NULL, b->k};
     if (params.dtype == LOOM_DTYPE_F32) {
         LOOM_ASSERT(!opt->has_master);
-        struct step_args a = {params.data, grads.data, NULL, NULL,
-                              (float)lr,   grad_scale, NULL, m->backend->k};
         if (opt->io)
             step_offloaded(opt, m, &a);
         else
@@ -380,11 +427,10 @@ void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, struct 
         return;
     }
     LOOM_ASSERT(opt->has_master && params.dtype == opt->dtype);
-    float *scratch = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
-    struct step_args a = {NULL, NULL, params.data, grads.data, (float)lr, grad_scale, scratch, m->backend->k};
+    a.scratch = b->alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
     if (opt->io)
         step_offloaded(opt, m, &a);
     else
         for_each_range(opt, m, step_lp, &a);
-    loom_free(scratch);
+    b->free(a.scratch);
 }

@@ -12,6 +12,9 @@
  * a second, buffered descriptor of the same file (the kernel keeps the two
  * coherent: direct I/O writes back and drops the cached pages it covers).
  *
+ * The buffers of the file I/O are host memory (a GPU's pinned staging): the optimizer
+ * moves values between it and the backend's memory (adamw.c).
+ *
  * Not here: what lives where in the file (the optimizer's layout, adamw.c).
  */
 #ifndef LOOM_OPTIM_OFFLOAD_H
@@ -22,7 +25,7 @@
 /* Alignment of direct I/O: buffers, offsets and lengths of asynchronous
  * requests are multiples of it. */
 #define LOOM_OFFLOAD_ALIGN 4096
-enum { LOOM_OFFLOAD_SLOTS = 3, LOOM_OFFLOAD_DEPTH = 32 };
+enum { LOOM_OFFLOAD_SLOTS = 2, LOOM_OFFLOAD_DEPTH = 32 };
 
 struct loom_offload_req {
     int slot, write;
