@@ -89,13 +89,19 @@ static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
 
 /* ---- saving ------------------------------------------------------------- */
 
-/* A piece that is not in memory as float32, written as it is read: the
- * part's 16-bit weights (or its offloaded float32 shard), or offloaded
- * optimizer state, read from its file a staging buffer at a time. */
+/* Elements of 16-bit weights downloaded at a time while saving. */
+#define SAVE_STAGE ((size_t)1 << 16)
+
+/* A piece of the part, written as it is read into the writer's staging
+ * buffer (float32 host memory): the weights downloaded from the backend
+ * (16-bit ones through a host buffer of their own, converted to float32
+ * there), the optimizer state wherever it lives (the backend, or the
+ * offload file). */
 struct piece_src {
     const struct loom_ckpt_parts *p;
-    int part;     /* -1: the weights; else an enum loom_adamw_part */
-    size_t first; /* the piece's first element in the arena */
+    int part;          /* -1: the weights; else an enum loom_adamw_part */
+    size_t first;      /* the piece's first element in the arena */
+    uint16_t *stage16; /* (SAVE_STAGE) host memory, for 16-bit weights */
 };
 
 static int fill_piece(void *ctx, uint64_t at, float *dst, size_t count)
@@ -107,17 +113,25 @@ static int fill_piece(void *ctx, uint64_t at, float *dst, size_t count)
         loom_adamw_get(p->opt, (enum loom_adamw_part)s->part, e - p->opt->begin, count, dst);
         return LOOM_OK;
     }
+    const struct loom_backend *b = p->model->backend;
     struct loom_buf src = loom_buf_slice(p->store, e - p->store_lo, count);
-    loom_buf_convert(loom_buf_f32(dst, count), src);
+    if (src.dtype == LOOM_DTYPE_F32) {
+        b->download(dst, src.data, count * sizeof(float));
+    } else {
+        for (size_t k = 0; k < count; k += SAVE_STAGE) {
+            const size_t c = count - k < SAVE_STAGE ? count - k : SAVE_STAGE;
+            b->download(s->stage16, (const uint16_t *)src.data + k, c * sizeof(uint16_t));
+            loom_lp_to_f32(dst + k, s->stage16, c, src.dtype);
+        }
+    }
     if (p->opt->param_map) loom_offload_drop(p->opt->param_map, src.data, count * loom_dtype_size(src.dtype));
     return LOOM_OK;
 }
 
 struct save_ctx {
     const struct loom_ckpt_parts *p;
-    size_t lo;          /* of this rank's part */
-    const float *in[4]; /* the weights, m, v, master at lo, or NULL: streamed (master: or absent) */
-    int parts;          /* 3, or 4 with master weights */
+    int parts;         /* 3, or 4 with master weights */
+    uint16_t *stage16; /* (SAVE_STAGE) host memory, the pieces' to share */
     struct loom_ckpt_piece *pieces;
     struct piece_src *srcs;
     char (*names)[128];
@@ -137,12 +151,8 @@ static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_
         snprintf(s->names[s->n], sizeof s->names[0], "%s%s", prefix[k], t->name);
         pc->name = s->names[s->n];
         tensor_slice(t, a - t_lo, b - t_lo, &pc->slice);
-        if (s->in[k]) {
-            pc->data = s->in[k] + (a - s->lo);
-        } else {
-            s->srcs[s->n] = (struct piece_src){s->p, part[k], a};
-            pc->fill = fill_piece, pc->fill_ctx = &s->srcs[s->n];
-        }
+        s->srcs[s->n] = (struct piece_src){s->p, part[k], a, s->stage16};
+        pc->fill = fill_piece, pc->fill_ctx = &s->srcs[s->n];
         s->n++;
     }
     return LOOM_OK;
@@ -211,10 +221,10 @@ static int count_tensors(void *ctx, const struct loom_tensor *t, size_t t_lo, si
     return LOOM_OK;
 }
 
-/* Writes this rank's part. What is in memory as float32 is written from
- * where it is; the rest (16-bit weights, offloaded shards and optimizer
- * state) passes through the writer's staging buffer, so a save never holds
- * the part whole. */
+/* Writes this rank's part. The weights and the optimizer state (on the
+ * backend, in offloaded shards or in the optimizer's file) pass through the
+ * writer's staging buffer in host memory, so a save never holds the part
+ * whole. */
 static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t iteration, uint64_t *bytes,
                       uint64_t *file_bytes)
 {
@@ -224,13 +234,8 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     part_of(p, &lo, &hi);
     int ntensors = 0;
     for_each_tensor(m, lo, hi, count_tensors, &ntensors);
-    struct save_ctx s = {p, lo, {NULL, NULL, NULL, NULL}, opt->has_master ? 4 : 3, NULL, NULL, NULL, 0};
-    if (m->dtype == LOOM_DTYPE_F32 && !opt->param_map)
-        s.in[0] = (const float *)p->store.data + (lo - p->store_lo);
-    if (!opt->io) {
-        s.in[1] = opt->m + (lo - opt->begin), s.in[2] = opt->v + (lo - opt->begin);
-        if (opt->has_master) s.in[3] = opt->master + (lo - opt->begin);
-    }
+    struct save_ctx s = {p, opt->has_master ? 4 : 3, NULL, NULL, NULL, NULL, 0};
+    s.stage16 = loom_alloc(SAVE_STAGE * sizeof(uint16_t), LOOM_MEM_OTHER);
     const size_t npieces = 4 * (size_t)ntensors + 2 * (size_t)(m->fp8 ? m->fp8->n : 0) + 1;
     s.pieces = loom_alloc(loom_mul_size(npieces, sizeof *s.pieces), LOOM_MEM_OTHER);
     s.srcs = loom_alloc(loom_mul_size(npieces, sizeof *s.srcs), LOOM_MEM_OTHER);
@@ -248,6 +253,7 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     loom_free(s.pieces);
     loom_free(s.srcs);
     loom_free(s.names);
+    loom_free(s.stage16);
     return rc;
 }
 
@@ -336,7 +342,7 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
 
 /* ---- loading ------------------------------------------------------------ */
 
-/* Elements read at a time where a part is not read straight into place. */
+/* Elements read into host memory at a time, then put where they live. */
 #define LOAD_CHUNK ((size_t)4 << 20)
 
 enum load_what { LOAD_WEIGHTS, LOAD_MOMENTS, LOAD_MASTER };
@@ -345,11 +351,9 @@ struct load_ctx {
     const struct loom_ckpt_parts *p;
     struct loom_ckpt_reader *r;
     enum load_what what;
-    const char *prefix; /* LOAD_WEIGHTS: the names' prefix (the master weights' for a float32 run) */
-    float *dst[2];      /* at lo: read straight into place (moments: m and v); NULL: staged */
-    size_t lo;
+    const char *prefix;      /* LOAD_WEIGHTS: the names' prefix (the master weights' for a float32 run) */
     int master_from_weights; /* LOAD_WEIGHTS: the float32 weights also become the master weights */
-    float *stage[2];         /* LOAD_CHUNK elements each */
+    float *stage[2];         /* LOAD_CHUNK elements each, host memory */
     uint64_t bytes;
 };
 
@@ -362,12 +366,15 @@ static int read_piece(struct load_ctx *c, const char *prefix, const struct loom_
     return loom_ckpt_read_slice(c->r, name, want, dst);
 }
 
-/* Elements [x, y) of the arena, tensor t's, staged: into where they live. */
+/* Elements [x, y) of the arena, tensor t's, read into the host staging:
+ * into where they live (the backend: uploaded, 16-bit weights rounded
+ * first; or an offload file). */
 static int place_staged(struct load_ctx *c, const struct loom_tensor *t, const struct loom_ckpt_slice *want,
                         size_t x, size_t y)
 {
     const struct loom_ckpt_parts *p = c->p;
-    struct loom_adamw *opt = p->opt;
+    const struct loom_backend *be = p->model->backend;
+    struct loom_adamw *opt = p->opt; /* NULL: the weights alone */
     int rc;
     if (c->what == LOAD_MOMENTS) {
         if ((rc = read_piece(c, EXP_AVG, t, want, c->stage[0])) ||
@@ -383,7 +390,13 @@ static int place_staged(struct load_ctx *c, const struct loom_tensor *t, const s
     }
     if ((rc = read_piece(c, c->prefix, t, want, c->stage[0]))) return rc;
     struct loom_buf to = loom_buf_slice(p->store, x - p->store_lo, y - x);
-    loom_buf_convert(to, loom_buf_f32(c->stage[0], y - x));
+    if (to.dtype == LOOM_DTYPE_F32) {
+        be->upload(to.data, c->stage[0], (y - x) * sizeof(float));
+    } else { /* rounded in host memory (stage[1] holds LOAD_CHUNK of them), then uploaded */
+        loom_buf_convert(loom_buf_of(c->stage[1], y - x, to.dtype), loom_buf_f32(c->stage[0], y - x));
+        be->upload(to.data, c->stage[1], loom_buf_bytes(to));
+    }
+    if (!opt) return LOOM_OK;
     if (opt->param_map) loom_offload_drop(opt->param_map, to.data, (y - x) * loom_dtype_size(to.dtype));
     /* the master weights: the float32 weights read (not their rounding),
      * where they overlap the optimizer's range */
@@ -398,14 +411,6 @@ static int read_tensor(void *ctx, const struct loom_tensor *t, size_t t_lo, size
     struct load_ctx *c = ctx;
     struct loom_ckpt_slice want;
     int rc = LOOM_OK;
-    if (c->dst[0]) {
-        tensor_slice(t, a - t_lo, b - t_lo, &want);
-        if (c->what == LOAD_MOMENTS)
-            return (rc = read_piece(c, EXP_AVG, t, &want, c->dst[0] + (a - c->lo)))
-                       ? rc
-                       : read_piece(c, EXP_AVG_SQ, t, &want, c->dst[1] + (a - c->lo));
-        return read_piece(c, c->what == LOAD_MASTER ? MASTER : c->prefix, t, &want, c->dst[0] + (a - c->lo));
-    }
     if (!c->stage[0]) {
         c->stage[0] = loom_alloc(loom_mul_size(2 * LOAD_CHUNK, sizeof(float)), LOOM_MEM_OTHER);
         c->stage[1] = c->stage[0] + LOAD_CHUNK;
@@ -441,10 +446,9 @@ static int open_reader(struct loom_ckpt_reader **r, const char *dir, const struc
     return rc;
 }
 
-/* Reads what this rank's layout holds from checkpoint directory dir. What
- * is float32 in memory is read straight into place; the rest (16-bit
- * weights, offloaded shards and optimizer state) a staging buffer at a
- * time, so a resume never holds a part whole either. */
+/* Reads what this rank's layout holds from checkpoint directory dir, a
+ * host staging buffer at a time (then onto the backend, or into an offload
+ * file), so a resume never holds a part whole either. */
 static int restore(const struct loom_ckpt_parts *p, const char *dir, const struct loom_ckpt_state *st,
                    uint64_t *bytes)
 {
@@ -464,21 +468,15 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         c.what = LOAD_WEIGHTS;
         c.prefix = m->dtype == LOOM_DTYPE_F32 && has_master ? MASTER : "";
         c.master_from_weights = opt->has_master && !take_master;
-        c.lo = p->store_lo;
-        if (m->dtype == LOOM_DTYPE_F32 && !opt->param_map && !c.master_from_weights) c.dst[0] = p->store.data;
         rc = for_each_tensor(m, p->store_lo, p->store_hi, read_tensor, &c);
     }
     if (rc == LOOM_OK && !p->cfg->finetune) {
         c.what = LOAD_MOMENTS;
-        c.lo = opt->begin;
-        c.dst[0] = opt->io ? NULL : opt->m, c.dst[1] = opt->io ? NULL : opt->v;
         rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
         if (rc == LOOM_OK) opt->t = (int)st->optimizer_step;
     }
     if (rc == LOOM_OK && take_master) {
         c.what = LOAD_MASTER;
-        c.lo = opt->begin;
-        c.dst[0] = opt->io ? NULL : opt->master, c.dst[1] = NULL;
         rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
     }
     loom_free(c.stage[0]);
@@ -688,10 +686,46 @@ static int restore_weights(const struct loom_ckpt_parts *p, const char *dir, str
     c.p = p;
     c.what = LOAD_WEIGHTS;
     c.prefix = "";
-    c.dst[0] = m->params.data;
     if (rc == LOOM_OK) rc = for_each_tensor(m, 0, m->num_params, read_tensor, &c);
+    loom_free(c.stage[0]);
     loom_ckpt_reader_close(c.r);
     *bytes = c.bytes;
+    return rc;
+}
+
+/* A weights source in the family's own formats: its reader fills a float32
+ * arena in host memory (through m->params and the blocks' work_params,
+ * pointed there meanwhile), which then goes onto the backend: uploaded, or
+ * rounded to the 16-bit arena a piece at a time in host memory first. */
+static int load_family_weights(const struct loom_model_family *family, struct loom_model *m, const char *path)
+{
+    enum { PIECE = 1 << 16 }; /* elements rounded at a time */
+    const struct loom_backend *b = m->backend;
+    const struct loom_buf stored = m->params;
+    const size_t n = m->num_params;
+    float *host = loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OTHER);
+    float **held = loom_alloc(loom_mul_size((size_t)m->nblocks + 1, sizeof *held), LOOM_MEM_OTHER);
+    m->params = loom_buf_f32(host, n);
+    for (int i = 0; i < m->nblocks; i++) {
+        held[i] = m->blocks[i].work_params;
+        m->blocks[i].work_params = host + m->blocks[i].offset;
+    }
+    int rc = family->load_weights(m, path);
+    m->params = stored;
+    for (int i = 0; i < m->nblocks; i++) m->blocks[i].work_params = held[i];
+    loom_free(held);
+    if (rc == LOOM_OK && stored.dtype == LOOM_DTYPE_F32) {
+        b->upload(stored.data, host, n * sizeof(float));
+    } else if (rc == LOOM_OK) {
+        uint16_t *piece = loom_alloc(PIECE * sizeof(uint16_t), LOOM_MEM_OTHER);
+        for (size_t k = 0; k < n; k += PIECE) {
+            const size_t c = n - k < PIECE ? n - k : PIECE;
+            loom_buf_convert(loom_buf_of(piece, c, stored.dtype), loom_buf_f32(host + k, c));
+            b->upload((uint16_t *)stored.data + k, piece, c * sizeof(uint16_t));
+        }
+        loom_free(piece);
+    }
+    loom_free(host);
     return rc;
 }
 
@@ -702,9 +736,9 @@ int loom_checkpoint_load_weights(struct loom_model *m, const char *path)
         if (!family || !family->load_weights)
             return loom_error_set(LOOM_ERR_INPUT, "--load %s: a %s model loads from loom checkpoints only",
                                   path, m->name);
-        return family->load_weights(m, path);
+        return load_family_weights(family, m, path);
     }
-    struct loom_ckpt_parts p = {.model = m};
+    struct loom_ckpt_parts p = {.model = m, .store = m->params, .store_lo = 0, .store_hi = m->num_params};
     struct loom_ckpt_state st;
     uint64_t bytes;
     char from[512];

@@ -15,7 +15,9 @@
  * seed and the step, so the data position is the step), fp16's loss scaler
  * and the model's type and shape (its family's settings) come from the
  * trainer state. A --load of a save directory whose newest checkpoint is
- * damaged warns and falls back to the newest intact one.
+ * damaged warns and falls back to the newest intact one. Values on the
+ * model's backend pass through host staging buffers a piece at a time:
+ * downloaded to be written, uploaded once read.
  *
  * Not here: tensor- and pipeline-parallel slices (the format describes them
  * already).
@@ -40,8 +42,9 @@ struct loom_ckpt_parts {
     struct loom_model *model;   /* a model family's or a user's */
     int sharded;                /* the optimizer's range is this rank's shard (ZeRO) */
     struct loom_partition part; /* this rank's part of the arena (optimizer state) */
-    /* where this rank's parameters live, in the model's dtype: elements
-     * [store_lo, store_hi) of the arena (the stage-3 shard, else the arena) */
+    /* where this rank's parameters live, on the model's backend in its
+     * dtype: elements [store_lo, store_hi) of the arena (the stage-3 shard,
+     * else the arena) */
     struct loom_buf store;
     size_t store_lo, store_hi;
     struct loom_adamw *opt;
@@ -74,9 +77,10 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration,
 int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
                          struct loom_ckpt_io_stats *stats);
 
-/* One process, weights only, into the parameter arena: from a checkpoint or
+/* One process, weights only, into the parameter arena on the model's
+ * backend (float32, or rounded to its 16-bit dtype): from a checkpoint or
  * save directory, or a weights source the model's family reads (a file, a
- * Hugging Face directory). */
+ * Hugging Face directory) into host memory first. */
 int loom_checkpoint_load_weights(struct loom_model *m, const char *path);
 /* The model what --load names holds, onto cfg's model settings: the newest
  * readable checkpoint's recorded shape (a checkpoint or save directory),

@@ -77,17 +77,27 @@ static int check_same_config(const struct loom_config *cfg)
     return rc;
 }
 
-/* Every rank must start from the same weights: compare a checksum of the bits. */
+/* Every rank must start from the same weights: compare a checksum of the
+ * bits, downloaded a piece at a time. */
 static int check_same_weights(const struct loom_model *m)
 {
+    enum { PIECE = 1 << 16 }; /* elements */
     uint64_t h[2] = {1469598103934665603ull, 0};
-    if (loom_dtype_size(m->dtype) == 2) {
-        const uint16_t *w = m->params.data;
-        for (size_t i = 0; i < m->num_params; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
-    } else {
-        const uint32_t *w = m->params.data;
-        for (size_t i = 0; i < m->num_params; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
+    const size_t es = loom_dtype_size(m->dtype);
+    LOOM_ASSERT(es == 2 || es == 4);
+    void *piece = loom_alloc(PIECE * es, LOOM_MEM_OTHER);
+    for (size_t k = 0; k < m->num_params; k += PIECE) {
+        const size_t c = m->num_params - k < PIECE ? m->num_params - k : PIECE;
+        m->backend->download(piece, (const char *)m->params.data + k * es, c * es);
+        if (es == 2) {
+            const uint16_t *w = piece;
+            for (size_t i = 0; i < c; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
+        } else {
+            const uint32_t *w = piece;
+            for (size_t i = 0; i < c; i++) h[0] = (h[0] ^ w[i]) * 1099511628211ull;
+        }
     }
+    loom_free(piece);
     h[1] = h[0];
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&h[0], 1, LOOM_DTYPE_U64), LOOM_OP_MIN);
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&h[1], 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
@@ -126,24 +136,6 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     loom_backend_use(b);
     if (cfg->threads > 0 && b->k->set_threads) b->k->set_threads(cfg->threads);
     return LOOM_OK;
-}
-
-/* Weights from a file into the model (whole arena): float32, or through a
- * float32 copy rounded into the 16-bit arena under mixed precision. */
-static int load_weights_file(struct loom_model *m, const char *path)
-{
-    if (m->dtype == LOOM_DTYPE_F32) return loom_checkpoint_load_weights(m, path);
-    const struct loom_buf stored = m->params;
-    struct loom_buf tmp = loom_buf_alloc(m->num_params + 1, LOOM_DTYPE_F32, LOOM_MEM_OTHER);
-    m->params = loom_buf_slice(tmp, 0, m->num_params);
-    for (int b = 0; b < m->nblocks; b++) m->blocks[b].work_params = (float *)tmp.data + m->blocks[b].offset;
-    int rc = loom_checkpoint_load_weights(m, path);
-    m->params = stored;
-    for (int b = 0; b < m->nblocks; b++) m->blocks[b].work_params = NULL;
-    if (rc == LOOM_OK)
-        loom_buf_convert(loom_buf_slice(stored, 0, m->num_params), loom_buf_slice(tmp, 0, m->num_params));
-    loom_buf_free(&tmp);
-    return rc;
 }
 
 static int scaler_init(struct loom_engine *e)
@@ -277,7 +269,7 @@ void loom_engine_alloc_grad_acc(struct loom_engine *e)
     const struct loom_config *cfg = e->cfg;
     struct loom_model *m = e->model;
     if (m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1 && !e->shape.shard_grads)
-        m->grad_acc = loom_buf_alloc(m->arena_numel, LOOM_DTYPE_F32, LOOM_MEM_GRADS);
+        m->grad_acc = loom_backend_buf(m->backend, m->arena_numel, LOOM_DTYPE_F32, LOOM_MEM_GRADS);
 }
 
 void loom_engine_alloc_optimizer(struct loom_engine *e)
@@ -323,7 +315,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     e->init_sharded = e->shape.shard_params && dp > 1 && (!*cfg->load || from_dir);
     loom_engine_alloc_arenas(e);
     if (*cfg->load && !from_dir)
-        rc = load_weights_file(m, cfg->load);
+        rc = loom_checkpoint_load_weights(m, cfg->load); /* rounded to 16 bits under mixed precision */
     else if (!e->init_sharded && !from_dir)
         loom_model_init_weights(m, (uint64_t)cfg->seed);
     if ((rc = loom_engine_agree(e, rc))) return rc;
@@ -607,8 +599,8 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     struct loom_model *m = e->model;
     loom_stack_finish_backward(m);         /* every reduction landed, every send waited for */
     if (m->grad_acc.data && m->grads.data) /* accumulated in float32: rounded once */
-        loom_buf_convert(loom_buf_slice(m->grads, 0, m->num_params),
-                         loom_buf_slice(m->grad_acc, 0, m->num_params));
+        m->backend->convert(loom_buf_slice(m->grads, 0, m->num_params),
+                            loom_buf_slice(m->grad_acc, 0, m->num_params));
     double loss = e->loss_sum; /* under pipelining, summed over the stages already (train_batch) */
     loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&loss, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     loss /= (double)A * dp;
