@@ -347,8 +347,6 @@ void loom_convert_rows(void *dst, enum loom_dtype ddt, size_t ldd, const void *s
                        size_t lds, size_t rows, size_t w);
 /* dst's rows (pitch ldd) += src's (pitch lds), rows x w */
 void loom_add_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t rows, size_t w);
-/* y (N,OC) += bias (OC) on every row */
-void loom_add_bias(float *y, const float *bias, int N, int OC);
 /* acc (n, float64) += v; dst = acc rounded; dst += acc rounded */
 void loom_acc_add(double *acc, const float *v, size_t n);
 void loom_acc_round(float *dst, const double *acc, size_t n);

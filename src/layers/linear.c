@@ -49,7 +49,7 @@ static void product_forward(const struct loom_linear_ctx *c, const struct loom_l
     }
     if (c->model->fp8) {
         loom_fp8_linear_t_forward(c->model->fp8, fp8_of(c, l), c->k, out, inp, W, N, C, OC);
-        if (bias) loom_bias_forward(out, bias, N, OC);
+        if (bias) c->k->add_bias(out, bias, N, OC);
     } else {
         c->k->linear_forward(out, inp, x16, W, c->b16 ? W16 : NULL, bias, N, C, OC);
     }

@@ -43,13 +43,6 @@ void loom_add_rows(float *dst, size_t ldd, const float *src, size_t lds, size_t 
     }
 }
 
-void loom_add_bias(float *y, const float *bias, int N, int OC)
-{
-#pragma omp parallel for schedule(static) if ((size_t)N * OC >= PAR_MIN)
-    for (int i = 0; i < N; i++)
-        for (int o = 0; o < OC; o++) y[(size_t)i * OC + o] += bias[o];
-}
-
 void loom_acc_add(double *acc, const float *v, size_t n)
 {
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
