@@ -12,7 +12,6 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "kernels/backend.h"
-#include "kernels/kernels.h"
 #include "plan/cluster.h"
 
 /* What rank 0 sends: the layout (as its bytes: every rank runs the same
@@ -27,9 +26,9 @@ struct choice {
  * will share it: the products' rates and the memory bandwidth summed. */
 static int measure(const struct loom_config *cfg, int world, struct loom_cluster *c)
 {
-    int rc = cfg->bf16 ? loom_bf16_units_select(getenv("LOOM_BF16_UNITS")) : LOOM_OK, first;
-    if (rc == LOOM_OK && cfg->threads > 0 && loom_backend_cpu()->k->set_threads)
-        loom_backend_cpu()->k->set_threads(cfg->threads);
+    const struct loom_backend *b = loom_backend_cpu(); /* the planner's rates are the CPU's */
+    int rc = b->setup(cfg->threads, cfg->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, getenv("LOOM_BF16_UNITS")),
+        first;
     if (rc == LOOM_OK) rc = loom_cluster_measure_node(c, world);
     if ((rc = loom_comm_agree(rc, &first))) return rc;
     double rates[3] = {c->peak_f32, c->peak_bf16, c->mem_bw};

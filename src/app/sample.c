@@ -23,7 +23,6 @@
 #include "base/rng.h"
 #include "engine/checkpoint.h"
 #include "io/checkpoint.h"
-#include "kernels/kernels.h"
 #include "model/family.h"
 #include "tokenizer/bpe.h"
 
@@ -130,7 +129,8 @@ int loom_sample(struct loom_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
     int T = cfg->seq_length, rc;
     if ((rc = family->check(cfg, T))) return rc;
-    if (cfg->threads > 0) loom_threads_set(cfg->threads);
+    const struct loom_backend *be = loom_backend_default();
+    if (be->setup && (rc = be->setup(cfg->threads, LOOM_DTYPE_F32, NULL))) return rc;
     struct loom_model *m = family->create(cfg, 1, T, 0, 0, 0);
     loom_model_alloc_arenas(m, 1, LOOM_MODEL_PARAM_ARENA);
     if ((rc = loom_checkpoint_load_weights(m, cfg->load))) {

@@ -30,7 +30,6 @@
 #include "config/config.h"
 #include "io/checkpoint.h"
 #include "kernels/backend.h"
-#include "kernels/kernels.h" /* loom_bf16_units_select */
 #include "kernels/pool.h"
 #include "layers/pp_stages.h"
 #include "parallel/schedule.h"
@@ -123,9 +122,6 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
     if (rc == LOOM_OK) rc = loom_kinds_resolve(cfg, e->topo.dp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if ((rc = loom_engine_agree(e, check_same_config(cfg)))) return rc;
-    /* bf16's matrix products: the units the CPU has, or LOOM_BF16_UNITS's */
-    if (cfg->bf16 && (rc = loom_engine_agree(e, loom_bf16_units_select(getenv("LOOM_BF16_UNITS")))))
-        return rc;
     const struct loom_backend *b = loom_backend_get(cfg->backend);
     if (!b) {
         char names[256];
@@ -134,7 +130,12 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
                               names);
     }
     loom_backend_use(b);
-    if (cfg->threads > 0 && b->k->set_threads) b->k->set_threads(cfg->threads);
+    /* its threads, and bf16's matrix products on the units the machine has
+     * or LOOM_BF16_UNITS names */
+    if (b->setup &&
+        (rc = loom_engine_agree(e, b->setup(cfg->threads, cfg->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32,
+                                            getenv("LOOM_BF16_UNITS")))))
+        return rc;
     return LOOM_OK;
 }
 

@@ -255,6 +255,12 @@ struct loom_backend {
     /* optional: waits until every kernel and copy issued has finished; NULL:
      * every call is synchronous (the CPU) */
     void (*synchronize)(void);
+    /* optional: the set-up of a run, before its first kernel: the threads
+     * (0: the backend's own choice) and, for a 16-bit compute dtype, the
+     * units its products run on (units: a name the backend knows, as
+     * LOOM_BF16_UNITS gives it; NULL: its best). LOOM_OK, or an input error
+     * (base/log.h) naming what was wrong. NULL: nothing to set up */
+    int (*setup)(int threads, enum loom_dtype compute, const char *units);
     /* optional: the table for training in a 16-bit compute dtype, whose
      * matrix products run on that dtype's units (the CPU: BF16 on the units
      * loom_bf16_units_select chose, kernels/kernels.h); NULL: k for every dtype */

@@ -113,6 +113,14 @@ static void cpu_copy(void *dst, const void *src, size_t bytes)
     if (bytes) memcpy(dst, src, bytes);
 }
 
+/* bf16's units (loom_bf16_units_select), then the thread count */
+static int cpu_setup(int threads, enum loom_dtype compute, const char *units)
+{
+    int rc = compute == LOOM_DTYPE_BF16 ? loom_bf16_units_select(units) : LOOM_OK;
+    if (rc == LOOM_OK && threads > 0) loom_threads_set(threads);
+    return rc;
+}
+
 static const struct loom_backend cpu_backend = {
     .name = "cpu",
     .device = LOOM_DEVICE_CPU,
@@ -126,6 +134,7 @@ static const struct loom_backend cpu_backend = {
     .download = cpu_copy,
     .convert = loom_buf_convert,
     .synchronize = NULL,
+    .setup = cpu_setup,
     .kernels_for = cpu_kernels_for,
 };
 

@@ -469,11 +469,15 @@ static struct loom_backend guarded_backend = {
     .download = guarded_download,
     .convert = guarded_convert,
     .synchronize = NULL,
+    .setup = NULL, /* set in loom_backend_guarded: the CPU's */
     .kernels_for = guarded_kernels_for,
 };
 
 const struct loom_backend *loom_backend_guarded(void)
 {
-    if (!guarded_backend.k) guarded_backend.k = wrap(loom_backend_cpu()->k);
+    if (!guarded_backend.k) {
+        guarded_backend.k = wrap(loom_backend_cpu()->k);
+        guarded_backend.setup = loom_backend_cpu()->setup; /* its kernels are the CPU's */
+    }
     return &guarded_backend;
 }
