@@ -30,7 +30,8 @@
  *     in bf16; GeGLU's gate against double formulas, finite differences
  *     and, bit for bit, GELU's kernels;
  *   - the non-finite checks (float32, bf16, fp16) at every position and
- *     the 16-bit sum of squares against an exact double sum. The sparse
+ *     the 16-bit sum of squares against an exact double sum; adding
+ *     float32 into 16 bits against a scalar loop at 1 and 2 threads. The sparse
  *     attention members are tests/test_sparse_attention.c's.
  * The PyTorch comparison is tests/test_kernels_torch.py.
  */
@@ -1606,6 +1607,40 @@ static void test_lp_sum_squares(void)
     set_threads(saved);
 }
 
+/* lp_accumulate: each element's addition in float32 and its rounding into
+ * bf16/fp16 as a scalar loop does them, the same bits at 1 and 2 threads,
+ * below and above the parallel path's size. */
+static void test_lp_accumulate(void)
+{
+    static const enum loom_dtype dts[2] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    const size_t sizes[3] = {1, 1001, 300007};
+    const int saved = get_threads();
+    for (int k = 0; k < 3; k++) {
+        const size_t n = sizes[k];
+        float *src = new_rand(n, 1.0f), *x = new_rand(n, 4.0f);
+        uint16_t *h0 = malloc(n * sizeof *h0), *want = malloc(n * sizeof *want),
+                 *got = malloc(n * sizeof *got);
+        for (int d = 0; d < 2; d++) {
+            loom_lp_from_f32(h0, x, n, dts[d]);
+            for (size_t i = 0; i < n; i++) {
+                float v;
+                loom_lp_to_f32(&v, &h0[i], 1, dts[d]);
+                v += src[i];
+                loom_lp_from_f32(&want[i], &v, 1, dts[d]);
+            }
+            for (int t = 1; t <= 2; t++) {
+                memcpy(got, h0, n * sizeof *got);
+                set_threads(t);
+                K->lp_accumulate(got, src, n, dts[d]);
+                CHECK(memcmp(got, want, n * sizeof *got) == 0);
+            }
+        }
+        printf("lp_accumulate n=%zu: as a scalar loop at 1 and 2 threads\n", n);
+        free(src), free(x), free(h0), free(want), free(got);
+    }
+    set_threads(saved);
+}
+
 /* sumsq_exact_add on values whose squares and their sums are exact in
  * double (multiples of 2^-12 below 2, as in test_lp_sum_squares; 1e5 of
  * them need under 44 bits): the total is the sequential double sum, in
@@ -1823,6 +1858,7 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->accumulate != NULL,
         k->round_to != NULL,
         k->round_store != NULL,
+        k->lp_accumulate != NULL,
         k->gqa_pack != NULL,
         k->gqa_unpack != NULL,
         k->convert_rows != NULL,
@@ -1923,6 +1959,7 @@ int main(int argc, char **argv)
         test_elementwise();
         test_rows_and_fp8();
         test_sumsq_exact_add();
+        test_lp_accumulate();
     }
     test_linear_sizes(REF, "ref");
     test_has_nonfinite(REF, "ref");

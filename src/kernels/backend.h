@@ -7,9 +7,9 @@
  * beside them with its own table.
  *
  * Every kernel member has the signature, argument order and gradient rule
- * of the free function of the same name in kernels/kernels.h (lp_sum_squares
- * and lp_has_nonfinite: base/dtype.h; sumsq_exact_add: base/sumsq_exact.h),
- * without the loom_ prefix:
+ * of the free function of the same name in kernels/kernels.h (lp_sum_squares,
+ * lp_has_nonfinite and lp_accumulate: base/dtype.h; sumsq_exact_add:
+ * base/sumsq_exact.h), without the loom_ prefix:
  * `k->matmul_forward(out, inp, weight, bias, N, C, OC)` is
  * loom_matmul_forward on the CPU. Pointers are to the backend's device
  * memory. Members are required unless marked optional, with what NULL means.
@@ -198,6 +198,9 @@ struct loom_kernels {
     void (*accumulate)(float *dst, const float *src, size_t n);
     void (*round_to)(float *x, size_t n, enum loom_dtype dt);
     void (*round_store)(uint16_t *dst16, float *x, size_t n, enum loom_dtype dt);
+    /* dst16 (n) = dt(float32(dst16) + src (n)), dst16 held in 16 bits of
+     * dtype dt (BF16 or F16): a float32 gradient added into 16-bit ones */
+    void (*lp_accumulate)(uint16_t *dst16, const float *src, size_t n, enum loom_dtype dt);
     /* grouped-query attention: qkv (N, 3 NH hs) packed from q (N, NH hs), k
      * and v (N, G hs), and back (dq written, dk and dv summed over the query
      * heads each key/value head serves) */

@@ -65,6 +65,7 @@ static const struct loom_kernels cpu_kernels = {
     .accumulate = loom_accumulate,
     .round_to = loom_round_to,
     .round_store = loom_round_store,
+    .lp_accumulate = loom_lp_accumulate,
     .gqa_pack = loom_gqa_pack,
     .gqa_unpack = loom_gqa_unpack,
     .convert_rows = loom_convert_rows,

@@ -153,6 +153,8 @@
     X_VOID(accumulate, (float *dst, const float *src, size_t n), (dst, src, n))                              \
     X_VOID(round_to, (float *x, size_t n, enum loom_dtype dt), (x, n, dt))                                   \
     X_VOID(round_store, (uint16_t * dst16, float *x, size_t n, enum loom_dtype dt), (dst16, x, n, dt))       \
+    X_VOID(lp_accumulate, (uint16_t * dst16, const float *src, size_t n, enum loom_dtype dt),                \
+           (dst16, src, n, dt))                                                                              \
     X_VOID(gqa_pack,                                                                                         \
            (float *qkv, const float *q, const float *k, const float *v, int N, int NH, int G, int hs),       \
            (qkv, q, k, v, N, NH, G, hs))                                                                     \
