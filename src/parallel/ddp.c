@@ -13,7 +13,7 @@ static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     LOOM_ASSERT(b->handle == NULL && b->f32.data);
     if (d->reduce_dtype != LOOM_DTYPE_F32) { /* this rank's sum rounded once, then summed in 16 bits */
-        loom_buf_convert(b->stored, b->f32);
+        d->model->backend->convert(b->stored, b->f32);
         b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->stored, LOOM_OP_SUM);
         return;
     }
@@ -37,7 +37,7 @@ static void provide(struct loom_ddp *d, struct loom_ddp_bucket *b, int give)
 static void open_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     b->f32 = loom_pool_take(b->stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
-    loom_buf_convert(b->f32, b->stored);
+    d->model->backend->convert(b->f32, b->stored);
     provide(d, b, 1);
 }
 
@@ -46,9 +46,9 @@ static double land_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
     double t = loom_comm_wait(b->handle);
     b->handle = NULL;
     if (d->reduce_dtype != LOOM_DTYPE_F32 && !d->pooled) /* the float32 accumulator holds the reduced sum */
-        loom_buf_convert(b->f32, b->stored);
+        d->model->backend->convert(b->f32, b->stored);
     if (d->pooled) {
-        if (d->reduce_dtype == LOOM_DTYPE_F32) loom_buf_convert(b->stored, b->f32);
+        if (d->reduce_dtype == LOOM_DTYPE_F32) d->model->backend->convert(b->stored, b->f32);
         provide(d, b, 0);
         loom_pool_give(&b->f32);
     }
@@ -237,10 +237,12 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
         struct loom_ddp_bucket *tail = &d->buckets[d->nbuckets - 1];
         d->wte = (struct loom_ddp_bucket){.f32 = loom_buf_slice(tail->f32, 0, table->numel)};
         tail->f32 = loom_buf_slice(tail->f32, table->numel, tail->f32.numel - table->numel);
-        d->gathered_dres = loom_alloc(
-            loom_mul_size((size_t)dp * te.max_rows, (size_t)te.width * sizeof(float)), LOOM_MEM_COMM);
+        /* the embedding backward reads them: the backend's memory */
+        const struct loom_backend *b = m->backend;
+        d->gathered_dres = b->alloc(loom_mul_size((size_t)dp * te.max_rows, (size_t)te.width * sizeof(float)),
+                                    LOOM_MEM_COMM);
         d->gathered_tokens =
-            loom_alloc(loom_mul_size((size_t)dp * te.max_rows, sizeof(int32_t)), LOOM_MEM_COMM);
+            b->alloc(loom_mul_size((size_t)dp * te.max_rows, sizeof(int32_t)), LOOM_MEM_COMM);
     }
     d->index = m->stack.n;
     loom_model_push_strategy(m, &ddp_strategy, d);
@@ -250,7 +252,9 @@ void loom_ddp_free(struct loom_ddp *d)
 {
     loom_free(d->buckets);
     loom_free(d->bucket_of);
-    loom_free(d->gathered_dres);
-    loom_free(d->gathered_tokens);
+    if (d->model) {
+        d->model->backend->free(d->gathered_dres);
+        d->model->backend->free(d->gathered_tokens);
+    }
     *d = (struct loom_ddp){0};
 }

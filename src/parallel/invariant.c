@@ -3,6 +3,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/backend.h"
 #include "kernels/pool.h"
 
 static void begin_backward(void *ctx, int micro, int last)
@@ -26,19 +27,11 @@ static void pre_backward(void *ctx, int b)
     loom_block_provide_grads(m, b, x->own[b], x->index);
 }
 
-/* s += v, n floats (float addition commutes: the order of the operands is no matter) */
-static void add(float *s, const float *v, size_t n)
+/* s += v, n floats on the model's backend (float addition commutes: the
+ * order of the operands is no matter) */
+static void add(const struct loom_invariant *x, float *s, const float *v, size_t n)
 {
-#pragma omp parallel for schedule(static) if (n >= 65536)
-    for (size_t i = 0; i < n; i++) s[i] += v[i];
-}
-
-/* d = v, n floats, over the threads (a block's gradient: one thread alone
- * leaves the others waiting) */
-static void copy(float *d, const float *v, size_t n)
-{
-#pragma omp parallel for schedule(static) if (n >= 65536)
-    for (size_t i = 0; i < n; i++) d[i] = v[i];
+    x->model->backend->k->accumulate(s, v, n);
 }
 
 static float **slot(struct loom_invariant *x, int k, int b)
@@ -55,16 +48,16 @@ static void grads_ready(void *ctx, int b)
     float *s = x->own[b];
     unsigned t = (unsigned)x->micro;
     int k = 0;
-    for (; t & 1; t >>= 1, k++) add(s, *slot(x, k, b), n); /* the carries: level k held a sibling */
-    if (!x->last) {                                        /* level k is free (bit k of micro is 0) */
+    for (; t & 1; t >>= 1, k++) add(x, s, *slot(x, k, b), n); /* the carries: level k held a sibling */
+    if (!x->last) {                                           /* level k is free (bit k of micro is 0) */
         float **l = slot(x, k, b);
         LOOM_ASSERT(k < x->levels);
-        if (!*l) *l = loom_alloc(n * sizeof(float), LOOM_MEM_GRADS);
-        copy(*l, s, n);
+        if (!*l) *l = m->backend->alloc(n * sizeof(float), LOOM_MEM_GRADS);
+        m->backend->copy(*l, s, n * sizeof(float));
     } else { /* A not a power of two: the levels still held, lowest first */
         for (t >>= 1, k++; t; t >>= 1, k++)
-            if (t & 1) add(s, *slot(x, k, b), n);
-        add(x->dest[b], s, n); /* the view holds zeros until now */
+            if (t & 1) add(x, s, *slot(x, k, b), n);
+        add(x, x->dest[b], s, n); /* the view holds zeros until now */
     }
     loom_pool_give_f32(s, n);
     x->own[b] = NULL;
@@ -98,7 +91,7 @@ static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_repl
         for (unsigned t = (unsigned)micro; t & 1; t >>= 1) k++;
         if (micro < x->micros - 1) { /* the level grads_ready copies into */
             float **l = slot(x, k, b);
-            if (!*l) *l = loom_alloc(n * sizeof(float), LOOM_MEM_GRADS);
+            if (!*l) *l = x->model->backend->alloc(n * sizeof(float), LOOM_MEM_GRADS);
         }
         loom_pool_give_f32(x->own[b], n);
         x->own[b] = NULL;
@@ -129,7 +122,8 @@ void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int mic
 void loom_invariant_free(struct loom_invariant *x)
 {
     if (!x->model) return;
-    for (size_t i = 0; i < (size_t)x->model->nblocks * (size_t)x->levels; i++) loom_free(x->level[i]);
+    for (size_t i = 0; i < (size_t)x->model->nblocks * (size_t)x->levels; i++)
+        x->model->backend->free(x->level[i]);
     loom_free(x->level);
     loom_free(x->own);
     loom_free(x->dest_owner);

@@ -6,6 +6,7 @@
 #include "base/buf.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/backend.h"
 #include "kernels/pool.h"
 
 static void take_params(struct loom_precision *p, int b)
@@ -14,7 +15,7 @@ static void take_params(struct loom_precision *p, int b)
     if (blk->work_params) return; /* still held (the pinned block) */
     LOOM_ASSERT(blk->params.data);
     struct loom_buf w = loom_pool_take(blk->numel, LOOM_DTYPE_F32, 0, LOOM_MEM_OTHER);
-    loom_buf_convert(w, blk->params);
+    p->model->backend->convert(w, blk->params);
     blk->work_params = w.data;
 }
 
@@ -62,7 +63,7 @@ static void grads_ready(void *ctx, int b)
     struct loom_block *blk = &m->blocks[b];
     if (blk->grads_owner == p->index) {
         if (!m->grad_acc.data) {
-            loom_buf_accumulate(blk->grads, loom_buf_f32(blk->work_grads, blk->numel));
+            m->backend->k->lp_accumulate(blk->grads.data, blk->work_grads, blk->numel, blk->grads.dtype);
             loom_pool_give_f32(blk->work_grads, blk->numel);
         }
         loom_block_provide_grads(m, b, NULL, LOOM_GRADS_NONE);

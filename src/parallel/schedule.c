@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "comm/comm.h"
+#include "kernels/backend.h"
 #include "loom/config.h"
 
 /* ---- plans ------------------------------------------------------------------ */
@@ -250,10 +251,13 @@ static void send_backward(struct runner *r, int slot, int chunk)
 }
 
 /* The runner's buffers: two receive buffers per direction this stage
- * receives in, a send buffer per slot, chunk and direction. */
+ * receives in, a send buffer per slot, chunk and direction; the boundary's
+ * (activations and their gradients, which the model's kernels read and
+ * write) on the default backend's memory, the bookkeeping on the host. */
 static void runner_buffers(struct runner *r)
 {
     const struct loom_pipe_plan *p = r->p;
+    const struct loom_backend *b = loom_backend_default();
     const size_t nbufs = (size_t)p->slots * p->chunks * 2;
     if (p->pp > 1) {
         r->in[ACTIVATION] = (struct inbox){.peer = prev_stage(r), .tag = TAG_ACTIVATION};
@@ -265,8 +269,8 @@ static void runner_buffers(struct runner *r)
         }
         for (int k = 0; k < 2; k++)
             for (int j = 0; j < 2 && r->in[k].left; j++)
-                r->in[k].buf[j] = loom_alloc(loom_mul_size(r->boundary, sizeof(float)), LOOM_MEM_COMM);
-        r->send_bufs = loom_alloc(loom_mul_size(nbufs * r->boundary, sizeof(float)), LOOM_MEM_COMM);
+                r->in[k].buf[j] = b->alloc(loom_mul_size(r->boundary, sizeof(float)), LOOM_MEM_COMM);
+        r->send_bufs = b->alloc(loom_mul_size(nbufs * r->boundary, sizeof(float)), LOOM_MEM_COMM);
         r->sending = loom_alloc(nbufs * sizeof *r->sending, LOOM_MEM_OTHER);
     }
     r->batches = loom_alloc((size_t)p->slots * sizeof *r->batches, LOOM_MEM_OTHER);
@@ -275,11 +279,12 @@ static void runner_buffers(struct runner *r)
 
 static void free_runner_buffers(struct runner *r)
 {
+    const struct loom_backend *b = loom_backend_default();
     for (int k = 0; k < 2; k++) {
-        loom_free(r->in[k].buf[0]);
-        loom_free(r->in[k].buf[1]);
+        b->free(r->in[k].buf[0]);
+        b->free(r->in[k].buf[1]);
     }
-    loom_free(r->send_bufs);
+    b->free(r->send_bufs);
     loom_free(r->sending);
     loom_free(r->batches);
     loom_free(r->rows);

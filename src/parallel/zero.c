@@ -47,6 +47,13 @@ struct loom_partition loom_zero_partition(int sharded, int dp, int dp_rank, cons
     return p;
 }
 
+/* The model's backend: every data buffer here is its memory, touched
+ * through its calls only. */
+static const struct loom_backend *be(const struct loom_zero *z)
+{
+    return z->model->backend;
+}
+
 /* Transient buffers come from the pool (base/pool.h), counted under comm. */
 static struct loom_buf take(size_t n, enum loom_dtype dt, int zeroed)
 {
@@ -79,20 +86,19 @@ static void land_oldest(struct loom_zero *z)
     struct loom_zero_flight *f = &z->flights[block];
     z->wait_s += loom_comm_wait(f->handle);
     if (f->send16.data) {
-        loom_buf_convert(f->recv, loom_buf_slice(f->recv16, 0, f->recv.numel));
+        be(z)->convert(f->recv, loom_buf_slice(f->recv16, 0, f->recv.numel));
         loom_pool_give(&f->send16);
         loom_pool_give(&f->recv16);
     }
     const struct loom_buf acc = z->model->dtype == LOOM_DTYPE_F32 ? z->grad_shard : z->grad_acc;
     if (acc.data) {
         float *dst = (float *)acc.data + f->shard_off;
-        const float *src = f->recv.data;
-        for (size_t i = 0; i < f->recv.numel; i++) dst[i] += src[i];
+        be(z)->k->accumulate(dst, f->recv.data, f->recv.numel);
         loom_offload_drop(z->model->dtype == LOOM_DTYPE_F32 ? &z->grad_map : &z->acc_map, dst,
                           f->recv.numel * sizeof(float));
     } else {
         const struct loom_buf seg = loom_buf_slice(z->grad_shard, f->shard_off, f->recv.numel);
-        loom_buf_accumulate(seg, f->recv);
+        be(z)->k->lp_accumulate(seg.data, f->recv.data, seg.numel, seg.dtype);
         loom_offload_drop(&z->grad_map, seg.data, loom_buf_bytes(seg));
     }
     loom_pool_give(&f->buf);
@@ -126,7 +132,7 @@ static void post_grads(struct loom_zero *z, int block)
     if (z->reduce_dtype != LOOM_DTYPE_F32) { /* this rank's gradient rounded once, summed in 16 bits */
         f->send16 = take(hi - lo, z->reduce_dtype, 0);
         f->recv16 = take(nrecv, z->reduce_dtype, 0);
-        loom_buf_convert(f->send16, f->buf);
+        be(z)->convert(f->send16, f->buf);
         f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->send16, f->recv16, z->counts);
     } else {
         f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts);
@@ -210,11 +216,11 @@ static void begin_step(void *ctx)
     if (z->grad_map.data)
         loom_offload_zero(&z->grad_map);
     else if (z->grad_shard.data)
-        memset(z->grad_shard.data, 0, loom_buf_bytes(z->grad_shard));
+        be(z)->memset(z->grad_shard.data, 0, loom_buf_bytes(z->grad_shard));
     if (z->acc_map.data)
         loom_offload_zero(&z->acc_map);
     else if (z->grad_acc.data)
-        memset(z->grad_acc.data, 0, loom_buf_bytes(z->grad_acc));
+        be(z)->memset(z->grad_acc.data, 0, loom_buf_bytes(z->grad_acc));
 }
 
 static void pre_forward(void *ctx, int block)
@@ -261,7 +267,7 @@ static void finish_backward(void *ctx)
     struct loom_zero *z = ctx;
     while (z->norder > 0) land_oldest(z);
     if (z->grad_acc.data) {
-        loom_buf_convert(z->grad_shard, z->grad_acc); /* accumulated in float32: rounded once */
+        be(z)->convert(z->grad_shard, z->grad_acc); /* accumulated in float32: rounded once */
         loom_offload_drop(&z->acc_map, z->grad_acc.data, loom_buf_bytes(z->grad_acc));
         loom_offload_drop(&z->grad_map, z->grad_shard.data, loom_buf_bytes(z->grad_shard));
     }
@@ -385,13 +391,13 @@ static void make_units(struct loom_zero *z, int64_t min_params)
     z->pinned = m->ops->tied_embedding && m->ops->tied_embedding(m, &te) ? z->unit_of[te.block] : -1;
 }
 
-/* A shard of n elements: in memory, or (offload_dir, outside the counting
- * mode) a mapping of a new file there. */
-static int shard_alloc(struct loom_buf *b, struct loom_offload_map *mp, size_t n, enum loom_dtype dt,
-                       enum loom_mem_tag tag, const char *dir, const char *what)
+/* A shard of n elements: the backend's memory, or (offload_dir, outside
+ * the counting mode) a mapping of a new file there. */
+static int shard_alloc(const struct loom_zero *z, struct loom_buf *b, struct loom_offload_map *mp, size_t n,
+                       enum loom_dtype dt, enum loom_mem_tag tag, const char *dir, const char *what)
 {
     if (!dir) {
-        *b = loom_buf_alloc(n, dt, tag);
+        *b = loom_backend_buf(be(z), n, dt, tag);
         return LOOM_OK;
     }
     if (loom_mem_counting()) { /* a footprint: it will be a file, not memory (an address, no bytes) */
@@ -425,17 +431,17 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
     }
     const size_t shard = z->part.shard;
     LOOM_ASSERT(m->grads.data == NULL && shard <= 0x7fffffff);
-    int rc = shard_alloc(&z->grad_shard, &z->grad_map, shard, m->dtype, LOOM_MEM_GRADS, offload_dir,
+    int rc = shard_alloc(z, &z->grad_shard, &z->grad_map, shard, m->dtype, LOOM_MEM_GRADS, offload_dir,
                          "gradient shard");
     if (rc == LOOM_OK && accumulate_f32) {
         LOOM_ASSERT(m->dtype != LOOM_DTYPE_F32);
-        rc = shard_alloc(&z->grad_acc, &z->acc_map, shard, LOOM_DTYPE_F32, LOOM_MEM_GRADS, offload_dir,
+        rc = shard_alloc(z, &z->grad_acc, &z->acc_map, shard, LOOM_DTYPE_F32, LOOM_MEM_GRADS, offload_dir,
                          "float32 gradient accumulator");
     }
     /* keep this rank's shard of the parameters, let go of the arena (a model
      * without one is initialised shard by shard: loom_zero_init_weights) */
     if (rc == LOOM_OK && stage == 3)
-        rc = shard_alloc(&z->param_shard, &z->param_map, shard, m->dtype, LOOM_MEM_PARAMS, offload_dir,
+        rc = shard_alloc(z, &z->param_shard, &z->param_map, shard, m->dtype, LOOM_MEM_PARAMS, offload_dir,
                          "parameter shard");
     if (rc) return rc;
     z->flights = loom_alloc(sizeof *z->flights * (size_t)m->nblocks, LOOM_MEM_OTHER);
@@ -448,9 +454,9 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
     }
     if (m->params.data) {
         const struct loom_buf own = loom_buf_slice(z->param_shard, 0, z->part.end - z->part.begin);
-        loom_buf_convert(own, loom_buf_slice(m->params, z->part.begin, z->part.end - z->part.begin));
+        be(z)->convert(own, loom_buf_slice(m->params, z->part.begin, z->part.end - z->part.begin));
         loom_offload_drop(&z->param_map, own.data, loom_buf_bytes(own));
-        loom_buf_free(&m->params);
+        loom_backend_buf_free(m->backend, &m->params);
     }
     for (int b = 0; b < m->nblocks; b++) loom_block_hold_params(m, b, NULL);
     make_units(z, min_params);
@@ -466,12 +472,12 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
     for (int u = 0; u < z->nunits; u++) {
         struct loom_zero_unit *x = &z->units[u];
         struct loom_buf buf = take(x->hi - x->lo, LOOM_DTYPE_F32, 0);
-        for (int b = x->first; b <= x->last; b++)
+        for (int b = x->first; b <= x->last; b++) /* drawn on the host, uploaded into buf */
             loom_model_init_block(m, b, seed, (float *)buf.data + (m->blocks[b].offset - x->lo));
         size_t a = x->lo > begin ? x->lo : begin, e = x->hi < end ? x->hi : end;
         if (a < e) {
             const struct loom_buf dst = loom_buf_slice(z->param_shard, a - begin, e - a);
-            loom_buf_convert(dst, loom_buf_slice(buf, a - x->lo, e - a));
+            be(z)->convert(dst, loom_buf_slice(buf, a - x->lo, e - a));
             loom_offload_drop(&z->param_map, dst.data, loom_buf_bytes(dst));
         }
         loom_pool_give(&buf);
@@ -570,8 +576,8 @@ void loom_zero_free(struct loom_zero *z)
         if (shards[i].map->data) {
             loom_offload_unmap(shards[i].map);
             *shards[i].buf = (struct loom_buf){0};
-        } else {
-            loom_buf_free(shards[i].buf);
+        } else if (shards[i].buf->data) {
+            loom_backend_buf_free(be(z), shards[i].buf);
         }
     }
     loom_free(z->flights);
