@@ -27,9 +27,14 @@ static_assert(sizeof tag_names / sizeof tag_names[0] == LOOM_MEM_COUNT, "tag_nam
 static int64_t current[LOOM_MEM_COUNT], peak[LOOM_MEM_COUNT];
 static void (*on_failure)(size_t bytes, enum loom_mem_tag tag);
 
+static void reserve_counting(void);
+
 void loom_mem_on_failure(void (*fn)(size_t bytes, enum loom_mem_tag tag))
 {
     on_failure = fn;
+    /* the handler counts a footprint when memory has run out: its addresses
+     * are taken now, while there are some */
+    if (fn) reserve_counting();
 }
 static int64_t current_total, peak_total;
 
@@ -108,15 +113,19 @@ static void count_free(const void *p)
     while (counting.n > 0 && counting.blocks[counting.n - 1].tag < 0) counting.n--;
 }
 
+/* The counting window's addresses, reserved once. */
+static void reserve_counting(void)
+{
+    if (counting.base) return;
+    void *r = mmap(NULL, (size_t)COUNT_SLOTS * 64, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) loom_die("out of memory: cannot reserve addresses to count allocations");
+    counting.base = r;
+}
+
 void loom_mem_count_begin(void)
 {
     LOOM_ASSERT(!counting.on);
-    if (!counting.base) {
-        void *r = mmap(NULL, (size_t)COUNT_SLOTS * 64, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
-        if (r == MAP_FAILED) loom_die("out of memory: cannot reserve addresses to count allocations");
-        counting.base = r;
-    }
+    reserve_counting();
     memset(&counting.st, 0, sizeof counting.st);
     counting.on = 1;
 }
