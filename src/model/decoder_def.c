@@ -33,10 +33,10 @@ struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
     for (int k = 0; k < d->nkeys; k++) {
         const void *from = (const char *)&c + d->keys[k].cfg;
         void *to = (char *)&s + d->keys[k].spec;
-        if (d->keys[k].kind == LOOM_SHAPE_INT)
-            *(int *)to = *(const int *)from;
-        else
+        if (d->keys[k].kind == LOOM_SHAPE_REAL)
             *(double *)to = *(const double *)from;
+        else
+            *(int *)to = *(const int *)from;
     }
     if (d->finish) d->finish(&s);
     return s;
@@ -105,7 +105,7 @@ static void set_architecture(const struct loom_decoder_def *d, struct loom_confi
     cfg->swiglu = a->mlp == LOOM_MLP_GATED && a->activation == LOOM_MLP_SILU;
     cfg->disable_bias_linear = !(a->o_bias || a->mlp_bias);
     cfg->add_qkv_bias = a->qkv_bias && !a->o_bias;
-    cfg->group_query_attention = 1;
+    cfg->group_query_attention = has_key(d, offsetof(struct loom_config, num_query_groups));
 }
 
 /* The sizes a spec can be built with for sequences of T. */
@@ -207,8 +207,10 @@ static void add(struct loom_model_shape *out, const struct loom_shape_key *k, co
     const void *field = (const char *)base + offset;
     if (k->kind == LOOM_SHAPE_INT)
         loom_model_shape_add_int(out, k->key, *(const int *)field);
-    else
+    else if (k->kind == LOOM_SHAPE_REAL)
         loom_model_shape_add_real(out, k->key, *(const double *)field);
+    else
+        loom_model_shape_add_word(out, k->key, k->words[*(const int *)field]);
 }
 
 void loom_decoder_def_shape_of(const struct loom_decoder_def *d, const struct loom_config *cfg,
@@ -229,6 +231,40 @@ void loom_decoder_def_model_shape(const struct loom_decoder_def *d, const struct
     for (int k = 0; k < d->nkeys; k++) add(out, &d->keys[k], &m->spec, d->keys[k].spec);
 }
 
+/* One setting into its configuration field; LOOM_ERR_INPUT naming it when
+ * out of range. */
+static int apply_key(const struct loom_shape_key *key, const struct loom_shape_setting *kv,
+                     struct loom_config *cfg)
+{
+    void *field = (char *)cfg + key->cfg;
+    if (key->kind == LOOM_SHAPE_INT) {
+        if (kv->kind != LOOM_SHAPE_INT || kv->value < key->lo || kv->value > key->hi)
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected an integer in [%.0f, %.0f]", key->key,
+                                  key->lo, key->hi);
+        *(int *)field = (int)kv->value;
+    } else if (key->kind == LOOM_SHAPE_REAL) {
+        if (kv->kind == LOOM_SHAPE_WORD || !(kv->real >= key->lo && kv->real <= key->hi))
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number in [%.0f, %.0f]", key->key,
+                                  key->lo, key->hi);
+        *(double *)field = kv->real;
+    } else {
+        int w = 0;
+        while (key->words[w] && !(kv->kind == LOOM_SHAPE_WORD && strcmp(kv->word, key->words[w]) == 0)) w++;
+        if (!key->words[w]) {
+            char names[128] = "";
+            for (int i = 0; key->words[i]; i++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                         !i                  ? ""
+                         : key->words[i + 1] ? ", "
+                                             : " or ",
+                         key->words[i]);
+            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected %s", key->key, names);
+        }
+        *(int *)field = w;
+    }
+    return LOOM_OK;
+}
+
 int loom_decoder_def_apply_shape(const struct loom_decoder_def *d, const struct loom_model_shape *shape,
                                  struct loom_config *cfg)
 {
@@ -246,19 +282,15 @@ int loom_decoder_def_apply_shape(const struct loom_decoder_def *d, const struct 
     for (int k = 0; k < d->nkeys; k++) {
         const struct loom_shape_key *key = &d->keys[k];
         const struct loom_shape_setting *kv = loom_model_shape_find(shape, key->key);
-        if (!kv) return loom_error_set(LOOM_ERR_INPUT, "model.%s: missing", key->key);
-        void *field = (char *)&out + key->cfg;
-        if (key->kind == LOOM_SHAPE_INT) {
-            if (kv->kind != LOOM_SHAPE_INT || kv->value < key->lo || kv->value > key->hi)
-                return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected an integer in [%.0f, %.0f]",
-                                      key->key, key->lo, key->hi);
-            *(int *)field = (int)kv->value;
-        } else {
-            if (kv->kind == LOOM_SHAPE_WORD || !(kv->real >= key->lo && kv->real <= key->hi))
-                return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number in [%.0f, %.0f]", key->key,
-                                      key->lo, key->hi);
-            *(double *)field = kv->real;
+        struct loom_shape_setting absent;
+        if (!kv && !key->absent) return loom_error_set(LOOM_ERR_INPUT, "model.%s: missing", key->key);
+        if (!kv) { /* an older file: the value every model had then */
+            memset(&absent, 0, sizeof absent);
+            loom_model_shape_parse(&absent, key->absent);
+            kv = &absent;
         }
+        int rc = apply_key(key, kv, &out);
+        if (rc) return rc;
     }
     set_architecture(d, &out); /* the architecture the file's model has */
     *cfg = out;

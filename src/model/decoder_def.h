@@ -33,17 +33,28 @@ struct loom_hf_map;
 
 /* A shape setting: its key in files (its flag's name with '_'), the
  * configuration field and the spec field it is (int for INT, double for
- * REAL), and its bounds. */
+ * REAL, an enum for WORD: words[value] its name in files, the same value in
+ * both fields), its bounds, and the value of a file without it (an older
+ * one; NULL: required). */
 struct loom_shape_key {
     const char *key;
     size_t cfg, spec;
     enum loom_shape_kind kind;
     double lo, hi;
+    const char *const *words; /* WORD: the names, NULL-ended */
+    const char *absent;
 };
 #define LOOM_SHAPE_KEY(key, cfg_field, spec_field, kind, lo, hi)                                             \
+    LOOM_SHAPE_KEY_OR(key, cfg_field, spec_field, kind, lo, hi, NULL)
+#define LOOM_SHAPE_KEY_OR(key, cfg_field, spec_field, kind, lo, hi, absent)                                  \
     {                                                                                                        \
         key, offsetof(struct loom_config, cfg_field), offsetof(struct loom_decoder_spec, spec_field), kind,  \
-            lo, hi                                                                                           \
+            lo, hi, NULL, absent                                                                             \
+    }
+#define LOOM_SHAPE_KEY_WORD(key, cfg_field, spec_field, words, absent)                                       \
+    {                                                                                                        \
+        key, offsetof(struct loom_config, cfg_field), offsetof(struct loom_decoder_spec, spec_field),        \
+            LOOM_SHAPE_WORD, 0, 0, words, absent                                                             \
     }
 
 /* The shape settings every decoder family records (a family adds its own). */

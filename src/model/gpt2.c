@@ -4,7 +4,11 @@
  */
 #include "model/gpt2.h"
 
+#include <limits.h>
+#include <string.h>
+
 #include "base/log.h"
+#include "model/decoder_def.h"
 #include "model/family.h"
 
 int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
@@ -40,33 +44,68 @@ static const struct loom_decoder_names names = {
     .lm_head = "lm_head", /* Hugging Face's name for GPT2LMHeadModel's own head */
 };
 
+static const struct loom_decoder_spec arch = {
+    .names = &names,
+    .norm = LOOM_NORM_LAYERNORM,
+    .positions = LOOM_POSITION_LEARNED,
+    .weights = LOOM_WEIGHTS_IN_OUT,
+    .fused_qkv = 1,
+    .qkv_bias = 1,
+    .o_bias = 1,
+    .mlp_bias = 1,
+    .mlp = LOOM_MLP_DENSE,
+    .init_std = 0.02,
+    .scaled_init = 1,
+};
+
+/* every head its own key/value head; the MLP 4 x C */
+static void finish(struct loom_decoder_spec *s)
+{
+    s->kv_heads = s->heads;
+    s->ffn = 4 * s->hidden;
+}
+
+/* The shape settings as files record them: the keys checkpoints' trainer
+ * state has always written, then the numerics (absent from older files,
+ * which were all GPT-2's defaults). The activation's names are the
+ * spec's values (gelu_new: the tanh form). */
+static const struct loom_shape_key keys[] = {
+    LOOM_SHAPE_KEY("num_layers", num_layers, num_layers, LOOM_SHAPE_INT, 1, INT_MAX),
+    LOOM_SHAPE_KEY("hidden_size", hidden_size, hidden, LOOM_SHAPE_INT, 1, INT_MAX),
+    LOOM_SHAPE_KEY("num_attention_heads", num_attention_heads, heads, LOOM_SHAPE_INT, 1, INT_MAX),
+    LOOM_SHAPE_KEY("max_position_embeddings", max_position_embeddings, max_pos, LOOM_SHAPE_INT, 1, INT_MAX),
+    LOOM_SHAPE_KEY("vocab_size", vocab_size, vocab, LOOM_SHAPE_INT, 1, INT_MAX),
+    LOOM_SHAPE_KEY_OR("norm_epsilon", norm_epsilon, norm_eps, LOOM_SHAPE_REAL, 0, 1, "1e-5"),
+    LOOM_SHAPE_KEY_WORD("activation_function", activation_function, activation, loom_activation_names,
+                        "gelu_new"),
+    LOOM_SHAPE_KEY_OR("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights, untied,
+                      LOOM_SHAPE_INT, 0, 1, "0"),
+};
+_Static_assert((int)LOOM_ACTIVATION_GELU_NEW == (int)LOOM_MLP_GELU_TANH &&
+                   (int)LOOM_ACTIVATION_GELU == (int)LOOM_MLP_GELU,
+               "the activation setting's values are the spec's");
+
+const struct loom_decoder_def loom_gpt2_def = {
+    .family = &loom_gpt2_family,
+    .arch = &arch,
+    .keys = keys,
+    .nkeys = (int)(sizeof keys / sizeof keys[0]),
+    .finish = finish,
+};
+
 struct loom_decoder_spec loom_gpt2_spec(const struct loom_gpt2_config *cfg)
 {
-    return (struct loom_decoder_spec){
-        .family = &loom_gpt2_family,
-        .name = loom_gpt2_family.name,
-        .names = &names,
-        .num_layers = cfg->num_layers,
-        .hidden = cfg->hidden,
-        .heads = cfg->heads,
-        .kv_heads = cfg->heads,
-        .ffn = 4 * cfg->hidden,
-        .max_pos = cfg->max_pos,
-        .vocab = cfg->vocab,
-        .norm = LOOM_NORM_LAYERNORM,
-        .norm_eps = cfg->norm_eps,
-        .positions = LOOM_POSITION_LEARNED,
-        .weights = LOOM_WEIGHTS_IN_OUT,
-        .fused_qkv = 1,
-        .qkv_bias = 1,
-        .o_bias = 1,
-        .mlp_bias = 1,
-        .mlp = LOOM_MLP_DENSE,
-        .activation = cfg->activation == LOOM_ACTIVATION_GELU ? LOOM_MLP_GELU : LOOM_MLP_GELU_TANH,
-        .untied = cfg->untied,
-        .init_std = 0.02,
-        .scaled_init = 1,
-    };
+    struct loom_config c;
+    memset(&c, 0, sizeof c);
+    c.num_layers = cfg->num_layers;
+    c.hidden_size = cfg->hidden;
+    c.num_attention_heads = cfg->heads;
+    c.max_position_embeddings = cfg->max_pos;
+    c.vocab_size = cfg->vocab;
+    c.norm_epsilon = cfg->norm_eps;
+    c.activation_function = cfg->activation;
+    c.untie_embeddings_and_output_weights = cfg->untied;
+    return loom_decoder_def_spec(&loom_gpt2_def, &c);
 }
 
 struct loom_gpt2_config loom_gpt2_config_of(const struct loom_decoder *m)

@@ -29,6 +29,11 @@ struct loom_gpt2_config {
     int untied;                      /* the LM head has its own weight (lm_head.weight), not wte */
 };
 
+/* GPT-2 as a decoder family's definition (model/decoder_def.h): its
+ * architecture and shape settings. */
+struct loom_decoder_def;
+extern const struct loom_decoder_def loom_gpt2_def;
+
 /* The model's settings as files record them (the GPT-2 family's shape,
  * model/family.h), and back; absent numerics take GPT-2's. In
  * gpt2_family.c. */

@@ -14,6 +14,7 @@
 #include "base/mem.h"
 #include "kernels/backend.h"
 #include "model/convert.h"
+#include "model/decoder_def.h"
 #include "model/decoder_family.h"
 #include "model/family.h"
 #include "model/gpt2.h"
@@ -119,8 +120,7 @@ static int check(const struct loom_config *cfg, int T)
 static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank,
                                  int pp_rank)
 {
-    const struct loom_gpt2_config mc = shape_of_config(cfg);
-    const struct loom_decoder_spec spec = loom_gpt2_spec(&mc);
+    const struct loom_decoder_spec spec = loom_decoder_def_spec(&loom_gpt2_def, cfg);
     return loom_decoder_build(cfg, &spec, B, T, training, tp_rank, pp_rank);
 }
 
@@ -140,98 +140,14 @@ static void describe(const struct loom_model *m, char *buf, size_t n)
     if (len > 0 && (size_t)len < n) loom_model_sparsity_describe(d->sparse, buf, n);
 }
 
-/* The shape settings as files record them: the keys checkpoints' trainer
- * state has always written, then the numerics (absent from older files,
- * which were all GPT-2's defaults). Each key is its flag's name with '_'. */
-#define F(field) offsetof(struct loom_config, field)
-static const struct {
-    const char *key;
-    size_t offset;             /* of the field in struct loom_config */
-    enum loom_shape_kind kind; /* INT: an int; REAL: a double; WORD: an enum loom_activation */
-    const char *absent;        /* the value of a file without it; NULL: required */
-} shape_keys[] = {
-    {"num_layers", F(num_layers), LOOM_SHAPE_INT, NULL},
-    {"hidden_size", F(hidden_size), LOOM_SHAPE_INT, NULL},
-    {"num_attention_heads", F(num_attention_heads), LOOM_SHAPE_INT, NULL},
-    {"max_position_embeddings", F(max_position_embeddings), LOOM_SHAPE_INT, NULL},
-    {"vocab_size", F(vocab_size), LOOM_SHAPE_INT, NULL},
-    {"norm_epsilon", F(norm_epsilon), LOOM_SHAPE_REAL, "1e-5"},
-    {"activation_function", F(activation_function), LOOM_SHAPE_WORD, "gelu_new"},
-    {"untie_embeddings_and_output_weights", F(untie_embeddings_and_output_weights), LOOM_SHAPE_INT, "0"},
-};
-#define NKEYS ((int)(sizeof shape_keys / sizeof shape_keys[0]))
-
 static void shape_of(const struct loom_config *cfg, struct loom_model_shape *out)
 {
-    memset(out, 0, sizeof *out);
-    snprintf(out->type, sizeof out->type, "%s", loom_gpt2_family.name);
-    for (int k = 0; k < NKEYS; k++) {
-        const void *field = (const char *)cfg + shape_keys[k].offset;
-        if (shape_keys[k].kind == LOOM_SHAPE_INT)
-            loom_model_shape_add_int(out, shape_keys[k].key, *(const int *)field);
-        else if (shape_keys[k].kind == LOOM_SHAPE_REAL)
-            loom_model_shape_add_real(out, shape_keys[k].key, *(const double *)field);
-        else
-            loom_model_shape_add_word(out, shape_keys[k].key, loom_activation_names[*(const int *)field]);
-    }
-}
-
-/* One setting into cfg's field; LOOM_ERR_INPUT naming it when out of range. */
-static int apply_setting(int k, const struct loom_shape_setting *kv, struct loom_config *cfg)
-{
-    void *field = (char *)cfg + shape_keys[k].offset;
-    const char *key = shape_keys[k].key;
-    const int is_flag = strcmp(key, "untie_embeddings_and_output_weights") == 0;
-    if (shape_keys[k].kind == LOOM_SHAPE_INT) {
-        const int64_t lo = is_flag ? 0 : 1, hi = is_flag ? 1 : INT_MAX;
-        if (kv->kind != LOOM_SHAPE_INT || kv->value < lo || kv->value > hi)
-            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected an integer in [%lld, %lld]", key,
-                                  (long long)lo, (long long)hi);
-        *(int *)field = (int)kv->value;
-    } else if (shape_keys[k].kind == LOOM_SHAPE_REAL) {
-        if (kv->kind == LOOM_SHAPE_WORD || !(kv->real >= 0 && kv->real <= 1))
-            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected a number in [0, 1]", key);
-        *(double *)field = kv->real;
-    } else {
-        int a = 0;
-        while (a < LOOM_ACTIVATION_COUNT &&
-               !(kv->kind == LOOM_SHAPE_WORD && strcmp(kv->word, loom_activation_names[a]) == 0))
-            a++;
-        if (a == LOOM_ACTIVATION_COUNT)
-            return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected gelu_new or gelu", key);
-        *(int *)field = a;
-    }
-    return LOOM_OK;
+    loom_decoder_def_shape_of(&loom_gpt2_def, cfg, out);
 }
 
 static int apply_shape(const struct loom_model_shape *shape, struct loom_config *cfg)
 {
-    if (strcmp(shape->type, loom_gpt2_family.name) != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "the file holds a %s model, not %s", shape->type,
-                              loom_gpt2_family.title);
-    for (int i = 0; i < shape->n; i++) {
-        int k = 0;
-        while (k < NKEYS && strcmp(shape->kv[i].key, shape_keys[k].key) != 0) k++;
-        if (k == NKEYS)
-            return loom_error_set(LOOM_ERR_INPUT, "model.%s: not a %s shape setting", shape->kv[i].key,
-                                  loom_gpt2_family.title);
-    }
-    struct loom_config out = *cfg; /* all or nothing */
-    for (int k = 0; k < NKEYS; k++) {
-        const struct loom_shape_setting *kv = loom_model_shape_find(shape, shape_keys[k].key);
-        struct loom_shape_setting absent;
-        if (!kv && !shape_keys[k].absent)
-            return loom_error_set(LOOM_ERR_INPUT, "model.%s: missing", shape_keys[k].key);
-        if (!kv) {
-            memset(&absent, 0, sizeof absent);
-            loom_model_shape_parse(&absent, shape_keys[k].absent);
-            kv = &absent;
-        }
-        int rc = apply_setting(k, kv, &out);
-        if (rc) return rc;
-    }
-    *cfg = out;
-    return LOOM_OK;
+    return loom_decoder_def_apply_shape(&loom_gpt2_def, shape, cfg);
 }
 
 void loom_gpt2_shape(const struct loom_gpt2_config *c, struct loom_model_shape *out)
@@ -301,4 +217,5 @@ const struct loom_model_family loom_gpt2_family = {
     .load_weights = load_weights,
     .save_weights = save_weights,
     .converter = &loom_gpt2_converter,
+    .decoder = &loom_gpt2_def,
 };
