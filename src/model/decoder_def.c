@@ -90,7 +90,19 @@ static int check_architecture(const struct loom_decoder_def *d, const struct loo
     if (cfg->num_query_groups && !cfg->group_query_attention)
         return loom_error_set(LOOM_ERR_INPUT, "--num-query-groups %d needs --group-query-attention",
                               cfg->num_query_groups);
+    /* what a family's table does not have is the one value its models have */
+    if (cfg->group_query_attention && !has_key(d, offsetof(struct loom_config, num_query_groups)))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--group-query-attention: %s models have a key/value head per head", title);
+    const int ffn = loom_decoder_def_spec(d, cfg).ffn;
+    if (cfg->ffn_hidden_size && cfg->ffn_hidden_size != ffn &&
+        !has_key(d, offsetof(struct loom_config, ffn_hidden_size)))
+        return loom_error_set(LOOM_ERR_INPUT, "--ffn-hidden-size %d: a %s MLP is %d wide",
+                              cfg->ffn_hidden_size, title, ffn);
+    if (loom_config_given(cfg, "--rotary-base") && !has_key(d, offsetof(struct loom_config, rotary_base)))
+        return loom_error_set(LOOM_ERR_INPUT, "--rotary-base: %s models have no rotary embedding", title);
     if (cfg->activation_function != LOOM_ACTIVATION_GELU_NEW &&
+        !has_key(d, offsetof(struct loom_config, activation_function)) &&
         loom_config_given(cfg, "--activation-function"))
         return loom_error_set(LOOM_ERR_INPUT, "--activation-function is GPT-2's: %s's MLP is %s", title,
                               mlp_name(a) + 2);
@@ -134,9 +146,16 @@ static int check_spec(const struct loom_decoder_spec *s, int T)
 }
 
 /* The tensor-parallel splits and --layout-invariant pieces the shape allows. */
-static int check_layout(const struct loom_config *cfg, const struct loom_decoder_spec *s)
+static int check_layout(const struct loom_decoder_def *d, const struct loom_config *cfg,
+                        const struct loom_decoder_spec *s)
 {
     const int tp = cfg->tensor_model_parallel_size > 1 ? cfg->tensor_model_parallel_size : 1;
+    const int mha = !has_key(d, offsetof(struct loom_config, num_query_groups)); /* the heads alone */
+    if (mha && s->heads % tp)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d: "
+                              "each tensor-parallel rank computes whole heads",
+                              s->heads, tp);
     if (s->kv_heads % tp)
         return loom_error_set(
             LOOM_ERR_INPUT,
@@ -148,6 +167,12 @@ static int check_layout(const struct loom_config *cfg, const struct loom_decoder
                               "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d",
                               s->ffn, tp);
     const int n = cfg->layout_invariant;
+    if (mha && n && s->heads % n) /* the MLP's 4 x C then divides too */
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--num-attention-heads %d is not divisible by --layout-invariant %d: each piece is "
+            "whole heads",
+            s->heads, n);
     if (n && (s->heads % n || s->kv_heads % n || s->ffn % n))
         return loom_error_set(
             LOOM_ERR_INPUT,
@@ -172,7 +197,7 @@ int loom_decoder_def_check(const struct loom_decoder_def *d, const struct loom_c
     const struct loom_config c = attention_of(cfg, T);
     int rc = check_architecture(d, cfg);
     if (rc == LOOM_OK) rc = check_spec(&s, T);
-    if (rc == LOOM_OK) rc = check_layout(cfg, &s);
+    if (rc == LOOM_OK) rc = check_layout(d, cfg, &s);
     if (rc == LOOM_OK) rc = loom_model_sparsity_check(&c, s.heads, T);
     return rc;
 }

@@ -70,51 +70,9 @@ static const struct loom_decoder *gpt2_of(const struct loom_model *m)
     return loom_decoder_of((struct loom_model *)m);
 }
 
-/* Megatron's architecture settings other than GPT-2's are another model
- * (the Llama family's presets set them). */
-static int check_architecture(const struct loom_config *cfg)
-{
-    if (cfg->kv_channels && cfg->kv_channels * cfg->num_attention_heads != cfg->hidden_size)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--kv-channels %d: a GPT-2 head is --hidden-size / --num-attention-heads wide",
-                              cfg->kv_channels);
-    const char *what =
-        cfg->normalization != LOOM_NORM_LAYERNORM               ? "--normalization RMSNorm"
-        : cfg->position_embedding_type != LOOM_POSITION_LEARNED ? "--position-embedding-type rope"
-        : cfg->swiglu                                           ? "--swiglu"
-        : cfg->disable_bias_linear                              ? "--disable-bias-linear"
-        : cfg->group_query_attention                            ? "--group-query-attention"
-        : cfg->ffn_hidden_size && cfg->ffn_hidden_size != 4 * cfg->hidden_size ? "--ffn-hidden-size"
-        : loom_config_given(cfg, "--rotary-base")                              ? "--rotary-base"
-                                                                               : NULL;
-    if (what)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s is not GPT-2's architecture (LayerNorm, learned positions, GELU MLP of 4 x "
-                              "--hidden-size, biases); the Llama family has it (--model llama-tiny, ...)",
-                              what);
-    return LOOM_OK;
-}
-
 static int check(const struct loom_config *cfg, int T)
 {
-    const struct loom_gpt2_config mc = shape_of_config(cfg);
-    int rc = check_architecture(cfg);
-    if (rc == LOOM_OK) rc = loom_gpt2_config_check(&mc, T);
-    if (rc == LOOM_OK) rc = loom_model_sparsity_check(cfg, mc.heads, T);
-    const int tp = cfg->tensor_model_parallel_size;
-    if (rc == LOOM_OK && mc.heads % tp != 0) /* the hidden size then divides too, and the MLP's 4x */
-        rc = loom_error_set(
-            LOOM_ERR_INPUT,
-            "--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d: each "
-            "tensor-parallel rank computes whole heads",
-            mc.heads, tp);
-    if (rc == LOOM_OK && cfg->layout_invariant && mc.heads % cfg->layout_invariant)
-        rc = loom_error_set(
-            LOOM_ERR_INPUT,
-            "--num-attention-heads %d is not divisible by --layout-invariant %d: each piece is "
-            "whole heads",
-            mc.heads, cfg->layout_invariant);
-    return rc;
+    return loom_decoder_def_check(&loom_gpt2_def, cfg, T);
 }
 
 static struct loom_model *create(const struct loom_config *cfg, int B, int T, int training, int tp_rank,
