@@ -36,7 +36,7 @@ extern const struct loom_decoder_def loom_gpt2_def;
 
 /* The model's settings as files record them (the GPT-2 family's shape,
  * model/family.h), and back; absent numerics take GPT-2's. In
- * gpt2_family.c. */
+ * gpt2.c. */
 struct loom_model_shape;
 void loom_gpt2_shape(const struct loom_gpt2_config *cfg, struct loom_model_shape *out);
 int loom_gpt2_config_of_shape(const struct loom_model_shape *shape, struct loom_gpt2_config *out);
@@ -55,13 +55,5 @@ struct loom_decoder *loom_gpt2_create(const struct loom_gpt2_config *cfg, int B,
  * vocab-parallel wte and LM head). */
 struct loom_decoder *loom_gpt2_create_tp(const struct loom_gpt2_config *cfg, int B, int T, int tp,
                                          int tp_rank);
-/* One pipeline stage of it: the layers lo[c]..hi[c] of each of its `chunks`
- * model chunks, the embedding when `embedding`, the final norm and LM head
- * when `head`. Blocks keep their index in the whole model. */
-struct loom_decoder *loom_gpt2_create_stage(const struct loom_gpt2_config *cfg, int B, int T, int tp,
-                                            int tp_rank, int chunks, const int *lo, const int *hi,
-                                            int embedding, int head);
-/* The whole model's parameter count. */
-double loom_gpt2_num_params(const struct loom_gpt2_config *cfg);
 
 #endif
