@@ -202,6 +202,12 @@ int loom_decoder_def_check(const struct loom_decoder_def *d, const struct loom_c
     return rc;
 }
 
+int loom_decoder_def_check_sizes(const struct loom_decoder_def *d, const struct loom_config *cfg, int T)
+{
+    const struct loom_decoder_spec s = loom_decoder_def_spec(d, cfg);
+    return check_spec(&s, T);
+}
+
 struct loom_model *loom_decoder_def_create(const struct loom_decoder_def *d, const struct loom_config *cfg,
                                            int B, int T, int training, int tp_rank, int pp_rank)
 {

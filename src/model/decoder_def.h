@@ -112,6 +112,9 @@ struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
 /* model/family.h's check: the architecture, the sizes, the splits of
  * --tensor-model-parallel-size and --layout-invariant, sparsity. */
 int loom_decoder_def_check(const struct loom_decoder_def *d, const struct loom_config *cfg, int T);
+/* The sizes alone: the spec of cfg can be built for sequences of T (a
+ * weights file's shape, without the run's settings). */
+int loom_decoder_def_check_sizes(const struct loom_decoder_def *d, const struct loom_config *cfg, int T);
 /* model/family.h's create and describe. */
 struct loom_model *loom_decoder_def_create(const struct loom_decoder_def *d, const struct loom_config *cfg,
                                            int B, int T, int training, int tp_rank, int pp_rank);

@@ -22,25 +22,6 @@
 #include "model/gpt2_io.h"
 #include "model/sparsity.h"
 
-int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
-{
-    if (cfg->num_layers < 1)
-        return loom_error_set(LOOM_ERR_INPUT, "--num-layers must be >= 1, got %d", cfg->num_layers);
-    if (cfg->hidden < 1)
-        return loom_error_set(LOOM_ERR_INPUT, "--hidden-size must be >= 1, got %d", cfg->hidden);
-    if (cfg->heads < 1)
-        return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads must be >= 1, got %d", cfg->heads);
-    if (cfg->hidden % cfg->heads != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "--hidden-size %d is not divisible by --num-attention-heads %d",
-                              cfg->hidden, cfg->heads);
-    if (T > cfg->max_pos)
-        return loom_error_set(LOOM_ERR_INPUT, "--seq-length %d exceeds --max-position-embeddings %d", T,
-                              cfg->max_pos);
-    if (cfg->vocab < 2)
-        return loom_error_set(LOOM_ERR_INPUT, "--vocab-size must be >= 2, got %d", cfg->vocab);
-    return LOOM_OK;
-}
-
 static const struct loom_decoder_names names = {
     .embedding = "wte",
     .positions = "wpe",
@@ -130,6 +111,12 @@ static struct loom_gpt2_config gpt2_config(const struct loom_config *cfg)
                                      .norm_eps = cfg->norm_epsilon,
                                      .activation = cfg->activation_function,
                                      .untied = cfg->untie_embeddings_and_output_weights};
+}
+
+int loom_gpt2_config_check(const struct loom_gpt2_config *cfg, int T)
+{
+    const struct loom_config c = config_of(cfg);
+    return loom_decoder_def_check_sizes(&loom_gpt2_def, &c, T);
 }
 
 struct loom_decoder_spec loom_gpt2_spec(const struct loom_gpt2_config *cfg)
