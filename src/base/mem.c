@@ -117,7 +117,8 @@ static void count_free(const void *p)
 static void reserve_counting(void)
 {
     if (counting.base) return;
-    void *r = mmap(NULL, (size_t)COUNT_SLOTS * 64, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *r =
+        mmap(NULL, (size_t)COUNT_SLOTS * 64, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (r == MAP_FAILED) loom_die("out of memory: cannot reserve addresses to count allocations");
     counting.base = r;
 }
