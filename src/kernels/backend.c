@@ -67,7 +67,7 @@ struct loom_buf loom_backend_buf(const struct loom_backend *b, size_t numel, enu
 
 void loom_backend_buf_free(const struct loom_backend *b, struct loom_buf *buf)
 {
-    b->free(buf->data);
+    if (buf->data) b->free(buf->data); /* an empty buffer: nothing (and maybe no backend yet) */
     buf->data = NULL;
     buf->numel = 0;
 }

@@ -288,7 +288,8 @@ const struct loom_kernels *loom_kernels_ref(void);
 const struct loom_kernels *loom_backend_kernels(const struct loom_backend *b, enum loom_dtype compute);
 
 /* Typed buffers on b's memory: a zero-filled one of numel elements of dt
- * under tag (b->alloc), and its release (*buf left empty). */
+ * under tag (b->alloc), and its release (*buf left empty; an empty one is
+ * left as it is, whatever b). */
 struct loom_buf loom_backend_buf(const struct loom_backend *b, size_t numel, enum loom_dtype dt,
                                  enum loom_mem_tag tag);
 void loom_backend_buf_free(const struct loom_backend *b, struct loom_buf *buf);
