@@ -48,6 +48,7 @@ LAYOUTS = {
     "TP 2": (2, TP2),
     "TP 2 + SP": (2, TP2 + ["--sequence-parallel"]),
     "TP 2 + SP bf16": (2, TP2 + ["--sequence-parallel", "--bf16"]),
+    "TP 2 + SP invariant": (2, TP2 + ["--sequence-parallel", "--layout-invariant", "2"]),
     "TP 2 fp8": (2, TP2 + ["--bf16", "--fp8-format", "hybrid"]),
     "PP 2 1f1b": (2, PP2),
     "PP 2 gpipe": (2, PP2 + ["--pipeline-schedule", "gpipe"]),

@@ -2,7 +2,10 @@
 the backend: `--backend guarded` runs the CPU's kernels on memory that host
 code outside the backend cannot read or write (kernels/guarded/), so a
 training run that touched a buffer directly would die. Each parity layout
-(DDP, ZeRO-3, TP 2 + SP, PP 2) trains, saves and is compared with the same
+(DDP, ZeRO-3, TP 2 + SP, PP 2), and ZeRO-3 with its optimizer state and
+shards offloaded to NVMe (the shards are host file mappings: what the
+guarded memory proves there is that no device buffer is touched on the
+way), trains, saves and is compared with the same
 run on `--backend cpu`: every loss and every bit of every final weight the
 same (the kernels are the CPU's, so nothing may differ at all). And a
 deliberate host read of the parameters (LOOM_TEST_HOST_READ, base/testpoint.h)
@@ -29,7 +32,11 @@ def main():
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         lib.write_corpus(tmp)
-        for name, n, flags in LAYOUTS:
+        nvme = os.path.join(tmp, "nvme")
+        os.makedirs(nvme)
+        offload = ("ZeRO-3 NVMe offload", 2, MB + ["--zero-stage", "3", "--offload-optimizer", "nvme",
+                                                    "--offload-param", "nvme", "--nvme-path", nvme])
+        for name, n, flags in LAYOUTS + [offload]:
             slug = name.replace(" ", "").replace("+", "-")
             ref = lib.tiny_run(tmp, f"{slug}-cpu", n, flags + ["--backend", "cpu"])
             got = lib.tiny_run(tmp, f"{slug}-guarded", n, flags + ["--backend", "guarded"])

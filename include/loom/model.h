@@ -164,6 +164,35 @@ struct loom_tied_embedding {
  * head's part of the table's gradient is complete. */
 #define LOOM_GRAD_READY_TIED_HEAD (-1)
 
+/* A tied token embedding whose table and head are on different pipeline
+ * stages (Megatron's embedding group): the embedding's stage trains the
+ * table; the head's stage reads a copy of it and writes the copy's
+ * gradient, which the embedding's stage adds to the table's. The exchange
+ * is a strategy's (src/parallel/tied_stages.h); the model only reads the
+ * copy and accumulates into its gradient. */
+struct loom_tied_stages {
+    int block;      /* the embedding's block (the table at its offset 0), or the head's */
+    int holds_head; /* this stage holds the head and the copy */
+    /* (n) floats each: on the head's stage the copy and its gradient, which
+     * the head's backward accumulates into; on the embedding's stage copy is
+     * the buffer the table is sent from and grad the one the copy's gradient
+     * is received into */
+    float *copy, *grad;
+    size_t n; /* this tensor-parallel rank's rows of the table */
+};
+
+/* A parameter gradient that each tensor-parallel rank computes in part, from
+ * the rows it holds (sequence parallelism's replicated norms): the parts are
+ * summed over the group and added to grad, float32 ones (dtype F32) by
+ * float addition, the --layout-invariant pieces' float64 ones (F64) exactly
+ * and rounded once (the acc_add_rounded kernel). */
+struct loom_partial_grad {
+    void *part; /* (n) in dtype */
+    enum loom_dtype dtype;
+    float *grad; /* (n) the block's float32 gradient view */
+    size_t n;
+};
+
 struct loom_model_ops {
     /* Forward and backward of blocks [first, last] for micro-batch mb (see
      * the top of this file). The backward back-propagates loss_weight x the
@@ -186,6 +215,14 @@ struct loom_model_ops {
     /* Optional (NULL: none): fills *te and returns 1 when the model has a
      * tied token embedding (see above). */
     int (*tied_embedding)(struct loom_model *m, struct loom_tied_embedding *te);
+    /* Optional (NULL: none): fills *t and returns 1 when this stage holds one
+     * end of a tied table across pipeline stages (see above). */
+    int (*tied_stages)(struct loom_model *m, struct loom_tied_stages *t);
+    /* Optional (NULL: none): the partial gradients the backward wrote since
+     * the last call (see above), *out pointing at the model's list of them
+     * until the next backward; the count. Their strategy sums them at each
+     * block's grads_ready. */
+    int (*partial_grads)(struct loom_model *m, const struct loom_partial_grad **out);
     /* Optional (NULL: none): the logits of slot 0's last forward, (rows, T, V). */
     const float *(*logits)(struct loom_model *m);
     /* Optional (NULL: allocated by the first forward). Allocates the
@@ -224,14 +261,6 @@ struct loom_model {
      * (src/layers/fp8_linear.h), kept by the model family, stepped by the
      * engine after each optimizer step; NULL without fp8 */
     struct loom_fp8 *fp8;
-    /* --layout-invariant: every sum in one order whatever the layout, so no
-     * strategy reorders one (DDP's early tied-table bucket, which scatters
-     * the embedding's rows after the reduction, stays off) */
-    int invariant_sums;
-    /* micro-batches in a step on this rank (the engine's, set with the
-     * strategy stack, before reserve): what a buffer held per micro-batch
-     * until the step's end is sized by */
-    int step_micros;
     void *user; /* the model's own state */
 };
 

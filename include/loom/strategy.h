@@ -2,7 +2,8 @@
  * Strategies: what runs around a model's blocks and its step (data
  * parallelism, ZeRO's sharding, mixed precision's working copies, tensor
  * parallelism's count of replicated gradients and its waits, the pipeline's
- * waits, fp8's scales; later the embedding group's gradient sync). A model
+ * waits, fp8's scales, the embedding group's exchange of a tied table,
+ * sequence parallelism's sums of the norms' gradients). A model
  * announces each block as it uses it (loom/model.h); the announcement walks
  * the model's strategy stack:
  *

@@ -34,6 +34,7 @@
 #include "layers/pp_stages.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
+#include "parallel/tied_stages.h"
 
 void loom_init(int *argc, char ***argv)
 {
@@ -163,8 +164,6 @@ static int scaler_init(struct loom_engine *e)
 int loom_engine_build_stack(struct loom_engine *e)
 {
     struct loom_model *m = e->model;
-    m->invariant_sums = e->shape.exact_sums; /* before DDP's buckets */
-    m->step_micros = e->cfg->gradient_accumulation_steps;
     loom_comm_set_tree_sums(LOOM_GROUP_DP, e->shape.exact_sums);
     struct loom_kind_build b = {
         .cfg = e->cfg, .topo = &e->topo, .shape = &e->shape, .model = m, .schedule = &e->pipe_times};
@@ -517,6 +516,7 @@ static const char *block_name(const struct loom_model *m, int index)
 struct squares {
     const struct loom_model *m;
     const struct loom_offload_map *map; /* the view's: a part dropped once read, or NULL */
+    int exact_sums;                     /* --layout-invariant: exact sums of squares */
     double ss;
     struct loom_sumsq_exact exact;
 };
@@ -524,7 +524,7 @@ struct squares {
 static void add_squares(struct squares *q, struct loom_buf part)
 {
     const struct loom_model *m = q->m;
-    if (m->invariant_sums)
+    if (q->exact_sums)
         m->backend->k->sumsq_exact_add(&q->exact, part.data, part.numel, part.dtype);
     else
         q->ss += part.dtype == LOOM_DTYPE_F32
@@ -571,9 +571,9 @@ static double grad_norm(const struct loom_engine *e)
     const struct loom_model *m = e->model;
     struct loom_state_view v;
     loom_stack_view(m, &v);
-    struct squares q = {.m = m, .map = v.grad_map};
+    struct squares q = {.m = m, .map = v.grad_map, .exact_sums = e->shape.exact_sums};
     sweep(&q, &v);
-    if (m->invariant_sums) {
+    if (q.exact_sums) {
         uint64_t limbs[LOOM_SUMSQ_LIMBS];
         loom_sumsq_exact_limbs(&q.exact, limbs);
         const struct loom_buf b = loom_buf_of(limbs, LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64);
@@ -774,7 +774,7 @@ float loom_engine_eval(struct loom_engine *e, const void *batch, int rows, int i
     static const struct loom_schedule_ops ops = {eval_get, eval_forward, eval_backward};
     struct eval_source s = {e, batch, rows, index, 0};
     loom_schedule_run(&plan, &ops, &s, loom_engine_boundary(e), NULL);
-    loom_pp_flush();
+    loom_tied_stages_flush();
     loom_schedule_plan_free(&plan);
     return (float)s.loss;
 }

@@ -24,7 +24,7 @@ struct loom_engine {
     struct loom_layout_shape shape; /* what the layout's kinds make of this rank (parallel/kinds.h) */
     struct loom_partition part;     /* this rank's part of the arena: the optimizer's range */
     /* each kind's strategies on the model's stack (build_stack), NULL when it built none */
-    void *state[LOOM_KIND_COUNT];
+    void *state[LOOM_KIND_STATES];
     size_t boundary; /* floats of the activation between pipeline stages (0 without pipelining) */
     struct loom_adamw opt;
     int have_opt;

@@ -1,5 +1,5 @@
 /*
- * Pipeline parallelism's placement and its one model-level exchange.
+ * Pipeline parallelism's placement, and the tied table's copy.
  *
  * Placement: which layers each pipeline stage holds. The model's L layers
  * are cut into pp x chunks model chunks (chunks > 1: Megatron's virtual
@@ -9,18 +9,14 @@
  * [s L / pp, (s+1) L / pp)), or Megatron's --decoder-first/last-pipeline-
  * num-layers fix the ends and the stages between share the rest.
  *
- * The tied embedding (Megatron's embedding group, comm.h's
- * LOOM_GROUP_EMBEDDING): when the LM head reads the token embedding and
- * the head is on another stage, the last stage keeps a copy of the table
- * that it does not train. The first stage sends its table (float32, as its
- * kernels read it) at the first forward of every step and evaluation; the
- * last stage sends the copy's gradient, summed over the step's
- * micro-batches, after the head's last backward, and the first stage adds
- * it to the table's gradient before its own last backward of the embedding
- * completes it. So the table is trained once, by the stage that owns it,
- * and the optimizer, checkpoints and the gradient norm see it once.
+ * The tied embedding: when the LM head reads the token embedding and the
+ * head is on another stage, the last stage keeps a copy of the table that
+ * it does not train, and its gradient; the first stage a buffer for the
+ * exchange (the table's send, then the gradient's receive), which is the
+ * embedding group's strategy's (parallel/tied_stages.h).
  *
- * Not here: the schedules and their point-to-point helpers (parallel/schedule.h).
+ * Not here: the schedules and their point-to-point helpers (parallel/schedule.h), the
+ * tied table's exchange (parallel/tied_stages.h).
  */
 #ifndef LOOM_LAYERS_PP_STAGES_H
 #define LOOM_LAYERS_PP_STAGES_H
@@ -55,32 +51,5 @@ void loom_pp_stage_layers_free(struct loom_pp_stage_layers *s);
  * gradient's receive). */
 void loom_pp_tied_alloc(const struct loom_backend *b, float **copy, float **grad, size_t n, int holds_head);
 void loom_pp_tied_free(const struct loom_backend *b, float *copy, float *grad);
-
-/* The tied table's exchange (n floats: this tensor-parallel rank's rows).
- * The sends do not block; their buffers must stay untouched until
- * loom_pp_flush, which the engine calls at the end of every step and
- * evaluation. The receives block. */
-void loom_pp_tied_weights_send(const float *table, size_t n);
-void loom_pp_tied_weights_recv(float *copy, size_t n);
-void loom_pp_tied_grads_send(const float *grad, size_t n);
-/* The same from a copy of grad, so grad may be written again at once: a
- * send every micro-batch (the model's invariant_sums). The copy is the
- * micro-batch's own buffer of loom_pp_tied_copies_alloc's, untouched until
- * loom_pp_flush. */
-void loom_pp_tied_grads_send_copy(const struct loom_backend *b, const float *grad, float *copy, size_t n);
-/* The head's stage's copies for those sends: one of n floats for each of a
- * step's micro-batches (they are all in flight in the worst schedule),
- * counted as communication buffers. */
-float **loom_pp_tied_copies_alloc(const struct loom_backend *b, size_t n, int micros);
-void loom_pp_tied_copies_free(const struct loom_backend *b, float **copies, int micros);
-/* The gradient goes once per step (its sum over the micro-batches), or
- * under --layout-invariant (loom_model.invariant_sums) once per micro-batch,
- * added before the lookup's own so the table's gradient is summed as one
- * process sums it.
- * Receives the copy's gradient into scratch (n) and adds it to grad;
- * scratch may be the buffer the table was sent from. */
-void loom_pp_tied_grads_add(const struct loom_kernels *k, float *grad, float *scratch, size_t n);
-/* Waits for the sends in flight; returns the seconds it waited. */
-double loom_pp_flush(void);
 
 #endif

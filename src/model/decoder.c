@@ -258,13 +258,6 @@ static int tied_across_stages(const struct loom_decoder *m)
     return m->pipelined && !m->spec.untied && (m->emb >= 0) != (m->head >= 0);
 }
 
-/* The head's share of the tied table's gradient goes to the embedding's
- * stage every micro-batch (--layout-invariant), not once a step. */
-static int per_micro_tied(const struct loom_decoder *m)
-{
-    return tied_across_stages(m) && m->base.invariant_sums;
-}
-
 /* ---- activations kept in act_dtype ------------------------------------------- */
 
 /* The model's device memory (kernels/backend.h): every activation buffer
@@ -567,7 +560,7 @@ static void alloc_activations(struct loom_decoder *m)
         m->rg.gathered = act(m, N * C);
         m->rg.out_rows = act(m, Nr * C);
         m->rg.grad_rows = act(m, Nr * C);
-        m->norm_grads = act(m, 2 * C);
+        m->norm_parts = act(m, (m->exact.pieces ? 8 : 4) * C);
     }
     m->dbufC = act(m, N * CC);
     if (separate || gated) m->dbufC2 = act(m, N * CC);
@@ -583,7 +576,7 @@ static void alloc_activations(struct loom_decoder *m)
     if (gated) m->dbufF[2] = act(m, N * F);
     m->scratchC = act(m, N * CC);
     if (m->tp > 1 || m->exact.pieces) m->ce_stats = act(m, 3 * N);
-    if (m->exact.pieces && !m->rg.sp) m->norm_grads = act(m, 2 * C);
+    if (m->exact.pieces) m->norm_grads = act(m, 2 * C);
     if (lp(m)) {
         m->stage_res = act(m, Nr * C);
         m->seq_att = act(m, att_numel_of(m, 1));
@@ -603,11 +596,11 @@ static void free_activations(struct loom_decoder *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->dres,       m->dbufC,       m->dbufC2,      m->dqkv,
-                     m->datt,       m->q,           m->kk,          m->v,
-                     m->dbufF[0],   m->dbufF[1],    m->dbufF[2],    m->scratchC,
-                     m->ce_stats,   m->rg.gathered, m->rg.out_rows, m->rg.grad_rows,
-                     m->norm_grads, m->stage_res,   m->seq_att,     m->head_rows};
+    float *bufs[] = {
+        m->dres,     m->dbufC,       m->dbufC2,      m->dqkv,         m->datt,       m->q,
+        m->kk,       m->v,           m->dbufF[0],    m->dbufF[1],     m->dbufF[2],   m->scratchC,
+        m->ce_stats, m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
+        m->seq_att,  m->head_rows,   m->norm_parts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);
@@ -713,9 +706,6 @@ static void reserve(struct loom_model *model)
         }
         if (m->head >= 0) loom_tp_exact_reserve_head(&m->exact, &m->rg, m->act_dtype, Ni, Ci, m->spec.vocab);
     }
-    if (per_micro_tied(m) && m->head >= 0 && !m->tied_sends) /* each micro-batch's share of the table */
-        m->tied_sends =
-            loom_pp_tied_copies_alloc(dev(m), (size_t)m->Vl * m->spec.hidden, m->base.step_micros);
 }
 
 static size_t boundary_numel(const struct loom_model *model, int rows)
@@ -743,6 +733,22 @@ static int tied_embedding(struct loom_model *model, struct loom_tied_embedding *
     return 1;
 }
 
+/* The tied table's ends across stages (loom/model.h): its exchange is the
+ * pipeline's embedding-group strategy's. */
+static int tied_stages(struct loom_model *model, struct loom_tied_stages *t)
+{
+    struct loom_decoder *m = model->user;
+    if (!tied_across_stages(m)) return 0;
+    *t = (struct loom_tied_stages){.block = m->head >= 0 ? m->head : m->emb,
+                                   .holds_head = m->head >= 0,
+                                   .copy = m->tied_copy,
+                                   .grad = m->tied_grad,
+                                   .n = (size_t)m->Vl * m->spec.hidden};
+    return 1;
+}
+
+static int partial_grads(struct loom_model *model, const struct loom_partial_grad **out);
+
 static const float *logits(struct loom_model *model)
 {
     struct loom_decoder *m = model->user;
@@ -769,6 +775,8 @@ static const struct loom_model_ops decoder_ops = {.forward = forward,
                                                   .set_slots = set_slots,
                                                   .boundary_numel = boundary_numel,
                                                   .tied_embedding = tied_embedding,
+                                                  .tied_stages = tied_stages,
+                                                  .partial_grads = partial_grads,
                                                   .logits = logits,
                                                   .reserve = reserve};
 
@@ -831,7 +839,6 @@ void loom_decoder_free(struct loom_decoder *m)
     free_activations(m);
     loom_pp_stage_layers_free(&m->stage);
     loom_pp_tied_free(dev(m), m->tied_copy, m->tied_grad);
-    loom_pp_tied_copies_free(dev(m), m->tied_sends, m->base.step_micros);
     loom_fp8_destroy(m->base.fp8);
     loom_model_sparse_layout_free(m->sparse);
     loom_tp_exact_free(&m->exact);
@@ -883,10 +890,27 @@ static void norm_kernel_backward(const struct loom_decoder *m, float *dinp, floa
         m->k->rmsnorm_backward(dinp, gw, dout, inp, weight, rstd, rows, C);
 }
 
+/* A part of a norm's gradient (n entries of dtype at part) for grad, summed
+ * over the tp group by its strategy (loom/model.h's partial_grads). */
+static void add_partial(struct loom_decoder *m, void *part, enum loom_dtype dtype, float *grad, size_t n)
+{
+    LOOM_ASSERT(m->npartials < (int)(sizeof m->partials / sizeof m->partials[0]));
+    m->partials[m->npartials++] =
+        (struct loom_partial_grad){.part = part, .dtype = dtype, .grad = grad, .n = n};
+}
+
+/* The 2C floats (or doubles) of the block's next norm's parts. */
+static void *next_parts(struct loom_decoder *m, size_t elem)
+{
+    LOOM_ASSERT(m->nnorms < 2);
+    return (char *)m->norm_parts + (size_t)m->nnorms++ * 2 * m->spec.hidden * elem;
+}
+
 /* A norm's backward over the rows this rank holds; under sequence
  * parallelism its parameter gradients are partial sums over those rows,
- * summed over the tp group before they accumulate; under
- * --layout-invariant they are taken in the row pieces and summed exactly. */
+ * summed over the tp group by their strategy before they accumulate
+ * (add_partial); under --layout-invariant they are taken in the row pieces
+ * and summed exactly. */
 static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block *b, int w, int bias,
                           const float *dout, const float *inp, const float *mean, const float *rstd, int Nr)
 {
@@ -896,7 +920,8 @@ static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block
     if (m->exact.pieces) {
         const int N = m->rg.sp ? Nr * m->tp : Nr;
         float *g = m->norm_grads;
-        double *acc = loom_tp_exact_sum(&m->exact, (size_t)nw);
+        double *acc = m->rg.sp ? next_parts(m, sizeof(double)) : loom_tp_exact_sum(&m->exact, (size_t)nw);
+        if (m->rg.sp) dev(m)->memset(acc, 0, (size_t)nw * sizeof *acc);
         for (int j = 0; j < loom_tp_exact_row_pieces(&m->exact, &m->rg); j++) {
             int lo, hi;
             loom_tp_exact_row_piece(&m->exact, &m->rg, N, j, &lo, &hi);
@@ -906,7 +931,11 @@ static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block
                                  mean ? mean + lo : NULL, rstd + lo, hi - lo);
             loom_tp_exact_add(&m->exact, acc, g, (size_t)nw);
         }
-        loom_tp_exact_rows_sum(&m->rg, acc, (size_t)nw);
+        if (m->rg.sp) {
+            add_partial(m, acc, LOOM_DTYPE_F64, dweight, (size_t)C);
+            if (dbias) add_partial(m, acc + C, LOOM_DTYPE_F64, dbias, (size_t)C);
+            return;
+        }
         loom_tp_exact_add_rounded(&m->exact, dweight, acc, (size_t)C);
         if (dbias) loom_tp_exact_add_rounded(&m->exact, dbias, acc + C, (size_t)C);
         return;
@@ -915,12 +944,20 @@ static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block
         norm_kernel_backward(m, dinp, dweight, dbias, dout, inp, weight, mean, rstd, Nr);
         return;
     }
-    float *g = m->norm_grads;
+    float *g = next_parts(m, sizeof(float));
     dev(m)->memset(g, 0, (size_t)nw * sizeof *g);
     norm_kernel_backward(m, dinp, g, g + C, dout, inp, weight, mean, rstd, Nr);
-    loom_tp_allreduce(g, (size_t)nw, LOOM_OP_SUM);
-    m->k->accumulate(dweight, g, (size_t)C);
-    if (dbias) m->k->accumulate(dbias, g + C, (size_t)C);
+    add_partial(m, g, LOOM_DTYPE_F32, dweight, (size_t)C);
+    if (dbias) add_partial(m, g + C, LOOM_DTYPE_F32, dbias, (size_t)C);
+}
+
+static int partial_grads(struct loom_model *model, const struct loom_partial_grad **out)
+{
+    struct loom_decoder *m = model->user;
+    const int n = m->npartials;
+    *out = m->partials;
+    m->npartials = m->nnorms = 0;
+    return n;
 }
 
 /* ---- attention --------------------------------------------------------------- */
@@ -1271,8 +1308,7 @@ static void vocab_parallel_crossentropy(struct loom_decoder *m, struct loom_deco
 
 /* The embedding's forward into the slot's encoded: this rank's vocabulary
  * (the learned positions added once, by tp rank 0), summed over the group. */
-static void embedding_forward(struct loom_decoder *m, struct loom_decoder_acts *a, struct loom_micro *mb,
-                              int B)
+static void embedding_forward(struct loom_decoder *m, struct loom_decoder_acts *a, int B)
 {
     struct loom_model *model = &m->base;
     struct loom_block *emb = &model->blocks[m->emb];
@@ -1293,10 +1329,6 @@ static void embedding_forward(struct loom_decoder *m, struct loom_decoder_acts *
         m->k->scale(enc, NrC, scale);
     }
     keep(m, a->encoded, enc, NrC);
-    if (tied_across_stages(m) && mb->micro == 0) { /* the table, to the head's stage */
-        dev(m)->copy(m->tied_copy, loom_param(emb, 0), (size_t)m->Vl * C * sizeof(float));
-        loom_pp_tied_weights_send(m->tied_copy, (size_t)m->Vl * C);
-    }
     loom_model_forward_end(model, m->emb);
 }
 
@@ -1314,10 +1346,6 @@ static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, st
      * once more) */
     const int announce_emb = first != m->emb && !m->spec.untied && m->emb >= 0;
     if (announce_emb) loom_model_forward_begin(model, m->emb);
-    if (tied_across_stages(m) && mb->micro == 0) { /* the table, from the embedding's stage */
-        loom_pp_tied_weights_recv(m->tied_copy, (size_t)Vl * C);
-        dev(m)->memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
-    }
     loom_model_forward_begin(model, m->head);
     norm_forward(m, a->lnf, a->lnf_mean, a->lnf_rstd, view(m, a->layers[L - 1].res3, m->dbufC, NrC), head,
                  lnf_w(), lnf_b(m), Nr);
@@ -1383,7 +1411,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
     if (first == m->emb) {
-        embedding_forward(m, a, mb, B);
+        embedding_forward(m, a, B);
     } else {
         /* full recomputation reruns layers from their kept inputs: a range
          * starting at a layer starts a pipeline chunk (its input is kept) */
@@ -1408,8 +1436,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
 
 /* The head's backward: loss -> logits (in place) -> LM head -> final norm,
  * into m->dres. */
-static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, struct loom_micro *mb,
-                          float loss_weight)
+static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, float loss_weight)
 {
     struct loom_model *model = &m->base;
     const int B = a->rows, T = m->T, C = m->spec.hidden, Vl = m->Vl, L = m->spec.num_layers, N = B * T,
@@ -1434,8 +1461,6 @@ static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, s
         a->emb_open = 1; /* the embedding's gradients are open until its own backward */
     }
     loom_model_backward_begin(model, m->head);
-    if (per_micro_tied(m)) /* this micro-batch's share alone, sent below */
-        dev(m)->memset(m->tied_grad, 0, (size_t)Vl * C * sizeof(float));
     const float *lnf = loom_tp_region_input(&m->rg, a->lnf, N);
     float *dlnf;
     if (m->exact.pieces) {
@@ -1452,13 +1477,6 @@ static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, s
     }
     round_act(m, dlnf, NrC);
     if (tied_here) loom_model_grads_ready(model, LOOM_GRAD_READY_TIED_HEAD);
-    /* the copy's gradient over the step, to the embedding's stage */
-    if (per_micro_tied(m)) {
-        LOOM_ASSERT(m->tied_sends && mb->micro < m->base.step_micros);
-        loom_pp_tied_grads_send_copy(dev(m), m->tied_grad, m->tied_sends[mb->micro], (size_t)Vl * C);
-    } else if (tied_across_stages(m) && mb->micro == mb->micros - 1) {
-        loom_pp_tied_grads_send(m->tied_grad, (size_t)Vl * C);
-    }
     dev(m)->memset(m->dres, 0, NrC * sizeof(float));
     norm_backward(m, m->dres, head, lnf_w(), lnf_b(m), dlnf,
                   view(m, a->layers[L - 1].res3, m->stage_res, NrC), a->lnf_mean, a->lnf_rstd, Nr);
@@ -1470,15 +1488,12 @@ static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, s
 /* The embedding's backward from m->dres: this rank's vocabulary rows, from
  * every row's gradient (the positions' gradient is the same on every tp
  * rank); the tied table's head share added as one process adds it. */
-static void embedding_backward(struct loom_decoder *m, struct loom_decoder_acts *a, struct loom_micro *mb)
+static void embedding_backward(struct loom_decoder *m, struct loom_decoder_acts *a)
 {
     struct loom_model *model = &m->base;
     const int B = a->rows, T = m->T, C = m->spec.hidden, N = B * T;
-    const size_t VC = (size_t)m->Vl * C;
     struct loom_block *emb = &model->blocks[m->emb];
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
-    if (per_micro_tied(m)) /* the head's share of this micro-batch first, as one process adds it */
-        loom_pp_tied_grads_add(m->k, loom_grad(emb, 0), m->tied_grad, VC);
     if (m->spec.embed_scale !=
         0) { /* the lookup's gradient (the tied table's deferred scatter reads it too) */
         const float scale = (float)m->spec.embed_scale;
@@ -1489,9 +1504,6 @@ static void embedding_backward(struct loom_decoder *m, struct loom_decoder_acts 
     m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), dwpe,
                                 loom_tp_region_output_grad(&m->rg, m->dres, N), a->inputs, m->v0, m->Vl, B, T,
                                 C);
-    /* the head's share, from its stage, once per step */
-    if (tied_across_stages(m) && !per_micro_tied(m) && mb->micro == mb->micros - 1)
-        loom_pp_tied_grads_add(m->k, loom_grad(emb, 0), m->tied_grad, VC);
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;
 }
@@ -1505,7 +1517,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
     if (last == m->head)
-        head_backward(m, a, mb, loss_weight);
+        head_backward(m, a, loss_weight);
     else
         dev(m)->copy(m->dres, mb->doutput, NrC * sizeof(float));
     /* m->dres is the gradient of the residual stream, flowing down */
@@ -1525,7 +1537,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
         dev(m)->copy(mb->dinput, m->dres, NrC * sizeof(float));
         return;
     }
-    embedding_backward(m, a, mb);
+    embedding_backward(m, a);
 }
 
 /* ---- whole-model calls -------------------------------------------------------- */

@@ -163,14 +163,20 @@ struct loom_decoder {
     int recompute_num_layers;
     /* tensor parallelism: this rank's part of a group of tp */
     int tp, tp_rank;
-    int hs;                     /* head size */
-    int NHl, Gl;                /* this rank's query and key/value heads */
-    int Cq, kvC;                /* their widths: NHl hs, Gl hs */
-    int Fl;                     /* this rank's MLP columns */
-    int v0, Vl;                 /* its vocabulary rows [v0, v0 + Vl) */
-    float *ce_stats;            /* (3, N) the vocab-parallel cross-entropy's row statistics */
-    struct loom_tp_regions rg;  /* the regions' entries and exits; rg.sp: sequence parallelism */
-    float *norm_grads;          /* (2C) a norm's gradients before the tp sum (sp, exact) */
+    int hs;                    /* head size */
+    int NHl, Gl;               /* this rank's query and key/value heads */
+    int Cq, kvC;               /* their widths: NHl hs, Gl hs */
+    int Fl;                    /* this rank's MLP columns */
+    int v0, Vl;                /* its vocabulary rows [v0, v0 + Vl) */
+    float *ce_stats;           /* (3, N) the vocab-parallel cross-entropy's row statistics */
+    struct loom_tp_regions rg; /* the regions' entries and exits; rg.sp: sequence parallelism */
+    float *norm_grads;         /* (2C) a norm's gradients in one row piece (exact) */
+    /* sequence parallelism: a block's norms' gradients over this rank's rows
+     * (two norms, each 2C floats, or 2C doubles under exact pieces), summed
+     * over the tp group by their strategy at the block's grads_ready */
+    float *norm_parts;
+    struct loom_partial_grad partials[4];
+    int npartials, nnorms;
     struct loom_tp_exact exact; /* --layout-invariant's pieces; pieces 0: off */
     const struct loom_kernels *k;
     struct loom_linear_ctx lc; /* what every product shares (set by the first forward or reserve) */
@@ -194,7 +200,6 @@ struct loom_decoder {
     struct loom_pp_stage_layers stage;
     int pipelined;
     float *tied_copy, *tied_grad;
-    float **tied_sends;
     struct loom_sparse_layout *sparse; /* block-sparse attention, or NULL: dense causal */
 };
 

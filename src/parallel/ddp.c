@@ -205,7 +205,7 @@ static const struct loom_strategy ddp_strategy = {.name = "ddp",
                                                   .replay = replay};
 
 void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive,
-                   enum loom_dtype reduce_dtype)
+                   enum loom_dtype reduce_dtype, int early_table)
 {
     LOOM_ASSERT(reduce_dtype == LOOM_DTYPE_F32 || reduce_dtype == m->dtype);
     *d = (struct loom_ddp){.model = m, .dp = dp, .overlap = overlap, .naive = naive, .bucket_mb = bucket_mb};
@@ -227,9 +227,8 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
     }
     struct loom_tied_embedding te;
     /* (not under mixed precision: the deferred scatter would need float32 gradients) */
-    d->early_wte = overlap && !naive && m->dtype == LOOM_DTYPE_F32 && m->tp == 1 && !m->invariant_sums &&
-                   m->ops->tied_embedding && m->ops->tied_embedding(m, &te) &&
-                   te.block == d->buckets[d->nbuckets - 1].first_block &&
+    d->early_wte = overlap && !naive && m->dtype == LOOM_DTYPE_F32 && early_table && m->ops->tied_embedding &&
+                   m->ops->tied_embedding(m, &te) && te.block == d->buckets[d->nbuckets - 1].first_block &&
                    m->blocks[te.block].tensors[0].offset == 0;
     if (d->early_wte) {
         /* the tied table out of the last bucket, into its own */

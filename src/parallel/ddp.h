@@ -70,9 +70,12 @@ struct loom_ddp {
 /* Builds the buckets and pushes the strategy on m's stack. reduce_dtype:
  * F32, or under mixed precision the model's 16-bit dtype (--grad-reduce-dtype:
  * each rank's sum is rounded once and the sum over ranks is done in 16
- * bits, each addition rounded: half the bytes on the wire). */
+ * bits, each addition rounded: half the bytes on the wire). early_table:
+ * the tied table may go in a bucket of its own, reduced as soon as the
+ * head's share is in, its lookup's rows scattered after the reduction (a
+ * whole vocabulary, and no --layout-invariant: that reorders the sum). */
 void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive,
-                   enum loom_dtype reduce_dtype);
+                   enum loom_dtype reduce_dtype, int early_table);
 void loom_ddp_free(struct loom_ddp *d);
 
 #endif

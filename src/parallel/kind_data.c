@@ -26,7 +26,8 @@ static int build(struct loom_kind_build *b, void **state)
     *state = d;
     /* checked with the config: F32, or the compute dtype */
     loom_ddp_init(d, b->model, b->topo->dp, cfg->ddp_bucket_size, !cfg->no_overlap,
-                  cfg->ddp_impl == LOOM_DDP_NAIVE, (enum loom_dtype)cfg->grad_reduce_dtype);
+                  cfg->ddp_impl == LOOM_DDP_NAIVE, (enum loom_dtype)cfg->grad_reduce_dtype,
+                  b->topo->tp == 1 && !b->shape->exact_sums);
     return LOOM_OK;
 }
 

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "layers/pp_stages.h"
 #include "parallel/kinds.h"
+#include "parallel/tied_stages.h"
 
 #define F(field) offsetof(struct loom_config, field)
 #define NAME(field) loom_config_name_of(cfg, F(field))
@@ -126,7 +127,7 @@ static int check_model(const struct loom_config *cfg, const struct loom_topology
 }
 
 /* The "pp" strategy: after the backward, the tied table's sends of the
- * step are waited for (layers/pp_stages.h); its wait is that and the
+ * step are waited for (tied_stages.h); its wait is that and the
  * schedule's time blocked on the neighbouring stages (the bubble
  * included). */
 struct pp_strategy {
@@ -138,7 +139,7 @@ struct pp_strategy {
 static void finish_backward(void *ctx)
 {
     struct pp_strategy *p = ctx;
-    p->flush_s = loom_pp_flush();
+    p->flush_s = loom_tied_stages_flush();
 }
 
 static double comm_wait_s(void *ctx)
@@ -262,6 +263,8 @@ const struct loom_kind loom_kind_pipeline = {.name = "pipeline",
                                              .check_model = check_model,
                                              .build = build,
                                              .release = release,
+                                             .build_inner = loom_tied_stages_build,
+                                             .release_inner = loom_tied_stages_release,
                                              .time = time_terms,
                                              .plan_slots = 2,
                                              .plan_choices = plan_choices,

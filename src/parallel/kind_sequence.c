@@ -3,12 +3,64 @@
  * between the tensor-parallel regions over the tensor-parallel group (the
  * layers' gathers and reduce-scatters, layers/tp_regions.h); its settings'
  * rules, its share of the time model's row work, the planner's switch.
+ *
+ * Its strategy, "sp", next to the kernels: a tensor every tp rank holds
+ * whole but whose gradient each computes from its own rows (the norms) has
+ * that gradient in parts (loom/model.h's partial_grads); at each block's
+ * grads_ready the parts are summed over the group and added, float32 ones
+ * by float addition, --layout-invariant's float64 ones exactly and rounded
+ * once, before any strategy reads the block's gradient (Megatron's
+ * layernorm all-reduce in finalize_model_grads, here per micro-batch so a
+ * step sums as it always did).
  */
 #include <stdio.h>
 
 #include "base/log.h"
+#include "comm/comm.h"
 #include "config/config.h"
+#include "kernels/backend.h"
+#include "layers/tp_regions.h"
 #include "parallel/kinds.h"
+
+static void grads_ready(void *ctx, int block)
+{
+    struct loom_model *m = ctx;
+    if (block < 0) return; /* the tied head's event: no block's end */
+    const struct loom_partial_grad *p;
+    const int n = m->ops->partial_grads(m, &p);
+    const struct loom_kernels *k = m->backend->k;
+    for (int i = 0; i < n; i++) {
+        if (p[i].dtype == LOOM_DTYPE_F32) {
+            loom_tp_allreduce(p[i].part, p[i].n, LOOM_OP_SUM);
+            k->accumulate(p[i].grad, p[i].part, p[i].n);
+        } else {
+            LOOM_ASSERT(p[i].dtype == LOOM_DTYPE_F64);
+            loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of(p[i].part, p[i].n, LOOM_DTYPE_F64),
+                                             LOOM_OP_SUM));
+            k->acc_add_rounded(p[i].grad, p[i].part, p[i].n);
+        }
+    }
+}
+
+static void describe(void *ctx, char *buf, size_t n)
+{
+    const struct loom_model *m = ctx;
+    snprintf(buf, n,
+             "sequence parallelism: the norms' gradients from each rank's rows, summed over the %d tp "
+             "ranks as each block's backward ends",
+             m->tp);
+}
+
+const struct loom_strategy loom_sequence_strategy = {
+    .name = "sp", .grads_ready = grads_ready, .describe = describe};
+
+static int build_inner(struct loom_kind_build *b, void **state)
+{
+    (void)state;
+    if (b->cfg->sequence_parallel && b->model->ops->partial_grads)
+        loom_model_push_strategy(b->model, &loom_sequence_strategy, b->model);
+    return LOOM_OK;
+}
 
 #define F(field) offsetof(struct loom_config, field)
 #define NAME(field) loom_config_name_of(cfg, F(field))
@@ -63,6 +115,7 @@ const struct loom_kind loom_kind_sequence = {.name = "sequence",
                                              .group = LOOM_GROUP_TP,
                                              .resolve = resolve,
                                              .shape = shape,
+                                             .build_inner = build_inner,
                                              .plan_slots = 1,
                                              .plan_choices = plan_choices,
                                              .plan_apply = plan_apply,

@@ -54,20 +54,30 @@ int loom_kinds_check_model(const struct loom_config *cfg, const struct loom_topo
     return rc;
 }
 
-int loom_kinds_build(struct loom_kind_build *b, void *state[LOOM_KIND_COUNT])
+int loom_kinds_build(struct loom_kind_build *b, void *state[LOOM_KIND_STATES])
 {
     b->boundary = 0;
+    for (int k = 0; k < LOOM_KIND_STATES; k++) state[k] = NULL;
     for (int k = 0; k < LOOM_KIND_COUNT; k++) {
-        state[k] = NULL;
         if (!kinds[k]->build) continue;
         const int rc = kinds[k]->build(b, &state[k]);
+        if (rc) return rc;
+    }
+    for (int k = 0; k < LOOM_KIND_COUNT; k++) {
+        if (!kinds[k]->build_inner) continue;
+        const int rc = kinds[k]->build_inner(b, &state[LOOM_KIND_COUNT + k]);
         if (rc) return rc;
     }
     return LOOM_OK;
 }
 
-void loom_kinds_release(void *state[LOOM_KIND_COUNT])
+void loom_kinds_release(void *state[LOOM_KIND_STATES])
 {
+    for (int k = LOOM_KIND_COUNT - 1; k >= 0; k--) {
+        if (state[LOOM_KIND_COUNT + k] && kinds[k]->release_inner)
+            kinds[k]->release_inner(state[LOOM_KIND_COUNT + k]);
+        state[LOOM_KIND_COUNT + k] = NULL;
+    }
     for (int k = LOOM_KIND_COUNT - 1; k >= 0; k--) {
         if (state[k] && kinds[k]->release) kinds[k]->release(state[k]);
         state[k] = NULL;

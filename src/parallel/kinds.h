@@ -139,6 +139,14 @@ struct loom_kind {
      * file) leaves *state for release. */
     int (*build)(struct loom_kind_build *b, void **state);
     void (*release)(void *state);
+    /* Optional: its strategies next to the kernels, pushed after every
+     * kind's build (in registry order): the syncs of gradients the model
+     * computes in parts (Megatron's finalize_model_grads: the tied table
+     * across stages, sequence parallelism's norms). Innermost, they see the
+     * float32 gradients the others provide and complete a block's before
+     * anyone converts, reduces or shards it. Freed with release_inner. */
+    int (*build_inner)(struct loom_kind_build *b, void **state);
+    void (*release_inner)(void *state);
     /* Its step-time terms. */
     struct loom_time_terms (*time)(const struct loom_time_in *in);
     /* The planner. plan_slots: the values of its choice searched (0: not
@@ -166,6 +174,9 @@ struct loom_kind {
 
 extern const struct loom_kind loom_kind_tensor, loom_kind_pipeline, loom_kind_sequence, loom_kind_data,
     loom_kind_zero, loom_kind_precision, loom_kind_fp8, loom_kind_invariant;
+/* Sequence parallelism's strategy (its context the model), for a model run
+ * outside the engine. */
+extern const struct loom_strategy loom_sequence_strategy;
 
 /* The kind with this id. */
 const struct loom_kind *loom_kind_at(enum loom_kind_id id);
@@ -177,11 +188,14 @@ void loom_kinds_shape(const struct loom_config *cfg, int world, struct loom_layo
 /* The first kind's complaint about the model (LOOM_ERR_INPUT), or LOOM_OK. */
 int loom_kinds_check_model(const struct loom_config *cfg, const struct loom_topology *t,
                            const struct loom_model *m);
-/* Every kind's strategies, in registry order (the stack's); state[id]:
- * what each kind's release frees. Stops at the first failure. */
-int loom_kinds_build(struct loom_kind_build *b, void *state[LOOM_KIND_COUNT]);
+/* What the kinds' strategies hold: state[id] each kind's build's,
+ * state[LOOM_KIND_COUNT + id] its build_inner's. */
+#define LOOM_KIND_STATES (2 * LOOM_KIND_COUNT)
+/* Every kind's strategies, in registry order (the stack's), then every
+ * kind's inner ones. Stops at the first failure. */
+int loom_kinds_build(struct loom_kind_build *b, void *state[LOOM_KIND_STATES]);
 /* Releases them, in reverse, and clears state. */
-void loom_kinds_release(void *state[LOOM_KIND_COUNT]);
+void loom_kinds_release(void *state[LOOM_KIND_STATES]);
 /* Every kind's terms, summed: the bubble, and time on each group's links. */
 void loom_kinds_time(const struct loom_time_in *in, double *bubble, double comm[LOOM_GROUP_COUNT]);
 

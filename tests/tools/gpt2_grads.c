@@ -34,6 +34,7 @@
 #include "io/safetensors.h"
 #include "model/gpt2.h"
 #include "model/gpt2_io.h"
+#include "parallel/kinds.h"
 
 /* The index of name in the NULL-terminated list, or -1. */
 static int pick(const char *name, const char *const *names)
@@ -107,7 +108,10 @@ int main(int argc, char **argv)
         }
     }
     struct loom_decoder *m = loom_gpt2_create_tp(&cfg, B, T, tp, topo.tp_rank);
-    if (sp) loom_decoder_set_sequence_parallel(m, 1);
+    if (sp) { /* the norms' partial gradients are summed by sequence parallelism's strategy */
+        loom_decoder_set_sequence_parallel(m, 1);
+        loom_model_push_strategy(&m->base, &loom_sequence_strategy, &m->base);
+    }
     if (invariant) loom_decoder_set_tp_invariant(m, invariant);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     m->act_dtype = (enum loom_dtype)act_dtype;
