@@ -216,20 +216,54 @@ struct loom_model *loom_decoder_def_create(const struct loom_decoder_def *d, con
     return loom_decoder_build(&c, &s, B, T, training, tp_rank, pp_rank);
 }
 
+/* The table's setting at spec field offset, or NULL. */
+static const struct loom_shape_key *spec_key(const struct loom_decoder_def *d, size_t spec_offset)
+{
+    for (int k = 0; k < d->nkeys; k++)
+        if (d->keys[k].spec == spec_offset) return &d->keys[k];
+    return NULL;
+}
+
+/* Whether s holds the value a file without setting k had (the family's
+ * default); a setting without one has none. */
+static int at_default(const struct loom_shape_key *k, const struct loom_decoder_spec *s)
+{
+    struct loom_shape_setting def;
+    memset(&def, 0, sizeof def);
+    if (!k->absent || !loom_model_shape_parse(&def, k->absent)) return 0;
+    const void *field = (const char *)s + k->spec;
+    if (k->kind == LOOM_SHAPE_REAL) return *(const double *)field == def.real;
+    if (k->kind == LOOM_SHAPE_WORD) return strcmp(k->words[*(const int *)field], def.word) == 0;
+    return *(const int *)field == def.value;
+}
+
+/* What the family's table fixes (GPT-2's key/value heads and MLP width)
+ * and the numerics at its defaults go unsaid. */
 void loom_decoder_def_describe(const struct loom_model *m, char *buf, size_t n)
 {
+    const struct loom_decoder_def *d = loom_decoder_def_of(m);
     const struct loom_decoder *dm = loom_decoder_of((struct loom_model *)m);
     const struct loom_decoder_spec *s = &dm->spec;
-    snprintf(buf, n, "%d layers, %d channels, %d heads (%d key/value", s->num_layers, s->hidden, s->heads,
-             s->kv_heads);
-    size_t l = strlen(buf);
+    const struct loom_shape_key *eps = spec_key(d, offsetof(struct loom_decoder_spec, norm_eps)),
+                                *act = spec_key(d, offsetof(struct loom_decoder_spec, activation));
+    size_t l =
+        (size_t)snprintf(buf, n, "%d layers, %d channels, %d heads", s->num_layers, s->hidden, s->heads);
+    if (spec_key(d, offsetof(struct loom_decoder_spec, kv_heads)) && l < n)
+        l += (size_t)snprintf(buf + l, n - l, " (%d key/value", s->kv_heads);
     if (s->head_dim && l < n) l += (size_t)snprintf(buf + l, n - l, ", head size %d", s->head_dim);
-    if (l < n) l += (size_t)snprintf(buf + l, n - l, "), MLP %d, T=%d, V=%d", s->ffn, dm->T, s->vocab);
+    if (spec_key(d, offsetof(struct loom_decoder_spec, kv_heads)) && l < n)
+        l += (size_t)snprintf(buf + l, n - l, ")");
+    if (spec_key(d, offsetof(struct loom_decoder_spec, ffn)) && l < n)
+        l += (size_t)snprintf(buf + l, n - l, ", MLP %d", s->ffn);
+    if (l < n) l += (size_t)snprintf(buf + l, n - l, ", T=%d, V=%d", dm->T, s->vocab);
     if (s->positions == LOOM_POSITION_ROPE && l < n)
         l += (size_t)snprintf(buf + l, n - l, ", rope %g", s->rope_theta);
-    if (l < n)
-        snprintf(buf + l, n - l, ", %s eps %g%s", s->norm == LOOM_NORM_RMSNORM ? "RMSNorm" : "LayerNorm",
-                 s->norm_eps, s->untied ? ", untied LM head" : "");
+    if (eps && !at_default(eps, s) && l < n)
+        l += (size_t)snprintf(buf + l, n - l, ", %s eps %g",
+                              s->norm == LOOM_NORM_RMSNORM ? "RMSNorm" : "LayerNorm", s->norm_eps);
+    if (act && !at_default(act, s) && l < n)
+        l += (size_t)snprintf(buf + l, n - l, ", %s", act->words[s->activation]);
+    if (s->untied && l < n) snprintf(buf + l, n - l, ", untied LM head");
     loom_model_sparsity_describe(dm->sparse, buf, n);
 }
 

@@ -183,11 +183,6 @@ static const struct loom_model_preset presets[] = {
 };
 /* clang-format on */
 
-static const struct loom_decoder *gpt2_of(const struct loom_model *m)
-{
-    return loom_decoder_of((struct loom_model *)m);
-}
-
 static int check(const struct loom_config *cfg, int T)
 {
     return loom_decoder_def_check(&loom_gpt2_def, cfg, T);
@@ -198,22 +193,6 @@ static struct loom_model *create(const struct loom_config *cfg, int B, int T, in
 {
     const struct loom_decoder_spec spec = loom_decoder_def_spec(&loom_gpt2_def, cfg);
     return loom_decoder_build(cfg, &spec, B, T, training, tp_rank, pp_rank);
-}
-
-static void describe(const struct loom_model *m, char *buf, size_t n)
-{
-    const struct loom_decoder *d = gpt2_of(m);
-    const struct loom_gpt2_config c = loom_gpt2_config_of(d), *g_cfg = &c;
-    int len = snprintf(buf, n, "%d layers, %d channels, %d heads, T=%d, V=%d", g_cfg->num_layers,
-                       g_cfg->hidden, g_cfg->heads, d->T, g_cfg->vocab);
-    /* the numerics only where they are not GPT-2's */
-    if (len > 0 && (size_t)len < n && g_cfg->norm_eps != LOOM_GPT2_NORM_EPS)
-        len += snprintf(buf + len, n - (size_t)len, ", LayerNorm eps %g", g_cfg->norm_eps);
-    if (len > 0 && (size_t)len < n && g_cfg->activation != LOOM_ACTIVATION_GELU_NEW)
-        len += snprintf(buf + len, n - (size_t)len, ", %s", loom_activation_names[g_cfg->activation]);
-    if (len > 0 && (size_t)len < n && g_cfg->untied)
-        len += snprintf(buf + len, n - (size_t)len, ", untied LM head");
-    if (len > 0 && (size_t)len < n) loom_model_sparsity_describe(d->sparse, buf, n);
 }
 
 static void shape_of(const struct loom_config *cfg, struct loom_model_shape *out)
@@ -277,7 +256,7 @@ const struct loom_model_family loom_gpt2_family = {
     .create = create,
     .destroy = loom_decoder_destroy,
     .flops_per_token = loom_decoder_model_flops,
-    .describe = describe,
+    .describe = loom_decoder_def_describe,
     .shape_of = shape_of,
     .apply_shape = apply_shape,
     .read_shape = read_shape,
