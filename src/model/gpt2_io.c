@@ -19,11 +19,7 @@
 
 static const struct loom_st_tensor *find_tensor(const struct loom_st *st, const char *name)
 {
-    const struct loom_st_tensor *t = loom_st_find(st, name);
-    if (t) return t;
-    char prefixed[128];
-    snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
-    return loom_st_find(st, prefixed);
+    return loom_model_find_tensor(st, "transformer.", name);
 }
 
 static const char *unprefixed(const char *name)
@@ -77,7 +73,7 @@ int loom_gpt2_load(struct loom_decoder *m, const char *path)
     struct loom_st st;
     int rc = loom_st_open(&st, path);
     if (rc) return rc;
-    if ((rc = loom_model_read_tensors(&m->base, &st, path, find_tensor))) goto fail;
+    if ((rc = loom_model_read_tensors(&m->base, &st, path, "transformer."))) goto fail;
     /* a tied model must not drop an LM head of the file's own: that is
      * another model (tie_word_embeddings false); the stage holding the
      * embedding checks it */

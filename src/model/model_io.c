@@ -17,15 +17,24 @@ static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape)
     if (l < n) snprintf(buf + l, n - l, "]");
 }
 
-int loom_model_read_tensors(struct loom_model *m, const struct loom_st *st, const char *path,
-                            loom_tensor_finder find)
+const struct loom_st_tensor *loom_model_find_tensor(const struct loom_st *st, const char *prefix,
+                                                    const char *name)
 {
-    if (!find) find = loom_st_find;
+    const struct loom_st_tensor *t = loom_st_find(st, name);
+    if (t || !prefix) return t;
+    char prefixed[LOOM_TENSOR_NAME_MAX + 64];
+    snprintf(prefixed, sizeof prefixed, "%s%s", prefix, name);
+    return loom_st_find(st, prefixed);
+}
+
+int loom_model_read_tensors(struct loom_model *m, const struct loom_st *st, const char *path,
+                            const char *prefix)
+{
     for (int bi = 0; bi < m->nblocks; bi++) {
         struct loom_block *b = &m->blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++) {
             const struct loom_tensor *t = &b->tensors[ti];
-            const struct loom_st_tensor *s = find(st, t->name);
+            const struct loom_st_tensor *s = loom_model_find_tensor(st, prefix, t->name);
             if (!s) return loom_error_set(LOOM_ERR_INPUT, "%s: missing tensor %s", path, t->name);
             int ok = s->ndim == t->ndim; /* the whole tensor's shape, whatever part this model holds */
             for (int d = 0; ok && d < t->ndim; d++) ok = s->shape[d] == t->full[d];
