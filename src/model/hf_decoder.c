@@ -46,9 +46,8 @@ const struct loom_decoder_names loom_hf_decoder_names = {
 };
 
 /* Fields every decoder family's config has that do not change the function
- * loom computes (loom trains without dropout), with the values exports write. */
+ * loom computes (weights are loaded), with the values exports write. */
 static const struct loom_hf_field shared[] = {
-    {"attention_dropout", LOOM_HF_NO_EFFECT, "0.0"},
     {"initializer_range", LOOM_HF_NO_EFFECT, "0.02"},
     {"use_cache", LOOM_HF_NO_EFFECT, "true"},
 };
