@@ -19,7 +19,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "model/gpt2.h"
+#include "model/decoder_def.h"
+#include "model/family.h"
 #include "parallel/stack.h"
 
 enum { L = 3, C = 32, NH = 4, MAXT = 16, V = 64, B = 2, T = 8, MICRO = 2 };
@@ -28,9 +29,18 @@ static int untied; /* the models made have an LM head of their own */
 
 static struct loom_decoder *make_model(int slots)
 {
-    const struct loom_gpt2_config cfg = {L,     C, NH, MAXT, V, LOOM_GPT2_NORM_EPS, LOOM_ACTIVATION_GELU_NEW,
-                                         untied};
-    struct loom_decoder *m = loom_gpt2_create(&cfg, B, T);
+    struct loom_config cfg; /* GPT-2's shape settings; the numerics its defaults */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.num_layers = L;
+    cfg.hidden_size = C;
+    cfg.num_attention_heads = NH;
+    cfg.max_position_embeddings = MAXT;
+    cfg.vocab_size = V;
+    cfg.norm_epsilon = 1e-5;
+    cfg.activation_function = LOOM_ACTIVATION_GELU_NEW;
+    cfg.untie_embeddings_and_output_weights = untied;
+    const struct loom_decoder_spec spec = loom_decoder_def_spec(loom_gpt2_family.decoder, &cfg);
+    struct loom_decoder *m = loom_decoder_create_whole(&spec, B, T);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA | LOOM_MODEL_GRAD_ARENA);
     loom_model_init_weights(&m->base, 7);
     if (slots > 1) m->base.ops->set_slots(&m->base, slots);

@@ -1,9 +1,10 @@
 /*
  * `loom convert IN OUT`: a model's weights from one file format to another.
- * The formats are the model family's (model/convert.h: GPT-2's are llm.c
- * checkpoints, safetensors files and Hugging Face directories); here are
- * the help listing every family's, the dispatch, and the reading of a loom
- * checkpoint (any layout) for a converter, which takes the engine.
+ * The formats are the model family's converter's (model/convert.h: the
+ * decoder families' are llm.c checkpoints, safetensors files and Hugging
+ * Face directories); here are the help listing each converter's once, the
+ * dispatch, and the reading of a loom checkpoint (any layout) for a
+ * converter, which takes the engine.
  *
  * A Hugging Face directory written from a checkpoint that holds the run's
  * tokenizer (tokenizer.json) gets a copy of it.
@@ -58,16 +59,17 @@ int loom_convert(int argc, char **argv)
     const struct loom_model_family *f;
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            int shown = 0;
-            for (int k = 0; (f = loom_model_family_at(k)); k++)
-                if (f->converter) {
-                    printf("%s%s weights:\n", shown++ ? "\n" : "", f->title);
-                    f->converter->usage(stdout);
-                }
+            for (int k = 0; (f = loom_model_family_at(k)); k++) { /* each converter once */
+                int seen = 0;
+                for (int j = 0; j < k; j++) seen |= loom_model_family_at(j)->converter == f->converter;
+                if (!f->converter || seen) continue;
+                printf("%s", k ? "\n" : "");
+                f->converter->usage(stdout);
+            }
             return LOOM_OK;
         }
     /* the family the input names (a checkpoint's recorded model, config.json's
-     * model_type, loom's metadata), else the first with a converter (GPT-2's
+     * model_type, loom's metadata), else the first with a converter (which
      * reads what names none: llm.c files, bare tensors) */
     const char *in = NULL, *out = NULL;
     for (int i = 0; i < argc && !out; i++)

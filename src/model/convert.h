@@ -1,11 +1,11 @@
 /*
  * `loom convert`: a model family's weights from one of its file formats to
- * another. A family with formats of its own points at its converter
- * (struct loom_model_family.converter; GPT-2's: model/gpt2_convert.c); the
- * command line dispatches to it and lists every converter's formats in its
- * help. Reading a loom checkpoint
- * takes the engine, which the model layer does not reach: the caller lends
- * that through struct loom_convert_env.
+ * another. A family points at its converter (struct
+ * loom_model_family.converter; every decoder family's: model/convert.c);
+ * the command line dispatches to it and lists every converter's formats in
+ * its help. Reading a loom checkpoint takes the engine, which the model
+ * layer does not reach: the caller lends that through struct
+ * loom_convert_env.
  *
  * Adding one: a `const struct loom_model_converter` beside the family's
  * weights code, named by the family's entry. Not here: the checkpoint
@@ -37,6 +37,8 @@ struct loom_model_converter {
     int (*run)(int argc, char **argv, const struct loom_convert_env *env);
 };
 
-extern const struct loom_model_converter loom_gpt2_converter;
+/* A decoder family's (model/decoder_def.h): llm.c checkpoints,
+ * safetensors files and Hugging Face directories (model/convert.c). */
+extern const struct loom_model_converter loom_decoder_converter;
 
 #endif

@@ -9,7 +9,7 @@
  * (model/decoder_def.h: architecture, shape settings, presets, Hugging Face
  * mapping) and its `const struct loom_model_family`, a line in family.c's
  * table and its extern below. Not here: the model interface itself, weights
- * formats (model/hf_decoder.h; GPT-2's own in gpt2_io.c, gpt2_llmc.c).
+ * formats (model/hf_decoder.h, model/source.h, model/llmc.h).
  */
 #ifndef LOOM_MODEL_FAMILY_H
 #define LOOM_MODEL_FAMILY_H

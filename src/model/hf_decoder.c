@@ -1,5 +1,7 @@
 /*
- * A decoder family's Hugging Face formats and `loom convert` (hf_decoder.h).
+ * A decoder family's Hugging Face formats (hf_decoder.h): config.json read
+ * and written through the family's map, weights read and saved by the
+ * spec's names.
  */
 #include "model/hf_decoder.h"
 
@@ -7,21 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "base/log.h"
 #include "base/mem.h"
-#include "io/checkpoint.h"
 #include "io/fs.h"
 #include "io/safetensors.h"
 #include "model/family.h"
 #include "model/model_io.h"
-
-static int exists(const char *path)
-{
-    struct stat s;
-    return stat(path, &s) == 0 && S_ISREG(s.st_mode);
-}
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -63,6 +57,22 @@ int loom_hf_refuse(const char *path, const char *title, const cJSON *v, const ch
 
 /* ---- config.json ------------------------------------------------------------ */
 
+/* A word key's value: the index of its spelling in k->words. */
+static int read_word(const char *path, const char *title, const cJSON *v, const struct loom_hf_key *k,
+                     double *out)
+{
+    for (int i = 0; k->words[i].hf; i++)
+        if (cJSON_IsString(v) && strcmp(v->valuestring, k->words[i].hf) == 0) return *out = i, LOOM_OK;
+    char names[160] = "";
+    for (int i = 0; k->words[i].hf; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s\"%s\"",
+                 !i                   ? ""
+                 : k->words[i + 1].hf ? ", "
+                                      : " or ",
+                 k->words[i].hf);
+    return loom_hf_refuse(path, title, v, names);
+}
+
 /* One key's value as the shape setting's, transformers' default when absent
  * (integers: or null). */
 static int read_key(const char *path, const char *title, const cJSON *j, const struct loom_hf_key *k,
@@ -71,6 +81,9 @@ static int read_key(const char *path, const char *title, const cJSON *j, const s
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, k->hf);
     char range[64];
     switch (k->kind) {
+    case LOOM_HF_WORD:
+        if (!v) return *out = def, LOOM_OK;
+        return read_word(path, title, v, k, out);
     case LOOM_HF_INT:
         if (!v || cJSON_IsNull(v)) return *out = def, LOOM_OK;
         if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1 && v->valuedouble <= (1 << 24)) ||
@@ -152,6 +165,8 @@ int loom_hf_read_config(const struct loom_decoder_def *d, const char *path, stru
         if ((rc = read_key(path, title, j, k, def, &value[i]))) break;
         if (k->kind == LOOM_HF_REAL)
             loom_model_shape_add_real(out, k->setting, value[i]);
+        else if (k->kind == LOOM_HF_WORD)
+            loom_model_shape_add_word(out, k->setting, k->words[(int)value[i]].setting);
         else
             loom_model_shape_add_int(out, k->setting, (int64_t)value[i]);
     }
@@ -159,6 +174,13 @@ int loom_hf_read_config(const struct loom_decoder_def *d, const char *path, stru
     if (rc == LOOM_OK) rc = check_architectures(path, title, j, h->architectures);
     cJSON_Delete(j);
     return rc;
+}
+
+const struct loom_hf_key *loom_hf_key_of(const struct loom_hf_map *h, const char *setting)
+{
+    for (int i = 0; i < h->nkeys; i++)
+        if (strcmp(h->keys[i].setting, setting) == 0) return &h->keys[i];
+    return NULL;
 }
 
 /* A double exactly (cJSON's printing may round). */
@@ -188,14 +210,33 @@ static char *print_sorted(cJSON *j)
     return text;
 }
 
+/* The beginning and end of a sequence: the map's ids, or the vocabulary's last. */
+static void token_ids(const struct loom_hf_map *h, const struct loom_model_shape *shape, int *bos, int *eos)
+{
+    const int last = (int)loom_model_shape_find(shape, "vocab_size")->value - 1;
+    *bos = h->end_of_text_last ? last : h->bos_token_id;
+    *eos = h->end_of_text_last ? last : h->eos_token_id;
+}
+
+/* A word setting's first spelling. */
+static const char *spelling(const struct loom_hf_key *k, const char *word)
+{
+    for (int i = 0; k->words[i].hf; i++)
+        if (strcmp(k->words[i].setting, word) == 0) return k->words[i].hf;
+    LOOM_ASSERT(0);
+    return NULL;
+}
+
 static char *config_json(const struct loom_decoder_def *d, const struct loom_model_shape *shape)
 {
     const struct loom_hf_map *h = d->hf;
+    int bos, eos;
+    token_ids(h, shape, &bos, &eos);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(h->architectures, 1));
     cJSON_AddStringToObject(j, "model_type", h->model_type);
-    cJSON_AddNumberToObject(j, "bos_token_id", h->bos_token_id);
-    cJSON_AddNumberToObject(j, "eos_token_id", h->eos_token_id);
+    cJSON_AddNumberToObject(j, "bos_token_id", bos);
+    cJSON_AddNumberToObject(j, "eos_token_id", eos);
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
     for (int i = 0; i < h->nkeys; i++) {
         const struct loom_hf_key *k = &h->keys[i];
@@ -203,6 +244,8 @@ static char *config_json(const struct loom_decoder_def *d, const struct loom_mod
         LOOM_ASSERT(kv);
         if (k->kind == LOOM_HF_REAL)
             add_real(j, k->hf, kv->real);
+        else if (k->kind == LOOM_HF_WORD)
+            cJSON_AddStringToObject(j, k->hf, spelling(k, kv->word));
         else if (k->kind == LOOM_HF_UNTIED)
             cJSON_AddBoolToObject(j, k->hf, !kv->value);
         else if (k->kind == LOOM_HF_WINDOW && !kv->value)
@@ -218,153 +261,98 @@ static char *config_json(const struct loom_decoder_def *d, const struct loom_mod
     return print_sorted(j);
 }
 
-static char *generation_config_json(const struct loom_hf_map *h)
+static char *generation_config_json(const struct loom_hf_map *h, const struct loom_model_shape *shape)
 {
+    int bos, eos;
+    token_ids(h, shape, &bos, &eos);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddTrueToObject(j, "_from_model_config");
-    cJSON_AddNumberToObject(j, "bos_token_id", h->bos_token_id);
-    cJSON_AddNumberToObject(j, "eos_token_id", h->eos_token_id);
+    cJSON_AddNumberToObject(j, "bos_token_id", bos);
+    cJSON_AddNumberToObject(j, "eos_token_id", eos);
     return print_sorted(j);
 }
 
-/* ---- weights sources ---------------------------------------------------------- */
+/* ---- weights ------------------------------------------------------------------ */
 
-/* The weights file of a source, and the config.json in its directory. */
-static int source_paths(const char *path, char *file, char *config, size_t n)
+/* The name without the map's prefix. */
+static const char *unprefixed(const struct loom_hf_map *h, const char *name)
 {
-    char dir[4000];
-    if (loom_fs_is_dir(path)) {
-        snprintf(file, n, "%s/model.safetensors", path);
-        snprintf(dir, sizeof dir, "%s", path);
-        if (!exists(file))
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "%s: no model.safetensors in it (sharded checkpoints "
-                                  "and pytorch_model.bin are not read)",
-                                  path);
-    } else {
-        snprintf(file, n, "%s", path);
-        loom_fs_dirname(path, dir, sizeof dir);
-    }
-    snprintf(config, n, "%s/config.json", dir);
-    return LOOM_OK;
+    const size_t n = h->prefix ? strlen(h->prefix) : 0;
+    return n && strncmp(name, h->prefix, n) == 0 ? name + n : name;
 }
 
-/* loom's own metadata: *found 0 when the file has none. */
-static int read_metadata(const char *file, struct loom_model_shape *out, int *found)
-{
-    struct loom_st st;
-    int rc = loom_st_open(&st, file);
-    if (rc) return rc;
-    *found = 0;
-    const char *type = loom_st_meta(&st, "loom.model");
-    if (type) {
-        *found = 1;
-        memset(out, 0, sizeof *out);
-        snprintf(out->type, sizeof out->type, "%s", type);
-        for (int i = 0; i < loom_st_meta_count(&st) && rc == LOOM_OK; i++) {
-            const char *key, *value;
-            loom_st_meta_at(&st, i, &key, &value);
-            if (strncmp(key, "loom.", 5) != 0 || strcmp(key, "loom.model") == 0 ||
-                strncmp(key, "loom.xxh3.", 10) == 0)
-                continue;
-            if (out->n == LOOM_MODEL_SHAPE_MAX) {
-                rc = loom_error_set(LOOM_ERR_INPUT, "%s: too many loom.* settings", file);
-                break;
-            }
-            struct loom_shape_setting *kv = &out->kv[out->n];
-            memset(kv, 0, sizeof *kv);
-            if (strlen(key + 5) >= sizeof kv->key || !loom_model_shape_parse(kv, value)) {
-                rc = loom_error_set(LOOM_ERR_INPUT, "%s: metadata %s: bad value", file, key);
-                break;
-            }
-            snprintf(kv->key, sizeof kv->key, "%s", key + 5);
-            out->n++;
-        }
-    }
-    loom_st_close(&st);
-    return rc;
-}
-
-/* The vocabulary and width config.json gives against the token table. */
-static int check_tensors(const struct loom_decoder_def *d, const char *config, const char *file,
-                         const struct loom_model_shape *shape)
-{
-    struct loom_st st;
-    int rc = loom_st_open(&st, file);
-    if (rc) return rc;
-    char name[128];
-    snprintf(name, sizeof name, "%s.weight", d->arch->names->embedding);
-    const struct loom_st_tensor *e = loom_st_find(&st, name);
-    const struct loom_shape_setting *V = loom_model_shape_find(shape, "vocab_size"),
-                                    *C = loom_model_shape_find(shape, "hidden_size");
-    if (!e || e->ndim != 2)
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: not %s weights (no 2-D %s)", file, d->family->title, name);
-    else if (e->shape[0] != V->value || e->shape[1] != C->value)
-        rc = loom_error_set(LOOM_ERR_INPUT,
-                            "%s says vocab_size %lld and hidden_size %lld, but %s has %s [%lld, %lld]",
-                            config, (long long)V->value, (long long)C->value, file, name,
-                            (long long)e->shape[0], (long long)e->shape[1]);
-    loom_st_close(&st);
-    return rc;
-}
-
-int loom_hf_source_shape(const struct loom_decoder_def *d, const char *path, struct loom_model_shape *out)
-{
-    char file[4200], config[4200];
-    int rc = source_paths(path, file, config, sizeof file), found = 0;
-    if (rc || (rc = read_metadata(file, out, &found))) return rc;
-    if (found) {
-        if (strcmp(out->type, d->family->name) != 0)
-            return loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not %s", file, out->type,
-                                  d->family->title);
-        return LOOM_OK;
-    }
-    if (!exists(config))
-        return loom_error_set(
-            LOOM_ERR_INPUT,
-            "%s: a %s safetensors file needs its config.json beside it (%s): the tensors do "
-            "not say the heads, the key/value heads, the rotary base or the eps",
-            path, d->family->title, config);
-    if ((rc = loom_hf_read_config(d, config, out))) return rc;
-    return check_tensors(d, config, file, out);
-}
-
-/* Tensors a file may hold beside the model's: older exports' rotary
- * frequencies (derived, not weights). */
+/* Tensors a file may hold beside the model's, none of them weights:
+ * transformers' buffers in older exports (GPT-2's attention masks, the
+ * rotary frequencies), and loom's other formats' tensors (llm.c's padding
+ * rows, `llmc.*`). */
 static int ignorable(const char *name)
 {
-    const char *s = strstr(name, "rotary_emb.inv_freq");
-    return s && s[strlen("rotary_emb.inv_freq")] == '\0';
+    static const char *const buffers[] = {".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq"};
+    if (strncmp(name, "llmc.", 5) == 0) return 1;
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++)
+        if (ends_with(name, buffers[i])) return 1;
+    return 0;
 }
 
-int loom_hf_load(struct loom_model *model, const char *path)
+/* An LM head beside a tied model's embedding must equal it (as the model's
+ * float32 values: the file may hold another dtype of both). */
+static int check_tied_head(struct loom_decoder *m, const char *file, const struct loom_st_tensor *head)
+{
+    const struct loom_decoder_names *nm = m->spec.names;
+    char emb_name[LOOM_TENSOR_NAME_MAX];
+    snprintf(emb_name, sizeof emb_name, "%s.weight", nm->embedding);
+    int bi;
+    const struct loom_tensor *emb = loom_model_find(&m->base, emb_name, &bi); /* this model's part of it */
+    LOOM_ASSERT(emb);
+    if (head->ndim != 2 || head->shape[0] != m->spec.vocab || head->shape[1] != m->spec.hidden)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: %s.weight does not have %s's shape", file, nm->lm_head,
+                              emb_name);
+    const size_t n = (size_t)m->spec.vocab * (size_t)m->spec.hidden;
+    float *w = loom_alloc(loom_mul_size(n, sizeof(float)), LOOM_MEM_OTHER),
+          *part = loom_alloc(loom_mul_size(emb->numel, sizeof(float)), LOOM_MEM_OTHER);
+    int rc = loom_st_read_f32(head, w, n);
+    if (rc == LOOM_OK) loom_tensor_take_part(emb, w, part);
+    if (rc == LOOM_OK &&
+        memcmp(part, m->base.blocks[bi].work_params + emb->offset, emb->numel * sizeof(float)) != 0)
+        rc =
+            loom_error_set(LOOM_ERR_INPUT,
+                           "%s: %s.weight differs from %s, so the LM head is not tied, but the model "
+                           "described for it is (tie_word_embeddings true in its config.json or loom's "
+                           "metadata; for a bare file, --untie-embeddings-and-output-weights says otherwise)",
+                           file, nm->lm_head, emb_name);
+    loom_free(part);
+    loom_free(w);
+    return rc;
+}
+
+int loom_hf_load(struct loom_model *model, const char *file)
 {
     struct loom_decoder *m = loom_decoder_of(model);
-    char file[4200], config[4200];
-    int rc = source_paths(path, file, config, sizeof file);
-    if (rc) return rc;
+    const struct loom_hf_map *h = loom_decoder_def_of(model)->hf;
     struct loom_st st;
-    if ((rc = loom_st_open(&st, file))) return rc;
-    if ((rc = loom_model_read_tensors(&m->base, &st, file, NULL))) goto done;
-    /* a pipeline stage skips the other stages' tensors (described by the
-     * whole model, made the first time a name is not this stage's) */
-    struct loom_decoder *whole = NULL;
-    char head[128];
+    int rc = loom_st_open(&st, file);
+    if (rc) return rc;
+    if ((rc = loom_model_read_tensors(&m->base, &st, file, h->prefix))) goto done;
+    char head[LOOM_TENSOR_NAME_MAX];
     snprintf(head, sizeof head, "%s.weight", m->spec.names->lm_head);
+    /* a tied model must not drop an LM head of the file's own (another
+     * model); the stage holding the embedding checks it */
+    const struct loom_st_tensor *own =
+        m->spec.untied || m->emb < 0 ? NULL : loom_model_find_tensor(&st, h->prefix, head);
+    if (own && (rc = check_tied_head(m, file, own))) goto done;
+    /* tensors the whole model does not have are refused, not dropped; a
+     * pipeline stage skips the other stages' (described by the whole model,
+     * made the first time a name is not this stage's) */
+    struct loom_decoder *whole = NULL;
     for (int i = 0; i < loom_st_count(&st) && rc == LOOM_OK; i++) {
-        const char *name = loom_st_at(&st, i)->name;
-        if (ignorable(name) || loom_model_find(&m->base, name, NULL)) continue;
+        const char *name = unprefixed(h, loom_st_at(&st, i)->name);
+        if (loom_model_find(&m->base, name, NULL) || ignorable(name) ||
+            (!m->spec.untied && strcmp(name, head) == 0))
+            continue;
         if (!whole) whole = loom_decoder_create_whole(&m->spec, 1, m->T);
-        if (loom_model_find(&whole->base, name, NULL)) continue;
-        if (strcmp(name, head) == 0) /* a tied model must not drop a head of the file's own */
-            rc =
-                loom_error_set(LOOM_ERR_INPUT,
-                               "%s: has %s, but the model ties its LM head to %s.weight (tie_word_embeddings "
-                               "false, or --untie-embeddings-and-output-weights, describes this file)",
-                               file, head, m->spec.names->embedding);
-        else
+        if (!loom_model_find(&whole->base, name, NULL))
             rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", file,
-                                name, m->spec.num_layers);
+                                loom_st_at(&st, i)->name, m->spec.num_layers);
     }
     loom_decoder_free(whole);
 done:
@@ -372,32 +360,40 @@ done:
     return rc;
 }
 
-int loom_hf_save(struct loom_model *model, const char *path)
+int loom_hf_save_ext(struct loom_model *model, const char *path, const struct loom_hf_extra *extra)
 {
     const struct loom_decoder *m = loom_decoder_of(model);
-    int n = 0;
+    const struct loom_decoder_def *d = loom_decoder_def_of(model);
+    const struct loom_hf_extra none = {0}, *x = extra ? extra : &none;
+    int n = x->ntensors;
     for (int bi = 0; bi < m->base.nblocks; bi++) n += m->base.blocks[bi].ntensors;
-    struct loom_st_tensor_in *ts = calloc((size_t)n, sizeof *ts);
     struct loom_model_shape shape;
-    loom_decoder_def_model_shape(loom_decoder_def_of(model), m, &shape);
-    const char **meta = calloc((size_t)(2 + shape.n) * 2, sizeof *meta);
-    char(*text)[2][64] = calloc((size_t)shape.n, sizeof *text);
-    int rc = LOOM_OK, k = 0;
-    if (!ts || !meta || !text) {
-        rc = loom_error_set(LOOM_ERR_RUNTIME, "out of memory writing %s", path);
-        goto done;
-    }
+    loom_decoder_def_model_shape(d, m, &shape);
+    const int nown = 2 + shape.n;
+    struct loom_st_tensor_in *ts = loom_alloc(sizeof *ts * (size_t)n, LOOM_MEM_OTHER);
+    char(*names)[LOOM_TENSOR_NAME_MAX + 64] = loom_alloc(sizeof *names * (size_t)n, LOOM_MEM_OTHER);
+    const char **meta = loom_alloc(sizeof *meta * (size_t)(nown + x->nmeta) * 2, LOOM_MEM_OTHER);
+    char(*text)[2][64] = loom_alloc(sizeof *text * (size_t)(shape.n ? shape.n : 1), LOOM_MEM_OTHER);
+    /* an untied model's body under the LM head model's prefix, which
+     * transformers needs once a head is beside it */
+    const char *prefix = m->spec.untied && d->hf->prefix ? d->hf->prefix : "";
+    char head[LOOM_TENSOR_NAME_MAX];
+    snprintf(head, sizeof head, "%s.weight", m->spec.names->lm_head);
+    int k = 0;
     for (int bi = 0; bi < m->base.nblocks; bi++) {
         const struct loom_block *b = &m->base.blocks[bi];
         for (int ti = 0; ti < b->ntensors; ti++, k++) {
             const struct loom_tensor *t = &b->tensors[ti];
-            ts[k] = (struct loom_st_tensor_in){.name = t->name,
+            snprintf(names[k], sizeof names[k], "%s%s", strcmp(t->name, head) == 0 ? "" : prefix, t->name);
+            ts[k] = (struct loom_st_tensor_in){.name = names[k],
                                                .dtype = LOOM_DTYPE_F32,
                                                .ndim = t->ndim,
                                                .shape = {t->shape[0], t->shape[1]},
                                                .data = b->work_params + t->offset};
         }
     }
+    for (int i = 0; i < x->ntensors; i++) ts[k++] = x->tensors[i];
+    /* the model's shape, each setting as loom.<key> */
     meta[0] = "format", meta[1] = "pt", meta[2] = "loom.model", meta[3] = m->spec.name;
     for (int i = 0; i < shape.n; i++) {
         snprintf(text[i][0], sizeof text[i][0], "loom.%s", shape.kv[i].key);
@@ -405,12 +401,18 @@ int loom_hf_save(struct loom_model *model, const char *path)
         meta[4 + 2 * i] = text[i][0];
         meta[5 + 2 * i] = text[i][1];
     }
-    rc = loom_st_write(path, ts, n, meta, 2 + shape.n);
-done:
-    free(text);
-    free(meta);
-    free(ts);
+    for (int i = 0; i < 2 * x->nmeta; i++) meta[2 * nown + i] = x->meta[i];
+    const int rc = loom_st_write(path, ts, n, meta, nown + x->nmeta);
+    loom_free(text);
+    loom_free(meta);
+    loom_free(names);
+    loom_free(ts);
     return rc;
+}
+
+int loom_hf_save(struct loom_model *model, const char *path)
+{
+    return loom_hf_save_ext(model, path, NULL);
 }
 
 /* A JSON text written crash-safely, with a final newline; consumes text. */
@@ -426,7 +428,7 @@ static int write_json(const char *dir, const char *name, char *text)
     return rc;
 }
 
-int loom_hf_save_dir(struct loom_model *model, const char *dir)
+int loom_hf_save_dir(struct loom_model *model, const char *dir, const struct loom_hf_extra *extra)
 {
     const struct loom_decoder_def *d = loom_decoder_def_of(model);
     int rc = loom_fs_mkdir_p(dir);
@@ -435,102 +437,8 @@ int loom_hf_save_dir(struct loom_model *model, const char *dir)
     snprintf(weights, sizeof weights, "%s%smodel.safetensors", dir, ends_with(dir, "/") ? "" : "/");
     struct loom_model_shape shape;
     loom_decoder_def_model_shape(d, loom_decoder_of(model), &shape);
-    if ((rc = loom_hf_save(model, weights)) == LOOM_OK &&
+    if ((rc = loom_hf_save_ext(model, weights, extra)) == LOOM_OK &&
         (rc = write_json(dir, "config.json", config_json(d, &shape))) == LOOM_OK)
-        rc = write_json(dir, "generation_config.json", generation_config_json(d->hf));
+        rc = write_json(dir, "generation_config.json", generation_config_json(d->hf, &shape));
     return rc;
 }
-
-/* ---- loom convert ------------------------------------------------------------- */
-
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: loom convert IN OUT [--to safetensors|hf]\n\n"
-               "IN is a Hugging Face directory (model.safetensors, config.json), a safetensors file with\n"
-               "loom's metadata or a config.json beside it, or a loom checkpoint (any parallel layout).\n"
-               "OUT's kind comes from --to, else its name:\n"
-               "  NAME.safetensors  one safetensors file (with loom's metadata)\n"
-               "  DIR               Hugging Face directory: model.safetensors + config.json +\n"
-               "                    generation_config.json\n");
-}
-
-/* Every input read into one model of the family in memory, whole. */
-static int read_input(const struct loom_model_family *f, const char *path, const struct loom_convert_env *env,
-                      struct loom_model **out)
-{
-    if (loom_ckpt_is_checkpoint(path)) {
-        int rc = env->read_checkpoint(path, out);
-        if (rc) return rc;
-        if (loom_model_family_of(*out) != f) {
-            rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not %s", path, (*out)->name, f->title);
-            loom_model_family_of(*out)->destroy(*out);
-        }
-        return rc;
-    }
-    struct loom_model_shape shape;
-    struct loom_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    int rc = loom_hf_source_shape(f->decoder, path, &shape);
-    if (rc == LOOM_OK && (rc = f->apply_shape(&shape, &cfg)) == LOOM_OK) rc = f->check(&cfg, 1);
-    if (rc) return rc;
-    const struct loom_decoder_spec s = loom_decoder_def_spec(f->decoder, &cfg);
-    struct loom_decoder *m = loom_decoder_create_whole(&s, 1, 1);
-    loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA);
-    if ((rc = loom_hf_load(&m->base, path))) {
-        loom_decoder_free(m);
-        return rc;
-    }
-    *out = &m->base;
-    return LOOM_OK;
-}
-
-static int run(int argc, char **argv, const struct loom_convert_env *env)
-{
-    const struct loom_model_family *f = env->family;
-    const char *in = NULL, *out = NULL, *to = NULL;
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return LOOM_OK;
-        }
-        if (strcmp(argv[i], "--to") == 0 && i + 1 < argc) {
-            to = argv[++i];
-            if (strcmp(to, "safetensors") != 0 && strcmp(to, "hf") != 0)
-                return loom_error_set(LOOM_ERR_INPUT, "--to: %s converts to safetensors or hf, got '%s'",
-                                      f->title, to);
-        } else if (strncmp(argv[i], "--", 2) == 0) {
-            return loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom convert of %s weights (--to)",
-                                  argv[i], f->title);
-        } else if (!in) {
-            in = argv[i];
-        } else if (!out) {
-            out = argv[i];
-        } else {
-            return loom_error_set(LOOM_ERR_INPUT, "loom convert takes IN and OUT; extra argument '%s'",
-                                  argv[i]);
-        }
-    }
-    if (!in || !out) return loom_error_set(LOOM_ERR_INPUT, "usage: loom convert IN OUT [flags] (see --help)");
-    const int to_file = to ? strcmp(to, "safetensors") == 0 : ends_with(out, ".safetensors");
-    if (!to && !to_file && ends_with(out, ".bin"))
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s: llm.c checkpoints hold GPT-2 models only; give a .safetensors "
-                              "file or a directory",
-                              out);
-    struct loom_model *m = NULL;
-    int rc = read_input(f, in, env, &m);
-    if (rc) return rc;
-    rc = to_file ? loom_hf_save(m, out) : loom_hf_save_dir(m, out);
-    const struct loom_decoder_spec *s = &loom_decoder_of(m)->spec;
-    if (rc == LOOM_OK)
-        printf("converted %s\n       to %s (%s, L=%d C=%d NH=%d G=%d F=%d V=%d)\n", in, out,
-               to_file ? "safetensors" : "Hugging Face directory", s->num_layers, s->hidden, s->heads,
-               s->kv_heads, s->ffn, s->vocab);
-    f->destroy(m);
-    return rc;
-}
-
-const struct loom_model_converter loom_hf_converter = {
-    .usage = usage,
-    .run = run,
-};

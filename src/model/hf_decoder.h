@@ -1,18 +1,23 @@
 /*
  * Hugging Face formats of a decoder family, generic over the family
- * (model/decoder_def.h): a weights source (a directory with
- * model.safetensors and config.json, or a safetensors file with loom's
- * metadata or a config.json beside it) read by the spec's tensor names,
- * saved as one safetensors file or a directory transformers loads
- * (model.safetensors, config.json, generation_config.json), and `loom
- * convert` between them and loom checkpoints (model/convert.h).
+ * (model/decoder_def.h): config.json read and written through the
+ * family's table (struct loom_hf_map), a safetensors file's weights read by
+ * the spec's tensor names, and the model saved as one safetensors file or a
+ * directory transformers loads (model.safetensors, config.json,
+ * generation_config.json).
  *
- * config.json is read strictly (io/hf_config.h) through the family's table
- * (struct loom_hf_map): its model_type and architectures, each key that is
- * a shape setting with transformers' default, the keys held at the one
- * value loom computes, and those without effect on the function. The same
- * table writes it. Not here: GPT-2's own formats (Conv1D's layout, llm.c
- * checkpoints: gpt2_io.c, gpt2_llmc.c).
+ * config.json is read strictly (io/hf_config.h): its model_type and
+ * architectures, each key that is a shape setting with transformers'
+ * default, the keys held at the one value loom computes, and those without
+ * effect on the function. The same table writes it.
+ *
+ * A weights file may name the body under the LM head model's prefix (the
+ * map's `prefix`, GPT-2's `transformer.`), hold transformers' buffers
+ * (attention masks, rotary frequencies), tensors of loom's other formats
+ * (`llmc.*`) and, beside a tied model's embedding, an LM head equal to it:
+ * all accepted; any other tensor is refused. Not here: which file a source
+ * names and what it states (model/source.h), llm.c's format (model/llmc.h),
+ * `loom convert` (model/convert.h).
  */
 #ifndef LOOM_MODEL_HF_DECODER_H
 #define LOOM_MODEL_HF_DECODER_H
@@ -21,11 +26,13 @@
 
 #include "io/hf_config.h"
 #include "io/model_shape.h"
+#include "io/safetensors.h"
 #include "model/convert.h"
 #include "model/decoder.h"
 #include "model/decoder_def.h"
 #include "model/decoder_family.h"
 #include "model/family.h"
+#include "model/source.h"
 
 /* How a config.json key gives a shape setting. */
 enum loom_hf_key_kind {
@@ -33,29 +40,47 @@ enum loom_hf_key_kind {
     LOOM_HF_REAL = 1,   /* a number in [lo, hi] */
     LOOM_HF_UNTIED = 2, /* tie_word_embeddings: true or false, the setting its negation */
     LOOM_HF_WINDOW = 3, /* sliding_window S: null (none) or an integer; the setting is loom's window S + 1 */
+    LOOM_HF_WORD = 4,   /* a string among the key's words; the setting is the word it spells */
+};
+
+/* A config.json spelling of a word setting's value ("gelu_pytorch_tanh"
+ * spells "gelu_new"); a setting's first spelling is the one written. */
+struct loom_hf_word {
+    const char *hf, *setting;
 };
 
 struct loom_hf_key {
     const char *hf;      /* "num_hidden_layers" */
     const char *setting; /* "num_layers" */
     enum loom_hf_key_kind kind;
-    double def;          /* transformers' default when absent (LOOM_HF_WINDOW: 0 for null) */
+    double def;          /* transformers' default when absent (LOOM_HF_WINDOW: 0 for null; LOOM_HF_WORD:
+                          * the index of its spelling) */
     const char *def_key; /* or the value of this earlier key ("num_attention_heads"); NULL: def */
     double lo, hi;       /* LOOM_HF_REAL */
+    const struct loom_hf_word *words; /* LOOM_HF_WORD: the spellings, NULL-ended */
 };
 
 #define LOOM_HF_KEY(hf, setting, kind, def)                                                                  \
     {                                                                                                        \
-        hf, setting, kind, def, NULL, 0, 0                                                                   \
+        hf, setting, kind, def, NULL, 0, 0, NULL                                                             \
     }
 #define LOOM_HF_KEY_OF(hf, setting, def_key)                                                                 \
     {                                                                                                        \
-        hf, setting, LOOM_HF_INT, 0, def_key, 0, 0                                                           \
+        hf, setting, LOOM_HF_INT, 0, def_key, 0, 0, NULL                                                     \
     }
 #define LOOM_HF_KEY_REAL(hf, setting, def, lo, hi)                                                           \
     {                                                                                                        \
-        hf, setting, LOOM_HF_REAL, def, NULL, lo, hi                                                         \
+        hf, setting, LOOM_HF_REAL, def, NULL, lo, hi, NULL                                                   \
     }
+#define LOOM_HF_KEY_WORD(hf, setting, words, def)                                                            \
+    {                                                                                                        \
+        hf, setting, LOOM_HF_WORD, def, NULL, 0, 0, words                                                    \
+    }
+
+/* A published width and its heads ({768, 12}: GPT-2 124M). */
+struct loom_hf_width {
+    int hidden, heads;
+};
 
 struct loom_hf_map {
     const char *model_type;           /* "llama" */
@@ -68,6 +93,16 @@ struct loom_hf_map {
     const struct loom_hf_field *fields;
     int nfields;
     int bos_token_id, eos_token_id; /* written in both JSON files */
+    int end_of_text_last;           /* or both the vocabulary's last id (GPT-2's <|endoftext|>) */
+    const char *config_class;       /* "GPT2Config", in messages; NULL: transformers' config */
+    /* Optional: the prefix of the body's names under the LM head model
+     * ("transformer."): read with or without it; written with it when the
+     * head is untied (transformers then needs it). */
+    const char *prefix;
+    /* Optional: the heads of the family's published widths, {0, 0}-ended. A
+     * safetensors file without config.json or loom's metadata is then read
+     * by its tensors alone (model/source.h). */
+    const struct loom_hf_width *widths;
     /* Optional: what the family reads beyond the keys (LOOM_ERR_INPUT through
      * loom_hf_refuse), and writes. */
     int (*read)(const char *path, const cJSON *j, struct loom_model_shape *shape);
@@ -81,22 +116,31 @@ extern const struct loom_decoder_names loom_hf_decoder_names;
  * TITLE supports SUPPORTED". */
 int loom_hf_refuse(const char *path, const char *title, const cJSON *v, const char *supported);
 
-/* The shape a source states: loom's metadata in the safetensors file, or
- * the config.json in its directory (checked against the token table). */
-int loom_hf_source_shape(const struct loom_decoder_def *d, const char *path, struct loom_model_shape *out);
 /* config.json at path as the family's shape. */
 int loom_hf_read_config(const struct loom_decoder_def *d, const char *path, struct loom_model_shape *out);
-/* A source's weights into m's float32 parameters. A pipeline stage skips the
- * other stages' tensors; a tensor of no layer of the whole model is refused
- * (an LM head of its own beside a tied model included). */
-int loom_hf_load(struct loom_model *m, const char *path);
-/* One safetensors file under the spec's names, with loom's metadata. */
+/* The hf key that gives a shape setting, or NULL. */
+const struct loom_hf_key *loom_hf_key_of(const struct loom_hf_map *h, const char *setting);
+
+/* A safetensors file's weights into m's float32 parameters. A pipeline
+ * stage skips the other stages' tensors; a tensor of no layer of the whole
+ * model is refused, and so is an LM head beside a tied model's embedding
+ * that differs from it. */
+int loom_hf_load(struct loom_model *m, const char *file);
+
+/* Tensors and metadata another format keeps beside the model's (llm.c's
+ * padding rows, model/llmc.h): meta[2 i] a key, meta[2 i + 1] its value. */
+struct loom_hf_extra {
+    const struct loom_st_tensor_in *tensors;
+    int ntensors;
+    const char *const *meta;
+    int nmeta;
+};
+/* One safetensors file under the spec's names, with loom's metadata (the
+ * model's shape) and extra (NULL: none). */
+int loom_hf_save_ext(struct loom_model *m, const char *path, const struct loom_hf_extra *extra);
 int loom_hf_save(struct loom_model *m, const char *path);
 /* A directory transformers loads. */
-int loom_hf_save_dir(struct loom_model *m, const char *dir);
-
-/* `loom convert` of a decoder family's weights (env->family's). */
-extern const struct loom_model_converter loom_hf_converter;
+int loom_hf_save_dir(struct loom_model *m, const char *dir, const struct loom_hf_extra *extra);
 
 /* A decoder family's registry entry (model/family.h), `const struct
  * loom_model_family VAR`, from its definition DEF (with Hugging Face
@@ -122,8 +166,7 @@ extern const struct loom_model_converter loom_hf_converter;
     static int VAR##_read_shape(const char *path, const struct loom_config *cfg,                             \
                                 struct loom_model_shape *out)                                                \
     {                                                                                                        \
-        (void)cfg;                                                                                           \
-        return loom_hf_source_shape(&DEF, path, out);                                                        \
+        return loom_source_read_shape(&DEF, path, cfg, out);                                                 \
     }                                                                                                        \
     const struct loom_model_family VAR = {                                                                   \
         .name = NAME,                                                                                        \
@@ -138,9 +181,9 @@ extern const struct loom_model_converter loom_hf_converter;
         .shape_of = VAR##_shape_of,                                                                          \
         .apply_shape = VAR##_apply_shape,                                                                    \
         .read_shape = VAR##_read_shape,                                                                      \
-        .load_weights = loom_hf_load,                                                                        \
+        .load_weights = loom_source_load,                                                                    \
         .save_weights = loom_hf_save,                                                                        \
-        .converter = &loom_hf_converter,                                                                     \
+        .converter = &loom_decoder_converter,                                                                \
         .decoder = &DEF,                                                                                     \
     }
 

@@ -15,7 +15,7 @@
  *   --activation gelu_new|gelu              the MLP's GELU
  *   --untied 0|1                            an LM head of its own
  *   --tp T                                  under mpirun with T ranks: each rank is tensor-parallel
- *                                           rank r (loom_gpt2_create_tp) and writes OUT.rank<r>
+ *                                           rank r (loom_decoder_create) and writes OUT.rank<r>
  *                                           with its parts: the logits of its vocabulary, the
  *                                           gradients of its part of each tensor
  *   --sp 0|1                                with --tp: sequence parallelism
@@ -32,8 +32,9 @@
 #include "base/log.h"
 #include "comm/comm.h"
 #include "io/safetensors.h"
-#include "model/gpt2.h"
-#include "model/gpt2_io.h"
+#include "model/decoder_def.h"
+#include "model/family.h"
+#include "model/hf_decoder.h"
 #include "parallel/kinds.h"
 
 /* The index of name in the NULL-terminated list, or -1. */
@@ -50,7 +51,7 @@ int main(int argc, char **argv)
     static const char *const granularities[] = {"none", "selective", "full", NULL};
     static const char *const methods[] = {"none", "uniform", "block", NULL};
     int act_dtype = 0, granularity = 0, method = 0, num_layers = 0, activation = 0, untied = 0;
-    double eps = LOOM_GPT2_NORM_EPS;
+    double eps = 1e-5; /* GPT-2's */
     int tp = 1, sp = 0, invariant = 0;
     int first = 1; /* the first positional argument */
     for (; first + 1 < argc && strncmp(argv[first], "--", 2) == 0; first += 2) {
@@ -90,14 +91,16 @@ int main(int argc, char **argv)
         return 2;
     }
     int maxT = argc == 11 ? atoi(argv[10]) : atoi(argv[7]);
-    struct loom_gpt2_config cfg = {atoi(argv[4]),
-                                   atoi(argv[5]),
-                                   atoi(argv[6]),
-                                   maxT,
-                                   atoi(argv[8]),
-                                   eps,
-                                   (enum loom_activation)activation,
-                                   untied};
+    struct loom_config cfg; /* GPT-2's shape settings */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.num_layers = atoi(argv[4]);
+    cfg.hidden_size = atoi(argv[5]);
+    cfg.num_attention_heads = atoi(argv[6]);
+    cfg.max_position_embeddings = maxT;
+    cfg.vocab_size = atoi(argv[8]);
+    cfg.norm_epsilon = eps;
+    cfg.activation_function = (enum loom_activation)activation;
+    cfg.untie_embeddings_and_output_weights = untied;
     int T = atoi(argv[7]), B = atoi(argv[9]);
     struct loom_topology topo = {.tp = 1, .tp_rank = 0};
     if (tp > 1) {
@@ -107,7 +110,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    struct loom_decoder *m = loom_gpt2_create_tp(&cfg, B, T, tp, topo.tp_rank);
+    const struct loom_decoder_spec spec = loom_decoder_def_spec(loom_gpt2_family.decoder, &cfg);
+    const int lo = 0, hi = cfg.num_layers - 1;
+    struct loom_decoder *m = loom_decoder_create(&spec, B, T, tp, topo.tp_rank, 1, &lo, &hi, 1, 1);
     if (sp) { /* the norms' partial gradients are summed by sequence parallelism's strategy */
         loom_decoder_set_sequence_parallel(m, 1);
         loom_model_push_strategy(&m->base, &loom_sequence_strategy, &m->base);
@@ -117,7 +122,7 @@ int main(int argc, char **argv)
     m->act_dtype = (enum loom_dtype)act_dtype;
     loom_decoder_set_recompute(m, (enum loom_recompute)granularity, (enum loom_recompute_method)method,
                                num_layers);
-    if (loom_gpt2_load(m, argv[1])) {
+    if (loom_hf_load(&m->base, argv[1])) {
         fprintf(stderr, "gpt2_grads: %s\n", loom_error_message());
         return 2;
     }

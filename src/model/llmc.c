@@ -1,12 +1,12 @@
 /*
- * llm.c's GPT-2 checkpoint format in and out (see gpt2_llmc.h). One table
- * lists llm.c's parameter kinds in file order with the loom tensor each maps
- * to; reading and writing walk the same table, so the two cannot disagree
- * on the order. The file is mapped read-only and checked in full (header
+ * llm.c's checkpoint format in and out (see llmc.h). One table lists llm.c's
+ * parameter kinds in file order with the spec's tensor each maps to;
+ * reading and writing walk the same table, so the two cannot disagree on
+ * the order. The file is mapped read-only and checked in full (header
  * fields, then the exact size) before any parameter is touched. Little-endian
  * hosts only, as llm.c itself.
  */
-#include "model/gpt2_llmc.h"
+#include "model/llmc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,16 +20,18 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "io/fs.h"
-#include "io/safetensors.h"
 #include "io/shard.h"
-#include "model/gpt2_io.h"
+#include "model/decoder_def.h"
+#include "model/family.h"
 
-/* Bounds on the header fields: generous for any GPT-2, small enough that
+/* Bounds on the header fields: generous for any model, small enough that
  * every size below fits in 64 bits without overflow. */
 #define MAX_POSITIONS (1 << 20)
-#define MAX_VOCAB (1 << 24)
+#define MAX_VOCAB LOOM_LLMC_MAX_VOCAB
 #define MAX_LAYERS (1 << 12)
 #define MAX_CHANNELS (1 << 16)
+/* The only LayerNorm eps llm.c has (GPT-2's). */
+#define LLMC_NORM_EPS 1e-5
 
 /* Header slots (int32 indices). */
 enum {
@@ -52,32 +54,28 @@ struct llmc_dims {
 /* Letters of llm.c's shapes. */
 enum llmc_dim { D_ONE = 0, D_C = 1, D_3C = 2, D_4C = 3, D_VP = 4, D_MAXT = 5 };
 
+/* The spec's tensor a kind maps to. */
+enum llmc_tensor { T_EMB = 0, T_POS, T_NORM1, T_QKV, T_O, T_NORM2, T_UP, T_DOWN, T_FINAL };
+
 /* llm.c's parameter kinds in file order. Each is [rows, cols] per layer in
- * llm.c (cols D_ONE for a vector); transpose marks a Linear weight stored
- * [out, in] there and [in, out] in loom. */
+ * llm.c (cols D_ONE for a vector); matrix marks a Linear weight, stored
+ * [out, in] there. */
 static const struct llmc_kind {
     const char *name; /* llm.c's ParameterTensors field */
-    const char *loom; /* loom's tensor; %d is the layer */
+    enum llmc_tensor tensor;
+    const char *part; /* "weight" or "bias" */
     int per_layer;
     enum llmc_dim rows, cols;
-    int transpose;
+    int matrix;
 } kinds[] = {
-    {"wte", "wte.weight", 0, D_VP, D_C, 0},
-    {"wpe", "wpe.weight", 0, D_MAXT, D_C, 0},
-    {"ln1w", "h.%d.ln_1.weight", 1, D_C, D_ONE, 0},
-    {"ln1b", "h.%d.ln_1.bias", 1, D_C, D_ONE, 0},
-    {"qkvw", "h.%d.attn.c_attn.weight", 1, D_3C, D_C, 1},
-    {"qkvb", "h.%d.attn.c_attn.bias", 1, D_3C, D_ONE, 0},
-    {"attprojw", "h.%d.attn.c_proj.weight", 1, D_C, D_C, 1},
-    {"attprojb", "h.%d.attn.c_proj.bias", 1, D_C, D_ONE, 0},
-    {"ln2w", "h.%d.ln_2.weight", 1, D_C, D_ONE, 0},
-    {"ln2b", "h.%d.ln_2.bias", 1, D_C, D_ONE, 0},
-    {"fcw", "h.%d.mlp.c_fc.weight", 1, D_4C, D_C, 1},
-    {"fcb", "h.%d.mlp.c_fc.bias", 1, D_4C, D_ONE, 0},
-    {"fcprojw", "h.%d.mlp.c_proj.weight", 1, D_C, D_4C, 1},
-    {"fcprojb", "h.%d.mlp.c_proj.bias", 1, D_C, D_ONE, 0},
-    {"lnfw", "ln_f.weight", 0, D_C, D_ONE, 0},
-    {"lnfb", "ln_f.bias", 0, D_C, D_ONE, 0},
+    {"wte", T_EMB, "weight", 0, D_VP, D_C, 0},      {"wpe", T_POS, "weight", 0, D_MAXT, D_C, 0},
+    {"ln1w", T_NORM1, "weight", 1, D_C, D_ONE, 0},  {"ln1b", T_NORM1, "bias", 1, D_C, D_ONE, 0},
+    {"qkvw", T_QKV, "weight", 1, D_3C, D_C, 1},     {"qkvb", T_QKV, "bias", 1, D_3C, D_ONE, 0},
+    {"attprojw", T_O, "weight", 1, D_C, D_C, 1},    {"attprojb", T_O, "bias", 1, D_C, D_ONE, 0},
+    {"ln2w", T_NORM2, "weight", 1, D_C, D_ONE, 0},  {"ln2b", T_NORM2, "bias", 1, D_C, D_ONE, 0},
+    {"fcw", T_UP, "weight", 1, D_4C, D_C, 1},       {"fcb", T_UP, "bias", 1, D_4C, D_ONE, 0},
+    {"fcprojw", T_DOWN, "weight", 1, D_C, D_4C, 1}, {"fcprojb", T_DOWN, "bias", 1, D_C, D_ONE, 0},
+    {"lnfw", T_FINAL, "weight", 0, D_C, D_ONE, 0},  {"lnfb", T_FINAL, "bias", 0, D_C, D_ONE, 0},
 };
 #define NUM_KINDS ((int)(sizeof kinds / sizeof kinds[0]))
 
@@ -164,8 +162,14 @@ static void store_elem(unsigned char *p, size_t i, float f, int version)
 /* The model tensor of kind k at layer l (its shape checked against the table). */
 static float *model_tensor(const struct loom_decoder *m, const struct llmc_dims *d, int k, int l)
 {
-    char name[LOOM_TENSOR_NAME_MAX];
-    snprintf(name, sizeof name, kinds[k].loom, l);
+    const struct loom_decoder_names *nm = m->spec.names;
+    const char *const parts[] = {
+        [T_EMB] = nm->embedding, [T_POS] = nm->positions, [T_NORM1] = nm->norm1,
+        [T_QKV] = nm->qkv,       [T_O] = nm->o,           [T_NORM2] = nm->norm2,
+        [T_UP] = nm->up,         [T_DOWN] = nm->down,     [T_FINAL] = nm->final_norm};
+    char layer[LOOM_TENSOR_NAME_MAX] = "", name[LOOM_TENSOR_NAME_MAX];
+    if (kinds[k].per_layer) snprintf(layer, sizeof layer, nm->layer, l);
+    snprintf(name, sizeof name, "%s%s.%s", layer, parts[kinds[k].tensor], kinds[k].part);
     int bi;
     struct loom_tensor *t = loom_model_find((struct loom_model *)&m->base, name, &bi);
     LOOM_ASSERT(t != NULL);
@@ -183,7 +187,9 @@ static void copy_params(const struct loom_decoder *m, const struct llmc_dims *d,
                         int version, int to_model, float *pad)
 {
     size_t off = 0; /* elements into the area */
+    const int in_out = m->spec.weights == LOOM_WEIGHTS_IN_OUT;
     for (int k = 0; k < NUM_KINDS; k++) {
+        const int transpose = kinds[k].matrix && in_out;
         const size_t rows = (size_t)dim_value(d, kinds[k].rows), cols = (size_t)dim_value(d, kinds[k].cols);
         const int layers = kinds[k].per_layer ? (int)d->L : 1;
         for (int l = 0; l < layers; l++) {
@@ -191,8 +197,8 @@ static void copy_params(const struct loom_decoder *m, const struct llmc_dims *d,
             size_t model_rows = k == 0 ? (size_t)d->V : rows;
             for (size_t r = 0; r < model_rows; r++)
                 for (size_t c = 0; c < cols; c++) {
-                    /* llm.c [r][c] = [out][in]; loom [in][out] when transposed */
-                    float *x = kinds[k].transpose ? &t[c * rows + r] : &t[r * cols + c];
+                    /* llm.c [r][c] = [out][in]; the spec's [in][out] when transposed */
+                    float *x = transpose ? &t[c * rows + r] : &t[r * cols + c];
                     if (to_model)
                         *x = load_elem(area, off + r * cols + c, version);
                     else
@@ -274,7 +280,86 @@ static int check_header(const char *path, const int32_t *h, struct llmc_dims *d)
     return LOOM_OK;
 }
 
-int loom_llmc_read(const char *path, struct loom_decoder **out, struct loom_llmc_extra *extra)
+/* Whether d's table has the setting. */
+static int has_key(const struct loom_decoder_def *d, const char *key)
+{
+    for (int k = 0; k < d->nkeys; k++)
+        if (strcmp(d->keys[k].key, key) == 0) return 1;
+    return 0;
+}
+
+int loom_llmc_holds(const struct loom_decoder_def *d, const struct loom_decoder_spec *s, const char *path)
+{
+    const int sized = s->hidden > 0;
+    char mlp[64];
+    snprintf(mlp, sizeof mlp, "an MLP %d wide, not 4 x %d", s->ffn, s->hidden);
+    const struct {
+        int differs;
+        const char *what;
+    } layout[] = {
+        {s->positions != LOOM_POSITION_LEARNED, "rotary positions"},
+        {s->norm != LOOM_NORM_LAYERNORM, "RMSNorm"},
+        {s->norm_offset != 0, "norm weights with an offset"},
+        {!s->fused_qkv, "separate q, k and v products"},
+        {!(s->qkv_bias && s->o_bias && s->mlp_bias), "products without biases"},
+        {s->mlp != LOOM_MLP_DENSE, "a gated MLP"},
+        {s->embed_scale != 0, "a scaled embedding"},
+        {s->activation != LOOM_MLP_GELU_TANH && !has_key(d, "activation_function"), "another activation"},
+        {sized && s->kv_heads != s->heads, "key/value groups"},
+        {sized && s->head_dim && s->head_dim * s->heads != s->hidden, "a head width of its own"},
+        {sized && s->ffn != 4 * s->hidden, mlp},
+    };
+    for (size_t i = 0; i < sizeof layout / sizeof layout[0]; i++)
+        if (layout[i].differs)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s: llm.c's format cannot hold a %s model (it has %s; llm.c's has learned "
+                                  "positions, LayerNorm, a fused qkv and a 4 x C MLP, all with biases)",
+                                  path, d->family->title, layout[i].what);
+    return LOOM_OK;
+}
+
+/* The model a header describes, as d's shape: the sizes, and llm.c's
+ * numerics (eps 1e-5, tanh GELU, a tied head) where d's table has them. */
+static void shape_of_dims(const struct loom_decoder_def *d, const struct llmc_dims *dm,
+                          struct loom_model_shape *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->type, sizeof out->type, "%s", d->family->name);
+    loom_model_shape_add_int(out, "num_layers", dm->L);
+    loom_model_shape_add_int(out, "hidden_size", dm->C);
+    loom_model_shape_add_int(out, "num_attention_heads", dm->NH);
+    loom_model_shape_add_int(out, "max_position_embeddings", dm->maxT);
+    loom_model_shape_add_int(out, "vocab_size", dm->V);
+    if (has_key(d, "norm_epsilon")) loom_model_shape_add_real(out, "norm_epsilon", LLMC_NORM_EPS);
+    if (has_key(d, "activation_function"))
+        loom_model_shape_add_word(out, "activation_function",
+                                  loom_activation_names[LOOM_ACTIVATION_GELU_NEW]);
+    if (has_key(d, "untie_embeddings_and_output_weights"))
+        loom_model_shape_add_int(out, "untie_embeddings_and_output_weights", 0);
+}
+
+/* The spec of the model a header describes, checked: the family holds it
+ * in llm.c's layout, and its sizes build a model. */
+static int spec_of_dims(const struct loom_decoder_def *d, const char *path, const struct llmc_dims *dm,
+                        struct loom_decoder_spec *out)
+{
+    struct loom_model_shape shape;
+    struct loom_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    shape_of_dims(d, dm, &shape);
+    int rc = loom_decoder_def_apply_shape(d, &shape, &cfg);
+    if (rc == LOOM_OK) rc = loom_decoder_def_check_sizes(d, &cfg, 1);
+    if (rc) {
+        char why[300];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        return loom_error_set(rc, "%s: %s", path, why);
+    }
+    *out = loom_decoder_def_spec(d, &cfg);
+    return loom_llmc_holds(d, out, path);
+}
+
+int loom_llmc_read(const struct loom_decoder_def *def, const char *path, struct loom_decoder **out,
+                   struct loom_llmc_extra *extra)
 {
     *out = NULL;
     memset(extra, 0, sizeof *extra);
@@ -312,14 +397,9 @@ int loom_llmc_read(const char *path, struct loom_decoder **out, struct loom_llmc
             (unsigned long long)(size < want ? want - size : size - want));
         goto fail;
     }
-    struct loom_gpt2_config cfg = {.num_layers = (int)d.L,
-                                   .hidden = (int)d.C,
-                                   .heads = (int)d.NH,
-                                   .max_pos = (int)d.maxT,
-                                   .vocab = (int)d.V,
-                                   .norm_eps = LOOM_GPT2_NORM_EPS};
-    if ((rc = loom_gpt2_config_check(&cfg, 1))) goto fail;
-    struct loom_decoder *m = loom_gpt2_create(&cfg, 1, 1);
+    struct loom_decoder_spec spec;
+    if ((rc = spec_of_dims(def, path, &d, &spec))) goto fail;
+    struct loom_decoder *m = loom_decoder_create_whole(&spec, 1, 1);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA);
     size_t npad = (size_t)(d.Vp - d.V) * (size_t)d.C;
     float *pad = npad ? loom_alloc(npad * sizeof(float), LOOM_MEM_PARAMS) : NULL;
@@ -373,22 +453,26 @@ int loom_llmc_write(const char *path, const struct loom_decoder *m, const struct
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s: cannot write llm.c checkpoint version %d (3: float32, 5: bfloat16)", path,
                               version);
-    const struct loom_gpt2_config gc = loom_gpt2_config_of(m), *c = &gc;
-    /* llm.c's header records the shape only: its GPT-2 is eps 1e-5, tanh GELU, tied */
-    if (c->norm_eps != LOOM_GPT2_NORM_EPS)
+    const struct loom_decoder_spec *c = &m->spec;
+    static const char *const activations[] = {"gelu_new", "gelu", "silu"};
+    int rc = loom_llmc_holds(loom_decoder_def_of(&m->base), c, path);
+    if (rc) return rc;
+    /* llm.c's header records the shape only: its numerics are eps 1e-5, tanh GELU, tied */
+    if (c->norm_eps != LLMC_NORM_EPS)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s: llm.c's format cannot record LayerNorm eps %g (it is GPT-2's 1e-5 only)",
                               path, c->norm_eps);
-    if (c->activation != LOOM_ACTIVATION_GELU_NEW)
+    if (c->activation != LOOM_MLP_GELU_TANH)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s: llm.c's format cannot record the %s activation (it is gelu_new only)",
-                              path, loom_activation_names[c->activation]);
+                              path, activations[c->activation]);
     if (c->untied)
         return loom_error_set(LOOM_ERR_INPUT,
-                              "%s: llm.c's format cannot record an untied LM head (lm_head.weight)", path);
+                              "%s: llm.c's format cannot record an untied LM head (%s.weight)", path,
+                              c->names->lm_head);
     struct llmc_dims d = {
         .maxT = c->max_pos, .V = c->vocab, .L = c->num_layers, .NH = c->heads, .C = c->hidden};
-    int rc = padded_vocab(path, m, extra, &d.Vp);
+    if ((rc = padded_vocab(path, m, extra, &d.Vp))) return rc;
     if (rc) return rc;
     if (d.maxT > MAX_POSITIONS || d.L > MAX_LAYERS || d.C > MAX_CHANNELS || d.V > MAX_VOCAB)
         return loom_error_set(LOOM_ERR_INPUT,
@@ -414,100 +498,13 @@ int loom_llmc_write(const char *path, const struct loom_decoder *m, const struct
     return rc;
 }
 
-int loom_llmc_save_safetensors(const char *path, const struct loom_decoder *m,
-                               const struct loom_llmc_extra *extra)
-{
-    char version[16], vp[16];
-    const char *meta[4];
-    int nmeta = 0;
-    struct loom_st_tensor_in pad = {0};
-    int npad = 0;
-    if (extra && extra->version) {
-        snprintf(version, sizeof version, "%d", extra->version);
-        meta[2 * nmeta] = "loom.llmc.version";
-        meta[2 * nmeta++ + 1] = version;
-    }
-    if (extra && extra->padded_vocab) {
-        if (extra->padded_vocab < m->spec.vocab)
-            return loom_error_set(LOOM_ERR_INPUT, "%s: padded vocabulary %d is below the vocabulary %d", path,
-                                  extra->padded_vocab, m->spec.vocab);
-        snprintf(vp, sizeof vp, "%d", extra->padded_vocab);
-        meta[2 * nmeta] = "loom.llmc.padded_vocab_size";
-        meta[2 * nmeta++ + 1] = vp;
-        if (extra->wte_padding && extra->padded_vocab > m->spec.vocab) {
-            pad = (struct loom_st_tensor_in){.name = "llmc.wte_padding",
-                                             .dtype = LOOM_DTYPE_F32,
-                                             .ndim = 2,
-                                             .shape = {extra->padded_vocab - m->spec.vocab, m->spec.hidden},
-                                             .data = extra->wte_padding};
-            npad = 1;
-        }
-    }
-    return loom_gpt2_save_ext(m, path, &pad, npad, meta, nmeta);
-}
-
-static int meta_int(const struct loom_st *st, const char *key, int64_t lo, int64_t hi, int *out)
-{
-    const char *v = loom_st_meta(st, key);
-    *out = 0;
-    if (!v) return LOOM_OK;
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || errno || x < lo || x > hi)
-        return loom_error_set(LOOM_ERR_INPUT, "%s: metadata %s is '%s', expected an integer in %lld..%lld",
-                              st->path, key, v, (long long)lo, (long long)hi);
-    *out = (int)x;
-    return LOOM_OK;
-}
-
-int loom_llmc_extra_load(const char *path, const struct loom_decoder *m, struct loom_llmc_extra *extra)
-{
-    memset(extra, 0, sizeof *extra);
-    struct loom_st st;
-    int rc = loom_st_open(&st, path);
-    if (rc) return rc;
-    if ((rc = meta_int(&st, "loom.llmc.version", LOOM_LLMC_VERSION_F32, LOOM_LLMC_VERSION_BF16,
-                       &extra->version)))
-        goto fail;
-    if (extra->version != 0 && extra->version != LOOM_LLMC_VERSION_F32 &&
-        extra->version != LOOM_LLMC_VERSION_BF16) {
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s: metadata loom.llmc.version is %d, expected 3 or 5", path,
-                            extra->version);
-        goto fail;
-    }
-    if ((rc = meta_int(&st, "loom.llmc.padded_vocab_size", m->spec.vocab, MAX_VOCAB, &extra->padded_vocab)))
-        goto fail;
-    const struct loom_st_tensor *t = loom_st_find(&st, "llmc.wte_padding");
-    if (t) {
-        const int64_t rows = (int64_t)extra->padded_vocab - m->spec.vocab;
-        if (!extra->padded_vocab || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != m->spec.hidden) {
-            rc = loom_error_set(LOOM_ERR_INPUT,
-                                "%s: tensor llmc.wte_padding does not match loom.llmc.padded_vocab_size %d "
-                                "(expected shape [%lld, %d])",
-                                path, extra->padded_vocab, (long long)rows, m->spec.hidden);
-            goto fail;
-        }
-        if (rows > 0) {
-            extra->wte_padding = loom_alloc(loom_mul_size(t->numel, sizeof(float)), LOOM_MEM_PARAMS);
-            if ((rc = loom_st_read_f32(t, extra->wte_padding, t->numel))) goto fail;
-        }
-    }
-    loom_st_close(&st);
-    return LOOM_OK;
-fail:
-    loom_st_close(&st);
-    loom_llmc_extra_free(extra);
-    return rc;
-}
-
 void loom_llmc_extra_free(struct loom_llmc_extra *extra)
 {
     loom_free(extra->wte_padding);
     memset(extra, 0, sizeof *extra);
 }
 
-int loom_llmc_read_config(const char *path, struct loom_gpt2_config *cfg)
+int loom_llmc_read_shape(const struct loom_decoder_def *def, const char *path, struct loom_model_shape *out)
 {
     int rc;
     FILE *f = loom_fs_fopen_input(path, NULL, &rc); /* a FIFO: refused */
@@ -519,16 +516,9 @@ int loom_llmc_read_config(const char *path, struct loom_gpt2_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT, "%s: shorter than llm.c's %d-byte header", path,
                               LOOM_LLMC_HEADER_BYTES);
     struct llmc_dims d = {0};
-    rc = check_header(path, h, &d);
-    if (rc) return rc;
-    *cfg = (struct loom_gpt2_config){.num_layers = (int)d.L,
-                                     .hidden = (int)d.C,
-                                     .heads = (int)d.NH,
-                                     .max_pos = (int)d.maxT,
-                                     .vocab = (int)d.V,
-                                     .norm_eps = LOOM_GPT2_NORM_EPS,
-                                     .activation = LOOM_ACTIVATION_GELU_NEW,
-                                     .untied = 0};
+    struct loom_decoder_spec spec;
+    if ((rc = check_header(path, h, &d)) || (rc = spec_of_dims(def, path, &d, &spec))) return rc;
+    shape_of_dims(def, &d, out);
     return LOOM_OK;
 }
 
@@ -536,17 +526,17 @@ int loom_llmc_load(struct loom_decoder *m, const char *path)
 {
     struct loom_decoder *file;
     struct loom_llmc_extra extra;
-    int rc = loom_llmc_read(path, &file, &extra);
+    int rc = loom_llmc_read(loom_decoder_def_of(&m->base), path, &file, &extra);
     if (rc) return rc;
-    const struct loom_gpt2_config ga = loom_gpt2_config_of(file), gb = loom_gpt2_config_of(m), *a = &ga,
-                                  *b = &gb;
+    const struct loom_decoder_spec *a = &file->spec, *b = &m->spec;
     if (a->num_layers != b->num_layers || a->hidden != b->hidden || a->heads != b->heads ||
         a->max_pos != b->max_pos || a->vocab != b->vocab || b->untied || b->norm_eps != a->norm_eps ||
         b->activation != a->activation) {
         rc = loom_error_set(LOOM_ERR_INPUT,
-                            "%s holds GPT-2 L=%d C=%d NH=%d maxT=%d V=%d (eps 1e-5, gelu_new, tied), not the "
+                            "%s holds %s L=%d C=%d NH=%d maxT=%d V=%d (eps 1e-5, gelu_new, tied), not the "
                             "model of this run",
-                            path, a->num_layers, a->hidden, a->heads, a->max_pos, a->vocab);
+                            path, file->spec.family->title, a->num_layers, a->hidden, a->heads, a->max_pos,
+                            a->vocab);
     } else {
         for (int i = 0; i < m->base.nblocks; i++) /* this model's part of each tensor (tensor parallelism) */
             for (int k = 0; k < m->base.blocks[i].ntensors; k++) {

@@ -1,48 +1,41 @@
 /*
- * GPT-2's weights converter (model/convert.h), `loom convert IN OUT`: GPT-2
- * weights from one format to another.
+ * `loom convert IN OUT` for a decoder family (model/convert.h): its weights
+ * from one format to another.
  *
- *   llmc         llm.c's checkpoint (gpt2_124M.bin; model/gpt2_llmc.h)
- *   safetensors  one file under Hugging Face GPT-2 names
- *   hf           a directory with model.safetensors and config.json, which
- *                Hugging Face's GPT2LMHeadModel.from_pretrained loads
- *
- * Every input is read into one loom GPT-2 model in memory, with the llm.c
- * facts that the model does not hold (header version, padded vocabulary and
- * its rows) alongside; every output is written from that. A new input kind
- * is one reader in the formats table plus a line in detect_input.
- *
- * The safetensors names are Hugging Face's without the `transformer.`
- * prefix, as the hub's own gpt2 model.safetensors has them and as loom
- * writes every weights file: GPT2LMHeadModel and GPT2Model both load that
- * layout, and `loom eval`/`loom sample` read the converted file unchanged.
- * The tied lm_head.weight is left out, as save_pretrained leaves it out.
- *
+ *   llmc         llm.c's checkpoint (gpt2_124M.bin; model/llmc.h), for a
+ *                family llm.c's layout holds
+ *   safetensors  one file under the family's Hugging Face names, with
+ *                loom's metadata (model/hf_decoder.h)
+ *   hf           a directory with model.safetensors, config.json and
+ *                generation_config.json, which transformers loads
  *   checkpoint   (input only) a loom checkpoint: a save directory (its
  *                latest) or one iter_NNNNNNN directory, any layout
  *
+ * Every input is read into one model of the family in memory, whole, with
+ * the llm.c facts that the model does not hold (header version, padded
+ * vocabulary and its rows) alongside; every output is written from that. A
+ * new format is one reader or writer in the formats table plus a line in
+ * detect_input or detect_output.
+ *
  * Not here: sharded Hugging Face checkpoints (model.safetensors.index.json),
- * pytorch_model.bin, tokenizer files.
+ * pytorch_model.bin, tokenizer files (the CLI copies a tokenizer.json).
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "base/log.h"
-#include "base/mem.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
-#include "loom/loom.h"
 #include "model/convert.h"
+#include "model/decoder_def.h"
 #include "model/family.h"
-#include "model/gpt2.h"
-#include "model/gpt2_hf.h"
-#include "model/gpt2_io.h"
-#include "model/gpt2_llmc.h"
+#include "model/hf_decoder.h"
+#include "model/llmc.h"
+#include "model/llmc_extra.h"
+#include "model/source.h"
 
 enum convert_format {
     CONVERT_LLMC = 0,
@@ -54,7 +47,7 @@ enum convert_format {
 
 /* The model between reading and writing. */
 struct converted {
-    struct loom_decoder *model;
+    struct loom_model *model;    /* freed with the family's destroy */
     struct loom_llmc_extra llmc; /* all zero unless the weights came from llm.c */
 };
 
@@ -86,24 +79,57 @@ static const struct {
 };
 _Static_assert(sizeof formats / sizeof formats[0] == CONVERT_FORMAT_COUNT, "one formats row per format");
 
+/* Which families a list names. */
+enum family_kind { FAMILIES_ALL = 0, FAMILIES_LLMC = 1, FAMILIES_BY_TENSORS = 2 };
+
+/* The titles of the registered decoder families of a kind (every one;
+ * those llm.c's layout holds; those read by bare tensors) as a list: "GPT-2,
+ * Llama and Gemma". */
+static void family_list(char *buf, size_t n, enum family_kind kind)
+{
+    const struct loom_model_family *f, *names[32];
+    int k = 0;
+    for (int i = 0; (f = loom_model_family_at(i)) && k < 32; i++)
+        if (f->decoder &&
+            (kind != FAMILIES_LLMC || loom_llmc_holds(f->decoder, f->decoder->arch, "") == LOOM_OK) &&
+            (kind != FAMILIES_BY_TENSORS || f->decoder->hf->widths))
+            names[k++] = f;
+    loom_error_clear();
+    *buf = 0;
+    for (int i = 0; i < k; i++)
+        snprintf(buf + strlen(buf), n - strlen(buf), "%s%s",
+                 i == 0      ? ""
+                 : i + 1 < k ? ", "
+                             : " and ",
+                 names[i]->title);
+}
+
 static void usage(FILE *f)
 {
-    fprintf(
-        f,
-        "usage: loom convert IN OUT [--to llmc|safetensors|hf] [--dtype float32|bfloat16]\n"
-        "                    [--num-attention-heads N]\n\n"
-        "Converts GPT-2 weights. IN is an llm.c checkpoint (e.g. gpt2_124M.bin), a safetensors\n"
-        "file under Hugging Face GPT-2 names, a Hugging Face directory (model.safetensors,\n"
-        "config.json) or a loom checkpoint (a --save directory or one iter_NNNNNNN in it, from\n"
-        "any parallel layout); its kind comes from its contents. OUT's kind comes from --to, else its name:\n"
-        "  NAME.bin          llm.c checkpoint (version 3, float32, unless --dtype or the source says)\n"
-        "  NAME.safetensors  one safetensors file\n"
-        "  DIR               (an existing directory, a name ending in / or without extension)\n"
-        "                    Hugging Face directory: model.safetensors + config.json\n"
-        "llm.c -> safetensors -> llm.c gives the same bytes back (padded vocabulary kept).\n\n"
-        "  --to FORMAT              force OUT's kind\n"
-        "  --dtype float32|bfloat16 llm.c output: version 3 (float32) or 5 (bfloat16)\n"
-        "  --num-attention-heads N  for a safetensors input that does not say\n");
+    char all[256], llmc[256], bare[256];
+    family_list(all, sizeof all, FAMILIES_ALL);
+    family_list(llmc, sizeof llmc, FAMILIES_LLMC);
+    family_list(bare, sizeof bare, FAMILIES_BY_TENSORS);
+    fprintf(f,
+            "usage: loom convert IN OUT [--to llmc|safetensors|hf] [--dtype float32|bfloat16]\n"
+            "                    [--num-attention-heads N]\n\n"
+            "Converts %s weights.\n"
+            "IN is a Hugging Face directory (model.safetensors, config.json), a safetensors\n"
+            "file (with loom's metadata or a config.json beside it; %s's also by its tensors\n"
+            "alone), an llm.c checkpoint (e.g. gpt2_124M.bin; %s) or a loom checkpoint (a\n"
+            "--save directory or one iter_NNNNNNN in it, from any parallel layout). Its kind\n"
+            "comes from its contents; its family from config.json's model_type or loom's\n"
+            "metadata, else it is %s. OUT's kind comes from --to, else its name:\n"
+            "  NAME.bin          llm.c checkpoint (version 3, float32, unless --dtype or the source says)\n"
+            "  NAME.safetensors  one safetensors file (with loom's metadata)\n"
+            "  DIR               (an existing directory, a name ending in / or without extension)\n"
+            "                    Hugging Face directory: model.safetensors + config.json +\n"
+            "                    generation_config.json\n"
+            "llm.c -> safetensors -> llm.c gives the same bytes back (padded vocabulary kept).\n\n"
+            "  --to FORMAT              force OUT's kind\n"
+            "  --dtype float32|bfloat16 llm.c output: version 3 (float32) or 5 (bfloat16)\n"
+            "  --num-attention-heads N  for a safetensors input that does not say\n",
+            all, bare, llmc, loom_model_family_at(0)->title);
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -172,68 +198,77 @@ static int detect_output(const char *path, enum convert_format *kind)
 
 /* ---- readers --------------------------------------------------------- */
 
-static int read_llmc(const char *path, const struct convert_opts *o, struct converted *c)
+/* --num-attention-heads against what the input says. */
+static int check_heads(const char *path, const struct convert_opts *o, int heads)
 {
-    int rc = loom_llmc_read(path, &c->model, &c->llmc);
-    if (rc == LOOM_OK && o->heads && o->heads != c->model->spec.heads)
-        rc = loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
-                            o->heads, path, c->model->spec.heads);
-    return rc;
+    if (o->heads && o->heads != heads)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
+                              o->heads, path, heads);
+    return LOOM_OK;
 }
 
-/* A weights source (model/gpt2_io.h: a safetensors file, or a Hugging Face
+static int read_llmc(const char *path, const struct convert_opts *o, struct converted *c)
+{
+    struct loom_decoder *m;
+    int rc = loom_llmc_read(o->env->family->decoder, path, &m, &c->llmc);
+    if (rc) return rc;
+    c->model = &m->base;
+    return check_heads(path, o, m->spec.heads);
+}
+
+/* A weights source (model/source.h: a safetensors file, or a Hugging Face
  * directory), its shape as the source states it; the heads from
  * --num-attention-heads where it does not. */
 static int read_source(const char *path, const struct convert_opts *o, struct converted *c)
 {
+    const struct loom_model_family *f = o->env->family;
     struct loom_model_shape shape;
-    int rc = loom_gpt2_source_shape(path, &shape);
+    int rc = loom_source_shape(f->decoder, path, &shape);
     if (rc) return rc;
     const struct loom_shape_setting *nh = loom_model_shape_find(&shape, "num_attention_heads");
     const struct loom_shape_setting *C = loom_model_shape_find(&shape, "hidden_size");
-    if (nh && o->heads && nh->value != o->heads)
-        return loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %lld",
-                              o->heads, path, (long long)nh->value);
+    if (nh && (rc = check_heads(path, o, (int)nh->value))) return rc;
     if (!nh && !o->heads)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s does not say how many attention heads the model has (hidden size %lld, no "
                               "config.json beside it); give --num-attention-heads N",
                               path, C ? (long long)C->value : 0LL);
     if (!nh) loom_model_shape_add_int(&shape, "num_attention_heads", o->heads);
-    struct loom_gpt2_config cfg;
-    if ((rc = loom_gpt2_config_of_shape(&shape, &cfg)) || (rc = loom_gpt2_config_check(&cfg, 1))) {
+    struct loom_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if ((rc = f->apply_shape(&shape, &cfg)) || (rc = f->check(&cfg, 1))) {
         char why[300];
         snprintf(why, sizeof why, "%s", loom_error_message());
         return loom_error_set(rc, "%s: %s", path, why);
     }
     char file[4200];
-    if ((rc = loom_gpt2_source_file(path, file, sizeof file))) return rc;
-    c->model = loom_gpt2_create(&cfg, 1, 1);
-    loom_model_alloc_arenas(&c->model->base, 1, LOOM_MODEL_PARAM_ARENA);
-    if ((rc = loom_gpt2_source_load(c->model, path)) ||
-        (rc = loom_llmc_extra_load(file, c->model, &c->llmc))) {
-        loom_decoder_free(c->model);
-        c->model = NULL;
+    if ((rc = loom_source_file(path, file, sizeof file))) return rc;
+    const struct loom_decoder_spec spec = loom_decoder_def_spec(f->decoder, &cfg);
+    struct loom_decoder *m = loom_decoder_create_whole(&spec, 1, 1);
+    loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA);
+    if ((rc = loom_source_load(&m->base, path)) || (rc = loom_llmc_extra_load(file, m, &c->llmc))) {
+        loom_decoder_free(m);
+        return rc;
     }
-    return rc;
+    c->model = &m->base;
+    return LOOM_OK;
 }
 
 /* The weights of a loom checkpoint: a save directory (its latest, falling
  * back past a damaged one) or one iter_NNNNNNN directory. */
 static int read_checkpoint(const char *path, const struct convert_opts *o, struct converted *c)
 {
+    const struct loom_model_family *want = o->env->family;
     struct loom_model *m;
     int rc = o->env->read_checkpoint(path, &m);
     if (rc) return rc;
     const struct loom_model_family *family = loom_model_family_of(m);
-    if (family != &loom_gpt2_family)
-        rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not %s", path, m->name,
-                            loom_gpt2_family.title);
-    else if (o->heads && o->heads != loom_decoder_of(m)->spec.heads)
-        rc = loom_error_set(LOOM_ERR_INPUT, "--num-attention-heads %d disagrees with %s, which says %d",
-                            o->heads, path, loom_decoder_of(m)->spec.heads);
+    if (family != want)
+        rc = loom_error_set(LOOM_ERR_INPUT, "%s holds a %s model, not %s", path, m->name, want->title);
+    else
+        rc = check_heads(path, o, loom_decoder_of(m)->spec.heads);
     if (rc == LOOM_OK)
-        c->model = loom_decoder_of(m);
+        c->model = m;
     else if (family)
         family->destroy(m);
     return rc;
@@ -250,50 +285,21 @@ static int llmc_out_version(const struct convert_opts *o, const struct converted
 
 static int write_llmc(const char *path, const struct convert_opts *o, const struct converted *c)
 {
-    return loom_llmc_write(path, c->model, &c->llmc, llmc_out_version(o, c));
+    return loom_llmc_write(path, loom_decoder_of(c->model), &c->llmc, llmc_out_version(o, c));
 }
 
 static int write_safetensors(const char *path, const struct convert_opts *o, const struct converted *c)
 {
     (void)o;
-    return loom_llmc_save_safetensors(path, c->model, &c->llmc);
-}
-
-static char *join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = loom_alloc(n, LOOM_MEM_OTHER);
-    snprintf(p, n, "%s%s%s", dir, ends_with(dir, "/") ? "" : "/", name);
-    return p;
-}
-
-/* A JSON text written crash-safely, with a final newline; consumes text. */
-static int write_json(const char *path, char *text)
-{
-    if (!text) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting %s", path);
-    const void *parts[] = {text, "\n"};
-    const size_t sizes[] = {strlen(text), 1};
-    int rc = loom_fs_write_atomic(path, parts, sizes, 2);
-    cJSON_free(text);
-    return rc;
+    return loom_llmc_extra_save(path, c->model, &c->llmc, 0);
 }
 
 /* model.safetensors, config.json and generation_config.json, as
  * save_pretrained writes them. */
 static int write_hf_dir(const char *path, const struct convert_opts *o, const struct converted *c)
 {
-    int rc = loom_fs_mkdir_p(path);
-    if (rc) return rc;
-    char *weights = join(path, "model.safetensors"), *config = join(path, "config.json");
-    char *generation = join(path, "generation_config.json");
-    const struct loom_gpt2_config gc = loom_gpt2_config_of(c->model);
-    if ((rc = write_safetensors(weights, o, c)) == LOOM_OK &&
-        (rc = write_json(config, loom_gpt2_hf_config_json(&gc))) == LOOM_OK)
-        rc = write_json(generation, loom_gpt2_hf_generation_config_json(&gc));
-    loom_free(weights);
-    loom_free(config);
-    loom_free(generation);
-    return rc;
+    (void)o;
+    return loom_llmc_extra_save(path, c->model, &c->llmc, 1);
 }
 
 /* ---- command --------------------------------------------------------- */
@@ -357,13 +363,18 @@ static int parse_args(int argc, char **argv, struct convert_opts *o, int *help)
 static void describe(char *buf, size_t cap, enum convert_format kind, const struct converted *c,
                      int llmc_version)
 {
-    const struct loom_gpt2_config gc = loom_gpt2_config_of(c->model), *m = &gc;
-    int n = snprintf(buf, cap, "%s, L=%d C=%d NH=%d V=%d maxT=%d", formats[kind].what, m->num_layers,
-                     m->hidden, m->heads, m->vocab, m->max_pos);
+    const struct loom_decoder_spec *s = &loom_decoder_of(c->model)->spec;
+    int n = snprintf(buf, cap, "%s, L=%d C=%d NH=%d", formats[kind].what, s->num_layers, s->hidden, s->heads);
+    if (s->kv_heads != s->heads && n > 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, " G=%d", s->kv_heads);
+    if (s->ffn != 4 * s->hidden && n > 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, " F=%d", s->ffn);
+    if (n > 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, " V=%d maxT=%d", s->vocab, s->max_pos);
     if (kind == CONVERT_LLMC && n > 0 && (size_t)n < cap)
         snprintf(buf + n, cap - (size_t)n, " Vp=%d, version %d (%s)",
                  c->llmc.padded_vocab ? c->llmc.padded_vocab
-                                      : (m->vocab + LOOM_LLMC_VOCAB_MULTIPLE - 1) / LOOM_LLMC_VOCAB_MULTIPLE *
+                                      : (s->vocab + LOOM_LLMC_VOCAB_MULTIPLE - 1) / LOOM_LLMC_VOCAB_MULTIPLE *
                                             LOOM_LLMC_VOCAB_MULTIPLE,
                  llmc_version, llmc_version == LOOM_LLMC_VERSION_BF16 ? "bfloat16" : "float32");
 }
@@ -392,6 +403,12 @@ static int run(int argc, char **argv, const struct loom_convert_env *env)
     if (o.llmc_version && out_kind != CONVERT_LLMC)
         return loom_error_set(LOOM_ERR_INPUT, "--dtype applies to llm.c output only, and %s is %s output",
                               o.out, formats[out_kind].name);
+    const struct loom_decoder_def *d = env->family->decoder;
+    if (out_kind == CONVERT_LLMC && (rc = loom_llmc_holds(d, d->arch, o.out))) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        return loom_error_set(rc, "%s; give a .safetensors file or a directory", why);
+    }
 
     struct converted c = {0};
     if ((rc = formats[in_kind].read(o.in, &o, &c))) return rc;
@@ -401,12 +418,12 @@ static int run(int argc, char **argv, const struct loom_convert_env *env)
         describe(to, sizeof to, out_kind, &c, llmc_out_version(&o, &c));
         printf("converted %s (%s)\n       to %s (%s)\n", o.in, from, o.out, to);
     }
-    loom_decoder_free(c.model);
+    if (c.model) env->family->destroy(c.model);
     loom_llmc_extra_free(&c.llmc);
     return rc;
 }
 
-const struct loom_model_converter loom_gpt2_converter = {
+const struct loom_model_converter loom_decoder_converter = {
     .usage = usage,
     .run = run,
 };
