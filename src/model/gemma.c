@@ -31,6 +31,7 @@ static const struct loom_model_preset presets[] = {
 };
 /* clang-format on */
 
+/* Llama's, with RMSNorm's weight as (1 + w) and GeGLU */
 static const struct loom_decoder_spec arch = {
     .names = &loom_hf_decoder_names,
     .norm = LOOM_NORM_RMSNORM,
@@ -55,17 +56,9 @@ static const struct loom_shape_key keys[] = {
 
 /* transformers' GemmaConfig (4.39) */
 static const struct loom_hf_key hf_keys[] = {
-    LOOM_HF_KEY("num_hidden_layers", "num_layers", LOOM_HF_INT, 28),
-    LOOM_HF_KEY("hidden_size", "hidden_size", LOOM_HF_INT, 3072),
-    LOOM_HF_KEY("num_attention_heads", "num_attention_heads", LOOM_HF_INT, 16),
-    LOOM_HF_KEY("num_key_value_heads", "num_query_groups", LOOM_HF_INT, 16),
+    LOOM_HF_LLAMA_KEYS(28, 3072, 16, LOOM_HF_KEY("num_key_value_heads", "num_query_groups", LOOM_HF_INT, 16),
+                       24576, 8192, 256000, 1e-6, 0),
     LOOM_HF_KEY("head_dim", "kv_channels", LOOM_HF_INT, 256),
-    LOOM_HF_KEY("intermediate_size", "ffn_hidden_size", LOOM_HF_INT, 24576),
-    LOOM_HF_KEY("max_position_embeddings", "max_position_embeddings", LOOM_HF_INT, 8192),
-    LOOM_HF_KEY("vocab_size", "vocab_size", LOOM_HF_INT, 256000),
-    LOOM_HF_KEY_REAL("rms_norm_eps", "norm_epsilon", 1e-6, 0, 1),
-    LOOM_HF_KEY_REAL("rope_theta", "rotary_base", 10000.0, 1, 1e12),
-    LOOM_HF_KEY("tie_word_embeddings", "untie_embeddings_and_output_weights", LOOM_HF_UNTIED, 0),
 };
 
 static const struct loom_hf_field hf_fields[] = {

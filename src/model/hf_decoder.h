@@ -109,6 +109,30 @@ struct loom_hf_map {
     void (*write)(cJSON *j, const struct loom_model_shape *shape);
 };
 
+/* LlamaForCausalLM's architecture, which Mistral and Qwen2 keep (a spec's
+ * initializer fields): RMSNorm, rotary positions, projections [out, in] as
+ * nn.Linear keeps them, a SwiGLU MLP, weights normal(0, 0.02) (transformers'
+ * initializer_range). A family adds its own fields after it. */
+#define LOOM_HF_LLAMA_ARCH                                                                                   \
+    .names = &loom_hf_decoder_names, .norm = LOOM_NORM_RMSNORM, .positions = LOOM_POSITION_ROPE,             \
+    .weights = LOOM_WEIGHTS_OUT_IN, .mlp = LOOM_MLP_GATED, .activation = LOOM_MLP_SILU, .init_std = 0.02
+
+/* LlamaConfig's shape keys, which Mistral, Qwen2 and Gemma keep, with a
+ * family's transformers defaults: layers L, width C, heads NH, the key/value
+ * heads' line KV (a LOOM_HF_KEY or LOOM_HF_KEY_OF), the MLP's width F,
+ * positions P, vocabulary V, RMSNorm's eps, tie_word_embeddings' default
+ * (UNTIED 1: false); rope_theta's default is 10000 in each. */
+#define LOOM_HF_LLAMA_KEYS(L, C, NH, KV, F, P, V, EPS, UNTIED)                                               \
+    LOOM_HF_KEY("num_hidden_layers", "num_layers", LOOM_HF_INT, L),                                          \
+        LOOM_HF_KEY("hidden_size", "hidden_size", LOOM_HF_INT, C),                                           \
+        LOOM_HF_KEY("num_attention_heads", "num_attention_heads", LOOM_HF_INT, NH), KV,                      \
+        LOOM_HF_KEY("intermediate_size", "ffn_hidden_size", LOOM_HF_INT, F),                                 \
+        LOOM_HF_KEY("max_position_embeddings", "max_position_embeddings", LOOM_HF_INT, P),                   \
+        LOOM_HF_KEY("vocab_size", "vocab_size", LOOM_HF_INT, V),                                             \
+        LOOM_HF_KEY_REAL("rms_norm_eps", "norm_epsilon", EPS, 0, 1),                                         \
+        LOOM_HF_KEY_REAL("rope_theta", "rotary_base", 10000.0, 1, 1e12),                                     \
+        LOOM_HF_KEY("tie_word_embeddings", "untie_embeddings_and_output_weights", LOOM_HF_UNTIED, UNTIED)
+
 /* The tensor names of LlamaForCausalLM, which Mistral, Qwen2 and Gemma keep. */
 extern const struct loom_decoder_names loom_hf_decoder_names;
 

@@ -31,31 +31,14 @@ static const struct loom_model_preset presets[] = {
 };
 /* clang-format on */
 
-static const struct loom_decoder_spec arch = {
-    .names = &loom_hf_decoder_names,
-    .norm = LOOM_NORM_RMSNORM,
-    .positions = LOOM_POSITION_ROPE,
-    .weights = LOOM_WEIGHTS_OUT_IN,
-    .qkv_bias = 1,
-    .mlp = LOOM_MLP_GATED,
-    .activation = LOOM_MLP_SILU,
-    .init_std = 0.02,
-};
+static const struct loom_decoder_spec arch = {LOOM_HF_LLAMA_ARCH, .qkv_bias = 1};
 
 static const struct loom_shape_key keys[] = {LOOM_DECODER_SHAPE_KEYS};
 
 /* transformers' Qwen2Config (4.39) */
 static const struct loom_hf_key hf_keys[] = {
-    LOOM_HF_KEY("num_hidden_layers", "num_layers", LOOM_HF_INT, 32),
-    LOOM_HF_KEY("hidden_size", "hidden_size", LOOM_HF_INT, 4096),
-    LOOM_HF_KEY("num_attention_heads", "num_attention_heads", LOOM_HF_INT, 32),
-    LOOM_HF_KEY("num_key_value_heads", "num_query_groups", LOOM_HF_INT, 32),
-    LOOM_HF_KEY("intermediate_size", "ffn_hidden_size", LOOM_HF_INT, 22016),
-    LOOM_HF_KEY("max_position_embeddings", "max_position_embeddings", LOOM_HF_INT, 32768),
-    LOOM_HF_KEY("vocab_size", "vocab_size", LOOM_HF_INT, 151936),
-    LOOM_HF_KEY_REAL("rms_norm_eps", "norm_epsilon", 1e-6, 0, 1),
-    LOOM_HF_KEY_REAL("rope_theta", "rotary_base", 10000.0, 1, 1e12),
-    LOOM_HF_KEY("tie_word_embeddings", "untie_embeddings_and_output_weights", LOOM_HF_UNTIED, 1),
+    LOOM_HF_LLAMA_KEYS(32, 4096, 32, LOOM_HF_KEY("num_key_value_heads", "num_query_groups", LOOM_HF_INT, 32),
+                       22016, 32768, 151936, 1e-6, 1),
 };
 
 static const struct loom_hf_field hf_fields[] = {
