@@ -32,7 +32,8 @@
  *   - the non-finite checks (float32, bf16, fp16) at every position and
  *     the 16-bit sum of squares against an exact double sum; adding
  *     float32 into 16 bits against a scalar loop at 1 and 2 threads. The sparse
- *     attention members are tests/test_sparse_attention.c's.
+ *     attention members are tests/test_sparse_attention.c's, the fused
+ *     attention's tests/test_flash_attention.c's.
  * The PyTorch comparison is tests/test_kernels_torch.py.
  */
 #include <math.h>
@@ -1827,6 +1828,8 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->attention_backward != NULL,
         k->sparse_attention_forward != NULL,
         k->sparse_attention_backward != NULL,
+        k->flash_attention_forward != NULL,
+        k->flash_attention_backward != NULL,
         k->gelu_forward != NULL,
         k->gelu_backward != NULL,
         k->gelu_exact_forward != NULL,

@@ -28,6 +28,8 @@ const struct loom_kernels *loom_kernels_ref(void)
         ref.linear_backward = loom_linear_backward_ref;
         ref.attention_forward = loom_attention_forward_ref;
         ref.attention_backward = loom_attention_backward_ref;
+        ref.flash_attention_forward = loom_flash_attention_forward_ref;
+        ref.flash_attention_backward = loom_flash_attention_backward_ref;
         ref.has_nonfinite = loom_has_nonfinite_ref;
         made = 1;
     }

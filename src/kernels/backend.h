@@ -31,6 +31,7 @@
 #include "base/fp8.h"
 #include "base/mem.h"
 
+struct loom_flash_attn;    /* kernels/kernels.h */
 struct loom_sparse_layout; /* kernels/sparse_layout.h */
 struct loom_sumsq_exact;   /* base/sumsq_exact.h */
 
@@ -123,6 +124,16 @@ struct loom_kernels {
     void (*sparse_attention_backward)(float *dqkv, float *datt, const float *dout, const float *att,
                                       const float *qkv, int B, int T, int C, int NH, int h0,
                                       const struct loom_sparse_layout *l);
+
+    /* ---- fused causal attention (struct loom_flash_attn in kernels/kernels.h):
+     * q (B,T,NH,hs), k and v (B,T,G,hs) with row pitches -> out (B,T,NH hs);
+     * saves lse (B,NH,T), never the (T,T) probabilities */
+    void (*flash_attention_forward)(float *out, float *lse, const float *q, const float *k, const float *v,
+                                    const struct loom_flash_attn *a);
+    /* dq, dk, dv written (q's, k's, v's pitches; dk, dv summed over the heads sharing them) */
+    void (*flash_attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                     const float *lse, const float *q, const float *k, const float *v,
+                                     const struct loom_flash_attn *a);
 
     /* ---- GELU (tanh form): out (n); dinp (n) written, and may be dout
      * (elementwise: each is read before it is written) */

@@ -220,6 +220,48 @@ void loom_attention_masked_backward_ref(float *dqkv, float *datt, const float *d
 void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
                                  const float *qkv, int B, int T, int C, int NH);
 
+/* ---- fused causal attention, FlashAttention-2 style (cpu/flash_attention*.c)
+ * Never stores the (T,T) probabilities: tiles of 64 queries against tiles
+ * of 64 keys with an online softmax; only the log-sum-exp of each (row,
+ * head) is kept, and the backward recomputes each tile's probabilities.
+ * Shape letters: B batch, T time, NH query heads, G key/value heads, hs
+ * head size. q (B,T,NH,hs), k and v (B,T,G,hs), each row of a tensor (one
+ * token's heads) ld_q, ld_k, ld_v floats after the previous one: the
+ * decoder's packed qkv (B,T,3C) is q = qkv, k = qkv + C, v = qkv + 2C,
+ * each with ld 3C; separate tensors have ld NH hs or G hs. Query head h
+ * reads key/value head h / (NH/G) (grouped-query attention, nothing
+ * repeated in memory). Query t of sequence b sees the keys [lo, t], lo the
+ * largest of 0, t - window + 1 (window > 0; --attention-window's rule: W
+ * keys including itself) and doc_start[b, t] (packed documents: each
+ * token's document's first position, non-decreasing along t, or NULL: one
+ * document per row). Every tile wholly outside that range is skipped. */
+struct loom_flash_attn {
+    int B, T;
+    int NH;                   /* query heads */
+    int G;                    /* key/value heads, NH % G == 0 */
+    int hs;                   /* head size */
+    int ld_q, ld_k, ld_v;     /* row pitch in floats of q, k, v and of dq, dk, dv */
+    int window;               /* W > 0: keys (t - W, t]; 0: none */
+    const int32_t *doc_start; /* (B,T) each token's document start, or NULL */
+    float scale;              /* of q k^T; 0: 1/sqrt(hs) */
+};
+/* out (B,T,NH,hs) (row pitch NH hs) written; lse (B,NH,T) saves each row's
+ * log-sum-exp of the scaled scores. */
+void loom_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                                  const struct loom_flash_attn *a);
+/* dq (as q), dk, dv (as k, v: summed over the query heads that share
+ * them) written; their pitches are q's, k's and v's (dq, dk, dv may be the
+ * three parts of one packed dqkv). out and lse are the forward's. */
+void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v,
+                                   const struct loom_flash_attn *a);
+/* The references: every (query, key) pair in plain loops, double sums. */
+void loom_flash_attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
+                                      const struct loom_flash_attn *a);
+void loom_flash_attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                       const float *lse, const float *q, const float *k, const float *v,
+                                       const struct loom_flash_attn *a);
+
 /* ---- GELU, tanh form (torch.nn.functional.gelu(x, approximate="tanh")) -- */
 void loom_gelu_forward(float *out, const float *inp, size_t n);
 /* dinp (n) is written. */

@@ -93,6 +93,14 @@
            (float *dqkv, float *datt, const float *dout, const float *att, const float *qkv, int B, int T,   \
             int C, int NH, int h0, const struct loom_sparse_layout *l),                                      \
            (dqkv, datt, dout, att, qkv, B, T, C, NH, h0, l))                                                 \
+    X_VOID(flash_attention_forward,                                                                          \
+           (float *out, float *lse, const float *q, const float *k, const float *v,                          \
+            const struct loom_flash_attn *a),                                                                \
+           (out, lse, q, k, v, a))                                                                           \
+    X_VOID(flash_attention_backward,                                                                         \
+           (float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,          \
+            const float *q, const float *k, const float *v, const struct loom_flash_attn *a),                \
+           (dq, dk, dv, dout, out, lse, q, k, v, a))                                                         \
     X_VOID(gelu_forward, (float *out, const float *inp, size_t n), (out, inp, n))                            \
     X_VOID(gelu_backward, (float *dinp, const float *dout, const float *inp, size_t n),                      \
            (dinp, dout, inp, n))                                                                             \

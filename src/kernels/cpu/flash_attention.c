@@ -1,0 +1,309 @@
+/*
+ * Fused causal attention in float32, FlashAttention-2's algorithm on the
+ * CPU: memory O(T) per (row, head), never the (T,T) probabilities.
+ *
+ * Forward, per (b, h, query tile) in parallel (largest tiles first, taken
+ * dynamically): for each key tile of the query tile's key range,
+ * S = scale Q K^T, the running row max m and sum l updated, the output
+ * accumulator rescaled by exp(m_old - m_new) and P V added; at the end
+ * O = acc / l and lse = m + log l are written.
+ *
+ * Backward, per (b, h) in parallel: D = rowsum(dO * O) first, then for each
+ * key tile, over the query tiles that reach it: P = exp(scale S - lse),
+ * dP = dO V^T, dS = scale P (dP - D); dV += P^T dO and dK += dS^T Q stay in
+ * the task's tile buffers until the key tile is done, dQ += dS K goes
+ * straight to dq (this task's head only). Tasks are (b, h) rather than
+ * query tiles because dK and dV sum over query tiles and dQ over key tiles:
+ * one owner per head needs neither atomics nor a second pass. With
+ * grouped-query attention the heads of a group would share dK and dV, so
+ * each head writes its own into a scratch (B,NH,T,hs) pair, summed into dk
+ * and dv afterwards.
+ *
+ * Masks (flash_tile.h) leave each query a contiguous key range: tiles
+ * wholly inside every row's range skip the mask, tiles outside every row's
+ * are never visited, the rest are masked by row. Products are flash_tile.h's
+ * register-blocked tile products; exponentials vexp.h's.
+ *
+ * Deliberately not: dropout, non-causal or arbitrary masks, block-sparse
+ * layouts (kernels/sparse_layout.h), or parallelism inside a (b, h) of the
+ * backward (more threads than B*NH leave some idle there).
+ */
+#include "kernels/cpu/flash_tile.h"
+
+#include <math.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "kernels/cpu/vexp.h"
+
+/* Below this many multiply-adds (B NH T T hs / 2) one thread does it all. */
+#define PAR_MIN ((size_t)1 << 18)
+
+float loom_flash_attn_check(const struct loom_flash_attn *a)
+{
+    LOOM_ASSERT(a->B >= 1 && a->T >= 1 && a->hs >= 1 && a->G >= 1 && a->NH >= a->G && a->NH % a->G == 0);
+    LOOM_ASSERT(a->ld_q >= a->NH * a->hs && a->ld_k >= a->G * a->hs && a->ld_v >= a->G * a->hs);
+    LOOM_ASSERT(a->window >= 0);
+    if (a->doc_start)
+        for (int b = 0; b < a->B; b++)
+            for (int t = 0; t < a->T; t++) {
+                const int32_t d = a->doc_start[(size_t)b * a->T + t];
+                LOOM_ASSERT(d >= 0 && d <= t && (t == 0 || d >= a->doc_start[(size_t)b * a->T + t - 1]));
+            }
+    return a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)a->hs);
+}
+
+static int threads_for(const struct loom_flash_attn *a)
+{
+#ifdef _OPENMP
+    const size_t work = (size_t)a->B * a->NH * a->T * a->T / 2 * a->hs;
+    return work >= PAR_MIN ? omp_get_max_threads() : 1;
+#else
+    (void)a;
+    return 1;
+#endif
+}
+
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* ---- forward ------------------------------------------------------------------- */
+
+/* floats of one thread's forward workspace: S (BQ,BK), acc (BQ,hsp), m
+ * and l (BQ) */
+static size_t fwd_ws(int hs)
+{
+    const size_t hsp = (size_t)fa_up16(hs);
+    return (size_t)FA_BQ * FA_BK + FA_BQ * hsp + 2 * FA_BQ;
+}
+
+/* One query tile [i0, i0 + BQ) of head h of sequence b; kt: the key tiles
+ * of its key/value head, transposed (hs, BK) each, ktile floats apart. */
+static void fwd_tile(float *out, float *lse, const float *q, const float *kt, size_t ktile, const float *v,
+                     const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
+{
+    const int T = a->T, hs = a->hs, hsp = fa_up16(hs), g = h / (a->NH / a->G);
+    const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
+    float *S = ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp;
+    float *l = mx + FA_BQ;
+    const float *qi = q + ((size_t)b * T + i0) * a->ld_q + (size_t)h * hs;
+    const float *vb = v + (size_t)b * T * a->ld_v + (size_t)g * hs;
+    for (int r = 0; r < m; r++) mx[r] = -INFINITY, l[r] = 0.0f;
+    memset(acc, 0, (size_t)m * hsp * sizeof(float));
+    const int lo_last = fa_key_lo(a, b, i1 - 1);
+    for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < i1; j0 += FA_BK) {
+        const int j1 = fa_min(j0 + FA_BK, i1), n = j1 - j0, n16 = fa_up16(n);
+        const int full = j1 - 1 <= i0 && lo_last <= j0;
+        const float *Kt = kt + (size_t)(j0 / FA_BK) * ktile;
+        fa_gemm(m, n16, hs, qi, a->ld_q, 1, Kt, FA_BK, S, FA_BK, 0); /* S = Q K^T */
+        for (int r = 0; r < m; r++) {
+            const int t = i0 + r;
+            float *s = S + (size_t)r * FA_BK;
+            const int ca = full ? 0 : fa_max(fa_key_lo(a, b, t) - j0, 0);
+            const int ce = full ? n : fa_min(t - j0 + 1, n);
+            if (ca >= ce) { /* no key of this tile for this row */
+                memset(s, 0, (size_t)n16 * sizeof(float));
+                continue;
+            }
+            float smax = -INFINITY;
+#pragma omp simd reduction(max : smax)
+            for (int c = ca; c < ce; c++) smax = s[c] > smax ? s[c] : smax;
+            const float mnew = fmaxf(mx[r], smax * scale);
+            const float alpha = expf(mx[r] - mnew); /* 0 at the row's first tile */
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int c = 0; c < n16; c++) {
+                const float e = vexpf(s[c] * scale - mnew);
+                const float p = c >= ca && c < ce ? e : 0.0f;
+                s[c] = p;
+                sum += p;
+            }
+            l[r] = l[r] * alpha + sum;
+            mx[r] = mnew;
+            if (alpha != 1.0f) {
+                float *o = acc + (size_t)r * hsp;
+#pragma omp simd
+                for (int d = 0; d < hs; d++) o[d] *= alpha;
+            }
+        }
+        fa_gemm(m, hs, n, S, FA_BK, 1, vb + (size_t)j0 * a->ld_v, a->ld_v, acc, hsp, 1); /* acc += P V */
+    }
+    const size_t ldo = (size_t)a->NH * hs;
+    for (int r = 0; r < m; r++) {
+        const float inv = 1.0f / l[r];
+        float *o = out + ((size_t)b * T + i0 + r) * ldo + (size_t)h * hs;
+        const float *ar = acc + (size_t)r * hsp;
+#pragma omp simd
+        for (int d = 0; d < hs; d++) o[d] = ar[d] * inv;
+        lse[((size_t)b * a->NH + h) * T + i0 + r] = mx[r] + logf(l[r]);
+    }
+}
+
+void loom_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                                  const struct loom_flash_attn *a)
+{
+    const float scale = loom_flash_attn_check(a);
+    const int nt = (a->T + FA_BQ - 1) / FA_BQ, nthr = threads_for(a), R = a->NH / a->G;
+    const size_t per = fwd_ws(a->hs), ktile = (size_t)a->hs * FA_BK, khead = (size_t)nt * ktile;
+    float *ws = loom_alloc(loom_mul_size((size_t)nthr * per, sizeof(float)), LOOM_MEM_OTHER);
+    /* every key tile transposed once, (B,G,nt,hs,BK): each is read by up to
+     * nt query tiles of R heads */
+    float *kt = loom_alloc(loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead), sizeof(float)),
+                           LOOM_MEM_ACTIVATIONS);
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+    {
+#pragma omp for collapse(2) schedule(static)
+        for (int bg = 0; bg < a->B * a->G; bg++)
+            for (int jt = 0; jt < nt; jt++) {
+                const int b = bg / a->G, g = bg % a->G, j0 = jt * FA_BK;
+                fa_pack_t(kt + (size_t)bg * khead + (size_t)jt * ktile, FA_BK,
+                          k + ((size_t)b * a->T + j0) * a->ld_k + (size_t)g * a->hs, a->ld_k,
+                          fa_min(FA_BK, a->T - j0), a->hs);
+            }
+        const long nbh = (long)a->B * a->NH, ntask = nbh * nt;
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < ntask; task++) {
+            /* the longest tiles (last along T) first */
+            const int it = nt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH, h = bh % a->NH;
+            fwd_tile(out, lse, q, kt + ((size_t)b * a->G + h / R) * khead, ktile, v, a, scale, b, h,
+                     it * FA_BQ, ws + (size_t)thread_id() * per);
+        }
+    }
+    loom_free(kt);
+    loom_free(ws);
+}
+
+/* ---- backward ------------------------------------------------------------------ */
+
+/* floats of one thread's backward workspace: S and dS (BQ,BK), K^T and V^T
+ * (hsp,BK), the dK and dV accumulators (BK,hsp), D (T) */
+static size_t bwd_ws(int hs, int T)
+{
+    const size_t hsp = (size_t)fa_up16(hs);
+    return 2 * (size_t)FA_BQ * FA_BK + 4 * hsp * FA_BK + (size_t)fa_up16(T);
+}
+
+/* Head h of sequence b: dq's rows of the head, and dK, dV of its keys into
+ * dk, dv (pitch ldk, ldv: kv head g's columns, or the head's own scratch). */
+static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, const float *dout,
+                     const float *out, const float *lse, const float *q, const float *k, const float *v,
+                     const struct loom_flash_attn *a, float scale, int b, int h, float *ws)
+{
+    const int T = a->T, hs = a->hs, hsp = fa_up16(hs), g = h / (a->NH / a->G);
+    const size_t ldo = (size_t)a->NH * hs;
+    float *S = ws, *dS = S + FA_BQ * FA_BK, *Kt = dS + FA_BQ * FA_BK, *Vt = Kt + (size_t)hsp * FA_BK;
+    float *dKa = Vt + (size_t)hsp * FA_BK, *dVa = dKa + (size_t)FA_BK * hsp, *D = dVa + (size_t)FA_BK * hsp;
+    const float *qb = q + (size_t)b * T * a->ld_q + (size_t)h * hs;
+    const float *kb = k + (size_t)b * T * a->ld_k + (size_t)g * hs;
+    const float *vb = v + (size_t)b * T * a->ld_v + (size_t)g * hs;
+    const float *dob = dout + (size_t)b * T * ldo + (size_t)h * hs;
+    const float *ob = out + (size_t)b * T * ldo + (size_t)h * hs;
+    const float *lseb = lse + ((size_t)b * a->NH + h) * T;
+    float *dqb = dq + (size_t)b * T * a->ld_q + (size_t)h * hs;
+    for (int t = 0; t < T; t++) {
+        const float *o = ob + (size_t)t * ldo, *d_o = dob + (size_t)t * ldo;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int d = 0; d < hs; d++) s += o[d] * d_o[d];
+        D[t] = s;
+        memset(dqb + (size_t)t * a->ld_q, 0, (size_t)hs * sizeof(float));
+    }
+    for (int j0 = 0; j0 < T; j0 += FA_BK) {
+        const int j1 = fa_min(j0 + FA_BK, T), n = j1 - j0, n16 = fa_up16(n);
+        const int tmax = fa_last_query(a, b, j1 - 1);
+        fa_pack_t(Kt, FA_BK, kb + (size_t)j0 * a->ld_k, a->ld_k, n, hs);
+        fa_pack_t(Vt, FA_BK, vb + (size_t)j0 * a->ld_v, a->ld_v, n, hs);
+        memset(dKa, 0, (size_t)n * hsp * sizeof(float));
+        memset(dVa, 0, (size_t)n * hsp * sizeof(float));
+        for (int i0 = j0; i0 <= tmax; i0 += FA_BQ) {
+            const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
+            const int full = j1 - 1 <= i0 && fa_key_lo(a, b, i1 - 1) <= j0;
+            const float *qi = qb + (size_t)i0 * a->ld_q, *doi = dob + (size_t)i0 * ldo;
+            fa_gemm(m, n16, hs, qi, a->ld_q, 1, Kt, FA_BK, S, FA_BK, 0); /* S = Q K^T */
+            fa_gemm(m, n16, hs, doi, ldo, 1, Vt, FA_BK, dS, FA_BK, 0);   /* dP = dO V^T */
+            for (int r = 0; r < m; r++) {
+                const int t = i0 + r;
+                float *s = S + (size_t)r * FA_BK, *ds = dS + (size_t)r * FA_BK;
+                const int ca = full ? 0 : fa_max(fa_key_lo(a, b, t) - j0, 0);
+                const int ce = full ? n : fa_min(t - j0 + 1, n);
+                const float lt = lseb[t], Dt = D[t];
+#pragma omp simd
+                for (int c = 0; c < n16; c++) {
+                    const float e = vexpf(s[c] * scale - lt);
+                    const float p = c >= ca && c < ce ? e : 0.0f;
+                    s[c] = p;
+                    ds[c] = scale * p * (ds[c] - Dt);
+                }
+            }
+            fa_gemm(n, hs, m, S, 1, FA_BK, doi, ldo, dVa, hsp, 1);     /* dV += P^T dO */
+            fa_gemm(n, hs, m, dS, 1, FA_BK, qi, a->ld_q, dKa, hsp, 1); /* dK += dS^T Q */
+            fa_gemm(m, hs, n, dS, FA_BK, 1, kb + (size_t)j0 * a->ld_k, a->ld_k, dqb + (size_t)i0 * a->ld_q,
+                    a->ld_q, 1); /* dQ += dS K */
+        }
+        for (int j = 0; j < n; j++) {
+            memcpy(dk + (size_t)(j0 + j) * ldk, dKa + (size_t)j * hsp, (size_t)hs * sizeof(float));
+            memcpy(dv + (size_t)(j0 + j) * ldv, dVa + (size_t)j * hsp, (size_t)hs * sizeof(float));
+        }
+    }
+}
+
+void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v,
+                                   const struct loom_flash_attn *a)
+{
+    const float scale = loom_flash_attn_check(a);
+    const int B = a->B, T = a->T, NH = a->NH, G = a->G, hs = a->hs, R = NH / G, nthr = threads_for(a);
+    const size_t per = bwd_ws(hs, T);
+    float *ws = loom_alloc(loom_mul_size((size_t)nthr * per, sizeof(float)), LOOM_MEM_OTHER);
+    /* grouped: each head's dK and dV (B,NH,T,hs), summed below */
+    float *part =
+        R > 1 ? loom_alloc(loom_mul_size(loom_mul_size((size_t)2 * B * NH, (size_t)T * hs), sizeof(float)),
+                           LOOM_MEM_ACTIVATIONS)
+              : NULL;
+    const size_t head = (size_t)T * hs;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
+    for (int bh = 0; bh < B * NH; bh++) {
+        const int b = bh / NH, h = bh % NH, g = h / R;
+        float *dkh, *dvh;
+        size_t ldk, ldv;
+        if (part) {
+            dkh = part + (size_t)bh * head, dvh = part + ((size_t)B * NH + bh) * head;
+            ldk = ldv = (size_t)hs;
+        } else {
+            dkh = dk + (size_t)b * T * a->ld_k + (size_t)g * hs, ldk = (size_t)a->ld_k;
+            dvh = dv + (size_t)b * T * a->ld_v + (size_t)g * hs, ldv = (size_t)a->ld_v;
+        }
+        bwd_head(dq, dkh, ldk, dvh, ldv, dout, out, lse, q, k, v, a, scale, b, h,
+                 ws + (size_t)thread_id() * per);
+    }
+    if (part) {
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nthr) if (nthr > 1)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int g = 0; g < G; g++) {
+                    float *dkr = dk + ((size_t)b * T + t) * a->ld_k + (size_t)g * hs;
+                    float *dvr = dv + ((size_t)b * T + t) * a->ld_v + (size_t)g * hs;
+                    for (int d = 0; d < hs; d++) dkr[d] = dvr[d] = 0.0f;
+                    for (int r = 0; r < R; r++) {
+                        const size_t bh = (size_t)b * NH + (size_t)g * R + r;
+                        const float *pk = part + bh * head + (size_t)t * hs;
+                        const float *pv = part + ((size_t)B * NH + bh) * head + (size_t)t * hs;
+#pragma omp simd
+                        for (int d = 0; d < hs; d++) dkr[d] += pk[d], dvr[d] += pv[d];
+                    }
+                }
+        loom_free(part);
+    }
+    loom_free(ws);
+}

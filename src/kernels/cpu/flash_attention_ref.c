@@ -1,0 +1,116 @@
+/*
+ * The fused attention kernels' references: every (query, key) pair in
+ * plain loops, sums in double, the softmax of each row from its own scores
+ * (not the forward's lse), to hold flash_attention.c and its bf16 variant
+ * against. Memory O(T) (one row of scores at a time); time O(B NH T^2 hs).
+ * Deliberately not: fast, or tiled.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "kernels/cpu/flash_tile.h"
+
+/* Row t of head h of sequence b: p (T) the probabilities of keys [lo, t]
+ * (double), returns lo; *lse_out the row's log-sum-exp. */
+static int row_probs(double *p, double *lse_out, const float *q, const float *k,
+                     const struct loom_flash_attn *a, double scale, int b, int h, int t)
+{
+    const int hs = a->hs, g = h / (a->NH / a->G), lo = fa_key_lo(a, b, t);
+    const float *qr = q + ((size_t)b * a->T + t) * a->ld_q + (size_t)h * hs;
+    double mx = -INFINITY;
+    for (int j = lo; j <= t; j++) {
+        const float *kr = k + ((size_t)b * a->T + j) * a->ld_k + (size_t)g * hs;
+        double s = 0.0;
+        for (int d = 0; d < hs; d++) s += (double)qr[d] * kr[d];
+        p[j] = s * scale;
+        if (p[j] > mx) mx = p[j];
+    }
+    double sum = 0.0;
+    for (int j = lo; j <= t; j++) sum += exp(p[j] - mx);
+    for (int j = lo; j <= t; j++) p[j] = exp(p[j] - mx) / sum;
+    *lse_out = mx + log(sum);
+    return lo;
+}
+
+void loom_flash_attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
+                                      const struct loom_flash_attn *a)
+{
+    const double scale = loom_flash_attn_check(a);
+    const int T = a->T, hs = a->hs;
+    double *p = malloc((size_t)T * sizeof(double));
+    LOOM_ASSERT(p);
+    for (int b = 0; b < a->B; b++)
+        for (int h = 0; h < a->NH; h++) {
+            const int g = h / (a->NH / a->G);
+            for (int t = 0; t < T; t++) {
+                double l;
+                const int lo = row_probs(p, &l, q, k, a, scale, b, h, t);
+                lse[((size_t)b * a->NH + h) * T + t] = (float)l;
+                float *o = out + ((size_t)b * T + t) * a->NH * hs + (size_t)h * hs;
+                for (int d = 0; d < hs; d++) {
+                    double s = 0.0;
+                    for (int j = lo; j <= t; j++)
+                        s += p[j] * v[((size_t)b * T + j) * a->ld_v + (size_t)g * hs + d];
+                    o[d] = (float)s;
+                }
+            }
+        }
+    free(p);
+}
+
+void loom_flash_attention_backward_ref(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                       const float *lse, const float *q, const float *k, const float *v,
+                                       const struct loom_flash_attn *a)
+{
+    (void)out, (void)lse; /* recomputed in double */
+    const double scale = loom_flash_attn_check(a);
+    const int B = a->B, T = a->T, hs = a->hs, G = a->G;
+    double *p = malloc((size_t)T * sizeof(double)), *dp = malloc((size_t)T * sizeof(double));
+    double *dkv = calloc((size_t)2 * B * T * G * hs, sizeof(double)),
+           *dqr = malloc((size_t)hs * sizeof(double));
+    LOOM_ASSERT(p && dp && dkv && dqr);
+    double *dka = dkv, *dva = dkv + (size_t)B * T * G * hs; /* (B,T,G,hs) */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < a->NH; h++) {
+            const int g = h / (a->NH / G);
+            for (int t = 0; t < T; t++) {
+                double l;
+                const int lo = row_probs(p, &l, q, k, a, scale, b, h, t);
+                const float *d_o = dout + ((size_t)b * T + t) * a->NH * hs + (size_t)h * hs;
+                const float *qr = q + ((size_t)b * T + t) * a->ld_q + (size_t)h * hs;
+                double D = 0.0;
+                for (int j = lo; j <= t; j++) {
+                    const float *vr = v + ((size_t)b * T + j) * a->ld_v + (size_t)g * hs;
+                    double s = 0.0;
+                    for (int d = 0; d < hs; d++) s += (double)d_o[d] * vr[d];
+                    dp[j] = s;
+                    D += p[j] * s;
+                }
+                memset(dqr, 0, (size_t)hs * sizeof(double));
+                for (int j = lo; j <= t; j++) {
+                    const double ds = p[j] * (dp[j] - D) * scale;
+                    const float *kr = k + ((size_t)b * T + j) * a->ld_k + (size_t)g * hs;
+                    double *dkr = dka + (((size_t)b * T + j) * G + g) * hs;
+                    double *dvr = dva + (((size_t)b * T + j) * G + g) * hs;
+                    for (int d = 0; d < hs; d++) {
+                        dqr[d] += ds * kr[d];
+                        dkr[d] += ds * qr[d];
+                        dvr[d] += p[j] * d_o[d];
+                    }
+                }
+                float *dqo = dq + ((size_t)b * T + t) * a->ld_q + (size_t)h * hs;
+                for (int d = 0; d < hs; d++) dqo[d] = (float)dqr[d];
+            }
+        }
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int g = 0; g < G; g++)
+                for (int d = 0; d < hs; d++) {
+                    const size_t i = (((size_t)b * T + t) * G + g) * hs + d;
+                    dk[((size_t)b * T + t) * a->ld_k + (size_t)g * hs + d] = (float)dka[i];
+                    dv[((size_t)b * T + t) * a->ld_v + (size_t)g * hs + d] = (float)dva[i];
+                }
+    free(p), free(dp), free(dkv), free(dqr);
+}

@@ -1,0 +1,152 @@
+/*
+ * What the fused attention kernels (flash_attention.c, flash_attention_bf16.c)
+ * share: the tile sizes, each query's key range under the causal, window and
+ * document rules, and a register-blocked float32 product for one tile.
+ *
+ * Every mask the kernels take leaves query t of row b the contiguous keys
+ * [key_lo(t), t]: causal, the window's t - W + 1, the document's start.
+ * key_lo never decreases along t (doc_start is checked to be so), so the
+ * keys a query tile needs are one range, and the query tiles that reach a
+ * key tile are one range too.
+ *
+ * The product computes c (M,N) (+)= a (M,K) b (K,N) with a read through any
+ * two strides (a row-major tile, or one transposed) and b row-major: blocks
+ * of MR rows by up to 64 columns held in registers (GCC vector types, which
+ * become AVX-512, AVX2 or SSE code by -march), each b row read once per
+ * block and each a element broadcast. Columns past the last multiple of 16
+ * are done by plain loops. Deliberately not: cache blocking (the tiles fit
+ * in L1/L2), packing a (it is read in place), or a BLAS call per tile.
+ */
+#ifndef LOOM_KERNELS_CPU_FLASH_TILE_H
+#define LOOM_KERNELS_CPU_FLASH_TILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+#define FA_BQ 64 /* query rows per tile */
+#define FA_BK 64 /* keys per tile; equal to FA_BQ so diagonal tiles line up */
+#define FA_MR 6  /* rows of a register block */
+
+static inline int fa_min(int a, int b)
+{
+    return a < b ? a : b;
+}
+
+static inline int fa_max(int a, int b)
+{
+    return a > b ? a : b;
+}
+
+/* n rounded up to a multiple of 16 */
+static inline int fa_up16(int n)
+{
+    return (n + 15) & ~15;
+}
+
+/* The first key query t of sequence b may see: [key_lo, t] are its keys. */
+static inline int fa_key_lo(const struct loom_flash_attn *a, int b, int t)
+{
+    int lo = a->window > 0 ? t - a->window + 1 : 0;
+    if (lo < 0) lo = 0;
+    if (a->doc_start) {
+        const int d = a->doc_start[(size_t)b * a->T + t];
+        if (d > lo) lo = d;
+    }
+    return lo;
+}
+
+/* The last query of sequence b that sees key j (>= j), by bisection on
+ * key_lo's order. */
+static inline int fa_last_query(const struct loom_flash_attn *a, int b, int j)
+{
+    int lo = j, hi = a->T - 1; /* key_lo(j) <= j: query j sees key j */
+    while (lo < hi) {
+        const int mid = lo + (hi - lo + 1) / 2;
+        if (fa_key_lo(a, b, mid) <= j)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
+
+static inline __attribute__((always_inline)) void fa_mk(const int M, const int NV, int K, const float *a,
+                                                        ptrdiff_t ai, ptrdiff_t ap, const float *b,
+                                                        ptrdiff_t ldb, float *c, ptrdiff_t ldc, int acc)
+{
+    fa_vec r[FA_MR][4];
+    for (int i = 0; i < M; i++)
+        for (int v = 0; v < NV; v++) r[i][v] = acc ? *(const fa_vec *)(c + i * ldc + 16 * v) : (fa_vec){0};
+    for (int p = 0; p < K; p++) {
+        fa_vec bv[4];
+        for (int v = 0; v < NV; v++) bv[v] = *(const fa_vec *)(b + p * ldb + 16 * v);
+        const float *ap_ = a + p * ap;
+        for (int i = 0; i < M; i++) {
+            const float s = ap_[i * ai];
+            for (int v = 0; v < NV; v++) r[i][v] += s * bv[v];
+        }
+    }
+    for (int i = 0; i < M; i++)
+        for (int v = 0; v < NV; v++) *(fa_vec *)(c + i * ldc + 16 * v) = r[i][v];
+}
+
+#define FA_MK_CASE(m, nv)                                                                                    \
+    case (m)*8 + (nv):                                                                                       \
+        fa_mk(m, nv, K, ai0, ai, ap, b + n0, ldb, c + (ptrdiff_t)i0 * ldc + n0, ldc, acc);                   \
+        break;
+#define FA_MK_ROW(m) FA_MK_CASE(m, 1) FA_MK_CASE(m, 2) FA_MK_CASE(m, 3) FA_MK_CASE(m, 4)
+
+/* c (M,N) = (acc: +=) sum over p < K of a(i,p) b(p,:): a(i,p) at
+ * a[i*ai + p*ap], b row-major (ldb), c row-major (ldc). */
+static inline void fa_gemm(int M, int N, int K, const float *a, ptrdiff_t ai, ptrdiff_t ap, const float *b,
+                           ptrdiff_t ldb, float *c, ptrdiff_t ldc, int acc)
+{
+    const int nfull = N & ~15;
+    for (int n0 = 0; n0 < nfull; n0 += 64) {
+        const int nv = fa_min(4, (nfull - n0) / 16);
+        for (int i0 = 0; i0 < M; i0 += FA_MR) {
+            const int m = fa_min(FA_MR, M - i0);
+            const float *ai0 = a + (ptrdiff_t)i0 * ai;
+            switch (m * 8 + nv) {
+                FA_MK_ROW(1)
+                FA_MK_ROW(2)
+                FA_MK_ROW(3)
+                FA_MK_ROW(4)
+                FA_MK_ROW(5)
+                FA_MK_ROW(6)
+            default:
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < M; i++)
+        for (int n = nfull; n < N; n++) {
+            float s = acc ? c[(ptrdiff_t)i * ldc + n] : 0.0f;
+            for (int p = 0; p < K; p++)
+                s += a[(ptrdiff_t)i * ai + (ptrdiff_t)p * ap] * b[(ptrdiff_t)p * ldb + n];
+            c[(ptrdiff_t)i * ldc + n] = s;
+        }
+}
+
+/* dst (hs, ld) = rows [0, n) of src (row pitch lds) transposed, the columns
+ * n..up16(n) zero: a key or value tile as the b operand of a product with
+ * it transposed. */
+static inline void fa_pack_t(float *dst, int ld, const float *src, ptrdiff_t lds, int n, int hs)
+{
+    const int n16 = fa_up16(n);
+    for (int j = 0; j < n; j++) {
+        const float *s = src + (ptrdiff_t)j * lds;
+        for (int d = 0; d < hs; d++) dst[(ptrdiff_t)d * ld + j] = s[d];
+    }
+    for (int d = 0; d < hs; d++)
+        for (int j = n; j < n16; j++) dst[(ptrdiff_t)d * ld + j] = 0.0f;
+}
+
+/* Checks a's sizes and doc_start's order; returns the scale. */
+float loom_flash_attn_check(const struct loom_flash_attn *a);
+
+#endif

@@ -1,0 +1,273 @@
+/*
+ * Unit test of the fused attention kernels (kernels.h, "fused causal
+ * attention"), every registered backend's table against the reference
+ * table's:
+ *   - forward (out, lse) and backward (dq, dk, dv) against the `_ref`
+ *     loops: T from 1 to 700, sizes off the 64-token tiles, B > 1, head
+ *     sizes 8 to 80 (not only multiples of 16), grouped-query attention
+ *     (NH 8 with G 2 and G 1), windows, packed documents with boundaries
+ *     off the tile edges, documents and a window together, q, k, v as
+ *     separate tensors and as one packed qkv (B,T,3C);
+ *   - multi-head causal attention against the dense kernels
+ *     (attention_forward/backward of the same table, which store (T,T)) up
+ *     to T = 2100;
+ *   - the backward of the reference against central finite differences.
+ * Tolerances: float32, 1e-5 of each tensor's scale (the sums have at most
+ * a few thousand terms, which err by about u sqrt(K) ~ 4e-6 at worst).
+ * Deliberately not: timing (bench/attention.py), PyTorch
+ * (tests/test_attention_torch.py).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "check.h"
+#include "kernels/backend.h"
+#include "kernels/kernels.h"
+
+#define F32_TOL 1e-5
+
+/* ---- inputs and checks ---------------------------------------------------------- */
+
+static uint64_t rng_state = 0x853c49e6748fea9bull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-scale, scale), multiples of 2^-12 (x +- h exact for FD). */
+static float *new_rand(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        const double u = (double)(rng_next() >> 11) / 9007199254740992.0;
+        x[i] = (float)(nearbyint((2.0 * u - 1.0) * scale * 4096.0) / 4096.0);
+    }
+    return x;
+}
+
+static float *new_const(size_t n, float v)
+{
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = v;
+    return x;
+}
+
+/* max |got - want| / max |want| against tol. */
+static int check_scaled(const char *name, const float *got, const float *want, size_t n, double tol)
+{
+    double scale = 0.0;
+    for (size_t i = 0; i < n; i++) scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    return check_close(name, got, want, n, tol, scale > 0 ? scale : 1e-30);
+}
+
+/* ---- one case ------------------------------------------------------------------ */
+
+struct fcase {
+    int B, T, NH, G, hs, window;
+    int docs;   /* documents per row (their boundaries drawn at random), 0: one */
+    int packed; /* q, k, v in one (B,T,(NH+2G) hs) tensor */
+};
+
+/* The inputs of a case: q, k, v pointers into one buffer, dout, doc_start. */
+struct finputs {
+    struct loom_flash_attn a;
+    float *x, *dx; /* the q | k | v buffer (packed or three tensors back to back), and its gradient */
+    const float *q, *k, *v;
+    float *dout;
+    int32_t *doc;
+    size_t nx, nout, nlse;
+};
+
+static void inputs_make(struct finputs *in, const struct fcase *c)
+{
+    const int B = c->B, T = c->T, NH = c->NH, G = c->G, hs = c->hs;
+    struct loom_flash_attn *a = &in->a;
+    memset(in, 0, sizeof *in);
+    a->B = B, a->T = T, a->NH = NH, a->G = G, a->hs = hs, a->window = c->window;
+    const size_t N = (size_t)B * T;
+    in->nx = N * (size_t)(NH + 2 * G) * hs;
+    in->x = new_rand(in->nx, 2.0f);
+    if (c->packed) {
+        a->ld_q = a->ld_k = a->ld_v = (NH + 2 * G) * hs;
+        in->q = in->x, in->k = in->x + (size_t)NH * hs, in->v = in->k + (size_t)G * hs;
+    } else {
+        a->ld_q = NH * hs, a->ld_k = a->ld_v = G * hs;
+        in->q = in->x, in->k = in->x + N * NH * hs, in->v = in->k + N * G * hs;
+    }
+    in->nout = N * NH * hs;
+    in->nlse = (size_t)B * NH * T;
+    in->dout = new_rand(in->nout, 1.0f);
+    if (c->docs > 1) {
+        in->doc = malloc(N * sizeof(int32_t));
+        for (int b = 0; b < B; b++) {
+            int start = 0;
+            for (int t = 0; t < T; t++) {
+                /* about docs documents per row, boundaries anywhere */
+                if (t > 0 && (int)(rng_next() % (uint64_t)T) < c->docs - 1) start = t;
+                in->doc[(size_t)b * T + t] = start;
+            }
+        }
+        a->doc_start = in->doc;
+    }
+}
+
+static void inputs_free(struct finputs *in)
+{
+    free(in->x), free(in->dout), free(in->doc);
+}
+
+/* dq, dk, dv of the case into one buffer laid out as x */
+static void backward_into(const struct loom_kernels *t, float *dx, const struct finputs *in, const float *out,
+                          const float *lse)
+{
+    const float *x = in->x;
+    t->flash_attention_backward(dx + (in->q - x), dx + (in->k - x), dx + (in->v - x), in->dout, out, lse,
+                                in->q, in->k, in->v, &in->a);
+}
+
+static void describe(char *s, size_t n, const char *table, const struct fcase *c)
+{
+    snprintf(s, n, "%s B=%d T=%d NH=%d G=%d hs=%d W=%d docs=%d %s", table, c->B, c->T, c->NH, c->G, c->hs,
+             c->window, c->docs, c->packed ? "packed" : "separate");
+}
+
+/* The tables under test, against the reference computed once per case. */
+static const struct loom_kernels *tables[8];
+static const char *table_names[8];
+static int ntables;
+static double table_tol = F32_TOL;
+
+static void test_case(const struct fcase *c)
+{
+    struct finputs in;
+    inputs_make(&in, c);
+    const struct loom_kernels *ref = loom_kernels_ref();
+    float *out_r = new_const(in.nout, NAN), *lse_r = new_const(in.nlse, NAN), *dx_r = new_const(in.nx, NAN);
+    ref->flash_attention_forward(out_r, lse_r, in.q, in.k, in.v, &in.a);
+    backward_into(ref, dx_r, &in, out_r, lse_r);
+    for (int i = 0; i < ntables; i++) {
+        char what[160], name[200];
+        describe(what, sizeof what, table_names[i], c);
+        float *out = new_const(in.nout, NAN), *lse = new_const(in.nlse, NAN), *dx = new_const(in.nx, NAN);
+        tables[i]->flash_attention_forward(out, lse, in.q, in.k, in.v, &in.a);
+        backward_into(tables[i], dx, &in, out, lse);
+        snprintf(name, sizeof name, "out (%s)", what);
+        check_scaled(name, out, out_r, in.nout, table_tol);
+        snprintf(name, sizeof name, "lse (%s)", what);
+        check_scaled(name, lse, lse_r, in.nlse, table_tol);
+        /* dq | dk | dv in x's layout; a packed buffer has no gaps, so every
+         * element is a gradient */
+        snprintf(name, sizeof name, "dq dk dv (%s)", what);
+        check_scaled(name, dx, dx_r, in.nx, table_tol);
+        free(out), free(lse), free(dx);
+    }
+    free(out_r), free(lse_r), free(dx_r);
+    inputs_free(&in);
+}
+
+static void test_cases(void)
+{
+    static const struct fcase cases[] = {
+        {1, 1, 1, 1, 16, 0, 0, 0},    {2, 7, 3, 3, 12, 0, 0, 1},     {1, 64, 2, 2, 32, 0, 0, 0},
+        {2, 65, 2, 1, 16, 0, 0, 1},   {1, 130, 8, 2, 8, 0, 0, 0},    {1, 200, 8, 1, 16, 0, 0, 1},
+        {3, 150, 2, 2, 64, 37, 0, 1}, {1, 300, 2, 1, 24, 100, 0, 0}, {2, 250, 4, 2, 16, 0, 5, 0},
+        {1, 333, 2, 2, 16, 70, 4, 1}, {2, 97, 8, 2, 80, 0, 3, 1},    {1, 700, 2, 1, 16, 0, 6, 0},
+        {1, 129, 2, 2, 64, 1, 0, 0},  {1, 96, 2, 2, 16, 500, 2, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(&cases[i]);
+}
+
+/* ---- against the dense kernels ---------------------------------------------------- */
+
+/* Multi-head causal attention on the decoder's packed qkv (B,T,3C) against
+ * the table's attention_forward/backward (which keep (B,NH,T,T)). */
+static void test_vs_dense(const struct loom_kernels *t, const char *table, int B, int T, int NH, int hs)
+{
+    const int C = NH * hs;
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    float *qkv = new_rand(nqkv, 2.0f), *dout = new_rand(nout, 1.0f);
+    float *out_d = new_const(nout, NAN), *att = new_const(natt, NAN), *datt = new_const(natt, NAN);
+    float *dqkv_d = new_const(nqkv, NAN);
+    t->attention_forward(out_d, att, qkv, B, T, C, NH);
+    t->attention_backward(dqkv_d, datt, dout, att, qkv, B, T, C, NH);
+    free(att), free(datt);
+    const struct loom_flash_attn a = {
+        .B = B, .T = T, .NH = NH, .G = NH, .hs = hs, .ld_q = 3 * C, .ld_k = 3 * C, .ld_v = 3 * C};
+    float *out = new_const(nout, NAN), *lse = new_const((size_t)B * NH * T, NAN),
+          *dqkv = new_const(nqkv, NAN);
+    t->flash_attention_forward(out, lse, qkv, qkv + C, qkv + 2 * C, &a);
+    t->flash_attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dout, out, lse, qkv, qkv + C, qkv + 2 * C, &a);
+    char name[160];
+    snprintf(name, sizeof name, "out vs dense (%s B=%d T=%d NH=%d hs=%d)", table, B, T, NH, hs);
+    check_scaled(name, out, out_d, nout, table_tol);
+    snprintf(name, sizeof name, "dqkv vs dense (%s B=%d T=%d NH=%d hs=%d)", table, B, T, NH, hs);
+    check_scaled(name, dqkv, dqkv_d, nqkv, table_tol);
+    free(qkv), free(dout), free(out_d), free(dqkv_d), free(out), free(lse), free(dqkv);
+}
+
+/* ---- the reference against finite differences ------------------------------------- */
+
+struct fd_ctx {
+    struct finputs in;
+    float *out, *lse, *w;
+};
+
+/* sum(out * w) in double */
+static double fd_obj(struct fd_ctx *c)
+{
+    loom_kernels_ref()->flash_attention_forward(c->out, c->lse, c->in.q, c->in.k, c->in.v, &c->in.a);
+    double s = 0.0;
+    for (size_t i = 0; i < c->in.nout; i++) s += (double)c->out[i] * c->w[i];
+    return s;
+}
+
+static void test_fd(void)
+{
+    const struct fcase c = {2, 9, 4, 2, 4, 4, 3, 1};
+    struct fd_ctx x;
+    inputs_make(&x.in, &c);
+    x.out = new_const(x.in.nout, 0.0f), x.lse = new_const(x.in.nlse, 0.0f), x.w = x.in.dout;
+    fd_obj(&x);
+    float *dx = new_const(x.in.nx, NAN), *fd = new_const(x.in.nx, NAN);
+    backward_into(loom_kernels_ref(), dx, &x.in, x.out, x.lse);
+    const float h = 0x1p-6f;
+    for (size_t i = 0; i < x.in.nx; i++) { /* Richardson-extrapolated central differences */
+        const float x0 = x.in.x[i];
+        double d[2];
+        for (int s = 0; s < 2; s++) {
+            const float hh = s ? h / 2 : h;
+            x.in.x[i] = x0 + hh;
+            const double fp = fd_obj(&x);
+            x.in.x[i] = x0 - hh;
+            d[s] = (fp - fd_obj(&x)) / (2.0 * hh);
+        }
+        x.in.x[i] = x0;
+        fd[i] = (float)((4.0 * d[1] - d[0]) / 3.0);
+    }
+    check_scaled("ref dq dk dv vs finite differences", dx, fd, x.in.nx, 2e-4);
+    free(dx), free(fd), free(x.out), free(x.lse);
+    inputs_free(&x.in);
+}
+
+int main(void)
+{
+    for (int i = 0; i < loom_backend_count() && ntables < 7; i++) {
+        tables[ntables] = loom_backend_at(i)->k;
+        table_names[ntables++] = loom_backend_at(i)->name;
+    }
+    test_cases();
+    for (int i = 0; i < ntables; i++) {
+        test_vs_dense(tables[i], table_names[i], 2, 100, 3, 16);
+        test_vs_dense(tables[i], table_names[i], 1, 2100, 2, 64);
+    }
+    test_fd();
+    return check_summary("test_flash_attention");
+}
