@@ -1,7 +1,8 @@
 /*
  * Unit test of the fused attention kernels (kernels.h, "fused causal
- * attention"), every registered backend's table against the reference
- * table's:
+ * attention"), through every registered backend's float32 table, the
+ * reference table, and, in a process of its own per units path (they are
+ * chosen once per process), the bf16 table:
  *   - forward (out, lse) and backward (dq, dk, dv) against the `_ref`
  *     loops: T from 1 to 700, sizes off the 64-token tiles, B > 1, head
  *     sizes 8 to 80 (not only multiples of 16), grouped-query attention
@@ -13,15 +14,17 @@
  *     to T = 2100;
  *   - the backward of the reference against central finite differences.
  * Tolerances: float32, 1e-5 of each tensor's scale (the sums have at most
- * a few thousand terms, which err by about u sqrt(K) ~ 4e-6 at worst).
- * Deliberately not: timing (bench/attention.py), PyTorch
- * (tests/test_attention_torch.py).
+ * a few thousand terms, which err by about u sqrt(K) ~ 4e-6 at worst);
+ * bf16, BF16_TOL (below). Deliberately not: timing (bench/attention.py),
+ * PyTorch (tests/test_attention_torch.py).
  */
 #include <math.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "base/log.h"
 #include "check.h"
@@ -29,6 +32,12 @@
 #include "kernels/kernels.h"
 
 #define F32_TOL 1e-5
+/* bf16 operands carry 8 bits: each product's inputs are rounded by up to
+ * 2^-9 relative, so scores, probabilities and the sums built on them move
+ * by a few 2^-9 of their scale, not by float32's 2^-24; 2e-2 of the scale
+ * is a few such roundings through a softmax and a product. A wrong term
+ * (a mask off by a key, a missing head) errs by 0.1 or more. */
+#define BF16_TOL 2e-2
 
 /* ---- inputs and checks ---------------------------------------------------------- */
 
@@ -257,8 +266,50 @@ static void test_fd(void)
     inputs_free(&x.in);
 }
 
-int main(void)
+/* ---- the bf16 tables ------------------------------------------------------------- */
+
+extern char **environ;
+
+static void test_bf16_tables(void)
 {
+    static const char *const units[] = {"auto", "avx512"};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        char *argv[] = {"test_flash_attention", "--bf16-units", (char *)units[i], NULL};
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid;
+        int status = 0;
+        const int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+        CHECK(rc == 0);
+        if (rc == 0) {
+            CHECK(waitpid(pid, &status, 0) == pid);
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        }
+    }
+}
+
+static int bf16_table_main(const char *units)
+{
+    CHECK(loom_bf16_units_select(units) == LOOM_OK);
+    const struct loom_kernels *t = loom_backend_kernels(loom_backend_cpu(), LOOM_DTYPE_BF16);
+    if (t == loom_backend_cpu()->k) {
+        printf("bf16 units %s: the bf16 table is the float32 one\n", units);
+        return check_summary("test_flash_attention, bf16 table");
+    }
+    CHECK(t->flash_attention_forward == loom_flash_attention_forward_bf16);
+    static char name[96];
+    snprintf(name, sizeof name, "bf16 (%s: %s)", units, loom_bf16_units_name(loom_bf16_units()));
+    printf("%s\n", name);
+    tables[0] = t, table_names[0] = name, ntables = 1;
+    table_tol = BF16_TOL;
+    test_cases();
+    test_vs_dense(t, name, 1, 300, 2, 64);
+    return check_summary("test_flash_attention, bf16 table");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--bf16-units") == 0) return bf16_table_main(argv[2]);
     for (int i = 0; i < loom_backend_count() && ntables < 7; i++) {
         tables[ntables] = loom_backend_at(i)->k;
         table_names[ntables++] = loom_backend_at(i)->name;
@@ -269,5 +320,6 @@ int main(void)
         test_vs_dense(tables[i], table_names[i], 1, 2100, 2, 64);
     }
     test_fd();
+    test_bf16_tables();
     return check_summary("test_flash_attention");
 }

@@ -255,6 +255,15 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
 void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v,
                                    const struct loom_flash_attn *a);
+/* The same with the two products of each step (q k^T and p v forward; the
+ * five of the backward) on bf16 operands, float32 statistics and sums, on
+ * the units loom_bf16_units chose (AVX512-BF16 dot products, or bf16
+ * widened to float32 on other CPUs). */
+void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
+                                       const struct loom_flash_attn *a);
+void loom_flash_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                        const float *lse, const float *q, const float *k, const float *v,
+                                        const struct loom_flash_attn *a);
 /* The references: every (query, key) pair in plain loops, double sums. */
 void loom_flash_attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
                                       const struct loom_flash_attn *a);

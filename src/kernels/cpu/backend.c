@@ -102,6 +102,8 @@ static const struct loom_kernels *cpu_kernels_for(enum loom_dtype compute)
         bf16.matmul_backward_b16 = loom_matmul_backward_b16;
         bf16.linear_forward = loom_linear_forward_bf16;
         bf16.linear_backward = loom_linear_backward_bf16;
+        bf16.flash_attention_forward = loom_flash_attention_forward_bf16;
+        bf16.flash_attention_backward = loom_flash_attention_backward_bf16;
     }
     return &bf16;
 }

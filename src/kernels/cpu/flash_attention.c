@@ -33,16 +33,9 @@
 #include <math.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/cpu/vexp.h"
-
-/* Below this many multiply-adds (B NH T T hs / 2) one thread does it all. */
-#define PAR_MIN ((size_t)1 << 18)
 
 float loom_flash_attn_check(const struct loom_flash_attn *a)
 {
@@ -56,26 +49,6 @@ float loom_flash_attn_check(const struct loom_flash_attn *a)
                 LOOM_ASSERT(d >= 0 && d <= t && (t == 0 || d >= a->doc_start[(size_t)b * a->T + t - 1]));
             }
     return a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)a->hs);
-}
-
-static int threads_for(const struct loom_flash_attn *a)
-{
-#ifdef _OPENMP
-    const size_t work = (size_t)a->B * a->NH * a->T * a->T / 2 * a->hs;
-    return work >= PAR_MIN ? omp_get_max_threads() : 1;
-#else
-    (void)a;
-    return 1;
-#endif
-}
-
-static int thread_id(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
 }
 
 /* ---- forward ------------------------------------------------------------------- */
@@ -154,7 +127,7 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
                                   const struct loom_flash_attn *a)
 {
     const float scale = loom_flash_attn_check(a);
-    const int nt = (a->T + FA_BQ - 1) / FA_BQ, nthr = threads_for(a), R = a->NH / a->G;
+    const int nt = (a->T + FA_BQ - 1) / FA_BQ, nthr = fa_threads(a), R = a->NH / a->G;
     const size_t per = fwd_ws(a->hs), ktile = (size_t)a->hs * FA_BK, khead = (size_t)nt * ktile;
     float *ws = loom_alloc(loom_mul_size((size_t)nthr * per, sizeof(float)), LOOM_MEM_OTHER);
     /* every key tile transposed once, (B,G,nt,hs,BK): each is read by up to
@@ -177,7 +150,7 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
             /* the longest tiles (last along T) first */
             const int it = nt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH, h = bh % a->NH;
             fwd_tile(out, lse, q, kt + ((size_t)b * a->G + h / R) * khead, ktile, v, a, scale, b, h,
-                     it * FA_BQ, ws + (size_t)thread_id() * per);
+                     it * FA_BQ, ws + (size_t)fa_thread_id() * per);
         }
     }
     loom_free(kt);
@@ -198,8 +171,9 @@ static size_t bwd_ws(int hs, int T)
  * dk, dv (pitch ldk, ldv: kv head g's columns, or the head's own scratch). */
 static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, const float *dout,
                      const float *out, const float *lse, const float *q, const float *k, const float *v,
-                     const struct loom_flash_attn *a, float scale, int b, int h, float *ws)
+                     const struct loom_flash_attn *a, float scale, int b, int h, void *wsv)
 {
+    float *ws = wsv;
     const int T = a->T, hs = a->hs, hsp = fa_up16(hs), g = h / (a->NH / a->G);
     const size_t ldo = (size_t)a->NH * hs;
     float *S = ws, *dS = S + FA_BQ * FA_BK, *Kt = dS + FA_BQ * FA_BK, *Vt = Kt + (size_t)hsp * FA_BK;
@@ -258,14 +232,14 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
     }
 }
 
-void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                   const float *lse, const float *q, const float *k, const float *v,
-                                   const struct loom_flash_attn *a)
+void loom_flash_attn_backward_heads(fa_head_fn fn, size_t ws_bytes, float *dq, float *dk, float *dv,
+                                    const float *dout, const float *out, const float *lse, const float *q,
+                                    const float *k, const float *v, const struct loom_flash_attn *a)
 {
     const float scale = loom_flash_attn_check(a);
-    const int B = a->B, T = a->T, NH = a->NH, G = a->G, hs = a->hs, R = NH / G, nthr = threads_for(a);
-    const size_t per = bwd_ws(hs, T);
-    float *ws = loom_alloc(loom_mul_size((size_t)nthr * per, sizeof(float)), LOOM_MEM_OTHER);
+    const int B = a->B, T = a->T, NH = a->NH, G = a->G, hs = a->hs, R = NH / G, nthr = fa_threads(a);
+    const size_t per = (ws_bytes + 63) & ~(size_t)63;
+    char *ws = loom_alloc(loom_mul_size((size_t)nthr, per), LOOM_MEM_OTHER);
     /* grouped: each head's dK and dV (B,NH,T,hs), summed below */
     float *part =
         R > 1 ? loom_alloc(loom_mul_size(loom_mul_size((size_t)2 * B * NH, (size_t)T * hs), sizeof(float)),
@@ -284,8 +258,8 @@ void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float 
             dkh = dk + (size_t)b * T * a->ld_k + (size_t)g * hs, ldk = (size_t)a->ld_k;
             dvh = dv + (size_t)b * T * a->ld_v + (size_t)g * hs, ldv = (size_t)a->ld_v;
         }
-        bwd_head(dq, dkh, ldk, dvh, ldv, dout, out, lse, q, k, v, a, scale, b, h,
-                 ws + (size_t)thread_id() * per);
+        fn(dq, dkh, ldk, dvh, ldv, dout, out, lse, q, k, v, a, scale, b, h,
+           ws + (size_t)fa_thread_id() * per);
     }
     if (part) {
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nthr) if (nthr > 1)
@@ -306,4 +280,12 @@ void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float 
         loom_free(part);
     }
     loom_free(ws);
+}
+
+void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v,
+                                   const struct loom_flash_attn *a)
+{
+    loom_flash_attn_backward_heads(bwd_head, bwd_ws(a->hs, a->T) * sizeof(float), dq, dk, dv, dout, out, lse,
+                                   q, k, v, a);
 }

@@ -23,6 +23,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels/kernels.h"
 
 #define FA_BQ 64 /* query rows per tile */
@@ -148,5 +152,41 @@ static inline void fa_pack_t(float *dst, int ld, const float *src, ptrdiff_t lds
 
 /* Checks a's sizes and doc_start's order; returns the scale. */
 float loom_flash_attn_check(const struct loom_flash_attn *a);
+
+/* The threads for a call: all of them, or one below 2^18 multiply-adds
+ * (B NH T T hs / 2), where waking the pool costs more. */
+static inline int fa_threads(const struct loom_flash_attn *a)
+{
+#ifdef _OPENMP
+    const size_t work = (size_t)a->B * a->NH * a->T * a->T / 2 * a->hs;
+    return work >= ((size_t)1 << 18) ? omp_get_max_threads() : 1;
+#else
+    (void)a;
+    return 1;
+#endif
+}
+
+static inline int fa_thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* The backward of head h of sequence b: dq's rows of the head written, and
+ * dK, dV of its keys into dk, dv (pitch ldk, ldv); ws its thread's
+ * workspace. */
+typedef void (*fa_head_fn)(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, const float *dout,
+                           const float *out, const float *lse, const float *q, const float *k, const float *v,
+                           const struct loom_flash_attn *a, float scale, int b, int h, void *ws);
+
+/* Runs fn for every (b, h) in parallel, each thread with ws_bytes of
+ * workspace; grouped heads write their dK, dV into a (B,NH,T,hs) scratch
+ * pair, summed into dk and dv after (kv head g's rows of its heads). */
+void loom_flash_attn_backward_heads(fa_head_fn fn, size_t ws_bytes, float *dq, float *dk, float *dv,
+                                    const float *dout, const float *out, const float *lse, const float *q,
+                                    const float *k, const float *v, const struct loom_flash_attn *a);
 
 #endif

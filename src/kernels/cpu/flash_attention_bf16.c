@@ -1,0 +1,480 @@
+/*
+ * Fused causal attention with the products on bf16 operands: the
+ * algorithm, masks, tiles and parallel split of flash_attention.c, with
+ * each operand of the two forward products (Q K^T, P V) and of the five
+ * backward ones (Q K^T, dO V^T, P^T dO, dS^T Q, dS K) rounded to bf16 as it
+ * is packed, and the softmax statistics, the accumulators, D and every
+ * sum in float32.
+ *
+ * The units are loom_bf16_units()'s choice: AMX and AVX512-BF16 run
+ * AVX512-BF16's dot products (vdpbf16ps: pairs along the summed axis
+ * multiplied and added into float32), where the CPU has them; "avx512"
+ * (and a CPU without them) runs the same packed operands widened to
+ * float32 and multiplied exactly, in GCC vector code. The two give the
+ * same products up to the order of float32 additions.
+ *
+ * Operands: an "a" operand is bf16 row-major with an even row length, a
+ * "b" operand holds pairs of rows interleaved ((K/2, N, 2): element (p, n)
+ * at [(p/2) 2 ldn + 2 n + p%2]) with N padded to a multiple of 16; rows
+ * and columns past the data are zero. The forward packs K and V once per
+ * call, (B,G) heads of tiles; the backward packs Q and dO in both forms
+ * once per head, K and V per key tile, and P, dS as they are made, and
+ * sums dK and dV transposed so that nothing made per tile is transposed.
+ *
+ * Deliberately not: AMX tile code (AMX runs the AVX512-BF16 path), bf16
+ * inputs or outputs (the tensors stay float32), or block-sparse layouts.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "kernels/cpu/flash_tile.h"
+#include "kernels/cpu/vexp.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#include <immintrin.h>
+#define FA_DPBF16 1
+#endif
+
+/* float32 -> bf16, round to nearest even (NaN stays a NaN) */
+static inline uint16_t bf(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)r;
+}
+
+static inline int up2(int n)
+{
+    return (n + 1) & ~1;
+}
+
+/* a operand (rows, ld): dst[r][c] = bf16(src[r s_r + c s_c]), columns
+ * [cols, ld) zero */
+static void pack_a(uint16_t *dst, int ld, const float *src, ptrdiff_t s_r, ptrdiff_t s_c, int rows, int cols)
+{
+    if (s_r == 1 && s_c != 1) { /* a transpose: the source's rows in order */
+        for (int c = 0; c < cols; c++) {
+            const float *s = src + c * s_c;
+            for (int r = 0; r < rows; r++) dst[(size_t)r * ld + c] = bf(s[r]);
+        }
+        for (int r = 0; r < rows; r++)
+            for (int c = cols; c < ld; c++) dst[(size_t)r * ld + c] = 0;
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        uint16_t *d = dst + (size_t)r * ld;
+        const float *s = src + r * s_r;
+        if (s_c == 1) {
+#pragma omp simd
+            for (int c = 0; c < cols; c++) d[c] = bf(s[c]);
+        } else {
+            for (int c = 0; c < cols; c++) d[c] = bf(s[c * s_c]);
+        }
+        for (int c = cols; c < ld; c++) d[c] = 0;
+    }
+}
+
+/* b operand of K2 = up2(K) rows by ldn columns: element (p, n) =
+ * bf16(src[p s_k + n s_n]) for p < K, n < N, else 0 */
+static void pack_b(uint16_t *dst, int ldn, const float *src, ptrdiff_t s_k, ptrdiff_t s_n, int K, int N)
+{
+    const int K2 = up2(K);
+    for (int p = 0; p < K2; p++) {
+        uint16_t *d = dst + (size_t)(p / 2) * 2 * ldn + (p & 1);
+        if (p >= K) {
+            for (int n = 0; n < ldn; n++) d[2 * n] = 0;
+            continue;
+        }
+        const float *s = src + p * s_k;
+        for (int n = 0; n < N; n++) d[2 * n] = bf(s[n * s_n]);
+        for (int n = N; n < ldn; n++) d[2 * n] = 0;
+    }
+}
+
+/* ---- the products: c (M, 16 NV) (+)= a (M, 2 K2) b (2 K2, 16 NV) ------------------- */
+
+typedef uint32_t fa_u32 __attribute__((vector_size(64), aligned(4), may_alias));
+
+static inline float lo_f(uint32_t w)
+{
+    const uint32_t u = w << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float hi_f(uint32_t w)
+{
+    const uint32_t u = w & 0xffff0000u;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* widened to float32: each pair's two products added into the sums */
+static inline __attribute__((always_inline)) void mk_wide(const int M, const int NV, int K2,
+                                                          const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                                                          ptrdiff_t ldb2, float *c, ptrdiff_t ldc, int acc)
+{
+    fa_vec r[FA_MR][4];
+    for (int i = 0; i < M; i++)
+        for (int v = 0; v < NV; v++) r[i][v] = acc ? *(const fa_vec *)(c + i * ldc + 16 * v) : (fa_vec){0};
+    for (int p = 0; p < K2; p++) {
+        fa_vec be[4], bo[4];
+        for (int v = 0; v < NV; v++) {
+            const fa_u32 w = *(const fa_u32 *)(b + p * ldb2 + 32 * v);
+            be[v] = (fa_vec)(w << 16);
+            bo[v] = (fa_vec)(w & 0xffff0000u);
+        }
+        for (int i = 0; i < M; i++) {
+            uint32_t w;
+            memcpy(&w, a + i * lda + 2 * p, sizeof w);
+            const float ae = lo_f(w), ao = hi_f(w);
+            for (int v = 0; v < NV; v++) r[i][v] += ae * be[v] + ao * bo[v];
+        }
+    }
+    for (int i = 0; i < M; i++)
+        for (int v = 0; v < NV; v++) *(fa_vec *)(c + i * ldc + 16 * v) = r[i][v];
+}
+
+#define BF_CASE(kern, m, nv)                                                                                 \
+    case (m)*8 + (nv):                                                                                       \
+        kern(m, nv, K2, a + (ptrdiff_t)i0 * lda, lda, b + 2 * n0, ldb2, c + (ptrdiff_t)i0 * ldc + n0, ldc,   \
+             acc);                                                                                           \
+        break;
+#define BF_ROW(kern, m) BF_CASE(kern, m, 1) BF_CASE(kern, m, 2) BF_CASE(kern, m, 3) BF_CASE(kern, m, 4)
+#define BF_DRIVER(kern)                                                                                      \
+    for (int n0 = 0; n0 < N; n0 += 64) {                                                                     \
+        const int nv = fa_min(4, (N - n0) / 16);                                                             \
+        for (int i0 = 0; i0 < M; i0 += FA_MR) {                                                              \
+            switch (fa_min(FA_MR, M - i0) * 8 + nv) {                                                        \
+                BF_ROW(kern, 1)                                                                              \
+                BF_ROW(kern, 2)                                                                              \
+                BF_ROW(kern, 3)                                                                              \
+                BF_ROW(kern, 4)                                                                              \
+                BF_ROW(kern, 5)                                                                              \
+                BF_ROW(kern, 6)                                                                              \
+            default:                                                                                         \
+                break;                                                                                       \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+static void gemm_wide(int M, int N, int K2, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                      ptrdiff_t ldb2, float *c, ptrdiff_t ldc, int acc)
+{
+    BF_DRIVER(mk_wide)
+}
+
+#ifdef FA_DPBF16
+#define FA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* AVX512-BF16: one vdpbf16ps per pair of rows and 16 columns */
+static inline __attribute__((always_inline)) FA_TARGET void mk_dp(const int M, const int NV, int K2,
+                                                                  const uint16_t *a, ptrdiff_t lda,
+                                                                  const uint16_t *b, ptrdiff_t ldb2, float *c,
+                                                                  ptrdiff_t ldc, int acc)
+{
+    __m512 r[FA_MR][4];
+    for (int i = 0; i < M; i++)
+        for (int v = 0; v < NV; v++)
+            r[i][v] = acc ? _mm512_loadu_ps(c + i * ldc + 16 * v) : _mm512_setzero_ps();
+    for (int p = 0; p < K2; p++) {
+        __m512bh bv[4];
+        for (int v = 0; v < NV; v++) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb2 + 32 * v);
+        for (int i = 0; i < M; i++) {
+            int32_t w;
+            memcpy(&w, a + i * lda + 2 * p, sizeof w);
+            const __m512bh av = (__m512bh)_mm512_set1_epi32(w);
+            for (int v = 0; v < NV; v++) r[i][v] = _mm512_dpbf16_ps(r[i][v], av, bv[v]);
+        }
+    }
+    for (int i = 0; i < M; i++)
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(c + i * ldc + 16 * v, r[i][v]);
+}
+
+static FA_TARGET void gemm_dp(int M, int N, int K2, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                              ptrdiff_t ldb2, float *c, ptrdiff_t ldc, int acc)
+{
+    BF_DRIVER(mk_dp)
+}
+#endif
+
+typedef void (*gemm_fn)(int M, int N, int K2, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                        ptrdiff_t ldb2, float *c, ptrdiff_t ldc, int acc);
+
+/* The product of the units chosen: vdpbf16ps where they allow it and the
+ * CPU has it, else the widened one. */
+static gemm_fn gemm_for_units(void)
+{
+#ifdef FA_DPBF16
+    const enum loom_bf16_units u = loom_bf16_units();
+    if ((u == LOOM_BF16_UNITS_AVX512_BF16 || u == LOOM_BF16_UNITS_AMX) &&
+        __builtin_cpu_supports("avx512bf16"))
+        return gemm_dp;
+#endif
+    return gemm_wide;
+}
+
+/* ---- forward ------------------------------------------------------------------- */
+
+/* Sizes of the packed tiles, in uint16: a key tile as b of S = Q K^T
+ * ((hs2/2, BK, 2)), a value tile as b of P V ((BK/2, hsp, 2)). */
+#define KP_TILE(hs) ((size_t)up2(hs) * FA_BK)
+#define VP_TILE(hsp) ((size_t)FA_BK * (hsp))
+
+static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp, const uint16_t *vp,
+                     const struct loom_flash_attn *a, float scale, int b, int h, int i0, gemm_fn gemm,
+                     char *ws)
+{
+    const int T = a->T, hs = a->hs, hs2 = up2(hs), hsp = fa_up16(hs);
+    const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
+    float *S = (float *)ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp, *l = mx + FA_BQ;
+    uint16_t *Qa = (uint16_t *)(l + FA_BQ), *Pa = Qa + (size_t)FA_BQ * hs2;
+    pack_a(Qa, hs2, q + ((size_t)b * T + i0) * a->ld_q + (size_t)h * hs, a->ld_q, 1, m, hs);
+    for (int r = 0; r < m; r++) mx[r] = -INFINITY, l[r] = 0.0f;
+    memset(acc, 0, (size_t)m * hsp * sizeof(float));
+    const int lo_last = fa_key_lo(a, b, i1 - 1);
+    for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < i1; j0 += FA_BK) {
+        const int j1 = fa_min(j0 + FA_BK, i1), n = j1 - j0, n16 = fa_up16(n), n2 = up2(n);
+        const int full = j1 - 1 <= i0 && lo_last <= j0;
+        gemm(m, n16, hs2 / 2, Qa, hs2, kp + (size_t)(j0 / FA_BK) * KP_TILE(hs), 2 * FA_BK, S, FA_BK, 0);
+        for (int r = 0; r < m; r++) {
+            const int t = i0 + r;
+            float *s = S + (size_t)r * FA_BK;
+            uint16_t *pa = Pa + (size_t)r * FA_BK;
+            const int ca = full ? 0 : fa_max(fa_key_lo(a, b, t) - j0, 0);
+            const int ce = full ? n : fa_min(t - j0 + 1, n);
+            if (ca >= ce) {
+                memset(pa, 0, (size_t)n16 * sizeof(uint16_t));
+                continue;
+            }
+            float smax = -INFINITY;
+#pragma omp simd reduction(max : smax)
+            for (int c = ca; c < ce; c++) smax = s[c] > smax ? s[c] : smax;
+            const float mnew = fmaxf(mx[r], smax * scale);
+            const float alpha = expf(mx[r] - mnew);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int c = 0; c < n16; c++) {
+                const float e = vexpf(s[c] * scale - mnew);
+                const float p = c >= ca && c < ce ? e : 0.0f;
+                pa[c] = bf(p);
+                sum += p;
+            }
+            l[r] = l[r] * alpha + sum;
+            mx[r] = mnew;
+            if (alpha != 1.0f) {
+                float *o = acc + (size_t)r * hsp;
+#pragma omp simd
+                for (int d = 0; d < hs; d++) o[d] *= alpha;
+            }
+        }
+        gemm(m, hsp, n2 / 2, Pa, FA_BK, vp + (size_t)(j0 / FA_BK) * VP_TILE(hsp), 2 * hsp, acc, hsp, 1);
+    }
+    const size_t ldo = (size_t)a->NH * hs;
+    for (int r = 0; r < m; r++) {
+        const float inv = 1.0f / l[r];
+        float *o = out + ((size_t)b * T + i0 + r) * ldo + (size_t)h * hs;
+        const float *ar = acc + (size_t)r * hsp;
+        for (int d = 0; d < hs; d++) o[d] = ar[d] * inv;
+        lse[((size_t)b * a->NH + h) * T + i0 + r] = mx[r] + logf(l[r]);
+    }
+}
+
+void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
+                                       const struct loom_flash_attn *a)
+{
+    const float scale = loom_flash_attn_check(a);
+    const int nt = (a->T + FA_BQ - 1) / FA_BQ, nthr = fa_threads(a), R = a->NH / a->G, hs = a->hs;
+    const int hsp = fa_up16(hs);
+    const gemm_fn gemm = gemm_for_units();
+    const size_t per = ((size_t)FA_BQ * FA_BK + (size_t)FA_BQ * hsp + 2 * FA_BQ) * sizeof(float) +
+                       ((size_t)FA_BQ * up2(hs) + (size_t)FA_BQ * FA_BK) * sizeof(uint16_t) + 64;
+    const size_t kh = (size_t)nt * KP_TILE(hs), vh = (size_t)nt * VP_TILE(hsp), nbg = (size_t)a->B * a->G;
+    char *ws = loom_alloc(loom_mul_size((size_t)nthr, per), LOOM_MEM_OTHER);
+    uint16_t *kp = loom_alloc(loom_mul_size(nbg, (kh + vh) * sizeof(uint16_t)), LOOM_MEM_ACTIVATIONS);
+    uint16_t *vp = kp + nbg * kh;
+#pragma omp parallel num_threads(nthr) if (nthr > 1)
+    {
+#pragma omp for collapse(2) schedule(static)
+        for (int bg = 0; bg < a->B * a->G; bg++)
+            for (int jt = 0; jt < nt; jt++) {
+                const int b = bg / a->G, g = bg % a->G, j0 = jt * FA_BK, n = fa_min(FA_BK, a->T - j0);
+                const float *kr = k + ((size_t)b * a->T + j0) * a->ld_k + (size_t)g * hs;
+                const float *vr = v + ((size_t)b * a->T + j0) * a->ld_v + (size_t)g * hs;
+                pack_b(kp + bg * kh + jt * KP_TILE(hs), FA_BK, kr, 1, a->ld_k, hs, n); /* (d, j) */
+                pack_b(vp + bg * vh + jt * VP_TILE(hsp), hsp, vr, a->ld_v, 1, n, hs);  /* (j, d) */
+                if (n < FA_BK) /* the keys past T: zero pairs */
+                    memset(vp + bg * vh + jt * VP_TILE(hsp) + (size_t)up2(n) * hsp, 0,
+                           (size_t)(FA_BK - up2(n)) * hsp * sizeof(uint16_t));
+            }
+        const long nbh = (long)a->B * a->NH, ntask = nbh * nt;
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < ntask; task++) {
+            const int it = nt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH, h = bh % a->NH;
+            const size_t bg = (size_t)b * a->G + h / R;
+            fwd_tile(out, lse, q, kp + bg * kh, vp + bg * vh, a, scale, b, h, it * FA_BQ, gemm,
+                     ws + (size_t)fa_thread_id() * per);
+        }
+    }
+    loom_free(kp);
+    loom_free(ws);
+}
+
+/* ---- backward ------------------------------------------------------------------ */
+
+/* One thread's workspace, carved in this order. The backward's products
+ * are arranged so that no operand made per tile is transposed: dV and dK
+ * are accumulated transposed, dV^T += dO^T P and dK^T += Q^T dS, with
+ * dO^T and Q^T packed once per head and P, dS as pairs of rows. */
+struct bwd_ws {
+    float *S, *dS;      /* (BQ,BK) */
+    float *dKt, *dVt;   /* (hs,BK) */
+    float *dQ;          /* (T,hsp) */
+    float *D;           /* (T) */
+    uint16_t *Qa, *dOa; /* a operands (T,hs2) */
+    uint16_t *QT, *dOT; /* a operands (hs,T2), transposed */
+    uint16_t *Kb, *Vtb; /* b of S and dP: (hs2/2, BK, 2) */
+    uint16_t *Kr;       /* b of dQ: (BK/2, hsp, 2) */
+    uint32_t *Pi, *dSi; /* b of dV^T and dK^T: (BQ/2, BK) pairs of rows */
+    uint16_t *dSa;      /* a of dQ: (BQ, BK) */
+};
+
+/* Carves w from base (NULL w: only counts); returns the bytes. */
+static size_t bwd_carve(struct bwd_ws *w, char *base, int hs, int T)
+{
+    const size_t hsp = (size_t)fa_up16(hs), hs2 = (size_t)up2(hs), T2 = (size_t)up2(T);
+    size_t off = 0;
+#define TAKE(field, n, type)                                                                                 \
+    do {                                                                                                     \
+        if (w) w->field = (type *)(base + off);                                                              \
+        off += (((n) * sizeof(type)) + 63) & ~(size_t)63;                                                    \
+    } while (0)
+    TAKE(S, (size_t)FA_BQ * FA_BK, float);
+    TAKE(dS, (size_t)FA_BQ * FA_BK, float);
+    TAKE(dKt, (size_t)hs * FA_BK, float);
+    TAKE(dVt, (size_t)hs * FA_BK, float);
+    TAKE(dQ, (size_t)T * hsp, float);
+    TAKE(D, (size_t)T, float);
+    TAKE(Qa, (size_t)T * hs2, uint16_t);
+    TAKE(dOa, (size_t)T * hs2, uint16_t);
+    TAKE(QT, (size_t)hs * T2, uint16_t);
+    TAKE(dOT, (size_t)hs * T2, uint16_t);
+    TAKE(Kb, hs2 * FA_BK, uint16_t);
+    TAKE(Vtb, hs2 * FA_BK, uint16_t);
+    TAKE(Kr, (size_t)FA_BK * hsp, uint16_t);
+    TAKE(Pi, (size_t)FA_BQ / 2 * FA_BK, uint32_t);
+    TAKE(dSi, (size_t)FA_BQ / 2 * FA_BK, uint32_t);
+    TAKE(dSa, (size_t)FA_BQ * FA_BK, uint16_t);
+#undef TAKE
+    return off;
+}
+
+/* rows r0, r0 + 1 of x (pitch BK; r0 + 1 absent: zeros) as pairs, n16 columns */
+static void pair_rows(uint32_t *dst, const float *x, int r0, int m, int n16)
+{
+    const float *x0 = x + (size_t)r0 * FA_BK, *x1 = x0 + FA_BK;
+    if (r0 + 1 < m) {
+#pragma omp simd
+        for (int c = 0; c < n16; c++) dst[c] = (uint32_t)bf(x0[c]) | (uint32_t)bf(x1[c]) << 16;
+    } else {
+#pragma omp simd
+        for (int c = 0; c < n16; c++) dst[c] = bf(x0[c]);
+    }
+}
+
+static gemm_fn bwd_gemm; /* set by the caller before the heads run */
+
+static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, const float *dout,
+                     const float *out, const float *lse, const float *q, const float *k, const float *v,
+                     const struct loom_flash_attn *a, float scale, int b, int h, void *wsv)
+{
+    const int T = a->T, hs = a->hs, hsp = fa_up16(hs), hs2 = up2(hs), T2 = up2(T), g = h / (a->NH / a->G);
+    const size_t ldo = (size_t)a->NH * hs;
+    const gemm_fn gemm = bwd_gemm;
+    struct bwd_ws w;
+    bwd_carve(&w, wsv, hs, T);
+    const float *qb = q + (size_t)b * T * a->ld_q + (size_t)h * hs;
+    const float *kb = k + (size_t)b * T * a->ld_k + (size_t)g * hs;
+    const float *vb = v + (size_t)b * T * a->ld_v + (size_t)g * hs;
+    const float *dob = dout + (size_t)b * T * ldo + (size_t)h * hs;
+    const float *ob = out + (size_t)b * T * ldo + (size_t)h * hs;
+    const float *lseb = lse + ((size_t)b * a->NH + h) * T;
+    for (int t = 0; t < T; t++) {
+        const float *o = ob + (size_t)t * ldo, *d_o = dob + (size_t)t * ldo;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int d = 0; d < hs; d++) s += o[d] * d_o[d];
+        w.D[t] = s;
+    }
+    memset(w.dQ, 0, (size_t)T * hsp * sizeof(float));
+    pack_a(w.Qa, hs2, qb, a->ld_q, 1, T, hs);
+    pack_a(w.dOa, hs2, dob, (ptrdiff_t)ldo, 1, T, hs);
+    pack_a(w.QT, T2, qb, 1, a->ld_q, hs, T);
+    pack_a(w.dOT, T2, dob, 1, (ptrdiff_t)ldo, hs, T);
+    for (int j0 = 0; j0 < T; j0 += FA_BK) {
+        const int j1 = fa_min(j0 + FA_BK, T), n = j1 - j0, n16 = fa_up16(n), n2 = up2(n);
+        const int tmax = fa_last_query(a, b, j1 - 1);
+        const float *kj = kb + (size_t)j0 * a->ld_k, *vj = vb + (size_t)j0 * a->ld_v;
+        pack_b(w.Kb, FA_BK, kj, 1, a->ld_k, hs, n);
+        pack_b(w.Vtb, FA_BK, vj, 1, a->ld_v, hs, n);
+        pack_b(w.Kr, hsp, kj, a->ld_k, 1, n, hs);
+        memset(w.dKt, 0, (size_t)hs * FA_BK * sizeof(float));
+        memset(w.dVt, 0, (size_t)hs * FA_BK * sizeof(float));
+        for (int i0 = j0; i0 <= tmax; i0 += FA_BQ) {
+            const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0, m2 = up2(m);
+            const int full = j1 - 1 <= i0 && fa_key_lo(a, b, i1 - 1) <= j0;
+            gemm(m, n16, hs2 / 2, w.Qa + (size_t)i0 * hs2, hs2, w.Kb, 2 * FA_BK, w.S, FA_BK, 0);
+            gemm(m, n16, hs2 / 2, w.dOa + (size_t)i0 * hs2, hs2, w.Vtb, 2 * FA_BK, w.dS, FA_BK, 0);
+            for (int r = 0; r < m; r++) {
+                const int t = i0 + r;
+                float *s = w.S + (size_t)r * FA_BK, *ds = w.dS + (size_t)r * FA_BK;
+                uint16_t *dsa = w.dSa + (size_t)r * FA_BK;
+                const int ca = full ? 0 : fa_max(fa_key_lo(a, b, t) - j0, 0);
+                const int ce = full ? n : fa_min(t - j0 + 1, n);
+                const float lt = lseb[t], Dt = w.D[t];
+#pragma omp simd
+                for (int c = 0; c < n16; c++) {
+                    const float e = vexpf(s[c] * scale - lt);
+                    const float p = c >= ca && c < ce ? e : 0.0f;
+                    const float x = scale * p * (ds[c] - Dt);
+                    s[c] = p;
+                    ds[c] = x;
+                    dsa[c] = bf(x);
+                }
+            }
+            for (int r = 0; r < m; r += 2) {
+                pair_rows(w.Pi + (size_t)r / 2 * FA_BK, w.S, r, m, n16);
+                pair_rows(w.dSi + (size_t)r / 2 * FA_BK, w.dS, r, m, n16);
+            }
+            /* dV^T += dO^T P, dK^T += Q^T dS (columns i0.. of the transposed; i0 is even) */
+            gemm(hs, n16, m2 / 2, w.dOT + i0, T2, (const uint16_t *)w.Pi, 2 * FA_BK, w.dVt, FA_BK, 1);
+            gemm(hs, n16, m2 / 2, w.QT + i0, T2, (const uint16_t *)w.dSi, 2 * FA_BK, w.dKt, FA_BK, 1);
+            gemm(m, hsp, n2 / 2, w.dSa, FA_BK, w.Kr, 2 * hsp, w.dQ + (size_t)i0 * hsp, hsp,
+                 1); /* dQ += dS K */
+        }
+        for (int d = 0; d < hs; d++) {
+            const float *kt = w.dKt + (size_t)d * FA_BK, *vt = w.dVt + (size_t)d * FA_BK;
+            for (int j = 0; j < n; j++) {
+                dk[(size_t)(j0 + j) * ldk + d] = kt[j];
+                dv[(size_t)(j0 + j) * ldv + d] = vt[j];
+            }
+        }
+    }
+    float *dqb = dq + (size_t)b * T * a->ld_q + (size_t)h * hs;
+    for (int t = 0; t < T; t++)
+        memcpy(dqb + (size_t)t * a->ld_q, w.dQ + (size_t)t * hsp, (size_t)hs * sizeof(float));
+}
+
+void loom_flash_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                        const float *lse, const float *q, const float *k, const float *v,
+                                        const struct loom_flash_attn *a)
+{
+    bwd_gemm = gemm_for_units();
+    loom_flash_attn_backward_heads(bwd_head, bwd_carve(NULL, NULL, a->hs, a->T), dq, dk, dv, dout, out, lse,
+                                   q, k, v, a);
+}
