@@ -8,7 +8,12 @@
  *     sizes 8 to 80 (not only multiples of 16), grouped-query attention
  *     (NH 8 with G 2 and G 1), windows, packed documents with boundaries
  *     off the tile edges, documents and a window together, q, k, v as
- *     separate tensors and as one packed qkv (B,T,3C);
+ *     separate tensors and as one packed qkv (B,T,3C); block-sparse layouts
+ *     of blocks 16 (four a tile), 32 and 128 (two tiles a block), per head
+ *     and shared, on a slice of the heads (h0 > 0), with documents and
+ *     windows on top;
+ *   - the reference with a layout against block-sparse attention's own
+ *     reference (which keeps (T,T));
  *   - multi-head causal attention against the dense kernels
  *     (attention_forward/backward of the same table, which store (T,T)) up
  *     to T = 2100;
@@ -30,6 +35,7 @@
 #include "check.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
+#include "kernels/sparse_layout.h"
 
 #define F32_TOL 1e-5
 /* bf16 operands carry 8 bits: each product's inputs are rounded by up to
@@ -83,6 +89,9 @@ struct fcase {
     int B, T, NH, G, hs, window;
     int docs;   /* documents per row (their boundaries drawn at random), 0: one */
     int packed; /* q, k, v in one (B,T,(NH+2G) hs) tensor */
+    /* a block-sparse layout for NHall heads, these the heads [h0, h0 + NH); NULL: none */
+    const struct loom_sparse_config *sparse;
+    int NHall, h0;
 };
 
 /* The inputs of a case: q, k, v pointers into one buffer, dout, doc_start. */
@@ -92,6 +101,7 @@ struct finputs {
     const float *q, *k, *v;
     float *dout;
     int32_t *doc;
+    struct loom_sparse_layout layout;
     size_t nx, nout, nlse;
 };
 
@@ -126,11 +136,18 @@ static void inputs_make(struct finputs *in, const struct fcase *c)
         }
         a->doc_start = in->doc;
     }
+    if (c->sparse) {
+        const int rc = loom_sparse_layout_build(c->sparse, c->NHall, T, &in->layout);
+        if (rc) fprintf(stderr, "  layout: %s\n", loom_error_message());
+        CHECK(rc == LOOM_OK);
+        a->layout = &in->layout, a->h0 = c->h0;
+    }
 }
 
 static void inputs_free(struct finputs *in)
 {
     free(in->x), free(in->dout), free(in->doc);
+    if (in->a.layout) loom_sparse_layout_free(&in->layout);
 }
 
 /* dq, dk, dv of the case into one buffer laid out as x */
@@ -144,8 +161,9 @@ static void backward_into(const struct loom_kernels *t, float *dx, const struct 
 
 static void describe(char *s, size_t n, const char *table, const struct fcase *c)
 {
-    snprintf(s, n, "%s B=%d T=%d NH=%d G=%d hs=%d W=%d docs=%d %s", table, c->B, c->T, c->NH, c->G, c->hs,
-             c->window, c->docs, c->packed ? "packed" : "separate");
+    snprintf(s, n, "%s B=%d T=%d NH=%d G=%d hs=%d W=%d docs=%d %s%s%s h0=%d", table, c->B, c->T, c->NH, c->G,
+             c->hs, c->window, c->docs, c->packed ? "packed" : "separate", c->sparse ? " layout " : "",
+             c->sparse ? loom_sparse_mode_name(c->sparse->mode) : "", c->h0);
 }
 
 /* The tables under test, against the reference computed once per case. */
@@ -185,13 +203,72 @@ static void test_case(const struct fcase *c)
 static void test_cases(void)
 {
     static const struct fcase cases[] = {
-        {1, 1, 1, 1, 16, 0, 0, 0},    {2, 7, 3, 3, 12, 0, 0, 1},     {1, 64, 2, 2, 32, 0, 0, 0},
-        {2, 65, 2, 1, 16, 0, 0, 1},   {1, 130, 8, 2, 8, 0, 0, 0},    {1, 200, 8, 1, 16, 0, 0, 1},
-        {3, 150, 2, 2, 64, 37, 0, 1}, {1, 300, 2, 1, 24, 100, 0, 0}, {2, 250, 4, 2, 16, 0, 5, 0},
-        {1, 333, 2, 2, 16, 70, 4, 1}, {2, 97, 8, 2, 80, 0, 3, 1},    {1, 700, 2, 1, 16, 0, 6, 0},
-        {1, 129, 2, 2, 64, 1, 0, 0},  {1, 96, 2, 2, 16, 500, 2, 1},
+        {1, 1, 1, 1, 16, 0, 0, 0, NULL, 0, 0},    {2, 7, 3, 3, 12, 0, 0, 1, NULL, 0, 0},
+        {1, 64, 2, 2, 32, 0, 0, 0, NULL, 0, 0},   {2, 65, 2, 1, 16, 0, 0, 1, NULL, 0, 0},
+        {1, 130, 8, 2, 8, 0, 0, 0, NULL, 0, 0},   {1, 200, 8, 1, 16, 0, 0, 1, NULL, 0, 0},
+        {3, 150, 2, 2, 64, 37, 0, 1, NULL, 0, 0}, {1, 300, 2, 1, 24, 100, 0, 0, NULL, 0, 0},
+        {2, 250, 4, 2, 16, 0, 5, 0, NULL, 0, 0},  {1, 333, 2, 2, 16, 70, 4, 1, NULL, 0, 0},
+        {2, 97, 8, 2, 80, 0, 3, 1, NULL, 0, 0},   {1, 700, 2, 1, 16, 0, 6, 0, NULL, 0, 0},
+        {1, 129, 2, 2, 64, 1, 0, 0, NULL, 0, 0},  {1, 96, 2, 2, 16, 500, 2, 1, NULL, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(&cases[i]);
+}
+
+/* ---- block-sparse layouts ------------------------------------------------------ */
+
+static void test_layouts(void)
+{
+    struct loom_sparse_config fixed, bigbird, window, per_head, dense;
+    loom_sparse_config_default(&fixed, LOOM_SPARSE_FIXED); /* block 16: four blocks a tile */
+    loom_sparse_config_default(&bigbird, LOOM_SPARSE_BIGBIRD);
+    bigbird.block = 32;
+    loom_sparse_config_default(&window, LOOM_SPARSE_WINDOW);
+    window.block = 128, window.window = 150; /* a block holds two tiles */
+    loom_sparse_config_default(&per_head, LOOM_SPARSE_VARIABLE);
+    per_head.block = 16, per_head.num_random_blocks = 2, per_head.different_layout_per_head = 1;
+    loom_sparse_config_default(&dense, LOOM_SPARSE_DENSE);
+    const struct fcase cases[] = {
+        {2, 192, 2, 2, 16, 0, 0, 1, &fixed, 2, 0},    {1, 320, 4, 2, 16, 0, 0, 0, &bigbird, 4, 0},
+        {1, 384, 2, 1, 32, 0, 3, 1, &window, 2, 0},   {1, 256, 2, 2, 16, 40, 0, 0, &per_head, 4, 2},
+        {2, 160, 2, 2, 16, 0, 0, 0, &per_head, 2, 0}, {1, 128, 2, 2, 8, 0, 2, 1, &dense, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(&cases[i]);
+}
+
+/* The reference with a layout against block-sparse attention's own
+ * (loom_sparse_attention_*_ref, dense att) on the packed qkv. */
+static void test_layout_ref_vs_sparse_ref(void)
+{
+    struct loom_sparse_config cfg;
+    loom_sparse_config_default(&cfg, LOOM_SPARSE_BIGBIRD);
+    const int B = 2, T = 96, NH = 2, hs = 8, C = NH * hs, h0 = 1;
+    struct loom_sparse_layout l;
+    CHECK(loom_sparse_layout_build(&cfg, 3, T, &l) == LOOM_OK);
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    float *qkv = new_rand(nqkv, 2.0f), *dout = new_rand(nout, 1.0f);
+    float *out_s = new_const(nout, NAN), *att = new_const(natt, NAN), *datt = new_const(natt, NAN);
+    float *dqkv_s = new_const(nqkv, NAN);
+    loom_sparse_attention_forward_ref(out_s, att, qkv, B, T, C, NH, h0, &l);
+    loom_sparse_attention_backward_ref(dqkv_s, datt, dout, att, qkv, B, T, C, NH, h0, &l);
+    const struct loom_flash_attn a = {.B = B,
+                                      .T = T,
+                                      .NH = NH,
+                                      .G = NH,
+                                      .hs = hs,
+                                      .ld_q = 3 * C,
+                                      .ld_k = 3 * C,
+                                      .ld_v = 3 * C,
+                                      .layout = &l,
+                                      .h0 = h0};
+    float *out = new_const(nout, NAN), *lse = new_const((size_t)B * NH * T, NAN),
+          *dqkv = new_const(nqkv, NAN);
+    loom_flash_attention_forward_ref(out, lse, qkv, qkv + C, qkv + 2 * C, &a);
+    loom_flash_attention_backward_ref(dqkv, dqkv + C, dqkv + 2 * C, dout, out, lse, qkv, qkv + C, qkv + 2 * C,
+                                      &a);
+    check_scaled("ref out with a layout vs the sparse ref", out, out_s, nout, F32_TOL);
+    check_scaled("ref dqkv with a layout vs the sparse ref", dqkv, dqkv_s, nqkv, F32_TOL);
+    free(qkv), free(dout), free(out_s), free(att), free(datt), free(dqkv_s), free(out), free(lse), free(dqkv);
+    loom_sparse_layout_free(&l);
 }
 
 /* ---- against the dense kernels ---------------------------------------------------- */
@@ -240,7 +317,7 @@ static double fd_obj(struct fd_ctx *c)
 
 static void test_fd(void)
 {
-    const struct fcase c = {2, 9, 4, 2, 4, 4, 3, 1};
+    const struct fcase c = {2, 9, 4, 2, 4, 4, 3, 1, NULL, 0, 0};
     struct fd_ctx x;
     inputs_make(&x.in, &c);
     x.out = new_const(x.in.nout, 0.0f), x.lse = new_const(x.in.nlse, 0.0f), x.w = x.in.dout;
@@ -303,6 +380,7 @@ static int bf16_table_main(const char *units)
     tables[0] = t, table_names[0] = name, ntables = 1;
     table_tol = BF16_TOL;
     test_cases();
+    test_layouts();
     test_vs_dense(t, name, 1, 300, 2, 64);
     return check_summary("test_flash_attention, bf16 table");
 }
@@ -315,6 +393,8 @@ int main(int argc, char **argv)
         table_names[ntables++] = loom_backend_at(i)->name;
     }
     test_cases();
+    test_layouts();
+    test_layout_ref_vs_sparse_ref();
     for (int i = 0; i < ntables; i++) {
         test_vs_dense(tables[i], table_names[i], 2, 100, 3, 16);
         test_vs_dense(tables[i], table_names[i], 1, 2100, 2, 64);

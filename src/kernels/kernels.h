@@ -234,7 +234,9 @@ void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, co
  * largest of 0, t - window + 1 (window > 0; --attention-window's rule: W
  * keys including itself) and doc_start[b, t] (packed documents: each
  * token's document's first position, non-decreasing along t, or NULL: one
- * document per row). Every tile wholly outside that range is skipped. */
+ * document per row). Every tile wholly outside that range is skipped, and
+ * with a block-sparse layout every tile without a kept block pair. */
+struct loom_sparse_layout;
 struct loom_flash_attn {
     int B, T;
     int NH;                   /* query heads */
@@ -244,6 +246,11 @@ struct loom_flash_attn {
     int window;               /* W > 0: keys (t - W, t]; 0: none */
     const int32_t *doc_start; /* (B,T) each token's document start, or NULL */
     float scale;              /* of q k^T; 0: 1/sqrt(hs) */
+    /* block-sparse layout (kernels/sparse_layout.h, unidirectional, built
+     * for T) or NULL: query head h is the layout's head h0 + h, its kept
+     * (query block, key block) pairs and token window apply on top */
+    const struct loom_sparse_layout *layout;
+    int h0;
 };
 /* out (B,T,NH,hs) (row pitch NH hs) written; lse (B,NH,T) saves each row's
  * log-sum-exp of the scaled scores. */

@@ -24,9 +24,15 @@
  * are never visited, the rest are masked by row. Products are flash_tile.h's
  * register-blocked tile products; exponentials vexp.h's.
  *
- * Deliberately not: dropout, non-causal or arbitrary masks, block-sparse
- * layouts (kernels/sparse_layout.h), or parallelism inside a (b, h) of the
- * backward (more threads than B*NH leave some idle there).
+ * A block-sparse layout (kernels/sparse_layout.h) works on the same tiles:
+ * a tile holding no kept (query block, key block) pair is skipped, one
+ * kept whole runs as without a layout, one kept in part is masked by row
+ * from the layout's blocks (any block size: a tile may hold many blocks or
+ * lie inside one).
+ *
+ * Deliberately not: dropout, non-causal or arbitrary masks, or parallelism
+ * inside a (b, h) of the backward (more threads than B*NH leave some idle
+ * there).
  */
 #include "kernels/cpu/flash_tile.h"
 
@@ -42,6 +48,9 @@ float loom_flash_attn_check(const struct loom_flash_attn *a)
     LOOM_ASSERT(a->B >= 1 && a->T >= 1 && a->hs >= 1 && a->G >= 1 && a->NH >= a->G && a->NH % a->G == 0);
     LOOM_ASSERT(a->ld_q >= a->NH * a->hs && a->ld_k >= a->G * a->hs && a->ld_v >= a->G * a->hs);
     LOOM_ASSERT(a->window >= 0);
+    if (a->layout)
+        LOOM_ASSERT(a->layout->T == a->T && a->layout->unidirectional && a->h0 >= 0 &&
+                    a->h0 + a->NH <= a->layout->NH);
     if (a->doc_start)
         for (int b = 0; b < a->B; b++)
             for (int t = 0; t < a->T; t++) {
@@ -62,43 +71,46 @@ static size_t fwd_ws(int hs)
 }
 
 /* One query tile [i0, i0 + BQ) of head h of sequence b; kt: the key tiles
- * of its key/value head, transposed (hs, BK) each, ktile floats apart. */
-static void fwd_tile(float *out, float *lse, const float *q, const float *kt, size_t ktile, const float *v,
+ * of its key/value head, transposed (hs, BK) each, ktile floats apart; vc:
+ * its values, (T, hsp) contiguous. */
+static void fwd_tile(float *out, float *lse, const float *q, const float *kt, size_t ktile, const float *vc,
                      const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
 {
-    const int T = a->T, hs = a->hs, hsp = fa_up16(hs), g = h / (a->NH / a->G);
+    float keep[FA_BK] __attribute__((aligned(64)));
+    const int T = a->T, hs = a->hs, hsp = fa_up16(hs);
     const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
     float *S = ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp;
     float *l = mx + FA_BQ;
     const float *qi = q + ((size_t)b * T + i0) * a->ld_q + (size_t)h * hs;
-    const float *vb = v + (size_t)b * T * a->ld_v + (size_t)g * hs;
     for (int r = 0; r < m; r++) mx[r] = -INFINITY, l[r] = 0.0f;
     memset(acc, 0, (size_t)m * hsp * sizeof(float));
     const int lo_last = fa_key_lo(a, b, i1 - 1);
     for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < i1; j0 += FA_BK) {
         const int j1 = fa_min(j0 + FA_BK, i1), n = j1 - j0, n16 = fa_up16(n);
-        const int full = j1 - 1 <= i0 && lo_last <= j0;
+        const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
+        if (!kept) continue;
+        const int full = kept == 2 && j1 - 1 <= i0 && lo_last <= j0;
+        if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
         const float *Kt = kt + (size_t)(j0 / FA_BK) * ktile;
         fa_gemm(m, n16, hs, qi, a->ld_q, 1, Kt, FA_BK, S, FA_BK, 0); /* S = Q K^T */
         for (int r = 0; r < m; r++) {
             const int t = i0 + r;
             float *s = S + (size_t)r * FA_BK;
-            const int ca = full ? 0 : fa_max(fa_key_lo(a, b, t) - j0, 0);
-            const int ce = full ? n : fa_min(t - j0 + 1, n);
-            if (ca >= ce) { /* no key of this tile for this row */
+            if (!full && !fa_row_keep(keep, a, b, h, t, j0, n, n16, full,
+                                      kept)) { /* no key of this tile for this row */
                 memset(s, 0, (size_t)n16 * sizeof(float));
                 continue;
             }
             float smax = -INFINITY;
 #pragma omp simd reduction(max : smax)
-            for (int c = ca; c < ce; c++) smax = s[c] > smax ? s[c] : smax;
+            for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
             const float mnew = fmaxf(mx[r], smax * scale);
             const float alpha = expf(mx[r] - mnew); /* 0 at the row's first tile */
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int c = 0; c < n16; c++) {
                 const float e = vexpf(s[c] * scale - mnew);
-                const float p = c >= ca && c < ce ? e : 0.0f;
+                const float p = keep[c] != 0.0f ? e : 0.0f;
                 s[c] = p;
                 sum += p;
             }
@@ -110,7 +122,7 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
                 for (int d = 0; d < hs; d++) o[d] *= alpha;
             }
         }
-        fa_gemm(m, hs, n, S, FA_BK, 1, vb + (size_t)j0 * a->ld_v, a->ld_v, acc, hsp, 1); /* acc += P V */
+        fa_gemm(m, hs, n, S, FA_BK, 1, vc + (size_t)j0 * hsp, hsp, acc, hsp, 1); /* acc += P V */
     }
     const size_t ldo = (size_t)a->NH * hs;
     for (int r = 0; r < m; r++) {
@@ -130,27 +142,35 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
     const int nt = (a->T + FA_BQ - 1) / FA_BQ, nthr = fa_threads(a), R = a->NH / a->G;
     const size_t per = fwd_ws(a->hs), ktile = (size_t)a->hs * FA_BK, khead = (size_t)nt * ktile;
     float *ws = loom_alloc(loom_mul_size((size_t)nthr * per, sizeof(float)), LOOM_MEM_OTHER);
-    /* every key tile transposed once, (B,G,nt,hs,BK): each is read by up to
-     * nt query tiles of R heads */
-    float *kt = loom_alloc(loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead), sizeof(float)),
+    /* every key tile transposed once, (B,G,nt,hs,BK), and the values
+     * gathered (B,G,T,hsp): each is read by up to nt query tiles of R heads,
+     * from contiguous memory (rows of q, k, v are pages apart at long T) */
+    const size_t hsp = (size_t)fa_up16(a->hs), vhead = (size_t)a->T * hsp;
+    float *kt = loom_alloc(loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead + vhead), sizeof(float)),
                            LOOM_MEM_ACTIVATIONS);
+    float *vc = kt + (size_t)a->B * a->G * khead;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
 #pragma omp for collapse(2) schedule(static)
         for (int bg = 0; bg < a->B * a->G; bg++)
             for (int jt = 0; jt < nt; jt++) {
                 const int b = bg / a->G, g = bg % a->G, j0 = jt * FA_BK;
+                const int n = fa_min(FA_BK, a->T - j0);
                 fa_pack_t(kt + (size_t)bg * khead + (size_t)jt * ktile, FA_BK,
-                          k + ((size_t)b * a->T + j0) * a->ld_k + (size_t)g * a->hs, a->ld_k,
-                          fa_min(FA_BK, a->T - j0), a->hs);
+                          k + ((size_t)b * a->T + j0) * a->ld_k + (size_t)g * a->hs, a->ld_k, n, a->hs);
+                for (int j = 0; j < n; j++)
+                    memcpy(vc + (size_t)bg * vhead + (size_t)(j0 + j) * hsp,
+                           v + ((size_t)b * a->T + j0 + j) * a->ld_v + (size_t)g * a->hs,
+                           (size_t)a->hs * sizeof(float));
             }
         const long nbh = (long)a->B * a->NH, ntask = nbh * nt;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < ntask; task++) {
             /* the longest tiles (last along T) first */
             const int it = nt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH, h = bh % a->NH;
-            fwd_tile(out, lse, q, kt + ((size_t)b * a->G + h / R) * khead, ktile, v, a, scale, b, h,
-                     it * FA_BQ, ws + (size_t)fa_thread_id() * per);
+            const size_t bg = (size_t)b * a->G + h / R;
+            fwd_tile(out, lse, q, kt + bg * khead, ktile, vc + bg * vhead, a, scale, b, h, it * FA_BQ,
+                     ws + (size_t)fa_thread_id() * per);
         }
     }
     loom_free(kt);
@@ -160,11 +180,13 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
 /* ---- backward ------------------------------------------------------------------ */
 
 /* floats of one thread's backward workspace: S and dS (BQ,BK), K^T and V^T
- * (hsp,BK), the dK and dV accumulators (BK,hsp), D (T) */
+ * (hsp,BK), the dK and dV accumulators (BK,hsp), D (T), and the head's Q,
+ * dO and dQ gathered (T,hsp): at long T their rows in q, dout, dq are
+ * pages apart, and every key tile walks them all */
 static size_t bwd_ws(int hs, int T)
 {
     const size_t hsp = (size_t)fa_up16(hs);
-    return 2 * (size_t)FA_BQ * FA_BK + 4 * hsp * FA_BK + (size_t)fa_up16(T);
+    return 2 * (size_t)FA_BQ * FA_BK + 4 * hsp * FA_BK + (size_t)fa_up16(T) + 3 * (size_t)T * hsp;
 }
 
 /* Head h of sequence b: dq's rows of the head, and dK, dV of its keys into
@@ -173,11 +195,13 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                      const float *out, const float *lse, const float *q, const float *k, const float *v,
                      const struct loom_flash_attn *a, float scale, int b, int h, void *wsv)
 {
+    float keep[FA_BK] __attribute__((aligned(64)));
     float *ws = wsv;
     const int T = a->T, hs = a->hs, hsp = fa_up16(hs), g = h / (a->NH / a->G);
     const size_t ldo = (size_t)a->NH * hs;
     float *S = ws, *dS = S + FA_BQ * FA_BK, *Kt = dS + FA_BQ * FA_BK, *Vt = Kt + (size_t)hsp * FA_BK;
     float *dKa = Vt + (size_t)hsp * FA_BK, *dVa = dKa + (size_t)FA_BK * hsp, *D = dVa + (size_t)FA_BK * hsp;
+    float *Qc = D + fa_up16(T), *dOc = Qc + (size_t)T * hsp, *dQc = dOc + (size_t)T * hsp;
     const float *qb = q + (size_t)b * T * a->ld_q + (size_t)h * hs;
     const float *kb = k + (size_t)b * T * a->ld_k + (size_t)g * hs;
     const float *vb = v + (size_t)b * T * a->ld_v + (size_t)g * hs;
@@ -191,8 +215,10 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
 #pragma omp simd reduction(+ : s)
         for (int d = 0; d < hs; d++) s += o[d] * d_o[d];
         D[t] = s;
-        memset(dqb + (size_t)t * a->ld_q, 0, (size_t)hs * sizeof(float));
+        memcpy(Qc + (size_t)t * hsp, qb + (size_t)t * a->ld_q, (size_t)hs * sizeof(float));
+        memcpy(dOc + (size_t)t * hsp, d_o, (size_t)hs * sizeof(float));
     }
+    memset(dQc, 0, (size_t)T * hsp * sizeof(float));
     for (int j0 = 0; j0 < T; j0 += FA_BK) {
         const int j1 = fa_min(j0 + FA_BK, T), n = j1 - j0, n16 = fa_up16(n);
         const int tmax = fa_last_query(a, b, j1 - 1);
@@ -202,34 +228,38 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
         memset(dVa, 0, (size_t)n * hsp * sizeof(float));
         for (int i0 = j0; i0 <= tmax; i0 += FA_BQ) {
             const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
-            const int full = j1 - 1 <= i0 && fa_key_lo(a, b, i1 - 1) <= j0;
-            const float *qi = qb + (size_t)i0 * a->ld_q, *doi = dob + (size_t)i0 * ldo;
-            fa_gemm(m, n16, hs, qi, a->ld_q, 1, Kt, FA_BK, S, FA_BK, 0); /* S = Q K^T */
-            fa_gemm(m, n16, hs, doi, ldo, 1, Vt, FA_BK, dS, FA_BK, 0);   /* dP = dO V^T */
+            const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
+            if (!kept) continue;
+            const int full = kept == 2 && j1 - 1 <= i0 && fa_key_lo(a, b, i1 - 1) <= j0;
+            if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
+            const float *qi = Qc + (size_t)i0 * hsp, *doi = dOc + (size_t)i0 * hsp;
+            fa_gemm(m, n16, hs, qi, hsp, 1, Kt, FA_BK, S, FA_BK, 0);   /* S = Q K^T */
+            fa_gemm(m, n16, hs, doi, hsp, 1, Vt, FA_BK, dS, FA_BK, 0); /* dP = dO V^T */
             for (int r = 0; r < m; r++) {
                 const int t = i0 + r;
                 float *s = S + (size_t)r * FA_BK, *ds = dS + (size_t)r * FA_BK;
-                const int ca = full ? 0 : fa_max(fa_key_lo(a, b, t) - j0, 0);
-                const int ce = full ? n : fa_min(t - j0 + 1, n);
+                if (!full) fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept);
                 const float lt = lseb[t], Dt = D[t];
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
                     const float e = vexpf(s[c] * scale - lt);
-                    const float p = c >= ca && c < ce ? e : 0.0f;
+                    const float p = keep[c] != 0.0f ? e : 0.0f;
                     s[c] = p;
                     ds[c] = scale * p * (ds[c] - Dt);
                 }
             }
-            fa_gemm(n, hs, m, S, 1, FA_BK, doi, ldo, dVa, hsp, 1);     /* dV += P^T dO */
-            fa_gemm(n, hs, m, dS, 1, FA_BK, qi, a->ld_q, dKa, hsp, 1); /* dK += dS^T Q */
-            fa_gemm(m, hs, n, dS, FA_BK, 1, kb + (size_t)j0 * a->ld_k, a->ld_k, dqb + (size_t)i0 * a->ld_q,
-                    a->ld_q, 1); /* dQ += dS K */
+            fa_gemm(n, hs, m, S, 1, FA_BK, doi, hsp, dVa, hsp, 1); /* dV += P^T dO */
+            fa_gemm(n, hs, m, dS, 1, FA_BK, qi, hsp, dKa, hsp, 1); /* dK += dS^T Q */
+            fa_gemm(m, hs, n, dS, FA_BK, 1, kb + (size_t)j0 * a->ld_k, a->ld_k, dQc + (size_t)i0 * hsp, hsp,
+                    1); /* dQ += dS K */
         }
         for (int j = 0; j < n; j++) {
             memcpy(dk + (size_t)(j0 + j) * ldk, dKa + (size_t)j * hsp, (size_t)hs * sizeof(float));
             memcpy(dv + (size_t)(j0 + j) * ldv, dVa + (size_t)j * hsp, (size_t)hs * sizeof(float));
         }
     }
+    for (int t = 0; t < T; t++)
+        memcpy(dqb + (size_t)t * a->ld_q, dQc + (size_t)t * hsp, (size_t)hs * sizeof(float));
 }
 
 void loom_flash_attn_backward_heads(fa_head_fn fn, size_t ws_bytes, float *dq, float *dk, float *dv,

@@ -21,8 +21,8 @@
  * once per head, K and V per key tile, and P, dS as they are made, and
  * sums dK and dV transposed so that nothing made per tile is transposed.
  *
- * Deliberately not: AMX tile code (AMX runs the AVX512-BF16 path), bf16
- * inputs or outputs (the tensors stay float32), or block-sparse layouts.
+ * Deliberately not: AMX tile code (AMX runs the AVX512-BF16 path), or bf16
+ * inputs or outputs (the tensors stay float32).
  */
 #include <math.h>
 #include <string.h>
@@ -230,6 +230,7 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
                      const struct loom_flash_attn *a, float scale, int b, int h, int i0, gemm_fn gemm,
                      char *ws)
 {
+    float keep[FA_BK] __attribute__((aligned(64)));
     const int T = a->T, hs = a->hs, hs2 = up2(hs), hsp = fa_up16(hs);
     const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
     float *S = (float *)ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp, *l = mx + FA_BQ;
@@ -240,28 +241,29 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
     const int lo_last = fa_key_lo(a, b, i1 - 1);
     for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < i1; j0 += FA_BK) {
         const int j1 = fa_min(j0 + FA_BK, i1), n = j1 - j0, n16 = fa_up16(n), n2 = up2(n);
-        const int full = j1 - 1 <= i0 && lo_last <= j0;
+        const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
+        if (!kept) continue;
+        const int full = kept == 2 && j1 - 1 <= i0 && lo_last <= j0;
+        if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
         gemm(m, n16, hs2 / 2, Qa, hs2, kp + (size_t)(j0 / FA_BK) * KP_TILE(hs), 2 * FA_BK, S, FA_BK, 0);
         for (int r = 0; r < m; r++) {
             const int t = i0 + r;
             float *s = S + (size_t)r * FA_BK;
             uint16_t *pa = Pa + (size_t)r * FA_BK;
-            const int ca = full ? 0 : fa_max(fa_key_lo(a, b, t) - j0, 0);
-            const int ce = full ? n : fa_min(t - j0 + 1, n);
-            if (ca >= ce) {
+            if (!full && !fa_row_keep(keep, a, b, h, t, j0, n, n16, full, kept)) {
                 memset(pa, 0, (size_t)n16 * sizeof(uint16_t));
                 continue;
             }
             float smax = -INFINITY;
 #pragma omp simd reduction(max : smax)
-            for (int c = ca; c < ce; c++) smax = s[c] > smax ? s[c] : smax;
+            for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
             const float mnew = fmaxf(mx[r], smax * scale);
             const float alpha = expf(mx[r] - mnew);
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int c = 0; c < n16; c++) {
                 const float e = vexpf(s[c] * scale - mnew);
-                const float p = c >= ca && c < ce ? e : 0.0f;
+                const float p = keep[c] != 0.0f ? e : 0.0f;
                 pa[c] = bf(p);
                 sum += p;
             }
@@ -393,6 +395,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                      const float *out, const float *lse, const float *q, const float *k, const float *v,
                      const struct loom_flash_attn *a, float scale, int b, int h, void *wsv)
 {
+    float keep[FA_BK] __attribute__((aligned(64)));
     const int T = a->T, hs = a->hs, hsp = fa_up16(hs), hs2 = up2(hs), T2 = up2(T), g = h / (a->NH / a->G);
     const size_t ldo = (size_t)a->NH * hs;
     const gemm_fn gemm = bwd_gemm;
@@ -427,20 +430,22 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
         memset(w.dVt, 0, (size_t)hs * FA_BK * sizeof(float));
         for (int i0 = j0; i0 <= tmax; i0 += FA_BQ) {
             const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0, m2 = up2(m);
-            const int full = j1 - 1 <= i0 && fa_key_lo(a, b, i1 - 1) <= j0;
+            const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
+            if (!kept) continue;
+            const int full = kept == 2 && j1 - 1 <= i0 && fa_key_lo(a, b, i1 - 1) <= j0;
+            if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
             gemm(m, n16, hs2 / 2, w.Qa + (size_t)i0 * hs2, hs2, w.Kb, 2 * FA_BK, w.S, FA_BK, 0);
             gemm(m, n16, hs2 / 2, w.dOa + (size_t)i0 * hs2, hs2, w.Vtb, 2 * FA_BK, w.dS, FA_BK, 0);
             for (int r = 0; r < m; r++) {
                 const int t = i0 + r;
                 float *s = w.S + (size_t)r * FA_BK, *ds = w.dS + (size_t)r * FA_BK;
                 uint16_t *dsa = w.dSa + (size_t)r * FA_BK;
-                const int ca = full ? 0 : fa_max(fa_key_lo(a, b, t) - j0, 0);
-                const int ce = full ? n : fa_min(t - j0 + 1, n);
+                if (!full) fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept);
                 const float lt = lseb[t], Dt = w.D[t];
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
                     const float e = vexpf(s[c] * scale - lt);
-                    const float p = c >= ca && c < ce ? e : 0.0f;
+                    const float p = keep[c] != 0.0f ? e : 0.0f;
                     const float x = scale * p * (ds[c] - Dt);
                     s[c] = p;
                     ds[c] = x;

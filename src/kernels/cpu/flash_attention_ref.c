@@ -12,8 +12,16 @@
 #include "base/log.h"
 #include "kernels/cpu/flash_tile.h"
 
-/* Row t of head h of sequence b: p (T) the probabilities of keys [lo, t]
- * (double), returns lo; *lse_out the row's log-sum-exp. */
+/* Whether query t of head h (sequence b) sees key j. */
+static int sees(const struct loom_flash_attn *a, int b, int h, int t, int j)
+{
+    if (j > t || j < fa_key_lo(a, b, t)) return 0;
+    return !a->layout || loom_sparse_allowed(a->layout, a->h0 + h, t, j);
+}
+
+/* Row t of head h of sequence b: p (T) the probabilities of the keys it
+ * sees (double), 0 for the others in [lo, t]; returns lo; *lse_out the
+ * row's log-sum-exp. */
 static int row_probs(double *p, double *lse_out, const float *q, const float *k,
                      const struct loom_flash_attn *a, double scale, int b, int h, int t)
 {
@@ -21,6 +29,8 @@ static int row_probs(double *p, double *lse_out, const float *q, const float *k,
     const float *qr = q + ((size_t)b * a->T + t) * a->ld_q + (size_t)h * hs;
     double mx = -INFINITY;
     for (int j = lo; j <= t; j++) {
+        p[j] = -INFINITY;
+        if (!sees(a, b, h, t, j)) continue;
         const float *kr = k + ((size_t)b * a->T + j) * a->ld_k + (size_t)g * hs;
         double s = 0.0;
         for (int d = 0; d < hs; d++) s += (double)qr[d] * kr[d];
@@ -28,7 +38,7 @@ static int row_probs(double *p, double *lse_out, const float *q, const float *k,
         if (p[j] > mx) mx = p[j];
     }
     double sum = 0.0;
-    for (int j = lo; j <= t; j++) sum += exp(p[j] - mx);
+    for (int j = lo; j <= t; j++) sum += exp(p[j] - mx); /* exp(-inf) = 0 for the keys it does not see */
     for (int j = lo; j <= t; j++) p[j] = exp(p[j] - mx) / sum;
     *lse_out = mx + log(sum);
     return lo;

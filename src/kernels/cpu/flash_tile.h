@@ -28,6 +28,7 @@
 #endif
 
 #include "kernels/kernels.h"
+#include "kernels/sparse_layout.h"
 
 #define FA_BQ 64 /* query rows per tile */
 #define FA_BK 64 /* keys per tile; equal to FA_BQ so diagonal tiles line up */
@@ -49,10 +50,12 @@ static inline int fa_up16(int n)
     return (n + 15) & ~15;
 }
 
-/* The first key query t of sequence b may see: [key_lo, t] are its keys. */
+/* The first key query t of sequence b may see: [key_lo, t] are its keys
+ * (before a layout's blocks). */
 static inline int fa_key_lo(const struct loom_flash_attn *a, int b, int t)
 {
     int lo = a->window > 0 ? t - a->window + 1 : 0;
+    if (a->layout && a->layout->window > 0 && t - a->layout->window + 1 > lo) lo = t - a->layout->window + 1;
     if (lo < 0) lo = 0;
     if (a->doc_start) {
         const int d = a->doc_start[(size_t)b * a->T + t];
@@ -74,6 +77,48 @@ static inline int fa_last_query(const struct loom_flash_attn *a, int b, int j)
             hi = mid - 1;
     }
     return lo;
+}
+
+/* How much of tile (queries [i0, i1), keys [j0, j1)) head h's layout
+ * keeps: 0 no block pair, 1 some, 2 all (no layout: all). */
+static inline int fa_tile_kept(const struct loom_flash_attn *a, int h, int i0, int i1, int j0, int j1)
+{
+    const struct loom_sparse_layout *l = a->layout;
+    if (!l) return 2;
+    const uint8_t *m = l->mask + (size_t)(l->heads == 1 ? 0 : a->h0 + h) * l->nb * l->nb;
+    int any = 0, all = 1;
+    for (int rb = i0 / l->block; rb <= (i1 - 1) / l->block; rb++)
+        for (int cb = j0 / l->block; cb <= (j1 - 1) / l->block; cb++) {
+            const int k = m[(size_t)rb * l->nb + cb] != 0;
+            any |= k, all &= k;
+        }
+    return all ? 2 : any;
+}
+
+/* keep (n16): 1 for the keys [j0, j0 + n) of a tile that query t (of head
+ * h, sequence b) sees, else 0; full: the tile is inside every row's range
+ * and kept whole; kept 1: kept in part, so the layout's block pairs decide
+ * too. Returns how many it sees. */
+static inline int fa_row_keep(float *keep, const struct loom_flash_attn *a, int b, int h, int t, int j0,
+                              int n, int n16, int full, int kept)
+{
+    const int ca = full ? 0 : fa_key_lo(a, b, t) - j0, ce = full ? n : t - j0 + 1;
+    int cnt = 0;
+    for (int c = 0; c < n16; c++) {
+        const int k = c >= ca && c < ce && c < n;
+        keep[c] = (float)k;
+        cnt += k;
+    }
+    if (kept == 1 && cnt) {
+        const struct loom_sparse_layout *l = a->layout;
+        const uint8_t *m = l->mask + ((size_t)(l->heads == 1 ? 0 : a->h0 + h) * l->nb + t / l->block) * l->nb;
+        cnt = 0;
+        for (int c = 0; c < n; c++) {
+            if (!m[(j0 + c) / l->block]) keep[c] = 0.0f;
+            cnt += keep[c] != 0.0f;
+        }
+    }
+    return cnt;
 }
 
 typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
