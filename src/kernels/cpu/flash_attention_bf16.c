@@ -262,7 +262,7 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int c = 0; c < n16; c++) {
-                const float e = vexpf(s[c] * scale - mnew);
+                const float e = fa_exp(s[c] * scale - mnew);
                 const float p = keep[c] != 0.0f ? e : 0.0f;
                 pa[c] = bf(p);
                 sum += p;
@@ -444,7 +444,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                 const float lt = lseb[t], Dt = w.D[t];
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
-                    const float e = vexpf(s[c] * scale - lt);
+                    const float e = fa_exp(s[c] * scale - lt);
                     const float p = keep[c] != 0.0f ? e : 0.0f;
                     const float x = scale * p * (ds[c] - Dt);
                     s[c] = p;

@@ -27,6 +27,7 @@
 #include <omp.h>
 #endif
 
+#include "kernels/cpu/vexp.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
 
@@ -119,6 +120,38 @@ static inline int fa_row_keep(float *keep, const struct loom_flash_attn *a, int 
         }
     }
     return cnt;
+}
+
+/* exp(x) for the softmax's x <= 0 (larger x come only from masked
+ * entries, whose value is dropped): vexp.h's range reduction, one degree
+ * less (truncation 1.2e-7 relative on |r| <= ln2/2) and one scaling, x held
+ * to [-87, 88] so that 2^k is one normal power of two. */
+static inline float fa_exp(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    const float shift = 0x1.8p23f;
+    const float kr = VEXP_FMA(x, 0x1.715476p+0f, shift);
+    const float k = kr - shift;
+    union {
+        float f;
+        uint32_t u;
+    } kbits = {kr}, sbits = {shift};
+    const uint32_t ki = kbits.u - sbits.u;
+    float r = VEXP_FMA(k, -0x1.62e400p-1f, x);
+    r = VEXP_FMA(k, -0x1.7f7d1cp-20f, r);
+    float p = 1.0f / 720.0f;
+    p = VEXP_FMA(p, r, 1.0f / 120.0f);
+    p = VEXP_FMA(p, r, 1.0f / 24.0f);
+    p = VEXP_FMA(p, r, 1.0f / 6.0f);
+    p = VEXP_FMA(p, r, 0.5f);
+    p = VEXP_FMA(p, r, 1.0f);
+    p = VEXP_FMA(p, r, 1.0f);
+    union {
+        uint32_t u;
+        float f;
+    } sc = {(ki + 127u) << 23};
+    return p * sc.f;
 }
 
 typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
