@@ -147,7 +147,7 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
      * from contiguous memory (rows of q, k, v are pages apart at long T) */
     const size_t hsp = (size_t)fa_up16(a->hs), vhead = (size_t)a->T * hsp;
     float *kt = loom_alloc(loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead + vhead), sizeof(float)),
-                           LOOM_MEM_ACTIVATIONS);
+                           LOOM_MEM_OTHER);
     float *vc = kt + (size_t)a->B * a->G * khead;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
@@ -273,7 +273,7 @@ void loom_flash_attn_backward_heads(fa_head_fn fn, size_t ws_bytes, float *dq, f
     /* grouped: each head's dK and dV (B,NH,T,hs), summed below */
     float *part =
         R > 1 ? loom_alloc(loom_mul_size(loom_mul_size((size_t)2 * B * NH, (size_t)T * hs), sizeof(float)),
-                           LOOM_MEM_ACTIVATIONS)
+                           LOOM_MEM_OTHER)
               : NULL;
     const size_t head = (size_t)T * hs;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)

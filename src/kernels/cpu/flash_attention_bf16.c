@@ -298,7 +298,7 @@ void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, c
                        ((size_t)FA_BQ * up2(hs) + (size_t)FA_BQ * FA_BK) * sizeof(uint16_t) + 64;
     const size_t kh = (size_t)nt * KP_TILE(hs), vh = (size_t)nt * VP_TILE(hsp), nbg = (size_t)a->B * a->G;
     char *ws = loom_alloc(loom_mul_size((size_t)nthr, per), LOOM_MEM_OTHER);
-    uint16_t *kp = loom_alloc(loom_mul_size(nbg, (kh + vh) * sizeof(uint16_t)), LOOM_MEM_ACTIVATIONS);
+    uint16_t *kp = loom_alloc(loom_mul_size(nbg, (kh + vh) * sizeof(uint16_t)), LOOM_MEM_OTHER);
     uint16_t *vp = kp + nbg * kh;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
