@@ -60,6 +60,21 @@ float loom_flash_attn_check(const struct loom_flash_attn *a)
     return a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)a->hs);
 }
 
+void *loom_flash_attn_scratch(int slot, size_t bytes)
+{
+    static struct {
+        void *p;
+        size_t cap;
+    } s[FA_SCRATCH_COUNT];
+    LOOM_ASSERT(slot >= 0 && slot < FA_SCRATCH_COUNT);
+    if (bytes > s[slot].cap) {
+        loom_free(s[slot].p);
+        s[slot].p = loom_alloc(bytes, LOOM_MEM_OTHER);
+        s[slot].cap = bytes;
+    }
+    return s[slot].p;
+}
+
 /* ---- forward ------------------------------------------------------------------- */
 
 /* floats of one thread's forward workspace: S (BQ,BK), acc (BQ,hsp), m
@@ -141,13 +156,13 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
     const float scale = loom_flash_attn_check(a);
     const int nt = (a->T + FA_BQ - 1) / FA_BQ, nthr = fa_threads(a), R = a->NH / a->G;
     const size_t per = fwd_ws(a->hs), ktile = (size_t)a->hs * FA_BK, khead = (size_t)nt * ktile;
-    float *ws = loom_alloc(loom_mul_size((size_t)nthr * per, sizeof(float)), LOOM_MEM_OTHER);
+    float *ws = loom_flash_attn_scratch(FA_SCRATCH_FWD_WS, loom_mul_size((size_t)nthr * per, sizeof(float)));
     /* every key tile transposed once, (B,G,nt,hs,BK), and the values
      * gathered (B,G,T,hsp): each is read by up to nt query tiles of R heads,
      * from contiguous memory (rows of q, k, v are pages apart at long T) */
     const size_t hsp = (size_t)fa_up16(a->hs), vhead = (size_t)a->T * hsp;
-    float *kt = loom_alloc(loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead + vhead), sizeof(float)),
-                           LOOM_MEM_OTHER);
+    float *kt = loom_flash_attn_scratch(
+        FA_SCRATCH_FWD_PACK, loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead + vhead), sizeof(float)));
     float *vc = kt + (size_t)a->B * a->G * khead;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
@@ -173,8 +188,6 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
                      ws + (size_t)fa_thread_id() * per);
         }
     }
-    loom_free(kt);
-    loom_free(ws);
 }
 
 /* ---- backward ------------------------------------------------------------------ */
@@ -269,12 +282,12 @@ void loom_flash_attn_backward_heads(fa_head_fn fn, size_t ws_bytes, float *dq, f
     const float scale = loom_flash_attn_check(a);
     const int B = a->B, T = a->T, NH = a->NH, G = a->G, hs = a->hs, R = NH / G, nthr = fa_threads(a);
     const size_t per = (ws_bytes + 63) & ~(size_t)63;
-    char *ws = loom_alloc(loom_mul_size((size_t)nthr, per), LOOM_MEM_OTHER);
+    char *ws = loom_flash_attn_scratch(FA_SCRATCH_BWD_WS, loom_mul_size((size_t)nthr, per));
     /* grouped: each head's dK and dV (B,NH,T,hs), summed below */
-    float *part =
-        R > 1 ? loom_alloc(loom_mul_size(loom_mul_size((size_t)2 * B * NH, (size_t)T * hs), sizeof(float)),
-                           LOOM_MEM_OTHER)
-              : NULL;
+    float *part = R > 1 ? loom_flash_attn_scratch(
+                              FA_SCRATCH_BWD_PART,
+                              loom_mul_size(loom_mul_size((size_t)2 * B * NH, (size_t)T * hs), sizeof(float)))
+                        : NULL;
     const size_t head = (size_t)T * hs;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (nthr > 1)
     for (int bh = 0; bh < B * NH; bh++) {
@@ -307,9 +320,7 @@ void loom_flash_attn_backward_heads(fa_head_fn fn, size_t ws_bytes, float *dq, f
                         for (int d = 0; d < hs; d++) dkr[d] += pk[d], dvr[d] += pv[d];
                     }
                 }
-        loom_free(part);
     }
-    loom_free(ws);
 }
 
 void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,

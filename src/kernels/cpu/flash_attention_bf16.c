@@ -297,8 +297,9 @@ void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, c
     const size_t per = ((size_t)FA_BQ * FA_BK + (size_t)FA_BQ * hsp + 2 * FA_BQ) * sizeof(float) +
                        ((size_t)FA_BQ * up2(hs) + (size_t)FA_BQ * FA_BK) * sizeof(uint16_t) + 64;
     const size_t kh = (size_t)nt * KP_TILE(hs), vh = (size_t)nt * VP_TILE(hsp), nbg = (size_t)a->B * a->G;
-    char *ws = loom_alloc(loom_mul_size((size_t)nthr, per), LOOM_MEM_OTHER);
-    uint16_t *kp = loom_alloc(loom_mul_size(nbg, (kh + vh) * sizeof(uint16_t)), LOOM_MEM_OTHER);
+    char *ws = loom_flash_attn_scratch(FA_SCRATCH_FWD_WS, loom_mul_size((size_t)nthr, per));
+    uint16_t *kp =
+        loom_flash_attn_scratch(FA_SCRATCH_FWD_PACK, loom_mul_size(nbg, (kh + vh) * sizeof(uint16_t)));
     uint16_t *vp = kp + nbg * kh;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
@@ -323,8 +324,6 @@ void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, c
                      ws + (size_t)fa_thread_id() * per);
         }
     }
-    loom_free(kp);
-    loom_free(ws);
 }
 
 /* ---- backward ------------------------------------------------------------------ */

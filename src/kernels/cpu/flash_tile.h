@@ -231,6 +231,13 @@ static inline void fa_pack_t(float *dst, int ld, const float *src, ptrdiff_t lds
 /* Checks a's sizes and doc_start's order; returns the scale. */
 float loom_flash_attn_check(const struct loom_flash_attn *a);
 
+/* The kernels' scratch, kept between calls (first-touching fresh pages
+ * each call cost about a tenth of a call): slot's buffer of at least bytes,
+ * contents undefined. Calls run one at a time, as the bf16 products'
+ * conversion buffers assume. Slots: */
+enum { FA_SCRATCH_FWD_WS, FA_SCRATCH_FWD_PACK, FA_SCRATCH_BWD_WS, FA_SCRATCH_BWD_PART, FA_SCRATCH_COUNT };
+void *loom_flash_attn_scratch(int slot, size_t bytes);
+
 /* The threads for a call: all of them, or one below 2^18 multiply-adds
  * (B NH T T hs / 2), where waking the pool costs more. */
 static inline int fa_threads(const struct loom_flash_attn *a)
