@@ -455,33 +455,6 @@ def hf_python():
     return venv_python(HF_VENV, HF_TRANSFORMERS, "transformers")
 
 
-TORCH2_VENV = os.path.join(BUILD, "bench-torch2")  # bench/bf16.py's too: one copy of PyTorch 2.x
-
-
-def torch2_python():
-    """A Python with PyTorch 2.x and numpy (Debian's torch is 1.13, without
-    scaled_dot_product_attention): the virtual environment TORCH2_VENV, made
-    on first use without the system's packages (pip installs torch and numpy
-    from PyPI, some GB, once) and shared with bench/bf16.py. Returns the
-    interpreter's path; a failure to make it ends the test as a FAIL naming
-    the step."""
-    py = os.path.join(TORCH2_VENV, "bin", "python")
-    probe = [py, "-c", "import sys, numpy, torch; sys.exit(not torch.__version__.startswith('2.'))"]
-    if os.access(py, os.X_OK) and run(probe).returncode == 0:
-        return py
-    for cmd in ([sys.executable, "-m", "venv", TORCH2_VENV], [py, "-m", "pip", "install", "-q", "torch>=2,<3", "numpy"],
-                probe):
-        try:
-            p = run(cmd, timeout=1800)
-            rc, why = p.returncode, (p.stderr.strip().splitlines() or [""])[-1]
-        except (OSError, subprocess.TimeoutExpired) as e:
-            rc, why = None, str(e)
-        if rc != 0:
-            raise SystemExit(f"FAIL: cannot make the PyTorch 2.x environment {TORCH2_VENV}: "
-                             f"`{' '.join(cmd)}` exited {rc}: {why}")
-    return py
-
-
 def venv_python(venv, spec, module):
     """A Python in the test-only virtual environment `venv` (made on first
     use, the system's packages visible) that can `import module`, pip
