@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -69,6 +70,51 @@ static inline double rel_l2(const float *got, const float *want, size_t n)
         den += (double)want[i] * want[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Seeded inputs: the state of one splitmix64 stream (a test sets its seed
+ * first), its next value, n floats uniform in [-scale, scale) in multiples
+ * of 2^-12 (x +- h exact for finite differences), n copies of v (both
+ * malloc'ed); and check_scaled: got vs want with the error measured
+ * against the tensor's scale, max |got - want| / max |want| (entries near
+ * zero, results of cancellation, are judged by the absolute error a float
+ * tensor of that scale can have, not by their own size). */
+static inline uint64_t *check_rng(void)
+{
+    static uint64_t state = 0x9e3779b97f4a7c15ull;
+    return &state;
+}
+
+static inline uint64_t check_rng_next(void)
+{
+    uint64_t z = (*check_rng() += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline float *check_rand(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        const double u = (double)(check_rng_next() >> 11) / 9007199254740992.0;
+        x[i] = (float)(nearbyint((2.0 * u - 1.0) * scale * 4096.0) / 4096.0);
+    }
+    return x;
+}
+
+static inline float *check_const(size_t n, float v)
+{
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = v;
+    return x;
+}
+
+static inline int check_scaled(const char *name, const float *got, const float *want, size_t n, double tol)
+{
+    double scale = 0.0;
+    for (size_t i = 0; i < n; i++) scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    return check_close(name, got, want, n, tol, scale > 0 ? scale : 1e-30);
 }
 
 static inline int check_summary(const char *test)

@@ -119,16 +119,6 @@ static float max_abs(const float *x, size_t n)
     return m;
 }
 
-/* got vs want with the error measured against the tensor's scale:
- * max |got - want| / max |want|. Entries near zero (results of
- * cancellation) are judged by the absolute error a float tensor of that
- * scale can have, not by their own size. */
-static int check_scaled(const char *name, const float *got, const float *want, size_t n, double tol)
-{
-    double scale = max_abs(want, n);
-    return check_close(name, got, want, n, tol, scale > 0 ? scale : 1e-30);
-}
-
 /* The tolerance, against the tensor's scale (check_scaled), of a kernel
  * whose outputs are float32 sums of K terms held against the reference's
  * double sums rounded once: 4 u sqrt(K), u = 2^-24, and at least 1e-6. The

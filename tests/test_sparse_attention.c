@@ -36,42 +36,6 @@ static const struct loom_kernels *K;
 
 /* ---- inputs and checks ---------------------------------------------------------- */
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-scale, scale), multiples of 2^-12 (x +- h exact for FD). */
-static float *new_rand(size_t n, float scale)
-{
-    float *x = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) {
-        const double u = (double)(rng_next() >> 11) / 9007199254740992.0;
-        x[i] = (float)(nearbyint((2.0 * u - 1.0) * scale * 4096.0) / 4096.0);
-    }
-    return x;
-}
-
-static float *new_const(size_t n, float v)
-{
-    float *x = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = v;
-    return x;
-}
-
-/* max |got - want| / max |want| against tol. */
-static int check_scaled(const char *name, const float *got, const float *want, size_t n, double tol)
-{
-    double scale = 0.0;
-    for (size_t i = 0; i < n; i++) scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
-    return check_close(name, got, want, n, tol, scale > 0 ? scale : 1e-30);
-}
-
 static void build_ok(const struct loom_sparse_config *cfg, int NH, int T, struct loom_sparse_layout *l)
 {
     const int rc = loom_sparse_layout_build(cfg, NH, T, l);
@@ -324,11 +288,12 @@ static void test_vs_ref(const char *what, const struct loom_sparse_config *cfg, 
     const int C = NH * HS;
     const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, ndense = (size_t)B * NH * T * T;
     const size_t natt = loom_sparse_att_numel(&l, B, NH, h0);
-    float *qkv = new_rand(nqkv, 2.0f), *dout = new_rand(nout, 1.0f);
-    float *out = new_const(nout, NAN), *out_ref = new_const(nout, NAN);
-    float *att = new_const(natt, NAN), *att_ref = new_const(ndense, NAN), *att_x = new_const(ndense, NAN);
-    float *dqkv = new_const(nqkv, NAN), *dqkv_ref = new_const(nqkv, NAN);
-    float *datt = new_const(natt, NAN), *datt_ref = new_const(ndense, NAN);
+    float *qkv = check_rand(nqkv, 2.0f), *dout = check_rand(nout, 1.0f);
+    float *out = check_const(nout, NAN), *out_ref = check_const(nout, NAN);
+    float *att = check_const(natt, NAN), *att_ref = check_const(ndense, NAN),
+          *att_x = check_const(ndense, NAN);
+    float *dqkv = check_const(nqkv, NAN), *dqkv_ref = check_const(nqkv, NAN);
+    float *datt = check_const(natt, NAN), *datt_ref = check_const(ndense, NAN);
     K->sparse_attention_forward(out, att, qkv, B, T, C, NH, h0, &l);
     loom_sparse_attention_forward_ref(out_ref, att_ref, qkv, B, T, C, NH, h0, &l);
     char name[160];
@@ -412,10 +377,10 @@ static void test_head_slice(void)
     struct loom_sparse_layout l;
     const int B = 3, T = 128, NHall = 4, HS = 8, h0 = 1, NH = 2, Call = NHall * HS, C = NH * HS;
     build_ok(&c, NHall, T, &l);
-    float *qkv = new_rand((size_t)B * T * 3 * Call, 2.0f), *dout = new_rand((size_t)B * T * Call, 1.0f);
-    float *out = new_const((size_t)B * T * Call, NAN), *dqkv = new_const((size_t)B * T * 3 * Call, NAN);
-    float *att = new_const(loom_sparse_att_numel(&l, B, NHall, 0), NAN);
-    float *datt = new_const(loom_sparse_att_numel(&l, B, NHall, 0), NAN);
+    float *qkv = check_rand((size_t)B * T * 3 * Call, 2.0f), *dout = check_rand((size_t)B * T * Call, 1.0f);
+    float *out = check_const((size_t)B * T * Call, NAN), *dqkv = check_const((size_t)B * T * 3 * Call, NAN);
+    float *att = check_const(loom_sparse_att_numel(&l, B, NHall, 0), NAN);
+    float *datt = check_const(loom_sparse_att_numel(&l, B, NHall, 0), NAN);
     K->sparse_attention_forward(out, att, qkv, B, T, Call, NHall, 0, &l);
     K->sparse_attention_backward(dqkv, datt, dout, att, qkv, B, T, Call, NHall, 0, &l);
 
@@ -427,9 +392,9 @@ static void test_head_slice(void)
                    C * sizeof(float));
         memcpy(dout_s + n * C, dout + n * Call + h0 * HS, C * sizeof(float));
     }
-    float *out_s = new_const((size_t)B * T * C, NAN), *dqkv_s = new_const((size_t)B * T * 3 * C, NAN);
-    float *att_s = new_const(loom_sparse_att_numel(&l, B, NH, h0), NAN);
-    float *datt_s = new_const(loom_sparse_att_numel(&l, B, NH, h0), NAN);
+    float *out_s = check_const((size_t)B * T * C, NAN), *dqkv_s = check_const((size_t)B * T * 3 * C, NAN);
+    float *att_s = check_const(loom_sparse_att_numel(&l, B, NH, h0), NAN);
+    float *datt_s = check_const(loom_sparse_att_numel(&l, B, NH, h0), NAN);
     K->sparse_attention_forward(out_s, att_s, qkv_s, B, T, C, NH, h0, &l);
     K->sparse_attention_backward(dqkv_s, datt_s, dout_s, att_s, qkv_s, B, T, C, NH, h0, &l);
     int out_same = 1, dqkv_same = 1;
@@ -456,11 +421,11 @@ static void test_dense_bits(const struct loom_sparse_config *cfg, int B, int T, 
     const int C = NH * HS;
     const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
     CHECK(loom_sparse_att_numel(&l, B, NH, 0) == natt);
-    float *qkv = new_rand(nqkv, 2.0f), *dout = new_rand(nout, 1.0f);
+    float *qkv = check_rand(nqkv, 2.0f), *dout = check_rand(nout, 1.0f);
     float *out[2], *att[2], *dqkv[2], *datt[2];
     for (int k = 0; k < 2; k++) {
-        out[k] = new_const(nout, NAN), att[k] = new_const(natt, NAN);
-        dqkv[k] = new_const(nqkv, NAN), datt[k] = new_const(natt, NAN);
+        out[k] = check_const(nout, NAN), att[k] = check_const(natt, NAN);
+        dqkv[k] = check_const(nqkv, NAN), datt[k] = check_const(natt, NAN);
     }
     K->sparse_attention_forward(out[0], att[0], qkv, B, T, C, NH, 0, &l);
     K->sparse_attention_backward(dqkv[0], datt[0], dout, att[0], qkv, B, T, C, NH, 0, &l);
@@ -501,20 +466,21 @@ static void test_fd(const char *what, const struct loom_sparse_config *cfg, int 
     const size_t nqkv = (size_t)B * T * 3 * C, ndense = (size_t)B * NH * T * T;
     const size_t natt = loom_sparse_att_numel(&l, B, NH, h0);
     struct fd_ctx c = {&l,
-                       new_rand(nqkv, 1.0f),
-                       new_const((size_t)B * T * C, 0.0f),
-                       new_const(ndense, 0.0f),
-                       new_rand((size_t)B * T * C, 1.0f),
+                       check_rand(nqkv, 1.0f),
+                       check_const((size_t)B * T * C, 0.0f),
+                       check_const(ndense, 0.0f),
+                       check_rand((size_t)B * T * C, 1.0f),
                        B,
                        T,
                        C,
                        NH,
                        h0};
     fd_obj(&c);
-    float *dqkv_ref = new_const(nqkv, NAN), *datt_ref = new_const(ndense, NAN);
+    float *dqkv_ref = check_const(nqkv, NAN), *datt_ref = check_const(ndense, NAN);
     loom_sparse_attention_backward_ref(dqkv_ref, datt_ref, c.w, c.att, c.qkv, B, T, C, NH, h0, &l);
-    float *out = new_const((size_t)B * T * C, NAN), *att = new_const(natt, NAN), *datt = new_const(natt, NAN);
-    float *dqkv = new_const(nqkv, NAN);
+    float *out = check_const((size_t)B * T * C, NAN), *att = check_const(natt, NAN),
+          *datt = check_const(natt, NAN);
+    float *dqkv = check_const(nqkv, NAN);
     K->sparse_attention_forward(out, att, c.qkv, B, T, C, NH, h0, &l);
     K->sparse_attention_backward(dqkv, datt, c.w, att, c.qkv, B, T, C, NH, h0, &l);
     float *fd = malloc(nqkv * sizeof(float));
@@ -611,6 +577,7 @@ static void test_bad_settings(void)
 
 int main(void)
 {
+    *check_rng() = 0x2545f4914f6cdd1dull;
     test_layout_fixed();
     test_layout_bigbird_bslongformer();
     test_layout_variable_window_dense();
