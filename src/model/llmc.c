@@ -167,7 +167,7 @@ static float *model_tensor(const struct loom_decoder *m, const struct llmc_dims 
         [T_EMB] = nm->embedding, [T_POS] = nm->positions, [T_NORM1] = nm->norm1,
         [T_QKV] = nm->qkv,       [T_O] = nm->o,           [T_NORM2] = nm->norm2,
         [T_UP] = nm->up,         [T_DOWN] = nm->down,     [T_FINAL] = nm->final_norm};
-    char layer[LOOM_TENSOR_NAME_MAX] = "", name[LOOM_TENSOR_NAME_MAX];
+    char layer[LOOM_TENSOR_NAME_MAX] = "", name[2 * LOOM_TENSOR_NAME_MAX + 8]; /* found only when it fits */
     if (kinds[k].per_layer) snprintf(layer, sizeof layer, nm->layer, l);
     snprintf(name, sizeof name, "%s%s.%s", layer, parts[kinds[k].tensor], kinds[k].part);
     int bi;
