@@ -8,10 +8,12 @@
 #define LOOM_TESTS_CHECK_H
 
 #include <math.h>
+#include <spawn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 static int check_failures;
 static int check_count;
@@ -115,6 +117,23 @@ static inline int check_scaled(const char *name, const float *got, const float *
     double scale = 0.0;
     for (size_t i = 0; i < n; i++) scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
     return check_close(name, got, want, n, tol, scale > 0 ? scale : 1e-30);
+}
+
+/* Runs this program again with argv (argv[0] its name), for what a
+ * process chooses once (the bf16 units); checks that it exits 0. */
+extern char **environ;
+static inline void check_run_self(char *const argv[])
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid;
+    int status = 0;
+    const int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+    CHECK(rc == 0);
+    if (rc == 0) {
+        CHECK(waitpid(pid, &status, 0) == pid);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
 }
 
 static inline int check_summary(const char *test)

@@ -24,12 +24,10 @@
  * PyTorch (tests/test_attention_torch.py).
  */
 #include <math.h>
-#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "base/log.h"
 #include "check.h"
@@ -309,23 +307,12 @@ static void test_fd(void)
 
 /* ---- the bf16 tables ------------------------------------------------------------- */
 
-extern char **environ;
-
 static void test_bf16_tables(void)
 {
     static const char *const units[] = {"auto", "avx512"};
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         char *argv[] = {"test_flash_attention", "--bf16-units", (char *)units[i], NULL};
-        fflush(stdout);
-        fflush(stderr);
-        pid_t pid;
-        int status = 0;
-        const int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
-        CHECK(rc == 0);
-        if (rc == 0) {
-            CHECK(waitpid(pid, &status, 0) == pid);
-            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        }
+        check_run_self(argv);
     }
 }
 

@@ -37,12 +37,10 @@
  * The PyTorch comparison is tests/test_kernels_torch.py.
  */
 #include <math.h>
-#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "base/log.h"
 #include "base/sumsq_exact.h"
@@ -481,8 +479,6 @@ static void test_linear_sizes(const struct loom_kernels *t, const char *table)
     test_linear(t, table, 128, 40, 300);
 }
 
-extern char **environ;
-
 /* The bf16 table (kernels_for(BF16)): the units are chosen once per
  * process, so each path runs in a process of its own, this program again
  * with the path named (bf16_table_main): the best the CPU has (AMX or
@@ -493,16 +489,7 @@ static void test_bf16_tables(void)
     static const char *const units[] = {"auto", "avx512"};
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         char *argv[] = {"test_kernels", "--bf16-units", (char *)units[i], NULL};
-        fflush(stdout);
-        fflush(stderr);
-        pid_t pid;
-        int status = 0;
-        const int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
-        CHECK(rc == 0);
-        if (rc == 0) {
-            CHECK(waitpid(pid, &status, 0) == pid);
-            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        }
+        check_run_self(argv);
     }
 }
 

@@ -251,8 +251,9 @@ static float *lm_head_grad(struct loom_decoder *m)
     return m->emb >= 0 ? loom_grad(&m->base.blocks[m->emb], 0) : m->tied_grad;
 }
 
-/* Whether the tied table crosses stages: the embedding's stage sends it to
- * the head's (layers/pp_stages.h). */
+/* Whether the tied table crosses stages: the head's stage keeps a copy
+ * (layers/pp_stages.h), exchanged by the embedding group's strategy
+ * (ops->tied_stages). */
 static int tied_across_stages(const struct loom_decoder *m)
 {
     return m->pipelined && !m->spec.untied && (m->emb >= 0) != (m->head >= 0);
