@@ -364,6 +364,16 @@ with tempfile.TemporaryDirectory() as tmp:
         lines = p.stderr.strip().splitlines()
         check(f"bad usage, {name}: exit 2, one line", p.returncode == 2 and len(lines) == 1
               and lines[0].startswith("loom: error:") and word in lines[0], f"rc {p.returncode}: {p.stderr.strip()}")
+    # llm.c's format holds GPT-2's architecture only: a Llama model is refused, nothing written
+    llama = P("llama-ckpt")
+    p = lib.loom("train", "--model", "llama-tiny", "--train-iters", "1", "--eval-iters", "0", "--save", llama,
+                 timeout=300)
+    check("a llama-tiny checkpoint to convert", p.returncode == 0, p.stderr[-500:])
+    p = loom(llama, P("llama.bin"))
+    lines = p.stderr.strip().splitlines()
+    check("a Llama model to llm.c's format: exit 2, one line naming why", p.returncode == 2 and len(lines) == 1
+          and "cannot hold a Llama model" in lines[0] and not os.path.exists(P("llama.bin")),
+          f"rc {p.returncode}: {p.stderr.strip()}")
     p = loom("--help")
     check("convert --help", p.returncode == 0 and "--to llmc|safetensors|hf" in p.stdout)
     p = loom(P("zero.bin"), P("forced"), "--to", "safetensors")
