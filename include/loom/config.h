@@ -116,6 +116,18 @@ enum loom_attention_direction {
     LOOM_ATTN_DIRECTION_COUNT
 };
 
+/* --attention-backend (Megatron's AttnBackend). flash, fused and auto run
+ * loom's fused kernel (O(T) memory, no probabilities stored); unfused and
+ * local the kernels that store the (T,T) probabilities. */
+enum loom_attention_backend {
+    LOOM_ATTN_BACKEND_AUTO = 0,
+    LOOM_ATTN_BACKEND_FLASH = 1,
+    LOOM_ATTN_BACKEND_FUSED = 2,
+    LOOM_ATTN_BACKEND_UNFUSED = 3,
+    LOOM_ATTN_BACKEND_LOCAL = 4,
+    LOOM_ATTN_BACKEND_COUNT
+};
+
 /* The MLP's activation (Hugging Face's activation_function). */
 enum loom_activation {
     LOOM_ACTIVATION_GELU_NEW = 0, /* GELU, tanh approximation (GPT-2's; gelu_pytorch_tanh is the same) */
@@ -247,6 +259,8 @@ struct loom_config {
     char sparse_local_window_blocks[128], sparse_global_block_indices[128],
         sparse_global_block_end_indices[128];
     int attention_window; /* --attention-window W: tokens; 0 none */
+    enum loom_attention_backend attention_backend;
+    int use_flash_attn; /* Megatron's older flag: the fused kernel (the default) */
     /* data */
     int ndata_paths, nvalid_paths; /* entries of the next two */
     char *data_paths[LOOM_MAX_DATA_PATHS];

@@ -208,6 +208,11 @@ static int resolve_attention(struct loom_config *cfg)
                               "choose one",
                               NAME(attention_window), cfg->attention_window, NAME(sparse_mode),
                               choice(F(sparse_mode), cfg->sparse_mode));
+    if (cfg->use_flash_attn && (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
+                                cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL))
+        return loom_error_set(LOOM_ERR_INPUT, "%s and %s %s: the flash kernel or the unfused one; choose one",
+                              NAME(use_flash_attn), NAME(attention_backend),
+                              choice(F(attention_backend), cfg->attention_backend));
     if (cfg->sparse_mode != LOOM_SPARSE_ATTN_NONE && cfg->sparse_attention == LOOM_ATTN_BIDIRECTIONAL)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s bidirectional: loom's models are causal language models "

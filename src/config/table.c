@@ -35,6 +35,7 @@ CHOICES(layout_modes, 2, "given", "auto");
 CHOICES(sparse_modes, LOOM_SPARSE_ATTN_MODE_COUNT, "none", "dense", "fixed", "bigbird", "bslongformer",
         "variable");
 CHOICES(attention_directions, LOOM_ATTN_DIRECTION_COUNT, "unidirectional", "bidirectional");
+CHOICES(attention_backends, LOOM_ATTN_BACKEND_COUNT, "auto", "flash", "fused", "unfused", "local");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
 CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
@@ -189,6 +190,11 @@ const struct setting loom_settings[] = {
         .conv = J_INT_LIST),
     INT("--attention-window", "attention_window", "attention", attention_window, 0, 1 << 30, "0",
         "sliding-window attention: each token attends to the W tokens up to itself (0: off)"),
+    ENUM("--attention-backend", NULL, "attention", attention_backend, attention_backends, "auto",
+         "attention kernel (Megatron's): auto, flash and fused run the fused kernel (O(T) memory, no "
+         "probabilities stored); unfused and local the (T,T) kernels that store them"),
+    BOOL("--use-flash-attn", NULL, "attention", use_flash_attn, "0",
+         "the fused attention kernel (Megatron's older flag; the default)"),
 
     BOOL("--fp16", "fp16.enabled", "precision", fp16, "0",
          "fp16 mixed precision, dynamic loss scaling (fp32 master weights and optimizer state)"),

@@ -6,10 +6,18 @@
  * micro-batches in flight; the backward walks the range in reverse and
  * announces each block to the strategy stack when its gradients are ready.
  *
+ * Attention is the fused kernel (FlashAttention's algorithm, the table's
+ * flash_attention_*): no (T,T) probabilities exist, each layer keeps only
+ * the log-sum-exp of each (row, head), and the backward recomputes the
+ * probabilities tile by tile from the kept qkv and output. With
+ * --attention-backend unfused (m->unfused) the (T,T) kernels run instead
+ * and keep the probabilities, as below.
+ *
  * Activation recomputation (Megatron's):
- *   selective  no layer keeps its attention probabilities; one shared
- *              buffer receives them in the forward, and the backward of each
- *              layer recomputes them from its kept qkv.
+ *   selective  no layer keeps its attention probabilities (unfused; the
+ *              fused kernel keeps none anyway); one shared buffer receives
+ *              them in the forward, and the backward of each layer
+ *              recomputes them from its kept qkv.
  *   full       a recomputed layer keeps only its input (the previous
  *              layer's output); its forward runs into shared scratch (one
  *              chunk of layers' activations) and runs again, into the same
@@ -26,9 +34,10 @@
  * staging buffers: the backward's scratch, which the forward borrows (only
  * m->dres carries over between layers, so a recomputing forward may too),
  * and a few more (stage_res, seq_att, head_rows). Two things run in pieces
- * then: attention, one sequence at a time, keeping no probabilities (the
- * backward recomputes them from the kept qkv, as selective recomputation
- * does: the same kernel on the same values gives the same bits); and the
+ * then: unfused attention, one sequence at a time, keeping no probabilities
+ * (the backward recomputes them from the kept qkv, as selective
+ * recomputation does: the same kernel on the same values gives the same
+ * bits); and the
  * loss on the logits, which the LM head's product writes and reads in 16
  * bits, LOOM_DECODER_HEAD_ROWS rows at a time through float32. In the
  * backward every activation gradient is rounded too (round_act), in float32
@@ -449,7 +458,10 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     a->ln1_rstd = piece(m, c, Nr, f);
     a->qkv = piece(m, c, N * 3 * Cq, sz);
     a->atty = piece(m, c, N * Cq, sz);
-    a->att = with_att && !lp(m) ? piece(m, c, att_numel(m), f) : NULL;
+    if (m->unfused)
+        a->att = with_att && !lp(m) ? piece(m, c, att_numel(m), f) : NULL;
+    else /* the fused kernel's log-sum-exp rows, kept by every layer (they are small) */
+        a->lse = piece(m, c, (size_t)m->B * m->NHl * m->T, f);
     a->res2 = piece(m, c, Nr * C, sz);
     a->ln2 = piece(m, c, Nr * C, sz);
     a->ln2_mean = ln ? piece(m, c, Nr, f) : NULL;
@@ -462,7 +474,7 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
 
 static void free_layer_buffers(const struct loom_decoder *m, struct loom_decoder_layer_acts *a)
 {
-    void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->res2,
+    void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->lse, a->res2,
                     a->ln2, a->ln2_mean, a->ln2_rstd, a->fc,  a->up,   a->h,   a->res3};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
 }
@@ -475,7 +487,8 @@ static void free_layer_buffers(const struct loom_decoder *m, struct loom_decoder
  * none). */
 static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
 {
-    const int L = m->spec.num_layers, selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE && !lp(m);
+    const int L = m->spec.num_layers,
+              selective = m->recompute == LOOM_RECOMPUTE_SELECTIVE && !lp(m) && m->unfused;
     const int nscratch = m->recompute == LOOM_RECOMPUTE_FULL ? chunk_len(m) : 0;
     const size_t C = (size_t)m->spec.hidden, N = (size_t)m->B * m->T,
                  Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
@@ -529,7 +542,7 @@ static void free_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
             continue;
         }
         /* selective's shared att lives in the logits' buffer */
-        if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) x->att = NULL;
+        if (m->recompute == LOOM_RECOMPUTE_SELECTIVE && m->unfused) x->att = NULL;
         free_layer_buffers(m, x);
     }
     void *bufs[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->losses, a->lse, a->tokens};
@@ -566,7 +579,7 @@ static void alloc_activations(struct loom_decoder *m)
     m->dbufC = act(m, N * CC);
     if (separate || gated) m->dbufC2 = act(m, N * CC);
     m->dqkv = act(m, N * 3 * Cq);
-    m->datt = act(m, lp(m) ? att_numel_of(m, 1) : att_numel(m));
+    if (m->unfused) m->datt = act(m, lp(m) ? att_numel_of(m, 1) : att_numel(m));
     if (separate) {
         m->q = act(m, N * Cq);
         m->kk = act(m, N * (size_t)m->kvC);
@@ -580,7 +593,7 @@ static void alloc_activations(struct loom_decoder *m)
     if (m->exact.pieces) m->norm_grads = act(m, 2 * C);
     if (lp(m)) {
         m->stage_res = act(m, Nr * C);
-        m->seq_att = act(m, att_numel_of(m, 1));
+        if (m->unfused) m->seq_att = act(m, att_numel_of(m, 1));
         if (m->head >= 0) m->head_rows = act(m, (size_t)LOOM_DECODER_HEAD_ROWS * m->Vl);
     }
     m->lc = (struct loom_linear_ctx){.k = m->k,
@@ -615,6 +628,12 @@ void loom_decoder_set_tp_invariant(struct loom_decoder *m, int pieces)
     LOOM_ASSERT(m->slots == NULL && pieces > 0 && pieces % m->tp == 0 && m->spec.heads % pieces == 0 &&
                 m->spec.kv_heads % pieces == 0 && m->spec.ffn % pieces == 0);
     loom_tp_exact_init(&m->exact, dev(m), pieces, m->tp, m->tp_rank);
+}
+
+void loom_decoder_set_unfused_attention(struct loom_decoder *m, int on)
+{
+    LOOM_ASSERT(m->slots == NULL); /* before the activations are sized */
+    m->unfused = on;
 }
 
 void loom_decoder_set_sequence_parallel(struct loom_decoder *m, int on)
@@ -963,9 +982,26 @@ static int partial_grads(struct loom_model *model, const struct loom_partial_gra
 
 /* ---- attention --------------------------------------------------------------- */
 
-/* The attention kernels on the packed (q | k | v) of this rank's query
- * heads: the layout's block-sparse ones, else the dense causal ones of the
- * table. */
+/* The fused kernel's description of this rank's heads in the packed
+ * (q | k | v) of B sequences: key/value heads already repeated to NH (so
+ * G = NH), the layout's block-sparse pairs or window on top. */
+static struct loom_flash_attn flash_of(const struct loom_decoder *m, int B)
+{
+    return (struct loom_flash_attn){.B = B,
+                                    .T = m->T,
+                                    .NH = m->NHl,
+                                    .G = m->NHl,
+                                    .hs = m->hs,
+                                    .ld_q = 3 * m->Cq,
+                                    .ld_k = 3 * m->Cq,
+                                    .ld_v = 3 * m->Cq,
+                                    .layout = m->sparse,
+                                    .h0 = m->tp_rank * m->NHl};
+}
+
+/* The (T,T) kernels (--attention-backend unfused) on the packed
+ * (q | k | v) of this rank's query heads: the layout's block-sparse ones,
+ * else the dense causal ones of the table. */
 static void attn_fwd(struct loom_decoder *m, float *out, float *att, const float *qkv, int B)
 {
     if (m->sparse)
@@ -984,14 +1020,21 @@ static void attn_bwd(struct loom_decoder *m, float *dqkv, float *datt, const flo
         m->k->attention_backward(dqkv, datt, dout, att, qkv, B, m->T, m->Cq, m->NHl);
 }
 
-/* Attention over B sequences from qkv (float32 values) into atty; the
- * probabilities into att, or with 16-bit activations one sequence at a time
- * into seq_att, not kept. */
-static void attention_forward(struct loom_decoder *m, float *atty, float *att, const float *qkv, int B)
+/* Attention over B sequences from qkv (float32 values) into atty. Fused:
+ * the log-sum-exp rows into x->lse. Unfused: the probabilities into x->att,
+ * or with 16-bit activations one sequence at a time into seq_att, not
+ * kept. */
+static void attention_forward(struct loom_decoder *m, float *atty, struct loom_decoder_layer_acts *x,
+                              const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
+    if (!m->unfused) {
+        const struct loom_flash_attn fa = flash_of(m, B);
+        m->k->flash_attention_forward(atty, x->lse, qkv, qkv + Cq, qkv + 2 * Cq, &fa);
+        return;
+    }
     if (!lp(m)) {
-        attn_fwd(m, atty, att, qkv, B);
+        attn_fwd(m, atty, x->att, qkv, B);
         return;
     }
     for (int b = 0; b < B; b++)
@@ -999,14 +1042,23 @@ static void attention_forward(struct loom_decoder *m, float *atty, float *att, c
 }
 
 /* Attention's backward: m->dqkv from m->dbufC (the gradient at its output)
- * and qkv (float32 values). The probabilities are recomputed first where
- * none were kept (selective recomputation; 16-bit activations, one
- * sequence at a time, the output dropped into m->dbufF[0], which holds
- * nothing then). */
+ * and qkv (float32 values). Fused: from the kept output (with 16-bit
+ * activations its float32 values staged in m->dbufF[0], which holds
+ * nothing then) and log-sum-exp rows. Unfused: the probabilities are
+ * recomputed first where none were kept (selective recomputation; 16-bit
+ * activations, one sequence at a time, the output dropped into
+ * m->dbufF[0]). */
 static void attention_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, const float *qkv,
                                int B)
 {
     const int T = m->T, Cq = m->Cq;
+    if (!m->unfused) {
+        const struct loom_flash_attn fa = flash_of(m, B);
+        const float *out = view(m, x->atty, m->dbufF[0], (size_t)B * T * Cq);
+        m->k->flash_attention_backward(m->dqkv, m->dqkv + Cq, m->dqkv + 2 * Cq, m->dbufC, out, x->lse, qkv,
+                                       qkv + Cq, qkv + 2 * Cq, &fa);
+        return;
+    }
     if (!lp(m)) {
         if (m->recompute == LOOM_RECOMPUTE_SELECTIVE) /* the kept atty is not overwritten */
             attn_fwd(m, m->scratchC, x->att, qkv, B);
@@ -1122,7 +1174,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     }
     keep(m, x->qkv, qkv, 3 * NCq);
     float *atty = out_of(m, x->atty, m->dbufF[0]);
-    attention_forward(m, atty, x->att, qkv, B);
+    attention_forward(m, atty, x, qkv, B);
     keep(m, x->atty, atty, NCq);
     const struct loom_linear o = linear(b, t->o_w, t->o_b, Cq, C);
     float *proj = loom_linear_row_forward(&m->lc, &o, atty, kept16(m, x->atty, 0), m->scratchC, N);

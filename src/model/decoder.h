@@ -125,7 +125,8 @@ struct loom_decoder_layer_acts {
     float *ln1_mean, *ln1_rstd; /* (Nr) each; mean LayerNorm's only */
     void *qkv;                  /* (N, 3 Cq) q and k rotated, key/value heads repeated to NH */
     void *atty;                 /* (N, Cq) */
-    float *att;                 /* probabilities, kept (float32 activations only) */
+    float *att;                 /* unfused attention: probabilities, kept (float32 activations only) */
+    float *lse;                 /* fused attention: (B, NH, T) each row's log-sum-exp, float32 */
     void *res2;                 /* (Nr,C) */
     void *ln2;                  /* (Nr,C) */
     float *ln2_mean, *ln2_rstd; /* (Nr) each */
@@ -201,6 +202,7 @@ struct loom_decoder {
     int pipelined;
     float *tied_copy, *tied_grad;
     struct loom_sparse_layout *sparse; /* block-sparse attention, or NULL: dense causal */
+    int unfused; /* attention through the (T,T) kernels that keep the probabilities, not the fused one */
 };
 
 /* LOOM_ERR_INPUT naming the flag when the spec cannot be built for T. */
@@ -223,6 +225,10 @@ void loom_decoder_set_recompute(struct loom_decoder *m, enum loom_recompute gran
 void loom_decoder_set_sequence_parallel(struct loom_decoder *m, int on);
 void loom_decoder_set_tp_invariant(struct loom_decoder *m, int pieces);
 int loom_decoder_set_sparse(struct loom_decoder *m, const struct loom_sparse_config *sc);
+/* Attention through the (T,T) kernels (--attention-backend unfused or
+ * local): they store the probabilities, so memory grows with T^2. The
+ * default is the fused kernel (O(T) memory). */
+void loom_decoder_set_unfused_attention(struct loom_decoder *m, int on);
 void loom_decoder_set_fp8(struct loom_decoder *m, const struct loom_fp8_recipe *r);
 /* The compute dtype's activations and kernels (training in bf16 or fp16). */
 void loom_decoder_set_act_dtype(struct loom_decoder *m, enum loom_dtype dt);

@@ -34,6 +34,8 @@ struct loom_model *loom_decoder_build(const struct loom_config *cfg, const struc
     if (loom_model_sparsity(cfg, &sc, &sparse) == LOOM_OK && sparse)
         LOOM_ASSERT(loom_decoder_set_sparse(m, &sc) ==
                     LOOM_OK); /* the family's check built it once already */
+    loom_decoder_set_unfused_attention(m, cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
+                                              cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL);
     loom_decoder_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method,
                                cfg->recompute_num_layers);
     if (cfg->sequence_parallel) loom_decoder_set_sequence_parallel(m, 1);

@@ -15,7 +15,8 @@ set_act_dtype(model, torch.bfloat16 or torch.float16) emulates loom's
 act_dtype: every activation a loom kernel writes is rounded to that dtype
 (float32 first, as the kernel computed it, then the 16-bit dtype), and so is
 the gradient that reaches it in the backward; see round_act for the points.
-The attention probabilities stay unrounded (inside loom's attention kernel).
+The attention probabilities stay unrounded (inside loom's attention kernel),
+whose backward reads the kept (rounded) output: FusedAttention.
 """
 import math
 from dataclasses import dataclass
@@ -97,6 +98,44 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
+class FusedAttention(torch.autograd.Function):
+    """Causal attention as loom's fused kernel computes it with 16-bit
+    activations: the forward's output is what it is; the backward takes
+    D = rowsum(dO * O) from the output as kept, rounded to `dtype` (the
+    kernel reads the kept activation, as FlashAttention's backward reads its
+    16-bit output), and the probabilities from q and k again. With the
+    unrounded output this is autograd's backward exactly."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, dtype):
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        p = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        o = p @ v
+        ctx.save_for_backward(q, k, v, p, o.float().to(dtype).to(o.dtype))
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, p, o_kept = ctx.saved_tensors
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        dp = do @ v.transpose(-2, -1)
+        d = (do * o_kept).sum(dim=-1, keepdim=True)
+        ds = p * (dp - d) * scale
+        return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ do, None, None
+
+
+def causal_attention(q, k, v, dtype, mask=None):
+    """softmax(q k^T / sqrt(HS), masked) v over (B, NH, T, HS); mask (T, T) or
+    (B, 1, T, T) booleans, True where a query sees a key (None: causal)."""
+    T = q.shape[-2]
+    if mask is None:
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    if dtype is not None:
+        return FusedAttention.apply(q, k, v, mask, dtype)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+
+
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -113,10 +152,8 @@ class Attention(nn.Module):
         q = q.view(B, T, NH, HS).transpose(1, 2)
         k = k.view(B, T, NH, HS).transpose(1, 2)
         v = v.view(B, T, NH, HS).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = round_act((att @ v).transpose(1, 2).reshape(B, T, C), self.act_dtype)
+        y = causal_attention(q, k, v, self.act_dtype)
+        y = round_act(y.transpose(1, 2).reshape(B, T, C), self.act_dtype)
         return round_act(self.c_proj(y), self.act_dtype)
 
 
