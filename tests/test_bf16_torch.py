@@ -10,6 +10,11 @@ The reference, precisely:
   attention output, projections, residual sums, c_fc, GELU, logits) is
   rounded to bf16 where loom rounds it, and so is the gradient flowing back
   through it (tests/pyref/gpt2.py's set_act_dtype);
+- attention: the fused kernel's (gpt2.FusedAttention): its backward reads
+  the kept bf16 output; on every units path but f32 its products take bf16
+  operands, so the probabilities are rounded for P V and P^T dO and dS for
+  dS K and dS^T Q, as FlashAttention rounds them (the f32 path's products
+  are float32: the reference without those roundings);
 - gradients: each parameter's float32 gradient is rounded to bf16 once (one
   micro-batch per step);
 - master weights: float32 copies created from the bf16 parameters (as
@@ -50,7 +55,9 @@ def main():
         data = os.path.join(tmp, "train.bin")
         shard.write(data, tokens)
         clip = 1.0
-        ref = bf16_train.reference(init, tokens, clip)
+        # the fused attention's products: float32 on the f32 units, bf16 operands on every other
+        refs = {None: bf16_train.reference(init, tokens, clip),
+                torch.bfloat16: bf16_train.reference(init, tokens, clip, attention_operands=torch.bfloat16)}
         ref32 = train.reference(init, tokens, train.B, clip)
         # each units path for the bf16 products, forced (a path above what the CPU has runs on the
         # best it has): the same reference holds for all
@@ -61,6 +68,7 @@ def main():
             if err:
                 check(f"LOOM_BF16_UNITS={units}: loom trains", False, err)
                 continue
+            ref = refs[None if units == "f32" else torch.bfloat16]
             worst = 0.0
             for s in range(1, train.ITERS + 1):
                 e = rel(steps[s]["loss"], ref[s - 1][0])

@@ -146,27 +146,29 @@ def training(tmp, py):
     shard.write(data, tokens)
     here = os.path.dirname(os.path.abspath(__file__))
 
-    def reference(fmt, length, algo, margin):
-        out = os.path.join(tmp, f"ref_{fmt}_{length}_{algo}_{margin}.json")
+    def reference(fmt, length, algo, margin, ops):
+        out = os.path.join(tmp, f"ref_{fmt}_{length}_{algo}_{margin}_{ops}.json")
         p = subprocess.run([py, "-m", "pyref.bf16_train", init_path, os.path.join(tmp, "tokens.npy"), fmt,
-                            str(length), algo, str(margin), out], capture_output=True, text=True, cwd=here)
+                            str(length), algo, str(margin), ops, out], capture_output=True, text=True, cwd=here)
         if p.returncode != 0:
             check(f"the PyTorch reference ({fmt}) runs", False, p.stderr[-600:])
             return None
         with open(out) as f:
             return json.load(f)
 
-    plain = reference("none", 1, "most_recent", 0)
+    # the fused attention's products: float32 on the f32 units, bf16 operands on the others
+    plain = {ops: reference("none", 1, "most_recent", 0, ops) for ops in ("bf16", "f32")}
     for fmt, length, algo, margin, units in (("hybrid", 1, "most_recent", 0, "auto"), ("e4m3", 4, "max", 1, "auto"),
                                              ("hybrid", 1, "most_recent", 0, "f32")):
-        ref = reference(fmt, length, algo, margin)
+        ops = "f32" if units == "f32" else "bf16"
+        ref = reference(fmt, length, algo, margin, ops)
         metrics = os.path.join(tmp, f"m_{fmt}_{units}.jsonl")
         flags = ["--bf16", "--fp8-format", fmt, "--fp8-amax-history-len", str(length), "--fp8-amax-compute-algo",
                  algo, "--fp8-margin", str(margin)]
         steps, err = lib.train_steps(train.loom_args(init_path, data, train.B, 1.0, metrics, flags), metrics,
                                      env=dict(os.environ, LOOM_BF16_UNITS=units))
         tag = f"fp8 {fmt} (history {length}, {algo}, margin {margin}; LOOM_BF16_UNITS={units})"
-        if err or ref is None or plain is None:
+        if err or ref is None or plain[ops] is None:
             check(f"{tag}: loom and the references train", False, err)
             continue
         worst, near, apart = 0.0, 0.0, 0.0
@@ -175,9 +177,9 @@ def training(tmp, py):
             worst = max(worst, e)
             if s <= 3:  # before rounding flips accumulate
                 near += e
-                apart += rel(ref[s - 1][0], plain[s - 1][0])
+                apart += rel(ref[s - 1][0], plain[ops][s - 1][0])
             print(f"  {fmt} {units} step {s:2d}: loom {steps[s]['loss']:.7f} torch fp8 {ref[s - 1][0]:.7f} "
-                  f"rel {e:.1e} | torch bf16 {plain[s - 1][0]:.7f}")
+                  f"rel {e:.1e} | torch bf16 {plain[ops][s - 1][0]:.7f}")
         check(f"{tag}: every step's loss within 1e-3 of the PyTorch fp8 reference (worst {worst:.2e})",
               worst <= 1e-3 and len(steps) == train.ITERS)
         check(f"{tag}: the test sees fp8: over steps 1-3 loom is {apart / max(near, 1e-30):.0f}x closer to the "

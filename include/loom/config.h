@@ -266,6 +266,10 @@ struct loom_config {
     char *data_paths[LOOM_MAX_DATA_PATHS];
     char *valid_data_paths[LOOM_MAX_DATA_PATHS];
     enum loom_data_order data_order;
+    /* packed documents (Megatron's): positions and attention restart after
+     * each end-of-document token; its loss masked */
+    int reset_position_ids, reset_attention_mask, eod_mask_loss;
+    int eod_token_id; /* -1: the family's end-of-text token */
     char data_cache[512];
     char tokenizer[512]; /* --tokenizer: "" none */
     /* logging and evaluation */

@@ -208,6 +208,13 @@ static int resolve_attention(struct loom_config *cfg)
                               "choose one",
                               NAME(attention_window), cfg->attention_window, NAME(sparse_mode),
                               choice(F(sparse_mode), cfg->sparse_mode));
+    if (cfg->reset_attention_mask && (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
+                                      cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s needs the fused attention (documents are its variable-length segments); "
+                              "%s %s has none",
+                              NAME(reset_attention_mask), NAME(attention_backend),
+                              choice(F(attention_backend), cfg->attention_backend));
     if (cfg->use_flash_attn && (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
                                 cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL))
         return loom_error_set(LOOM_ERR_INPUT, "%s and %s %s: the flash kernel or the unfused one; choose one",

@@ -293,6 +293,12 @@ static int lp(const struct loom_decoder *m)
     return m->act_dtype != LOOM_DTYPE_F32;
 }
 
+/* Whether packed documents change anything. */
+static int documents(const struct loom_decoder *m)
+{
+    return m->docs.reset_positions || m->docs.reset_mask || m->docs.mask_loss;
+}
+
 /* Activations are held in act_dtype: round what a kernel just wrote. */
 static void round_act(const struct loom_decoder *m, float *buf, size_t n)
 {
@@ -528,7 +534,11 @@ static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
     a->lnf_rstd = act(m, Nr);
     a->losses = act(m, N);
     a->lse = act(m, N);
-    a->tokens = dev(m)->alloc(loom_mul_size(2 * N, sizeof(int32_t)), LOOM_MEM_ACTIVATIONS);
+    a->tokens = dev(m)->alloc(loom_mul_size(4 * N, sizeof(int32_t)), LOOM_MEM_ACTIVATIONS);
+    if (documents(m)) {
+        a->doc_host = loom_alloc(loom_mul_size(N, sizeof(int32_t)), LOOM_MEM_OTHER);
+        a->loss_keep = loom_alloc(N, LOOM_MEM_OTHER);
+    }
 }
 
 static void free_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
@@ -547,6 +557,8 @@ static void free_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
     }
     void *bufs[] = {a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, a->losses, a->lse, a->tokens};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
+    loom_free(a->doc_host);
+    loom_free(a->loss_keep);
     loom_free(a->layers);
     loom_free(a->chunk_input);
     loom_free(a->scratch);
@@ -589,6 +601,8 @@ static void alloc_activations(struct loom_decoder *m)
     m->dbufF[1] = act(m, N * max3(F, Cq, lp(m) ? 3 * Cq : 0));
     if (gated) m->dbufF[2] = act(m, N * F);
     m->scratchC = act(m, N * CC);
+    if (m->docs.reset_positions && m->spec.positions == LOOM_POSITION_LEARNED && m->emb >= 0)
+        m->pos_rows = act(m, N * C);
     if (m->tp > 1 || m->exact.pieces) m->ce_stats = act(m, 3 * N);
     if (m->exact.pieces) m->norm_grads = act(m, 2 * C);
     if (lp(m)) {
@@ -614,7 +628,7 @@ static void free_activations(struct loom_decoder *m)
         m->dres,     m->dbufC,       m->dbufC2,      m->dqkv,         m->datt,       m->q,
         m->kk,       m->v,           m->dbufF[0],    m->dbufF[1],     m->dbufF[2],   m->scratchC,
         m->ce_stats, m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
-        m->seq_att,  m->head_rows,   m->norm_parts};
+        m->seq_att,  m->head_rows,   m->norm_parts,  m->pos_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);
@@ -634,6 +648,13 @@ void loom_decoder_set_unfused_attention(struct loom_decoder *m, int on)
 {
     LOOM_ASSERT(m->slots == NULL); /* before the activations are sized */
     m->unfused = on;
+}
+
+void loom_decoder_set_documents(struct loom_decoder *m, const struct loom_decoder_documents *d)
+{
+    LOOM_ASSERT(m->slots == NULL && d->eod >= 0 && d->eod < m->spec.vocab);
+    LOOM_ASSERT(!d->reset_mask || !m->unfused);
+    m->docs = *d;
 }
 
 void loom_decoder_set_sequence_parallel(struct loom_decoder *m, int on)
@@ -985,9 +1006,10 @@ static int partial_grads(struct loom_model *model, const struct loom_partial_gra
 /* The fused kernel's description of this rank's heads in the packed
  * (q | k | v) of B sequences: key/value heads already repeated to NH (so
  * G = NH), the layout's block-sparse pairs or window on top. */
-static struct loom_flash_attn flash_of(const struct loom_decoder *m, int B)
+static struct loom_flash_attn flash_of(const struct loom_decoder *m, const struct loom_decoder_acts *a, int B)
 {
     return (struct loom_flash_attn){.B = B,
+                                    .doc_start = a->doc_start,
                                     .T = m->T,
                                     .NH = m->NHl,
                                     .G = m->NHl,
@@ -1024,12 +1046,12 @@ static void attn_bwd(struct loom_decoder *m, float *dqkv, float *datt, const flo
  * the log-sum-exp rows into x->lse. Unfused: the probabilities into x->att,
  * or with 16-bit activations one sequence at a time into seq_att, not
  * kept. */
-static void attention_forward(struct loom_decoder *m, float *atty, struct loom_decoder_layer_acts *x,
-                              const float *qkv, int B)
+static void attention_forward(struct loom_decoder *m, const struct loom_decoder_acts *a, float *atty,
+                              struct loom_decoder_layer_acts *x, const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
     if (!m->unfused) {
-        const struct loom_flash_attn fa = flash_of(m, B);
+        const struct loom_flash_attn fa = flash_of(m, a, B);
         m->k->flash_attention_forward(atty, x->lse, qkv, qkv + Cq, qkv + 2 * Cq, &fa);
         return;
     }
@@ -1048,12 +1070,12 @@ static void attention_forward(struct loom_decoder *m, float *atty, struct loom_d
  * recomputed first where none were kept (selective recomputation; 16-bit
  * activations, one sequence at a time, the output dropped into
  * m->dbufF[0]). */
-static void attention_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, const float *qkv,
-                               int B)
+static void attention_backward(struct loom_decoder *m, const struct loom_decoder_acts *a,
+                               struct loom_decoder_layer_acts *x, const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
     if (!m->unfused) {
-        const struct loom_flash_attn fa = flash_of(m, B);
+        const struct loom_flash_attn fa = flash_of(m, a, B);
         const float *out = view(m, x->atty, m->dbufF[0], (size_t)B * T * Cq);
         m->k->flash_attention_backward(m->dqkv, m->dqkv + Cq, m->dqkv + 2 * Cq, m->dbufC, out, x->lse, qkv,
                                        qkv + Cq, qkv + 2 * Cq, &fa);
@@ -1071,6 +1093,27 @@ static void attention_backward(struct loom_decoder *m, struct loom_decoder_layer
         attn_fwd(m, m->dbufF[0] + o, m->seq_att, qkv + q, 1);
         attn_bwd(m, m->dqkv + q, m->datt, m->dbufC + o, m->seq_att, qkv + q, 1);
     }
+}
+
+/* Rotary positions on x (B rows of T, H heads): forward rotates, else
+ * the backward. Positions restarting at documents: each document's span
+ * rotated as a sequence of its own (its first token at position 0). */
+static void rope(struct loom_decoder *m, const struct loom_decoder_acts *a, float *x, int B, int H, int fwd)
+{
+    const int T = m->T, hs = m->hs;
+    const float theta = (float)m->spec.rope_theta;
+    void (*k)(float *, int, int, int, int, float) = fwd ? m->k->rope_forward : m->k->rope_backward;
+    if (!a->positions) {
+        k(x, B, T, H, hs, theta);
+        return;
+    }
+    for (int b = 0; b < B; b++)
+        for (int t0 = 0, t1; t0 < T; t0 = t1) {
+            const int32_t *d = a->doc_host + (size_t)b * T;
+            for (t1 = t0 + 1; t1 < T && d[t1] == d[t0]; t1++) {
+            }
+            k(x + ((size_t)b * T + t0) * H * hs, 1, t1 - t0, H, hs, theta);
+        }
 }
 
 /* Grouped-query packing: the attention kernel takes (q | k | v) of NH
@@ -1164,8 +1207,8 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
         float *const y[3] = {m->q, m->kk, m->v};
         loom_linear_column_forward(&m->lc, &gqkv, y, in, kept16(m, x->ln1, 1), N);
         if (m->spec.positions == LOOM_POSITION_ROPE) {
-            m->k->rope_forward(m->q, B, T, m->NHl, m->hs, (float)m->spec.rope_theta);
-            m->k->rope_forward(m->kk, B, T, m->Gl, m->hs, (float)m->spec.rope_theta);
+            rope(m, a, m->q, B, m->NHl, 1);
+            rope(m, a, m->kk, B, m->Gl, 1);
         }
         round_act(m, m->q, NCq);
         round_act(m, m->kk, NK);
@@ -1174,7 +1217,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     }
     keep(m, x->qkv, qkv, 3 * NCq);
     float *atty = out_of(m, x->atty, m->dbufF[0]);
-    attention_forward(m, atty, x, qkv, B);
+    attention_forward(m, a, atty, x, qkv, B);
     keep(m, x->atty, atty, NCq);
     const struct loom_linear o = linear(b, t->o_w, t->o_b, Cq, C);
     float *proj = loom_linear_row_forward(&m->lc, &o, atty, kept16(m, x->atty, 0), m->scratchC, N);
@@ -1262,7 +1305,7 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
     x16 = kept16(m, x->atty, 0);
     loom_linear_row_backward(&m->lc, &o, m->dbufC, dout, x16 ? NULL : view(m, x->atty, F[0], NCq), x16, N);
     round_act(m, m->dbufC, NCq);
-    attention_backward(m, x, view(m, x->qkv, F[1], 3 * NCq), B);
+    attention_backward(m, a, x, view(m, x->qkv, F[1], 3 * NCq), B);
     const struct loom_linear_group gqkv = qkv_group(m, b);
     if (gqkv.fused) {
         round_act(m, m->dqkv, 3 * NCq);
@@ -1270,8 +1313,8 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
     } else {
         unpack_dqkv(m, m->q, m->kk, m->v, m->dqkv, N);
         if (m->spec.positions == LOOM_POSITION_ROPE) {
-            m->k->rope_backward(m->q, B, T, m->NHl, m->hs, (float)m->spec.rope_theta);
-            m->k->rope_backward(m->kk, B, T, m->Gl, m->hs, (float)m->spec.rope_theta);
+            rope(m, a, m->q, B, m->NHl, 0);
+            rope(m, a, m->kk, B, m->Gl, 0);
         }
         round_act(m, m->q, NCq);
         round_act(m, m->kk, NK);
@@ -1374,7 +1417,13 @@ static void embedding_forward(struct loom_decoder *m, struct loom_decoder_acts *
     /* every row of this rank's vocabulary, summed in place unless sequence
      * parallelism keeps a rank's rows (then gathered from scratchC) */
     float *rows = m->rg.sp ? m->scratchC : enc;
-    m->k->embedding_vp_forward(rows, a->inputs, loom_param(emb, 0), wpe, m->v0, m->Vl, B, T, C);
+    if (wpe && a->positions) { /* positions restarting at documents: their rows gathered, then added */
+        m->k->embedding_vp_forward(rows, a->inputs, loom_param(emb, 0), NULL, m->v0, m->Vl, B, T, C);
+        m->k->embedding_vp_forward(m->pos_rows, a->positions, wpe, NULL, 0, m->spec.max_pos, B, T, C);
+        m->k->residual_forward(rows, rows, m->pos_rows, (size_t)N * C);
+    } else {
+        m->k->embedding_vp_forward(rows, a->inputs, loom_param(emb, 0), wpe, m->v0, m->Vl, B, T, C);
+    }
     rows = loom_tp_region_output(&m->rg, rows, N);
     if (rows != enc) dev(m)->copy(enc, rows, NrC * sizeof(float));
     if (m->spec.embed_scale != 0) {
@@ -1431,8 +1480,46 @@ static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, st
     float *losses = m->host_losses;
     dev(m)->download(losses, a->losses, (size_t)N * sizeof(float));
     double sum = 0;
-    for (int i = 0; i < N; i++) sum += losses[i];
-    mb->loss = (float)(sum / N);
+    if (!m->docs.mask_loss) {
+        for (int i = 0; i < N; i++) sum += losses[i];
+        mb->loss = (float)(sum / N);
+        return;
+    }
+    for (int i = 0; i < N; i++)
+        if (a->loss_keep[i]) sum += losses[i];
+    mb->loss = a->nkeep ? (float)(sum / a->nkeep) : 0.0f;
+}
+
+/* The slot's packed documents from its B rows of input tokens (host):
+ * each token's document start (1 + the last end-of-document token before
+ * it in its row, else 0), which losses count, and on the device the
+ * positions (restarting at each document) and the starts the attention
+ * reads. */
+static void documents_of(struct loom_decoder *m, struct loom_decoder_acts *a, const int32_t *inputs, int B)
+{
+    const int T = m->T, N = B * T;
+    int32_t *pos = (int32_t *)m->host_losses; /* (N) host scratch, free until the loss */
+    a->nkeep = 0;
+    for (int b = 0; b < B; b++) {
+        int32_t start = 0;
+        for (int t = 0; t < T; t++) {
+            const int i = b * T + t, eod = inputs[i] == m->docs.eod;
+            a->doc_host[i] = start;
+            a->loss_keep[i] = !(m->docs.mask_loss && eod);
+            a->nkeep += a->loss_keep[i];
+            pos[i] = m->docs.reset_positions ? t - start : t;
+            if (eod) start = t + 1;
+        }
+    }
+    int32_t *dev_pos = a->tokens + 2 * (size_t)m->B * T, *dev_doc = a->tokens + 3 * (size_t)m->B * T;
+    if (m->docs.reset_positions) {
+        dev(m)->upload(dev_pos, pos, (size_t)N * sizeof(int32_t));
+        a->positions = dev_pos;
+    }
+    if (m->docs.reset_mask) {
+        dev(m)->upload(dev_doc, a->doc_host, (size_t)N * sizeof(int32_t));
+        a->doc_start = dev_doc;
+    }
 }
 
 /* Blocks [first, last] on the slot's micro-batch. A range starting after the
@@ -1461,6 +1548,11 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     }
     a->rows = B;
     a->emb_open = 0;
+    a->positions = a->doc_start = NULL;
+    if (documents(m)) {
+        LOOM_ASSERT(batch && batch->inputs); /* every stage reads them */
+        documents_of(m, a, batch->inputs, B);
+    }
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
     if (first == m->emb) {
@@ -1487,6 +1579,17 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     head_forward(m, a, mb, first, B);
 }
 
+/* The loss's gradient on the logits of rows [r0, r0 + n) (lg, in place),
+ * each row's weighted by w. */
+static void crossentropy_backward_rows(struct loom_decoder *m, struct loom_decoder_acts *a, float *lg, int r0,
+                                       int n, float w)
+{
+    if (m->tp == 1 && !m->exact.pieces)
+        m->k->crossentropy_backward(lg, a->lse + r0, lg, a->targets + r0, w, n, m->Vl);
+    else
+        m->k->crossentropy_vp_backward(lg, a->lse + r0, lg, a->targets + r0, m->v0, w, n, m->Vl);
+}
+
 /* The head's backward: loss -> logits (in place) -> LM head -> final norm,
  * into m->dres. */
 static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, float loss_weight)
@@ -1501,11 +1604,20 @@ static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, f
     for (int r0 = 0; r0 < N; r0 += R) {
         const int n = N - r0 < R ? N - r0 : R;
         float *lg = logits_rows(m, a, r0, n);
-        if (m->tp == 1 && !m->exact.pieces)
-            m->k->crossentropy_backward(lg, a->lse + r0, lg, a->targets + r0, loss_weight / (float)N, n, Vl);
-        else
-            m->k->crossentropy_vp_backward(lg, a->lse + r0, lg, a->targets + r0, m->v0,
-                                           loss_weight / (float)N, n, Vl);
+        if (!m->docs.mask_loss) {
+            crossentropy_backward_rows(m, a, lg, r0, n, loss_weight / (float)N);
+        } else { /* runs of rows that count; the others' gradient is 0 */
+            const float w = a->nkeep ? loss_weight / (float)a->nkeep : 0.0f;
+            for (int i = 0, j; i < n; i = j) {
+                const int counts = a->loss_keep[r0 + i];
+                for (j = i; j < n && a->loss_keep[r0 + j] == counts; j++) {
+                }
+                if (counts)
+                    crossentropy_backward_rows(m, a, lg + (size_t)i * Vl, r0 + i, j - i, w);
+                else
+                    dev(m)->memset(lg + (size_t)i * Vl, 0, (size_t)(j - i) * Vl * sizeof(float));
+            }
+        }
         keep(m, at(m, a->logits, (size_t)r0 * Vl), lg, (size_t)n * Vl); /* the logits' gradient, in place */
     }
     const int tied_here = !m->spec.untied && m->emb >= 0;
@@ -1553,10 +1665,15 @@ static void embedding_backward(struct loom_decoder *m, struct loom_decoder_acts 
         const size_t NrC = (size_t)loom_tp_rows_held(&m->rg, N) * C;
         m->k->scale(m->dres, NrC, scale);
     }
-    float *dwpe = m->spec.positions == LOOM_POSITION_LEARNED ? loom_grad(emb, 1) : NULL;
-    m->k->embedding_vp_backward(m->defer_wte_scatter ? NULL : loom_grad(emb, 0), dwpe,
-                                loom_tp_region_output_grad(&m->rg, m->dres, N), a->inputs, m->v0, m->Vl, B, T,
-                                C);
+    float *dwpe = m->spec.positions == LOOM_POSITION_LEARNED ? loom_grad(emb, 1) : NULL,
+          *dwte = m->defer_wte_scatter ? NULL : loom_grad(emb, 0);
+    const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
+    if (dwpe && a->positions) { /* the positions' rows as a table looked up by position */
+        if (dwte) m->k->embedding_vp_backward(dwte, NULL, dout, a->inputs, m->v0, m->Vl, B, T, C);
+        m->k->embedding_vp_backward(dwpe, NULL, dout, a->positions, 0, m->spec.max_pos, B, T, C);
+    } else {
+        m->k->embedding_vp_backward(dwte, dwpe, dout, a->inputs, m->v0, m->Vl, B, T, C);
+    }
     loom_model_grads_ready(model, m->emb);
     a->emb_open = 0;
 }

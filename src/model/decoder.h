@@ -136,6 +136,18 @@ struct loom_decoder_layer_acts {
     void *res3;                 /* (Nr,C) the layer's output */
 };
 
+/* Packed documents, Megatron's get_ltor_masks_and_position_ids: a
+ * document ends at each end-of-document token eod (the token is its last);
+ * reset_positions: positions restart at 0 after it (--reset-position-ids);
+ * reset_mask: a token attends only within its document
+ * (--reset-attention-mask); mask_loss: the loss where the input token is
+ * eod does not count (--eod-mask-loss), and the mean is over the tokens
+ * that count. */
+struct loom_decoder_documents {
+    int eod;
+    int reset_positions, reset_mask, mask_loss;
+};
+
 /* A micro-batch slot's activations. */
 struct loom_decoder_acts {
     struct loom_decoder_layer_acts *layers;  /* (L); a recomputed layer's lead into the scratch */
@@ -146,7 +158,14 @@ struct loom_decoder_acts {
     size_t logits_bytes; /* its buffer */
     float *losses, *lse; /* (N) */
     const int32_t *inputs, *targets; /* the micro-batch's tokens on the device: in tokens */
-    int32_t *tokens;                 /* (2N) the inputs, then the targets, uploaded at the forward */
+    int32_t *tokens;                 /* (4N) the inputs, the targets, the positions and each token's document
+                                      * start, uploaded at the forward (the last two with documents only) */
+    const int32_t *positions, *doc_start; /* in tokens, or NULL: t, one document per row */
+    /* packed documents, on the host: each token's document start, whether
+     * its loss counts, and how many do */
+    int32_t *doc_host;
+    uint8_t *loss_keep;
+    int nkeep;
     int rows;
     int emb_open;        /* the head's backward announced the embedding's gradients */
     float **chunk_input; /* (L) the input of a pipeline model chunk that starts at layer l > 0, else NULL */
@@ -203,6 +222,8 @@ struct loom_decoder {
     float *tied_copy, *tied_grad;
     struct loom_sparse_layout *sparse; /* block-sparse attention, or NULL: dense causal */
     int unfused; /* attention through the (T,T) kernels that keep the probabilities, not the fused one */
+    struct loom_decoder_documents docs;
+    float *pos_rows; /* (N,C) the learned positions' rows, when they restart at documents */
 };
 
 /* LOOM_ERR_INPUT naming the flag when the spec cannot be built for T. */
@@ -229,6 +250,8 @@ int loom_decoder_set_sparse(struct loom_decoder *m, const struct loom_sparse_con
  * local): they store the probabilities, so memory grows with T^2. The
  * default is the fused kernel (O(T) memory). */
 void loom_decoder_set_unfused_attention(struct loom_decoder *m, int on);
+/* Packed documents (the fused attention only). */
+void loom_decoder_set_documents(struct loom_decoder *m, const struct loom_decoder_documents *d);
 void loom_decoder_set_fp8(struct loom_decoder *m, const struct loom_fp8_recipe *r);
 /* The compute dtype's activations and kernels (training in bf16 or fp16). */
 void loom_decoder_set_act_dtype(struct loom_decoder *m, enum loom_dtype dt);

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "model/decoder_family.h"
 #include "model/family.h"
+#include "model/hf_decoder.h"
 #include "model/sparsity.h"
 
 struct loom_config loom_decoder_def_resolve(const struct loom_decoder_def *d, const struct loom_config *cfg)
@@ -184,18 +185,26 @@ static int check_layout(const struct loom_decoder_def *d, const struct loom_conf
 
 /* The attention sequences of T take: a sliding window that covers them is
  * dense (a model read for its weights, at T = 1, builds no layout). */
-static struct loom_config attention_of(const struct loom_config *cfg, int T)
+static struct loom_config attention_of(const struct loom_decoder_def *d, const struct loom_config *cfg,
+                                       const struct loom_decoder_spec *s, int T)
 {
     struct loom_config c = *cfg;
     if (c.attention_window >= T) c.attention_window = 0;
+    /* the end-of-document token: the family's end of text (the vocabulary's last id for GPT-2) */
+    if (c.eod_token_id < 0)
+        c.eod_token_id = d->hf && !d->hf->end_of_text_last ? d->hf->eos_token_id : s->vocab - 1;
     return c;
 }
 
 int loom_decoder_def_check(const struct loom_decoder_def *d, const struct loom_config *cfg, int T)
 {
     const struct loom_decoder_spec s = loom_decoder_def_spec(d, cfg);
-    const struct loom_config c = attention_of(cfg, T);
+    const struct loom_config c = attention_of(d, cfg, &s, T);
     int rc = check_architecture(d, cfg);
+    if (rc == LOOM_OK && (c.reset_position_ids || c.reset_attention_mask || c.eod_mask_loss) &&
+        c.eod_token_id >= s.vocab)
+        rc = loom_error_set(LOOM_ERR_INPUT, "--eod-token-id %d is outside the vocabulary (%d tokens)",
+                            c.eod_token_id, s.vocab);
     if (rc == LOOM_OK) rc = check_spec(&s, T);
     if (rc == LOOM_OK) rc = check_layout(d, cfg, &s);
     if (rc == LOOM_OK) rc = loom_model_sparsity_check(&c, s.heads, T);
@@ -212,7 +221,7 @@ struct loom_model *loom_decoder_def_create(const struct loom_decoder_def *d, con
                                            int B, int T, int training, int tp_rank, int pp_rank)
 {
     const struct loom_decoder_spec s = loom_decoder_def_spec(d, cfg);
-    const struct loom_config c = attention_of(cfg, T);
+    const struct loom_config c = attention_of(d, cfg, &s, T);
     return loom_decoder_build(&c, &s, B, T, training, tp_rank, pp_rank);
 }
 

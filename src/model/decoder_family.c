@@ -36,6 +36,13 @@ struct loom_model *loom_decoder_build(const struct loom_config *cfg, const struc
                     LOOM_OK); /* the family's check built it once already */
     loom_decoder_set_unfused_attention(m, cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
                                               cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL);
+    if (cfg->reset_position_ids || cfg->reset_attention_mask || cfg->eod_mask_loss) {
+        const struct loom_decoder_documents d = {.eod = cfg->eod_token_id,
+                                                 .reset_positions = cfg->reset_position_ids,
+                                                 .reset_mask = cfg->reset_attention_mask,
+                                                 .mask_loss = cfg->eod_mask_loss};
+        loom_decoder_set_documents(m, &d);
+    }
     loom_decoder_set_recompute(m, cfg->recompute_granularity, cfg->recompute_method,
                                cfg->recompute_num_layers);
     if (cfg->sequence_parallel) loom_decoder_set_sequence_parallel(m, 1);

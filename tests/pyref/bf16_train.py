@@ -6,8 +6,9 @@ AdamW (decay on tensors of two or more dimensions) from the bf16-rounded
 gradients with clip_grad_norm_, the parameters rounded from them after each
 step. test_bf16_torch imports it (Debian's torch); test_fp8_torch runs it
 as `python -m pyref.bf16_train INIT.safetensors TOKENS.npy FORMAT LEN ALGO
-MARGIN OUT.json` under PyTorch 2.x (float8 types), which writes [[loss, lr,
-grad_norm], ...] per step (FORMAT none: no fp8)."""
+MARGIN OPS OUT.json` under PyTorch 2.x (float8 types), which writes [[loss,
+lr, grad_norm], ...] per step (FORMAT none: no fp8; OPS bf16 or f32: the
+fused attention's operands)."""
 import json
 import sys
 
@@ -21,10 +22,13 @@ def bf16(t):
     return t.to(torch.bfloat16).to(torch.float32)
 
 
-def reference(init, tokens, clip, recipe=None):
+def reference(init, tokens, clip, recipe=None, attention_operands=None):
     """Per step (loss, lr, grad_norm); recipe (format, history length, algo,
-    margin) turns fp8 on (PyTorch 2.x)."""
+    margin) turns fp8 on (PyTorch 2.x); attention_operands torch.bfloat16:
+    the fused attention's products on bf16 operands (gpt2.FusedAttention),
+    as loom's bf16 table runs them on bf16 units."""
     model = gpt2.set_act_dtype(gpt2.load_numpy(gpt2.GPT2(train.config()), init), torch.bfloat16)
+    gpt2.set_attention_operands(model, attention_operands)
     metas = []
     if recipe and recipe[0] != "none":
         from . import fp8
@@ -59,11 +63,12 @@ def reference(init, tokens, clip, recipe=None):
 
 
 def main(argv):
-    init_path, tokens_path, fmt, length, algo, margin, out_path = argv
+    init_path, tokens_path, fmt, length, algo, margin, ops, out_path = argv
     torch.set_num_threads(2)
     init = st.load(init_path)
     tokens = np.load(tokens_path)
-    out = reference(init, tokens, 1.0, (fmt, int(length), algo, int(margin)))
+    out = reference(init, tokens, 1.0, (fmt, int(length), algo, int(margin)),
+                    torch.bfloat16 if ops == "bf16" else None)
     with open(out_path, "w") as f:
         json.dump(out, f)
 

@@ -60,6 +60,15 @@ def set_act_dtype(model, dtype):
     return model
 
 
+def set_attention_operands(model, dtype):
+    """The fused attention's products on `dtype` operands (torch.bfloat16:
+    loom's bf16 table on bf16 units), or None: float32 ones."""
+    for mod in model.modules():
+        if hasattr(mod, "operand_dtype"):
+            mod.operand_dtype = dtype
+    return model
+
+
 @dataclass
 class Config:
     num_layers: int
@@ -98,20 +107,35 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
+def _rounded(x, dtype):
+    return x if dtype is None else x.float().to(dtype).to(x.dtype)
+
+
 class FusedAttention(torch.autograd.Function):
     """Causal attention as loom's fused kernel computes it with 16-bit
-    activations: the forward's output is what it is; the backward takes
-    D = rowsum(dO * O) from the output as kept, rounded to `dtype` (the
-    kernel reads the kept activation, as FlashAttention's backward reads its
-    16-bit output), and the probabilities from q and k again. With the
-    unrounded output this is autograd's backward exactly."""
+    activations: the backward takes D = rowsum(dO * O) from the output as
+    kept, rounded to `dtype` (the kernel reads the kept activation, as
+    FlashAttention's backward reads its 16-bit output), and the
+    probabilities from q and k again. With the unrounded output this is
+    autograd's backward exactly.
+
+    pdtype bf16: the kernel's products on bf16 operands (the bf16 table on
+    bf16 units): the forward's unnormalised probabilities exp(s - max) are
+    rounded for P V (their sum is not), the backward's P for P^T dO and dS
+    for dS K and dS^T Q (q, k, v and dO are bf16 values already). Exact
+    for T <= 64, one key tile; beyond, the tile's running maximum decides
+    what is rounded."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, dtype):
+    def forward(ctx, q, k, v, mask, dtype, pdtype):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        p = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        o = p @ v
-        ctx.save_for_backward(q, k, v, p, o.float().to(dtype).to(o.dtype))
+        att = att.masked_fill(~mask, float("-inf"))
+        e = (att - att.amax(dim=-1, keepdim=True)).exp()
+        l = e.sum(dim=-1, keepdim=True)
+        p = e / l
+        o = (_rounded(e, pdtype) @ v) / l
+        ctx.pdtype = pdtype
+        ctx.save_for_backward(q, k, v, p, _rounded(o, dtype))
         return o
 
     @staticmethod
@@ -120,18 +144,20 @@ class FusedAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(q.shape[-1])
         dp = do @ v.transpose(-2, -1)
         d = (do * o_kept).sum(dim=-1, keepdim=True)
-        ds = p * (dp - d) * scale
-        return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ do, None, None
+        ds = _rounded(p * (dp - d) * scale, ctx.pdtype)
+        pr = _rounded(p, ctx.pdtype)
+        return ds @ k, ds.transpose(-2, -1) @ q, pr.transpose(-2, -1) @ do, None, None, None
 
 
-def causal_attention(q, k, v, dtype, mask=None):
+def causal_attention(q, k, v, dtype, mask=None, pdtype=None):
     """softmax(q k^T / sqrt(HS), masked) v over (B, NH, T, HS); mask (T, T) or
-    (B, 1, T, T) booleans, True where a query sees a key (None: causal)."""
+    (B, 1, T, T) booleans, True where a query sees a key (None: causal).
+    dtype: the activations' 16-bit dtype (FusedAttention), or None."""
     T = q.shape[-2]
     if mask is None:
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     if dtype is not None:
-        return FusedAttention.apply(q, k, v, mask, dtype)
+        return FusedAttention.apply(q, k, v, mask, dtype, pdtype)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
     return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
 
@@ -143,8 +169,9 @@ class Attention(nn.Module):
         self.c_attn = Conv1D(cfg.hidden, 3 * cfg.hidden)
         self.c_proj = Conv1D(cfg.hidden, cfg.hidden)
         self.act_dtype = None
+        self.operand_dtype = None  # set_attention_operands
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
         B, T, C = x.shape
         NH = self.heads
         HS = C // NH
@@ -152,7 +179,7 @@ class Attention(nn.Module):
         q = q.view(B, T, NH, HS).transpose(1, 2)
         k = k.view(B, T, NH, HS).transpose(1, 2)
         v = v.view(B, T, NH, HS).transpose(1, 2)
-        y = causal_attention(q, k, v, self.act_dtype)
+        y = causal_attention(q, k, v, self.act_dtype, mask, self.operand_dtype)
         y = round_act(y.transpose(1, 2).reshape(B, T, C), self.act_dtype)
         return round_act(self.c_proj(y), self.act_dtype)
 
@@ -180,9 +207,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.act_dtype = None
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
         a = self.act_dtype
-        x = round_act(x + self.attn(round_act(self.ln_1(x), a)), a)
+        x = round_act(x + self.attn(round_act(self.ln_1(x), a), mask), a)
         return round_act(x + self.mlp(round_act(self.ln_2(x), a)), a)
 
 
@@ -198,26 +225,59 @@ class GPT2(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.act_dtype = None
 
-    def forward(self, idx, targets=None, keep=None):
+    def forward(self, idx, targets=None, keep=None, docs=None):
         """idx (B,T) int64. Returns (logits (B,T,V), mean loss or None).
         keep: optional dict that receives each layer's output (for locating
-        the first diverging layer)."""
+        the first diverging layer). docs: optional (position_ids (B,T),
+        attention_mask (B,1,T,T) booleans, loss_mask (B,T)) of packed
+        documents (ltor_masks_and_position_ids); the loss is then the mean
+        over the tokens the loss mask keeps."""
         B, T = idx.shape
-        pos = torch.arange(T, device=idx.device)
-        x = round_act(self.wte(idx) + self.wpe(pos)[None], self.act_dtype)
+        pos = torch.arange(T, device=idx.device)[None] if docs is None else docs[0]
+        mask = None if docs is None else docs[1]
+        x = round_act(self.wte(idx) + self.wpe(pos), self.act_dtype)
         if keep is not None:
             keep["encoded"] = x
         for l, block in enumerate(self.h):
-            x = block(x)
+            x = block(x, mask)
             if keep is not None:
                 keep[f"h.{l}"] = x
         x = round_act(self.ln_f(x), self.act_dtype)
         head = self.lm_head.weight if self.cfg.untied else self.wte.weight
         logits = round_act(x @ head.t(), self.act_dtype)
         loss = None
-        if targets is not None:
+        if targets is not None and docs is not None:
+            each = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+            keep_loss = docs[2].reshape(-1).to(each.dtype)
+            loss = (each * keep_loss).sum() / keep_loss.sum()
+        elif targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return logits, loss
+
+
+def ltor_masks_and_position_ids(data, eod, reset_position_ids, reset_attention_mask, eod_mask_loss):
+    """Megatron's get_ltor_masks_and_position_ids, written out: for each end-
+    of-document token at i of a row, later tokens do not attend to [0, i]
+    (reset_attention_mask) and their positions drop by i + 1 - the previous
+    document's start (reset_position_ids); eod_mask_loss zeroes the loss mask
+    where the input token is eod. Returns (position_ids (B,T) int64,
+    attention_mask (B,1,T,T) booleans True where a query sees a key,
+    loss_mask (B,T) float)."""
+    B, T = data.shape
+    allowed = torch.ones(B, 1, T, T, dtype=torch.bool).tril()
+    loss_mask = torch.ones(B, T)
+    if eod_mask_loss:
+        loss_mask[data == eod] = 0.0
+    position_ids = torch.arange(T).repeat(B, 1)
+    for b in range(B):
+        prev = 0
+        for i in (data[b] == eod).nonzero().flatten().tolist():
+            if reset_attention_mask:
+                allowed[b, 0, i + 1:, :i + 1] = False
+            if reset_position_ids:
+                position_ids[b, i + 1:] -= i + 1 - prev
+                prev = i + 1
+    return position_ids, allowed, loss_mask
 
 
 def param_names(cfg):
