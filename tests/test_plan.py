@@ -22,6 +22,11 @@
    cluster files are one-line errors with exit 2.
 5. An allocation that fails while training explains itself (the memory it
    held, the layout's count, the leanest layout) and exits 1.
+6. Long context: GPT-2 124M at B=1 and T = 1024, 4096, 16384, one process,
+   no recomputation: with the fused attention (the default) the activations
+   grow linearly with T (each 4x of T gives 4x within 1%: every activation
+   is (T, width) or smaller); with --attention-backend unfused the stored
+   probabilities make them grow faster (over 8x for 4x of T).
 """
 import json
 import os
@@ -267,6 +272,26 @@ def oom_section():
               "--recompute-granularity" in notes[2], "\n".join(notes))
 
 
+def long_context_section():
+    print("6. long context: GPT-2 124M, B=1, activations against T")
+    for backend in ("auto", "unfused"):
+        act = {}
+        for T in (1024, 4096, 16384):
+            args = ["--model", "gpt2", "--seq-length", str(T), "--max-position-embeddings", str(T),
+                    "--global-batch-size", "1", "--micro-batch-size", "1", "--world", "1", "--cluster", "local",
+                    "--mem-per-rank", "1000", "--attention-backend", backend, "--json"] + \
+                   [x for k, v in DEFAULTS.items() for x in (k, v)]
+            act[T] = json.loads(plan(args).stdout)["layouts"][0]["memory"]["activations"]
+        r1, r2 = act[4096] / act[1024], act[16384] / act[4096]
+        figures = ", ".join(f"T={T} {a / 1e9:.3f} GB" for T, a in act.items())
+        if backend == "auto":
+            lib.check(f"fused attention: activations linear in T ({figures}; ratios {r1:.3f}, {r2:.3f})",
+                      abs(r1 - 4) < 0.04 and abs(r2 - 4) < 0.04)
+        else:
+            lib.check(f"--attention-backend unfused: faster than linear ({figures}; ratios {r1:.2f}, {r2:.2f})",
+                      r1 > 8 and r2 > 8)
+
+
 def main():
     if not lib.built(lib.LOOM):
         return 1
@@ -276,6 +301,7 @@ def main():
         megatron_section()
         outputs_section(tmp)
         oom_section()
+        long_context_section()
     return lib.verdict()
 
 
