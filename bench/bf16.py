@@ -54,7 +54,9 @@ def ensure_torch2():
 
 # ---- the PyTorch side (runs under the venv's python) ----
 
-def torch_worker(B, T, steps):
+def torch_worker(B, T, steps, precision="bf16"):
+    """GPT-2 124M trained `steps` steps at B, T in PyTorch 2.x, bf16 autocast
+    (precision bf16) or float32; prints the tokens/s of each step."""
     import math
 
     import torch
@@ -82,7 +84,7 @@ def torch_worker(B, T, steps):
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
-            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(MAXT, C)
+            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(max(MAXT, T), C)
             self.h = nn.ModuleList(Block() for _ in range(L))
             self.ln_f = nn.LayerNorm(C)
             self.lm_head = nn.Linear(C, V, bias=False)
@@ -112,7 +114,7 @@ def torch_worker(B, T, steps):
         x = torch.randint(0, V, (B, T + 1), generator=g)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss = model(x[:, :-1], x[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -121,9 +123,9 @@ def torch_worker(B, T, steps):
     print(json.dumps({"tokens_per_s": [B * T / t for t in times]}))
 
 
-def run_torch(B, T, steps):
-    p = subprocess.run([PY, os.path.abspath(__file__), "--torch-worker", f"{B},{T},{steps}"], capture_output=True,
-                       text=True)
+def run_torch(B, T, steps, precision="bf16"):
+    p = subprocess.run([PY, os.path.abspath(__file__), "--torch-worker", f"{B},{T},{steps},{precision}"],
+                       capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"bf16: PyTorch run failed:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])["tokens_per_s"][1:]
@@ -155,7 +157,8 @@ def main():
     ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torch_worker:
-        torch_worker(*map(int, a.torch_worker.split(",")))
+        b, t, n, prec = a.torch_worker.split(",")
+        torch_worker(int(b), int(t), int(n), prec)
         return 0
     version = ensure_torch2()
     shapes = [tuple(map(int, a.only.split(",")))] if a.only else [(4, 64), (8, 256)]

@@ -293,6 +293,14 @@ static int lp(const struct loom_decoder *m)
     return m->act_dtype != LOOM_DTYPE_F32;
 }
 
+/* The width of a kept qkv row: q | k | v of this rank's heads; the fused
+ * attention reads grouped key/value heads as they are (Cq + 2 kvC), the
+ * (T,T) kernels take them repeated to every query head (3 Cq). */
+static int qkv_width(const struct loom_decoder *m)
+{
+    return m->unfused ? 3 * m->Cq : m->Cq + 2 * m->kvC;
+}
+
 /* Whether packed documents change anything. */
 static int documents(const struct loom_decoder *m)
 {
@@ -462,7 +470,7 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     a->ln1 = piece(m, c, Nr * C, sz);
     a->ln1_mean = ln ? piece(m, c, Nr, f) : NULL;
     a->ln1_rstd = piece(m, c, Nr, f);
-    a->qkv = piece(m, c, N * 3 * Cq, sz);
+    a->qkv = piece(m, c, N * (size_t)qkv_width(m), sz);
     a->atty = piece(m, c, N * Cq, sz);
     if (m->unfused)
         a->att = with_att && !lp(m) ? piece(m, c, att_numel(m), f) : NULL;
@@ -1012,11 +1020,11 @@ static struct loom_flash_attn flash_of(const struct loom_decoder *m, const struc
                                     .doc_start = a->doc_start,
                                     .T = m->T,
                                     .NH = m->NHl,
-                                    .G = m->NHl,
+                                    .G = m->Gl,
                                     .hs = m->hs,
-                                    .ld_q = 3 * m->Cq,
-                                    .ld_k = 3 * m->Cq,
-                                    .ld_v = 3 * m->Cq,
+                                    .ld_q = qkv_width(m),
+                                    .ld_k = qkv_width(m),
+                                    .ld_v = qkv_width(m),
                                     .layout = m->sparse,
                                     .h0 = m->tp_rank * m->NHl};
 }
@@ -1052,7 +1060,7 @@ static void attention_forward(struct loom_decoder *m, const struct loom_decoder_
     const int T = m->T, Cq = m->Cq;
     if (!m->unfused) {
         const struct loom_flash_attn fa = flash_of(m, a, B);
-        m->k->flash_attention_forward(atty, x->lse, qkv, qkv + Cq, qkv + 2 * Cq, &fa);
+        m->k->flash_attention_forward(atty, x->lse, qkv, qkv + Cq, qkv + Cq + m->kvC, &fa);
         return;
     }
     if (!lp(m)) {
@@ -1077,8 +1085,8 @@ static void attention_backward(struct loom_decoder *m, const struct loom_decoder
     if (!m->unfused) {
         const struct loom_flash_attn fa = flash_of(m, a, B);
         const float *out = view(m, x->atty, m->dbufF[0], (size_t)B * T * Cq);
-        m->k->flash_attention_backward(m->dqkv, m->dqkv + Cq, m->dqkv + 2 * Cq, m->dbufC, out, x->lse, qkv,
-                                       qkv + Cq, qkv + 2 * Cq, &fa);
+        m->k->flash_attention_backward(m->dqkv, m->dqkv + Cq, m->dqkv + Cq + m->kvC, m->dbufC, out, x->lse,
+                                       qkv, qkv + Cq, qkv + Cq + m->kvC, &fa);
         return;
     }
     if (!lp(m)) {
@@ -1116,20 +1124,37 @@ static void rope(struct loom_decoder *m, const struct loom_decoder_acts *a, floa
         }
 }
 
-/* Grouped-query packing: the attention kernel takes (q | k | v) of NH
- * heads each; key/value head g serves query heads [g NH/G, (g+1) NH/G). */
+/* Separate q, k, v into the kept rows (qkv_width): side by side for the
+ * fused attention; for the (T,T) kernels, grouped-query packing: (q | k |
+ * v) of NH heads each, key/value head g serving query heads [g NH/G,
+ * (g+1) NH/G). */
 static void pack_qkv(const struct loom_decoder *m, float *qkv, const float *q, const float *k, const float *v,
                      int N)
 {
-    m->k->gqa_pack(qkv, q, k, v, N, m->NHl, m->kvC / m->hs, m->hs);
+    if (m->unfused) {
+        m->k->gqa_pack(qkv, q, k, v, N, m->NHl, m->kvC / m->hs, m->hs);
+        return;
+    }
+    const size_t w = (size_t)qkv_width(m), Cq = (size_t)m->Cq, kvC = (size_t)m->kvC;
+    m->k->convert_rows(qkv, LOOM_DTYPE_F32, w, q, LOOM_DTYPE_F32, Cq, (size_t)N, Cq);
+    m->k->convert_rows(qkv + Cq, LOOM_DTYPE_F32, w, k, LOOM_DTYPE_F32, kvC, (size_t)N, kvC);
+    m->k->convert_rows(qkv + Cq + kvC, LOOM_DTYPE_F32, w, v, LOOM_DTYPE_F32, kvC, (size_t)N, kvC);
 }
 
-/* The converse for gradients: dq, and dk and dv summed over the query heads
- * a key/value head serves (all written). */
+/* The converse for gradients: dq, dk and dv written (for the (T,T)
+ * kernels, dk and dv the sums over the query heads a key/value head
+ * serves; the fused kernel summed them). */
 static void unpack_dqkv(const struct loom_decoder *m, float *dq, float *dk, float *dv, const float *dqkv,
                         int N)
 {
-    m->k->gqa_unpack(dq, dk, dv, dqkv, N, m->NHl, m->kvC / m->hs, m->hs);
+    if (m->unfused) {
+        m->k->gqa_unpack(dq, dk, dv, dqkv, N, m->NHl, m->kvC / m->hs, m->hs);
+        return;
+    }
+    const size_t w = (size_t)qkv_width(m), Cq = (size_t)m->Cq, kvC = (size_t)m->kvC;
+    m->k->convert_rows(dq, LOOM_DTYPE_F32, Cq, dqkv, LOOM_DTYPE_F32, w, (size_t)N, Cq);
+    m->k->convert_rows(dk, LOOM_DTYPE_F32, kvC, dqkv + Cq, LOOM_DTYPE_F32, w, (size_t)N, kvC);
+    m->k->convert_rows(dv, LOOM_DTYPE_F32, kvC, dqkv + Cq + kvC, LOOM_DTYPE_F32, w, (size_t)N, kvC);
 }
 
 /* ---- products ----------------------------------------------------------------- */
@@ -1215,7 +1240,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
         round_act(m, m->v, NK);
         pack_qkv(m, qkv, m->q, m->kk, m->v, N);
     }
-    keep(m, x->qkv, qkv, 3 * NCq);
+    keep(m, x->qkv, qkv, (size_t)N * qkv_width(m));
     float *atty = out_of(m, x->atty, m->dbufF[0]);
     attention_forward(m, a, atty, x, qkv, B);
     keep(m, x->atty, atty, NCq);
@@ -1305,7 +1330,7 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
     x16 = kept16(m, x->atty, 0);
     loom_linear_row_backward(&m->lc, &o, m->dbufC, dout, x16 ? NULL : view(m, x->atty, F[0], NCq), x16, N);
     round_act(m, m->dbufC, NCq);
-    attention_backward(m, a, x, view(m, x->qkv, F[1], 3 * NCq), B);
+    attention_backward(m, a, x, view(m, x->qkv, F[1], (size_t)N * qkv_width(m)), B);
     const struct loom_linear_group gqkv = qkv_group(m, b);
     if (gqkv.fused) {
         round_act(m, m->dqkv, 3 * NCq);
