@@ -56,8 +56,13 @@ gradients are reduced in float32 and rounded once.
    NVMe) and fp16 (with its loss scaler state) resume bit for bit, and the
    master weights are stored as optimizer.master.<name>. Offloading changes
    no bit of a run.
-7. Activations are kept in 16 bits: GPT-2 124M at B=4, T=256 peaks at no
-   more than 55% of float32's activation bytes under bf16 and fp16.
+7. Activations are kept in 16 bits: in GPT-2 124M at B=4, T=256 the bytes
+   a layer keeps (the 12-layer model's activation peak minus the 6-layer
+   model's, over 6) are at most 51% of float32's under bf16 and fp16: half,
+   plus the statistics that stay float32 (the norms' mean and rstd and the
+   attention's log-sum-exp, a few floats a row against 16 C). The whole
+   model's ratio is printed: it is higher (about 54%) by the float32 staging
+   that one layer's kernels use, whatever the depth.
 """
 import os
 import shutil
@@ -286,16 +291,20 @@ def main():
             check(f"{name}: the checkpoint stores the master weights", any(k.startswith("optimizer.master.") for k in x))
 
         # 7. activations kept in 16 bits: GPT-2 124M at B=4, T=256, peak activation bytes (loom's accounting)
-        gpt2 = ["--model", "gpt2", "--seq-length", "256"]
         act = {}
-        for prec in ("fp32", "bf16", "fp16"):
-            flags = ["--micro-batch-size", "4", "--global-batch-size", "4", "--train-iters", "1"]
-            _, rows = train(tmp, 1, flags + ([] if prec == "fp32" else ["--" + prec]), "act-" + prec, model=gpt2)
-            act[prec] = rows[-1]["mem"]["activations"] if rows else float("nan")
+        for layers in (12, 6):
+            gpt2 = ["--model", "gpt2", "--seq-length", "256", "--num-layers", str(layers)]
+            for prec in ("fp32", "bf16", "fp16"):
+                flags = ["--micro-batch-size", "4", "--global-batch-size", "4", "--train-iters", "1"]
+                _, rows = train(tmp, 1, flags + ([] if prec == "fp32" else ["--" + prec]), f"act-{prec}-{layers}",
+                                model=gpt2)
+                act[prec, layers] = rows[-1]["mem"]["activations"] if rows else float("nan")
+        layer = {p: (act[p, 12] - act[p, 6]) / 6 for p in ("fp32", "bf16", "fp16")}
         for prec in ("bf16", "fp16"):
-            ratio = act[prec] / act["fp32"]
-            check(f"GPT-2 124M, B=4, T=256: {prec} activation bytes {act[prec] / 2**20:.0f} MiB are at most 55% of "
-                  f"float32's {act['fp32'] / 2**20:.0f} MiB ({100 * ratio:.1f}%)", ratio <= 0.55)
+            ratio = layer[prec] / layer["fp32"]
+            check(f"GPT-2 124M, B=4, T=256: a {prec} layer keeps {layer[prec] / 2**20:.2f} MiB, at most 51% of "
+                  f"float32's {layer['fp32'] / 2**20:.2f} MiB ({100 * ratio:.2f}%; the whole model "
+                  f"{100 * act[prec, 12] / act['fp32', 12]:.1f}%)", ratio <= 0.51)
     return lib.verdict()
 
 
