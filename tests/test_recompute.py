@@ -2,7 +2,9 @@
 """Activation recomputation changes memory, never the numbers.
 
 Megatron's settings: --recompute-activations (= --recompute-granularity
-selective: attention probabilities recomputed from qkv) and
+selective: attention probabilities recomputed from qkv; the fused attention,
+the default, keeps none, so there it keeps what no recomputation keeps, and
+--attention-backend unfused is checked for it) and
 --recompute-granularity full with --recompute-method block|uniform and
 --recompute-num-layers N (recomputed layers keep only their input and rerun
 their forward before their backward; uniform's last chunk is shorter when N
@@ -160,8 +162,14 @@ def main():
               f"not reported: {ignored}")
         compare("DeepSpeed number_checkpoints 2", ref, train(tmp, "ds", ["--deepspeed-config", ds]))
         print("activation bytes (peak of the last step): " + ", ".join(f"{k} {v}" for k, v in acts.items()))
-        check("selective keeps less than none, full block N=L less than selective",
-              acts[f"full block N={L}"] < acts["selective"] < acts["none"])
+        check("selective keeps what none keeps (the fused attention keeps no probabilities), full block N=L "
+              "less", acts[f"full block N={L}"] < acts["selective"] == acts["none"])
+        # the (T,T) kernels keep probabilities, which selective drops and recomputes
+        uref = train(tmp, "u-none", ["--attention-backend", "unfused"])
+        usel = train(tmp, "u-selective", ["--attention-backend", "unfused", "--recompute-granularity", "selective"])
+        compare("--attention-backend unfused, selective", uref, usel)
+        check(f"--attention-backend unfused: selective keeps less than none ({usel[2]} < {uref[2]} bytes)",
+              usel[2] < uref[2])
         check("full uniform N=1 keeps as little as full block N=L",
               acts["full uniform N=1"] == acts[f"full block N={L}"])
         # (b) ZeRO-3 on 2 ranks
