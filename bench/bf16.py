@@ -124,7 +124,8 @@ def torch_worker(B, T, steps, precision="bf16"):
 
 
 def run_torch(B, T, steps, precision="bf16"):
-    p = subprocess.run([PY, os.path.abspath(__file__), "--torch-worker", f"{B},{T},{steps},{precision}"],
+    # -P: bench/ stays off the import path (its tokenize.py would hide the standard library's)
+    p = subprocess.run([PY, "-P", os.path.abspath(__file__), "--torch-worker", f"{B},{T},{steps},{precision}"],
                        capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"bf16: PyTorch run failed:\n{p.stderr[-2000:]}")

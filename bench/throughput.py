@@ -76,7 +76,8 @@ def run_torch(B, T, steps, coretype):
     env.pop("OPENBLAS_CORETYPE", None)
     if coretype:
         env["OPENBLAS_CORETYPE"] = coretype
-    p = subprocess.run([PYTHON, os.path.abspath(__file__), "--torch-worker", f"{B},{T},{steps}"],
+    # -P: bench/ stays off the import path (its tokenize.py would hide the standard library's)
+    p = subprocess.run([PYTHON, "-P", os.path.abspath(__file__), "--torch-worker", f"{B},{T},{steps}"],
                        capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"throughput: PyTorch run failed:\n{p.stderr[-2000:]}")
