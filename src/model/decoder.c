@@ -1011,9 +1011,10 @@ static int partial_grads(struct loom_model *model, const struct loom_partial_gra
 
 /* ---- attention --------------------------------------------------------------- */
 
-/* The fused kernel's description of this rank's heads in the packed
- * (q | k | v) of B sequences: key/value heads already repeated to NH (so
- * G = NH), the layout's block-sparse pairs or window on top. */
+/* The fused kernel's description of this rank's heads in the kept
+ * q | k | v rows of B sequences (its G key/value heads as they are), the
+ * packed documents' starts, the layout's block-sparse pairs or window on
+ * top. */
 static struct loom_flash_attn flash_of(const struct loom_decoder *m, const struct loom_decoder_acts *a, int B)
 {
     return (struct loom_flash_attn){.B = B,
