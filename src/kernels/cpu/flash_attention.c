@@ -116,38 +116,11 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
                 memset(s, 0, (size_t)n16 * sizeof(float));
                 continue;
             }
-            float smax = -INFINITY;
-#pragma omp simd reduction(max : smax)
-            for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
-            const float mnew = fmaxf(mx[r], smax * scale);
-            const float alpha = expf(mx[r] - mnew); /* 0 at the row's first tile */
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int c = 0; c < n16; c++) {
-                const float e = fa_exp(s[c] * scale - mnew);
-                const float p = keep[c] != 0.0f ? e : 0.0f;
-                s[c] = p;
-                sum += p;
-            }
-            l[r] = l[r] * alpha + sum;
-            mx[r] = mnew;
-            if (alpha != 1.0f) {
-                float *o = acc + (size_t)r * hsp;
-#pragma omp simd
-                for (int d = 0; d < hs; d++) o[d] *= alpha;
-            }
+            fa_online_row(s, NULL, keep, n16, scale, &mx[r], &l[r], acc + (size_t)r * hsp, hs);
         }
         fa_gemm(m, hs, n, S, FA_BK, 1, vc + (size_t)j0 * hsp, hsp, acc, hsp, 1); /* acc += P V */
     }
-    const size_t ldo = (size_t)a->NH * hs;
-    for (int r = 0; r < m; r++) {
-        const float inv = 1.0f / l[r];
-        float *o = out + ((size_t)b * T + i0 + r) * ldo + (size_t)h * hs;
-        const float *ar = acc + (size_t)r * hsp;
-#pragma omp simd
-        for (int d = 0; d < hs; d++) o[d] = ar[d] * inv;
-        lse[((size_t)b * a->NH + h) * T + i0 + r] = mx[r] + logf(l[r]);
-    }
+    fa_finish_rows(out, lse, acc, hsp, mx, l, a, b, h, i0, m);
 }
 
 void loom_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,

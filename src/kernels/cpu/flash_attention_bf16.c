@@ -37,15 +37,6 @@
 #define FA_DPBF16 1
 #endif
 
-/* float32 -> bf16, round to nearest even (NaN stays a NaN) */
-static inline uint16_t bf(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)r;
-}
-
 static inline int up2(int n)
 {
     return (n + 1) & ~1;
@@ -58,7 +49,7 @@ static void pack_a(uint16_t *dst, int ld, const float *src, ptrdiff_t s_r, ptrdi
     if (s_r == 1 && s_c != 1) { /* a transpose: the source's rows in order */
         for (int c = 0; c < cols; c++) {
             const float *s = src + c * s_c;
-            for (int r = 0; r < rows; r++) dst[(size_t)r * ld + c] = bf(s[r]);
+            for (int r = 0; r < rows; r++) dst[(size_t)r * ld + c] = fa_bf(s[r]);
         }
         for (int r = 0; r < rows; r++)
             for (int c = cols; c < ld; c++) dst[(size_t)r * ld + c] = 0;
@@ -69,9 +60,9 @@ static void pack_a(uint16_t *dst, int ld, const float *src, ptrdiff_t s_r, ptrdi
         const float *s = src + r * s_r;
         if (s_c == 1) {
 #pragma omp simd
-            for (int c = 0; c < cols; c++) d[c] = bf(s[c]);
+            for (int c = 0; c < cols; c++) d[c] = fa_bf(s[c]);
         } else {
-            for (int c = 0; c < cols; c++) d[c] = bf(s[c * s_c]);
+            for (int c = 0; c < cols; c++) d[c] = fa_bf(s[c * s_c]);
         }
         for (int c = cols; c < ld; c++) d[c] = 0;
     }
@@ -89,7 +80,7 @@ static void pack_b(uint16_t *dst, int ldn, const float *src, ptrdiff_t s_k, ptrd
             continue;
         }
         const float *s = src + p * s_k;
-        for (int n = 0; n < N; n++) d[2 * n] = bf(s[n * s_n]);
+        for (int n = 0; n < N; n++) d[2 * n] = fa_bf(s[n * s_n]);
         for (int n = N; n < ldn; n++) d[2 * n] = 0;
     }
 }
@@ -254,37 +245,11 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
                 memset(pa, 0, (size_t)n16 * sizeof(uint16_t));
                 continue;
             }
-            float smax = -INFINITY;
-#pragma omp simd reduction(max : smax)
-            for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
-            const float mnew = fmaxf(mx[r], smax * scale);
-            const float alpha = expf(mx[r] - mnew);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int c = 0; c < n16; c++) {
-                const float e = fa_exp(s[c] * scale - mnew);
-                const float p = keep[c] != 0.0f ? e : 0.0f;
-                pa[c] = bf(p);
-                sum += p;
-            }
-            l[r] = l[r] * alpha + sum;
-            mx[r] = mnew;
-            if (alpha != 1.0f) {
-                float *o = acc + (size_t)r * hsp;
-#pragma omp simd
-                for (int d = 0; d < hs; d++) o[d] *= alpha;
-            }
+            fa_online_row(s, pa, keep, n16, scale, &mx[r], &l[r], acc + (size_t)r * hsp, hs);
         }
         gemm(m, hsp, n2 / 2, Pa, FA_BK, vp + (size_t)(j0 / FA_BK) * VP_TILE(hsp), 2 * hsp, acc, hsp, 1);
     }
-    const size_t ldo = (size_t)a->NH * hs;
-    for (int r = 0; r < m; r++) {
-        const float inv = 1.0f / l[r];
-        float *o = out + ((size_t)b * T + i0 + r) * ldo + (size_t)h * hs;
-        const float *ar = acc + (size_t)r * hsp;
-        for (int d = 0; d < hs; d++) o[d] = ar[d] * inv;
-        lse[((size_t)b * a->NH + h) * T + i0 + r] = mx[r] + logf(l[r]);
-    }
+    fa_finish_rows(out, lse, acc, hsp, mx, l, a, b, h, i0, m);
 }
 
 void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -381,10 +346,10 @@ static void pair_rows(uint32_t *dst, const float *x, int r0, int m, int n16)
     const float *x0 = x + (size_t)r0 * FA_BK, *x1 = x0 + FA_BK;
     if (r0 + 1 < m) {
 #pragma omp simd
-        for (int c = 0; c < n16; c++) dst[c] = (uint32_t)bf(x0[c]) | (uint32_t)bf(x1[c]) << 16;
+        for (int c = 0; c < n16; c++) dst[c] = (uint32_t)fa_bf(x0[c]) | (uint32_t)fa_bf(x1[c]) << 16;
     } else {
 #pragma omp simd
-        for (int c = 0; c < n16; c++) dst[c] = bf(x0[c]);
+        for (int c = 0; c < n16; c++) dst[c] = fa_bf(x0[c]);
     }
 }
 
@@ -448,7 +413,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                     const float x = scale * p * (ds[c] - Dt);
                     s[c] = p;
                     ds[c] = x;
-                    dsa[c] = bf(x);
+                    dsa[c] = fa_bf(x);
                 }
             }
             for (int r = 0; r < m; r += 2) {

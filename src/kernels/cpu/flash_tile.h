@@ -20,8 +20,10 @@
 #ifndef LOOM_KERNELS_CPU_FLASH_TILE_H
 #define LOOM_KERNELS_CPU_FLASH_TILE_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -152,6 +154,74 @@ static inline float fa_exp(float x)
         float f;
     } sc = {(ki + 127u) << 23};
     return p * sc.f;
+}
+
+/* float32 -> bf16, round to nearest even (NaN stays a NaN) */
+static inline uint16_t fa_bf(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)r;
+}
+
+/* One row of a forward tile, the online softmax's step: the row's
+ * unnormalised probabilities exp(scale s - m) on the keys keep marks, 0
+ * elsewhere, from s (n16 raw scores), into s, or into pa rounded to bf16
+ * (the bf16 kernels' a operand of P V; s is left) when pa is not NULL; the
+ * row's running maximum *mx and sum *l move to the new maximum m, and its
+ * accumulator acc (hs) is rescaled to it. */
+static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16_t *pa, const float *keep,
+                                                                int n16, float scale, float *mx, float *l,
+                                                                float *acc, int hs)
+{
+    float smax = -INFINITY;
+#pragma omp simd reduction(max : smax)
+    for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
+    const float mnew = fmaxf(*mx, smax * scale);
+    const float alpha = expf(*mx - mnew); /* 0 at the row's first tile */
+    float sum = 0.0f;
+    if (pa) {
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < n16; c++) {
+            const float e = fa_exp(s[c] * scale - mnew);
+            const float p = keep[c] != 0.0f ? e : 0.0f;
+            pa[c] = fa_bf(p);
+            sum += p;
+        }
+    } else {
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < n16; c++) {
+            const float e = fa_exp(s[c] * scale - mnew);
+            const float p = keep[c] != 0.0f ? e : 0.0f;
+            s[c] = p;
+            sum += p;
+        }
+    }
+    *l = *l * alpha + sum;
+    *mx = mnew;
+    if (alpha != 1.0f) {
+#pragma omp simd
+        for (int d = 0; d < hs; d++) acc[d] *= alpha;
+    }
+}
+
+/* The end of a forward query tile [i0, i0 + m) of head h of sequence b:
+ * out = acc / l, lse = m + log l, from the rows' accumulators (pitch hsp),
+ * maxima and sums. */
+static inline void fa_finish_rows(float *out, float *lse, const float *acc, int hsp, const float *mx,
+                                  const float *l, const struct loom_flash_attn *a, int b, int h, int i0,
+                                  int m)
+{
+    const size_t ldo = (size_t)a->NH * a->hs;
+    for (int r = 0; r < m; r++) {
+        const float inv = 1.0f / l[r];
+        float *o = out + ((size_t)b * a->T + i0 + r) * ldo + (size_t)h * a->hs;
+        const float *ar = acc + (size_t)r * hsp;
+#pragma omp simd
+        for (int d = 0; d < a->hs; d++) o[d] = ar[d] * inv;
+        lse[((size_t)b * a->NH + h) * a->T + i0 + r] = mx[r] + logf(l[r]);
+    }
 }
 
 typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
