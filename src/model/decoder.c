@@ -588,6 +588,8 @@ static void alloc_activations(struct loom_decoder *m)
     const int separate = !m->spec.fused_qkv, gated = m->spec.mlp == LOOM_MLP_GATED;
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
     m->host_losses = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
+    if (m->docs.reset_positions)
+        m->host_positions = loom_alloc(loom_mul_size(N, sizeof(int32_t)), LOOM_MEM_OTHER);
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
     m->dres = act(m, Nr * C);
     if (m->rg.sp) {
@@ -640,6 +642,8 @@ static void free_activations(struct loom_decoder *m)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);
+    loom_free(m->host_positions);
+    m->host_positions = NULL;
     m->slots = NULL;
 }
 
@@ -1524,7 +1528,7 @@ static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, st
 static void documents_of(struct loom_decoder *m, struct loom_decoder_acts *a, const int32_t *inputs, int B)
 {
     const int T = m->T, N = B * T;
-    int32_t *pos = (int32_t *)m->host_losses; /* (N) host scratch, free until the loss */
+    int32_t *pos = m->host_positions; /* NULL unless positions restart */
     a->nkeep = 0;
     for (int b = 0; b < B; b++) {
         int32_t start = 0;
@@ -1533,7 +1537,7 @@ static void documents_of(struct loom_decoder *m, struct loom_decoder_acts *a, co
             a->doc_host[i] = start;
             a->loss_keep[i] = !(m->docs.mask_loss && eod);
             a->nkeep += a->loss_keep[i];
-            pos[i] = m->docs.reset_positions ? t - start : t;
+            if (pos) pos[i] = t - start;
             if (eod) start = t + 1;
         }
     }

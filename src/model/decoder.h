@@ -172,8 +172,9 @@ struct loom_decoder_acts {
 };
 
 struct loom_decoder {
-    struct loom_model base; /* blocks [embedding, layers..., head]; base.user is this */
-    float *host_losses;     /* (B T) host memory: a micro-batch's losses, downloaded for their mean */
+    struct loom_model base;  /* blocks [embedding, layers..., head]; base.user is this */
+    float *host_losses;      /* (B T) host memory: a micro-batch's losses, downloaded for their mean */
+    int32_t *host_positions; /* (B T) host memory: positions restarting at documents, to upload */
     struct loom_decoder_spec spec;
     struct loom_decoder_slots t; /* a layer block's tensors */
     int B, T;
