@@ -942,6 +942,29 @@ static void test_rope(void)
     float *grad = new_copy(c.wout, n);
     K->rope_backward(grad, B, T, H, D, c.theta);
     fd_check("rope dinp vs fd", grad, c.inp, n, rope_obj, &c);
+    /* at given positions: rows of sequence 1 placed out of order (as a
+     * context-parallel rank holds them) give the bits of their place */
+    rope_obj(&c);
+    float *at = new_copy(c.inp + (size_t)T * H * D, (size_t)T * H * D),
+          *dat = new_copy(at, (size_t)T * H * D);
+    int32_t pos[5] = {3, 4, 0, 1, 2};
+    for (int t = 0; t < T; t++)
+        memcpy(at + (size_t)t * H * D, c.inp + ((size_t)T + pos[t]) * H * D, (size_t)H * D * sizeof(float));
+    memcpy(dat, at, (size_t)T * H * D * sizeof(float));
+    K->rope_forward_at(at, pos, T, H, D, c.theta);
+    float *bwd = new_copy(c.wout, n);
+    K->rope_backward(bwd, B, T, H, D, c.theta);
+    for (int t = 0; t < T; t++)
+        memcpy(dat + (size_t)t * H * D, c.wout + ((size_t)T + pos[t]) * H * D, (size_t)H * D * sizeof(float));
+    K->rope_backward_at(dat, pos, T, H, D, c.theta);
+    int same = 1;
+    for (int t = 0; t < T; t++)
+        same &= memcmp(at + (size_t)t * H * D, c.out + ((size_t)T + pos[t]) * H * D,
+                       (size_t)H * D * sizeof(float)) == 0 &&
+                memcmp(dat + (size_t)t * H * D, bwd + ((size_t)T + pos[t]) * H * D,
+                       (size_t)H * D * sizeof(float)) == 0;
+    CHECK(same);
+    free(at), free(dat), free(bwd);
     free(c.inp), free(c.out), free(c.wout), free(want), free(grad);
 }
 

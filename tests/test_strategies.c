@@ -975,7 +975,7 @@ static void reference(int bf16, int A, struct snapshot snap[STEPS])
     struct loom_model *m = &net.base;
     struct loom_engine *e = calloc(1, sizeof *e);
     e->cfg = &cfg;
-    e->topo = (struct loom_topology){.world = 1, .dp = 1, .tp = 1, .pp = 1};
+    e->topo = (struct loom_topology){.world = 1, .dp = 1, .tp = 1, .pp = 1, .cp = 1};
     int rc = parse(&cfg, flags, bf16, A * world_);
     if (rc == LOOM_OK) rc = loom_kinds_resolve(&cfg, 1);
     if (rc == LOOM_OK) rc = loom_engine_initialize(e, m);

@@ -128,6 +128,17 @@ enum loom_attention_backend {
     LOOM_ATTN_BACKEND_COUNT
 };
 
+/* --cp-comm-type (Megatron's): how context parallelism's ranks meet in
+ * attention. p2p: key/value blocks around a ring; all_gather: keys and
+ * values gathered once per layer; a2a: DeepSpeed-Ulysses' all-to-all from
+ * sequence parts to head parts and back. */
+enum loom_cp_comm_type {
+    LOOM_CP_COMM_P2P = 0,
+    LOOM_CP_COMM_ALL_GATHER = 1,
+    LOOM_CP_COMM_A2A = 2,
+    LOOM_CP_COMM_COUNT
+};
+
 /* The MLP's activation (Hugging Face's activation_function). */
 enum loom_activation {
     LOOM_ACTIVATION_GELU_NEW = 0, /* GELU, tanh approximation (GPT-2's; gelu_pytorch_tanh is the same) */
@@ -295,6 +306,8 @@ struct loom_config {
     double temperature;
     /* parallelism */
     int tensor_model_parallel_size, pipeline_model_parallel_size;
+    int context_parallel_size;           /* each sequence split over this many ranks */
+    enum loom_cp_comm_type cp_comm_type; /* how they meet in attention */
     int sequence_parallel; /* with tensor parallelism: the rows of the norm regions split over the tp group */
     int layout_invariant;  /* N > 0: every sum a layout splits in one order: N tensor-parallel pieces, a tree
                               of micro-batches */

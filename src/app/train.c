@@ -35,6 +35,7 @@
 #include "io/sampler.h"
 #include "io/synth.h"
 #include "kernels/kernels.h"
+#include "layers/context.h"
 #include "layers/fp8_linear.h"
 #include "layers/pp_stages.h"
 #include "layers/tp_regions.h"
@@ -162,7 +163,8 @@ static double evaluate(struct run *r)
     /* the last stage has the loss */
     if (r->topo->pp > 1)
         loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-    loom_tp_comm_take_s(); /* the evaluation's tensor-parallel waits are no step's */
+    loom_tp_comm_take_s(); /* the evaluation's tensor- and context-parallel waits are no step's */
+    loom_cp_comm_take_s();
     return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo->dp) : 0;
 }
 
@@ -552,8 +554,12 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     char b[32], topo[96], shape[256], part[96] = "";
     loom_topology_format(r->topo, topo, sizeof topo);
     r->family->describe(m, shape, sizeof shape);
-    snprintf(rep->layout, sizeof rep->layout, "TP(%d)-DP(%d)-PP(%d)%s", r->topo->tp, r->topo->dp, r->topo->pp,
-             r->cfg->sequence_parallel ? "+SP" : "");
+    if (r->topo->cp > 1)
+        snprintf(rep->layout, sizeof rep->layout, "TP(%d)-CP(%d)-DP(%d)-PP(%d)%s", r->topo->tp, r->topo->cp,
+                 r->topo->dp / r->topo->cp, r->topo->pp, r->cfg->sequence_parallel ? "+SP" : "");
+    else
+        snprintf(rep->layout, sizeof rep->layout, "TP(%d)-DP(%d)-PP(%d)%s", r->topo->tp, r->topo->dp,
+                 r->topo->pp, r->cfg->sequence_parallel ? "+SP" : "");
     if (m->tp > 1)
         snprintf(part, sizeof part, " of %.0f, this tensor-parallel rank's part", loom_model_full_params(m));
     loom_report_line(rep, "model: %s, %s: %zu parameters%s (%s)\n", r->family->title, shape, n, part,

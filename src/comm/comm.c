@@ -28,10 +28,10 @@
 #include "comm/comm_backend.h"
 #include "loom/loom.h"
 
-static const char *const group_names[] = {"world", "dp", "tp", "pp", "embedding"};
+static const char *const group_names[] = {"world", "dp", "tp", "pp", "embedding", "cp"};
 static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "group_names");
-static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather",
-                                         "broadcast",  "send",           "recv"};
+static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast",
+                                         "send",       "recv",           "all-to-all"};
 static_assert(sizeof coll_names / sizeof coll_names[0] == LOOM_COLL_COUNT, "coll_names");
 
 struct loom_comm_handle {
@@ -57,7 +57,7 @@ struct loom_comm_handle {
 };
 
 static const struct loom_comm_backend *transport; /* NULL: a single process, no transport */
-static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1, 1};
+static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1, 1, 1};
 static int group_rank[LOOM_GROUP_COUNT]; /* this rank's place in each group */
 static int have_group[LOOM_GROUP_COUNT]; /* made by the transport */
 static int tree_sums[LOOM_GROUP_COUNT];  /* loom_comm_set_tree_sums */
@@ -118,7 +118,10 @@ int loom_comm_world_rank(void)
 
 void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
 {
-    snprintf(buf, n, "TP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->dp, t->pp, t->rank);
+    if (t->cp > 1)
+        snprintf(buf, n, "TP(%d)-CP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->cp, t->dp / t->cp, t->pp, t->rank);
+    else
+        snprintf(buf, n, "TP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->dp, t->pp, t->rank);
 }
 
 /* ---- progress and hang reports ------------------------------------------------ */
@@ -427,12 +430,12 @@ void loom_comm_setup_world(void)
     }
 }
 
-int loom_comm_setup(struct loom_topology *t, int tp, int pp)
+int loom_comm_setup_cp(struct loom_topology *t, int tp, int pp, int cp)
 {
     memset(t, 0, sizeof *t);
     t->world = world_size;
     t->rank = world_rank;
-    t->tp = t->pp = t->dp = 1;
+    t->tp = t->pp = t->dp = t->cp = 1;
     /* the world group and the thread first: even a bad layout is agreed on */
     loom_comm_setup_world();
     if (tp < 1 || pp < 1 || world_size % (tp * pp) != 0)
@@ -446,6 +449,14 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     t->tp_rank = world_rank % tp;
     t->dp_rank = world_rank / tp % t->dp;
     t->pp_rank = world_rank / (tp * t->dp);
+    if (cp < 1 || t->dp % cp != 0)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "world size %d over tensor-parallel size %d x pipeline-parallel size %d leaves %d "
+            "ranks, not divisible by context-parallel size %d",
+            world_size, tp, pp, t->dp, cp);
+    t->cp = cp;
+    t->cp_rank = t->dp_rank % cp;
     topo_saved = *t;
     group_size[LOOM_GROUP_WORLD] = world_size;
     group_size[LOOM_GROUP_DP] = t->dp;
@@ -455,6 +466,8 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
     group_rank[LOOM_GROUP_DP] = t->dp_rank;
     group_rank[LOOM_GROUP_TP] = t->tp_rank;
     group_rank[LOOM_GROUP_PP] = t->pp_rank;
+    group_size[LOOM_GROUP_CP] = cp;
+    group_rank[LOOM_GROUP_CP] = t->cp_rank;
     const int ends = pp > 1 && (t->pp_rank == 0 || t->pp_rank == pp - 1);
     group_size[LOOM_GROUP_EMBEDDING] = ends ? 2 : 1;
     group_rank[LOOM_GROUP_EMBEDDING] = ends && t->pp_rank > 0;
@@ -469,7 +482,29 @@ int loom_comm_setup(struct loom_topology *t, int tp, int pp)
         have_group[LOOM_GROUP_DP] = have_group[LOOM_GROUP_TP] = have_group[LOOM_GROUP_PP] = 1;
         have_group[LOOM_GROUP_EMBEDDING] = 1;
     }
+    if (transport && cp > 1 && !have_group[LOOM_GROUP_CP]) {
+        /* a later setup with another cp (loom plan's) never reaches here: a job has one layout */
+        transport->create_group(LOOM_GROUP_CP, world_rank - t->cp_rank * tp, t->cp_rank);
+        have_group[LOOM_GROUP_CP] = 1;
+    }
     return LOOM_OK;
+}
+
+int loom_comm_setup(struct loom_topology *t, int tp, int pp)
+{
+    return loom_comm_setup_cp(t, tp, pp, 1);
+}
+
+int loom_comm_group_size(enum loom_group g)
+{
+    LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT);
+    return group_size[g];
+}
+
+int loom_comm_group_rank(enum loom_group g)
+{
+    LOOM_ASSERT(g >= 0 && g < LOOM_GROUP_COUNT);
+    return group_rank[g];
 }
 
 /* Hands a built request to the communication thread. */
@@ -519,8 +554,8 @@ static struct loom_comm_handle *post(enum loom_coll coll, enum loom_group g, con
     struct loom_comm_handle *h = build(coll, g, send, recv, count, dt, op, peer, tag);
     if (local_only(g)) {
         size_t bytes = count * loom_dtype_size(dt);
-        if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER) && send && send != recv &&
-            bytes)
+        if ((coll == LOOM_COLL_REDUCE_SCATTER || coll == LOOM_COLL_ALLGATHER || coll == LOOM_COLL_ALLTOALL) &&
+            send && send != recv && bytes)
             memcpy(recv, send, bytes);
         LOOM_ASSERT(coll != LOOM_COLL_SEND && coll != LOOM_COLL_RECV);
         h->done = h->local = 1;
@@ -736,6 +771,16 @@ struct loom_comm_handle *loom_comm_allgather(enum loom_group g, struct loom_buf 
     (void)data_of(recv);
     const struct staging s = stage(send, recv);
     return staged(post(LOOM_COLL_ALLGATHER, g, s.send, s.recv, count, recv.dtype, LOOM_OP_SUM, 0, 0), &s);
+}
+
+struct loom_comm_handle *loom_comm_alltoall(enum loom_group g, struct loom_buf send, struct loom_buf recv)
+{
+    const size_t count = send.numel / (size_t)group_size[g];
+    LOOM_ASSERT(send.numel == count * (size_t)group_size[g] && recv.numel == send.numel &&
+                send.dtype == recv.dtype);
+    (void)data_of(send), (void)data_of(recv);
+    const struct staging s = stage(send, recv);
+    return staged(post(LOOM_COLL_ALLTOALL, g, s.send, s.recv, count, recv.dtype, LOOM_OP_SUM, 0, 0), &s);
 }
 
 struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, struct loom_buf b, int root)

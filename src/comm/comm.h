@@ -4,6 +4,12 @@
  *
  * - The topology: world = dp x tp x pp, rank order tp fastest, then dp, then
  *   pp (Megatron's order), one transport group (MPI communicator) per group.
+ *   With context parallelism the data-parallel group is the data x context
+ *   group (Megatron's data-parallel group "with context parallel": the
+ *   ranks that hold the same part of the model and sum its gradients): its
+ *   rank is data rank x cp + context rank, so the cp ranks of one data rank
+ *   are consecutive (Megatron's order tp, cp, dp, pp), and they form the
+ *   context group.
  * - Asynchronous collectives (all-reduce, reduce-scatter, all-gather,
  *   broadcast, send/recv) that return handles, and one wait path with a
  *   deadline: a collective not done in time prints rank, group, collective,
@@ -36,6 +42,9 @@ enum loom_group {
      * (Megatron's embedding group: a tied embedding and its LM head); one
      * rank alone on the stages between and when pp = 1 */
     LOOM_GROUP_EMBEDDING = 4,
+    /* the context-parallel ranks of one (data, tp, pp) position: one
+     * sequence's parts */
+    LOOM_GROUP_CP = 5,
     LOOM_GROUP_COUNT
 };
 
@@ -46,6 +55,7 @@ enum loom_coll {
     LOOM_COLL_BROADCAST = 3,
     LOOM_COLL_SEND = 4,
     LOOM_COLL_RECV = 5,
+    LOOM_COLL_ALLTOALL = 6,
     LOOM_COLL_COUNT
 };
 
@@ -58,6 +68,9 @@ struct loom_topology {
     int world, rank;
     int dp, tp, pp;
     int dp_rank, tp_rank, pp_rank;
+    /* context parallelism: cp divides dp (the data x context group), the
+     * context rank is dp_rank % cp, the data rank dp_rank / cp */
+    int cp, cp_rank;
 };
 
 struct loom_comm_handle;
@@ -72,10 +85,17 @@ int loom_comm_world_rank(void);
  * every number when the world size does not divide. Starts the
  * communication thread when world > 1. */
 int loom_comm_setup(struct loom_topology *topo, int tp, int pp);
+/* The same with a context group of cp ranks within the data-parallel group
+ * (cp must divide it: LOOM_ERR_INPUT with the numbers). */
+int loom_comm_setup_cp(struct loom_topology *topo, int tp, int pp, int cp);
+/* Size and rank of group g on this rank (1 and 0 before the setup). */
+int loom_comm_group_size(enum loom_group g);
+int loom_comm_group_rank(enum loom_group g);
 /* The world group alone (loom_comm_setup makes it first): collectives on
  * LOOM_GROUP_WORLD before the layout is known (--layout auto). */
 void loom_comm_setup_world(void);
-/* "TP(1)-DP(2)-PP(1)-Rank(0)" */
+/* "TP(1)-DP(2)-PP(1)-Rank(0)"; with context parallelism
+ * "TP(1)-CP(2)-DP(2)-PP(1)-Rank(0)", DP the data ranks */
 void loom_topology_format(const struct loom_topology *t, char *buf, size_t n);
 
 void loom_comm_set_timeout(double seconds);
@@ -107,6 +127,10 @@ struct loom_comm_handle *loom_comm_allgather(enum loom_group g, struct loom_buf 
  * counts and displs are copied. */
 struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, struct loom_buf send, struct loom_buf recv,
                                                const int *counts, const int *displs);
+/* recv (n x group size) = block r of every rank's send, in rank order:
+ * send and recv hold group size blocks of n = send.numel / group size
+ * elements, send's block r going to rank r (MPI_Alltoall). */
+struct loom_comm_handle *loom_comm_alltoall(enum loom_group g, struct loom_buf send, struct loom_buf recv);
 /* b (numel) on every rank = b on rank root (of the group). */
 struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, struct loom_buf b, int root);
 /* b (numel) to / from group rank peer, matched by tag. */

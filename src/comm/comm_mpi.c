@@ -31,8 +31,8 @@ const struct loom_comm_backend *loom_comm_backend_mpi(void)
 #include "base/log.h"
 #include "loom/loom.h"
 
-static const char *const coll_calls[] = {"all-reduce", "reduce-scatter", "all-gather",
-                                         "broadcast",  "send",           "recv"};
+static const char *const coll_calls[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast",
+                                         "send",       "recv",           "all-to-all"};
 static_assert(sizeof coll_calls / sizeof coll_calls[0] == LOOM_COLL_COUNT, "coll_calls");
 
 static MPI_Comm comms[LOOM_GROUP_COUNT];
@@ -231,6 +231,9 @@ static void *mpi_start(const struct loom_comm_op *o)
         } else {
             err = MPI_Iallgather(o->send ? o->send : MPI_IN_PLACE, n, t, o->recv, n, t, c, req);
         }
+        break;
+    case LOOM_COLL_ALLTOALL:
+        err = MPI_Ialltoall(o->send, n, t, o->recv, n, t, c, req);
         break;
     case LOOM_COLL_BROADCAST:
         err = MPI_Ibcast(o->recv, n, t, o->peer, c, req);

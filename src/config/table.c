@@ -36,6 +36,7 @@ CHOICES(sparse_modes, LOOM_SPARSE_ATTN_MODE_COUNT, "none", "dense", "fixed", "bi
         "variable");
 CHOICES(attention_directions, LOOM_ATTN_DIRECTION_COUNT, "unidirectional", "bidirectional");
 CHOICES(attention_backends, LOOM_ATTN_BACKEND_COUNT, "auto", "flash", "fused", "unfused", "local");
+CHOICES(cp_comm_types, LOOM_CP_COMM_COUNT, "p2p", "all_gather", "a2a");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
 CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
@@ -282,6 +283,12 @@ const struct setting loom_settings[] = {
 
     INT("--tensor-model-parallel-size", "tensor_model_parallel_size", "parallelism",
         tensor_model_parallel_size, 1, 4096, "1", "tensor-parallel group size"),
+    INT("--context-parallel-size", "context_parallel_size", "parallelism", context_parallel_size, 1, 4096, "1",
+        "context parallelism: each sequence split over N ranks (2N chunks, rank r holding r and 2N-1-r)"),
+    ENUM("--cp-comm-type", "cp_comm_type", "parallelism", cp_comm_type, cp_comm_types, "p2p",
+         "context parallelism's attention: p2p (key/value blocks around a ring), all_gather (keys and "
+         "values gathered per layer) or a2a (DeepSpeed-Ulysses: all-to-all to head parts; heads divisible "
+         "by N)"),
     BOOL("--sequence-parallel", "sequence_parallel", "parallelism", sequence_parallel, "0",
          "Megatron's sequence parallelism: norms and residuals split along the sequence in the tp group"),
     INT("--layout-invariant", "layout_invariant", "parallelism", layout_invariant, 0, 4096, "0",

@@ -118,9 +118,11 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
         return loom_error_set(
             LOOM_ERR_INPUT, "--layout auto is chosen by loom train (it plans a model family's "
                             "layouts); with the engine API give the layout's flags (loom plan prints them)");
-    int rc = loom_comm_setup(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size);
+    int rc = loom_comm_setup_cp(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size,
+                                cfg->context_parallel_size > 1 ? cfg->context_parallel_size : 1);
     loom_comm_set_timeout(cfg->comm_timeout);
-    if (rc == LOOM_OK) rc = loom_kinds_resolve(cfg, e->topo.dp);
+    /* the batch splits over the data ranks: the context ranks of one read the same rows */
+    if (rc == LOOM_OK) rc = loom_kinds_resolve(cfg, e->topo.dp / e->topo.cp);
     if ((rc = loom_engine_agree(e, rc))) return rc;
     if ((rc = loom_engine_agree(e, check_same_config(cfg)))) return rc;
     const struct loom_backend *b = loom_backend_get(cfg->backend);
@@ -404,7 +406,8 @@ int64_t loom_engine_steps_done(const struct loom_engine *e)
 
 int loom_engine_micro_batch_rows(const struct loom_engine *e, int micro)
 {
-    return (e->topo.dp_rank * e->cfg->gradient_accumulation_steps + micro) * e->cfg->micro_batch_size;
+    const int data_rank = e->topo.dp_rank / e->topo.cp; /* a context group's ranks read the same rows */
+    return (data_rank * e->cfg->gradient_accumulation_steps + micro) * e->cfg->micro_batch_size;
 }
 
 /* ---- one micro-batch: what the schedules call ------------------------------- */
@@ -452,7 +455,10 @@ static void backward_micro(struct loom_engine *e, struct loom_micro *mb, int mic
     mb->doutput = dout;
     mb->dinput = din;
     const double scale = e->scaler ? e->scaler->st.scale : 1.0;
-    m->ops->backward(m, e->chunk_first[chunk], e->chunk_last[chunk], mb, (float)(scale / (A * e->topo.dp)));
+    /* the mean over the data ranks; a context rank's loss is its share of its rows' mean, and the
+     * data x context group sums the shares */
+    m->ops->backward(m, e->chunk_first[chunk], e->chunk_last[chunk], mb,
+                     (float)(scale / (A * (e->topo.dp / e->topo.cp))));
     if (chunk == 0) e->backwards++;
 }
 

@@ -151,6 +151,9 @@ struct loom_kernels {
     /* ---- rotary position embedding, in place over (B,T,H,D); the backward rotates back */
     void (*rope_forward)(float *x, int B, int T, int H, int D, float theta);
     void (*rope_backward)(float *dx, int B, int T, int H, int D, float theta);
+    /* over N rows (N,H,D), row i at position pos[i] (N) */
+    void (*rope_forward_at)(float *x, const int32_t *pos, int N, int H, int D, float theta);
+    void (*rope_backward_at)(float *dx, const int32_t *pos, int N, int H, int D, float theta);
     /* ---- SwiGLU's gate: out (n) = silu(gate) * up; dgate, dup (n) written */
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,

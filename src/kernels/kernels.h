@@ -310,6 +310,11 @@ void loom_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
 void loom_rope_forward(float *x, int B, int T, int H, int D, float theta);
 /* dx (B,T,H,D) rotated back in place: the gradient at the input. */
 void loom_rope_backward(float *dx, int B, int T, int H, int D, float theta);
+/* The same over N rows (N,H,D), row i at position pos[i] (documents'
+ * restarting positions, a context-parallel rank's places in the sequence):
+ * the same angles, so the same bits, as the row at that place above. */
+void loom_rope_forward_at(float *x, const int32_t *pos, int N, int H, int D, float theta);
+void loom_rope_backward_at(float *dx, const int32_t *pos, int N, int H, int D, float theta);
 
 /* ---- SwiGLU's gate: out (n) = silu(gate) * up ------------------------------ */
 void loom_swiglu_forward(float *out, const float *gate, const float *up, size_t n);

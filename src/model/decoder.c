@@ -307,6 +307,13 @@ static int documents(const struct loom_decoder *m)
     return m->docs.reset_positions || m->docs.reset_mask || m->docs.mask_loss;
 }
 
+/* Whether attention runs on a share of the heads for the whole sequence
+ * (context parallelism's a2a, Ulysses): the kept qkv rows are that share. */
+static int heads_parted(const struct loom_decoder *m)
+{
+    return m->ctx.cp > 1 && m->cp_comm == LOOM_CP_COMM_A2A;
+}
+
 /* Activations are held in act_dtype: round what a kernel just wrote. */
 static void round_act(const struct loom_decoder *m, float *buf, size_t n)
 {
@@ -542,9 +549,10 @@ static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
     a->lnf_rstd = act(m, Nr);
     a->losses = act(m, N);
     a->lse = act(m, N);
-    a->tokens = dev(m)->alloc(loom_mul_size(4 * N, sizeof(int32_t)), LOOM_MEM_ACTIVATIONS);
-    if (documents(m)) {
-        a->doc_host = loom_alloc(loom_mul_size(N, sizeof(int32_t)), LOOM_MEM_OTHER);
+    const size_t whole = (size_t)m->B * m->ctx.T; /* tokens of the whole rows */
+    a->tokens = dev(m)->alloc(loom_mul_size(3 * N + whole, sizeof(int32_t)), LOOM_MEM_ACTIVATIONS);
+    if (documents(m) || m->ctx.cp > 1) {
+        a->doc_host = loom_alloc(loom_mul_size(whole, sizeof(int32_t)), LOOM_MEM_OTHER);
         a->loss_keep = loom_alloc(N, LOOM_MEM_OTHER);
     }
 }
@@ -588,8 +596,17 @@ static void alloc_activations(struct loom_decoder *m)
     const int separate = !m->spec.fused_qkv, gated = m->spec.mlp == LOOM_MLP_GATED;
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
     m->host_losses = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
-    if (m->docs.reset_positions)
+    if (m->docs.reset_positions || m->ctx.cp > 1)
         m->host_positions = loom_alloc(loom_mul_size(N, sizeof(int32_t)), LOOM_MEM_OTHER);
+    if (m->ctx.cp > 1) {
+        const size_t W = (size_t)qkv_width(m);
+        m->host_tokens = loom_alloc(loom_mul_size(2 * N, sizeof(int32_t)), LOOM_MEM_OTHER);
+        m->cp_send = act(m, N * W);
+        m->cp_recv = act(m, N * W);
+        m->cp_out = act(m, N * Cq);
+        m->cp_dout = act(m, N * Cq);
+        m->cp_dqkv = act(m, N * W);
+    }
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
     m->dres = act(m, Nr * C);
     if (m->rg.sp) {
@@ -611,7 +628,8 @@ static void alloc_activations(struct loom_decoder *m)
     m->dbufF[1] = act(m, N * max3(F, Cq, lp(m) ? 3 * Cq : 0));
     if (gated) m->dbufF[2] = act(m, N * F);
     m->scratchC = act(m, N * CC);
-    if (m->docs.reset_positions && m->spec.positions == LOOM_POSITION_LEARNED && m->emb >= 0)
+    if ((m->docs.reset_positions || m->ctx.cp > 1) && m->spec.positions == LOOM_POSITION_LEARNED &&
+        m->emb >= 0)
         m->pos_rows = act(m, N * C);
     if (m->tp > 1 || m->exact.pieces) m->ce_stats = act(m, 3 * N);
     if (m->exact.pieces) m->norm_grads = act(m, 2 * C);
@@ -638,12 +656,14 @@ static void free_activations(struct loom_decoder *m)
         m->dres,     m->dbufC,       m->dbufC2,      m->dqkv,         m->datt,       m->q,
         m->kk,       m->v,           m->dbufF[0],    m->dbufF[1],     m->dbufF[2],   m->scratchC,
         m->ce_stats, m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
-        m->seq_att,  m->head_rows,   m->norm_parts,  m->pos_rows};
+        m->seq_att,  m->head_rows,   m->norm_parts,  m->pos_rows,     m->cp_send,    m->cp_recv,
+        m->cp_out,   m->cp_dout,     m->cp_dqkv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);
     loom_free(m->host_positions);
-    m->host_positions = NULL;
+    loom_free(m->host_tokens);
+    m->host_positions = m->host_tokens = NULL;
     m->slots = NULL;
 }
 
@@ -667,6 +687,15 @@ void loom_decoder_set_documents(struct loom_decoder *m, const struct loom_decode
     LOOM_ASSERT(m->slots == NULL && d->eod >= 0 && d->eod < m->spec.vocab);
     LOOM_ASSERT(!d->reset_mask || !m->unfused);
     m->docs = *d;
+}
+
+void loom_decoder_set_context(struct loom_decoder *m, int cp, int rank, enum loom_cp_comm_type comm)
+{
+    LOOM_ASSERT(m->slots == NULL && !m->unfused && m->ctx.cp == 1 && !m->rg.sp);
+    if (comm == LOOM_CP_COMM_A2A) LOOM_ASSERT(m->NHl % cp == 0 && m->Gl % cp == 0);
+    m->ctx = loom_cp_of(cp, rank, m->T);
+    m->cp_comm = comm;
+    m->T = m->ctx.Tl;
 }
 
 void loom_decoder_set_sequence_parallel(struct loom_decoder *m, int on)
@@ -701,7 +730,7 @@ void loom_decoder_set_act_dtype(struct loom_decoder *m, enum loom_dtype dt)
 int loom_decoder_set_sparse(struct loom_decoder *m, const struct loom_sparse_config *sc)
 {
     LOOM_ASSERT(!m->slots && !m->sparse); /* before the activations are sized */
-    return loom_model_sparse_layout(sc, m->spec.heads, m->T, &m->sparse);
+    return loom_model_sparse_layout(sc, m->spec.heads, m->ctx.T, &m->sparse); /* the whole sequence's */
 }
 
 /* fp8 products in every linear layer of a layer block, in block order. */
@@ -850,6 +879,7 @@ struct loom_decoder *loom_decoder_create(const struct loom_decoder_spec *s, int 
     m->spec = *s;
     m->B = B;
     m->T = T;
+    m->ctx = loom_cp_of(1, 0, T);
     m->hs = hs;
     m->tp = tp;
     m->tp_rank = tp_rank;
@@ -1021,6 +1051,20 @@ static int partial_grads(struct loom_model *model, const struct loom_partial_gra
  * top. */
 static struct loom_flash_attn flash_of(const struct loom_decoder *m, const struct loom_decoder_acts *a, int B)
 {
+    if (heads_parted(m)) { /* Ulysses: the whole sequence of this context rank's share of the heads */
+        const int cp = m->ctx.cp, NH = m->NHl / cp;
+        return (struct loom_flash_attn){.B = B,
+                                        .doc_start = a->doc_start,
+                                        .T = m->ctx.T,
+                                        .NH = NH,
+                                        .G = m->Gl / cp,
+                                        .hs = m->hs,
+                                        .ld_q = qkv_width(m) / cp,
+                                        .ld_k = qkv_width(m) / cp,
+                                        .ld_v = qkv_width(m) / cp,
+                                        .layout = m->sparse,
+                                        .h0 = m->tp_rank * m->NHl + m->ctx.rank * NH};
+    }
     return (struct loom_flash_attn){.B = B,
                                     .doc_start = a->doc_start,
                                     .T = m->T,
@@ -1032,6 +1076,22 @@ static struct loom_flash_attn flash_of(const struct loom_decoder *m, const struc
                                     .ld_v = qkv_width(m),
                                     .layout = m->sparse,
                                     .h0 = m->tp_rank * m->NHl};
+}
+
+/* The kept qkv rows' segments: q, k and v of this rank's heads. */
+static void qkv_segments(const struct loom_decoder *m, int seg[3])
+{
+    seg[0] = m->Cq, seg[1] = seg[2] = m->kvC;
+}
+
+/* Context parallelism, Ulysses: qkv (this rank's B Tl rows of every head)
+ * becomes in place its share of the heads for the whole sequence (B Tw
+ * rows, as many values), which the layer keeps. */
+static void context_heads_in(struct loom_decoder *m, float *qkv, int B)
+{
+    int seg[3];
+    qkv_segments(m, seg);
+    loom_cp_to_heads(&m->ctx, m->k, qkv, qkv, B, seg, 3, m->cp_send, m->cp_recv);
 }
 
 /* The (T,T) kernels (--attention-backend unfused) on the packed
@@ -1063,6 +1123,13 @@ static void attention_forward(struct loom_decoder *m, const struct loom_decoder_
                               struct loom_decoder_layer_acts *x, const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
+    if (heads_parted(m)) { /* the output of this rank's heads, then every head of this rank's rows */
+        const struct loom_flash_attn fa = flash_of(m, a, B);
+        const int cq = Cq / m->ctx.cp, kv = m->kvC / m->ctx.cp;
+        m->k->flash_attention_forward(m->cp_out, x->lse, qkv, qkv + cq, qkv + cq + kv, &fa);
+        loom_cp_to_rows(&m->ctx, m->k, atty, m->cp_out, B, &m->Cq, 1, m->cp_send, m->cp_recv);
+        return;
+    }
     if (!m->unfused) {
         const struct loom_flash_attn fa = flash_of(m, a, B);
         m->k->flash_attention_forward(atty, x->lse, qkv, qkv + Cq, qkv + Cq + m->kvC, &fa);
@@ -1087,6 +1154,20 @@ static void attention_backward(struct loom_decoder *m, const struct loom_decoder
                                struct loom_decoder_layer_acts *x, const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
+    if (heads_parted(m)) { /* the output and its gradient to this rank's heads, dqkv back to its rows */
+        const struct loom_flash_attn fa = flash_of(m, a, B);
+        const int cq = Cq / m->ctx.cp, kv = m->kvC / m->ctx.cp;
+        const float *out = view(m, x->atty, m->dbufF[0], (size_t)B * T * Cq);
+        loom_cp_to_heads(&m->ctx, m->k, m->cp_out, out, B, &m->Cq, 1, m->cp_send, m->cp_recv);
+        loom_cp_to_heads(&m->ctx, m->k, m->cp_dout, m->dbufC, B, &m->Cq, 1, m->cp_send, m->cp_recv);
+        float *d = m->cp_dqkv;
+        m->k->flash_attention_backward(d, d + cq, d + cq + kv, m->cp_dout, m->cp_out, x->lse, qkv, qkv + cq,
+                                       qkv + cq + kv, &fa);
+        int seg[3];
+        qkv_segments(m, seg);
+        loom_cp_to_rows(&m->ctx, m->k, m->dqkv, d, B, seg, 3, m->cp_send, m->cp_recv);
+        return;
+    }
     if (!m->unfused) {
         const struct loom_flash_attn fa = flash_of(m, a, B);
         const float *out = view(m, x->atty, m->dbufF[0], (size_t)B * T * Cq);
@@ -1109,24 +1190,15 @@ static void attention_backward(struct loom_decoder *m, const struct loom_decoder
 }
 
 /* Rotary positions on x (B rows of T, H heads): forward rotates, else
- * the backward. Positions restarting at documents: each document's span
- * rotated as a sequence of its own (its first token at position 0). */
+ * the backward; at a->positions where they are given. */
 static void rope(struct loom_decoder *m, const struct loom_decoder_acts *a, float *x, int B, int H, int fwd)
 {
     const int T = m->T, hs = m->hs;
     const float theta = (float)m->spec.rope_theta;
-    void (*k)(float *, int, int, int, int, float) = fwd ? m->k->rope_forward : m->k->rope_backward;
-    if (!a->positions) {
-        k(x, B, T, H, hs, theta);
-        return;
-    }
-    for (int b = 0; b < B; b++)
-        for (int t0 = 0, t1; t0 < T; t0 = t1) {
-            const int32_t *d = a->doc_host + (size_t)b * T;
-            for (t1 = t0 + 1; t1 < T && d[t1] == d[t0]; t1++) {
-            }
-            k(x + ((size_t)b * T + t0) * H * hs, 1, t1 - t0, H, hs, theta);
-        }
+    if (a->positions) /* restarting at documents, or a context rank's places */
+        (fwd ? m->k->rope_forward_at : m->k->rope_backward_at)(x, a->positions, B * T, H, hs, theta);
+    else
+        (fwd ? m->k->rope_forward : m->k->rope_backward)(x, B, T, H, hs, theta);
 }
 
 /* Separate q, k, v into the kept rows (qkv_width): side by side for the
@@ -1245,6 +1317,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
         round_act(m, m->v, NK);
         pack_qkv(m, qkv, m->q, m->kk, m->v, N);
     }
+    if (heads_parted(m)) context_heads_in(m, qkv, B);
     keep(m, x->qkv, qkv, (size_t)N * qkv_width(m));
     float *atty = out_of(m, x->atty, m->dbufF[0]);
     attention_forward(m, a, atty, x, qkv, B);
@@ -1464,6 +1537,13 @@ static void embedding_forward(struct loom_decoder *m, struct loom_decoder_acts *
     loom_model_forward_end(model, m->emb);
 }
 
+/* The tokens a micro-batch's mean loss is over: its whole rows', or the
+ * ones that count (--eod-mask-loss). */
+static int loss_count(const struct loom_decoder *m, const struct loom_decoder_acts *a)
+{
+    return m->docs.mask_loss ? a->nkeep : a->rows * m->ctx.T;
+}
+
 /* The head's forward: final norm, logits, and with targets the loss. */
 static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, struct loom_micro *mb,
                          int first, int B)
@@ -1506,48 +1586,56 @@ static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, st
     } else {
         vocab_parallel_crossentropy(m, a, N);
     }
-    /* the mean, on the host in row order */
+    /* the mean, on the host in row order; a context-parallel rank's share
+     * of the whole rows' mean, summed over the group */
     float *losses = m->host_losses;
     dev(m)->download(losses, a->losses, (size_t)N * sizeof(float));
-    double sum = 0;
+    double sum = 0, mean;
     if (!m->docs.mask_loss) {
         for (int i = 0; i < N; i++) sum += losses[i];
-        mb->loss = (float)(sum / N);
-        return;
+        mean = sum / loss_count(m, a);
+    } else {
+        for (int i = 0; i < N; i++)
+            if (a->loss_keep[i]) sum += losses[i];
+        mean = a->nkeep ? sum / a->nkeep : 0.0;
     }
-    for (int i = 0; i < N; i++)
-        if (a->loss_keep[i]) sum += losses[i];
-    mb->loss = a->nkeep ? (float)(sum / a->nkeep) : 0.0f;
+    mb->loss = (float)(m->ctx.cp > 1 ? loom_cp_sum(&m->ctx, mean) : mean);
 }
 
-/* The slot's packed documents from its B rows of input tokens (host):
- * each token's document start (1 + the last end-of-document token before
- * it in its row, else 0), which losses count, and on the device the
- * positions (restarting at each document) and the starts the attention
- * reads. */
+/* The slot's packed documents and positions from its B whole rows of input
+ * tokens (host; Tw tokens each): each token's document start (1 + the last
+ * end-of-document token before it in its row, else 0), which of this
+ * rank's tokens' losses count and how many of the whole rows' do, and on
+ * the device this rank's tokens' positions (restarting at each document;
+ * under context parallelism, else with documents' restarts only) and the
+ * starts the attention reads. */
 static void documents_of(struct loom_decoder *m, struct loom_decoder_acts *a, const int32_t *inputs, int B)
 {
-    const int T = m->T, N = B * T;
-    int32_t *pos = m->host_positions; /* NULL unless positions restart */
+    const int T = m->T, Tw = m->ctx.T, N = B * T, docs = documents(m);
+    int32_t *pos = m->host_positions; /* NULL unless positions restart or are a context rank's */
     a->nkeep = 0;
     for (int b = 0; b < B; b++) {
-        int32_t start = 0;
+        const int32_t *row = inputs + (size_t)b * Tw;
+        int32_t *start = a->doc_host + (size_t)b * Tw;
+        for (int t = 0, s = 0; t < Tw; t++) {
+            const int eod = docs && row[t] == m->docs.eod;
+            start[t] = s;
+            a->nkeep += !(m->docs.mask_loss && eod);
+            if (eod) s = t + 1;
+        }
         for (int t = 0; t < T; t++) {
-            const int i = b * T + t, eod = inputs[i] == m->docs.eod;
-            a->doc_host[i] = start;
-            a->loss_keep[i] = !(m->docs.mask_loss && eod);
-            a->nkeep += a->loss_keep[i];
-            if (pos) pos[i] = t - start;
-            if (eod) start = t + 1;
+            const int g = m->ctx.cp > 1 ? loom_cp_position(&m->ctx, t) : t, i = b * T + t;
+            a->loss_keep[i] = !(m->docs.mask_loss && row[g] == m->docs.eod);
+            if (pos) pos[i] = m->docs.reset_positions ? g - start[g] : g;
         }
     }
     int32_t *dev_pos = a->tokens + 2 * (size_t)m->B * T, *dev_doc = a->tokens + 3 * (size_t)m->B * T;
-    if (m->docs.reset_positions) {
+    if (pos) {
         dev(m)->upload(dev_pos, pos, (size_t)N * sizeof(int32_t));
         a->positions = dev_pos;
     }
     if (m->docs.reset_mask) {
-        dev(m)->upload(dev_doc, a->doc_host, (size_t)N * sizeof(int32_t));
+        dev(m)->upload(dev_doc, a->doc_host, (size_t)B * Tw * sizeof(int32_t));
         a->doc_start = dev_doc;
     }
 }
@@ -1568,18 +1656,24 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     struct loom_decoder_acts *a = &m->slots[mb->slot];
     const struct loom_lm_batch *batch = mb->batch;
     a->inputs = a->targets = NULL;
-    if (batch && batch->inputs) {
-        dev(m)->upload(a->tokens, batch->inputs, (size_t)N * sizeof(int32_t));
+    /* whole rows; a context-parallel rank's own tokens of them */
+    const int32_t *inputs = batch ? batch->inputs : NULL, *targets = batch ? batch->targets : NULL;
+    if (m->ctx.cp > 1) {
+        if (inputs) loom_cp_take_rows(&m->ctx, m->host_tokens, inputs, B), inputs = m->host_tokens;
+        if (targets) loom_cp_take_rows(&m->ctx, m->host_tokens + N, targets, B), targets = m->host_tokens + N;
+    }
+    if (inputs) {
+        dev(m)->upload(a->tokens, inputs, (size_t)N * sizeof(int32_t));
         a->inputs = a->tokens;
     }
-    if (batch && batch->targets) {
-        dev(m)->upload(a->tokens + (size_t)m->B * m->T, batch->targets, (size_t)N * sizeof(int32_t));
+    if (targets) {
+        dev(m)->upload(a->tokens + (size_t)m->B * m->T, targets, (size_t)N * sizeof(int32_t));
         a->targets = a->tokens + (size_t)m->B * m->T;
     }
     a->rows = B;
     a->emb_open = 0;
     a->positions = a->doc_start = NULL;
-    if (documents(m)) {
+    if (documents(m) || m->ctx.cp > 1) {
         LOOM_ASSERT(batch && batch->inputs); /* every stage reads them */
         documents_of(m, a, batch->inputs, B);
     }
@@ -1635,7 +1729,7 @@ static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, f
         const int n = N - r0 < R ? N - r0 : R;
         float *lg = logits_rows(m, a, r0, n);
         if (!m->docs.mask_loss) {
-            crossentropy_backward_rows(m, a, lg, r0, n, loss_weight / (float)N);
+            crossentropy_backward_rows(m, a, lg, r0, n, loss_weight / (float)loss_count(m, a));
         } else { /* runs of rows that count; the others' gradient is 0 */
             const float w = a->nkeep ? loss_weight / (float)a->nkeep : 0.0f;
             for (int i = 0, j; i < n; i = j) {
@@ -1772,6 +1866,6 @@ double loom_decoder_flops_per_token(const struct loom_decoder *m)
 {
     /* the whole model's (MFU divides by the whole job's peak), whatever part this rank holds; a sparse
      * layout's attention counts its share of the causal blocks */
-    const double attn = 12.0 * m->spec.num_layers * (double)m->T * m->spec.hidden;
+    const double attn = 12.0 * m->spec.num_layers * (double)m->ctx.T * m->spec.hidden;
     return 6.0 * loom_decoder_num_params(&m->spec) + attn * loom_model_sparsity_share(m->sparse);
 }

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "layers/context.h"
 #include "layers/linear.h"
 #include "layers/pp_stages.h"
 #include "layers/tp_exact.h"
@@ -158,11 +159,13 @@ struct loom_decoder_acts {
     size_t logits_bytes; /* its buffer */
     float *losses, *lse; /* (N) */
     const int32_t *inputs, *targets; /* the micro-batch's tokens on the device: in tokens */
-    int32_t *tokens;                 /* (4N) the inputs, the targets, the positions and each token's document
-                                      * start, uploaded at the forward (the last two with documents only) */
+    int32_t *tokens; /* (3N + B Tw) the inputs, the targets, the positions and each token's document start
+                      * (of whole rows), uploaded at the forward (the last two with documents or context
+                      * parallelism only); Tw: the whole sequence, T without context parallelism */
     const int32_t *positions, *doc_start; /* in tokens, or NULL: t, one document per row */
-    /* packed documents, on the host: each token's document start, whether
-     * its loss counts, and how many do */
+    /* packed documents, on the host: each token's document start (whole
+     * rows, B Tw), whether its loss counts (this rank's rows), and how many
+     * of the whole rows' do */
     int32_t *doc_host;
     uint8_t *loss_keep;
     int nkeep;
@@ -174,10 +177,18 @@ struct loom_decoder_acts {
 struct loom_decoder {
     struct loom_model base;  /* blocks [embedding, layers..., head]; base.user is this */
     float *host_losses;      /* (B T) host memory: a micro-batch's losses, downloaded for their mean */
-    int32_t *host_positions; /* (B T) host memory: positions restarting at documents, to upload */
+    int32_t *host_positions; /* (B T) host memory: positions (restarting at documents, or a context-parallel
+                              * rank's places in the sequence), to upload */
+    int32_t *host_tokens;    /* (2 B T) host memory: a context-parallel rank's inputs and targets */
     struct loom_decoder_spec spec;
     struct loom_decoder_slots t; /* a layer block's tensors */
-    int B, T;
+    int B, T; /* micro-batch rows and this rank's tokens of each (the sequence, or ctx.Tl of it) */
+    /* context parallelism (layers/context.h): ctx.T the whole sequence; one
+     * rank (ctx.cp 1) without it. Attention meets the other ranks as
+     * cp_comm says; cp_send ... cp_dqkv its scratch */
+    struct loom_cp ctx;
+    enum loom_cp_comm_type cp_comm;
+    float *cp_send, *cp_recv, *cp_out, *cp_dout, *cp_dqkv;
     enum loom_dtype act_dtype; /* F32; BF16, F16: activations kept in it, kernels in float32 */
     enum loom_recompute recompute;
     enum loom_recompute_method recompute_method;
@@ -251,6 +262,10 @@ int loom_decoder_set_sparse(struct loom_decoder *m, const struct loom_sparse_con
  * local): they store the probabilities, so memory grows with T^2. The
  * default is the fused kernel (O(T) memory). */
 void loom_decoder_set_unfused_attention(struct loom_decoder *m, int on);
+/* Context parallelism: this rank is `rank` of a context group of cp
+ * (layers/context.h), meeting in attention as `comm` says (the fused
+ * attention only; after set_sparse). */
+void loom_decoder_set_context(struct loom_decoder *m, int cp, int rank, enum loom_cp_comm_type comm);
 /* Packed documents (the fused attention only). */
 void loom_decoder_set_documents(struct loom_decoder *m, const struct loom_decoder_documents *d);
 void loom_decoder_set_fp8(struct loom_decoder *m, const struct loom_fp8_recipe *r);

@@ -167,6 +167,14 @@ static int check_layout(const struct loom_decoder_def *d, const struct loom_conf
         return loom_error_set(LOOM_ERR_INPUT,
                               "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d",
                               s->ffn, tp);
+    const int cp = cfg->context_parallel_size > 1 ? cfg->context_parallel_size : 1;
+    if (cp > 1 && cfg->cp_comm_type == LOOM_CP_COMM_A2A && (s->heads % (tp * cp) || s->kv_heads % (tp * cp)))
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--cp-comm-type a2a gives each of the --context-parallel-size %d ranks whole heads: "
+            "--num-attention-heads %d and the key/value groups %d must be divisible by %d "
+            "(tensor x context parallel size)",
+            cp, s->heads, s->kv_heads, tp * cp);
     const int n = cfg->layout_invariant;
     if (mha && n && s->heads % n) /* the MLP's 4 x C then divides too */
         return loom_error_set(

@@ -2,6 +2,7 @@
  * What every decoder family's registry entry (model/family.h) shares: a
  * model built from the configuration (this pipeline stage's chunks of
  * layers, this tensor-parallel rank's part, block-sparse attention,
+ * this context-parallel rank's part of the sequence,
  * recomputation, sequence parallelism, --layout-invariant, and when
  * training the compute dtype's activations and fp8), freeing it, its FLOPs.
  */
@@ -36,6 +37,9 @@ struct loom_model *loom_decoder_build(const struct loom_config *cfg, const struc
                     LOOM_OK); /* the family's check built it once already */
     loom_decoder_set_unfused_attention(m, cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
                                               cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL);
+    if (cfg->context_parallel_size > 1) /* the rank's place: the group's (the footprint's: rank 0) */
+        loom_decoder_set_context(m, cfg->context_parallel_size,
+                                 loom_cp_group_rank() % cfg->context_parallel_size, cfg->cp_comm_type);
     if (cfg->reset_position_ids || cfg->reset_attention_mask || cfg->eod_mask_loss) {
         const struct loom_decoder_documents d = {.eod = cfg->eod_token_id,
                                                  .reset_positions = cfg->reset_position_ids,

@@ -1,7 +1,7 @@
 /*
  * Parallelism kinds: the registry of what a layout is made of, as
  * model/family.h is the registry of models. A kind is one way a layout
- * spreads or changes a step's work: tensor, pipeline and sequence
+ * spreads or changes a step's work: tensor, pipeline, sequence and context
  * parallelism, data parallelism (DDP), ZeRO's sharding, mixed precision,
  * fp8's scaling, the layout-invariant sums. Each gives, every part optional:
  *
@@ -45,18 +45,20 @@ enum loom_kind_id {
     LOOM_KIND_TENSOR = 0,
     LOOM_KIND_PIPELINE = 1,
     LOOM_KIND_SEQUENCE = 2,
-    LOOM_KIND_FP8 = 3,
-    LOOM_KIND_DATA = 4,
-    LOOM_KIND_ZERO = 5,
-    LOOM_KIND_PRECISION = 6,
-    LOOM_KIND_INVARIANT = 7,
+    LOOM_KIND_CONTEXT = 3,
+    LOOM_KIND_FP8 = 4,
+    LOOM_KIND_DATA = 5,
+    LOOM_KIND_ZERO = 6,
+    LOOM_KIND_PRECISION = 7,
+    LOOM_KIND_INVARIANT = 8,
     LOOM_KIND_COUNT
 };
 
 /* What a layout is on a rank, from its settings: each kind fills its part
  * (loom_kinds_shape). */
 struct loom_layout_shape {
-    int tp, pp, dp; /* the tensor, pipeline and data-parallel groups' sizes */
+    int tp, pp, dp; /* the tensor, pipeline and data-parallel groups' sizes (dp: the data x context group) */
+    int cp;         /* the context group's: each sequence split over cp ranks */
     int chunks;     /* model chunks a pipeline stage holds */
     int row_ways;   /* the rows between the tensor-parallel regions are split this many ways */
     int exact_sums; /* every sum in one order whatever the layout (--layout-invariant) */
@@ -172,8 +174,8 @@ struct loom_kind {
     int (*plan_probes)(const struct loom_kind_choice *c, struct loom_topology *t, int probe);
 };
 
-extern const struct loom_kind loom_kind_tensor, loom_kind_pipeline, loom_kind_sequence, loom_kind_data,
-    loom_kind_zero, loom_kind_precision, loom_kind_fp8, loom_kind_invariant;
+extern const struct loom_kind loom_kind_tensor, loom_kind_pipeline, loom_kind_sequence, loom_kind_context,
+    loom_kind_data, loom_kind_zero, loom_kind_precision, loom_kind_fp8, loom_kind_invariant;
 /* Sequence parallelism's strategy (its context the model), for a model run
  * outside the engine. */
 extern const struct loom_strategy loom_sequence_strategy;

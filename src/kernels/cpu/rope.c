@@ -12,12 +12,13 @@
 
 #include <math.h>
 
-static void rotate(float *x, int B, int T, int H, int D, float theta, float sign)
+/* Row bt at position pos[bt], or bt % T without pos. */
+static void rotate(float *x, const int32_t *pos, int B, int T, int H, int D, float theta, float sign)
 {
     const int half = D / 2;
 #pragma omp parallel for if ((size_t)B * T * H * D >= 65536)
     for (int bt = 0; bt < B * T; bt++) {
-        const int t = bt % T;
+        const int t = pos ? pos[bt] : bt % T;
         for (int j = 0; j < half; j++) {
             const float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)D);
             const float a = (float)t * inv_freq, c = cosf(a), s = sign * sinf(a);
@@ -33,10 +34,20 @@ static void rotate(float *x, int B, int T, int H, int D, float theta, float sign
 
 void loom_rope_forward(float *x, int B, int T, int H, int D, float theta)
 {
-    rotate(x, B, T, H, D, theta, 1.0f);
+    rotate(x, NULL, B, T, H, D, theta, 1.0f);
 }
 
 void loom_rope_backward(float *dx, int B, int T, int H, int D, float theta)
 {
-    rotate(dx, B, T, H, D, theta, -1.0f);
+    rotate(dx, NULL, B, T, H, D, theta, -1.0f);
+}
+
+void loom_rope_forward_at(float *x, const int32_t *pos, int N, int H, int D, float theta)
+{
+    rotate(x, pos, N, 1, H, D, theta, 1.0f);
+}
+
+void loom_rope_backward_at(float *dx, const int32_t *pos, int N, int H, int D, float theta)
+{
+    rotate(dx, pos, N, 1, H, D, theta, -1.0f);
 }

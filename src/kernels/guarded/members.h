@@ -116,6 +116,10 @@
            (dinp, dweight, dout, inp, weight, rstd, N, C))                                                   \
     X_VOID(rope_forward, (float *x, int B, int T, int H, int D, float theta), (x, B, T, H, D, theta))        \
     X_VOID(rope_backward, (float *dx, int B, int T, int H, int D, float theta), (dx, B, T, H, D, theta))     \
+    X_VOID(rope_forward_at, (float *x, const int32_t *pos, int N, int H, int D, float theta),                \
+           (x, pos, N, H, D, theta))                                                                         \
+    X_VOID(rope_backward_at, (float *dx, const int32_t *pos, int N, int H, int D, float theta),              \
+           (dx, pos, N, H, D, theta))                                                                        \
     X_VOID(swiglu_forward, (float *out, const float *gate, const float *up, size_t n), (out, gate, up, n))   \
     X_VOID(swiglu_backward,                                                                                  \
            (float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n),      \

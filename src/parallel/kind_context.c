@@ -1,0 +1,167 @@
+/*
+ * The context-parallel kind (kinds.h): --context-parallel-size N splits
+ * each sequence over N ranks (layers/context.h: 2N chunks, rank r holding
+ * chunks r and 2N-1-r), which meet in attention as --cp-comm-type says.
+ * Its ranks are part of the data-parallel group (comm/comm.h: the data x
+ * context group, Megatron's data-parallel group with context parallel):
+ * they read the same rows of the batch, and DDP's and ZeRO's reductions
+ * and shards span them, so its own strategy is none. Here: its settings'
+ * rules, its share of the shape, its attention traffic in the time model,
+ * the sizes the planner tries.
+ */
+#include <stdio.h>
+
+#include "base/log.h"
+#include "config/config.h"
+#include "layers/context.h"
+#include "parallel/kinds.h"
+
+/* Attention's all-to-alls block it: all of their time is exposed. */
+static double comm_wait_s(void *ctx)
+{
+    (void)ctx;
+    return loom_cp_comm_take_s();
+}
+
+static void describe(void *ctx, char *buf, size_t n)
+{
+    const struct loom_topology *t = ctx;
+    snprintf(buf, n,
+             "context parallelism: rank %d of %d holds chunks %d and %d of each sequence's %d; attention's "
+             "all-to-alls counted as its wait",
+             t->cp_rank, t->cp, t->cp_rank, 2 * t->cp - 1 - t->cp_rank, 2 * t->cp);
+}
+
+static const struct loom_strategy cp_strategy = {
+    .name = "cp", .comm_wait_s = comm_wait_s, .describe = describe};
+
+static int build(struct loom_kind_build *b, void **state)
+{
+    (void)state;
+    if (b->topo->cp > 1) loom_model_push_strategy(b->model, &cp_strategy, (void *)b->topo);
+    return LOOM_OK;
+}
+
+#define F(field) offsetof(struct loom_config, field)
+#define NAME(field) loom_config_name_of(cfg, F(field))
+
+static int resolve(struct loom_config *cfg)
+{
+    const int cp = cfg->context_parallel_size;
+    if (cp <= 1) return LOOM_OK;
+    if (cfg->seq_length % (2 * cp))
+        return loom_error_set(
+            LOOM_ERR_INPUT, "%s %d cuts each sequence into %d chunks: %s %d is not divisible by %d",
+            NAME(context_parallel_size), cp, 2 * cp, NAME(seq_length), cfg->seq_length, 2 * cp);
+    if (cfg->cp_comm_type != LOOM_CP_COMM_A2A)
+        return loom_error_set(LOOM_ERR_INPUT, "%s %s is not built yet: a2a (DeepSpeed-Ulysses) is",
+                              NAME(cp_comm_type),
+                              cfg->cp_comm_type == LOOM_CP_COMM_P2P ? "p2p" : "all_gather");
+    if (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
+        cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s splits the fused attention: %s %s keeps (T,T) probabilities of whole sequences",
+            NAME(context_parallel_size), NAME(attention_backend),
+            cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ? "unfused" : "local");
+    if (cfg->layout_invariant)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s does not give one process's bits yet: it splits each sequence's sums; drop %s",
+            NAME(context_parallel_size), NAME(layout_invariant));
+    const int tp = cfg->tensor_model_parallel_size;
+    if (cfg->sequence_parallel && (cfg->seq_length / cp) % tp)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s with %s %d: a context rank's %d tokens are not divisible by %s %d",
+                              NAME(sequence_parallel), NAME(context_parallel_size), cp, cfg->seq_length / cp,
+                              NAME(tensor_model_parallel_size), tp);
+    return LOOM_OK;
+}
+
+static void shape(const struct loom_config *cfg, int world, struct loom_layout_shape *s)
+{
+    (void)world;
+    s->cp = cfg->context_parallel_size > 1 ? cfg->context_parallel_size : 1;
+}
+
+/* Ulysses: per layer and micro-batch, q, k, v (up to three activations'
+ * worth) to head parts and the output back forward; the output, its
+ * gradient, to head parts and dq, dk, dv back in the backward; an
+ * all-to-all moves (cp - 1) / cp of a rank's share. Full recomputation's
+ * second forward repeats the forward's. */
+static struct loom_time_terms time_terms(const struct loom_time_in *in)
+{
+    const struct loom_layout_shape *s = in->shape;
+    if (s->cp <= 1) return (struct loom_time_terms){0, 0};
+    double bw, lat;
+    loom_time_link(in, s->tp * s->cp, &bw, &lat);
+    const double act = in->act / s->tp; /* a rank's (B T/cp) rows of its heads' columns */
+    const double per_layer = (in->full ? 2 : 1) * 4 * act + 6 * act;
+    const double one = (double)(s->cp - 1) / s->cp / bw;
+    return (struct loom_time_terms){0, ((double)in->cfg->num_layers / s->pp) *
+                                           in->cfg->gradient_accumulation_steps *
+                                           (per_layer * one + 8 * lat)};
+}
+
+/* Sizes dividing what tensor and pipeline parallelism leave and the
+ * sequence's 2 cp chunks; the user's size when given. */
+static int plan_choices(const struct loom_plan_space *s, const struct loom_kind_choice *l, int slot, int left,
+                        int *out)
+{
+    (void)l, (void)slot;
+    const struct loom_config *b = s->base;
+    const int fix = loom_plan_space_fixed(s, "--context-parallel-size");
+    int n = 0;
+    for (int cp = 1; cp <= left; cp++) {
+        if (left % cp || (fix ? cp != b->context_parallel_size : b->seq_length % (2 * cp) && cp > 1))
+            continue;
+        if (!fix && cp > 1 && (b->num_attention_heads % cp || b->seq_length < 8192)) continue;
+        LOOM_ASSERT(n < LOOM_KIND_MAX_CHOICES);
+        out[n++] = cp;
+    }
+    return n;
+}
+
+static int plan_ranks(const struct loom_kind_choice *c)
+{
+    return c->value;
+}
+
+static void plan_apply(struct loom_config *cfg, const struct loom_kind_choice *c)
+{
+    cfg->context_parallel_size = c->value;
+    if (c->value > 1) cfg->cp_comm_type = LOOM_CP_COMM_A2A;
+}
+
+static void plan_describe(const struct loom_kind_choice *c, char *buf, size_t n)
+{
+    if (c->value > 1) snprintf(buf, n, " x cp %d", c->value);
+}
+
+static void plan_flags(const struct loom_kind_choice *c, char *buf, size_t n)
+{
+    if (c->value > 1) snprintf(buf, n, " --context-parallel-size %d --cp-comm-type a2a", c->value);
+}
+
+/* Its rank 0: every context rank holds as much. */
+static int plan_probes(const struct loom_kind_choice *c, struct loom_topology *t, int probe)
+{
+    (void)probe;
+    t->cp = c->value;
+    t->cp_rank = 0;
+    return 1;
+}
+
+const struct loom_kind loom_kind_context = {.name = "context",
+                                            .group = LOOM_GROUP_CP,
+                                            .resolve = resolve,
+                                            .shape = shape,
+                                            .build = build,
+                                            .time = time_terms,
+                                            .plan_slots = 1,
+                                            .plan_choices = plan_choices,
+                                            .plan_ranks = plan_ranks,
+                                            .plan_apply = plan_apply,
+                                            .plan_describe = plan_describe,
+                                            .plan_flags = plan_flags,
+                                            .plan_probes = plan_probes};
