@@ -176,6 +176,140 @@ static void test_cases(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(&cases[i]);
 }
 
+/* ---- parts of the sequence (context parallelism) ---------------------------------- */
+
+/* Rows [r0, r0 + n) of each of B sequences of T rows (pitch ld, w floats
+ * a row) into a compact (B, n, w). */
+static float *rows_of(const float *x, int B, int T, size_t ld, size_t w, int r0, int n)
+{
+    float *out = malloc((size_t)B * n * w * sizeof(float));
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < n; r++)
+            memcpy(out + ((size_t)b * n + r) * w, x + ((size_t)b * T + r0 + r) * ld, w * sizeof(float));
+    return out;
+}
+
+/* The case's queries cut at s into two parts and its keys at u into two
+ * blocks. Each (part, block) call of every table against the reference's
+ * same call, forward and backward (the backward given the whole
+ * sequence's out and lse rows, as context parallelism gives it); and the
+ * calls put together: out and lse merged over the blocks by their
+ * log-sum-exps, dq summed over the blocks, dk and dv over the parts,
+ * against the whole sequence's. */
+static void test_parts(const struct fcase *c, int s, int u)
+{
+    struct finputs in;
+    inputs_make(&in, c);
+    const struct loom_kernels *ref = loom_kernels_ref();
+    const int B = c->B, T = c->T, NH = c->NH, G = c->G, hs = c->hs;
+    const size_t wq = (size_t)NH * hs, wk = (size_t)G * hs;
+    float *out_w = check_const(in.nout, NAN), *lse_w = check_const(in.nlse, NAN),
+          *dx_w = check_const(in.nx, NAN);
+    ref->flash_attention_forward(out_w, lse_w, in.q, in.k, in.v, &in.a);
+    backward_into(ref, dx_w, &in, out_w, lse_w);
+    const float *dq_w = dx_w + (in.q - in.x), *dk_w = dx_w + (in.k - in.x), *dv_w = dx_w + (in.v - in.x);
+    const int qcut[3] = {0, s, T}, kcut[3] = {0, u, T};
+    for (int ti = -1; ti < ntables; ti++) { /* -1: the reference itself, put together */
+        const struct loom_kernels *t = ti < 0 ? ref : tables[ti];
+        char what[160], name[240];
+        describe(what, sizeof what, ti < 0 ? "ref" : table_names[ti], c);
+        float *mo = check_const(in.nout, 0.0f), *ml = check_const(in.nlse, -INFINITY);
+        float *dq = check_const((size_t)B * T * wq, 0.0f), *dk = check_const((size_t)B * T * wk, 0.0f),
+              *dv = check_const((size_t)B * T * wk, 0.0f);
+        for (int pi = 0; pi < 2; pi++)
+            for (int ki = 0; ki < 2; ki++) {
+                const int q0 = qcut[pi], Tq = qcut[pi + 1] - q0, k0 = kcut[ki], Tk = kcut[ki + 1] - k0;
+                if (Tq < 1 || Tk < 1) continue;
+                struct loom_flash_attn a = in.a;
+                a.q0 = q0, a.Tq = Tq, a.k0 = k0, a.Tk = Tk, a.ld_q = (int)wq, a.ld_k = a.ld_v = (int)wk;
+                float *q = rows_of(in.q, B, T, (size_t)in.a.ld_q, wq, q0, Tq);
+                float *k = rows_of(in.k, B, T, (size_t)in.a.ld_k, wk, k0, Tk);
+                float *v = rows_of(in.v, B, T, (size_t)in.a.ld_v, wk, k0, Tk);
+                float *dout = rows_of(in.dout, B, T, wq, wq, q0, Tq),
+                      *ow = rows_of(out_w, B, T, wq, wq, q0, Tq);
+                const size_t no = (size_t)B * Tq * wq, nl = (size_t)B * NH * Tq, nk = (size_t)B * Tk * wk;
+                float *o = check_const(no, NAN), *l = check_const(nl, NAN), *o_r = check_const(no, NAN),
+                      *l_r = check_const(nl, NAN);
+                t->flash_attention_forward(o, l, q, k, v, &a);
+                ref->flash_attention_forward(o_r, l_r, q, k, v, &a);
+                snprintf(name, sizeof name, "part q %d+%d k %d+%d out (%s)", q0, Tq, k0, Tk, what);
+                check_scaled(name, o, o_r, no, table_tol);
+                /* lse: -inf where a row sees no key of the block, on both sides */
+                int same_inf = 1;
+                for (size_t i = 0; i < nl; i++) {
+                    same_inf &= isinf(l[i]) == isinf(l_r[i]);
+                    if (isinf(l[i])) l[i] = l_r[i] = 0.0f;
+                }
+                snprintf(name, sizeof name, "part q %d+%d k %d+%d lse (%s)", q0, Tq, k0, Tk, what);
+                CHECK(same_inf);
+                check_scaled(name, l, l_r, nl, table_tol);
+                t->flash_attention_forward(o, l, q, k, v, &a); /* again: the -inf rows were zeroed */
+                /* merged into the whole rows by the table's merge (lse rows of pitch T from q0) */
+                for (int b = 0; b < B; b++)
+                    t->flash_attention_merge(mo + ((size_t)b * T + q0) * wq, ml + (size_t)b * NH * T + q0,
+                                             o + (size_t)b * Tq * wq, l + (size_t)b * NH * Tq, Tq, NH, hs, T);
+                /* the backward of the block, given the whole rows' out and lse (pitch T) */
+                struct loom_flash_attn ab = a;
+                ab.ld_lse = T;
+                float *dqp = check_const(no, NAN), *dkp = check_const(nk, NAN), *dvp = check_const(nk, NAN);
+                float *dqr = check_const(no, NAN), *dkr = check_const(nk, NAN), *dvr = check_const(nk, NAN);
+                float *lw = malloc((size_t)B * NH * T * sizeof(float));
+                for (int b = 0; b < B; b++) /* lse rows from q0: the call reads (b, h) rows of pitch T */
+                    for (int h = 0; h < NH; h++)
+                        memcpy(lw + ((size_t)b * NH + h) * T, lse_w + ((size_t)b * NH + h) * T + q0,
+                               (size_t)Tq * sizeof(float));
+                t->flash_attention_backward(dqp, dkp, dvp, dout, ow, lw, q, k, v, &ab);
+                ref->flash_attention_backward(dqr, dkr, dvr, dout, ow, lw, q, k, v, &ab);
+                snprintf(name, sizeof name, "part q %d+%d k %d+%d dq dk dv (%s)", q0, Tq, k0, Tk, what);
+                check_scaled(name, dqp, dqr, no, table_tol);
+                check_scaled(name, dkp, dkr, nk, table_tol);
+                check_scaled(name, dvp, dvr, nk, table_tol);
+                for (int b = 0; b < B; b++) {
+                    for (size_t i = 0; i < (size_t)Tq * wq; i++)
+                        dq[((size_t)b * T + q0) * wq + i] += dqp[(size_t)b * Tq * wq + i];
+                    for (size_t i = 0; i < (size_t)Tk * wk; i++) {
+                        dk[((size_t)b * T + k0) * wk + i] += dkp[(size_t)b * Tk * wk + i];
+                        dv[((size_t)b * T + k0) * wk + i] += dvp[(size_t)b * Tk * wk + i];
+                    }
+                }
+                free(q), free(k), free(v), free(dout), free(ow), free(o), free(l), free(o_r), free(l_r);
+                free(dqp), free(dkp), free(dvp), free(dqr), free(dkr), free(dvr), free(lw);
+            }
+        float *dqw = rows_of(dq_w, B, T, (size_t)in.a.ld_q, wq, 0, T),
+              *dkw = rows_of(dk_w, B, T, (size_t)in.a.ld_k, wk, 0, T),
+              *dvw = rows_of(dv_w, B, T, (size_t)in.a.ld_v, wk, 0, T);
+        snprintf(name, sizeof name, "parts q cut %d k cut %d, merged out lse, summed dq dk dv (%s)", s, u,
+                 what);
+        check_scaled(name, mo, out_w, in.nout, table_tol);
+        check_scaled(name, ml, lse_w, in.nlse, table_tol);
+        check_scaled(name, dq, dqw, (size_t)B * T * wq, table_tol);
+        check_scaled(name, dk, dkw, (size_t)B * T * wk, table_tol);
+        check_scaled(name, dv, dvw, (size_t)B * T * wk, table_tol);
+        free(mo), free(ml), free(dq), free(dk), free(dv), free(dqw), free(dkw), free(dvw);
+    }
+    free(out_w), free(lse_w), free(dx_w);
+    inputs_free(&in);
+}
+
+static void test_parts_cases(void)
+{
+    static struct loom_sparse_config fixed;
+    loom_sparse_config_default(&fixed, LOOM_SPARSE_FIXED);
+    const struct {
+        struct fcase c;
+        int s, u;
+    } cases[] = {
+        {{1, 200, 2, 2, 16, 0, 0, 0, NULL, 0, 0}, 100, 100},  /* all_gather's halves */
+        {{2, 150, 4, 2, 16, 0, 0, 1, NULL, 0, 0}, 37, 113},   /* GQA, off the tiles */
+        {{1, 300, 2, 1, 24, 70, 0, 0, NULL, 0, 0}, 150, 90},  /* a window */
+        {{2, 250, 2, 2, 16, 0, 5, 0, NULL, 0, 0}, 130, 64},   /* documents: blocks before a row's start */
+        {{1, 256, 4, 4, 16, 0, 3, 1, &fixed, 8, 4}, 96, 160}, /* a block-sparse layout, h0 4 */
+        {{1, 65, 2, 2, 8, 0, 0, 0, NULL, 0, 0}, 5, 64},       /* a part of 5 queries, a block of 1 key */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        test_parts(&cases[i].c, cases[i].s, cases[i].u);
+}
+
 /* ---- block-sparse layouts ------------------------------------------------------ */
 
 static void test_layouts(void)
@@ -336,6 +470,7 @@ static int bf16_table_main(const char *units)
     table_tol = BF16_TOL;
     test_cases();
     test_layouts();
+    test_parts_cases();
     test_vs_dense(t, name, 1, 300, 2, 64);
     return check_summary("test_flash_attention, bf16 table");
 }
@@ -350,6 +485,7 @@ int main(int argc, char **argv)
     }
     test_cases();
     test_layouts();
+    test_parts_cases();
     test_layout_ref_vs_sparse_ref();
     for (int i = 0; i < ntables; i++) {
         test_vs_dense(tables[i], table_names[i], 2, 100, 3, 16);

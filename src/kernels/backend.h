@@ -134,6 +134,10 @@ struct loom_kernels {
     void (*flash_attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                      const float *lse, const float *q, const float *k, const float *v,
                                      const struct loom_flash_attn *a);
+    /* a part's out_p (N, NH hs) and lse_p (NH, N) merged into out and lse (NH, pitch ld_lse) by their
+     * log-sum-exps */
+    void (*flash_attention_merge)(float *out, float *lse, const float *out_p, const float *lse_p, int N,
+                                  int NH, int hs, int ld_lse);
 
     /* ---- GELU (tanh form): out (n); dinp (n) written, and may be dout
      * (elementwise: each is read before it is written) */

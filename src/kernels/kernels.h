@@ -251,6 +251,13 @@ struct loom_flash_attn {
      * (query block, key block) pairs and token window apply on top */
     const struct loom_sparse_layout *layout;
     int h0;
+    /* A part of the sequences (context parallelism): the queries are
+     * positions [q0, q0 + Tq), the keys and values [k0, k0 + Tk) (Tq, Tk
+     * 0: to T); the masks, doc_start and the layout stay the whole
+     * sequences' of T. q, out, dout, dq hold Tq rows a sequence, k, v, dk,
+     * dv Tk; lse (B,NH,ld_lse) (0: Tq), the part's rows first. A query
+     * that sees no key of the part gets out 0 and lse -inf. */
+    int q0, Tq, k0, Tk, ld_lse;
 };
 /* out (B,T,NH,hs) (row pitch NH hs) written; lse (B,NH,T) saves each row's
  * log-sum-exp of the scaled scores. */
@@ -271,6 +278,14 @@ void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, c
 void loom_flash_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                         const float *lse, const float *q, const float *k, const float *v,
                                         const struct loom_flash_attn *a);
+/* Attention over keys in blocks (context parallelism's ring): a block's
+ * out_p (N, NH hs) and lse_p (NH, N), from calls on a part of the keys,
+ * merged into out (N, NH hs) and lse (NH, pitch ld_lse) so far: lse =
+ * log(e^lse + e^lse_p), out = e^(lse_old - lse) out + e^(lse_p - lse)
+ * out_p; a row of lse_p -inf (no key) leaves the row, and one of lse -inf
+ * (none yet) takes the block's. */
+void loom_flash_attention_merge(float *out, float *lse, const float *out_p, const float *lse_p, int N, int NH,
+                                int hs, int ld_lse);
 /* The references: every (query, key) pair in plain loops, double sums. */
 void loom_flash_attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
                                       const struct loom_flash_attn *a);

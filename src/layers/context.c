@@ -134,3 +134,17 @@ void loom_cp_sum_rows(const struct loom_cp *p, const struct loom_kernels *k, flo
     wait(loom_comm_reduce_scatter(LOOM_GROUP_CP, loom_buf_f32(send, block * p->cp),
                                   loom_buf_f32(rows, block)));
 }
+
+void loom_cp_ring_start(const struct loom_cp *p, struct loom_cp_ring *r, const float *send, float *recv,
+                        size_t n, int tag)
+{
+    const int next = (p->rank + 1) % p->cp, prev = (p->rank + p->cp - 1) % p->cp;
+    r->send = loom_comm_send(LOOM_GROUP_CP, loom_buf_f32((float *)send, n), next, tag);
+    r->recv = loom_comm_recv(LOOM_GROUP_CP, loom_buf_f32(recv, n), prev, tag);
+}
+
+void loom_cp_ring_wait(struct loom_cp_ring *r)
+{
+    wait(r->send);
+    wait(r->recv);
+}

@@ -70,6 +70,16 @@ void loom_cp_gather_rows(const struct loom_cp *p, const struct loom_kernels *k, 
 void loom_cp_sum_rows(const struct loom_cp *p, const struct loom_kernels *k, float *rows, const float *whole,
                       int B, int w, float *send);
 
+/* p2p's ring: send (n floats) to the next rank of the group and recv (n)
+ * from the previous one, started (tag: one kind of message); wait ends
+ * both. */
+struct loom_cp_ring {
+    struct loom_comm_handle *send, *recv;
+};
+void loom_cp_ring_start(const struct loom_cp *p, struct loom_cp_ring *r, const float *send, float *recv,
+                        size_t n, int tag);
+void loom_cp_ring_wait(struct loom_cp_ring *r);
+
 /* Seconds the collectives above waited since the last call. */
 double loom_cp_comm_take_s(void);
 

@@ -599,13 +599,28 @@ static void alloc_activations(struct loom_decoder *m)
     if (m->docs.reset_positions || m->ctx.cp > 1)
         m->host_positions = loom_alloc(loom_mul_size(N, sizeof(int32_t)), LOOM_MEM_OTHER);
     if (m->ctx.cp > 1) {
-        const size_t W = (size_t)qkv_width(m);
+        const size_t W = (size_t)qkv_width(m), kv2 = 2 * (size_t)m->kvC, c = (size_t)m->ctx.c,
+                     whole = (size_t)m->B * m->ctx.T;
         m->host_tokens = loom_alloc(loom_mul_size(2 * N, sizeof(int32_t)), LOOM_MEM_OTHER);
-        m->cp_send = act(m, N * W);
-        m->cp_recv = act(m, N * W);
-        m->cp_out = act(m, N * Cq);
-        m->cp_dout = act(m, N * Cq);
-        m->cp_dqkv = act(m, N * W);
+        if (m->cp_comm == LOOM_CP_COMM_A2A) {
+            m->cp_send = act(m, N * W);
+            m->cp_recv = act(m, N * W);
+            m->cp_out = act(m, N * Cq);
+            m->cp_dout = act(m, N * Cq);
+            m->cp_dqkv = act(m, N * W);
+        } else if (m->cp_comm == LOOM_CP_COMM_ALL_GATHER) {
+            m->cp_kv[0] = act(m, N * kv2);
+            m->cp_recv = act(m, whole * kv2);
+            m->cp_whole = act(m, whole * kv2);
+            m->cp_dwhole = act(m, whole * kv2);
+            m->cp_tmp = act(m, (size_t)m->ctx.T * kv2);
+        } else {
+            for (int i = 0; i < 2; i++) m->cp_kv[i] = act(m, N * kv2), m->cp_dkv[i] = act(m, N * kv2);
+            m->cp_tmp = act(m, c * kv2);
+            m->cp_o = act(m, c * Cq);
+            m->cp_l = act(m, c * (size_t)m->NHl);
+            m->cp_dq = act(m, c * W);
+        }
     }
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
     m->dres = act(m, Nr * C);
@@ -653,11 +668,13 @@ static void free_activations(struct loom_decoder *m)
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
     float *bufs[] = {
-        m->dres,     m->dbufC,       m->dbufC2,      m->dqkv,         m->datt,       m->q,
-        m->kk,       m->v,           m->dbufF[0],    m->dbufF[1],     m->dbufF[2],   m->scratchC,
-        m->ce_stats, m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
-        m->seq_att,  m->head_rows,   m->norm_parts,  m->pos_rows,     m->cp_send,    m->cp_recv,
-        m->cp_out,   m->cp_dout,     m->cp_dqkv};
+        m->dres,      m->dbufC,       m->dbufC2,      m->dqkv,         m->datt,       m->q,
+        m->kk,        m->v,           m->dbufF[0],    m->dbufF[1],     m->dbufF[2],   m->scratchC,
+        m->ce_stats,  m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
+        m->seq_att,   m->head_rows,   m->norm_parts,  m->pos_rows,     m->cp_send,    m->cp_recv,
+        m->cp_out,    m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],     m->cp_kv[1],   m->cp_dkv[0],
+        m->cp_dkv[1], m->cp_whole,    m->cp_dwhole,   m->cp_tmp,       m->cp_o,       m->cp_l,
+        m->cp_dq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);
@@ -1115,6 +1132,184 @@ static void attn_bwd(struct loom_decoder *m, float *dqkv, float *datt, const flo
         m->k->attention_backward(dqkv, datt, dout, att, qkv, B, m->T, m->Cq, m->NHl);
 }
 
+/* ---- context parallelism's attention: all_gather and p2p ---------------------- */
+
+/* Whether attention meets the other context ranks by keys and values
+ * (all_gather, p2p): the kept qkv rows are this rank's. */
+static int keys_moved(const struct loom_decoder *m)
+{
+    return m->ctx.cp > 1 && m->cp_comm != LOOM_CP_COMM_A2A;
+}
+
+/* The fused kernel's description of one call: chunk hq of this rank's
+ * rows of sequence b as the queries (rows of the kept qkv), the keys and
+ * values [k0, k0 + Tk) of the whole sequence (rows of pitch ld_k), the
+ * lse rows of the slot's (B, NH, Tl). */
+static struct loom_flash_attn part_of(const struct loom_decoder *m, const struct loom_decoder_acts *a, int b,
+                                      int hq, int k0, int Tk, int ld_k)
+{
+    return (struct loom_flash_attn){.B = 1,
+                                    .T = m->ctx.T,
+                                    .NH = m->NHl,
+                                    .G = m->Gl,
+                                    .hs = m->hs,
+                                    .ld_q = qkv_width(m),
+                                    .ld_k = ld_k,
+                                    .ld_v = ld_k,
+                                    .doc_start = a->doc_start ? a->doc_start + (size_t)b * m->ctx.T : NULL,
+                                    .layout = m->sparse,
+                                    .h0 = m->tp_rank * m->NHl,
+                                    .q0 = loom_cp_position(&m->ctx, hq * m->ctx.c),
+                                    .Tq = m->ctx.c,
+                                    .k0 = k0,
+                                    .Tk = Tk,
+                                    .ld_lse = m->T};
+}
+
+/* The keys and values of the kept qkv rows (N), side by side (N, 2 kvC),
+ * and gradients of them back into dqkv's columns. */
+static void kv_rows(const struct loom_decoder *m, float *kv, const float *qkv, int N)
+{
+    const size_t kv2 = 2 * (size_t)m->kvC;
+    m->k->convert_rows(kv, LOOM_DTYPE_F32, kv2, qkv + m->Cq, LOOM_DTYPE_F32, (size_t)qkv_width(m), (size_t)N,
+                       kv2);
+}
+
+static void kv_into(const struct loom_decoder *m, float *dqkv, const float *dkv, int N)
+{
+    const size_t kv2 = 2 * (size_t)m->kvC;
+    m->k->convert_rows(dqkv + m->Cq, LOOM_DTYPE_F32, (size_t)qkv_width(m), dkv, LOOM_DTYPE_F32, kv2,
+                       (size_t)N, kv2);
+}
+
+/* all_gather: every rank's keys and values gathered into the whole
+ * sequences (m->cp_whole), then each chunk's queries against the keys up
+ * to its end. */
+static void gather_attention_forward(struct loom_decoder *m, const struct loom_decoder_acts *a, float *atty,
+                                     struct loom_decoder_layer_acts *x, const float *qkv, int B)
+{
+    const int Tl = m->T, T = m->ctx.T, c = m->ctx.c, W = qkv_width(m), kv2 = 2 * m->kvC;
+    kv_rows(m, m->cp_kv[0], qkv, B * Tl);
+    loom_cp_gather_rows(&m->ctx, m->k, m->cp_whole, m->cp_kv[0], B, kv2, m->cp_recv);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < 2; h++) {
+            const struct loom_flash_attn fa =
+                part_of(m, a, b, h, 0, loom_cp_position(&m->ctx, h * c) + c, kv2);
+            const size_t r = (size_t)b * Tl + (size_t)h * c;
+            const float *kw = m->cp_whole + (size_t)b * T * kv2;
+            m->k->flash_attention_forward(atty + r * m->Cq, x->lse + (size_t)b * m->NHl * Tl + (size_t)h * c,
+                                          qkv + r * W, kw, kw + m->kvC, &fa);
+        }
+}
+
+/* Its backward: the keys and values gathered again, each chunk's dk and dv
+ * summed into the whole sequences' (m->cp_dwhole), then summed over the
+ * group into this rank's rows (a reduce-scatter). */
+static void gather_attention_backward(struct loom_decoder *m, const struct loom_decoder_acts *a,
+                                      struct loom_decoder_layer_acts *x, const float *out, const float *qkv,
+                                      int B)
+{
+    const int Tl = m->T, T = m->ctx.T, c = m->ctx.c, W = qkv_width(m), kv2 = 2 * m->kvC;
+    kv_rows(m, m->cp_kv[0], qkv, B * Tl);
+    loom_cp_gather_rows(&m->ctx, m->k, m->cp_whole, m->cp_kv[0], B, kv2, m->cp_recv);
+    dev(m)->memset(m->cp_dwhole, 0, (size_t)B * T * kv2 * sizeof(float));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < 2; h++) {
+            const int Tk = loom_cp_position(&m->ctx, h * c) + c;
+            const struct loom_flash_attn fa = part_of(m, a, b, h, 0, Tk, kv2);
+            const size_t r = (size_t)b * Tl + (size_t)h * c;
+            const float *kw = m->cp_whole + (size_t)b * T * kv2;
+            m->k->flash_attention_backward(
+                m->dqkv + r * W, m->cp_tmp, m->cp_tmp + m->kvC, m->dbufC + r * m->Cq, out + r * m->Cq,
+                x->lse + (size_t)b * m->NHl * Tl + (size_t)h * c, qkv + r * W, kw, kw + m->kvC, &fa);
+            m->k->accumulate(m->cp_dwhole + (size_t)b * T * kv2, m->cp_tmp, (size_t)Tk * kv2);
+        }
+    loom_cp_sum_rows(&m->ctx, m->k, m->cp_kv[0], m->cp_dwhole, B, kv2, m->cp_recv);
+    kv_into(m, m->dqkv, m->cp_kv[0], B * Tl);
+}
+
+/* p2p: the ranks' keys and values go around the ring, each block sent on
+ * while this rank computes on it; each chunk's queries against each chunk
+ * of keys not all after them, merged by log-sum-exp (its own diagonal
+ * chunk first, written directly). */
+static void ring_attention_forward(struct loom_decoder *m, const struct loom_decoder_acts *a, float *atty,
+                                   struct loom_decoder_layer_acts *x, const float *qkv, int B)
+{
+    const int Tl = m->T, c = m->ctx.c, W = qkv_width(m), kv2 = 2 * m->kvC, cp = m->ctx.cp, me = m->ctx.rank;
+    kv_rows(m, m->cp_kv[0], qkv, B * Tl);
+    for (int s = 0; s < cp; s++) {
+        const int src = (me - s + cp) % cp;
+        const float *cur = m->cp_kv[s & 1];
+        struct loom_cp_ring ring;
+        if (s + 1 < cp)
+            loom_cp_ring_start(&m->ctx, &ring, cur, m->cp_kv[(s + 1) & 1], (size_t)B * Tl * kv2, 1);
+        for (int b = 0; b < B; b++)
+            for (int hq = 0; hq < 2; hq++)
+                for (int i = 0; i < 2; i++) {
+                    const int hk = i ? 1 - hq : hq, gq0 = loom_cp_position(&m->ctx, hq * c),
+                              gk0 = loom_cp_position_of(&m->ctx, src, hk * c);
+                    if (gk0 > gq0 + c - 1) continue; /* every key after every query */
+                    const struct loom_flash_attn fa = part_of(m, a, b, hq, gk0, c, kv2);
+                    const size_t r = (size_t)b * Tl + (size_t)hq * c;
+                    const float *kb = cur + ((size_t)b * Tl + (size_t)hk * c) * kv2;
+                    float *lse = x->lse + (size_t)b * m->NHl * Tl + (size_t)hq * c;
+                    if (s == 0 && hk == hq) {
+                        m->k->flash_attention_forward(atty + r * m->Cq, lse, qkv + r * W, kb, kb + m->kvC,
+                                                      &fa);
+                    } else {
+                        struct loom_flash_attn f = fa;
+                        f.ld_lse = 0;
+                        m->k->flash_attention_forward(m->cp_o, m->cp_l, qkv + r * W, kb, kb + m->kvC, &f);
+                        m->k->flash_attention_merge(atty + r * m->Cq, lse, m->cp_o, m->cp_l, c, m->NHl, m->hs,
+                                                    Tl);
+                    }
+                }
+        if (s + 1 < cp) loom_cp_ring_wait(&ring);
+    }
+}
+
+/* Its backward: the blocks go around again with their dk and dv, each
+ * rank adding what its queries give them; after the last step each
+ * rank's own arrives back. */
+static void ring_attention_backward(struct loom_decoder *m, const struct loom_decoder_acts *a,
+                                    struct loom_decoder_layer_acts *x, const float *out, const float *qkv,
+                                    int B)
+{
+    const int Tl = m->T, c = m->ctx.c, W = qkv_width(m), kv2 = 2 * m->kvC, cp = m->ctx.cp, me = m->ctx.rank;
+    const size_t n = (size_t)B * Tl * kv2;
+    kv_rows(m, m->cp_kv[0], qkv, B * Tl);
+    dev(m)->memset(m->dqkv, 0, (size_t)B * Tl * W * sizeof(float));
+    dev(m)->memset(m->cp_dkv[0], 0, n * sizeof(float));
+    dev(m)->memset(m->cp_dq, 0, (size_t)c * W * sizeof(float)); /* its k, v columns stay 0 */
+    for (int s = 0; s < cp; s++) {
+        const int src = (me - s + cp) % cp;
+        const float *cur = m->cp_kv[s & 1];
+        float *dcur = m->cp_dkv[s & 1];
+        struct loom_cp_ring ring;
+        if (s + 1 < cp) loom_cp_ring_start(&m->ctx, &ring, cur, m->cp_kv[(s + 1) & 1], n, 1);
+        for (int b = 0; b < B; b++)
+            for (int hq = 0; hq < 2; hq++)
+                for (int hk = 0; hk < 2; hk++) {
+                    const int gq0 = loom_cp_position(&m->ctx, hq * c),
+                              gk0 = loom_cp_position_of(&m->ctx, src, hk * c);
+                    if (gk0 > gq0 + c - 1) continue;
+                    const struct loom_flash_attn fa = part_of(m, a, b, hq, gk0, c, kv2);
+                    const size_t r = (size_t)b * Tl + (size_t)hq * c, rk = (size_t)b * Tl + (size_t)hk * c;
+                    const float *kb = cur + rk * kv2;
+                    m->k->flash_attention_backward(
+                        m->cp_dq, m->cp_tmp, m->cp_tmp + m->kvC, m->dbufC + r * m->Cq, out + r * m->Cq,
+                        x->lse + (size_t)b * m->NHl * Tl + (size_t)hq * c, qkv + r * W, kb, kb + m->kvC, &fa);
+                    m->k->accumulate(m->dqkv + r * W, m->cp_dq, (size_t)c * W);
+                    m->k->accumulate(dcur + rk * kv2, m->cp_tmp, (size_t)c * kv2);
+                }
+        if (s + 1 < cp) loom_cp_ring_wait(&ring);
+        struct loom_cp_ring back; /* the block's gradients on to the next rank, the next block's in */
+        loom_cp_ring_start(&m->ctx, &back, dcur, m->cp_dkv[(s + 1) & 1], n, 2);
+        loom_cp_ring_wait(&back);
+    }
+    kv_into(m, m->dqkv, m->cp_dkv[cp & 1], B * Tl);
+}
+
 /* Attention over B sequences from qkv (float32 values) into atty. Fused:
  * the log-sum-exp rows into x->lse. Unfused: the probabilities into x->att,
  * or with 16-bit activations one sequence at a time into seq_att, not
@@ -1123,6 +1318,13 @@ static void attention_forward(struct loom_decoder *m, const struct loom_decoder_
                               struct loom_decoder_layer_acts *x, const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
+    if (keys_moved(m)) {
+        if (m->cp_comm == LOOM_CP_COMM_ALL_GATHER)
+            gather_attention_forward(m, a, atty, x, qkv, B);
+        else
+            ring_attention_forward(m, a, atty, x, qkv, B);
+        return;
+    }
     if (heads_parted(m)) { /* the output of this rank's heads, then every head of this rank's rows */
         const struct loom_flash_attn fa = flash_of(m, a, B);
         const int cq = Cq / m->ctx.cp, kv = m->kvC / m->ctx.cp;
@@ -1154,6 +1356,14 @@ static void attention_backward(struct loom_decoder *m, const struct loom_decoder
                                struct loom_decoder_layer_acts *x, const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
+    if (keys_moved(m)) {
+        const float *out = view(m, x->atty, m->dbufF[0], (size_t)B * T * Cq);
+        if (m->cp_comm == LOOM_CP_COMM_ALL_GATHER)
+            gather_attention_backward(m, a, x, out, qkv, B);
+        else
+            ring_attention_backward(m, a, x, out, qkv, B);
+        return;
+    }
     if (heads_parted(m)) { /* the output and its gradient to this rank's heads, dqkv back to its rows */
         const struct loom_flash_attn fa = flash_of(m, a, B);
         const int cq = Cq / m->ctx.cp, kv = m->kvC / m->ctx.cp;

@@ -188,8 +188,13 @@ struct loom_decoder {
      * cp_comm says; cp_send ... cp_dqkv its scratch */
     struct loom_cp ctx;
     enum loom_cp_comm_type cp_comm;
-    float *cp_send, *cp_recv, *cp_out, *cp_dout, *cp_dqkv;
-    enum loom_dtype act_dtype; /* F32; BF16, F16: activations kept in it, kernels in float32 */
+    float *cp_send, *cp_recv, *cp_out, *cp_dout, *cp_dqkv; /* a2a */
+    float *cp_kv[2], *cp_dkv[2]; /* (N, 2 kvC) this rank's keys and values (p2p: and a block in flight), and
+                                  * their gradients (p2p) */
+    float *cp_whole, *cp_dwhole; /* all_gather: (B Tw, 2 kvC) the whole sequences' keys and values, their
+                                  * gradients */
+    float *cp_tmp, *cp_o, *cp_l, *cp_dq; /* one call's dk and dv, out, lse and dq (p2p) */
+    enum loom_dtype act_dtype;           /* F32; BF16, F16: activations kept in it, kernels in float32 */
     enum loom_recompute recompute;
     enum loom_recompute_method recompute_method;
     int recompute_num_layers;

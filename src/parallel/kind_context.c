@@ -28,7 +28,7 @@ static void describe(void *ctx, char *buf, size_t n)
     const struct loom_topology *t = ctx;
     snprintf(buf, n,
              "context parallelism: rank %d of %d holds chunks %d and %d of each sequence's %d; attention's "
-             "all-to-alls counted as its wait",
+             "exchanges counted as its wait",
              t->cp_rank, t->cp, t->cp_rank, 2 * t->cp - 1 - t->cp_rank, 2 * t->cp);
 }
 
@@ -53,10 +53,6 @@ static int resolve(struct loom_config *cfg)
         return loom_error_set(
             LOOM_ERR_INPUT, "%s %d cuts each sequence into %d chunks: %s %d is not divisible by %d",
             NAME(context_parallel_size), cp, 2 * cp, NAME(seq_length), cfg->seq_length, 2 * cp);
-    if (cfg->cp_comm_type != LOOM_CP_COMM_A2A)
-        return loom_error_set(LOOM_ERR_INPUT, "%s %s is not built yet: a2a (DeepSpeed-Ulysses) is",
-                              NAME(cp_comm_type),
-                              cfg->cp_comm_type == LOOM_CP_COMM_P2P ? "p2p" : "all_gather");
     if (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
         cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL)
         return loom_error_set(
@@ -84,23 +80,34 @@ static void shape(const struct loom_config *cfg, int world, struct loom_layout_s
     s->cp = cfg->context_parallel_size > 1 ? cfg->context_parallel_size : 1;
 }
 
-/* Ulysses: per layer and micro-batch, q, k, v (up to three activations'
- * worth) to head parts and the output back forward; the output, its
- * gradient, to head parts and dq, dk, dv back in the backward; an
- * all-to-all moves (cp - 1) / cp of a rank's share. Full recomputation's
+/* Bytes a layer moves per micro-batch, in activations' worth of a rank's
+ * (B T/cp) rows of its heads (act; keys and values counted as one, as
+ * grouped heads make them at most): a2a's all-to-alls move (cp - 1) / cp
+ * of q, k, v and the output forward, of the output, its gradient and dq,
+ * dk, dv backward; all_gather gathers the keys and values forward and
+ * again backward and reduce-scatters their gradients; p2p passes cp - 1
+ * blocks of them forward, and backward cp - 1 blocks and cp blocks of
+ * their gradients. None of it hidden (the forward's ring runs beside the
+ * tiles, but no model of that overlap is made). Full recomputation's
  * second forward repeats the forward's. */
 static struct loom_time_terms time_terms(const struct loom_time_in *in)
 {
     const struct loom_layout_shape *s = in->shape;
-    if (s->cp <= 1) return (struct loom_time_terms){0, 0};
+    const int cp = s->cp;
+    if (cp <= 1) return (struct loom_time_terms){0, 0};
     double bw, lat;
-    loom_time_link(in, s->tp * s->cp, &bw, &lat);
-    const double act = in->act / s->tp; /* a rank's (B T/cp) rows of its heads' columns */
-    const double per_layer = (in->full ? 2 : 1) * 4 * act + 6 * act;
-    const double one = (double)(s->cp - 1) / s->cp / bw;
+    loom_time_link(in, s->tp * cp, &bw, &lat);
+    const double act = in->act / s->tp, share = (double)(cp - 1) / cp, passes = in->full ? 2 : 1;
+    double bytes, msgs;
+    if (in->cfg->cp_comm_type == LOOM_CP_COMM_A2A)
+        bytes = (passes * 4 + 6) * act * share, msgs = passes * 2 + 3;
+    else if (in->cfg->cp_comm_type == LOOM_CP_COMM_ALL_GATHER)
+        bytes = (passes + 2) * act * (cp - 1), msgs = passes + 2;
+    else
+        bytes = (passes * (cp - 1) + 2 * cp - 1) * act, msgs = passes * (cp - 1) + 2 * cp - 1;
     return (struct loom_time_terms){0, ((double)in->cfg->num_layers / s->pp) *
                                            in->cfg->gradient_accumulation_steps *
-                                           (per_layer * one + 8 * lat)};
+                                           (bytes / bw + msgs * (cp - 1) * lat)};
 }
 
 /* Sizes dividing what tensor and pipeline parallelism leave and the
@@ -115,7 +122,10 @@ static int plan_choices(const struct loom_plan_space *s, const struct loom_kind_
     for (int cp = 1; cp <= left; cp++) {
         if (left % cp || (fix ? cp != b->context_parallel_size : b->seq_length % (2 * cp) && cp > 1))
             continue;
-        if (!fix && cp > 1 && (b->num_attention_heads % cp || b->seq_length < 8192)) continue;
+        if (!fix && cp > 1 &&
+            (b->seq_length < 4096 || /* long sequences only */
+             (b->cp_comm_type == LOOM_CP_COMM_A2A && b->num_attention_heads % cp)))
+            continue;
         LOOM_ASSERT(n < LOOM_KIND_MAX_CHOICES);
         out[n++] = cp;
     }
@@ -130,7 +140,6 @@ static int plan_ranks(const struct loom_kind_choice *c)
 static void plan_apply(struct loom_config *cfg, const struct loom_kind_choice *c)
 {
     cfg->context_parallel_size = c->value;
-    if (c->value > 1) cfg->cp_comm_type = LOOM_CP_COMM_A2A;
 }
 
 static void plan_describe(const struct loom_kind_choice *c, char *buf, size_t n)
@@ -140,7 +149,8 @@ static void plan_describe(const struct loom_kind_choice *c, char *buf, size_t n)
 
 static void plan_flags(const struct loom_kind_choice *c, char *buf, size_t n)
 {
-    if (c->value > 1) snprintf(buf, n, " --context-parallel-size %d --cp-comm-type a2a", c->value);
+    if (c->value > 1)
+        snprintf(buf, n, " --context-parallel-size %d", c->value); /* the comm type the user's */
 }
 
 /* Its rank 0: every context rank holds as much. */

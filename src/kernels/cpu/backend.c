@@ -35,6 +35,7 @@ static const struct loom_kernels cpu_kernels = {
     .sparse_attention_backward = loom_sparse_attention_backward,
     .flash_attention_forward = loom_flash_attention_forward,
     .flash_attention_backward = loom_flash_attention_backward,
+    .flash_attention_merge = loom_flash_attention_merge,
     .gelu_forward = loom_gelu_forward,
     .gelu_backward = loom_gelu_backward,
     .gelu_exact_forward = loom_gelu_exact_forward,

@@ -48,6 +48,8 @@ float loom_flash_attn_check(const struct loom_flash_attn *a)
     LOOM_ASSERT(a->B >= 1 && a->T >= 1 && a->hs >= 1 && a->G >= 1 && a->NH >= a->G && a->NH % a->G == 0);
     LOOM_ASSERT(a->ld_q >= a->NH * a->hs && a->ld_k >= a->G * a->hs && a->ld_v >= a->G * a->hs);
     LOOM_ASSERT(a->window >= 0);
+    LOOM_ASSERT(a->q0 >= 0 && a->Tq >= 0 && a->k0 >= 0 && a->Tk >= 0 && fa_tq(a) >= 1 && fa_tk(a) >= 1 &&
+                fa_qend(a) <= a->T && fa_kend(a) <= a->T && (a->ld_lse == 0 || a->ld_lse >= fa_tq(a)));
     if (a->layout)
         LOOM_ASSERT(a->layout->T == a->T && a->layout->unidirectional && a->h0 >= 0 &&
                     a->h0 + a->NH <= a->layout->NH);
@@ -85,28 +87,30 @@ static size_t fwd_ws(int hs)
     return (size_t)FA_BQ * FA_BK + FA_BQ * hsp + 2 * FA_BQ;
 }
 
-/* One query tile [i0, i0 + BQ) of head h of sequence b; kt: the key tiles
- * of its key/value head, transposed (hs, BK) each, ktile floats apart; vc:
- * its values, (T, hsp) contiguous. */
+/* One query tile [i0, i1) (positions: the tile of 64 at i0, from q0 at the
+ * part's first) of head h of sequence b; kt: the key tiles of its
+ * key/value head from the part's first (kt0 the tiles before it),
+ * transposed (hs, BK) each, ktile floats apart; vc: its values, (tiles BK,
+ * hsp) contiguous from tile kt0's first position. */
 static void fwd_tile(float *out, float *lse, const float *q, const float *kt, size_t ktile, const float *vc,
-                     const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
+                     int kt0, const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
 {
     float keep[FA_BK] __attribute__((aligned(64)));
-    const int T = a->T, hs = a->hs, hsp = fa_up16(hs);
-    const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
+    const int hs = a->hs, hsp = fa_up16(hs), kend = fa_kend(a);
+    const int i1 = fa_min(i0 / FA_BQ * FA_BQ + FA_BQ, fa_qend(a)), m = i1 - i0;
     float *S = ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp;
     float *l = mx + FA_BQ;
-    const float *qi = q + ((size_t)b * T + i0) * a->ld_q + (size_t)h * hs;
+    const float *qi = q + ((size_t)b * fa_tq(a) + i0 - a->q0) * a->ld_q + (size_t)h * hs;
     for (int r = 0; r < m; r++) mx[r] = -INFINITY, l[r] = 0.0f;
     memset(acc, 0, (size_t)m * hsp * sizeof(float));
-    const int lo_last = fa_key_lo(a, b, i1 - 1);
-    for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < i1; j0 += FA_BK) {
-        const int j1 = fa_min(j0 + FA_BK, i1), n = j1 - j0, n16 = fa_up16(n);
+    const int lo_last = fa_key_lo(a, b, i1 - 1), jend = fa_min(i1, kend);
+    for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < jend; j0 += FA_BK) {
+        const int j1 = fa_min(j0 + FA_BK, jend), n = j1 - j0, n16 = fa_up16(n);
         const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
         if (!kept) continue;
         const int full = kept == 2 && j1 - 1 <= i0 && lo_last <= j0;
         if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
-        const float *Kt = kt + (size_t)(j0 / FA_BK) * ktile;
+        const float *Kt = kt + (size_t)(j0 / FA_BK - kt0) * ktile;
         fa_gemm(m, n16, hs, qi, a->ld_q, 1, Kt, FA_BK, S, FA_BK, 0); /* S = Q K^T */
         for (int r = 0; r < m; r++) {
             const int t = i0 + r;
@@ -118,7 +122,8 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
             }
             fa_online_row(s, NULL, keep, n16, scale, &mx[r], &l[r], acc + (size_t)r * hsp, hs);
         }
-        fa_gemm(m, hs, n, S, FA_BK, 1, vc + (size_t)j0 * hsp, hsp, acc, hsp, 1); /* acc += P V */
+        fa_gemm(m, hs, n, S, FA_BK, 1, vc + (size_t)(j0 - kt0 * FA_BK) * hsp, hsp, acc, hsp,
+                1); /* acc += P V */
     }
     fa_finish_rows(out, lse, acc, hsp, mx, l, a, b, h, i0, m);
 }
@@ -127,38 +132,51 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
                                   const struct loom_flash_attn *a)
 {
     const float scale = loom_flash_attn_check(a);
-    const int nt = (a->T + FA_BQ - 1) / FA_BQ, nthr = fa_threads(a), R = a->NH / a->G;
-    const size_t per = fwd_ws(a->hs), ktile = (size_t)a->hs * FA_BK, khead = (size_t)nt * ktile;
+    const int hs = a->hs, nthr = fa_threads(a), R = a->NH / a->G, Tk = fa_tk(a);
+    /* the part's query tiles and key tiles, of 64 positions from 0 (the
+     * same tiles as the whole sequence's, so the same sums) */
+    const int qt0 = a->q0 / FA_BQ, nqt = (fa_qend(a) - 1) / FA_BQ + 1 - qt0;
+    const int kt0 = a->k0 / FA_BK, nkt = (fa_kend(a) - 1) / FA_BK + 1 - kt0;
+    const size_t per = fwd_ws(hs), ktile = (size_t)hs * FA_BK, khead = (size_t)nkt * ktile;
     float *ws = loom_flash_attn_scratch(FA_SCRATCH_FWD_WS, loom_mul_size((size_t)nthr * per, sizeof(float)));
-    /* every key tile transposed once, (B,G,nt,hs,BK), and the values
-     * gathered (B,G,T,hsp): each is read by up to nt query tiles of R heads,
-     * from contiguous memory (rows of q, k, v are pages apart at long T) */
-    const size_t hsp = (size_t)fa_up16(a->hs), vhead = (size_t)a->T * hsp;
+    /* every key tile transposed once, (B,G,nkt,hs,BK), and the values
+     * gathered (B,G,nkt BK,hsp): each is read by up to nqt query tiles of R
+     * heads, from contiguous memory (rows of q, k, v are pages apart at
+     * long T); a part's edge tiles through a zero-padded copy (eds) */
+    const size_t hsp = (size_t)fa_up16(hs), vhead = (size_t)nkt * FA_BK * hsp;
     float *kt = loom_flash_attn_scratch(
-        FA_SCRATCH_FWD_PACK, loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead + vhead), sizeof(float)));
-    float *vc = kt + (size_t)a->B * a->G * khead;
+        FA_SCRATCH_FWD_PACK,
+        loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead + vhead) + (size_t)nthr * 2 * FA_BK * hs,
+                      sizeof(float)));
+    float *vc = kt + (size_t)a->B * a->G * khead, *eds = vc + (size_t)a->B * a->G * vhead;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
+        float *edge = eds + (size_t)fa_thread_id() * 2 * FA_BK * hs;
 #pragma omp for collapse(2) schedule(static)
         for (int bg = 0; bg < a->B * a->G; bg++)
-            for (int jt = 0; jt < nt; jt++) {
-                const int b = bg / a->G, g = bg % a->G, j0 = jt * FA_BK;
-                const int n = fa_min(FA_BK, a->T - j0);
-                fa_pack_t(kt + (size_t)bg * khead + (size_t)jt * ktile, FA_BK,
-                          k + ((size_t)b * a->T + j0) * a->ld_k + (size_t)g * a->hs, a->ld_k, n, a->hs);
+            for (int jt = 0; jt < nkt; jt++) {
+                const int b = bg / a->G, g = bg % a->G, j0 = (kt0 + jt) * FA_BK;
+                const int n = fa_min(FA_BK, fa_kend(a) - j0);
+                ptrdiff_t ldk, ldv;
+                const float *kr = fa_edge_tile(edge, k + (size_t)b * Tk * a->ld_k + (size_t)g * hs, a->ld_k,
+                                               a, j0, n, hs, &ldk);
+                const float *vr =
+                    fa_edge_tile(edge + FA_BK * hs, v + (size_t)b * Tk * a->ld_v + (size_t)g * hs, a->ld_v, a,
+                                 j0, n, hs, &ldv);
+                fa_pack_t(kt + (size_t)bg * khead + (size_t)jt * ktile, FA_BK, kr, ldk, n, hs);
                 for (int j = 0; j < n; j++)
-                    memcpy(vc + (size_t)bg * vhead + (size_t)(j0 + j) * hsp,
-                           v + ((size_t)b * a->T + j0 + j) * a->ld_v + (size_t)g * a->hs,
-                           (size_t)a->hs * sizeof(float));
+                    memcpy(vc + (size_t)bg * vhead + (size_t)(jt * FA_BK + j) * hsp, vr + (ptrdiff_t)j * ldv,
+                           (size_t)hs * sizeof(float));
             }
-        const long nbh = (long)a->B * a->NH, ntask = nbh * nt;
+        const long nbh = (long)a->B * a->NH, ntask = nbh * nqt;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < ntask; task++) {
             /* the longest tiles (last along T) first */
-            const int it = nt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH, h = bh % a->NH;
+            const int it = qt0 + nqt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH,
+                      h = bh % a->NH;
             const size_t bg = (size_t)b * a->G + h / R;
-            fwd_tile(out, lse, q, kt + bg * khead, ktile, vc + bg * vhead, a, scale, b, h, it * FA_BQ,
-                     ws + (size_t)fa_thread_id() * per);
+            fwd_tile(out, lse, q, kt + bg * khead, ktile, vc + bg * vhead, kt0, a, scale, b, h,
+                     fa_max(it * FA_BQ, a->q0), ws + (size_t)fa_thread_id() * per);
         }
     }
 }
@@ -183,17 +201,19 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
 {
     float keep[FA_BK] __attribute__((aligned(64)));
     float *ws = wsv;
-    const int T = a->T, hs = a->hs, hsp = fa_up16(hs), g = h / (a->NH / a->G);
+    /* T: the part's queries; rows of Qc, dOc, dQc, D from q0, of dk, dv from k0 */
+    const int T = fa_tq(a), q0 = a->q0, k0 = a->k0, qend = fa_qend(a), kend = fa_kend(a), hs = a->hs,
+              hsp = fa_up16(hs), g = h / (a->NH / a->G);
     const size_t ldo = (size_t)a->NH * hs;
     float *S = ws, *dS = S + FA_BQ * FA_BK, *Kt = dS + FA_BQ * FA_BK, *Vt = Kt + (size_t)hsp * FA_BK;
     float *dKa = Vt + (size_t)hsp * FA_BK, *dVa = dKa + (size_t)FA_BK * hsp, *D = dVa + (size_t)FA_BK * hsp;
     float *Qc = D + fa_up16(T), *dOc = Qc + (size_t)T * hsp, *dQc = dOc + (size_t)T * hsp;
     const float *qb = q + (size_t)b * T * a->ld_q + (size_t)h * hs;
-    const float *kb = k + (size_t)b * T * a->ld_k + (size_t)g * hs;
-    const float *vb = v + (size_t)b * T * a->ld_v + (size_t)g * hs;
+    const float *kb = k + (size_t)b * fa_tk(a) * a->ld_k + (size_t)g * hs;
+    const float *vb = v + (size_t)b * fa_tk(a) * a->ld_v + (size_t)g * hs;
     const float *dob = dout + (size_t)b * T * ldo + (size_t)h * hs;
     const float *ob = out + (size_t)b * T * ldo + (size_t)h * hs;
-    const float *lseb = lse + ((size_t)b * a->NH + h) * T;
+    const float *lseb = lse + ((size_t)b * a->NH + h) * fa_ld_lse(a);
     float *dqb = dq + (size_t)b * T * a->ld_q + (size_t)h * hs;
     for (int t = 0; t < T; t++) {
         const float *o = ob + (size_t)t * ldo, *d_o = dob + (size_t)t * ldo;
@@ -205,27 +225,28 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
         memcpy(dOc + (size_t)t * hsp, d_o, (size_t)hs * sizeof(float));
     }
     memset(dQc, 0, (size_t)T * hsp * sizeof(float));
-    for (int j0 = 0; j0 < T; j0 += FA_BK) {
-        const int j1 = fa_min(j0 + FA_BK, T), n = j1 - j0, n16 = fa_up16(n);
-        const int tmax = fa_last_query(a, b, j1 - 1);
-        fa_pack_t(Kt, FA_BK, kb + (size_t)j0 * a->ld_k, a->ld_k, n, hs);
-        fa_pack_t(Vt, FA_BK, vb + (size_t)j0 * a->ld_v, a->ld_v, n, hs);
+    for (int j0 = k0; j0 < kend; j0 += FA_BK) { /* positions */
+        const int j1 = fa_min(j0 + FA_BK, kend), n = j1 - j0, n16 = fa_up16(n);
+        const int tmax = fa_min(fa_last_query(a, b, j1 - 1), qend - 1);
+        const float *kj = kb + (size_t)(j0 - k0) * a->ld_k;
+        fa_pack_t(Kt, FA_BK, kj, a->ld_k, n, hs);
+        fa_pack_t(Vt, FA_BK, vb + (size_t)(j0 - k0) * a->ld_v, a->ld_v, n, hs);
         memset(dKa, 0, (size_t)n * hsp * sizeof(float));
         memset(dVa, 0, (size_t)n * hsp * sizeof(float));
-        for (int i0 = j0; i0 <= tmax; i0 += FA_BQ) {
-            const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
+        for (int i0 = fa_max(j0, q0); i0 <= tmax; i0 += FA_BQ) {
+            const int i1 = fa_min(i0 + FA_BQ, qend), m = i1 - i0;
             const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
             if (!kept) continue;
             const int full = kept == 2 && j1 - 1 <= i0 && fa_key_lo(a, b, i1 - 1) <= j0;
             if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
-            const float *qi = Qc + (size_t)i0 * hsp, *doi = dOc + (size_t)i0 * hsp;
+            const float *qi = Qc + (size_t)(i0 - q0) * hsp, *doi = dOc + (size_t)(i0 - q0) * hsp;
             fa_gemm(m, n16, hs, qi, hsp, 1, Kt, FA_BK, S, FA_BK, 0);   /* S = Q K^T */
             fa_gemm(m, n16, hs, doi, hsp, 1, Vt, FA_BK, dS, FA_BK, 0); /* dP = dO V^T */
             for (int r = 0; r < m; r++) {
                 const int t = i0 + r;
                 float *s = S + (size_t)r * FA_BK, *ds = dS + (size_t)r * FA_BK;
                 if (!full) fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept);
-                const float lt = lseb[t], Dt = D[t];
+                const float lt = lseb[t - q0], Dt = D[t - q0];
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
                     const float e = fa_exp(s[c] * scale - lt);
@@ -236,12 +257,12 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
             }
             fa_gemm(n, hs, m, S, 1, FA_BK, doi, hsp, dVa, hsp, 1); /* dV += P^T dO */
             fa_gemm(n, hs, m, dS, 1, FA_BK, qi, hsp, dKa, hsp, 1); /* dK += dS^T Q */
-            fa_gemm(m, hs, n, dS, FA_BK, 1, kb + (size_t)j0 * a->ld_k, a->ld_k, dQc + (size_t)i0 * hsp, hsp,
+            fa_gemm(m, hs, n, dS, FA_BK, 1, kj, a->ld_k, dQc + (size_t)(i0 - q0) * hsp, hsp,
                     1); /* dQ += dS K */
         }
         for (int j = 0; j < n; j++) {
-            memcpy(dk + (size_t)(j0 + j) * ldk, dKa + (size_t)j * hsp, (size_t)hs * sizeof(float));
-            memcpy(dv + (size_t)(j0 + j) * ldv, dVa + (size_t)j * hsp, (size_t)hs * sizeof(float));
+            memcpy(dk + (size_t)(j0 - k0 + j) * ldk, dKa + (size_t)j * hsp, (size_t)hs * sizeof(float));
+            memcpy(dv + (size_t)(j0 - k0 + j) * ldv, dVa + (size_t)j * hsp, (size_t)hs * sizeof(float));
         }
     }
     for (int t = 0; t < T; t++)
@@ -253,7 +274,8 @@ void loom_flash_attn_backward_heads(fa_head_fn fn, size_t ws_bytes, float *dq, f
                                     const float *k, const float *v, const struct loom_flash_attn *a)
 {
     const float scale = loom_flash_attn_check(a);
-    const int B = a->B, T = a->T, NH = a->NH, G = a->G, hs = a->hs, R = NH / G, nthr = fa_threads(a);
+    /* T: the part's keys (dk, dv's rows a sequence) */
+    const int B = a->B, T = fa_tk(a), NH = a->NH, G = a->G, hs = a->hs, R = NH / G, nthr = fa_threads(a);
     const size_t per = (ws_bytes + 63) & ~(size_t)63;
     char *ws = loom_flash_attn_scratch(FA_SCRATCH_BWD_WS, loom_mul_size((size_t)nthr, per));
     /* grouped: each head's dK and dV (B,NH,T,hs), summed below */
@@ -300,6 +322,27 @@ void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float 
                                    const float *lse, const float *q, const float *k, const float *v,
                                    const struct loom_flash_attn *a)
 {
-    loom_flash_attn_backward_heads(bwd_head, bwd_ws(a->hs, a->T) * sizeof(float), dq, dk, dv, dout, out, lse,
-                                   q, k, v, a);
+    loom_flash_attn_backward_heads(bwd_head, bwd_ws(a->hs, fa_tq(a)) * sizeof(float), dq, dk, dv, dout, out,
+                                   lse, q, k, v, a);
+}
+
+/* ---- merging blocks of keys ------------------------------------------------------ */
+
+void loom_flash_attention_merge(float *out, float *lse, const float *out_p, const float *lse_p, int N, int NH,
+                                int hs, int ld_lse)
+{
+    const size_t ldo = (size_t)NH * hs;
+#pragma omp parallel for collapse(2) if ((size_t)N * NH * hs >= 65536)
+    for (int h = 0; h < NH; h++)
+        for (int n = 0; n < N; n++) {
+            const float lp = lse_p[(size_t)h * N + n];
+            float *l = lse + (size_t)h * ld_lse + n;
+            if (lp == -INFINITY) continue;
+            const float mx = fmaxf(*l, lp), lnew = mx + logf(expf(*l - mx) + expf(lp - mx));
+            const float wa = expf(*l - lnew), wb = expf(lp - lnew);
+            float *o = out + (size_t)n * ldo + (size_t)h * hs;
+            const float *op = out_p + (size_t)n * ldo + (size_t)h * hs;
+            for (int d = 0; d < hs; d++) o[d] = wa * o[d] + wb * op[d];
+            *l = lnew;
+        }
 }

@@ -217,26 +217,29 @@ static gemm_fn gemm_for_units(void)
 #define KP_TILE(hs) ((size_t)up2(hs) * FA_BK)
 #define VP_TILE(hsp) ((size_t)FA_BK * (hsp))
 
-static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp, const uint16_t *vp,
+/* One query tile [i0, i1) (positions: the tile of 64 at i0, from q0 at the
+ * part's first); kp, vp: its key/value head's packed tiles from the part's
+ * first (kt0 the tiles before it). */
+static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp, const uint16_t *vp, int kt0,
                      const struct loom_flash_attn *a, float scale, int b, int h, int i0, gemm_fn gemm,
                      char *ws)
 {
     float keep[FA_BK] __attribute__((aligned(64)));
-    const int T = a->T, hs = a->hs, hs2 = up2(hs), hsp = fa_up16(hs);
-    const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0;
+    const int hs = a->hs, hs2 = up2(hs), hsp = fa_up16(hs);
+    const int i1 = fa_min(i0 / FA_BQ * FA_BQ + FA_BQ, fa_qend(a)), m = i1 - i0;
     float *S = (float *)ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp, *l = mx + FA_BQ;
     uint16_t *Qa = (uint16_t *)(l + FA_BQ), *Pa = Qa + (size_t)FA_BQ * hs2;
-    pack_a(Qa, hs2, q + ((size_t)b * T + i0) * a->ld_q + (size_t)h * hs, a->ld_q, 1, m, hs);
+    pack_a(Qa, hs2, q + ((size_t)b * fa_tq(a) + i0 - a->q0) * a->ld_q + (size_t)h * hs, a->ld_q, 1, m, hs);
     for (int r = 0; r < m; r++) mx[r] = -INFINITY, l[r] = 0.0f;
     memset(acc, 0, (size_t)m * hsp * sizeof(float));
-    const int lo_last = fa_key_lo(a, b, i1 - 1);
-    for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < i1; j0 += FA_BK) {
-        const int j1 = fa_min(j0 + FA_BK, i1), n = j1 - j0, n16 = fa_up16(n), n2 = up2(n);
+    const int lo_last = fa_key_lo(a, b, i1 - 1), jend = fa_min(i1, fa_kend(a));
+    for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < jend; j0 += FA_BK) {
+        const int j1 = fa_min(j0 + FA_BK, jend), n = j1 - j0, n16 = fa_up16(n), n2 = up2(n);
         const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
         if (!kept) continue;
         const int full = kept == 2 && j1 - 1 <= i0 && lo_last <= j0;
         if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
-        gemm(m, n16, hs2 / 2, Qa, hs2, kp + (size_t)(j0 / FA_BK) * KP_TILE(hs), 2 * FA_BK, S, FA_BK, 0);
+        gemm(m, n16, hs2 / 2, Qa, hs2, kp + (size_t)(j0 / FA_BK - kt0) * KP_TILE(hs), 2 * FA_BK, S, FA_BK, 0);
         for (int r = 0; r < m; r++) {
             const int t = i0 + r;
             float *s = S + (size_t)r * FA_BK;
@@ -247,7 +250,7 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
             }
             fa_online_row(s, pa, keep, n16, scale, &mx[r], &l[r], acc + (size_t)r * hsp, hs);
         }
-        gemm(m, hsp, n2 / 2, Pa, FA_BK, vp + (size_t)(j0 / FA_BK) * VP_TILE(hsp), 2 * hsp, acc, hsp, 1);
+        gemm(m, hsp, n2 / 2, Pa, FA_BK, vp + (size_t)(j0 / FA_BK - kt0) * VP_TILE(hsp), 2 * hsp, acc, hsp, 1);
     }
     fa_finish_rows(out, lse, acc, hsp, mx, l, a, b, h, i0, m);
 }
@@ -256,37 +259,49 @@ void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, c
                                        const struct loom_flash_attn *a)
 {
     const float scale = loom_flash_attn_check(a);
-    const int nt = (a->T + FA_BQ - 1) / FA_BQ, nthr = fa_threads(a), R = a->NH / a->G, hs = a->hs;
+    const int nthr = fa_threads(a), R = a->NH / a->G, hs = a->hs, Tk = fa_tk(a);
     const int hsp = fa_up16(hs);
+    /* the part's query and key tiles, of 64 positions from 0 (flash_attention.c) */
+    const int qt0 = a->q0 / FA_BQ, nqt = (fa_qend(a) - 1) / FA_BQ + 1 - qt0;
+    const int kt0 = a->k0 / FA_BK, nkt = (fa_kend(a) - 1) / FA_BK + 1 - kt0;
     const gemm_fn gemm = gemm_for_units();
     const size_t per = ((size_t)FA_BQ * FA_BK + (size_t)FA_BQ * hsp + 2 * FA_BQ) * sizeof(float) +
                        ((size_t)FA_BQ * up2(hs) + (size_t)FA_BQ * FA_BK) * sizeof(uint16_t) + 64;
-    const size_t kh = (size_t)nt * KP_TILE(hs), vh = (size_t)nt * VP_TILE(hsp), nbg = (size_t)a->B * a->G;
+    const size_t kh = (size_t)nkt * KP_TILE(hs), vh = (size_t)nkt * VP_TILE(hsp), nbg = (size_t)a->B * a->G;
     char *ws = loom_flash_attn_scratch(FA_SCRATCH_FWD_WS, loom_mul_size((size_t)nthr, per));
     uint16_t *kp =
-        loom_flash_attn_scratch(FA_SCRATCH_FWD_PACK, loom_mul_size(nbg, (kh + vh) * sizeof(uint16_t)));
+        loom_flash_attn_scratch(FA_SCRATCH_FWD_PACK, loom_mul_size(nbg, (kh + vh) * sizeof(uint16_t)) +
+                                                         (size_t)nthr * 2 * FA_BK * hs * sizeof(float) + 64);
     uint16_t *vp = kp + nbg * kh;
+    float *eds = (float *)(((uintptr_t)(vp + nbg * vh) + 63) & ~(uintptr_t)63); /* the edge tiles' copies */
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
+        float *edge = eds + (size_t)fa_thread_id() * 2 * FA_BK * hs;
 #pragma omp for collapse(2) schedule(static)
         for (int bg = 0; bg < a->B * a->G; bg++)
-            for (int jt = 0; jt < nt; jt++) {
-                const int b = bg / a->G, g = bg % a->G, j0 = jt * FA_BK, n = fa_min(FA_BK, a->T - j0);
-                const float *kr = k + ((size_t)b * a->T + j0) * a->ld_k + (size_t)g * hs;
-                const float *vr = v + ((size_t)b * a->T + j0) * a->ld_v + (size_t)g * hs;
-                pack_b(kp + bg * kh + jt * KP_TILE(hs), FA_BK, kr, 1, a->ld_k, hs, n); /* (d, j) */
-                pack_b(vp + bg * vh + jt * VP_TILE(hsp), hsp, vr, a->ld_v, 1, n, hs);  /* (j, d) */
-                if (n < FA_BK) /* the keys past T: zero pairs */
+            for (int jt = 0; jt < nkt; jt++) {
+                const int b = bg / a->G, g = bg % a->G, j0 = (kt0 + jt) * FA_BK;
+                const int n = fa_min(FA_BK, fa_kend(a) - j0);
+                ptrdiff_t ldk, ldv;
+                const float *kr = fa_edge_tile(edge, k + (size_t)b * Tk * a->ld_k + (size_t)g * hs, a->ld_k,
+                                               a, j0, n, hs, &ldk);
+                const float *vr =
+                    fa_edge_tile(edge + FA_BK * hs, v + (size_t)b * Tk * a->ld_v + (size_t)g * hs, a->ld_v, a,
+                                 j0, n, hs, &ldv);
+                pack_b(kp + bg * kh + jt * KP_TILE(hs), FA_BK, kr, 1, ldk, hs, n); /* (d, j) */
+                pack_b(vp + bg * vh + jt * VP_TILE(hsp), hsp, vr, ldv, 1, n, hs);  /* (j, d) */
+                if (n < FA_BK) /* the keys past the part: zero pairs */
                     memset(vp + bg * vh + jt * VP_TILE(hsp) + (size_t)up2(n) * hsp, 0,
                            (size_t)(FA_BK - up2(n)) * hsp * sizeof(uint16_t));
             }
-        const long nbh = (long)a->B * a->NH, ntask = nbh * nt;
+        const long nbh = (long)a->B * a->NH, ntask = nbh * nqt;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < ntask; task++) {
-            const int it = nt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH, h = bh % a->NH;
+            const int it = qt0 + nqt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH,
+                      h = bh % a->NH;
             const size_t bg = (size_t)b * a->G + h / R;
-            fwd_tile(out, lse, q, kp + bg * kh, vp + bg * vh, a, scale, b, h, it * FA_BQ, gemm,
-                     ws + (size_t)fa_thread_id() * per);
+            fwd_tile(out, lse, q, kp + bg * kh, vp + bg * vh, kt0, a, scale, b, h, fa_max(it * FA_BQ, a->q0),
+                     gemm, ws + (size_t)fa_thread_id() * per);
         }
     }
 }
@@ -360,17 +375,19 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                      const struct loom_flash_attn *a, float scale, int b, int h, void *wsv)
 {
     float keep[FA_BK] __attribute__((aligned(64)));
-    const int T = a->T, hs = a->hs, hsp = fa_up16(hs), hs2 = up2(hs), T2 = up2(T), g = h / (a->NH / a->G);
+    /* T: the part's queries; rows of the per-head copies from q0, of dk, dv from k0 */
+    const int T = fa_tq(a), q0 = a->q0, k0 = a->k0, qend = fa_qend(a), kend = fa_kend(a), hs = a->hs,
+              hsp = fa_up16(hs), hs2 = up2(hs), T2 = up2(T), g = h / (a->NH / a->G);
     const size_t ldo = (size_t)a->NH * hs;
     const gemm_fn gemm = bwd_gemm;
     struct bwd_ws w;
     bwd_carve(&w, wsv, hs, T);
     const float *qb = q + (size_t)b * T * a->ld_q + (size_t)h * hs;
-    const float *kb = k + (size_t)b * T * a->ld_k + (size_t)g * hs;
-    const float *vb = v + (size_t)b * T * a->ld_v + (size_t)g * hs;
+    const float *kb = k + (size_t)b * fa_tk(a) * a->ld_k + (size_t)g * hs;
+    const float *vb = v + (size_t)b * fa_tk(a) * a->ld_v + (size_t)g * hs;
     const float *dob = dout + (size_t)b * T * ldo + (size_t)h * hs;
     const float *ob = out + (size_t)b * T * ldo + (size_t)h * hs;
-    const float *lseb = lse + ((size_t)b * a->NH + h) * T;
+    const float *lseb = lse + ((size_t)b * a->NH + h) * fa_ld_lse(a);
     for (int t = 0; t < T; t++) {
         const float *o = ob + (size_t)t * ldo, *d_o = dob + (size_t)t * ldo;
         float s = 0.0f;
@@ -383,29 +400,30 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
     pack_a(w.dOa, hs2, dob, (ptrdiff_t)ldo, 1, T, hs);
     pack_a(w.QT, T2, qb, 1, a->ld_q, hs, T);
     pack_a(w.dOT, T2, dob, 1, (ptrdiff_t)ldo, hs, T);
-    for (int j0 = 0; j0 < T; j0 += FA_BK) {
-        const int j1 = fa_min(j0 + FA_BK, T), n = j1 - j0, n16 = fa_up16(n), n2 = up2(n);
-        const int tmax = fa_last_query(a, b, j1 - 1);
-        const float *kj = kb + (size_t)j0 * a->ld_k, *vj = vb + (size_t)j0 * a->ld_v;
+    for (int j0 = k0; j0 < kend; j0 += FA_BK) { /* positions */
+        const int j1 = fa_min(j0 + FA_BK, kend), n = j1 - j0, n16 = fa_up16(n), n2 = up2(n);
+        const int tmax = fa_min(fa_last_query(a, b, j1 - 1), qend - 1);
+        const float *kj = kb + (size_t)(j0 - k0) * a->ld_k, *vj = vb + (size_t)(j0 - k0) * a->ld_v;
         pack_b(w.Kb, FA_BK, kj, 1, a->ld_k, hs, n);
         pack_b(w.Vtb, FA_BK, vj, 1, a->ld_v, hs, n);
         pack_b(w.Kr, hsp, kj, a->ld_k, 1, n, hs);
         memset(w.dKt, 0, (size_t)hs * FA_BK * sizeof(float));
         memset(w.dVt, 0, (size_t)hs * FA_BK * sizeof(float));
-        for (int i0 = j0; i0 <= tmax; i0 += FA_BQ) {
-            const int i1 = fa_min(i0 + FA_BQ, T), m = i1 - i0, m2 = up2(m);
+        /* query tiles from an even row of the part (the transposed copies' pairs) */
+        for (int i0 = q0 + ((fa_max(j0, q0) - q0) & ~1); i0 <= tmax; i0 += FA_BQ) {
+            const int i1 = fa_min(i0 + FA_BQ, qend), m = i1 - i0, m2 = up2(m), r0 = i0 - q0;
             const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
             if (!kept) continue;
             const int full = kept == 2 && j1 - 1 <= i0 && fa_key_lo(a, b, i1 - 1) <= j0;
             if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
-            gemm(m, n16, hs2 / 2, w.Qa + (size_t)i0 * hs2, hs2, w.Kb, 2 * FA_BK, w.S, FA_BK, 0);
-            gemm(m, n16, hs2 / 2, w.dOa + (size_t)i0 * hs2, hs2, w.Vtb, 2 * FA_BK, w.dS, FA_BK, 0);
+            gemm(m, n16, hs2 / 2, w.Qa + (size_t)r0 * hs2, hs2, w.Kb, 2 * FA_BK, w.S, FA_BK, 0);
+            gemm(m, n16, hs2 / 2, w.dOa + (size_t)r0 * hs2, hs2, w.Vtb, 2 * FA_BK, w.dS, FA_BK, 0);
             for (int r = 0; r < m; r++) {
                 const int t = i0 + r;
                 float *s = w.S + (size_t)r * FA_BK, *ds = w.dS + (size_t)r * FA_BK;
                 uint16_t *dsa = w.dSa + (size_t)r * FA_BK;
                 if (!full) fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept);
-                const float lt = lseb[t], Dt = w.D[t];
+                const float lt = lseb[t - q0], Dt = w.D[t - q0];
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
                     const float e = fa_exp(s[c] * scale - lt);
@@ -420,17 +438,17 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                 pair_rows(w.Pi + (size_t)r / 2 * FA_BK, w.S, r, m, n16);
                 pair_rows(w.dSi + (size_t)r / 2 * FA_BK, w.dS, r, m, n16);
             }
-            /* dV^T += dO^T P, dK^T += Q^T dS (columns i0.. of the transposed; i0 is even) */
-            gemm(hs, n16, m2 / 2, w.dOT + i0, T2, (const uint16_t *)w.Pi, 2 * FA_BK, w.dVt, FA_BK, 1);
-            gemm(hs, n16, m2 / 2, w.QT + i0, T2, (const uint16_t *)w.dSi, 2 * FA_BK, w.dKt, FA_BK, 1);
-            gemm(m, hsp, n2 / 2, w.dSa, FA_BK, w.Kr, 2 * hsp, w.dQ + (size_t)i0 * hsp, hsp,
+            /* dV^T += dO^T P, dK^T += Q^T dS (columns r0.. of the transposed; r0 is even) */
+            gemm(hs, n16, m2 / 2, w.dOT + r0, T2, (const uint16_t *)w.Pi, 2 * FA_BK, w.dVt, FA_BK, 1);
+            gemm(hs, n16, m2 / 2, w.QT + r0, T2, (const uint16_t *)w.dSi, 2 * FA_BK, w.dKt, FA_BK, 1);
+            gemm(m, hsp, n2 / 2, w.dSa, FA_BK, w.Kr, 2 * hsp, w.dQ + (size_t)r0 * hsp, hsp,
                  1); /* dQ += dS K */
         }
         for (int d = 0; d < hs; d++) {
             const float *kt = w.dKt + (size_t)d * FA_BK, *vt = w.dVt + (size_t)d * FA_BK;
             for (int j = 0; j < n; j++) {
-                dk[(size_t)(j0 + j) * ldk + d] = kt[j];
-                dv[(size_t)(j0 + j) * ldv + d] = vt[j];
+                dk[(size_t)(j0 - k0 + j) * ldk + d] = kt[j];
+                dv[(size_t)(j0 - k0 + j) * ldv + d] = vt[j];
             }
         }
     }
@@ -444,6 +462,6 @@ void loom_flash_attention_backward_bf16(float *dq, float *dk, float *dv, const f
                                         const struct loom_flash_attn *a)
 {
     bwd_gemm = gemm_for_units();
-    loom_flash_attn_backward_heads(bwd_head, bwd_carve(NULL, NULL, a->hs, a->T), dq, dk, dv, dout, out, lse,
-                                   q, k, v, a);
+    loom_flash_attn_backward_heads(bwd_head, bwd_carve(NULL, NULL, a->hs, fa_tq(a)), dq, dk, dv, dout, out,
+                                   lse, q, k, v, a);
 }

@@ -53,8 +53,31 @@ static inline int fa_up16(int n)
     return (n + 15) & ~15;
 }
 
+/* The part of the sequences a call has (kernels.h: q0, Tq, k0, Tk): its
+ * queries' and keys' rows a sequence, their ends, lse's pitch. */
+static inline int fa_tq(const struct loom_flash_attn *a)
+{
+    return a->Tq ? a->Tq : a->T - a->q0;
+}
+static inline int fa_tk(const struct loom_flash_attn *a)
+{
+    return a->Tk ? a->Tk : a->T - a->k0;
+}
+static inline int fa_qend(const struct loom_flash_attn *a)
+{
+    return a->q0 + fa_tq(a);
+}
+static inline int fa_kend(const struct loom_flash_attn *a)
+{
+    return a->k0 + fa_tk(a);
+}
+static inline size_t fa_ld_lse(const struct loom_flash_attn *a)
+{
+    return (size_t)(a->ld_lse ? a->ld_lse : fa_tq(a));
+}
+
 /* The first key query t of sequence b may see: [key_lo, t] are its keys
- * (before a layout's blocks). */
+ * (before a layout's blocks), and of the call's part [key_lo, kend). */
 static inline int fa_key_lo(const struct loom_flash_attn *a, int b, int t)
 {
     int lo = a->window > 0 ? t - a->window + 1 : 0;
@@ -64,14 +87,14 @@ static inline int fa_key_lo(const struct loom_flash_attn *a, int b, int t)
         const int d = a->doc_start[(size_t)b * a->T + t];
         if (d > lo) lo = d;
     }
-    return lo;
+    return lo > a->k0 ? lo : a->k0;
 }
 
 /* The last query of sequence b that sees key j (>= j), by bisection on
  * key_lo's order. */
 static inline int fa_last_query(const struct loom_flash_attn *a, int b, int j)
 {
-    int lo = j, hi = a->T - 1; /* key_lo(j) <= j: query j sees key j */
+    int lo = j, hi = a->T - 1; /* key_lo(j) <= j: query j sees key j (k0 <= j) */
     while (lo < hi) {
         const int mid = lo + (hi - lo + 1) / 2;
         if (fa_key_lo(a, b, mid) <= j)
@@ -105,7 +128,7 @@ static inline int fa_tile_kept(const struct loom_flash_attn *a, int h, int i0, i
 static inline int fa_row_keep(float *keep, const struct loom_flash_attn *a, int b, int h, int t, int j0,
                               int n, int n16, int full, int kept)
 {
-    const int ca = full ? 0 : fa_key_lo(a, b, t) - j0, ce = full ? n : t - j0 + 1;
+    const int ca = full ? 0 : fa_key_lo(a, b, t) - j0, ce = full ? n : fa_min(t + 1, fa_kend(a)) - j0;
     int cnt = 0;
     for (int c = 0; c < n16; c++) {
         const int k = c >= ca && c < ce && c < n;
@@ -206,21 +229,23 @@ static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16
     }
 }
 
-/* The end of a forward query tile [i0, i0 + m) of head h of sequence b:
- * out = acc / l, lse = m + log l, from the rows' accumulators (pitch hsp),
- * maxima and sums. */
+/* The end of a forward query tile [i0, i0 + m) (positions) of head h of
+ * sequence b: out = acc / l, lse = m + log l, from the rows' accumulators
+ * (pitch hsp), maxima and sums; a row that saw no key (l 0: a part's
+ * keys all after it or before its document) out 0, lse -inf. */
 static inline void fa_finish_rows(float *out, float *lse, const float *acc, int hsp, const float *mx,
                                   const float *l, const struct loom_flash_attn *a, int b, int h, int i0,
                                   int m)
 {
     const size_t ldo = (size_t)a->NH * a->hs;
+    const int r0 = i0 - a->q0;
     for (int r = 0; r < m; r++) {
-        const float inv = 1.0f / l[r];
-        float *o = out + ((size_t)b * a->T + i0 + r) * ldo + (size_t)h * a->hs;
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        float *o = out + ((size_t)b * fa_tq(a) + r0 + r) * ldo + (size_t)h * a->hs;
         const float *ar = acc + (size_t)r * hsp;
 #pragma omp simd
         for (int d = 0; d < a->hs; d++) o[d] = ar[d] * inv;
-        lse[((size_t)b * a->NH + h) * a->T + i0 + r] = mx[r] + logf(l[r]);
+        lse[((size_t)b * a->NH + h) * fa_ld_lse(a) + r0 + r] = l[r] > 0.0f ? mx[r] + logf(l[r]) : -INFINITY;
     }
 }
 
@@ -282,6 +307,29 @@ static inline void fa_gemm(int M, int N, int K, const float *a, ptrdiff_t ai, pt
                 s += a[(ptrdiff_t)i * ai + (ptrdiff_t)p * ap] * b[(ptrdiff_t)p * ldb + n];
             c[(ptrdiff_t)i * ldc + n] = s;
         }
+}
+
+/* The rows [k0, kend) of key tile [j0, j0 + n) (positions) of src, whose
+ * row 0 is position k0 (pitch lds), into rows (hs floats) of a float32 tile
+ * (n, hs), the rows outside zero: a part's first tile starts before its
+ * first key. Returns the tile, or src's row j0 itself when the tile is
+ * whole (*ld then lds). */
+static inline const float *fa_edge_tile(float *tile, const float *src, ptrdiff_t lds,
+                                        const struct loom_flash_attn *a, int j0, int n, int hs, ptrdiff_t *ld)
+{
+    if (j0 >= a->k0 && j0 + n <= fa_kend(a)) {
+        *ld = lds;
+        return src + (ptrdiff_t)(j0 - a->k0) * lds;
+    }
+    for (int j = 0; j < n; j++) {
+        const int p = j0 + j;
+        if (p >= a->k0 && p < fa_kend(a))
+            memcpy(tile + (size_t)j * hs, src + (ptrdiff_t)(p - a->k0) * lds, (size_t)hs * sizeof(float));
+        else
+            memset(tile + (size_t)j * hs, 0, (size_t)hs * sizeof(float));
+    }
+    *ld = hs;
+    return tile;
 }
 
 /* dst (hs, ld) = rows [0, n) of src (row pitch lds) transposed, the columns

@@ -101,6 +101,10 @@
            (float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,          \
             const float *q, const float *k, const float *v, const struct loom_flash_attn *a),                \
            (dq, dk, dv, dout, out, lse, q, k, v, a))                                                         \
+    X_VOID(                                                                                                  \
+        flash_attention_merge,                                                                               \
+        (float *out, float *lse, const float *out_p, const float *lse_p, int N, int NH, int hs, int ld_lse), \
+        (out, lse, out_p, lse_p, N, NH, hs, ld_lse))                                                         \
     X_VOID(gelu_forward, (float *out, const float *inp, size_t n), (out, inp, n))                            \
     X_VOID(gelu_backward, (float *dinp, const float *dout, const float *inp, size_t n),                      \
            (dinp, dout, inp, n))                                                                             \
