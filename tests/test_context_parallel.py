@@ -18,7 +18,7 @@ splits both over 2 context ranks even under TP 2):
     in six: the document starts are the whole rows', the loss the mean
     over the whole rows' kept tokens);
   - CP 4 (8 chunks of 2 tokens: p2p's ring of 4, a2a's 4 head shares),
-    full recomputation, and bf16 (lib.compare_runs' 16-bit bounds and
+    full recomputation, a sliding window (GPT-2), and bf16 (lib.compare_runs' 16-bit bounds and
     their reason);
   - a CP 2 checkpoint resumed in one process, and one process's resumed
     under CP 2: the remaining steps against the uninterrupted run.
@@ -30,7 +30,8 @@ and so is CP 2 without the documents from the one-process run with them
 
 Bad settings, one line and exit 2 on 2 ranks: a sequence not divisible into
 2 cp chunks, heads or key/value groups not divisible for a2a, a world the
-context group does not divide, the (T,T) kernels, --layout-invariant.
+context group does not divide, the (T,T) kernels, --layout-invariant; and
+in one process, `loom sample` and `loom eval` given a context size.
 """
 import os
 import sys
@@ -106,6 +107,12 @@ def more(tmp, one):
         for kind in TYPES:
             got16 = run(tmp, f"{family}-{kind}-bf16", 2, fam + BATCH + cp(2, kind) + ["--bf16"])
             lib.compare_runs(f"{family} CP 2 {kind} bf16", one16, got16, **(BF16_RING if kind == "p2p" else BF16))
+    # a sliding window: the chunks' key ranges cut by it (p2p skips no block a window empties)
+    win = ["--attention-window", "5"]
+    onew = run(tmp, "gpt2-one-window", 1, BATCH + win)
+    for kind in TYPES:
+        lib.compare_runs(f"gpt2 CP 2 {kind}, a window of 5", onew, run(tmp, f"gpt2-{kind}-window", 2,
+                                                                     BATCH + win + cp(2, kind)))
     short = run(tmp, "gpt2-short", 1, BATCH + ["--seq-length", "8"])
     apart = max(lib.rel(a, b) for a, b in zip(short[0], one[0]))
     check(f"gpt2: a run with other positions is {apart:.1e} away (at least 10x the bound)", apart >= 1e-4)
@@ -151,8 +158,16 @@ def bad_settings(tmp):
         ("context parallelism with --layout-invariant", 2, cp(2, "p2p") + ["--layout-invariant", "1"],
          ["--context-parallel-size", "--layout-invariant"]),
     ]
+    cases += [("loom sample with context parallelism", 1, None, ["--context-parallel-size 2", "one process"]),
+              ("loom eval with context parallelism", 1, "eval", ["context-parallel size 2"])]
     for name, n, extra, needles in cases:
-        p = lib.run_ranks(n, base + extra, expect=None, timeout=120)
+        if extra is None:
+            cmd = [lib.LOOM, "sample", "--load", os.path.join(tmp, "gpt2-one-False"), "--prompt", "a"] + cp(2, "p2p")
+        elif extra == "eval":
+            cmd = [lib.LOOM, "eval", "--load", os.path.join(tmp, "gpt2-one-False")] + cp(2, "p2p")
+        else:
+            cmd = base + extra
+        p = lib.run_ranks(n, cmd, expect=None, timeout=120)
         lines = lib.error_lines(p.stderr)
         check(f"{name}: exit 2, one line", p.returncode == 2 and len(lines) == 1 and
               all(s in lines[0] for s in needles), f"exit {p.returncode}: {p.stderr[-600:]}")

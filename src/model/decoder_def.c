@@ -272,7 +272,8 @@ void loom_decoder_def_describe(const struct loom_model *m, char *buf, size_t n)
         l += (size_t)snprintf(buf + l, n - l, ")");
     if (spec_key(d, offsetof(struct loom_decoder_spec, ffn)) && l < n)
         l += (size_t)snprintf(buf + l, n - l, ", MLP %d", s->ffn);
-    if (l < n) l += (size_t)snprintf(buf + l, n - l, ", T=%d, V=%d", dm->T, s->vocab);
+    if (l < n)
+        l += (size_t)snprintf(buf + l, n - l, ", T=%d, V=%d", dm->ctx.T, s->vocab); /* the whole sequence */
     if (s->positions == LOOM_POSITION_ROPE && l < n)
         l += (size_t)snprintf(buf + l, n - l, ", rope %g", s->rope_theta);
     if (eps && !at_default(eps, s) && l < n)
