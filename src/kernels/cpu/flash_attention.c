@@ -132,7 +132,7 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
                                   const struct loom_flash_attn *a)
 {
     const float scale = loom_flash_attn_check(a);
-    const int hs = a->hs, nthr = fa_threads(a), R = a->NH / a->G, Tk = fa_tk(a);
+    const int hs = a->hs, nthr = fa_threads(a), R = a->NH / a->G;
     /* the part's query tiles and key tiles, of 64 positions from 0 (the
      * same tiles as the whole sequence's, so the same sums) */
     const int qt0 = a->q0 / FA_BQ, nqt = (fa_qend(a) - 1) / FA_BQ + 1 - qt0;
@@ -155,14 +155,10 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
 #pragma omp for collapse(2) schedule(static)
         for (int bg = 0; bg < a->B * a->G; bg++)
             for (int jt = 0; jt < nkt; jt++) {
-                const int b = bg / a->G, g = bg % a->G, j0 = (kt0 + jt) * FA_BK;
-                const int n = fa_min(FA_BK, fa_kend(a) - j0);
+                const int b = bg / a->G, g = bg % a->G;
                 ptrdiff_t ldk, ldv;
-                const float *kr = fa_edge_tile(edge, k + (size_t)b * Tk * a->ld_k + (size_t)g * hs, a->ld_k,
-                                               a, j0, n, hs, &ldk);
-                const float *vr =
-                    fa_edge_tile(edge + FA_BK * hs, v + (size_t)b * Tk * a->ld_v + (size_t)g * hs, a->ld_v, a,
-                                 j0, n, hs, &ldv);
+                const float *kr, *vr;
+                const int n = fa_kv_tile(a, k, v, b, g, kt0, jt, edge, &kr, &ldk, &vr, &ldv);
                 fa_pack_t(kt + (size_t)bg * khead + (size_t)jt * ktile, FA_BK, kr, ldk, n, hs);
                 for (int j = 0; j < n; j++)
                     memcpy(vc + (size_t)bg * vhead + (size_t)(jt * FA_BK + j) * hsp, vr + (ptrdiff_t)j * ldv,

@@ -259,7 +259,7 @@ void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, c
                                        const struct loom_flash_attn *a)
 {
     const float scale = loom_flash_attn_check(a);
-    const int nthr = fa_threads(a), R = a->NH / a->G, hs = a->hs, Tk = fa_tk(a);
+    const int nthr = fa_threads(a), R = a->NH / a->G, hs = a->hs;
     const int hsp = fa_up16(hs);
     /* the part's query and key tiles, of 64 positions from 0 (flash_attention.c) */
     const int qt0 = a->q0 / FA_BQ, nqt = (fa_qend(a) - 1) / FA_BQ + 1 - qt0;
@@ -280,14 +280,10 @@ void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, c
 #pragma omp for collapse(2) schedule(static)
         for (int bg = 0; bg < a->B * a->G; bg++)
             for (int jt = 0; jt < nkt; jt++) {
-                const int b = bg / a->G, g = bg % a->G, j0 = (kt0 + jt) * FA_BK;
-                const int n = fa_min(FA_BK, fa_kend(a) - j0);
+                const int b = bg / a->G, g = bg % a->G;
                 ptrdiff_t ldk, ldv;
-                const float *kr = fa_edge_tile(edge, k + (size_t)b * Tk * a->ld_k + (size_t)g * hs, a->ld_k,
-                                               a, j0, n, hs, &ldk);
-                const float *vr =
-                    fa_edge_tile(edge + FA_BK * hs, v + (size_t)b * Tk * a->ld_v + (size_t)g * hs, a->ld_v, a,
-                                 j0, n, hs, &ldv);
+                const float *kr, *vr;
+                const int n = fa_kv_tile(a, k, v, b, g, kt0, jt, edge, &kr, &ldk, &vr, &ldv);
                 pack_b(kp + bg * kh + jt * KP_TILE(hs), FA_BK, kr, 1, ldk, hs, n); /* (d, j) */
                 pack_b(vp + bg * vh + jt * VP_TILE(hsp), hsp, vr, ldv, 1, n, hs);  /* (j, d) */
                 if (n < FA_BK) /* the keys past the part: zero pairs */

@@ -332,6 +332,21 @@ static inline const float *fa_edge_tile(float *tile, const float *src, ptrdiff_t
     return tile;
 }
 
+/* Key tile jt of the call's (tile kt0 + jt of 64 positions from 0) of
+ * sequence b, key/value head g: its n positions from its first, and k's and
+ * v's rows of them (*kr, *vr, pitches *ldk, *ldv), through edge (2 BK hs
+ * floats) where the part begins or ends inside the tile. Returns n. */
+static inline int fa_kv_tile(const struct loom_flash_attn *a, const float *k, const float *v, int b, int g,
+                             int kt0, int jt, float *edge, const float **kr, ptrdiff_t *ldk, const float **vr,
+                             ptrdiff_t *ldv)
+{
+    const int j0 = (kt0 + jt) * FA_BK, n = fa_min(FA_BK, fa_kend(a) - j0), hs = a->hs, Tk = fa_tk(a);
+    *kr = fa_edge_tile(edge, k + (size_t)b * Tk * a->ld_k + (size_t)g * hs, a->ld_k, a, j0, n, hs, ldk);
+    *vr = fa_edge_tile(edge + FA_BK * hs, v + (size_t)b * Tk * a->ld_v + (size_t)g * hs, a->ld_v, a, j0, n,
+                       hs, ldv);
+    return n;
+}
+
 /* dst (hs, ld) = rows [0, n) of src (row pitch lds) transposed, the columns
  * n..up16(n) zero: a key or value tile as the b operand of a product with
  * it transposed. */
