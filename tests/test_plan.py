@@ -2,7 +2,7 @@
 
 1. Memory: for every layout loom runs here (one process, DDP, ZeRO 1-3,
    NVMe offload, bf16, fp16, recomputation, TP, SP, PP, interleaved PP, 3D,
-   --layout-invariant)
+   --layout-invariant, context parallelism of each comm type)
    on gpt2-tiny, GPT-2 124M and llama-tiny, the planner's bytes by category (params,
    grads, optimizer, activations, comm) are within 5% of what the trainer's
    accounting measures at a step (the `mem_by_rank` of --metrics, the
@@ -26,7 +26,9 @@
    no recomputation: with the fused attention (the default) the activations
    grow linearly with T (each 4x of T gives 4x within 1%: every activation
    is (T, width) or smaller); with --attention-backend unfused the stored
-   probabilities make them grow faster (over 8x for 4x of T).
+   probabilities make them grow faster (over 8x for 4x of T). At T = 32768
+   on 8 ranks of 24 GB the data-parallel layouts without recomputation fit
+   only with context parallelism.
 """
 import json
 import os
@@ -82,6 +84,14 @@ LAYOUTS = [
                                           "--pipeline-model-parallel-size 2 --bf16 --layout-invariant 1"),
     ("Llama tiny layout-invariant TP", 2, LLAMA, "--micro-batch-size 2 --global-batch-size 4 --bf16 "
                                                  "--tensor-model-parallel-size 2 --layout-invariant 2"),
+    ("CP 2 p2p", 2, TINY, "--micro-batch-size 4 --global-batch-size 4 --context-parallel-size 2 "
+                          "--cp-comm-type p2p"),
+    ("CP 2 all_gather bf16", 2, TINY, "--micro-batch-size 4 --global-batch-size 4 --context-parallel-size 2 "
+                                      "--cp-comm-type all_gather --bf16"),
+    ("CP 2 x DP 2 ZeRO-3", 4, TINY, "--micro-batch-size 2 --global-batch-size 4 --context-parallel-size 2 "
+                                    "--zero-stage 3"),
+    ("Llama tiny CP 2 a2a", 2, LLAMA, "--micro-batch-size 2 --global-batch-size 4 --context-parallel-size 2 "
+                                      "--cp-comm-type a2a --num-query-groups 2"),
     ("GPT-2 124M bf16", 1, GPT2, "--micro-batch-size 2 --global-batch-size 2 --bf16"),
     ("GPT-2 124M ZeRO-3 bf16", 2, GPT2, "--micro-batch-size 1 --global-batch-size 2 --zero-stage 3 --bf16"),
     ("GPT-2 124M TP + SP", 2, GPT2, "--micro-batch-size 2 --global-batch-size 2 --tensor-model-parallel-size 2 "
@@ -89,6 +99,7 @@ LAYOUTS = [
 ]
 # what a layout leaves unsaid is the default, given explicitly to the planner
 DEFAULTS = {"--zero-stage": "0", "--tensor-model-parallel-size": "1", "--pipeline-model-parallel-size": "1",
+            "--context-parallel-size": "1",
             "--recompute-granularity": "none", "--num-layers-per-virtual-pipeline-stage": "0"}
 
 
@@ -290,6 +301,16 @@ def long_context_section():
         else:
             lib.check(f"--attention-backend unfused: faster than linear ({figures}; ratios {r1:.2f}, {r2:.2f})",
                       r1 > 8 and r2 > 8)
+    # context parallelism: at T = 32768 on 8 ranks of 24 GB a data-parallel layout without recomputation fits
+    # only with the sequence split (a rank holding whole sequences' activations needs 28 GB or more)
+    args = ["--model", "gpt2", "--seq-length", "32768", "--max-position-embeddings", "32768",
+            "--global-batch-size", "8", "--world", "8", "--cluster", "local", "--mem-per-rank", "24", "--json"]
+    doc = json.loads(plan(args).stdout)
+    plain = [e["layout"] for e in doc["layouts"] if e["layout"]["tp"] == 1 and e["layout"]["pp"] == 1 and
+             e["layout"]["recompute"] == "none"]
+    cps = sorted({x["cp"] for x in plain})
+    lib.check(f"T=32768 on 8 x 24 GB: the data-parallel layouts without recomputation that fit split the sequence "
+              f"(cp {cps}, {len(plain)} layouts)", plain and all(x["cp"] > 1 for x in plain))
 
 
 def main():

@@ -210,6 +210,7 @@ static cJSON *entry_json(const struct loom_plan_entry *e, const struct loom_conf
     const struct loom_kind_choice *kind = l->kind;
     cJSON_AddNumberToObject(lay, "tp", kind[LOOM_KIND_TENSOR].value);
     cJSON_AddNumberToObject(lay, "pp", kind[LOOM_KIND_PIPELINE].value);
+    cJSON_AddNumberToObject(lay, "cp", kind[LOOM_KIND_CONTEXT].value);
     cJSON_AddNumberToObject(lay, "dp", kind[LOOM_KIND_DATA].value);
     cJSON_AddNumberToObject(lay, "virtual_stages", kind[LOOM_KIND_PIPELINE].sub);
     cJSON_AddBoolToObject(lay, "sequence_parallel", kind[LOOM_KIND_SEQUENCE].value);
