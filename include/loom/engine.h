@@ -66,7 +66,10 @@ int loom_engine_init(struct loom_engine **e, struct loom_config *cfg);
 int loom_engine_initialize(struct loom_engine *e, struct loom_model *model);
 void loom_engine_free(struct loom_engine *e);
 
-/* The layout. */
+/* The layout. The data-parallel rank and size count the ranks that hold
+ * the same part of the model and sum its gradients: with context
+ * parallelism the data x context group, whose context ranks read the same
+ * rows (loom_engine_micro_batch_rows gives a rank its rows). */
 int loom_engine_dp_rank(const struct loom_engine *e);
 int loom_engine_dp_size(const struct loom_engine *e);
 int loom_engine_accumulation(const struct loom_engine *e); /* micro-batches per step on each rank */
