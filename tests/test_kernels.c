@@ -968,6 +968,73 @@ static void test_rope(void)
     free(c.inp), free(c.out), free(c.wout), free(want), free(grad);
 }
 
+/* A mixture of experts' router against the _ref (double, from the logits
+ * alone), with and without pre-softmax, the balancing loss's and the
+ * z-loss's gradients; logits spaced so no top k ties (the choice is then
+ * the same in both). The permutation and its backward against plain loops.
+ * float32 sums over E <= 8 terms: within 1e-6 relative to the largest. */
+static void test_moe_router(int N, int E, int k, int pre)
+{
+    printf("moe router N=%d E=%d k=%d pre_softmax=%d\n", N, E, k, pre);
+    float *logits = new_rand((size_t)N * E, 2.0f);
+    for (size_t i = 0; i < (size_t)N * E; i++) logits[i] += (float)(i % (size_t)E) * 1e-3f; /* no ties */
+    float *p = new_const((size_t)N * k, NAN), *p_ref = new_const((size_t)N * k, NAN);
+    int32_t *ix = malloc(sizeof(int32_t) * (size_t)N * k), *ix_ref = malloc(sizeof(int32_t) * (size_t)N * k);
+    float *lse = new_const((size_t)N, NAN), *lse_ref = new_const((size_t)N, NAN);
+    float *sum = new_const((size_t)E, NAN), *sum_ref = new_const((size_t)E, NAN);
+    K->moe_router_forward(p, ix, lse, sum, logits, N, E, k, pre);
+    loom_moe_router_forward_ref(p_ref, ix_ref, lse_ref, sum_ref, logits, N, E, k, pre);
+    CHECK(memcmp(ix, ix_ref, sizeof(int32_t) * (size_t)N * k) == 0);
+    check_scaled("routing weights", p, p_ref, (size_t)N * k, 1e-6);
+    check_scaled("lse", lse, lse_ref, (size_t)N, 1e-6);
+    check_scaled("softmax sums", sum, sum_ref, (size_t)E, 1e-6);
+    float *dp = new_rand((size_t)N * k, 1.0f), *aux = new_rand((size_t)E, 0.5f);
+    float *dl = new_const((size_t)N * E, NAN), *dl_ref = new_const((size_t)N * E, NAN);
+    K->moe_router_backward(dl, dp, p, ix, lse, logits, aux, 0.25f, N, E, k, pre);
+    loom_moe_router_backward_ref(dl_ref, dp, p, ix, lse, logits, aux, 0.25f, N, E, k, pre);
+    check_scaled("router logits' gradient", dl, dl_ref, (size_t)N * E, 1e-6);
+    K->moe_router_backward(dl, dp, p, ix, lse, logits, NULL, 0.0f, N, E, k, pre);
+    loom_moe_router_backward_ref(dl_ref, dp, p, ix, lse, logits, NULL, 0.0f, N, E, k, pre);
+    check_scaled("... without the balancing losses", dl, dl_ref, (size_t)N * E, 1e-6);
+    /* the permutation: places expert-major, a dropped choice (-1) skipped */
+    const int C = 5;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)N * k);
+    int M = 0;
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < N * k; i++)
+            if (ix[i] == e) pos[i] = i % 7 == 3 ? -1 : M++;
+    float *x = new_rand((size_t)N * C, 1.0f), *xp = new_const((size_t)M * C, NAN),
+          *out = new_const((size_t)N * C, NAN);
+    float *want = new_const((size_t)N * C, 0.0f);
+    K->moe_permute_forward(xp, x, pos, N, k, C);
+    K->moe_unpermute_forward(out, xp, p, pos, N, k, C);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++)
+            for (int c = 0; c < C; c++)
+                if (pos[n * k + j] >= 0) want[n * C + c] += p[n * k + j] * x[n * C + c];
+    check_scaled("dispatch then combine: each row times its kept weights", out, want, (size_t)N * C, 1e-6);
+    float *dout = new_rand((size_t)N * C, 1.0f), *dy = new_const((size_t)M * C, NAN),
+          *dpr = new_const((size_t)N * k, NAN);
+    float *dx = new_const((size_t)N * C, NAN), *dpr_want = new_const((size_t)N * k, 0.0f),
+          *dx_want = new_const((size_t)N * C, 0.0f);
+    K->moe_unpermute_backward(dy, dpr, dout, xp, p, pos, N, k, C);
+    K->moe_permute_backward(dx, dy, pos, N, k, C);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++)
+            for (int c = 0; c < C; c++)
+                if (pos[n * k + j] >= 0) {
+                    dpr_want[n * k + j] += dout[n * C + c] * x[n * C + c];
+                    dx_want[n * C + c] += p[n * k + j] * dout[n * C + c];
+                }
+    check_scaled("combine's backward: the routing weights' gradient", dpr, dpr_want, (size_t)N * k, 1e-6);
+    check_scaled("dispatch's backward: each row's gradient", dx, dx_want, (size_t)N * C, 1e-6);
+    free(logits), free(p), free(p_ref), free(ix), free(ix_ref), free(lse), free(lse_ref), free(sum),
+        free(sum_ref);
+    free(dp), free(aux), free(dl), free(dl_ref), free(pos), free(x), free(xp), free(out), free(want),
+        free(dout);
+    free(dy), free(dpr), free(dx), free(dpr_want), free(dx_want);
+}
+
 struct swiglu_ctx {
     float *gate, *up, *out, *wout;
     size_t n;
@@ -1889,7 +1956,8 @@ static void check_complete(const char *name, const struct loom_kernels *k)
 /* The bf16 units are chosen once per process: an unknown name is bad input,
  * the same choice again is fine, another one is refused (oneDNN's
  * instruction-set cap is fixed at its first use; without oneDNN, any path
- * but f32 is refused), and the f32 choice leaves the float32 table. The
+ * but f32 is refused; a CPU without AVX512 has the f32 path alone), and
+ * the f32 choice leaves the float32 table. The
  * products of each path are tests/test_kernels_torch.py's. */
 static void test_bf16_units_select(void)
 {
@@ -1897,7 +1965,14 @@ static void test_bf16_units_select(void)
     CHECK(loom_bf16_units_select("f32") == LOOM_OK);
     CHECK(loom_bf16_units() == LOOM_BF16_UNITS_F32);
     CHECK(loom_bf16_units_select("f32") == LOOM_OK);
-    CHECK(loom_bf16_units_select("avx512_bf16") == LOOM_ERR_INPUT);
+#ifdef LOOM_HAVE_DNNL
+    /* a CPU without AVX512 runs no bf16 path: every forced one is f32 there */
+    const int refused = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+    const int refused = 1;
+#endif
+    CHECK(loom_bf16_units_select("avx512_bf16") == (refused ? LOOM_ERR_INPUT : LOOM_OK));
     CHECK(loom_bf16_units() == LOOM_BF16_UNITS_F32);
     CHECK(loom_backend_kernels(loom_backend_cpu(), LOOM_DTYPE_BF16) == loom_backend_cpu()->k);
     loom_error_clear();
@@ -1955,6 +2030,10 @@ int main(int argc, char **argv)
         test_swiglu();
         test_lm_head_lp(40, 16, 30000); /* column blocks of 26214: two, the second partial */
         test_geglu();
+        test_moe_router(37, 8, 2, 0);
+        test_moe_router(37, 8, 2, 1);
+        test_moe_router(300, 4, 1, 0); /* rows past the parallel bound */
+        test_moe_router(19, 5, 5, 0);  /* every expert */
         test_linear_sizes(K, be->name);
         test_has_nonfinite(K, be->name);
         test_lp_has_nonfinite();

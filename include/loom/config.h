@@ -139,6 +139,14 @@ enum loom_cp_comm_type {
     LOOM_CP_COMM_COUNT
 };
 
+/* A mixture of experts' load-balancing loss (Megatron's
+ * --moe-router-load-balancing-type). */
+enum loom_moe_balance {
+    LOOM_MOE_AUX_LOSS = 0, /* the Switch Transformer's loss of each MoE layer over the micro-batch */
+    LOOM_MOE_BALANCE_NONE = 1,
+    LOOM_MOE_BALANCE_COUNT
+};
+
 /* The MLP's activation (Hugging Face's activation_function). */
 enum loom_activation {
     LOOM_ACTIVATION_GELU_NEW = 0, /* GELU, tanh approximation (GPT-2's; gelu_pytorch_tanh is the same) */
@@ -239,6 +247,15 @@ struct loom_config {
     int ffn_hidden_size;  /* the MLP's width; 0: the family's rule */
     int kv_channels;      /* an attention head's width; 0: hidden_size / num_attention_heads */
     double rotary_base;   /* RoPE's theta */
+    /* mixture of experts (Megatron's): 0 experts is a dense MLP in every layer */
+    int num_experts, moe_router_topk;
+    int moe_ffn_hidden_size;                 /* each expert's width; 0: ffn_hidden_size */
+    int moe_shared_expert_intermediate_size; /* the shared experts' width (always active); 0: none */
+    int moe_layer_freq;                      /* layer l is an MoE layer when l % freq == 0 */
+    int moe_router_pre_softmax;              /* top-k of the softmax (else the softmax of the top k) */
+    enum loom_moe_balance moe_router_load_balancing_type;
+    double moe_aux_loss_coeff, moe_z_loss_coeff;
+    int expert_model_parallel_size;
     /* batch: global = micro x accumulation x dp */
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;
     /* optimisation */

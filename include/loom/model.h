@@ -43,7 +43,6 @@
 #include "loom/strategy.h"
 #include "loom/types.h"
 
-#define LOOM_BLOCK_MAX_TENSORS 16
 #define LOOM_TENSOR_NAME_MAX 64
 #define LOOM_TENSOR_MAX_DIMS 4
 
@@ -109,7 +108,9 @@ struct loom_block {
      * holds a pipeline stage's blocks only): initialisation draws from it */
     int index;
     int ntensors;
-    struct loom_tensor tensors[LOOM_BLOCK_MAX_TENSORS];
+    struct loom_tensor *tensors; /* (ntensors), grown by loom_block_add_tensor* (a mixture of experts' layer
+                                  * holds hundreds) */
+    int tensors_cap;
     size_t numel;
     size_t offset; /* of the block in the model's arenas */
     /* The stored parameters and gradients, in the model's dtype: slices of

@@ -37,6 +37,7 @@ CHOICES(sparse_modes, LOOM_SPARSE_ATTN_MODE_COUNT, "none", "dense", "fixed", "bi
 CHOICES(attention_directions, LOOM_ATTN_DIRECTION_COUNT, "unidirectional", "bidirectional");
 CHOICES(attention_backends, LOOM_ATTN_BACKEND_COUNT, "auto", "flash", "fused", "unfused", "local");
 CHOICES(cp_comm_types, LOOM_CP_COMM_COUNT, "p2p", "all_gather", "a2a");
+CHOICES(moe_balances, LOOM_MOE_BALANCE_COUNT, "aux_loss", "none");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
 CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
@@ -115,6 +116,27 @@ const struct setting loom_settings[] = {
     INT("--kv-channels", "kv_channels", "model", kv_channels, 0, 1 << 16, "0",
         "each attention head's width (0: --hidden-size / --num-attention-heads)"),
     DBL("--rotary-base", "rotary_base", "model", rotary_base, 1, 1e12, "10000", "RoPE's base (theta)"),
+    INT("--num-experts", "num_experts", "moe", num_experts, 0, 1024, "0",
+        "mixture of experts: experts of each MoE layer's MLP (0: dense MLPs)"),
+    INT("--moe-router-topk", "moe_router_topk", "moe", moe_router_topk, 1, 1 << 16, "2",
+        "experts each token is routed to"),
+    INT("--moe-ffn-hidden-size", "moe_ffn_hidden_size", "moe", moe_ffn_hidden_size, 0, 1 << 20, "0",
+        "each expert's width (0: --ffn-hidden-size)"),
+    INT("--moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size", "moe",
+        moe_shared_expert_intermediate_size, 0, 1 << 20, "0",
+        "shared experts' width: an MLP every token goes through, added to the routed output (0: none)"),
+    INT("--moe-layer-freq", "moe_layer_freq", "moe", moe_layer_freq, 1, 1024, "1",
+        "every N-th layer (from layer 0) is an MoE layer, the others dense"),
+    BOOL("--moe-router-pre-softmax", "moe_router_pre_softmax", "moe", moe_router_pre_softmax, "0",
+         "routing weights are the top k of the softmax over all experts (default: the softmax over the "
+         "top k logits, Mixtral's renormalised top k)"),
+    ENUM("--moe-router-load-balancing-type", "moe_router_load_balancing_type", "moe",
+         moe_router_load_balancing_type, moe_balances, "aux_loss",
+         "aux_loss (each MoE layer's Switch loss over the micro-batch, times --moe-aux-loss-coeff) or none"),
+    DBL("--moe-aux-loss-coeff", "moe_aux_loss_coeff", "moe", moe_aux_loss_coeff, 0, 1e6, "0",
+        "the load-balancing loss's weight"),
+    DBL("--moe-z-loss-coeff", "moe_z_loss_coeff", "moe", moe_z_loss_coeff, 0, 1e6, "0",
+        "the router's z-loss weight (mean squared log-sum-exp of its logits; 0: off)"),
 
     INT("--micro-batch-size", "train_micro_batch_size_per_gpu", "batch", micro_batch_size, 0, 1 << 20, "0",
         "sequences per micro-batch per rank (0: derived)", .joint = 1),
@@ -283,6 +305,8 @@ const struct setting loom_settings[] = {
 
     INT("--tensor-model-parallel-size", "tensor_model_parallel_size", "parallelism",
         tensor_model_parallel_size, 1, 4096, "1", "tensor-parallel group size"),
+    INT("--expert-model-parallel-size", "expert_model_parallel_size", "parallelism",
+        expert_model_parallel_size, 1, 4096, "1", "expert parallelism: experts split over N ranks"),
     INT("--context-parallel-size", "context_parallel_size", "parallelism", context_parallel_size, 1, 4096, "1",
         "context parallelism: each sequence split over N ranks (2N chunks, rank r holding r and 2N-1-r)"),
     ENUM("--cp-comm-type", "cp_comm_type", "parallelism", cp_comm_type, cp_comm_types, "p2p",

@@ -815,6 +815,7 @@ static int take_shape(const char *path, const struct loom_model_family *family,
     if (rc == LOOM_OK) {
         loom_config_adopt(cfg, out, "model");
         loom_config_adopt(cfg, out, "attention"); /* a family's recorded window (Mistral's) */
+        loom_config_adopt(cfg, out, "moe");       /* the experts */
     } else {
         rc = shape_error(path, rc);
     }

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LOOM_MODEL_SHAPE_MAX 16
+#define LOOM_MODEL_SHAPE_MAX 32
 
 enum loom_shape_kind {
     LOOM_SHAPE_INT = 0, /* value */

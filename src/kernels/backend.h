@@ -162,6 +162,18 @@ struct loom_kernels {
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                             size_t n);
+    /* ---- a mixture of experts: the router and the rows to and from the experts (kernels.h) */
+    void (*moe_router_forward)(float *probs, int32_t *idx, float *lse, float *score_sum, const float *logits,
+                               int N, int E, int k, int pre_softmax);
+    void (*moe_router_backward)(float *dlogits, const float *dprobs, const float *probs, const int32_t *idx,
+                                const float *lse, const float *logits, const float *aux_grad, float z_grad,
+                                int N, int E, int k, int pre_softmax);
+    void (*moe_permute_forward)(float *xp, const float *x, const int32_t *pos, int N, int k, int C);
+    void (*moe_permute_backward)(float *dx, const float *dxp, const int32_t *pos, int N, int k, int C);
+    void (*moe_unpermute_forward)(float *out, const float *y, const float *probs, const int32_t *pos, int N,
+                                  int k, int C);
+    void (*moe_unpermute_backward)(float *dy, float *dprobs, const float *dout, const float *y,
+                                   const float *probs, const int32_t *pos, int N, int k, int C);
     /* ---- GeGLU's gate: out (n) = gelu(gate) * up, gelu gelu_forward's (tanh
      * form, its bits); dgate, dup (n) written */
     void (*geglu_forward)(float *out, const float *gate, const float *up, size_t n);

@@ -337,6 +337,40 @@ void loom_swiglu_forward(float *out, const float *gate, const float *up, size_t 
 void loom_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                           size_t n);
 
+/* ---- a mixture of experts (cpu/moe.c) -------------------------------------
+ * The router over N rows of logits (N,E): idx (N,k) each row's k largest
+ * logits, largest first (ties: the lower expert); probs (N,k) their routing
+ * weights: the softmax of the k (pre_softmax 0: Mixtral's renormalised top
+ * k) or their entries of the softmax over all E (1); lse (N) each row's
+ * log-sum-exp; score_sum (E) each expert's softmax summed over the rows. */
+#define LOOM_MOE_MAX_EXPERTS 1024
+void loom_moe_router_forward(float *probs, int32_t *idx, float *lse, float *score_sum, const float *logits,
+                             int N, int E, int k, int pre_softmax);
+void loom_moe_router_forward_ref(float *probs, int32_t *idx, float *lse, float *score_sum,
+                                 const float *logits, int N, int E, int k, int pre_softmax);
+/* dlogits (N,E) written: from dprobs (N,k), the balancing loss's gradient
+ * aux_grad (E) at every row's softmax (NULL: none) and the z-loss's:
+ * z_grad * lse_n * d lse_n / d logits (0: none). */
+void loom_moe_router_backward(float *dlogits, const float *dprobs, const float *probs, const int32_t *idx,
+                              const float *lse, const float *logits, const float *aux_grad, float z_grad,
+                              int N, int E, int k, int pre_softmax);
+void loom_moe_router_backward_ref(float *dlogits, const float *dprobs, const float *probs, const int32_t *idx,
+                                  const float *lse, const float *logits, const float *aux_grad, float z_grad,
+                                  int N, int E, int k, int pre_softmax);
+/* Rows to the experts' blocks: xp's row pos[n k + j] is x's row n (N,C);
+ * pos -1 (a dropped choice) is skipped. The backward writes dx (N,C): the
+ * sum of row n's choices' rows of dxp, in j order. */
+void loom_moe_permute_forward(float *xp, const float *x, const int32_t *pos, int N, int k, int C);
+void loom_moe_permute_backward(float *dx, const float *dxp, const int32_t *pos, int N, int k, int C);
+/* And back: out (N,C) written, row n the sum over its choices j (in
+ * order) of probs[n k + j] times y's row pos[n k + j]. The backward writes
+ * dy's rows pos (probs times dout's row) and dprobs (N,k) (dout's row n
+ * dot y's row pos; 0 where dropped). */
+void loom_moe_unpermute_forward(float *out, const float *y, const float *probs, const int32_t *pos, int N,
+                                int k, int C);
+void loom_moe_unpermute_backward(float *dy, float *dprobs, const float *dout, const float *y,
+                                 const float *probs, const int32_t *pos, int N, int k, int C);
+
 /* ---- residual ------------------------------------------------------------ */
 void loom_residual_forward(float *out, const float *a, const float *b, size_t n);
 /* da and db accumulate dout. */

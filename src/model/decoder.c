@@ -154,6 +154,47 @@ static void add_layer_norm(struct loom_decoder *m, struct loom_block *b, int l, 
     add_norm(m, b, full, w, bias);
 }
 
+/* An MoE layer's MLP tensors: the router, each expert's products (the
+ * family's MLP kind, named under its prefix), the shared experts'. */
+static void layout_moe(struct loom_decoder *m, struct loom_block *b, int l, double std, double proj_std)
+{
+    const struct loom_decoder_spec *s = &m->spec;
+    const struct loom_decoder_names *nm = s->names;
+    struct loom_decoder_slots *t = &m->t;
+    const int64_t C = s->hidden, F = s->moe_ffn, Fs = s->shared_ffn;
+    const int gated = s->mlp == LOOM_MLP_GATED;
+    char name[LOOM_TENSOR_NAME_MAX], prefix[LOOM_TENSOR_NAME_MAX];
+    int none;
+    t->router_w = add_linear(m, b, l, nm->router, C, s->experts, 1, 0, std, &none, 0);
+    for (int e = 0; e < s->experts; e++) {
+        const int first = b->ntensors;
+        snprintf(prefix, sizeof prefix, nm->expert, e);
+        int gw = -1, gb = -1, uw, ub, dw, db;
+        if (gated) {
+            snprintf(name, sizeof name, "%s%s", prefix, nm->expert_gate);
+            gw = add_linear(m, b, l, name, C, F, 1, s->mlp_bias, std, &gb, 0);
+        }
+        snprintf(name, sizeof name, "%s%s", prefix, nm->expert_up);
+        uw = add_linear(m, b, l, name, C, F, 1, s->mlp_bias, std, &ub, 0);
+        snprintf(name, sizeof name, "%s%s", prefix, nm->expert_down);
+        dw = add_linear(m, b, l, name, F, C, 0, s->mlp_bias, proj_std, &db, 0);
+        if (e == 0)
+            t->e_gate_w = gw, t->e_gate_b = gb, t->e_up_w = uw, t->e_up_b = ub, t->e_down_w = dw,
+            t->e_down_b = db;
+        t->expert_stride = b->ntensors - first;
+    }
+    t->s_gate_w = t->s_gate_b = t->s_up_w = t->s_up_b = t->s_down_w = t->s_down_b = -1;
+    if (!Fs) return;
+    if (gated) {
+        snprintf(name, sizeof name, "%s%s", nm->shared, nm->expert_gate);
+        t->s_gate_w = add_linear(m, b, l, name, C, Fs, 1, s->mlp_bias, std, &t->s_gate_b, 0);
+    }
+    snprintf(name, sizeof name, "%s%s", nm->shared, nm->expert_up);
+    t->s_up_w = add_linear(m, b, l, name, C, Fs, 1, s->mlp_bias, std, &t->s_up_b, 0);
+    snprintf(name, sizeof name, "%s%s", nm->shared, nm->expert_down);
+    t->s_down_w = add_linear(m, b, l, name, Fs, C, 0, s->mlp_bias, proj_std, &t->s_down_b, 0);
+}
+
 /* The tensors of layer l's block, in block order: norm, the attention's
  * projections, the output projection, norm, the MLP's. Megatron's splits:
  * q, k, v (a rank's heads and key/value groups), fc, gate and up by output
@@ -180,6 +221,10 @@ static void layout_layer(struct loom_decoder *m, struct loom_block *b, int l)
     }
     t->o_w = add_linear(m, b, l, nm->o, Cq, C, 0, s->o_bias, proj_std, &t->o_b, 0);
     add_layer_norm(m, b, l, nm->norm2, &t->norm2_w, &t->norm2_b);
+    if (loom_decoder_moe_layer(s, l)) {
+        layout_moe(m, b, l, std, proj_std);
+        return;
+    }
     t->gate_w = t->gate_b = -1;
     if (s->mlp == LOOM_MLP_GATED)
         t->gate_w = add_linear(m, b, l, nm->gate, C, F, 1, s->mlp_bias, std, &t->gate_b, 0);
@@ -434,7 +479,7 @@ static void *piece(const struct loom_decoder *m, struct carve *c, size_t n, size
 /* A layer's saved state; att (float32 activations only) and res3 only when
  * asked for. */
 static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_layer_acts *a, struct carve *c,
-                          int with_att, int with_res3)
+                          int with_att, int with_res3, int moe)
 {
     const size_t N = (size_t)m->B * m->T, Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N),
                  C = (size_t)m->spec.hidden, Cq = (size_t)m->Cq, F = (size_t)m->Fl, sz = act_size(m),
@@ -453,16 +498,36 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     a->ln2 = piece(m, c, Nr * C, sz);
     a->ln2_mean = ln ? piece(m, c, Nr, f) : NULL;
     a->ln2_rstd = piece(m, c, Nr, f);
-    a->fc = piece(m, c, N * F, sz);
-    a->up = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, N * F, sz) : NULL;
-    a->h = piece(m, c, N * F, sz);
+    /* an MoE layer's products are on the dispatched rows (N k, moe_ffn); a
+     * recompute scratch layer serves both kinds */
+    const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Fs = (size_t)m->spec.shared_ffn,
+                 NF = moe ? (moe > 1 && N * F > N * k * (size_t)m->spec.moe_ffn
+                                 ? N * F
+                                 : N * k * (size_t)m->spec.moe_ffn)
+                          : N * F;
+    a->fc = piece(m, c, NF, sz);
+    a->up = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, NF, sz) : NULL;
+    a->h = piece(m, c, NF, sz);
     a->res3 = with_res3 ? piece(m, c, Nr * C, sz) : NULL;
+    if (!moe) return;
+    a->rlogits = piece(m, c, N * E, f);
+    a->rprobs = piece(m, c, N * k, f);
+    a->rlse = piece(m, c, N, f);
+    a->ridx = piece(m, c, N * k, sizeof(int32_t));
+    a->rpos = piece(m, c, N * k, sizeof(int32_t));
+    a->ey = piece(m, c, N * k * C, f);
+    if (Fs) {
+        a->sfc = piece(m, c, N * Fs, f);
+        a->sup = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, N * Fs, f) : NULL;
+        a->sh = piece(m, c, N * Fs, f);
+    }
 }
 
 static void free_layer_buffers(const struct loom_decoder *m, struct loom_decoder_layer_acts *a)
 {
-    void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->lse, a->res2,
-                    a->ln2, a->ln2_mean, a->ln2_rstd, a->fc,  a->up,   a->h,   a->res3};
+    void *bufs[] = {a->ln1,    a->ln1_mean, a->ln1_rstd, a->qkv,  a->atty, a->att, a->lse,  a->res2,
+                    a->ln2,    a->ln2_mean, a->ln2_rstd, a->fc,   a->up,   a->h,   a->res3, a->rlogits,
+                    a->rprobs, a->rlse,     a->ridx,     a->rpos, a->ey,   a->sfc, a->sup,  a->sh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
 }
 
@@ -490,7 +555,8 @@ static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
     float *shared_att = NULL;
     for (int pass = 0; pass < 2; pass++) {
         c.used = 0;
-        for (int s = 0; s < nscratch; s++) layer_buffers(m, &a->scratch[s], &c, 1, s < nscratch - 1);
+        for (int s = 0; s < nscratch; s++)
+            layer_buffers(m, &a->scratch[s], &c, 1, s < nscratch - 1, m->spec.experts ? 2 : 0);
         if (selective) shared_att = piece(m, &c, att_numel(m), sizeof(float));
         if (pass == 0) {
             a->logits_bytes = c.used > NV ? c.used : NV > 0 ? NV : 1;
@@ -505,9 +571,18 @@ static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
             *x = a->scratch[l - chunk_first(m, l)];
             if (keeps_output(m, l)) x->res3 = piece(m, NULL, Nr * C, act_size(m));
         } else {
-            layer_buffers(m, x, NULL, !selective, 1);
+            layer_buffers(m, x, NULL, !selective, 1, loom_decoder_moe_layer(&m->spec, l));
             if (selective) x->att = shared_att;
         }
+    }
+    if (m->spec.experts) { /* each layer's experts' row counts, on the host (a scratch layer's its own) */
+        const size_t E = (size_t)m->spec.experts;
+        a->moe_counts = loom_alloc(sizeof(int) * E * (size_t)(L + nscratch), LOOM_MEM_OTHER);
+        for (int s = 0; s < nscratch; s++) a->scratch[s].counts = a->moe_counts + E * (size_t)(L + s);
+        for (int l = 0; l < L; l++)
+            if (m->stage.block[l] >= 0)
+                a->layers[l].counts = recomputed(m, l) ? a->scratch[l - chunk_first(m, l)].counts
+                                                       : a->moe_counts + E * (size_t)l;
     }
     a->encoded = piece(m, NULL, Nr * C, act_size(m));
     a->lnf = act(m, Nr * C);
@@ -541,6 +616,7 @@ static void free_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     loom_free(a->doc_host);
     loom_free(a->loss_keep);
+    loom_free(a->moe_counts);
     loom_free(a->layers);
     loom_free(a->chunk_input);
     loom_free(a->scratch);
@@ -609,6 +685,25 @@ static void alloc_activations(struct loom_decoder *m)
     m->dbufF[1] = act(m, N * max3(F, Cq, lp(m) ? 3 * Cq : 0));
     if (gated) m->dbufF[2] = act(m, N * F);
     m->scratchC = act(m, N * CC);
+    if (m->spec.experts) { /* decoder_moe.c's scratch */
+        const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Nk = N * k,
+                     FF = Nk * (size_t)m->spec.moe_ffn > N * (size_t)m->spec.shared_ffn
+                              ? Nk * (size_t)m->spec.moe_ffn
+                              : N * (size_t)m->spec.shared_ffn;
+        m->moe_xp = act(m, Nk * C);
+        m->moe_dxp = act(m, Nk * C);
+        m->moe_dy = act(m, Nk * C);
+        for (int i = 0; i < 3; i++) m->moe_dF[i] = act(m, FF);
+        m->moe_dprobs = act(m, Nk);
+        m->moe_dlogits = act(m, N * E);
+        m->moe_out = act(m, N * C);
+        m->moe_sums = act(m, E);
+        m->moe_aux_grad = act(m, E);
+        m->moe_idx_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
+        m->moe_pos_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
+        m->moe_sums_host = loom_alloc(loom_mul_size(E, sizeof(float)), LOOM_MEM_OTHER);
+        m->moe_lse_host = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
+    }
     if ((m->docs.reset_positions || m->ctx.cp > 1) && m->spec.positions == LOOM_POSITION_LEARNED &&
         m->emb >= 0)
         m->pos_rows = act(m, N * C);
@@ -640,8 +735,11 @@ static void free_activations(struct loom_decoder *m)
         m->seq_att,   m->head_rows,   m->norm_parts,  m->pos_rows,     m->cp_send,    m->cp_recv,
         m->cp_out,    m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],     m->cp_kv[1],   m->cp_dkv[0],
         m->cp_dkv[1], m->cp_whole,    m->cp_dwhole,   m->cp_tmp,       m->cp_o,       m->cp_l,
-        m->cp_dq};
+        m->cp_dq,     m->moe_xp,      m->moe_dxp,     m->moe_dy,       m->moe_dF[0],  m->moe_dF[1],
+        m->moe_dF[2], m->moe_dprobs,  m->moe_dlogits, m->moe_out,      m->moe_sums,   m->moe_aux_grad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
+    void *host[] = {m->moe_idx_host, m->moe_pos_host, m->moe_sums_host, m->moe_lse_host};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) loom_free(host[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);
     loom_free(m->host_positions);
@@ -1060,7 +1158,8 @@ static struct loom_linear_group mlp_group(const struct loom_decoder *m, struct l
 }
 
 /* The MLP's activation on its input projections' outputs (n values). */
-static void mlp_act_forward(struct loom_decoder *m, float *h, const float *fc, const float *up, size_t n)
+void loom_decoder_mlp_act_forward(const struct loom_decoder *m, float *h, const float *fc, const float *up,
+                                  size_t n)
 {
     if (m->spec.mlp == LOOM_MLP_GATED && m->spec.activation == LOOM_MLP_SILU)
         m->k->swiglu_forward(h, fc, up, n);
@@ -1123,6 +1222,11 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     float *ln2 = out_of(m, x->ln2, m->scratchC);
     norm_forward(m, ln2, x->ln2_mean, x->ln2_rstd, res2, b, t->norm2_w, t->norm2_b, Nr);
     keep(m, x->ln2, ln2, NrC);
+    if (loom_decoder_moe_layer(&m->spec, l)) { /* float32 activations, one rank (decoder_def.c's check) */
+        loom_decoder_moe_forward(m, x, b, ln2, m->scratchC, N);
+        m->k->residual_forward(x->res3, res2, m->scratchC, NrC);
+        return;
+    }
     /* column-parallel fc (or gate and up), the activation on this rank's columns, row-parallel down */
     const struct loom_linear_group gmlp = mlp_group(m, b);
     float *fc = out_of(m, x->fc, m->dbufF[0]), *up = x->up ? out_of(m, x->up, m->dbufF[1]) : NULL;
@@ -1132,7 +1236,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     keep(m, x->fc, fc, NF);
     if (up) keep(m, x->up, up, NF);
     float *h = out_of(m, x->h, m->dbufF[up ? 2 : 1]);
-    mlp_act_forward(m, h, fc, up, NF);
+    loom_decoder_mlp_act_forward(m, h, fc, up, NF);
     keep(m, x->h, h, NF);
     const struct loom_linear down = linear(b, t->down_w, t->down_b, m->Fl, C);
     proj = loom_linear_row_forward(&m->lc, &down, h, kept16(m, x->h, 0), m->scratchC, N);
@@ -1142,21 +1246,16 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     keep(m, x->res3, res3, NrC);
 }
 
-/* Layer l's backward over B rows: m->dres holds the gradient at its output
- * (the rows this rank holds) and receives the gradient at its input; its
- * parameter gradients accumulate. With 16-bit activations the kept ones are
- * viewed through staging (named below) that the gradients leave free. */
-static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, int l, int B)
+/* A dense MLP's backward from dout (every row of the region): its
+ * parameters' gradients accumulate; the gradient at its input (the rows
+ * this rank holds) is returned (in m->dbufC). */
+static float *mlp_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
+                           const float *dout, int N)
 {
-    const int T = m->T, C = m->spec.hidden, Cq = m->Cq, N = B * T, Nr = loom_tp_rows_held(&m->rg, N);
-    const size_t NrC = (size_t)Nr * C, NCq = (size_t)N * Cq, NF = (size_t)N * m->Fl, NK = (size_t)N * m->kvC;
+    const int C = m->spec.hidden, Nr = loom_tp_rows_held(&m->rg, N);
+    const size_t NrC = (size_t)Nr * C, NF = (size_t)N * m->Fl;
     const struct loom_decoder_slots *t = &m->t;
-    struct loom_block *b = &m->base.blocks[m->stage.block[l]];
-    struct loom_decoder_layer_acts *x = &a->layers[l];
     float *const *F = m->dbufF;
-    /* MLP: res3 = res2 + down(act(m, fc(ln2(res2)))); the replicated bias's
-     * gradient sums every row of dout, so it is the same on every tp rank */
-    const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     const struct loom_linear down = linear(b, t->down_w, t->down_b, m->Fl, C);
     const uint16_t *x16 = kept16(m, x->h, 0);
     loom_linear_row_backward(&m->lc, &down, F[0], dout, x16 ? NULL : view(m, x->h, F[1], NF), x16, N);
@@ -1191,17 +1290,43 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
         &m->lc, &gmlp, dy, x16 ? NULL : loom_tp_region_input(&m->rg, view(m, x->ln2, m->scratchC, NrC), N),
         x16, m->dbufC, N);
     round_act(m, dln, NrC);
+    return dln;
+}
+
+/* Layer l's backward over B rows: m->dres holds the gradient at its output
+ * (the rows this rank holds) and receives the gradient at its input; its
+ * parameter gradients accumulate. With 16-bit activations the kept ones are
+ * viewed through staging (named below) that the gradients leave free. */
+static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, int l, int B)
+{
+    const int T = m->T, C = m->spec.hidden, Cq = m->Cq, N = B * T, Nr = loom_tp_rows_held(&m->rg, N);
+    const size_t NrC = (size_t)Nr * C, NCq = (size_t)N * Cq, NK = (size_t)N * m->kvC;
+    const struct loom_decoder_slots *t = &m->t;
+    struct loom_block *b = &m->base.blocks[m->stage.block[l]];
+    struct loom_decoder_layer_acts *x = &a->layers[l];
+    float *const *F = m->dbufF;
+    /* MLP: res3 = res2 + down(act(m, fc(ln2(res2)))); the replicated bias's
+     * gradient sums every row of dout, so it is the same on every tp rank */
+    const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
+    float *dln;
+    if (loom_decoder_moe_layer(&m->spec, l)) { /* float32, one rank */
+        loom_decoder_moe_backward(m, x, b, x->ln2, dout, m->dbufC, N);
+        dln = m->dbufC;
+    } else {
+        dln = mlp_backward(m, x, b, dout, N);
+    }
     norm_backward(m, m->dres, b, t->norm2_w, t->norm2_b, dln, view(m, x->res2, m->stage_res, NrC),
                   x->ln2_mean, x->ln2_rstd, Nr);
     round_act(m, m->dres, NrC);
     /* attention: res2 = res + o(attn(qkv(ln1(res)))) */
     dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     const struct loom_linear o = linear(b, t->o_w, t->o_b, Cq, C);
-    x16 = kept16(m, x->atty, 0);
+    const uint16_t *x16 = kept16(m, x->atty, 0);
     loom_linear_row_backward(&m->lc, &o, m->dbufC, dout, x16 ? NULL : view(m, x->atty, F[0], NCq), x16, N);
     round_act(m, m->dbufC, NCq);
     loom_decoder_attention_backward(m, a, x, view(m, x->qkv, F[1], (size_t)N * qkv_width(m)), B);
     const struct loom_linear_group gqkv = qkv_group(m, b);
+    float *dy[3];
     if (gqkv.fused) {
         round_act(m, m->dqkv, 3 * NCq);
         dy[0] = m->dqkv;
@@ -1600,6 +1725,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     struct loom_decoder_acts *a = &m->slots[mb->slot];
     const size_t NrC = (size_t)loom_tp_rows_held(&m->rg, a->rows * m->T) * m->spec.hidden;
     m->bwd_slot = mb->slot;
+    m->moe_loss_weight = loss_weight; /* the balancing losses' gradients carry the micro-batch's weight */
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
     if (last == m->head)
@@ -1642,16 +1768,38 @@ void loom_decoder_backward(struct loom_decoder *m, float loss_weight)
     backward(&m->base, 0, m->base.nblocks - 1, &mb, loss_weight);
 }
 
+/* An MLP of F columns of the spec's kind, its biases too. */
+static double mlp_params(const struct loom_decoder_spec *s, double F)
+{
+    const double C = s->hidden;
+    if (F == 0) return 0;
+    return (s->mlp == LOOM_MLP_GATED ? 3 : 2) * C * F +
+           (s->mlp_bias ? (s->mlp == LOOM_MLP_GATED ? 2 : 1) * F + C : 0);
+}
+
 double loom_decoder_num_params(const struct loom_decoder_spec *s)
 {
     const double C = s->hidden, V = s->vocab, F = s->ffn, hs = s->head_dim ? s->head_dim : C / s->heads,
                  Cq = s->heads * hs, kvC = s->kv_heads * hs, nb = s->norm == LOOM_NORM_LAYERNORM ? 2 : 1;
     const double qkv = C * (Cq + 2 * kvC) + (s->qkv_bias ? Cq + 2 * kvC : 0),
                  o = Cq * C + (s->o_bias ? C : 0);
-    const double mlp = (s->mlp == LOOM_MLP_GATED ? 3 : 2) * C * F +
-                       (s->mlp_bias ? (s->mlp == LOOM_MLP_GATED ? 2 : 1) * F + C : 0);
+    const double mlp = mlp_params(s, F);
     const double pos = s->positions == LOOM_POSITION_LEARNED ? (double)s->max_pos * C : 0;
-    return V * C * (s->untied ? 2 : 1) + pos + s->num_layers * (qkv + o + mlp + 2 * nb * C) + nb * C;
+    double moe = 0; /* an MoE layer's MLP instead of the dense one */
+    for (int l = 0; s->experts && l < s->num_layers; l++)
+        if (loom_decoder_moe_layer(s, l))
+            moe +=
+                C * s->experts + s->experts * mlp_params(s, s->moe_ffn) + mlp_params(s, s->shared_ffn) - mlp;
+    return V * C * (s->untied ? 2 : 1) + pos + s->num_layers * (qkv + o + mlp + 2 * nb * C) + nb * C + moe;
+}
+
+/* The parameters a token meets: an MoE layer's top k experts of all. */
+static double active_params(const struct loom_decoder_spec *s)
+{
+    double inactive = 0;
+    for (int l = 0; s->experts && l < s->num_layers; l++)
+        if (loom_decoder_moe_layer(s, l)) inactive += (s->experts - s->topk) * mlp_params(s, s->moe_ffn);
+    return loom_decoder_num_params(s) - inactive;
 }
 
 double loom_decoder_flops_per_token(const struct loom_decoder *m)
@@ -1659,5 +1807,5 @@ double loom_decoder_flops_per_token(const struct loom_decoder *m)
     /* the whole model's (MFU divides by the whole job's peak), whatever part this rank holds; a sparse
      * layout's attention counts its share of the causal blocks */
     const double attn = 12.0 * m->spec.num_layers * (double)m->ctx.T * m->spec.hidden;
-    return 6.0 * loom_decoder_num_params(&m->spec) + attn * loom_model_sparsity_share(m->sparse);
+    return 6.0 * active_params(&m->spec) + attn * loom_model_sparsity_share(m->sparse);
 }

@@ -71,6 +71,11 @@ struct loom_decoder_names {
     const char *norm2;
     const char *gate, *up, *down; /* dense: up is fc, down its projection */
     const char *final_norm, *lm_head;
+    /* a mixture of experts' MLP: the router; expert e's prefix (a printf
+     * format of e, after the layer's) and its products' names (gate NULL
+     * for a dense expert); the shared experts' prefix, with the same
+     * products (NULL: the family has none) */
+    const char *router, *expert, *expert_gate, *expert_up, *expert_down, *shared;
 };
 
 /* A family's layer spec and shape: Megatron's TransformerConfig. */
@@ -103,6 +108,15 @@ struct loom_decoder_spec {
     int untied;         /* the LM head has its own weight */
     double init_std;    /* normal(0, init_std) for weights */
     int scaled_init;    /* the residual stream's output projections: init_std / sqrt(2 L) */
+    /* a mixture of experts (Megatron's MoE settings; decoder_moe.c): the
+     * MLP of every moe_freq-th layer (from layer 0) is `experts` experts of
+     * moe_ffn columns (the family's MLP kind), each token routed to topk of
+     * them by a router (linear, no bias), plus shared experts of shared_ffn
+     * columns every token goes through (0: none); experts 0: none */
+    int experts, topk, moe_ffn, shared_ffn, moe_freq;
+    int pre_softmax; /* the routing weights: the top k of the softmax (else the softmax of the top k) */
+    enum loom_moe_balance balance;
+    double aux_coeff, z_coeff; /* the load-balancing loss's and the z-loss's weights */
 };
 
 /* Indices of a layer block's tensors, in block order (-1: absent): the same
@@ -114,6 +128,11 @@ struct loom_decoder_slots {
     int o_w, o_b;
     int norm2_w, norm2_b;
     int gate_w, gate_b, up_w, up_b, down_w, down_b;
+    /* an MoE layer's instead of the MLP's: the router, expert 0's products
+     * (expert e's are these + e * expert_stride), the shared experts' */
+    int router_w;
+    int e_gate_w, e_gate_b, e_up_w, e_up_b, e_down_w, e_down_b, expert_stride;
+    int s_gate_w, s_gate_b, s_up_w, s_up_b, s_down_w, s_down_b;
 };
 
 /* One layer's saved forward state for B sequences of T (N = B T rows). The
@@ -135,6 +154,16 @@ struct loom_decoder_layer_acts {
     void *up;                   /* (N,F) gated: up's output; dense: NULL */
     void *h;                    /* (N,F) the activation's output */
     void *res3;                 /* (Nr,C) the layer's output */
+    /* an MoE layer's (float32): the router's logits (N, E); each token's
+     * routing weights, experts and rows among the permuted ones (N, k); the
+     * rows each expert received (E, on the host). fc, up and h then hold
+     * the permuted rows' (N k, moe_ffn), ey the experts' outputs (N k, C),
+     * sfc, sup and sh the shared experts' (N, shared_ffn) */
+    float *rlogits, *rprobs;
+    float *rlse; /* (N) the router's log-sum-exp rows */
+    int32_t *ridx, *rpos;
+    int *counts;
+    float *ey, *sfc, *sup, *sh;
 };
 
 /* Packed documents, Megatron's get_ltor_masks_and_position_ids: a
@@ -169,6 +198,7 @@ struct loom_decoder_acts {
     int32_t *doc_host;
     uint8_t *loss_keep;
     int nkeep;
+    int *moe_counts; /* the MoE layers' counts (each layer's and each recompute scratch layer's E) */
     int rows;
     int emb_open;        /* the head's backward announced the embedding's gradients */
     float **chunk_input; /* (L) the input of a pipeline model chunk that starts at layer l > 0, else NULL */
@@ -241,7 +271,28 @@ struct loom_decoder {
     int unfused; /* attention through the (T,T) kernels that keep the probabilities, not the fused one */
     struct loom_decoder_documents docs;
     float *pos_rows; /* (N,C) the learned positions' rows, when they restart at documents */
+    /* a mixture of experts' scratch (decoder_moe.c): the dispatched rows,
+     * their gradients and the experts' outputs' (N k, C), the products'
+     * gradients (three of N k moe_ffn, or N shared_ffn), the routing
+     * weights' (N k) and the router logits' (N,E) gradients, a (N,C) row
+     * buffer, the softmax's sums and the balancing loss's gradient (E);
+     * host copies of the choices and places (N k), the sums (E) and lse (N) */
+    float *moe_xp, *moe_dxp, *moe_dy, *moe_dF[3], *moe_dprobs, *moe_dlogits, *moe_out, *moe_sums,
+        *moe_aux_grad;
+    int32_t *moe_idx_host, *moe_pos_host;
+    float *moe_sums_host, *moe_lse_host;
+    float moe_loss_weight; /* the running backward's micro-batch weight */
+    /* the balancing losses' values (unweighted: aux = E/(N^2 k) sum P f, z = mean lse^2), summed
+     * over the MoE layers' forwards since loom_decoder_moe_take */
+    double moe_aux_sum, moe_z_sum;
+    int moe_layers_seen;
 };
+
+/* Whether layer l of spec s is an MoE layer. */
+static inline int loom_decoder_moe_layer(const struct loom_decoder_spec *s, int l)
+{
+    return s->experts > 0 && l % s->moe_freq == 0;
+}
 
 /* LOOM_ERR_INPUT naming the flag when the spec cannot be built for T. */
 int loom_decoder_check(const struct loom_decoder_spec *s, int T);

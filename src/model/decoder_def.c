@@ -21,6 +21,11 @@ struct loom_config loom_decoder_def_resolve(const struct loom_decoder_def *d, co
     if (!c.ffn_hidden_size)
         c.ffn_hidden_size =
             d->arch->mlp == LOOM_MLP_GATED ? (int)(4.0 * c.hidden_size * 2 / 3 / 64) * 64 : 4 * c.hidden_size;
+    if (!c.num_experts) /* a dense model has no MoE shape */
+        c.moe_router_topk = 2, c.moe_ffn_hidden_size = c.moe_shared_expert_intermediate_size = 0,
+        c.moe_layer_freq = 1, c.moe_router_pre_softmax = 0;
+    else if (!c.moe_ffn_hidden_size)
+        c.moe_ffn_hidden_size = c.ffn_hidden_size;
     return c;
 }
 
@@ -39,6 +44,9 @@ struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
         else
             *(int *)to = *(const int *)from;
     }
+    s.balance = c.moe_router_load_balancing_type;
+    s.aux_coeff = s.balance == LOOM_MOE_AUX_LOSS ? c.moe_aux_loss_coeff : 0;
+    s.z_coeff = c.moe_z_loss_coeff;
     if (d->finish) d->finish(&s);
     return s;
 }
@@ -146,6 +154,57 @@ static int check_spec(const struct loom_decoder_spec *s, int T)
     return LOOM_OK;
 }
 
+/* A mixture of experts' settings, and what it runs with so far: one
+ * process or data parallelism (ZeRO too) and pipelines, float32,
+ * recomputation. */
+static int check_moe(const struct loom_decoder_def *d, const struct loom_config *cfg,
+                     const struct loom_decoder_spec *s)
+{
+    const char *why = NULL;
+    if (!s->experts && d->hf && loom_hf_key_of(d->hf, "num_experts"))
+        return loom_error_set(LOOM_ERR_INPUT, "--num-experts 0: %s models are mixtures of experts",
+                              d->family->title);
+    if (!s->experts) {
+        static const char *const moe_flags[] = {
+            "--moe-router-topk",  "--moe-ffn-hidden-size",       "--moe-shared-expert-intermediate-size",
+            "--moe-layer-freq",   "--moe-router-pre-softmax",    "--moe-aux-loss-coeff",
+            "--moe-z-loss-coeff", "--expert-model-parallel-size"};
+        for (size_t i = 0; i < sizeof moe_flags / sizeof moe_flags[0]; i++)
+            if (loom_config_given(cfg, moe_flags[i]))
+                return loom_error_set(LOOM_ERR_INPUT, "%s needs --num-experts (the model has no experts)",
+                                      moe_flags[i]);
+        return LOOM_OK;
+    }
+    if (!s->names->router)
+        return loom_error_set(LOOM_ERR_INPUT, "--num-experts: %s models have no mixture-of-experts form",
+                              d->family->title);
+    if (s->topk > s->experts)
+        return loom_error_set(LOOM_ERR_INPUT, "--moe-router-topk %d exceeds --num-experts %d", s->topk,
+                              s->experts);
+    if (s->moe_ffn < 1)
+        return loom_error_set(LOOM_ERR_INPUT, "--moe-ffn-hidden-size must be >= 1, got %d", s->moe_ffn);
+    if (s->shared_ffn && !s->names->shared)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--moe-shared-expert-intermediate-size %d: %s models have no shared experts",
+                              s->shared_ffn, d->family->title);
+    if (cfg->expert_model_parallel_size > 1)
+        why = "--expert-model-parallel-size above 1 (expert parallelism is not built yet)";
+    else if (cfg->tensor_model_parallel_size > 1)
+        why = "--tensor-model-parallel-size above 1 (experts are not split over tensor-parallel ranks yet)";
+    else if (cfg->context_parallel_size > 1)
+        why =
+            "--context-parallel-size above 1 (the load-balancing loss over a context group is not built yet)";
+    else if (cfg->bf16 || cfg->fp16)
+        why = "--bf16 or --fp16 (an MoE layer computes in float32 so far)";
+    else if (cfg->layout_invariant)
+        why = "--layout-invariant (not built for experts yet)";
+    else if (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
+             cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL)
+        why = "--attention-backend unfused or local (the MoE layers run with the fused attention)";
+    if (why) return loom_error_set(LOOM_ERR_INPUT, "--num-experts %d with %s", s->experts, why);
+    return LOOM_OK;
+}
+
 /* The tensor-parallel splits and --layout-invariant pieces the shape allows. */
 static int check_layout(const struct loom_decoder_def *d, const struct loom_config *cfg,
                         const struct loom_decoder_spec *s)
@@ -214,6 +273,7 @@ int loom_decoder_def_check(const struct loom_decoder_def *d, const struct loom_c
         rc = loom_error_set(LOOM_ERR_INPUT, "--eod-token-id %d is outside the vocabulary (%d tokens)",
                             c.eod_token_id, s.vocab);
     if (rc == LOOM_OK) rc = check_spec(&s, T);
+    if (rc == LOOM_OK) rc = check_moe(d, cfg, &s);
     if (rc == LOOM_OK) rc = check_layout(d, cfg, &s);
     if (rc == LOOM_OK) rc = loom_model_sparsity_check(&c, s.heads, T);
     return rc;
@@ -281,7 +341,12 @@ void loom_decoder_def_describe(const struct loom_model *m, char *buf, size_t n)
                               s->norm == LOOM_NORM_RMSNORM ? "RMSNorm" : "LayerNorm", s->norm_eps);
     if (act && !at_default(act, s) && l < n)
         l += (size_t)snprintf(buf + l, n - l, ", %s", act->words[s->activation]);
-    if (s->untied && l < n) snprintf(buf + l, n - l, ", untied LM head");
+    if (s->untied && l < n) l += (size_t)snprintf(buf + l, n - l, ", untied LM head");
+    if (s->experts && l < n)
+        l += (size_t)snprintf(buf + l, n - l, ", %d experts of %d (top %d)", s->experts, s->moe_ffn, s->topk);
+    if (s->experts && s->moe_freq > 1 && l < n)
+        l += (size_t)snprintf(buf + l, n - l, " in every %d layers", s->moe_freq);
+    if (s->shared_ffn && l < n) snprintf(buf + l, n - l, ", shared experts of %d", s->shared_ffn);
     loom_model_sparsity_describe(dm->sparse, buf, n);
 }
 
@@ -294,6 +359,12 @@ static void add(struct loom_model_shape *out, const struct loom_shape_key *k, co
         loom_model_shape_add_real(out, k->key, *(const double *)field);
     else
         loom_model_shape_add_word(out, k->key, k->words[*(const int *)field]);
+}
+
+/* Whether key k goes unsaid: quiet, in a dense model. */
+static int quiet_default(const struct loom_shape_key *k, int experts)
+{
+    return k->quiet && experts == 0;
 }
 
 void loom_decoder_def_shape_of(const struct loom_decoder_def *d, const struct loom_config *cfg,
@@ -311,7 +382,8 @@ void loom_decoder_def_model_shape(const struct loom_decoder_def *d, const struct
 {
     memset(out, 0, sizeof *out);
     snprintf(out->type, sizeof out->type, "%s", d->family->name);
-    for (int k = 0; k < d->nkeys; k++) add(out, &d->keys[k], &m->spec, d->keys[k].spec);
+    for (int k = 0; k < d->nkeys; k++)
+        if (!quiet_default(&d->keys[k], m->spec.experts)) add(out, &d->keys[k], &m->spec, d->keys[k].spec);
 }
 
 /* One setting into its configuration field; LOOM_ERR_INPUT naming it when

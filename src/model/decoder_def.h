@@ -43,18 +43,24 @@ struct loom_shape_key {
     double lo, hi;
     const char *const *words; /* WORD: the names, NULL-ended */
     const char *absent;
+    int quiet; /* unsaid in files of a dense model (the MoE settings) */
 };
 #define LOOM_SHAPE_KEY(key, cfg_field, spec_field, kind, lo, hi)                                             \
     LOOM_SHAPE_KEY_OR(key, cfg_field, spec_field, kind, lo, hi, NULL)
 #define LOOM_SHAPE_KEY_OR(key, cfg_field, spec_field, kind, lo, hi, absent)                                  \
     {                                                                                                        \
         key, offsetof(struct loom_config, cfg_field), offsetof(struct loom_decoder_spec, spec_field), kind,  \
-            lo, hi, NULL, absent                                                                             \
+            lo, hi, NULL, absent, 0                                                                          \
+    }
+#define LOOM_SHAPE_KEY_QUIET(key, cfg_field, spec_field, lo, hi, absent)                                     \
+    {                                                                                                        \
+        key, offsetof(struct loom_config, cfg_field), offsetof(struct loom_decoder_spec, spec_field),        \
+            LOOM_SHAPE_INT, lo, hi, NULL, absent, 1                                                          \
     }
 #define LOOM_SHAPE_KEY_WORD(key, cfg_field, spec_field, words, absent)                                       \
     {                                                                                                        \
         key, offsetof(struct loom_config, cfg_field), offsetof(struct loom_decoder_spec, spec_field),        \
-            LOOM_SHAPE_WORD, 0, 0, words, absent                                                             \
+            LOOM_SHAPE_WORD, 0, 0, words, absent, 0                                                          \
     }
 
 /* The shape settings every decoder family records (a family adds its own). */
@@ -70,7 +76,19 @@ struct loom_shape_key {
         LOOM_SHAPE_KEY("norm_epsilon", norm_epsilon, norm_eps, LOOM_SHAPE_REAL, 0, 1),                       \
         LOOM_SHAPE_KEY("rotary_base", rotary_base, rope_theta, LOOM_SHAPE_REAL, 1, 1e12),                    \
         LOOM_SHAPE_KEY("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights, untied,   \
-                       LOOM_SHAPE_INT, 0, 1)
+                       LOOM_SHAPE_INT, 0, 1),                                                                \
+        LOOM_DECODER_MOE_KEYS
+
+/* The mixture of experts' shape settings (every decoder family records them
+ * for a model with experts). */
+#define LOOM_DECODER_MOE_KEYS                                                                                \
+    LOOM_SHAPE_KEY_QUIET("num_experts", num_experts, experts, 0, 1 << 16, "0"),                              \
+        LOOM_SHAPE_KEY_QUIET("moe_router_topk", moe_router_topk, topk, 1, 1 << 16, "2"),                     \
+        LOOM_SHAPE_KEY_QUIET("moe_ffn_hidden_size", moe_ffn_hidden_size, moe_ffn, 0, INT_MAX, "0"),          \
+        LOOM_SHAPE_KEY_QUIET("moe_shared_expert_intermediate_size", moe_shared_expert_intermediate_size,     \
+                             shared_ffn, 0, INT_MAX, "0"),                                                   \
+        LOOM_SHAPE_KEY_QUIET("moe_layer_freq", moe_layer_freq, moe_freq, 1, 1024, "1"),                      \
+        LOOM_SHAPE_KEY_QUIET("moe_router_pre_softmax", moe_router_pre_softmax, pre_softmax, 0, 1, "0")
 
 /* Presets' training settings: a tiny model on the built-in corpus, and a
  * real size (its peak learning rate). */

@@ -46,6 +46,22 @@ static inline const float *view(const struct loom_decoder *m, const void *x, flo
     return stage;
 }
 
+/* The MLP's activation (the spec's kind) on n values of its input
+ * products' outputs (up NULL: a dense MLP's fc alone). */
+void loom_decoder_mlp_act_forward(const struct loom_decoder *m, float *h, const float *fc, const float *up,
+                                  size_t n);
+
+/* ---- a mixture of experts (decoder_moe.c) ------------------------------------ */
+
+/* An MoE layer's MLP on its normed rows ln2 (N, C; float32, one rank) into
+ * out (N, C), keeping its state in x (and its balancing losses' values in
+ * m->moe_*_sum); its backward from dout (N, C): the parameters' gradients
+ * accumulate, dln (N, C) is written. */
+void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
+                              const float *ln2, float *out, int N);
+void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,
+                               struct loom_block *b, const float *ln2, const float *dout, float *dln, int N);
+
 /* ---- attention (decoder_attention.c) ----------------------------------------- */
 
 /* Rotary positions on x (B rows of T, H heads): forward rotates, else

@@ -3,8 +3,9 @@
 
 #include <string.h>
 
-static const struct loom_model_family *const families[] = {
-    &loom_gpt2_family, &loom_llama_family, &loom_mistral_family, &loom_qwen2_family, &loom_gemma_family};
+static const struct loom_model_family *const families[] = {&loom_gpt2_family,    &loom_llama_family,
+                                                           &loom_mistral_family, &loom_mixtral_family,
+                                                           &loom_qwen2_family,   &loom_gemma_family};
 #define NFAMILIES ((int)(sizeof families / sizeof families[0]))
 
 const struct loom_model_family *loom_model_family_at(int i)

@@ -92,6 +92,7 @@ const struct loom_model_family *loom_model_family_of(const struct loom_model *m)
 extern const struct loom_model_family loom_gpt2_family;
 extern const struct loom_model_family loom_llama_family;
 extern const struct loom_model_family loom_mistral_family;
+extern const struct loom_model_family loom_mixtral_family;
 extern const struct loom_model_family loom_qwen2_family;
 extern const struct loom_model_family loom_gemma_family;
 

@@ -47,6 +47,12 @@ static const struct loom_decoder_names names = {
     .down = "mlp.c_proj",
     .final_norm = "ln_f",
     .lm_head = "lm_head", /* GPT2LMHeadModel's own head */
+    /* a mixture of experts: GPT-2's MLP names under each expert's prefix */
+    .router = "mlp.router",
+    .expert = "mlp.experts.%d.",
+    .expert_up = "c_fc",
+    .expert_down = "c_proj",
+    .shared = "mlp.shared_experts.",
 };
 
 static const struct loom_decoder_spec arch = {
@@ -85,6 +91,7 @@ static const struct loom_shape_key keys[] = {
                         "gelu_new"),
     LOOM_SHAPE_KEY_OR("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights, untied,
                       LOOM_SHAPE_INT, 0, 1, "0"),
+    LOOM_DECODER_MOE_KEYS,
 };
 _Static_assert((int)LOOM_ACTIVATION_GELU_NEW == (int)LOOM_MLP_GELU_TANH &&
                    (int)LOOM_ACTIVATION_GELU == (int)LOOM_MLP_GELU,

@@ -37,6 +37,13 @@ const struct loom_decoder_names loom_hf_decoder_names = {
     .down = "mlp.down_proj",
     .final_norm = "model.norm",
     .lm_head = "lm_head",
+    /* a mixture of experts (Qwen2-MoE's and DeepSeek's names) */
+    .router = "mlp.gate",
+    .expert = "mlp.experts.%d.",
+    .expert_gate = "gate_proj",
+    .expert_up = "up_proj",
+    .expert_down = "down_proj",
+    .shared = "mlp.shared_experts.",
 };
 
 /* Fields every decoder family's config has that do not change the function
@@ -431,6 +438,19 @@ static int write_json(const char *dir, const char *name, char *text)
 int loom_hf_save_dir(struct loom_model *model, const char *dir, const struct loom_hf_extra *extra)
 {
     const struct loom_decoder_def *d = loom_decoder_def_of(model);
+    const struct loom_decoder_spec *s = &loom_decoder_of(model)->spec;
+    if (s->experts && !loom_hf_key_of(d->hf, "num_experts"))
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s: transformers' %s has no experts; a %s model with --num-experts is saved in "
+            "loom's formats only",
+            dir, d->hf->architectures[0], d->family->title);
+    if (s->experts && (s->moe_freq != 1 || s->pre_softmax || s->shared_ffn))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: transformers' %s routes every layer by the softmax of the top k, without "
+                              "shared experts; this model's --moe-layer-freq, --moe-router-pre-softmax or "
+                              "--moe-shared-expert-intermediate-size has no form there",
+                              dir, d->hf->architectures[0]);
     int rc = loom_fs_mkdir_p(dir);
     if (rc) return rc;
     char weights[4200];

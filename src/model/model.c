@@ -39,7 +39,11 @@ struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char
                                                 const int64_t *full, int view_ndim, const int64_t *view,
                                                 int split, int tp, int tp_rank)
 {
-    LOOM_ASSERT(b->ntensors < LOOM_BLOCK_MAX_TENSORS && ndim >= 1 && ndim <= LOOM_TENSOR_MAX_DIMS);
+    LOOM_ASSERT(ndim >= 1 && ndim <= LOOM_TENSOR_MAX_DIMS);
+    if (b->ntensors == b->tensors_cap) {
+        b->tensors_cap = b->tensors_cap ? 2 * b->tensors_cap : 16;
+        b->tensors = loom_realloc(b->tensors, sizeof *b->tensors * (size_t)b->tensors_cap, LOOM_MEM_OTHER);
+    }
     const int own_view = view == NULL; /* the view is full itself: dimension d is view dimension d */
     if (own_view) view_ndim = ndim, view = full;
     LOOM_ASSERT(view_ndim >= 1 && view_ndim <= LOOM_TP_VIEW_MAX_DIMS);
@@ -179,6 +183,7 @@ void loom_model_release(struct loom_model *m)
     loom_backend_buf_free(m->backend, &m->params);
     loom_backend_buf_free(m->backend, &m->grads);
     loom_backend_buf_free(m->backend, &m->grad_acc);
+    for (int i = 0; m->blocks && i < m->nblocks; i++) loom_free(m->blocks[i].tensors);
     loom_free(m->blocks);
     m->blocks = NULL;
 }

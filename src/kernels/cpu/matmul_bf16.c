@@ -56,6 +56,15 @@ static enum loom_bf16_units units_present(void)
     return LOOM_BF16_UNITS_F32; /* oneDNN's emulation on plain AVX512 is slower than sgemm: forced only */
 }
 
+/* Whether the CPU has AVX512 (F, DQ, BW, VL: oneDNN's avx512_core), which
+ * every bf16 path needs; without it a forced path is the float32 one. */
+static int avx512_core_present(void)
+{
+    unsigned a, b, c, d;
+    const unsigned need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & need) == need;
+}
+
 static int selected = -1; /* enum loom_bf16_units, -1 until chosen */
 
 /* ---- primitives by shape ------------------------------------------------------ */
@@ -201,6 +210,7 @@ int loom_bf16_units_select(const char *forced)
             return loom_error_set(
                 LOOM_ERR_INPUT, "LOOM_BF16_UNITS=%s: expected auto, amx, avx512_bf16, avx512 or f32", forced);
         want = (enum loom_bf16_units)found;
+        if (!avx512_core_present()) want = LOOM_BF16_UNITS_F32; /* no bf16 path runs here at all */
     }
     if (selected >= 0) { /* oneDNN's instruction-set cap is set once per process */
         if ((int)want != selected)

@@ -128,6 +128,25 @@
     X_VOID(swiglu_backward,                                                                                  \
            (float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n),      \
            (dgate, dup, dout, gate, up, n))                                                                  \
+    X_VOID(moe_router_forward,                                                                               \
+           (float *probs, int32_t *idx, float *lse, float *score_sum, const float *logits, int N, int E,     \
+            int k, int pre_softmax),                                                                         \
+           (probs, idx, lse, score_sum, logits, N, E, k, pre_softmax))                                       \
+    X_VOID(moe_router_backward,                                                                              \
+           (float *dlogits, const float *dprobs, const float *probs, const int32_t *idx, const float *lse,   \
+            const float *logits, const float *aux_grad, float z_grad, int N, int E, int k, int pre_softmax), \
+           (dlogits, dprobs, probs, idx, lse, logits, aux_grad, z_grad, N, E, k, pre_softmax))               \
+    X_VOID(moe_permute_forward, (float *xp, const float *x, const int32_t *pos, int N, int k, int C),        \
+           (xp, x, pos, N, k, C))                                                                            \
+    X_VOID(moe_permute_backward, (float *dx, const float *dxp, const int32_t *pos, int N, int k, int C),     \
+           (dx, dxp, pos, N, k, C))                                                                          \
+    X_VOID(moe_unpermute_forward,                                                                            \
+           (float *out, const float *y, const float *probs, const int32_t *pos, int N, int k, int C),        \
+           (out, y, probs, pos, N, k, C))                                                                    \
+    X_VOID(moe_unpermute_backward,                                                                           \
+           (float *dy, float *dprobs, const float *dout, const float *y, const float *probs,                 \
+            const int32_t *pos, int N, int k, int C),                                                        \
+           (dy, dprobs, dout, y, probs, pos, N, k, C))                                                       \
     X_VOID(geglu_forward, (float *out, const float *gate, const float *up, size_t n), (out, gate, up, n))    \
     X_VOID(geglu_backward,                                                                                   \
            (float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n),      \

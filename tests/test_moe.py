@@ -1,0 +1,264 @@
+"""Mixture of experts: the Mixtral family against Hugging Face transformers
+(PyPI transformers 4.39.3 in the test-only virtual environment
+lib.hf_python makes, on Debian's torch), Megatron's balancing losses
+against a reference written here, layouts against one process, and the
+refusals.
+
+1. Mixtral from a Hugging Face directory: a small random MixtralForCausalLM
+   (2 layers of 64 channels, top 2 of 4 experts, and top 2 of 8; every
+   weight moved from its initialisation, the norms' too) saved by
+   save_pretrained. $BUILD/tests/tools/hf_logits gives the logits of random
+   tokens: within 1e-5 of transformers' float64 forward of the same float32
+   weights (loom's float32 sums of at most 4 C terms; a wrong routing
+   weight, expert or order moves them by 1e-3 or more). `loom convert`
+   writes a directory whose tensors are the source's bit for bit, which
+   transformers loads with no missing or unexpected keys.
+2. 20 training steps of `loom train --load DIR` (accumulation 2, clipping,
+   warmup + cosine) give PyTorch's per-step losses within 1e-5 relative
+   (two float32 implementations summing in other orders drift ~1e-7 over 20
+   steps; a routing decision that flips is a jump of ~1e-3). transformers'
+   own loss has no balancing loss here (output_router_logits false, its
+   default), nor has loom's (--moe-aux-loss-coeff 0).
+3. Megatron's balancing losses: --moe-aux-loss-coeff 0.01 and
+   --moe-z-loss-coeff 0.001 on the same run against the reference that adds,
+   per MoE layer and micro-batch of N tokens, the Switch loss
+   coeff E / (N^2 k) sum_e P_e f_e (P_e the softmax's sum over the tokens,
+   f_e the tokens routed to e; f carries no gradient) and the z-loss
+   coeff mean(logsumexp(logits)^2), to the gradient only (the reported
+   loss is the language model's, as Megatron's MoEAuxLossAutoScaler does).
+   Within 1e-5; without them the losses differ by more than 1e-4.
+4. Layouts (mixtral-tiny cut to 4 layers of 64 channels on the built-in
+   corpus): DDP 2, ZeRO-3 on 2 ranks and PP 2 give one process's per-step
+   losses and final weights within lib.compare_runs' 1e-5; full
+   recomputation gives the same bits.
+5. Bad settings: one line, exit 2.
+"""
+import json
+import os
+import sys
+import tempfile
+
+import lib
+from lib import check
+
+lib.use_transformers()
+import transformers  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import MixtralConfig, MixtralForCausalLM  # noqa: E402
+
+from pyref import shard, st, train  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+torch.set_num_threads(2)
+
+TOOL = lib.tool("hf_logits")
+V, T, B = 256, 16, 2
+LOGIT_TOL, STEP_TOL = 1e-5, 1e-5
+
+
+def hf_model(experts, seed):
+    torch.manual_seed(seed)
+    cfg = MixtralConfig(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                        num_local_experts=experts, num_experts_per_tok=2, rms_norm_eps=1e-5,
+                        attn_implementation="eager")
+    model = MixtralForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * (0.05 if p.ndim == 2 else 0.3))
+    return model
+
+
+def forward(model, ids, router=False):
+    """The body and the head called directly (forward casts the logits);
+    with router, each layer's router logits too."""
+    out = model.model(input_ids=ids, output_router_logits=router)
+    logits = model.lm_head(out.last_hidden_state)
+    return (logits, out.router_logits) if router else logits
+
+
+def logits_check(tag, model, d, tmp):
+    rows = np.random.default_rng(1).integers(0, V, size=(B, T + 1), dtype=np.int32)
+    tpath, out = os.path.join(tmp, f"{tag}.i32"), os.path.join(tmp, f"{tag}-logits.safetensors")
+    rows.tofile(tpath)
+    p = lib.run([TOOL, d, tpath, out, str(B), str(T)])
+    if p.returncode != 0:
+        return check(f"{tag}: hf_logits runs", False, p.stderr[-500:])
+    ref = type(model)(model.config).double()
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            want = forward(ref, torch.tensor(rows[:, :T], dtype=torch.long)).numpy()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    got = st.load(out)["logits"]
+    diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+    check(f"{tag}: logits of a random model, max |loom - transformers (float64)| {diff:.1e} "
+          f"(max |logit| {np.max(np.abs(want)):.2f}, tol {LOGIT_TOL:g})", diff <= LOGIT_TOL)
+    return diff
+
+
+def convert_check(tag, model, d, tmp):
+    out = os.path.join(tmp, f"{tag}-conv")
+    p = lib.loom("convert", d, out)
+    if p.returncode:
+        return check(f"{tag}: loom convert runs", False, p.stderr[-500:])
+    src, got = load_file(os.path.join(d, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
+    check(f"{tag}: loom convert of the directory: every tensor bit for bit ({len(src)} tensors)",
+          sorted(got) == sorted(src) and all(torch.equal(got[k], src[k]) for k in src))
+    back, info = MixtralForCausalLM.from_pretrained(out, output_loading_info=True, attn_implementation="eager")
+    missing, unexpected = info["missing_keys"], info["unexpected_keys"]
+    check(f"{tag}: transformers loads loom's export with no missing or unexpected keys",
+          not missing and not unexpected, f"missing {missing}, unexpected {unexpected}")
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    check(f"{tag}: ... whose config.json states the experts",
+          cfg.get("num_local_experts") == model.config.num_local_experts and cfg.get("num_experts_per_tok") == 2
+          and cfg.get("intermediate_size") == 96, str(cfg))
+
+
+def balance_losses(router_logits, k, aux, z):
+    """Megatron's per-layer Switch loss and z-loss over one micro-batch."""
+    total = 0.0
+    for lg in router_logits:  # (N, E) per MoE layer
+        N, E = lg.shape
+        probs = torch.softmax(lg, dim=-1)
+        chosen = torch.topk(lg, k, dim=-1).indices
+        f = torch.zeros(E).scatter_add_(0, chosen.reshape(-1), torch.ones(N * k))
+        total = total + aux * E / (N * N * k) * torch.sum(probs.sum(0) * f)
+        total = total + z * torch.mean(torch.logsumexp(lg, dim=-1) ** 2)
+    return total
+
+
+def train_check(tag, model, d, tmp, aux=0.0, z=0.0):
+    """20 steps of `loom train --load DIR` against the same steps in PyTorch."""
+    G, clip, HT = 8, 1.0, T
+    tokens = train.make_tokens(30000, 3) % V
+    tag_file = tag.replace(" ", "-")
+    data = os.path.join(tmp, f"{tag_file}-train.bin")
+    shard.write(data, tokens)
+    metrics, ck = os.path.join(tmp, f"{tag_file}-train.jsonl"), os.path.join(tmp, f"{tag_file}-ck")
+    args = ["--load", d, "--data-path", data, "--data-order", "sequential", "--seq-length", HT,
+            "--micro-batch-size", G // 2, "--global-batch-size", G, "--train-iters", train.ITERS, "--lr",
+            train.MAX_LR, "--min-lr", train.MIN_LR, "--lr-warmup-iters", train.WARMUP, "--lr-decay-style", "cosine",
+            "--weight-decay", train.WD, "--adam-beta1", train.BETA1, "--adam-beta2", train.BETA2, "--adam-eps",
+            train.EPS, "--clip-grad", clip, "--log-interval", 1, "--eval-iters", 0, "--metrics", metrics,
+            "--threads", 2, "--save", ck]
+    if aux or z:
+        args += ["--moe-aux-loss-coeff", aux, "--moe-z-loss-coeff", z]
+    p = lib.loom("train", *[str(a) for a in args], timeout=600)
+    if p.returncode != 0:
+        return check(f"{tag}: loom train --load of its directory", False, p.stderr[-500:]), []
+    got = [r["loss"] for r in lib.metrics_rows(metrics)]
+    decay = [q for q in model.parameters() if q.ndim >= 2]
+    no_decay = [q for q in model.parameters() if q.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": train.WD}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=train.MAX_LR, betas=(train.BETA1, train.BETA2), eps=train.EPS)
+    nblocks, want = (len(tokens) - 1) // (G * HT), []
+    for s in range(train.ITERS):
+        for g in opt.param_groups:
+            g["lr"] = train.lr_at(s + 1)
+        opt.zero_grad(set_to_none=True)
+        start = (s % nblocks) * G * HT
+        block = torch.tensor(tokens[start:start + G * HT + 1].astype(np.int64))
+        total = 0.0
+        for a in range(2):
+            rows = range(a * G // 2, (a + 1) * G // 2)
+            x = torch.stack([block[r * HT:(r + 1) * HT] for r in rows])
+            y = torch.stack([block[r * HT + 1:(r + 1) * HT + 1] for r in rows])
+            logits, router = forward(model, x, router=True)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+            extra = balance_losses(router, 2, aux, z) if aux or z else 0.0
+            ((loss + extra) / 2).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        want.append(total / 2)
+    worst = max((abs(a - b) / b for a, b in zip(got, want)), default=1.0)
+    what = f"with --moe-aux-loss-coeff {aux} --moe-z-loss-coeff {z}" if aux or z else "from its directory"
+    check(f"{tag}: 20 training steps {what}, every loss PyTorch's (worst rel {worst:.1e}, tol {STEP_TOL:g})",
+          len(got) == train.ITERS and worst <= STEP_TOL, f"{got} vs {want}")
+    return worst, got
+
+
+def layouts(tmp):
+    base = ["--model", "mixtral-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2",
+            "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001"]
+    one = lib.tiny_run(tmp, "moe-one", 1, base)
+    for tag, n, extra in (("DDP 2", 2, []), ("ZeRO-3", 2, ["--zero-stage", "3"]),
+                          ("PP 2", 2, ["--pipeline-model-parallel-size", "2"])):
+        lib.compare_runs(f"mixtral {tag}", one, lib.tiny_run(tmp, f"moe-{tag[:4].strip()}", n, base + extra))
+    full = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]
+    lib.same_run("mixtral full recomputation", one, lib.tiny_run(tmp, "moe-full", 1, base + full))
+    # any family: Llama with shared experts in every other layer, GPT-2's dense experts with pre-softmax routing
+    for fam, extra in (("llama", ["--moe-shared-expert-intermediate-size", "32", "--moe-layer-freq", "2"]),
+                       ("gpt2", ["--moe-router-pre-softmax"])):
+        flags = ["--model", f"{fam}-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+                 "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--seq-length", "16",
+                 "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2",
+                 "--moe-aux-loss-coeff", "0.01"] + extra
+        if fam == "llama":
+            flags += ["--num-query-groups", "2", "--ffn-hidden-size", "64"]
+        one = lib.tiny_run(tmp, f"{fam}-moe-one", 1, flags)
+        lib.compare_runs(f"{fam} with experts ({' '.join(extra)}) DDP 2", one,
+                         lib.tiny_run(tmp, f"{fam}-moe-ddp", 2, flags))
+
+
+def refusals():
+    base = ["train", "--model", "mixtral-tiny", "--train-iters", "1", "--dry-run"]
+    cases = [
+        (["--moe-router-topk", "9"], "--moe-router-topk 9 exceeds --num-experts 8"),
+        (["--num-experts", "0"], "mixtures of experts"),
+        (["--expert-model-parallel-size", "2"], "expert parallelism"),
+        (["--bf16"], "float32"),
+        (["--moe-shared-expert-intermediate-size", "64"], "no shared experts"),
+        (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type"),
+    ]
+    for extra, want in cases:
+        p = lib.loom(*base, *extra)
+        errs = lib.error_lines(p.stderr)
+        check(f"refused, one line, exit 2: {' '.join(extra)}",
+              p.returncode == 2 and len(errs) == 1 and want in errs[0], f"rc {p.returncode}: {p.stderr[-400:]}")
+    p = lib.run(lib.mpirun(2, [lib.LOOM, *base, "--tensor-model-parallel-size", "2"]), timeout=120, env=lib.ENV)
+    errs = lib.error_lines(p.stderr)
+    check("refused, one line, exit 2: --tensor-model-parallel-size 2 (2 ranks)",
+          p.returncode == 2 and errs and all("--tensor-model-parallel-size above 1" in e for e in errs), p.stderr[-400:])
+    p = lib.loom("train", "--model", "llama-tiny", "--moe-router-topk", "2", "--train-iters", "1", "--dry-run")
+    errs = lib.error_lines(p.stderr)
+    check("refused, one line, exit 2: an MoE setting without --num-experts",
+          p.returncode == 2 and len(errs) == 1 and "--num-experts" in errs[0], p.stderr[-400:])
+
+
+def main():
+    figures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        lib.write_corpus(tmp)
+        for experts in (4, 8):
+            tag = f"mixtral top 2 of {experts}"
+            model = hf_model(experts, 3)
+            d = os.path.join(tmp, f"hf-mixtral-{experts}")
+            model.save_pretrained(d)
+            figures.append(logits_check(tag, model, d, tmp))
+            convert_check(tag, model, d, tmp)
+            if experts == 4:
+                worst, plain = train_check(tag, model, d, tmp)
+                figures.append(worst)
+                worst, balanced = train_check(tag + " balanced", hf_model(experts, 3), d, tmp, aux=0.01, z=0.001)
+                figures.append(worst)
+                if plain and balanced:
+                    moved = max(abs(a - b) / b for a, b in zip(balanced, plain))
+                    check(f"{tag}: ... the balancing losses move the run (rel {moved:.1e} from the plain one, "
+                          "above 1e-4)", moved > 1e-4)
+        refusals()
+        layouts(tmp)
+    print(f"     max logit diffs and loss rel diffs: {figures}")
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
