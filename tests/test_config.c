@@ -341,8 +341,8 @@ static void test_shape_settings(void)
     snprintf(s.kv[6].word, sizeof s.kv[6].word, "relu");
     CHECK(f->apply_shape(&s, &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "activation_function"));
     f->shape_of(&cfg, &s);
-    snprintf(s.kv[0].key, sizeof s.kv[0].key, "num_experts");
-    CHECK(f->apply_shape(&s, &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "num_experts"));
+    snprintf(s.kv[0].key, sizeof s.kv[0].key, "rope_scaling");
+    CHECK(f->apply_shape(&s, &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "rope_scaling"));
     f->shape_of(&cfg, &s);
     s.kv[5].real = 2.0; /* eps outside [0, 1] */
     CHECK(f->apply_shape(&s, &back) == LOOM_ERR_INPUT && strstr(loom_error_message(), "norm_epsilon"));

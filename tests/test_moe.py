@@ -27,13 +27,20 @@ refusals.
    coeff mean(logsumexp(logits)^2), to the gradient only (the reported
    loss is the language model's, as Megatron's MoEAuxLossAutoScaler does).
    Within 1e-5; without them the losses differ by more than 1e-4.
-4. Layouts (mixtral-tiny cut to 4 layers of 64 channels on the built-in
+4. An independent reference written here (Megatron's routing as its
+   documentation states it: shared experts, capacity factors with both drop
+   policies, padding, pre-softmax top 1) in a transformers Llama whose MLPs
+   it replaces, from the weights loom initialised: 20 steps within 1e-5,
+   each capacity case dropping choices.
+5. Layouts (mixtral-tiny cut to 4 layers of 64 channels on the built-in
    corpus): DDP 2, ZeRO-3 on 2 ranks and PP 2 give one process's per-step
    losses and final weights within lib.compare_runs' 1e-5; full
-   recomputation gives the same bits.
-5. Bad settings: one line, exit 2.
+   recomputation gives the same bits; Llama with shared experts in every
+   other layer and GPT-2's dense experts under DDP 2.
+6. Bad settings: one line, exit 2.
 """
 import json
+import math
 import os
 import sys
 import tempfile
@@ -47,7 +54,7 @@ import transformers  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import MixtralConfig, MixtralForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM  # noqa: E402
 
 from pyref import shard, st, train  # noqa: E402
 
@@ -133,8 +140,10 @@ def balance_losses(router_logits, k, aux, z):
     return total
 
 
-def train_check(tag, model, d, tmp, aux=0.0, z=0.0):
-    """20 steps of `loom train --load DIR` against the same steps in PyTorch."""
+def train_check(tag, model, d, tmp, aux=0.0, z=0.0, loom_extra=(), step_loss=None):
+    """20 steps of `loom train --load DIR` against the same steps in PyTorch
+    (step_loss(x, y): the language model's loss and what the gradient adds;
+    default Mixtral's with Megatron's balancing losses of aux and z)."""
     G, clip, HT = 8, 1.0, T
     tokens = train.make_tokens(30000, 3) % V
     tag_file = tag.replace(" ", "-")
@@ -149,6 +158,7 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0):
             "--threads", 2, "--save", ck]
     if aux or z:
         args += ["--moe-aux-loss-coeff", aux, "--moe-z-loss-coeff", z]
+    args += list(loom_extra)
     p = lib.loom("train", *[str(a) for a in args], timeout=600)
     if p.returncode != 0:
         return check(f"{tag}: loom train --load of its directory", False, p.stderr[-500:]), []
@@ -169,19 +179,143 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0):
             rows = range(a * G // 2, (a + 1) * G // 2)
             x = torch.stack([block[r * HT:(r + 1) * HT] for r in rows])
             y = torch.stack([block[r * HT + 1:(r + 1) * HT + 1] for r in rows])
-            logits, router = forward(model, x, router=True)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
-            extra = balance_losses(router, 2, aux, z) if aux or z else 0.0
+            if step_loss:
+                loss, extra = step_loss(x, y)
+            else:
+                logits, router = forward(model, x, router=True)
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+                extra = balance_losses(router, 2, aux, z) if aux or z else 0.0
             ((loss + extra) / 2).backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         want.append(total / 2)
     worst = max((abs(a - b) / b for a, b in zip(got, want)), default=1.0)
-    what = f"with --moe-aux-loss-coeff {aux} --moe-z-loss-coeff {z}" if aux or z else "from its directory"
+    what = (f"with --moe-aux-loss-coeff {aux} --moe-z-loss-coeff {z}" if aux or z
+            else "against the reference" if step_loss else "from its directory")
     check(f"{tag}: 20 training steps {what}, every loss PyTorch's (worst rel {worst:.1e}, tol {STEP_TOL:g})",
           len(got) == train.ITERS and worst <= STEP_TOL, f"{got} vs {want}")
     return worst, got
+
+
+# ---- an independent reference: Megatron's routing with shared experts and capacities ----
+
+class RefExpert(torch.nn.Module):
+    def __init__(self, C, F):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(C, F, bias=False)
+        self.up_proj = torch.nn.Linear(C, F, bias=False)
+        self.down_proj = torch.nn.Linear(F, C, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class RefMoE(torch.nn.Module):
+    """Megatron's MoE layer as its documentation states it, written from
+    that text: the router's top k (the softmax of the top k logits, or the
+    top k of the softmax), each expert's capacity ceil(N k / E x factor)
+    keeping the choices with the largest weights (probs) or the first in
+    token order (position), the rest dropped (weight 0, no
+    renormalisation), the experts' outputs weighted and summed, plus the
+    shared experts. Padding changes no value (a padded row is zeros, or a
+    row of weight 0), so the reference has none. Names as loom's Llama
+    family writes them."""
+
+    def __init__(self, C, E, F, Fs, k, factor, policy, pre):
+        super().__init__()
+        self.gate = torch.nn.Linear(C, E, bias=False)
+        self.experts = torch.nn.ModuleList([RefExpert(C, F) for _ in range(E)])
+        self.shared_experts = RefExpert(C, Fs) if Fs else None
+        self.E, self.k, self.factor, self.policy, self.pre = E, k, factor, policy, pre
+        self.logits, self.dropped = [], 0
+
+    def forward(self, x):
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])
+        N, E, k = h.shape[0], self.E, self.k
+        logits = self.gate(h)
+        self.logits.append(logits)
+        if self.pre:
+            w, idx = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+        else:
+            top, idx = torch.topk(logits, k, dim=-1)
+            w = torch.softmax(top, dim=-1)
+        keep = torch.ones(N, k, dtype=torch.bool)
+        if self.factor:
+            cap = math.ceil(N * k / E * self.factor)
+            flat_idx, flat_w = idx.reshape(-1), w.detach().reshape(-1)
+            for e in range(E):
+                chosen = [i for i in range(N * k) if flat_idx[i] == e]  # token order
+                if len(chosen) <= cap:
+                    continue
+                if self.policy == "probs":
+                    chosen.sort(key=lambda i: (-float(flat_w[i]), i))
+                for i in chosen[cap:]:
+                    keep[i // k, i % k] = False
+                self.dropped += len(chosen) - cap
+        out = torch.zeros_like(h)
+        for e in range(E):
+            n, j = torch.nonzero((idx == e) & keep, as_tuple=True)
+            if len(n):
+                out = out.index_add(0, n, self.experts[e](h[n]) * w[n, j, None])
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(h)
+        return out.reshape(shape)
+
+
+REF_SHAPE = ["--model", "llama-tiny", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+             "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", str(T), "--max-position-embeddings",
+             str(T), "--num-experts", "4", "--moe-ffn-hidden-size", "48"]
+
+
+def reference_check(tmp, tag, k, Fs, factor, policy, pre, pad, aux):
+    """A Llama with experts initialised by loom, trained 20 steps by loom and
+    by the reference from the same weights."""
+    flags = REF_SHAPE + ["--moe-router-topk", str(k)]
+    if Fs:
+        flags += ["--moe-shared-expert-intermediate-size", str(Fs)]
+    if pre:
+        flags += ["--moe-router-pre-softmax"]
+    name = tag.replace(" ", "-").replace(",", "")
+    ck0, init = os.path.join(tmp, f"{name}-ck0"), os.path.join(tmp, f"{name}-init.safetensors")
+    p = lib.loom("train", *flags, "--train-iters", "1", "--lr", "0", "--min-lr", "0", "--eval-iters", "0",
+                 "--micro-batch-size", "2", "--global-batch-size", "2", "--data-path", os.path.join(tmp, "train.bin"),
+                 "--save", ck0, "--seed", "11")
+    q = lib.loom("convert", ck0, init) if p.returncode == 0 else p
+    if q.returncode:
+        return check(f"{tag}: loom initialises and converts the model", False, (p.stderr + q.stderr)[-500:])
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=T, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                      attn_implementation="eager")
+    model = LlamaForCausalLM(cfg)
+    for layer in model.model.layers:
+        layer.mlp = RefMoE(64, 4, 48, Fs, k, factor, policy, pre)
+    weights = load_file(init)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    check(f"{tag}: the reference takes every loom tensor by its name",
+          not unexpected and set(missing) <= {"lm_head.weight"}, f"missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    extra = ["--moe-aux-loss-coeff", str(aux)] if aux else []
+    if factor:
+        extra += ["--moe-expert-capacity-factor", str(factor), "--moe-token-drop-policy", policy]
+    if pad:
+        extra += ["--moe-pad-expert-input-to-capacity"]
+    moes = [layer.mlp for layer in model.model.layers]
+
+    def step_loss(x, y):
+        for mo in moes:
+            mo.logits = []
+        loss = torch.nn.functional.cross_entropy(model(input_ids=x).logits.reshape(-1, V), y.reshape(-1))
+        logits = [lg for mo in moes for lg in mo.logits]
+        return loss, (balance_losses(logits, k, aux, 0.0) if aux else 0.0)
+
+    worst, _ = train_check(tag, model, init, tmp, loom_extra=extra, step_loss=step_loss)
+    if factor:
+        check(f"{tag}: ... the capacity dropped choices in the reference ({sum(mo.dropped for mo in moes)})",
+              sum(mo.dropped for mo in moes) > 0)
+    return worst
 
 
 def layouts(tmp):
@@ -218,6 +352,9 @@ def refusals():
         (["--bf16"], "float32"),
         (["--moe-shared-expert-intermediate-size", "64"], "no shared experts"),
         (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type"),
+        (["--moe-expert-capacity-factor", "0"], "at least one token"),
+        (["--moe-pad-expert-input-to-capacity"], "needs --moe-expert-capacity-factor"),
+        (["--moe-token-drop-policy", "position"], "needs --moe-expert-capacity-factor"),
     ]
     for extra, want in cases:
         p = lib.loom(*base, *extra)
@@ -255,6 +392,12 @@ def main():
                     check(f"{tag}: ... the balancing losses move the run (rel {moved:.1e} from the plain one, "
                           "above 1e-4)", moved > 1e-4)
         refusals()
+        for tag, k, Fs, factor, policy, pre, pad, aux in (
+                ("shared experts", 2, 48, 0, "probs", False, False, 0.01),
+                ("capacity 1, drop by probs", 2, 0, 1.0, "probs", False, False, 0.01),
+                ("capacity 1, drop by position, padded", 2, 0, 1.0, "position", False, True, 0.0),
+                ("pre-softmax top 1, capacity 0.5, shared experts", 1, 32, 0.5, "probs", True, False, 0.01)):
+            figures.append(reference_check(tmp, tag, k, Fs, factor, policy, pre, pad, aux))
         layouts(tmp)
     print(f"     max logit diffs and loss rel diffs: {figures}")
     return lib.verdict()

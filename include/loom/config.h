@@ -147,6 +147,13 @@ enum loom_moe_balance {
     LOOM_MOE_BALANCE_COUNT
 };
 
+/* Which of an expert's rows a capacity keeps (Megatron's --moe-token-drop-policy). */
+enum loom_moe_drop_policy {
+    LOOM_MOE_DROP_PROBS = 0,    /* the rows with the largest routing weights */
+    LOOM_MOE_DROP_POSITION = 1, /* the first rows of the micro-batch */
+    LOOM_MOE_DROP_COUNT
+};
+
 /* The MLP's activation (Hugging Face's activation_function). */
 enum loom_activation {
     LOOM_ACTIVATION_GELU_NEW = 0, /* GELU, tanh approximation (GPT-2's; gelu_pytorch_tanh is the same) */
@@ -212,7 +219,7 @@ enum loom_origin {
 #define LOOM_MAX_DATA_PATHS 64
 #define LOOM_DECIDED_LAYOUT 1u       /* --layout auto chose the layout */
 #define LOOM_DECIDED_OFFLOAD 2u      /* --offload auto chose the placement */
-#define LOOM_CONFIG_MAX_SETTINGS 144 /* rows of the settings table, at most */
+#define LOOM_CONFIG_MAX_SETTINGS 160 /* rows of the settings table, at most */
 #define LOOM_CONFIG_MAX_WARNINGS 64
 
 /* What loom_config_parse records beside the values, by row of the settings
@@ -255,6 +262,9 @@ struct loom_config {
     int moe_router_pre_softmax;              /* top-k of the softmax (else the softmax of the top k) */
     enum loom_moe_balance moe_router_load_balancing_type;
     double moe_aux_loss_coeff, moe_z_loss_coeff;
+    double moe_expert_capacity_factor; /* each expert takes at most ceil(N k / E x this) rows; 0: dropless */
+    enum loom_moe_drop_policy moe_token_drop_policy;
+    int moe_pad_expert_input_to_capacity; /* each expert's rows padded to the capacity */
     int expert_model_parallel_size;
     /* batch: global = micro x accumulation x dp */
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;

@@ -38,6 +38,7 @@ CHOICES(attention_directions, LOOM_ATTN_DIRECTION_COUNT, "unidirectional", "bidi
 CHOICES(attention_backends, LOOM_ATTN_BACKEND_COUNT, "auto", "flash", "fused", "unfused", "local");
 CHOICES(cp_comm_types, LOOM_CP_COMM_COUNT, "p2p", "all_gather", "a2a");
 CHOICES(moe_balances, LOOM_MOE_BALANCE_COUNT, "aux_loss", "none");
+CHOICES(moe_drop_policies, LOOM_MOE_DROP_COUNT, "probs", "position");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
 CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
@@ -137,6 +138,14 @@ const struct setting loom_settings[] = {
         "the load-balancing loss's weight"),
     DBL("--moe-z-loss-coeff", "moe_z_loss_coeff", "moe", moe_z_loss_coeff, 0, 1e6, "0",
         "the router's z-loss weight (mean squared log-sum-exp of its logits; 0: off)"),
+    DBL("--moe-expert-capacity-factor", "moe_expert_capacity_factor", "moe", moe_expert_capacity_factor, 0, 1e6,
+        "0", "each expert takes at most ceil(tokens x top-k / experts x F) of a micro-batch's rows, the rest "
+             "dropped (0: dropless)"),
+    ENUM("--moe-token-drop-policy", "moe_token_drop_policy", "moe", moe_token_drop_policy, moe_drop_policies,
+         "probs", "which rows an expert over its capacity keeps: probs (the largest routing weights) or "
+                  "position (the first)"),
+    BOOL("--moe-pad-expert-input-to-capacity", "moe_pad_expert_input_to_capacity", "moe",
+         moe_pad_expert_input_to_capacity, "0", "each expert computes exactly its capacity of rows (zeros pad it)"),
 
     INT("--micro-batch-size", "train_micro_batch_size_per_gpu", "batch", micro_batch_size, 0, 1 << 20, "0",
         "sequences per micro-batch per rank (0: derived)", .joint = 1),

@@ -498,13 +498,11 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     a->ln2 = piece(m, c, Nr * C, sz);
     a->ln2_mean = ln ? piece(m, c, Nr, f) : NULL;
     a->ln2_rstd = piece(m, c, Nr, f);
-    /* an MoE layer's products are on the dispatched rows (N k, moe_ffn); a
-     * recompute scratch layer serves both kinds */
+    /* an MoE layer's products are on the dispatched rows (m->moe_rows,
+     * moe_ffn); a recompute scratch layer serves both kinds */
     const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Fs = (size_t)m->spec.shared_ffn,
-                 NF = moe ? (moe > 1 && N * F > N * k * (size_t)m->spec.moe_ffn
-                                 ? N * F
-                                 : N * k * (size_t)m->spec.moe_ffn)
-                          : N * F;
+                 R = (size_t)m->moe_rows, RF = R * (size_t)m->spec.moe_ffn,
+                 NF = moe ? (moe > 1 && N * F > RF ? N * F : RF) : N * F;
     a->fc = piece(m, c, NF, sz);
     a->up = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, NF, sz) : NULL;
     a->h = piece(m, c, NF, sz);
@@ -515,7 +513,7 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     a->rlse = piece(m, c, N, f);
     a->ridx = piece(m, c, N * k, sizeof(int32_t));
     a->rpos = piece(m, c, N * k, sizeof(int32_t));
-    a->ey = piece(m, c, N * k * C, f);
+    a->ey = piece(m, c, R * C, f);
     if (Fs) {
         a->sfc = piece(m, c, N * Fs, f);
         a->sup = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, N * Fs, f) : NULL;
@@ -576,13 +574,16 @@ static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
         }
     }
     if (m->spec.experts) { /* each layer's experts' row counts, on the host (a scratch layer's its own) */
-        const size_t E = (size_t)m->spec.experts;
-        a->moe_counts = loom_alloc(sizeof(int) * E * (size_t)(L + nscratch), LOOM_MEM_OTHER);
-        for (int s = 0; s < nscratch; s++) a->scratch[s].counts = a->moe_counts + E * (size_t)(L + s);
+        const size_t E2 = 2 * (size_t)m->spec.experts;
+        a->moe_counts = loom_alloc(sizeof(int) * E2 * (size_t)(L + nscratch), LOOM_MEM_OTHER);
+        for (int s = 0; s < nscratch; s++) a->scratch[s].counts = a->moe_counts + E2 * (size_t)(L + s);
         for (int l = 0; l < L; l++)
             if (m->stage.block[l] >= 0)
                 a->layers[l].counts = recomputed(m, l) ? a->scratch[l - chunk_first(m, l)].counts
-                                                       : a->moe_counts + E * (size_t)l;
+                                                       : a->moe_counts + E2 * (size_t)l;
+        for (int s = 0; s < nscratch; s++) a->scratch[s].routed = a->scratch[s].counts + E2 / 2;
+        for (int l = 0; l < L; l++)
+            if (m->stage.block[l] >= 0) a->layers[l].routed = a->layers[l].counts + E2 / 2;
     }
     a->encoded = piece(m, NULL, Nr * C, act_size(m));
     a->lnf = act(m, Nr * C);
@@ -637,6 +638,11 @@ static void alloc_activations(struct loom_decoder *m)
                  Nr = (size_t)loom_tp_rows_held(&m->rg, (int)N), F = (size_t)m->Fl, CC = C > Cq ? C : Cq;
     const int separate = !m->spec.fused_qkv, gated = m->spec.mlp == LOOM_MLP_GATED;
     m->slots = loom_alloc(sizeof *m->slots * (size_t)m->nslots, LOOM_MEM_OTHER);
+    if (m->spec.experts) {
+        const int Nk = (int)N * m->spec.topk,
+                  cap = m->spec.pad_to_capacity ? loom_decoder_moe_capacity(&m->spec, (int)N) : 0;
+        m->moe_rows = cap * m->spec.experts > Nk ? cap * m->spec.experts : Nk;
+    }
     m->host_losses = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
     if (m->docs.reset_positions || m->ctx.cp > 1)
         m->host_positions = loom_alloc(loom_mul_size(N, sizeof(int32_t)), LOOM_MEM_OTHER);
@@ -687,12 +693,13 @@ static void alloc_activations(struct loom_decoder *m)
     m->scratchC = act(m, N * CC);
     if (m->spec.experts) { /* decoder_moe.c's scratch */
         const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Nk = N * k,
-                     FF = Nk * (size_t)m->spec.moe_ffn > N * (size_t)m->spec.shared_ffn
-                              ? Nk * (size_t)m->spec.moe_ffn
+                     R = (size_t)m->moe_rows,
+                     FF = R * (size_t)m->spec.moe_ffn > N * (size_t)m->spec.shared_ffn
+                              ? R * (size_t)m->spec.moe_ffn
                               : N * (size_t)m->spec.shared_ffn;
-        m->moe_xp = act(m, Nk * C);
-        m->moe_dxp = act(m, Nk * C);
-        m->moe_dy = act(m, Nk * C);
+        m->moe_xp = act(m, R * C);
+        m->moe_dxp = act(m, R * C);
+        m->moe_dy = act(m, R * C);
         for (int i = 0; i < 3; i++) m->moe_dF[i] = act(m, FF);
         m->moe_dprobs = act(m, Nk);
         m->moe_dlogits = act(m, N * E);
@@ -703,6 +710,8 @@ static void alloc_activations(struct loom_decoder *m)
         m->moe_pos_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
         m->moe_sums_host = loom_alloc(loom_mul_size(E, sizeof(float)), LOOM_MEM_OTHER);
         m->moe_lse_host = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
+        m->moe_probs_host = loom_alloc(loom_mul_size(Nk, sizeof(float)), LOOM_MEM_OTHER);
+        m->moe_keep_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
     }
     if ((m->docs.reset_positions || m->ctx.cp > 1) && m->spec.positions == LOOM_POSITION_LEARNED &&
         m->emb >= 0)
@@ -738,7 +747,8 @@ static void free_activations(struct loom_decoder *m)
         m->cp_dq,     m->moe_xp,      m->moe_dxp,     m->moe_dy,       m->moe_dF[0],  m->moe_dF[1],
         m->moe_dF[2], m->moe_dprobs,  m->moe_dlogits, m->moe_out,      m->moe_sums,   m->moe_aux_grad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
-    void *host[] = {m->moe_idx_host, m->moe_pos_host, m->moe_sums_host, m->moe_lse_host};
+    void *host[] = {m->moe_idx_host, m->moe_pos_host,   m->moe_sums_host,
+                    m->moe_lse_host, m->moe_probs_host, m->moe_keep_host};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) loom_free(host[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);

@@ -117,6 +117,9 @@ struct loom_decoder_spec {
     int pre_softmax; /* the routing weights: the top k of the softmax (else the softmax of the top k) */
     enum loom_moe_balance balance;
     double aux_coeff, z_coeff; /* the load-balancing loss's and the z-loss's weights */
+    double capacity_factor;    /* an expert takes at most ceil(N k / E x this) rows of N; 0: dropless */
+    enum loom_moe_drop_policy drop_policy;
+    int pad_to_capacity; /* each expert's block is its capacity of rows, zeros after its own */
 };
 
 /* Indices of a layer block's tensors, in block order (-1: absent): the same
@@ -162,7 +165,8 @@ struct loom_decoder_layer_acts {
     float *rlogits, *rprobs;
     float *rlse; /* (N) the router's log-sum-exp rows */
     int32_t *ridx, *rpos;
-    int *counts;
+    int *counts; /* (E) rows each expert computes (its block: under a capacity those kept, or padded) */
+    int *routed; /* (E) each expert's choices before a capacity drops any (the balancing loss's f) */
     float *ey, *sfc, *sup, *sh;
 };
 
@@ -281,12 +285,20 @@ struct loom_decoder {
         *moe_aux_grad;
     int32_t *moe_idx_host, *moe_pos_host;
     float *moe_sums_host, *moe_lse_host;
-    float moe_loss_weight; /* the running backward's micro-batch weight */
+    float moe_loss_weight;  /* the running backward's micro-batch weight */
+    int moe_rows;           /* the dispatched rows' buffers: N k, or E x capacity when padding needs more */
+    float *moe_probs_host;  /* (N k) the routing weights, for --moe-token-drop-policy probs */
+    int32_t *moe_keep_host; /* (N k) whether the capacity keeps each choice */
+    int moe_dropped;        /* choices dropped by the capacity, counted with the losses' values */
     /* the balancing losses' values (unweighted: aux = E/(N^2 k) sum P f, z = mean lse^2), summed
      * over the MoE layers' forwards since loom_decoder_moe_take */
     double moe_aux_sum, moe_z_sum;
     int moe_layers_seen;
 };
+
+/* An expert's capacity in a micro-batch of N rows (Megatron's
+ * get_capacity of N k tokens): ceil(N k / E x capacity_factor); 0: none. */
+int loom_decoder_moe_capacity(const struct loom_decoder_spec *s, int N);
 
 /* Whether layer l of spec s is an MoE layer. */
 static inline int loom_decoder_moe_layer(const struct loom_decoder_spec *s, int l)

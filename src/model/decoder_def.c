@@ -47,6 +47,9 @@ struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
     s.balance = c.moe_router_load_balancing_type;
     s.aux_coeff = s.balance == LOOM_MOE_AUX_LOSS ? c.moe_aux_loss_coeff : 0;
     s.z_coeff = c.moe_z_loss_coeff;
+    s.capacity_factor = c.moe_expert_capacity_factor;
+    s.drop_policy = c.moe_token_drop_policy;
+    s.pad_to_capacity = c.moe_pad_expert_input_to_capacity;
     if (d->finish) d->finish(&s);
     return s;
 }
@@ -165,10 +168,17 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
         return loom_error_set(LOOM_ERR_INPUT, "--num-experts 0: %s models are mixtures of experts",
                               d->family->title);
     if (!s->experts) {
-        static const char *const moe_flags[] = {
-            "--moe-router-topk",  "--moe-ffn-hidden-size",       "--moe-shared-expert-intermediate-size",
-            "--moe-layer-freq",   "--moe-router-pre-softmax",    "--moe-aux-loss-coeff",
-            "--moe-z-loss-coeff", "--expert-model-parallel-size"};
+        static const char *const moe_flags[] = {"--moe-router-topk",
+                                                "--moe-ffn-hidden-size",
+                                                "--moe-shared-expert-intermediate-size",
+                                                "--moe-layer-freq",
+                                                "--moe-router-pre-softmax",
+                                                "--moe-aux-loss-coeff",
+                                                "--moe-z-loss-coeff",
+                                                "--expert-model-parallel-size",
+                                                "--moe-expert-capacity-factor",
+                                                "--moe-token-drop-policy",
+                                                "--moe-pad-expert-input-to-capacity"};
         for (size_t i = 0; i < sizeof moe_flags / sizeof moe_flags[0]; i++)
             if (loom_config_given(cfg, moe_flags[i]))
                 return loom_error_set(LOOM_ERR_INPUT, "%s needs --num-experts (the model has no experts)",
@@ -187,6 +197,18 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
         return loom_error_set(LOOM_ERR_INPUT,
                               "--moe-shared-expert-intermediate-size %d: %s models have no shared experts",
                               s->shared_ffn, d->family->title);
+    if (loom_config_given(cfg, "--moe-expert-capacity-factor") && !(s->capacity_factor > 0))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--moe-expert-capacity-factor %g: each expert's capacity must be at least one "
+                              "token (a factor above 0; leave it out for dropless routing)",
+                              s->capacity_factor);
+    if (s->pad_to_capacity && !(s->capacity_factor > 0))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+    if (loom_config_given(cfg, "--moe-token-drop-policy") && !(s->capacity_factor > 0))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--moe-token-drop-policy needs --moe-expert-capacity-factor (dropless routing "
+                              "drops nothing)");
     if (cfg->expert_model_parallel_size > 1)
         why = "--expert-model-parallel-size above 1 (expert parallelism is not built yet)";
     else if (cfg->tensor_model_parallel_size > 1)

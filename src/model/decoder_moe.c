@@ -27,6 +27,8 @@
  * experts' products and outputs; the backward regathers the dispatched
  * rows (cheap) rather than keeping them.
  */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -66,19 +68,72 @@ static struct loom_linear_group shared_in(const struct loom_decoder *m, struct l
     return g;
 }
 
+int loom_decoder_moe_capacity(const struct loom_decoder_spec *s, int N)
+{
+    if (!(s->capacity_factor > 0)) return 0;
+    const double cap = ceil((double)N * s->topk / s->experts * s->capacity_factor);
+    return cap < 1 ? 1 : (int)cap;
+}
+
+/* --moe-token-drop-policy probs: choices by routing weight, largest first,
+ * then in token order (qsort's comparison, over the weights of the choice
+ * indices being sorted). */
+static const float *sort_probs;
+static int by_weight(const void *a, const void *b)
+{
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (sort_probs[i] != sort_probs[j]) return sort_probs[i] > sort_probs[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
 /* Where each choice's row goes: experts' blocks in expert order, rows in
- * token order within one; counts (E) the rows of each. */
+ * token order within one. Under a capacity an expert keeps at most that
+ * many of its choices (the policy's), the others are dropped (place -1),
+ * and with padding its block is the capacity whatever it keeps. x->routed
+ * counts each expert's choices, x->counts its block's rows. */
 static void place(struct loom_decoder *m, struct loom_decoder_layer_acts *x, int N)
 {
-    const int E = m->spec.experts, k = m->spec.topk;
+    const int E = m->spec.experts, k = m->spec.topk, Nk = N * k, cap = loom_decoder_moe_capacity(&m->spec, N);
     int32_t *idx = m->moe_idx_host, *pos = m->moe_pos_host;
-    dev(m)->download(idx, x->ridx, (size_t)N * k * sizeof(int32_t));
-    int *cnt = x->counts, off[LOOM_MOE_MAX_EXPERTS];
-    memset(cnt, 0, sizeof *cnt * (size_t)E);
-    for (int i = 0; i < N * k; i++) cnt[idx[i]]++;
-    for (int e = 0, o = 0; e < E; o += cnt[e++]) off[e] = o;
-    for (int i = 0; i < N * k; i++) pos[i] = off[idx[i]]++;
-    dev(m)->upload(x->rpos, pos, (size_t)N * k * sizeof(int32_t));
+    dev(m)->download(idx, x->ridx, (size_t)Nk * sizeof(int32_t));
+    int *cnt = x->counts, *routed = x->routed, off[LOOM_MOE_MAX_EXPERTS + 1];
+    memset(routed, 0, sizeof *routed * (size_t)E);
+    for (int i = 0; i < Nk; i++) routed[idx[i]]++;
+    if (!cap) {
+        memcpy(cnt, routed, sizeof *cnt * (size_t)E);
+        for (int e = 0, o = 0; e < E; o += cnt[e++]) off[e] = o;
+        for (int i = 0; i < Nk; i++) pos[i] = off[idx[i]]++;
+    } else {
+        /* the choices in expert-major token order (pos as scratch), each expert's segment cut to cap */
+        int32_t *order = pos, *keep = m->moe_keep_host;
+        for (int e = 0, o = 0; e <= E; o += e < E ? routed[e] : 0, e++) off[e] = o;
+        for (int i = 0; i < Nk; i++) order[off[idx[i]]++] = i;
+        for (int e = 0, o = 0; e < E; o += routed[e++]) off[e] = o;
+        if (m->spec.drop_policy == LOOM_MOE_DROP_PROBS) {
+            dev(m)->download(m->moe_probs_host, x->rprobs, (size_t)Nk * sizeof(float));
+            sort_probs = m->moe_probs_host;
+            for (int e = 0; e < E; e++)
+                if (routed[e] > cap) qsort(order + off[e], (size_t)routed[e], sizeof *order, by_weight);
+        }
+        memset(keep, 0, sizeof *keep * (size_t)Nk);
+        for (int e = 0; e < E; e++)
+            for (int r = 0; r < routed[e] && r < cap; r++) keep[order[off[e] + r]] = 1;
+        for (int e = 0; e < E; e++) {
+            cnt[e] = m->spec.pad_to_capacity ? cap : routed[e] < cap ? routed[e] : cap;
+            m->moe_dropped += routed[e] > cap ? routed[e] - cap : 0;
+        }
+        for (int e = 0, o = 0; e < E; o += cnt[e++]) off[e] = o;
+        for (int i = 0; i < Nk; i++) pos[i] = keep[i] ? off[idx[i]]++ : -1; /* token order within an expert */
+    }
+    dev(m)->upload(x->rpos, pos, (size_t)Nk * sizeof(int32_t));
+}
+
+/* The rows the experts' blocks hold. */
+static int rows_of(const struct loom_decoder *m, const struct loom_decoder_layer_acts *x)
+{
+    int R = 0;
+    for (int e = 0; e < m->spec.experts; e++) R += x->counts[e];
+    return R;
 }
 
 /* The shared experts' or expert e's MLP activation on n values, and its backward. */
@@ -132,6 +187,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     m->k->moe_router_forward(x->rprobs, x->ridx, x->rlse, m->moe_sums, x->rlogits, N, E, k,
                              m->spec.pre_softmax);
     place(m, x, N);
+    if (m->spec.pad_to_capacity) dev(m)->memset(m->moe_xp, 0, (size_t)rows_of(m, x) * C * sizeof(float));
     m->k->moe_permute_forward(m->moe_xp, ln2, x->rpos, N, k, C);
     for (int e = 0, o = 0; e < E; o += x->counts[e++]) {
         if (!x->counts[e]) continue;
@@ -153,7 +209,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     dev(m)->download(sums, m->moe_sums, (size_t)E * sizeof(float));
     dev(m)->download(lse, x->rlse, (size_t)N * sizeof(float));
     double aux = 0, z = 0;
-    for (int e = 0; e < E; e++) aux += (double)sums[e] * x->counts[e];
+    for (int e = 0; e < E; e++) aux += (double)sums[e] * x->routed[e];
     for (int n = 0; n < N; n++) z += (double)lse[n] * lse[n];
     m->moe_aux_sum += aux * E / ((double)N * N * k);
     m->moe_z_sum += z / N;
@@ -165,7 +221,12 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
 {
     const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden, F = m->spec.moe_ffn;
     const size_t NC = (size_t)N * C;
-    /* combine: the experts' outputs' and the routing weights' gradients */
+    /* combine: the experts' outputs' and the routing weights' gradients (padding rows': none) */
+    if (m->spec.pad_to_capacity) {
+        const size_t bytes = (size_t)rows_of(m, x) * C * sizeof(float);
+        dev(m)->memset(m->moe_dy, 0, bytes);
+        dev(m)->memset(m->moe_xp, 0, bytes);
+    }
     m->k->moe_unpermute_backward(m->moe_dy, m->moe_dprobs, dout, x->ey, x->rprobs, x->rpos, N, k, C);
     m->k->moe_permute_forward(m->moe_xp, ln2, x->rpos, N, k, C);
     for (int e = 0, o = 0; e < E; o += x->counts[e++]) {
@@ -185,7 +246,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
     const int with_aux = m->spec.aux_coeff > 0;
     if (with_aux) {
         for (int e = 0; e < E; e++)
-            aux[e] = (float)(w * m->spec.aux_coeff * E * x->counts[e] / ((double)N * N * k));
+            aux[e] = (float)(w * m->spec.aux_coeff * E * x->routed[e] / ((double)N * N * k));
         dev(m)->upload(m->moe_aux_grad, aux, (size_t)E * sizeof(float));
     }
     const float zg = (float)(2.0 * w * m->spec.z_coeff / N);
