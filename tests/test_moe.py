@@ -127,16 +127,22 @@ def convert_check(tag, model, d, tmp):
           and cfg.get("intermediate_size") == 96, str(cfg))
 
 
+def balance_terms(lg, k):
+    """Megatron's Switch loss and z-loss of one MoE layer over one
+    micro-batch, unweighted."""
+    N, E = lg.shape
+    probs = torch.softmax(lg, dim=-1)
+    chosen = torch.topk(lg, k, dim=-1).indices
+    f = torch.zeros(E).scatter_add_(0, chosen.reshape(-1), torch.ones(N * k))
+    return E / (N * N * k) * torch.sum(probs.sum(0) * f), torch.mean(torch.logsumexp(lg, dim=-1) ** 2)
+
+
 def balance_losses(router_logits, k, aux, z):
-    """Megatron's per-layer Switch loss and z-loss over one micro-batch."""
+    """Megatron's per-layer Switch loss and z-loss over one micro-batch, weighted."""
     total = 0.0
     for lg in router_logits:  # (N, E) per MoE layer
-        N, E = lg.shape
-        probs = torch.softmax(lg, dim=-1)
-        chosen = torch.topk(lg, k, dim=-1).indices
-        f = torch.zeros(E).scatter_add_(0, chosen.reshape(-1), torch.ones(N * k))
-        total = total + aux * E / (N * N * k) * torch.sum(probs.sum(0) * f)
-        total = total + z * torch.mean(torch.logsumexp(lg, dim=-1) ** 2)
+        lb, zl = balance_terms(lg, k)
+        total = total + aux * lb + z * zl
     return total
 
 
@@ -167,14 +173,14 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0, loom_extra=(), step_loss=Non
     no_decay = [q for q in model.parameters() if q.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": train.WD}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=train.MAX_LR, betas=(train.BETA1, train.BETA2), eps=train.EPS)
-    nblocks, want = (len(tokens) - 1) // (G * HT), []
+    nblocks, want, want_lb, want_z = (len(tokens) - 1) // (G * HT), [], [], []
     for s in range(train.ITERS):
         for g in opt.param_groups:
             g["lr"] = train.lr_at(s + 1)
         opt.zero_grad(set_to_none=True)
         start = (s % nblocks) * G * HT
         block = torch.tensor(tokens[start:start + G * HT + 1].astype(np.int64))
-        total = 0.0
+        total, terms = 0.0, []
         for a in range(2):
             rows = range(a * G // 2, (a + 1) * G // 2)
             x = torch.stack([block[r * HT:(r + 1) * HT] for r in rows])
@@ -185,16 +191,26 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0, loom_extra=(), step_loss=Non
                 logits, router = forward(model, x, router=True)
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
                 extra = balance_losses(router, 2, aux, z) if aux or z else 0.0
+                terms += [balance_terms(lg.detach(), 2) for lg in router]
             ((loss + extra) / 2).backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         want.append(total / 2)
+        if terms:
+            want_lb.append(sum(float(t[0]) for t in terms) / len(terms))
+            want_z.append(sum(float(t[1]) for t in terms) / len(terms))
     worst = max((abs(a - b) / b for a, b in zip(got, want)), default=1.0)
     what = (f"with --moe-aux-loss-coeff {aux} --moe-z-loss-coeff {z}" if aux or z
             else "against the reference" if step_loss else "from its directory")
     check(f"{tag}: 20 training steps {what}, every loss PyTorch's (worst rel {worst:.1e}, tol {STEP_TOL:g})",
           len(got) == train.ITERS and worst <= STEP_TOL, f"{got} vs {want}")
+    if want_lb:  # what the step rows report: Megatron's load_balancing_loss and z_loss, means over layers and micro-batches
+        rows = lib.metrics_rows(metrics)
+        lb = max((abs(r["load_balancing_loss"] - w) / w for r, w in zip(rows, want_lb)), default=1.0)
+        zl = max((abs(r["z_loss"] - w) / w for r, w in zip(rows, want_z)), default=1.0)
+        check(f"{tag}: every step's reported load_balancing_loss and z_loss the reference's (worst rel "
+              f"{lb:.1e}, {zl:.1e}, tol {STEP_TOL:g})", len(rows) == train.ITERS and max(lb, zl) <= STEP_TOL)
     return worst, got
 
 

@@ -138,6 +138,14 @@ static void tb_step(struct loom_report *r, const struct loom_step_stats *s, cons
     loom_tb_scalar(tb, s->step, "iteration-time", s->ms_per_step / 1000);
     loom_tb_scalar(tb, s->step, "throughput/tokens-per-sec", s->tokens_per_s);
     loom_tb_scalar(tb, s->step, "throughput/mfu", s->mfu);
+    if (s->moe) { /* Megatron's tags for the losses */
+        loom_tb_scalar(tb, s->step, "load_balancing_loss", s->moe[0]);
+        loom_tb_scalar(tb, s->step, "z_loss", s->moe[1]);
+        loom_tb_scalar(tb, s->step, "moe/dropped-share", s->moe[2]);
+        loom_tb_scalar(tb, s->step, "moe/tokens-per-expert-min", s->moe[3]);
+        loom_tb_scalar(tb, s->step, "moe/tokens-per-expert-max", s->moe[4]);
+        loom_tb_scalar(tb, s->step, "moe/tokens-per-expert-cv", s->moe[5]);
+    }
     char tag[64];
     for (int i = 0; i < LOOM_MEM_COUNT; i++) {
         snprintf(tag, sizeof tag, "memory/%s-bytes", loom_mem_tag_name((enum loom_mem_tag)i));
@@ -218,6 +226,14 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
     if (s->skipped)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
                  " | skipped (non-finite gradient; %lld so far)", (long long)s->skipped_total);
+    if (s->moe) {
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                 " | moe balance %.4f z %.3f, experts %.2f-%.2fx cv %.2f", s->moe[0], s->moe[1], s->moe[3],
+                 s->moe[4], s->moe[5]);
+        if (s->moe[2] > 0)
+            snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", dropped %.1f%%",
+                     100 * s->moe[2]);
+    }
     loom_report_line(
         r, "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | %.1f ms/step%s\n",
         digits, s->step, s->total, s->loss, s->lr, s->grad_norm, s->tokens_per_s, 100 * s->mfu,
@@ -249,6 +265,11 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
             }
             fprintf(r->metrics, "],\"bubble\":%.6g}", sum / s->pp);
         }
+        if (s->moe)
+            fprintf(r->metrics,
+                    ",\"load_balancing_loss\":%.9g,\"z_loss\":%.9g,\"moe\":{\"dropped_share\":%.6g,"
+                    "\"tokens_per_expert\":{\"min\":%.6g,\"max\":%.6g,\"cv\":%.6g}}",
+                    s->moe[0], s->moe[1], s->moe[2], s->moe[3], s->moe[4], s->moe[5]);
         if (mem_by_rank) {
             fputs(",\"mem_by_rank\":[", r->metrics);
             for (int k = 0; k < world; k++) {

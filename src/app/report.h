@@ -26,7 +26,15 @@ struct loom_step_stats {
      * stages) and in all, and its peak activation bytes; NULL: none */
     int pp;
     const double *pipeline; /* (pp, 4) */
+    /* a mixture of experts over all ranks (NULL: none): the balancing loss
+     * and the z-loss (unweighted, Megatron's load_balancing_loss and
+     * z_loss: means over MoE layers and micro-batches), the share of choices
+     * a capacity dropped, and the choices per expert relative to their
+     * layer's mean: the smallest, the largest, and the coefficient of
+     * variation (the layers' mean) */
+    const double *moe; /* (LOOM_REPORT_MOE) */
 };
+#define LOOM_REPORT_MOE 6
 
 struct loom_report {
     int tty;           /* stdout is a terminal: draw the bar */

@@ -8,6 +8,7 @@
 #include "loom/train.h"
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -465,6 +466,30 @@ static int64_t *gather_memory(const struct run *r, const struct loom_mem_stats *
 
 /* Each pipeline stage's schedule times (ms) and peak activation bytes, as
  * its first rank saw them: (pp, 4) for rank 0's metrics, or NULL. */
+/* A mixture of experts' statistics summed over the ranks (model/family.h's
+ * moe_stats, n values, E experts) as the step line reports them
+ * (report.h's moe). */
+static void moe_summarise(const double *v, int n, int E, double *out)
+{
+    out[0] = v[2] > 0 ? v[0] / v[2] : 0;
+    out[1] = v[2] > 0 ? v[1] / v[2] : 0;
+    out[2] = v[4] > 0 ? v[3] / v[4] : 0;
+    double lo = 0, hi = 0, cv = 0;
+    int layers = 0;
+    for (const double *t = v + LOOM_MOE_STATS; E > 0 && t + E <= v + n; t += E) {
+        double sum = 0, sq = 0, mn = t[0], mx = t[0];
+        for (int e = 0; e < E; e++) sum += t[e], mn = t[e] < mn ? t[e] : mn, mx = t[e] > mx ? t[e] : mx;
+        if (sum <= 0) continue; /* a layer this step did not run */
+        const double mean = sum / E;
+        for (int e = 0; e < E; e++) sq += (t[e] - mean) * (t[e] - mean);
+        lo = layers && lo < mn / mean ? lo : mn / mean;
+        hi = layers && hi > mx / mean ? hi : mx / mean;
+        cv += sqrt(sq / E) / mean;
+        layers++;
+    }
+    out[3] = lo, out[4] = hi, out[5] = layers ? cv / layers : 0;
+}
+
 static double *gather_pipeline(const struct run *r, const int64_t *mem_by_rank)
 {
     const struct loom_topology *t = r->topo;
@@ -804,6 +829,8 @@ int loom_train(struct loom_config *cfg)
         loom_report_line(&rep, "the checkpoint has taken %lld steps, --train-iters is %d: nothing to train\n",
                          (long long)done, cfg->train_iters);
     int ran = 0; /* steps completed in this run */
+    const int nmoe = r.family->moe_stats ? r.family->moe_stats(r.model, NULL) : 0;
+    double *moe = nmoe ? loom_alloc(sizeof(double) * (size_t)nmoe, LOOM_MEM_OTHER) : NULL;
     int stop = STOP_NONE;
     while (loom_engine_steps_done(e) < cfg->train_iters && rc == LOOM_OK) {
         const int step = (int)loom_engine_steps_done(e) + 1;
@@ -814,7 +841,9 @@ int loom_train(struct loom_config *cfg)
         loom_trace_step_begin(step);
         double t0 = loom_now();
         struct loom_step_result res;
+        if (moe) r.family->moe_stats(r.model, moe); /* an evaluation's: not the step's */
         if ((rc = loom_engine_train_batch(e, next_batch, &r, &res))) break;
+        if (moe) r.family->moe_stats(r.model, moe);
         double dt = loom_now() - t0;
         loom_trace_step_end(step, t0, t0 + dt);
         double tps = (double)G * T / dt;
@@ -835,12 +864,20 @@ int loom_train(struct loom_config *cfg)
                                         res.skipped,
                                         res.skipped_total,
                                         r.topo->pp,
+                                        NULL,
                                         NULL};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
             int64_t *by_rank = gather_memory(&r, &mem);
             double *pipeline = gather_pipeline(&r, by_rank);
             s.pipeline = pipeline;
+            double moe_summary[LOOM_REPORT_MOE];
+            if (moe) {
+                loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(moe, (size_t)nmoe, LOOM_DTYPE_F64),
+                                         LOOM_OP_SUM);
+                s.moe = moe_summary;
+                moe_summarise(moe, nmoe, cfg->num_experts, moe_summary);
+            }
             loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
             loom_free(by_rank);
             loom_free(pipeline);
@@ -890,6 +927,7 @@ int loom_train(struct loom_config *cfg)
     print_rss(&r, &rep);
     if (r.layout.on) report_auto_layout(&r, &rep, median_tps);
     loom_free(step_tps);
+    loom_free(moe);
     loom_report_close(&rep);
     if (rc == LOOM_OK) rc = loom_report_status(&rep); /* the last rows' write */
     teardown(&r);

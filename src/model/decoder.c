@@ -712,6 +712,8 @@ static void alloc_activations(struct loom_decoder *m)
         m->moe_lse_host = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
         m->moe_probs_host = loom_alloc(loom_mul_size(Nk, sizeof(float)), LOOM_MEM_OTHER);
         m->moe_keep_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
+        const int nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq;
+        m->moe_tokens = loom_alloc(loom_mul_size((size_t)nmoe * E, sizeof(double)), LOOM_MEM_OTHER);
     }
     if ((m->docs.reset_positions || m->ctx.cp > 1) && m->spec.positions == LOOM_POSITION_LEARNED &&
         m->emb >= 0)
@@ -747,8 +749,8 @@ static void free_activations(struct loom_decoder *m)
         m->cp_dq,     m->moe_xp,      m->moe_dxp,     m->moe_dy,       m->moe_dF[0],  m->moe_dF[1],
         m->moe_dF[2], m->moe_dprobs,  m->moe_dlogits, m->moe_out,      m->moe_sums,   m->moe_aux_grad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
-    void *host[] = {m->moe_idx_host, m->moe_pos_host,   m->moe_sums_host,
-                    m->moe_lse_host, m->moe_probs_host, m->moe_keep_host};
+    void *host[] = {m->moe_idx_host,   m->moe_pos_host,  m->moe_sums_host, m->moe_lse_host,
+                    m->moe_probs_host, m->moe_keep_host, m->moe_tokens};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) loom_free(host[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);
@@ -1233,7 +1235,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     norm_forward(m, ln2, x->ln2_mean, x->ln2_rstd, res2, b, t->norm2_w, t->norm2_b, Nr);
     keep(m, x->ln2, ln2, NrC);
     if (loom_decoder_moe_layer(&m->spec, l)) { /* float32 activations, one rank (decoder_def.c's check) */
-        loom_decoder_moe_forward(m, x, b, ln2, m->scratchC, N);
+        loom_decoder_moe_forward(m, x, b, ln2, m->scratchC, N, l);
         m->k->residual_forward(x->res3, res2, m->scratchC, NrC);
         return;
     }
@@ -1750,7 +1752,9 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
             /* entering a chunk from the top: rerun its forward from its kept input */
             const int cfirst = chunk_first(m, l);
             for (int k = l; k >= cfirst; k--) loom_model_backward_begin(model, m->stage.block[k]);
+            m->moe_recomputing = 1; /* the statistics were counted by the first forward */
             for (int k = cfirst; k <= l; k++) layer_forward(m, a, k, a->rows);
+            m->moe_recomputing = 0;
         }
         layer_backward(m, a, l, a->rows);
         loom_model_grads_ready(model, m->stage.block[l]);

@@ -291,14 +291,21 @@ struct loom_decoder {
     int32_t *moe_keep_host; /* (N k) whether the capacity keeps each choice */
     int moe_dropped;        /* choices dropped by the capacity, counted with the losses' values */
     /* the balancing losses' values (unweighted: aux = E/(N^2 k) sum P f, z = mean lse^2), summed
-     * over the MoE layers' forwards since loom_decoder_moe_take */
-    double moe_aux_sum, moe_z_sum;
+     * over the MoE layers' forwards since loom_decoder_moe_take, those forwards, the choices, and each
+     * (MoE layer of the whole model, expert)'s choices (host); a recomputing forward counts none */
+    double moe_aux_sum, moe_z_sum, moe_choices;
     int moe_layers_seen;
+    double *moe_tokens;
+    int moe_recomputing;
 };
 
 /* An expert's capacity in a micro-batch of N rows (Megatron's
  * get_capacity of N k tokens): ceil(N k / E x capacity_factor); 0: none. */
 int loom_decoder_moe_capacity(const struct loom_decoder_spec *s, int N);
+
+/* model/family.h's moe_stats: the statistics since the last call, reset;
+ * 0 without experts. */
+int loom_decoder_moe_take(struct loom_decoder *m, double *out);
 
 /* Whether layer l of spec s is an MoE layer. */
 static inline int loom_decoder_moe_layer(const struct loom_decoder_spec *s, int l)

@@ -66,6 +66,11 @@ void loom_decoder_destroy(struct loom_model *m)
     if (m) loom_decoder_free(loom_decoder_of(m));
 }
 
+int loom_decoder_model_moe_stats(struct loom_model *m, double *out)
+{
+    return loom_decoder_moe_take(loom_decoder_of(m), out);
+}
+
 double loom_decoder_model_flops(const struct loom_model *m)
 {
     return loom_decoder_flops_per_token(loom_decoder_of((struct loom_model *)m));

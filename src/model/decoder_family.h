@@ -14,4 +14,7 @@ struct loom_model *loom_decoder_build(const struct loom_config *cfg, const struc
 void loom_decoder_destroy(struct loom_model *m);
 double loom_decoder_model_flops(const struct loom_model *m);
 
+/* model/family.h's moe_stats for a decoder. */
+int loom_decoder_model_moe_stats(struct loom_model *m, double *out);
+
 #endif

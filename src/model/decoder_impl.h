@@ -58,7 +58,7 @@ void loom_decoder_mlp_act_forward(const struct loom_decoder *m, float *h, const 
  * m->moe_*_sum); its backward from dout (N, C): the parameters' gradients
  * accumulate, dln (N, C) is written. */
 void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
-                              const float *ln2, float *out, int N);
+                              const float *ln2, float *out, int N, int l);
 void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,
                                struct loom_block *b, const float *ln2, const float *dout, float *dln, int N);
 

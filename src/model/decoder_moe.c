@@ -35,6 +35,7 @@
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* LOOM_MOE_MAX_EXPERTS */
 #include "model/decoder_impl.h"
+#include "model/family.h" /* LOOM_MOE_STATS */
 
 static struct loom_linear lin(struct loom_block *b, int w, int bias, int in, int out)
 {
@@ -120,7 +121,7 @@ static void place(struct loom_decoder *m, struct loom_decoder_layer_acts *x, int
             for (int r = 0; r < routed[e] && r < cap; r++) keep[order[off[e] + r]] = 1;
         for (int e = 0; e < E; e++) {
             cnt[e] = m->spec.pad_to_capacity ? cap : routed[e] < cap ? routed[e] : cap;
-            m->moe_dropped += routed[e] > cap ? routed[e] - cap : 0;
+            if (!m->moe_recomputing) m->moe_dropped += routed[e] > cap ? routed[e] - cap : 0;
         }
         for (int e = 0, o = 0; e < E; o += cnt[e++]) off[e] = o;
         for (int i = 0; i < Nk; i++) pos[i] = keep[i] ? off[idx[i]]++ : -1; /* token order within an expert */
@@ -178,7 +179,7 @@ static void mlp_backward(struct loom_decoder *m, const struct loom_linear_group 
 }
 
 void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
-                              const float *ln2, float *out, int N)
+                              const float *ln2, float *out, int N, int l)
 {
     const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden, F = m->spec.moe_ffn;
     const struct loom_linear_group router = {.lin = {lin(b, m->t.router_w, -1, C, E)}, .n = 1};
@@ -204,7 +205,8 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
         mlp_forward(m, &g, &down, ln2, x->sfc, x->sup, x->sh, m->moe_out, N);
         m->k->residual_forward(out, out, m->moe_out, (size_t)N * C);
     }
-    /* the balancing losses' values, for the step's summary */
+    /* the balancing losses' values and the experts' choices, for the step's summary */
+    if (m->moe_recomputing) return;
     float *sums = m->moe_sums_host, *lse = m->moe_lse_host;
     dev(m)->download(sums, m->moe_sums, (size_t)E * sizeof(float));
     dev(m)->download(lse, x->rlse, (size_t)N * sizeof(float));
@@ -214,6 +216,24 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     m->moe_aux_sum += aux * E / ((double)N * N * k);
     m->moe_z_sum += z / N;
     m->moe_layers_seen++;
+    m->moe_choices += (double)N * k;
+    double *tokens = m->moe_tokens + (size_t)(l / m->spec.moe_freq) * E;
+    for (int e = 0; e < E; e++) tokens[e] += x->routed[e];
+}
+
+int loom_decoder_moe_take(struct loom_decoder *m, double *out)
+{
+    if (!m->spec.experts) return 0;
+    const int E = m->spec.experts, nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq,
+              n = LOOM_MOE_STATS + nmoe * E;
+    if (!out) return n;
+    out[0] = m->moe_aux_sum, out[1] = m->moe_z_sum, out[2] = m->moe_layers_seen, out[3] = m->moe_dropped;
+    out[4] = m->moe_choices;
+    for (int i = 0; i < nmoe * E; i++) out[LOOM_MOE_STATS + i] = m->moe_tokens ? m->moe_tokens[i] : 0;
+    m->moe_aux_sum = m->moe_z_sum = m->moe_choices = 0;
+    m->moe_layers_seen = m->moe_dropped = 0;
+    if (m->moe_tokens) memset(m->moe_tokens, 0, sizeof(double) * (size_t)nmoe * E);
+    return n;
 }
 
 void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,

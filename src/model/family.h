@@ -73,10 +73,19 @@ struct loom_model_family {
     /* Optional (NULL: none): `loom convert` between its weights formats
      * (model/convert.h). */
     const struct loom_model_converter *converter;
+    /* Optional (NULL: none): a mixture of experts' statistics of this rank
+     * since the last call, then reset: out[0..LOOM_MOE_STATS) the balancing
+     * loss and the z-loss (unweighted) summed over (MoE layer, micro-batch),
+     * those pairs, the choices dropped by a capacity and all choices; then
+     * each (MoE layer of the whole model, expert)'s choices. Returns the
+     * length (0: the model has no experts); out NULL: the length only. */
+    int (*moe_stats)(struct loom_model *m, double *out);
     /* Optional (NULL: none): a decoder family's definition
      * (model/decoder_def.h), which its generic formats read. */
     const struct loom_decoder_def *decoder;
 };
+
+#define LOOM_MOE_STATS 5 /* model families' moe_stats: the sums before the per-expert counts */
 
 /* The families, in registry order; NULL past the end. */
 const struct loom_model_family *loom_model_family_at(int i);

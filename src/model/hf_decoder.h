@@ -201,6 +201,7 @@ int loom_hf_save_dir(struct loom_model *m, const char *dir, const struct loom_hf
         .create = VAR##_create,                                                                              \
         .destroy = loom_decoder_destroy,                                                                     \
         .flops_per_token = loom_decoder_model_flops,                                                         \
+        .moe_stats = loom_decoder_model_moe_stats,                                                           \
         .describe = loom_decoder_def_describe,                                                               \
         .shape_of = VAR##_shape_of,                                                                          \
         .apply_shape = VAR##_apply_shape,                                                                    \
