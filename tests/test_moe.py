@@ -214,6 +214,31 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0, loom_extra=(), step_loss=Non
     return worst, got
 
 
+def hf_form_check(tmp, experts):
+    """A directory saved with output_router_logits true and
+    router_aux_loss_coef 0.02: loom trains with Hugging Face's balancing
+    loss over all layers' router logits, transformers' own
+    load_balancing_loss_func in the reference's loss, and names the form in
+    its printed settings."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    model = hf_model(experts, 5)
+    model.config.output_router_logits, model.config.router_aux_loss_coef = True, 0.02
+    d = os.path.join(tmp, f"hf-mixtral-{experts}-router-logits")
+    model.save_pretrained(d)
+    p = lib.loom("train", "--load", d, "--seq-length", str(T), "--train-iters", "1", "--dry-run")
+    named = [line for line in p.stdout.splitlines() if "moe-router-load-balancing-type" in line]
+    check("output_router_logits true: the printed settings name hf_aux_loss, and the weight 0.02",
+          p.returncode == 0 and named and "hf_aux_loss" in named[0] and
+          any("moe-aux-loss-coeff" in line and "0.02" in line for line in p.stdout.splitlines()), p.stdout[-800:])
+
+    def step_loss(x, y):
+        logits, router = forward(model, x, router=True)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        return loss, 0.02 * load_balancing_loss_func(router, experts, 2)
+
+    train_check(f"mixtral top 2 of {experts}, Hugging Face's balancing loss", model, d, tmp, step_loss=step_loss)
+
+
 # ---- an independent reference: Megatron's routing with shared experts and capacities ----
 
 class RefExpert(torch.nn.Module):
@@ -403,6 +428,7 @@ def main():
                 figures.append(worst)
                 worst, balanced = train_check(tag + " balanced", hf_model(experts, 3), d, tmp, aux=0.01, z=0.001)
                 figures.append(worst)
+                hf_form_check(tmp, experts)
                 if plain and balanced:
                     moved = max(abs(a - b) / b for a, b in zip(balanced, plain))
                     check(f"{tag}: ... the balancing losses move the run (rel {moved:.1e} from the plain one, "

@@ -139,11 +139,16 @@ enum loom_cp_comm_type {
     LOOM_CP_COMM_COUNT
 };
 
+/* The names of enum loom_moe_balance's values, NULL-ended (config/table.c). */
+extern const char *const loom_moe_balance_names[];
+
 /* A mixture of experts' load-balancing loss (Megatron's
  * --moe-router-load-balancing-type). */
 enum loom_moe_balance {
     LOOM_MOE_AUX_LOSS = 0, /* the Switch Transformer's loss of each MoE layer over the micro-batch */
     LOOM_MOE_BALANCE_NONE = 1,
+    LOOM_MOE_HF_AUX_LOSS = 2, /* Hugging Face's (MixtralForCausalLM's): one loss over all layers' router
+                               * logits of the micro-batch */
     LOOM_MOE_BALANCE_COUNT
 };
 

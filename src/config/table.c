@@ -37,7 +37,9 @@ CHOICES(sparse_modes, LOOM_SPARSE_ATTN_MODE_COUNT, "none", "dense", "fixed", "bi
 CHOICES(attention_directions, LOOM_ATTN_DIRECTION_COUNT, "unidirectional", "bidirectional");
 CHOICES(attention_backends, LOOM_ATTN_BACKEND_COUNT, "auto", "flash", "fused", "unfused", "local");
 CHOICES(cp_comm_types, LOOM_CP_COMM_COUNT, "p2p", "all_gather", "a2a");
-CHOICES(moe_balances, LOOM_MOE_BALANCE_COUNT, "aux_loss", "none");
+const char *const loom_moe_balance_names[LOOM_MOE_BALANCE_COUNT + 1] = {"aux_loss", "none", "hf_aux_loss",
+                                                                        NULL};
+#define moe_balances loom_moe_balance_names
 CHOICES(moe_drop_policies, LOOM_MOE_DROP_COUNT, "probs", "position");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
@@ -133,7 +135,8 @@ const struct setting loom_settings[] = {
          "top k logits, Mixtral's renormalised top k)"),
     ENUM("--moe-router-load-balancing-type", "moe_router_load_balancing_type", "moe",
          moe_router_load_balancing_type, moe_balances, "aux_loss",
-         "aux_loss (each MoE layer's Switch loss over the micro-batch, times --moe-aux-loss-coeff) or none"),
+         "aux_loss (Megatron's: each MoE layer's Switch loss over the micro-batch), hf_aux_loss (Hugging "
+         "Face's: one over all layers' router logits, what MixtralForCausalLM adds) or none"),
     DBL("--moe-aux-loss-coeff", "moe_aux_loss_coeff", "moe", moe_aux_loss_coeff, 0, 1e6, "0",
         "the load-balancing loss's weight"),
     DBL("--moe-z-loss-coeff", "moe_z_loss_coeff", "moe", moe_z_loss_coeff, 0, 1e6, "0",

@@ -19,6 +19,7 @@
 #include "io/fs.h"
 #include "io/safetensors.h"
 #include "layers/fp8_linear.h"
+#include "model/decoder_def.h"
 #include "model/family.h"
 #include "optim/adamw.h"
 #include "optim/offload.h"
@@ -802,6 +803,8 @@ static int take_shape(const char *path, const struct loom_model_family *family,
         flag_of(merged.kv[i].key, flag, sizeof flag);
         loom_model_shape_text(&merged.kv[i], a, sizeof a);
         loom_model_shape_text(f, b, sizeof b);
+        if (loom_config_given(cfg, flag) && loom_decoder_def_flag_wins(family->decoder, merged.kv[i].key))
+            continue; /* the file's is a default: the flag's value stands */
         if (strcmp(a, b) != 0 && loom_config_given(cfg, flag))
             return loom_error_set(LOOM_ERR_INPUT,
                                   "%s %s contradicts --load %s, which holds a model with %s %s", flag, a,

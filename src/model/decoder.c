@@ -584,6 +584,8 @@ static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
         for (int s = 0; s < nscratch; s++) a->scratch[s].routed = a->scratch[s].counts + E2 / 2;
         for (int l = 0; l < L; l++)
             if (m->stage.block[l] >= 0) a->layers[l].routed = a->layers[l].counts + E2 / 2;
+        if (m->spec.balance == LOOM_MOE_HF_AUX_LOSS)
+            a->moe_hf = loom_alloc(sizeof *a->moe_hf * (E2 / 2 + 1), LOOM_MEM_OTHER);
     }
     a->encoded = piece(m, NULL, Nr * C, act_size(m));
     a->lnf = act(m, Nr * C);
@@ -618,6 +620,7 @@ static void free_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
     loom_free(a->doc_host);
     loom_free(a->loss_keep);
     loom_free(a->moe_counts);
+    loom_free(a->moe_hf);
     loom_free(a->layers);
     loom_free(a->chunk_input);
     loom_free(a->scratch);
@@ -1235,7 +1238,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     norm_forward(m, ln2, x->ln2_mean, x->ln2_rstd, res2, b, t->norm2_w, t->norm2_b, Nr);
     keep(m, x->ln2, ln2, NrC);
     if (loom_decoder_moe_layer(&m->spec, l)) { /* float32 activations, one rank (decoder_def.c's check) */
-        loom_decoder_moe_forward(m, x, b, ln2, m->scratchC, N, l);
+        loom_decoder_moe_forward(m, x, b, ln2, m->scratchC, N, l, a->moe_hf);
         m->k->residual_forward(x->res3, res2, m->scratchC, NrC);
         return;
     }
@@ -1620,6 +1623,8 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
         else /* the embedding's output, or the layer's before, which another range ran */
             put(m, l0 == 0 ? a->encoded : a->layers[l0 - 1].res3, mb->input, NrC);
     }
+    if (a->moe_hf && l0 == 0) /* the micro-batch's choices over its MoE layers start */
+        memset(a->moe_hf, 0, sizeof *a->moe_hf * (size_t)(m->spec.experts + 1));
     for (int l = l0; l <= l1; l++) {
         loom_model_forward_begin(model, m->stage.block[l]);
         layer_forward(m, a, l, B);

@@ -203,6 +203,8 @@ struct loom_decoder_acts {
     uint8_t *loss_keep;
     int nkeep;
     int *moe_counts; /* the MoE layers' counts (each layer's and each recompute scratch layer's E) */
+    double *moe_hf;  /* (E + 1) hf_aux_loss: each expert's choices over the micro-batch's MoE layers, and
+                      * their rows; NULL otherwise */
     int rows;
     int emb_open;        /* the head's backward announced the embedding's gradients */
     float **chunk_input; /* (L) the input of a pipeline model chunk that starts at layer l > 0, else NULL */

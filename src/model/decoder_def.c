@@ -45,7 +45,7 @@ struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
             *(int *)to = *(const int *)from;
     }
     s.balance = c.moe_router_load_balancing_type;
-    s.aux_coeff = s.balance == LOOM_MOE_AUX_LOSS ? c.moe_aux_loss_coeff : 0;
+    s.aux_coeff = s.balance != LOOM_MOE_BALANCE_NONE ? c.moe_aux_loss_coeff : 0;
     s.z_coeff = c.moe_z_loss_coeff;
     s.capacity_factor = c.moe_expert_capacity_factor;
     s.drop_policy = c.moe_token_drop_policy;
@@ -209,6 +209,12 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
         return loom_error_set(LOOM_ERR_INPUT,
                               "--moe-token-drop-policy needs --moe-expert-capacity-factor (dropless routing "
                               "drops nothing)");
+    if (s->balance == LOOM_MOE_HF_AUX_LOSS && cfg->pipeline_model_parallel_size > 1)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--moe-router-load-balancing-type hf_aux_loss with "
+                              "--pipeline-model-parallel-size %d: its one loss over every layer's router "
+                              "is not summed across stages yet",
+                              cfg->pipeline_model_parallel_size);
     if (cfg->expert_model_parallel_size > 1)
         why = "--expert-model-parallel-size above 1 (expert parallelism is not built yet)";
     else if (cfg->tensor_model_parallel_size > 1)
@@ -472,6 +478,13 @@ int loom_decoder_def_apply_shape(const struct loom_decoder_def *d, const struct 
     set_architecture(d, &out); /* the architecture the file's model has */
     *cfg = out;
     return LOOM_OK;
+}
+
+int loom_decoder_def_flag_wins(const struct loom_decoder_def *d, const char *key)
+{
+    for (int k = 0; d && k < d->nkeys; k++)
+        if (strcmp(d->keys[k].key, key) == 0) return d->keys[k].quiet == 2;
+    return 0;
 }
 
 const struct loom_decoder_def *loom_decoder_def_of(const struct loom_model *m)

@@ -43,7 +43,8 @@ struct loom_shape_key {
     double lo, hi;
     const char *const *words; /* WORD: the names, NULL-ended */
     const char *absent;
-    int quiet; /* unsaid in files of a dense model (the MoE settings) */
+    int quiet; /* unsaid in files of a dense model (the MoE settings); 2: also a default only, which a
+                * flag overrides (the balancing loss) */
 };
 #define LOOM_SHAPE_KEY(key, cfg_field, spec_field, kind, lo, hi)                                             \
     LOOM_SHAPE_KEY_OR(key, cfg_field, spec_field, kind, lo, hi, NULL)
@@ -88,7 +89,20 @@ struct loom_shape_key {
         LOOM_SHAPE_KEY_QUIET("moe_shared_expert_intermediate_size", moe_shared_expert_intermediate_size,     \
                              shared_ffn, 0, INT_MAX, "0"),                                                   \
         LOOM_SHAPE_KEY_QUIET("moe_layer_freq", moe_layer_freq, moe_freq, 1, 1024, "1"),                      \
-        LOOM_SHAPE_KEY_QUIET("moe_router_pre_softmax", moe_router_pre_softmax, pre_softmax, 0, 1, "0")
+        LOOM_SHAPE_KEY_QUIET("moe_router_pre_softmax", moe_router_pre_softmax, pre_softmax, 0, 1, "0"),      \
+        {"moe_router_load_balancing_type",                                                                   \
+         offsetof(struct loom_config, moe_router_load_balancing_type),                                       \
+         offsetof(struct loom_decoder_spec, balance),                                                        \
+         LOOM_SHAPE_WORD,                                                                                    \
+         0,                                                                                                  \
+         0,                                                                                                  \
+         loom_moe_balance_names,                                                                             \
+         "aux_loss",                                                                                         \
+         2},                                                                                                 \
+    {                                                                                                        \
+        "moe_aux_loss_coeff", offsetof(struct loom_config, moe_aux_loss_coeff),                              \
+            offsetof(struct loom_decoder_spec, aux_coeff), LOOM_SHAPE_REAL, 0, 1e6, NULL, "0", 2             \
+    }
 
 /* Presets' training settings: a tiny model on the built-in corpus, and a
  * real size (its peak learning rate). */
@@ -145,6 +159,9 @@ int loom_decoder_def_apply_shape(const struct loom_decoder_def *d, const struct 
                                  struct loom_config *cfg);
 void loom_decoder_def_model_shape(const struct loom_decoder_def *d, const struct loom_decoder *m,
                                   struct loom_model_shape *out);
+/* Whether the file's value of shape setting `key` is a default only, which
+ * a flag given overrides (the balancing loss's form and weight). */
+int loom_decoder_def_flag_wins(const struct loom_decoder_def *d, const char *key);
 /* The definition behind a model a decoder family built, or NULL. */
 const struct loom_decoder_def *loom_decoder_def_of(const struct loom_model *m);
 

@@ -179,7 +179,7 @@ static void mlp_backward(struct loom_decoder *m, const struct loom_linear_group 
 }
 
 void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
-                              const float *ln2, float *out, int N, int l)
+                              const float *ln2, float *out, int N, int l, double *hf)
 {
     const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden, F = m->spec.moe_ffn;
     const struct loom_linear_group router = {.lin = {lin(b, m->t.router_w, -1, C, E)}, .n = 1};
@@ -207,6 +207,8 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     }
     /* the balancing losses' values and the experts' choices, for the step's summary */
     if (m->moe_recomputing) return;
+    for (int e = 0; hf && e < E; e++) hf[e] += x->routed[e];
+    if (hf) hf[E] += N;
     float *sums = m->moe_sums_host, *lse = m->moe_lse_host;
     dev(m)->download(sums, m->moe_sums, (size_t)E * sizeof(float));
     dev(m)->download(lse, x->rlse, (size_t)N * sizeof(float));
@@ -264,7 +266,13 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
     const double w = m->moe_loss_weight;
     float *aux = m->moe_sums_host;
     const int with_aux = m->spec.aux_coeff > 0;
-    if (with_aux) {
+    if (with_aux && m->spec.balance == LOOM_MOE_HF_AUX_LOSS) {
+        /* Hugging Face's: E sum_e (F_e / M) (P_e / M) over the M rows of all MoE layers, F_e their choices
+         * of e, P_e their softmax's sum (its gradient at any row's softmax: E F_e / M^2) */
+        const double *hf = m->slots[m->bwd_slot].moe_hf, M = hf[E];
+        for (int e = 0; e < E; e++) aux[e] = (float)(w * m->spec.aux_coeff * E * hf[e] / (M * M));
+        dev(m)->upload(m->moe_aux_grad, aux, (size_t)E * sizeof(float));
+    } else if (with_aux) {
         for (int e = 0; e < E; e++)
             aux[e] = (float)(w * m->spec.aux_coeff * E * x->routed[e] / ((double)N * N * k));
         dev(m)->upload(m->moe_aux_grad, aux, (size_t)E * sizeof(float));

@@ -9,11 +9,14 @@
  * built-in corpus, Mixtral 8x7B's shape), its shape settings and its
  * config.json (MixtralConfig, transformers 4.39).
  *
- * config.json's output_router_logits is accepted at false, its default:
- * transformers then adds no balancing loss to the loss, and neither does
- * loom (--moe-aux-loss-coeff 0); router_aux_loss_coef has no effect then.
+ * config.json's output_router_logits and router_aux_loss_coef are the
+ * balancing loss's defaults: false (transformers' default) trains without
+ * one, as transformers does (weight 0); true with Hugging Face's form over
+ * all layers (--moe-router-load-balancing-type hf_aux_loss) and that
+ * weight. Flags override both.
  */
 #include <limits.h>
+#include <string.h>
 
 #include "base/log.h"
 #include "model/hf_decoder.h"
@@ -87,14 +90,36 @@ static const struct loom_hf_key hf_keys[] = {
     LOOM_HF_KEY("sliding_window", "attention_window", LOOM_HF_WINDOW, 0),
     LOOM_HF_KEY("num_local_experts", "num_experts", LOOM_HF_INT, 8),
     LOOM_HF_KEY("num_experts_per_tok", "moe_router_topk", LOOM_HF_INT, 2),
+    LOOM_HF_KEY_REAL("router_aux_loss_coef", "moe_aux_loss_coeff", 0.001, 0, 1e6),
 };
 
 static const struct loom_hf_field hf_fields[] = {
     {"hidden_act", LOOM_HF_ONLY, "\"silu\""},
-    {"output_router_logits", LOOM_HF_ONLY, "false"}, /* true: transformers' loss adds the balancing loss */
-    {"router_aux_loss_coef", LOOM_HF_NO_EFFECT, "0.001"}, /* without output_router_logits */
-    {"attention_dropout", LOOM_HF_NO_EFFECT, "0.0"},      /* loom trains without dropout */
+    {"output_router_logits", LOOM_HF_READ, NULL},    /* true: transformers' loss adds the balancing loss */
+    {"attention_dropout", LOOM_HF_NO_EFFECT, "0.0"}, /* loom trains without dropout */
 };
+
+/* output_router_logits: true (transformers' loss adds router_aux_loss_coef
+ * times its balancing loss over all layers) is --moe-router-load-balancing-type
+ * hf_aux_loss with that weight; false or absent (its default: no balancing
+ * loss) is Megatron's aux_loss at weight 0, so --moe-aux-loss-coeff alone
+ * adds Megatron's. Defaults only: flags override them. */
+static int hf_read(const char *path, const cJSON *j, struct loom_model_shape *shape)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "output_router_logits");
+    if (v && !cJSON_IsBool(v)) return loom_hf_refuse(path, "Mixtral", v, "true or false");
+    const int hf = cJSON_IsTrue(v);
+    loom_model_shape_add_word(shape, "moe_router_load_balancing_type", hf ? "hf_aux_loss" : "aux_loss");
+    for (int i = 0; !hf && i < shape->n; i++)
+        if (strcmp(shape->kv[i].key, "moe_aux_loss_coeff") == 0) shape->kv[i].real = 0;
+    return LOOM_OK;
+}
+
+static void hf_write(cJSON *j, const struct loom_model_shape *shape)
+{
+    const struct loom_shape_setting *t = loom_model_shape_find(shape, "moe_router_load_balancing_type");
+    cJSON_AddBoolToObject(j, "output_router_logits", t && strcmp(t->word, "hf_aux_loss") == 0);
+}
 
 static const char *const architectures[] = {"MixtralForCausalLM", "MixtralModel", NULL};
 static const struct loom_hf_map hf = {
@@ -106,6 +131,8 @@ static const struct loom_hf_map hf = {
     .nfields = (int)(sizeof hf_fields / sizeof hf_fields[0]),
     .bos_token_id = 1,
     .eos_token_id = 2,
+    .read = hf_read,
+    .write = hf_write,
 };
 
 static const struct loom_decoder_def def = {
