@@ -370,6 +370,18 @@ def layouts(tmp):
         lib.compare_runs(f"mixtral {tag}", one, lib.tiny_run(tmp, f"moe-{tag[:4].strip()}", n, base + extra))
     full = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]
     lib.same_run("mixtral full recomputation", one, lib.tiny_run(tmp, "moe-full", 1, base + full))
+    # 16-bit activations: the data-parallel float32 sum order moves a bf16 step of the weights (as
+    # test_mixed_precision.py bounds it); full recomputation reruns the same bf16 kernels: the same bits
+    b1 = lib.tiny_run(tmp, "moe-bf16", 1, base + ["--bf16"])
+    for tag, n, extra in (("DDP 2", 2, []), ("ZeRO-3", 2, ["--zero-stage", "3"]), ("PP 2", 2, ["--pipeline-model-parallel-size", "2"])):
+        lib.compare_runs(f"mixtral bf16 {tag}", b1, lib.tiny_run(tmp, f"moe-bf16-{tag[:4].strip()}", n, base + ["--bf16"] + extra),
+                         tol=1e-4, wtol=4e-3)
+    lib.same_run("mixtral bf16 full recomputation", b1, lib.tiny_run(tmp, "moe-bf16-full", 1, base + ["--bf16"] + full))
+    moved = max(abs(a - b) / b for a, b in zip(b1[0], one[0]))
+    check(f"mixtral bf16: not the float32 run, and near it (max rel {moved:.1e}, in (0, 0.02))", 0 < moved < 0.02)
+    f16 = lib.tiny_run(tmp, "moe-fp16", 1, base + ["--fp16", "--initial-loss-scale", "1024"])
+    lib.compare_runs("mixtral fp16 DDP 2", f16, lib.tiny_run(tmp, "moe-fp16-ddp", 2, base + ["--fp16", "--initial-loss-scale", "1024"]),
+                     tol=1e-4, wtol=4e-3)
     # any family: Llama with shared experts in every other layer, GPT-2's dense experts with pre-softmax routing
     for fam, extra in (("llama", ["--moe-shared-expert-intermediate-size", "32", "--moe-layer-freq", "2"]),
                        ("gpt2", ["--moe-router-pre-softmax"])):
@@ -390,7 +402,7 @@ def refusals():
         (["--moe-router-topk", "9"], "--moe-router-topk 9 exceeds --num-experts 8"),
         (["--num-experts", "0"], "mixtures of experts"),
         (["--expert-model-parallel-size", "2"], "expert parallelism"),
-        (["--bf16"], "float32"),
+        (["--bf16", "--fp8-format", "hybrid"], "--fp8-format"),
         (["--moe-shared-expert-intermediate-size", "64"], "no shared experts"),
         (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type"),
         (["--moe-expert-capacity-factor", "0"], "at least one token"),

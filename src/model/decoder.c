@@ -501,11 +501,13 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     /* an MoE layer's products are on the dispatched rows (m->moe_rows,
      * moe_ffn); a recompute scratch layer serves both kinds */
     const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Fs = (size_t)m->spec.shared_ffn,
-                 R = (size_t)m->moe_rows, RF = R * (size_t)m->spec.moe_ffn,
-                 NF = moe ? (moe > 1 && N * F > RF ? N * F : RF) : N * F;
-    a->fc = piece(m, c, NF, sz);
-    a->up = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, NF, sz) : NULL;
-    a->h = piece(m, c, NF, sz);
+                 R = (size_t)m->moe_rows, RF = R * (size_t)m->spec.moe_ffn;
+    /* an MoE layer keeps its state in float32 (its values act_dtype's); a
+     * scratch layer's buffer holds either */
+    const size_t mlp_bytes = !moe ? N * F * sz : moe > 1 && N * F * sz > RF * f ? N * F * sz : RF * f;
+    a->fc = piece(m, c, mlp_bytes, 1);
+    a->up = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, mlp_bytes, 1) : NULL;
+    a->h = piece(m, c, mlp_bytes, 1);
     a->res3 = with_res3 ? piece(m, c, Nr * C, sz) : NULL;
     if (!moe) return;
     a->rlogits = piece(m, c, N * E, f);
@@ -707,6 +709,7 @@ static void alloc_activations(struct loom_decoder *m)
         m->moe_dprobs = act(m, Nk);
         m->moe_dlogits = act(m, N * E);
         m->moe_out = act(m, N * C);
+        m->moe_y = act(m, N * C);
         m->moe_sums = act(m, E);
         m->moe_aux_grad = act(m, E);
         m->moe_idx_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
@@ -750,7 +753,8 @@ static void free_activations(struct loom_decoder *m)
         m->cp_out,    m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],     m->cp_kv[1],   m->cp_dkv[0],
         m->cp_dkv[1], m->cp_whole,    m->cp_dwhole,   m->cp_tmp,       m->cp_o,       m->cp_l,
         m->cp_dq,     m->moe_xp,      m->moe_dxp,     m->moe_dy,       m->moe_dF[0],  m->moe_dF[1],
-        m->moe_dF[2], m->moe_dprobs,  m->moe_dlogits, m->moe_out,      m->moe_sums,   m->moe_aux_grad};
+        m->moe_dF[2], m->moe_dprobs,  m->moe_dlogits, m->moe_out,      m->moe_sums,   m->moe_aux_grad,
+        m->moe_y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     void *host[] = {m->moe_idx_host,   m->moe_pos_host,  m->moe_sums_host, m->moe_lse_host,
                     m->moe_probs_host, m->moe_keep_host, m->moe_tokens};
@@ -1237,9 +1241,12 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     float *ln2 = out_of(m, x->ln2, m->scratchC);
     norm_forward(m, ln2, x->ln2_mean, x->ln2_rstd, res2, b, t->norm2_w, t->norm2_b, Nr);
     keep(m, x->ln2, ln2, NrC);
-    if (loom_decoder_moe_layer(&m->spec, l)) { /* float32 activations, one rank (decoder_def.c's check) */
-        loom_decoder_moe_forward(m, x, b, ln2, m->scratchC, N, l, a->moe_hf);
-        m->k->residual_forward(x->res3, res2, m->scratchC, NrC);
+    if (loom_decoder_moe_layer(&m->spec, l)) { /* one rank (decoder_def.c's check) */
+        loom_decoder_moe_forward(m, x, b, ln2, m->moe_y, N, l, a->moe_hf);
+        round_act(m, m->moe_y, NrC);
+        float *res3 = out_of(m, x->res3, m->dbufC);
+        m->k->residual_forward(res3, res2, m->moe_y, NrC);
+        keep(m, x->res3, res3, NrC);
         return;
     }
     /* column-parallel fc (or gate and up), the activation on this rank's columns, row-parallel down */
@@ -1324,9 +1331,10 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
      * gradient sums every row of dout, so it is the same on every tp rank */
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     float *dln;
-    if (loom_decoder_moe_layer(&m->spec, l)) { /* float32, one rank */
-        loom_decoder_moe_backward(m, x, b, x->ln2, dout, m->dbufC, N);
+    if (loom_decoder_moe_layer(&m->spec, l)) { /* one rank */
+        loom_decoder_moe_backward(m, x, b, view(m, x->ln2, m->scratchC, NrC), dout, m->dbufC, N);
         dln = m->dbufC;
+        round_act(m, dln, NrC);
     } else {
         dln = mlp_backward(m, x, b, dout, N);
     }

@@ -161,7 +161,8 @@ struct loom_decoder_layer_acts {
      * routing weights, experts and rows among the permuted ones (N, k); the
      * rows each expert received (E, on the host). fc, up and h then hold
      * the permuted rows' (N k, moe_ffn), ey the experts' outputs (N k, C),
-     * sfc, sup and sh the shared experts' (N, shared_ffn) */
+     * sfc, sup and sh the shared experts' (N, shared_ffn); all in float32,
+     * with 16-bit activations rounded to act_dtype as the dense layers' */
     float *rlogits, *rprobs;
     float *rlse; /* (N) the router's log-sum-exp rows */
     int32_t *ridx, *rpos;
@@ -285,6 +286,7 @@ struct loom_decoder {
      * host copies of the choices and places (N k), the sums (E) and lse (N) */
     float *moe_xp, *moe_dxp, *moe_dy, *moe_dF[3], *moe_dprobs, *moe_dlogits, *moe_out, *moe_sums,
         *moe_aux_grad;
+    float *moe_y; /* (N,C) an MoE layer's output, before the residual */
     int32_t *moe_idx_host, *moe_pos_host;
     float *moe_sums_host, *moe_lse_host;
     float moe_loss_weight;  /* the running backward's micro-batch weight */

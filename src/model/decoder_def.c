@@ -222,8 +222,8 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
     else if (cfg->context_parallel_size > 1)
         why =
             "--context-parallel-size above 1 (the load-balancing loss over a context group is not built yet)";
-    else if (cfg->bf16 || cfg->fp16)
-        why = "--bf16 or --fp16 (an MoE layer computes in float32 so far)";
+    else if (cfg->fp8_format != LOOM_FP8_OFF)
+        why = "--fp8-format (the experts' products are not fp8 layers yet)";
     else if (cfg->layout_invariant)
         why = "--layout-invariant (not built for experts yet)";
     else if (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||

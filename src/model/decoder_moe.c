@@ -151,6 +151,13 @@ static void act_backward(const struct loom_decoder *m, float *dgate, float *dup,
         m->k->gelu_backward(dgate, dh, gate, n);
 }
 
+/* With 16-bit activations, what a kernel wrote is rounded to their dtype,
+ * as the dense layers' kept activations and gradients are (decoder.c). */
+static void round_act(const struct loom_decoder *m, float *buf, size_t n)
+{
+    if (lp(m)) m->k->round_to(buf, n, m->act_dtype);
+}
+
 /* An MLP (group g, then down) on n rows of in: fc (and up), h, and down's
  * output into y. */
 static void mlp_forward(struct loom_decoder *m, const struct loom_linear_group *g,
@@ -158,10 +165,15 @@ static void mlp_forward(struct loom_decoder *m, const struct loom_linear_group *
                         float *y, int n)
 {
     float *const outs[2] = {fc, up};
+    const size_t nF = (size_t)n * g->lin[0].out;
     loom_linear_column_forward(&m->lc, g, outs, in, NULL, n);
-    loom_decoder_mlp_act_forward(m, h, fc, up, (size_t)n * g->lin[0].out);
+    round_act(m, fc, nF);
+    if (up) round_act(m, up, nF);
+    loom_decoder_mlp_act_forward(m, h, fc, up, nF);
+    round_act(m, h, nF);
     float *got = loom_linear_row_forward(&m->lc, down, h, NULL, y, n);
     LOOM_ASSERT(got == y); /* one rank: the product stays where it was written */
+    round_act(m, y, (size_t)n * down->out);
 }
 
 /* Its backward from dy (n, C): the weights' gradients accumulate, the
@@ -172,10 +184,14 @@ static void mlp_backward(struct loom_decoder *m, const struct loom_linear_group 
 {
     const size_t nF = (size_t)n * g->lin[0].out;
     loom_linear_row_backward(&m->lc, down, dF[0], dy, h, NULL, n);
+    round_act(m, dF[0], nF);
     act_backward(m, dF[1], dF[2], dF[0], fc, up, nF);
+    round_act(m, dF[1], nF);
+    if (up) round_act(m, dF[2], nF);
     float *const dys[2] = {dF[1], dF[2]};
     float *got = loom_linear_column_backward(&m->lc, g, dys, in, NULL, dinp, n);
     LOOM_ASSERT(got == dinp);
+    round_act(m, dinp, (size_t)n * down->out);
 }
 
 void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
@@ -199,11 +215,13 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
                     x->ey + (size_t)o * C, x->counts[e]);
     }
     m->k->moe_unpermute_forward(out, x->ey, x->rprobs, x->rpos, N, k, C);
+    round_act(m, out, (size_t)N * C);
     if (m->spec.shared_ffn) {
         const struct loom_linear_group g = shared_in(m, b);
         const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->spec.shared_ffn, C);
         mlp_forward(m, &g, &down, ln2, x->sfc, x->sup, x->sh, m->moe_out, N);
         m->k->residual_forward(out, out, m->moe_out, (size_t)N * C);
+        round_act(m, out, (size_t)N * C);
     }
     /* the balancing losses' values and the experts' choices, for the step's summary */
     if (m->moe_recomputing) return;
@@ -250,6 +268,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         dev(m)->memset(m->moe_xp, 0, bytes);
     }
     m->k->moe_unpermute_backward(m->moe_dy, m->moe_dprobs, dout, x->ey, x->rprobs, x->rpos, N, k, C);
+    round_act(m, m->moe_dy, (size_t)rows_of(m, x) * C);
     m->k->moe_permute_forward(m->moe_xp, ln2, x->rpos, N, k, C);
     for (int e = 0, o = 0; e < E; o += x->counts[e++]) {
         if (!x->counts[e]) continue;
