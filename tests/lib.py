@@ -70,6 +70,24 @@ def verdict(fails=None):
 
 # ---- running programs -------------------------------------------------------
 
+def bf16_units(forced=None):
+    """The units loom's bf16 products run on under LOOM_BF16_UNITS=forced
+    (kernels/cpu/matmul_bf16.c's rule, from /proc/cpuinfo): auto is the
+    CPU's best (amx, avx512_bf16, else f32); a forced path runs bf16
+    arithmetic wherever the CPU has AVX512 (oneDNN's cap is a ceiling), and
+    is f32 on a CPU without it, as f32 is everywhere."""
+    try:
+        flags = set(" ".join(line.split(":", 1)[1] for line in open("/proc/cpuinfo")
+                             if line.startswith("flags")).split())
+    except OSError:
+        flags = set()
+    best = ("amx" if {"amx_bf16", "amx_tile"} <= flags else "avx512_bf16" if "avx512_bf16" in flags else "f32")
+    if forced in (None, "", "auto"):
+        return best
+    core = {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags
+    return forced if forced != "f32" and core else "f32"
+
+
 def run(cmd, timeout=None, env=None, **kw):
     """cmd (each item made a string), its output captured as text; env None
     passes this process's environment unchanged."""
