@@ -430,7 +430,12 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
         return LOOM_OK;
     }
     const size_t shard = z->part.shard;
-    LOOM_ASSERT(m->grads.data == NULL && shard <= 0x7fffffff);
+    LOOM_ASSERT(m->grads.data == NULL);
+    if (shard > 0x7fffffff) /* a collective's count is an int */
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--zero-stage %d: a rank's shard of %zu elements exceeds 2^31 - 1; use more "
+                              "data-parallel ranks or pipeline stages",
+                              stage, shard);
     int rc = shard_alloc(z, &z->grad_shard, &z->grad_map, shard, m->dtype, LOOM_MEM_GRADS, offload_dir,
                          "gradient shard");
     if (rc == LOOM_OK && accumulate_f32) {
