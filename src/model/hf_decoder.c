@@ -24,19 +24,10 @@ static int ends_with(const char *s, const char *suffix)
 }
 
 const struct loom_decoder_names loom_hf_decoder_names = {
-    .embedding = "model.embed_tokens",
-    .layer = "model.layers.%d.",
-    .norm1 = "input_layernorm",
-    .q = "self_attn.q_proj",
-    .k = "self_attn.k_proj",
-    .v = "self_attn.v_proj",
-    .o = "self_attn.o_proj",
-    .norm2 = "post_attention_layernorm",
+    LOOM_HF_LLAMA_NAMES,
     .gate = "mlp.gate_proj",
     .up = "mlp.up_proj",
     .down = "mlp.down_proj",
-    .final_norm = "model.norm",
-    .lm_head = "lm_head",
     /* a mixture of experts (Qwen2-MoE's and DeepSeek's names) */
     .router = "mlp.gate",
     .expert = "mlp.experts.%d.",

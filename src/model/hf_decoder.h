@@ -133,6 +133,13 @@ struct loom_hf_map {
         LOOM_HF_KEY_REAL("rope_theta", "rotary_base", 10000.0, 1, 1e12),                                     \
         LOOM_HF_KEY("tie_word_embeddings", "untie_embeddings_and_output_weights", LOOM_HF_UNTIED, UNTIED)
 
+/* LlamaForCausalLM's tensor names but the MLP's (a names initializer's
+ * fields), which Mixtral keeps too. */
+#define LOOM_HF_LLAMA_NAMES                                                                                  \
+    .embedding = "model.embed_tokens", .layer = "model.layers.%d.", .norm1 = "input_layernorm",              \
+    .q = "self_attn.q_proj", .k = "self_attn.k_proj", .v = "self_attn.v_proj", .o = "self_attn.o_proj",      \
+    .norm2 = "post_attention_layernorm", .final_norm = "model.norm", .lm_head = "lm_head"
+
 /* The tensor names of LlamaForCausalLM, which Mistral, Qwen2 and Gemma keep. */
 extern const struct loom_decoder_names loom_hf_decoder_names;
 

@@ -41,16 +41,7 @@ static const struct loom_model_preset presets[] = {
 /* clang-format on */
 
 static const struct loom_decoder_names names = {
-    .embedding = "model.embed_tokens",
-    .layer = "model.layers.%d.",
-    .norm1 = "input_layernorm",
-    .q = "self_attn.q_proj",
-    .k = "self_attn.k_proj",
-    .v = "self_attn.v_proj",
-    .o = "self_attn.o_proj",
-    .norm2 = "post_attention_layernorm",
-    .final_norm = "model.norm",
-    .lm_head = "lm_head",
+    LOOM_HF_LLAMA_NAMES,
     .router = "block_sparse_moe.gate",
     .expert = "block_sparse_moe.experts.%d.",
     .expert_gate = "w1",
