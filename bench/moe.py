@@ -32,8 +32,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import bf16 as torch2  # noqa: E402  (its PyTorch 2.x environment)
+WORKER = sys.argv[1:2] == ["--torch-worker"]
+if not WORKER:  # the PyTorch worker keeps bench/ off its path (bench/tokenize.py would hide the standard library's)
+    sys.path.insert(0, HERE)
+    import bf16 as torch2  # noqa: E402  (its PyTorch 2.x environment)
 
 THREADS = 2
 L, C, NH, G, T, B, V, E, K, F = 4, 512, 8, 4, 256, 4, 32000, 8, 2, 1024
@@ -106,7 +108,7 @@ def run_torch(steps, precision):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--torch-worker":
+    if WORKER:
         steps, precision = sys.argv[2].split(",")
         torch_worker(int(steps), precision)
         return 0
