@@ -396,6 +396,23 @@ def layouts(tmp):
                          lib.tiny_run(tmp, f"{fam}-moe-ddp", 2, flags))
 
 
+def export_refusals(tmp):
+    """What transformers cannot express is not exported: a Llama with experts, a Mixtral with pre-softmax
+    routing. One line, exit 2, and no directory written."""
+    corpus = os.path.join(tmp, "train.bin")
+    for tag, flags, want in (
+            ("a Llama with experts", ["--model", "llama-tiny", "--num-experts", "4"], "has no experts"),
+            ("a Mixtral with pre-softmax routing", ["--model", "mixtral-tiny", "--moe-router-pre-softmax"],
+             "no form there")):
+        ck, out = os.path.join(tmp, f"exp-{flags[1]}"), os.path.join(tmp, f"exp-{flags[1]}-hf")
+        p = lib.loom("train", *flags, "--train-iters", "1", "--eval-iters", "0", "--data-path", corpus, "--save", ck)
+        q = lib.loom("convert", ck, out) if p.returncode == 0 else p
+        errs = lib.error_lines(q.stderr)
+        check(f"exporting {tag} to a Hugging Face directory: one line, exit 2, nothing written",
+              q.returncode == 2 and len(errs) == 1 and want in errs[0] and not os.path.exists(os.path.join(out, "config.json")),
+              q.stderr[-400:])
+
+
 def refusals():
     base = ["train", "--model", "mixtral-tiny", "--train-iters", "1", "--dry-run"]
     cases = [
@@ -405,6 +422,7 @@ def refusals():
         (["--bf16", "--fp8-format", "hybrid"], "--fp8-format"),
         (["--moe-shared-expert-intermediate-size", "64"], "no shared experts"),
         (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type"),
+        (["--moe-layer-freq", "2"], "experts in every layer"),
         (["--moe-expert-capacity-factor", "0"], "at least one token"),
         (["--moe-pad-expert-input-to-capacity"], "needs --moe-expert-capacity-factor"),
         (["--moe-token-drop-policy", "position"], "needs --moe-expert-capacity-factor"),
@@ -418,6 +436,18 @@ def refusals():
     errs = lib.error_lines(p.stderr)
     check("refused, one line, exit 2: --tensor-model-parallel-size 2 (2 ranks)",
           p.returncode == 2 and errs and all("--tensor-model-parallel-size above 1" in e for e in errs), p.stderr[-400:])
+    for extra, want in ((["--context-parallel-size", "2"], "--context-parallel-size above 1"),
+                        (["--pipeline-model-parallel-size", "2", "--moe-router-load-balancing-type", "hf_aux_loss"],
+                         "hf_aux_loss with --pipeline-model-parallel-size 2")):
+        p = lib.run(lib.mpirun(2, [lib.LOOM, *base, *extra]), timeout=120, env=lib.ENV)
+        errs = lib.error_lines(p.stderr)
+        check(f"refused, one line, exit 2: {' '.join(extra)} (2 ranks)",
+              p.returncode == 2 and errs and all(want in e for e in errs), p.stderr[-400:])
+    p = lib.loom(*base, "--layout-invariant", "2")
+    errs = lib.error_lines(p.stderr)
+    check("refused, one line, exit 2: --layout-invariant 2",
+          p.returncode == 2 and len(errs) == 1 and "--layout-invariant (not built for experts" in errs[0],
+          p.stderr[-400:])
     p = lib.loom("train", "--model", "llama-tiny", "--moe-router-topk", "2", "--train-iters", "1", "--dry-run")
     errs = lib.error_lines(p.stderr)
     check("refused, one line, exit 2: an MoE setting without --num-experts",
@@ -446,6 +476,7 @@ def main():
                     check(f"{tag}: ... the balancing losses move the run (rel {moved:.1e} from the plain one, "
                           "above 1e-4)", moved > 1e-4)
         refusals()
+        export_refusals(tmp)
         for tag, k, Fs, factor, policy, pre, pad, aux in (
                 ("shared experts", 2, 48, 0, "probs", False, False, 0.01),
                 ("capacity 1, drop by probs", 2, 0, 1.0, "probs", False, False, 0.01),

@@ -193,6 +193,10 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
                               s->experts);
     if (s->moe_ffn < 1)
         return loom_error_set(LOOM_ERR_INPUT, "--moe-ffn-hidden-size must be >= 1, got %d", s->moe_ffn);
+    if (s->moe_freq > 1 && !s->names->up)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--moe-layer-freq %d: %s models have experts in every layer (no dense MLP)",
+                              s->moe_freq, d->family->title);
     if (s->shared_ffn && !s->names->shared)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--moe-shared-expert-intermediate-size %d: %s models have no shared experts",

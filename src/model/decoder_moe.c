@@ -275,25 +275,24 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         const struct loom_linear_group g = expert_in(m, b, e, F);
         const struct loom_linear down = expert_down(m, b, e, F);
         const size_t oF = (size_t)o * F;
-        float *const dF[3] = {m->moe_dF[0], m->moe_dF[1], m->moe_dF[2]};
         mlp_backward(m, &g, &down, m->moe_xp + (size_t)o * C, (float *)x->fc + oF,
                      x->up ? (float *)x->up + oF : NULL, (float *)x->h + oF, m->moe_dy + (size_t)o * C,
-                     m->moe_dxp + (size_t)o * C, dF, x->counts[e]);
+                     m->moe_dxp + (size_t)o * C, m->moe_dF, x->counts[e]);
     }
     m->k->moe_permute_backward(dln, m->moe_dxp, x->rpos, N, k, C);
     /* the router: the routing weights', the balancing loss's and the z-loss's gradients */
     const double w = m->moe_loss_weight;
     float *aux = m->moe_sums_host;
     const int with_aux = m->spec.aux_coeff > 0;
-    if (with_aux && m->spec.balance == LOOM_MOE_HF_AUX_LOSS) {
-        /* Hugging Face's: E sum_e (F_e / M) (P_e / M) over the M rows of all MoE layers, F_e their choices
-         * of e, P_e their softmax's sum (its gradient at any row's softmax: E F_e / M^2) */
-        const double *hf = m->slots[m->bwd_slot].moe_hf, M = hf[E];
-        for (int e = 0; e < E; e++) aux[e] = (float)(w * m->spec.aux_coeff * E * hf[e] / (M * M));
-        dev(m)->upload(m->moe_aux_grad, aux, (size_t)E * sizeof(float));
-    } else if (with_aux) {
+    if (with_aux) {
+        /* the gradient at any row's softmax of e: Megatron's layer loss E f_e / (N^2 k); Hugging Face's,
+         * E sum_e (F_e / M) (P_e / M) over the M rows of all MoE layers (F_e their choices of e, P_e
+         * their softmax's sum), E F_e / M^2 */
+        const int hf = m->spec.balance == LOOM_MOE_HF_AUX_LOSS;
+        const double *tot = m->slots[m->bwd_slot].moe_hf;
         for (int e = 0; e < E; e++)
-            aux[e] = (float)(w * m->spec.aux_coeff * E * x->routed[e] / ((double)N * N * k));
+            aux[e] = (float)(w * m->spec.aux_coeff * E *
+                             (hf ? tot[e] / (tot[E] * tot[E]) : x->routed[e] / ((double)N * N * k)));
         dev(m)->upload(m->moe_aux_grad, aux, (size_t)E * sizeof(float));
     }
     const float zg = (float)(2.0 * w * m->spec.z_coeff / N);
@@ -307,8 +306,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
     if (m->spec.shared_ffn) {
         const struct loom_linear_group g = shared_in(m, b);
         const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->spec.shared_ffn, C);
-        float *const dF[3] = {m->moe_dF[0], m->moe_dF[1], m->moe_dF[2]};
-        mlp_backward(m, &g, &down, ln2, x->sfc, x->sup, x->sh, dout, m->moe_out, dF, N);
+        mlp_backward(m, &g, &down, ln2, x->sfc, x->sup, x->sh, dout, m->moe_out, m->moe_dF, N);
         m->k->residual_forward(dln, dln, m->moe_out, NC);
     }
 }
