@@ -24,8 +24,9 @@ reaching the same global batch:
     flips average out in the loss to ~1e-5 (measured 4e-5 at worst), and
     leave the bf16 weights within a bf16 step (4e-3; measured 1.4e-3 for
     the worst tensor, 3.7e-4 for the whole model); at one TP degree, DP 2
-    (DDP, ZeRO-2, ZeRO-3 with SP) gives the TP 2 bf16 run's losses bit for
-    bit with the same micro-batch size, as DDP gives one process's;
+    (DDP, ZeRO-2, ZeRO-3 with SP) gives the TP 2 bf16 run's within the same
+    bounds (it reorders the float32 sum over micro-batches, as DDP does
+    against one process);
     without --layout-invariant the TP 2 bf16 losses are not one process's
     bit for bit;
   - --layout-invariant 4 (every sum a layout splits taken in one order:
@@ -125,13 +126,15 @@ def equivalence(tmp):
     lib.compare_runs("tp2-bf16", ref_b, tp2_b, tol=1e-4, wtol=4e-3)
     check("tp2-bf16 without --layout-invariant: not one process's losses bit for bit (what the flag changes)",
           tp2_b[0] != ref_b[0])
-    # at one tensor-parallel degree, data parallelism, ZeRO and SP change no sample's arithmetic: with the same
-    # micro-batch size the bf16 losses are the TP 2 run's bit for bit, as DDP's are one process's
+    # at one tensor-parallel degree, data parallelism, ZeRO and SP change no sample's arithmetic, only the
+    # order of the step's float32 gradient sum over micro-batches ((g1+g2)+(g3+g4) across ranks against
+    # ((g1+g2)+g3)+g4), as DDP against one process (test_mixed_precision.py): within the TP 2 bf16 run's bounds
+    # above, against the TP 2 run (with OpenBLAS's Haswell kernels one weight flips a bf16 step by the last
+    # step; with the SkylakeX kernels the runs happen to stay bit for bit)
     for tag, extra in (("tp2-dp2-bf16", []), ("tp2-dp2-zero2-bf16", ["--zero-stage", "2"]),
                        ("tp2-dp2-zero3-sp-bf16", ["--zero-stage", "3", "--sequence-parallel"])):
         got = run(tmp, tag, 4, ["--micro-batch-size", "2", "--bf16", "--tensor-model-parallel-size", "2"] + extra)
-        check(f"{tag}: every step's loss is the TP 2 bf16 run's, bit for bit", got[0] == tp2_b[0],
-              f"{got[0]} vs {tp2_b[0]}")
+        lib.compare_runs(f"{tag} against the TP 2 bf16 run", tp2_b, got, tol=1e-4, wtol=4e-3)
     return ref
 
 

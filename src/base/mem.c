@@ -143,6 +143,12 @@ void loom_mem_count_reset_peak(void)
     st->peak_total = st->current_total;
 }
 
+void loom_mem_count_peek(struct loom_mem_stats *out)
+{
+    LOOM_ASSERT(counting.on);
+    *out = counting.st;
+}
+
 void loom_mem_count_end(struct loom_mem_stats *out)
 {
     LOOM_ASSERT(counting.on);

@@ -72,6 +72,8 @@ int loom_mem_counting(void);
 /* A new peak window in the counting (peaks := current), as loom_mem_reset_peak. */
 void loom_mem_count_reset_peak(void);
 void loom_mem_count_end(struct loom_mem_stats *out);
+/* The window's counters so far, the window left open. */
+void loom_mem_count_peek(struct loom_mem_stats *out);
 /* Whether p is a counted address (it must not be touched). */
 int loom_mem_is_counted(const void *p);
 

@@ -82,7 +82,13 @@ int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *t
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME)
         loom_adamw_offload_buffers(&e.opt, (size_t)(cfg->offload_buffer_size * 1e6));
     loom_engine_plan_schedule(&e);
+    /* the model's reserve takes and gives back what its own passes take
+     * within a step (the 16-bit head's staging) on top of every activation:
+     * that peak is a step's too */
+    loom_mem_count_reset_peak();
     if (m->ops->reserve) m->ops->reserve(m);
+    struct loom_mem_stats reserved;
+    loom_mem_count_peek(&reserved);
     /* the first step fills the pool; the trainer reports steps after it,
      * with the pool's buffers counted under their last holder's tag */
     replay_step(&e);
@@ -92,8 +98,9 @@ int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *t
     loom_pool_drain();
     struct loom_mem_stats st;
     loom_mem_count_end(&st);
-    for (int i = 0; i < LOOM_MEM_COUNT; i++) out->peak[i] = st.peak[i];
-    out->total = st.peak_total;
+    for (int i = 0; i < LOOM_MEM_COUNT; i++)
+        out->peak[i] = st.peak[i] > reserved.peak[i] ? st.peak[i] : reserved.peak[i];
+    out->total = st.peak_total > reserved.peak_total ? st.peak_total : reserved.peak_total;
     out->params = (int64_t)m->num_params;
     out->flops_per_token = family->flops_per_token(m);
     loom_engine_release_state(&e);
