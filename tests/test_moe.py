@@ -418,7 +418,7 @@ def refusals():
     cases = [
         (["--moe-router-topk", "9"], "--moe-router-topk 9 exceeds --num-experts 8"),
         (["--num-experts", "0"], "mixtures of experts"),
-        (["--expert-model-parallel-size", "2"], "expert parallelism"),
+        (["--expert-model-parallel-size", "2"], "not divisible by expert-parallel size 2"),
         (["--bf16", "--fp8-format", "hybrid"], "--fp8-format"),
         (["--moe-shared-expert-intermediate-size", "64"], "no shared experts"),
         (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type"),

@@ -2,7 +2,8 @@
 
 1. Memory: for every layout loom runs here (one process, DDP, ZeRO 1-3,
    NVMe offload, bf16, fp16, recomputation, TP, SP, PP, interleaved PP, 3D,
-   --layout-invariant, context parallelism of each comm type)
+   --layout-invariant, context parallelism of each comm type, expert
+   parallelism with each dispatcher)
    on gpt2-tiny, GPT-2 124M and llama-tiny, the planner's bytes by category (params,
    grads, optimizer, activations, comm) are within 5% of what the trainer's
    accounting measures at a step (the `mem_by_rank` of --metrics, the
@@ -41,6 +42,9 @@ TAGS = ["params", "grads", "optimizer", "activations", "comm"]
 TINY = ["--model", "gpt2-tiny", "--seq-length", "64"]
 GPT2 = ["--model", "gpt2", "--seq-length", "64"]
 LLAMA = ["--model", "llama-tiny"]
+MIXTRAL = ["--model", "mixtral-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+           "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4", "--seq-length", "16",
+           "--max-position-embeddings", "16"]
 # (name, ranks, model, flags): every layout is given in full, so the
 # planner evaluates that one layout
 LAYOUTS = [
@@ -92,6 +96,10 @@ LAYOUTS = [
                                     "--zero-stage 3"),
     ("Llama tiny CP 2 a2a", 2, LLAMA, "--micro-batch-size 2 --global-batch-size 4 --context-parallel-size 2 "
                                       "--cp-comm-type a2a --num-query-groups 2"),
+    ("Mixtral tiny EP 2 alltoall", 2, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "
+                                               "--expert-model-parallel-size 2"),
+    ("Mixtral tiny EP 2 allgather", 2, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "
+                                                "--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"),
     ("GPT-2 124M bf16", 1, GPT2, "--micro-batch-size 2 --global-batch-size 2 --bf16"),
     ("GPT-2 124M ZeRO-3 bf16", 2, GPT2, "--micro-batch-size 1 --global-batch-size 2 --zero-stage 3 --bf16"),
     ("GPT-2 124M TP + SP", 2, GPT2, "--micro-batch-size 2 --global-batch-size 2 --tensor-model-parallel-size 2 "

@@ -128,6 +128,16 @@ enum loom_attention_backend {
     LOOM_ATTN_BACKEND_COUNT
 };
 
+/* --moe-token-dispatcher-type (Megatron's): how tokens reach the experts
+ * of other expert-parallel ranks. alltoall: each rank's rows for a rank's
+ * experts sent to it and the outputs back (all-to-all-v); allgather:
+ * every rank's rows gathered, each rank's experts' outputs summed back. */
+enum loom_moe_dispatcher {
+    LOOM_MOE_DISPATCH_ALLTOALL = 0,
+    LOOM_MOE_DISPATCH_ALLGATHER = 1,
+    LOOM_MOE_DISPATCH_COUNT
+};
+
 /* --cp-comm-type (Megatron's): how context parallelism's ranks meet in
  * attention. p2p: key/value blocks around a ring; all_gather: keys and
  * values gathered once per layer; a2a: DeepSpeed-Ulysses' all-to-all from
@@ -270,7 +280,8 @@ struct loom_config {
     double moe_expert_capacity_factor; /* each expert takes at most ceil(N k / E x this) rows; 0: dropless */
     enum loom_moe_drop_policy moe_token_drop_policy;
     int moe_pad_expert_input_to_capacity; /* each expert's rows padded to the capacity */
-    int expert_model_parallel_size;
+    int expert_model_parallel_size;       /* the experts split over this many data-parallel ranks */
+    enum loom_moe_dispatcher moe_token_dispatcher_type;
     /* batch: global = micro x accumulation x dp */
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;
     /* optimisation */

@@ -95,6 +95,15 @@ struct loom_tensor {
     int view_ndim;
     int64_t view[LOOM_TP_VIEW_MAX_DIMS];
     int64_t tp_lo, tp_hi;
+    /* Its initial values' stream within the block: its place in the block of
+     * the whole model (the tensors another expert-parallel rank holds are
+     * skipped, loom_block_skip_tensors), so every layout draws the same. */
+    int stream;
+    /* An expert's tensor (the model sets it once added): held by one rank of
+     * the expert-parallel group, its gradient summed over the
+     * expert-data-parallel group only. A block's expert tensors are
+     * consecutive. */
+    int expert;
 };
 
 /* Who provides a block's float32 gradient view (loom_block_provide_grads). */
@@ -113,6 +122,9 @@ struct loom_block {
     int tensors_cap;
     size_t numel;
     size_t offset; /* of the block in the model's arenas */
+    /* its expert tensors: elements [expert_lo, expert_hi) of the block (0, 0: none) */
+    size_t expert_lo, expert_hi;
+    int skipped; /* tensors of the whole model's block this one does not hold (loom_block_skip_tensors) */
     /* The stored parameters and gradients, in the model's dtype: slices of
      * the arenas, a strategy's buffers (ZeRO-3's gathered unit), or absent
      * (.data NULL) while this rank does not hold them. */
@@ -278,6 +290,10 @@ struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name
 struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char *name, int ndim,
                                                 const int64_t *full, int view_ndim, const int64_t *view,
                                                 int split, int tp, int tp_rank);
+/* The tensors of the whole model's block that this one leaves out (another
+ * expert-parallel rank's experts) before the next one added: its stream
+ * counts them. */
+void loom_block_skip_tensors(struct loom_block *b, int n);
 /* Rank r's part [lo, hi) of n entries split over tp ranks (defined with
  * the tensor-parallel regions, src/layers/tp_regions.c). */
 void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi);
@@ -287,7 +303,8 @@ double loom_model_full_params(const struct loom_model *m);
 /* The part (t->numel floats) t holds of its whole tensor full (row-major,
  * the product of t->full floats): the whole of it unless t is split. */
 void loom_tensor_take_part(const struct loom_tensor *t, const float *full, float *part);
-/* After the last tensor: counts the parameters and places the blocks. */
+/* After the last tensor: counts the parameters and places the blocks (and
+ * each block's run of expert tensors, t->expert set by the model). */
 void loom_model_layout_done(struct loom_model *m);
 
 #define LOOM_MODEL_PARAM_ARENA 1

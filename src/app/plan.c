@@ -177,10 +177,10 @@ static void print_text(const struct loom_plan *p, const struct loom_config *cfg,
         loom_layout_flags(&best->layout, flags, sizeof flags);
         printf("\nbest: %s\n", flags);
         printf(
-            "  its step: compute %.3f s, memory-bound %.3f, bubble %.3f, tp comm %.3f, cp comm %.3f, pp comm "
-            "%.3f, dp comm %.3f (exposed), optimizer %.3f%s\n",
-            t->compute, t->memory_bound, t->bubble, t->tp_comm, t->cp_comm, t->pp_comm, t->dp_comm,
-            t->optimizer, t->offload > 0 ? ", offload" : "");
+            "  its step: compute %.3f s, memory-bound %.3f, bubble %.3f, tp comm %.3f, cp comm %.3f, ep comm "
+            "%.3f, pp comm %.3f, dp comm %.3f (exposed), optimizer %.3f%s\n",
+            t->compute, t->memory_bound, t->bubble, t->tp_comm, t->cp_comm, t->ep_comm, t->pp_comm,
+            t->dp_comm, t->optimizer, t->offload > 0 ? ", offload" : "");
     } else {
         printf("no layout fits in %.2f GB a rank\n", p->mem_limit / 1e9);
     }
@@ -212,6 +212,7 @@ static cJSON *entry_json(const struct loom_plan_entry *e, const struct loom_conf
     cJSON_AddNumberToObject(lay, "pp", kind[LOOM_KIND_PIPELINE].value);
     cJSON_AddNumberToObject(lay, "cp", kind[LOOM_KIND_CONTEXT].value);
     cJSON_AddNumberToObject(lay, "dp", kind[LOOM_KIND_DATA].value);
+    cJSON_AddNumberToObject(lay, "ep", kind[LOOM_KIND_EXPERT].value);
     cJSON_AddNumberToObject(lay, "virtual_stages", kind[LOOM_KIND_PIPELINE].sub);
     cJSON_AddBoolToObject(lay, "sequence_parallel", kind[LOOM_KIND_SEQUENCE].value);
     cJSON_AddNumberToObject(lay, "zero_stage", kind[LOOM_KIND_ZERO].value);
@@ -240,6 +241,7 @@ static cJSON *entry_json(const struct loom_plan_entry *e, const struct loom_conf
         cJSON_AddNumberToObject(s, "bubble", t->bubble);
         cJSON_AddNumberToObject(s, "tp_comm", t->tp_comm);
         cJSON_AddNumberToObject(s, "cp_comm", t->cp_comm);
+        cJSON_AddNumberToObject(s, "ep_comm", t->ep_comm);
         cJSON_AddNumberToObject(s, "pp_comm", t->pp_comm);
         cJSON_AddNumberToObject(s, "dp_comm", t->dp_comm);
         cJSON_AddNumberToObject(s, "optimizer", t->optimizer);

@@ -129,6 +129,11 @@ int loom_sample(struct loom_config *cfg)
                               "loom sample runs in one process (any checkpoint loads there): "
                               "--context-parallel-size %d is for training",
                               cfg->context_parallel_size);
+    if (cfg->expert_model_parallel_size > 1)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "loom sample runs in one process (any checkpoint loads there): "
+                              "--expert-model-parallel-size %d is for training",
+                              cfg->expert_model_parallel_size);
     const struct loom_model_family *family = loom_model_family_of_preset(cfg->model, NULL);
     if (!family)
         return loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);

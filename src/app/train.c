@@ -37,6 +37,7 @@
 #include "io/synth.h"
 #include "kernels/kernels.h"
 #include "layers/context.h"
+#include "layers/experts.h"
 #include "layers/fp8_linear.h"
 #include "layers/pp_stages.h"
 #include "layers/tp_regions.h"
@@ -164,8 +165,9 @@ static double evaluate(struct run *r)
     /* the last stage has the loss */
     if (r->topo->pp > 1)
         loom_comm_allreduce_sync(LOOM_GROUP_PP, loom_buf_of(&sum, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-    loom_tp_comm_take_s(); /* the evaluation's tensor- and context-parallel waits are no step's */
+    loom_tp_comm_take_s(); /* the evaluation's tensor-, context- and expert-parallel waits are no step's */
     loom_cp_comm_take_s();
+    loom_ep_comm_take_s();
     return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo->dp) : 0;
 }
 
@@ -582,11 +584,20 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     if (r->topo->cp > 1)
         snprintf(rep->layout, sizeof rep->layout, "TP(%d)-CP(%d)-DP(%d)-PP(%d)%s", r->topo->tp, r->topo->cp,
                  r->topo->dp / r->topo->cp, r->topo->pp, r->cfg->sequence_parallel ? "+SP" : "");
+    else if (r->topo->ep > 1)
+        snprintf(rep->layout, sizeof rep->layout, "TP(%d)-EP(%d)-DP(%d)-PP(%d)%s", r->topo->tp, r->topo->ep,
+                 r->topo->dp, r->topo->pp, r->cfg->sequence_parallel ? "+SP" : "");
     else
         snprintf(rep->layout, sizeof rep->layout, "TP(%d)-DP(%d)-PP(%d)%s", r->topo->tp, r->topo->dp,
                  r->topo->pp, r->cfg->sequence_parallel ? "+SP" : "");
     if (m->tp > 1)
         snprintf(part, sizeof part, " of %.0f, this tensor-parallel rank's part", loom_model_full_params(m));
+    if (r->topo->ep > 1) { /* every expert-parallel rank holds as many experts */
+        double whole = loom_model_full_params(m);
+        for (int i = 0; i < m->nblocks; i++)
+            whole += (double)(m->blocks[i].expert_hi - m->blocks[i].expert_lo) * (r->topo->ep - 1);
+        snprintf(part, sizeof part, " of %.0f, this expert-parallel rank's experts", whole);
+    }
     loom_report_line(rep, "model: %s, %s: %zu parameters%s (%s)\n", r->family->title, shape, n, part,
                      loom_fmt_bytes(b, sizeof b, 4.0 * n));
     loom_report_line(

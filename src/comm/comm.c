@@ -28,10 +28,10 @@
 #include "comm/comm_backend.h"
 #include "loom/loom.h"
 
-static const char *const group_names[] = {"world", "dp", "tp", "pp", "embedding", "cp"};
+static const char *const group_names[] = {"world", "dp", "tp", "pp", "embedding", "cp", "ep", "expert-dp"};
 static_assert(sizeof group_names / sizeof group_names[0] == LOOM_GROUP_COUNT, "group_names");
 static const char *const coll_names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast",
-                                         "send",       "recv",           "all-to-all"};
+                                         "send",       "recv",           "all-to-all", "all-to-all-v"};
 static_assert(sizeof coll_names / sizeof coll_names[0] == LOOM_COLL_COUNT, "coll_names");
 
 struct loom_comm_handle {
@@ -57,7 +57,7 @@ struct loom_comm_handle {
 };
 
 static const struct loom_comm_backend *transport; /* NULL: a single process, no transport */
-static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1, 1, 1};
+static int world_size = 1, world_rank = 0, group_size[LOOM_GROUP_COUNT] = {1, 1, 1, 1, 1, 1, 1, 1};
 static int group_rank[LOOM_GROUP_COUNT]; /* this rank's place in each group */
 static int have_group[LOOM_GROUP_COUNT]; /* made by the transport */
 static int tree_sums[LOOM_GROUP_COUNT];  /* loom_comm_set_tree_sums */
@@ -120,6 +120,8 @@ void loom_topology_format(const struct loom_topology *t, char *buf, size_t n)
 {
     if (t->cp > 1)
         snprintf(buf, n, "TP(%d)-CP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->cp, t->dp / t->cp, t->pp, t->rank);
+    else if (t->ep > 1) /* the data ranks, of which ep hold a layer's experts between them */
+        snprintf(buf, n, "TP(%d)-EP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->ep, t->dp, t->pp, t->rank);
     else
         snprintf(buf, n, "TP(%d)-DP(%d)-PP(%d)-Rank(%d)", t->tp, t->dp, t->pp, t->rank);
 }
@@ -432,10 +434,15 @@ void loom_comm_setup_world(void)
 
 int loom_comm_setup_cp(struct loom_topology *t, int tp, int pp, int cp)
 {
+    return loom_comm_setup_layout(t, tp, pp, cp, 1);
+}
+
+int loom_comm_setup_layout(struct loom_topology *t, int tp, int pp, int cp, int ep)
+{
     memset(t, 0, sizeof *t);
     t->world = world_size;
     t->rank = world_rank;
-    t->tp = t->pp = t->dp = t->cp = 1;
+    t->tp = t->pp = t->dp = t->cp = t->ep = 1;
     /* the world group and the thread first: even a bad layout is agreed on */
     loom_comm_setup_world();
     if (tp < 1 || pp < 1 || world_size % (tp * pp) != 0)
@@ -457,6 +464,14 @@ int loom_comm_setup_cp(struct loom_topology *t, int tp, int pp, int cp)
             world_size, tp, pp, t->dp, cp);
     t->cp = cp;
     t->cp_rank = t->dp_rank % cp;
+    if (ep < 1 || t->dp % ep != 0)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "world size %d over tensor-parallel size %d x pipeline-parallel size %d leaves %d "
+            "data-parallel rank%s, not divisible by expert-parallel size %d",
+            world_size, tp, pp, t->dp, t->dp == 1 ? "" : "s", ep);
+    t->ep = ep;
+    t->ep_rank = t->dp_rank % ep;
     topo_saved = *t;
     group_size[LOOM_GROUP_WORLD] = world_size;
     group_size[LOOM_GROUP_DP] = t->dp;
@@ -468,6 +483,10 @@ int loom_comm_setup_cp(struct loom_topology *t, int tp, int pp, int cp)
     group_rank[LOOM_GROUP_PP] = t->pp_rank;
     group_size[LOOM_GROUP_CP] = cp;
     group_rank[LOOM_GROUP_CP] = t->cp_rank;
+    group_size[LOOM_GROUP_EP] = ep;
+    group_rank[LOOM_GROUP_EP] = t->ep_rank;
+    group_size[LOOM_GROUP_EXPERT_DP] = t->dp / ep;
+    group_rank[LOOM_GROUP_EXPERT_DP] = t->dp_rank / ep;
     const int ends = pp > 1 && (t->pp_rank == 0 || t->pp_rank == pp - 1);
     group_size[LOOM_GROUP_EMBEDDING] = ends ? 2 : 1;
     group_rank[LOOM_GROUP_EMBEDDING] = ends && t->pp_rank > 0;
@@ -486,6 +505,13 @@ int loom_comm_setup_cp(struct loom_topology *t, int tp, int pp, int cp)
         /* a later setup with another cp (loom plan's) never reaches here: a job has one layout */
         transport->create_group(LOOM_GROUP_CP, world_rank - t->cp_rank * tp, t->cp_rank);
         have_group[LOOM_GROUP_CP] = 1;
+    }
+    if (transport && ep > 1 && !have_group[LOOM_GROUP_EP]) {
+        /* the position (tp, pp) and the data rank's block of ep; the position and the expert rank */
+        const int pos = t->tp_rank + tp * t->pp_rank;
+        transport->create_group(LOOM_GROUP_EP, pos + tp * pp * (t->dp_rank / ep), t->ep_rank);
+        transport->create_group(LOOM_GROUP_EXPERT_DP, pos + tp * pp * t->ep_rank, t->dp_rank / ep);
+        have_group[LOOM_GROUP_EP] = have_group[LOOM_GROUP_EXPERT_DP] = 1;
     }
     return LOOM_OK;
 }
@@ -781,6 +807,46 @@ struct loom_comm_handle *loom_comm_alltoall(enum loom_group g, struct loom_buf s
     (void)data_of(send), (void)data_of(recv);
     const struct staging s = stage(send, recv);
     return staged(post(LOOM_COLL_ALLTOALL, g, s.send, s.recv, count, recv.dtype, LOOM_OP_SUM, 0, 0), &s);
+}
+
+struct loom_comm_handle *loom_comm_alltoall_v(enum loom_group g, struct loom_buf send, const int *scounts,
+                                              const int *sdispls, struct loom_buf recv, const int *rcounts,
+                                              const int *rdispls)
+{
+    const int n = group_size[g];
+    const enum loom_dtype dt = recv.dtype;
+    LOOM_ASSERT(send.dtype == dt);
+    size_t total = 0;
+    for (int r = 0; r < n; r++) {
+        LOOM_ASSERT(scounts[r] >= 0 && sdispls[r] >= 0 &&
+                    (size_t)sdispls[r] + (size_t)scounts[r] <= send.numel);
+        LOOM_ASSERT(rcounts[r] >= 0 && rdispls[r] >= 0 &&
+                    (size_t)rdispls[r] + (size_t)rcounts[r] <= recv.numel);
+        total += (size_t)rcounts[r];
+    }
+    (void)data_of(send), (void)data_of(recv);
+    const struct staging s = stage(send, recv);
+    if (local_only(g)) {
+        struct loom_comm_handle *h = post(LOOM_COLL_ALLTOALL_V, g, NULL, NULL, 0, dt, LOOM_OP_SUM, 0, 0);
+        LOOM_ASSERT(scounts[0] == rcounts[0]);
+        if (rcounts[0])
+            memmove((char *)s.recv + (size_t)rdispls[0] * loom_dtype_size(dt),
+                    (const char *)s.send + (size_t)sdispls[0] * loom_dtype_size(dt),
+                    (size_t)rcounts[0] * loom_dtype_size(dt));
+        return staged(h, &s);
+    }
+    int *c = malloc(sizeof(int) * 4 * (size_t)n);
+    if (!c) loom_die("out of memory posting a collective");
+    for (int r = 0; r < n; r++)
+        c[r] = scounts[r], c[n + r] = sdispls[r], c[2 * n + r] = rcounts[r], c[3 * n + r] = rdispls[r];
+    struct loom_comm_handle *h = build(LOOM_COLL_ALLTOALL_V, g, s.send, s.recv, total, dt, LOOM_OP_SUM, 0, 0);
+    h->op.counts = h->counts = c; /* one block, freed with counts */
+    h->op.displs = c + n;
+    h->op.rcounts = c + 2 * n;
+    h->op.rdispls = c + 3 * n;
+    staged(h, &s);
+    submit(h);
+    return h;
 }
 
 struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, struct loom_buf b, int root)

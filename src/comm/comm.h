@@ -45,6 +45,12 @@ enum loom_group {
     /* the context-parallel ranks of one (data, tp, pp) position: one
      * sequence's parts */
     LOOM_GROUP_CP = 5,
+    /* expert parallelism: the ep consecutive data ranks of one (tp, pp)
+     * position whose experts together make a layer's (Megatron's
+     * expert-model-parallel group), and the data ranks that hold the same
+     * experts (its expert-data-parallel group: dp / ep ranks) */
+    LOOM_GROUP_EP = 6,
+    LOOM_GROUP_EXPERT_DP = 7,
     LOOM_GROUP_COUNT
 };
 
@@ -56,6 +62,7 @@ enum loom_coll {
     LOOM_COLL_SEND = 4,
     LOOM_COLL_RECV = 5,
     LOOM_COLL_ALLTOALL = 6,
+    LOOM_COLL_ALLTOALL_V = 7,
     LOOM_COLL_COUNT
 };
 
@@ -71,6 +78,9 @@ struct loom_topology {
     /* context parallelism: cp divides dp (the data x context group), the
      * context rank is dp_rank % cp, the data rank dp_rank / cp */
     int cp, cp_rank;
+    /* expert parallelism: ep divides dp (without context parallelism), the
+     * expert rank is dp_rank % ep, the expert-data-parallel rank dp_rank / ep */
+    int ep, ep_rank;
 };
 
 struct loom_comm_handle;
@@ -88,6 +98,9 @@ int loom_comm_setup(struct loom_topology *topo, int tp, int pp);
 /* The same with a context group of cp ranks within the data-parallel group
  * (cp must divide it: LOOM_ERR_INPUT with the numbers). */
 int loom_comm_setup_cp(struct loom_topology *topo, int tp, int pp, int cp);
+/* The same with an expert-parallel group of ep ranks within the
+ * data-parallel group (ep must divide it: LOOM_ERR_INPUT with the numbers). */
+int loom_comm_setup_layout(struct loom_topology *topo, int tp, int pp, int cp, int ep);
 /* Size and rank of group g on this rank (1 and 0 before the setup). */
 int loom_comm_group_size(enum loom_group g);
 int loom_comm_group_rank(enum loom_group g);
@@ -95,7 +108,8 @@ int loom_comm_group_rank(enum loom_group g);
  * LOOM_GROUP_WORLD before the layout is known (--layout auto). */
 void loom_comm_setup_world(void);
 /* "TP(1)-DP(2)-PP(1)-Rank(0)"; with context parallelism
- * "TP(1)-CP(2)-DP(2)-PP(1)-Rank(0)", DP the data ranks */
+ * "TP(1)-CP(2)-DP(2)-PP(1)-Rank(0)", DP the data ranks; with expert
+ * parallelism "TP(1)-EP(2)-DP(4)-PP(1)-Rank(0)" */
 void loom_topology_format(const struct loom_topology *t, char *buf, size_t n);
 
 void loom_comm_set_timeout(double seconds);
@@ -131,6 +145,12 @@ struct loom_comm_handle *loom_comm_allgather_v(enum loom_group g, struct loom_bu
  * send and recv hold group size blocks of n = send.numel / group size
  * elements, send's block r going to rank r (MPI_Alltoall). */
 struct loom_comm_handle *loom_comm_alltoall(enum loom_group g, struct loom_buf send, struct loom_buf recv);
+/* The uneven form (MPI_Alltoallv): scounts[r] elements from send +
+ * sdispls[r] go to rank r, and rcounts[r] from rank r land at recv +
+ * rdispls[r]. The four arrays are copied. */
+struct loom_comm_handle *loom_comm_alltoall_v(enum loom_group g, struct loom_buf send, const int *scounts,
+                                              const int *sdispls, struct loom_buf recv, const int *rcounts,
+                                              const int *rdispls);
 /* b (numel) on every rank = b on rank root (of the group). */
 struct loom_comm_handle *loom_comm_broadcast(enum loom_group g, struct loom_buf b, int root);
 /* b (numel) to / from group rank peer, matched by tag. */

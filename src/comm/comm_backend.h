@@ -38,6 +38,8 @@ struct loom_comm_op {
     int tag;           /* send, recv */
     const int *counts; /* (group size) the uneven forms: elements per rank; else NULL */
     const int *displs; /* (group size) uneven all-gather: where each rank's part lands; else NULL */
+    /* all-to-all-v: counts and displs are the send side's, these the receive side's */
+    const int *rcounts, *rdispls;
 };
 
 struct loom_comm_backend {

@@ -32,7 +32,7 @@ const struct loom_comm_backend *loom_comm_backend_mpi(void)
 #include "loom/loom.h"
 
 static const char *const coll_calls[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast",
-                                         "send",       "recv",           "all-to-all"};
+                                         "send",       "recv",           "all-to-all", "all-to-all-v"};
 static_assert(sizeof coll_calls / sizeof coll_calls[0] == LOOM_COLL_COUNT, "coll_calls");
 
 static MPI_Comm comms[LOOM_GROUP_COUNT];
@@ -234,6 +234,9 @@ static void *mpi_start(const struct loom_comm_op *o)
         break;
     case LOOM_COLL_ALLTOALL:
         err = MPI_Ialltoall(o->send, n, t, o->recv, n, t, c, req);
+        break;
+    case LOOM_COLL_ALLTOALL_V:
+        err = MPI_Ialltoallv(o->send, o->counts, o->displs, t, o->recv, o->rcounts, o->rdispls, t, c, req);
         break;
     case LOOM_COLL_BROADCAST:
         err = MPI_Ibcast(o->recv, n, t, o->peer, c, req);

@@ -41,6 +41,7 @@ const char *const loom_moe_balance_names[LOOM_MOE_BALANCE_COUNT + 1] = {"aux_los
                                                                         NULL};
 #define moe_balances loom_moe_balance_names
 CHOICES(moe_drop_policies, LOOM_MOE_DROP_COUNT, "probs", "position");
+CHOICES(moe_dispatchers, LOOM_MOE_DISPATCH_COUNT, "alltoall", "allgather");
 CHOICES(ddp_impls, LOOM_DDP_IMPL_COUNT, "bucketed", "naive");
 CHOICES(data_orders, LOOM_DATA_ORDER_COUNT, "shuffled", "sequential");
 CHOICES(recompute_granularities, LOOM_RECOMPUTE_COUNT, "none", "selective", "full");
@@ -318,7 +319,12 @@ const struct setting loom_settings[] = {
     INT("--tensor-model-parallel-size", "tensor_model_parallel_size", "parallelism",
         tensor_model_parallel_size, 1, 4096, "1", "tensor-parallel group size"),
     INT("--expert-model-parallel-size", "expert_model_parallel_size", "parallelism",
-        expert_model_parallel_size, 1, 4096, "1", "expert parallelism: experts split over N ranks"),
+        expert_model_parallel_size, 1, 4096, "1",
+        "expert parallelism: each MoE layer's experts split over N data-parallel ranks"),
+    ENUM("--moe-token-dispatcher-type", "moe_token_dispatcher_type", "parallelism", moe_token_dispatcher_type,
+         moe_dispatchers, "alltoall",
+         "expert parallelism's token moves: alltoall (each rank's rows to their experts' ranks and back) or "
+         "allgather (every rank's rows gathered, the outputs reduce-scattered)"),
     INT("--context-parallel-size", "context_parallel_size", "parallelism", context_parallel_size, 1, 4096, "1",
         "context parallelism: each sequence split over N ranks (2N chunks, rank r holding r and 2N-1-r)"),
     ENUM("--cp-comm-type", "cp_comm_type", "parallelism", cp_comm_type, cp_comm_types, "p2p",

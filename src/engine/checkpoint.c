@@ -82,7 +82,10 @@ static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
         *lo = p->part.begin, *hi = p->part.end;
         return;
     }
-    size_t n = p->model->num_params, dp = (size_t)p->topo->dp, r = (size_t)p->topo->dp_rank;
+    /* with expert parallelism the ranks that hold the same experts split it
+     * (add_pieces writes the dense tensors from expert rank 0's only) */
+    const size_t ep = p->topo->ep > 1 ? (size_t)p->topo->ep : 1;
+    size_t n = p->model->num_params, dp = (size_t)p->topo->dp / ep, r = (size_t)p->topo->dp_rank / ep;
     size_t each = (n + dp - 1) / dp;
     *lo = r * each < n ? r * each : n;
     *hi = *lo + each < n ? *lo + each : n;
@@ -142,8 +145,10 @@ struct save_ctx {
 static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_t a, size_t b)
 {
     struct save_ctx *s = ctx;
-    /* a tensor the tp group replicates: written by its tp rank 0 */
+    /* a tensor the tp group replicates: written by its tp rank 0; one the
+     * expert-parallel group replicates (not an expert's): by its rank 0 */
     if (t->tp_split == LOOM_TP_REPLICATED && s->p->model->tp_rank != 0) return LOOM_OK;
+    if (!t->expert && s->p->topo->ep > 1 && s->p->topo->ep_rank != 0) return LOOM_OK;
     const char *prefix[4] = {"", EXP_AVG, EXP_AVG_SQ, MASTER};
     const int part[4] = {-1, LOOM_ADAMW_EXP_AVG, LOOM_ADAMW_EXP_AVG_SQ, LOOM_ADAMW_MASTER};
     for (int k = 0; k < s->parts; k++) {

@@ -78,8 +78,9 @@ static int check_same_config(const struct loom_config *cfg)
 }
 
 /* Every rank must start from the same weights: compare a checksum of the
- * bits, downloaded a piece at a time. */
-static int check_same_weights(const struct loom_model *m)
+ * bits, downloaded a piece at a time, over the ranks that hold the same
+ * tensors (with expert parallelism: the same experts). */
+static int check_same_weights(const struct loom_model *m, enum loom_group g)
 {
     enum { PIECE = 1 << 16 }; /* elements */
     uint64_t h[2] = {1469598103934665603ull, 0};
@@ -99,8 +100,8 @@ static int check_same_weights(const struct loom_model *m)
     }
     loom_free(piece);
     h[1] = h[0];
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&h[0], 1, LOOM_DTYPE_U64), LOOM_OP_MIN);
-    loom_comm_allreduce_sync(LOOM_GROUP_DP, loom_buf_of(&h[1], 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
+    loom_comm_allreduce_sync(g, loom_buf_of(&h[0], 1, LOOM_DTYPE_U64), LOOM_OP_MIN);
+    loom_comm_allreduce_sync(g, loom_buf_of(&h[1], 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
     if (h[0] != h[1])
         return loom_error_set(LOOM_ERR_RUNTIME,
                               "ranks hold different initial weights (checksums %016llx and %016llx)",
@@ -118,8 +119,10 @@ int loom_engine_init(struct loom_engine **out, struct loom_config *cfg)
         return loom_error_set(
             LOOM_ERR_INPUT, "--layout auto is chosen by loom train (it plans a model family's "
                             "layouts); with the engine API give the layout's flags (loom plan prints them)");
-    int rc = loom_comm_setup_cp(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size,
-                                cfg->context_parallel_size > 1 ? cfg->context_parallel_size : 1);
+    int rc =
+        loom_comm_setup_layout(&e->topo, cfg->tensor_model_parallel_size, cfg->pipeline_model_parallel_size,
+                               cfg->context_parallel_size > 1 ? cfg->context_parallel_size : 1,
+                               cfg->expert_model_parallel_size > 1 ? cfg->expert_model_parallel_size : 1);
     loom_comm_set_timeout(cfg->comm_timeout);
     /* the batch splits over the data ranks: the context ranks of one read the same rows */
     if (rc == LOOM_OK) rc = loom_kinds_resolve(cfg, e->topo.dp / e->topo.cp);
@@ -321,7 +324,10 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     else if (!e->init_sharded && !from_dir)
         loom_model_init_weights(m, (uint64_t)cfg->seed);
     if ((rc = loom_engine_agree(e, rc))) return rc;
-    if (!e->init_sharded && !from_dir && (rc = loom_engine_agree(e, check_same_weights(m)))) return rc;
+    if (!e->init_sharded && !from_dir &&
+        (rc = loom_engine_agree(
+             e, check_same_weights(m, e->topo.ep > 1 ? LOOM_GROUP_EXPERT_DP : LOOM_GROUP_DP))))
+        return rc;
 
     /* with gradient accumulation, mixed precision accumulates in float32 and
      * rounds once per step (DeepSpeed's bf16 optimizer does the same), so the
@@ -523,7 +529,8 @@ struct squares {
     const struct loom_model *m;
     const struct loom_offload_map *map; /* the view's: a part dropped once read, or NULL */
     int exact_sums;                     /* --layout-invariant: exact sums of squares */
-    double ss;
+    int experts_apart;                  /* expert parallelism: the experts' squares in ss_experts */
+    double ss, ss_experts;
     struct loom_sumsq_exact exact;
 };
 
@@ -547,7 +554,20 @@ static void sweep(struct squares *q, const struct loom_state_view *v)
 {
     const struct loom_model *m = q->m;
     const size_t lo = v->grads_lo, hi = v->grads_hi;
-    if (loom_stack_filters_tensors(m)) {
+    if (q->experts_apart) { /* each block's dense runs, then its experts' (into ss_experts) */
+        for (int bi = 0; bi < m->nblocks; bi++) {
+            const struct loom_block *b = &m->blocks[bi];
+            const size_t cut[4] = {b->offset, b->offset + b->expert_lo, b->offset + b->expert_hi,
+                                   b->offset + b->numel};
+            for (int r = 0; r < 3; r++) {
+                const size_t a = cut[r] > lo ? cut[r] : lo, z = cut[r + 1] < hi ? cut[r + 1] : hi;
+                if (a >= z) continue;
+                const double before = q->ss;
+                add_squares(q, loom_buf_slice(v->grads, a - lo, z - a));
+                if (r == 1) q->ss_experts += q->ss - before, q->ss = before;
+            }
+        }
+    } else if (loom_stack_filters_tensors(m)) {
         for (int bi = 0; bi < m->nblocks; bi++) {
             const struct loom_block *b = &m->blocks[bi];
             for (int ti = 0; ti < b->ntensors; ti++) {
@@ -577,8 +597,14 @@ static double grad_norm(const struct loom_engine *e)
     const struct loom_model *m = e->model;
     struct loom_state_view v;
     loom_stack_view(m, &v);
-    struct squares q = {.m = m, .map = v.grad_map, .exact_sums = e->shape.exact_sums};
+    struct squares q = {
+        .m = m, .map = v.grad_map, .exact_sums = e->shape.exact_sums, .experts_apart = e->topo.ep > 1};
     sweep(&q, &v);
+    if (q.experts_apart) { /* every expert-parallel rank's experts, the dense tensors once */
+        LOOM_ASSERT(!q.exact_sums && !v.grads_split);
+        loom_comm_allreduce_sync(LOOM_GROUP_EP, loom_buf_of(&q.ss_experts, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+        q.ss += q.ss_experts;
+    }
     if (q.exact_sums) {
         uint64_t limbs[LOOM_SUMSQ_LIMBS];
         loom_sumsq_exact_limbs(&q.exact, limbs);

@@ -166,7 +166,13 @@ static void layout_moe(struct loom_decoder *m, struct loom_block *b, int l, doub
     char name[LOOM_TENSOR_NAME_MAX], prefix[LOOM_TENSOR_NAME_MAX];
     int none;
     t->router_w = add_linear(m, b, l, nm->router, C, s->experts, 1, 0, std, &none, 0);
+    /* an expert's tensors: gate (gated MLPs), up and down, each with a bias or not */
+    const int per_expert = (gated ? 3 : 2) * (s->mlp_bias ? 2 : 1);
     for (int e = 0; e < s->experts; e++) {
+        if (e < m->ep.first || e >= m->ep.first + m->ep.local) { /* another expert-parallel rank's */
+            loom_block_skip_tensors(b, per_expert);
+            continue;
+        }
         const int first = b->ntensors;
         snprintf(prefix, sizeof prefix, nm->expert, e);
         int gw = -1, gb = -1, uw, ub, dw, db;
@@ -178,10 +184,12 @@ static void layout_moe(struct loom_decoder *m, struct loom_block *b, int l, doub
         uw = add_linear(m, b, l, name, C, F, 1, s->mlp_bias, std, &ub, 0);
         snprintf(name, sizeof name, "%s%s", prefix, nm->expert_down);
         dw = add_linear(m, b, l, name, F, C, 0, s->mlp_bias, proj_std, &db, 0);
-        if (e == 0)
+        if (e == m->ep.first)
             t->e_gate_w = gw, t->e_gate_b = gb, t->e_up_w = uw, t->e_up_b = ub, t->e_down_w = dw,
             t->e_down_b = db;
         t->expert_stride = b->ntensors - first;
+        LOOM_ASSERT(t->expert_stride == per_expert);
+        for (int i = first; i < b->ntensors; i++) b->tensors[i].expert = 1;
     }
     t->s_gate_w = t->s_gate_b = t->s_up_w = t->s_up_b = t->s_down_w = t->s_down_b = -1;
     if (!Fs) return;
@@ -501,7 +509,7 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     /* an MoE layer's products are on the dispatched rows (m->moe_rows,
      * moe_ffn); a recompute scratch layer serves both kinds */
     const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Fs = (size_t)m->spec.shared_ffn,
-                 R = (size_t)m->moe_rows, RF = R * (size_t)m->spec.moe_ffn;
+                 R = (size_t)m->moe_rows, Rx = (size_t)m->moe_rows_ep, RF = Rx * (size_t)m->spec.moe_ffn;
     /* an MoE layer keeps its state in float32 (its values act_dtype's); a
      * scratch layer's buffer holds either */
     const size_t mlp_bytes = !moe ? N * F * sz : moe > 1 && N * F * sz > RF * f ? N * F * sz : RF * f;
@@ -515,7 +523,10 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     a->rlse = piece(m, c, N, f);
     a->ridx = piece(m, c, N * k, sizeof(int32_t));
     a->rpos = piece(m, c, N * k, sizeof(int32_t));
-    a->ey = piece(m, c, R * C, f);
+    a->ey = piece(m, c, (m->spec.ep_allgather ? Rx : R) * C, f);
+    a->xe = m->ep.ep > 1 ? piece(m, c, Rx * C, f) : NULL;
+    a->gpos = m->spec.ep_allgather ? piece(m, c, (size_t)m->ep.ep * N * k, sizeof(int32_t)) : NULL;
+    a->gprobs = m->spec.ep_allgather ? piece(m, c, (size_t)m->ep.ep * N * k, f) : NULL;
     if (Fs) {
         a->sfc = piece(m, c, N * Fs, f);
         a->sup = m->spec.mlp == LOOM_MLP_GATED ? piece(m, c, N * Fs, f) : NULL;
@@ -525,9 +536,10 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
 
 static void free_layer_buffers(const struct loom_decoder *m, struct loom_decoder_layer_acts *a)
 {
-    void *bufs[] = {a->ln1,    a->ln1_mean, a->ln1_rstd, a->qkv,  a->atty, a->att, a->lse,  a->res2,
-                    a->ln2,    a->ln2_mean, a->ln2_rstd, a->fc,   a->up,   a->h,   a->res3, a->rlogits,
-                    a->rprobs, a->rlse,     a->ridx,     a->rpos, a->ey,   a->sfc, a->sup,  a->sh};
+    void *bufs[] = {a->ln1,  a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty, a->att,   a->lse,
+                    a->res2, a->ln2,      a->ln2_mean, a->ln2_rstd, a->fc,   a->up,    a->h,
+                    a->res3, a->rlogits,  a->rprobs,   a->rlse,     a->ridx, a->rpos,  a->ey,
+                    a->sfc,  a->sup,      a->sh,       a->xe,       a->gpos, a->gprobs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
 }
 
@@ -576,18 +588,22 @@ static void alloc_slot(struct loom_decoder *m, struct loom_decoder_acts *a)
         }
     }
     if (m->spec.experts) { /* each layer's experts' row counts, on the host (a scratch layer's its own) */
-        const size_t E2 = 2 * (size_t)m->spec.experts;
-        a->moe_counts = loom_alloc(sizeof(int) * E2 * (size_t)(L + nscratch), LOOM_MEM_OTHER);
-        for (int s = 0; s < nscratch; s++) a->scratch[s].counts = a->moe_counts + E2 * (size_t)(L + s);
+        const size_t E = (size_t)m->spec.experts, E3 = 3 * E; /* counts, routed, recv */
+        a->moe_counts = loom_alloc(sizeof(int) * E3 * (size_t)(L + nscratch), LOOM_MEM_OTHER);
+        for (int s = 0; s < nscratch; s++) a->scratch[s].counts = a->moe_counts + E3 * (size_t)(L + s);
         for (int l = 0; l < L; l++)
             if (m->stage.block[l] >= 0)
                 a->layers[l].counts = recomputed(m, l) ? a->scratch[l - chunk_first(m, l)].counts
-                                                       : a->moe_counts + E2 * (size_t)l;
-        for (int s = 0; s < nscratch; s++) a->scratch[s].routed = a->scratch[s].counts + E2 / 2;
+                                                       : a->moe_counts + E3 * (size_t)l;
+        for (int s = 0; s < nscratch; s++)
+            a->scratch[s].routed = a->scratch[s].counts + E,
+            a->scratch[s].recv = a->scratch[s].counts + 2 * E;
         for (int l = 0; l < L; l++)
-            if (m->stage.block[l] >= 0) a->layers[l].routed = a->layers[l].counts + E2 / 2;
+            if (m->stage.block[l] >= 0)
+                a->layers[l].routed = a->layers[l].counts + E,
+                a->layers[l].recv = a->layers[l].counts + 2 * E;
         if (m->spec.balance == LOOM_MOE_HF_AUX_LOSS)
-            a->moe_hf = loom_alloc(sizeof *a->moe_hf * (E2 / 2 + 1), LOOM_MEM_OTHER);
+            a->moe_hf = loom_alloc(sizeof *a->moe_hf * (E + 1), LOOM_MEM_OTHER);
     }
     a->encoded = piece(m, NULL, Nr * C, act_size(m));
     a->lnf = act(m, Nr * C);
@@ -647,6 +663,8 @@ static void alloc_activations(struct loom_decoder *m)
         const int Nk = (int)N * m->spec.topk,
                   cap = m->spec.pad_to_capacity ? loom_decoder_moe_capacity(&m->spec, (int)N) : 0;
         m->moe_rows = cap * m->spec.experts > Nk ? cap * m->spec.experts : Nk;
+        /* a rank's experts take at most every rank's rows for them: each rank's at most moe_rows */
+        m->moe_rows_ep = m->moe_rows * m->ep.ep;
     }
     m->host_losses = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
     if (m->docs.reset_positions || m->ctx.cp > 1)
@@ -684,7 +702,15 @@ static void alloc_activations(struct loom_decoder *m)
         m->norm_parts = act(m, (m->exact.pieces ? 8 : 4) * C);
     }
     m->dbufC = act(m, N * CC);
-    if (separate || gated) m->dbufC2 = act(m, N * CC);
+    /* the linear layers' scratch (m->lc) holds a product's input gradient:
+     * N rows, or the most one expert computes (each rank's rows up to the
+     * larger of N and a padded capacity, from each expert-parallel rank) */
+    size_t Nx = N;
+    if (m->spec.experts) {
+        const size_t cap = m->spec.pad_to_capacity ? (size_t)loom_decoder_moe_capacity(&m->spec, (int)N) : 0;
+        Nx = (cap > N ? cap : N) * (size_t)m->ep.ep;
+    }
+    if (separate || gated) m->dbufC2 = act(m, Nx * CC);
     m->dqkv = act(m, N * 3 * Cq);
     if (m->unfused) m->datt = act(m, lp(m) ? att_numel_of(m, 1) : att_numel(m));
     if (separate) {
@@ -698,13 +724,25 @@ static void alloc_activations(struct loom_decoder *m)
     m->scratchC = act(m, N * CC);
     if (m->spec.experts) { /* decoder_moe.c's scratch */
         const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Nk = N * k,
-                     R = (size_t)m->moe_rows,
-                     FF = R * (size_t)m->spec.moe_ffn > N * (size_t)m->spec.shared_ffn
-                              ? R * (size_t)m->spec.moe_ffn
+                     R = (size_t)m->moe_rows, Rx = (size_t)m->moe_rows_ep,
+                     FF = Rx * (size_t)m->spec.moe_ffn > N * (size_t)m->spec.shared_ffn
+                              ? Rx * (size_t)m->spec.moe_ffn
                               : N * (size_t)m->spec.shared_ffn;
         m->moe_xp = act(m, R * C);
         m->moe_dxp = act(m, R * C);
         m->moe_dy = act(m, R * C);
+        if (m->ep.ep > 1) /* the exchanges' rows (decoder_moe.c) */
+            m->moe_ep[0] = act(m, Rx * C), m->moe_ep[1] = act(m, Rx * C);
+        if (m->spec.ep_allgather) {
+            const size_t P = (size_t)m->ep.ep;
+            m->moe_gx = act(m, P * N * C);
+            m->moe_gout = act(m, P * N * C);
+            m->moe_gdp = act(m, P * Nk);
+            m->moe_all_host = loom_alloc(loom_mul_size(P * E, sizeof(int)), LOOM_MEM_OTHER);
+            m->moe_gidx_host = loom_alloc(loom_mul_size(3 * P * Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
+            m->moe_gpos_host = m->moe_gidx_host + P * Nk;
+            m->moe_lpos_host = m->moe_gpos_host + P * Nk;
+        }
         for (int i = 0; i < 3; i++) m->moe_dF[i] = act(m, FF);
         m->moe_dprobs = act(m, Nk);
         m->moe_dlogits = act(m, N * E);
@@ -754,10 +792,10 @@ static void free_activations(struct loom_decoder *m)
         m->cp_dkv[1], m->cp_whole,    m->cp_dwhole,   m->cp_tmp,       m->cp_o,       m->cp_l,
         m->cp_dq,     m->moe_xp,      m->moe_dxp,     m->moe_dy,       m->moe_dF[0],  m->moe_dF[1],
         m->moe_dF[2], m->moe_dprobs,  m->moe_dlogits, m->moe_out,      m->moe_sums,   m->moe_aux_grad,
-        m->moe_y};
+        m->moe_y,     m->moe_ep[0],   m->moe_ep[1],   m->moe_gx,       m->moe_gout,   m->moe_gdp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
-    void *host[] = {m->moe_idx_host,   m->moe_pos_host,  m->moe_sums_host, m->moe_lse_host,
-                    m->moe_probs_host, m->moe_keep_host, m->moe_tokens};
+    void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
+                    m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) loom_free(host[i]);
     loom_free(m->slots);
     loom_free(m->host_losses);
@@ -980,6 +1018,7 @@ struct loom_decoder *loom_decoder_create(const struct loom_decoder_spec *s, int 
     m->B = B;
     m->T = T;
     m->ctx = loom_cp_of(1, 0, T);
+    m->ep = loom_ep_of(s->experts ? s->experts : 1, s->ep > 1 ? s->ep : 1, s->ep > 1 ? s->ep_rank : 0);
     m->hs = hs;
     m->tp = tp;
     m->tp_rank = tp_rank;

@@ -34,6 +34,7 @@
 
 #include "base/dtype.h"
 #include "layers/context.h"
+#include "layers/experts.h"
 #include "layers/linear.h"
 #include "layers/pp_stages.h"
 #include "layers/tp_exact.h"
@@ -120,6 +121,11 @@ struct loom_decoder_spec {
     double capacity_factor;    /* an expert takes at most ceil(N k / E x this) rows of N; 0: dropless */
     enum loom_moe_drop_policy drop_policy;
     int pad_to_capacity; /* each expert's block is its capacity of rows, zeros after its own */
+    /* the layout's, not the shape's: the experts split over an
+     * expert-parallel group of ep ranks (layers/experts.h), this rank
+     * ep_rank (0, 0: all of them here); the allgather dispatcher, else
+     * the all-to-all */
+    int ep, ep_rank, ep_allgather;
 };
 
 /* Indices of a layer block's tensors, in block order (-1: absent): the same
@@ -169,6 +175,16 @@ struct loom_decoder_layer_acts {
     int *counts; /* (E) rows each expert computes (its block: under a capacity those kept, or padded) */
     int *routed; /* (E) each expert's choices before a capacity drops any (the balancing loss's f) */
     float *ey, *sfc, *sup, *sh;
+    /* expert parallelism: the rows each rank sent to each local expert
+     * (ep x local, on the host), and the local experts' input rows
+     * (expert-major, float32); fc, up and h then hold those rows' */
+    int *recv;
+    float *xe;
+    /* the allgather dispatcher: every rank's choices' places among this
+     * rank's experts' rows (ep x N k, -1: none here) and their routing
+     * weights; ey then holds this rank's experts' outputs (expert-major) */
+    int32_t *gpos;
+    float *gprobs;
 };
 
 /* Packed documents, Megatron's get_ltor_masks_and_position_ids: a
@@ -287,6 +303,19 @@ struct loom_decoder {
     float *moe_xp, *moe_dxp, *moe_dy, *moe_dF[3], *moe_dprobs, *moe_dlogits, *moe_out, *moe_sums,
         *moe_aux_grad;
     float *moe_y; /* (N,C) an MoE layer's output, before the residual */
+    /* expert parallelism: the split (layers/experts.h), the rows a rank's
+     * experts may take (ep x moe_rows) and two buffers of them for the
+     * exchanges */
+    struct loom_ep ep;
+    int moe_rows_ep;
+    float *moe_ep[2];
+    /* the allgather dispatcher's: every rank's rows (ep x N, C), the
+     * outputs' or inputs' gradients' partial sums for them, the routing
+     * weights' gradients (ep x N k); on the host every rank's counts
+     * (ep x E), choices and places (ep x N k each, and this rank's) */
+    float *moe_gx, *moe_gout, *moe_gdp;
+    int *moe_all_host;
+    int32_t *moe_gidx_host, *moe_gpos_host, *moe_lpos_host;
     int32_t *moe_idx_host, *moe_pos_host;
     float *moe_sums_host, *moe_lse_host;
     float moe_loss_weight;  /* the running backward's micro-batch weight */

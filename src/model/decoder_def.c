@@ -219,9 +219,7 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
                               "--pipeline-model-parallel-size %d: its one loss over every layer's router "
                               "is not summed across stages yet",
                               cfg->pipeline_model_parallel_size);
-    if (cfg->expert_model_parallel_size > 1)
-        why = "--expert-model-parallel-size above 1 (expert parallelism is not built yet)";
-    else if (cfg->tensor_model_parallel_size > 1)
+    if (cfg->tensor_model_parallel_size > 1)
         why = "--tensor-model-parallel-size above 1 (experts are not split over tensor-parallel ranks yet)";
     else if (cfg->context_parallel_size > 1)
         why =

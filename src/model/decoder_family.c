@@ -27,7 +27,13 @@ struct loom_model *loom_decoder_build(const struct loom_config *cfg, const struc
         for (int c = 0; c < chunks; c++) loom_pp_layers(cfg, pp_rank, c, &lo[c], &hi[c]);
     else
         lo[0] = 0, hi[0] = s->num_layers - 1;
-    struct loom_decoder *m = loom_decoder_create(s, B, T, tp, tp_rank, chunks, lo, hi,
+    /* this expert-parallel rank's experts (the footprint's: rank 0's, as many as any) */
+    struct loom_decoder_spec sx = *s;
+    const int ep = cfg->expert_model_parallel_size > 1 && s->experts ? cfg->expert_model_parallel_size : 1;
+    sx.ep = ep;
+    sx.ep_rank = loom_ep_group_rank() % ep;
+    sx.ep_allgather = ep > 1 && cfg->moe_token_dispatcher_type == LOOM_MOE_DISPATCH_ALLGATHER;
+    struct loom_decoder *m = loom_decoder_create(&sx, B, T, tp, tp_rank, chunks, lo, hi,
                                                  pp_rank == 0 || pp == 1, pp_rank == pp - 1 || pp == 1);
     loom_free(lo);
     struct loom_sparse_config sc;

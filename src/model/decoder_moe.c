@@ -21,6 +21,14 @@
  * add their gradients in the backward, with the micro-batch's loss weight,
  * and do not add to the language-model loss itself.
  *
+ * Under expert parallelism (layers/experts.h) a rank holds experts
+ * [ep.first, ep.first + ep.local): its routing, drops and dispatched rows
+ * are its own, as above; the all-to-all dispatcher sends each expert's
+ * rows to its rank and the outputs back (the layer keeps its experts'
+ * input rows, x->xe), the allgather one gathers every rank's rows and
+ * choices and reduce-scatters the partial outputs. The local experts' rows
+ * are expert-major either way, each expert's from every rank in rank order.
+ *
  * The routing is data-dependent: the experts' row counts come to the host
  * (they size the products), and the rows' places go back. Each forward
  * keeps the router's logits, the choices, the places, the counts, the
@@ -137,6 +145,18 @@ static int rows_of(const struct loom_decoder *m, const struct loom_decoder_layer
     return R;
 }
 
+/* The rows each of this rank's experts computes (all of them without
+ * expert parallelism: the dispatched rows; with it, every rank's rows for
+ * it), into n (local). */
+static void local_counts(const struct loom_decoder *m, const struct loom_decoder_layer_acts *x, int *n)
+{
+    const struct loom_ep *p = &m->ep;
+    for (int j = 0; j < p->local; j++) {
+        n[j] = p->ep > 1 ? 0 : x->counts[j];
+        for (int s = 0; p->ep > 1 && s < p->ep; s++) n[j] += x->recv[s * p->local + j];
+    }
+}
+
 /* The shared experts' or expert e's MLP activation on n values, and its backward. */
 static void act_backward(const struct loom_decoder *m, float *dgate, float *dup, const float *dh,
                          const float *gate, const float *up, size_t n)
@@ -194,10 +214,103 @@ static void mlp_backward(struct loom_decoder *m, const struct loom_linear_group 
     round_act(m, dinp, (size_t)n * down->out);
 }
 
+/* The local experts' MLPs on their rows of in (expert-major, n rows each),
+ * into y; their state in x (fc, up, h). */
+static void experts_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
+                            const float *in, float *y, const int *n)
+{
+    const int C = m->spec.hidden, F = m->spec.moe_ffn;
+    for (int e = 0, o = 0; e < m->ep.local; o += n[e++]) {
+        if (!n[e]) continue;
+        const struct loom_linear_group g = expert_in(m, b, e, F);
+        const struct loom_linear down = expert_down(m, b, e, F);
+        mlp_forward(m, &g, &down, in + (size_t)o * C, (float *)x->fc + (size_t)o * F,
+                    x->up ? (float *)x->up + (size_t)o * F : NULL, (float *)x->h + (size_t)o * F,
+                    y + (size_t)o * C, n[e]);
+    }
+}
+
+/* Their backward from dy, the input rows' gradient into dx. */
+static void experts_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
+                             const float *in, const float *dy, float *dx, const int *n)
+{
+    const int C = m->spec.hidden, F = m->spec.moe_ffn;
+    for (int e = 0, o = 0; e < m->ep.local; o += n[e++]) {
+        if (!n[e]) continue;
+        const struct loom_linear_group g = expert_in(m, b, e, F);
+        const struct loom_linear down = expert_down(m, b, e, F);
+        const size_t oF = (size_t)o * F;
+        mlp_backward(m, &g, &down, in + (size_t)o * C, (float *)x->fc + oF,
+                     x->up ? (float *)x->up + oF : NULL, (float *)x->h + oF, dy + (size_t)o * C,
+                     dx + (size_t)o * C, m->moe_dF, n[e]);
+    }
+}
+
+/* The allgather dispatcher (layers/experts.h): every rank's rows, choices
+ * and routing weights gathered; this rank's experts' rows placed in the
+ * expert-major layout (as the all-to-all lays them out), computed, and
+ * every rank's rows' partial outputs over these experts reduce-scattered
+ * into out. n: the local experts' rows. */
+static void allgather_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
+                              const float *ln2, float *out, int N, int *n)
+{
+    const struct loom_ep *p = &m->ep;
+    const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden, Nk = N * k;
+    const size_t P = (size_t)p->ep, NC = (size_t)N * C;
+    loom_ep_gather(p, m->moe_all_host, x->counts, (size_t)E, LOOM_DTYPE_I32);
+    loom_ep_recv_of(p, m->moe_all_host, E, x->recv);
+    local_counts(m, x, n);
+    /* the choices' places among this rank's experts' rows */
+    int32_t *gidx = m->moe_gidx_host, *gpos = m->moe_gpos_host, *lpos = m->moe_lpos_host;
+    loom_ep_gather(p, m->moe_gdp, x->ridx, (size_t)Nk, LOOM_DTYPE_I32); /* scratch on the device */
+    dev(m)->download(gidx, m->moe_gdp, P * Nk * sizeof(int32_t));
+    loom_ep_gather(p, m->moe_gdp, x->rpos, (size_t)Nk, LOOM_DTYPE_I32);
+    dev(m)->download(gpos, m->moe_gdp, P * Nk * sizeof(int32_t));
+    loom_ep_local_places(p, lpos, gidx, gpos, m->moe_all_host, x->recv, E, Nk);
+    dev(m)->upload(x->gpos, lpos, P * Nk * sizeof(int32_t));
+    loom_ep_gather(p, x->gprobs, x->rprobs, (size_t)Nk, LOOM_DTYPE_F32);
+    loom_ep_gather(p, m->moe_gx, ln2, NC, LOOM_DTYPE_F32);
+    int R = 0;
+    for (int j = 0; j < p->local; j++) R += n[j];
+    if (m->spec.pad_to_capacity) dev(m)->memset(x->xe, 0, (size_t)R * C * sizeof(float));
+    for (size_t s = 0; s < P; s++)
+        m->k->moe_permute_forward(x->xe, m->moe_gx + s * NC, x->gpos + s * Nk, N, k, C);
+    experts_forward(m, x, b, x->xe, x->ey, n);
+    for (size_t s = 0; s < P; s++)
+        m->k->moe_unpermute_forward(m->moe_gout + s * NC, x->ey, x->gprobs + s * Nk, x->gpos + s * Nk, N, k,
+                                    C);
+    loom_ep_reduce_scatter(p, out, m->moe_gout, NC);
+}
+
+/* Its backward: every rank's output gradients gathered; the routing
+ * weights' gradients and the inputs' partial gradients over these experts
+ * reduce-scattered back (into m->moe_dprobs and dln). */
+static void allgather_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,
+                               struct loom_block *b, const float *dout, float *dln, int N, const int *n)
+{
+    const struct loom_ep *p = &m->ep;
+    const int k = m->spec.topk, C = m->spec.hidden, Nk = N * k;
+    const size_t P = (size_t)p->ep, NC = (size_t)N * C;
+    int R = 0;
+    for (int j = 0; j < p->local; j++) R += n[j];
+    loom_ep_gather(p, m->moe_gx, dout, NC, LOOM_DTYPE_F32);
+    float *dy = m->moe_ep[0], *dx = m->moe_ep[1];
+    if (m->spec.pad_to_capacity) dev(m)->memset(dy, 0, (size_t)R * C * sizeof(float));
+    for (size_t s = 0; s < P; s++)
+        m->k->moe_unpermute_backward(dy, m->moe_gdp + s * Nk, m->moe_gx + s * NC, x->ey, x->gprobs + s * Nk,
+                                     x->gpos + s * Nk, N, k, C);
+    loom_ep_reduce_scatter(p, m->moe_dprobs, m->moe_gdp, (size_t)Nk);
+    round_act(m, dy, (size_t)R * C);
+    experts_backward(m, x, b, x->xe, dy, dx, n);
+    for (size_t s = 0; s < P; s++)
+        m->k->moe_permute_backward(m->moe_gout + s * NC, dx, x->gpos + s * Nk, N, k, C);
+    loom_ep_reduce_scatter(p, dln, m->moe_gout, NC);
+}
+
 void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                               const float *ln2, float *out, int N, int l, double *hf)
 {
-    const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden, F = m->spec.moe_ffn;
+    const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden;
     const struct loom_linear_group router = {.lin = {lin(b, m->t.router_w, -1, C, E)}, .n = 1};
     float *const logits[1] = {x->rlogits};
     loom_linear_column_forward(&m->lc, &router, logits, ln2, NULL, N);
@@ -206,15 +319,22 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     place(m, x, N);
     if (m->spec.pad_to_capacity) dev(m)->memset(m->moe_xp, 0, (size_t)rows_of(m, x) * C * sizeof(float));
     m->k->moe_permute_forward(m->moe_xp, ln2, x->rpos, N, k, C);
-    for (int e = 0, o = 0; e < E; o += x->counts[e++]) {
-        if (!x->counts[e]) continue;
-        const struct loom_linear_group g = expert_in(m, b, e, F);
-        const struct loom_linear down = expert_down(m, b, e, F);
-        mlp_forward(m, &g, &down, m->moe_xp + (size_t)o * C, (float *)x->fc + (size_t)o * F,
-                    x->up ? (float *)x->up + (size_t)o * F : NULL, (float *)x->h + (size_t)o * F,
-                    x->ey + (size_t)o * C, x->counts[e]);
+    int n[LOOM_MOE_MAX_EXPERTS];
+    if (m->spec.ep_allgather) {
+        allgather_forward(m, x, b, ln2, out, N, n);
+    } else if (m->ep.ep > 1) { /* every rank's rows for this rank's experts, and their outputs back */
+        loom_ep_exchange_counts(&m->ep, x->counts, x->recv);
+        local_counts(m, x, n);
+        loom_ep_dispatch(&m->ep, m->moe_ep[0], x->recv, m->moe_xp, x->counts, C);
+        loom_ep_regroup(&m->ep, dev(m), x->xe, m->moe_ep[0], x->recv, C, 1);
+        experts_forward(m, x, b, x->xe, m->moe_ep[1], n);
+        loom_ep_regroup(&m->ep, dev(m), m->moe_ep[0], m->moe_ep[1], x->recv, C, 0);
+        loom_ep_combine(&m->ep, x->ey, x->counts, m->moe_ep[0], x->recv, C);
+    } else {
+        local_counts(m, x, n);
+        experts_forward(m, x, b, m->moe_xp, x->ey, n);
     }
-    m->k->moe_unpermute_forward(out, x->ey, x->rprobs, x->rpos, N, k, C);
+    if (!m->spec.ep_allgather) m->k->moe_unpermute_forward(out, x->ey, x->rprobs, x->rpos, N, k, C);
     round_act(m, out, (size_t)N * C);
     if (m->spec.shared_ffn) {
         const struct loom_linear_group g = shared_in(m, b);
@@ -232,7 +352,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     dev(m)->download(lse, x->rlse, (size_t)N * sizeof(float));
     double aux = 0, z = 0;
     for (int e = 0; e < E; e++) aux += (double)sums[e] * x->routed[e];
-    for (int n = 0; n < N; n++) z += (double)lse[n] * lse[n];
+    for (int i = 0; i < N; i++) z += (double)lse[i] * lse[i];
     m->moe_aux_sum += aux * E / ((double)N * N * k);
     m->moe_z_sum += z / N;
     m->moe_layers_seen++;
@@ -259,7 +379,7 @@ int loom_decoder_moe_take(struct loom_decoder *m, double *out)
 void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,
                                struct loom_block *b, const float *ln2, const float *dout, float *dln, int N)
 {
-    const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden, F = m->spec.moe_ffn;
+    const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden;
     const size_t NC = (size_t)N * C;
     /* combine: the experts' outputs' and the routing weights' gradients (padding rows': none) */
     if (m->spec.pad_to_capacity) {
@@ -267,19 +387,25 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         dev(m)->memset(m->moe_dy, 0, bytes);
         dev(m)->memset(m->moe_xp, 0, bytes);
     }
-    m->k->moe_unpermute_backward(m->moe_dy, m->moe_dprobs, dout, x->ey, x->rprobs, x->rpos, N, k, C);
-    round_act(m, m->moe_dy, (size_t)rows_of(m, x) * C);
-    m->k->moe_permute_forward(m->moe_xp, ln2, x->rpos, N, k, C);
-    for (int e = 0, o = 0; e < E; o += x->counts[e++]) {
-        if (!x->counts[e]) continue;
-        const struct loom_linear_group g = expert_in(m, b, e, F);
-        const struct loom_linear down = expert_down(m, b, e, F);
-        const size_t oF = (size_t)o * F;
-        mlp_backward(m, &g, &down, m->moe_xp + (size_t)o * C, (float *)x->fc + oF,
-                     x->up ? (float *)x->up + oF : NULL, (float *)x->h + oF, m->moe_dy + (size_t)o * C,
-                     m->moe_dxp + (size_t)o * C, m->moe_dF, x->counts[e]);
+    int n[LOOM_MOE_MAX_EXPERTS];
+    local_counts(m, x, n);
+    if (m->spec.ep_allgather) {
+        allgather_backward(m, x, b, dout, dln, N, n);
+    } else {
+        m->k->moe_unpermute_backward(m->moe_dy, m->moe_dprobs, dout, x->ey, x->rprobs, x->rpos, N, k, C);
+        round_act(m, m->moe_dy, (size_t)rows_of(m, x) * C);
+        if (m->ep.ep > 1) { /* the outputs' gradients to the experts' ranks, the inputs' back */
+            loom_ep_dispatch(&m->ep, m->moe_ep[0], x->recv, m->moe_dy, x->counts, C);
+            loom_ep_regroup(&m->ep, dev(m), m->moe_ep[1], m->moe_ep[0], x->recv, C, 1);
+            experts_backward(m, x, b, x->xe, m->moe_ep[1], m->moe_ep[0], n);
+            loom_ep_regroup(&m->ep, dev(m), m->moe_ep[1], m->moe_ep[0], x->recv, C, 0);
+            loom_ep_combine(&m->ep, m->moe_dxp, x->counts, m->moe_ep[1], x->recv, C);
+        } else {
+            m->k->moe_permute_forward(m->moe_xp, ln2, x->rpos, N, k, C);
+            experts_backward(m, x, b, m->moe_xp, m->moe_dy, m->moe_dxp, n);
+        }
+        m->k->moe_permute_backward(dln, m->moe_dxp, x->rpos, N, k, C);
     }
-    m->k->moe_permute_backward(dln, m->moe_dxp, x->rpos, N, k, C);
     /* the router: the routing weights', the balancing loss's and the z-loss's gradients */
     const double w = m->moe_loss_weight;
     float *aux = m->moe_sums_host;

@@ -80,6 +80,7 @@ struct loom_tensor *loom_block_add_tensor_split(struct loom_block *b, const char
     t->numel = 1;
     for (int d = 0; d < LOOM_TENSOR_MAX_DIMS; d++) t->numel = loom_mul_size(t->numel, (size_t)t->shape[d]);
     t->offset = b->numel;
+    t->stream = b->ntensors - 1 + b->skipped;
     t->decay = ndim >= 2;
     t->init = LOOM_INIT_NORMAL;
     t->init_std = 0.02;
@@ -120,6 +121,12 @@ void loom_tensor_take_part(const struct loom_tensor *t, const float *full, float
     LOOM_ASSERT(j == t->numel);
 }
 
+void loom_block_skip_tensors(struct loom_block *b, int n)
+{
+    LOOM_ASSERT(n >= 0);
+    b->skipped += n;
+}
+
 struct loom_tensor *loom_block_add_tensor(struct loom_block *b, const char *name, int ndim,
                                           const int64_t *shape)
 {
@@ -130,8 +137,17 @@ void loom_model_layout_done(struct loom_model *m)
 {
     m->num_params = 0;
     for (int i = 0; i < m->nblocks; i++) {
-        m->blocks[i].offset = m->num_params;
-        m->num_params += m->blocks[i].numel;
+        struct loom_block *b = &m->blocks[i];
+        b->offset = m->num_params;
+        m->num_params += b->numel;
+        b->expert_lo = b->expert_hi = 0;
+        for (int ti = 0, seen = 0; ti < b->ntensors; ti++) {
+            const struct loom_tensor *t = &b->tensors[ti];
+            if (!t->expert) continue;
+            if (!seen++) b->expert_lo = b->expert_hi = t->offset;
+            LOOM_ASSERT(t->offset == b->expert_hi); /* a block's experts are one run */
+            b->expert_hi += t->numel;
+        }
     }
     m->arena_numel = m->num_params;
 }
@@ -212,7 +228,7 @@ static void init_block_host(struct loom_model *m, int bi, uint64_t seed, float *
         case LOOM_INIT_NORMAL: {
             /* each tensor its own stream: a block's values depend on no other's */
             struct loom_rng rng;
-            loom_rng_seed(&rng, loom_hash3(seed, (uint64_t)b->index, (uint64_t)ti));
+            loom_rng_seed(&rng, loom_hash3(seed, (uint64_t)b->index, (uint64_t)t->stream));
             if (t->tp_split == LOOM_TP_REPLICATED) {
                 for (size_t i = 0; i < t->numel; i++) p[i] = (float)(t->init_std * loom_rng_normal(&rng));
                 break;

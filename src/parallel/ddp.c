@@ -9,15 +9,51 @@
 #include "kernels/backend.h"
 #include "kernels/pool.h"
 
+/* The bucket's runs [at, at + n) of one group each, at most `max`: every
+ * block's expert tensors over the expert-data-parallel group, the rest over
+ * dp (one run, the whole bucket, unless experts are apart). */
+static int runs(const struct loom_ddp *d, const struct loom_ddp_bucket *b, size_t *at, size_t *n,
+                enum loom_group *g, int max)
+{
+    const size_t lo = b->base, hi = b->base + b->f32.numel;
+    int k = 0;
+    size_t from = lo;
+    for (int i = b->first_block; d->experts_apart && i <= b->last_block; i++) {
+        const struct loom_block *blk = &d->model->blocks[i];
+        if (blk->expert_hi <= blk->expert_lo) continue;
+        const size_t x0 = blk->offset + blk->expert_lo, x1 = blk->offset + blk->expert_hi;
+        if (x1 <= lo || x0 >= hi) continue;
+        const size_t a = x0 > lo ? x0 : lo, z = x1 < hi ? x1 : hi;
+        LOOM_ASSERT(k + 2 <= max);
+        if (a > from) at[k] = from - lo, n[k] = a - from, g[k++] = LOOM_GROUP_DP;
+        at[k] = a - lo, n[k] = z - a, g[k++] = LOOM_GROUP_EXPERT_DP;
+        from = z;
+    }
+    LOOM_ASSERT(k + 1 <= max);
+    if (hi > from || k == 0) at[k] = from - lo, n[k] = hi - from, g[k++] = LOOM_GROUP_DP;
+    return k;
+}
+
 static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     LOOM_ASSERT(b->handle == NULL && b->f32.data);
-    if (d->reduce_dtype != LOOM_DTYPE_F32) { /* this rank's sum rounded once, then summed in 16 bits */
-        d->model->backend->convert(b->stored, b->f32);
-        b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->stored, LOOM_OP_SUM);
-        return;
+    /* this rank's sum rounded once, then summed in 16 bits; or float32 */
+    const int lp = d->reduce_dtype != LOOM_DTYPE_F32;
+    if (lp) d->model->backend->convert(b->stored, b->f32);
+    const struct loom_buf all = lp ? b->stored : b->f32;
+    const int max = 2 * (b->last_block - b->first_block + 1) + 1;
+    size_t *at = loom_alloc(sizeof(size_t) * 2 * (size_t)max, LOOM_MEM_OTHER), *n = at + max;
+    enum loom_group *g = loom_alloc(sizeof *g * (size_t)max, LOOM_MEM_OTHER);
+    const int k = runs(d, b, at, n, g, max);
+    b->handle = loom_comm_allreduce(g[0], loom_buf_slice(all, at[0], n[0]), LOOM_OP_SUM);
+    b->nmore = k - 1;
+    if (b->nmore) {
+        b->more = loom_alloc(sizeof *b->more * (size_t)b->nmore, LOOM_MEM_OTHER);
+        for (int i = 1; i < k; i++)
+            b->more[i - 1] = loom_comm_allreduce(g[i], loom_buf_slice(all, at[i], n[i]), LOOM_OP_SUM);
     }
-    b->handle = loom_comm_allreduce(LOOM_GROUP_DP, b->f32, LOOM_OP_SUM);
+    loom_free(at);
+    loom_free(g);
 }
 
 /* Points the bucket's blocks' gradient views into its float32 buffer. */
@@ -45,6 +81,10 @@ static double land_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     double t = loom_comm_wait(b->handle);
     b->handle = NULL;
+    for (int i = 0; i < b->nmore; i++) t += loom_comm_wait(b->more[i]);
+    loom_free(b->more);
+    b->more = NULL;
+    b->nmore = 0;
     if (d->reduce_dtype != LOOM_DTYPE_F32 && !d->pooled) /* the float32 accumulator holds the reduced sum */
         d->model->backend->convert(b->f32, b->stored);
     if (d->pooled) {
@@ -79,7 +119,7 @@ static struct loom_ddp_bucket bucket(const struct loom_model *m, int first, int 
 {
     const struct loom_buf acc = accumulator(m);
     const size_t off = m->blocks[first].offset;
-    struct loom_ddp_bucket b = {.first_block = first, .last_block = last};
+    struct loom_ddp_bucket b = {.first_block = first, .last_block = last, .base = off};
     b.f32 = acc.data ? loom_buf_slice(acc, off, count) : loom_buf_of(NULL, count, LOOM_DTYPE_F32);
     if (m->dtype != LOOM_DTYPE_F32) b.stored = loom_buf_slice(m->grads, off, count);
     return b;
@@ -234,8 +274,12 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
         /* the tied table out of the last bucket, into its own */
         const struct loom_tensor *table = &m->blocks[te.block].tensors[0];
         struct loom_ddp_bucket *tail = &d->buckets[d->nbuckets - 1];
-        d->wte = (struct loom_ddp_bucket){.f32 = loom_buf_slice(tail->f32, 0, table->numel)};
+        d->wte = (struct loom_ddp_bucket){.f32 = loom_buf_slice(tail->f32, 0, table->numel),
+                                          .first_block = te.block,
+                                          .last_block = te.block,
+                                          .base = tail->base};
         tail->f32 = loom_buf_slice(tail->f32, table->numel, tail->f32.numel - table->numel);
+        tail->base += table->numel;
         /* the embedding backward reads them: the backend's memory */
         const struct loom_backend *b = m->backend;
         d->gathered_dres = b->alloc(loom_mul_size((size_t)dp * te.max_rows, (size_t)te.width * sizeof(float)),
@@ -245,6 +289,11 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
     }
     d->index = m->stack.n;
     loom_model_push_strategy(m, &ddp_strategy, d);
+}
+
+void loom_ddp_experts_apart(struct loom_ddp *d)
+{
+    d->experts_apart = 1;
 }
 
 void loom_ddp_free(struct loom_ddp *d)

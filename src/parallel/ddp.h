@@ -32,6 +32,10 @@
  * gradients. With accumulation the model's float32 accumulator (grad_acc,
  * whose slices mixed precision provides) is reduced in place instead, and
  * the engine rounds it once per step.
+ * With expert parallelism a block's expert tensors hold another rank's
+ * experts than the dense ones' replicas: a bucket's runs of them are
+ * all-reduced over the ranks that hold the same experts
+ * (LOOM_GROUP_EXPERT_DP), the rest over dp.
  * The strategy sits first on the stack. Not here: sharding (zero.c).
  */
 #ifndef LOOM_PARALLEL_DDP_H
@@ -43,9 +47,14 @@
 
 struct loom_ddp_bucket {
     int first_block, last_block; /* blocks [first, last]; the first finishes last */
+    size_t base;                 /* the arena offset of its first element */
     struct loom_buf f32; /* float32 over those blocks: the arena, or (mixed precision) a buffer in flight */
     struct loom_buf stored; /* mixed precision: the blocks' 16-bit gradients */
     struct loom_comm_handle *handle;
+    /* with expert parallelism, the all-reduces of its runs after the first
+     * (the experts' over their group, the dense ones' over dp) */
+    struct loom_comm_handle **more;
+    int nmore;
 };
 
 struct loom_ddp {
@@ -53,6 +62,7 @@ struct loom_ddp {
     int dp, overlap, naive;
     double bucket_mb;             /* --ddp-bucket-size */
     int index;                    /* this strategy's place on the stack */
+    int experts_apart;            /* expert parallelism: experts' runs summed over LOOM_GROUP_EXPERT_DP */
     int pooled;                   /* mixed precision without a float32 accumulator: buckets in flight */
     enum loom_dtype reduce_dtype; /* F32, or the 16-bit dtype gradients are summed in (--grad-reduce-dtype) */
     int early_wte;                /* the tied table reduced from the LM head's backward on */
@@ -76,6 +86,10 @@ struct loom_ddp {
  * whole vocabulary, and no --layout-invariant: that reorders the sum). */
 void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double bucket_mb, int overlap, int naive,
                    enum loom_dtype reduce_dtype, int early_table);
+/* With expert parallelism (before the first step): each block's expert
+ * tensors (loom_block's expert_lo/hi) are summed over the
+ * expert-data-parallel group, the rest over dp as before. */
+void loom_ddp_experts_apart(struct loom_ddp *d);
 void loom_ddp_free(struct loom_ddp *d);
 
 #endif

@@ -28,6 +28,7 @@ static int build(struct loom_kind_build *b, void **state)
     loom_ddp_init(d, b->model, b->topo->dp, cfg->ddp_bucket_size, !cfg->no_overlap,
                   cfg->ddp_impl == LOOM_DDP_NAIVE, (enum loom_dtype)cfg->grad_reduce_dtype,
                   b->topo->tp == 1 && !b->shape->exact_sums);
+    if (b->topo->ep > 1) loom_ddp_experts_apart(d);
     return LOOM_OK;
 }
 

@@ -8,23 +8,19 @@
 #include "config/config.h"
 
 static const struct loom_kind *const kinds[] = {
-    [LOOM_KIND_TENSOR] = &loom_kind_tensor,
-    [LOOM_KIND_PIPELINE] = &loom_kind_pipeline,
-    [LOOM_KIND_SEQUENCE] = &loom_kind_sequence,
-    [LOOM_KIND_CONTEXT] = &loom_kind_context,
-    [LOOM_KIND_FP8] = &loom_kind_fp8,
-    [LOOM_KIND_DATA] = &loom_kind_data,
-    [LOOM_KIND_ZERO] = &loom_kind_zero,
-    [LOOM_KIND_PRECISION] = &loom_kind_precision,
-    [LOOM_KIND_INVARIANT] = &loom_kind_invariant,
+    [LOOM_KIND_TENSOR] = &loom_kind_tensor,       [LOOM_KIND_PIPELINE] = &loom_kind_pipeline,
+    [LOOM_KIND_SEQUENCE] = &loom_kind_sequence,   [LOOM_KIND_CONTEXT] = &loom_kind_context,
+    [LOOM_KIND_EXPERT] = &loom_kind_expert,       [LOOM_KIND_FP8] = &loom_kind_fp8,
+    [LOOM_KIND_DATA] = &loom_kind_data,           [LOOM_KIND_ZERO] = &loom_kind_zero,
+    [LOOM_KIND_PRECISION] = &loom_kind_precision, [LOOM_KIND_INVARIANT] = &loom_kind_invariant,
 };
 static_assert(sizeof kinds / sizeof kinds[0] == LOOM_KIND_COUNT, "a kind without its table line");
 
 /* The layout's description lists the sizes first, then what is sharded,
  * then the rest: its own order of the kinds. */
-static const enum loom_kind_id described[] = {LOOM_KIND_TENSOR,    LOOM_KIND_PIPELINE, LOOM_KIND_CONTEXT,
-                                              LOOM_KIND_DATA,      LOOM_KIND_ZERO,     LOOM_KIND_SEQUENCE,
-                                              LOOM_KIND_PRECISION, LOOM_KIND_FP8,      LOOM_KIND_INVARIANT};
+static const enum loom_kind_id described[] = {
+    LOOM_KIND_TENSOR, LOOM_KIND_PIPELINE, LOOM_KIND_CONTEXT,   LOOM_KIND_DATA, LOOM_KIND_EXPERT,
+    LOOM_KIND_ZERO,   LOOM_KIND_SEQUENCE, LOOM_KIND_PRECISION, LOOM_KIND_FP8,  LOOM_KIND_INVARIANT};
 static_assert(sizeof described / sizeof described[0] == LOOM_KIND_COUNT,
               "a kind left out of the description");
 
@@ -45,7 +41,7 @@ int loom_kinds_resolve(struct loom_config *cfg, int dp)
 void loom_kinds_shape(const struct loom_config *cfg, int world, struct loom_layout_shape *s)
 {
     *s = (struct loom_layout_shape){
-        .tp = 1, .pp = 1, .dp = 1, .cp = 1, .chunks = 1, .row_ways = 1, .arena_multiple = 1};
+        .tp = 1, .pp = 1, .dp = 1, .cp = 1, .ep = 1, .chunks = 1, .row_ways = 1, .arena_multiple = 1};
     for (int k = 0; k < LOOM_KIND_COUNT; k++)
         if (kinds[k]->shape) kinds[k]->shape(cfg, world, s);
 }
@@ -163,7 +159,7 @@ void loom_kinds_plan_flags(const struct loom_kind_choice *l, char *buf, size_t n
 void loom_kinds_plan_topology(const struct loom_kind_choice *l, int world, const int probe[LOOM_KIND_COUNT],
                               struct loom_topology *t, int nprobes[LOOM_KIND_COUNT])
 {
-    *t = (struct loom_topology){.world = world, .dp = 1, .tp = 1, .pp = 1, .cp = 1};
+    *t = (struct loom_topology){.world = world, .dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1};
     for (int k = 0; k < LOOM_KIND_COUNT; k++)
         nprobes[k] = kinds[k]->plan_probes ? kinds[k]->plan_probes(&l[k], t, probe[k]) : 1;
     /* the data-parallel group is the data x context one (comm/comm.h) */

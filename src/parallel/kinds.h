@@ -1,8 +1,8 @@
 /*
  * Parallelism kinds: the registry of what a layout is made of, as
  * model/family.h is the registry of models. A kind is one way a layout
- * spreads or changes a step's work: tensor, pipeline, sequence and context
- * parallelism, data parallelism (DDP), ZeRO's sharding, mixed precision,
+ * spreads or changes a step's work: tensor, pipeline, sequence, context and
+ * expert parallelism, data parallelism (DDP), ZeRO's sharding, mixed precision,
  * fp8's scaling, the layout-invariant sums. Each gives, every part optional:
  *
  *   - its name, and the process group it takes its ranks into;
@@ -46,11 +46,12 @@ enum loom_kind_id {
     LOOM_KIND_PIPELINE = 1,
     LOOM_KIND_SEQUENCE = 2,
     LOOM_KIND_CONTEXT = 3,
-    LOOM_KIND_FP8 = 4,
-    LOOM_KIND_DATA = 5,
-    LOOM_KIND_ZERO = 6,
-    LOOM_KIND_PRECISION = 7,
-    LOOM_KIND_INVARIANT = 8,
+    LOOM_KIND_EXPERT = 4,
+    LOOM_KIND_FP8 = 5,
+    LOOM_KIND_DATA = 6,
+    LOOM_KIND_ZERO = 7,
+    LOOM_KIND_PRECISION = 8,
+    LOOM_KIND_INVARIANT = 9,
     LOOM_KIND_COUNT
 };
 
@@ -59,6 +60,7 @@ enum loom_kind_id {
 struct loom_layout_shape {
     int tp, pp, dp; /* the tensor, pipeline and data-parallel groups' sizes (dp: the data x context group) */
     int cp;         /* the context group's: each sequence split over cp ranks */
+    int ep;         /* the expert-parallel group's: each MoE layer's experts split over ep data ranks */
     int chunks;     /* model chunks a pipeline stage holds */
     int row_ways;   /* the rows between the tensor-parallel regions are split this many ways */
     int exact_sums; /* every sum in one order whatever the layout (--layout-invariant) */
@@ -175,7 +177,7 @@ struct loom_kind {
 };
 
 extern const struct loom_kind loom_kind_tensor, loom_kind_pipeline, loom_kind_sequence, loom_kind_context,
-    loom_kind_data, loom_kind_zero, loom_kind_precision, loom_kind_fp8, loom_kind_invariant;
+    loom_kind_expert, loom_kind_data, loom_kind_zero, loom_kind_precision, loom_kind_fp8, loom_kind_invariant;
 /* Sequence parallelism's strategy (its context the model), for a model run
  * outside the engine. */
 extern const struct loom_strategy loom_sequence_strategy;

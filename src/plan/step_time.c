@@ -52,6 +52,7 @@ void loom_step_time_predict(const struct loom_cluster *c, const struct loom_conf
     loom_kinds_time(&in, &out->bubble, comm);
     out->tp_comm = comm[LOOM_GROUP_TP];
     out->cp_comm = comm[LOOM_GROUP_CP];
+    out->ep_comm = comm[LOOM_GROUP_EP];
     out->pp_comm = comm[LOOM_GROUP_PP];
     out->dp_comm = comm[LOOM_GROUP_DP];
     /* the optimizer reads and writes its state and the parameters and gradients once */
@@ -59,6 +60,6 @@ void loom_step_time_predict(const struct loom_cluster *c, const struct loom_conf
     out->optimizer = 2.0 * state / mem_bw;
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME) /* the moments (and master weights) read and written */
         out->offload = 2.0 * (double)fp->params / s.dp * (lp ? 12 : 8) / (c->disk_bw / share);
-    out->total = in.work + out->bubble + out->tp_comm + out->cp_comm + out->pp_comm + out->dp_comm +
-                 out->optimizer + out->offload;
+    out->total = in.work + out->bubble + out->tp_comm + out->cp_comm + out->ep_comm + out->pp_comm +
+                 out->dp_comm + out->optimizer + out->offload;
 }

@@ -17,7 +17,7 @@
 #include "plan/cluster.h"
 
 struct loom_step_time {
-    double compute, memory_bound, bubble, tp_comm, cp_comm, pp_comm, dp_comm, optimizer, offload;
+    double compute, memory_bound, bubble, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm, optimizer, offload;
     double total;          /* seconds per step */
     double flops_per_rank; /* model FLOPs of a step per rank (recomputation not counted) */
 };

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Expert parallelism (--expert-model-parallel-size, with Megatron's two
+token dispatchers, --moe-token-dispatcher-type alltoall and allgather)
+against one process.
+
+Each case trains mixtral-tiny cut to 4 layers of 64 channels with 4
+experts (top 2, Megatron's balancing and z losses on) for lib.STEPS steps
+on the built-in corpus with the same global batch and micro-batches of 2,
+and compares every step's loss and the final weights (read back from the
+saved checkpoint, every expert in it once) with the one-process run by
+lib.compare_runs (1e-5 in float32: an expert's rows arrive from every rank
+in rank order, so its weight gradient sums them in another order, and the
+dense gradients reduce over the data-parallel group as under DDP; its
+docstring gives the measurement):
+
+  - each dispatcher: EP 2 on 2 ranks (each rank one data-parallel replica
+    of the dense layers and half the experts), EP 2 x DP 2 on 4 ranks (the
+    experts' gradients summed over the 2 ranks that hold them), EP 4 on 4
+    ranks (one expert a rank), and EP 2 with full recomputation (the
+    recomputed forward moves the tokens again): the EP 2 run's bits;
+  - EP 2 under a capacity (--moe-expert-capacity-factor 1, dropping by
+    probs and by position, and by position padded to the capacity, the
+    last with both dispatchers): a
+    rank's capacity is its own micro-batch's, as one process's is each
+    micro-batch's, so the same choices drop. (A drop is discrete: two
+    choices whose weights tie within float32's reordering at the capacity's
+    edge may drop the other way, moving that step's loss by about 1e-5;
+    measured once, padded by probs, at step 19 of 20. Dropping by position
+    has no such ties.)
+  - bf16 EP 2 x DP 2 at lr 0 (bf16() says why): every step's loss within
+    1e-5 and gradient norm within 2e-3;
+  - the experts' statistics: tokens per expert and the balancing loss in
+    the metrics of EP 2 x DP 2 are one process's within 1e-5 (the routing
+    is each rank's own, summed over the ranks as over micro-batches);
+  - memory: a rank's parameter bytes at EP 2 are the dense tensors' and
+    half the experts' (loom's accounting, exactly);
+  - checkpoints stay layout-free: an EP 2 run's checkpoint at step 10
+    resumed in one process, and one process's resumed under EP 2 x DP 2:
+    the remaining steps against the uninterrupted run.
+
+So that the comparisons can fail: a run whose experts see other rows (EP 2
+with micro-batches of 1) is checked at least 10x the bound away.
+
+Bad settings, one line and exit 2: experts not divisible by the size, a
+model without experts, a world whose data-parallel ranks the size does not
+divide, ZeRO or the distributed optimizer, pipelining (not built yet).
+"""
+import os
+import sys
+import tempfile
+
+import lib
+from lib import check
+
+BASE = ["--model", "mixtral-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2",
+        "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001"]
+FULL = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]
+
+
+def ep(n):
+    return ["--expert-model-parallel-size", str(n)]
+
+
+def dispatcher(kind):
+    return ["--moe-token-dispatcher-type", kind]
+
+
+def run(tmp, tag, n, extra):
+    return lib.tiny_run(tmp, tag, n, BASE + extra)
+
+
+def layouts(tmp):
+    one = run(tmp, "one", 1, [])
+    got = {}
+    for kind in ("alltoall", "allgather"):
+        for tag, n, size in (("EP 2", 2, 2), ("EP 2 x DP 2", 4, 2), ("EP 4", 4, 4)):
+            name = tag.replace(" ", "") + ("" if kind == "alltoall" else "-ag")
+            got[tag, kind] = run(tmp, name, n, ep(size) + dispatcher(kind))
+            lib.compare_runs(f"mixtral {tag}, {kind}", one, got[tag, kind])
+        lib.same_run(f"mixtral EP 2, {kind}, full recomputation: the EP 2 run's bits", got["EP 2", kind],
+                     run(tmp, f"ep2-full-{kind}", 2, ep(2) + dispatcher(kind) + FULL))
+    cap = ["--moe-expert-capacity-factor", "1"]
+    pos = cap + ["--moe-token-drop-policy", "position"]
+    padded = pos + ["--moe-pad-expert-input-to-capacity"]
+    for tag, extra, kinds in (("probs", cap, ("alltoall",)), ("position", pos, ("alltoall",)),
+                              ("position, padded", padded, ("alltoall", "allgather"))):
+        ref = run(tmp, f"cap-{tag}-one", 1, extra)
+        for kind in kinds:
+            lib.compare_runs(f"mixtral EP 2, {kind}, capacity 1 ({tag})", ref,
+                             run(tmp, f"cap-{tag}-ep2-{kind}", 2, ep(2) + dispatcher(kind) + extra))
+    bf16(tmp)
+    other = run(tmp, "ep2-mb1", 2, ep(2) + ["--micro-batch-size", "1"])
+    apart = max(lib.rel(a, b) for a, b in zip(other[0], one[0]))
+    check(f"a run whose experts see other rows is {apart:.1e} away (at least 10x the bound)", apart >= 1e-4)
+    return one
+
+
+def bf16(tmp):
+    """bf16 at a learning rate of 0: each step the same weights, so the
+    losses and the gradient norms compare step by step. (Trained, a bf16 run
+    and its data-parallel twin part: a float32 sum in another order flips a
+    bf16 rounding, and where a token's two best experts are that close its
+    routing flips, a discrete change that grows from there: DDP 4 alone
+    leaves one process by 1.2e-3 over 20 steps.)"""
+    zero = ["--bf16", "--lr", "0"]
+    one = run(tmp, "bf16-one", 1, zero)
+    got = run(tmp, "bf16-ep2dp2", 4, ep(2) + zero)
+    a = lib.metrics_rows(os.path.join(tmp, "bf16-one.jsonl"))
+    b = lib.metrics_rows(os.path.join(tmp, "bf16-ep2dp2.jsonl"))
+    loss = max((lib.rel(x, y) for x, y in zip(got[0], one[0])), default=1.0)
+    norm = max((lib.rel(x["grad_norm"], y["grad_norm"]) for x, y in zip(b, a)), default=1.0)
+    # the loss: each rank's rows as one process's micro-batch, summed in another order, their expert products
+    # over more rows (measured 1.0e-6); a gradient element one bf16 rounding of another float32 sum (2^-8), the
+    # norm less than half that (measured 1.0e-4)
+    check(f"bf16 EP 2 x DP 2 at lr 0: every step's loss within 1e-5 (worst {loss:.1e}) and gradient norm within "
+          f"2e-3 (worst {norm:.1e}) of one process's", len(a) == len(b) == lib.STEPS and loss <= 1e-5 and norm <= 2e-3)
+
+
+def statistics(tmp):
+    """The metrics' MoE statistics of EP 2 x DP 2 against one process's."""
+    rows = {}
+    for tag, n, extra in (("one", 1, []), ("EP2xDP2", 4, ep(2))):
+        rows[tag] = lib.metrics_rows(os.path.join(tmp, f"{tag}.jsonl"))
+    worst = 0.0
+    same_shape = len(rows["one"]) == len(rows["EP2xDP2"]) == lib.STEPS
+    for a, b in zip(rows["one"], rows["EP2xDP2"]):
+        ta, tb = a["moe"]["tokens_per_expert"], b["moe"]["tokens_per_expert"]
+        for x, y in [(ta[key], tb[key]) for key in ("min", "max", "cv")] + \
+                [(a[key], b[key]) for key in ("load_balancing_loss", "z_loss")]:
+            worst = max(worst, abs(x - y) / max(abs(x), 1e-30))
+    check(f"EP 2 x DP 2: tokens per expert (min, max, cv), the balancing loss and the z-loss in every step's "
+          f"metrics are one process's (worst rel {worst:.1e}, tol 1e-5)", same_shape and worst <= 1e-5)
+
+
+def memory(tmp):
+    """A rank's parameter bytes at EP 2: the dense tensors and half the experts."""
+    from pyref import ckpt
+
+    w = ckpt.weights(os.path.join(tmp, "one"))
+    total = sum(t.size for t in w.values())
+    experts = sum(t.size for k, t in w.items() if ".experts." in k)
+    row = lib.metrics_rows(os.path.join(tmp, "EP2.jsonl"))[-1]
+    ranks = row.get("mem_by_rank", [row["mem"]])
+    want = 4 * (total - experts // 2)
+    got = [r["params"] for r in ranks]
+    check(f"EP 2: every rank's parameters are the dense tensors' and half the experts' ({want} bytes; got {got})",
+          len(got) == 2 and all(g == want for g in got), f"{ranks}")
+
+
+def resume(tmp, one):
+    """An EP 2 run's checkpoint at step 10 resumed in one process, and one
+    process's under EP 2 x DP 2: the last 10 steps against the
+    uninterrupted one-process run one."""
+    for tag, first, then in (("EP 2 -> 1 process", (2, ep(2)), (1, [])),
+                             ("1 process -> EP 2 x DP 2", (1, []), (4, ep(2)))):
+        name = tag.split()[0] + tag.split()[-1]
+        half = run(tmp, f"resume-{name}-a", first[0], first[1] + ["--exit-interval", "10"])
+        save = os.path.join(tmp, f"resume-{name}-a")
+        metrics = os.path.join(tmp, f"resume-{name}-b.jsonl")
+        cmd = [lib.LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--data-order", "shuffled"] + \
+            BASE + then[1] + [
+                "--train-iters", str(lib.STEPS), "--lr", "3e-3", "--lr-warmup-iters", "3", "--clip-grad", "0.5",
+                "--weight-decay", "0.1", "--log-interval", "1", "--eval-iters", "0", "--threads", "1", "--seed", "7",
+                "--metrics", metrics, "--load", save, "--comm-timeout", "60"]
+        lib.run_ranks(then[0], cmd, tag=tag)
+        rest = [r["loss"] for r in lib.metrics_rows(metrics)]
+        got = half[0][:10] + rest
+        worst = max((lib.rel(a, b) for a, b in zip(got, one[0])), default=1.0)
+        check(f"{tag}: {len(got)} steps, worst loss rel err {worst:.1e} (tol 1e-5)",
+              len(got) == lib.STEPS and worst <= 1e-5, f"{got} vs {one[0]}")
+
+
+def bad_settings(tmp):
+    data = ["--data-path", os.path.join(tmp, "train.bin")]
+    base = [lib.LOOM, "train"] + data + BASE + ["--train-iters", "1", "--eval-iters", "0"]
+    cases = [
+        ("experts not divisible by the size", 2, ep(2) + ["--num-experts", "3", "--moe-router-topk", "2"],
+         ["--expert-model-parallel-size 2", "--num-experts 3"]),
+        ("a model without experts", 2, "dense", ["--expert-model-parallel-size 2", "--num-experts 0"]),
+        ("a world the size does not divide", 3, ep(2), ["expert-parallel size 2", "3"]),
+        ("ZeRO", 2, ep(2) + ["--zero-stage", "1"], ["--expert-model-parallel-size 2", "ZeRO"]),
+        ("the distributed optimizer", 2, ep(2) + ["--use-distributed-optimizer"],
+         ["--expert-model-parallel-size 2", "distributed optimizer"]),
+        ("pipelining", 4, ep(2) + ["--pipeline-model-parallel-size", "2"],
+         ["--expert-model-parallel-size 2", "--pipeline-model-parallel-size"]),
+    ]
+    for name, n, extra, needles in cases:
+        if extra == "dense":  # the flag on a model without experts
+            cmd = [lib.LOOM, "train"] + data + ["--model", "llama-tiny", "--train-iters", "1", "--eval-iters", "0"] + ep(2)
+        else:
+            cmd = base + extra
+        p = lib.run_ranks(n, cmd, expect=None, timeout=120)
+        lines = lib.error_lines(p.stderr)
+        check(f"{name}: exit 2, one line", p.returncode == 2 and len(lines) == 1 and
+              all(s in lines[0] for s in needles), f"exit {p.returncode}: {p.stderr[-600:]}")
+        if lines:
+            print(f"     {lines[0]}")
+
+
+def main():
+    if not lib.built(lib.LOOM):
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        lib.write_corpus(tmp)
+        one = layouts(tmp)
+        statistics(tmp)
+        memory(tmp)
+        resume(tmp, one)
+        bad_settings(tmp)
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
