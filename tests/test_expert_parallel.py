@@ -16,8 +16,11 @@ docstring gives the measurement):
   - each dispatcher: EP 2 on 2 ranks (each rank one data-parallel replica
     of the dense layers and half the experts), EP 2 x DP 2 on 4 ranks (the
     experts' gradients summed over the 2 ranks that hold them), EP 4 on 4
-    ranks (one expert a rank), and EP 2 with full recomputation (the
+    ranks (one expert a rank), EP 2 x PP 2 (each stage's layers' experts
+    over the stage's expert group), and EP 2 with full recomputation (the
     recomputed forward moves the tokens again): the EP 2 run's bits;
+  - GPT-2 with dense experts (biases: four tensors an expert; its tied
+    table) at EP 2 x DP 2;
   - EP 2 under a capacity (--moe-expert-capacity-factor 1, dropping by
     probs and by position, and by position padded to the capacity, the
     last with both dispatchers): a
@@ -43,7 +46,7 @@ with micro-batches of 1) is checked at least 10x the bound away.
 
 Bad settings, one line and exit 2: experts not divisible by the size, a
 model without experts, a world whose data-parallel ranks the size does not
-divide, ZeRO or the distributed optimizer, pipelining (not built yet).
+divide, ZeRO or the distributed optimizer (not built yet).
 """
 import os
 import sys
@@ -75,9 +78,10 @@ def layouts(tmp):
     one = run(tmp, "one", 1, [])
     got = {}
     for kind in ("alltoall", "allgather"):
-        for tag, n, size in (("EP 2", 2, 2), ("EP 2 x DP 2", 4, 2), ("EP 4", 4, 4)):
+        for tag, n, size, more in (("EP 2", 2, 2, []), ("EP 2 x DP 2", 4, 2, []), ("EP 4", 4, 4, []),
+                                   ("EP 2 x PP 2", 4, 2, ["--pipeline-model-parallel-size", "2"])):
             name = tag.replace(" ", "") + ("" if kind == "alltoall" else "-ag")
-            got[tag, kind] = run(tmp, name, n, ep(size) + dispatcher(kind))
+            got[tag, kind] = run(tmp, name, n, ep(size) + dispatcher(kind) + more)
             lib.compare_runs(f"mixtral {tag}, {kind}", one, got[tag, kind])
         lib.same_run(f"mixtral EP 2, {kind}, full recomputation: the EP 2 run's bits", got["EP 2", kind],
                      run(tmp, f"ep2-full-{kind}", 2, ep(2) + dispatcher(kind) + FULL))
@@ -91,6 +95,13 @@ def layouts(tmp):
             lib.compare_runs(f"mixtral EP 2, {kind}, capacity 1 ({tag})", ref,
                              run(tmp, f"cap-{tag}-ep2-{kind}", 2, ep(2) + dispatcher(kind) + extra))
     bf16(tmp)
+    # another family: GPT-2's dense experts with biases (four tensors an expert), its tied table
+    gpt2 = ["--model", "gpt2-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2",
+            "--moe-aux-loss-coeff", "0.01"]
+    lib.compare_runs("gpt2 with experts, EP 2 x DP 2, alltoall", lib.tiny_run(tmp, "gpt2-one", 1, gpt2),
+                     lib.tiny_run(tmp, "gpt2-ep2dp2", 4, gpt2 + ep(2)))
     other = run(tmp, "ep2-mb1", 2, ep(2) + ["--micro-batch-size", "1"])
     apart = max(lib.rel(a, b) for a, b in zip(other[0], one[0]))
     check(f"a run whose experts see other rows is {apart:.1e} away (at least 10x the bound)", apart >= 1e-4)
@@ -183,8 +194,6 @@ def bad_settings(tmp):
         ("ZeRO", 2, ep(2) + ["--zero-stage", "1"], ["--expert-model-parallel-size 2", "ZeRO"]),
         ("the distributed optimizer", 2, ep(2) + ["--use-distributed-optimizer"],
          ["--expert-model-parallel-size 2", "distributed optimizer"]),
-        ("pipelining", 4, ep(2) + ["--pipeline-model-parallel-size", "2"],
-         ["--expert-model-parallel-size 2", "--pipeline-model-parallel-size"]),
     ]
     for name, n, extra, needles in cases:
         if extra == "dense":  # the flag on a model without experts

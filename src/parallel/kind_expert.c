@@ -67,8 +67,6 @@ static int resolve(struct loom_config *cfg)
     if (cfg->zero_stage > 0 || cfg->use_distributed_optimizer)
         why =
             "ZeRO or the distributed optimizer (the experts' shards over their own group are not built yet)";
-    else if (cfg->pipeline_model_parallel_size > 1)
-        why = "--pipeline-model-parallel-size above 1 (not built yet)";
     if (why)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d with %s", NAME(expert_model_parallel_size), ep, why);
     return LOOM_OK;
