@@ -348,6 +348,29 @@ def check_export(tag, src, out):
     check(f"loom convert of {tag}: the assembled tensors, bit for bit", same)
 
 
+def same_steps_at_lr0(tag, ref_metrics, got_metrics, loss_tol=1e-5, norm_tol=2e-3):
+    """One check line for two 16-bit runs of a mixture of experts at a
+    learning rate of 0 (the metrics files of tiny_run's): every step's loss
+    within loss_tol and gradient norm within norm_tol relative.
+
+    Why at lr 0: trained, a 16-bit run and its data-parallel twin part. A
+    float32 sum in another order flips a 16-bit rounding, and where a
+    token's two best experts are that close its routing flips, a discrete
+    change that grows from there (mixtral-tiny in bf16: DDP 4 leaves one
+    process by 1.2e-3 over 20 steps). At lr 0 every step sees the same
+    weights: the loss moves by the reordered sums and the expert products
+    over other rows (measured 1.0e-6), and a gradient element by one 16-bit
+    rounding of another float32 sum (2^-8 in bf16), the norm by less than
+    half of that (measured 1.0e-4). A wrong gradient moves the norm by far
+    more."""
+    a, b = metrics_rows(ref_metrics), metrics_rows(got_metrics)
+    loss = max((rel(x["loss"], y["loss"]) for x, y in zip(b, a)), default=1.0)
+    norm = max((rel(x["grad_norm"], y["grad_norm"]) for x, y in zip(b, a)), default=1.0)
+    return check(f"{tag} at lr 0: every step's loss within {loss_tol:g} (worst {loss:.1e}) and gradient norm "
+                 f"within {norm_tol:g} (worst {norm:.1e})",
+                 len(a) == len(b) == STEPS and loss <= loss_tol and norm <= norm_tol)
+
+
 def same_run(tag, ref, got):
     """One check line: tiny_run's got is ref bit for bit, every step's loss
     and every bit of every final weight (assembled from the ranks)."""

@@ -30,8 +30,8 @@ docstring gives the measurement):
     edge may drop the other way, moving that step's loss by about 1e-5;
     measured once, padded by probs, at step 19 of 20. Dropping by position
     has no such ties.)
-  - bf16 EP 2 x DP 2 at lr 0 (bf16() says why): every step's loss within
-    1e-5 and gradient norm within 2e-3;
+  - bf16 EP 2 x DP 2 at lr 0 (lib.same_steps_at_lr0 says why): every
+    step's loss within 1e-5 and gradient norm within 2e-3;
   - the experts' statistics: tokens per expert and the balancing loss in
     the metrics of EP 2 x DP 2 are one process's within 1e-5 (the routing
     is each rank's own, summed over the ranks as over micro-batches);
@@ -109,24 +109,12 @@ def layouts(tmp):
 
 
 def bf16(tmp):
-    """bf16 at a learning rate of 0: each step the same weights, so the
-    losses and the gradient norms compare step by step. (Trained, a bf16 run
-    and its data-parallel twin part: a float32 sum in another order flips a
-    bf16 rounding, and where a token's two best experts are that close its
-    routing flips, a discrete change that grows from there: DDP 4 alone
-    leaves one process by 1.2e-3 over 20 steps.)"""
+    """bf16 at a learning rate of 0 (lib.same_steps_at_lr0 says why)."""
     zero = ["--bf16", "--lr", "0"]
-    one = run(tmp, "bf16-one", 1, zero)
-    got = run(tmp, "bf16-ep2dp2", 4, ep(2) + zero)
-    a = lib.metrics_rows(os.path.join(tmp, "bf16-one.jsonl"))
-    b = lib.metrics_rows(os.path.join(tmp, "bf16-ep2dp2.jsonl"))
-    loss = max((lib.rel(x, y) for x, y in zip(got[0], one[0])), default=1.0)
-    norm = max((lib.rel(x["grad_norm"], y["grad_norm"]) for x, y in zip(b, a)), default=1.0)
-    # the loss: each rank's rows as one process's micro-batch, summed in another order, their expert products
-    # over more rows (measured 1.0e-6); a gradient element one bf16 rounding of another float32 sum (2^-8), the
-    # norm less than half that (measured 1.0e-4)
-    check(f"bf16 EP 2 x DP 2 at lr 0: every step's loss within 1e-5 (worst {loss:.1e}) and gradient norm within "
-          f"2e-3 (worst {norm:.1e}) of one process's", len(a) == len(b) == lib.STEPS and loss <= 1e-5 and norm <= 2e-3)
+    run(tmp, "bf16-one", 1, zero)
+    run(tmp, "bf16-ep2dp2", 4, ep(2) + zero)
+    lib.same_steps_at_lr0("bf16 EP 2 x DP 2", os.path.join(tmp, "bf16-one.jsonl"),
+                          os.path.join(tmp, "bf16-ep2dp2.jsonl"))
 
 
 def statistics(tmp):
