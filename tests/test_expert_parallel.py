@@ -36,17 +36,22 @@ docstring gives the measurement):
     the metrics of EP 2 x DP 2 are one process's within 1e-5 (the routing
     is each rank's own, summed over the ranks as over micro-batches);
   - memory: a rank's parameter bytes at EP 2 are the dense tensors' and
-    half the experts' (loom's accounting, exactly);
+    half the experts', and at EP 2 x DP 2 under ZeRO-3 half of that
+    (loom's accounting, exactly);
+  - ZeRO over the ranks that hold the same experts: ZeRO-1, ZeRO-2,
+    ZeRO-3 and the distributed optimizer at EP 2 x DP 2, ZeRO-3 with the
+    allgather dispatcher and on 2 ranks, against one process within 1e-5;
   - checkpoints stay layout-free: an EP 2 run's checkpoint at step 10
-    resumed in one process, and one process's resumed under EP 2 x DP 2:
-    the remaining steps against the uninterrupted run.
+    resumed in one process, one process's resumed under EP 2 x DP 2, and
+    EP 2 x DP 2 ZeRO-3's under EP 4: the remaining steps against the
+    uninterrupted run.
 
 So that the comparisons can fail: a run whose experts see other rows (EP 2
 with micro-batches of 1) is checked at least 10x the bound away.
 
 Bad settings, one line and exit 2: experts not divisible by the size, a
 model without experts, a world whose data-parallel ranks the size does not
-divide, ZeRO or the distributed optimizer (not built yet).
+divide.
 """
 import os
 import sys
@@ -95,6 +100,15 @@ def layouts(tmp):
             lib.compare_runs(f"mixtral EP 2, {kind}, capacity 1 ({tag})", ref,
                              run(tmp, f"cap-{tag}-ep2-{kind}", 2, ep(2) + dispatcher(kind) + extra))
     bf16(tmp)
+    # ZeRO over the ranks that hold the same experts (the dense shards' gradients summed over the expert group)
+    for tag, n, extra in (("ZeRO-1", 4, ["--zero-stage", "1"]), ("ZeRO-2", 4, ["--zero-stage", "2"]),
+                          ("ZeRO-3", 4, ["--zero-stage", "3"]), ("the distributed optimizer", 4,
+                                                                  ["--use-distributed-optimizer"]),
+                          ("ZeRO-3, allgather", 4, ["--zero-stage", "3"] + dispatcher("allgather")),
+                          ("ZeRO-3 on 2 ranks", 2, ["--zero-stage", "3"])):
+        name = "ep2-" + tag.replace(" ", "").replace(",", "")
+        got[tag] = run(tmp, name, n, ep(2) + extra)
+        lib.compare_runs(f"mixtral EP 2{' x DP 2' if n == 4 else ''}, {tag}", one, got[tag])
     # another family: GPT-2's dense experts with biases (four tensors an expert), its tied table
     gpt2 = ["--model", "gpt2-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
             "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--seq-length", "16",
@@ -134,7 +148,9 @@ def statistics(tmp):
 
 
 def memory(tmp):
-    """A rank's parameter bytes at EP 2: the dense tensors and half the experts."""
+    """A rank's parameter bytes at EP 2: the dense tensors and half the
+    experts; under ZeRO-3 at EP 2 x DP 2, half of that (its shard over the
+    2 ranks that hold the same experts)."""
     from pyref import ckpt
 
     w = ckpt.weights(os.path.join(tmp, "one"))
@@ -146,6 +162,10 @@ def memory(tmp):
     got = [r["params"] for r in ranks]
     check(f"EP 2: every rank's parameters are the dense tensors' and half the experts' ({want} bytes; got {got})",
           len(got) == 2 and all(g == want for g in got), f"{ranks}")
+    row = lib.metrics_rows(os.path.join(tmp, "ep2-ZeRO-3.jsonl"))[-1]
+    got = [r["params"] for r in row.get("mem_by_rank", [row["mem"]])]
+    check(f"EP 2 x DP 2, ZeRO-3: every rank's parameter shard is half of that ({want // 2} bytes; got {got})",
+          len(got) == 4 and all(g == want // 2 for g in got), f"{row}")
 
 
 def resume(tmp, one):
@@ -153,7 +173,8 @@ def resume(tmp, one):
     process's under EP 2 x DP 2: the last 10 steps against the
     uninterrupted one-process run one."""
     for tag, first, then in (("EP 2 -> 1 process", (2, ep(2)), (1, [])),
-                             ("1 process -> EP 2 x DP 2", (1, []), (4, ep(2)))):
+                             ("1 process -> EP 2 x DP 2", (1, []), (4, ep(2))),
+                             ("EP 2 x DP 2 ZeRO-3 -> EP 4", (4, ep(2) + ["--zero-stage", "3"]), (4, ep(4)))):
         name = tag.split()[0] + tag.split()[-1]
         half = run(tmp, f"resume-{name}-a", first[0], first[1] + ["--exit-interval", "10"])
         save = os.path.join(tmp, f"resume-{name}-a")
@@ -179,9 +200,6 @@ def bad_settings(tmp):
          ["--expert-model-parallel-size 2", "--num-experts 3"]),
         ("a model without experts", 2, "dense", ["--expert-model-parallel-size 2", "--num-experts 0"]),
         ("a world the size does not divide", 3, ep(2), ["expert-parallel size 2", "3"]),
-        ("ZeRO", 2, ep(2) + ["--zero-stage", "1"], ["--expert-model-parallel-size 2", "ZeRO"]),
-        ("the distributed optimizer", 2, ep(2) + ["--use-distributed-optimizer"],
-         ["--expert-model-parallel-size 2", "distributed optimizer"]),
     ]
     for name, n, extra, needles in cases:
         if extra == "dense":  # the flag on a model without experts

@@ -335,7 +335,9 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
      * stage 2 the accumulator is ZeRO's float32 shard */
     new_run_id(e);
     loom_engine_alloc_grad_acc(e);
-    e->part = loom_zero_partition(e->shape.shard_optimizer, dp, e->topo.dp_rank, m);
+    int zdp, zrank; /* with expert parallelism: over the ranks that hold the same experts */
+    loom_zero_ranks(&e->topo, &zdp, &zrank);
+    e->part = loom_zero_partition(e->shape.shard_optimizer, zdp, zrank, m);
     if ((rc = loom_engine_agree(e, loom_engine_build_stack(e)))) return rc;
     if (e->init_sharded && !from_dir) loom_stack_init_weights(m, (uint64_t)cfg->seed);
     loom_engine_alloc_optimizer(e);
@@ -600,10 +602,16 @@ static double grad_norm(const struct loom_engine *e)
     struct squares q = {
         .m = m, .map = v.grad_map, .exact_sums = e->shape.exact_sums, .experts_apart = e->topo.ep > 1};
     sweep(&q, &v);
-    if (q.experts_apart) { /* every expert-parallel rank's experts, the dense tensors once */
-        LOOM_ASSERT(!q.exact_sums && !v.grads_split);
-        loom_comm_allreduce_sync(LOOM_GROUP_EP, loom_buf_of(&q.ss_experts, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-        q.ss += q.ss_experts;
+    if (q.experts_apart) {
+        /* the shards are over the ranks that hold the same experts; then
+         * every expert-parallel rank's experts, the dense tensors once */
+        LOOM_ASSERT(!q.exact_sums);
+        double both[2] = {q.ss, q.ss_experts};
+        if (v.grads_split)
+            loom_comm_allreduce_sync(LOOM_GROUP_EXPERT_DP, loom_buf_of(both, 2, LOOM_DTYPE_F64), LOOM_OP_SUM);
+        loom_comm_allreduce_sync(LOOM_GROUP_EP, loom_buf_of(&both[1], 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+        q.ss = both[0] + both[1];
+        v.grads_split = 0; /* summed */
     }
     if (q.exact_sums) {
         uint64_t limbs[LOOM_SUMSQ_LIMBS];

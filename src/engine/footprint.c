@@ -76,7 +76,9 @@ int loom_engine_footprint(struct loom_config *cfg, const struct loom_topology *t
     e.init_sharded = e.shape.shard_params;
     loom_engine_alloc_arenas(&e);
     loom_engine_alloc_grad_acc(&e);
-    e.part = loom_zero_partition(e.shape.shard_optimizer, topo->dp, topo->dp_rank, m);
+    int zdp, zrank;
+    loom_zero_ranks(topo, &zdp, &zrank);
+    e.part = loom_zero_partition(e.shape.shard_optimizer, zdp, zrank, m);
     loom_engine_build_stack(&e); /* offload files are not made while counting */
     loom_engine_alloc_optimizer(&e);
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME)

@@ -6,8 +6,9 @@
  * data-parallel group, as Megatron carves them: every rank still reads its
  * own rows of the batch; the dense tensors' gradients are summed over the
  * data-parallel group and the experts' over their expert-data-parallel
- * group (dp / E ranks that hold the same experts: ddp.c's segments), and
- * the gradient norm adds the expert ranks' experts (engine.c). Here: its
+ * group (dp / E ranks that hold the same experts: ddp.c's runs; ZeRO's
+ * shards are over that group, zero.h), and the gradient norm adds the
+ * expert ranks' experts (engine.c). Here: its
  * settings' rules, its share of the shape, its strategy's waits and
  * description, its moves in the time model, the planner's (the user's
  * size, not searched yet).
@@ -57,18 +58,12 @@ static int resolve(struct loom_config *cfg)
 {
     const int ep = cfg->expert_model_parallel_size;
     if (ep <= 1) return LOOM_OK;
-    const char *why = NULL;
     if (cfg->num_experts <= 0)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d splits experts, and the model has none (%s 0)",
                               NAME(expert_model_parallel_size), ep, NAME(num_experts));
     if (cfg->num_experts % ep)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d does not divide %s %d: every rank holds as many experts",
                               NAME(expert_model_parallel_size), ep, NAME(num_experts), cfg->num_experts);
-    if (cfg->zero_stage > 0 || cfg->use_distributed_optimizer)
-        why =
-            "ZeRO or the distributed optimizer (the experts' shards over their own group are not built yet)";
-    if (why)
-        return loom_error_set(LOOM_ERR_INPUT, "%s %d with %s", NAME(expert_model_parallel_size), ep, why);
     return LOOM_OK;
 }
 

@@ -87,9 +87,13 @@ static int build(struct loom_kind_build *b, void **state)
     const int accumulate_f32 = m->dtype != LOOM_DTYPE_F32 && cfg->gradient_accumulation_steps > 1;
     struct loom_zero *z = loom_alloc(sizeof *z, LOOM_MEM_OTHER);
     *state = z;
-    return loom_zero_init(z, stage, b->topo->dp, b->topo->dp_rank, m, cfg->zero3_min_params,
-                          stage >= 2 ? reduce : LOOM_DTYPE_F32, stage >= 2 && accumulate_f32,
-                          cfg->offload_param == LOOM_OFFLOAD_NVME ? cfg->param_nvme_path : NULL);
+    int dp, dp_rank; /* over the ranks that hold the same experts, with expert parallelism */
+    loom_zero_ranks(b->topo, &dp, &dp_rank);
+    const int rc = loom_zero_init(z, stage, dp, dp_rank, m, cfg->zero3_min_params,
+                                  stage >= 2 ? reduce : LOOM_DTYPE_F32, stage >= 2 && accumulate_f32,
+                                  cfg->offload_param == LOOM_OFFLOAD_NVME ? cfg->param_nvme_path : NULL);
+    if (rc == LOOM_OK && b->topo->ep > 1) loom_zero_experts_apart(z);
+    return rc;
 }
 
 static void release(void *state)

@@ -30,6 +30,13 @@ struct loom_zero_unit {
 
 enum { MAX_LAYERS_IN_FLIGHT = 2 };
 
+void loom_zero_ranks(const struct loom_topology *t, int *dp, int *dp_rank)
+{
+    const int ep = t->ep > 1 ? t->ep : 1;
+    *dp = t->dp / ep;
+    *dp_rank = t->dp_rank / ep;
+}
+
 size_t loom_zero_arena_multiple(int stage, int dp)
 {
     return stage >= 1 ? (size_t)dp : 1;
@@ -78,6 +85,25 @@ static size_t split(struct loom_zero *z, size_t lo, size_t hi)
 
 /* ---- stage 2: gradients ------------------------------------------------- */
 
+/* Expert parallelism: the segment's dense runs (outside the block's
+ * experts) summed over the expert group, whose ranks hold the same
+ * elements there. */
+static void dense_over_experts(struct loom_zero *z, int block, const struct loom_zero_flight *f)
+{
+    const struct loom_block *b = &z->model->blocks[block];
+    const size_t lo = z->part.begin + f->shard_off, hi = lo + f->recv.numel;
+    const size_t cut[4] = {b->offset, b->offset + b->expert_lo, b->offset + b->expert_hi,
+                           b->offset + b->numel};
+    struct loom_comm_handle *h[2] = {NULL, NULL};
+    for (int r = 0; r < 2; r++) { /* [cut 0, cut 1) and [cut 2, cut 3) */
+        const size_t a = cut[2 * r] > lo ? cut[2 * r] : lo, e = cut[2 * r + 1] < hi ? cut[2 * r + 1] : hi;
+        if (a < e)
+            h[r] = loom_comm_allreduce(LOOM_GROUP_EP, loom_buf_slice(f->recv, a - lo, e - a), LOOM_OP_SUM);
+    }
+    for (int r = 0; r < 2; r++)
+        if (h[r]) z->wait_s += loom_comm_wait(h[r]);
+}
+
 /* Waits for the oldest posted block, adds its segment into the shard, frees it. */
 static void land_oldest(struct loom_zero *z)
 {
@@ -90,6 +116,7 @@ static void land_oldest(struct loom_zero *z)
         loom_pool_give(&f->send16);
         loom_pool_give(&f->recv16);
     }
+    if (z->experts_apart) dense_over_experts(z, block, f);
     const struct loom_buf acc = z->model->dtype == LOOM_DTYPE_F32 ? z->grad_shard : z->grad_acc;
     if (acc.data) {
         float *dst = (float *)acc.data + f->shard_off;
@@ -133,9 +160,9 @@ static void post_grads(struct loom_zero *z, int block)
         f->send16 = take(hi - lo, z->reduce_dtype, 0);
         f->recv16 = take(nrecv, z->reduce_dtype, 0);
         be(z)->convert(f->send16, f->buf);
-        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->send16, f->recv16, z->counts);
+        f->handle = loom_comm_reduce_scatter_v(z->group, f->send16, f->recv16, z->counts);
     } else {
-        f->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, f->buf, f->recv, z->counts);
+        f->handle = loom_comm_reduce_scatter_v(z->group, f->buf, f->recv, z->counts);
     }
     z->order[z->norder++] = block;
 }
@@ -166,7 +193,7 @@ static void post_gather(struct loom_zero *z, int u)
     x->buf = take(x->hi - x->lo, z->model->dtype, 0);
     const struct loom_buf own = own_part(z, u);
     loom_offload_prefetch(&z->param_map, own.data, loom_buf_bytes(own)); /* offloaded: read ahead */
-    x->handle = loom_comm_allgather_v(LOOM_GROUP_DP, own, x->buf, z->counts, z->displs);
+    x->handle = loom_comm_allgather_v(z->group, own, x->buf, z->counts, z->displs);
 }
 
 /* A gather done: the offloaded shard's part of it is not needed in memory. */
@@ -284,7 +311,7 @@ static void after_step(void *ctx)
     }
     if (z->dp == 1) return;
     struct loom_model *m = z->model;
-    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_DP, loom_buf_of(NULL, 0, m->dtype),
+    loom_comm_wait(loom_comm_allgather(z->group, loom_buf_of(NULL, 0, m->dtype),
                                        loom_buf_slice(m->params, 0, z->part.shard * (size_t)z->dp)));
 }
 
@@ -418,6 +445,7 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
     LOOM_ASSERT(!offload_dir || stage == 3);
     memset(z, 0, sizeof *z);
     z->stage = stage;
+    z->group = LOOM_GROUP_DP;
     z->dp = dp;
     z->dp_rank = dp_rank;
     z->model = m;
@@ -566,6 +594,12 @@ static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_repl
     default:
         return;
     }
+}
+
+void loom_zero_experts_apart(struct loom_zero *z)
+{
+    z->group = LOOM_GROUP_EXPERT_DP;
+    z->experts_apart = 1;
 }
 
 void loom_zero_free(struct loom_zero *z)

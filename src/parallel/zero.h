@@ -28,6 +28,14 @@
  *   --load, no rank ever holds the whole model: weights are initialised
  *   unit by unit.
  *
+ * With expert parallelism the shards are over the ranks that hold the same
+ * experts (LOOM_GROUP_EXPERT_DP, of dp / ep ranks): a rank's arena holds
+ * its experts, and every expert rank's arena the same dense tensors at the
+ * same places, so their shards are the same elements; a landed gradient
+ * segment's dense runs are summed over the expert group (LOOM_GROUP_EP)
+ * too, so a dense gradient is every data rank's. The dense optimizer state
+ * is then sharded over dp / ep ranks, not dp (Megatron shards it over dp).
+ *
  * Mixed precision: the stored parameters (arena or shard, gathered units) and
  * the reduced gradient shard are 16-bit; gradients travel in float32 (or the
  * --grad-reduce-dtype) and are rounded once as they land in the shard.
@@ -56,6 +64,11 @@ struct loom_partition {
     size_t shard, begin, end;
 };
 
+/* The ranks a layout's shards are over: the data-parallel group, or with
+ * expert parallelism the ranks that hold the same experts (its size and
+ * this rank's place). */
+void loom_zero_ranks(const struct loom_topology *t, int *dp, int *dp_rank);
+
 /* The arena multiple a model must be created with for this layout. */
 size_t loom_zero_arena_multiple(int stage, int dp);
 /* sharded: the optimizer state is (stages 1-3); else the whole model. */
@@ -66,6 +79,11 @@ struct loom_zero_unit;   /* stage 3: blocks gathered together */
 
 struct loom_zero {
     int stage, dp, dp_rank;
+    /* the shards' group: LOOM_GROUP_DP, or with expert parallelism
+     * LOOM_GROUP_EXPERT_DP, the dense runs of a landed gradient segment
+     * then summed over LOOM_GROUP_EP too (loom_zero_experts_apart) */
+    enum loom_group group;
+    int experts_apart;
     int index; /* this strategy's place on the stack */
     struct loom_partition part;
     struct loom_model *model;
@@ -112,6 +130,10 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
  * one gather unit at a time (the initialisation draws per tensor, so every
  * rank computes the same values) and keeps its shard of it. */
 void loom_zero_init_weights(struct loom_zero *z, uint64_t seed);
+/* Expert parallelism, right after loom_zero_init (whose dp and dp_rank were
+ * loom_zero_ranks'): the shards' collectives over LOOM_GROUP_EXPERT_DP and
+ * the dense runs of each landed gradient segment summed over LOOM_GROUP_EP. */
+void loom_zero_experts_apart(struct loom_zero *z);
 void loom_zero_free(struct loom_zero *z);
 
 /* This rank's parameters and gradients [begin, end) for the optimizer, in
