@@ -20,7 +20,8 @@ docstring gives the measurement):
     over the stage's expert group), and EP 2 with full recomputation (the
     recomputed forward moves the tokens again): the EP 2 run's bits;
   - GPT-2 with dense experts (biases: four tensors an expert; its tied
-    table) at EP 2 x DP 2;
+    table) at EP 2 x DP 2; Llama with shared experts in every other layer
+    and Hugging Face's balancing loss at EP 2 x DP 2 with allgather;
   - EP 2 under a capacity (--moe-expert-capacity-factor 1, dropping by
     probs and by position, and by position padded to the capacity, the
     last with both dispatchers): a
@@ -116,6 +117,16 @@ def layouts(tmp):
             "--moe-aux-loss-coeff", "0.01"]
     lib.compare_runs("gpt2 with experts, EP 2 x DP 2, alltoall", lib.tiny_run(tmp, "gpt2-one", 1, gpt2),
                      lib.tiny_run(tmp, "gpt2-ep2dp2", 4, gpt2 + ep(2)))
+    # Llama with shared experts (dense, on every rank) in every other layer (blocks without experts between),
+    # Hugging Face's balancing loss over all layers, the allgather dispatcher
+    llama = ["--model", "llama-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+             "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4", "--moe-router-topk", "2",
+             "--moe-ffn-hidden-size", "48", "--moe-shared-expert-intermediate-size", "32", "--moe-layer-freq", "2",
+             "--moe-router-load-balancing-type", "hf_aux_loss", "--moe-aux-loss-coeff", "0.01", "--seq-length", "16",
+             "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2"]
+    lib.compare_runs("llama, shared experts every other layer, hf_aux_loss, EP 2 x DP 2, allgather",
+                     lib.tiny_run(tmp, "llama-one", 1, llama),
+                     lib.tiny_run(tmp, "llama-ep2dp2", 4, llama + ep(2) + dispatcher("allgather")))
     other = run(tmp, "ep2-mb1", 2, ep(2) + ["--micro-batch-size", "1"])
     apart = max(lib.rel(a, b) for a, b in zip(other[0], one[0]))
     check(f"a run whose experts see other rows is {apart:.1e} away (at least 10x the bound)", apart >= 1e-4)
