@@ -26,7 +26,10 @@ refusals.
    f_e the tokens routed to e; f carries no gradient) and the z-loss
    coeff mean(logsumexp(logits)^2), to the gradient only (the reported
    loss is the language model's, as Megatron's MoEAuxLossAutoScaler does).
-   Within 1e-5; without them the losses differ by more than 1e-4.
+   Within 1e-5; without them the losses differ by more than 1e-4. The
+   metrics' load_balancing_loss and z_loss, and with
+   --moe-per-layer-logging each layer's, are the reference's terms within
+   1e-5, and TensorBoard has Megatron's per-layer tags.
 4. An independent reference written here (Megatron's routing as its
    documentation states it: shared experts, capacity factors with both drop
    policies, padding, pre-softmax top 1) in a transformers Llama whose MLPs
@@ -165,6 +168,8 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0, loom_extra=(), step_loss=Non
             "--weight-decay", train.WD, "--adam-beta1", train.BETA1, "--adam-beta2", train.BETA2, "--adam-eps",
             train.EPS, "--clip-grad", clip, "--log-interval", 1, "--eval-iters", 0, "--metrics", metrics,
             "--threads", 2, "--save", ck]
+    tb = os.path.join(tmp, f"{tag_file}-tb")
+    args += ["--moe-per-layer-logging", "--tensorboard-dir", tb]  # each layer's values, in the metrics and TensorBoard
     if aux or z:
         args += ["--moe-aux-loss-coeff", aux, "--moe-z-loss-coeff", z]
     args += list(loom_extra)
@@ -176,7 +181,7 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0, loom_extra=(), step_loss=Non
     no_decay = [q for q in model.parameters() if q.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": train.WD}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=train.MAX_LR, betas=(train.BETA1, train.BETA2), eps=train.EPS)
-    nblocks, want, want_lb, want_z = (len(tokens) - 1) // (G * HT), [], [], []
+    nblocks, want, want_lb, want_z, want_layers = (len(tokens) - 1) // (G * HT), [], [], [], []
     for s in range(train.ITERS):
         for g in opt.param_groups:
             g["lr"] = train.lr_at(s + 1)
@@ -203,6 +208,9 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0, loom_extra=(), step_loss=Non
         if terms:
             want_lb.append(sum(float(t[0]) for t in terms) / len(terms))
             want_z.append(sum(float(t[1]) for t in terms) / len(terms))
+            nl = len(terms) // 2
+            want_layers.append([(sum(float(terms[a * nl + i][0]) for a in range(2)) / 2,
+                                 sum(float(terms[a * nl + i][1]) for a in range(2)) / 2) for i in range(nl)])
     worst = max((abs(a - b) / b for a, b in zip(got, want)), default=1.0)
     what = (f"with --moe-aux-loss-coeff {aux} --moe-z-loss-coeff {z}" if aux or z
             else "against the reference" if step_loss else "from its directory")
@@ -214,6 +222,23 @@ def train_check(tag, model, d, tmp, aux=0.0, z=0.0, loom_extra=(), step_loss=Non
         zl = max((abs(r["z_loss"] - w) / w for r, w in zip(rows, want_z)), default=1.0)
         check(f"{tag}: every step's reported load_balancing_loss and z_loss the reference's (worst rel "
               f"{lb:.1e}, {zl:.1e}, tol {STEP_TOL:g})", len(rows) == train.ITERS and max(lb, zl) <= STEP_TOL)
+        # --moe-per-layer-logging: each layer's, the mean of its two micro-batches' terms (a step's terms are
+        # micro-batch by micro-batch, layer by layer)
+        nl = len(want_layers[0]) if want_layers else 0
+        worst = 0.0
+        ok = len(rows) == train.ITERS and nl > 0
+        for r, w in zip(rows, want_layers):
+            got_layers = r["moe"].get("layers", [])
+            ok = ok and [x["layer"] for x in got_layers] == list(range(nl))
+            for x, (wl, wz) in zip(got_layers, w):
+                worst = max(worst, abs(x["load_balancing_loss"] - wl) / wl, abs(x["z_loss"] - wz) / wz)
+        check(f"{tag}: --moe-per-layer-logging: every step's {nl} layers' balancing loss and z-loss the reference's "
+              f"(worst rel {worst:.1e}, tol {STEP_TOL:g})", ok and worst <= STEP_TOL)
+        events = [os.path.join(tb, f) for f in os.listdir(tb)] if os.path.isdir(tb) else []
+        blob = b"".join(open(f, "rb").read() for f in events)
+        tags = [f"moe/{k}_layer_{i}".encode() for i in range(nl) for k in ("load_balancing_loss", "z_loss")]
+        check(f"{tag}: TensorBoard has Megatron's per-layer tags (moe/load_balancing_loss_layer_0 ...)",
+              nl > 0 and all(t in blob for t in tags))
     return worst, got
 
 

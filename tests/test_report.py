@@ -12,8 +12,13 @@ Chromium (Debian's `chromium`).
    memory lines, a memory row per rank, the traced step's slices for both
    ranks, and the configuration (the metrics' first row); the screenshot is
    not blank (many distinct pixel bytes).
-3. `-o FILE` writes there; a metrics file named directly works too.
-4. Bad input: a missing path, a file that is not metrics (naming its line),
+3. A mixture of experts' run (EP 2 on 2 ranks, a capacity,
+   --moe-per-layer-logging): a load-balance section with the balancing
+   loss and z-loss, tokens per expert (least, most, cv) and the dropped
+   share over the steps, and a row per MoE layer; a dense run's page has
+   none.
+4. `-o FILE` writes there; a metrics file named directly works too.
+5. Bad input: a missing path, a file that is not metrics (naming its line),
    metrics without a training step, -o without FILE or into a missing
    folder, an unknown flag and two runs are each exit 2 with one line.
 """
@@ -108,6 +113,34 @@ def main():
               "--pipeline-model-parallel-size" in dom)
         distinct = png_distinct_bytes(shot) if os.path.exists(shot) else 0
         check(f"the screenshot is not blank ({distinct} distinct pixel bytes)", distinct >= 50)
+
+        check("a dense model's page has no load-balance section", "Load balance" not in dom)
+
+        # a mixture of experts: its load balance (--moe-per-layer-logging: each layer's values too)
+        moe = os.path.join(tmp, "moe")
+        os.mkdir(moe)
+        p = lib.run_ranks(2, [LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--model", "mixtral-tiny",
+                              "--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4",
+                              "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4",
+                              "--seq-length", "16", "--max-position-embeddings", "16", "--micro-batch-size", "2",
+                              "--global-batch-size", "4", "--train-iters", "6", "--eval-iters", "0", "--threads", "1",
+                              "--log-interval", "1", "--expert-model-parallel-size", "2", "--moe-per-layer-logging",
+                              "--moe-expert-capacity-factor", "1", "--metrics", os.path.join(moe, "metrics.jsonl")],
+                          tag="moe")
+        q = lib.run([LOOM, "report", moe])
+        d = lib.run(common + ["--dump-dom", "file://" + os.path.join(moe, "report.html")], timeout=120, env=env)
+        figs = {}
+        for fig in re.findall(r"<figure>(.*?)</figure>", d.stdout, re.S):
+            cap = re.search(r"<figcaption>(.*?)</figcaption>", fig).group(1)
+            figs[cap] = [points(pl) for pl in re.findall(r'<polyline[^>]*points="([^"]*)"', fig)]
+        bal = figs.get("balancing loss (1 when balanced) and z-loss (unweighted, layers' mean)")
+        tpe = figs.get("tokens per expert, relative to their layer's mean")
+        drop = figs.get("choices a capacity dropped (share)")
+        layer_rows = re.findall(r"<tr><td>(\d+)</td><td>[\d.]+</td><td>[\d.]+</td><td>[\d.]+</td></tr>", d.stdout)
+        check("a mixture of experts' page (EP 2, a capacity): the balancing losses (2 lines of 6 steps), tokens per "
+              "expert (min, max, cv: 3 lines), the dropped share, and a row per MoE layer (3)",
+              p.returncode == 0 and q.returncode == 0 and bal == [6, 6] and tpe == [6, 6, 6] and drop == [6]
+              and layer_rows == ["0", "1", "2"], f"{bal} {tpe} {drop} {layer_rows} {q.stderr[-200:]}")
 
         other = os.path.join(tmp, "other.html")
         p = lib.run([LOOM, "report", os.path.join(run, "metrics.jsonl"), "-o", other])

@@ -280,6 +280,7 @@ struct loom_config {
     double moe_expert_capacity_factor; /* each expert takes at most ceil(N k / E x this) rows; 0: dropless */
     enum loom_moe_drop_policy moe_token_drop_policy;
     int moe_pad_expert_input_to_capacity; /* each expert's rows padded to the capacity */
+    int moe_per_layer_logging;            /* each MoE layer's statistics in the metrics and TensorBoard */
     int expert_model_parallel_size;       /* the experts split over this many data-parallel ranks */
     enum loom_moe_dispatcher moe_token_dispatcher_type;
     /* batch: global = micro x accumulation x dp */

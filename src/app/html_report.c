@@ -21,9 +21,13 @@
 
 /* ---- the metrics ------------------------------------------------------------ */
 
-enum { S_LOSS, S_LR, S_NORM, S_TPS, S_MFU, S_MS, S_SCALE, S_VAL, S_COUNT };
-static const char *const row_keys[S_COUNT] = {"loss", "lr",          "grad_norm",  "tokens_per_s",
-                                              "mfu",  "ms_per_step", "loss_scale", "val_loss"};
+enum { S_LOSS, S_LR, S_NORM, S_TPS, S_MFU, S_MS, S_SCALE, S_VAL, S_LB, S_Z, S_COUNT };
+static const char *const row_keys[S_COUNT] = {
+    "loss",        "lr",         "grad_norm", "tokens_per_s",        "mfu",
+    "ms_per_step", "loss_scale", "val_loss",  "load_balancing_loss", "z_loss"};
+/* a mixture of experts' tokens per expert (relative to their layer's mean) and dropped share */
+static const char *const moe_keys[] = {"min", "max", "cv", "dropped_share"};
+#define NMOE 4
 
 static const char *const mem_keys[] = {"params", "grads", "optimizer", "activations",
                                        "comm",   "other", "total"};
@@ -38,6 +42,8 @@ struct run {
     int n[S_COUNT];
     double *mx, *my[NMEM]; /* rank 0's peak memory by category, MiB */
     int nm;
+    double *ex, *ey[NMOE]; /* the moe object's moe_keys, per step */
+    int ne;
 };
 
 static double num(const cJSON *o, const char *key)
@@ -60,6 +66,8 @@ static int read_run(struct run *r, const char *path)
         r->y[s] = loom_alloc(sizeof(double) * (size_t)lines, LOOM_MEM_OTHER);
     }
     r->mx = loom_alloc(sizeof(double) * (size_t)lines, LOOM_MEM_OTHER);
+    r->ex = loom_alloc(sizeof(double) * (size_t)lines, LOOM_MEM_OTHER);
+    for (int k = 0; k < NMOE; k++) r->ey[k] = loom_alloc(sizeof(double) * (size_t)lines, LOOM_MEM_OTHER);
     for (int k = 0; k < NMEM; k++) r->my[k] = loom_alloc(sizeof(double) * (size_t)lines, LOOM_MEM_OTHER);
     int lineno = 0;
     for (char *line = text, *next; line && *line; line = next) {
@@ -95,6 +103,13 @@ static int read_run(struct run *r, const char *path)
             r->x[s][r->n[s]] = step;
             r->y[s][r->n[s]++] = cJSON_IsNumber(v) ? v->valuedouble : NAN;
         }
+        const cJSON *moe = cJSON_GetObjectItemCaseSensitive(o, "moe");
+        if (cJSON_IsObject(moe)) {
+            const cJSON *tpe = cJSON_GetObjectItemCaseSensitive(moe, "tokens_per_expert");
+            r->ex[r->ne] = step;
+            for (int k = 0; k < NMOE; k++) r->ey[k][r->ne] = num(k < 3 ? tpe : moe, moe_keys[k]);
+            r->ne++;
+        }
         const cJSON *mem = cJSON_GetObjectItemCaseSensitive(o, "mem");
         if (cJSON_IsObject(mem)) {
             r->mx[r->nm] = step;
@@ -115,6 +130,8 @@ static void free_run(struct run *r)
     for (int s = 0; s < S_COUNT; s++) loom_free(r->x[s]), loom_free(r->y[s]);
     loom_free(r->mx);
     for (int k = 0; k < NMEM; k++) loom_free(r->my[k]);
+    loom_free(r->ex);
+    for (int k = 0; k < NMOE; k++) loom_free(r->ey[k]);
 }
 
 /* ---- SVG ---------------------------------------------------------------------- */
@@ -209,6 +226,47 @@ static void svg_plot(FILE *f, const char *title, const struct series *s, int ns)
 }
 
 /* ---- the trace: one step per rank ---------------------------------------------- */
+
+/* A mixture of experts' load balance: the balancing losses, the tokens per
+ * expert relative to their layer's mean over the steps, the dropped share
+ * under a capacity, and (--moe-per-layer-logging) each layer's values at
+ * the last step. */
+static void moe_section(FILE *f, const struct run *r)
+{
+    if (!r->n[S_LB] && !r->ne) return;
+    fputs("<h2>Load balance (mixture of experts)</h2>\n", f);
+    const struct series lb[2] = {{"load_balancing_loss", "#1f77b4", r->x[S_LB], r->y[S_LB], r->n[S_LB]},
+                                 {"z_loss", "#d62728", r->x[S_Z], r->y[S_Z], r->n[S_Z]}};
+    svg_plot(f, "balancing loss (1 when balanced) and z-loss (unweighted, layers' mean)", lb, 2);
+    const struct series tpe[3] = {{"least-loaded expert", "#2ca02c", r->ex, r->ey[0], r->ne},
+                                  {"most-loaded expert", "#d62728", r->ex, r->ey[1], r->ne},
+                                  {"coefficient of variation", "#9467bd", r->ex, r->ey[2], r->ne}};
+    svg_plot(f, "tokens per expert, relative to their layer's mean", tpe, 3);
+    int dropped = 0;
+    for (int i = 0; i < r->ne; i++) dropped |= r->ey[3][i] > 0;
+    if (dropped) {
+        const struct series d = {"dropped share", "#8c564b", r->ex, r->ey[3], r->ne};
+        svg_plot(f, "choices a capacity dropped (share)", &d, 1);
+    }
+    const cJSON *moe = cJSON_GetObjectItemCaseSensitive(r->last_step, "moe");
+    const cJSON *layers = moe ? cJSON_GetObjectItemCaseSensitive(moe, "layers") : NULL;
+    if (!cJSON_IsArray(layers)) {
+        fputs("<p class=\"none\">per layer: run with --moe-per-layer-logging</p>\n", f);
+        return;
+    }
+    fputs("<table><tr><th>layer</th><th>load_balancing_loss</th><th>z_loss</th><th>tokens per expert cv</th>"
+          "</tr>\n",
+          f);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, layers)
+    {
+        fprintf(f, "<tr><td>%.0f</td><td>%.4f</td><td>%.4f</td><td>%.3f</td></tr>\n", num(x, "layer"),
+                num(x, "load_balancing_loss"), num(x, "z_loss"), num(x, "tokens_per_expert_cv"));
+    }
+    fputs("</table><p>Each MoE layer at the last logged step: its balancing loss is 1 when its experts are "
+          "evenly loaded and the router's probabilities even, and grows as a few experts take more.</p>\n",
+          f);
+}
 
 static const char *slice_color(const char *cat, const char *name)
 {
@@ -356,6 +414,7 @@ static void write_page(FILE *f, const struct run *r, const char *metrics, const 
         const struct series sc = {"loss scale", "#8c564b", r->x[S_SCALE], r->y[S_SCALE], r->n[S_SCALE]};
         svg_plot(f, "fp16 loss scale", &sc, 1);
     }
+    moe_section(f, r);
     fputs("<h2>Speed</h2>\n", f);
     const struct series tps = {"tokens/s", "#1f77b4", r->x[S_TPS], r->y[S_TPS], r->n[S_TPS]};
     svg_plot(f, "tokens/s", &tps, 1);

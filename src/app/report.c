@@ -145,6 +145,16 @@ static void tb_step(struct loom_report *r, const struct loom_step_stats *s, cons
         loom_tb_scalar(tb, s->step, "moe/tokens-per-expert-min", s->moe[3]);
         loom_tb_scalar(tb, s->step, "moe/tokens-per-expert-max", s->moe[4]);
         loom_tb_scalar(tb, s->step, "moe/tokens-per-expert-cv", s->moe[5]);
+        for (int i = 0; i < s->moe_layers; i++) { /* Megatron's per-layer tags */
+            const double *o = s->moe_layer + 4 * (size_t)i;
+            char tag[96];
+            snprintf(tag, sizeof tag, "moe/load_balancing_loss_layer_%d", (int)o[0]);
+            loom_tb_scalar(tb, s->step, tag, o[1]);
+            snprintf(tag, sizeof tag, "moe/z_loss_layer_%d", (int)o[0]);
+            loom_tb_scalar(tb, s->step, tag, o[2]);
+            snprintf(tag, sizeof tag, "moe/tokens-per-expert-cv_layer_%d", (int)o[0]);
+            loom_tb_scalar(tb, s->step, tag, o[3]);
+        }
     }
     char tag[64];
     for (int i = 0; i < LOOM_MEM_COUNT; i++) {
@@ -268,8 +278,17 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
         if (s->moe)
             fprintf(r->metrics,
                     ",\"load_balancing_loss\":%.9g,\"z_loss\":%.9g,\"moe\":{\"dropped_share\":%.6g,"
-                    "\"tokens_per_expert\":{\"min\":%.6g,\"max\":%.6g,\"cv\":%.6g}}",
+                    "\"tokens_per_expert\":{\"min\":%.6g,\"max\":%.6g,\"cv\":%.6g}",
                     s->moe[0], s->moe[1], s->moe[2], s->moe[3], s->moe[4], s->moe[5]);
+        for (int i = 0; s->moe && i < s->moe_layers; i++) {
+            const double *o = s->moe_layer + 4 * (size_t)i;
+            fprintf(
+                r->metrics,
+                "%s{\"layer\":%d,\"load_balancing_loss\":%.9g,\"z_loss\":%.9g,\"tokens_per_expert_cv\":%.6g}",
+                i ? "," : ",\"layers\":[", (int)o[0], o[1], o[2], o[3]);
+            if (i == s->moe_layers - 1) fputc(']', r->metrics);
+        }
+        if (s->moe) fputc('}', r->metrics);
         if (mem_by_rank) {
             fputs(",\"mem_by_rank\":[", r->metrics);
             for (int k = 0; k < world; k++) {

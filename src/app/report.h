@@ -33,6 +33,11 @@ struct loom_step_stats {
      * layer's mean: the smallest, the largest, and the coefficient of
      * variation (the layers' mean) */
     const double *moe; /* (LOOM_REPORT_MOE) */
+    /* --moe-per-layer-logging: each MoE layer that ran, (moe_layers, 4):
+     * its index among the model's layers, its balancing loss, z-loss and
+     * tokens per expert's coefficient of variation (NULL: none) */
+    int moe_layers;
+    const double *moe_layer;
 };
 #define LOOM_REPORT_MOE 6
 

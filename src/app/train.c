@@ -478,7 +478,9 @@ static void moe_summarise(const double *v, int n, int E, double *out)
     out[2] = v[4] > 0 ? v[3] / v[4] : 0;
     double lo = 0, hi = 0, cv = 0;
     int layers = 0;
-    for (const double *t = v + LOOM_MOE_STATS; E > 0 && t + E <= v + n; t += E) {
+    const int nmoe = E > 0 ? (n - LOOM_MOE_STATS) / (E + 3) : 0;
+    for (int i = 0; i < nmoe; i++) {
+        const double *t = v + LOOM_MOE_STATS + (size_t)i * E;
         double sum = 0, sq = 0, mn = t[0], mx = t[0];
         for (int e = 0; e < E; e++) sum += t[e], mn = t[e] < mn ? t[e] : mn, mx = t[e] > mx ? t[e] : mx;
         if (sum <= 0) continue; /* a layer this step did not run */
@@ -490,6 +492,28 @@ static void moe_summarise(const double *v, int n, int E, double *out)
         layers++;
     }
     out[3] = lo, out[4] = hi, out[5] = layers ? cv / layers : 0;
+}
+
+/* --moe-per-layer-logging: each MoE layer's (its index among all layers,
+ * balancing loss, z-loss, tokens per expert's coefficient of variation)
+ * from the same statistics, into out (nmoe x 4); the layers that ran. */
+static int moe_per_layer(const double *v, int n, int E, int freq, double *out)
+{
+    const int nmoe = E > 0 ? (n - LOOM_MOE_STATS) / (E + 3) : 0;
+    int k = 0;
+    for (int i = 0; i < nmoe; i++) {
+        const double *t = v + LOOM_MOE_STATS + (size_t)i * E,
+                     *sums = v + LOOM_MOE_STATS + (size_t)nmoe * E + 3 * i;
+        double sum = 0, sq = 0;
+        for (int e = 0; e < E; e++) sum += t[e];
+        if (sums[2] <= 0 || sum <= 0) continue; /* on another stage, or not run */
+        const double mean = sum / E;
+        for (int e = 0; e < E; e++) sq += (t[e] - mean) * (t[e] - mean);
+        double *o = out + 4 * (size_t)k++;
+        o[0] = (double)i * freq, o[1] = sums[0] / sums[2], o[2] = sums[1] / sums[2],
+        o[3] = sqrt(sq / E) / mean;
+    }
+    return k;
 }
 
 static double *gather_pipeline(const struct run *r, const int64_t *mem_by_rank)
@@ -842,6 +866,9 @@ int loom_train(struct loom_config *cfg)
     int ran = 0; /* steps completed in this run */
     const int nmoe = r.family->moe_stats ? r.family->moe_stats(r.model, NULL) : 0;
     double *moe = nmoe ? loom_alloc(sizeof(double) * (size_t)nmoe, LOOM_MEM_OTHER) : NULL;
+    double *moe_layers = /* --moe-per-layer-logging's (layer, 4) */
+        nmoe && cfg->moe_per_layer_logging ? loom_alloc(sizeof(double) * 4 * (size_t)nmoe, LOOM_MEM_OTHER)
+                                           : NULL;
     int stop = STOP_NONE;
     while (loom_engine_steps_done(e) < cfg->train_iters && rc == LOOM_OK) {
         const int step = (int)loom_engine_steps_done(e) + 1;
@@ -876,6 +903,8 @@ int loom_train(struct loom_config *cfg)
                                         res.skipped_total,
                                         r.topo->pp,
                                         NULL,
+                                        NULL,
+                                        0,
                                         NULL};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
@@ -888,6 +917,10 @@ int loom_train(struct loom_config *cfg)
                                          LOOM_OP_SUM);
                 s.moe = moe_summary;
                 moe_summarise(moe, nmoe, cfg->num_experts, moe_summary);
+                if (moe_layers)
+                    s.moe_layers =
+                        moe_per_layer(moe, nmoe, cfg->num_experts, cfg->moe_layer_freq, moe_layers);
+                s.moe_layer = moe_layers;
             }
             loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
             loom_free(by_rank);
@@ -939,6 +972,7 @@ int loom_train(struct loom_config *cfg)
     if (r.layout.on) report_auto_layout(&r, &rep, median_tps);
     loom_free(step_tps);
     loom_free(moe);
+    loom_free(moe_layers);
     loom_report_close(&rep);
     if (rc == LOOM_OK) rc = loom_report_status(&rep); /* the last rows' write */
     teardown(&r);

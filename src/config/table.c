@@ -148,6 +148,9 @@ const struct setting loom_settings[] = {
     ENUM("--moe-token-drop-policy", "moe_token_drop_policy", "moe", moe_token_drop_policy, moe_drop_policies,
          "probs", "which rows an expert over its capacity keeps: probs (the largest routing weights) or "
                   "position (the first)"),
+    BOOL("--moe-per-layer-logging", "moe_per_layer_logging", "moe", moe_per_layer_logging, "0",
+         "each MoE layer's balancing loss, z-loss and tokens per expert's cv in the metrics (moe.layers) and "
+         "TensorBoard (moe/load_balancing_loss_layer_N, ...)"),
     BOOL("--moe-pad-expert-input-to-capacity", "moe_pad_expert_input_to_capacity", "moe",
          moe_pad_expert_input_to_capacity, "0", "each expert computes exactly its capacity of rows (zeros pad it)"),
 

@@ -757,7 +757,9 @@ static void alloc_activations(struct loom_decoder *m)
         m->moe_probs_host = loom_alloc(loom_mul_size(Nk, sizeof(float)), LOOM_MEM_OTHER);
         m->moe_keep_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
         const int nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq;
-        m->moe_tokens = loom_alloc(loom_mul_size((size_t)nmoe * E, sizeof(double)), LOOM_MEM_OTHER);
+        /* each MoE layer's choices per expert, then its balancing loss's and z-loss's sums and forwards */
+        m->moe_tokens = loom_alloc(loom_mul_size((size_t)nmoe * (E + 3), sizeof(double)), LOOM_MEM_OTHER);
+        memset(m->moe_tokens, 0, sizeof(double) * (size_t)nmoe * (E + 3));
     }
     if ((m->docs.reset_positions || m->ctx.cp > 1) && m->spec.positions == LOOM_POSITION_LEARNED &&
         m->emb >= 0)

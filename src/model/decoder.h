@@ -328,7 +328,7 @@ struct loom_decoder {
      * (MoE layer of the whole model, expert)'s choices (host); a recomputing forward counts none */
     double moe_aux_sum, moe_z_sum, moe_choices;
     int moe_layers_seen;
-    double *moe_tokens;
+    double *moe_tokens; /* (nmoe, E) choices per (MoE layer, expert), then (nmoe, 3) each layer's sums */
     int moe_recomputing;
 };
 

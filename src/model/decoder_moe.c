@@ -357,22 +357,24 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     m->moe_z_sum += z / N;
     m->moe_layers_seen++;
     m->moe_choices += (double)N * k;
-    double *tokens = m->moe_tokens + (size_t)(l / m->spec.moe_freq) * E;
+    const int i = l / m->spec.moe_freq, nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq;
+    double *tokens = m->moe_tokens + (size_t)i * E, *layer = m->moe_tokens + (size_t)nmoe * E + 3 * (size_t)i;
     for (int e = 0; e < E; e++) tokens[e] += x->routed[e];
+    layer[0] += aux * E / ((double)N * N * k), layer[1] += z / N, layer[2] += 1;
 }
 
 int loom_decoder_moe_take(struct loom_decoder *m, double *out)
 {
     if (!m->spec.experts) return 0;
     const int E = m->spec.experts, nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq,
-              n = LOOM_MOE_STATS + nmoe * E;
+              n = LOOM_MOE_STATS + nmoe * (E + 3);
     if (!out) return n;
     out[0] = m->moe_aux_sum, out[1] = m->moe_z_sum, out[2] = m->moe_layers_seen, out[3] = m->moe_dropped;
     out[4] = m->moe_choices;
-    for (int i = 0; i < nmoe * E; i++) out[LOOM_MOE_STATS + i] = m->moe_tokens ? m->moe_tokens[i] : 0;
+    for (int i = 0; i < nmoe * (E + 3); i++) out[LOOM_MOE_STATS + i] = m->moe_tokens ? m->moe_tokens[i] : 0;
     m->moe_aux_sum = m->moe_z_sum = m->moe_choices = 0;
     m->moe_layers_seen = m->moe_dropped = 0;
-    if (m->moe_tokens) memset(m->moe_tokens, 0, sizeof(double) * (size_t)nmoe * E);
+    if (m->moe_tokens) memset(m->moe_tokens, 0, sizeof(double) * (size_t)nmoe * (E + 3));
     return n;
 }
 

@@ -77,8 +77,10 @@ struct loom_model_family {
      * since the last call, then reset: out[0..LOOM_MOE_STATS) the balancing
      * loss and the z-loss (unweighted) summed over (MoE layer, micro-batch),
      * those pairs, the choices dropped by a capacity and all choices; then
-     * each (MoE layer of the whole model, expert)'s choices. Returns the
-     * length (0: the model has no experts); out NULL: the length only. */
+     * each (MoE layer of the whole model, expert)'s choices; then each MoE
+     * layer's balancing loss and z-loss summed over its forwards, and
+     * those forwards. Returns the length (0: the model has no experts);
+     * out NULL: the length only. */
     int (*moe_stats)(struct loom_model *m, double *out);
     /* Optional (NULL: none): a decoder family's definition
      * (model/decoder_def.h), which its generic formats read. */
