@@ -124,22 +124,7 @@ def resume(tmp, one):
     one."""
     for tag, first, then in (("CP 2 -> 1 process", (2, cp(2, "p2p")), (1, [])),
                              ("1 process -> CP 2", (1, []), (2, cp(2, "p2p")))):
-        name = tag.split()[0] + tag.split()[-1]
-        half = lib.tiny_run(tmp, f"resume-{name}-a", first[0],
-                            lib.TINY_MODEL + BATCH + first[1] + ["--exit-interval", "10"])
-        save = os.path.join(tmp, f"resume-{name}-a")
-        metrics = os.path.join(tmp, f"resume-{name}-b.jsonl")
-        cmd = [lib.LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--data-order", "shuffled"] + \
-            lib.TINY_MODEL + BATCH + then[1] + [
-                "--train-iters", str(lib.STEPS), "--lr", "3e-3", "--lr-warmup-iters", "3", "--clip-grad", "0.5",
-                "--weight-decay", "0.1", "--log-interval", "1", "--eval-iters", "0", "--threads", "1", "--seed", "7",
-                "--metrics", metrics, "--load", save, "--comm-timeout", "60"]
-        lib.run_ranks(then[0], cmd, tag=tag)
-        rest = [r["loss"] for r in lib.metrics_rows(metrics)]
-        got = half[0][:10] + rest
-        worst = max((lib.rel(a, b) for a, b in zip(got, one[0])), default=1.0)
-        check(f"{tag}: {len(got)} steps, worst loss rel err {worst:.1e} (tol 1e-5)",
-              len(got) == lib.STEPS and worst <= 1e-5, f"{got} vs {one[0]}")
+        lib.resume_check(tmp, tag, lib.TINY_MODEL + BATCH, first, then, one)
 
 
 def bad_settings(tmp):
