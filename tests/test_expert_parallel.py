@@ -42,6 +42,10 @@ docstring gives the measurement):
   - ZeRO over the ranks that hold the same experts: ZeRO-1, ZeRO-2,
     ZeRO-3 and the distributed optimizer at EP 2 x DP 2, ZeRO-3 with the
     allgather dispatcher and on 2 ranks, against one process within 1e-5;
+  - a Hugging Face directory (the one-process run converted; trained with
+    Megatron's balancing loss, which config.json cannot state and loom's
+    metadata does) loads under EP 2 x DP 2, each rank its own experts: 5
+    steps are one process's;
   - checkpoints stay layout-free: an EP 2 run's checkpoint at step 10
     resumed in one process, one process's resumed under EP 2 x DP 2, and
     EP 2 x DP 2 ZeRO-3's under EP 4: the remaining steps against the
@@ -189,6 +193,26 @@ def resume(tmp, one):
         lib.resume_check(tmp, tag, BASE, first, then, one)
 
 
+def hf_directory(tmp):
+    """A Hugging Face directory (loom convert of the one-process checkpoint)
+    loaded under EP 2 x DP 2: each rank reads its experts and skips the
+    others'; 5 steps from it are one process's."""
+    d = os.path.join(tmp, "one-hf")
+    p = lib.loom("convert", os.path.join(tmp, "one"), d)
+    losses = {}
+    for tag, n, extra in (("one process", 1, []), ("EP 2 x DP 2", 4, ep(2))):
+        metrics = os.path.join(tmp, f"hf-{n}.jsonl")
+        cmd = [lib.LOOM, "train", "--load", d, "--data-path", os.path.join(tmp, "train.bin"), "--micro-batch-size",
+               "2", "--global-batch-size", "8", "--train-iters", "5", "--eval-iters", "0", "--threads", "1",
+               "--log-interval", "1", "--metrics", metrics] + extra
+        q = lib.run_ranks(n, cmd, expect=None, timeout=300)
+        losses[tag] = [r["loss"] for r in lib.metrics_rows(metrics)] if q.returncode == 0 else []
+    a, b = losses["one process"], losses["EP 2 x DP 2"]
+    worst = max((lib.rel(x, y) for x, y in zip(b, a)), default=1.0)
+    check(f"a Hugging Face directory loaded under EP 2 x DP 2: 5 steps, one process's losses (worst rel {worst:.1e}, "
+          f"tol 1e-5)", p.returncode == 0 and len(a) == len(b) == 5 and worst <= 1e-5, f"{a} vs {b}")
+
+
 def bad_settings(tmp):
     data = ["--data-path", os.path.join(tmp, "train.bin")]
     base = [lib.LOOM, "train"] + data + BASE + ["--train-iters", "1", "--eval-iters", "0"]
@@ -220,6 +244,7 @@ def main():
         statistics(tmp)
         memory(tmp)
         resume(tmp, one)
+        hf_directory(tmp)
         bad_settings(tmp)
     return lib.verdict()
 

@@ -1073,7 +1073,9 @@ void loom_decoder_free(struct loom_decoder *m)
 struct loom_decoder *loom_decoder_create_whole(const struct loom_decoder_spec *s, int B, int T)
 {
     const int lo = 0, hi = s->num_layers - 1;
-    return loom_decoder_create(s, B, T, 1, 0, 1, &lo, &hi, 1, 1);
+    struct loom_decoder_spec whole = *s; /* every expert too */
+    whole.ep = whole.ep_rank = whole.ep_allgather = 0;
+    return loom_decoder_create(&whole, B, T, 1, 0, 1, &lo, &hi, 1, 1);
 }
 
 /* ---- norms ------------------------------------------------------------------ */

@@ -220,7 +220,10 @@ static int check_config_tensors(const struct loom_decoder_def *d, const char *co
 }
 
 /* loom's metadata: every setting (an older file's absent ones the family's
- * defaults), which a config.json beside the file must agree with. */
+ * defaults), which a config.json beside the file must agree with, but for
+ * the training defaults config.json gives (the balancing loss: its form and
+ * weight as transformers trains, which Megatron's per-layer loss has no
+ * config.json form for); there the metadata's, the run's own, hold. */
 static int metadata_shape(const struct loom_decoder_def *d, const char *file, const char *config,
                           struct loom_model_shape *out)
 {
@@ -242,7 +245,7 @@ static int metadata_shape(const struct loom_decoder_def *d, const char *file, co
     for (int i = 0; i < out->n; i++) {
         const struct loom_shape_setting *said = loom_model_shape_find(&described, out->kv[i].key);
         char a[48], b[48];
-        if (!said) continue;
+        if (!said || loom_decoder_def_flag_wins(d, out->kv[i].key)) continue;
         loom_model_shape_text(&out->kv[i], a, sizeof a);
         loom_model_shape_text(said, b, sizeof b);
         if (strcmp(a, b) != 0)
