@@ -266,6 +266,17 @@ def tiny_run(tmp, tag, np_ranks, extra):
     return out
 
 
+def check_refused(name, p, needles):
+    """One check line: the finished process p exited 2 with one error line
+    holding every string of needles; the line is printed under it."""
+    lines = error_lines(p.stderr)
+    ok = check(f"{name}: exit 2, one line", p.returncode == 2 and len(lines) == 1 and
+               all(s in lines[0] for s in needles), f"exit {p.returncode}: {p.stderr[-600:]}")
+    if lines:
+        print(f"     {lines[0]}")
+    return ok
+
+
 def resume_check(tmp, tag, flags, first, then, one, tol=1e-5):
     """One check line: tiny_run with flags on first = (ranks, layout flags)
     stops at step 10 (--exit-interval 10), and its checkpoint resumed on
