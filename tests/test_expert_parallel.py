@@ -56,7 +56,7 @@ with micro-batches of 1) is checked at least 10x the bound away.
 
 Bad settings, one line and exit 2: experts not divisible by the size, a
 model without experts, a world whose data-parallel ranks the size does not
-divide.
+divide, `loom sample` given the size (it runs in one process).
 """
 import os
 import sys
@@ -222,9 +222,12 @@ def bad_settings(tmp):
         ("a model without experts", 2, "dense", ["--expert-model-parallel-size 2", "--num-experts 0"]),
         ("a world the size does not divide", 3, ep(2), ["expert-parallel size 2", "3"]),
     ]
+    cases += [("loom sample with expert parallelism", 1, "sample", ["--expert-model-parallel-size 2", "one process"])]
     for name, n, extra, needles in cases:
         if extra == "dense":  # the flag on a model without experts
             cmd = [lib.LOOM, "train"] + data + ["--model", "llama-tiny", "--train-iters", "1", "--eval-iters", "0"] + ep(2)
+        elif extra == "sample":
+            cmd = [lib.LOOM, "sample", "--load", os.path.join(tmp, "one"), "--prompt", "a"] + ep(2)
         else:
             cmd = base + extra
         lib.check_refused(name, lib.run_ranks(n, cmd, expect=None, timeout=120), needles)
