@@ -270,8 +270,7 @@ static void allgather_forward(struct loom_decoder *m, struct loom_decoder_layer_
     dev(m)->upload(x->gpos, lpos, P * Nk * sizeof(int32_t));
     loom_ep_gather(p, x->gprobs, x->rprobs, (size_t)Nk, LOOM_DTYPE_F32);
     loom_ep_gather(p, m->moe_gx, ln2, NC, LOOM_DTYPE_F32);
-    int R = 0;
-    for (int j = 0; j < p->local; j++) R += n[j];
+    const int R = loom_ep_rows(p, x->recv);
     if (m->spec.pad_to_capacity) dev(m)->memset(x->xe, 0, (size_t)R * C * sizeof(float));
     for (size_t s = 0; s < P; s++)
         m->k->moe_permute_forward(x->xe, m->moe_gx + s * NC, x->gpos + s * Nk, N, k, C);
@@ -291,8 +290,7 @@ static void allgather_backward(struct loom_decoder *m, struct loom_decoder_layer
     const struct loom_ep *p = &m->ep;
     const int k = m->spec.topk, C = m->spec.hidden, Nk = N * k;
     const size_t P = (size_t)p->ep, NC = (size_t)N * C;
-    int R = 0;
-    for (int j = 0; j < p->local; j++) R += n[j];
+    const int R = loom_ep_rows(p, x->recv);
     loom_ep_gather(p, m->moe_gx, dout, NC, LOOM_DTYPE_F32);
     float *dy = m->moe_ep[0], *dx = m->moe_ep[1];
     if (m->spec.pad_to_capacity) dev(m)->memset(dy, 0, (size_t)R * C * sizeof(float));

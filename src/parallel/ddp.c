@@ -9,16 +9,16 @@
 #include "kernels/backend.h"
 #include "kernels/pool.h"
 
-/* The bucket's runs [at, at + n) of one group each, at most `max`: every
- * block's expert tensors over the expert-data-parallel group, the rest over
- * dp (one run, the whole bucket, unless experts are apart). */
+/* With experts apart, the bucket's runs [at, at + n) of one group each, at
+ * most `max`: every block's expert tensors over the expert-data-parallel
+ * group, the rest over dp. */
 static int runs(const struct loom_ddp *d, const struct loom_ddp_bucket *b, size_t *at, size_t *n,
                 enum loom_group *g, int max)
 {
     const size_t lo = b->base, hi = b->base + b->f32.numel;
     int k = 0;
     size_t from = lo;
-    for (int i = b->first_block; d->experts_apart && i <= b->last_block; i++) {
+    for (int i = b->first_block; i <= b->last_block; i++) {
         const struct loom_block *blk = &d->model->blocks[i];
         if (blk->expert_hi <= blk->expert_lo) continue;
         const size_t x0 = blk->offset + blk->expert_lo, x1 = blk->offset + blk->expert_hi;
@@ -41,6 +41,10 @@ static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
     const int lp = d->reduce_dtype != LOOM_DTYPE_F32;
     if (lp) d->model->backend->convert(b->stored, b->f32);
     const struct loom_buf all = lp ? b->stored : b->f32;
+    if (!d->experts_apart) { /* one run, over dp */
+        b->handle = loom_comm_allreduce(LOOM_GROUP_DP, all, LOOM_OP_SUM);
+        return;
+    }
     const int max = 2 * (b->last_block - b->first_block + 1) + 1;
     size_t *at = loom_alloc(sizeof(size_t) * 2 * (size_t)max, LOOM_MEM_OTHER), *n = at + max;
     enum loom_group *g = loom_alloc(sizeof *g * (size_t)max, LOOM_MEM_OTHER);
