@@ -4,7 +4,8 @@ norms bit for bit the same? For refactors that promise not to change the
 math. Each layout trains gpt2-tiny (or llama-tiny) 8 steps (global batch 8,
 micro-batch 2) with one build and then the other, and the metrics are
 compared exactly: data, tensor, sequence and pipeline parallelism (every
-schedule), their mixes, recomputation, 16-bit and fp8 training.
+schedule), their mixes, recomputation, 16-bit and fp8 training, and
+mixtures of experts under expert parallelism.
 
     scripts/same-losses.py BUILD_A BUILD_B [LAYOUT ...]
 
@@ -25,6 +26,8 @@ BASE = ["train", "--train-iters", "8", "--log-interval", "1", "--eval-iters", "0
 TP2 = ["--tensor-model-parallel-size", "2"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 LLAMA = ["--model", "llama-tiny"]
+MIXTRAL = ["--model", "mixtral-tiny", "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001"]
+EP2 = ["--expert-model-parallel-size", "2"]
 LAYOUTS = {
     "1 process": (1, []),
     "1 process bf16": (1, ["--bf16"]),
@@ -70,6 +73,11 @@ LAYOUTS = {
     "llama TP 2 + SP bf16": (2, LLAMA + TP2 + ["--sequence-parallel", "--bf16"]),
     "llama PP 2 interleaved": (2, LLAMA + PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"]),
     "llama TP 2 x PP 2 invariant": (4, LLAMA + TP2 + PP2 + ["--layout-invariant", "2"]),
+    "mixtral 1 process": (1, MIXTRAL),
+    "mixtral bf16": (1, MIXTRAL + ["--bf16"]),
+    "mixtral EP 2": (2, MIXTRAL + EP2),
+    "mixtral EP 2 allgather": (2, MIXTRAL + EP2 + ["--moe-token-dispatcher-type", "allgather"]),
+    "mixtral EP 2 x DP 2, ZeRO-3": (4, MIXTRAL + EP2 + ["--zero-stage", "3"]),
 }
 
 

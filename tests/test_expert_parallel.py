@@ -69,6 +69,18 @@ BASE = ["--model", "mixtral-tiny", "--num-layers", "4", "--hidden-size", "64", "
         "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4", "--seq-length", "16",
         "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2",
         "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001"]
+# another family: GPT-2's dense experts with biases (four tensors an expert), its tied table
+GPT2 = ["--model", "gpt2-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2",
+        "--moe-aux-loss-coeff", "0.01"]
+# Llama with shared experts (dense, on every rank) in every other layer (blocks without experts between),
+# Hugging Face's balancing loss over all layers
+LLAMA = ["--model", "llama-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+         "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4", "--moe-router-topk", "2",
+         "--moe-ffn-hidden-size", "48", "--moe-shared-expert-intermediate-size", "32", "--moe-layer-freq", "2",
+         "--moe-router-load-balancing-type", "hf_aux_loss", "--moe-aux-loss-coeff", "0.01", "--seq-length", "16",
+         "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2"]
 FULL = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]
 
 
@@ -84,7 +96,9 @@ def run(tmp, tag, n, extra):
     return lib.tiny_run(tmp, tag, n, BASE + extra)
 
 
-def layouts(tmp):
+def layouts(tmp, refs):
+    """The layouts without tensor parallelism; the one-process runs the
+    others compare with go into refs."""
     one = run(tmp, "one", 1, [])
     got = {}
     for kind in ("alltoall", "allgather"):
@@ -100,7 +114,7 @@ def layouts(tmp):
     padded = pos + ["--moe-pad-expert-input-to-capacity"]
     for tag, extra, kinds in (("probs", cap, ("alltoall",)), ("position", pos, ("alltoall",)),
                               ("position, padded", padded, ("alltoall", "allgather"))):
-        ref = run(tmp, f"cap-{tag}-one", 1, extra)
+        ref = refs[tag] = run(tmp, f"cap-{tag}-one", 1, extra)
         for kind in kinds:
             lib.compare_runs(f"mixtral EP 2, {kind}, capacity 1 ({tag})", ref,
                              run(tmp, f"cap-{tag}-ep2-{kind}", 2, ep(2) + dispatcher(kind) + extra))
@@ -114,27 +128,43 @@ def layouts(tmp):
         name = "ep2-" + tag.replace(" ", "").replace(",", "")
         got[tag] = run(tmp, name, n, ep(2) + extra)
         lib.compare_runs(f"mixtral EP 2{' x DP 2' if n == 4 else ''}, {tag}", one, got[tag])
-    # another family: GPT-2's dense experts with biases (four tensors an expert), its tied table
-    gpt2 = ["--model", "gpt2-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-            "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--seq-length", "16",
-            "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2",
-            "--moe-aux-loss-coeff", "0.01"]
-    lib.compare_runs("gpt2 with experts, EP 2 x DP 2, alltoall", lib.tiny_run(tmp, "gpt2-one", 1, gpt2),
-                     lib.tiny_run(tmp, "gpt2-ep2dp2", 4, gpt2 + ep(2)))
-    # Llama with shared experts (dense, on every rank) in every other layer (blocks without experts between),
-    # Hugging Face's balancing loss over all layers, the allgather dispatcher
-    llama = ["--model", "llama-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-             "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4", "--moe-router-topk", "2",
-             "--moe-ffn-hidden-size", "48", "--moe-shared-expert-intermediate-size", "32", "--moe-layer-freq", "2",
-             "--moe-router-load-balancing-type", "hf_aux_loss", "--moe-aux-loss-coeff", "0.01", "--seq-length", "16",
-             "--max-position-embeddings", "16", "--global-batch-size", "8", "--micro-batch-size", "2"]
-    lib.compare_runs("llama, shared experts every other layer, hf_aux_loss, EP 2 x DP 2, allgather",
-                     lib.tiny_run(tmp, "llama-one", 1, llama),
-                     lib.tiny_run(tmp, "llama-ep2dp2", 4, llama + ep(2) + dispatcher("allgather")))
+    refs["gpt2"] = lib.tiny_run(tmp, "gpt2-one", 1, GPT2)
+    lib.compare_runs("gpt2 with experts, EP 2 x DP 2, alltoall", refs["gpt2"],
+                     lib.tiny_run(tmp, "gpt2-ep2dp2", 4, GPT2 + ep(2)))
+    refs["llama"] = lib.tiny_run(tmp, "llama-one", 1, LLAMA)
+    lib.compare_runs("llama, shared experts every other layer, hf_aux_loss, EP 2 x DP 2, allgather", refs["llama"],
+                     lib.tiny_run(tmp, "llama-ep2dp2", 4, LLAMA + ep(2) + dispatcher("allgather")))
     other = run(tmp, "ep2-mb1", 2, ep(2) + ["--micro-batch-size", "1"])
     apart = max(lib.rel(a, b) for a, b in zip(other[0], one[0]))
     check(f"a run whose experts see other rows is {apart:.1e} away (at least 10x the bound)", apart >= 1e-4)
     return one
+
+
+def tp(n, sp=True):
+    return ["--tensor-model-parallel-size", str(n)] + (["--sequence-parallel"] if sp else [])
+
+
+def tensor_parallel(tmp, one, refs):
+    """Experts split over tensor-parallel ranks (each expert's gate and up
+    by columns, its down by rows; the router replicated), alone and with
+    EP, against one process within 1e-5."""
+    for tag, n, extra in (("TP 2", 2, tp(2, sp=False)), ("TP 2 + SP", 2, tp(2)),
+                          ("TP 2 + SP x EP 2, alltoall", 4, tp(2) + ep(2)),
+                          ("TP 2 + SP x EP 2, allgather", 4, tp(2) + ep(2) + dispatcher("allgather")),
+                          ("TP 2 + SP x EP 2, ZeRO-3", 4, tp(2) + ep(2) + ["--zero-stage", "3"]),
+                          ("TP 2 x EP 2, full recomputation", 4, tp(2, sp=False) + ep(2) + FULL)):
+        lib.compare_runs(f"mixtral {tag}", one, run(tmp, "tp-" + "".join(c for c in tag if c.isalnum()), n, extra))
+    padded = ["--moe-expert-capacity-factor", "1", "--moe-token-drop-policy", "position",
+              "--moe-pad-expert-input-to-capacity"]
+    lib.compare_runs("mixtral TP 2 + SP x EP 2, capacity 1 (position, padded)",
+                     refs["position, padded"],
+                     run(tmp, "tp-cap", 4, tp(2) + ep(2) + padded))
+    # GPT-2's experts' biases: a column bias split, a row bias added once; Llama's shared experts split too
+    lib.compare_runs("gpt2 with experts, TP 2 x EP 2", refs["gpt2"],
+                     lib.tiny_run(tmp, "gpt2-tp2ep2", 4, GPT2 + tp(2, sp=False) + ep(2)))
+    lib.compare_runs("llama, shared experts, TP 2 + SP x EP 2, allgather",
+                     refs["llama"],
+                     lib.tiny_run(tmp, "llama-tp2ep2", 4, LLAMA + tp(2) + ep(2) + dispatcher("allgather")))
 
 
 def bf16(tmp):
@@ -189,28 +219,32 @@ def resume(tmp, one):
     uninterrupted one-process run one."""
     for tag, first, then in (("EP 2 -> 1 process", (2, ep(2)), (1, [])),
                              ("1 process -> EP 2 x DP 2", (1, []), (4, ep(2))),
-                             ("EP 2 x DP 2 ZeRO-3 -> EP 4", (4, ep(2) + ["--zero-stage", "3"]), (4, ep(4)))):
+                             ("EP 2 x DP 2 ZeRO-3 -> EP 4", (4, ep(2) + ["--zero-stage", "3"]), (4, ep(4))),
+                             ("TP 2 + SP x EP 2 -> 1 process", (4, tp(2) + ep(2)), (1, []))):
         lib.resume_check(tmp, tag, BASE, first, then, one)
 
 
 def hf_directory(tmp):
     """A Hugging Face directory (loom convert of the one-process checkpoint)
-    loaded under EP 2 x DP 2: each rank reads its experts and skips the
-    others'; 5 steps from it are one process's."""
+    loaded under EP 2 x DP 2 and TP 2 + SP x EP 2: each rank reads its
+    experts (and its columns of them) and skips the others'; 5 steps from
+    it are one process's."""
     d = os.path.join(tmp, "one-hf")
     p = lib.loom("convert", os.path.join(tmp, "one"), d)
     losses = {}
-    for tag, n, extra in (("one process", 1, []), ("EP 2 x DP 2", 4, ep(2))):
-        metrics = os.path.join(tmp, f"hf-{n}.jsonl")
+    for tag, n, extra in (("one process", 1, []), ("EP 2 x DP 2", 4, ep(2)), ("TP 2 + SP x EP 2", 4, tp(2) + ep(2))):
+        metrics = os.path.join(tmp, f"hf-{''.join(c for c in tag if c.isalnum())}.jsonl")
         cmd = [lib.LOOM, "train", "--load", d, "--data-path", os.path.join(tmp, "train.bin"), "--micro-batch-size",
                "2", "--global-batch-size", "8", "--train-iters", "5", "--eval-iters", "0", "--threads", "1",
                "--log-interval", "1", "--metrics", metrics] + extra
         q = lib.run_ranks(n, cmd, expect=None, timeout=300)
         losses[tag] = [r["loss"] for r in lib.metrics_rows(metrics)] if q.returncode == 0 else []
-    a, b = losses["one process"], losses["EP 2 x DP 2"]
-    worst = max((lib.rel(x, y) for x, y in zip(b, a)), default=1.0)
-    check(f"a Hugging Face directory loaded under EP 2 x DP 2: 5 steps, one process's losses (worst rel {worst:.1e}, "
-          f"tol 1e-5)", p.returncode == 0 and len(a) == len(b) == 5 and worst <= 1e-5, f"{a} vs {b}")
+    a = losses["one process"]
+    for tag in ("EP 2 x DP 2", "TP 2 + SP x EP 2"):
+        b = losses[tag]
+        worst = max((lib.rel(x, y) for x, y in zip(b, a)), default=1.0)
+        check(f"a Hugging Face directory loaded under {tag}: 5 steps, one process's losses (worst rel {worst:.1e}, "
+              f"tol 1e-5)", p.returncode == 0 and len(a) == len(b) == 5 and worst <= 1e-5, f"{a} vs {b}")
 
 
 def bad_settings(tmp):
@@ -221,6 +255,8 @@ def bad_settings(tmp):
          ["--expert-model-parallel-size 2", "--num-experts 3"]),
         ("a model without experts", 2, "dense", ["--expert-model-parallel-size 2", "--num-experts 0"]),
         ("a world the size does not divide", 3, ep(2), ["expert-parallel size 2", "3"]),
+        ("a tensor-parallel size not dividing the experts' columns", 2,
+         tp(2, sp=False) + ["--moe-ffn-hidden-size", "33"], ["--tensor-model-parallel-size 2", "33"]),
     ]
     cases += [("loom sample with expert parallelism", 1, "sample", ["--expert-model-parallel-size 2", "one process"])]
     for name, n, extra, needles in cases:
@@ -238,7 +274,9 @@ def main():
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         lib.write_corpus(tmp)
-        one = layouts(tmp)
+        refs = {}
+        one = layouts(tmp, refs)
+        tensor_parallel(tmp, one, refs)
         statistics(tmp)
         memory(tmp)
         resume(tmp, one)

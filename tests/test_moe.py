@@ -466,11 +466,9 @@ def refusals():
         errs = lib.error_lines(p.stderr)
         check(f"refused, one line, exit 2: {' '.join(extra)}",
               p.returncode == 2 and len(errs) == 1 and want in errs[0], f"rc {p.returncode}: {p.stderr[-400:]}")
-    p = lib.run(lib.mpirun(2, [lib.LOOM, *base, "--tensor-model-parallel-size", "2"]), timeout=120, env=lib.ENV)
-    errs = lib.error_lines(p.stderr)
-    check("refused, one line, exit 2: --tensor-model-parallel-size 2 (2 ranks)",
-          p.returncode == 2 and errs and all("--tensor-model-parallel-size above 1" in e for e in errs), p.stderr[-400:])
-    for extra, want in ((["--context-parallel-size", "2"], "--context-parallel-size above 1"),
+    for extra, want in ((["--tensor-model-parallel-size", "2", "--moe-ffn-hidden-size", "33"],
+                         "--tensor-model-parallel-size 2 must divide --moe-ffn-hidden-size 33"),
+                        (["--context-parallel-size", "2"], "--context-parallel-size above 1"),
                         (["--pipeline-model-parallel-size", "2", "--moe-router-load-balancing-type", "hf_aux_loss"],
                          "hf_aux_loss with --pipeline-model-parallel-size 2")):
         p = lib.run(lib.mpirun(2, [lib.LOOM, *base, *extra]), timeout=120, env=lib.ENV)

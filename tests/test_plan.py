@@ -102,6 +102,9 @@ LAYOUTS = [
                                                 "--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"),
     ("Mixtral tiny EP 2 x DP 2 ZeRO-3", 4, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "
                                                     "--expert-model-parallel-size 2 --zero-stage 3"),
+    ("Mixtral tiny TP 2 + SP x EP 2", 4, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "
+                                                  "--tensor-model-parallel-size 2 --sequence-parallel "
+                                                  "--expert-model-parallel-size 2"),
     ("GPT-2 124M bf16", 1, GPT2, "--micro-batch-size 2 --global-batch-size 2 --bf16"),
     ("GPT-2 124M ZeRO-3 bf16", 2, GPT2, "--micro-batch-size 1 --global-batch-size 2 --zero-stage 3 --bf16"),
     ("GPT-2 124M TP + SP", 2, GPT2, "--micro-batch-size 2 --global-batch-size 2 --tensor-model-parallel-size 2 "

@@ -556,7 +556,8 @@ static void sweep(struct squares *q, const struct loom_state_view *v)
 {
     const struct loom_model *m = q->m;
     const size_t lo = v->grads_lo, hi = v->grads_hi;
-    if (q->experts_apart) { /* each block's dense runs, then its experts' (into ss_experts) */
+    const int filters = loom_stack_filters_tensors(m);
+    if (q->experts_apart && !filters) { /* each block's dense runs, then its experts' (into ss_experts) */
         for (int bi = 0; bi < m->nblocks; bi++) {
             const struct loom_block *b = &m->blocks[bi];
             const size_t cut[4] = {b->offset, b->offset + b->expert_lo, b->offset + b->expert_hi,
@@ -569,15 +570,17 @@ static void sweep(struct squares *q, const struct loom_state_view *v)
                 if (r == 1) q->ss_experts += q->ss - before, q->ss = before;
             }
         }
-    } else if (loom_stack_filters_tensors(m)) {
+    } else if (filters) { /* with expert parallelism, the experts' into ss_experts */
         for (int bi = 0; bi < m->nblocks; bi++) {
             const struct loom_block *b = &m->blocks[bi];
             for (int ti = 0; ti < b->ntensors; ti++) {
                 const struct loom_tensor *t = &b->tensors[ti];
                 const size_t t_lo = b->offset + t->offset, t_hi = t_lo + t->numel;
                 const size_t a = t_lo > lo ? t_lo : lo, z = t_hi < hi ? t_hi : hi;
-                if (a < z && loom_stack_counts_tensor(m, t))
-                    add_squares(q, loom_buf_slice(v->grads, a - lo, z - a));
+                if (a >= z || !loom_stack_counts_tensor(m, t)) continue;
+                const double before = q->ss;
+                add_squares(q, loom_buf_slice(v->grads, a - lo, z - a));
+                if (q->experts_apart && t->expert) q->ss_experts += q->ss - before, q->ss = before;
             }
         }
     } else if (v->piece == 0) {

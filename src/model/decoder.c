@@ -164,8 +164,11 @@ static void layout_moe(struct loom_decoder *m, struct loom_block *b, int l, doub
     const int64_t C = s->hidden, F = s->moe_ffn, Fs = s->shared_ffn;
     const int gated = s->mlp == LOOM_MLP_GATED;
     char name[LOOM_TENSOR_NAME_MAX], prefix[LOOM_TENSOR_NAME_MAX];
-    int none;
-    t->router_w = add_linear(m, b, l, nm->router, C, s->experts, 1, 0, std, &none, 0);
+    /* the router: replicated over the tensor-parallel ranks, each of which routes every row alike */
+    tensor_name(name, nm, l, nm->router, "weight");
+    t->router_w = s->weights == LOOM_WEIGHTS_IN_OUT
+                      ? add(m, b, name, 2, C, s->experts, LOOM_INIT_NORMAL, std, REPL, 0, NULL)
+                      : add(m, b, name, 2, s->experts, C, LOOM_INIT_NORMAL, std, REPL, 0, NULL);
     /* an expert's tensors: gate (gated MLPs), up and down, each with a bias or not */
     const int per_expert = (gated ? 3 : 2) * (s->mlp_bias ? 2 : 1);
     for (int e = 0; e < s->experts; e++) {
@@ -508,8 +511,8 @@ static void layer_buffers(const struct loom_decoder *m, struct loom_decoder_laye
     a->ln2_rstd = piece(m, c, Nr, f);
     /* an MoE layer's products are on the dispatched rows (m->moe_rows,
      * moe_ffn); a recompute scratch layer serves both kinds */
-    const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Fs = (size_t)m->spec.shared_ffn,
-                 R = (size_t)m->moe_rows, Rx = (size_t)m->moe_rows_ep, RF = Rx * (size_t)m->spec.moe_ffn;
+    const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Fs = (size_t)m->Fs,
+                 R = (size_t)m->moe_rows, Rx = (size_t)m->moe_rows_ep, RF = Rx * (size_t)m->Fe;
     /* an MoE layer keeps its state in float32 (its values act_dtype's); a
      * scratch layer's buffer holds either */
     const size_t mlp_bytes = !moe ? N * F * sz : moe > 1 && N * F * sz > RF * f ? N * F * sz : RF * f;
@@ -725,9 +728,7 @@ static void alloc_activations(struct loom_decoder *m)
     if (m->spec.experts) { /* decoder_moe.c's scratch */
         const size_t E = (size_t)m->spec.experts, k = (size_t)m->spec.topk, Nk = N * k,
                      R = (size_t)m->moe_rows, Rx = (size_t)m->moe_rows_ep,
-                     FF = Rx * (size_t)m->spec.moe_ffn > N * (size_t)m->spec.shared_ffn
-                              ? Rx * (size_t)m->spec.moe_ffn
-                              : N * (size_t)m->spec.shared_ffn;
+                     FF = Rx * (size_t)m->Fe > N * (size_t)m->Fs ? Rx * (size_t)m->Fe : N * (size_t)m->Fs;
         m->moe_xp = act(m, R * C);
         m->moe_dxp = act(m, R * C);
         m->moe_dy = act(m, R * C);
@@ -779,6 +780,9 @@ static void alloc_activations(struct loom_decoder *m)
                                      .orientation = m->spec.weights,
                                      .b16 = b16(m),
                                      .scratch = m->dbufC2};
+    m->rg_moe = (struct loom_tp_regions){.tp = 1, .width = m->spec.hidden};
+    m->lc_moe = m->lc;
+    m->lc_moe.rg = &m->rg_moe;
 }
 
 static void free_activations(struct loom_decoder *m)
@@ -1030,6 +1034,8 @@ struct loom_decoder *loom_decoder_create(const struct loom_decoder_spec *s, int 
     m->Cq = m->NHl * hs;
     m->kvC = m->Gl * hs;
     m->Fl = s->ffn / tp;
+    m->Fe = s->moe_ffn / tp;
+    m->Fs = s->shared_ffn / tp;
     int64_t v0, v1;
     loom_tp_part(s->vocab, tp, tp_rank, &v0, &v1);
     m->v0 = (int)v0;
@@ -1284,11 +1290,12 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     float *ln2 = out_of(m, x->ln2, m->scratchC);
     norm_forward(m, ln2, x->ln2_mean, x->ln2_rstd, res2, b, t->norm2_w, t->norm2_b, Nr);
     keep(m, x->ln2, ln2, NrC);
-    if (loom_decoder_moe_layer(&m->spec, l)) { /* one rank (decoder_def.c's check) */
-        loom_decoder_moe_forward(m, x, b, ln2, m->moe_y, N, l, a->moe_hf);
-        round_act(m, m->moe_y, NrC);
+    if (loom_decoder_moe_layer(&m->spec, l)) { /* a region of its own: every row in, partial sums out */
+        loom_decoder_moe_forward(m, x, b, loom_tp_region_input(&m->rg, ln2, N), m->moe_y, N, l, a->moe_hf);
+        float *y = loom_tp_region_output(&m->rg, m->moe_y, N);
+        round_act(m, y, NrC);
         float *res3 = out_of(m, x->res3, m->dbufC);
-        m->k->residual_forward(res3, res2, m->moe_y, NrC);
+        m->k->residual_forward(res3, res2, y, NrC);
         keep(m, x->res3, res3, NrC);
         return;
     }
@@ -1374,9 +1381,14 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
      * gradient sums every row of dout, so it is the same on every tp rank */
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
     float *dln;
-    if (loom_decoder_moe_layer(&m->spec, l)) { /* one rank */
-        loom_decoder_moe_backward(m, x, b, view(m, x->ln2, m->scratchC, NrC), dout, m->dbufC, N);
-        dln = m->dbufC;
+    if (loom_decoder_moe_layer(&m->spec, l)) {
+        if (m->rg.sp) { /* the gathered gradient moves aside: the gathered input takes its place */
+            dev(m)->copy(m->moe_y, dout, sizeof(float) * (size_t)N * C);
+            dout = m->moe_y;
+        }
+        const float *in = loom_tp_region_input(&m->rg, view(m, x->ln2, m->scratchC, NrC), N);
+        loom_decoder_moe_backward(m, x, b, in, dout, m->dbufC, N);
+        dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
         round_act(m, dln, NrC);
     } else {
         dln = mlp_backward(m, x, b, dout, N);

@@ -257,6 +257,7 @@ struct loom_decoder {
     int NHl, Gl;               /* this rank's query and key/value heads */
     int Cq, kvC;               /* their widths: NHl hs, Gl hs */
     int Fl;                    /* this rank's MLP columns */
+    int Fe, Fs;                /* this rank's columns of an expert's and the shared experts' MLPs */
     int v0, Vl;                /* its vocabulary rows [v0, v0 + Vl) */
     float *ce_stats;           /* (3, N) the vocab-parallel cross-entropy's row statistics */
     struct loom_tp_regions rg; /* the regions' entries and exits; rg.sp: sequence parallelism */
@@ -270,6 +271,11 @@ struct loom_decoder {
     struct loom_tp_exact exact; /* --layout-invariant's pieces; pieces 0: off */
     const struct loom_kernels *k;
     struct loom_linear_ctx lc; /* what every product shares (set by the first forward or reserve) */
+    /* an MoE layer's products (decoder_moe.c): lc inside one region of one
+     * rank, so that the experts' partial sums over this rank's columns stay
+     * here until the layer's output leaves the region once */
+    struct loom_linear_ctx lc_moe;
+    struct loom_tp_regions rg_moe;
     int nslots;
     struct loom_decoder_acts *slots; /* (nslots), allocated by the first forward or reserve */
     int emb, head;                   /* the embedding's and the head's block, or -1 */

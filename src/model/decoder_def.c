@@ -219,9 +219,14 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
                               "--pipeline-model-parallel-size %d: its one loss over every layer's router "
                               "is not summed across stages yet",
                               cfg->pipeline_model_parallel_size);
-    if (cfg->tensor_model_parallel_size > 1)
-        why = "--tensor-model-parallel-size above 1 (experts are not split over tensor-parallel ranks yet)";
-    else if (cfg->context_parallel_size > 1)
+    const int tp = cfg->tensor_model_parallel_size;
+    if (tp > 1 && (s->moe_ffn % tp || s->shared_ffn % tp))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--tensor-model-parallel-size %d must divide --moe-ffn-hidden-size %d and "
+                              "--moe-shared-expert-intermediate-size %d: each rank holds as many of every "
+                              "expert's columns",
+                              tp, s->moe_ffn, s->shared_ffn);
+    if (cfg->context_parallel_size > 1)
         why =
             "--context-parallel-size above 1 (the load-balancing loss over a context group is not built yet)";
     else if (cfg->fp8_format != LOOM_FP8_OFF)

@@ -53,11 +53,13 @@ void loom_decoder_mlp_act_forward(const struct loom_decoder *m, float *h, const 
 
 /* ---- a mixture of experts (decoder_moe.c) ------------------------------------ */
 
-/* Layer l's MoE MLP on its normed rows ln2 (N, C; float32, one rank) into
- * out (N, C), keeping its state in x, its statistics in m->moe_* and, for
- * hf_aux_loss, its choices in the micro-batch's totals hf (NULL: none); its
- * backward from dout (N, C): the parameters' gradients
- * accumulate, dln (N, C) is written. */
+/* Layer l's MoE MLP on its normed rows ln2 (N, C; float32, every row of
+ * the tensor-parallel region) into out (N, C; this rank's partial sum, to
+ * leave the region), keeping its state in x, its statistics in m->moe_*
+ * and, for hf_aux_loss, its choices in the micro-batch's totals hf (NULL:
+ * none); its backward from dout (N, C, every row): the parameters'
+ * gradients accumulate, dln (N, C; the partial input gradient, to leave
+ * the region) is written. */
 void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                               const float *ln2, float *out, int N, int l, double *hf);
 void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,

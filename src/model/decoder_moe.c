@@ -29,6 +29,14 @@
  * choices and reduce-scatters the partial outputs. The local experts' rows
  * are expert-major either way, each expert's from every rank in rank order.
  *
+ * Under tensor parallelism the layer is one region (the caller's entry
+ * and exit, decoder.c): x is every row, the router is replicated (every
+ * tp rank routes alike), each expert's and the shared experts' input
+ * products hold a rank's Fe / Fs columns and their down products the same
+ * rows, run inside a one-rank region (m->lc_moe), so out is this rank's
+ * partial sum; the routing weights' gradients are summed over the tp
+ * group and the router's input gradient is added by tp rank 0 alone.
+ *
  * The routing is data-dependent: the experts' row counts come to the host
  * (they size the products), and the rows' places go back. Each forward
  * keeps the router's logits, the choices, the places, the counts, the
@@ -70,7 +78,7 @@ static struct loom_linear expert_down(const struct loom_decoder *m, struct loom_
 static struct loom_linear_group shared_in(const struct loom_decoder *m, struct loom_block *b)
 {
     const struct loom_decoder_slots *t = &m->t;
-    const int C = m->spec.hidden, F = m->spec.shared_ffn;
+    const int C = m->spec.hidden, F = m->Fs;
     struct loom_linear_group g = {.n = 0, .fused = 0};
     if (t->s_gate_w >= 0) g.lin[g.n++] = lin(b, t->s_gate_w, t->s_gate_b, C, F);
     g.lin[g.n++] = lin(b, t->s_up_w, t->s_up_b, C, F);
@@ -186,12 +194,12 @@ static void mlp_forward(struct loom_decoder *m, const struct loom_linear_group *
 {
     float *const outs[2] = {fc, up};
     const size_t nF = (size_t)n * g->lin[0].out;
-    loom_linear_column_forward(&m->lc, g, outs, in, NULL, n);
+    loom_linear_column_forward(&m->lc_moe, g, outs, in, NULL, n);
     round_act(m, fc, nF);
     if (up) round_act(m, up, nF);
     loom_decoder_mlp_act_forward(m, h, fc, up, nF);
     round_act(m, h, nF);
-    float *got = loom_linear_row_forward(&m->lc, down, h, NULL, y, n);
+    float *got = loom_linear_row_forward(&m->lc_moe, down, h, NULL, y, n);
     LOOM_ASSERT(got == y); /* one rank: the product stays where it was written */
     round_act(m, y, (size_t)n * down->out);
 }
@@ -203,13 +211,13 @@ static void mlp_backward(struct loom_decoder *m, const struct loom_linear_group 
                          const float *h, const float *dy, float *dinp, float *const *dF, int n)
 {
     const size_t nF = (size_t)n * g->lin[0].out;
-    loom_linear_row_backward(&m->lc, down, dF[0], dy, h, NULL, n);
+    loom_linear_row_backward(&m->lc_moe, down, dF[0], dy, h, NULL, n);
     round_act(m, dF[0], nF);
     act_backward(m, dF[1], dF[2], dF[0], fc, up, nF);
     round_act(m, dF[1], nF);
     if (up) round_act(m, dF[2], nF);
     float *const dys[2] = {dF[1], dF[2]};
-    float *got = loom_linear_column_backward(&m->lc, g, dys, in, NULL, dinp, n);
+    float *got = loom_linear_column_backward(&m->lc_moe, g, dys, in, NULL, dinp, n);
     LOOM_ASSERT(got == dinp);
     round_act(m, dinp, (size_t)n * down->out);
 }
@@ -219,7 +227,7 @@ static void mlp_backward(struct loom_decoder *m, const struct loom_linear_group 
 static void experts_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                             const float *in, float *y, const int *n)
 {
-    const int C = m->spec.hidden, F = m->spec.moe_ffn;
+    const int C = m->spec.hidden, F = m->Fe;
     for (int e = 0, o = 0; e < m->ep.local; o += n[e++]) {
         if (!n[e]) continue;
         const struct loom_linear_group g = expert_in(m, b, e, F);
@@ -234,7 +242,7 @@ static void experts_forward(struct loom_decoder *m, struct loom_decoder_layer_ac
 static void experts_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                              const float *in, const float *dy, float *dx, const int *n)
 {
-    const int C = m->spec.hidden, F = m->spec.moe_ffn;
+    const int C = m->spec.hidden, F = m->Fe;
     for (int e = 0, o = 0; e < m->ep.local; o += n[e++]) {
         if (!n[e]) continue;
         const struct loom_linear_group g = expert_in(m, b, e, F);
@@ -298,6 +306,8 @@ static void allgather_backward(struct loom_decoder *m, struct loom_decoder_layer
         m->k->moe_unpermute_backward(dy, m->moe_gdp + s * Nk, m->moe_gx + s * NC, x->ey, x->gprobs + s * Nk,
                                      x->gpos + s * Nk, N, k, C);
     loom_ep_reduce_scatter(p, m->moe_dprobs, m->moe_gdp, (size_t)Nk);
+    if (m->tp > 1)
+        loom_tp_allreduce(m->moe_dprobs, (size_t)Nk, LOOM_OP_SUM); /* partial sums over the columns */
     round_act(m, dy, (size_t)R * C);
     experts_backward(m, x, b, x->xe, dy, dx, n);
     for (size_t s = 0; s < P; s++)
@@ -311,7 +321,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden;
     const struct loom_linear_group router = {.lin = {lin(b, m->t.router_w, -1, C, E)}, .n = 1};
     float *const logits[1] = {x->rlogits};
-    loom_linear_column_forward(&m->lc, &router, logits, ln2, NULL, N);
+    loom_linear_column_forward(&m->lc_moe, &router, logits, ln2, NULL, N);
     m->k->moe_router_forward(x->rprobs, x->ridx, x->rlse, m->moe_sums, x->rlogits, N, E, k,
                              m->spec.pre_softmax);
     place(m, x, N);
@@ -336,7 +346,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     round_act(m, out, (size_t)N * C);
     if (m->spec.shared_ffn) {
         const struct loom_linear_group g = shared_in(m, b);
-        const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->spec.shared_ffn, C);
+        const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->Fs, C);
         mlp_forward(m, &g, &down, ln2, x->sfc, x->sup, x->sh, m->moe_out, N);
         m->k->residual_forward(out, out, m->moe_out, (size_t)N * C);
         round_act(m, out, (size_t)N * C);
@@ -393,6 +403,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         allgather_backward(m, x, b, dout, dln, N, n);
     } else {
         m->k->moe_unpermute_backward(m->moe_dy, m->moe_dprobs, dout, x->ey, x->rprobs, x->rpos, N, k, C);
+        if (m->tp > 1) loom_tp_allreduce(m->moe_dprobs, (size_t)N * k, LOOM_OP_SUM);
         round_act(m, m->moe_dy, (size_t)rows_of(m, x) * C);
         if (m->ep.ep > 1) { /* the outputs' gradients to the experts' ranks, the inputs' back */
             loom_ep_dispatch(&m->ep, m->moe_ep[0], x->recv, m->moe_dy, x->counts, C);
@@ -426,12 +437,12 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
                               with_aux ? m->moe_aux_grad : NULL, zg, N, E, k, m->spec.pre_softmax);
     const struct loom_linear_group router = {.lin = {lin(b, m->t.router_w, -1, C, E)}, .n = 1};
     float *const dl[1] = {m->moe_dlogits};
-    float *got = loom_linear_column_backward(&m->lc, &router, dl, ln2, NULL, m->moe_out, N);
+    float *got = loom_linear_column_backward(&m->lc_moe, &router, dl, ln2, NULL, m->moe_out, N);
     LOOM_ASSERT(got == m->moe_out);
-    m->k->residual_forward(dln, dln, m->moe_out, NC);
+    if (m->tp_rank == 0) m->k->residual_forward(dln, dln, m->moe_out, NC); /* the same on every tp rank */
     if (m->spec.shared_ffn) {
         const struct loom_linear_group g = shared_in(m, b);
-        const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->spec.shared_ffn, C);
+        const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->Fs, C);
         mlp_backward(m, &g, &down, ln2, x->sfc, x->sup, x->sh, dout, m->moe_out, m->moe_dF, N);
         m->k->residual_forward(dln, dln, m->moe_out, NC);
     }
