@@ -51,12 +51,24 @@ docstring gives the measurement):
     EP 2 x DP 2 ZeRO-3's under EP 4: the remaining steps against the
     uninterrupted run.
 
+Experts under tensor parallelism (each expert's columns split as a dense
+MLP's, the router replicated): TP 2 and TP 2 + SP alone; TP 2 + SP x EP 2
+with both dispatchers, ZeRO-3, full recomputation and a padded capacity;
+GPT-2's experts (their biases) at TP 2 x EP 2; Llama's shared experts at
+TP 2 + SP x EP 2; a TP 2 + SP x EP 2 checkpoint resumed in one process and
+a Hugging Face directory loaded there. Under context parallelism (the
+balancing losses and the z-loss over the whole micro-batch): CP 2 p2p and
+a2a, CP 2 x EP 2, CP 2 x TP 2 + SP with all_gather, Llama's
+hf_aux_loss at CP 2 x EP 2. All against one process within 1e-5.
+
 So that the comparisons can fail: a run whose experts see other rows (EP 2
 with micro-batches of 1) is checked at least 10x the bound away.
 
 Bad settings, one line and exit 2: experts not divisible by the size, a
 model without experts, a world whose data-parallel ranks the size does not
-divide, `loom sample` given the size (it runs in one process).
+divide, `loom sample` given the size (it runs in one process), a
+capacity under context parallelism, a tensor-parallel size not dividing
+the experts' columns.
 """
 import os
 import sys
@@ -167,6 +179,24 @@ def tensor_parallel(tmp, one, refs):
                      lib.tiny_run(tmp, "llama-tp2ep2", 4, LLAMA + tp(2) + ep(2) + dispatcher("allgather")))
 
 
+def cp(n, kind):
+    return ["--context-parallel-size", str(n), "--cp-comm-type", kind]
+
+
+def context_parallel(tmp, one, refs):
+    """Experts under context parallelism: each context rank routes its
+    rows, and the balancing losses (Megatron's per layer, Hugging Face's
+    over all layers) and the z-loss are the whole micro-batch's (the
+    experts' choices and the softmax's sums added over the context group);
+    against one process within 1e-5."""
+    for tag, n, extra in (("CP 2 p2p", 2, cp(2, "p2p")), ("CP 2 a2a", 2, cp(2, "a2a")),
+                          ("CP 2 x EP 2, alltoall", 4, cp(2, "p2p") + ep(2)),
+                          ("CP 2 x TP 2 + SP, all_gather", 4, cp(2, "all_gather") + tp(2))):
+        lib.compare_runs(f"mixtral {tag}", one, run(tmp, "cp-" + "".join(c for c in tag if c.isalnum()), n, extra))
+    lib.compare_runs("llama, shared experts, hf_aux_loss, CP 2 x EP 2, allgather", refs["llama"],
+                     lib.tiny_run(tmp, "llama-cp2ep2", 4, LLAMA + cp(2, "p2p") + ep(2) + dispatcher("allgather")))
+
+
 def bf16(tmp):
     """bf16 at a learning rate of 0 (lib.same_steps_at_lr0 says why)."""
     zero = ["--bf16", "--lr", "0"]
@@ -255,6 +285,8 @@ def bad_settings(tmp):
          ["--expert-model-parallel-size 2", "--num-experts 3"]),
         ("a model without experts", 2, "dense", ["--expert-model-parallel-size 2", "--num-experts 0"]),
         ("a world the size does not divide", 3, ep(2), ["expert-parallel size 2", "3"]),
+        ("context parallelism with a capacity", 2, cp(2, "p2p") + ["--moe-expert-capacity-factor", "1"],
+         ["--context-parallel-size", "--moe-expert-capacity-factor"]),
         ("a tensor-parallel size not dividing the experts' columns", 2,
          tp(2, sp=False) + ["--moe-ffn-hidden-size", "33"], ["--tensor-model-parallel-size 2", "33"]),
     ]
@@ -277,6 +309,7 @@ def main():
         refs = {}
         one = layouts(tmp, refs)
         tensor_parallel(tmp, one, refs)
+        context_parallel(tmp, one, refs)
         statistics(tmp)
         memory(tmp)
         resume(tmp, one)

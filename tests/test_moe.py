@@ -468,7 +468,8 @@ def refusals():
               p.returncode == 2 and len(errs) == 1 and want in errs[0], f"rc {p.returncode}: {p.stderr[-400:]}")
     for extra, want in ((["--tensor-model-parallel-size", "2", "--moe-ffn-hidden-size", "33"],
                          "--tensor-model-parallel-size 2 must divide --moe-ffn-hidden-size 33"),
-                        (["--context-parallel-size", "2"], "--context-parallel-size above 1"),
+                        (["--context-parallel-size", "2", "--moe-expert-capacity-factor", "1"],
+                         "--context-parallel-size above 1 and --moe-expert-capacity-factor"),
                         (["--pipeline-model-parallel-size", "2", "--moe-router-load-balancing-type", "hf_aux_loss"],
                          "hf_aux_loss with --pipeline-model-parallel-size 2")):
         p = lib.run(lib.mpirun(2, [lib.LOOM, *base, *extra]), timeout=120, env=lib.ENV)

@@ -52,6 +52,11 @@ double loom_cp_sum(const struct loom_cp *p, double x)
     return x;
 }
 
+void loom_cp_sum_all(const struct loom_cp *p, struct loom_buf b)
+{
+    if (p->cp > 1) wait(loom_comm_allreduce(LOOM_GROUP_CP, b, LOOM_OP_SUM));
+}
+
 /* Rank r's rows (B Tl of width w, its order) and the whole sequence's
  * (B, T, w): each of its 2 B chunks of c rows, one copy each way. */
 static void rows_to_whole(const struct loom_cp *p, const struct loom_kernels *k, float *whole,

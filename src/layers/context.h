@@ -48,6 +48,9 @@ void loom_cp_take_rows(const struct loom_cp *p, int32_t *dst, const int32_t *src
 /* The sum of x over the context group (a micro-batch's loss from its
  * parts). */
 double loom_cp_sum(const struct loom_cp *p, double x);
+/* b summed over the context group, in place (a mixture of experts'
+ * counts and sums over the whole micro-batch). */
+void loom_cp_sum_all(const struct loom_cp *p, struct loom_buf b);
 
 /* Ulysses. Rows of nseg column segments of widths seg[i] (each divisible by
  * cp): a rank's rows (B Tl, w = sum of seg) hold every column, a head part

@@ -226,9 +226,9 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
                               "--moe-shared-expert-intermediate-size %d: each rank holds as many of every "
                               "expert's columns",
                               tp, s->moe_ffn, s->shared_ffn);
-    if (cfg->context_parallel_size > 1)
-        why =
-            "--context-parallel-size above 1 (the load-balancing loss over a context group is not built yet)";
+    if (cfg->context_parallel_size > 1 && s->capacity_factor > 0)
+        why = "--context-parallel-size above 1 and --moe-expert-capacity-factor (a capacity is the whole "
+              "micro-batch's, whose rows the context ranks split: not built yet)";
     else if (cfg->fp8_format != LOOM_FP8_OFF)
         why = "--fp8-format (the experts' products are not fp8 layers yet)";
     else if (cfg->layout_invariant)

@@ -325,6 +325,10 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     m->k->moe_router_forward(x->rprobs, x->ridx, x->rlse, m->moe_sums, x->rlogits, N, E, k,
                              m->spec.pre_softmax);
     place(m, x, N);
+    /* under context parallelism the balancing losses are the whole
+     * micro-batch's: each expert's choices over every context rank's rows
+     * (dropless: each rank's own places stand) */
+    loom_cp_sum_all(&m->ctx, loom_buf_of(x->routed, (size_t)E, LOOM_DTYPE_I32));
     if (m->spec.pad_to_capacity) dev(m)->memset(m->moe_xp, 0, (size_t)rows_of(m, x) * C * sizeof(float));
     m->k->moe_permute_forward(m->moe_xp, ln2, x->rpos, N, k, C);
     int n[LOOM_MOE_MAX_EXPERTS];
@@ -353,22 +357,25 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     }
     /* the balancing losses' values and the experts' choices, for the step's summary */
     if (m->moe_recomputing) return;
+    const double Ng = (double)N * m->ctx.cp; /* the micro-batch's rows */
     for (int e = 0; hf && e < E; e++) hf[e] += x->routed[e];
-    if (hf) hf[E] += N;
+    if (hf) hf[E] += Ng;
     float *sums = m->moe_sums_host, *lse = m->moe_lse_host;
     dev(m)->download(sums, m->moe_sums, (size_t)E * sizeof(float));
     dev(m)->download(lse, x->rlse, (size_t)N * sizeof(float));
+    loom_cp_sum_all(&m->ctx, loom_buf_of(sums, (size_t)E, LOOM_DTYPE_F32));
     double aux = 0, z = 0;
     for (int e = 0; e < E; e++) aux += (double)sums[e] * x->routed[e];
     for (int i = 0; i < N; i++) z += (double)lse[i] * lse[i];
-    m->moe_aux_sum += aux * E / ((double)N * N * k);
-    m->moe_z_sum += z / N;
+    aux = aux * E / (Ng * Ng * k);
+    m->moe_aux_sum += aux;
+    m->moe_z_sum += z / N; /* a context rank's mean: the ranks' average is the micro-batch's */
     m->moe_layers_seen++;
     m->moe_choices += (double)N * k;
     const int i = l / m->spec.moe_freq, nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq;
     double *tokens = m->moe_tokens + (size_t)i * E, *layer = m->moe_tokens + (size_t)nmoe * E + 3 * (size_t)i;
     for (int e = 0; e < E; e++) tokens[e] += x->routed[e];
-    layer[0] += aux * E / ((double)N * N * k), layer[1] += z / N, layer[2] += 1;
+    layer[0] += aux, layer[1] += z / N, layer[2] += 1;
 }
 
 int loom_decoder_moe_take(struct loom_decoder *m, double *out)
@@ -418,7 +425,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         m->k->moe_permute_backward(dln, m->moe_dxp, x->rpos, N, k, C);
     }
     /* the router: the routing weights', the balancing loss's and the z-loss's gradients */
-    const double w = m->moe_loss_weight;
+    const double w = m->moe_loss_weight, Ng = (double)N * m->ctx.cp; /* the micro-batch's rows */
     float *aux = m->moe_sums_host;
     const int with_aux = m->spec.aux_coeff > 0;
     if (with_aux) {
@@ -429,10 +436,10 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         const double *tot = m->slots[m->bwd_slot].moe_hf;
         for (int e = 0; e < E; e++)
             aux[e] = (float)(w * m->spec.aux_coeff * E *
-                             (hf ? tot[e] / (tot[E] * tot[E]) : x->routed[e] / ((double)N * N * k)));
+                             (hf ? tot[e] / (tot[E] * tot[E]) : x->routed[e] / (Ng * Ng * k)));
         dev(m)->upload(m->moe_aux_grad, aux, (size_t)E * sizeof(float));
     }
-    const float zg = (float)(2.0 * w * m->spec.z_coeff / N);
+    const float zg = (float)(2.0 * w * m->spec.z_coeff / Ng);
     m->k->moe_router_backward(m->moe_dlogits, m->moe_dprobs, x->rprobs, x->ridx, x->rlse, x->rlogits,
                               with_aux ? m->moe_aux_grad : NULL, zg, N, E, k, m->spec.pre_softmax);
     const struct loom_linear_group router = {.lin = {lin(b, m->t.router_w, -1, C, E)}, .n = 1};
