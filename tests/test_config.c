@@ -355,9 +355,70 @@ static void test_shape_settings(void)
     expect_error("--activation-function relu", "--activation-function");
 }
 
+/* --moe-layer-freq: an integer or Megatron's list expressions, their
+ * refusals, the shortest text that reads back the same, and JSON's forms. */
+static void test_moe_layers(void)
+{
+    static const struct {
+        const char *text, *layers, *canonical;
+    } ok[] = {
+        {"[1,0,1,1]", "1011", "[1,0,1,1]"},
+        {"[0]*3+[1]*5", "00011111", "[0]*3+[1]*5"},
+        {"([1]*3+[0]*1)*3", "111011101110", "[1,1,1,0]*3"},
+        {" ( [1] + [0] ) * 2 ", "1010", "[1,0]*2"},
+        {"2*[1,0]+[1]", "10101", "[1,0,1,0,1]"},
+        {"[1]*2*2", "1111", "[1]*4"},
+        {"[0]+[1]*30", "0111111111111111111111111111111", "[0]+[1]*30"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        struct loom_moe_layers m, back;
+        char text[LOOM_MOE_FREQ_TEXT];
+        CHECK(loom_moe_layers_parse(ok[i].text, &m) == LOOM_OK && m.freq == 0 &&
+              strcmp(m.list, ok[i].layers) == 0);
+        loom_moe_layers_text(&m, text, sizeof text);
+        CHECK(strcmp(text, ok[i].canonical) == 0);
+        CHECK(loom_moe_layers_parse(text, &back) == LOOM_OK && strcmp(back.list, m.list) == 0);
+        if (strcmp(text, ok[i].canonical)) fprintf(stderr, "  %s -> %s\n", ok[i].text, text);
+    }
+    struct loom_moe_layers m;
+    CHECK(loom_moe_layers_parse("3", &m) == LOOM_OK && m.freq == 3 && loom_moe_layers_is(&m, 6) &&
+          !loom_moe_layers_is(&m, 7) && loom_moe_layers_count(&m, 8) == 3);
+    CHECK(loom_moe_layers_parse("[0,1,1]", &m) == LOOM_OK && !loom_moe_layers_is(&m, 0) &&
+          loom_moe_layers_is(&m, 2) && !loom_moe_layers_is(&m, 3) && loom_moe_layers_count(&m, 3) == 2);
+    static const struct {
+        const char *text, *needle;
+    } bad[] = {{"0", "in [1, 1024]"},
+               {"[1,2]", "0 (dense) or 1"},
+               {"[1,0", "',' or ']'"},
+               {"([1]", "')' expected"},
+               {"[1]*", "a count"},
+               {"[1]+", "a list"},
+               {"[1]*2000", "above the layers"},
+               {"[1]*600*2", "more layers than"},
+               {"abc", "a list"},
+               {"[]", "a 0 or 1"},
+               {"[1] [0]", "unexpected text"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(loom_moe_layers_parse(bad[i].text, &m) == LOOM_ERR_INPUT &&
+              strstr(loom_error_message(), "--moe-layer-freq") &&
+              strstr(loom_error_message(), bad[i].needle));
+        if (!strstr(loom_error_message(), bad[i].needle)) fprintf(stderr, "  %s\n", loom_error_message());
+    }
+    /* JSON: an integer or a string; anything else named */
+    struct loom_config cfg;
+    CHECK(parse_json(&cfg, "{\"moe_layer_freq\": 2}", "", 1) == LOOM_OK &&
+          strcmp(cfg.moe_layer_freq, "2") == 0);
+    loom_config_free(&cfg);
+    CHECK(parse_json(&cfg, "{\"moe_layer_freq\": \"[1,0]*2\"}", "", 1) == LOOM_OK &&
+          strcmp(cfg.moe_layer_freq, "[1,0]*2") == 0);
+    loom_config_free(&cfg);
+    expect_json_error("{\"moe_layer_freq\": 1.5}", "", "an integer or a string");
+}
+
 int main(void)
 {
     test_shape_settings();
+    test_moe_layers();
     struct loom_config cfg;
     /* preset, then flags over it */
     CHECK(parse(&cfg, "--model gpt2 --num-layers 2", 1) == LOOM_OK);

@@ -34,7 +34,9 @@ refusals.
    documentation states it: shared experts, capacity factors with both drop
    policies, padding, pre-softmax top 1) in a transformers Llama whose MLPs
    it replaces, from the weights loom initialised: 20 steps within 1e-5,
-   each capacity case dropping choices.
+   each capacity case dropping choices; and with Megatron's list form
+   --moe-layer-freq "[0,1]" (the first layer's MLP dense, the reference's
+   too).
 5. Layouts (mixtral-tiny cut to 4 layers of 64 channels on the built-in
    corpus): DDP 2, ZeRO-3 on 2 ranks and PP 2 give one process's per-step
    losses and final weights within lib.compare_runs' 1e-5; full
@@ -42,7 +44,9 @@ refusals.
    other layer and GPT-2's dense experts under DDP 2. In bf16 (DDP 2,
    ZeRO-3, PP 2) and fp16 (DDP 2) at lr 0: every step's loss within 1e-5
    and gradient norm within 2e-3 (lib.same_steps_at_lr0 says why not
-   trained); bf16 full recomputation the same bits, trained.
+   trained); bf16 full recomputation the same bits, trained. The list form
+   of --moe-layer-freq: "([1]+[0])*2" gives 2's bits; "[0]+[1]*3" under
+   PP 2 is one process's, and its checkpoint resumes without the flag.
 6. Bad settings: one line, exit 2.
 """
 import json
@@ -338,10 +342,13 @@ REF_SHAPE = ["--model", "llama-tiny", "--num-layers", "2", "--hidden-size", "64"
              str(T), "--num-experts", "4", "--moe-ffn-hidden-size", "48"]
 
 
-def reference_check(tmp, tag, k, Fs, factor, policy, pre, pad, aux):
+def reference_check(tmp, tag, k, Fs, factor, policy, pre, pad, aux, layers=None):
     """A Llama with experts initialised by loom, trained 20 steps by loom and
-    by the reference from the same weights."""
+    by the reference from the same weights; layers: a --moe-layer-freq list
+    (the reference's MoE layers: those with a 1)."""
     flags = REF_SHAPE + ["--moe-router-topk", str(k)]
+    if layers:
+        flags += ["--moe-layer-freq", layers]
     if Fs:
         flags += ["--moe-shared-expert-intermediate-size", str(Fs)]
     if pre:
@@ -359,8 +366,10 @@ def reference_check(tmp, tag, k, Fs, factor, policy, pre, pad, aux):
                       num_key_value_heads=2, max_position_embeddings=T, rms_norm_eps=1e-5, tie_word_embeddings=True,
                       attn_implementation="eager")
     model = LlamaForCausalLM(cfg)
-    for layer in model.model.layers:
-        layer.mlp = RefMoE(64, 4, 48, Fs, k, factor, policy, pre)
+    moe_layers = [int(c) for c in layers.strip("[]").split(",")] if layers else [1] * len(model.model.layers)
+    for layer, moe in zip(model.model.layers, moe_layers):
+        if moe:
+            layer.mlp = RefMoE(64, 4, 48, Fs, k, factor, policy, pre)
     weights = load_file(init)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     check(f"{tag}: the reference takes every loom tensor by its name",
@@ -371,7 +380,7 @@ def reference_check(tmp, tag, k, Fs, factor, policy, pre, pad, aux):
         extra += ["--moe-expert-capacity-factor", str(factor), "--moe-token-drop-policy", policy]
     if pad:
         extra += ["--moe-pad-expert-input-to-capacity"]
-    moes = [layer.mlp for layer in model.model.layers]
+    moes = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, RefMoE)]
 
     def step_loss(x, y):
         for mo in moes:
@@ -428,6 +437,28 @@ def layouts(tmp):
         one = lib.tiny_run(tmp, f"{fam}-moe-one", 1, flags)
         lib.compare_runs(f"{fam} with experts ({' '.join(extra)}) DDP 2", one,
                          lib.tiny_run(tmp, f"{fam}-moe-ddp", 2, flags))
+        if fam == "llama":
+            layer_lists(tmp, flags, one)
+
+
+def layer_lists(tmp, flags, every2):
+    """--moe-layer-freq as Megatron's list expression: "([1]+[0])*2" is
+    "2"'s layers (the same bits); a list whose first layer is dense
+    ("[0]+[1]*3") under PP 2 is one process's, and its checkpoint at step 10
+    resumes without the flag (the checkpoint records the layers), finishing
+    the uninterrupted run's steps."""
+    base = [f for i, f in enumerate(flags) if f != "--moe-layer-freq" and flags[i - 1] != "--moe-layer-freq"]
+    lib.same_run("--moe-layer-freq \"([1]+[0])*2\" is 2's layers", every2,
+                 lib.tiny_run(tmp, "llama-moe-list2", 1, base + ["--moe-layer-freq", "([1]+[0])*2"]))
+    dense_first = ["--moe-layer-freq", "[0]+[1]*3"]
+    one = lib.tiny_run(tmp, "llama-moe-list", 1, base + dense_first)
+    moved = max(abs(a - b) / b for a, b in zip(one[0], every2[0]))
+    check(f"--moe-layer-freq \"[0]+[1]*3\" is another model (max rel {moved:.1e} from 2's, above 1e-4)",
+          moved > 1e-4)
+    lib.compare_runs("--moe-layer-freq \"[0]+[1]*3\" PP 2", one,
+                     lib.tiny_run(tmp, "llama-moe-list-pp2", 2, base + dense_first +
+                                  ["--pipeline-model-parallel-size", "2"]))
+    lib.resume_check(tmp, "--moe-layer-freq list, resumed without the flag", base, (1, dense_first), (1, []), one)
 
 
 def export_refusals(tmp):
@@ -457,6 +488,11 @@ def refusals():
         (["--moe-shared-expert-intermediate-size", "64"], "no shared experts"),
         (["--moe-router-load-balancing-type", "sinkhorn"], "--moe-router-load-balancing-type"),
         (["--moe-layer-freq", "2"], "experts in every layer"),
+        (["--moe-layer-freq", "[1,1,1,0]"], "experts in every layer"),
+        (["--moe-layer-freq", "[1,1]"], "gives 2 layers; the model has 4"),
+        (["--moe-layer-freq", "[1,2,1,1]"], "must be 0 (dense) or 1 (experts)"),
+        (["--moe-layer-freq", "([1]*4"], "')' expected"),
+        (["--moe-layer-freq", "0"], "an integer must be in [1, 1024]"),
         (["--moe-expert-capacity-factor", "0"], "at least one token"),
         (["--moe-pad-expert-input-to-capacity"], "needs --moe-expert-capacity-factor"),
         (["--moe-token-drop-policy", "position"], "needs --moe-expert-capacity-factor"),
@@ -516,6 +552,9 @@ def main():
                 ("capacity 1, drop by position, padded", 2, 0, 1.0, "position", False, True, 0.0),
                 ("pre-softmax top 1, capacity 0.5, shared experts", 1, 32, 0.5, "probs", True, False, 0.01)):
             figures.append(reference_check(tmp, tag, k, Fs, factor, policy, pre, pad, aux))
+        # Megatron's list form of --moe-layer-freq: the first layer dense, the second with experts
+        figures.append(reference_check(tmp, "moe-layer-freq list, layer 0 dense", 2, 0, 0, "probs", False, False, 0.01,
+                                       layers="[0,1]"))
         layouts(tmp)
     print(f"     max logit diffs and loss rel diffs: {figures}")
     return lib.verdict()

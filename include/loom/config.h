@@ -236,6 +236,15 @@ enum loom_origin {
 #define LOOM_DECIDED_OFFLOAD 2u      /* --offload auto chose the placement */
 #define LOOM_CONFIG_MAX_SETTINGS 160 /* rows of the settings table, at most */
 #define LOOM_CONFIG_MAX_WARNINGS 64
+#define LOOM_MOE_MAX_LAYERS 1024 /* the layers a --moe-layer-freq list may give */
+#define LOOM_MOE_FREQ_TEXT 256   /* --moe-layer-freq's text, at most (with its end) */
+
+/* Which layers have experts (--moe-layer-freq read): every freq-th from
+ * layer 0, or (freq 0) those whose character in list is '1'. */
+struct loom_moe_layers {
+    int freq;
+    char list[LOOM_MOE_MAX_LAYERS + 1];
+};
 
 /* What loom_config_parse records beside the values, by row of the settings
  * table; read it through loom_config_origin, loom_config_given and the
@@ -273,7 +282,8 @@ struct loom_config {
     int num_experts, moe_router_topk;
     int moe_ffn_hidden_size;                 /* each expert's width; 0: ffn_hidden_size */
     int moe_shared_expert_intermediate_size; /* the shared experts' width (always active); 0: none */
-    int moe_layer_freq;                      /* layer l is an MoE layer when l % freq == 0 */
+    char moe_layer_freq[LOOM_MOE_FREQ_TEXT]; /* Megatron's: "N" (layer l has experts when l % N == 0) or a
+                                              * list expression of one 0 or 1 a layer ("[0]*1+[1]*3") */
     int moe_router_pre_softmax;              /* top-k of the softmax (else the softmax of the top k) */
     enum loom_moe_balance moe_router_load_balancing_type;
     double moe_aux_loss_coeff, moe_z_loss_coeff;

@@ -497,8 +497,11 @@ static void moe_summarise(const double *v, int n, int E, double *out)
 /* --moe-per-layer-logging: each MoE layer's (its index among all layers,
  * balancing loss, z-loss, tokens per expert's coefficient of variation)
  * from the same statistics, into out (nmoe x 4); the layers that ran. */
-static int moe_per_layer(const double *v, int n, int E, int freq, double *out)
+static int moe_per_layer(const double *v, int n, int E, const char *freq, int num_layers, double *out)
 {
+    struct loom_moe_layers ml; /* the i-th MoE layer's index among all layers */
+    if (loom_moe_layers_parse(freq, &ml)) ml = (struct loom_moe_layers){.freq = 1};
+    int layer = -1;
     const int nmoe = E > 0 ? (n - LOOM_MOE_STATS) / (E + 3) : 0;
     int k = 0;
     for (int i = 0; i < nmoe; i++) {
@@ -506,12 +509,12 @@ static int moe_per_layer(const double *v, int n, int E, int freq, double *out)
                      *sums = v + LOOM_MOE_STATS + (size_t)nmoe * E + 3 * i;
         double sum = 0, sq = 0;
         for (int e = 0; e < E; e++) sum += t[e];
+        while (++layer < num_layers && !loom_moe_layers_is(&ml, layer)) continue;
         if (sums[2] <= 0 || sum <= 0) continue; /* on another stage, or not run */
         const double mean = sum / E;
         for (int e = 0; e < E; e++) sq += (t[e] - mean) * (t[e] - mean);
         double *o = out + 4 * (size_t)k++;
-        o[0] = (double)i * freq, o[1] = sums[0] / sums[2], o[2] = sums[1] / sums[2],
-        o[3] = sqrt(sq / E) / mean;
+        o[0] = layer, o[1] = sums[0] / sums[2], o[2] = sums[1] / sums[2], o[3] = sqrt(sq / E) / mean;
     }
     return k;
 }
@@ -918,8 +921,8 @@ int loom_train(struct loom_config *cfg)
                 s.moe = moe_summary;
                 moe_summarise(moe, nmoe, cfg->num_experts, moe_summary);
                 if (moe_layers)
-                    s.moe_layers =
-                        moe_per_layer(moe, nmoe, cfg->num_experts, cfg->moe_layer_freq, moe_layers);
+                    s.moe_layers = moe_per_layer(moe, nmoe, cfg->num_experts, cfg->moe_layer_freq,
+                                                 cfg->num_layers, moe_layers);
                 s.moe_layer = moe_layers;
             }
             loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);

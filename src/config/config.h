@@ -51,6 +51,18 @@ void loom_config_print(FILE *f, const struct loom_config *cfg);
  * value as the table prints it, into value (n bytes). */
 void loom_config_setting(const struct loom_config *cfg, int i, const char **name, char *value, size_t n);
 
+/* --moe-layer-freq (moe_layers.c): text as an integer N (freq N, list "")
+ * or as a Python list expression of one 0 or 1 a layer (freq 0, the list
+ * as '0'/'1' characters, at most LOOM_MOE_MAX_LAYERS); LOOM_ERR_INPUT with
+ * one line naming what is wrong. */
+int loom_moe_layers_parse(const char *text, struct loom_moe_layers *out);
+/* Whether layer l is an MoE layer, and how many of num_layers are. */
+int loom_moe_layers_is(const struct loom_moe_layers *m, int l);
+int loom_moe_layers_count(const struct loom_moe_layers *m, int num_layers);
+/* The setting as text: "N", or the shortest list expression of the layers
+ * ("[1,0]*4", "[0]+[1]*3"), as Megatron's flag takes it. */
+void loom_moe_layers_text(const struct loom_moe_layers *m, char *buf, size_t cap);
+
 /* Per-setting fingerprints, to check that every rank runs the same config. */
 int loom_config_count(void);
 uint64_t loom_config_hash(const struct loom_config *cfg, int i, const char **flag);

@@ -31,6 +31,7 @@ enum json_conv {
     J_ELEMENTS_MB = 2, /* a count of fp32 elements -> MB (4 bytes each, 1 MB = 1e6 bytes) */
     J_POW2 = 3,        /* an integer power P -> 2^P (initial_scale_power) */
     J_INT_LIST = 4,    /* an array of integers (or null) -> "a,b,c" text (sparse_attention's lists) */
+    J_INT_TEXT = 5,    /* an integer -> its text, or a string as it is (moe_layer_freq: N or a list) */
     J_CONV_COUNT
 };
 

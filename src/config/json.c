@@ -340,7 +340,14 @@ static int apply_value(const struct reader *r, struct loom_config *cfg, const st
             }
             return LOOM_OK;
         }
-        if (!cJSON_IsString(c)) return bad(r, path, "a string", c);
+        if (s->conv == J_INT_TEXT && cJSON_IsNumber(c)) {
+            if (c->valuedouble != floor(c->valuedouble) || fabs(c->valuedouble) > 1e9)
+                return bad(r, path, "an integer or a string", c);
+            snprintf(p, s->size, "%.0f", c->valuedouble);
+            return LOOM_OK;
+        }
+        if (!cJSON_IsString(c))
+            return bad(r, path, s->conv == J_INT_TEXT ? "an integer or a string" : "a string", c);
         if (strlen(c->valuestring) >= s->size)
             return loom_error_set(LOOM_ERR_INPUT, "%s: %s: longer than %zu characters", r->file, path,
                                   s->size - 1);

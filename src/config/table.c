@@ -129,8 +129,10 @@ const struct setting loom_settings[] = {
     INT("--moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size", "moe",
         moe_shared_expert_intermediate_size, 0, 1 << 20, "0",
         "shared experts' width: an MLP every token goes through, added to the routed output (0: none)"),
-    INT("--moe-layer-freq", "moe_layer_freq", "moe", moe_layer_freq, 1, 1024, "1",
-        "every N-th layer (from layer 0) is an MoE layer, the others dense"),
+    STR("--moe-layer-freq", "moe_layer_freq", "moe", moe_layer_freq, "1",
+        "every N-th layer (from layer 0) is an MoE layer, the others dense; or a list of one 0 or 1 a layer "
+        "(1: experts), Megatron's Python expression: \"[1,0,1,1]\", \"([0]*1+[1]*3)*2\"",
+        .conv = J_INT_TEXT),
     BOOL("--moe-router-pre-softmax", "moe_router_pre_softmax", "moe", moe_router_pre_softmax, "0",
          "routing weights are the top k of the softmax over all experts (default: the softmax over the "
          "top k logits, Mixtral's renormalised top k)"),

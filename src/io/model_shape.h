@@ -12,20 +12,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/config.h" /* LOOM_MOE_FREQ_TEXT: the longest word, a --moe-layer-freq list */
+
 #define LOOM_MODEL_SHAPE_MAX 32
 
 enum loom_shape_kind {
     LOOM_SHAPE_INT = 0, /* value */
     LOOM_SHAPE_REAL,    /* real */
     LOOM_SHAPE_WORD,    /* word: printable ASCII, no quotes */
+    LOOM_SHAPE_LAYERS,  /* only a shape key's kind (model/decoder_def.h): the MoE layers, an INT or a WORD */
 };
 
 struct loom_shape_setting {
     char key[40]; /* "num_layers" */
     enum loom_shape_kind kind;
-    int64_t value; /* INT */
-    double real;   /* REAL; an INT's value too */
-    char word[32]; /* WORD */
+    int64_t value;                 /* INT */
+    double real;                   /* REAL; an INT's value too */
+    char word[LOOM_MOE_FREQ_TEXT]; /* WORD */
 };
 
 struct loom_model_shape {

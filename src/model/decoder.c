@@ -757,7 +757,7 @@ static void alloc_activations(struct loom_decoder *m)
         m->moe_lse_host = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
         m->moe_probs_host = loom_alloc(loom_mul_size(Nk, sizeof(float)), LOOM_MEM_OTHER);
         m->moe_keep_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
-        const int nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq;
+        const int nmoe = loom_decoder_moe_count(&m->spec);
         /* each MoE layer's choices per expert, then its balancing loss's and z-loss's sums and forwards */
         m->moe_tokens = loom_alloc(loom_mul_size((size_t)nmoe * (E + 3), sizeof(double)), LOOM_MEM_OTHER);
         memset(m->moe_tokens, 0, sizeof(double) * (size_t)nmoe * (E + 3));

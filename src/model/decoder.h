@@ -110,11 +110,13 @@ struct loom_decoder_spec {
     double init_std;    /* normal(0, init_std) for weights */
     int scaled_init;    /* the residual stream's output projections: init_std / sqrt(2 L) */
     /* a mixture of experts (Megatron's MoE settings; decoder_moe.c): the
-     * MLP of every moe_freq-th layer (from layer 0) is `experts` experts of
-     * moe_ffn columns (the family's MLP kind), each token routed to topk of
-     * them by a router (linear, no bias), plus shared experts of shared_ffn
-     * columns every token goes through (0: none); experts 0: none */
-    int experts, topk, moe_ffn, shared_ffn, moe_freq;
+     * MLP of the MoE layers (moe_layers: every freq-th from layer 0, or
+     * those of its list) is `experts` experts of moe_ffn columns (the
+     * family's MLP kind), each token routed to topk of them by a router
+     * (linear, no bias), plus shared experts of shared_ffn columns every
+     * token goes through (0: none); experts 0: none */
+    int experts, topk, moe_ffn, shared_ffn;
+    struct loom_moe_layers moe_layers;
     int pre_softmax; /* the routing weights: the top k of the softmax (else the softmax of the top k) */
     enum loom_moe_balance balance;
     double aux_coeff, z_coeff; /* the load-balancing loss's and the z-loss's weights */
@@ -346,11 +348,11 @@ int loom_decoder_moe_capacity(const struct loom_decoder_spec *s, int N);
  * 0 without experts. */
 int loom_decoder_moe_take(struct loom_decoder *m, double *out);
 
-/* Whether layer l of spec s is an MoE layer. */
-static inline int loom_decoder_moe_layer(const struct loom_decoder_spec *s, int l)
-{
-    return s->experts > 0 && l % s->moe_freq == 0;
-}
+/* Whether layer l of spec s is an MoE layer; how many of its layers are,
+ * and how many come before layer l. */
+int loom_decoder_moe_layer(const struct loom_decoder_spec *s, int l);
+int loom_decoder_moe_count(const struct loom_decoder_spec *s);
+int loom_decoder_moe_index(const struct loom_decoder_spec *s, int l);
 
 /* LOOM_ERR_INPUT naming the flag when the spec cannot be built for T. */
 int loom_decoder_check(const struct loom_decoder_spec *s, int T);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "config/config.h" /* loom_moe_layers_parse */
 #include "model/decoder_family.h"
 #include "model/family.h"
 #include "model/hf_decoder.h"
@@ -23,10 +24,17 @@ struct loom_config loom_decoder_def_resolve(const struct loom_decoder_def *d, co
             d->arch->mlp == LOOM_MLP_GATED ? (int)(4.0 * c.hidden_size * 2 / 3 / 64) * 64 : 4 * c.hidden_size;
     if (!c.num_experts) /* a dense model has no MoE shape */
         c.moe_router_topk = 2, c.moe_ffn_hidden_size = c.moe_shared_expert_intermediate_size = 0,
-        c.moe_layer_freq = 1, c.moe_router_pre_softmax = 0;
+        c.moe_router_pre_softmax = 0, snprintf(c.moe_layer_freq, sizeof c.moe_layer_freq, "1");
     else if (!c.moe_ffn_hidden_size)
         c.moe_ffn_hidden_size = c.ffn_hidden_size;
     return c;
+}
+
+/* --moe-layer-freq read, every layer's MLP dense... where the text is
+ * not one (loom_decoder_def_check says so). */
+static void moe_layers_of(const char *text, struct loom_moe_layers *m)
+{
+    if (loom_moe_layers_parse(text, m) != LOOM_OK) *m = (struct loom_moe_layers){.freq = 1};
 }
 
 struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
@@ -41,6 +49,8 @@ struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
         void *to = (char *)&s + d->keys[k].spec;
         if (d->keys[k].kind == LOOM_SHAPE_REAL)
             *(double *)to = *(const double *)from;
+        else if (d->keys[k].kind == LOOM_SHAPE_LAYERS)
+            moe_layers_of(from, to);
         else
             *(int *)to = *(const int *)from;
     }
@@ -193,10 +203,14 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
                               s->experts);
     if (s->moe_ffn < 1)
         return loom_error_set(LOOM_ERR_INPUT, "--moe-ffn-hidden-size must be >= 1, got %d", s->moe_ffn);
-    if (s->moe_freq > 1 && !s->names->up)
+    const struct loom_moe_layers *ml = &s->moe_layers;
+    if (!ml->freq && (int)strlen(ml->list) != s->num_layers)
+        return loom_error_set(LOOM_ERR_INPUT, "--moe-layer-freq '%s' gives %d layers; the model has %d",
+                              cfg->moe_layer_freq, (int)strlen(ml->list), s->num_layers);
+    if (loom_decoder_moe_count(s) < s->num_layers && !s->names->up)
         return loom_error_set(LOOM_ERR_INPUT,
-                              "--moe-layer-freq %d: %s models have experts in every layer (no dense MLP)",
-                              s->moe_freq, d->family->title);
+                              "--moe-layer-freq %s: %s models have experts in every layer (no dense MLP)",
+                              cfg->moe_layer_freq, d->family->title);
     if (s->shared_ffn && !s->names->shared)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--moe-shared-expert-intermediate-size %d: %s models have no shared experts",
@@ -300,6 +314,8 @@ static struct loom_config attention_of(const struct loom_decoder_def *d, const s
 
 int loom_decoder_def_check(const struct loom_decoder_def *d, const struct loom_config *cfg, int T)
 {
+    struct loom_moe_layers ml;
+    if (loom_moe_layers_parse(cfg->moe_layer_freq, &ml)) return LOOM_ERR_INPUT;
     const struct loom_decoder_spec s = loom_decoder_def_spec(d, cfg);
     const struct loom_config c = attention_of(d, cfg, &s, T);
     int rc = check_architecture(d, cfg);
@@ -346,6 +362,7 @@ static int at_default(const struct loom_shape_key *k, const struct loom_decoder_
     const void *field = (const char *)s + k->spec;
     if (k->kind == LOOM_SHAPE_REAL) return *(const double *)field == def.real;
     if (k->kind == LOOM_SHAPE_WORD) return strcmp(k->words[*(const int *)field], def.word) == 0;
+    if (k->kind == LOOM_SHAPE_LAYERS) return ((const struct loom_moe_layers *)field)->freq == def.value;
     return *(const int *)field == def.value;
 }
 
@@ -379,16 +396,30 @@ void loom_decoder_def_describe(const struct loom_model *m, char *buf, size_t n)
     if (s->untied && l < n) l += (size_t)snprintf(buf + l, n - l, ", untied LM head");
     if (s->experts && l < n)
         l += (size_t)snprintf(buf + l, n - l, ", %d experts of %d (top %d)", s->experts, s->moe_ffn, s->topk);
-    if (s->experts && s->moe_freq > 1 && l < n)
-        l += (size_t)snprintf(buf + l, n - l, " in every %d layers", s->moe_freq);
+    if (s->experts && s->moe_layers.freq > 1 && l < n)
+        l += (size_t)snprintf(buf + l, n - l, " in every %d layers", s->moe_layers.freq);
+    else if (s->experts && !s->moe_layers.freq && l < n)
+        l += (size_t)snprintf(buf + l, n - l, " in %d of the layers", loom_decoder_moe_count(s));
     if (s->shared_ffn && l < n) snprintf(buf + l, n - l, ", shared experts of %d", s->shared_ffn);
     loom_model_sparsity_describe(dm->sparse, buf, n);
 }
 
-static void add(struct loom_model_shape *out, const struct loom_shape_key *k, const void *base, size_t offset)
+/* A setting from the configuration's field (cfg) or the spec's. */
+static void add(struct loom_model_shape *out, const struct loom_shape_key *k, const void *base, size_t offset,
+                int cfg)
 {
     const void *field = (const char *)base + offset;
-    if (k->kind == LOOM_SHAPE_INT)
+    if (k->kind == LOOM_SHAPE_LAYERS) { /* an integer, or a list expression (a word) */
+        struct loom_moe_layers m;
+        if (cfg) moe_layers_of(field, &m);
+        const struct loom_moe_layers *from = cfg ? &m : field;
+        char text[LOOM_MOE_FREQ_TEXT];
+        loom_moe_layers_text(from, text, sizeof text);
+        if (from->freq)
+            loom_model_shape_add_int(out, k->key, from->freq);
+        else
+            loom_model_shape_add_word(out, k->key, text);
+    } else if (k->kind == LOOM_SHAPE_INT)
         loom_model_shape_add_int(out, k->key, *(const int *)field);
     else if (k->kind == LOOM_SHAPE_REAL)
         loom_model_shape_add_real(out, k->key, *(const double *)field);
@@ -409,7 +440,7 @@ void loom_decoder_def_shape_of(const struct loom_decoder_def *d, const struct lo
         loom_decoder_def_resolve(d, cfg); /* the derived values, as the model has them */
     memset(out, 0, sizeof *out);
     snprintf(out->type, sizeof out->type, "%s", d->family->name);
-    for (int k = 0; k < d->nkeys; k++) add(out, &d->keys[k], &c, d->keys[k].cfg);
+    for (int k = 0; k < d->nkeys; k++) add(out, &d->keys[k], &c, d->keys[k].cfg, 1);
 }
 
 void loom_decoder_def_model_shape(const struct loom_decoder_def *d, const struct loom_decoder *m,
@@ -418,7 +449,7 @@ void loom_decoder_def_model_shape(const struct loom_decoder_def *d, const struct
     memset(out, 0, sizeof *out);
     snprintf(out->type, sizeof out->type, "%s", d->family->name);
     for (int k = 0; k < d->nkeys; k++)
-        if (!quiet_default(&d->keys[k], m->spec.experts)) add(out, &d->keys[k], &m->spec, d->keys[k].spec);
+        if (!quiet_default(&d->keys[k], m->spec.experts)) add(out, &d->keys[k], &m->spec, d->keys[k].spec, 0);
 }
 
 /* One setting into its configuration field; LOOM_ERR_INPUT naming it when
@@ -427,7 +458,16 @@ static int apply_key(const struct loom_shape_key *key, const struct loom_shape_s
                      struct loom_config *cfg)
 {
     void *field = (char *)cfg + key->cfg;
-    if (key->kind == LOOM_SHAPE_INT) {
+    if (key->kind == LOOM_SHAPE_LAYERS) {
+        char text[LOOM_MOE_FREQ_TEXT];
+        struct loom_moe_layers m;
+        loom_model_shape_text(kv, text, sizeof text);
+        if (kv->kind == LOOM_SHAPE_REAL || loom_moe_layers_parse(text, &m))
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "model.%s: expected an integer or a list expression of 0 and 1 (%s)",
+                                  key->key, text);
+        snprintf(field, LOOM_MOE_FREQ_TEXT, "%s", text);
+    } else if (key->kind == LOOM_SHAPE_INT) {
         if (kv->kind != LOOM_SHAPE_INT || kv->value < key->lo || kv->value > key->hi)
             return loom_error_set(LOOM_ERR_INPUT, "model.%s: expected an integer in [%.0f, %.0f]", key->key,
                                   key->lo, key->hi);

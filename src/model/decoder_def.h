@@ -88,7 +88,15 @@ struct loom_shape_key {
         LOOM_SHAPE_KEY_QUIET("moe_ffn_hidden_size", moe_ffn_hidden_size, moe_ffn, 0, INT_MAX, "0"),          \
         LOOM_SHAPE_KEY_QUIET("moe_shared_expert_intermediate_size", moe_shared_expert_intermediate_size,     \
                              shared_ffn, 0, INT_MAX, "0"),                                                   \
-        LOOM_SHAPE_KEY_QUIET("moe_layer_freq", moe_layer_freq, moe_freq, 1, 1024, "1"),                      \
+        {"moe_layer_freq",                                                                                   \
+         offsetof(struct loom_config, moe_layer_freq),                                                       \
+         offsetof(struct loom_decoder_spec, moe_layers),                                                     \
+         LOOM_SHAPE_LAYERS,                                                                                  \
+         0,                                                                                                  \
+         0,                                                                                                  \
+         NULL,                                                                                               \
+         "1",                                                                                                \
+         1},                                                                                                 \
         LOOM_SHAPE_KEY_QUIET("moe_router_pre_softmax", moe_router_pre_softmax, pre_softmax, 0, 1, "0"),      \
         {"moe_router_load_balancing_type",                                                                   \
          offsetof(struct loom_config, moe_router_load_balancing_type),                                       \

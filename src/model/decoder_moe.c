@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "config/config.h" /* loom_moe_layers_is */
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* LOOM_MOE_MAX_EXPERTS */
 #include "model/decoder_impl.h"
@@ -83,6 +84,21 @@ static struct loom_linear_group shared_in(const struct loom_decoder *m, struct l
     if (t->s_gate_w >= 0) g.lin[g.n++] = lin(b, t->s_gate_w, t->s_gate_b, C, F);
     g.lin[g.n++] = lin(b, t->s_up_w, t->s_up_b, C, F);
     return g;
+}
+
+int loom_decoder_moe_layer(const struct loom_decoder_spec *s, int l)
+{
+    return s->experts > 0 && loom_moe_layers_is(&s->moe_layers, l);
+}
+
+int loom_decoder_moe_count(const struct loom_decoder_spec *s)
+{
+    return s->experts > 0 ? loom_moe_layers_count(&s->moe_layers, s->num_layers) : 0;
+}
+
+int loom_decoder_moe_index(const struct loom_decoder_spec *s, int l)
+{
+    return loom_moe_layers_count(&s->moe_layers, l);
 }
 
 int loom_decoder_moe_capacity(const struct loom_decoder_spec *s, int N)
@@ -372,7 +388,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     m->moe_z_sum += z / N; /* a context rank's mean: the ranks' average is the micro-batch's */
     m->moe_layers_seen++;
     m->moe_choices += (double)N * k;
-    const int i = l / m->spec.moe_freq, nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq;
+    const int i = loom_decoder_moe_index(&m->spec, l), nmoe = loom_decoder_moe_count(&m->spec);
     double *tokens = m->moe_tokens + (size_t)i * E, *layer = m->moe_tokens + (size_t)nmoe * E + 3 * (size_t)i;
     for (int e = 0; e < E; e++) tokens[e] += x->routed[e];
     layer[0] += aux, layer[1] += z / N, layer[2] += 1;
@@ -381,7 +397,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
 int loom_decoder_moe_take(struct loom_decoder *m, double *out)
 {
     if (!m->spec.experts) return 0;
-    const int E = m->spec.experts, nmoe = (m->spec.num_layers + m->spec.moe_freq - 1) / m->spec.moe_freq,
+    const int E = m->spec.experts, nmoe = loom_decoder_moe_count(&m->spec),
               n = LOOM_MOE_STATS + nmoe * (E + 3);
     if (!out) return n;
     out[0] = m->moe_aux_sum, out[1] = m->moe_z_sum, out[2] = m->moe_layers_seen, out[3] = m->moe_dropped;

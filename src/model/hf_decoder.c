@@ -436,7 +436,7 @@ int loom_hf_save_dir(struct loom_model *model, const char *dir, const struct loo
             "%s: transformers' %s has no experts; a %s model with --num-experts is saved in "
             "loom's formats only",
             dir, d->hf->architectures[0], d->family->title);
-    if (s->experts && (s->moe_freq != 1 || s->pre_softmax || s->shared_ffn))
+    if (s->experts && (s->moe_layers.freq != 1 || s->pre_softmax || s->shared_ffn))
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s: transformers' %s routes every layer by the softmax of the top k, without "
                               "shared experts; this model's --moe-layer-freq, --moe-router-pre-softmax or "

@@ -86,9 +86,10 @@ static struct loom_time_terms time_terms(const struct loom_time_in *in)
     if (ep <= 1 || cfg->num_experts <= 0) return (struct loom_time_terms){0, 0};
     double bw, lat;
     loom_time_link(in, s->tp * ep, &bw, &lat);
-    const int freq = cfg->moe_layer_freq > 0 ? cfg->moe_layer_freq : 1;
-    const double layers = (double)((cfg->num_layers + freq - 1) / freq) / s->pp, passes = in->full ? 6 : 4,
-                 share = (double)(ep - 1) / ep;
+    struct loom_moe_layers ml;
+    if (loom_moe_layers_parse(cfg->moe_layer_freq, &ml)) ml = (struct loom_moe_layers){.freq = 1};
+    const double layers = (double)loom_moe_layers_count(&ml, cfg->num_layers) / s->pp,
+                 passes = in->full ? 6 : 4, share = (double)(ep - 1) / ep;
     const double t = passes * (in->act * cfg->moe_router_topk * share / bw + (ep - 1) * lat);
     return (struct loom_time_terms){0, layers * cfg->gradient_accumulation_steps * t};
 }
