@@ -18,7 +18,8 @@
    paper's FLOP count, recomputation included) is within 15% of the
    published; left to choose, the planner's layout fits in 80 GB and its
    step is no slower than 1.1x the published step.
-4. The outputs and the errors: --json is one document, the text names the
+4. The outputs and the errors (and the expert-parallel sizes searched for
+   a model with experts): --json is one document, the text names the
    best layout's flags, rejected layouts carry their reason; bad flags and
    cluster files are one-line errors with exit 2.
 5. An allocation that fails while training explains itself (the memory it
@@ -251,6 +252,15 @@ def outputs_section(tmp):
               times == sorted(times) and all(e["memory"]["total"] <= 0.02e9 for e in doc["layouts"]))
     lib.check("a layout over --mem-per-rank is rejected with its size and the limit",
               any("above 0.02 GB" in e["reason"] for e in doc["rejected"]))
+    # expert parallelism is searched for a model with experts: sizes dividing the experts and the data ranks
+    for tag, model, extra, want in (("an MoE model", MIXTRAL, [], [1, 2, 4]),
+                                    ("an MoE model given --expert-model-parallel-size 2", MIXTRAL,
+                                     ["--expert-model-parallel-size", "2"], [2]),
+                                    ("a dense model", TINY, [], [1])):
+        p = plan(model + extra + ["--global-batch-size", "8", "--world", "4", "--cluster", "a100-80gb", "--json",
+                                  "--top", "10000"])
+        eps = sorted({e["layout"].get("ep", 1) for e in json.loads(p.stdout)["layouts"]})
+        lib.check(f"{tag}: the plan's expert-parallel sizes at 4 ranks are {want} (got {eps})", eps == want)
     bad_cluster = os.path.join(tmp, "bad.json")
     with open(bad_cluster, "w") as f:
         json.dump({"name": "x", "ranks_per_node": 2}, f)

@@ -11,7 +11,7 @@
  * expert ranks' experts (engine.c). Here: its
  * settings' rules, its share of the shape, its strategy's waits and
  * description, its moves in the time model, the planner's (the user's
- * size, not searched yet).
+ * size, or every size dividing the experts and the data-parallel ranks).
  */
 #include <stdio.h>
 
@@ -95,15 +95,22 @@ static struct loom_time_terms time_terms(const struct loom_time_in *in)
 }
 
 /* The user's size, where it divides the data-parallel ranks the kinds
- * before it leave (not searched yet: 1 when not given). */
+ * before it leave; not given, every size dividing both those ranks and
+ * the experts (1 for a model without experts). */
 static int plan_choices(const struct loom_plan_space *s, const struct loom_kind_choice *l, int slot, int left,
                         int *out)
 {
     (void)l, (void)slot;
-    const int ep = s->base->expert_model_parallel_size > 1 ? s->base->expert_model_parallel_size : 1;
-    if (left % ep) return 0;
-    out[0] = ep;
-    return 1;
+    const struct loom_config *b = s->base;
+    const int fix = loom_plan_space_fixed(s, "--expert-model-parallel-size"),
+              given = b->expert_model_parallel_size > 1 ? b->expert_model_parallel_size : 1;
+    int n = 0;
+    for (int ep = 1; ep <= left; ep++) {
+        if (left % ep || (fix || b->num_experts <= 0 ? ep != given : b->num_experts % ep)) continue;
+        LOOM_ASSERT(n < LOOM_KIND_MAX_CHOICES);
+        out[n++] = ep;
+    }
+    return n;
 }
 
 static void plan_apply(struct loom_config *cfg, const struct loom_kind_choice *c)
