@@ -689,7 +689,8 @@ static void alloc_activations(struct loom_decoder *m)
             m->cp_dwhole = act(m, whole * kv2);
             m->cp_tmp = act(m, (size_t)m->ctx.T * kv2);
         } else {
-            for (int i = 0; i < 2; i++) m->cp_kv[i] = act(m, N * kv2), m->cp_dkv[i] = act(m, N * kv2);
+            for (int i = 0; i < 2; i++) m->cp_kv[i] = act(m, N * kv2);
+            for (int i = 0; i < 3; i++) m->cp_dkv[i] = act(m, N * kv2);
             m->cp_tmp = act(m, c * kv2);
             m->cp_o = act(m, c * Cq);
             m->cp_l = act(m, c * (size_t)m->NHl);
@@ -795,7 +796,7 @@ static void free_activations(struct loom_decoder *m)
         m->ce_stats,  m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
         m->seq_att,   m->head_rows,   m->norm_parts,  m->pos_rows,     m->cp_send,    m->cp_recv,
         m->cp_out,    m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],     m->cp_kv[1],   m->cp_dkv[0],
-        m->cp_dkv[1], m->cp_whole,    m->cp_dwhole,   m->cp_tmp,       m->cp_o,       m->cp_l,
+        m->cp_dkv[1], m->cp_dkv[2],   m->cp_whole,    m->cp_dwhole,   m->cp_tmp,       m->cp_o,       m->cp_l,
         m->cp_dq,     m->moe_xp,      m->moe_dxp,     m->moe_dy,       m->moe_dF[0],  m->moe_dF[1],
         m->moe_dF[2], m->moe_dprobs,  m->moe_dlogits, m->moe_out,      m->moe_sums,   m->moe_aux_grad,
         m->moe_y,     m->moe_ep[0],   m->moe_ep[1],   m->moe_gx,       m->moe_gout,   m->moe_gdp};

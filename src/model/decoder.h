@@ -244,8 +244,8 @@ struct loom_decoder {
     struct loom_cp ctx;
     enum loom_cp_comm_type cp_comm;
     float *cp_send, *cp_recv, *cp_out, *cp_dout, *cp_dqkv; /* a2a */
-    float *cp_kv[2], *cp_dkv[2]; /* (N, 2 kvC) this rank's keys and values (p2p: and a block in flight), and
-                                  * their gradients (p2p) */
+    float *cp_kv[2], *cp_dkv[3]; /* (N, 2 kvC) this rank's keys and values (p2p: and a block in flight), and
+                                  * their gradients (p2p: two in flight, and this rank's share of one) */
     float *cp_whole, *cp_dwhole; /* all_gather: (B Tw, 2 kvC) the whole sequences' keys and values, their
                                   * gradients */
     float *cp_tmp, *cp_o, *cp_l, *cp_dq; /* one call's dk and dv, out, lse and dq (p2p) */

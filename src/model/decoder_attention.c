@@ -225,7 +225,10 @@ static void ring_attention_forward(struct loom_decoder *m, const struct loom_dec
 
 /* Its backward: the blocks go around again with their dk and dv, each
  * rank adding what its queries give them; after the last step each
- * rank's own arrives back. */
+ * rank's own arrives back. A block's gradients from the ranks before
+ * travel while this rank computes its share of them apart (cp_dkv[2];
+ * its own block's straight into the one it sends first), added once
+ * they arrive. */
 static void ring_attention_backward(struct loom_decoder *m, const struct loom_decoder_acts *a,
                                     struct loom_decoder_layer_acts *x, const float *out, const float *qkv,
                                     int B)
@@ -234,12 +237,13 @@ static void ring_attention_backward(struct loom_decoder *m, const struct loom_de
     const size_t n = (size_t)B * Tl * kv2;
     kv_rows(m, m->cp_kv[0], qkv, B * Tl);
     dev(m)->memset(m->dqkv, 0, (size_t)B * Tl * W * sizeof(float));
-    dev(m)->memset(m->cp_dkv[0], 0, n * sizeof(float));
     dev(m)->memset(m->cp_dq, 0, (size_t)c * W * sizeof(float)); /* its k, v columns stay 0 */
+    struct loom_cp_ring back; /* the last block's gradients on to the next rank, the next block's in */
     for (int s = 0; s < cp; s++) {
         const int src = (me - s + cp) % cp;
         const float *cur = m->cp_kv[s & 1];
-        float *dcur = m->cp_dkv[s & 1];
+        float *mine = s ? m->cp_dkv[2] : m->cp_dkv[0];
+        dev(m)->memset(mine, 0, n * sizeof(float));
         struct loom_cp_ring ring;
         if (s + 1 < cp) loom_cp_ring_start(&m->ctx, &ring, cur, m->cp_kv[(s + 1) & 1], n, 1);
         for (int b = 0; b < B; b++)
@@ -255,13 +259,17 @@ static void ring_attention_backward(struct loom_decoder *m, const struct loom_de
                         m->cp_dq, m->cp_tmp, m->cp_tmp + m->kvC, m->dbufC + r * m->Cq, out + r * m->Cq,
                         x->lse + (size_t)b * m->NHl * Tl + (size_t)hq * c, qkv + r * W, kb, kb + m->kvC, &fa);
                     m->k->accumulate(m->dqkv + r * W, m->cp_dq, (size_t)c * W);
-                    m->k->accumulate(dcur + rk * kv2, m->cp_tmp, (size_t)c * kv2);
+                    m->k->accumulate(mine + rk * kv2, m->cp_tmp, (size_t)c * kv2);
                 }
         if (s + 1 < cp) loom_cp_ring_wait(&ring);
-        struct loom_cp_ring back; /* the block's gradients on to the next rank, the next block's in */
+        float *dcur = m->cp_dkv[s & 1];
+        if (s) { /* the block's gradients from the ranks before, and this rank's share */
+            loom_cp_ring_wait(&back);
+            m->k->accumulate(dcur, mine, n);
+        }
         loom_cp_ring_start(&m->ctx, &back, dcur, m->cp_dkv[(s + 1) & 1], n, 2);
-        loom_cp_ring_wait(&back);
     }
+    loom_cp_ring_wait(&back);
     kv_into(m, m->dqkv, m->cp_dkv[cp & 1], B * Tl);
 }
 
