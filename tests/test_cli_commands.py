@@ -85,6 +85,19 @@ with tempfile.TemporaryDirectory() as tmp:
     p = loom("eval", "--load", os.path.join(tmp, "nope.safetensors"))
     check("eval of a missing file is exit 2 naming it", p.returncode == 2 and "nope.safetensors" in p.stderr,
           p.stderr)
+    # without data loom eval says what it needs (it never scores the built-in corpus unasked); --mock-data asks
+    p = loom("eval", "--load", weights, "--threads", "1")
+    errs = lib.error_lines(p.stderr)
+    check("eval without --valid-data-path: exit 2, one line naming it and --mock-data",
+          p.returncode == 2 and len(errs) == 1 and "--valid-data-path" in errs[0] and "--mock-data" in errs[0],
+          p.stderr[-400:])
+    p = loom("eval", "--load", weights, "--mock-data", "--seq-length", "16", "--eval-iters", "2", "--threads", "1")
+    check("eval --mock-data scores the built-in corpus (its floor printed beside the loss)",
+          p.returncode == 0 and "val loss" in p.stdout and "corpus floor" in p.stdout, p.stderr[-400:])
+    p = loom("eval", "--load", weights, "--mock-data", "--valid-data-path", os.path.join(corpus, "val.bin"))
+    errs = lib.error_lines(p.stderr)
+    check("eval --mock-data with --valid-data-path: exit 2, one line", p.returncode == 2 and len(errs) == 1 and
+          "--mock-data" in errs[0], p.stderr[-400:])
     p = loom("frobnicate")
     check("unknown command is exit 2", p.returncode == 2 and "frobnicate" in p.stderr, p.stderr)
     p = loom("train", "--help")

@@ -269,6 +269,9 @@ const struct setting loom_settings[] = {
           "training token shards: files or globs (default: the built-in corpus)"),
     PATHS("--valid-data-path", "valid_data_path", "data", valid_data_paths, nvalid_paths,
           "validation token shards"),
+    BOOL("--mock-data", "mock_data", "data", mock_data, "0",
+         "the built-in corpus (a synthetic one with a known entropy floor, generated once; Megatron's mock "
+         "data): loom train's default without --data-path; loom eval scores it only when given"),
     STR("--tokenizer", "tokenizer", "data", tokenizer, "",
         "tokenizer.json, or a directory with it or GPT-2's vocab.json + merges.txt: its ids must fit the "
         "model's vocabulary; saved in every checkpoint; loom sample encodes the prompt and decodes with it"),

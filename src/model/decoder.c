@@ -791,15 +791,16 @@ static void free_activations(struct loom_decoder *m)
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
     float *bufs[] = {
-        m->dres,      m->dbufC,       m->dbufC2,      m->dqkv,         m->datt,       m->q,
-        m->kk,        m->v,           m->dbufF[0],    m->dbufF[1],     m->dbufF[2],   m->scratchC,
-        m->ce_stats,  m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
-        m->seq_att,   m->head_rows,   m->norm_parts,  m->pos_rows,     m->cp_send,    m->cp_recv,
-        m->cp_out,    m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],     m->cp_kv[1],   m->cp_dkv[0],
-        m->cp_dkv[1], m->cp_dkv[2],   m->cp_whole,    m->cp_dwhole,   m->cp_tmp,       m->cp_o,       m->cp_l,
-        m->cp_dq,     m->moe_xp,      m->moe_dxp,     m->moe_dy,       m->moe_dF[0],  m->moe_dF[1],
-        m->moe_dF[2], m->moe_dprobs,  m->moe_dlogits, m->moe_out,      m->moe_sums,   m->moe_aux_grad,
-        m->moe_y,     m->moe_ep[0],   m->moe_ep[1],   m->moe_gx,       m->moe_gout,   m->moe_gdp};
+        m->dres,         m->dbufC,       m->dbufC2,      m->dqkv,         m->datt,       m->q,
+        m->kk,           m->v,           m->dbufF[0],    m->dbufF[1],     m->dbufF[2],   m->scratchC,
+        m->ce_stats,     m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
+        m->seq_att,      m->head_rows,   m->norm_parts,  m->pos_rows,     m->cp_send,    m->cp_recv,
+        m->cp_out,       m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],     m->cp_kv[1],   m->cp_dkv[0],
+        m->cp_dkv[1],    m->cp_dkv[2],   m->cp_whole,    m->cp_dwhole,    m->cp_tmp,     m->cp_o,
+        m->cp_l,         m->cp_dq,       m->moe_xp,      m->moe_dxp,      m->moe_dy,     m->moe_dF[0],
+        m->moe_dF[1],    m->moe_dF[2],   m->moe_dprobs,  m->moe_dlogits,  m->moe_out,    m->moe_sums,
+        m->moe_aux_grad, m->moe_y,       m->moe_ep[0],   m->moe_ep[1],    m->moe_gx,     m->moe_gout,
+        m->moe_gdp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
                     m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};
