@@ -16,7 +16,8 @@ Hugging Face `tokenizers` (PyPI, tests only).
   the model's vocabulary (exit 2, naming both); `loom sample` encodes the
   prompt and decodes with the checkpoint's tokenizer (the same text as with
   --tokenizer; the prompt's text first; valid UTF-8); `loom convert` to a
-  Hugging Face directory copies it there and `tokenizers` loads it;
+  Hugging Face directory copies it there and `tokenizers` loads it, and
+  `loom sample --load` of that directory decodes with it (the same text);
 - bad input, each one line and exit 2: a missing tokenizer, one that is not
   JSON, one whose merge names a token not in the vocabulary, one with more
   ids than 16-bit shards hold, a .jsonl line that is not JSON (file and line
@@ -224,6 +225,10 @@ def in_use(tmp, docs):
     loaded = os.path.exists(path) and Tokenizer.from_file(path).get_vocab_size() == 320
     check("in use: loom convert to a Hugging Face directory copies the tokenizer, and tokenizers loads it",
           p.returncode == 0 and loaded, p.stderr[-300:])
+    r = subprocess.run([LOOM, "sample", "--load", hf, *sample[3:]], capture_output=True)
+    check("in use: loom sample --load of that directory decodes with its tokenizer.json: the checkpoint's text",
+          r.returncode == 0 and q.returncode == 0 and r.stdout == q.stdout and b"no tokenizer" not in r.stderr,
+          r.stderr[-300:])
 
 
 def main():

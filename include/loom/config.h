@@ -336,7 +336,7 @@ struct loom_config {
     int reset_position_ids, reset_attention_mask, eod_mask_loss;
     int eod_token_id; /* -1: the family's end-of-text token */
     char data_cache[512];
-    int mock_data; /* the built-in corpus, asked for (loom eval's; loom train's without --data-path) */
+    int mock_data;       /* the built-in corpus, asked for (loom eval's; loom train's without --data-path) */
     char tokenizer[512]; /* --tokenizer: "" none */
     /* logging and evaluation */
     int log_interval, eval_interval, eval_iters;

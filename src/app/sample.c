@@ -3,7 +3,8 @@
  * sampling from the model's last-position logits, the context window sliding
  * over the last T tokens, with a model of the --model preset's family. The
  * prompt is encoded and the output decoded by the tokenizer: --tokenizer, or
- * the one the checkpoint holds (saved there by `loom train --tokenizer`);
+ * the one the checkpoint holds (saved there by `loom train --tokenizer`),
+ * or a Hugging Face directory's (loom convert copies it there);
  * without one, byte by byte (the byte-level vocabulary, ids below 256).
  * Output is printed as it comes, holding back the bytes of a character
  * that later tokens complete. Not here: a KV cache (each token reruns the
@@ -62,8 +63,9 @@ static int pick(const float *logits, int V, double temperature, int top_k, struc
     return last;
 }
 
-/* The tokenizer: --tokenizer, else the checkpoint's tokenizer.json; *t
- * NULL when there is neither. */
+/* The tokenizer: --tokenizer, else the one that comes with the weights
+ * (a checkpoint's tokenizer.json, a Hugging Face directory's); *t NULL
+ * when there is none. */
 static int find_tokenizer(const struct loom_config *cfg, struct loom_bpe **t)
 {
     *t = NULL;
@@ -71,7 +73,7 @@ static int find_tokenizer(const struct loom_config *cfg, struct loom_bpe **t)
     if (*cfg->tokenizer) {
         snprintf(path, sizeof path, "%s", cfg->tokenizer);
     } else {
-        int rc = loom_ckpt_find_tokenizer(cfg->load, path, sizeof path); /* held to its record */
+        int rc = loom_weights_find_tokenizer(cfg->load, path, sizeof path); /* a checkpoint's held to its record */
         if (rc) return rc;
     }
     if (!*path) return LOOM_OK;

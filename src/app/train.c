@@ -103,11 +103,10 @@ static int open_data(struct run *r, int training)
     struct loom_config *cfg = r->cfg;
     int rc;
     if (cfg->mock_data && cfg->ndata_paths + cfg->nvalid_paths)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--mock-data is the built-in corpus: not with --data-path or --valid-data-path");
+        return loom_error_set(
+            LOOM_ERR_INPUT, "--mock-data is the built-in corpus: not with --data-path or --valid-data-path");
     const int builtin_train = training && cfg->ndata_paths == 0;
-    const int builtin_valid =
-        cfg->nvalid_paths == 0 && (training ? cfg->ndata_paths == 0 : cfg->mock_data);
+    const int builtin_valid = cfg->nvalid_paths == 0 && (training ? cfg->ndata_paths == 0 : cfg->mock_data);
     if (builtin_train || builtin_valid) {
         char train_path[700], valid_path[700];
         double floor_nats = 0;
@@ -999,8 +998,9 @@ int loom_eval(struct loom_config *cfg)
         if (r.topo->rank != 0) loom_error_clear(); /* rank 0 says it */
     }
     if (rc == LOOM_OK && !r.have_valid)
-        rc = loom_error_set(LOOM_ERR_INPUT, "loom eval needs --valid-data-path FILE (token shards to score), or "
-                                            "--mock-data to score the built-in corpus");
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "loom eval needs --valid-data-path FILE (token shards to score), or "
+                            "--mock-data to score the built-in corpus");
     struct loom_report rep = {0};
     if (rc == LOOM_OK && (rc = loom_report_open(&rep, cfg->metrics, NULL)) == LOOM_OK) {
         double val = evaluate(&r);

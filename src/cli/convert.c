@@ -36,12 +36,9 @@ static int read_checkpoint(const char *path, struct loom_model **out)
  * every checkpoint): its path, "" when there is none. */
 static int find_tokenizer(const char *in, char *path, size_t n)
 {
-    *path = 0;
-    if (loom_ckpt_is_checkpoint(in)) /* the checkpoint's, held to its trainer state's record */
-        return loom_ckpt_find_tokenizer(in, path, n);
-    if (loom_fs_is_dir(in)) snprintf(path, n, "%s/tokenizer.json", in);
-    if (*path && access(path, F_OK) != 0) *path = 0;
-    return LOOM_OK;
+    int rc = loom_weights_find_tokenizer(in, path, n); /* a checkpoint's held to its trainer state's record */
+    if (rc == LOOM_OK && *path && loom_fs_is_dir(path)) *path = 0; /* vocab.json + merges.txt: not copied */
+    return rc;
 }
 
 static int copy_tokenizer(const char *path, const char *out)

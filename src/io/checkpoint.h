@@ -227,6 +227,11 @@ int loom_ckpt_file_sum(const char *path, int64_t *bytes, uint64_t *xxh3);
  * LOOM_ERR_INPUT naming it. A state that predates the record takes the
  * file as it is. */
 int loom_ckpt_find_tokenizer(const char *load, char *path, size_t n);
+/* The tokenizer that comes with weights at path: a checkpoint's (as
+ * loom_ckpt_find_tokenizer), a directory's tokenizer.json, or the
+ * directory itself where it holds GPT-2's vocab.json and merges.txt (a
+ * Hugging Face directory); "" when none. */
+int loom_weights_find_tokenizer(const char *in, char *path, size_t n);
 
 /* ---- the save directory -------------------------------------------------- */
 

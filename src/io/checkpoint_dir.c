@@ -510,6 +510,23 @@ static int checked_tokenizer(const char *dir, const struct loom_ckpt_state *st, 
     return LOOM_OK;
 }
 
+int loom_weights_find_tokenizer(const char *in, char *path, size_t n)
+{
+    *path = 0;
+    if (loom_ckpt_is_checkpoint(in)) return loom_ckpt_find_tokenizer(in, path, n);
+    if (!loom_fs_is_dir(in)) return LOOM_OK;
+    char a[4400], b[4400];
+    snprintf(a, sizeof a, "%s/tokenizer.json", in);
+    if (access(a, F_OK) == 0) {
+        snprintf(path, n, "%s", a);
+        return LOOM_OK;
+    }
+    snprintf(a, sizeof a, "%s/vocab.json", in);
+    snprintf(b, sizeof b, "%s/merges.txt", in);
+    if (access(a, F_OK) == 0 && access(b, F_OK) == 0) snprintf(path, n, "%s", in);
+    return LOOM_OK;
+}
+
 int loom_ckpt_find_tokenizer(const char *load, char *path, size_t n)
 {
     char **dirs;
