@@ -18,6 +18,10 @@ Hugging Face `tokenizers` (PyPI, tests only).
   --tokenizer; the prompt's text first; valid UTF-8); `loom convert` to a
   Hugging Face directory copies it there and `tokenizers` loads it, and
   `loom sample --load` of that directory decodes with it (the same text);
+  GPT-2, Llama and Mistral directories exported with it load in
+  transformers' AutoTokenizer, and AutoModelForCausalLM.generate (greedy,
+  20 tokens) gives loom sample's greedy text, with the tokenizer's end of
+  text as the config's;
 - bad input, each one line and exit 2: a missing tokenizer, one that is not
   JSON, one whose merge names a token not in the vocabulary, one with more
   ids than 16-bit shards hold, a .jsonl line that is not JSON (file and line
@@ -231,6 +235,37 @@ def in_use(tmp, docs):
           r.stderr[-300:])
 
 
+def generate_check(tmp, tok, tag, model):
+    """An exported directory in transformers: AutoTokenizer and
+    AutoModelForCausalLM.generate (greedy, 20 tokens, not stopping at the
+    end of text, as loom sample does not) give loom sample's greedy text."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    save, hf = os.path.join(tmp, f"gen-{tag}"), os.path.join(tmp, f"gen-{tag}-hf")
+    p = lib.loom("train", *model, "--vocab-size", "320", "--data-path", os.path.join(tmp, "use-data", "train_*.bin"),
+                 "--train-iters", "30", "--eval-iters", "0", "--save", save, "--threads", "1", "--tokenizer", tok)
+    q = lib.loom("convert", save, hf, "--to", "hf") if p.returncode == 0 else p
+    if not check(f"{tag}: trained with the tokenizer and exported", q.returncode == 0, q.stderr[-300:]):
+        return
+    prompt = "The data layer"
+    r = subprocess.run([LOOM, "sample", "--load", hf, *model, "--vocab-size", "320", "--prompt", prompt,
+                        "--max-new-tokens", "20", "--temperature", "0", "--threads", "1"], capture_output=True)
+    at = AutoTokenizer.from_pretrained(hf)
+    m = AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32).eval()
+    m.generation_config.eos_token_id = None
+    ids = at(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = m.generate(ids, max_new_tokens=20, do_sample=False, pad_token_id=at.eos_token_id)
+    theirs = at.decode(out[0].tolist())
+    ours = r.stdout.decode("utf-8", "replace")
+    ours = ours[:-1] if ours.endswith("\n") else ours  # loom sample ends its text with a line feed
+    check(f"{tag}: AutoTokenizer + generate on the exported directory give loom sample's greedy text "
+          f"({len(out[0]) - len(ids[0])} tokens; eos {at.eos_token_id}, config {m.config.eos_token_id})",
+          r.returncode == 0 and theirs == ours and at.eos_token_id == m.config.eos_token_id is not None,
+          f"loom {ours!r}\ntransformers {theirs!r}\n{r.stderr[-300:]}")
+
+
 def main():
     if not lib.built(LOOM):
         return 1
@@ -240,6 +275,12 @@ def main():
         tok_path, jl = tokenize(tmp, docs)
         bad_input(tmp, tok_path, jl)
         in_use(tmp, docs)
+        small = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+                 "--max-position-embeddings", "32"]
+        generate_check(tmp, os.path.join(tmp, "use-tok"), "gpt2", small)
+        for fam in ("llama", "mistral"):
+            generate_check(tmp, os.path.join(tmp, "use-tok"), fam,
+                           ["--model", f"{fam}-tiny", "--num-query-groups", "2", "--ffn-hidden-size", "64"] + small)
     return lib.verdict()
 
 

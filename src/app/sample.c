@@ -73,7 +73,8 @@ static int find_tokenizer(const struct loom_config *cfg, struct loom_bpe **t)
     if (*cfg->tokenizer) {
         snprintf(path, sizeof path, "%s", cfg->tokenizer);
     } else {
-        int rc = loom_weights_find_tokenizer(cfg->load, path, sizeof path); /* a checkpoint's held to its record */
+        int rc =
+            loom_weights_find_tokenizer(cfg->load, path, sizeof path); /* a checkpoint's held to its record */
         if (rc) return rc;
     }
     if (!*path) return LOOM_OK;

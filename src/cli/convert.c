@@ -7,17 +7,20 @@
  * converter, which takes the engine.
  *
  * A Hugging Face directory written from a checkpoint that holds the run's
- * tokenizer (tokenizer.json) gets a copy of it.
+ * tokenizer (tokenizer.json) gets a copy of it, and what AutoTokenizer and
+ * generate read beside it (complete_directory).
  *
  * Not here: the formats themselves.
  */
 #include "cli/convert.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/mem.h"
 #include "engine/checkpoint.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
@@ -46,6 +49,84 @@ static int copy_tokenizer(const char *path, const char *out)
     if (!*path) return LOOM_OK;
     int rc = loom_bpe_export(path, out);
     if (rc == LOOM_OK) printf("copied %s into %s\n", path, out);
+    return rc;
+}
+
+/* dir/name as JSON (NULL: not there, or not JSON), and written back. */
+static cJSON *read_json(const char *dir, const char *name)
+{
+    char path[4400], *text;
+    size_t len;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (access(path, F_OK) != 0 || loom_fs_read_small(path, 1 << 20, &text, &len) != LOOM_OK) {
+        loom_error_clear();
+        return NULL;
+    }
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    loom_free(text);
+    return j;
+}
+
+static int write_json(const char *dir, const char *name, cJSON *j)
+{
+    char path[4400], *text = cJSON_Print(j);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (!text) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting %s", path);
+    const void *parts[] = {text, "\n"};
+    const size_t sizes[] = {strlen(text), 1};
+    int rc = loom_fs_write_atomic(path, parts, sizes, 2);
+    cJSON_free(text);
+    return rc;
+}
+
+static void set_number(cJSON *j, const char *key, double v)
+{
+    cJSON_DeleteItemFromObject(j, key);
+    cJSON_AddNumberToObject(j, key, v);
+}
+
+/* What AutoTokenizer and generate read beside the weights of a directory
+ * given a tokenizer.json: the tokenizer's beginning- and end-of-text ids in
+ * config.json and generation_config.json (the family's stay where it has
+ * no such token; a tokenizer with an end of text and no beginning, as
+ * GPT-2's, begins with its end, as GPT-2's config.json says),
+ * tokenizer_config.json (PreTrainedTokenizerFast over tokenizer.json:
+ * encode and decode are tokenizer.json's, as loom's, with no spaces
+ * cleaned up) and special_tokens_map.json. */
+static int complete_directory(const char *dir)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    struct loom_bpe *t;
+    int rc = loom_bpe_load(path, &t);
+    if (rc) return rc;
+    const int32_t eos = loom_bpe_eot(t), bos = loom_bpe_bos(t) >= 0 ? loom_bpe_bos(t) : eos;
+    cJSON *special = cJSON_CreateObject(), *tc = cJSON_CreateObject();
+    if (bos >= 0) cJSON_AddStringToObject(special, "bos_token", loom_bpe_added_text(t, bos));
+    if (eos >= 0) cJSON_AddStringToObject(special, "eos_token", loom_bpe_added_text(t, eos));
+    loom_bpe_free(t);
+    double max_len = 0;
+    static const char *const configs[] = {"config.json", "generation_config.json"};
+    for (int i = 0; i < 2 && rc == LOOM_OK; i++) {
+        cJSON *j = read_json(dir, configs[i]);
+        if (!j) continue;
+        if (bos >= 0) set_number(j, "bos_token_id", bos);
+        if (eos >= 0) set_number(j, "eos_token_id", eos);
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "max_position_embeddings");
+        if (!n) n = cJSON_GetObjectItemCaseSensitive(j, "n_positions");
+        if (i == 0 && cJSON_IsNumber(n)) max_len = n->valuedouble;
+        rc = write_json(dir, configs[i], j);
+        cJSON_Delete(j);
+    }
+    cJSON_AddStringToObject(tc, "tokenizer_class", "PreTrainedTokenizerFast");
+    cJSON_AddFalseToObject(tc, "clean_up_tokenization_spaces");
+    if (max_len > 0) cJSON_AddNumberToObject(tc, "model_max_length", max_len);
+    for (const cJSON *e = special->child; e; e = e->next)
+        cJSON_AddStringToObject(tc, e->string, e->valuestring);
+    if (rc == LOOM_OK) rc = write_json(dir, "tokenizer_config.json", tc);
+    if (rc == LOOM_OK) rc = write_json(dir, "special_tokens_map.json", special);
+    cJSON_Delete(tc);
+    cJSON_Delete(special);
     return rc;
 }
 
@@ -85,5 +166,6 @@ int loom_convert(int argc, char **argv)
     e.family = f;
     if (rc == LOOM_OK) rc = f->converter->run(argc, argv, &e);
     if (rc == LOOM_OK && out && loom_fs_is_dir(out)) rc = copy_tokenizer(tok, out);
+    if (rc == LOOM_OK && out && *tok && loom_fs_is_dir(out)) rc = complete_directory(out);
     return rc;
 }

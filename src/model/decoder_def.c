@@ -314,8 +314,8 @@ static struct loom_config attention_of(const struct loom_decoder_def *d, const s
 
 int loom_decoder_def_check(const struct loom_decoder_def *d, const struct loom_config *cfg, int T)
 {
-    struct loom_moe_layers ml;
-    if (loom_moe_layers_parse(cfg->moe_layer_freq, &ml)) return LOOM_ERR_INPUT;
+    struct loom_moe_layers ml; /* a dense model's MLPs: the setting is check_moe's to refuse, if given */
+    if (cfg->num_experts > 0 && loom_moe_layers_parse(cfg->moe_layer_freq, &ml)) return LOOM_ERR_INPUT;
     const struct loom_decoder_spec s = loom_decoder_def_spec(d, cfg);
     const struct loom_config c = attention_of(d, cfg, &s, T);
     int rc = check_architecture(d, cfg);

@@ -149,13 +149,32 @@ int32_t loom_bpe_vocab_size(const struct loom_bpe *t)
     return t->n_ids;
 }
 
-int32_t loom_bpe_eot(const struct loom_bpe *t)
+/* The first of names (n) among the added tokens: its id, or -1. */
+static int32_t added_named(const struct loom_bpe *t, const char *const *names, size_t n)
 {
-    static const char *const names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"};
-    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+    for (size_t k = 0; k < n; k++)
         for (int i = 0; i < t->n_added; i++)
             if (strcmp(t->added[i].content, names[k]) == 0) return t->added[i].id;
     return -1;
+}
+
+int32_t loom_bpe_eot(const struct loom_bpe *t)
+{
+    static const char *const names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"};
+    return added_named(t, names, sizeof names / sizeof names[0]);
+}
+
+int32_t loom_bpe_bos(const struct loom_bpe *t)
+{
+    static const char *const names[] = {"<|begin_of_text|>", "<s>", "<bos>"};
+    return added_named(t, names, sizeof names / sizeof names[0]);
+}
+
+const char *loom_bpe_added_text(const struct loom_bpe *t, int32_t id)
+{
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].id == id) return t->added[i].content;
+    return NULL;
 }
 
 const char *loom_bpe_token_bytes(const struct loom_bpe *t, int32_t id, size_t *len)

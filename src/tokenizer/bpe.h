@@ -57,6 +57,11 @@ int32_t loom_bpe_vocab_size(const struct loom_bpe *t);
 /* The end-of-text token: the added token `<|endoftext|>` (GPT-2),
  * `<|end_of_text|>` (Llama 3), `</s>` or `<eos>`, first found; -1 if none. */
 int32_t loom_bpe_eot(const struct loom_bpe *t);
+/* The beginning-of-text token: `<|begin_of_text|>` (Llama 3), `<s>` or
+ * `<bos>`, first found; -1 if none. */
+int32_t loom_bpe_bos(const struct loom_bpe *t);
+/* An added token's text (id's), or NULL. */
+const char *loom_bpe_added_text(const struct loom_bpe *t, int32_t id);
 /* The pre-tokenization patterns, for messages ("gpt2" when it is GPT-2's). */
 const char *loom_bpe_describe(const struct loom_bpe *t);
 
