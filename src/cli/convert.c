@@ -27,6 +27,7 @@
 #include "loom/loom.h"
 #include "model/convert.h"
 #include "model/family.h"
+#include "model/hf_decoder.h"
 #include "tokenizer/bpe.h"
 
 static int read_checkpoint(const char *path, struct loom_model **out)
@@ -67,16 +68,9 @@ static cJSON *read_json(const char *dir, const char *name)
     return j;
 }
 
-static int write_json(const char *dir, const char *name, cJSON *j)
+static int write_json(const char *dir, const char *name, const cJSON *j)
 {
-    char path[4400], *text = cJSON_Print(j);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (!text) return loom_error_set(LOOM_ERR_RUNTIME, "out of memory formatting %s", path);
-    const void *parts[] = {text, "\n"};
-    const size_t sizes[] = {strlen(text), 1};
-    int rc = loom_fs_write_atomic(path, parts, sizes, 2);
-    cJSON_free(text);
-    return rc;
+    return loom_hf_write_json(dir, name, cJSON_Print(j));
 }
 
 static void set_number(cJSON *j, const char *key, double v)

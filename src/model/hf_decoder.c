@@ -414,7 +414,7 @@ int loom_hf_save(struct loom_model *model, const char *path)
 }
 
 /* A JSON text written crash-safely, with a final newline; consumes text. */
-static int write_json(const char *dir, const char *name, char *text)
+int loom_hf_write_json(const char *dir, const char *name, char *text)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s%s%s", dir, ends_with(dir, "/") ? "" : "/", name);
@@ -449,7 +449,7 @@ int loom_hf_save_dir(struct loom_model *model, const char *dir, const struct loo
     struct loom_model_shape shape;
     loom_decoder_def_model_shape(d, loom_decoder_of(model), &shape);
     if ((rc = loom_hf_save_ext(model, weights, extra)) == LOOM_OK &&
-        (rc = write_json(dir, "config.json", config_json(d, &shape))) == LOOM_OK)
-        rc = write_json(dir, "generation_config.json", generation_config_json(d->hf, &shape));
+        (rc = loom_hf_write_json(dir, "config.json", config_json(d, &shape))) == LOOM_OK)
+        rc = loom_hf_write_json(dir, "generation_config.json", generation_config_json(d->hf, &shape));
     return rc;
 }

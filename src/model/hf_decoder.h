@@ -172,6 +172,9 @@ int loom_hf_save_ext(struct loom_model *m, const char *path, const struct loom_h
 int loom_hf_save(struct loom_model *m, const char *path);
 /* A directory transformers loads. */
 int loom_hf_save_dir(struct loom_model *m, const char *dir, const struct loom_hf_extra *extra);
+/* dir/name written atomically: text (cJSON's print, freed here; NULL:
+ * out of memory) and a line feed. */
+int loom_hf_write_json(const char *dir, const char *name, char *text);
 
 /* A decoder family's registry entry (model/family.h), `const struct
  * loom_model_family VAR`, from its definition DEF (with Hugging Face

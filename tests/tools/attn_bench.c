@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "median.h"
 #include "base/blas_env.h"
 #include "base/clock.h"
 #include "base/log.h"
@@ -65,18 +66,6 @@ static int int_list(const char *flag, const char *s, int *list)
         list[n++] = int_arg(flag, tok);
     }
     return n;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
 static float *alloc_floats(size_t n, float v)

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "median.h"
 #include "base/blas_env.h"
 #include "base/clock.h"
 #include "base/log.h"
@@ -31,18 +32,6 @@
 #include "model/decoder.h"
 #include "model/decoder_impl.h"
 #include "model/family.h"
-
-static int cmp(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, cmp);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
 
 static void fill(float *x, size_t n, uint64_t seed)
 {
