@@ -26,12 +26,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "median.h"
 #include "base/blas_env.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
+#include "median.h"
 
 static void usage_exit(const char *why)
 {

@@ -22,12 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "median.h"
 #include "app/mfu.h"
 #include "base/blas_env.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "kernels/kernels.h"
+#include "median.h"
 
 int main(int argc, char **argv)
 {

@@ -23,12 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "median.h"
 #include "base/blas_env.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "kernels/kernels.h"
 #include "layers/linear.h"
+#include "median.h"
 #include "model/decoder.h"
 #include "model/decoder_impl.h"
 #include "model/family.h"
