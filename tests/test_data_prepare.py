@@ -23,9 +23,13 @@ Hugging Face `tokenizers` (PyPI, tests only).
   20 tokens) gives loom sample's greedy text, with the tokenizer's end of
   text as the config's;
 - bad input, each one line and exit 2: a missing tokenizer, one that is not
-  JSON, one whose merge names a token not in the vocabulary, one with more
-  ids than 16-bit shards hold, a .jsonl line that is not JSON (file and line
-  number), a missing text key, an unknown flag.
+  JSON, one whose merge names a token not in the vocabulary, a .jsonl line
+  that is not JSON (file and line number), a missing text key, an unknown
+  flag;
+- 32-bit ids: a 128,256-id tokenizer (Llama 3's size, its end of text the
+  last id) gives llm.c's version 2 shards (uint32) holding `tokenizers`'
+  ids; a Llama of that vocabulary trains on them (with validation), is
+  evaluated, and samples with the tokenizer.
 """
 import json
 import os
@@ -42,12 +46,13 @@ from tokenizers import Tokenizer  # noqa: E402
 import test_tokenizer_hf as th  # noqa: E402
 
 
-def read_shard(path):
+def read_shard(path, version=1):
+    """A shard's ids: version 1 (uint16) or, asked for, 2 (uint32)."""
     with open(path, "rb") as f:
         head = struct.unpack("<256i", f.read(1024))
-        assert head[0] == 20240520 and head[1] == 1, path
+        assert head[0] == 20240520 and head[1] == version, path
         data = f.read()
-    return list(struct.unpack(f"<{head[2]}H", data))
+    return list(struct.unpack(f"<{head[2]}{'I' if version == 2 else 'H'}", data))
 
 
 def shards(d, prefix):
@@ -154,15 +159,6 @@ def bad_input(tmp, tok_path, jl):
     refused("a merge naming a token not in the vocabulary", ["data", "tokenize", "--tokenizer", badmerge, jl, out],
             "badmerge.json", "merge 4")
     doc = json.load(open(tok_path))
-    vocab = doc["model"]["vocab"]
-    first = len(vocab)
-    for i in range(70000 - first):  # tokens no merge makes: a vocabulary of 70000 ids
-        vocab[f"zz{i}"] = first + i
-    big = os.path.join(tmp, "big.json")
-    json.dump(doc, open(big, "w"))
-    refused("a tokenizer with 70000 ids (llm.c shards hold 16 bits)", ["data", "tokenize", "--tokenizer", big, jl, out],
-            "70000", "65536")
-    doc = json.load(open(tok_path))
     doc["added_tokens"].append({"id": 900000, "content": "<|far|>", "single_word": False, "lstrip": False,
                                 "rstrip": False, "normalized": False, "special": True})
     sparse = os.path.join(tmp, "sparse.json")
@@ -235,6 +231,63 @@ def in_use(tmp, docs):
           r.stderr[-300:])
 
 
+def wide_vocabulary(tmp, tok_dir, docs):
+    """Llama 3's 128,256 ids (the test's tokenizer padded with tokens no
+    merge makes, the end of text moved to the last id, as far from 16 bits as
+    it gets): loom data tokenize writes 32-bit shards (llm.c's version 2)
+    whose ids are tokenizers', and a model of that vocabulary trains, is
+    evaluated and samples on them with the tokenizer."""
+    doc = json.load(open(os.path.join(tok_dir, "tokenizer.json")))
+    vocab = doc["model"]["vocab"]
+    first, V = len(vocab), 128256
+    for i in range(V - first - 1):  # tokens no merge makes
+        vocab[f"zz{i}"] = first + i
+    eot = doc["added_tokens"][0]
+    old = eot["id"]
+    eot["id"] = V - 1  # the end of text past 16 bits: every document begins with it
+    for k, v in list(vocab.items()):
+        if v == old:
+            vocab[k] = V - 1
+    vocab[f"zz{V}"] = old
+    d = os.path.join(tmp, "wide-tok")
+    os.makedirs(d, exist_ok=True)
+    json.dump(doc, open(os.path.join(d, "tokenizer.json"), "w"))
+    corpus = os.path.join(tmp, "wide.jsonl")
+    write_jsonl(corpus, docs)
+    out = os.path.join(tmp, "wide-data")
+    p = lib.loom("data", "tokenize", "--tokenizer", d, corpus, out, "--val-fraction", "0.1", "--no-progress")
+    t = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    want = [i for x in docs for i in [V - 1] + t.encode(x, add_special_tokens=False).ids]
+    try:
+        names = sorted(n for n in os.listdir(out) if n.startswith("train_") or n.startswith("val_"))
+        got = {n: read_shard(os.path.join(out, n), version=2) for n in names}
+    except (OSError, AssertionError, struct.error):
+        got = {}
+    train = [i for n in sorted(got) if n.startswith("train_") for i in got[n]]
+    val = [i for n in sorted(got) if n.startswith("val_") for i in got[n]]
+    check(f"128,256 ids: loom data tokenize writes 32-bit shards (version 2) holding tokenizers' ids "
+          f"({len(train) + len(val)} tokens, the largest {max(train + val, default=0)})",
+          p.returncode == 0 and sorted(train + val) == sorted(want) and max(train) == V - 1, p.stderr[-300:])
+    save = os.path.join(tmp, "wide-save")
+    model = ["--model", "llama-tiny", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+             "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "32",
+             "--max-position-embeddings", "32", "--vocab-size", str(V)]
+    p = lib.loom("train", *model, "--data-path", os.path.join(out, "train_*.bin"), "--valid-data-path",
+                 os.path.join(out, "val_*.bin"), "--train-iters", "6", "--eval-iters", "1", "--eval-interval", "6",
+                 "--micro-batch-size", "2", "--global-batch-size", "2", "--tokenizer", d, "--save", save,
+                 "--threads", "1", timeout=600)
+    check("128,256 ids: a Llama trains on the 32-bit shards with the tokenizer, validation loss and all",
+          p.returncode == 0 and "val loss" in p.stdout, p.stderr[-300:])
+    q = lib.loom("eval", "--load", save, "--valid-data-path", os.path.join(out, "val_*.bin"), "--eval-iters", "1",
+                 "--micro-batch-size", "2", "--global-batch-size", "2", "--threads", "1", timeout=600)
+    r = subprocess.run([LOOM, "sample", "--load", save, "--prompt", "The data layer", "--max-new-tokens", "8",
+                        "--temperature", "0", "--threads", "1"], capture_output=True, timeout=600)
+    check("128,256 ids: loom eval scores the 32-bit validation shards and loom sample decodes with the tokenizer",
+          q.returncode == 0 and "val loss" in q.stdout and r.returncode == 0 and
+          r.stdout.startswith(b"The data layer") and b"no tokenizer" not in r.stderr,
+          (q.stderr + r.stderr.decode("utf-8", "replace"))[-400:])
+
+
 def generate_check(tmp, tok, tag, model):
     """An exported directory in transformers: AutoTokenizer and
     AutoModelForCausalLM.generate (greedy, 20 tokens, not stopping at the
@@ -278,6 +331,7 @@ def main():
         small = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
                  "--max-position-embeddings", "32"]
         generate_check(tmp, os.path.join(tmp, "use-tok"), "gpt2", small)
+        wide_vocabulary(tmp, os.path.join(tmp, "use-tok"), docs)
         for fam in ("llama", "mistral"):
             generate_check(tmp, os.path.join(tmp, "use-tok"), fam,
                            ["--model", f"{fam}-tiny", "--num-query-groups", "2", "--ffn-hidden-size", "64"] + small)

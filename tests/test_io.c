@@ -138,7 +138,7 @@ static void test_shard_errors(void)
     const char *version = tmp_path("version.bin");
     write_shard_raw(version, LOOM_SHARD_MAGIC, 7, 64, tok, 64);
     CHECK(loom_shard_open(&s, version, 256) == LOOM_ERR_INPUT);
-    CHECK(msg_has(version) && msg_has("version 7") && msg_has("expected 1"));
+    CHECK(msg_has(version) && msg_has("version 7") && msg_has("expected 1") && msg_has("or 2"));
 
     const char *trunc = tmp_path("trunc.bin");
     write_shard_raw(trunc, LOOM_SHARD_MAGIC, 1, 100, tok, 50);
@@ -173,6 +173,31 @@ static void test_shard_errors(void)
 
     CHECK(loom_shard_write(tmp_path("huge.bin"), NULL, (int64_t)INT32_MAX + 1) == LOOM_ERR_INPUT);
     CHECK(msg_has("huge.bin"));
+
+    /* version 2: 32-bit ids (llm.c's Llama 3 shards), Llama 3's 128,256 ids and one past them */
+    uint32_t wide[100];
+    for (int i = 0; i < 100; i++) wide[i] = (uint32_t)(i * 1297 % 128256);
+    wide[60] = 128255;
+    const char *w32 = tmp_path("wide.bin");
+    CHECK(loom_shard_write32(w32, wide, 100) == LOOM_OK);
+    CHECK(loom_shard_open(&s, w32, 128256) == LOOM_OK);
+    CHECK(s.n == 100 && s.tokens == NULL && s.tokens32 && memcmp(s.tokens32, wide, sizeof wide) == 0 &&
+          loom_shard_token(&s, 60) == 128255);
+    loom_shard_close(&s);
+    FILE *f = fopen(w32, "rb");
+    int32_t h[3] = {0};
+    CHECK(f && fread(h, 4, 3, f) == 3 && h[0] == 20240520 && h[1] == 2 && h[2] == 100);
+    if (f) fclose(f);
+    CHECK(loom_shard_open(&s, w32, 128000) == LOOM_ERR_INPUT); /* id 128255 past a smaller vocabulary */
+    CHECK(msg_has(w32) && msg_has("position 60") && msg_has("128255") && msg_has("128000"));
+    wide[10] = 0x80000001u; /* past int32: refused, never a negative id */
+    CHECK(loom_shard_write32(w32, wide, 100) == LOOM_OK);
+    CHECK(loom_shard_open(&s, w32, 128256) == LOOM_ERR_INPUT && msg_has("position 10"));
+    const char *trunc32 = tmp_path("trunc32.bin");
+    write_shard_raw(trunc32, LOOM_SHARD_MAGIC, 2, 64, tok,
+                    64); /* 64 tokens of 2 bytes: half a version 2 body */
+    CHECK(loom_shard_open(&s, trunc32, 256) == LOOM_ERR_INPUT);
+    CHECK(msg_has(trunc32) && msg_has("truncated") && msg_has("1280") && msg_has("1152"));
     CHECK(loom_shard_write(tmp_path("nodir/x.bin"), tok, 4) == LOOM_ERR_RUNTIME);
     CHECK(msg_has("nodir/x.bin") && msg_has(strerror(ENOENT)));
 }

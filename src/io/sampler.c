@@ -240,7 +240,8 @@ static void guard_install(void)
 static int copy_row(const struct loom_data *d, const struct loom_shard *s, int64_t pos, int T,
                     int32_t *inputs, int32_t *targets)
 {
-    const uint16_t *volatile src = s->tokens + pos;
+    const uint16_t *volatile src = s->tokens ? s->tokens + pos : NULL;
+    const uint32_t *volatile src32 = s->tokens32 ? s->tokens32 + pos : NULL;
     sigjmp_buf jump;
     if (sigsetjmp(jump, 1)) {
         bus_guard = NULL;
@@ -252,18 +253,19 @@ static int copy_row(const struct loom_data *d, const struct loom_shard *s, int64
     guard_install();
     bus_guard = &jump;
     int bad = -1;
-    for (int t = 0; t < T; t++) {
-        inputs[t] = src[t];
-        targets[t] = src[t + 1];
-        if (src[t] >= d->vocab || src[t + 1] >= d->vocab) bad = bad < 0 ? t : bad;
+    for (int t = 0; t < T; t++) { /* ids compared as int64: a 32-bit id past INT32_MAX is bad too */
+        const int64_t a = src32 ? (int64_t)src32[t] : src[t], b = src32 ? (int64_t)src32[t + 1] : src[t + 1];
+        inputs[t] = (int32_t)a;
+        targets[t] = (int32_t)b;
+        if (a >= d->vocab || b >= d->vocab) bad = bad < 0 ? t : bad;
     }
     bus_guard = NULL;
     if (bad >= 0 && d->vocab > 0) {
-        const int64_t at = pos + bad + (src[bad] < d->vocab);
+        const int64_t at = pos + bad + (loom_shard_token(s, pos + bad) < (uint32_t)d->vocab);
         return loom_error_set(LOOM_ERR_RUNTIME,
-                              "data shard '%s' changed while training: token %d at position %lld is outside "
+                              "data shard '%s' changed while training: token %u at position %lld is outside "
                               "the vocabulary (size %d)",
-                              s->path, s->tokens[at], (long long)at, d->vocab);
+                              s->path, loom_shard_token(s, at), (long long)at, d->vocab);
     }
     return LOOM_OK;
 }

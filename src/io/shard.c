@@ -53,6 +53,16 @@ static int64_t first_bad_token(const uint16_t *t, int64_t n, int vocab)
     return -1;
 }
 
+static int64_t first_bad_token32(const uint32_t *t, int64_t n, int vocab)
+{
+    uint32_t mx = 0;
+    for (int64_t i = 0; i < n; i++) mx = t[i] > mx ? t[i] : mx;
+    if (mx < (uint32_t)vocab) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (t[i] >= (uint32_t)vocab) return i;
+    return -1;
+}
+
 int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
 {
     memset(s, 0, sizeof *s);
@@ -100,16 +110,18 @@ int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
                                 path, magic, LOOM_SHARD_MAGIC);
         goto fail;
     }
-    if (version != LOOM_SHARD_VERSION) {
-        status = loom_error_set(LOOM_ERR_INPUT, "data shard '%s' has version %d, expected %d", path, version,
-                                LOOM_SHARD_VERSION);
+    if (version != LOOM_SHARD_VERSION && version != LOOM_SHARD_VERSION_32) {
+        status = loom_error_set(LOOM_ERR_INPUT,
+                                "data shard '%s' has version %d, expected %d (16-bit tokens) or %d (32-bit)",
+                                path, version, LOOM_SHARD_VERSION, LOOM_SHARD_VERSION_32);
         goto fail;
     }
+    const int width = version == LOOM_SHARD_VERSION_32 ? 4 : 2;
     if (count < 0) {
         status = loom_error_set(LOOM_ERR_INPUT, "data shard '%s' has a negative token count %d", path, count);
         goto fail;
     }
-    int64_t want = LOOM_SHARD_HEADER_BYTES + 2 * (int64_t)count;
+    int64_t want = LOOM_SHARD_HEADER_BYTES + width * (int64_t)count;
     if (bytes != want) {
         status = loom_error_set(LOOM_ERR_INPUT,
                                 "data shard '%s' is %s: its header says %d tokens, which is %lld "
@@ -118,15 +130,20 @@ int loom_shard_open(struct loom_shard *s, const char *path, int vocab)
                                 (long long)want, (long long)bytes);
         goto fail;
     }
-    s->tokens = (const uint16_t *)((const char *)map + LOOM_SHARD_HEADER_BYTES);
+    const void *at = (const char *)map + LOOM_SHARD_HEADER_BYTES;
+    if (width == 4)
+        s->tokens32 = at;
+    else
+        s->tokens = at;
     s->n = count;
     if (vocab > 0) {
-        int64_t bad = first_bad_token(s->tokens, s->n, vocab);
+        int64_t bad = width == 4 ? first_bad_token32(s->tokens32, s->n, vocab)
+                                 : first_bad_token(s->tokens, s->n, vocab);
         if (bad >= 0) {
             status = loom_error_set(LOOM_ERR_INPUT,
-                                    "data shard '%s': token %d at position %lld is outside the "
+                                    "data shard '%s': token %u at position %lld is outside the "
                                     "vocabulary (size %d)",
-                                    path, s->tokens[bad], (long long)bad, vocab);
+                                    path, loom_shard_token(s, bad), (long long)bad, vocab);
             goto fail;
         }
     }
@@ -146,16 +163,26 @@ void loom_shard_close(struct loom_shard *s)
 
 /* ---- writing ------------------------------------------------------------- */
 
-int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n)
+static int write_shard(const char *path, const void *tokens, int64_t n, int version, size_t width)
 {
     if (n < 0 || n > LOOM_SHARD_MAX_TOKENS)
         return loom_error_set(LOOM_ERR_INPUT, "cannot write shard '%s': %lld tokens, a shard holds 0 to %d",
                               path, (long long)n, LOOM_SHARD_MAX_TOKENS);
     int32_t header[LOOM_SHARD_HEADER_INTS] = {0};
     header[0] = LOOM_SHARD_MAGIC;
-    header[1] = LOOM_SHARD_VERSION;
+    header[1] = version;
     header[2] = (int32_t)n;
     const void *parts[2] = {header, tokens};
-    size_t sizes[2] = {sizeof header, (size_t)n * sizeof(uint16_t)};
+    size_t sizes[2] = {sizeof header, (size_t)n * width};
     return loom_fs_write_atomic(path, parts, sizes, n > 0 ? 2 : 1);
+}
+
+int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n)
+{
+    return write_shard(path, tokens, n, LOOM_SHARD_VERSION, sizeof *tokens);
+}
+
+int loom_shard_write32(const char *path, const uint32_t *tokens, int64_t n)
+{
+    return write_shard(path, tokens, n, LOOM_SHARD_VERSION_32, sizeof *tokens);
 }

@@ -1,7 +1,9 @@
 /*
  * Token shards in llm.c's format: a header of 256 little-endian int32
- * (magic 20240520, version 1, token count, the rest zero) followed by the
- * tokens as uint16. Data prepared for llm.c works unchanged.
+ * (magic 20240520, version, token count, the rest zero) followed by the
+ * tokens: version 1 as uint16 (GPT-2's), version 2 as uint32 (llm.c's
+ * Llama 3 shards, for vocabularies past 65,536 ids). Data prepared for
+ * llm.c works unchanged.
  *
  * A shard is opened read-only through mmap and validated once at open: the
  * header, the file size against the token count, and (given a vocabulary
@@ -21,19 +23,27 @@
 #include <stdint.h>
 
 #define LOOM_SHARD_MAGIC 20240520
-#define LOOM_SHARD_VERSION 1
+#define LOOM_SHARD_VERSION 1    /* uint16 tokens */
+#define LOOM_SHARD_VERSION_32 2 /* uint32 tokens */
 #define LOOM_SHARD_HEADER_INTS 256
 #define LOOM_SHARD_HEADER_BYTES (LOOM_SHARD_HEADER_INTS * 4)
 /* The header stores the count as int32. */
 #define LOOM_SHARD_MAX_TOKENS INT32_MAX
 
 struct loom_shard {
-    char *path;             /* owned copy, for messages */
-    const uint16_t *tokens; /* (n) into the mapping */
-    int64_t n;              /* token count */
-    void *map;              /* the whole file, read-only */
+    char *path;               /* owned copy, for messages */
+    const uint16_t *tokens;   /* (n) into the mapping: version 1's */
+    const uint32_t *tokens32; /* version 2's (the other NULL) */
+    int64_t n;                /* token count */
+    void *map;                /* the whole file, read-only */
     size_t map_bytes;
 };
+
+/* Token i of an open shard. */
+static inline uint32_t loom_shard_token(const struct loom_shard *s, int64_t i)
+{
+    return s->tokens32 ? s->tokens32[i] : s->tokens[i];
+}
 
 /* Maps and validates `path`. With vocab > 0 every token must be < vocab;
  * vocab <= 0 skips that check. Returns LOOM_OK, or LOOM_ERR_INPUT with a
@@ -46,5 +56,7 @@ void loom_shard_close(struct loom_shard *s);
  * n exceeds LOOM_SHARD_MAX_TOKENS, LOOM_ERR_RUNTIME when a system call fails
  * (the message names the call and the path). */
 int loom_shard_write(const char *path, const uint16_t *tokens, int64_t n);
+/* The same for ids past 16 bits: a version 2 shard of uint32 tokens. */
+int loom_shard_write32(const char *path, const uint32_t *tokens, int64_t n);
 
 #endif

@@ -181,7 +181,8 @@ static void progress(const struct loom_prepare_opts *o, const char *what, double
 
 struct shard_out {
     const char *dir, *prefix;
-    uint16_t *buf; /* (size) */
+    uint16_t *buf;   /* (size) ids below 65,536: llm.c's version 1 shards */
+    uint32_t *buf32; /* (size) a larger vocabulary's: version 2 (32-bit) shards; the other NULL */
     int64_t n, size, total;
     int index;
 };
@@ -191,7 +192,7 @@ static int shard_flush(struct shard_out *s)
     if (!s->n) return LOOM_OK;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s_%06d.bin", s->dir, s->prefix, s->index);
-    const int rc = loom_shard_write(path, s->buf, s->n);
+    const int rc = s->buf32 ? loom_shard_write32(path, s->buf32, s->n) : loom_shard_write(path, s->buf, s->n);
     s->index++;
     s->n = 0;
     return rc;
@@ -200,7 +201,10 @@ static int shard_flush(struct shard_out *s)
 static int shard_push(struct shard_out *s, const int32_t *ids, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        s->buf[s->n++] = (uint16_t)ids[i];
+        if (s->buf32)
+            s->buf32[s->n++] = (uint32_t)ids[i];
+        else
+            s->buf[s->n++] = (uint16_t)ids[i];
         s->total++;
         if (s->n == s->size) {
             const int rc = shard_flush(s);
@@ -266,12 +270,6 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
     int rc = loom_bpe_load(tokenizer, &t);
     if (rc) return rc;
     const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
-    if (vocab > 65536) {
-        loom_bpe_free(t);
-        return loom_error_set(
-            LOOM_ERR_INPUT, "%s: %d token ids do not fit llm.c shards, which hold ids below 65536 (16 bits)",
-            tokenizer, vocab);
-    }
     if (eot < 0) {
         loom_bpe_free(t);
         return loom_error_set(
@@ -292,10 +290,18 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
     struct loom_ids *out = calloc(BATCH_DOCS, sizeof *out);
     int *bad = calloc(BATCH_DOCS, sizeof *bad);
     char(*err)[512] = calloc(BATCH_DOCS, sizeof *err);
-    struct shard_out train = {outdir, "train", NULL, 0, o->shard_size, 0, 0},
-                     val = {outdir, "val", NULL, 0, o->shard_size, 0, 0};
-    train.buf = loom_alloc(loom_mul_size((size_t)o->shard_size, sizeof *train.buf), LOOM_MEM_OTHER);
-    val.buf = loom_alloc(loom_mul_size((size_t)o->shard_size, sizeof *val.buf), LOOM_MEM_OTHER);
+    struct shard_out train = {.dir = outdir, .prefix = "train", .size = o->shard_size},
+                     val = {.dir = outdir, .prefix = "val", .size = o->shard_size};
+    const int wide = vocab > 65536; /* 32-bit shards where 16 bits cannot hold the ids */
+    const size_t width = wide ? sizeof(uint32_t) : sizeof(uint16_t);
+    for (int i = 0; i < 2; i++) {
+        struct shard_out *s = i ? &val : &train;
+        void *b = loom_alloc(loom_mul_size((size_t)o->shard_size, width), LOOM_MEM_OTHER);
+        if (wide)
+            s->buf32 = b;
+        else
+            s->buf = b;
+    }
     if (!states || !out || !bad || !err) loom_die("out of memory preparing data");
     for (int i = 0; i < nt; i++) states[i] = loom_bpe_state_new(t);
     const double t0 = loom_now();
@@ -366,8 +372,8 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
     free(out);
     free(bad);
     free(err);
-    loom_free(train.buf);
-    loom_free(val.buf);
+    loom_free(wide ? (void *)train.buf32 : train.buf);
+    loom_free(wide ? (void *)val.buf32 : val.buf);
     loom_bpe_free(t);
     return rc;
 }

@@ -26,9 +26,10 @@ struct loom_prepare_opts {
 };
 
 /* `loom data tokenize --tokenizer TOK IN... OUT_DIR`: writes
- * OUT_DIR/train_000000.bin, ... and val_000000.bin, ...; prints one summary
- * line. LOOM_ERR_INPUT: a bad file (named, with the line for .jsonl), a
- * tokenizer whose ids do not fit the shards' 16 bits, no end-of-text token. */
+ * OUT_DIR/train_000000.bin, ... and val_000000.bin, ... (llm.c's 16-bit
+ * shards, or its 32-bit version 2 where the vocabulary passes 65,536 ids);
+ * prints one summary line. LOOM_ERR_INPUT: a bad file (named, with the line
+ * for .jsonl), no end-of-text token. */
 int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in, const char *outdir,
                           const struct loom_prepare_opts *o);
 

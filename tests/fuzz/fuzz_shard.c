@@ -46,15 +46,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const char *msg = loom_error_message();
             REQUIRE(rc == LOOM_ERR_INPUT || rc == LOOM_ERR_RUNTIME);
             REQUIRE(msg[0] && !strchr(msg, '\n') && strstr(msg, path));
-            REQUIRE(s.tokens == NULL && s.n == 0);
+            REQUIRE(s.tokens == NULL && s.tokens32 == NULL && s.n == 0);
             continue;
         }
-        int32_t count;
+        int32_t count, version;
         REQUIRE(size >= LOOM_SHARD_HEADER_BYTES);
+        memcpy(&version, data + 4, sizeof version);
         memcpy(&count, data + 8, sizeof count);
-        REQUIRE(s.n == count && size == (size_t)LOOM_SHARD_HEADER_BYTES + 2 * (size_t)count);
-        for (int64_t i = 0; i < s.n; i++) REQUIRE(s.tokens[i] < vocabs[v]);
-        REQUIRE(memcmp(s.tokens, data + LOOM_SHARD_HEADER_BYTES, 2 * (size_t)s.n) == 0);
+        const size_t width = version == LOOM_SHARD_VERSION_32 ? 4 : 2;
+        REQUIRE(s.n == count && size == (size_t)LOOM_SHARD_HEADER_BYTES + width * (size_t)count);
+        REQUIRE(width == 4 ? s.tokens32 && !s.tokens : s.tokens && !s.tokens32);
+        for (int64_t i = 0; i < s.n; i++) REQUIRE(loom_shard_token(&s, i) < (uint32_t)vocabs[v]);
+        REQUIRE(memcmp(width == 4 ? (const void *)s.tokens32 : (const void *)s.tokens,
+                       data + LOOM_SHARD_HEADER_BYTES, width * (size_t)s.n) == 0);
         loom_shard_close(&s);
     }
     unlink(path);
