@@ -17,7 +17,7 @@
  * new format is one reader or writer in the formats table plus a line in
  * detect_input or detect_output.
  *
- * Not here: sharded Hugging Face checkpoints (model.safetensors.index.json),
+ * Not here: writing sharded Hugging Face checkpoints (reading them: source.c),
  * pytorch_model.bin, tokenizer files (the CLI copies a tokenizer.json).
  */
 #include <errno.h>
@@ -29,6 +29,7 @@
 #include "base/log.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
+#include "io/st_index.h"
 #include "model/convert.h"
 #include "model/decoder_def.h"
 #include "model/family.h"
@@ -246,7 +247,8 @@ static int read_source(const char *path, const struct convert_opts *o, struct co
     const struct loom_decoder_spec spec = loom_decoder_def_spec(f->decoder, &cfg);
     struct loom_decoder *m = loom_decoder_create_whole(&spec, 1, 1);
     loom_model_alloc_arenas(&m->base, 1, LOOM_MODEL_PARAM_ARENA);
-    if ((rc = loom_source_load(&m->base, path)) || (rc = loom_llmc_extra_load(file, m, &c->llmc))) {
+    if ((rc = loom_source_load(&m->base, path)) ||
+        (!loom_st_is_index(file) && (rc = loom_llmc_extra_load(file, m, &c->llmc)))) { /* shards carry none */
         loom_decoder_free(m);
         return rc;
     }

@@ -14,6 +14,7 @@
 #include "base/mem.h"
 #include "io/fs.h"
 #include "io/safetensors.h"
+#include "io/st_index.h"
 #include "model/family.h"
 #include "model/model_io.h"
 
@@ -323,37 +324,94 @@ static int check_tied_head(struct loom_decoder *m, const char *file, const struc
     return rc;
 }
 
+/* The tensors of st (opened from file) the whole model does not have are
+ * refused, not dropped; a pipeline stage skips the other stages' (the whole
+ * model, *whole, is made the first time a name is not this stage's). */
+static int check_unexpected(struct loom_decoder *m, const struct loom_hf_map *h, const struct loom_st *st,
+                            const char *file, struct loom_decoder **whole)
+{
+    char head[LOOM_TENSOR_NAME_MAX];
+    snprintf(head, sizeof head, "%s.weight", m->spec.names->lm_head);
+    for (int i = 0; i < loom_st_count(st); i++) {
+        const char *name = unprefixed(h, loom_st_at(st, i)->name);
+        if (loom_model_find(&m->base, name, NULL) || ignorable(name) ||
+            (!m->spec.untied && strcmp(name, head) == 0))
+            continue;
+        if (!*whole) *whole = loom_decoder_create_whole(&m->spec, 1, m->T);
+        if (!loom_model_find(&(*whole)->base, name, NULL))
+            return loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", file,
+                                  loom_st_at(st, i)->name, m->spec.num_layers);
+    }
+    return LOOM_OK;
+}
+
+/* A tied model must not drop an LM head of the file's own (another
+ * model): checked by the stage holding the embedding, once it is read. */
+static int check_own_head(struct loom_decoder *m, const struct loom_hf_map *h, const struct loom_st *st,
+                          const char *file)
+{
+    char head[LOOM_TENSOR_NAME_MAX];
+    snprintf(head, sizeof head, "%s.weight", m->spec.names->lm_head);
+    const struct loom_st_tensor *own =
+        m->spec.untied || m->emb < 0 ? NULL : loom_model_find_tensor(st, h->prefix, head);
+    return own ? check_tied_head(m, file, own) : LOOM_OK;
+}
+
+/* A sharded checkpoint (st_index.h), one shard open at a time: each
+ * shard's tensors read and its strangers refused; then every tensor of the
+ * model must have come from some shard, and an LM head of the tied model's
+ * own (in whatever shard) must be the embedding. */
+static int load_shards(struct loom_decoder *m, const struct loom_hf_map *h, const char *index)
+{
+    struct loom_st_index x;
+    int rc = loom_st_index_read(index, &x);
+    if (rc) return rc;
+    int n = 0;
+    for (int bi = 0; bi < m->base.nblocks; bi++) n += m->base.blocks[bi].ntensors;
+    unsigned char *seen = loom_alloc((size_t)n + 1, LOOM_MEM_OTHER);
+    memset(seen, 0, (size_t)n + 1);
+    struct loom_decoder *whole = NULL;
+    for (int f = 0; f < x.nfiles && rc == LOOM_OK; f++) {
+        struct loom_st st;
+        if ((rc = loom_st_open(&st, x.files[f]))) break;
+        rc = loom_model_read_present(&m->base, &st, x.files[f], h->prefix, seen);
+        if (rc == LOOM_OK) rc = check_unexpected(m, h, &st, x.files[f], &whole);
+        loom_st_close(&st);
+    }
+    loom_decoder_free(whole);
+    for (int bi = 0, k = 0; bi < m->base.nblocks && rc == LOOM_OK; bi++)
+        for (int ti = 0; ti < m->base.blocks[bi].ntensors && rc == LOOM_OK; ti++, k++)
+            if (!seen[k])
+                rc = loom_error_set(LOOM_ERR_INPUT, "%s: missing tensor %s (no shard holds it)", index,
+                                    m->base.blocks[bi].tensors[ti].name);
+    char head[LOOM_TENSOR_NAME_MAX];
+    snprintf(head, sizeof head, "%s.weight", m->spec.names->lm_head);
+    const int at = rc == LOOM_OK ? loom_st_index_find(&x, h->prefix, head) : -1;
+    if (at >= 0) {
+        struct loom_st st;
+        if ((rc = loom_st_open(&st, x.files[at])) == LOOM_OK) {
+            rc = check_own_head(m, h, &st, x.files[at]);
+            loom_st_close(&st);
+        }
+    }
+    loom_free(seen);
+    loom_st_index_free(&x);
+    return rc;
+}
+
 int loom_hf_load(struct loom_model *model, const char *file)
 {
     struct loom_decoder *m = loom_decoder_of(model);
     const struct loom_hf_map *h = loom_decoder_def_of(model)->hf;
+    if (loom_st_is_index(file)) return load_shards(m, h, file);
     struct loom_st st;
     int rc = loom_st_open(&st, file);
     if (rc) return rc;
-    if ((rc = loom_model_read_tensors(&m->base, &st, file, h->prefix))) goto done;
-    char head[LOOM_TENSOR_NAME_MAX];
-    snprintf(head, sizeof head, "%s.weight", m->spec.names->lm_head);
-    /* a tied model must not drop an LM head of the file's own (another
-     * model); the stage holding the embedding checks it */
-    const struct loom_st_tensor *own =
-        m->spec.untied || m->emb < 0 ? NULL : loom_model_find_tensor(&st, h->prefix, head);
-    if (own && (rc = check_tied_head(m, file, own))) goto done;
-    /* tensors the whole model does not have are refused, not dropped; a
-     * pipeline stage skips the other stages' (described by the whole model,
-     * made the first time a name is not this stage's) */
     struct loom_decoder *whole = NULL;
-    for (int i = 0; i < loom_st_count(&st) && rc == LOOM_OK; i++) {
-        const char *name = unprefixed(h, loom_st_at(&st, i)->name);
-        if (loom_model_find(&m->base, name, NULL) || ignorable(name) ||
-            (!m->spec.untied && strcmp(name, head) == 0))
-            continue;
-        if (!whole) whole = loom_decoder_create_whole(&m->spec, 1, m->T);
-        if (!loom_model_find(&whole->base, name, NULL))
-            rc = loom_error_set(LOOM_ERR_INPUT, "%s: unexpected tensor %s (the model has %d layers)", file,
-                                loom_st_at(&st, i)->name, m->spec.num_layers);
-    }
+    if ((rc = loom_model_read_tensors(&m->base, &st, file, h->prefix)) == LOOM_OK &&
+        (rc = check_own_head(m, h, &st, file)) == LOOM_OK)
+        rc = check_unexpected(m, h, &st, file, &whole);
     loom_decoder_free(whole);
-done:
     loom_st_close(&st);
     return rc;
 }

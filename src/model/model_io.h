@@ -22,5 +22,10 @@ const struct loom_st_tensor *loom_model_find_tensor(const struct loom_st *st, co
  * path and the tensor when one is missing or of another shape. */
 int loom_model_read_tensors(struct loom_model *m, const struct loom_st *st, const char *path,
                             const char *prefix);
+/* The same for one shard of a sharded checkpoint: the tensors st holds
+ * are read and marked in seen (one flag a tensor, in block order), the
+ * others left for the other shards. */
+int loom_model_read_present(struct loom_model *m, const struct loom_st *st, const char *path,
+                            const char *prefix, unsigned char *seen);
 
 #endif

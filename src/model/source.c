@@ -14,6 +14,7 @@
 #include "io/fs.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "io/st_index.h"
 #include "model/decoder_def.h"
 #include "model/hf_decoder.h"
 #include "model/llmc.h"
@@ -47,11 +48,13 @@ int loom_source_file(const char *path, char *file, size_t n)
         return LOOM_OK;
     }
     in_dir(path, "model.safetensors", file, n);
+    if (exists(file)) return LOOM_OK;
+    in_dir(path, "model.safetensors.index.json", file, n); /* a sharded one (io/st_index.h) */
     if (!exists(file))
         return loom_error_set(
             LOOM_ERR_INPUT,
             "%s: no checkpoint there (no trainer_state.json, latest or iter_NNNNNNN) and no "
-            "model.safetensors of a Hugging Face directory (sharded ones are not supported)",
+            "model.safetensors or model.safetensors.index.json of a Hugging Face directory",
             path);
     return LOOM_OK;
 }
@@ -72,7 +75,15 @@ static void config_path(const char *path, char *out, size_t n)
 static int read_metadata(const char *file, struct loom_model_shape *out, int *found)
 {
     struct loom_st st;
-    int rc = loom_st_open(&st, file);
+    struct loom_st_index x;
+    int rc = loom_st_is_index(file) ? loom_st_index_read(file, &x) : LOOM_OK;
+    if (rc) return rc;
+    if (loom_st_is_index(file)) { /* a sharded checkpoint: its first shard's */
+        rc = loom_st_open(&st, x.files[0]);
+        loom_st_index_free(&x);
+    } else {
+        rc = loom_st_open(&st, file);
+    }
     if (rc) return rc;
     const char *type = loom_st_meta(&st, "loom.model");
     *found = type != NULL;
@@ -125,20 +136,45 @@ static int head_differs(const struct loom_st_tensor *e, const struct loom_st_ten
     return rc;
 }
 
+/* Of a sharded checkpoint's index, the shard that holds name (its first
+ * when none does: the tensor is then missing there too). */
+static const char *shard_of(const struct loom_st_index *x, const char *prefix, const char *name)
+{
+    const int f = loom_st_index_find(x, prefix, name);
+    return x->files[f >= 0 ? f : 0];
+}
+
 static int tensor_sizes(const struct loom_decoder_def *d, const char *file, int head,
                         struct tensor_sizes *out)
 {
     const struct loom_decoder_names *nm = d->arch->names;
     const char *prefix = d->hf->prefix;
-    struct loom_st st;
-    int rc = loom_st_open(&st, file);
-    if (rc) return rc;
-    memset(out, 0, sizeof *out);
     char emb_name[LOOM_TENSOR_NAME_MAX], pos_name[LOOM_TENSOR_NAME_MAX], name[2 * LOOM_TENSOR_NAME_MAX];
     snprintf(emb_name, sizeof emb_name, "%s.weight", nm->embedding);
     snprintf(pos_name, sizeof pos_name, "%s.weight", nm->positions ? nm->positions : "");
+    /* a sharded checkpoint: the shards holding the tables, the layers from the index's names */
+    const int sharded = loom_st_is_index(file);
+    struct loom_st_index x;
+    struct loom_st st, st2;
+    int rc = sharded ? loom_st_index_read(file, &x) : LOOM_OK;
+    if (rc) return rc;
+    const char *efile = sharded ? shard_of(&x, prefix, emb_name) : file,
+               *pfile = sharded && nm->positions ? shard_of(&x, prefix, pos_name) : efile;
+    if ((rc = loom_st_open(&st, efile))) {
+        if (sharded) loom_st_index_free(&x);
+        return rc;
+    }
+    const int two = strcmp(pfile, efile) != 0;
+    if (two && (rc = loom_st_open(&st2, pfile))) {
+        loom_st_close(&st);
+        loom_st_index_free(&x);
+        return rc;
+    }
+    memset(out, 0, sizeof *out);
     const struct loom_st_tensor *e = loom_model_find_tensor(&st, prefix, emb_name),
-                                *p = nm->positions ? loom_model_find_tensor(&st, prefix, pos_name) : NULL;
+                                *p = nm->positions
+                                         ? loom_model_find_tensor(two ? &st2 : &st, prefix, pos_name)
+                                         : NULL;
     if (!e || e->ndim != 2 || (nm->positions && (!p || p->ndim != 2))) {
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: not %s weights (no 2-D %s%s%s)", file, d->family->title,
                             emb_name, nm->positions ? " and " : "", nm->positions ? pos_name : "");
@@ -164,13 +200,16 @@ static int tensor_sizes(const struct loom_decoder_def *d, const char *file, int 
         char layer[LOOM_TENSOR_NAME_MAX];
         snprintf(layer, sizeof layer, nm->layer, (int)out->layers);
         snprintf(name, sizeof name, "%s%s.weight", layer, nm->norm1);
-        if (!loom_model_find_tensor(&st, prefix, name)) break;
+        if (sharded ? loom_st_index_find(&x, prefix, name) < 0 : !loom_model_find_tensor(&st, prefix, name))
+            break;
     }
     snprintf(name, sizeof name, "%s.weight", nm->lm_head);
-    const struct loom_st_tensor *own = head ? loom_model_find_tensor(&st, prefix, name) : NULL;
+    const struct loom_st_tensor *own = head && !sharded ? loom_model_find_tensor(&st, prefix, name) : NULL;
     if (own) rc = head_differs(e, own, &out->untied);
 done:
     loom_st_close(&st);
+    if (two) loom_st_close(&st2);
+    if (sharded) loom_st_index_free(&x);
     return rc;
 }
 
@@ -270,7 +309,7 @@ int loom_source_shape(const struct loom_decoder_def *d, const char *path, struct
         if ((rc = tensor_sizes(d, file, 0, &t)) || (rc = loom_hf_read_config(d, config, out))) return rc;
         return check_config_tensors(d, config, out, file, &t);
     }
-    if (!d->hf->widths)
+    if (!d->hf->widths || loom_st_is_index(file))
         return loom_error_set(
             LOOM_ERR_INPUT,
             "%s: a %s safetensors file needs its config.json beside it (%s): the tensors do "
