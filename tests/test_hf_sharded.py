@@ -15,7 +15,11 @@ transformers' save_pretrained(max_shard_size=...) writes them:
    printed beside the model's bytes.
 3. Bad input, each one line and exit 2 naming the file: an index that is not
    JSON, one without a weight_map, one naming a shard that is not there, a
-   tensor no shard holds.
+   tensor no shard holds; a --max-shard-size that is not a size.
+4. Writing: `loom convert --to hf --max-shard-size 60KB` writes shards and
+   model.safetensors.index.json (and no single file); transformers loads
+   the directory with no missing or unexpected keys and gives the source's
+   logits exactly; loom evaluates it as the source.
 """
 import json
 import os
@@ -72,6 +76,37 @@ def same_weights(tmp):
         check(f"{tag}: loom convert of the shards writes one file that evaluates the same",
               p.returncode == 0 and os.path.exists(os.path.join(out, "model.safetensors")) and
               val_loss(out, tmp) == val_loss(whole, tmp), p.stderr[-300:])
+
+
+def export(tmp):
+    """loom convert --max-shard-size writes shards and their index; the
+    directory loads in transformers with every tensor (no missing or
+    unexpected keys) and its logits are the model's, and loom evaluates it
+    as the source."""
+    src = os.path.join(tmp, "llama-whole")
+    out = os.path.join(tmp, "llama-export")
+    p = lib.loom("convert", src, out, "--to", "hf", "--max-shard-size", "60KB")
+    names = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    shards = [n for n in names if n.endswith(".safetensors")]
+    ok = p.returncode == 0 and len(shards) > 2 and "model.safetensors.index.json" in names and \
+        "model.safetensors" not in names
+    check(f"loom convert --max-shard-size 60KB: {len(shards)} shards and the index, no single file", ok,
+          p.stderr[-300:])
+    if not ok:
+        return
+    ref = LlamaForCausalLM.from_pretrained(src).eval()
+    got, info = LlamaForCausalLM.from_pretrained(out, output_loading_info=True)
+    ids = torch.arange(32).reshape(1, 32) % 256
+    with torch.no_grad():
+        same = torch.equal(ref(ids).logits, got.eval()(ids).logits)
+    check(f"transformers loads the shards with every tensor (missing {info['missing_keys']}, unexpected "
+          f"{info['unexpected_keys']}) and gives the source's logits exactly",
+          not info["missing_keys"] and not info["unexpected_keys"] and same)
+    check("loom evaluates its own shards as the source", val_loss(out, tmp) == val_loss(src, tmp))
+    p = lib.loom("convert", src, os.path.join(tmp, "x"), "--to", "hf", "--max-shard-size", "5 parsecs")
+    errs = lib.error_lines(p.stderr)
+    check("--max-shard-size 5 parsecs: exit 2, one line naming it", p.returncode == 2 and len(errs) == 1 and
+          "--max-shard-size" in errs[0], p.stderr[-300:])
 
 
 def peak_rss(cmd):
@@ -155,6 +190,7 @@ def main():
         lib.write_corpus(tmp)
         same_weights(tmp)
         bad_input(tmp)
+        export(tmp)
         memory(tmp)
     return lib.verdict()
 

@@ -55,9 +55,10 @@ struct converted {
 struct convert_opts {
     const struct loom_convert_env *env;
     const char *in, *out;
-    int to;           /* enum convert_format; -1 from OUT's name */
-    int llmc_version; /* --dtype; 0: the source's llm.c version, else float32 */
-    int heads;        /* --num-attention-heads; 0 from the input */
+    int to;                  /* enum convert_format; -1 from OUT's name */
+    int llmc_version;        /* --dtype; 0: the source's llm.c version, else float32 */
+    int heads;               /* --num-attention-heads; 0 from the input */
+    int64_t max_shard_bytes; /* --max-shard-size: a Hugging Face directory's shards (default 5 GB) */
 };
 
 static int read_llmc(const char *path, const struct convert_opts *o, struct converted *c);
@@ -113,10 +114,10 @@ static void usage(FILE *f)
     family_list(bare, sizeof bare, FAMILIES_BY_TENSORS);
     fprintf(f,
             "usage: loom convert IN OUT [--to llmc|safetensors|hf] [--dtype float32|bfloat16]\n"
-            "                    [--num-attention-heads N]\n\n"
+            "                    [--max-shard-size SIZE] [--num-attention-heads N]\n\n"
             "Converts %s weights.\n"
-            "IN is a Hugging Face directory (model.safetensors, config.json), a safetensors\n"
-            "file (with loom's metadata or a config.json beside it; %s's also by its tensors\n"
+            "IN is a Hugging Face directory (config.json, model.safetensors or its shards),\n"
+            "a safetensors file (with loom's metadata or a config.json beside it; %s's also by its tensors\n"
             "alone), an llm.c checkpoint (e.g. gpt2_124M.bin; %s) or a loom checkpoint (a\n"
             "--save directory or one iter_NNNNNNN in it, from any parallel layout). Its kind\n"
             "comes from its contents; its family from config.json's model_type or loom's\n"
@@ -125,10 +126,12 @@ static void usage(FILE *f)
             "  NAME.safetensors  one safetensors file (with loom's metadata)\n"
             "  DIR               (an existing directory, a name ending in / or without extension)\n"
             "                    Hugging Face directory: model.safetensors + config.json +\n"
-            "                    generation_config.json\n"
+            "                    generation_config.json; past --max-shard-size (5GB) the\n"
+            "                    weights go in shards with model.safetensors.index.json\n"
             "llm.c -> safetensors -> llm.c gives the same bytes back (padded vocabulary kept).\n\n"
             "  --to FORMAT              force OUT's kind\n"
             "  --dtype float32|bfloat16 llm.c output: version 3 (float32) or 5 (bfloat16)\n"
+            "  --max-shard-size SIZE    a Hugging Face directory's shards at most SIZE (5GB, 200MB, 10KiB)\n"
             "  --num-attention-heads N  for a safetensors input that does not say\n",
             all, bare, llmc, loom_model_family_at(0)->title);
 }
@@ -293,22 +296,43 @@ static int write_llmc(const char *path, const struct convert_opts *o, const stru
 static int write_safetensors(const char *path, const struct convert_opts *o, const struct converted *c)
 {
     (void)o;
-    return loom_llmc_extra_save(path, c->model, &c->llmc, 0);
+    return loom_llmc_extra_save(path, c->model, &c->llmc, 0, 0);
 }
 
-/* model.safetensors, config.json and generation_config.json, as
- * save_pretrained writes them. */
+/* model.safetensors (or its shards and index past --max-shard-size),
+ * config.json and generation_config.json, as save_pretrained writes them. */
 static int write_hf_dir(const char *path, const struct convert_opts *o, const struct converted *c)
 {
-    (void)o;
-    return loom_llmc_extra_save(path, c->model, &c->llmc, 1);
+    return loom_llmc_extra_save(path, c->model, &c->llmc, 1, o->max_shard_bytes);
+}
+
+/* transformers' max_shard_size: bytes, or a number with KB, MB, GB (powers
+ * of 1000) or KiB, MiB, GiB (of 1024). */
+static int shard_size(const char *v, int64_t *out)
+{
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"", 1},     {"B", 1},         {"KB", 1e3},      {"MB", 1e6},
+                 {"GB", 1e9}, {"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}};
+    char *end;
+    const double x = strtod(v, &end);
+    for (size_t i = 0; end != v && i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(end, units[i].unit) == 0 && x * units[i].scale >= 1 && x * units[i].scale < 9e18) {
+            *out = (int64_t)(x * units[i].scale);
+            return LOOM_OK;
+        }
+    return loom_error_set(LOOM_ERR_INPUT,
+                          "--max-shard-size: expected a size such as 5GB, 200MB or 500KiB (at least 1 byte), "
+                          "got '%s'",
+                          v);
 }
 
 /* ---- command --------------------------------------------------------- */
 
 static int parse_args(int argc, char **argv, struct convert_opts *o, int *help)
 {
-    *o = (struct convert_opts){.env = o->env, .to = -1};
+    *o = (struct convert_opts){.env = o->env, .to = -1, .max_shard_bytes = 5000000000LL};
     *help = 0;
     int npos = 0;
     for (int i = 0; i < argc; i++) {
@@ -342,6 +366,9 @@ static int parse_args(int argc, char **argv, struct convert_opts *o, int *help)
                 o->llmc_version = LOOM_LLMC_VERSION_BF16;
             else
                 return loom_error_set(LOOM_ERR_INPUT, "--dtype: expected float32 or bfloat16, got '%s'", v);
+        } else if (strcmp(a, "--max-shard-size") == 0) {
+            int rc = shard_size(v, &o->max_shard_bytes);
+            if (rc) return rc;
         } else if (strcmp(a, "--num-attention-heads") == 0) {
             char *end;
             long x = strtol(v, &end, 10);
@@ -354,7 +381,7 @@ static int parse_args(int argc, char **argv, struct convert_opts *o, int *help)
         } else {
             return loom_error_set(LOOM_ERR_INPUT,
                                   "unknown flag %s for loom convert (--to, --dtype, "
-                                  "--num-attention-heads)",
+                                  "--max-shard-size, --num-attention-heads)",
                                   a);
         }
     }

@@ -5,10 +5,12 @@
  */
 #include "model/hf_decoder.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
@@ -416,6 +418,49 @@ int loom_hf_load(struct loom_model *model, const char *file)
     return rc;
 }
 
+static int64_t tensor_bytes(const struct loom_st_tensor_in *t)
+{
+    int64_t n = (int64_t)loom_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    return n;
+}
+
+/* The tensors in shards of at most max bytes (a larger tensor alone), in
+ * order, beside path (model.safetensors, which a stale copy of is removed:
+ * a loader takes it before an index), with each shard's metadata meta and
+ * the index transformers writes. */
+static int write_shards(const char *path, const struct loom_st_tensor_in *ts, int n, const char *const *meta,
+                        int nmeta, int64_t max, int64_t total)
+{
+    char dir[4096], file[4400];
+    loom_fs_dirname(path, dir, sizeof dir);
+    int nshards = 0;
+    for (int i = 0; i < n; nshards++) {
+        int64_t bytes = tensor_bytes(&ts[i++]);
+        while (i < n && bytes + tensor_bytes(&ts[i]) <= max) bytes += tensor_bytes(&ts[i++]);
+    }
+    cJSON *index = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(index, "metadata"),
+          *map = cJSON_AddObjectToObject(index, "weight_map");
+    cJSON_AddNumberToObject(md, "total_size", (double)total);
+    int rc = LOOM_OK;
+    for (int i = 0, s = 1; i < n && rc == LOOM_OK; s++) {
+        const int first = i;
+        int64_t bytes = tensor_bytes(&ts[i++]);
+        while (i < n && bytes + tensor_bytes(&ts[i]) <= max) bytes += tensor_bytes(&ts[i++]);
+        char name[64];
+        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s, nshards);
+        snprintf(file, sizeof file, "%s/%s", dir, name);
+        rc = loom_st_write(file, ts + first, i - first, meta, nmeta);
+        for (int k = first; k < i; k++) cJSON_AddStringToObject(map, ts[k].name, name);
+    }
+    if (rc == LOOM_OK) rc = loom_hf_write_json(dir, "model.safetensors.index.json", cJSON_Print(index));
+    cJSON_Delete(index);
+    if (rc == LOOM_OK && unlink(path) != 0 && errno != ENOENT)
+        rc = loom_error_set(LOOM_ERR_RUNTIME, "remove %s (a single-file copy beside the shards): %s", path,
+                            strerror(errno));
+    return rc;
+}
+
 int loom_hf_save_ext(struct loom_model *model, const char *path, const struct loom_hf_extra *extra)
 {
     const struct loom_decoder *m = loom_decoder_of(model);
@@ -458,7 +503,11 @@ int loom_hf_save_ext(struct loom_model *model, const char *path, const struct lo
         meta[5 + 2 * i] = text[i][1];
     }
     for (int i = 0; i < 2 * x->nmeta; i++) meta[2 * nown + i] = x->meta[i];
-    const int rc = loom_st_write(path, ts, n, meta, nown + x->nmeta);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += tensor_bytes(&ts[i]);
+    const int rc = x->max_shard_bytes > 0 && total > x->max_shard_bytes
+                       ? write_shards(path, ts, n, meta, nown + x->nmeta, x->max_shard_bytes, total)
+                       : loom_st_write(path, ts, n, meta, nown + x->nmeta);
     loom_free(text);
     loom_free(meta);
     loom_free(names);

@@ -165,6 +165,11 @@ struct loom_hf_extra {
     int ntensors;
     const char *const *meta;
     int nmeta;
+    /* a directory's weights above this many bytes go in shards of at most
+     * it (one tensor larger alone), as save_pretrained's max_shard_size:
+     * model-0000i-of-0000N.safetensors and model.safetensors.index.json;
+     * 0: one file */
+    int64_t max_shard_bytes;
 };
 /* One safetensors file under the spec's names, with loom's metadata (the
  * model's shape) and extra (NULL: none). */

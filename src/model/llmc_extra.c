@@ -15,7 +15,7 @@
 #include "model/hf_decoder.h"
 
 int loom_llmc_extra_save(const char *path, struct loom_model *model, const struct loom_llmc_extra *extra,
-                         int dir)
+                         int dir, int64_t max_shard_bytes)
 {
     const struct loom_decoder *m = loom_decoder_of(model);
     char version[16], vp[16];
@@ -44,7 +44,11 @@ int loom_llmc_extra_save(const char *path, struct loom_model *model, const struc
             npad = 1;
         }
     }
-    const struct loom_hf_extra x = {.tensors = &pad, .ntensors = npad, .meta = meta, .nmeta = nmeta};
+    const struct loom_hf_extra x = {.tensors = &pad,
+                                    .ntensors = npad,
+                                    .meta = meta,
+                                    .nmeta = nmeta,
+                                    .max_shard_bytes = dir ? max_shard_bytes : 0};
     return dir ? loom_hf_save_dir(model, path, &x) : loom_hf_save_ext(model, path, &x);
 }
 

@@ -13,10 +13,11 @@
 #include "model/llmc.h"
 
 /* Writes `m` in a Hugging Face format (model/hf_decoder.h: one safetensors
- * file, or with `dir` a directory) with `extra` in the metadata and, when
+ * file, or with `dir` a directory, its weights in shards of at most
+ * max_shard_bytes, 0: one file) with `extra` in the metadata and, when
  * not all zero, the padding rows. */
-int loom_llmc_extra_save(const char *path, struct loom_model *m, const struct loom_llmc_extra *extra,
-                         int dir);
+int loom_llmc_extra_save(const char *path, struct loom_model *m, const struct loom_llmc_extra *extra, int dir,
+                         int64_t max_shard_bytes);
 
 /* Reads the extra back from a safetensors file written for model `m`; all
  * zero when the file has none. LOOM_ERR_INPUT when it is inconsistent. */
