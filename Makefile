@@ -115,6 +115,9 @@ announce:
 	@echo "  CUDA     off (CPU backend)"
 	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" -a -n "$(HAVE_XXHASH)" -a -n "$(HAVE_PCRE2)" -a -n "$(HAVE_URING)" || { echo "loom build: missing BLAS, cJSON, xxHash, PCRE2 or liburing" >&2; exit 2; }
 
+# Megatron's dataset rules round as Python does: no fused multiply-adds
+$(BUILD)/obj/src/io/megatron_data.o $(BUILD)/asan/obj/src/io/megatron_data.o: CFLAGS += -ffp-contract=off
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@

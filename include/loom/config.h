@@ -330,6 +330,12 @@ struct loom_config {
     int ndata_paths, nvalid_paths; /* entries of the next two */
     char *data_paths[LOOM_MAX_DATA_PATHS];
     char *valid_data_paths[LOOM_MAX_DATA_PATHS];
+    /* Megatron's per-split blends (--train-data-path is --data-path for
+     * shards) and the split of --data-path's blend ("" Megatron's default) */
+    int ntrain_paths, ntest_paths;
+    char *train_data_paths[LOOM_MAX_DATA_PATHS];
+    char *test_data_paths[LOOM_MAX_DATA_PATHS];
+    char split[64];
     enum loom_data_order data_order;
     /* packed documents (Megatron's): positions and attention restart after
      * each end-of-document token; its loss masked */

@@ -12,6 +12,7 @@
 #include "app/report.h"
 #include "base/log.h"
 #include "engine/footprint.h"
+#include "io/indexed.h"
 #include "io/synth.h"
 #include "loom/loom.h"
 #include "parallel/kinds.h"
@@ -48,20 +49,28 @@ double loom_peak_rss(void)
  * built-in corpus). */
 static double data_bytes(const struct loom_config *cfg)
 {
-    if (!cfg->ndata_paths) return 2.0 * LOOM_SYNTH_DEFAULT_TOKENS; /* uint16 tokens, train and validation */
+    if (!cfg->ndata_paths && !cfg->ntrain_paths)
+        return 2.0 * LOOM_SYNTH_DEFAULT_TOKENS; /* uint16 tokens, train and validation */
     double total = 0;
-    const int n = cfg->ndata_paths + cfg->nvalid_paths;
-    for (int i = 0; i < n; i++) {
-        const char *pattern =
-            i < cfg->ndata_paths ? cfg->data_paths[i] : cfg->valid_data_paths[i - cfg->ndata_paths];
-        glob_t g;
-        if (glob(pattern, 0, NULL, &g) == 0)
-            for (size_t k = 0; k < g.gl_pathc; k++) {
-                struct stat st;
-                if (stat(g.gl_pathv[k], &st) == 0) total += (double)st.st_size;
+    char *const *lists[] = {cfg->data_paths, cfg->valid_data_paths, cfg->train_data_paths,
+                            cfg->test_data_paths};
+    const int counts[] = {cfg->ndata_paths, cfg->nvalid_paths, cfg->ntrain_paths, cfg->ntest_paths};
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < counts[l]; i++) {
+            const char *pattern = lists[l][i];
+            char prefix[4200], bin[4300];
+            struct stat st;
+            if (loom_indexed_exists(pattern, prefix, sizeof prefix)) { /* a Megatron dataset: its tokens */
+                snprintf(bin, sizeof bin, "%s.bin", prefix);
+                if (stat(bin, &st) == 0) total += (double)st.st_size;
+                continue;
             }
-        globfree(&g);
-    }
+            glob_t g;
+            if (glob(pattern, 0, NULL, &g) == 0)
+                for (size_t k = 0; k < g.gl_pathc; k++)
+                    if (stat(g.gl_pathv[k], &st) == 0) total += (double)st.st_size;
+            globfree(&g);
+        }
     return total;
 }
 

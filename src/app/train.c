@@ -20,6 +20,7 @@
 #include "app/mfu.h"
 #include "app/placement.h"
 #include "app/report.h"
+#include "app/run_data.h"
 #include "app/stop.h"
 #include "base/blas_env.h"
 #include "base/clock.h"
@@ -51,9 +52,7 @@ struct run {
     struct loom_config *cfg;
     struct loom_engine *engine;
     const struct loom_topology *topo; /* the engine's */
-    struct loom_data train, valid;
-    int have_valid;
-    double floor_nats; /* entropy rate of the built-in corpus, 0 otherwise */
+    struct loom_run_data data;        /* what it reads: shards, the built-in corpus or Megatron's streams */
     const struct loom_model_family *family;
     struct loom_model *model;        /* the family's; the engine's under training */
     int nbatches;                    /* the micro-batches the schedule keeps in flight */
@@ -62,81 +61,6 @@ struct run {
     struct loom_placement placement; /* --offload auto's */
     struct loom_layout_auto layout;  /* --layout auto's */
 };
-
-/* With no --data-path: the built-in corpus, generated into the cache once;
- * its entropy rate into *floor_nats. */
-static int builtin_corpus(const struct loom_config *cfg, char *train_path, char *valid_path, size_t n,
-                          double *floor_nats)
-{
-    char dir[600];
-    if (*cfg->data_cache)
-        snprintf(dir, sizeof dir, "%s", cfg->data_cache);
-    else if (getenv("XDG_CACHE_HOME"))
-        snprintf(dir, sizeof dir, "%s/loom/synth", getenv("XDG_CACHE_HOME"));
-    else
-        snprintf(dir, sizeof dir, "%s/.cache/loom/synth", getenv("HOME") ? getenv("HOME") : ".");
-    snprintf(train_path, n, "%s/train.bin", dir);
-    snprintf(valid_path, n, "%s/val.bin", dir);
-    int rc;
-    struct stat st;
-    /* reuse the cache only when it holds this version's corpus */
-    struct loom_synth_spec spec;
-    struct loom_synth_model want;
-    loom_synth_default(&spec);
-    if ((rc = loom_synth_build(&want, &spec))) return rc;
-    double cached = -1;
-    if (stat(train_path, &st) == 0 && stat(valid_path, &st) == 0 &&
-        loom_synth_read_floor(dir, &cached) == LOOM_OK && cached == loom_synth_entropy_rate(&want)) {
-        *floor_nats = cached;
-        return LOOM_OK;
-    }
-    if ((rc = loom_fs_mkdir_p(dir))) return rc;
-    loom_log_info("generating the built-in corpus in %s\n", dir);
-    return loom_data_synth(dir, LOOM_SYNTH_DEFAULT_TOKENS, LOOM_SYNTH_DEFAULT_SEED, floor_nats);
-}
-
-/* The training data (when training) and the validation data: the flags'
- * files, else the built-in corpus (loom eval's only with --mock-data). Its
- * entropy floor is printed only beside a validation loss measured on it. */
-static int open_data(struct run *r, int training)
-{
-    struct loom_config *cfg = r->cfg;
-    int rc;
-    if (cfg->mock_data && cfg->ndata_paths + cfg->nvalid_paths)
-        return loom_error_set(
-            LOOM_ERR_INPUT, "--mock-data is the built-in corpus: not with --data-path or --valid-data-path");
-    const int builtin_train = training && cfg->ndata_paths == 0;
-    const int builtin_valid = cfg->nvalid_paths == 0 && (training ? cfg->ndata_paths == 0 : cfg->mock_data);
-    if (builtin_train || builtin_valid) {
-        char train_path[700], valid_path[700];
-        double floor_nats = 0;
-        if ((rc = builtin_corpus(cfg, train_path, valid_path, sizeof train_path, &floor_nats))) return rc;
-        const char *tp = train_path, *vp = valid_path;
-        if (builtin_train && (rc = loom_data_open(&r->train, &tp, 1, cfg->vocab_size))) return rc;
-        if (builtin_valid) {
-            if ((rc = loom_data_open(&r->valid, &vp, 1, cfg->vocab_size))) return rc;
-            r->have_valid = 1;
-            r->floor_nats = floor_nats;
-        }
-    }
-    if (training && cfg->ndata_paths &&
-        (rc = loom_data_open(&r->train, (const char *const *)cfg->data_paths, cfg->ndata_paths,
-                             cfg->vocab_size)))
-        return rc;
-    if (training && (rc = loom_data_check(&r->train, (enum loom_data_order)cfg->data_order,
-                                          cfg->global_batch_size, cfg->seq_length)))
-        return rc;
-    if (cfg->nvalid_paths) {
-        if ((rc = loom_data_open(&r->valid, (const char *const *)cfg->valid_data_paths, cfg->nvalid_paths,
-                                 cfg->vocab_size)))
-            return rc;
-        r->have_valid = 1;
-    }
-    if (r->have_valid && cfg->eval_iters > 0 &&
-        (rc = loom_data_check(&r->valid, LOOM_DATA_SHUFFLED, cfg->global_batch_size, cfg->seq_length)))
-        return rc;
-    return LOOM_OK;
-}
 
 /* A shard that changed under the run (loom_data_batch's error): this rank
  * alone may read the rows that show it, so it ends the job at once (exit 1)
@@ -149,14 +73,14 @@ static void data_failed(void)
 
 /* Mean loss over eval_iters batches of the global batch size, split across
  * ranks and micro-batches as in training, so every layout sees the same rows. */
-static double evaluate(struct run *r)
+static double evaluate(struct run *r, const struct loom_data *data)
 {
     const struct loom_config *cfg = r->cfg;
     int B = cfg->micro_batch_size, T = cfg->seq_length, A = cfg->gradient_accumulation_steps;
     double sum = 0;
     for (int i = 0; i < cfg->eval_iters; i++)
         for (int a = 0; a < A; a++) {
-            if (loom_data_eval_batch(&r->valid, i, cfg->global_batch_size,
+            if (loom_data_eval_batch(data, i, cfg->global_batch_size,
                                      loom_engine_micro_batch_rows(r->engine, a), B, T, r->inputs, r->targets))
                 data_failed();
             r->batches[0] = (struct loom_lm_batch){r->inputs, r->targets};
@@ -405,7 +329,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
              ? r->family->check(cfg, cfg->seq_length)
              : loom_error_set(LOOM_ERR_INPUT, "--model %s: no model family has this preset", cfg->model);
     if (rc == LOOM_OK && *cfg->tokenizer) rc = check_tokenizer(cfg);
-    if (rc == LOOM_OK) rc = open_data(r, training);
+    if (rc == LOOM_OK) rc = loom_run_data_open(&r->data, cfg, training);
     if (rc == LOOM_OK && training && *cfg->save && r->topo->rank == 0) rc = check_save_dir(cfg->save);
     if ((rc = agree(r, rc))) return rc;
     r->model = r->family->create(cfg, cfg->micro_batch_size, cfg->seq_length, training, r->topo->tp_rank,
@@ -437,8 +361,7 @@ static void teardown(struct run *r)
     loom_free(r->inputs);
     loom_free(r->targets);
     loom_free(r->batches);
-    loom_data_close(&r->train);
-    if (r->have_valid) loom_data_close(&r->valid);
+    loom_run_data_close(&r->data);
 }
 
 static void print_memory(struct loom_report *rep)
@@ -761,7 +684,7 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
     const size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
     loom_trace_push("data");
     int32_t *inputs = r->inputs + (size_t)k * n, *targets = r->targets + (size_t)k * n;
-    if (loom_data_batch(&r->train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
+    if (loom_data_batch(&r->data.train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
                         (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size,
                         loom_engine_micro_batch_rows(e, micro), cfg->micro_batch_size, cfg->seq_length,
                         inputs, targets))
@@ -932,10 +855,10 @@ int loom_train(struct loom_config *cfg)
             loom_free(by_rank);
             loom_free(pipeline);
         }
-        if (r.have_valid && cfg->eval_iters > 0 &&
+        if (r.data.have_valid && cfg->eval_iters > 0 &&
             (step % cfg->eval_interval == 0 || step == cfg->train_iters)) {
-            last_val = evaluate(&r);
-            loom_report_eval(&rep, step, last_val, r.floor_nats);
+            last_val = evaluate(&r, &r.data.valid);
+            loom_report_eval(&rep, step, last_val, r.data.floor_nats);
         }
         loom_report_progress(&rep, step, cfg->train_iters, res.loss);
         const int saving = *cfg->save && ((cfg->save_interval && step % cfg->save_interval == 0) ||
@@ -957,20 +880,27 @@ int loom_train(struct loom_config *cfg)
         }
     }
     if (rc == LOOM_OK) rc = trace_write(&r, cfg);
+    /* Megatron's test split: scored once when training is complete */
+    double test_loss = -1;
+    if (rc == LOOM_OK && r.data.have_test && ran > 0 && loom_engine_steps_done(e) >= cfg->train_iters)
+        test_loss = evaluate(&r, &r.data.test);
     double elapsed = loom_now() - t_train;
     qsort(step_tps, (size_t)ran, sizeof(double), cmp_double);
     double median_tps = ran ? step_tps[ran / 2] : 0;
     char dur[32];
     loom_report_line(&rep, "done: %d steps in %s\n", ran, loom_fmt_duration(dur, sizeof dur, elapsed));
-    if (last_val >= 0 && r.floor_nats > 0)
+    if (last_val >= 0 && r.data.floor_nats > 0)
         loom_report_line(
             &rep,
             "  final train loss %.4f | val loss %.4f | corpus floor %.4f nats/token (val - floor = %+.4f)\n",
-            last_loss, last_val, r.floor_nats, last_val - r.floor_nats);
+            last_loss, last_val, r.data.floor_nats, last_val - r.data.floor_nats);
     else if (last_val >= 0)
         loom_report_line(&rep, "  final train loss %.4f | val loss %.4f\n", last_loss, last_val);
     else
         loom_report_line(&rep, "  final train loss %.4f\n", last_loss);
+    if (test_loss >= 0)
+        loom_report_line(&rep, "  test loss %.4f | test ppl %.2f over %d batches\n", test_loss,
+                         exp(test_loss), cfg->eval_iters);
     loom_report_line(&rep, "  median %.0f tokens/s | mfu %.1f%% of %.1f GFLOP/s peak (%s)\n", median_tps,
                      100 * median_tps * flops_per_token / peak, peak / 1e9, peak_src);
     print_memory(&rep);
@@ -997,16 +927,16 @@ int loom_eval(struct loom_config *cfg)
         rc = loom_error_set(LOOM_ERR_INPUT, "loom eval runs in one process (got %d ranks)", r.topo->world);
         if (r.topo->rank != 0) loom_error_clear(); /* rank 0 says it */
     }
-    if (rc == LOOM_OK && !r.have_valid)
+    if (rc == LOOM_OK && !r.data.have_valid)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "loom eval needs --valid-data-path FILE (token shards to score), or "
                             "--mock-data to score the built-in corpus");
     struct loom_report rep = {0};
     if (rc == LOOM_OK && (rc = loom_report_open(&rep, cfg->metrics, NULL)) == LOOM_OK) {
-        double val = evaluate(&r);
-        if (r.floor_nats > 0)
+        double val = evaluate(&r, &r.data.valid);
+        if (r.data.floor_nats > 0)
             loom_log_info("val loss %.4f over %d batches (corpus floor %.4f)\n", val, cfg->eval_iters,
-                          r.floor_nats);
+                          r.data.floor_nats);
         else
             loom_log_info("val loss %.4f over %d batches\n", val, cfg->eval_iters);
         loom_report_eval_row(&rep, 0, val); /* --metrics: the value in full */

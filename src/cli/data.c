@@ -22,6 +22,10 @@ enum { MAX_INPUTS = 4096, MAX_SPECIALS = 64 };
 static const char usage_text[] =
     "usage: loom data tokenize --tokenizer TOK IN... OUTDIR [--text-key K] [--blank-line-docs]\n"
     "                          [--shard-size N] [--val-fraction X] [--no-progress]\n"
+    "       loom data tokenize --tokenizer TOK --output-format megatron IN... OUTPUT_PREFIX [--append-eod]\n"
+    "                          [--json-keys K]   (Megatron's preprocess_data.py: "
+    "OUTPUT_PREFIX_K_document.bin/.idx;\n"
+    "                          --input IN and --output-prefix P as there)\n"
     "       loom data tokenize IN.txt OUTDIR [--val-fraction X]      (byte-level, no tokenizer)\n"
     "       loom data train-tokenizer --vocab-size N IN... OUTDIR [--pattern gpt2|llama3]\n"
     "                          [--special-tokens A,B,...] [--min-frequency N] [--text-key K] "
@@ -56,7 +60,7 @@ static int parse_fraction(const char *v, double *out)
 
 /* The flags of tokenize and train-tokenizer; the rest are inputs then OUTDIR. */
 struct data_args {
-    const char *tokenizer, *pattern, *specials;
+    const char *tokenizer, *pattern, *specials, *format, *output_prefix;
     long long vocab_size, min_frequency;
     struct loom_prepare_opts o;
     const char *pos[MAX_INPUTS + 1];
@@ -87,12 +91,28 @@ static int parse(const char *cmd, int argc, char **argv, struct data_args *a)
             a->o.progress = 0;
             continue;
         }
+        if (strcmp(f, "--append-eod") == 0 && !train) {
+            a->o.append_eod = 1;
+            continue;
+        }
         if (i + 1 >= argc) return loom_error_set(LOOM_ERR_INPUT, "%s needs a value", f);
         const char *v = argv[++i];
         long long x = 0;
         rc = LOOM_OK;
-        if (strcmp(f, "--text-key") == 0)
-            a->o.text_key = v;
+        if (strcmp(f, "--text-key") == 0 || (strcmp(f, "--json-keys") == 0 && !train)) {
+            a->o.text_key = v; /* Megatron's --json-keys: one key a run here */
+        } else if (strcmp(f, "--output-format") == 0 && !train) {
+            if (strcmp(v, "megatron") != 0 && strcmp(v, "shards") != 0)
+                return loom_error_set(LOOM_ERR_INPUT,
+                                      "--output-format: shards (llm.c's, the default) or megatron, got '%s'",
+                                      v);
+            a->format = v;
+        } else if (strcmp(f, "--input") == 0 && !train) {
+            if (a->npos > MAX_INPUTS)
+                return loom_error_set(LOOM_ERR_INPUT, "more than %d inputs", MAX_INPUTS);
+            a->pos[a->npos++] = v;
+        } else if (strcmp(f, "--output-prefix") == 0 && !train)
+            a->output_prefix = v;
         else if (strcmp(f, "--val-fraction") == 0 && !train)
             rc = parse_fraction(v, &a->o.val_fraction);
         else if (strcmp(f, "--tokenizer") == 0 && !train)
@@ -111,6 +131,10 @@ static int parse(const char *cmd, int argc, char **argv, struct data_args *a)
             return loom_error_set(LOOM_ERR_INPUT, "unknown flag %s for loom data %s (loom data --help)", f,
                                   cmd);
         if (rc) return rc;
+    }
+    if (a->output_prefix) { /* Megatron's spelling: the output is the last of the positions */
+        if (a->npos > MAX_INPUTS) return loom_error_set(LOOM_ERR_INPUT, "more than %d inputs", MAX_INPUTS);
+        a->pos[a->npos++] = a->output_prefix;
     }
     if (a->npos < 2)
         return loom_error_set(LOOM_ERR_INPUT,
@@ -131,6 +155,22 @@ static int cmd_tokenize(int argc, char **argv)
                 "without --tokenizer, loom data tokenize takes one text file and OUTDIR "
                 "(byte-level); --text-key, --blank-line-docs and --shard-size need --tokenizer");
         return loom_data_tokenize(a.pos[0], a.pos[1], a.o.val_fraction < 0 ? 0.1 : a.o.val_fraction);
+    }
+    const int megatron = a.format && strcmp(a.format, "megatron") == 0;
+    if (!megatron && (a.o.append_eod || a.output_prefix))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s belongs to --output-format megatron (shards put the end-of-text token "
+                              "before every document)",
+                              a.o.append_eod ? "--append-eod" : "--output-prefix");
+    if (megatron) {
+        if (a.o.val_fraction >= 0 || a.o.shard_size != 100000000)
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "--output-format megatron writes one dataset: --%s does not apply (the split is "
+                "--split at training)",
+                a.o.val_fraction >= 0 ? "val-fraction" : "shard-size");
+        a.o.megatron = 1;
+        return loom_prepare_tokenize_megatron(a.tokenizer, a.pos, a.npos - 1, a.pos[a.npos - 1], &a.o);
     }
     if (a.o.val_fraction < 0) a.o.val_fraction = 0.01;
     return loom_prepare_tokenize(a.tokenizer, a.pos, a.npos - 1, a.pos[a.npos - 1], &a.o);

@@ -337,5 +337,7 @@ void loom_config_free(struct loom_config *cfg)
 {
     for (int i = 0; i < cfg->ndata_paths; i++) free(cfg->data_paths[i]);
     for (int i = 0; i < cfg->nvalid_paths; i++) free(cfg->valid_data_paths[i]);
-    cfg->ndata_paths = cfg->nvalid_paths = 0;
+    for (int i = 0; i < cfg->ntrain_paths; i++) free(cfg->train_data_paths[i]);
+    for (int i = 0; i < cfg->ntest_paths; i++) free(cfg->test_data_paths[i]);
+    cfg->ndata_paths = cfg->nvalid_paths = cfg->ntrain_paths = cfg->ntest_paths = 0;
 }

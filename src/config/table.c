@@ -266,9 +266,16 @@ const struct setting loom_settings[] = {
         "overflows tolerated before the loss scale shrinks"),
 
     PATHS("--data-path", "data_path", "data", data_paths, ndata_paths,
-          "training token shards: files or globs (default: the built-in corpus)"),
+          "training token shards (files or globs), or Megatron datasets: PREFIX ... or a weighted blend "
+          "W1 PREFIX1 W2 PREFIX2 ..., cut by --split (default: the built-in corpus)"),
+    PATHS("--train-data-path", "train_data_path", "data", train_data_paths, ntrain_paths,
+          "Megatron's per-split blend for training (PREFIX ... or W PREFIX ...); for shards, --data-path"),
     PATHS("--valid-data-path", "valid_data_path", "data", valid_data_paths, nvalid_paths,
-          "validation token shards"),
+          "validation token shards, or Megatron's per-split blend for validation"),
+    PATHS("--test-data-path", "test_data_path", "data", test_data_paths, ntest_paths,
+          "Megatron's per-split blend for the test loss printed after training"),
+    STR("--split", "split", "data", split, "",
+        "train,valid,test weights cutting --data-path's Megatron datasets (default 969,30,1 as Megatron's)"),
     BOOL("--mock-data", "mock_data", "data", mock_data, "0",
          "the built-in corpus (a synthetic one with a known entropy floor, generated once; Megatron's mock "
          "data): loom train's default without --data-path; loom eval scores it only when given"),

@@ -15,6 +15,7 @@
 #include <glob.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -175,12 +176,26 @@ int64_t loom_data_largest_shard(const struct loom_data *d)
     return i < 0 ? 0 : d->shards[i].n;
 }
 
+void loom_data_from_stream(struct loom_data *d, const struct loom_split_stream *s, int vocab)
+{
+    memset(d, 0, sizeof *d);
+    d->stream = s;
+    d->vocab = vocab;
+}
+
 int loom_data_check(const struct loom_data *d, enum loom_data_order order, int global_rows, int T)
 {
     LOOM_ASSERT((int)order >= 0 && order < LOOM_DATA_ORDER_COUNT);
     if (global_rows <= 0 || T <= 0)
         return loom_error_set(LOOM_ERR_INPUT, "batch of %d rows of %d tokens: both must be positive",
                               global_rows, T);
+    if (d->stream) {
+        if (d->stream->size < global_rows)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "a Megatron dataset split of %lld samples: fewer than one batch of %d",
+                                  (long long)d->stream->size, global_rows);
+        return LOOM_OK;
+    }
     int big = largest_shard(d);
     const char *name = big < 0 ? "none" : d->shards[big].path;
     if (order == LOOM_DATA_SEQUENTIAL) {
@@ -203,6 +218,7 @@ int loom_data_check(const struct loom_data *d, enum loom_data_order order, int g
 
 int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order, int global_rows, int T)
 {
+    if (d->stream) return d->stream->size / global_rows;
     if (order == LOOM_DATA_SEQUENTIAL) return total_blocks(d, (int64_t)global_rows * T);
     return total_windows(d, T) / global_rows;
 }
@@ -270,6 +286,45 @@ static int copy_row(const struct loom_data *d, const struct loom_shard *s, int64
     return LOOM_OK;
 }
 
+/* Sample `i` of a Megatron stream (modulo its size: a run longer than the
+ * one its sizes were built for starts it again) into one row, under the
+ * same guard as copy_row. */
+static int copy_sample(const struct loom_data *d, int64_t i, int T, int32_t *inputs, int32_t *targets)
+{
+    int32_t *buf = malloc(sizeof *buf * (size_t)(T + 1));
+    if (!buf) loom_die("out of memory reading a sample");
+    sigjmp_buf jump;
+    if (sigsetjmp(jump, 1)) {
+        bus_guard = NULL;
+        free(buf);
+        return loom_error_set(LOOM_ERR_RUNTIME, "a Megatron dataset file changed while training (truncated)");
+    }
+    guard_install();
+    bus_guard = &jump;
+    loom_megatron_sample(d->stream, i % d->stream->size, T, buf);
+    bus_guard = NULL;
+    int rc = LOOM_OK;
+    for (int t = 0; t <= T && !rc; t++)
+        if (buf[t] < 0 || (d->vocab > 0 && buf[t] >= d->vocab))
+            rc = loom_error_set(LOOM_ERR_RUNTIME,
+                                "a Megatron dataset file changed while training: token %d of sample %lld is "
+                                "outside the vocabulary (size %d)",
+                                buf[t], (long long)i, d->vocab);
+    memcpy(inputs, buf, sizeof *buf * (size_t)T);
+    memcpy(targets, buf + 1, sizeof *buf * (size_t)T);
+    free(buf);
+    return rc;
+}
+
+static int batch_stream(const struct loom_data *d, int64_t first, int row_begin, int rows, int T,
+                        int32_t *inputs, int32_t *targets)
+{
+    int rc = LOOM_OK;
+    for (int i = 0; i < rows && rc == LOOM_OK; i++)
+        rc = copy_sample(d, first + row_begin + i, T, inputs + (size_t)i * T, targets + (size_t)i * T);
+    return rc;
+}
+
 /* Uniform in [0, n) from 64 random bits (multiply-high; the bias is below
  * n / 2^64, far under anything a training run can measure). */
 static int64_t scale_below(uint64_t h, int64_t n)
@@ -320,6 +375,7 @@ int loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint6
 {
     LOOM_ASSERT(step >= 0 && T > 0 && global_rows > 0);
     LOOM_ASSERT(row_begin >= 0 && rows >= 0 && row_begin + rows <= global_rows);
+    if (d->stream) return batch_stream(d, step * global_rows, row_begin, rows, T, inputs, targets);
     if (order == LOOM_DATA_SEQUENTIAL)
         return batch_sequential(d, step, global_rows, row_begin, rows, T, inputs, targets);
     return batch_shuffled(d, seed, step, row_begin, rows, T, inputs, targets);
@@ -328,6 +384,7 @@ int loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint6
 int loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows, int row_begin, int rows,
                          int T, int32_t *inputs, int32_t *targets)
 {
+    if (d->stream) return batch_stream(d, index * global_rows, row_begin, rows, T, inputs, targets);
     return loom_data_batch(d, LOOM_DATA_SHUFFLED, LOOM_DATA_EVAL_SEED, index, global_rows, row_begin, rows, T,
                            inputs, targets);
 }

@@ -20,6 +20,11 @@
  *                       s mod sum(nb_i), and row b of it is tokens
  *                       [b*T, b*T+T] of the block.
  *
+ * A Megatron dataset (megatron_data.h) has its own order, the one a
+ * Megatron run reads: global row r of step s is sample s*B + r of the
+ * split's stream (evaluation batch i: sample i*B + r of the validation
+ * stream), whatever `order` says.
+ *
  * B is the global batch (rows per step over all micro-batches and ranks).
  * Row t of the inputs is the window's tokens 0..T-1, of the targets 1..T.
  *
@@ -31,6 +36,7 @@
 
 #include <stdint.h>
 
+#include "io/megatron_data.h"
 #include "io/shard.h"
 #include "loom/config.h" /* enum loom_data_order */
 
@@ -48,9 +54,13 @@ int loom_data_order_parse(const char *name, enum loom_data_order *out);
 struct loom_data {
     struct loom_shard *shards; /* (nshards), in the order given, globs sorted */
     int nshards;
-    int vocab;      /* every token id is < vocab (checked at open) */
-    int64_t tokens; /* sum of the shards' token counts */
+    int vocab;                              /* every token id is < vocab (checked at open) */
+    int64_t tokens;                         /* sum of the shards' token counts */
+    const struct loom_split_stream *stream; /* a Megatron dataset's split instead of shards (not owned) */
 };
+
+/* The data as a Megatron split's stream (no shards). */
+void loom_data_from_stream(struct loom_data *d, const struct loom_split_stream *s, int vocab);
 
 /* Opens every shard named by `paths` (each a file or a glob(3) pattern,
  * expanded in sorted order; a pattern matching nothing is an error naming

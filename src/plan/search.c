@@ -40,7 +40,8 @@ void loom_layout_flags(const struct loom_layout *l, char *buf, size_t n)
 static int configure(struct loom_config *cfg, const struct loom_config *base, const struct loom_layout *l)
 {
     *cfg = *base;
-    cfg->ndata_paths = cfg->nvalid_paths = 0; /* the copy does not own base's paths */
+    cfg->ndata_paths = cfg->nvalid_paths = cfg->ntrain_paths = cfg->ntest_paths =
+        0; /* the copy does not own base's paths */
     loom_layout_apply(cfg, l);
     cfg->rec.nwarnings = cfg->rec.nwarnings_dropped = 0; /* said once, by the caller */
     return loom_kinds_resolve(cfg, l->kind[LOOM_KIND_DATA].value);

@@ -25,6 +25,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "io/fs.h"
+#include "io/indexed.h"
 #include "io/shard.h"
 #include "loom/loom.h"
 #include "tokenizer/bpe.h"
@@ -263,6 +264,88 @@ static int total_bytes(const char *const *in, int n_in, double *total)
     return LOOM_OK;
 }
 
+/* Where tokenized documents go: llm.c shards (train and validation), or
+ * a Megatron indexed dataset. */
+struct sink {
+    struct shard_out train, val;
+    struct loom_indexed_writer *megatron;
+    int64_t megatron_tokens;
+};
+
+static int sink_document(struct sink *k, const struct loom_prepare_opts *o, int64_t index, int32_t eot,
+                         struct loom_ids *doc)
+{
+    if (k->megatron) {
+        if (o->append_eod && doc->n) loom_ids_push(doc, eot);
+        k->megatron_tokens += (int64_t)doc->n;
+        return loom_indexed_writer_add(k->megatron, doc->ids, (int64_t)doc->n);
+    }
+    /* every 1/f-th document to validation, spread evenly */
+    const int to_val =
+        (int64_t)((double)(index + 1) * o->val_fraction) > (int64_t)((double)index * o->val_fraction);
+    struct shard_out *s = to_val ? &k->val : &k->train;
+    int rc = shard_push(s, &eot, 1);
+    return rc ? rc : shard_push(s, doc->ids, doc->n);
+}
+
+/* Tokenizes every document of the inputs into the sink, in order; the
+ * documents' count into *n_docs, the input bytes into *done. */
+static int tokenize_into(struct loom_bpe *t, const char *const *in, int n_in,
+                         const struct loom_prepare_opts *o, struct sink *k, int64_t *n_docs, double total,
+                         double *done)
+{
+    const int32_t eot = loom_bpe_eot(t);
+    const int nt = threads();
+    struct loom_bpe_state **states = calloc((size_t)nt, sizeof *states);
+    struct loom_ids *out = calloc(BATCH_DOCS, sizeof *out);
+    int *bad = calloc(BATCH_DOCS, sizeof *bad);
+    char(*err)[512] = calloc(BATCH_DOCS, sizeof *err);
+    if (!states || !out || !bad || !err) loom_die("out of memory preparing data");
+    for (int i = 0; i < nt; i++) states[i] = loom_bpe_state_new(t);
+    const double t0 = loom_now();
+    int rc = LOOM_OK;
+    for (int fi = 0; fi < n_in && !rc; fi++) {
+        struct file_docs f;
+        if ((rc = read_docs(in[fi], o, &f))) break;
+        for (size_t b = 0; b < f.n_docs && !rc;) {
+            size_t e = b, bytes = 0;
+            while (e < f.n_docs && e - b < BATCH_DOCS && (e == b || bytes < BATCH_BYTES))
+                bytes += f.docs[e++].n;
+            const int64_t m = (int64_t)(e - b);
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int64_t i = 0; i < m; i++) {
+                cJSON *json;
+                char *owned;
+                const char *text;
+                size_t n;
+                out[i].n = 0;
+                bad[i] = doc_text(&f, &f.docs[b + (size_t)i], o->text_key, &json, &owned, &text, &n, err[i],
+                                  sizeof err[i]);
+                if (!bad[i]) loom_bpe_encode(t, states[thread_id()], text, n, &out[i]);
+                cJSON_Delete(json);
+                free(owned);
+            }
+            for (int64_t i = 0; i < m && !rc; i++)
+                rc = bad[i] ? loom_error_set(LOOM_ERR_INPUT, "%s", err[i])
+                            : sink_document(k, o, (*n_docs)++, eot, &out[i]);
+            *done += (double)bytes;
+            progress(o, "loom data tokenize", *done, total,
+                     k->megatron ? k->megatron_tokens : k->train.total + k->val.total, t0, 0);
+            b = e;
+        }
+        free_docs(&f);
+    }
+    progress(o, "loom data tokenize", *done, total,
+             k->megatron ? k->megatron_tokens : k->train.total + k->val.total, t0, 1);
+    for (int i = 0; i < nt; i++) loom_bpe_state_free(states[i]);
+    for (int i = 0; i < BATCH_DOCS; i++) loom_ids_free(&out[i]);
+    free(states);
+    free(out);
+    free(bad);
+    free(err);
+    return rc;
+}
+
 int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in, const char *outdir,
                           const struct loom_prepare_opts *o)
 {
@@ -285,95 +368,91 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
         loom_bpe_free(t);
         return rc;
     }
-    const int nt = threads();
-    struct loom_bpe_state **states = calloc((size_t)nt, sizeof *states);
-    struct loom_ids *out = calloc(BATCH_DOCS, sizeof *out);
-    int *bad = calloc(BATCH_DOCS, sizeof *bad);
-    char(*err)[512] = calloc(BATCH_DOCS, sizeof *err);
-    struct shard_out train = {.dir = outdir, .prefix = "train", .size = o->shard_size},
-                     val = {.dir = outdir, .prefix = "val", .size = o->shard_size};
+    struct sink k = {.train = {.dir = outdir, .prefix = "train", .size = o->shard_size},
+                     .val = {.dir = outdir, .prefix = "val", .size = o->shard_size}};
     const int wide = vocab > 65536; /* 32-bit shards where 16 bits cannot hold the ids */
     const size_t width = wide ? sizeof(uint32_t) : sizeof(uint16_t);
     for (int i = 0; i < 2; i++) {
-        struct shard_out *s = i ? &val : &train;
+        struct shard_out *s = i ? &k.val : &k.train;
         void *b = loom_alloc(loom_mul_size((size_t)o->shard_size, width), LOOM_MEM_OTHER);
         if (wide)
             s->buf32 = b;
         else
             s->buf = b;
     }
-    if (!states || !out || !bad || !err) loom_die("out of memory preparing data");
-    for (int i = 0; i < nt; i++) states[i] = loom_bpe_state_new(t);
     const double t0 = loom_now();
     double done = 0;
     int64_t n_docs = 0;
-    for (int fi = 0; fi < n_in && !rc; fi++) {
-        struct file_docs f;
-        if ((rc = read_docs(in[fi], o, &f))) break;
-        for (size_t b = 0; b < f.n_docs && !rc;) {
-            size_t e = b, bytes = 0;
-            while (e < f.n_docs && e - b < BATCH_DOCS && (e == b || bytes < BATCH_BYTES))
-                bytes += f.docs[e++].n;
-            const int64_t m = (int64_t)(e - b);
-#pragma omp parallel for schedule(dynamic, 1)
-            for (int64_t i = 0; i < m; i++) {
-                cJSON *json;
-                char *owned;
-                const char *text;
-                size_t n;
-                out[i].n = 0;
-                bad[i] = doc_text(&f, &f.docs[b + (size_t)i], o->text_key, &json, &owned, &text, &n, err[i],
-                                  sizeof err[i]);
-                if (!bad[i]) loom_bpe_encode(t, states[thread_id()], text, n, &out[i]);
-                cJSON_Delete(json);
-                free(owned);
-            }
-            for (int64_t i = 0; i < m && !rc; i++) {
-                if (bad[i]) {
-                    rc = loom_error_set(LOOM_ERR_INPUT, "%s", err[i]);
-                    break;
-                }
-                /* every 1/f-th document to validation, spread evenly */
-                const int64_t k = n_docs++;
-                const int to_val =
-                    (int64_t)((double)(k + 1) * o->val_fraction) > (int64_t)((double)k * o->val_fraction);
-                struct shard_out *s = to_val ? &val : &train;
-                if (!(rc = shard_push(s, &eot, 1))) rc = shard_push(s, out[i].ids, out[i].n);
-            }
-            done += (double)bytes;
-            progress(o, "loom data tokenize", done, total, train.total + val.total, t0, 0);
-            b = e;
-        }
-        free_docs(&f);
-    }
+    rc = tokenize_into(t, in, n_in, o, &k, &n_docs, total, &done);
     if (!rc && n_docs == 0)
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "loom data tokenize: no document in the input%s (empty, or only blank lines)",
                             n_in == 1 ? "" : "s");
-    if (!rc) rc = shard_flush(&train);
-    if (!rc) rc = shard_flush(&val);
+    if (!rc) rc = shard_flush(&k.train);
+    if (!rc) rc = shard_flush(&k.val);
     if (rc) { /* nothing half-made left: this run's shards, and OUTDIR when it made it */
-        shard_remove(&train);
-        shard_remove(&val);
+        shard_remove(&k.train);
+        shard_remove(&k.val);
         if (made_dir) rmdir(outdir);
     }
-    progress(o, "loom data tokenize", done, total, train.total + val.total, t0, 1);
     if (!rc)
         printf("wrote %lld tokens of %lld documents to %s: %lld train in %d shard%s, %lld validation in %d "
                "shard%s "
                "(tokenizer %s, %d ids, end of text %d, %.1f MB/s)\n",
-               (long long)(train.total + val.total), (long long)n_docs, outdir, (long long)train.total,
-               train.index, train.index == 1 ? "" : "s", (long long)val.total, val.index,
-               val.index == 1 ? "" : "s", loom_bpe_describe(t), vocab, eot,
+               (long long)(k.train.total + k.val.total), (long long)n_docs, outdir, (long long)k.train.total,
+               k.train.index, k.train.index == 1 ? "" : "s", (long long)k.val.total, k.val.index,
+               k.val.index == 1 ? "" : "s", loom_bpe_describe(t), vocab, eot,
                done / 1e6 / (loom_now() - t0 + 1e-9));
-    for (int i = 0; i < nt; i++) loom_bpe_state_free(states[i]);
-    for (int i = 0; i < BATCH_DOCS; i++) loom_ids_free(&out[i]);
-    free(states);
-    free(out);
-    free(bad);
-    free(err);
-    loom_free(wide ? (void *)train.buf32 : train.buf);
-    loom_free(wide ? (void *)val.buf32 : val.buf);
+    loom_free(wide ? (void *)k.train.buf32 : k.train.buf);
+    loom_free(wide ? (void *)k.val.buf32 : k.val.buf);
+    loom_bpe_free(t);
+    return rc;
+}
+
+int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in, int n_in, const char *prefix,
+                                   const struct loom_prepare_opts *o)
+{
+    struct loom_bpe *t;
+    int rc = loom_bpe_load(tokenizer, &t);
+    if (rc) return rc;
+    const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
+    if (eot < 0 && o->append_eod) {
+        loom_bpe_free(t);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or <eos>) for "
+                              "--append-eod",
+                              tokenizer);
+    }
+    char path[4200], dir[4200];
+    snprintf(path, sizeof path, "%s_%s_document", prefix, o->text_key);
+    loom_fs_dirname(path, dir, sizeof dir);
+    double total;
+    struct loom_indexed_writer w;
+    if ((rc = total_bytes(in, n_in, &total)) || (rc = loom_fs_mkdir_p(dir)) ||
+        (rc = loom_indexed_writer_open(&w, path, loom_indexed_dtype_for(vocab)))) {
+        loom_bpe_free(t);
+        return rc;
+    }
+    struct sink k = {.megatron = &w};
+    const double t0 = loom_now();
+    double done = 0;
+    int64_t n_docs = 0;
+    rc = tokenize_into(t, in, n_in, o, &k, &n_docs, total, &done);
+    if (!rc && n_docs == 0)
+        rc = loom_error_set(LOOM_ERR_INPUT,
+                            "loom data tokenize: no document in the input%s (empty, or only blank lines)",
+                            n_in == 1 ? "" : "s");
+    if (!rc)
+        rc = loom_indexed_writer_finish(&w);
+    else
+        loom_indexed_writer_abort(&w);
+    if (!rc)
+        printf(
+            "wrote %lld tokens of %lld documents to %s.bin and .idx (Megatron's indexed dataset, %s tokens; "
+            "tokenizer %s, %d ids%s, %.1f MB/s)\n",
+            (long long)k.megatron_tokens, (long long)n_docs, path, vocab < 65500 ? "uint16" : "int32",
+            loom_bpe_describe(t), vocab, o->append_eod ? ", end of text appended" : "",
+            done / 1e6 / (loom_now() - t0 + 1e-9));
     loom_bpe_free(t);
     return rc;
 }

@@ -23,6 +23,8 @@ struct loom_prepare_opts {
     int64_t shard_size;   /* tokens per shard (default 100,000,000, llm.c's) */
     double val_fraction;  /* that share of the documents goes to val_*.bin (every 1/f-th one) */
     int progress;         /* a progress line on stderr */
+    int megatron;         /* write Megatron's indexed dataset, not shards */
+    int append_eod;       /* megatron: the end-of-text token after each non-empty document */
 };
 
 /* `loom data tokenize --tokenizer TOK IN... OUT_DIR`: writes
@@ -32,6 +34,14 @@ struct loom_prepare_opts {
  * for .jsonl), no end-of-text token. */
 int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in, const char *outdir,
                           const struct loom_prepare_opts *o);
+
+/* `loom data tokenize --output-format megatron ... OUTPUT_PREFIX`: writes
+ * OUTPUT_PREFIX_text_document.bin/.idx as Megatron's
+ * tools/preprocess_data.py does (the text key names the files): one
+ * sequence a document, no separator unless append_eod, an empty document
+ * kept as an empty entry, uint16 tokens below 65,500 ids, else int32. */
+int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in, int n_in, const char *prefix,
+                                   const struct loom_prepare_opts *o);
 
 /* `loom data train-tokenizer --vocab-size N IN... OUT_DIR`: learns
  * byte-level BPE merges on the documents and writes OUT_DIR/tokenizer.json.

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Megatron's indexed datasets, blends and splits, against Megatron-Core
+itself (PyPI `megatron-core`, CPU, tests only; tests/pyref/megatron_ref.py).
+
+- `loom data tokenize --output-format megatron` (with and without
+  --append-eod, and in Megatron's own spelling --input/--output-prefix/
+  --json-keys) writes PREFIX_text_document.bin/.idx byte for byte as
+  Megatron's tools/preprocess_data.py does on the same tokenizer and text
+  (its Encoder and IndexedDatasetBuilder, driven the same way), empty
+  documents included; Megatron-Core's IndexedDataset reads loom's files with
+  the same documents;
+- the samples loom reads, through the flags of `loom train` (the sizes,
+  the split, the blend, the step's rows: tests/tools/megatron_samples), are
+  Megatron-Core's BlendedMegatronDatasetBuilder's with the same seed: the
+  first 2,000 training and 200 validation (and test) samples of a weighted
+  blend of three datasets (uint16 and int32 tokens, empty documents) cut by
+  --split; an unweighted blend; one dataset read for many epochs, with and
+  without the last epoch shuffled apart; per-split blends
+  (--train/valid/test-data-path). The sizes are Megatron's:
+  train iters x global batch, (iters // eval interval + 1) x eval iters x
+  global batch, eval iters x global batch;
+- `loom train` on a blend: the losses of 2 data-parallel ranks equal one
+  process's; a run stopped at step 4 and resumed reads the same samples (the
+  same losses, bit for bit); the test split's loss is printed at the end;
+- every malformed input is one line naming the file or flag, exit 2: a
+  truncated .idx, a pointer past the .bin, an unknown dtype code, a blend
+  with a negative weight, a blend naming a missing dataset, a split with no
+  documents, --split on token shards, --data-path mixed with per-split
+  paths, a seed NumPy's generator cannot take.
+"""
+import json
+import os
+import random
+import struct
+import tempfile
+
+import lib
+from lib import LOOM, check
+
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--vocab-size", "512"]
+MEGATRON_CORE = ["--no-deps", "megatron-core==0.16.1", "packaging", "tokenizers==0.15.2"]
+MEGATRON_VENV = os.path.join(lib.BUILD, "test-venv-megatron")
+SAMPLES = lib.tool("megatron_samples")
+REF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyref", "megatron_ref.py")
+
+
+def megatron(tmp, jobs):
+    """Runs megatron_ref.py's jobs under the Megatron virtual environment."""
+    py = lib.venv_python(MEGATRON_VENV, MEGATRON_CORE, "megatron")
+    job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
+    with open(job, "w") as f:
+        json.dump(jobs, f)
+    p = lib.run([py, REF, job, out], timeout=900)
+    if p.returncode != 0:
+        raise SystemExit(f"FAIL: megatron_ref.py exited {p.returncode}: {p.stderr[-2000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def corpus(path, n=300, seed=5):
+    """Documents of varied length and script, a few empty."""
+    rng = random.Random(seed)
+    words = ["the", "model", "trains", "on", "tokens", "données", "数据", "🙂", "def f(x):", "return",
+             "x + 1", "\n", "  ", "Megatron", "loom", "blend", "split", "ünïcödé", "42", "3.14"]
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            k = 0 if i % 37 == 5 else rng.randint(1, 120)
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(k)), "id": i}) + "\n")
+
+
+def loom_samples(split, count, flags):
+    """(size, rows) that megatron_samples prints for `loom train FLAGS`."""
+    p = lib.run([SAMPLES, split, str(count)] + flags, timeout=300)
+    if p.returncode != 0:
+        return None, p.stderr.strip()[-500:]
+    lines = p.stdout.splitlines()
+    return int(lines[0].split()[1]), [list(map(int, ln.split())) for ln in lines[1:]]
+
+
+def megatron_sizes(iters, gbs, eval_iters, eval_interval):
+    """Megatron's training.py: the samples each split is asked for."""
+    return [iters * gbs, (iters // eval_interval + 1) * eval_iters * gbs, eval_iters * gbs]
+
+
+def same_streams(tag, ref, flags, counts):
+    """One check: loom's first counts[k] samples of each split equal Megatron's."""
+    ok, detail, said = True, "", []
+    for k, name in enumerate(["train", "valid", "test"]):
+        if ref[k] is None or not counts[k]:
+            continue
+        size, rows = loom_samples(name, counts[k], flags)
+        if size is None:
+            ok, detail = False, f"{name}: {rows}"
+            break
+        want = ref[k]["rows"][:counts[k]]
+        rows = rows[:len(want)]  # past a stream's end loom starts it again; Megatron's stops
+        first = next((i for i, (a, b) in enumerate(zip(rows, want)) if a != b), None)
+        if size != ref[k]["size"] or len(rows) != len(want) or first is not None:
+            ok = False
+            detail += f"{name}: size {size} vs {ref[k]['size']}, {len(rows)} vs {len(want)} rows, first diff {first}; "
+        said.append(f"{len(rows)} {name} of {size}")
+    return check(f"{tag}: {', '.join(said)} samples equal Megatron-Core's", ok, detail)
+
+
+def last_epoch_apart(prefix, n, T):
+    """Whether GPTDataset shuffles the last epoch apart for n samples of T
+    of the whole dataset: used for less than 80% (gpt_dataset.py's rule)."""
+    with open(prefix + ".idx", "rb") as f:
+        b = f.read()
+    nseq = idx_header(prefix)[3]
+    tpe = sum(struct.unpack(f"<{nseq}i", b[34:34 + 4 * nseq]))
+    epochs = 1
+    while epochs * tpe < n * T + 1:
+        epochs += 1
+    sans = ((epochs - 1) * tpe - 1) // T
+    return epochs > 1 and n - sans < int(0.8 * ((tpe - 1) // T))
+
+
+def idx_header(prefix):
+    with open(prefix + ".idx", "rb") as f:
+        head = f.read(34)
+    return struct.unpack("<9sQBQQ", head)
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        j = lambda *p: os.path.join(tmp, *p)  # noqa: E731
+        corpus(j("docs.jsonl"))
+        corpus(j("held.txt.jsonl"), n=60, seed=9)
+        p = lib.loom("data", "train-tokenizer", "--vocab-size", "400", j("docs.jsonl"), j("tok"))
+        if not check("train-tokenizer (vocabulary 400)", p.returncode == 0, p.stderr[-500:]):
+            return lib.verdict()
+        tok = j("tok", "tokenizer.json")
+
+        # ---- writing: byte for byte Megatron's preprocessing -------------------------
+        p1 = lib.loom("data", "tokenize", "--tokenizer", tok, "--output-format", "megatron", j("docs.jsonl"),
+                      j("out", "eod"), "--append-eod", "--no-progress")
+        p2 = lib.loom("data", "tokenize", "--tokenizer", tok, "--output-format", "megatron", "--input",
+                      j("docs.jsonl"), "--output-prefix", j("out", "plain"), "--json-keys", "text",
+                      "--no-progress")
+        check("tokenize --output-format megatron, with --append-eod and in Megatron's spelling: exit 0",
+              p1.returncode == 0 and p2.returncode == 0, p1.stderr[-300:] + p2.stderr[-300:])
+        print(f"     {p1.stdout.strip()}")
+        ref = megatron(tmp, [
+            {"op": "preprocess", "tokenizer": tok, "input": j("docs.jsonl"), "key": "text",
+             "prefix": j("ref_eod"), "append_eod": True},
+            {"op": "preprocess", "tokenizer": tok, "input": j("docs.jsonl"), "key": "text",
+             "prefix": j("ref_plain"), "append_eod": False},
+            {"op": "read", "prefix": j("out", "eod_text_document")},
+            {"op": "read", "prefix": j("ref_eod")},
+        ])
+        for mine, theirs in [("eod", "ref_eod"), ("plain", "ref_plain")]:
+            same = all(open(j("out", f"{mine}_text_document{e}"), "rb").read() == open(j(f"{theirs}{e}"), "rb").read()
+                       for e in (".bin", ".idx"))
+            magic, version, code, nseq, ndoc = idx_header(j("out", f"{mine}_text_document"))
+            check(f"{mine}: .bin and .idx equal Megatron's byte for byte ({nseq} sequences, {ndoc - 1} documents, "
+                  f"dtype code {code})", same and magic == b"MMIDIDX\0\0" and version == 1 and code == 8)
+        docs = ref[2]
+        check(f"IndexedDataset reads loom's file: {len(docs)} documents ({sum(not d for d in docs)} empty), "
+              f"each the tokenizer's ids and the end of text", docs == ref[3] and len(docs) == 300 and
+              all(d[-1] == docs[0][-1] for d in docs if d))
+
+        # ---- reading: the samples of Megatron's builder --------------------------------
+        jobs = [{"op": "random", "prefix": j("r16"), "docs": 500, "vocab": 400, "seed": 3, "eod": 0, "max_len": 150},
+                {"op": "random", "prefix": j("r32"), "docs": 200, "vocab": 70000, "seed": 4, "eod": 0,
+                 "max_len": 200},
+                {"op": "random", "prefix": j("small"), "docs": 40, "vocab": 400, "seed": 6, "eod": 0,
+                 "max_len": 120}]
+        megatron(tmp, jobs)
+        base = ["--vocab-size", "70000", "--micro-batch-size", "8", "--global-batch-size", "8"]
+        cases = []  # (tag, loom flags, Megatron's job, counts)
+
+        def case(tag, words, split, seed, T, iters, eval_iters, eval_interval, per_split=None, counts=(2000, 200, 200)):
+            flags = base + ["--seed", str(seed), "--seq-length", str(T), "--max-position-embeddings", str(T),
+                            "--train-iters", str(iters), "--eval-iters", str(eval_iters),
+                            "--eval-interval", str(eval_interval)]
+            if per_split:
+                for name, w in zip(["--train-data-path", "--valid-data-path", "--test-data-path"], per_split):
+                    flags += [name] + w if w else []
+            else:
+                flags += ["--data-path"] + words + (["--split", split] if split else [])
+            job = {"op": "samples", "seed": seed, "seq_length": T, "blend": None if per_split else words,
+                   "blend_per_split": per_split, "split": None if per_split else (split or "969,30,1"),
+                   "sizes": megatron_sizes(iters, 8, eval_iters, eval_interval), "count": list(counts),
+                   "cache": j("cache")}
+            cases.append((tag, flags, job, counts))
+
+        eod = j("out", "eod_text_document")
+        case("weighted blend of 3 (uint16, int32, loom's), --split 90,8,2", ["0.3", j("r16"), "0.5", j("r32"), "0.2", eod],
+             "90,8,2", 1234, 64, 250, 25, 100)
+        case("unweighted blend of 2, --split 80,15,5", [j("r16"), eod], "80,15,5", 7, 32, 300, 10, 50)
+        # one small dataset (about 70 samples an epoch at T 32) read for about 20 epochs: 1,400 samples use
+        # little of the last epoch (GPTDataset shuffles it apart), 1,496 most of it (shuffled with the rest)
+        for n, apart in ((1400, True), (1496, False)):
+            check(f"{n} samples of the small dataset: the last epoch {'' if apart else 'not '}apart",
+                  last_epoch_apart(j("small"), n, 32) == apart)
+            case(f"one dataset, many epochs, the last {'' if apart else 'not '}apart", [j("small")], "100,0,0", 99,
+                 32, n // 8, 0, 1000, counts=(n, 0, 0))
+        case("per-split blends", None, None, 42, 48, 200, 20, 100,
+             per_split=[["0.6", j("r16"), "0.4", eod], [j("r32")], ["1", j("r16")]])
+        refs = megatron(tmp, [c[2] for c in cases])
+        for (tag, flags, _, counts), ref in zip(cases, refs):
+            same_streams(tag, ref, flags, counts)
+
+        # ---- training on a blend ----------------------------------------------------
+        plain = j("out", "plain_text_document")
+        data = ["--data-path", "0.7", eod, "0.3", plain, "--split", "90,8,2"]
+        run = MODEL + data + ["--train-iters", "8", "--global-batch-size", "8", "--micro-batch-size", "4",
+                              "--eval-iters", "2", "--eval-interval", "4", "--lr", "3e-3", "--seed", "3",
+                              "--log-interval", "1", "--threads", "1", "--comm-timeout", "60"]
+
+        def losses(tag, ranks, extra):
+            m = j(f"{tag}.jsonl")
+            p = lib.run_ranks(ranks, [LOOM, "train"] + run + ["--metrics", m] + extra, tag=tag)
+            return [r["loss"] for r in lib.metrics_rows(m)], p
+
+        one, p = losses("one", 1, [])
+        check("loom train on a weighted blend cut by --split: 8 steps, validation, the test loss printed",
+              len(one) == 8 and "test loss" in p.stdout and "val loss" in p.stdout, p.stdout[-800:] + p.stderr[-800:])
+        two, _ = losses("dp2", 2, [])
+        worst = max((lib.rel(a, b) for a, b in zip(two, one)), default=1.0)
+        check(f"2 data-parallel ranks: the same {len(two)} losses (worst rel {worst:.1e}, tol 1e-5: the same "
+              f"samples, gradients summed in another order)", len(two) == 8 and worst <= 1e-5, f"{two} vs {one}")
+        half, _ = losses("half", 1, ["--save", j("ck"), "--exit-interval", "4"])
+        rest, _ = losses("rest", 1, ["--load", j("ck")])
+        check("stopped at step 4 and resumed: the same 8 losses, bit for bit", half[:4] + rest == one,
+              f"{half[:4] + rest} vs {one}")
+
+        # ---- bad input: one line, exit 2 -------------------------------------------------
+        def bad_copy(name, patch):
+            for e in (".bin", ".idx"):
+                with open(eod + e, "rb") as f, open(j(name + e), "wb") as g:
+                    g.write(patch(f.read()) if e == ".idx" else f.read())
+            return j(name)
+
+        nseq = idx_header(eod)[3]
+        last_ptr = 34 + 4 * nseq + 8 * (nseq - 1)
+        refusals = [
+            ("a truncated .idx", [bad_copy("short", lambda b: b[:100])], ["short.idx", "truncated"]),
+            ("a pointer past the .bin", [bad_copy("far", lambda b: b[:last_ptr] + struct.pack("<q", 1 << 40) +
+                                                  b[last_ptr + 8:])], ["far.idx", "outside", "far.bin"]),
+            ("an unknown dtype code", [bad_copy("f64", lambda b: b[:17] + bytes([6]) + b[18:])],
+             ["f64.idx", "dtype code 6"]),
+            ("a blend with a negative weight", ["-0.5", eod, "1.5", plain], ["--data-path", "weight", "positive"]),
+            ("a blend naming a missing dataset", ["0.5", eod, "0.5", j("nope")], ["nope", "no Megatron dataset"]),
+        ]
+        for tag, words, needles in refusals:
+            p = lib.loom("train", *MODEL, "--data-path", *words, "--split", "90,8,2", "--train-iters", "1")
+            lib.check_refused(tag, p, needles)
+        lib.synth(j("shards"), 20000)
+        others = [
+            ("a split with no documents", ["--data-path", eod, "--split", "999,1,0"], ["valid", "split"]),
+            ("--split on token shards", ["--data-path", j("shards", "train.bin"), "--split", "9,1,0"],
+             ["--split", "Megatron"]),
+            ("--data-path with per-split paths", ["--data-path", eod, "--valid-data-path", plain], ["does not mix"]),
+            ("a seed over 2^32", ["--data-path", eod, "--seed", "5000000000"], ["--seed", "2^32"]),
+            ("a --split that is not numbers", ["--data-path", eod, "--split", "90;x"], ["--split", "90;x"]),
+        ]
+        for tag, flags, needles in others:
+            lib.check_refused(tag, lib.loom("train", *MODEL, *flags, "--train-iters", "1"), needles)
+    return lib.verdict()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
