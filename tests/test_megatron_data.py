@@ -16,7 +16,9 @@ itself (PyPI `megatron-core`, CPU, tests only; tests/pyref/megatron_ref.py).
   blend of three datasets (uint16 and int32 tokens, empty documents) cut by
   --split; an unweighted blend; one dataset read for many epochs, with and
   without the last epoch shuffled apart; per-split blends
-  (--train/valid/test-data-path). The sizes are Megatron's:
+  (--train/valid/test-data-path); the same samples with --data-cache-path
+  when the indices are written there and when a second open maps them. The
+  sizes are Megatron's:
   train iters x global batch, (iters // eval interval + 1) x eval iters x
   global batch, eval iters x global batch;
 - `loom train` on a blend: the losses of 2 data-parallel ranks equal one
@@ -75,7 +77,9 @@ def loom_samples(split, count, flags):
     if p.returncode != 0:
         return None, p.stderr.strip()[-500:]
     lines = p.stdout.splitlines()
-    return int(lines[0].split()[1]), [list(map(int, ln.split())) for ln in lines[1:]]
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("size "))
+    loom_samples.said = lines[:at]
+    return int(lines[at].split()[1]), [list(map(int, ln.split())) for ln in lines[at + 1:]]
 
 
 def megatron_sizes(iters, gbs, eval_iters, eval_interval):
@@ -202,6 +206,18 @@ def main():
         refs = megatron(tmp, [c[2] for c in cases])
         for (tag, flags, _, counts), ref in zip(cases, refs):
             same_streams(tag, ref, flags, counts)
+        # --data-cache-path: the indices written as .npy, then mapped by the next open (the same samples)
+        tag, flags, _, counts = cases[0]
+        cached = flags + ["--data-cache-path", j("lc")]
+        for attempt, want in (("built into", "indices: 0 of 9 from the cache"),
+                              ("mapped from", "indices: 9 of 9 from the cache")):
+            loom_samples("train", 1, cached)
+            said = " ".join(loom_samples.said)
+            check(f"indices {attempt} --data-cache-path: '{want}'", want in said, said)
+            same_streams(f"  {tag}, indices {attempt} the cache", refs[0], cached, counts)
+        npys = sorted(n for n in os.listdir(j("lc")) if n.endswith(".npy"))
+        check(f"  {len(npys)} .npy files (3 a GPTDataset, 2 a BlendedDataset) and their descriptions",
+              len(npys) == 9 * 3 + 3 * 2 and sum(n.endswith("description.txt") for n in os.listdir(j("lc"))) == 12)
 
         # ---- training on a blend ----------------------------------------------------
         plain = j("out", "plain_text_document")

@@ -336,6 +336,7 @@ struct loom_config {
     char *train_data_paths[LOOM_MAX_DATA_PATHS];
     char *test_data_paths[LOOM_MAX_DATA_PATHS];
     char split[64];
+    char data_cache_path[512]; /* Megatron datasets' index cache: "" none */
     enum loom_data_order data_order;
     /* packed documents (Megatron's): positions and attention restart after
      * each end-of-document token; its loss masked */

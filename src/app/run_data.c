@@ -75,6 +75,7 @@ static int open_megatron(struct loom_run_data *r, const struct loom_config *cfg,
         .T = cfg->seq_length,
         .seed = (uint64_t)cfg->seed,
         .vocab = cfg->vocab_size,
+        .cache = cfg->data_cache_path,
     };
     if (cfg->ndata_paths) {
         o.blend[0] = (const char *const *)cfg->data_paths;
@@ -105,6 +106,21 @@ static int open_megatron(struct loom_run_data *r, const struct loom_config *cfg,
         if ((rc = loom_data_check(&r->train, LOOM_DATA_SHUFFLED, cfg->global_batch_size, cfg->seq_length)))
             return rc;
     }
+    /* one line of what was built: the streams, and where their indices came from */
+    char line[512];
+    int at = snprintf(line, sizeof line, "Megatron datasets:"), mapped = 0, all = 0;
+    for (int k = 0; k < LOOM_NSPLITS; k++) {
+        if (!s[k].n) continue;
+        at += snprintf(line + at, sizeof line - (size_t)at, " %s %lld samples (%d dataset%s);",
+                       loom_split_name(k), (long long)s[k].size, s[k].n, s[k].n == 1 ? "" : "s");
+        for (int d = 0; d < s[k].n; d++) mapped += s[k].ds[d].map[0] != NULL, all++;
+    }
+    if (*cfg->data_cache_path)
+        snprintf(line + at, sizeof line - (size_t)at, " indices: %d of %d from the cache %s", mapped, all,
+                 cfg->data_cache_path);
+    else
+        snprintf(line + at, sizeof line - (size_t)at, " indices built in memory");
+    loom_log_info("%s\n", line);
     /* a stream shorter than the run reads (an unweighted blend is one
      * epoch of each dataset): loom starts it again where Megatron stops */
     const int64_t reads[LOOM_NSPLITS] = {training ? iters * gbs : 0, (int64_t)cfg->eval_iters * gbs,

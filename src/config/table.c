@@ -274,6 +274,9 @@ const struct setting loom_settings[] = {
           "validation token shards, or Megatron's per-split blend for validation"),
     PATHS("--test-data-path", "test_data_path", "data", test_data_paths, ntest_paths,
           "Megatron's per-split blend for the test loss printed after training"),
+    STR("--data-cache-path", "data_cache_path", "data", data_cache_path, "",
+        "where Megatron datasets' indices are kept (.npy, as Megatron's) and mapped by later runs and other "
+        "ranks (default: built in memory)"),
     STR("--split", "split", "data", split, "",
         "train,valid,test weights cutting --data-path's Megatron datasets (default 969,30,1 as Megatron's)"),
     BOOL("--mock-data", "mock_data", "data", mock_data, "0",

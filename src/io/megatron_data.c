@@ -6,13 +6,20 @@
  */
 #include "io/megatron_data.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <xxhash.h>
 
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/mt19937.h"
+#include "io/fs.h"
+#include "io/npy.h"
 
 static const char *const split_names[LOOM_NSPLITS] = {"train", "valid", "test"};
 
@@ -149,6 +156,70 @@ static int parse_split(const char *s, double bounds[LOOM_NSPLITS][2], int presen
     return LOOM_OK;
 }
 
+/* ---- the cache -------------------------------------------------------------------- */
+
+/* Names the cache file DIR/KEY-CLASS-SPLIT-WHAT into path. */
+static void cache_path(char *path, size_t n, const char *dir, const char *key, const char *cls, int split,
+                       const char *what)
+{
+    snprintf(path, n, "%s/%s-%s-%s-%s", dir, key, cls, split_names[split], what);
+}
+
+/* The hash of a description, as 16 hex digits. */
+static void cache_key(char key[17], const char *description)
+{
+    snprintf(key, 17, "%016llx", (unsigned long long)XXH64(description, strlen(description), 0));
+}
+
+/* Maps the n arrays of a cached dataset: all (1) or none (0). */
+static int cache_map(const char *dir, const char *key, const char *cls, int split, int n,
+                     const char *const *what, const char *const *descr, const int64_t (*shape)[2], void **map,
+                     size_t *bytes, const void **data)
+{
+    if (!dir || !*dir) return 0;
+    int got = 0;
+    for (int i = 0; i < n && got == i; i++) {
+        char path[4400];
+        cache_path(path, sizeof path, dir, key, cls, split, what[i]);
+        got += loom_npy_map(path, descr[i], shape[i], &map[i], &bytes[i], &data[i]);
+    }
+    if (got == n) return 1;
+    for (int i = 0; i < got; i++) munmap(map[i], bytes[i]);
+    for (int i = 0; i < n; i++) map[i] = NULL;
+    return 0;
+}
+
+/* Writes a dataset's arrays and its description into the cache (each file
+ * crash-safely: ranks writing the same file at once leave one whole copy). */
+static int cache_write(const char *dir, const char *key, const char *cls, int split, const char *description,
+                       int n, const char *const *what, const char *const *descr, const int64_t (*shape)[2],
+                       const void *const *data, const size_t *bytes)
+{
+    if (!dir || !*dir) return LOOM_OK;
+    char path[4400];
+    cache_path(path, sizeof path, dir, key, cls, split, "description.txt");
+    const void *parts[] = {description};
+    const size_t sizes[] = {strlen(description)};
+    int rc = loom_fs_write_atomic(path, parts, sizes, 1);
+    for (int i = 0; i < n && !rc; i++) {
+        cache_path(path, sizeof path, dir, key, cls, split, what[i]);
+        rc = loom_npy_write(path, descr[i], shape[i], data[i], bytes[i]);
+    }
+    return rc;
+}
+
+/* Unmaps what came from the cache, frees what was built. */
+static void release(void **map, size_t *bytes, void **owned, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (map[i])
+            munmap(map[i], bytes[i]);
+        else
+            loom_free(owned[i]);
+        map[i] = owned[i] = NULL;
+    }
+}
+
 /* ---- GPTDataset ------------------------------------------------------------------- */
 
 static int64_t sample_at(const struct loom_gpt_dataset *g, int64_t row, int col)
@@ -223,7 +294,7 @@ static void shuffle_range(struct loom_gpt_dataset *g, int64_t beg, int64_t end, 
 /* GPTDataset over sequences [beg, end) of ix, holding at least `want`
  * samples (-1: Megatron's None, one epoch). */
 static int gpt_build(struct loom_gpt_dataset *g, const struct loom_indexed *ix, int64_t beg, int64_t end,
-                     int64_t want, int T, uint64_t seed, int split)
+                     int64_t want, int T, uint64_t seed, int split, const char *cache)
 {
     memset(g, 0, sizeof *g);
     g->ix = ix;
@@ -244,16 +315,8 @@ static int gpt_build(struct loom_gpt_dataset *g, const struct loom_indexed *ix, 
         const int64_t from_final = want - sans, per_epoch = (tpe - 1) / T;
         separate = from_final < (int64_t)(0.80 * (double)per_epoch);
     }
-    struct loom_mt19937 rs;
-    loom_mt19937_seed(&rs, (uint32_t)seed);
     const int64_t n = end - beg;
     g->ndocs = epochs * n;
-    g->doc_order = loom_alloc(loom_mul_size((size_t)g->ndocs, 4), LOOM_MEM_OTHER);
-    if (separate) {
-        document_order(g->doc_order, beg, end, epochs - 1, &rs);
-        document_order(g->doc_order + (epochs - 1) * n, beg, end, 1, &rs);
-    } else
-        document_order(g->doc_order, beg, end, epochs, &rs);
     g->nsamples = (epochs * tpe - 1) / T;
     int64_t longest = 0;
     for (int64_t s = 0; s < ix->nseq; s++) {
@@ -261,10 +324,39 @@ static int gpt_build(struct loom_gpt_dataset *g, const struct loom_indexed *ix, 
         longest = l > longest ? l : longest;
     }
     g->samples_wide = (g->ndocs > longest ? g->ndocs : longest) > INT32_MAX;
+    g->shuffle_wide = g->nsamples >= (int64_t)UINT32_MAX - 1;
+    /* the cache: what these indices are built from, and their files */
+    char real[PATH_MAX], description[PATH_MAX + 512];
+    if (!realpath(ix->prefix, real)) snprintf(real, sizeof real, "%s", ix->prefix);
+    snprintf(
+        description, sizeof description,
+        "loom GPTDataset indices, Megatron-Core's rules\nprefix %s\nsequences %lld\nbin bytes %zu\nsplit %s: "
+        "sequences [%lld, %lld)\nsamples asked %lld\nsequence length %d\nseed %llu\n",
+        real, (long long)ix->nseq, ix->bin_bytes, split_names[split], (long long)beg, (long long)end,
+        (long long)want, T, (unsigned long long)seed);
+    cache_key(g->key, description);
+    static const char *const what[3] = {"document_index.npy", "sample_index.npy", "shuffle_index.npy"};
+    const char *descr[3] = {"<i4", g->samples_wide ? "<i8" : "<i4", g->shuffle_wide ? "<i8" : "<u4"};
+    const int64_t shape[3][2] = {{g->ndocs, 0}, {g->nsamples + 1, 2}, {g->nsamples, 0}};
+    const void *data[3];
+    if (cache_map(cache, g->key, "GPTDataset", split, 3, what, descr, shape, g->map, g->map_bytes, data)) {
+        g->doc_order = (int32_t *)data[0]; /* read-only from here on */
+        g->samples = (void *)data[1];
+        g->shuffle = (void *)data[2];
+        return LOOM_OK;
+    }
+    struct loom_mt19937 rs;
+    loom_mt19937_seed(&rs, (uint32_t)seed);
+    g->doc_order = loom_alloc(loom_mul_size((size_t)(g->ndocs ? g->ndocs : 1), 4), LOOM_MEM_OTHER);
+
+    if (separate) {
+        document_order(g->doc_order, beg, end, epochs - 1, &rs);
+        document_order(g->doc_order + (epochs - 1) * n, beg, end, 1, &rs);
+    } else
+        document_order(g->doc_order, beg, end, epochs, &rs);
     g->samples =
         loom_alloc(loom_mul_size((size_t)(g->nsamples + 1), g->samples_wide ? 16 : 8), LOOM_MEM_OTHER);
     sample_index(g, T, tpe);
-    g->shuffle_wide = g->nsamples >= (int64_t)UINT32_MAX - 1;
     g->shuffle = loom_alloc(loom_mul_size((size_t)(g->nsamples ? g->nsamples : 1), g->shuffle_wide ? 8 : 4),
                             LOOM_MEM_OTHER);
     if (separate) {
@@ -272,14 +364,16 @@ static int gpt_build(struct loom_gpt_dataset *g, const struct loom_indexed *ix, 
         shuffle_range(g, sans, g->nsamples, &rs);
     } else
         shuffle_range(g, 0, g->nsamples, &rs);
-    return LOOM_OK;
+    const void *built[3] = {g->doc_order, g->samples, g->shuffle};
+    const size_t bytes[3] = {(size_t)g->ndocs * 4, (size_t)(g->nsamples + 1) * (g->samples_wide ? 16 : 8),
+                             (size_t)g->nsamples * (g->shuffle_wide ? 8 : 4)};
+    return cache_write(cache, g->key, "GPTDataset", split, description, 3, what, descr, shape, built, bytes);
 }
 
 static void gpt_free(struct loom_gpt_dataset *g)
 {
-    loom_free(g->doc_order);
-    loom_free(g->samples);
-    loom_free(g->shuffle);
+    void *owned[3] = {g->doc_order, g->samples, g->shuffle};
+    release(g->map, g->map_bytes, owned, 3);
     memset(g, 0, sizeof *g);
 }
 
@@ -302,9 +396,28 @@ static void gpt_sample(const struct loom_gpt_dataset *g, int64_t i, int T, int32
 /* ---- BlendedDataset ---------------------------------------------------------------- */
 
 /* helpers.cpp's build_blending_indices: the largest deficit first. */
-static int blend_build(struct loom_split_stream *s, const double *w, int64_t size, int split)
+static int blend_build(struct loom_split_stream *s, const double *w, int64_t size, int split,
+                       const char *cache)
 {
     s->size = size;
+    char description[4096], key[17];
+    int at = snprintf(description, sizeof description,
+                      "loom BlendedDataset indices, Megatron-Core's rules\nsplit %s\nsize %lld\n",
+                      split_names[split], (long long)size);
+    for (int d = 0; d < s->n && at < (int)sizeof description - 64; d++)
+        at += snprintf(description + at, sizeof description - (size_t)at, "dataset %s weight %.17g\n",
+                       s->ds[d].key, w[d]);
+    cache_key(key, description);
+    static const char *const what[2] = {"dataset_index.npy", "dataset_sample_index.npy"};
+    static const char *const descr[2] = {"<i2", "<i8"};
+    const int64_t shape[2][2] = {{size, 0}, {size, 0}};
+    const void *data[2];
+    if (cache_map(cache, key, "BlendedDataset", split, 2, what, descr, shape, s->map, s->map_bytes, data)) {
+        s->which = (int16_t *)data[0]; /* read-only from here on */
+        s->which_sample = (int64_t *)data[1];
+        return LOOM_OK;
+    }
+
     s->which = loom_alloc(loom_mul_size((size_t)(size ? size : 1), 2), LOOM_MEM_OTHER);
     s->which_sample = loom_alloc(loom_mul_size((size_t)(size ? size : 1), 8), LOOM_MEM_OTHER);
     int64_t *taken = calloc((size_t)s->n, sizeof *taken);
@@ -331,7 +444,9 @@ static int blend_build(struct loom_split_stream *s, const double *w, int64_t siz
             return rc;
         }
     free(taken);
-    return LOOM_OK;
+    const void *built[2] = {s->which, s->which_sample};
+    const size_t bytes[2] = {(size_t)size * 2, (size_t)size * 8};
+    return cache_write(cache, key, "BlendedDataset", split, description, 2, what, descr, shape, built, bytes);
 }
 
 /* ---- the builder ------------------------------------------------------------------- */
@@ -373,7 +488,7 @@ static int build_stream(struct loom_megatron_data *m, const struct blend *b, con
      * makes --data-path's blend of one (a split's own blend ignores it) */
     if (b->n == 1 && (!b->weight || !o->split)) {
         rc = gpt_build(&s->ds[0], ix[0], bound(ab[0], ix[0]->nseq), bound(ab[1], ix[0]->nseq), size, o->T,
-                       o->seed, split);
+                       o->seed, split, o->cache);
         s->size = s->ds[0].nsamples;
         return rc;
     }
@@ -388,7 +503,7 @@ static int build_stream(struct loom_megatron_data *m, const struct blend *b, con
             w[d] = b->weight[d];
         }
         rc = gpt_build(&s->ds[d], ix[d], bound(ab[0], ix[d]->nseq), bound(ab[1], ix[d]->nseq), want, o->T,
-                       o->seed, split);
+                       o->seed, split, o->cache);
         if (!b->weight) {
             w[d] = (double)s->ds[d].nsamples;
             total += s->ds[d].nsamples;
@@ -397,7 +512,7 @@ static int build_stream(struct loom_megatron_data *m, const struct blend *b, con
     if (!rc) {
         if (!b->weight && size < total) total = size;
         normalize(w, b->n);
-        rc = blend_build(s, w, total, split);
+        rc = blend_build(s, w, total, split, o->cache);
     }
     loom_free(w);
     return rc;
@@ -417,6 +532,7 @@ int loom_megatron_open(struct loom_megatron_data *m, const struct loom_megatron_
     for (int k = 0; k < LOOM_NSPLITS; k++) total += o->nblend[k];
     m->ix = calloc((size_t)(total ? total : 1), sizeof *m->ix);
     int rc = LOOM_OK;
+    if (o->cache && *o->cache && (rc = loom_fs_mkdir_p(o->cache))) return rc;
     double bounds[LOOM_NSPLITS][2];
     int present[LOOM_NSPLITS];
     if (o->split && (rc = parse_split(o->split, bounds, present))) return rc;
@@ -445,8 +561,8 @@ void loom_megatron_close(struct loom_megatron_data *m)
         struct loom_split_stream *s = &m->split[k];
         for (int d = 0; d < s->n; d++) gpt_free(&s->ds[d]);
         free(s->ds);
-        loom_free(s->which);
-        loom_free(s->which_sample);
+        void *owned[2] = {s->which, s->which_sample};
+        release(s->map, s->map_bytes, owned, 2);
     }
     for (int i = 0; i < m->nix; i++) loom_indexed_close(&m->ix[i]);
     free(m->ix);

@@ -27,8 +27,13 @@
  *   Blended      sample i comes from the dataset with the largest deficit
  *                w_d max(i, 1) - taken_d (the first on ties).
  *
- * Everything is built in memory at open, the same on every rank (no
- * communication), from the files and the numbers alone.
+ * Everything is built at open, the same on every rank (no
+ * communication), from the files and the numbers alone. With a cache
+ * directory (--data-cache-path, as Megatron's) each dataset's indices are
+ * kept there as .npy files named by a hash of what they are built from
+ * (HASH-GPTDataset-train-document_index.npy, ..., and a description.txt),
+ * and a later open, on any rank, maps them instead of building them: the
+ * ranks of a node share one copy through the page cache.
  *
  * Not here: the file format (indexed.h), which step reads which sample
  * (sampler.h: sample = step x global batch + row).
@@ -52,6 +57,9 @@ struct loom_gpt_dataset {
     void *shuffle;    /* (nsamples): uint32 or int64 */
     int shuffle_wide;
     int64_t nsamples;
+    char key[17]; /* the hash naming its cache files */
+    void *map[3]; /* the cache files mapped (read-only; the arrays above point into them), or NULL */
+    size_t map_bytes[3];
 };
 
 /* A split's stream: one GPTDataset, or a BlendedDataset of several. */
@@ -61,6 +69,8 @@ struct loom_split_stream {
     int16_t *which;              /* (size) the dataset of sample i; NULL when n == 1 unblended */
     int64_t *which_sample;       /* (size) its sample there */
     int64_t size;                /* samples in the stream */
+    void *map[2];                /* which, which_sample from the cache (read-only), or NULL */
+    size_t map_bytes[2];
 };
 
 struct loom_megatron_data {
@@ -79,6 +89,7 @@ struct loom_megatron_opts {
     int T;                       /* sequence length */
     uint64_t seed;               /* < 2^32 (NumPy's RandomState) */
     int vocab;                   /* every token below it */
+    const char *cache;           /* --data-cache-path: NULL or "" none */
 };
 
 /* Opens and indexes the data: LOOM_ERR_INPUT naming the flag, the file or
