@@ -24,6 +24,11 @@ itself (PyPI `megatron-core`, CPU, tests only; tests/pyref/megatron_ref.py).
 - `loom train` on a blend: the losses of 2 data-parallel ranks equal one
   process's; a run stopped at step 4 and resumed reads the same samples (the
   same losses, bit for bit); the test split's loss is printed at the end;
+- Megatron's tokenizer flags: --tokenizer-type GPT2BPETokenizer with
+  --vocab-file/--merge-file of any names, and HuggingFaceTokenizer with
+  --tokenizer-model, tokenize to the same bytes (and the first is saved in
+  a checkpoint as tokenizer.json); SentencePiece's names are refused in one
+  line (not read yet);
 - every malformed input is one line naming the file or flag, exit 2: a
   truncated .idx, a pointer past the .bin, an unknown dtype code, a blend
   with a negative weight, a blend naming a missing dataset, a split with no
@@ -160,6 +165,28 @@ def main():
             magic, version, code, nseq, ndoc = idx_header(j("out", f"{mine}_text_document"))
             check(f"{mine}: .bin and .idx equal Megatron's byte for byte ({nseq} sequences, {ndoc - 1} documents, "
                   f"dtype code {code})", same and magic == b"MMIDIDX\0\0" and version == 1 and code == 8)
+        # Megatron's tokenizer flags: GPT-2's two files by their own names, and a Hugging Face tokenizer.json
+        with open(tok) as f:
+            model = json.load(f)["model"]
+        with open(j("gpt2-vocab.json"), "w") as f:
+            json.dump(model["vocab"], f)
+        with open(j("gpt2-merges.txt"), "w") as f:
+            f.write("#version: 0.2\n" + "\n".join(m if isinstance(m, str) else " ".join(m) for m in model["merges"]) + "\n")
+        for tag, flags in [("GPT2BPETokenizer", ["--vocab-file", j("gpt2-vocab.json"), "--merge-file",
+                                                 j("gpt2-merges.txt")]),
+                           ("HuggingFaceTokenizer", ["--tokenizer-model", j("tok")])]:
+            p = lib.loom("data", "tokenize", "--tokenizer-type", tag, *flags, "--output-format", "megatron", "--input",
+                         j("docs.jsonl"), "--output-prefix", j("out", tag), "--append-eod", "--workers", "2",
+                         "--no-progress")
+            same = p.returncode == 0 and all(
+                open(j("out", f"{tag}_text_document{e}"), "rb").read() == open(j(f"ref_eod{e}"), "rb").read()
+                for e in (".bin", ".idx"))
+            check(f"--tokenizer-type {tag} (Megatron's flags, --workers 2): the same bytes as Megatron's", same,
+                  p.stderr[-400:])
+        p = lib.loom("data", "tokenize", "--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", j("x.model"),
+                     "--output-format", "megatron", j("docs.jsonl"), j("out", "x"))
+        lib.check_refused("--tokenizer-type Llama2Tokenizer (SentencePiece: not read yet)", p, ["SentencePiece"])
+
         docs = ref[2]
         check(f"IndexedDataset reads loom's file: {len(docs)} documents ({sum(not d for d in docs)} empty), "
               f"each the tokenizer's ids and the end of text", docs == ref[3] and len(docs) == 300 and
@@ -238,7 +265,11 @@ def main():
         worst = max((lib.rel(a, b) for a, b in zip(two, one)), default=1.0)
         check(f"2 data-parallel ranks: the same {len(two)} losses (worst rel {worst:.1e}, tol 1e-5: the same "
               f"samples, gradients summed in another order)", len(two) == 8 and worst <= 1e-5, f"{two} vs {one}")
-        half, _ = losses("half", 1, ["--save", j("ck"), "--exit-interval", "4"])
+        half, _ = losses("half", 1, ["--save", j("ck"), "--exit-interval", "4", "--tokenizer-type", "GPT2BPETokenizer",
+                                     "--vocab-file", j("gpt2-vocab.json"), "--merge-file", j("gpt2-merges.txt")])
+        saved = [os.path.join(r, "tokenizer.json") for r, _, names in os.walk(j("ck")) if "tokenizer.json" in names]
+        check("loom train --tokenizer-type GPT2BPETokenizer --vocab-file --merge-file: the checkpoint holds it as "
+              "tokenizer.json", len(saved) == 1, str(saved))
         rest, _ = losses("rest", 1, ["--load", j("ck")])
         check("stopped at step 4 and resumed: the same 8 losses, bit for bit", half[:4] + rest == one,
               f"{half[:4] + rest} vs {one}")

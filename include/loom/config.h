@@ -345,6 +345,10 @@ struct loom_config {
     char data_cache[512];
     int mock_data;       /* the built-in corpus, asked for (loom eval's; loom train's without --data-path) */
     char tokenizer[512]; /* --tokenizer: "" none */
+    /* Megatron's names for it: --tokenizer-type with --vocab-file and
+     * --merge-file (GPT2BPETokenizer) or --tokenizer-model
+     * (HuggingFaceTokenizer); resolved into tokenizer (+ merge_file) */
+    char tokenizer_type[64], vocab_file[512], merge_file[512], tokenizer_model[512];
     /* logging and evaluation */
     int log_interval, eval_interval, eval_iters;
     char metrics[512];

@@ -78,7 +78,7 @@ static int find_tokenizer(const struct loom_config *cfg, struct loom_bpe **t)
         if (rc) return rc;
     }
     if (!*path) return LOOM_OK;
-    int rc = loom_bpe_load(path, t);
+    int rc = loom_bpe_load_pair(path, *cfg->tokenizer ? cfg->merge_file : NULL, t);
     if (rc == LOOM_OK && loom_bpe_vocab_size(*t) > cfg->vocab_size) {
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "tokenizer %s has %d token ids, more than the model's vocabulary of %d", path,

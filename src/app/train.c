@@ -267,7 +267,7 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
 static int check_tokenizer(const struct loom_config *cfg)
 {
     struct loom_bpe *t;
-    int rc = loom_bpe_load(cfg->tokenizer, &t);
+    int rc = loom_bpe_load_pair(cfg->tokenizer, cfg->merge_file, &t);
     if (rc) {
         char why[600];
         snprintf(why, sizeof why, "%s", loom_error_message());

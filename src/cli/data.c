@@ -26,6 +26,9 @@ static const char usage_text[] =
     "                          [--json-keys K]   (Megatron's preprocess_data.py: "
     "OUTPUT_PREFIX_K_document.bin/.idx;\n"
     "                          --input IN and --output-prefix P as there)\n"
+    "       (for --tokenizer TOK, Megatron's --tokenizer-type GPT2BPETokenizer --vocab-file V --merge-file "
+    "M,\n"
+    "        or --tokenizer-type HuggingFaceTokenizer --tokenizer-model TOK; --workers N sets the threads)\n"
     "       loom data tokenize IN.txt OUTDIR [--val-fraction X]      (byte-level, no tokenizer)\n"
     "       loom data train-tokenizer --vocab-size N IN... OUTDIR [--pattern gpt2|llama3]\n"
     "                          [--special-tokens A,B,...] [--min-frequency N] [--text-key K] "
@@ -61,6 +64,7 @@ static int parse_fraction(const char *v, double *out)
 /* The flags of tokenize and train-tokenizer; the rest are inputs then OUTDIR. */
 struct data_args {
     const char *tokenizer, *pattern, *specials, *format, *output_prefix;
+    const char *tokenizer_type, *vocab_file, *merge_file, *tokenizer_model; /* Megatron's names */
     long long vocab_size, min_frequency;
     struct loom_prepare_opts o;
     const char *pos[MAX_INPUTS + 1];
@@ -113,7 +117,18 @@ static int parse(const char *cmd, int argc, char **argv, struct data_args *a)
             a->pos[a->npos++] = v;
         } else if (strcmp(f, "--output-prefix") == 0 && !train)
             a->output_prefix = v;
-        else if (strcmp(f, "--val-fraction") == 0 && !train)
+        else if (strcmp(f, "--tokenizer-type") == 0 && !train)
+            a->tokenizer_type = v;
+        else if (strcmp(f, "--vocab-file") == 0 && !train)
+            a->vocab_file = v;
+        else if (strcmp(f, "--merge-file") == 0 && !train)
+            a->merge_file = v;
+        else if (strcmp(f, "--tokenizer-model") == 0 && !train)
+            a->tokenizer_model = v;
+        else if (strcmp(f, "--workers") == 0 && !train) {
+            if (!(rc = parse_i64(f, v, 1, 4096, &x)))
+                a->o.threads = (int)x; /* Megatron's processes: threads */
+        } else if (strcmp(f, "--val-fraction") == 0 && !train)
             rc = parse_fraction(v, &a->o.val_fraction);
         else if (strcmp(f, "--tokenizer") == 0 && !train)
             a->tokenizer = v;
@@ -132,6 +147,32 @@ static int parse(const char *cmd, int argc, char **argv, struct data_args *a)
                                   cmd);
         if (rc) return rc;
     }
+    if (a->tokenizer_type) { /* Megatron's tokenizer flags onto --tokenizer */
+        const int gpt2 = strcmp(a->tokenizer_type, "GPT2BPETokenizer") == 0,
+                  hf = strcmp(a->tokenizer_type, "HuggingFaceTokenizer") == 0;
+        if (!gpt2 && !hf)
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "--tokenizer-type %s: expected GPT2BPETokenizer (--vocab-file, --merge-file) or "
+                "HuggingFaceTokenizer (--tokenizer-model)%s",
+                a->tokenizer_type,
+                strstr(a->tokenizer_type, "SentencePiece") || strstr(a->tokenizer_type, "Llama2")
+                    ? "; SentencePiece tokenizer.model files are not read yet"
+                    : "");
+        if (a->tokenizer)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "--tokenizer and --tokenizer-type name the tokenizer twice");
+        if (gpt2 && (!a->vocab_file || !a->merge_file))
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file");
+        if (hf && !a->tokenizer_model)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model");
+        a->tokenizer = gpt2 ? a->vocab_file : a->tokenizer_model;
+        a->o.merge_file = gpt2 ? a->merge_file : NULL;
+    } else if (a->vocab_file || a->merge_file || a->tokenizer_model)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--vocab-file, --merge-file and --tokenizer-model need --tokenizer-type");
     if (a->output_prefix) { /* Megatron's spelling: the output is the last of the positions */
         if (a->npos > MAX_INPUTS) return loom_error_set(LOOM_ERR_INPUT, "more than %d inputs", MAX_INPUTS);
         a->pos[a->npos++] = a->output_prefix;

@@ -270,6 +270,49 @@ static int resolve_trace(struct loom_config *cfg)
     return LOOM_OK;
 }
 
+/* Megatron's tokenizer flags onto --tokenizer (and the merges file). */
+static int resolve_tokenizer(struct loom_config *cfg)
+{
+    const char *type = cfg->tokenizer_type;
+    const int gpt2 = strcmp(type, "GPT2BPETokenizer") == 0, hf = strcmp(type, "HuggingFaceTokenizer") == 0;
+    if (!*type) {
+        if (*cfg->vocab_file || *cfg->merge_file || *cfg->tokenizer_model)
+            return loom_error_set(LOOM_ERR_INPUT, "%s needs %s (GPT2BPETokenizer or HuggingFaceTokenizer)",
+                                  *cfg->tokenizer_model ? NAME(tokenizer_model)
+                                  : *cfg->vocab_file    ? NAME(vocab_file)
+                                                        : NAME(merge_file),
+                                  NAME(tokenizer_type));
+        return LOOM_OK;
+    }
+    if (strcmp(type, "NullTokenizer") == 0) return LOOM_OK; /* ids as they are: no tokenizer */
+    if (strcmp(type, "Llama2Tokenizer") == 0 || strcmp(type, "SentencePieceTokenizer") == 0 ||
+        strcmp(type, "GPTSentencePieceTokenizer") == 0)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s %s: SentencePiece tokenizer.model files are not read yet (byte-level BPE is: "
+            "GPT2BPETokenizer, or HuggingFaceTokenizer with a byte-level tokenizer.json)",
+            NAME(tokenizer_type), type);
+    if (!gpt2 && !hf)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s %s: expected GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer (of "
+                              "Megatron's names, those loom reads)",
+                              NAME(tokenizer_type), type);
+    if (*cfg->tokenizer)
+        return loom_error_set(LOOM_ERR_INPUT, "%s and %s name the tokenizer twice: give one", NAME(tokenizer),
+                              NAME(tokenizer_type));
+    if (gpt2 && (!*cfg->vocab_file || !*cfg->merge_file))
+        return loom_error_set(LOOM_ERR_INPUT, "%s GPT2BPETokenizer needs %s and %s", NAME(tokenizer_type),
+                              NAME(vocab_file), NAME(merge_file));
+    if (hf && !*cfg->tokenizer_model)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s HuggingFaceTokenizer needs %s (a tokenizer.json or a directory "
+                              "holding one; models are not downloaded)",
+                              NAME(tokenizer_type), NAME(tokenizer_model));
+    snprintf(cfg->tokenizer, sizeof cfg->tokenizer, "%s", gpt2 ? cfg->vocab_file : cfg->tokenizer_model);
+    if (!gpt2) cfg->merge_file[0] = 0;
+    return LOOM_OK;
+}
+
 int loom_config_resolve(struct loom_config *cfg, int dp)
 {
     struct loom_config_record *r = &cfg->rec;
@@ -280,6 +323,7 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
     int rc;
     if ((rc = resolve_precision(cfg))) return rc;
     if ((rc = resolve_attention(cfg))) return rc;
+    if ((rc = resolve_tokenizer(cfg))) return rc;
     if (cfg->optimizer == LOOM_OPTIMIZER_ADAM && !cfg->adam_w_mode && cfg->weight_decay > 0)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s false asks for Adam with L2-coupled weight decay, which loom does not "

@@ -285,6 +285,13 @@ const struct setting loom_settings[] = {
     STR("--tokenizer", "tokenizer", "data", tokenizer, "",
         "tokenizer.json, or a directory with it or GPT-2's vocab.json + merges.txt: its ids must fit the "
         "model's vocabulary; saved in every checkpoint; loom sample encodes the prompt and decodes with it"),
+    STR("--tokenizer-type", "tokenizer_type", "data", tokenizer_type, "",
+        "Megatron's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model "
+        "a tokenizer.json or a directory), NullTokenizer (none: ids as they are)"),
+    STR("--vocab-file", "vocab_file", "data", vocab_file, "", "GPT2BPETokenizer's vocab.json"),
+    STR("--merge-file", "merge_file", "data", merge_file, "", "GPT2BPETokenizer's merges.txt"),
+    STR("--tokenizer-model", "tokenizer_model", "data", tokenizer_model, "",
+        "HuggingFaceTokenizer's tokenizer.json or directory"),
     ENUM("--data-order", "data_order", "data", data_order, data_orders, "shuffled",
          "shuffled (from seed and step) or sequential (llm.c order)"),
     STR("--data-cache", "data_cache", "data", data_cache, "",

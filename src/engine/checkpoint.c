@@ -329,7 +329,8 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
         loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(&mine, 1, LOOM_DTYPE_U64),
                                            loom_buf_of(sizes, (size_t)p->topo->world, LOOM_DTYPE_U64)));
     /* the tokenizer travels with the weights (loom sample and loom convert read it there) */
-    if (rc == LOOM_OK && root && *cfg->tokenizer) rc = loom_bpe_export(cfg->tokenizer, tmp);
+    if (rc == LOOM_OK && root && *cfg->tokenizer)
+        rc = loom_bpe_export_pair(cfg->tokenizer, cfg->merge_file, tmp);
     if (rc == LOOM_OK && root) {
         char *text = NULL;
         rc = state_text(p, tmp, iteration, sizes, &text);

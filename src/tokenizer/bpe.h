@@ -40,6 +40,10 @@ void loom_ids_free(struct loom_ids *v);
  * holding GPT-2's `vocab.json` and `merges.txt`. LOOM_ERR_INPUT names the
  * file and what is wrong with it (or unsupported). */
 int loom_bpe_load(const char *path, struct loom_bpe **out);
+/* The same with MERGES naming GPT-2's merges file (Megatron's --merge-file)
+ * when PATH is its vocabulary file (--vocab-file); MERGES NULL or "" is
+ * loom_bpe_load. */
+int loom_bpe_load_pair(const char *path, const char *merges, struct loom_bpe **out);
 /* Writes DIR/tokenizer.json (created crash-safely; DIR must exist), which
  * `tokenizers` loads: the same vocabulary, merges, added tokens and
  * pre-tokenization. */
@@ -48,6 +52,8 @@ void loom_bpe_free(struct loom_bpe *t);
 /* DIR/tokenizer.json from the tokenizer at SRC (as loom_bpe_load names it):
  * the file's own bytes, or GPT-2's vocab.json + merges.txt converted. */
 int loom_bpe_export(const char *src, const char *dir);
+/* The same for loom_bpe_load_pair's names. */
+int loom_bpe_export_pair(const char *src, const char *merges, const char *dir);
 /* The bytes token id decodes to (before UTF-8 repair), and their count in
  * *len; NULL for an id outside the vocabulary. */
 const char *loom_bpe_token_bytes(const struct loom_bpe *t, int32_t id, size_t *len);

@@ -311,11 +311,8 @@ done:
 }
 
 /* GPT-2's files: vocab.json {"token": id} and merges.txt ("#version" line, then "a b" per line). */
-static int load_gpt2_files(const char *dir, struct loom_bpe **out)
+static int load_gpt2_files(const char *vpath, const char *mpath, struct loom_bpe **out)
 {
-    char vpath[4096], mpath[4096];
-    snprintf(vpath, sizeof vpath, "%s/vocab.json", dir);
-    snprintf(mpath, sizeof mpath, "%s/merges.txt", dir);
     char *text, *mtext;
     size_t len, mlen;
     int rc = loom_fs_read_small(vpath, MAX_FILE, &text, &len);
@@ -411,9 +408,27 @@ static int load(const char *path, struct loom_bpe **out)
      * readers refuse what is not a regular file */
     if (access(file, F_OK) == 0) return load_tokenizer_json(file, out);
     snprintf(file, sizeof file, "%s/vocab.json", path);
-    if (access(file, F_OK) == 0) return load_gpt2_files(path, out);
+    char merges[4096];
+    snprintf(merges, sizeof merges, "%s/merges.txt", path);
+    if (access(file, F_OK) == 0) return load_gpt2_files(file, merges, out);
     return loom_error_set(LOOM_ERR_INPUT,
                           "%s holds neither tokenizer.json nor GPT-2's vocab.json and merges.txt", path);
+}
+
+int loom_bpe_load_pair(const char *path, const char *merges, struct loom_bpe **out)
+{
+    return merges && *merges ? one_line(load_gpt2_files(path, merges, out)) : loom_bpe_load(path, out);
+}
+
+int loom_bpe_export_pair(const char *src, const char *merges, const char *dir)
+{
+    if (!merges || !*merges) return loom_bpe_export(src, dir);
+    struct loom_bpe *t;
+    int rc = loom_bpe_load_pair(src, merges, &t);
+    if (rc) return rc;
+    rc = loom_bpe_save(t, dir);
+    loom_bpe_free(t);
+    return rc;
 }
 
 int loom_bpe_export(const char *src, const char *dir)

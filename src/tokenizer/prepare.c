@@ -295,6 +295,9 @@ static int tokenize_into(struct loom_bpe *t, const char *const *in, int n_in,
                          double *done)
 {
     const int32_t eot = loom_bpe_eot(t);
+#ifdef _OPENMP
+    if (o->threads > 0) omp_set_num_threads(o->threads);
+#endif
     const int nt = threads();
     struct loom_bpe_state **states = calloc((size_t)nt, sizeof *states);
     struct loom_ids *out = calloc(BATCH_DOCS, sizeof *out);
@@ -350,7 +353,7 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
                           const struct loom_prepare_opts *o)
 {
     struct loom_bpe *t;
-    int rc = loom_bpe_load(tokenizer, &t);
+    int rc = loom_bpe_load_pair(tokenizer, o->merge_file, &t);
     if (rc) return rc;
     const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
     if (eot < 0) {
@@ -413,7 +416,7 @@ int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in,
                                    const struct loom_prepare_opts *o)
 {
     struct loom_bpe *t;
-    int rc = loom_bpe_load(tokenizer, &t);
+    int rc = loom_bpe_load_pair(tokenizer, o->merge_file, &t);
     if (rc) return rc;
     const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
     if (eot < 0 && o->append_eod) {

@@ -18,13 +18,15 @@
 #include <stdint.h>
 
 struct loom_prepare_opts {
-    const char *text_key; /* .jsonl: the document's field (default "text") */
-    int blank_line_docs;  /* .txt: a document per blank-line-separated block, not per file */
-    int64_t shard_size;   /* tokens per shard (default 100,000,000, llm.c's) */
-    double val_fraction;  /* that share of the documents goes to val_*.bin (every 1/f-th one) */
-    int progress;         /* a progress line on stderr */
-    int megatron;         /* write Megatron's indexed dataset, not shards */
-    int append_eod;       /* megatron: the end-of-text token after each non-empty document */
+    const char *text_key;   /* .jsonl: the document's field (default "text") */
+    int blank_line_docs;    /* .txt: a document per blank-line-separated block, not per file */
+    int64_t shard_size;     /* tokens per shard (default 100,000,000, llm.c's) */
+    double val_fraction;    /* that share of the documents goes to val_*.bin (every 1/f-th one) */
+    int progress;           /* a progress line on stderr */
+    int megatron;           /* write Megatron's indexed dataset, not shards */
+    int append_eod;         /* megatron: the end-of-text token after each non-empty document */
+    int threads;            /* 0: OpenMP's default (Megatron's --workers) */
+    const char *merge_file; /* GPT-2's merges.txt when the tokenizer is its vocab.json (or NULL) */
 };
 
 /* `loom data tokenize --tokenizer TOK IN... OUT_DIR`: writes
