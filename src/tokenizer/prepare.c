@@ -349,21 +349,36 @@ static int tokenize_into(struct loom_bpe *t, const char *const *in, int n_in,
     return rc;
 }
 
+/* The tokenizer, with an end-of-text token when `need` names what it is
+ * for (NULL: not needed). */
+static int load_tokenizer(const char *tokenizer, const struct loom_prepare_opts *o, const char *need,
+                          struct loom_bpe **t)
+{
+    int rc = loom_bpe_load_pair(tokenizer, o->merge_file, t);
+    if (rc || !need || loom_bpe_eot(*t) >= 0) return rc;
+    loom_bpe_free(*t);
+    return loom_error_set(LOOM_ERR_INPUT,
+                          "%s: no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or <eos>) %s",
+                          tokenizer, need);
+}
+
+/* LOOM_ERR_INPUT when the inputs held no document. */
+static int some_documents(int64_t n_docs, int n_in)
+{
+    return n_docs
+               ? LOOM_OK
+               : loom_error_set(LOOM_ERR_INPUT,
+                                "loom data tokenize: no document in the input%s (empty, or only blank lines)",
+                                n_in == 1 ? "" : "s");
+}
+
 int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in, const char *outdir,
                           const struct loom_prepare_opts *o)
 {
     struct loom_bpe *t;
-    int rc = loom_bpe_load_pair(tokenizer, o->merge_file, &t);
+    int rc = load_tokenizer(tokenizer, o, "to put between documents", &t);
     if (rc) return rc;
     const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
-    if (eot < 0) {
-        loom_bpe_free(t);
-        return loom_error_set(
-            LOOM_ERR_INPUT,
-            "%s: no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or <eos>) to put "
-            "between documents",
-            tokenizer);
-    }
     double total;
     const int made_dir = !loom_fs_is_dir(outdir);
     if ((rc = total_bytes(in, n_in, &total)) || (rc = loom_fs_mkdir_p(outdir)) ||
@@ -387,10 +402,7 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
     double done = 0;
     int64_t n_docs = 0;
     rc = tokenize_into(t, in, n_in, o, &k, &n_docs, total, &done);
-    if (!rc && n_docs == 0)
-        rc = loom_error_set(LOOM_ERR_INPUT,
-                            "loom data tokenize: no document in the input%s (empty, or only blank lines)",
-                            n_in == 1 ? "" : "s");
+    if (!rc) rc = some_documents(n_docs, n_in);
     if (!rc) rc = shard_flush(&k.train);
     if (!rc) rc = shard_flush(&k.val);
     if (rc) { /* nothing half-made left: this run's shards, and OUTDIR when it made it */
@@ -416,16 +428,9 @@ int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in,
                                    const struct loom_prepare_opts *o)
 {
     struct loom_bpe *t;
-    int rc = loom_bpe_load_pair(tokenizer, o->merge_file, &t);
+    int rc = load_tokenizer(tokenizer, o, o->append_eod ? "for --append-eod" : NULL, &t);
     if (rc) return rc;
-    const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
-    if (eot < 0 && o->append_eod) {
-        loom_bpe_free(t);
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s: no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or <eos>) for "
-                              "--append-eod",
-                              tokenizer);
-    }
+    const int32_t vocab = loom_bpe_vocab_size(t);
     char path[4200], dir[4200];
     snprintf(path, sizeof path, "%s_%s_document", prefix, o->text_key);
     loom_fs_dirname(path, dir, sizeof dir);
@@ -441,10 +446,7 @@ int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in,
     double done = 0;
     int64_t n_docs = 0;
     rc = tokenize_into(t, in, n_in, o, &k, &n_docs, total, &done);
-    if (!rc && n_docs == 0)
-        rc = loom_error_set(LOOM_ERR_INPUT,
-                            "loom data tokenize: no document in the input%s (empty, or only blank lines)",
-                            n_in == 1 ? "" : "s");
+    if (!rc) rc = some_documents(n_docs, n_in);
     if (!rc)
         rc = loom_indexed_writer_finish(&w);
     else
