@@ -33,13 +33,17 @@ itself (PyPI `megatron-core`, CPU, tests only; tests/pyref/megatron_ref.py).
   truncated .idx, a pointer past the .bin, an unknown dtype code, a blend
   with a negative weight, a blend naming a missing dataset, a split with no
   documents, --split on token shards, --data-path mixed with per-split
-  paths, a seed NumPy's generator cannot take.
+  paths, a seed NumPy's generator cannot take, and Megatron's tokenizer
+  flags given wrongly; a dataset truncated or rewritten under the run is
+  one line naming it, exit 1.
 """
 import json
 import os
 import random
 import struct
+import subprocess
 import tempfile
+import time
 
 import lib
 from lib import LOOM, check
@@ -186,6 +190,24 @@ def main():
         p = lib.loom("data", "tokenize", "--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", j("x.model"),
                      "--output-format", "megatron", j("docs.jsonl"), j("out", "x"))
         lib.check_refused("--tokenizer-type Llama2Tokenizer (SentencePiece: not read yet)", p, ["SentencePiece"])
+        tokenize_refusals = [
+            ("GPT2BPETokenizer without --merge-file", ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+                                                       j("gpt2-vocab.json")], ["--merge-file"]),
+            ("HuggingFaceTokenizer without --tokenizer-model", ["--tokenizer-type", "HuggingFaceTokenizer"],
+             ["--tokenizer-model"]),
+            ("--tokenizer and --tokenizer-type both", ["--tokenizer", tok, "--tokenizer-type",
+                                                       "HuggingFaceTokenizer", "--tokenizer-model", tok], ["twice"]),
+            ("--vocab-file without --tokenizer-type", ["--tokenizer", tok, "--vocab-file", j("gpt2-vocab.json")],
+             ["--tokenizer-type"]),
+            ("an unknown --output-format", ["--tokenizer", tok, "--output-format", "arrow"], ["--output-format"]),
+            ("--append-eod without --output-format megatron", ["--tokenizer", tok, "--append-eod"],
+             ["--append-eod", "megatron"]),
+            ("--val-fraction with --output-format megatron", ["--tokenizer", tok, "--output-format", "megatron",
+                                                              "--val-fraction", "0.1"], ["val-fraction"]),
+        ]
+        for tag, flags, needles in tokenize_refusals:
+            p = lib.loom("data", "tokenize", *flags, j("docs.jsonl"), j("out", "refused"))
+            lib.check_refused(f"loom data tokenize: {tag}", p, needles)
 
         docs = ref[2]
         check(f"IndexedDataset reads loom's file: {len(docs)} documents ({sum(not d for d in docs)} empty), "
@@ -303,9 +325,56 @@ def main():
             ("--data-path with per-split paths", ["--data-path", eod, "--valid-data-path", plain], ["does not mix"]),
             ("a seed over 2^32", ["--data-path", eod, "--seed", "5000000000"], ["--seed", "2^32"]),
             ("a --split that is not numbers", ["--data-path", eod, "--split", "90;x"], ["--split", "90;x"]),
+            ("a --split giving training no share", ["--data-path", eod, "--split", "0,1,0"], ["--split", "no share"]),
+            ("--split with per-split paths", ["--train-data-path", eod, "--split", "9,1,0"], ["--split", "per-split"]),
+            ("per-split paths without a training one", ["--valid-data-path", eod], ["--train-data-path"]),
+            ("a blend whose weights are not all numbers", ["--data-path", "0.5", eod, plain, eod],
+             ["--data-path", "not numbers"]),
+            ("--test-data-path on token shards", ["--data-path", j("shards", "train.bin"), "--test-data-path",
+                                                  j("shards", "val.bin")], ["--test-data-path", "Megatron"]),
+            ("--train-data-path beside --data-path on token shards",
+             ["--data-path", j("shards", "train.bin"), "--train-data-path", j("shards", "train.bin")],
+             ["--train-data-path", "one of them"]),
+            ("--tokenizer-type Llama2Tokenizer", ["--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", tok],
+             ["--tokenizer-type", "SentencePiece"]),
+            ("an unknown --tokenizer-type", ["--tokenizer-type", "BertWordPieceLowerCase"],
+             ["BertWordPieceLowerCase", "GPT2BPETokenizer"]),
+            ("GPT2BPETokenizer without --merge-file", ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+                                                       j("gpt2-vocab.json")], ["--merge-file"]),
+            ("HuggingFaceTokenizer without --tokenizer-model", ["--tokenizer-type", "HuggingFaceTokenizer"],
+             ["--tokenizer-model"]),
+            ("--vocab-file without --tokenizer-type", ["--vocab-file", j("gpt2-vocab.json")], ["--tokenizer-type"]),
+            ("--tokenizer and --tokenizer-type both", ["--tokenizer", tok, "--tokenizer-type", "HuggingFaceTokenizer",
+                                                       "--tokenizer-model", tok], ["twice"]),
         ]
         for tag, flags, needles in others:
             lib.check_refused(tag, lib.loom("train", *MODEL, *flags, "--train-iters", "1"), needles)
+
+        # a dataset changed under the run: one line naming it, exit 1
+        def truncate(prefix):
+            os.truncate(prefix + ".bin", 100)
+
+        def rewrite(prefix):  # the same file, new bytes: every token 0xFFFF, past the vocabulary
+            with open(prefix + ".bin", "r+b") as f:
+                f.write(b"\xff" * os.path.getsize(prefix + ".bin"))
+
+        for tag, fault, want in [("truncated", truncate, "truncated"), ("rewritten", rewrite, "vocabulary")]:
+            live = bad_copy(f"live-{tag}", lambda b: b)
+            metrics = j(f"live-{tag}.jsonl")
+            p = subprocess.Popen([LOOM, "train", *MODEL, "--data-path", live, "--split", "100,0,0", "--eval-iters",
+                                  "0", "--train-iters", "100000", "--threads", "1", "--log-interval", "1",
+                                  "--metrics", metrics], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=lib.ENV)
+            deadline = time.time() + 60
+            while time.time() < deadline and p.poll() is None and len(lib.metrics_rows(metrics)) < 5:
+                time.sleep(0.02)
+            fault(live)
+            _, err, took = lib.finish(p, 60)
+            lines = lib.error_lines(err)
+            check(f"the dataset {tag} under the run: exit 1 within {took:.1f} s, one line naming it ({want})",
+                  p.returncode == 1 and len(lines) == 1 and live in lines[0] and want in lines[0], err[-500:])
+            if lines:
+                print(f"     {lines[0]}")
     return lib.verdict()
 
 

@@ -147,8 +147,8 @@ int loom_run_data_open(struct loom_run_data *r, const struct loom_config *cfg, i
     memset(r, 0, sizeof *r);
     int rc;
     if (cfg->mock_data && cfg->ndata_paths + cfg->nvalid_paths + cfg->ntrain_paths + cfg->ntest_paths)
-        return loom_error_set(
-            LOOM_ERR_INPUT, "--mock-data is the built-in corpus: not with --data-path or --valid-data-path");
+        return loom_error_set(LOOM_ERR_INPUT, "--mock-data is the built-in corpus: not with --data-path, "
+                                              "--train-data-path, --valid-data-path or --test-data-path");
     if (megatron_words(cfg->data_paths, cfg->ndata_paths) ||
         megatron_words(cfg->train_data_paths, cfg->ntrain_paths) ||
         megatron_words(cfg->valid_data_paths, cfg->nvalid_paths) ||

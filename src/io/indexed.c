@@ -181,6 +181,7 @@ static int validate(struct loom_indexed *d, const char *idx, const char *bin, in
             return loom_error_set(LOOM_ERR_INPUT,
                                   "%s: sequence %lld (%lld tokens at byte %lld) lies outside %s (%zu bytes)",
                                   idx, (long long)s, (long long)len, (long long)p, bin, d->bin_bytes);
+        d->longest = len > d->longest ? len : d->longest;
     }
     if (d->ndoc < 1 || loom_indexed_doc(d, 0) != 0 || loom_indexed_doc(d, d->ndoc - 1) != d->nseq)
         return loom_error_set(LOOM_ERR_INPUT,

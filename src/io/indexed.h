@@ -46,6 +46,7 @@ struct loom_indexed {
     char *prefix;                                        /* owned copy, for messages */
     int dtype, width;                                    /* the code; bytes per token */
     int64_t nseq, ndoc;                                  /* S sequences; D document indices */
+    int64_t longest;                                     /* the longest sequence's tokens */
     const unsigned char *lengths, *pointers, *doc_index; /* int32 (S), int64 (S), int64 (D): in the
                                                           * mapping, unaligned (the header is 34
                                                           * bytes); read through the accessors */

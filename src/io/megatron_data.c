@@ -23,6 +23,14 @@
 
 static const char *const split_names[LOOM_NSPLITS] = {"train", "valid", "test"};
 
+/* calloc that ends the process when memory is out (small tables only). */
+static void *zeroed(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p) loom_die("out of memory indexing Megatron datasets");
+    return p;
+}
+
 const char *loom_split_name(int split)
 {
     return split_names[split];
@@ -255,7 +263,7 @@ static void document_order(int32_t *out, int64_t beg, int64_t end, int64_t epoch
 }
 
 /* helpers.cpp's build_sample_idx, dropping the last partial sample. */
-static void sample_index(struct loom_gpt_dataset *g, int T, int64_t tokens)
+static void sample_index(struct loom_gpt_dataset *g, int T)
 {
     const struct loom_indexed *ix = g->ix;
     int64_t d = 0, off = 0, row = 0;
@@ -276,7 +284,6 @@ static void sample_index(struct loom_gpt_dataset *g, int T, int64_t tokens)
         }
         put_sample(g, row++, d, off);
     }
-    (void)tokens;
 }
 
 static void shuffle_range(struct loom_gpt_dataset *g, int64_t beg, int64_t end, struct loom_mt19937 *rs)
@@ -318,12 +325,7 @@ static int gpt_build(struct loom_gpt_dataset *g, const struct loom_indexed *ix, 
     const int64_t n = end - beg;
     g->ndocs = epochs * n;
     g->nsamples = (epochs * tpe - 1) / T;
-    int64_t longest = 0;
-    for (int64_t s = 0; s < ix->nseq; s++) {
-        const int64_t l = loom_indexed_length(ix, s);
-        longest = l > longest ? l : longest;
-    }
-    g->samples_wide = (g->ndocs > longest ? g->ndocs : longest) > INT32_MAX;
+    g->samples_wide = (g->ndocs > ix->longest ? g->ndocs : ix->longest) > INT32_MAX;
     g->shuffle_wide = g->nsamples >= (int64_t)UINT32_MAX - 1;
     /* the cache: what these indices are built from, and their files */
     char real[PATH_MAX], description[PATH_MAX + 512];
@@ -348,7 +350,6 @@ static int gpt_build(struct loom_gpt_dataset *g, const struct loom_indexed *ix, 
     struct loom_mt19937 rs;
     loom_mt19937_seed(&rs, (uint32_t)seed);
     g->doc_order = loom_alloc(loom_mul_size((size_t)(g->ndocs ? g->ndocs : 1), 4), LOOM_MEM_OTHER);
-
     if (separate) {
         document_order(g->doc_order, beg, end, epochs - 1, &rs);
         document_order(g->doc_order + (epochs - 1) * n, beg, end, 1, &rs);
@@ -356,7 +357,7 @@ static int gpt_build(struct loom_gpt_dataset *g, const struct loom_indexed *ix, 
         document_order(g->doc_order, beg, end, epochs, &rs);
     g->samples =
         loom_alloc(loom_mul_size((size_t)(g->nsamples + 1), g->samples_wide ? 16 : 8), LOOM_MEM_OTHER);
-    sample_index(g, T, tpe);
+    sample_index(g, T);
     g->shuffle = loom_alloc(loom_mul_size((size_t)(g->nsamples ? g->nsamples : 1), g->shuffle_wide ? 8 : 4),
                             LOOM_MEM_OTHER);
     if (separate) {
@@ -417,10 +418,9 @@ static int blend_build(struct loom_split_stream *s, const double *w, int64_t siz
         s->which_sample = (int64_t *)data[1];
         return LOOM_OK;
     }
-
     s->which = loom_alloc(loom_mul_size((size_t)(size ? size : 1), 2), LOOM_MEM_OTHER);
     s->which_sample = loom_alloc(loom_mul_size((size_t)(size ? size : 1), 8), LOOM_MEM_OTHER);
-    int64_t *taken = calloc((size_t)s->n, sizeof *taken);
+    int64_t *taken = zeroed((size_t)s->n, sizeof *taken);
     for (int64_t i = 0; i < size; i++) {
         const double x = i > 1 ? (double)i : 1.0;
         int best = 0;
@@ -482,7 +482,7 @@ static int build_stream(struct loom_megatron_data *m, const struct blend *b, con
     struct loom_split_stream *s = &m->split[split];
     const int64_t size = o->sizes[split];
     s->n = b->n;
-    s->ds = calloc((size_t)b->n, sizeof *s->ds);
+    s->ds = zeroed((size_t)b->n, sizeof *s->ds);
     int rc = LOOM_OK;
     /* one prefix: the GPTDataset itself (all its samples), unless a weight
      * makes --data-path's blend of one (a split's own blend ignores it) */
@@ -530,7 +530,7 @@ int loom_megatron_open(struct loom_megatron_data *m, const struct loom_megatron_
                               (unsigned long long)o->seed);
     int total = 0;
     for (int k = 0; k < LOOM_NSPLITS; k++) total += o->nblend[k];
-    m->ix = calloc((size_t)(total ? total : 1), sizeof *m->ix);
+    m->ix = zeroed((size_t)total, sizeof *m->ix);
     int rc = LOOM_OK;
     if (o->cache && *o->cache && (rc = loom_fs_mkdir_p(o->cache))) return rc;
     double bounds[LOOM_NSPLITS][2];
@@ -544,7 +544,7 @@ int loom_megatron_open(struct loom_megatron_data *m, const struct loom_megatron_
             blend_free(&b);
             break;
         }
-        const struct loom_indexed **ix = calloc((size_t)b.n, sizeof *ix);
+        const struct loom_indexed **ix = zeroed((size_t)b.n, sizeof *ix);
         for (int d = 0; d < b.n && !rc; d++) rc = find_or_open(m, b.prefix[d], o->vocab, &ix[d]);
         static const double whole[2] = {0, 1};
         if (!rc) rc = build_stream(m, &b, o->split ? bounds[k] : whole, k, o, ix);
@@ -567,6 +567,11 @@ void loom_megatron_close(struct loom_megatron_data *m)
     for (int i = 0; i < m->nix; i++) loom_indexed_close(&m->ix[i]);
     free(m->ix);
     memset(m, 0, sizeof *m);
+}
+
+const char *loom_megatron_sample_source(const struct loom_split_stream *s, int64_t i)
+{
+    return s->ds[s->which ? s->which[i] : 0].ix->prefix;
 }
 
 void loom_megatron_sample(const struct loom_split_stream *s, int64_t i, int T, int32_t *out)

@@ -101,6 +101,9 @@ void loom_megatron_close(struct loom_megatron_data *m);
 /* Tokens of sample i of a stream (i < size): T + 1 int32 into out. */
 void loom_megatron_sample(const struct loom_split_stream *s, int64_t i, int T, int32_t *out);
 
+/* The prefix of the dataset sample i of a stream comes from (for messages). */
+const char *loom_megatron_sample_source(const struct loom_split_stream *s, int64_t i);
+
 /* Megatron's words for a split ("train", "valid", "test"). */
 const char *loom_split_name(int split);
 

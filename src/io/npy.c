@@ -14,7 +14,7 @@
 
 /* The header dictionary, padded with spaces and a newline so that the data
  * starts at a multiple of 64 bytes; its length into *n. */
-static void header(char *h, size_t cap, size_t *n, const char *descr, const int64_t shape[2])
+static void header(char *h, size_t *n, const char *descr, const int64_t shape[2])
 {
     char dict[256];
     if (shape[1])
@@ -33,7 +33,6 @@ static void header(char *h, size_t cap, size_t *n, const char *descr, const int6
     memset(h + 10 + len, ' ', hlen - len - 1);
     h[total - 1] = '\n';
     *n = total;
-    (void)cap;
 }
 
 int loom_npy_write(const char *path, const char *descr, const int64_t shape[2], const void *data,
@@ -41,7 +40,7 @@ int loom_npy_write(const char *path, const char *descr, const int64_t shape[2], 
 {
     char h[384];
     size_t n;
-    header(h, sizeof h, &n, descr, shape);
+    header(h, &n, descr, shape);
     const void *parts[] = {h, data};
     const size_t sizes[] = {n, bytes};
     return loom_fs_write_atomic(path, parts, sizes, 2);
@@ -52,7 +51,7 @@ int loom_npy_map(const char *path, const char *descr, const int64_t shape[2], vo
 {
     char want[384];
     size_t n;
-    header(want, sizeof want, &n, descr, shape);
+    header(want, &n, descr, shape);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return 0;
     struct stat st;

@@ -287,41 +287,45 @@ static int copy_row(const struct loom_data *d, const struct loom_shard *s, int64
 }
 
 /* Sample `i` of a Megatron stream (modulo its size: a run longer than the
- * one its sizes were built for starts it again) into one row, under the
- * same guard as copy_row. */
-static int copy_sample(const struct loom_data *d, int64_t i, int T, int32_t *inputs, int32_t *targets)
+ * one its sizes were built for starts it again) into one row, through buf
+ * (T + 1 tokens), under the same guard as copy_row. */
+static int copy_sample(const struct loom_data *d, int64_t i, int T, int32_t *buf, int32_t *inputs,
+                       int32_t *targets)
 {
-    int32_t *buf = malloc(sizeof *buf * (size_t)(T + 1));
-    if (!buf) loom_die("out of memory reading a sample");
+    const int64_t k = i % d->stream->size;
     sigjmp_buf jump;
     if (sigsetjmp(jump, 1)) {
         bus_guard = NULL;
-        free(buf);
-        return loom_error_set(LOOM_ERR_RUNTIME, "a Megatron dataset file changed while training (truncated)");
+        return loom_error_set(
+            LOOM_ERR_RUNTIME,
+            "Megatron dataset '%s' changed while training: sample %lld is past its end now (the "
+            "file was truncated)",
+            loom_megatron_sample_source(d->stream, k), (long long)i);
     }
     guard_install();
     bus_guard = &jump;
-    loom_megatron_sample(d->stream, i % d->stream->size, T, buf);
+    loom_megatron_sample(d->stream, k, T, buf);
     bus_guard = NULL;
-    int rc = LOOM_OK;
-    for (int t = 0; t <= T && !rc; t++)
+    for (int t = 0; t <= T; t++)
         if (buf[t] < 0 || (d->vocab > 0 && buf[t] >= d->vocab))
-            rc = loom_error_set(LOOM_ERR_RUNTIME,
-                                "a Megatron dataset file changed while training: token %d of sample %lld is "
-                                "outside the vocabulary (size %d)",
-                                buf[t], (long long)i, d->vocab);
+            return loom_error_set(LOOM_ERR_RUNTIME,
+                                  "Megatron dataset '%s' changed while training: token %d of sample %lld is "
+                                  "outside the vocabulary (size %d)",
+                                  loom_megatron_sample_source(d->stream, k), buf[t], (long long)i, d->vocab);
     memcpy(inputs, buf, sizeof *buf * (size_t)T);
     memcpy(targets, buf + 1, sizeof *buf * (size_t)T);
-    free(buf);
-    return rc;
+    return LOOM_OK;
 }
 
 static int batch_stream(const struct loom_data *d, int64_t first, int row_begin, int rows, int T,
                         int32_t *inputs, int32_t *targets)
 {
+    int32_t *buf = malloc(sizeof *buf * (size_t)(T + 1)); /* a sample is T + 1 tokens, a row T */
+    if (!buf) loom_die("out of memory reading a batch");
     int rc = LOOM_OK;
     for (int i = 0; i < rows && rc == LOOM_OK; i++)
-        rc = copy_sample(d, first + row_begin + i, T, inputs + (size_t)i * T, targets + (size_t)i * T);
+        rc = copy_sample(d, first + row_begin + i, T, buf, inputs + (size_t)i * T, targets + (size_t)i * T);
+    free(buf);
     return rc;
 }
 
