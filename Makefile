@@ -75,6 +75,18 @@ CFLAGS += -DLOOM_HAVE_DNNL=1
 LDLIBS += -ldnnl
 endif
 
+# libsentencepiece: SentencePiece models (tokenizer/spm.c, through its C face
+# tokenizer/spm_lib.cc, the one C++ file); without it a tokenizer.model is refused
+CXX      ?= g++
+HAVE_SPM := $(shell pkg-config --exists sentencepiece 2>/dev/null && echo '\#include <sentencepiece_processor.h>' | $(CXX) -E -x c++ - >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_SPM),1)
+CFLAGS += -DLOOM_HAVE_SPM=1
+LDLIBS += -lsentencepiece -lstdc++
+SPM_OBJ := $(BUILD)/obj/src/tokenizer/spm_lib.o
+SPM_ASAN_OBJ := $(BUILD)/asan/obj/src/tokenizer/spm_lib.o
+endif
+CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Isrc
+
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
 HAVE_MPI   := $(if $(MPI_LIBS),1,)
@@ -92,10 +104,10 @@ TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
 # examples/NAME/NAME.c: programs written against the public headers alone
 EXAMPLE_BIN := $(patsubst examples/%/,$(BUILD)/examples/%,$(sort $(dir $(wildcard examples/*/*.c))))
 
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(SPM_OBJ)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%) $(TOOL_SRC:tests/%.c=$(BUILD)/tests/%)
-ASAN_OBJ := $(LIB_SRC:%.c=$(BUILD)/asan/obj/%.o)
+ASAN_OBJ := $(LIB_SRC:%.c=$(BUILD)/asan/obj/%.o) $(SPM_ASAN_OBJ)
 ASAN_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/asan/tests/%)
 ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
@@ -111,6 +123,7 @@ announce:
 	@echo "  liburing $(if $(HAVE_URING),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  xxHash   $(if $(HAVE_XXHASH),yes,NOT FOUND (run scripts/install-deps.sh))"
 	@echo "  oneDNN   $(if $(HAVE_DNNL),yes,no: bf16 computes in float32 (run scripts/install-deps.sh))"
+	@echo "  SentencePiece $(if $(HAVE_SPM),yes,no: tokenizer.model files are refused (run scripts/install-deps.sh))"
 	@echo "  MPI      $(if $(HAVE_MPI),yes ($(shell mpicc --showme:version 2>/dev/null | cut -d: -f2 | head -1)),no: single-process only)"
 	@echo "  CUDA     off (CPU backend)"
 	@test -n "$(BLAS_NAME)" -a -n "$(HAVE_CJSON)" -a -n "$(HAVE_XXHASH)" -a -n "$(HAVE_PCRE2)" -a -n "$(HAVE_URING)" || { echo "loom build: missing BLAS, cJSON, xxHash, PCRE2 or liburing" >&2; exit 2; }
@@ -121,6 +134,10 @@ $(BUILD)/obj/src/io/megatron_data.o $(BUILD)/asan/obj/src/io/megatron_data.o: CF
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libloom.a: $(LIB_OBJ)
 	@rm -f $@
@@ -145,6 +162,10 @@ $(BUILD)/examples/%: examples/%/*.c $(BUILD)/libloom.a
 $(BUILD)/asan/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O1 $(ASAN_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/asan/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -O1 $(ASAN_FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/asan/libloom.a: $(ASAN_OBJ)
 	@rm -f $@

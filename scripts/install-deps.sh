@@ -15,7 +15,7 @@ for a in "$@"; do
   esac
 done
 
-pkgs="build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libcjson-dev libxxhash-dev libdnnl-dev libpcre2-dev liburing-dev"
+pkgs="build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libcjson-dev libxxhash-dev libdnnl-dev libpcre2-dev liburing-dev libsentencepiece-dev"
 [ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev clang-format chromium"
 
 missing=""

@@ -27,8 +27,9 @@ itself (PyPI `megatron-core`, CPU, tests only; tests/pyref/megatron_ref.py).
 - Megatron's tokenizer flags: --tokenizer-type GPT2BPETokenizer with
   --vocab-file/--merge-file of any names, and HuggingFaceTokenizer with
   --tokenizer-model, tokenize to the same bytes (and the first is saved in
-  a checkpoint as tokenizer.json); SentencePiece's names are refused in one
-  line (not read yet);
+  a checkpoint as tokenizer.json); Llama2Tokenizer naming a missing model,
+  and without --tokenizer-model, are one line (tests/test_tokenizer_spm.py
+  tokenizes with the SentencePiece names);
 - every malformed input is one line naming the file or flag, exit 2: a
   truncated .idx, a pointer past the .bin, an unknown dtype code, a blend
   with a negative weight, a blend naming a missing dataset, a split with no
@@ -189,7 +190,7 @@ def main():
                   p.stderr[-400:])
         p = lib.loom("data", "tokenize", "--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", j("x.model"),
                      "--output-format", "megatron", j("docs.jsonl"), j("out", "x"))
-        lib.check_refused("--tokenizer-type Llama2Tokenizer (SentencePiece: not read yet)", p, ["SentencePiece"])
+        lib.check_refused("--tokenizer-type Llama2Tokenizer naming a missing model", p, ["x.model"])
         tokenize_refusals = [
             ("GPT2BPETokenizer without --merge-file", ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
                                                        j("gpt2-vocab.json")], ["--merge-file"]),
@@ -335,8 +336,8 @@ def main():
             ("--train-data-path beside --data-path on token shards",
              ["--data-path", j("shards", "train.bin"), "--train-data-path", j("shards", "train.bin")],
              ["--train-data-path", "one of them"]),
-            ("--tokenizer-type Llama2Tokenizer", ["--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", tok],
-             ["--tokenizer-type", "SentencePiece"]),
+            ("Llama2Tokenizer without --tokenizer-model", ["--tokenizer-type", "Llama2Tokenizer"],
+             ["Llama2Tokenizer", "--tokenizer-model"]),
             ("an unknown --tokenizer-type", ["--tokenizer-type", "BertWordPieceLowerCase"],
              ["BertWordPieceLowerCase", "GPT2BPETokenizer"]),
             ("GPT2BPETokenizer without --merge-file", ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",

@@ -25,7 +25,7 @@
 #include "engine/checkpoint.h"
 #include "io/checkpoint.h"
 #include "model/family.h"
-#include "tokenizer/bpe.h"
+#include "tokenizer/tokenizer.h"
 
 static int pick(const float *logits, int V, double temperature, int top_k, struct loom_rng *rng)
 {
@@ -66,7 +66,7 @@ static int pick(const float *logits, int V, double temperature, int top_k, struc
 /* The tokenizer: --tokenizer, else the one that comes with the weights
  * (a checkpoint's tokenizer.json, a Hugging Face directory's); *t NULL
  * when there is none. */
-static int find_tokenizer(const struct loom_config *cfg, struct loom_bpe **t)
+static int find_tokenizer(const struct loom_config *cfg, struct loom_tokenizer **t)
 {
     *t = NULL;
     char path[4400] = "";
@@ -78,12 +78,12 @@ static int find_tokenizer(const struct loom_config *cfg, struct loom_bpe **t)
         if (rc) return rc;
     }
     if (!*path) return LOOM_OK;
-    int rc = loom_bpe_load_pair(path, *cfg->tokenizer ? cfg->merge_file : NULL, t);
-    if (rc == LOOM_OK && loom_bpe_vocab_size(*t) > cfg->vocab_size) {
+    int rc = loom_tokenizer_load(path, *cfg->tokenizer ? cfg->merge_file : NULL, t);
+    if (rc == LOOM_OK && loom_tokenizer_vocab_size(*t) > cfg->vocab_size) {
         rc = loom_error_set(LOOM_ERR_INPUT,
                             "tokenizer %s has %d token ids, more than the model's vocabulary of %d", path,
-                            loom_bpe_vocab_size(*t), cfg->vocab_size);
-        loom_bpe_free(*t);
+                            loom_tokenizer_vocab_size(*t), cfg->vocab_size);
+        loom_tokenizer_free(*t);
         *t = NULL;
     }
     return rc;
@@ -150,7 +150,7 @@ int loom_sample(struct loom_config *cfg)
         family->destroy(m);
         return rc;
     }
-    struct loom_bpe *tok;
+    struct loom_tokenizer *tok;
     if ((rc = find_tokenizer(cfg, &tok))) {
         family->destroy(m);
         return rc;
@@ -160,10 +160,14 @@ int loom_sample(struct loom_config *cfg)
             "no tokenizer (--tokenizer, or one in the checkpoint): the prompt is encoded byte by byte");
     size_t plen = strlen(cfg->prompt);
     struct loom_ids prompt = {0};
-    if (tok) {
-        struct loom_bpe_state *st = loom_bpe_state_new(tok);
-        loom_bpe_encode(tok, st, cfg->prompt, plen, &prompt);
-        loom_bpe_state_free(st);
+    if (tok) { /* as `transformers` encodes a prompt: the template's beginning (Llama's <s>), then the text */
+        int32_t pre[4], post[4];
+        int n_pre, n_post;
+        loom_tokenizer_template(tok, pre, &n_pre, post, &n_post);
+        for (int i = 0; i < n_pre; i++) loom_ids_push(&prompt, pre[i]);
+        struct loom_tokenizer_state *st = loom_tokenizer_state_new(tok);
+        loom_tokenizer_encode(tok, st, cfg->prompt, plen, &prompt);
+        loom_tokenizer_state_free(st);
     } else {
         for (size_t i = 0; i < plen; i++)
             loom_ids_push(&prompt, (unsigned char)cfg->prompt[i] % cfg->vocab_size);
@@ -177,8 +181,8 @@ int loom_sample(struct loom_config *cfg)
     size_t n = prompt.n;
     loom_ids_free(&prompt);
     if (n == 0)
-        toks[n++] =
-            tok && loom_bpe_eot(tok) >= 0 ? loom_bpe_eot(tok) : 0; /* an empty prompt: from end of text */
+        toks[n++] = tok && loom_tokenizer_eot(tok) >= 0 ? loom_tokenizer_eot(tok)
+                                                        : 0; /* an empty prompt: from end of text */
     size_t npending = 0, pending_cap = 4096;
     char *pending = loom_alloc(pending_cap, LOOM_MEM_OTHER);
     struct loom_rng rng;
@@ -201,7 +205,7 @@ int loom_sample(struct loom_config *cfg)
         int next = pick(row, cfg->vocab_size, cfg->temperature, cfg->top_k, &rng);
         toks[n++] = next;
         size_t blen;
-        const char *b = tok ? loom_bpe_token_bytes(tok, next, &blen) : NULL;
+        const char *b = tok ? loom_tokenizer_token_bytes(tok, next, &blen) : NULL;
         if (tok && b) {
             if (npending + blen > pending_cap) {
                 pending_cap = 2 * (npending + blen);
@@ -226,7 +230,7 @@ int loom_sample(struct loom_config *cfg)
     print_text(pending, &npending, 1);
     putchar('\n');
     loom_free(pending);
-    loom_bpe_free(tok);
+    loom_tokenizer_free(tok);
     loom_free(toks);
     loom_free(window);
     loom_free(row);

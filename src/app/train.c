@@ -46,7 +46,7 @@
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
 #include "plan/search.h"
-#include "tokenizer/bpe.h"
+#include "tokenizer/tokenizer.h"
 
 struct run {
     struct loom_config *cfg;
@@ -266,15 +266,15 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
 /* --tokenizer: it loads, and its ids fit the model's vocabulary. */
 static int check_tokenizer(const struct loom_config *cfg)
 {
-    struct loom_bpe *t;
-    int rc = loom_bpe_load_pair(cfg->tokenizer, cfg->merge_file, &t);
+    struct loom_tokenizer *t;
+    int rc = loom_tokenizer_load(cfg->tokenizer, cfg->merge_file, &t);
     if (rc) {
         char why[600];
         snprintf(why, sizeof why, "%s", loom_error_message());
         return loom_error_set(LOOM_ERR_INPUT, "--tokenizer: %s", why);
     }
-    const int32_t n = loom_bpe_vocab_size(t);
-    loom_bpe_free(t);
+    const int32_t n = loom_tokenizer_vocab_size(t);
+    loom_tokenizer_free(t);
     if (n > cfg->vocab_size)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--tokenizer %s has %d token ids, more than the model's vocabulary of %d "

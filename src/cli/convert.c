@@ -28,7 +28,7 @@
 #include "model/convert.h"
 #include "model/family.h"
 #include "model/hf_decoder.h"
-#include "tokenizer/bpe.h"
+#include "tokenizer/tokenizer.h"
 
 static int read_checkpoint(const char *path, struct loom_model **out)
 {
@@ -36,8 +36,9 @@ static int read_checkpoint(const char *path, struct loom_model **out)
 }
 
 /* A Hugging Face directory written from a checkpoint or directory that
- * holds a tokenizer.json gets it too (loom train --tokenizer saves it in
- * every checkpoint): its path, "" when there is none. */
+ * holds a tokenizer.json or tokenizer.model gets it too (loom train
+ * --tokenizer saves it in every checkpoint): its path, "" when there is
+ * none. */
 static int find_tokenizer(const char *in, char *path, size_t n)
 {
     int rc = loom_weights_find_tokenizer(in, path, n); /* a checkpoint's held to its trainer state's record */
@@ -48,8 +49,9 @@ static int find_tokenizer(const char *in, char *path, size_t n)
 static int copy_tokenizer(const char *path, const char *out)
 {
     if (!*path) return LOOM_OK;
-    int rc = loom_bpe_export(path, out);
-    if (rc == LOOM_OK) printf("copied %s into %s\n", path, out);
+    const char *name;
+    int rc = loom_tokenizer_export(path, NULL, out, &name);
+    if (rc == LOOM_OK) printf("copied %s into %s/%s\n", path, out, name);
     return rc;
 }
 
@@ -80,25 +82,41 @@ static void set_number(cJSON *j, const char *key, double v)
 }
 
 /* What AutoTokenizer and generate read beside the weights of a directory
- * given a tokenizer.json: the tokenizer's beginning- and end-of-text ids in
+ * given a tokenizer: the tokenizer's beginning- and end-of-text ids in
  * config.json and generation_config.json (the family's stay where it has
  * no such token; a tokenizer with an end of text and no beginning, as
  * GPT-2's, begins with its end, as GPT-2's config.json says),
- * tokenizer_config.json (PreTrainedTokenizerFast over tokenizer.json:
- * encode and decode are tokenizer.json's, as loom's, with no spaces
- * cleaned up) and special_tokens_map.json. */
+ * tokenizer_config.json and special_tokens_map.json. Over a tokenizer.json
+ * the class is PreTrainedTokenizerFast (encode and decode are the file's,
+ * as loom's, with no spaces cleaned up); over a SentencePiece model it is
+ * LlamaTokenizer, legacy (its encode is the model's own, as loom's), with
+ * add_bos_token as the template and add_prefix_space as the model adds its
+ * leading space, so the fast tokenizer transformers converts from it
+ * encodes alike. */
 static int complete_directory(const char *dir)
 {
-    char path[4400];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    struct loom_bpe *t;
-    int rc = loom_bpe_load(path, &t);
+    struct loom_tokenizer *t;
+    int rc = loom_tokenizer_load(dir, NULL, &t);
     if (rc) return rc;
-    const int32_t eos = loom_bpe_eot(t), bos = loom_bpe_bos(t) >= 0 ? loom_bpe_bos(t) : eos;
+    const int32_t eos = loom_tokenizer_eot(t), bos = loom_tokenizer_bos(t) >= 0 ? loom_tokenizer_bos(t) : eos;
     cJSON *special = cJSON_CreateObject(), *tc = cJSON_CreateObject();
-    if (bos >= 0) cJSON_AddStringToObject(special, "bos_token", loom_bpe_added_text(t, bos));
-    if (eos >= 0) cJSON_AddStringToObject(special, "eos_token", loom_bpe_added_text(t, eos));
-    loom_bpe_free(t);
+    if (bos >= 0) cJSON_AddStringToObject(special, "bos_token", loom_tokenizer_special_text(t, bos));
+    if (eos >= 0) cJSON_AddStringToObject(special, "eos_token", loom_tokenizer_special_text(t, eos));
+    const int spm = loom_tokenizer_is_spm(t);
+    int32_t pre[4], post[4];
+    int n_pre, n_post, prefix_space = 0;
+    loom_tokenizer_template(t, pre, &n_pre, post, &n_post);
+    if (spm) { /* whether the model puts a space before a text: "a" encodes to a piece that begins with one */
+        struct loom_tokenizer_state *st = loom_tokenizer_state_new(t);
+        struct loom_ids ids = {0};
+        loom_tokenizer_encode(t, st, "a", 1, &ids);
+        size_t len;
+        const char *b = ids.n ? loom_tokenizer_token_bytes(t, ids.ids[0], &len) : NULL;
+        prefix_space = b && len && b[0] == ' ';
+        loom_ids_free(&ids);
+        loom_tokenizer_state_free(st);
+    }
+    loom_tokenizer_free(t);
     double max_len = 0;
     static const char *const configs[] = {"config.json", "generation_config.json"};
     for (int i = 0; i < 2 && rc == LOOM_OK; i++) {
@@ -112,8 +130,14 @@ static int complete_directory(const char *dir)
         rc = write_json(dir, configs[i], j);
         cJSON_Delete(j);
     }
-    cJSON_AddStringToObject(tc, "tokenizer_class", "PreTrainedTokenizerFast");
+    cJSON_AddStringToObject(tc, "tokenizer_class", spm ? "LlamaTokenizer" : "PreTrainedTokenizerFast");
     cJSON_AddFalseToObject(tc, "clean_up_tokenization_spaces");
+    if (spm) {
+        cJSON_AddBoolToObject(tc, "add_bos_token", n_pre > 0);
+        cJSON_AddBoolToObject(tc, "add_eos_token", n_post > 0);
+        cJSON_AddTrueToObject(tc, "legacy");
+        cJSON_AddBoolToObject(tc, "add_prefix_space", prefix_space);
+    }
     if (max_len > 0) cJSON_AddNumberToObject(tc, "model_max_length", max_len);
     for (const cJSON *e = special->child; e; e = e->next)
         cJSON_AddStringToObject(tc, e->string, e->valuestring);

@@ -28,17 +28,22 @@ static const char usage_text[] =
     "                          --input IN and --output-prefix P as there)\n"
     "       (for --tokenizer TOK, Megatron's --tokenizer-type GPT2BPETokenizer --vocab-file V --merge-file "
     "M,\n"
-    "        or --tokenizer-type HuggingFaceTokenizer --tokenizer-model TOK; --workers N sets the threads)\n"
+    "        or --tokenizer-type HuggingFaceTokenizer|Llama2Tokenizer|SentencePieceTokenizer "
+    "--tokenizer-model "
+    "TOK;\n"
+    "        --workers N sets the threads)\n"
     "       loom data tokenize IN.txt OUTDIR [--val-fraction X]      (byte-level, no tokenizer)\n"
     "       loom data train-tokenizer --vocab-size N IN... OUTDIR [--pattern gpt2|llama3]\n"
     "                          [--special-tokens A,B,...] [--min-frequency N] [--text-key K] "
     "[--blank-line-docs]\n"
     "       loom data synth OUTDIR [--tokens N] [--seed S]\n"
-    "TOK: a tokenizer.json, or a directory with tokenizer.json or GPT-2's vocab.json + merges.txt.\n"
+    "TOK: a tokenizer.json, a SentencePiece tokenizer.model, or a directory with one of them or GPT-2's\n"
+    "vocab.json + merges.txt.\n"
     "IN: .jsonl (one document a line, its --text-key string, default \"text\") or text (one document a "
     "file,\n"
-    "or a block between blank lines with --blank-line-docs). Each document is preceded by the end-of-text "
-    "token.\n";
+    "or a block between blank lines with --blank-line-docs). In shards each document gets what the\n"
+    "tokenizer's template puts around it (Llama's <s> before it), or, without one, the end-of-text token\n"
+    "before it.\n";
 
 static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
@@ -149,16 +154,18 @@ static int parse(const char *cmd, int argc, char **argv, struct data_args *a)
     }
     if (a->tokenizer_type) { /* Megatron's tokenizer flags onto --tokenizer */
         const int gpt2 = strcmp(a->tokenizer_type, "GPT2BPETokenizer") == 0,
-                  hf = strcmp(a->tokenizer_type, "HuggingFaceTokenizer") == 0;
+                  llama2 = strcmp(a->tokenizer_type, "Llama2Tokenizer") == 0,
+                  hf = strcmp(a->tokenizer_type, "HuggingFaceTokenizer") == 0 || llama2 ||
+                       strcmp(a->tokenizer_type, "SentencePieceTokenizer") == 0 ||
+                       strcmp(a->tokenizer_type, "GPTSentencePieceTokenizer") == 0;
         if (!gpt2 && !hf)
             return loom_error_set(
                 LOOM_ERR_INPUT,
-                "--tokenizer-type %s: expected GPT2BPETokenizer (--vocab-file, --merge-file) or "
-                "HuggingFaceTokenizer (--tokenizer-model)%s",
-                a->tokenizer_type,
-                strstr(a->tokenizer_type, "SentencePiece") || strstr(a->tokenizer_type, "Llama2")
-                    ? "; SentencePiece tokenizer.model files are not read yet"
-                    : "");
+                "--tokenizer-type %s: expected GPT2BPETokenizer (--vocab-file, --merge-file), "
+                "HuggingFaceTokenizer, Llama2Tokenizer, SentencePieceTokenizer or "
+                "GPTSentencePieceTokenizer (--tokenizer-model)",
+                a->tokenizer_type);
+        a->o.megatron_bos = llama2; /* Megatron's Llama2Tokenizer puts <s> before each document */
         if (a->tokenizer)
             return loom_error_set(LOOM_ERR_INPUT,
                                   "--tokenizer and --tokenizer-type name the tokenizer twice");
@@ -166,8 +173,8 @@ static int parse(const char *cmd, int argc, char **argv, struct data_args *a)
             return loom_error_set(LOOM_ERR_INPUT,
                                   "--tokenizer-type GPT2BPETokenizer needs --vocab-file and --merge-file");
         if (hf && !a->tokenizer_model)
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model");
+            return loom_error_set(LOOM_ERR_INPUT, "--tokenizer-type %s needs --tokenizer-model",
+                                  a->tokenizer_type);
         a->tokenizer = gpt2 ? a->vocab_file : a->tokenizer_model;
         a->o.merge_file = gpt2 ? a->merge_file : NULL;
     } else if (a->vocab_file || a->merge_file || a->tokenizer_model)

@@ -274,7 +274,12 @@ static int resolve_trace(struct loom_config *cfg)
 static int resolve_tokenizer(struct loom_config *cfg)
 {
     const char *type = cfg->tokenizer_type;
-    const int gpt2 = strcmp(type, "GPT2BPETokenizer") == 0, hf = strcmp(type, "HuggingFaceTokenizer") == 0;
+    /* HuggingFaceTokenizer and the SentencePiece names all take --tokenizer-model: a
+     * tokenizer.json, a tokenizer.model, or a directory (tokenizer/tokenizer.h) */
+    const int gpt2 = strcmp(type, "GPT2BPETokenizer") == 0,
+              hf = strcmp(type, "HuggingFaceTokenizer") == 0 || strcmp(type, "Llama2Tokenizer") == 0 ||
+                   strcmp(type, "SentencePieceTokenizer") == 0 ||
+                   strcmp(type, "GPTSentencePieceTokenizer") == 0;
     if (!*type) {
         if (*cfg->vocab_file || *cfg->merge_file || *cfg->tokenizer_model)
             return loom_error_set(LOOM_ERR_INPUT, "%s needs %s (GPT2BPETokenizer or HuggingFaceTokenizer)",
@@ -285,18 +290,13 @@ static int resolve_tokenizer(struct loom_config *cfg)
         return LOOM_OK;
     }
     if (strcmp(type, "NullTokenizer") == 0) return LOOM_OK; /* ids as they are: no tokenizer */
-    if (strcmp(type, "Llama2Tokenizer") == 0 || strcmp(type, "SentencePieceTokenizer") == 0 ||
-        strcmp(type, "GPTSentencePieceTokenizer") == 0)
+    if (!gpt2 && !hf)
         return loom_error_set(
             LOOM_ERR_INPUT,
-            "%s %s: SentencePiece tokenizer.model files are not read yet (byte-level BPE is: "
-            "GPT2BPETokenizer, or HuggingFaceTokenizer with a byte-level tokenizer.json)",
+            "%s %s: expected GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, "
+            "SentencePieceTokenizer, GPTSentencePieceTokenizer or NullTokenizer (of Megatron's "
+            "names, those loom reads)",
             NAME(tokenizer_type), type);
-    if (!gpt2 && !hf)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s %s: expected GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer (of "
-                              "Megatron's names, those loom reads)",
-                              NAME(tokenizer_type), type);
     if (*cfg->tokenizer)
         return loom_error_set(LOOM_ERR_INPUT, "%s and %s name the tokenizer twice: give one", NAME(tokenizer),
                               NAME(tokenizer_type));
@@ -305,9 +305,9 @@ static int resolve_tokenizer(struct loom_config *cfg)
                               NAME(vocab_file), NAME(merge_file));
     if (hf && !*cfg->tokenizer_model)
         return loom_error_set(LOOM_ERR_INPUT,
-                              "%s HuggingFaceTokenizer needs %s (a tokenizer.json or a directory "
+                              "%s %s needs %s (a tokenizer.json, a tokenizer.model or a directory "
                               "holding one; models are not downloaded)",
-                              NAME(tokenizer_type), NAME(tokenizer_model));
+                              NAME(tokenizer_type), type, NAME(tokenizer_model));
     snprintf(cfg->tokenizer, sizeof cfg->tokenizer, "%s", gpt2 ? cfg->vocab_file : cfg->tokenizer_model);
     if (!gpt2) cfg->merge_file[0] = 0;
     return LOOM_OK;

@@ -283,15 +283,17 @@ const struct setting loom_settings[] = {
          "the built-in corpus (a synthetic one with a known entropy floor, generated once; Megatron's mock "
          "data): loom train's default without --data-path; loom eval scores it only when given"),
     STR("--tokenizer", "tokenizer", "data", tokenizer, "",
-        "tokenizer.json, or a directory with it or GPT-2's vocab.json + merges.txt: its ids must fit the "
-        "model's vocabulary; saved in every checkpoint; loom sample encodes the prompt and decodes with it"),
+        "tokenizer.json, a SentencePiece tokenizer.model, or a directory with one of them or GPT-2's vocab.json "
+        "+ merges.txt: its ids must fit the model's vocabulary; saved in every checkpoint; loom sample encodes "
+        "the prompt and decodes with it"),
     STR("--tokenizer-type", "tokenizer_type", "data", tokenizer_type, "",
-        "Megatron's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model "
-        "a tokenizer.json or a directory), NullTokenizer (none: ids as they are)"),
+        "Megatron's: GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer, Llama2Tokenizer, "
+        "SentencePieceTokenizer (--tokenizer-model: a tokenizer.json, a tokenizer.model or a directory), "
+        "NullTokenizer (none: ids as they are)"),
     STR("--vocab-file", "vocab_file", "data", vocab_file, "", "GPT2BPETokenizer's vocab.json"),
     STR("--merge-file", "merge_file", "data", merge_file, "", "GPT2BPETokenizer's merges.txt"),
     STR("--tokenizer-model", "tokenizer_model", "data", tokenizer_model, "",
-        "HuggingFaceTokenizer's tokenizer.json or directory"),
+        "HuggingFaceTokenizer's tokenizer.json or directory; the SentencePiece types' tokenizer.model"),
     ENUM("--data-order", "data_order", "data", data_order, data_orders, "shuffled",
          "shuffled (from seed and step) or sequential (llm.c order)"),
     STR("--data-cache", "data_cache", "data", data_cache, "",

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -23,7 +24,7 @@
 #include "model/family.h"
 #include "optim/adamw.h"
 #include "optim/offload.h"
-#include "tokenizer/bpe.h"
+#include "tokenizer/tokenizer.h"
 
 #define EXP_AVG "optimizer.exp_avg."
 #define EXP_AVG_SQ "optimizer.exp_avg_sq."
@@ -299,7 +300,9 @@ static int state_text(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     st.tokenizer = LOOM_CKPT_TOKENIZER_NONE;
     if (*cfg->tokenizer) { /* exported into tmp: recorded, so a file put there later is refused */
         char path[4400];
-        snprintf(path, sizeof path, "%s/%s", tmp, LOOM_CKPT_TOKENIZER_FILE);
+        snprintf(path, sizeof path, "%s/%s", tmp, LOOM_CKPT_TOKENIZER_MODEL);
+        st.tokenizer_is_model = access(path, F_OK) == 0; /* a SentencePiece model's */
+        if (!st.tokenizer_is_model) snprintf(path, sizeof path, "%s/%s", tmp, LOOM_CKPT_TOKENIZER_FILE);
         st.tokenizer = LOOM_CKPT_TOKENIZER_SAVED;
         int rc = loom_ckpt_file_sum(path, &st.tokenizer_bytes, &st.tokenizer_xxh3);
         if (rc) {
@@ -329,8 +332,9 @@ int loom_checkpoint_save(const struct loom_ckpt_parts *p, int64_t iteration, str
         loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(&mine, 1, LOOM_DTYPE_U64),
                                            loom_buf_of(sizes, (size_t)p->topo->world, LOOM_DTYPE_U64)));
     /* the tokenizer travels with the weights (loom sample and loom convert read it there) */
+    const char *tokenizer_file;
     if (rc == LOOM_OK && root && *cfg->tokenizer)
-        rc = loom_bpe_export_pair(cfg->tokenizer, cfg->merge_file, tmp);
+        rc = loom_tokenizer_export(cfg->tokenizer, cfg->merge_file, tmp, &tokenizer_file);
     if (rc == LOOM_OK && root) {
         char *text = NULL;
         rc = state_text(p, tmp, iteration, sizes, &text);

@@ -167,13 +167,16 @@ struct loom_ckpt_file {
 #define LOOM_CKPT_META_RUN "loom.run"
 #define LOOM_CKPT_META_ITERATION "loom.iteration"
 
-/* What a trainer state says of the checkpoint's tokenizer. */
+/* What a trainer state says of the checkpoint's tokenizer: a tokenizer.json,
+ * or a SentencePiece model's tokenizer.model (LOOM_CKPT_TOKENIZER_MODEL). */
 #define LOOM_CKPT_TOKENIZER_FILE "tokenizer.json"
+#define LOOM_CKPT_TOKENIZER_MODEL "tokenizer.model"
 #define LOOM_CKPT_TOKENIZER_MAX_BYTES ((size_t)1 << 30)
 enum loom_ckpt_tokenizer {
     LOOM_CKPT_TOKENIZER_UNRECORDED = 0, /* a state written before tokenizers were recorded: no key */
     LOOM_CKPT_TOKENIZER_NONE = 1,       /* "tokenizer": null: none was saved */
-    LOOM_CKPT_TOKENIZER_SAVED = 2,      /* {"name": "tokenizer.json", "bytes": N, "xxh3": "<16 hex>"} */
+    LOOM_CKPT_TOKENIZER_SAVED =
+        2, /* {"name": "tokenizer.json" (or .model), "bytes": N, "xxh3": "<16 hex>"} */
     LOOM_CKPT_TOKENIZER_COUNT
 };
 
@@ -196,6 +199,7 @@ struct loom_ckpt_state {
     /* The tokenizer saved beside the weights (LOOM_CKPT_TOKENIZER_FILE): its
      * size and XXH3-64 when saved, so a file put there later is refused */
     enum loom_ckpt_tokenizer tokenizer;
+    int tokenizer_is_model; /* saved: LOOM_CKPT_TOKENIZER_MODEL, not LOOM_CKPT_TOKENIZER_FILE */
     int64_t tokenizer_bytes;
     uint64_t tokenizer_xxh3;
     int nfiles;

@@ -476,13 +476,18 @@ int loom_ckpt_candidates(const char *path, char ***dirs, int *ndirs, int *is_sav
 static int checked_tokenizer(const char *dir, const struct loom_ckpt_state *st, char *path, size_t n)
 {
     struct stat sb;
-    snprintf(path, n, "%s/%s", dir, LOOM_CKPT_TOKENIZER_FILE);
-    const int there = lstat(path, &sb) == 0;
+    const int model = st->tokenizer == LOOM_CKPT_TOKENIZER_SAVED && st->tokenizer_is_model;
+    snprintf(path, n, "%s/%s", dir, model ? LOOM_CKPT_TOKENIZER_MODEL : LOOM_CKPT_TOKENIZER_FILE);
+    int there = lstat(path, &sb) == 0;
     if (st->tokenizer == LOOM_CKPT_TOKENIZER_UNRECORDED) { /* an older state: the file as it is */
         if (!there) *path = 0;
         return LOOM_OK;
     }
     if (st->tokenizer == LOOM_CKPT_TOKENIZER_NONE) {
+        if (!there) { /* nor a SentencePiece model */
+            snprintf(path, n, "%s/%s", dir, LOOM_CKPT_TOKENIZER_MODEL);
+            there = lstat(path, &sb) == 0;
+        }
         if (!there) {
             *path = 0;
             return LOOM_OK;
@@ -516,10 +521,12 @@ int loom_weights_find_tokenizer(const char *in, char *path, size_t n)
     if (loom_ckpt_is_checkpoint(in)) return loom_ckpt_find_tokenizer(in, path, n);
     if (!loom_fs_is_dir(in)) return LOOM_OK;
     char a[4400], b[4400];
-    snprintf(a, sizeof a, "%s/tokenizer.json", in);
-    if (access(a, F_OK) == 0) {
-        snprintf(path, n, "%s", a);
-        return LOOM_OK;
+    for (int i = 0; i < 2; i++) { /* tokenizer.json, else a SentencePiece model */
+        snprintf(a, sizeof a, "%s/%s", in, i ? LOOM_CKPT_TOKENIZER_MODEL : LOOM_CKPT_TOKENIZER_FILE);
+        if (access(a, F_OK) == 0) {
+            snprintf(path, n, "%s", a);
+            return LOOM_OK;
+        }
     }
     snprintf(a, sizeof a, "%s/vocab.json", in);
     snprintf(b, sizeof b, "%s/merges.txt", in);

@@ -102,7 +102,8 @@ char *loom_ckpt_state_format(const struct loom_ckpt_state *st, const char *confi
         char sum[CHECKSUM_DIGITS + 1];
         snprintf(sum, sizeof sum, "%016" PRIx64, st->tokenizer_xxh3);
         cJSON *t = cJSON_AddObjectToObject(o, "tokenizer");
-        cJSON_AddStringToObject(t, "name", LOOM_CKPT_TOKENIZER_FILE);
+        cJSON_AddStringToObject(
+            t, "name", st->tokenizer_is_model ? LOOM_CKPT_TOKENIZER_MODEL : LOOM_CKPT_TOKENIZER_FILE);
         cJSON_AddNumberToObject(t, "bytes", (double)st->tokenizer_bytes);
         cJSON_AddStringToObject(t, "xxh3", sum);
     }
@@ -268,9 +269,11 @@ static int parse_tokenizer(const cJSON *t, struct loom_ckpt_state *st)
     st->tokenizer = !t ? LOOM_CKPT_TOKENIZER_UNRECORDED : LOOM_CKPT_TOKENIZER_NONE;
     if (!t || cJSON_IsNull(t)) return LOOM_OK;
     const cJSON *name = cJSON_IsObject(t) ? member(t, "name") : NULL, *sum = member(t, "xxh3");
-    if (!cJSON_IsString(name) || strcmp(name->valuestring, LOOM_CKPT_TOKENIZER_FILE) != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "tokenizer: expected null or {\"name\": \"%s\", ...}",
-                              LOOM_CKPT_TOKENIZER_FILE);
+    if (!cJSON_IsString(name) || (strcmp(name->valuestring, LOOM_CKPT_TOKENIZER_FILE) != 0 &&
+                                  strcmp(name->valuestring, LOOM_CKPT_TOKENIZER_MODEL) != 0))
+        return loom_error_set(LOOM_ERR_INPUT, "tokenizer: expected null or {\"name\": \"%s\" or \"%s\", ...}",
+                              LOOM_CKPT_TOKENIZER_FILE, LOOM_CKPT_TOKENIZER_MODEL);
+    st->tokenizer_is_model = strcmp(name->valuestring, LOOM_CKPT_TOKENIZER_MODEL) == 0;
     int rc =
         get_int(t, "tokenizer.", "bytes", 0, (int64_t)LOOM_CKPT_TOKENIZER_MAX_BYTES, &st->tokenizer_bytes);
     if (rc) return rc;

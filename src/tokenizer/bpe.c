@@ -99,15 +99,24 @@ int bpe_index_vocab(struct loom_bpe *t)
     memset(t->vocab.id, 0xFF, t->vocab.cap * sizeof *t->vocab.id);
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
     for (int32_t id = 0; id < t->n_ids; id++) {
-        t->bytes[id] = t->name[id] ? bpe_name_bytes(t->name[id], &t->bytes_len[id]) : NULL;
+        if (t->sp.char_level && t->name[id]) { /* the name's own UTF-8 */
+            t->bytes[id] = strdup(t->name[id]);
+            t->bytes_len[id] = (uint32_t)strlen(t->name[id]);
+        } else {
+            t->bytes[id] = t->name[id] ? bpe_name_bytes(t->name[id], &t->bytes_len[id]) : NULL;
+        }
         if (!t->bytes[id]) t->bytes_len[id] = 0;
         if (!t->bytes[id] || t->is_added[id]) continue;
-        if (t->bytes_len[id] == 1 && t->byte_id[(uint8_t)t->bytes[id][0]] < 0)
+        if (t->bytes_len[id] == 1 && !t->sp.char_level && t->byte_id[(uint8_t)t->bytes[id][0]] < 0)
             t->byte_id[(uint8_t)t->bytes[id][0]] = id;
         if (bpe_vocab_find(t, t->bytes[id], t->bytes_len[id]) >= 0) continue;
         size_t i = (size_t)XXH3_64bits(t->bytes[id], t->bytes_len[id]) & (t->vocab.cap - 1);
         while (t->vocab.id[i] >= 0) i = (i + 1) & (t->vocab.cap - 1);
         t->vocab.id[i] = id;
+    }
+    if (t->sp.char_level) {
+        bpe_sp_index(t);
+        return LOOM_OK;
     }
     for (int b = 0; b < 256; b++)
         if (t->byte_id[b] < 0)
@@ -180,8 +189,19 @@ const char *loom_bpe_added_text(const struct loom_bpe *t, int32_t id)
 const char *loom_bpe_token_bytes(const struct loom_bpe *t, int32_t id, size_t *len)
 {
     if (id < 0 || id >= t->n_ids || !t->bytes[id]) return NULL;
+    if (t->sp.char_level) {
+        *len = t->sp.dec_len[id];
+        return t->sp.dec[id];
+    }
     *len = t->bytes_len[id];
     return t->bytes[id];
+}
+
+void loom_bpe_template(const struct loom_bpe *t, int32_t pre[4], int *n_pre, int32_t post[4], int *n_post)
+{
+    *n_pre = t->n_post_prefix, *n_post = t->n_post_suffix;
+    memcpy(pre, t->post_prefix, sizeof t->post_prefix);
+    memcpy(post, t->post_suffix, sizeof t->post_suffix);
 }
 
 const char *loom_bpe_describe(const struct loom_bpe *t)
@@ -210,6 +230,7 @@ void loom_bpe_free(struct loom_bpe *t)
         pcre2_code_free(t->step[i].re);
         free(t->step[i].pattern);
     }
+    bpe_sp_free(t);
     free(t);
 }
 
@@ -237,6 +258,7 @@ struct loom_bpe_state {
     size_t scratch_cap;
     void (*piece_fn)(void *ctx, const char *piece, size_t len); /* loom_bpe_pieces: pieces, not ids */
     void *piece_ctx;
+    const char *text_begin; /* the text being encoded (Metaspace's "first" segment starts it) */
 };
 
 enum { CACHE_MAX_WORD = 256, CACHE_MAX_BYTES = 64 << 20 };
@@ -362,19 +384,18 @@ static struct heap_item heap_pop(struct heap_item *h, size_t *n)
     return top;
 }
 
-/* The ids of one piece, appended to out. */
-static void merge_piece(const struct loom_bpe *t, struct loom_bpe_state *s, const char *w, size_t n,
-                        struct loom_ids *out)
+void bpe_merge_piece(const struct loom_bpe *t, struct loom_bpe_state *s, const char *w, size_t n,
+                     struct loom_ids *out)
 {
     if (!n) return;
-    if (t->ignore_merges) {
+    if (t->ignore_merges && !t->sp.char_level) {
         const int32_t id = bpe_vocab_find(t, w, n);
         if (id >= 0) {
             loom_ids_push(out, id);
             return;
         }
     }
-    if (n == 1) {
+    if (n == 1 && !t->sp.char_level) {
         loom_ids_push(out, t->byte_id[(uint8_t)w[0]]);
         return;
     }
@@ -394,13 +415,18 @@ static void merge_piece(const struct loom_bpe *t, struct loom_bpe_state *s, cons
         s->heap = xrealloc(s->heap, 2 * s->scratch_cap * sizeof *s->heap);
     }
     int32_t *sym = s->sym, *prev = s->prev, *next = s->next;
-    size_t nh = 0;
-    for (size_t i = 0; i < n; i++) {
-        sym[i] = t->byte_id[(uint8_t)w[i]];
+    size_t nh = 0, m = n; /* m symbols: the bytes, or (char_level) the characters' */
+    if (t->sp.char_level)
+        m = bpe_sp_symbols(t, w, n, sym);
+    else
+        for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[(uint8_t)w[i]];
+    for (size_t i = 0; i < m; i++) {
         prev[i] = (int32_t)i - 1;
-        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+        next[i] = i + 1 < m ? (int32_t)i + 1 : -1;
     }
-    for (size_t i = 0; i + 1 < n; i++) {
+    const size_t first = out->n;
+    if (!m) goto done;
+    for (size_t i = 0; i + 1 < m; i++) {
         const int32_t r = pair_rank(&t->pairs, sym[i], sym[i + 1]);
         if (r >= 0) heap_push(s->heap, &nh, (struct heap_item){r, (int32_t)i});
     }
@@ -423,8 +449,8 @@ static void merge_piece(const struct loom_bpe *t, struct loom_bpe_state *s, cons
             if (r >= 0) heap_push(s->heap, &nh, (struct heap_item){r, i});
         }
     }
-    const size_t first = out->n;
     for (int32_t i = 0; i >= 0; i = next[i]) loom_ids_push(out, sym[i]);
+done:
     if (n <= CACHE_MAX_WORD) cache_put(s, w, n, h, out->ids + first, out->n - first);
 }
 
@@ -434,11 +460,15 @@ static void run_steps(const struct loom_bpe *t, struct loom_bpe_state *s, int k,
                       struct loom_ids *out)
 {
     if (!n) return;
+    if (t->sp.char_level) { /* its own normalization and pre-tokenization */
+        bpe_sp_segment(t, s, p, n, p == s->text_begin, out);
+        return;
+    }
     if (k == t->n_steps) {
         if (s->piece_fn)
             s->piece_fn(s->piece_ctx, p, n);
         else
-            merge_piece(t, s, p, n, out);
+            bpe_merge_piece(t, s, p, n, out);
         return;
     }
     const struct bpe_step *st = &t->step[k];
@@ -533,6 +563,7 @@ void loom_bpe_encode(const struct loom_bpe *t, struct loom_bpe_state *s, const c
     size_t fixed_n;
     char *fixed = loom_utf8_repair(text, n, &fixed_n);
     if (fixed) text = fixed, n = fixed_n;
+    s->text_begin = text;
     encode_added(t, s, 1, text, n, out);
     free(fixed);
 }
@@ -552,6 +583,7 @@ void loom_bpe_pieces(const struct loom_bpe *t, struct loom_bpe_state *s, const c
 
 size_t loom_bpe_decode(const struct loom_bpe *t, const int32_t *ids, size_t n, char *out, size_t cap)
 {
+    if (t->sp.char_level) return bpe_sp_decode(t, ids, n, out, cap);
     size_t raw_n = 0;
     for (size_t i = 0; i < n; i++)
         raw_n += ids[i] >= 0 && ids[i] < t->n_ids && t->bytes[ids[i]] ? t->bytes_len[ids[i]] : 16;

@@ -68,7 +68,12 @@ int32_t loom_bpe_eot(const struct loom_bpe *t);
 int32_t loom_bpe_bos(const struct loom_bpe *t);
 /* An added token's text (id's), or NULL. */
 const char *loom_bpe_added_text(const struct loom_bpe *t, int32_t id);
-/* The pre-tokenization patterns, for messages ("gpt2" when it is GPT-2's). */
+/* The special tokens the file's post-processor puts around a text
+ * (TemplateProcessing's single template: Llama's <s> before, for one):
+ * counts in *n_pre and *n_post (up to 4 each), ids into pre and post. */
+void loom_bpe_template(const struct loom_bpe *t, int32_t pre[4], int *n_pre, int32_t post[4], int *n_post);
+/* The pre-tokenization patterns, for messages ("gpt2" when it is GPT-2's,
+ * "sentencepiece-bpe" for a file converted from SentencePiece). */
 const char *loom_bpe_describe(const struct loom_bpe *t);
 
 struct loom_bpe_state *loom_bpe_state_new(const struct loom_bpe *t);

@@ -43,6 +43,38 @@ struct bpe_bytes_map { /* token bytes -> id */
     size_t cap;
 };
 
+/* A tokenizer.json converted from SentencePiece (Llama 2, Mistral, Gemma):
+ * BPE over characters, not bytes; a character outside the vocabulary
+ * becomes the <0xXX> tokens of its bytes (byte fallback) or the unknown
+ * token; the text is normalized (Prepend, Replace) and may be cut by a
+ * Metaspace pre-tokenizer; decoding turns the replacement back into spaces,
+ * byte tokens into bytes, and strips leading spaces. */
+enum { BPE_MAX_NORMS = 4 };
+enum bpe_prepend { BPE_PREPEND_ALWAYS, BPE_PREPEND_FIRST, BPE_PREPEND_NEVER };
+struct bpe_norm {
+    char *from; /* Replace's pattern; NULL: Prepend */
+    char *to;   /* Replace's content, or Prepend's text */
+};
+struct bpe_sp {
+    int char_level;
+    int byte_fallback;
+    int fuse_unk;
+    int32_t unk_id; /* -1: none */
+    struct bpe_norm norm[BPE_MAX_NORMS];
+    int n_norms;
+    int metaspace;               /* a Metaspace pre-tokenizer: */
+    char replacement[8];         /*   what a space becomes (UTF-8) */
+    enum bpe_prepend prepend;    /*   when a segment gets one in front */
+    int split;                   /*   pieces begin at each replacement */
+    char dec_from[8], dec_to[8]; /* the decoder's Replace ("" when none) */
+    int strip_lead;              /* leading spaces the decoder strips from the text */
+    int dec_bytes;               /* the decoder has ByteFallback: <0xXX> tokens decode to their byte */
+    int dec_meta_first;          /* Metaspace's decoder: the first token loses all its spaces */
+    char **dec;                  /* (n_ids) what an id decodes to (byte tokens: their byte) */
+    uint32_t *dec_len;
+    uint8_t *is_byte; /* (n_ids) a <0xXX> token */
+};
+
 struct loom_bpe {
     int32_t n_ids;        /* largest id + 1 */
     char **name;          /* (n_ids) the id's string in the file (byte-level characters); NULL: no such id */
@@ -60,6 +92,9 @@ struct loom_bpe {
     int n_steps;
     int ignore_merges; /* a piece that is itself a token is not merged (Llama 3's files) */
     char describe[64];
+    struct bpe_sp sp;                       /* SentencePiece-style files (char_level): their own steps */
+    int32_t post_prefix[4], post_suffix[4]; /* the post-processor's special tokens around a text */
+    int n_post_prefix, n_post_suffix;
 };
 
 /* realloc, or exit 1 naming the tokenizer when memory runs out. */
@@ -78,6 +113,35 @@ void bpe_index_merges(struct loom_bpe *t);
 /* A compiled split step; LOOM_ERR_INPUT naming the pattern when it does not compile. */
 int bpe_step_split(struct bpe_step *st, const char *pattern, int literal, const char *where);
 int32_t bpe_vocab_find(const struct loom_bpe *t, const char *b, size_t n);
+/* Length of the valid UTF-8 sequence at s[0, n) (its code point in *cp),
+ * or 0 when it is not one. */
+size_t bpe_utf8_valid_len(const unsigned char *s, size_t n, uint32_t *cp);
+/* The ids of one piece (after pre-tokenization), appended to out. */
+void bpe_merge_piece(const struct loom_bpe *t, struct loom_bpe_state *s, const char *w, size_t n,
+                     struct loom_ids *out);
+
+/* ---- SentencePiece-style files (sp_bpe.c) ---- */
+/* Whether a tokenizer.json is one: byte fallback, a normalizer, or a
+ * Metaspace pre-tokenizer. */
+int bpe_sp_detect(const void *root_json, const void *model_json);
+/* Its normalizer, pre-tokenizer, decoder and unknown-token settings into
+ * t->sp (refusing, naming the key, what loom does not run as `tokenizers`
+ * would); the names must be read. */
+int bpe_sp_read(struct loom_bpe *t, const void *root_json, const void *model_json, const char *file);
+/* Its tables from the names: vocabulary keys are the names' own UTF-8, the
+ * byte tokens, what each id decodes to, the unknown token's id. */
+void bpe_sp_index(struct loom_bpe *t);
+/* A segment between added tokens (first: it starts the text): normalized,
+ * cut by Metaspace, each piece merged. */
+void bpe_sp_segment(const struct loom_bpe *t, struct loom_bpe_state *s, const char *p, size_t n, int first,
+                    struct loom_ids *out);
+/* The initial symbols of a piece: its characters' ids, byte fallback or
+ * the unknown token for the others; their count. sym holds n. */
+size_t bpe_sp_symbols(const struct loom_bpe *t, const char *w, size_t n, int32_t *sym);
+/* Decoding as the file's decoder: see loom_bpe_decode. */
+size_t bpe_sp_decode(const struct loom_bpe *t, const int32_t *ids, size_t n, char *out, size_t cap);
+void bpe_sp_free(struct loom_bpe *t);
+
 /* The bytes of a file string (byte-level characters, or raw UTF-8 when one
  * is not byte-level, as `tokenizers` decodes), malloc'ed, length in *n. */
 char *bpe_name_bytes(const char *name, uint32_t *n);

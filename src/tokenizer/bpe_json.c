@@ -33,8 +33,10 @@ static struct loom_bpe *bpe_new(int32_t n_ids)
 /* Merge strings "left right" -> t->merge, by rank. */
 static int add_merge(struct loom_bpe *t, const char *file, int64_t k, const char *left, const char *right)
 {
-    uint32_t la, lb;
-    char *a = bpe_name_bytes(left, &la), *b = bpe_name_bytes(right, &lb);
+    uint32_t la = (uint32_t)strlen(left), lb = (uint32_t)strlen(right);
+    /* byte-level names stand for bytes; a SentencePiece-style name is its own text */
+    char *a = t->sp.char_level ? strdup(left) : bpe_name_bytes(left, &la),
+         *b = t->sp.char_level ? strdup(right) : bpe_name_bytes(right, &lb);
     char *ab = malloc((size_t)la + lb + 1);
     if (!ab) loom_die("out of memory loading a tokenizer");
     memcpy(ab, a, la);
@@ -148,6 +150,49 @@ static int read_pre_tokenizer(struct loom_bpe *t, const cJSON *p, const char *fi
                           type->valuestring);
 }
 
+/* TemplateProcessing's single-sequence template: the special tokens before
+ * and after the text (what `tokenizers` adds with add_special_tokens).
+ * Other post-processors (ByteLevel's offsets) add none. */
+static int read_post_processor(struct loom_bpe *t, const cJSON *p, const char *file)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "TemplateProcessing") != 0) return LOOM_OK;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"), *e;
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+    int after = 0;
+    cJSON_ArrayForEach(e, single)
+    {
+        if (cJSON_GetObjectItemCaseSensitive(e, "Sequence")) {
+            after = 1;
+            continue;
+        }
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(st, "id");
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(
+                        cJSON_GetObjectItemCaseSensitive(specials,
+                                                         cJSON_IsString(name) ? name->valuestring : ""),
+                        "ids"),
+                    *id;
+        if (!cJSON_IsArray(ids))
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s: post_processor's template names a special token it does "
+                                  "not define",
+                                  file);
+        cJSON_ArrayForEach(id, ids)
+        {
+            int32_t *list = after ? t->post_suffix : t->post_prefix;
+            int *count = after ? &t->n_post_suffix : &t->n_post_prefix;
+            if (!cJSON_IsNumber(id) || id->valueint < 0 || id->valueint >= t->n_ids || *count == 4)
+                return loom_error_set(LOOM_ERR_INPUT,
+                                      "%s: post_processor's template is not supported (up to 4 "
+                                      "special tokens of the vocabulary on each side)",
+                                      file);
+            list[(*count)++] = id->valueint;
+        }
+    }
+    return LOOM_OK;
+}
+
 static void describe(struct loom_bpe *t)
 {
     if (t->n_steps == 1 && t->step[0].byte_level)
@@ -182,7 +227,8 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
                             cJSON_IsString(type) ? type->valuestring : "?");
         goto done;
     }
-    if (norm && !cJSON_IsNull(norm)) {
+    const int sp_style = cJSON_IsObject(model) && bpe_sp_detect(root, model);
+    if (norm && !cJSON_IsNull(norm) && !sp_style) {
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: a normalizer is not supported (byte-level BPE has none)",
                             file);
         goto done;
@@ -190,11 +236,6 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0)) {
         rc = loom_error_set(LOOM_ERR_INPUT, "%s: BPE dropout is not supported (model.dropout)", file);
-        goto done;
-    }
-    if (json_flag(model, "byte_fallback", 0)) {
-        rc = loom_error_set(LOOM_ERR_INPUT,
-                            "%s: byte_fallback is not supported (a byte-level BPE needs none)", file);
         goto done;
     }
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
@@ -251,9 +292,15 @@ static int load_tokenizer_json(const char *file, struct loom_bpe **out)
                                                     .normalized = (uint8_t)json_flag(e, "normalized", 0)};
     }
     t->ignore_merges = json_flag(model, "ignore_merges", 0);
-    if ((rc = read_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), file)))
+    if (sp_style) {
+        if ((rc = bpe_sp_read(t, root, model, file))) goto done;
+    } else {
+        if ((rc = read_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), file)))
+            goto done;
+        describe(t);
+    }
+    if ((rc = read_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), file)))
         goto done;
-    describe(t);
     /* the byte tables first: merges are looked up by their bytes */
     if ((rc = bpe_index_vocab(t))) {
         char why[600];

@@ -60,8 +60,7 @@ static size_t utf8_lead(unsigned char b, unsigned char *lo, unsigned char *hi)
     return 0;
 }
 
-/* Length of the valid UTF-8 sequence at s[0, n), or 0 when it is not one. */
-static size_t utf8_valid_len(const unsigned char *s, size_t n, uint32_t *cp)
+size_t bpe_utf8_valid_len(const unsigned char *s, size_t n, uint32_t *cp)
 {
     const unsigned char b = s[0];
     if (b < 0x80) return *cp = b, 1;
@@ -118,7 +117,7 @@ char *loom_utf8_repair(const char *text, size_t n, size_t *out_n)
             i++;
             continue;
         }
-        size_t l = utf8_valid_len(s + i, n - i, &cp);
+        size_t l = bpe_utf8_valid_len(s + i, n - i, &cp);
         if (!l) break;
         i += l;
     }
@@ -127,7 +126,7 @@ char *loom_utf8_repair(const char *text, size_t n, size_t *out_n)
     memcpy(out, text, i);
     size_t k = i;
     while (i < n) {
-        size_t l = utf8_valid_len(s + i, n - i, &cp);
+        size_t l = bpe_utf8_valid_len(s + i, n - i, &cp);
         if (l) {
             memcpy(out + k, s + i, l);
             k += l, i += l;
@@ -148,7 +147,7 @@ char *bpe_name_bytes(const char *name, uint32_t *n)
     size_t k = 0, i = 0;
     uint32_t cp;
     while (i < len) {
-        size_t l = utf8_valid_len((const unsigned char *)name + i, len - i, &cp);
+        size_t l = bpe_utf8_valid_len((const unsigned char *)name + i, len - i, &cp);
         int b = l ? bpe_char_byte(cp) : -1;
         if (b < 0) { /* not byte-level: the string's own bytes, as `tokenizers` decodes */
             memcpy(out, name, len);

@@ -31,6 +31,7 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/bpe_learn.h"
 #include "tokenizer/jsonl_text.h"
+#include "tokenizer/tokenizer.h"
 
 enum { BATCH_DOCS = 4096, BATCH_BYTES = 16 << 20 };
 #define MAX_INPUT_FILE (1LL << 40)
@@ -272,11 +273,30 @@ struct sink {
     int64_t megatron_tokens;
 };
 
-static int sink_document(struct sink *k, const struct loom_prepare_opts *o, int64_t index, int32_t eot,
-                         struct loom_ids *doc)
+/* What goes around a document: the tokenizer's template, or (shards
+ * without one) the end of text before it. */
+struct frame {
+    int32_t eot, pre[4], post[4];
+    int n_pre, n_post;
+};
+
+static struct frame frame_of(const struct loom_tokenizer *t, const struct loom_prepare_opts *o)
+{
+    struct frame f = {.eot = loom_tokenizer_eot(t)};
+    if (o->megatron) { /* Megatron's ids: no template */
+        if (o->megatron_bos && loom_tokenizer_bos(t) >= 0) f.pre[f.n_pre++] = loom_tokenizer_bos(t);
+        return f;
+    }
+    loom_tokenizer_template(t, f.pre, &f.n_pre, f.post, &f.n_post);
+    if (!f.n_pre && !f.n_post) f.pre[f.n_pre++] = f.eot;
+    return f;
+}
+
+static int sink_document(struct sink *k, const struct loom_prepare_opts *o, int64_t index,
+                         const struct frame *f, struct loom_ids *doc)
 {
     if (k->megatron) {
-        if (o->append_eod && doc->n) loom_ids_push(doc, eot);
+        if (o->append_eod && doc->n) loom_ids_push(doc, f->eot);
         k->megatron_tokens += (int64_t)doc->n;
         return loom_indexed_writer_add(k->megatron, doc->ids, (int64_t)doc->n);
     }
@@ -284,27 +304,28 @@ static int sink_document(struct sink *k, const struct loom_prepare_opts *o, int6
     const int to_val =
         (int64_t)((double)(index + 1) * o->val_fraction) > (int64_t)((double)index * o->val_fraction);
     struct shard_out *s = to_val ? &k->val : &k->train;
-    int rc = shard_push(s, &eot, 1);
-    return rc ? rc : shard_push(s, doc->ids, doc->n);
+    int rc = shard_push(s, f->pre, (size_t)f->n_pre);
+    if (!rc) rc = shard_push(s, doc->ids, doc->n);
+    return rc ? rc : shard_push(s, f->post, (size_t)f->n_post);
 }
 
 /* Tokenizes every document of the inputs into the sink, in order; the
  * documents' count into *n_docs, the input bytes into *done. */
-static int tokenize_into(struct loom_bpe *t, const char *const *in, int n_in,
+static int tokenize_into(struct loom_tokenizer *t, const char *const *in, int n_in,
                          const struct loom_prepare_opts *o, struct sink *k, int64_t *n_docs, double total,
                          double *done)
 {
-    const int32_t eot = loom_bpe_eot(t);
+    const struct frame frame = frame_of(t, o);
 #ifdef _OPENMP
     if (o->threads > 0) omp_set_num_threads(o->threads);
 #endif
     const int nt = threads();
-    struct loom_bpe_state **states = calloc((size_t)nt, sizeof *states);
+    struct loom_tokenizer_state **states = calloc((size_t)nt, sizeof *states);
     struct loom_ids *out = calloc(BATCH_DOCS, sizeof *out);
     int *bad = calloc(BATCH_DOCS, sizeof *bad);
     char(*err)[512] = calloc(BATCH_DOCS, sizeof *err);
     if (!states || !out || !bad || !err) loom_die("out of memory preparing data");
-    for (int i = 0; i < nt; i++) states[i] = loom_bpe_state_new(t);
+    for (int i = 0; i < nt; i++) states[i] = loom_tokenizer_state_new(t);
     const double t0 = loom_now();
     int rc = LOOM_OK;
     for (int fi = 0; fi < n_in && !rc; fi++) {
@@ -324,13 +345,18 @@ static int tokenize_into(struct loom_bpe *t, const char *const *in, int n_in,
                 out[i].n = 0;
                 bad[i] = doc_text(&f, &f.docs[b + (size_t)i], o->text_key, &json, &owned, &text, &n, err[i],
                                   sizeof err[i]);
-                if (!bad[i]) loom_bpe_encode(t, states[thread_id()], text, n, &out[i]);
+                if (!bad[i]) {
+                    /* Megatron's beginning of text is part of the document's sequence */
+                    if (o->megatron)
+                        for (int j = 0; j < frame.n_pre; j++) loom_ids_push(&out[i], frame.pre[j]);
+                    loom_tokenizer_encode(t, states[thread_id()], text, n, &out[i]);
+                }
                 cJSON_Delete(json);
                 free(owned);
             }
             for (int64_t i = 0; i < m && !rc; i++)
                 rc = bad[i] ? loom_error_set(LOOM_ERR_INPUT, "%s", err[i])
-                            : sink_document(k, o, (*n_docs)++, eot, &out[i]);
+                            : sink_document(k, o, (*n_docs)++, &frame, &out[i]);
             *done += (double)bytes;
             progress(o, "loom data tokenize", *done, total,
                      k->megatron ? k->megatron_tokens : k->train.total + k->val.total, t0, 0);
@@ -340,7 +366,7 @@ static int tokenize_into(struct loom_bpe *t, const char *const *in, int n_in,
     }
     progress(o, "loom data tokenize", *done, total,
              k->megatron ? k->megatron_tokens : k->train.total + k->val.total, t0, 1);
-    for (int i = 0; i < nt; i++) loom_bpe_state_free(states[i]);
+    for (int i = 0; i < nt; i++) loom_tokenizer_state_free(states[i]);
     for (int i = 0; i < BATCH_DOCS; i++) loom_ids_free(&out[i]);
     free(states);
     free(out);
@@ -352,11 +378,15 @@ static int tokenize_into(struct loom_bpe *t, const char *const *in, int n_in,
 /* The tokenizer, with an end-of-text token when `need` names what it is
  * for (NULL: not needed). */
 static int load_tokenizer(const char *tokenizer, const struct loom_prepare_opts *o, const char *need,
-                          struct loom_bpe **t)
+                          struct loom_tokenizer **t)
 {
-    int rc = loom_bpe_load_pair(tokenizer, o->merge_file, t);
-    if (rc || !need || loom_bpe_eot(*t) >= 0) return rc;
-    loom_bpe_free(*t);
+    int rc = loom_tokenizer_load(tokenizer, o->merge_file, t);
+    if (rc || !need || loom_tokenizer_eot(*t) >= 0) return rc;
+    int32_t pre[4], post[4];
+    int n_pre, n_post;
+    loom_tokenizer_template(*t, pre, &n_pre, post, &n_post);
+    if (!o->megatron && n_pre + n_post) return rc; /* the template marks the documents */
+    loom_tokenizer_free(*t);
     return loom_error_set(LOOM_ERR_INPUT,
                           "%s: no end-of-text token (<|endoftext|>, <|end_of_text|>, </s> or <eos>) %s",
                           tokenizer, need);
@@ -375,15 +405,16 @@ static int some_documents(int64_t n_docs, int n_in)
 int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in, const char *outdir,
                           const struct loom_prepare_opts *o)
 {
-    struct loom_bpe *t;
+    struct loom_tokenizer *t;
     int rc = load_tokenizer(tokenizer, o, "to put between documents", &t);
     if (rc) return rc;
-    const int32_t vocab = loom_bpe_vocab_size(t), eot = loom_bpe_eot(t);
+    const int32_t vocab = loom_tokenizer_vocab_size(t);
+    const struct frame frame = frame_of(t, o);
     double total;
     const int made_dir = !loom_fs_is_dir(outdir);
     if ((rc = total_bytes(in, n_in, &total)) || (rc = loom_fs_mkdir_p(outdir)) ||
         (rc = check_no_shards(outdir))) {
-        loom_bpe_free(t);
+        loom_tokenizer_free(t);
         return rc;
     }
     struct sink k = {.train = {.dir = outdir, .prefix = "train", .size = o->shard_size},
@@ -410,27 +441,33 @@ int loom_prepare_tokenize(const char *tokenizer, const char *const *in, int n_in
         shard_remove(&k.val);
         if (made_dir) rmdir(outdir);
     }
+    char marks[96];
+    if (frame.n_pre == 1 && !frame.n_post && frame.pre[0] == frame.eot)
+        snprintf(marks, sizeof marks, "end of text %d before each document", frame.eot);
+    else
+        snprintf(marks, sizeof marks, "%d id%s before and %d after each document (the tokenizer's template)",
+                 frame.n_pre, frame.n_pre == 1 ? "" : "s", frame.n_post);
     if (!rc)
         printf("wrote %lld tokens of %lld documents to %s: %lld train in %d shard%s, %lld validation in %d "
                "shard%s "
-               "(tokenizer %s, %d ids, end of text %d, %.1f MB/s)\n",
+               "(tokenizer %s, %d ids, %s, %.1f MB/s)\n",
                (long long)(k.train.total + k.val.total), (long long)n_docs, outdir, (long long)k.train.total,
                k.train.index, k.train.index == 1 ? "" : "s", (long long)k.val.total, k.val.index,
-               k.val.index == 1 ? "" : "s", loom_bpe_describe(t), vocab, eot,
+               k.val.index == 1 ? "" : "s", loom_tokenizer_describe(t), vocab, marks,
                done / 1e6 / (loom_now() - t0 + 1e-9));
     loom_free(wide ? (void *)k.train.buf32 : k.train.buf);
     loom_free(wide ? (void *)k.val.buf32 : k.val.buf);
-    loom_bpe_free(t);
+    loom_tokenizer_free(t);
     return rc;
 }
 
 int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in, int n_in, const char *prefix,
                                    const struct loom_prepare_opts *o)
 {
-    struct loom_bpe *t;
+    struct loom_tokenizer *t;
     int rc = load_tokenizer(tokenizer, o, o->append_eod ? "for --append-eod" : NULL, &t);
     if (rc) return rc;
-    const int32_t vocab = loom_bpe_vocab_size(t);
+    const int32_t vocab = loom_tokenizer_vocab_size(t);
     char path[4200], dir[4200];
     snprintf(path, sizeof path, "%s_%s_document", prefix, o->text_key);
     loom_fs_dirname(path, dir, sizeof dir);
@@ -438,7 +475,7 @@ int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in,
     struct loom_indexed_writer w;
     if ((rc = total_bytes(in, n_in, &total)) || (rc = loom_fs_mkdir_p(dir)) ||
         (rc = loom_indexed_writer_open(&w, path, loom_indexed_dtype_for(vocab)))) {
-        loom_bpe_free(t);
+        loom_tokenizer_free(t);
         return rc;
     }
     struct sink k = {.megatron = &w};
@@ -456,9 +493,9 @@ int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in,
             "wrote %lld tokens of %lld documents to %s.bin and .idx (Megatron's indexed dataset, %s tokens; "
             "tokenizer %s, %d ids%s, %.1f MB/s)\n",
             (long long)k.megatron_tokens, (long long)n_docs, path, vocab < 65500 ? "uint16" : "int32",
-            loom_bpe_describe(t), vocab, o->append_eod ? ", end of text appended" : "",
+            loom_tokenizer_describe(t), vocab, o->append_eod ? ", end of text appended" : "",
             done / 1e6 / (loom_now() - t0 + 1e-9));
-    loom_bpe_free(t);
+    loom_tokenizer_free(t);
     return rc;
 }
 

@@ -12,7 +12,7 @@
  *
  * The fuzz-sources line is read whole by the Makefile: formatting is off here.
  *
- * fuzz-sources: src/tokenizer/bpe.c src/tokenizer/bytes.c src/tokenizer/bpe_json.c src/io/fs.c src/base/log.c src/base/mem.c
+ * fuzz-sources: src/tokenizer/bpe.c src/tokenizer/bytes.c src/tokenizer/bpe_json.c src/tokenizer/sp_bpe.c src/io/fs.c src/base/log.c src/base/mem.c
  * fuzz-libs: -lcjson -lpcre2-8 -lxxhash
  */
 // clang-format on
