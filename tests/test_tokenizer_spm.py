@@ -135,6 +135,20 @@ def check_json(name, path, texts, rng):
           got_text == want_text, th.first_difference(got_text, want_text))
 
 
+SPECIALS = ("<s>", "</s>", "<unk>", "<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>")
+
+
+def plain(docs):
+    """docs without special tokens' text: sentencepiece reads "<s>" in text as
+    text, a fast tokenizer as the token (the corpus holds this file)."""
+    out = []
+    for d in docs:
+        for t in SPECIALS:
+            d = d.replace(t, "")
+        out.append(d)
+    return out
+
+
 def read_shards(d):
     import test_data_prepare as dp
     return [i for prefix in ("train", "val") for i in dp.shards(d, prefix)[1]]
@@ -149,17 +163,16 @@ def data_tokenize(tmp, files, docs):
             f.write(json.dumps({"text": d}) + "\n")
     model, js = files["llama"]
     at = AutoTokenizer.from_pretrained(os.path.dirname(js))
-    want = [i for d in docs for i in at(d).input_ids]
-    results = {}
-    for tag, tok in (("tokenizer.model", model), ("tokenizer.json", js)):
+    sp = spm.SentencePieceProcessor(model_file=model)
+    # each file's own reference: sentencepiece reads "<s>" in text as text, tokenizers as the token
+    for tag, tok, want in (("tokenizer.model", model, [i for d in docs for i in [sp.bos_id()] + sp.encode(d)]),
+                           ("tokenizer.json", js, [i for d in docs for i in at(d).input_ids])):
         out = os.path.join(tmp, "shards-" + tag)
         p = lib.loom("data", "tokenize", "--tokenizer", tok, jl, out, "--val-fraction", "0", "--no-progress")
         got = read_shards(out) if p.returncode == 0 else []
-        results[tag] = got
-        check(f"loom data tokenize with the {tag}: the shards hold transformers' tokenizer(text).input_ids of "
-              f"every document (<s> first; {len(want)} tokens)", got == want, p.stderr[-300:] or
-              th.first_difference(got, want))
-    sp = spm.SentencePieceProcessor(model_file=model)
+        ref = "sentencepiece's ids after <s>" if tag == "tokenizer.model" else "tokenizer(text).input_ids"
+        check(f"loom data tokenize with the {tag}: the shards hold {ref} for every document ({len(want)} tokens)",
+              got == want, p.stderr[-300:] or th.first_difference(got, want))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import numpy as np
     for ttype, bos in (("Llama2Tokenizer", True), ("SentencePieceTokenizer", False)):
@@ -230,6 +243,33 @@ def in_use(tmp, files, shards, docs):
           f"loom {ours!r}\ntransformers {theirs!r}\n{r.stderr[-300:]}")
 
 
+def gemma_export(tmp, files, shards, docs):
+    """Gemma's settings (no leading space, <pad> at 0): the exported directory
+    names the padding token, and AutoTokenizer encodes as sentencepiece."""
+    from transformers import AutoTokenizer
+    model = files["gemma"][0]
+    save, hf = os.path.join(tmp, "save-gemma"), os.path.join(tmp, "hf-gemma")
+    shape = ["--model", "llama-tiny", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4",
+             "--num-query-groups", "2", "--ffn-hidden-size", "64", "--seq-length", "32",
+             "--max-position-embeddings", "32", "--vocab-size", "1000"]
+    p = lib.loom("train", *shape, "--data-path", os.path.join(shards, "train_*.bin"), "--train-iters", "2",
+                 "--eval-iters", "0", "--micro-batch-size", "1", "--global-batch-size", "1", "--tokenizer", model,
+                 "--save", save, "--threads", "1", timeout=600)
+    q = lib.loom("convert", save, hf, "--to", "hf") if p.returncode == 0 else p
+    if not check("Gemma's settings: trained with its tokenizer.model and exported", q.returncode == 0, q.stderr[-300:]):
+        return
+    sp = spm.SentencePieceProcessor(model_file=model)
+    cfg = json.load(open(os.path.join(hf, "config.json")))
+    at = AutoTokenizer.from_pretrained(hf)
+    want = [[sp.bos_id()] + sp.encode(d) for d in docs]
+    got = [at(d).input_ids for d in docs]
+    ids = (cfg.get("bos_token_id"), cfg.get("eos_token_id"), cfg.get("pad_token_id"), at.pad_token_id)
+    check(f"Gemma's settings: config.json's bos/eos/pad and AutoTokenizer's pad {ids} are the model's "
+          f"({sp.bos_id()}, {sp.eos_id()}, {sp.pad_id()}); AutoTokenizer encodes every document as sentencepiece "
+          f"after <bos>", ids == (sp.bos_id(), sp.eos_id(), sp.pad_id(), sp.pad_id()) and got == want,
+          th.first_difference(got, want))
+
+
 def refusals(tmp, files):
     bad = os.path.join(tmp, "bad.model")
     with open(bad, "wb") as f:
@@ -272,7 +312,8 @@ def main():
         check_json("Metaspace decoder", files["metaspace-decoder"][1], texts, rng)
         docs = th.corpus(3, 60)
         shards = data_tokenize(tmp, files, docs)
-        in_use(tmp, files, shards, docs[:30])
+        in_use(tmp, files, shards, plain(docs[:30]))
+        gemma_export(tmp, files, shards, plain(docs[:30]))
         refusals(tmp, files)
     return lib.verdict()
 

@@ -82,7 +82,8 @@ static void set_number(cJSON *j, const char *key, double v)
 }
 
 /* What AutoTokenizer and generate read beside the weights of a directory
- * given a tokenizer: the tokenizer's beginning- and end-of-text ids in
+ * given a tokenizer: the tokenizer's beginning- and end-of-text ids (and
+ * its padding id, where it has one) in
  * config.json and generation_config.json (the family's stay where it has
  * no such token; a tokenizer with an end of text and no beginning, as
  * GPT-2's, begins with its end, as GPT-2's config.json says),
@@ -90,9 +91,9 @@ static void set_number(cJSON *j, const char *key, double v)
  * the class is PreTrainedTokenizerFast (encode and decode are the file's,
  * as loom's, with no spaces cleaned up); over a SentencePiece model it is
  * LlamaTokenizer, legacy (its encode is the model's own, as loom's), with
- * add_bos_token as the template and add_prefix_space as the model adds its
- * leading space, so the fast tokenizer transformers converts from it
- * encodes alike. */
+ * add_prefix_space, for a model that puts a space before a text, else
+ * GemmaTokenizer, with add_bos_token as the template, so the fast tokenizer
+ * transformers converts from it encodes alike. */
 static int complete_directory(const char *dir)
 {
     struct loom_tokenizer *t;
@@ -102,6 +103,8 @@ static int complete_directory(const char *dir)
     cJSON *special = cJSON_CreateObject(), *tc = cJSON_CreateObject();
     if (bos >= 0) cJSON_AddStringToObject(special, "bos_token", loom_tokenizer_special_text(t, bos));
     if (eos >= 0) cJSON_AddStringToObject(special, "eos_token", loom_tokenizer_special_text(t, eos));
+    const int32_t pad = loom_tokenizer_pad(t);
+    if (pad >= 0) cJSON_AddStringToObject(special, "pad_token", loom_tokenizer_special_text(t, pad));
     const int spm = loom_tokenizer_is_spm(t);
     int32_t pre[4], post[4];
     int n_pre, n_post, prefix_space = 0;
@@ -124,19 +127,27 @@ static int complete_directory(const char *dir)
         if (!j) continue;
         if (bos >= 0) set_number(j, "bos_token_id", bos);
         if (eos >= 0) set_number(j, "eos_token_id", eos);
+        if (pad >= 0) set_number(j, "pad_token_id", pad);
         const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "max_position_embeddings");
         if (!n) n = cJSON_GetObjectItemCaseSensitive(j, "n_positions");
         if (i == 0 && cJSON_IsNumber(n)) max_len = n->valuedouble;
         rc = write_json(dir, configs[i], j);
         cJSON_Delete(j);
     }
-    cJSON_AddStringToObject(tc, "tokenizer_class", spm ? "LlamaTokenizer" : "PreTrainedTokenizerFast");
+    /* a model that puts no space before a text is Gemma's kind: GemmaTokenizer, whose converter also
+     * keeps the model's user-defined pieces whole, as sentencepiece does */
+    cJSON_AddStringToObject(tc, "tokenizer_class",
+                            !spm           ? "PreTrainedTokenizerFast"
+                            : prefix_space ? "LlamaTokenizer"
+                                           : "GemmaTokenizer");
     cJSON_AddFalseToObject(tc, "clean_up_tokenization_spaces");
     if (spm) {
         cJSON_AddBoolToObject(tc, "add_bos_token", n_pre > 0);
         cJSON_AddBoolToObject(tc, "add_eos_token", n_post > 0);
-        cJSON_AddTrueToObject(tc, "legacy");
-        cJSON_AddBoolToObject(tc, "add_prefix_space", prefix_space);
+        if (prefix_space) {
+            cJSON_AddTrueToObject(tc, "legacy");
+            cJSON_AddTrueToObject(tc, "add_prefix_space");
+        }
     }
     if (max_len > 0) cJSON_AddNumberToObject(tc, "model_max_length", max_len);
     for (const cJSON *e = special->child; e; e = e->next)

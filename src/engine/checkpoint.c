@@ -714,6 +714,8 @@ static int load_family_weights(const struct loom_model_family *family, struct lo
     const struct loom_backend *b = m->backend;
     const struct loom_buf stored = m->params;
     const size_t n = m->num_params;
+    /* float32 parameters in host memory (the CPU's): read in place, no staging copy of the model */
+    if (stored.dtype == LOOM_DTYPE_F32 && !loom_devmem()) return family->load_weights(m, path);
     float *host = loom_alloc(loom_mul_size(n + 1, sizeof(float)), LOOM_MEM_OTHER);
     float **held = loom_alloc(loom_mul_size((size_t)m->nblocks + 1, sizeof *held), LOOM_MEM_OTHER);
     m->params = loom_buf_f32(host, n);

@@ -179,6 +179,12 @@ int32_t loom_bpe_bos(const struct loom_bpe *t)
     return added_named(t, names, sizeof names / sizeof names[0]);
 }
 
+int32_t loom_bpe_pad(const struct loom_bpe *t)
+{
+    static const char *const names[] = {"<pad>", "<|pad|>", "[PAD]"};
+    return added_named(t, names, sizeof names / sizeof names[0]);
+}
+
 const char *loom_bpe_added_text(const struct loom_bpe *t, int32_t id)
 {
     for (int i = 0; i < t->n_added; i++)

@@ -66,6 +66,8 @@ int32_t loom_bpe_eot(const struct loom_bpe *t);
 /* The beginning-of-text token: `<|begin_of_text|>` (Llama 3), `<s>` or
  * `<bos>`, first found; -1 if none. */
 int32_t loom_bpe_bos(const struct loom_bpe *t);
+/* The padding token: the added token <pad>, <|pad|> or [PAD]; -1 if none. */
+int32_t loom_bpe_pad(const struct loom_bpe *t);
 /* An added token's text (id's), or NULL. */
 const char *loom_bpe_added_text(const struct loom_bpe *t, int32_t id);
 /* The special tokens the file's post-processor puts around a text

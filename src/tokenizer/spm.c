@@ -90,6 +90,11 @@ int32_t loom_spm_eos(const struct loom_spm *m)
     return spm_lib_special(m->lib, SPM_LIB_EOS);
 }
 
+int32_t loom_spm_pad(const struct loom_spm *m)
+{
+    return spm_lib_special(m->lib, SPM_LIB_PAD);
+}
+
 const char *loom_spm_piece(const struct loom_spm *m, int32_t id)
 {
     size_t len;
@@ -175,6 +180,11 @@ int32_t loom_spm_bos(const struct loom_spm *m)
     return -1;
 }
 int32_t loom_spm_eos(const struct loom_spm *m)
+{
+    (void)m;
+    return -1;
+}
+int32_t loom_spm_pad(const struct loom_spm *m)
 {
     (void)m;
     return -1;

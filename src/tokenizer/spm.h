@@ -21,6 +21,7 @@ int32_t loom_spm_vocab_size(const struct loom_spm *m);
 /* The model's beginning- and end-of-text ids; -1 when it has none. */
 int32_t loom_spm_bos(const struct loom_spm *m);
 int32_t loom_spm_eos(const struct loom_spm *m);
+int32_t loom_spm_pad(const struct loom_spm *m);
 /* A piece's own text (U+2581 for spaces; "<s>" for a control token), NUL-terminated; NULL outside the
  * vocabulary. */
 const char *loom_spm_piece(const struct loom_spm *m, int32_t id);

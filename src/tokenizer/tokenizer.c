@@ -167,6 +167,11 @@ int32_t loom_tokenizer_bos(const struct loom_tokenizer *t)
     return t->spm ? loom_spm_bos(t->spm) : loom_bpe_bos(t->bpe);
 }
 
+int32_t loom_tokenizer_pad(const struct loom_tokenizer *t)
+{
+    return t->spm ? loom_spm_pad(t->spm) : loom_bpe_pad(t->bpe);
+}
+
 const char *loom_tokenizer_special_text(const struct loom_tokenizer *t, int32_t id)
 {
     return t->spm ? loom_spm_piece(t->spm, id) : loom_bpe_added_text(t->bpe, id);

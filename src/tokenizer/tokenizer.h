@@ -48,6 +48,9 @@ int32_t loom_tokenizer_vocab_size(const struct loom_tokenizer *t);
  * own eos/bos ids); -1 when none. */
 int32_t loom_tokenizer_eot(const struct loom_tokenizer *t);
 int32_t loom_tokenizer_bos(const struct loom_tokenizer *t);
+/* The padding token: a SentencePiece model's pad id, or the added token
+ * <pad>, <|pad|> or [PAD]; -1 when none. */
+int32_t loom_tokenizer_pad(const struct loom_tokenizer *t);
 /* A special token's text ("<s>"), or NULL. */
 const char *loom_tokenizer_special_text(const struct loom_tokenizer *t, int32_t id);
 /* "gpt2", "llama3", "sentencepiece-bpe", "sentencepiece", ...: for messages. */
