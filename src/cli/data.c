@@ -19,7 +19,7 @@
 
 enum { MAX_INPUTS = 4096, MAX_SPECIALS = 64 };
 
-static const char usage_text[] =
+static const char tokenize_usage[] =
     "usage: loom data tokenize --tokenizer TOK IN... OUTDIR [--text-key K] [--blank-line-docs]\n"
     "                          [--shard-size N] [--val-fraction X] [--no-progress]\n"
     "       loom data tokenize --tokenizer TOK --output-format megatron IN... OUTPUT_PREFIX [--append-eod]\n"
@@ -29,21 +29,29 @@ static const char usage_text[] =
     "       (for --tokenizer TOK, Megatron's --tokenizer-type GPT2BPETokenizer --vocab-file V --merge-file "
     "M,\n"
     "        or --tokenizer-type HuggingFaceTokenizer|Llama2Tokenizer|SentencePieceTokenizer "
-    "--tokenizer-model "
-    "TOK;\n"
+    "--tokenizer-model TOK;\n"
     "        --workers N sets the threads)\n"
     "       loom data tokenize IN.txt OUTDIR [--val-fraction X]      (byte-level, no tokenizer)\n"
-    "       loom data train-tokenizer --vocab-size N IN... OUTDIR [--pattern gpt2|llama3]\n"
-    "                          [--special-tokens A,B,...] [--min-frequency N] [--text-key K] "
-    "[--blank-line-docs]\n"
-    "       loom data synth OUTDIR [--tokens N] [--seed S]\n"
     "TOK: a tokenizer.json, a SentencePiece tokenizer.model, or a directory with one of them or GPT-2's\n"
     "vocab.json + merges.txt.\n"
     "IN: .jsonl (one document a line, its --text-key string, default \"text\") or text (one document a "
     "file,\n"
     "or a block between blank lines with --blank-line-docs). In shards each document gets what the\n"
     "tokenizer's template puts around it (Llama's <s> before it), or, without one, the end-of-text token\n"
-    "before it.\n";
+    "before it; every 1/X-th document goes to val_*.bin (--val-fraction, default 0.01).\n";
+
+static const char train_tokenizer_usage[] =
+    "usage: loom data train-tokenizer --vocab-size N IN... OUTDIR [--pattern gpt2|llama3]\n"
+    "                          [--special-tokens A,B,...] [--min-frequency N] [--text-key K] "
+    "[--blank-line-docs]\n"
+    "Learns byte-level BPE merges on the documents (IN as loom data tokenize reads them) and writes\n"
+    "OUTDIR/tokenizer.json: GPT-2's pre-tokenization (--pattern gpt2, the default) or Llama 3's; the\n"
+    "special tokens take ids 0, 1, ... (the first is the end of text; default <|endoftext|>).\n";
+
+static const char synth_usage[] =
+    "usage: loom data synth OUTDIR [--tokens N] [--seed S]\n"
+    "Writes the built-in corpus (a synthetic one with a known entropy floor) as\n"
+    "OUTDIR/train.bin and val.bin.\n";
 
 static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
@@ -275,10 +283,20 @@ static int cmd_synth(int argc, char **argv)
 
 int loom_cli_data(int argc, char **argv)
 {
-    if (argc < 1 || strcmp(argv[0], "--help") == 0) {
-        fputs(usage_text, argc < 1 ? stderr : stdout);
+    if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
+        FILE *f = argc < 1 ? stderr : stdout;
+        fprintf(f, "%s\n%s\n%s", tokenize_usage, train_tokenizer_usage, synth_usage);
         return argc < 1 ? LOOM_ERR_INPUT : LOOM_OK;
     }
+    const char *usage = strcmp(argv[0], "tokenize") == 0          ? tokenize_usage
+                        : strcmp(argv[0], "train-tokenizer") == 0 ? train_tokenizer_usage
+                        : strcmp(argv[0], "synth") == 0           ? synth_usage
+                                                                  : NULL;
+    for (int i = 1; usage && i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(usage, stdout);
+            return LOOM_OK;
+        }
     if (strcmp(argv[0], "tokenize") == 0) return cmd_tokenize(argc, argv);
     if (strcmp(argv[0], "train-tokenizer") == 0) return cmd_train_tokenizer(argc, argv);
     if (strcmp(argv[0], "synth") == 0) return cmd_synth(argc, argv);

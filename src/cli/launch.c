@@ -2,7 +2,12 @@
  * `loom launch`: the convenience launcher, like torchrun or the deepspeed
  * launcher. It builds an mpirun command line and runs it as its child:
  *
- *   loom launch --nproc-per-node N [--hostfile FILE] -- train ARGS...
+ *   loom launch --nproc-per-node N [--hostfile FILE] [--] train ARGS...
+ *   loom launch --nproc_per_node=N ./program ARGS...
+ *
+ * torchrun's and DeepSpeed's spellings name the same (launch_usage); a
+ * program that is not loom's train or eval runs as it is (a user's
+ * engine-API binary).
  *
  * It allows running as root, oversubscribes when there are more ranks than
  * cores, binds each single-threaded rank to a core (no binding otherwise),
@@ -229,61 +234,136 @@ static int supervise(const char **args, int n, const char *save, const char *loa
     }
 }
 
+static const char launch_usage[] =
+    "usage: loom launch --nproc-per-node N [--hostfile FILE] [--max-restarts K] [--] PROGRAM ARGS...\n"
+    "Runs PROGRAM on N ranks a host through mpirun: `train ARGS` (or eval) is loom's own command, anything\n"
+    "else a program of yours (one built on the engine API, say) started as it is. torchrun's and\n"
+    "DeepSpeed's spellings are taken: --nproc_per_node=N, --num_gpus N, --nnodes M and --num_nodes M\n"
+    "(with a hostfile of M hosts), --node_rank 0, --master_addr/--master_port (mpirun needs neither),\n"
+    "--standalone, --max_restarts K; `--x=v` and `--x v` alike.\n"
+    "\n"
+    "  --nproc-per-node N    ranks a host (torchrun's --nproc_per_node, DeepSpeed's --num_gpus)\n"
+    "  --hostfile FILE       the hosts: one a line, `host` or `host slots=K` (DeepSpeed's and Open MPI's\n"
+    "                        form), # comments; N ranks go on each host (mpirun --npernode). Under Slurm,\n"
+    "                        use srun -n M (loom starts as an MPI job under PMIx) instead of loom launch.\n"
+    "  --max-restarts K      run the job again from the newest intact checkpoint of train's --save when\n"
+    "                        it fails (not on bad input, exit 2), at most K times\n"
+    "Each rank gets cores/N threads unless ARGS set --threads; a first SIGTERM or SIGINT stops the job\n"
+    "at a step boundary with a checkpoint, a second at once.\n";
+
+/* A flag of the launcher in any of its spellings (--a-b, --a_b, =value or
+ * the next argument): the value, or NULL when argv[*i] is not this flag.
+ * *i moves past what was read. */
+static const char *flag_value(char **argv, int argc, int *i, const char *name, int *rc)
+{
+    const char *a = argv[*i];
+    if (strncmp(a, "--", 2) != 0) return NULL;
+    size_t k = 0;
+    for (; name[k] && a[k + 2]; k++) {
+        const char x = a[k + 2] == '_' ? '-' : a[k + 2];
+        if (x != name[k]) return NULL;
+    }
+    if (name[k]) return NULL;
+    if (a[k + 2] == '=') return a + k + 3;
+    if (a[k + 2]) return NULL;
+    if (*i + 1 >= argc) {
+        *rc = loom_error_set(LOOM_ERR_INPUT, "%s needs a value", a);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static int parse_count(const char *flag, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (!*v || *end || n < lo || n > hi)
+        return loom_error_set(LOOM_ERR_INPUT, "--%s: expected an integer in [%ld, %ld], got '%s'", flag, lo,
+                              hi, v);
+    *out = (int)n;
+    return LOOM_OK;
+}
+
 int loom_launch(int argc, char **argv)
 {
-    int nproc = 0, i, max_restarts = 0;
+    int nproc = 0, i, max_restarts = 0, nnodes = 0, node_rank = 0, rc = LOOM_OK;
     catch_stops(); /* first: a signal from here on stops the job, or keeps it from starting */
-    const char *hostfile = NULL;
-    for (i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
-        if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: loom launch --nproc-per-node N [--hostfile FILE] [--max-restarts K] -- train "
-                   "ARGS...\n");
+    const char *hostfile = NULL, *v;
+    for (i = 0; i < argc && strcmp(argv[i], "--") != 0 && strncmp(argv[i], "-", 1) == 0; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(launch_usage, stdout);
             return LOOM_OK;
         }
-        if (i + 1 >= argc) return loom_error_set(LOOM_ERR_INPUT, "%s needs a value", argv[i]);
-        if (strcmp(argv[i], "--nproc-per-node") == 0 || strcmp(argv[i], "--nproc_per_node") == 0) {
-            char *end;
-            long n = strtol(argv[++i], &end, 10);
-            if (*end || n < 1 || n > 4096)
-                return loom_error_set(
-                    LOOM_ERR_INPUT, "--nproc-per-node: expected an integer in [1, 4096], got '%s'", argv[i]);
-            nproc = (int)n;
-        } else if (strcmp(argv[i], "--hostfile") == 0) {
-            hostfile = argv[++i];
-        } else if (strcmp(argv[i], "--max-restarts") == 0) {
-            char *end;
-            long n = strtol(argv[++i], &end, 10);
-            if (*end || n < 0 || n > 1000)
-                return loom_error_set(LOOM_ERR_INPUT,
-                                      "--max-restarts: expected an integer in [0, 1000], got '%s'", argv[i]);
-            max_restarts = (int)n;
-        } else {
-            return loom_error_set(LOOM_ERR_INPUT,
-                                  "unknown launch flag %s (--nproc-per-node, --hostfile, --max-restarts)",
-                                  argv[i]);
-        }
+        if ((v = flag_value(argv, argc, &i, "nproc-per-node", &rc)) ||
+            (v = flag_value(argv, argc, &i, "num-gpus", &rc)))
+            rc = parse_count("nproc-per-node", v, 1, 4096, &nproc);
+        else if (!rc && (v = flag_value(argv, argc, &i, "hostfile", &rc)))
+            hostfile = v;
+        else if (!rc && (v = flag_value(argv, argc, &i, "max-restarts", &rc)))
+            rc = parse_count("max-restarts", v, 0, 1000, &max_restarts);
+        else if (!rc && ((v = flag_value(argv, argc, &i, "nnodes", &rc)) ||
+                         (v = flag_value(argv, argc, &i, "num-nodes", &rc))))
+            rc = parse_count("nnodes", v, 1, 100000, &nnodes);
+        else if (!rc && (v = flag_value(argv, argc, &i, "node-rank", &rc)))
+            rc = parse_count("node-rank", v, 0, 100000, &node_rank);
+        else if (!rc && ((v = flag_value(argv, argc, &i, "master-addr", &rc)) ||
+                         (v = flag_value(argv, argc, &i, "master-port", &rc))))
+            continue; /* mpirun finds the ranks itself */
+        else if (!rc && strcmp(argv[i], "--standalone") == 0)
+            continue;
+        else if (!rc)
+            rc = loom_error_set(
+                LOOM_ERR_INPUT,
+                "unknown launch flag %s (--nproc-per-node, --hostfile, --max-restarts, --nnodes, "
+                "--node-rank, --master-addr, --master-port, --standalone; loom launch --help)",
+                argv[i]);
+        if (rc) return rc;
     }
     if (nproc == 0) return loom_error_set(LOOM_ERR_INPUT, "loom launch needs --nproc-per-node N");
-    if (i >= argc - 1)
-        return loom_error_set(LOOM_ERR_INPUT, "loom launch needs '-- train ARGS...' after its own flags");
-    char **cmd = argv + i + 1;
-    int ncmd = argc - i - 1;
-    if (strcmp(cmd[0], "train") != 0)
-        return loom_error_set(LOOM_ERR_INPUT, "loom launch runs 'train', got '%s'", cmd[0]);
+    if (node_rank != 0)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--node-rank %d: loom launch runs once, on the first node, and starts every node's "
+            "ranks through mpirun over --hostfile: run it only where --node-rank is 0",
+            node_rank);
+    if (i < argc && strcmp(argv[i], "--") == 0) i++;
+    if (i >= argc)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "loom launch needs the program to run: train ARGS..., or a program");
+    char **cmd = argv + i;
+    int ncmd = argc - i;
+    const int own = strcmp(cmd[0], "train") == 0 || strcmp(cmd[0], "eval") == 0; /* loom's own commands */
+    if (!own && access(cmd[0], X_OK) != 0 && !strchr(cmd[0], '/'))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "loom launch: '%s' is neither loom's train nor a program path (./%s if it is "
+                              "one here)",
+                              cmd[0], cmd[0]);
     /* --save and --load as the ranks will read them (--save=DIR, a DeepSpeed JSON's "save") */
-    struct loom_config cfg;
-    int help, rc = loom_config_parse(&cfg, ncmd - 1, cmd + 1, &help);
-    char save[sizeof cfg.save], load[sizeof cfg.load];
-    snprintf(save, sizeof save, "%s", rc ? "" : cfg.save);
-    snprintf(load, sizeof load, "%s", rc ? "" : cfg.load);
-    loom_config_free(&cfg);
-    if (rc) return rc;
+    char save[4096] = "", load[4096] = "";
+    if (own) {
+        struct loom_config cfg;
+        int help;
+        rc = loom_config_parse(&cfg, ncmd - 1, cmd + 1, &help);
+        snprintf(save, sizeof save, "%s", rc ? "" : cfg.save);
+        snprintf(load, sizeof load, "%s", rc ? "" : cfg.load);
+        loom_config_free(&cfg);
+        if (rc) return rc;
+    }
     if (max_restarts > 0 && !*save)
         return loom_error_set(
             LOOM_ERR_INPUT, "--max-restarts needs --save DIR in the train arguments: a restart resumes from "
                             "its newest checkpoint");
     int hosts = 1;
     if (hostfile && (rc = count_hosts(hostfile, &hosts))) return rc;
+    if (nnodes > 1 && !hostfile)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--nnodes %d needs --hostfile FILE listing the %d hosts (loom launch starts them all "
+            "through mpirun)",
+            nnodes, nnodes);
+    if (nnodes && hostfile && nnodes != hosts)
+        return loom_error_set(LOOM_ERR_INPUT, "--nnodes %d, but --hostfile %s lists %d host%s", nnodes,
+                              hostfile, hosts, hosts == 1 ? "" : "s");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     int threads_given = 0;
@@ -322,9 +402,9 @@ int loom_launch(int argc, char **argv)
     args[n++] = "--mca"; /* the launcher's stop, forwarded to every rank */
     args[n++] = "ess_base_forward_signals";
     args[n++] = "SIGURG";
-    args[n++] = exe;
+    if (own) args[n++] = exe; /* a program of the user's runs as it is */
     for (int k = 0; k < ncmd; k++) args[n++] = cmd[k];
-    if (!threads_given) {
+    if (own && !threads_given) {
         args[n++] = "--threads";
         args[n++] = thr;
     }

@@ -56,9 +56,16 @@ static void usage(FILE *f)
     for (int i = 0; (fam = loom_model_family_at(i)); i++)
         for (int k = 0; k < fam->npresets; k++)
             fprintf(f, "  %-26s %s\n", fam->presets[k].name, fam->presets[k].summary);
-    fprintf(f, "\nloom COMMAND --help lists the flags of a command; train's follow.\n\n");
-    loom_config_print_help(f, "train");
+    fprintf(f,
+            "\nloom COMMAND --help: a command's usage and its own flags (loom train --help all: every\n"
+            "flag). Megatron-LM's flags and DeepSpeed's JSON (--deepspeed-config) name the same settings.\n");
 }
+
+static const char report_usage[] =
+    "usage: loom report RUN [-o FILE]\n"
+    "One self-contained HTML page of a run: its loss, throughput, memory and gradient norm by step,\n"
+    "the configuration, and the traced step's timeline. RUN: a directory holding metrics.jsonl (and\n"
+    "trace.json), or a --metrics file. -o FILE: where the page goes (default: report.html beside them).\n";
 
 /* Prints the error (unless another rank prints the shared one) and returns rc. */
 static int fail(int rc)
@@ -115,7 +122,7 @@ int main(int argc, char **argv)
             return rc;
         }
         if (help) {
-            loom_config_print_help(stdout, cmd);
+            loom_config_print_help(stdout, cmd, help == 2);
             loom_config_free(&cfg);
             return 0;
         }
@@ -154,7 +161,14 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "launch") == 0) return (rc = loom_launch(argc - 2, argv + 2)) ? fail(rc) : 0;
     if (strcmp(cmd, "convert") == 0) return (rc = loom_convert(argc - 2, argv + 2)) ? fail(rc) : 0;
-    if (strcmp(cmd, "report") == 0) return (rc = loom_report_html(argc - 2, argv + 2)) ? fail(rc) : 0;
+    if (strcmp(cmd, "report") == 0) {
+        for (int i = 2; i < argc; i++)
+            if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+                fputs(report_usage, stdout);
+                return 0;
+            }
+        return (rc = loom_report_html(argc - 2, argv + 2)) ? fail(rc) : 0;
+    }
     if (strcmp(cmd, "plan") == 0) {
         /* --calibrate under mpirun measures the links: MPI runs for it alone */
         int calib = 0;

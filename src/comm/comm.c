@@ -391,8 +391,29 @@ static void *comm_thread(void *arg)
     }
 }
 
+/* A process torchrun (or DeepSpeed's launcher) started: RANK and WORLD_SIZE
+ * set for a world of more than one, and no MPI job's variables (mpirun's,
+ * Slurm's PMI/PMIx) around it. Each such
+ * process would train alone as a world of one: said in one line, exit 2. */
+static void refuse_torchrun_world(void)
+{
+    const char *ws = getenv("WORLD_SIZE"), *rank = getenv("RANK");
+    if (!ws || !rank || atoi(ws) <= 1) return;
+    static const char *const mpi_env[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof mpi_env / sizeof mpi_env[0]; i++)
+        if (getenv(mpi_env[i])) return;
+    fprintf(stderr,
+            "loom: error: started with RANK=%s and WORLD_SIZE=%s (torchrun's or DeepSpeed's launcher) and no "
+            "MPI: "
+            "each of the %s processes would train alone; start them with loom launch --nproc_per_node=N (or "
+            "mpirun -np N, srun -n N)\n",
+            rank, ws, ws);
+    exit(LOOM_ERR_INPUT);
+}
+
 void loom_comm_init(int *argc, char ***argv)
 {
+    refuse_torchrun_world(); /* before MPI: a lone process's MPI sets its own variables */
     transport = loom_comm_backend_mpi();
     if (transport) transport->init(argc, argv, &world_size, &world_rank);
     group_rank[LOOM_GROUP_WORLD] = world_rank;

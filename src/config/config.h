@@ -42,8 +42,10 @@ const char *loom_config_warning(const struct loom_config *cfg, int i);
  * LOOM_ORIGIN_LOAD (the model --load names). */
 void loom_config_adopt(struct loom_config *cfg, const struct loom_config *from, const char *group);
 
-/* Every flag with its help, default and JSON key. */
-void loom_config_print_help(FILE *f, const char *command);
+/* COMMAND's usage: its own flags first (train's common ones, eval's and
+ * sample's), then how to see the rest; all: every flag with its help,
+ * default and JSON key, by group. */
+void loom_config_print_help(FILE *f, const char *command, int all);
 /* The resolved configuration as one table, each setting with its origin:
  * default, preset, json, flag, "flag (json had X)" or derived. */
 void loom_config_print(FILE *f, const struct loom_config *cfg);

@@ -297,8 +297,8 @@ int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help)
         if (def && (rc = loom_setting_set(cfg, &loom_settings[i], def))) return rc;
     }
     for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            *help = 1;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { /* 2: --help all */
+            *help = i + 1 < argc && strcmp(argv[i + 1], "all") == 0 ? 2 : 1;
             return LOOM_OK;
         }
     /* the JSON file first, then every flag over it; json_had keeps the file's

@@ -87,33 +87,107 @@ static void format_help(char *buf, size_t n, const struct setting *s)
         }
 }
 
-void loom_config_print_help(FILE *f, const char *command)
+/* One flag's two lines: its argument and help, its default and JSON key. */
+static void print_setting(FILE *f, const struct setting *s)
 {
-    fprintf(f,
-            "usage: loom %s [flags]\n"
-            "Precedence: defaults < --model preset < --deepspeed-config FILE < flags. Each flag's\n"
-            "DeepSpeed JSON key follows it (json: PATH; \"auto\" in the file means not given).\n",
-            command);
-    const char *group = "";
-    for (int i = 0; i < loom_nsettings; i++) {
-        const struct setting *s = &loom_settings[i];
-        if (strcmp(group, s->group) != 0) fprintf(f, "\n%s:\n", group = s->group);
-        char arg[96], def[64], help[256];
-        snprintf(arg, sizeof arg, "%s %s", s->flag,
-                 s->type == T_INT || s->type == T_INT64 ? "N"
-                 : s->type == T_DOUBLE                  ? "X"
-                 : s->type == T_PATHS                   ? "PATH..."
-                 : s->type == T_ENUM                    ? "CHOICE"
-                 : s->type == T_BOOL                    ? ""
-                 : s->type == T_PRESET                  ? "NAME"
-                                                        : "VALUE");
-        format_default(def, sizeof def, s);
-        format_help(help, sizeof help, s);
-        fprintf(f, "  %-36s %s\n  %-36s [default: %s]", arg, help, "", def);
-        if (s->json)
-            fprintf(f, "  json: %s%s%s", s->json, s->json_alt ? ", " : "", s->json_alt ? s->json_alt : "");
-        fputc('\n', f);
+    char arg[96], def[64], help[256];
+    snprintf(arg, sizeof arg, "%s %s", s->flag,
+             s->type == T_INT || s->type == T_INT64 ? "N"
+             : s->type == T_DOUBLE                  ? "X"
+             : s->type == T_PATHS                   ? "PATH..."
+             : s->type == T_ENUM                    ? "CHOICE"
+             : s->type == T_BOOL                    ? ""
+             : s->type == T_PRESET                  ? "NAME"
+                                                    : "VALUE");
+    format_default(def, sizeof def, s);
+    format_help(help, sizeof help, s);
+    fprintf(f, "  %-36s %s\n  %-36s [default: %s]", arg, help, "", def);
+    if (s->json)
+        fprintf(f, "  json: %s%s%s", s->json, s->json_alt ? ", " : "", s->json_alt ? s->json_alt : "");
+    fputc('\n', f);
+}
+
+/* The flags a command's short help shows first, in this order. */
+static const char *const train_flags[] = {"--model",
+                                          "--num-layers",
+                                          "--hidden-size",
+                                          "--num-attention-heads",
+                                          "--seq-length",
+                                          "--vocab-size",
+                                          "--data-path",
+                                          "--valid-data-path",
+                                          "--tokenizer",
+                                          "--micro-batch-size",
+                                          "--global-batch-size",
+                                          "--train-iters",
+                                          "--lr",
+                                          "--min-lr",
+                                          "--lr-warmup-iters",
+                                          "--lr-decay-style",
+                                          "--weight-decay",
+                                          "--clip-grad",
+                                          "--bf16",
+                                          "--fp16",
+                                          "--zero-stage",
+                                          "--tensor-model-parallel-size",
+                                          "--pipeline-model-parallel-size",
+                                          "--sequence-parallel",
+                                          "--recompute-granularity",
+                                          "--layout",
+                                          "--deepspeed-config",
+                                          "--save",
+                                          "--save-interval",
+                                          "--load",
+                                          "--eval-interval",
+                                          "--eval-iters",
+                                          "--log-interval",
+                                          "--metrics",
+                                          "--seed",
+                                          "--threads",
+                                          NULL};
+static const char *const eval_flags[] = {"--load",
+                                         "--valid-data-path",
+                                         "--mock-data",
+                                         "--tokenizer",
+                                         "--eval-iters",
+                                         "--micro-batch-size",
+                                         "--global-batch-size",
+                                         "--seq-length",
+                                         "--bf16",
+                                         "--threads",
+                                         NULL};
+static const char *const sample_flags[] = {"--load",        "--prompt",  "--max-new-tokens",
+                                           "--temperature", "--top-k",   "--tokenizer",
+                                           "--seed",        "--threads", NULL};
+
+void loom_config_print_help(FILE *f, const char *command, int all)
+{
+    const int train = strcmp(command, "train") == 0, eval = strcmp(command, "eval") == 0;
+    fprintf(f, "usage: loom %s [flags]\n", command);
+    fprintf(f, "%s\n",
+            train  ? "Trains a model: one process, or one rank of many under mpirun or loom launch."
+            : eval ? "The validation loss of a checkpoint or weights (--load) on --valid-data-path."
+                   : "Continues --prompt from a checkpoint or weights (--load).");
+    fprintf(f, "Precedence: defaults < --model preset < --deepspeed-config FILE < flags. Each flag's\n"
+               "DeepSpeed JSON key follows it (json: PATH; \"auto\" in the file means not given).\n");
+    if (all) {
+        const char *group = "";
+        for (int i = 0; i < loom_nsettings; i++) {
+            const struct setting *s = &loom_settings[i];
+            if (strcmp(group, s->group) != 0) fprintf(f, "\n%s:\n", group = s->group);
+            print_setting(f, s);
+        }
+        return;
     }
+    const char *const *own = train ? train_flags : eval ? eval_flags : sample_flags;
+    fprintf(f, "\n%s flags:\n", train ? "common" : command);
+    for (int k = 0; own[k]; k++)
+        for (int i = 0; i < loom_nsettings; i++)
+            if (strcmp(loom_settings[i].flag, own[k]) == 0) print_setting(f, &loom_settings[i]);
+    fprintf(
+        f,
+        "\nloom %s --help all lists every flag (%d, by group: model, parallelism, precision, data, ...).\n",
+        command, loom_nsettings);
 }
 
 void loom_config_print(FILE *f, const struct loom_config *cfg)
