@@ -96,7 +96,8 @@ def loom(*args, cache=None, timeout=60):
     return lib.loom(*args, timeout=timeout, env=dict(ENV, XDG_CACHE_HOME=cache) if cache else ENV)
 
 
-ROW = re.compile(r"^  (\S+) +(.*?) +\((default|preset|json|flag|derived|flag \(json had .*\))\)$")
+ROW = re.compile(r"^  (\S+) +(.*?) +\((default|preset|json|flag|derived|DeepSpeed's default|"
+                 r"flag \(json had .*\))\)$")
 
 
 def table(stdout):
@@ -267,6 +268,33 @@ def dry_run_opens_nothing(tmp, cache):
         ok("dry run opens nothing")
 
 
+def deepspeed_defaults(cache, tmp):
+    """DeepSpeed's fp16 defaults under its JSON (the loss scale starts at 2^16,
+    not Megatron's 2^32, when the file leaves initial_scale_power out), the
+    origin printed; flags keep Megatron's; integers in the forms JSON takes."""
+    path = os.path.join(tmp, "fp16-seed.json")
+    json.dump({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "fp16": {"enabled": True}}, open(path, "w"))
+    for name, args, want in (
+            ("a DeepSpeed JSON with fp16 and no initial_scale_power", ["--deepspeed-config", path],
+             {"initial-loss-scale": ("65536", "DeepSpeed's default"), "fp16": ("true", "json")}),
+            ("--fp16 as a flag (Megatron's default)", ["--fp16"], {"initial-loss-scale": ("4294967296", "default")}),
+            ("the JSON and --initial-loss-scale 1024", ["--deepspeed-config", path, "--initial-loss-scale", "1024"],
+             {"initial-loss-scale": ("1024", "flag")}),
+            ("integers as JSON writes them: --zero3-min-params 1e6, --train-iters 1.5e3",
+             ["--zero-stage", "3", "--zero3-min-params", "1e6", "--train-iters", "1.5e3"],
+             {"zero3-min-params": ("1000000", "flag"), "train-iters": ("1500", "flag")})):
+        p = loom("train", *args, "--dry-run", "--threads", "1", cache=cache)
+        if p.returncode != 0:
+            fail(name, f"exit {p.returncode}", p)
+        elif check_rows(name, table(p.stdout), want):
+            ok(name, ", ".join(f"{k} {v[0]} ({v[1]})" for k, v in want.items()))
+    p = loom("train", "--train-iters", "2.5", "--dry-run", cache=cache)
+    if p.returncode == 2 and "--train-iters" in p.stderr:
+        ok("--train-iters 2.5 (not a whole number): exit 2 naming it")
+    else:
+        fail("--train-iters 2.5 (not a whole number): exit 2 naming it", f"exit {p.returncode}", p)
+
+
 def dry_run_two_ranks(cache):
     """The batch invariant resolves with the real data-parallel size."""
     if not shutil.which("mpirun"):
@@ -316,6 +344,7 @@ def main():
         bad_configs(tmp, cache)
         dry_run_opens_nothing(tmp, cache)
         dry_run_two_ranks(cache)
+        deepspeed_defaults(cache, tmp)
         help_lists_everything(cache)
     return lib.verdict()
 

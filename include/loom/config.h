@@ -226,8 +226,9 @@ enum loom_origin {
     LOOM_ORIGIN_FLAG = 3,
     LOOM_ORIGIN_DERIVED = 4,
     LOOM_ORIGIN_LOAD = 5,
-    LOOM_ORIGIN_PLUGIN = 6, /* --plugin NAME set it */
-    LOOM_ORIGIN_AUTO = 7,   /* --layout auto chose it */
+    LOOM_ORIGIN_PLUGIN = 6,     /* --plugin NAME set it */
+    LOOM_ORIGIN_AUTO = 7,       /* --layout auto chose it */
+    LOOM_ORIGIN_DS_DEFAULT = 8, /* DeepSpeed's default where its JSON leaves a key out (fp16's scale) */
     LOOM_ORIGIN_COUNT
 };
 

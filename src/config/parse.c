@@ -65,6 +65,11 @@ int loom_setting_set(struct loom_config *cfg, const struct setting *s, const cha
     case T_INT:
     case T_INT64: {
         long long x = strtoll(v, &end, 10);
+        if (!errno && end != v && *end) { /* the forms JSON numbers take: 1e6, 5.0e8 (a whole number) */
+            const double d = strtod(v, &end);
+            x = !*end && d == floor(d) && fabs(d) < 0x1p62 ? (long long)d : 0;
+            if (x != d) end = (char *)v;
+        }
         if (errno || end == v || *end || x < s->min || x > s->max)
             return loom_error_set(LOOM_ERR_INPUT, "%s: expected an integer in [%.0f, %.0f], got '%s'",
                                   s->flag, s->min, s->max, v);
@@ -306,6 +311,14 @@ int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help)
     struct loom_config_record *r = &cfg->rec;
     const char *file = find_json_file(argc, argv);
     if (file && (rc = loom_config_read_json(cfg, file))) return rc;
+    /* where the file enables fp16 and leaves its scale out, DeepSpeed starts at 2^16, not at
+     * Megatron's 2^32 (loom's default under flags) */
+    const int fp16_i = loom_setting_index(F(fp16)), scale_i = loom_setting_index(F(initial_loss_scale));
+    if (file && cfg->fp16 && r->origin[fp16_i] == LOOM_ORIGIN_JSON &&
+        r->origin[scale_i] == LOOM_ORIGIN_DEFAULT) {
+        cfg->initial_loss_scale = 65536;
+        r->origin[scale_i] = LOOM_ORIGIN_DS_DEFAULT;
+    }
     for (int i = 0; i < loom_nsettings; i++)
         if (r->origin[i] == LOOM_ORIGIN_JSON)
             loom_setting_format(r->json_had[i], sizeof r->json_had[i], cfg, &loom_settings[i]);

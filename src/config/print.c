@@ -12,8 +12,8 @@
 #include "config/config_impl.h"
 #include "model/family.h"
 
-static const char *const origin_names[] = {"default", "preset", "json",   "flag",
-                                           "derived", "--load", "plugin", "layout auto"};
+static const char *const origin_names[] = {
+    "default", "preset", "json", "flag", "derived", "--load", "plugin", "layout auto", "DeepSpeed's default"};
 static_assert(sizeof origin_names / sizeof origin_names[0] == LOOM_ORIGIN_COUNT, "origin_names");
 
 void loom_setting_format(char *buf, size_t n, const struct loom_config *cfg, const struct setting *s)
