@@ -111,7 +111,7 @@ ASAN_OBJ := $(LIB_SRC:%.c=$(BUILD)/asan/obj/%.o) $(SPM_ASAN_OBJ)
 ASAN_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/asan/tests/%)
 ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all announce deps test-deps demo test unit asan fuzz clean bench format check-format
+.PHONY: all announce deps test-deps demo test unit asan fuzz clean bench format check-format install
 all: announce $(BUILD)/loom $(BUILD)/libloom.a $(TEST_BIN) $(EXAMPLE_BIN)
 
 announce:
@@ -235,7 +235,7 @@ bench: all
 # Formatting: every C file follows .clang-format (`make format` applies it,
 # `make check-format` fails on any difference; CI runs the check).
 CLANG_FORMAT ?= clang-format
-FORMAT_SRC := $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+FORMAT_SRC := $(shell git ls-files '*.c' '*.h' '*.cc' 2>/dev/null)
 format:
 	@$(CLANG_FORMAT) -i $(FORMAT_SRC)
 
@@ -245,6 +245,25 @@ check-format:
 
 clean:
 	rm -rf $(BUILD)
+
+# `make install PREFIX=DIR` (default /usr/local; DESTDIR for staging): the
+# command, the library, the public headers and loom.pc, so a program of
+# yours builds with `cc prog.c $(pkg-config --cflags --libs loom)`. The
+# library is static: loom.pc's Libs carry what it links against.
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/loom
+	install -m 755 $(BUILD)/loom $(DESTDIR)$(PREFIX)/bin/loom
+	install -m 644 $(BUILD)/libloom.a $(DESTDIR)$(LIBDIR)/libloom.a
+	install -m 644 include/loom/*.h $(DESTDIR)$(INCLUDEDIR)/loom/
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	  'Name: loom' 'Description: distributed training for transformer language models (engine API)' \
+	  'Version: $(shell sed -n 's/^#define LOOM_VERSION "\(.*\)"/\1/p' include/loom/loom.h)' \
+	  'Cflags: -I$${includedir} $(filter -fopenmp,$(CFLAGS))' \
+	  'Libs: -L$${libdir} -lloom $(LDLIBS)' > $(DESTDIR)$(LIBDIR)/pkgconfig/loom.pc
+	@echo "installed loom into $(DESTDIR)$(PREFIX) (pkg-config: $(LIBDIR)/pkgconfig/loom.pc)"
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(ASAN_OBJ:.o=.d)
 -include $(FUZZ_OBJ:.o=.d)

@@ -60,10 +60,14 @@ extern "C" int32_t spm_lib_size(const struct spm_lib *m)
 extern "C" int32_t spm_lib_special(const struct spm_lib *m, int which)
 {
     switch (which) {
-    case SPM_LIB_BOS: return m->sp.bos_id();
-    case SPM_LIB_EOS: return m->sp.eos_id();
-    case SPM_LIB_UNK: return m->sp.unk_id();
-    default: return m->sp.pad_id();
+    case SPM_LIB_BOS:
+        return m->sp.bos_id();
+    case SPM_LIB_EOS:
+        return m->sp.eos_id();
+    case SPM_LIB_UNK:
+        return m->sp.unk_id();
+    default:
+        return m->sp.pad_id();
     }
 }
 
@@ -83,7 +87,8 @@ extern "C" int spm_lib_kind(const struct spm_lib *m, int32_t id)
     return SPM_LIB_NORMAL;
 }
 
-extern "C" int spm_lib_encode(const struct spm_lib *m, const char *text, size_t n, int32_t **ids, size_t *n_ids)
+extern "C" int spm_lib_encode(const struct spm_lib *m, const char *text, size_t n, int32_t **ids,
+                              size_t *n_ids)
 {
     std::vector<int> v;
     try {
