@@ -38,6 +38,24 @@ const char *loom_fmt_duration(char *buf, size_t n, double s)
     return buf;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double loom_report_median(const double *v, int n)
+{
+    double *c = loom_alloc(sizeof(double) * (size_t)(n > 0 ? n : 1), LOOM_MEM_OTHER);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(v[i])) c[k++] = v[i];
+    qsort(c, (size_t)k, sizeof *c, cmp_double);
+    const double m = k ? c[k / 2] : NAN;
+    loom_free(c);
+    return m;
+}
+
 /* A metrics file whose last row an earlier run's failed write cut (a full
  * disk) ends without a newline: appending to it would glue the next row
  * onto the fragment, a corrupt line in the middle that readers refuse. The
@@ -251,7 +269,7 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
     if (r->metrics) {
         char loss[32], norm[32];
         fprintf(r->metrics,
-                "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.6g,\"mfu\":%.6g,"
+                "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_s\":%.17g,\"mfu\":%.17g,"
                 "\"ms_per_step\":%.6g,\"mem\":",
                 s->step, json_number(loss, sizeof loss, s->loss), s->lr,
                 json_number(norm, sizeof norm, s->grad_norm), s->tokens_per_s, s->mfu, s->ms_per_step);

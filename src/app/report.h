@@ -78,6 +78,11 @@ void loom_report_progress(struct loom_report *r, int step, int total, double los
 /* Prints a line, keeping the bar below it on a terminal. */
 void loom_report_line(struct loom_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The median of v's finite values as the closing summary takes it: every
+ * value given (no warm-up left out), the upper of the two middle ones for
+ * an even count; NaN when none. v is left as it is. */
+double loom_report_median(const double *v, int n);
+
 /* "1.5 GB" style sizes and "1m05s" durations, into buf. */
 const char *loom_fmt_bytes(char *buf, size_t n, double bytes);
 const char *loom_fmt_duration(char *buf, size_t n, double seconds);

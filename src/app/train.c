@@ -98,12 +98,6 @@ static double evaluate(struct run *r, const struct loom_data *data)
     return cfg->eval_iters ? sum / ((double)cfg->eval_iters * A * r->topo->dp) : 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static int agree(struct run *r, int rc)
 {
     return loom_engine_agree(r->engine, rc);
@@ -885,8 +879,7 @@ int loom_train(struct loom_config *cfg)
     if (rc == LOOM_OK && r.data.have_test && ran > 0 && loom_engine_steps_done(e) >= cfg->train_iters)
         test_loss = evaluate(&r, &r.data.test);
     double elapsed = loom_now() - t_train;
-    qsort(step_tps, (size_t)ran, sizeof(double), cmp_double);
-    double median_tps = ran ? step_tps[ran / 2] : 0;
+    double median_tps = ran ? loom_report_median(step_tps, ran) : 0;
     char dur[32];
     loom_report_line(&rep, "done: %d steps in %s\n", ran, loom_fmt_duration(dur, sizeof dur, elapsed));
     if (last_val >= 0 && r.data.floor_nats > 0)
