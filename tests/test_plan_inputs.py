@@ -84,7 +84,7 @@ def cases_section():
         judge(f"gpt2, 16777216 sequences on {world} ranks: answered", args, p, secs, why)
         if p is not None:
             lib.check(f"  a layout, and the batch named as likely tokens (16384 sequences)",
-                      p.returncode == 0 and "best: " in p.stdout and "--global-batch-size 16384" in p.stderr,
+                      p.returncode == 0 and "recommended: " in p.stdout and "--global-batch-size 16384" in p.stderr,
                       f"exit {p.returncode}: {p.stderr[-300:]}")
     args = ["--model", "gpt2", "--world", "8", "--global-batch-size", "131072", *CLUSTER]
     p, secs, why = run_plan(args, timeout=120)

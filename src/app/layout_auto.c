@@ -123,7 +123,7 @@ int loom_layout_auto_choose(struct loom_config *cfg, struct loom_layout_auto *ou
         loom_layout_describe(l, what, sizeof what);
         printf(
             "layout auto: %s, micro-batch %d x %d accumulation%s%s: predicted %s a rank (of %s) and %.3f s a "
-            "step, the fastest of %d layouts that fit (of %d)\n",
+            "step, the recommended of %d layouts that fit (of %d: the simplest within 10%% of the fastest)\n",
             what, l->micro_batch, l->accumulation,
             l->recompute == LOOM_RECOMPUTE_SELECTIVE ? ", selective recomputation"
             : l->recompute == LOOM_RECOMPUTE_FULL    ? ", full recomputation"

@@ -1,13 +1,23 @@
-/* Calibration of the machine's peak FLOP/s for a compute dtype (see mfu.h). */
+/* The machine's peak FLOP/s for MFU: calibrated, and kept per machine (see mfu.h). */
 #include "app/mfu.h"
 
+#include <cJSON.h>
 #include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "base/clock.h"
+#include "base/log.h"
 #include "base/mem.h"
+#include "io/fs.h"
 #include "kernels/kernels.h"
+#include "loom/loom.h"
 
-double loom_calibrate_peak_flops(enum loom_dtype compute)
+enum { FIRST_RUNS = 24, LATER_RUNS = 4 };
+
+static double calibrate(enum loom_dtype compute, int runs)
 {
     const int n = 1024;
     const int bf16 = compute == LOOM_DTYPE_BF16 && loom_bf16_units() != LOOM_BF16_UNITS_F32;
@@ -19,7 +29,7 @@ double loom_calibrate_peak_flops(enum loom_dtype compute)
         b[i] = (float)(i % 7) * 0.01f;
     }
     double best = 0;
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < runs + 1; r++) {
         double t0 = loom_now();
         if (bf16) /* the bf16 product as training calls it, operands converted */
             loom_lm_head_forward_bf16(c, a, b, n, n, n);
@@ -32,5 +42,90 @@ double loom_calibrate_peak_flops(enum loom_dtype compute)
     loom_free(a);
     loom_free(b);
     loom_free(c);
+    return best;
+}
+
+double loom_calibrate_peak_flops(enum loom_dtype compute)
+{
+    return calibrate(compute, 3);
+}
+
+/* "AMD EPYC 9R14 96-Core Processor|cpus 2|threads 2|float32|avx2": the cache's key. */
+static void machine_key(enum loom_dtype compute, int threads, char *key, size_t n)
+{
+    char model[256] = "unknown CPU", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "model name", 10) == 0) {
+            const char *v = strchr(line, ':');
+            if (v) snprintf(model, sizeof model, "%s", v + 1 + strspn(v + 1, " \t"));
+            model[strcspn(model, "\n")] = 0;
+            break;
+        }
+    if (f) fclose(f);
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(key, n, "%s|cpus %ld|threads %d|%s|%s", model, cpus, threads, loom_dtype_name(compute),
+             compute == LOOM_DTYPE_BF16 ? loom_bf16_units_name(loom_bf16_units()) : "sgemm");
+}
+
+static void cache_path(char *path, size_t n)
+{
+    const char *x = getenv("XDG_CACHE_HOME");
+    if (x && *x)
+        snprintf(path, n, "%s/loom/peak.json", x);
+    else
+        snprintf(path, n, "%s/.cache/loom/peak.json", getenv("HOME") ? getenv("HOME") : ".");
+}
+
+/* The cache's object (an empty one when it is missing or not JSON). */
+static cJSON *cache_read(const char *path)
+{
+    char *text;
+    size_t len;
+    cJSON *j = NULL;
+    if (access(path, F_OK) == 0 && loom_fs_read_small(path, 1 << 20, &text, &len) == LOOM_OK) {
+        j = cJSON_ParseWithLength(text, len);
+        loom_free(text);
+    }
+    loom_error_clear();
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        j = cJSON_CreateObject();
+    }
+    return j;
+}
+
+double loom_machine_peak_flops(enum loom_dtype compute, int threads, char *source, size_t n)
+{
+    char key[512], path[4200], dir[4200];
+    machine_key(compute, threads, key, sizeof key);
+    cache_path(path, sizeof path);
+    cJSON *cache = cache_read(path), *e = cJSON_GetObjectItemCaseSensitive(cache, key);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(e, "flops"),
+                *k = cJSON_GetObjectItemCaseSensitive(e, "runs");
+    const double cached = cJSON_IsNumber(f) && f->valuedouble > 0 ? f->valuedouble : 0;
+    const int starts = cJSON_IsNumber(k) ? k->valueint : 0;
+    const double now = calibrate(compute, cached > 0 ? LATER_RUNS : FIRST_RUNS);
+    const double best = now > cached ? now : cached;
+    cJSON_DeleteItemFromObjectCaseSensitive(cache, key);
+    e = cJSON_AddObjectToObject(cache, key);
+    cJSON_AddNumberToObject(e, "flops", best);
+    cJSON_AddNumberToObject(e, "runs", starts + 1);
+    char *text = cJSON_Print(cache);
+    loom_fs_dirname(path, dir, sizeof dir);
+    int saved = 0;
+    if (text && loom_fs_mkdir_p(dir) == LOOM_OK) {
+        const void *parts[] = {text};
+        const size_t sizes[] = {strlen(text)};
+        saved = loom_fs_write_atomic(path, parts, sizes, 1) == LOOM_OK;
+    }
+    loom_error_clear(); /* a cache that cannot be written: this start-up's figure stands */
+    free(text);
+    cJSON_Delete(cache);
+    if (saved)
+        snprintf(source, n, "the best calibration of %d start-up%s on this machine, cached in %s", starts + 1,
+                 starts ? "s" : "", path);
+    else
+        snprintf(source, n, "calibrated at start-up (the cache %s cannot be written)", path);
     return best;
 }

@@ -175,7 +175,7 @@ static void print_text(const struct loom_plan *p, const struct loom_config *cfg,
         const struct loom_step_time *t = &best->time;
         char flags[512];
         loom_layout_flags(&best->layout, flags, sizeof flags);
-        printf("\nbest: %s\n", flags);
+        printf("\nrecommended: %s\n  why: %s\n", flags, p->why);
         printf(
             "  its step: compute %.3f s, memory-bound %.3f, bubble %.3f, tp comm %.3f, cp comm %.3f, ep comm "
             "%.3f, pp comm %.3f, dp comm %.3f (exposed), optimizer %.3f%s\n",
@@ -269,6 +269,7 @@ static void print_json(const struct loom_plan *p, const struct loom_config *cfg,
     cJSON_AddNumberToObject(cl, "peak_f32", c->peak_f32);
     cJSON_AddNumberToObject(cl, "peak_bf16", c->peak_bf16);
     cJSON_AddNumberToObject(cl, "matmul_efficiency", c->matmul_efficiency);
+    cJSON_AddStringToObject(doc, "why", p->why); /* why layouts[0] is recommended */
     cJSON *fit = cJSON_AddArrayToObject(doc, "layouts"), *rej = cJSON_AddArrayToObject(doc, "rejected");
     for (int i = 0; i < p->n; i++)
         cJSON_AddItemToArray(p->entries[i].fits ? fit : rej, entry_json(&p->entries[i], cfg));

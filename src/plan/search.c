@@ -85,6 +85,45 @@ static int cmp_entry(const void *a, const void *b)
     return (x->order > y->order) - (x->order < y->order);
 }
 
+int loom_layout_complexity(const struct loom_layout *l)
+{
+    const struct loom_kind_choice *k = l->kind;
+    return k[LOOM_KIND_ZERO].value + 4 * (k[LOOM_KIND_TENSOR].value > 1) +
+           4 * (k[LOOM_KIND_PIPELINE].value > 1) + 4 * (k[LOOM_KIND_CONTEXT].value > 1) +
+           4 * (k[LOOM_KIND_EXPERT].value > 1) + 2 * (int)l->recompute + 6 * l->offload_nvme;
+}
+
+/* The recommendation: the simplest fitting layout predicted within the
+ * margin of the fastest (the faster among equally simple ones) goes first,
+ * and why. */
+static void prefer_simpler(struct loom_plan *p)
+{
+    if (!p->nfit) return;
+    const struct loom_plan_entry *fastest = &p->entries[0];
+    int pick = 0;
+    for (int i = 1; i < p->nfit; i++)
+        if (p->entries[i].time.total <= fastest->time.total * (1 + LOOM_PLAN_SIMPLER_MARGIN) &&
+            loom_layout_complexity(&p->entries[i].layout) < loom_layout_complexity(&p->entries[pick].layout))
+            pick = i;
+    if (pick == 0) {
+        snprintf(p->why, sizeof p->why,
+                 "the fastest, and no simpler layout is predicted within %.0f%% of its step",
+                 100 * LOOM_PLAN_SIMPLER_MARGIN);
+        return;
+    }
+    char desc[128];
+    loom_layout_describe(&fastest->layout, desc, sizeof desc);
+    snprintf(p->why, sizeof p->why,
+             "simpler than the fastest (%s, micro-batch %d), predicted only %.1f%% faster: within the %.0f%% "
+             "margin a simpler layout is kept for (DDP < ZeRO-1 < ZeRO-2 < ZeRO-3; no tensor, pipeline, "
+             "context or expert parallelism, recomputation or offload unless they pay)",
+             desc, fastest->layout.micro_batch, 100 * (p->entries[pick].time.total / fastest->time.total - 1),
+             100 * LOOM_PLAN_SIMPLER_MARGIN);
+    const struct loom_plan_entry chosen = p->entries[pick];
+    memmove(p->entries + 1, p->entries, sizeof *p->entries * (size_t)pick);
+    p->entries[0] = chosen;
+}
+
 static void human_gb(char *buf, size_t n, double bytes)
 {
     snprintf(buf, n, "%.2f GB", bytes / 1e9);
@@ -310,6 +349,7 @@ int loom_plan_search(const struct loom_config *base, int world, const struct loo
             "%lld tokens a step give --global-batch-size %lld",
             (long long)G, (long long)T, (long long)(G * T), (long long)G, (long long)(G / T));
     qsort(out->entries, (size_t)out->n, sizeof *out->entries, cmp_entry);
+    prefer_simpler(out);
     return LOOM_OK;
 }
 

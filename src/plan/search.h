@@ -39,11 +39,25 @@ struct loom_plan_entry {
     char reason[256]; /* why it was rejected ("" when it fits) */
 };
 
+/* A simpler layout is preferred unless a more complex one is predicted
+ * faster by more than this share of the step (the time model's own
+ * error, measured at 2-8% on Megatron's runs, stays well inside it). */
+#define LOOM_PLAN_SIMPLER_MARGIN 0.10
+
 struct loom_plan {
-    struct loom_plan_entry *entries; /* fitting ones first, fastest first; then the rejected */
+    /* fitting ones first: the recommended one (the simplest within the margin of the fastest), then
+     * the rest fastest first; then the rejected */
+    struct loom_plan_entry *entries;
     int n, nfit;
     double mem_limit; /* bytes per rank */
+    /* why the first is recommended: "the fastest", or the faster layout it is preferred to and by how
+     * much (empty when none fits) */
+    char why[320];
 };
+/* How much machinery a layout brings, for the preference: ZeRO's stage
+ * (DDP < ZeRO-1 < ZeRO-2 < ZeRO-3), tensor, pipeline, context and expert
+ * parallelism, recomputation, offload. */
+int loom_layout_complexity(const struct loom_layout *l);
 
 /* What to search beyond the layout settings. */
 enum { LOOM_PLAN_F32 = 1, LOOM_PLAN_BF16 = 2, LOOM_PLAN_FP16 = 4 };
