@@ -50,7 +50,8 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
     const uint64_t first = (uint64_t)loom_engine_steps_done(e) * (uint64_t)d->cfg->global_batch_size +
                            (uint64_t)loom_engine_micro_batch_rows(e, micro);
     for (int r = 0; r < B; r++)
-        example(first + (uint64_t)r, T, d->cfg->vocab_size, d->inputs + (size_t)r * T, d->targets + (size_t)r * T);
+        example(first + (uint64_t)r, T, d->cfg->vocab_size, d->inputs + (size_t)r * T,
+                d->targets + (size_t)r * T);
     d->b = (struct loom_lm_batch){d->inputs, d->targets};
     *batch = &d->b;
     *rows = B;
@@ -73,14 +74,16 @@ int main(int argc, char **argv)
     }
     struct loom_engine *e = NULL;
     struct loom_model *model = NULL;
-    if ((rc = loom_engine_init(&e, &cfg)) == LOOM_OK && (rc = loom_family_model_create(e, &cfg, &model)) == LOOM_OK)
+    if ((rc = loom_engine_init(&e, &cfg)) == LOOM_OK &&
+        (rc = loom_family_model_create(e, &cfg, &model)) == LOOM_OK)
         rc = loom_engine_initialize(e, model);
     const size_t n = (size_t)cfg.micro_batch_size * (size_t)cfg.seq_length;
     struct data d = {&cfg, calloc(n + 1, sizeof(int32_t)), calloc(n + 1, sizeof(int32_t)), {0}};
     while (rc == LOOM_OK && loom_engine_steps_done(e) < cfg.train_iters) {
         struct loom_step_result res;
         rc = loom_engine_train_batch(e, next_batch, &d, &res);
-        if (rc == LOOM_OK && loom_engine_dp_rank(e) == 0) printf("step %lld loss %.6f\n", (long long)res.step, res.loss);
+        if (rc == LOOM_OK && loom_engine_dp_rank(e) == 0)
+            printf("step %lld loss %.6f\n", (long long)res.step, res.loss);
     }
     if (rc == LOOM_OK && *cfg.save) rc = loom_engine_save(e);
     if (rc && loom_error_is_set()) fprintf(stderr, "family_loop: error: %s\n", loom_error_message());

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -15,11 +16,16 @@
 #include "kernels/kernels.h"
 #include "loom/loom.h"
 
-enum { FIRST_RUNS = 24, LATER_RUNS = 4 };
+enum { FIRST_RUNS = 8, LATER_RUNS = 2 };
 
+/* The best rate of `runs` 1024^3 products on one thread, by the thread's
+ * own CPU time (the first run warms up), times the threads: a core's
+ * speed while it runs, which other processes' load does not change (a
+ * wall-clock rate on all threads falls with every process that shares the
+ * cores, and a thread waiting on a descheduled sibling spins). */
 static double calibrate(enum loom_dtype compute, int runs)
 {
-    const int n = 1024;
+    const int n = 1024, threads = loom_threads_get();
     const int bf16 = compute == LOOM_DTYPE_BF16 && loom_bf16_units() != LOOM_BF16_UNITS_F32;
     size_t bytes = sizeof(float) * (size_t)n * n;
     float *a = loom_alloc(bytes, LOOM_MEM_OTHER), *b = loom_alloc(bytes, LOOM_MEM_OTHER),
@@ -28,26 +34,30 @@ static double calibrate(enum loom_dtype compute, int runs)
         a[i] = (float)(i % 13) * 0.01f;
         b[i] = (float)(i % 7) * 0.01f;
     }
+    loom_threads_set(1);
     double best = 0;
     for (int r = 0; r < runs + 1; r++) {
-        double t0 = loom_now();
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
         if (bf16) /* the bf16 product as training calls it, operands converted */
             loom_lm_head_forward_bf16(c, a, b, n, n, n);
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        double dt = loom_now() - t0;
-        double flops = 2.0 * n * n * n / dt;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+        const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        const double flops = 2.0 * n * n * n / dt;
         if (r > 0 && flops > best) best = flops; /* the first run warms up */
     }
+    loom_threads_set(threads);
     loom_free(a);
     loom_free(b);
     loom_free(c);
-    return best;
+    return best * threads;
 }
 
 double loom_calibrate_peak_flops(enum loom_dtype compute)
 {
-    return calibrate(compute, 3);
+    return calibrate(compute, LATER_RUNS);
 }
 
 /* "AMD EPYC 9R14 96-Core Processor|cpus 2|threads 2|float32|avx2": the cache's key. */
@@ -95,10 +105,18 @@ static cJSON *cache_read(const char *path)
     return j;
 }
 
-double loom_machine_peak_flops(enum loom_dtype compute, int threads, char *source, size_t n)
+void loom_mfu_text(char *buf, size_t n, double mfu)
+{
+    if (mfu > 1)
+        snprintf(buf, n, ">100%% (peak too low)");
+    else
+        snprintf(buf, n, "%.1f%%", 100 * mfu);
+}
+
+double loom_machine_peak_flops(enum loom_dtype compute, char *source, size_t n)
 {
     char key[512], path[4200], dir[4200];
-    machine_key(compute, threads, key, sizeof key);
+    machine_key(compute, loom_threads_get(), key, sizeof key);
     cache_path(path, sizeof path);
     cJSON *cache = cache_read(path), *e = cJSON_GetObjectItemCaseSensitive(cache, key);
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(e, "flops"),

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "app/mfu.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "config/config.h"
@@ -262,10 +263,11 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
             snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", dropped %.1f%%",
                      100 * s->moe[2]);
     }
+    char mfu[48];
+    loom_mfu_text(mfu, sizeof mfu, s->mfu);
     loom_report_line(
-        r, "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | %.1f ms/step%s\n",
-        digits, s->step, s->total, s->loss, s->lr, s->grad_norm, s->tokens_per_s, 100 * s->mfu,
-        s->ms_per_step, extra);
+        r, "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %s | %.1f ms/step%s\n",
+        digits, s->step, s->total, s->loss, s->lr, s->grad_norm, s->tokens_per_s, mfu, s->ms_per_step, extra);
     if (r->metrics) {
         char loss[32], norm[32];
         fprintf(r->metrics,

@@ -767,13 +767,10 @@ int loom_train(struct loom_config *cfg)
     struct loom_engine *e = r.engine;
     /* peak FLOP/s of the whole job: the sum over ranks */
     double peak = cfg->peak_tflops * 1e12;
-    const char *peak_src = "given by --peak-tflops";
-    if (peak <= 0) {
-        peak = loom_calibrate_peak_flops(cfg->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32);
-        peak_src = cfg->bf16 && loom_bf16_units() != LOOM_BF16_UNITS_F32
-                       ? "calibrated by a bf16 product at start-up"
-                       : "calibrated by sgemm at start-up";
-    }
+    char peak_src[4400] = "given by --peak-tflops";
+    if (peak <= 0) /* this machine's, kept across start-ups: a shared machine's load does not swing it */
+        peak =
+            loom_machine_peak_flops(cfg->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, peak_src, sizeof peak_src);
     loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&peak, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
     if (loom_log_rank() == 0) loom_config_print(stdout, cfg);
     report_layout(&r, &rep, peak, peak_src);
@@ -894,8 +891,10 @@ int loom_train(struct loom_config *cfg)
     if (test_loss >= 0)
         loom_report_line(&rep, "  test loss %.4f | test ppl %.2f over %d batches\n", test_loss,
                          exp(test_loss), cfg->eval_iters);
-    loom_report_line(&rep, "  median %.0f tokens/s | mfu %.1f%% of %.1f GFLOP/s peak (%s)\n", median_tps,
-                     100 * median_tps * flops_per_token / peak, peak / 1e9, peak_src);
+    char mfu[48];
+    loom_mfu_text(mfu, sizeof mfu, median_tps * flops_per_token / peak);
+    loom_report_line(&rep, "  median %.0f tokens/s | mfu %s of %.1f GFLOP/s peak (%s)\n", median_tps, mfu,
+                     peak / 1e9, peak_src);
     print_memory(&rep);
     print_rss(&r, &rep);
     if (r.layout.on) report_auto_layout(&r, &rep, median_tps);
