@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "app/tensorboard.h"
 #include "base/mem.h"
+#include "io/tensorboard.h"
 
 struct loom_step_stats {
     int step, total;

@@ -32,6 +32,7 @@
 #include "config/config.h"
 #include "engine/engine_impl.h"
 #include "engine/footprint.h"
+#include "engine/trace_file.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
 #include "io/sampler.h"
@@ -304,6 +305,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     /* --layout auto: the planner's fastest layout that fits, before the groups are built */
     if (training && cfg->layout_auto && (rc = loom_layout_auto_choose(cfg, &r->layout))) return rc;
     rc = loom_engine_init(&r->engine, cfg);
+    if (r->engine) r->engine->app_reports = 1; /* the run's record is this file's (app/report.h) */
     r->topo = &r->engine->topo;
     if (rc) return rc;
     /* --offload auto: what goes to NVMe, from the budget and the layout's count */
@@ -580,94 +582,6 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     }
 }
 
-/* --trace FILE: made empty at start-up by rank 0 (a bad path is bad input
- * before anything trains); at the end every rank's events go to rank 0,
- * which writes the trace-event JSON: one process per rank ("rank N" with its
- * place in the layout), rows "compute" and "communication". */
-static int trace_begin(const struct run *r, const struct loom_config *cfg, int64_t done)
-{
-    if (!*cfg->trace) return LOOM_OK;
-    int rc = LOOM_OK;
-    if (r->topo->rank == 0 && !(rc = loom_fs_check_output(cfg->trace, "--trace"))) {
-        FILE *f = fopen(cfg->trace, "w");
-        if (!f)
-            rc = loom_error_set(LOOM_ERR_INPUT, "--trace: cannot create %s: %s", cfg->trace, strerror(errno));
-        else
-            fclose(f);
-    }
-    if ((rc = loom_comm_agree(rc, NULL))) return rc;
-    /* the same origin on every rank: right after the barrier the agreement was */
-    const int first = cfg->trace_first ? cfg->trace_first : (int)done + 1;
-    const int last = cfg->trace_first ? cfg->trace_last : (int)done + 10;
-    loom_trace_start(first, last, loom_now());
-    return LOOM_OK;
-}
-
-static int trace_write(const struct run *r, const struct loom_config *cfg)
-{
-    if (!*cfg->trace) return LOOM_OK;
-    const int world = r->topo->world;
-    size_t n;
-    const char *ev = loom_trace_events(&n);
-    int64_t mine = (int64_t)n, *lens = loom_alloc(sizeof(int64_t) * (size_t)world, LOOM_MEM_OTHER);
-    loom_comm_wait(loom_comm_allgather(LOOM_GROUP_WORLD, loom_buf_of(&mine, 1, LOOM_DTYPE_I64),
-                                       loom_buf_of(lens, (size_t)world, LOOM_DTYPE_I64)));
-    int *counts = loom_alloc(sizeof(int) * 2 * (size_t)world, LOOM_MEM_OTHER), *displs = counts + world;
-    size_t total = 0;
-    for (int k = 0; k < world; k++) {
-        if (lens[k] > INT32_MAX - (int64_t)total)
-            loom_die("--trace: the events pass 2 GB; trace fewer steps");
-        counts[k] = (int)lens[k];
-        displs[k] = (int)total;
-        total += (size_t)lens[k];
-    }
-    char *all = loom_alloc(total + 1, LOOM_MEM_OTHER);
-    loom_comm_wait(loom_comm_allgather_v(LOOM_GROUP_WORLD, loom_buf_of((void *)ev, n, LOOM_DTYPE_U8),
-                                         loom_buf_of(all, total, LOOM_DTYPE_U8), counts, displs));
-    int rc = LOOM_OK;
-    if (r->topo->rank == 0) {
-        FILE *f = fopen(cfg->trace, "w");
-        if (!f) {
-            rc = loom_error_set(LOOM_ERR_RUNTIME, "--trace %s: cannot open for writing: %s", cfg->trace,
-                                strerror(errno));
-        } else {
-            char where[64];
-            fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
-            for (int k = 0; k < world; k++) {
-                struct loom_topology t = *r->topo;
-                t.rank = k;
-                loom_topology_format(&t, where, sizeof where);
-                fprintf(f,
-                        "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
-                        "\"rank %d %s\"}},\n"
-                        "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_"
-                        "index\":%d}},\n"
-                        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
-                        "\"compute\"}},\n"
-                        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":"
-                        "\"communication\"}}",
-                        k ? ",\n" : "", k, k, where, k, k, k, k);
-                if (counts[k]) {
-                    fputs(",\n", f);
-                    fwrite(all + displs[k], 1, (size_t)counts[k], f);
-                }
-            }
-            fputs("\n]}\n", f);
-            /* every write checked: a failed one sets the error flag, and the
-             * close flushes the rest */
-            const int ok = fflush(f) == 0 && !ferror(f), e = errno ? errno : EIO;
-            if (fclose(f) != 0 || !ok)
-                rc = loom_error_set(LOOM_ERR_RUNTIME, "--trace %s: write failed: %s", cfg->trace,
-                                    strerror(ok ? errno : e));
-        }
-    }
-    loom_free(lens);
-    loom_free(counts);
-    loom_free(all);
-    loom_trace_stop();
-    return loom_comm_agree(rc, NULL);
-}
-
 /* The engine's batch source: this rank's rows of the global batch of the step. */
 static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **batch, int *rows)
 {
@@ -751,7 +665,7 @@ int loom_train(struct loom_config *cfg)
     }
     struct loom_report rep;
     if ((rc = agree(&r, loom_report_open(&rep, cfg->metrics, cfg->tensorboard_dir))) ||
-        (rc = trace_begin(&r, cfg, loom_engine_steps_done(r.engine)))) {
+        (rc = loom_trace_file_begin(cfg, r.topo, loom_engine_steps_done(r.engine)))) {
         loom_report_close(&rep);
         teardown(&r);
         return rc;
@@ -870,7 +784,7 @@ int loom_train(struct loom_config *cfg)
             break;
         }
     }
-    if (rc == LOOM_OK) rc = trace_write(&r, cfg);
+    if (rc == LOOM_OK) rc = loom_trace_file_write(cfg, r.topo);
     /* Megatron's test split: scored once when training is complete */
     double test_loss = -1;
     if (rc == LOOM_OK && r.data.have_test && ran > 0 && loom_engine_steps_done(e) >= cfg->train_iters)

@@ -373,12 +373,13 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     e->sched = loom_lr_schedule_from_config(cfg);
     loom_engine_plan_schedule(e);
     if (m->ops->reserve) m->ops->reserve(m); /* a layout that does not fit fails here, not mid-step */
-    return LOOM_OK;
+    return e->app_reports ? LOOM_OK : loom_run_log_open(e);
 }
 
 void loom_engine_free(struct loom_engine *e)
 {
     if (!e) return;
+    loom_run_log_close(e);
     loom_engine_release_state(e);
     free(e);
 }
@@ -432,6 +433,7 @@ static void forward_micro(struct loom_engine *e, struct loom_micro *mb, int micr
     if (chunk == 0) {
         LOOM_ASSERT(micro == e->micro && micro < A);
         if (micro == 0) {
+            loom_run_log_step_begin(e);
             loom_comm_set_step(e->steps + 1);
             loom_model_zero_grad(m);
             loom_stack_begin_step(m);
@@ -691,11 +693,11 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     e->steps = step;
     e->micro = e->backwards = 0;
     const double wait = loom_stack_comm_wait_s(m);
-    if (out)
-        *out = (struct loom_step_result){step, loss, lr, norm, wait, e->scaler ? scale : 0, skip, e->skipped};
-    rc = loom_engine_agree(e, rc);
+    const struct loom_step_result res = {step, loss, lr, norm, wait, e->scaler ? scale : 0, skip, e->skipped};
+    if (out) *out = res;
     loom_trace_pop("optimizer step");
-    return rc;
+    if (rc == LOOM_OK) rc = loom_run_log_step(e, &res);
+    return loom_engine_agree(e, rc);
 }
 
 /* train_batch through the layout's schedule */

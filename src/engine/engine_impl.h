@@ -8,6 +8,7 @@
 
 #include "comm/comm.h"
 #include "engine/checkpoint.h"
+#include "engine/run_log.h"
 #include "io/checkpoint.h"
 #include "loom/engine.h"
 #include "optim/adamw.h"
@@ -47,6 +48,11 @@ struct loom_engine {
     struct loom_micro *mbs;                /* (plan.slots) */
     int *chunk_first, *chunk_last;         /* (plan.chunks) */
     struct loom_schedule_times pipe_times; /* of the last step */
+    /* --metrics, --tensorboard-dir and --trace: the engine's own record for a program of the
+     * user's (run_log.h); loom train sets app_reports before loom_engine_initialize and writes
+     * its own */
+    int app_reports;
+    struct loom_run_log log;
 };
 
 /* Agrees on a status across all ranks; only the lowest failing rank keeps

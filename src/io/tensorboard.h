@@ -9,8 +9,8 @@
  * encoded by hand (a handful of fixed fields). Not here: images,
  * histograms, text, or reading the files back.
  */
-#ifndef LOOM_APP_TENSORBOARD_H
-#define LOOM_APP_TENSORBOARD_H
+#ifndef LOOM_IO_TENSORBOARD_H
+#define LOOM_IO_TENSORBOARD_H
 
 #include <stddef.h>
 #include <stdint.h>

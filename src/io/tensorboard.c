@@ -2,7 +2,7 @@
  * TensorBoard event files (tensorboard.h): TFRecord framing and the few
  * protocol buffer fields of an Event with a scalar Summary.
  */
-#include "app/tensorboard.h"
+#include "io/tensorboard.h"
 
 #include <errno.h>
 #include <string.h>
