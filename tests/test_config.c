@@ -68,7 +68,7 @@ static const char *row(const struct loom_config *cfg, const char *name)
     char *text = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&text, &n);
-    loom_config_print(f, cfg);
+    loom_config_print(f, cfg, 1);
     fclose(f);
     out[0] = 0;
     char key[64];

@@ -264,6 +264,7 @@ struct loom_config {
     /* the run itself */
     char deepspeed_config[512]; /* JSON config file, "" for none */
     int dry_run;                /* resolve and print the configuration, then exit */
+    int print_config;           /* print every setting at start-up, not only those not at their defaults */
     /* model */
     char model[32]; /* a preset of a model family (model/family.h) */
     int num_layers, hidden_size, num_attention_heads, seq_length, max_position_embeddings, vocab_size;

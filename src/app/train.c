@@ -314,7 +314,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     if (training && cfg->offload_auto) cfg->decided |= LOOM_DECIDED_OFFLOAD;
     if (cfg->dry_run) { /* --dry-run: the configuration resolved on every rank; open and build nothing */
         if (r->topo->rank == 0) {
-            loom_config_print(stdout, cfg);
+            loom_config_print(stdout, cfg, 1);
             print_stage_map(cfg, r->topo);
             rc = print_footprint(cfg, r->topo);
         }
@@ -686,7 +686,7 @@ int loom_train(struct loom_config *cfg)
         peak =
             loom_machine_peak_flops(cfg->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, peak_src, sizeof peak_src);
     loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&peak, 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
-    if (loom_log_rank() == 0) loom_config_print(stdout, cfg);
+    if (loom_log_rank() == 0) loom_config_print(stdout, cfg, cfg->print_config);
     report_layout(&r, &rep, peak, peak_src);
 
     const int T = cfg->seq_length, G = cfg->global_batch_size;

@@ -48,7 +48,9 @@ void loom_config_adopt(struct loom_config *cfg, const struct loom_config *from, 
 void loom_config_print_help(FILE *f, const char *command, int all);
 /* The resolved configuration as one table, each setting with its origin:
  * default, preset, json, flag, "flag (json had X)" or derived. */
-void loom_config_print(FILE *f, const struct loom_config *cfg);
+/* The settings table: every setting when all, else those not at their
+ * defaults and a line counting the rest. */
+void loom_config_print(FILE *f, const struct loom_config *cfg, int all);
 /* Setting i (of loom_config_count()): its flag without the dashes, and its
  * value as the table prints it, into value (n bytes). */
 void loom_config_setting(const struct loom_config *cfg, int i, const char **name, char *value, size_t n);

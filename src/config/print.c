@@ -190,11 +190,16 @@ void loom_config_print_help(FILE *f, const char *command, int all)
         command, loom_nsettings);
 }
 
-void loom_config_print(FILE *f, const struct loom_config *cfg)
+void loom_config_print(FILE *f, const struct loom_config *cfg, int all)
 {
     const struct loom_config_record *r = &cfg->rec;
     fprintf(f, "configuration:\n");
+    int hidden = 0;
     for (int i = 0; i < loom_nsettings; i++) {
+        if (!all && r->origin[i] == LOOM_ORIGIN_DEFAULT) {
+            hidden++;
+            continue;
+        }
         char v[1024], origin[sizeof r->json_had[0] + 32];
         loom_setting_format(v, sizeof v, cfg, &loom_settings[i]);
         if (r->origin[i] == LOOM_ORIGIN_FLAG && r->json_had[i][0])
@@ -203,6 +208,7 @@ void loom_config_print(FILE *f, const struct loom_config *cfg)
             snprintf(origin, sizeof origin, "%s", origin_names[r->origin[i]]);
         fprintf(f, "  %-30s %-24s (%s)\n", loom_settings[i].flag + 2, v, origin);
     }
+    if (hidden) fprintf(f, "  and %d settings at their defaults (--print-config lists every one)\n", hidden);
 }
 
 void loom_config_setting(const struct loom_config *cfg, int i, const char **name, char *value, size_t n)

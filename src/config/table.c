@@ -85,6 +85,9 @@ const struct setting loom_settings[] = {
         "DeepSpeed JSON config FILE (alias --deepspeed_config): the json: keys below; flags override it"),
     BOOL("--dry-run", NULL, "config", dry_run, "0",
          "resolve and print the configuration, then exit (loom train, loom eval)"),
+    BOOL("--print-config", NULL, "config", print_config, "0",
+         "print every setting at start-up (by default the settings not at their defaults; --dry-run and the "
+         "metrics file's first row always hold every one)"),
 
     PRESET("--model", "model", "model", model, "preset of a model family:"),
     INT("--num-layers", "num_layers", "model", num_layers, 1, 1024, NULL, "transformer layers (L)"),
