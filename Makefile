@@ -224,14 +224,15 @@ test-deps:
 # The demo: a quiet build (the compiler's lines go to $(BUILD)/build.log), gpt2-tiny trained on
 # the built-in corpus with a checkpoint and metrics in $(BUILD)/demo, and the next commands.
 DEMO := $(BUILD)/demo
+DEMO_ARGS = --train-iters 300 --eval-interval 100 --log-interval 50 --save $(DEMO)/checkpoints --metrics $(DEMO)/metrics.jsonl
 demo: deps
 	@mkdir -p $(BUILD)
 	@echo "loom demo: building loom ($(shell nproc 2>/dev/null || echo 2) jobs; the compiler's output goes to $(BUILD)/build.log)"
 	@$(MAKE) --no-print-directory -j$(shell nproc 2>/dev/null || echo 2) all > $(BUILD)/build.log 2>&1 || \
 	  { tail -n 30 $(BUILD)/build.log; echo "loom demo: the build failed (all of it in $(BUILD)/build.log)" >&2; exit 1; }
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)
-	@echo "loom demo: $(BUILD)/loom train --save $(DEMO)/checkpoints --metrics $(DEMO)/metrics.jsonl"
-	@$(BUILD)/loom train --save $(DEMO)/checkpoints --metrics $(DEMO)/metrics.jsonl
+	@echo "loom demo: $(BUILD)/loom train $(DEMO_ARGS)"
+	@$(BUILD)/loom train $(DEMO_ARGS)
 	@echo ""
 	@echo "next: $(BUILD)/loom sample --load $(DEMO)/checkpoints --prompt 'the ' --max-new-tokens 80"
 	@echo "      $(BUILD)/loom report $(DEMO)     # the run as one page: $(DEMO)/report.html"
