@@ -235,7 +235,7 @@ enum loom_origin {
 #define LOOM_MAX_DATA_PATHS 64
 #define LOOM_DECIDED_LAYOUT 1u       /* --layout auto chose the layout */
 #define LOOM_DECIDED_OFFLOAD 2u      /* --offload auto chose the placement */
-#define LOOM_CONFIG_MAX_SETTINGS 160 /* rows of the settings table, at most */
+#define LOOM_CONFIG_MAX_SETTINGS 192 /* rows of the settings table, at most */
 #define LOOM_CONFIG_MAX_WARNINGS 64
 #define LOOM_MOE_MAX_LAYERS 1024 /* the layers a --moe-layer-freq list may give */
 #define LOOM_MOE_FREQ_TEXT 256   /* --moe-layer-freq's text, at most (with its end) */
@@ -299,6 +299,15 @@ struct loom_config {
     int micro_batch_size, global_batch_size, gradient_accumulation_steps;
     /* optimisation */
     int train_iters, lr_warmup_iters, lr_decay_iters;
+    /* Megatron's samples-based schedule (0: not given): iterations = samples / global batch */
+    int64_t train_samples, lr_warmup_samples, lr_decay_samples;
+    double lr_warmup_fraction;      /* Megatron's: warmup = this x the decay iterations (0: not given) */
+    double init_method_std;         /* weights drawn from N(0, std) (0: the family's, 0.02) */
+    int no_load_optim;              /* a resume takes the weights and step, and starts the optimizer afresh */
+    int exit_on_missing_checkpoint; /* --load == --save with no checkpoint yet: exit, not start afresh */
+    int make_vocab_size_divisible_by; /* a vocabulary taken from the tokenizer is padded to this x TP */
+    int tensorboard_log_interval;     /* TensorBoard's scalars every N steps (0: with the log lines) */
+    int log_timers_to_tensorboard;
     double lr, min_lr, weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
     enum loom_lr_decay_style lr_decay_style;
     enum loom_lr_warmup_style lr_warmup_style;

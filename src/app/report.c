@@ -143,6 +143,12 @@ void loom_report_close(struct loom_report *r)
     loom_tb_close(&r->tb);
 }
 
+/* A pipeline stage's idle share of its schedule, from (compute, idle, total) ms. */
+static double stage_bubble(const double *stage)
+{
+    return stage[2] > 0 ? 1 - stage[0] / stage[2] : 0;
+}
+
 /* The step's figures as TensorBoard scalars, under Megatron's tags where it
  * has them ("lm loss", "learning-rate", "grad-norm", "loss-scale",
  * "iteration-time" in seconds), and memory by category in bytes. */
@@ -181,7 +187,22 @@ static void tb_step(struct loom_report *r, const struct loom_step_stats *s, cons
         loom_tb_scalar(tb, s->step, tag, (double)mem->peak[i]);
     }
     loom_tb_scalar(tb, s->step, "memory/total-bytes", (double)mem->peak_total);
+    if (r->tb_timers) { /* Megatron's timers that loom measures: the exposed wait, the pipeline's idle share
+                         */
+        if (s->comm_wait_ms >= 0)
+            loom_tb_scalar(tb, s->step, "timers/comm-wait-time", s->comm_wait_ms / 1000);
+        if (s->pipeline) {
+            double sum = 0;
+            for (int k = 0; k < s->pp; k++) sum += stage_bubble(s->pipeline + 4 * (size_t)k);
+            loom_tb_scalar(tb, s->step, "timers/pipeline-bubble", sum / s->pp);
+        }
+    }
     loom_tb_flush(tb);
+}
+
+void loom_report_tb(struct loom_report *r, const struct loom_step_stats *s, const struct loom_mem_stats *mem)
+{
+    if (!r->tb_interval || s->step % r->tb_interval == 0) tb_step(r, s, mem);
 }
 
 void loom_report_line(struct loom_report *r, const char *fmt, ...)
@@ -230,12 +251,6 @@ static const char *json_number(char *buf, size_t n, double x)
     else
         snprintf(buf, n, "null");
     return buf;
-}
-
-/* A pipeline stage's idle share of its schedule, from (compute, idle, total) ms. */
-static double stage_bubble(const double *stage)
-{
-    return stage[2] > 0 ? 1 - stage[0] / stage[2] : 0;
 }
 
 void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,

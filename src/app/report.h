@@ -50,6 +50,8 @@ struct loom_report {
     double t_start;    /* seconds, monotonic */
     char metrics_path[512];
     int metrics_errno; /* the first failed write of the metrics file (0: none) */
+    int tb_interval;   /* --tensorboard-log-interval: the scalars every N steps (0: with the log lines) */
+    int tb_timers;     /* --log-timers-to-tensorboard */
 };
 
 /* Opens the metrics file for appending and a TensorBoard event file in
@@ -66,6 +68,9 @@ int loom_report_status(const struct loom_report *r);
 void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
                       const struct loom_mem_stats *mem, const int64_t *mem_by_rank, int world);
 void loom_report_eval(struct loom_report *r, int step, double val_loss, double floor_nats);
+/* The step's TensorBoard scalars alone (a --tensorboard-log-interval step
+ * that is not a log step; loom_report_step writes them on the others). */
+void loom_report_tb(struct loom_report *r, const struct loom_step_stats *s, const struct loom_mem_stats *mem);
 /* The metrics' first row: {"config":{"flag":"value",...}}, every setting as
  * the table prints it (loom report shows it). */
 struct loom_config;

@@ -154,7 +154,11 @@ int loom_run_data_open(struct loom_run_data *r, const struct loom_config *cfg, i
         megatron_words(cfg->valid_data_paths, cfg->nvalid_paths) ||
         megatron_words(cfg->test_data_paths, cfg->ntest_paths))
         return open_megatron(r, cfg, training);
-    if (*cfg->split || cfg->ntest_paths)
+    if (*cfg->split && cfg->mock_data && !cfg->ntest_paths) /* Megatron's scripts set both */
+        loom_log_warn("--split %s: no effect here: --mock-data is the built-in corpus, whose validation "
+                      "stream is its own",
+                      cfg->split);
+    else if (*cfg->split || cfg->ntest_paths)
         return loom_error_set(
             LOOM_ERR_INPUT,
             "%s takes Megatron datasets (PREFIX.bin + PREFIX.idx); token shards are named by "

@@ -259,7 +259,7 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
  * engine (which allocates, initialises or resumes it); eval loads weights
  * only. */
 /* --tokenizer: it loads, and its ids fit the model's vocabulary. */
-static int check_tokenizer(const struct loom_config *cfg)
+static int check_tokenizer(struct loom_config *cfg)
 {
     struct loom_tokenizer *t;
     int rc = loom_tokenizer_load(cfg->tokenizer, cfg->merge_file, &t);
@@ -270,6 +270,13 @@ static int check_tokenizer(const struct loom_config *cfg)
     }
     const int32_t n = loom_tokenizer_vocab_size(t);
     loom_tokenizer_free(t);
+    const enum loom_origin o = loom_config_origin(cfg, "--vocab-size");
+    if (o == LOOM_ORIGIN_DEFAULT || o == LOOM_ORIGIN_PRESET) { /* Megatron's: the tokenizer's, padded */
+        const int64_t multiple = (int64_t)cfg->make_vocab_size_divisible_by * cfg->tensor_model_parallel_size;
+        cfg->vocab_size = (int)((n + multiple - 1) / multiple * multiple);
+        loom_config_set_derived(cfg, offsetof(struct loom_config, vocab_size));
+        return LOOM_OK;
+    }
     if (n > cfg->vocab_size)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--tokenizer %s has %d token ids, more than the model's vocabulary of %d "
@@ -670,6 +677,8 @@ int loom_train(struct loom_config *cfg)
         teardown(&r);
         return rc;
     }
+    rep.tb_interval = cfg->tensorboard_log_interval; /* after the open, which clears rep */
+    rep.tb_timers = cfg->log_timers_to_tensorboard;
     loom_report_config(&rep, cfg);
     /* the first rows' writes (the config row, the event file's header): a
      * full disk stops the run before it trains */
@@ -722,7 +731,10 @@ int loom_train(struct loom_config *cfg)
         step_tps[ran++] = tps;
         if (ran == 1 && cfg->offload_auto) check_placement(&r);
         last_loss = res.loss;
-        if (step % cfg->log_interval == 0 || step == cfg->train_iters || res.skipped) {
+        const int log = step % cfg->log_interval == 0 || step == cfg->train_iters || res.skipped;
+        const int tb_only =
+            !log && cfg->tensorboard_log_interval && step % cfg->tensorboard_log_interval == 0;
+        if (log || tb_only) { /* every rank: the gathers below are collective */
             struct loom_step_stats s = {step,
                                         cfg->train_iters,
                                         res.loss,
@@ -746,7 +758,7 @@ int loom_train(struct loom_config *cfg)
             double *pipeline = gather_pipeline(&r, by_rank);
             s.pipeline = pipeline;
             double moe_summary[LOOM_REPORT_MOE];
-            if (moe) {
+            if (moe && log) {
                 loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(moe, (size_t)nmoe, LOOM_DTYPE_F64),
                                          LOOM_OP_SUM);
                 s.moe = moe_summary;
@@ -756,7 +768,10 @@ int loom_train(struct loom_config *cfg)
                                                  cfg->num_layers, moe_layers);
                 s.moe_layer = moe_layers;
             }
-            loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
+            if (log)
+                loom_report_step(&rep, &s, &mem, by_rank, r.topo->world);
+            else
+                loom_report_tb(&rep, &s, &mem);
             loom_free(by_rank);
             loom_free(pipeline);
         }

@@ -22,6 +22,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "engine/checkpoint.h"
+#include "io/checkpoint.h"
 #include "io/fs.h"
 #include "io/synth.h"
 #include "loom/loom.h"
@@ -125,6 +126,18 @@ int main(int argc, char **argv)
             loom_config_print_help(stdout, cmd, help == 2);
             loom_config_free(&cfg);
             return 0;
+        }
+        /* Megatron's resume idiom, --save DIR --load DIR: before the first checkpoint there is nothing to
+         * load and the run starts from the beginning (--exit-on-missing-checkpoint: it exits instead) */
+        if (strcmp(cmd, "train") == 0 && *cfg.load && strcmp(cfg.load, cfg.save) == 0 &&
+            !loom_ckpt_is_checkpoint(cfg.load) && !cfg.exit_on_missing_checkpoint) {
+            const char *r = getenv("OMPI_COMM_WORLD_RANK"); /* said once: MPI is not up yet */
+            if (!r || strcmp(r, "0") == 0)
+                fprintf(stderr,
+                        "loom: --load %s holds no checkpoint yet: training from the beginning, saving there "
+                        "(--exit-on-missing-checkpoint exits instead)\n",
+                        cfg.load);
+            cfg.load[0] = 0;
         }
         if (strcmp(cmd, "train") != 0 && !*cfg.load)
             rc = loom_error_set(LOOM_ERR_INPUT,

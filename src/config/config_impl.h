@@ -84,6 +84,11 @@ const char *loom_setting_name(const struct loom_config *cfg, int i);
 /* A start-up warning, kept in cfg and printed once (rank 0) when the
  * configuration is resolved: at parse time every rank would print it. */
 void loom_config_warn(struct loom_config *cfg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* argv[*i] when it is one of Megatron-LM's flags that loom has no setting
+ * for (megatron_flags.c): 1 when taken with no effect (its values read,
+ * *i past them, a warning saying why), -1 when refused (the error set), 0
+ * when it is not one of them. */
+int loom_megatron_flag(struct loom_config *cfg, int argc, char **argv, int *i);
 
 /* ---- printing (print.c) ---- */
 

@@ -266,6 +266,9 @@ static int parse_flags(struct loom_config *cfg, int argc, char **argv)
         const char *eq = strchr(a, '=');
         size_t len = eq ? (size_t)(eq - a) : strlen(a);
         const struct setting *s = loom_setting_find(a, len);
+        const int megatron = s ? 0 : loom_megatron_flag(cfg, argc, argv, &i);
+        if (megatron < 0) return LOOM_ERR_INPUT;
+        if (megatron) continue;
         if (!s) {
             char flag[128];
             snprintf(flag, sizeof flag, "%.*s", (int)len, a);
@@ -290,6 +293,29 @@ static int parse_flags(struct loom_config *cfg, int argc, char **argv)
         cfg->rec.origin[idx] = LOOM_ORIGIN_FLAG;
     }
     return LOOM_OK;
+}
+
+/* Megatron's pretrain_gpt.py has no --model: its shape flags say the model.
+ * Without --model, flags that only Llama's kind of decoder has (RMSNorm,
+ * SwiGLU, rotary positions) take llama-tiny's family, and experts
+ * mixtral-tiny's, so a Megatron script's flags build that model; said in
+ * one line. */
+static void infer_family(struct loom_config *cfg)
+{
+    if (origin_of(cfg, F(model)) != LOOM_ORIGIN_DEFAULT) return;
+    const int llama =
+        (given_at(cfg, loom_setting_index(F(normalization))) && cfg->normalization == LOOM_NORM_RMSNORM) ||
+        (given_at(cfg, loom_setting_index(F(swiglu))) && cfg->swiglu) ||
+        (given_at(cfg, loom_setting_index(F(position_embedding_type))) &&
+         cfg->position_embedding_type == LOOM_POSITION_ROPE);
+    if (!llama) return;
+    const char *preset = cfg->num_experts > 0 ? "mixtral-tiny" : "llama-tiny";
+    snprintf(cfg->model, sizeof cfg->model, "%s", preset);
+    cfg->rec.origin[loom_setting_index(F(model))] = LOOM_ORIGIN_DERIVED;
+    loom_config_warn(cfg,
+                     "no --model: the flags (RMSNorm, SwiGLU or rotary positions%s) build %s's family, as "
+                     "Megatron's pretrain_gpt.py builds its model from them",
+                     cfg->num_experts > 0 ? ", experts" : "", preset);
 }
 
 int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help)
@@ -335,6 +361,7 @@ int loom_config_parse(struct loom_config *cfg, int argc, char **argv, int *help)
         }
         r->json_had[i][0] = 0;
     }
+    infer_family(cfg);
     const struct loom_model_preset *p;
     if (!loom_model_family_of_preset(cfg->model, &p)) {
         char names[256];

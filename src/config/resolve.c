@@ -9,6 +9,7 @@
  * kind's resolve, parallel/kinds.h, after these: loom_kinds_resolve).
  */
 #include <assert.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -109,6 +110,42 @@ static int resolve_batch(struct loom_config *cfg, int dp)
         return loom_error_set(LOOM_ERR_INPUT,
                               "batch sizes disagree: %s %d != %s %d x %s %d x data-parallel size %d", n_gb,
                               *gb, n_mb, *mb, n_ga, *ga, dp);
+    return LOOM_OK;
+}
+
+/* Megatron's samples-based schedule onto iterations of the global batch
+ * (exact multiples only: a run is whole steps), and its warmup fraction. */
+static int resolve_samples(struct loom_config *cfg)
+{
+    static const struct {
+        size_t samples, iters;
+    } pairs[] = {{F(train_samples), F(train_iters)},
+                 {F(lr_decay_samples), F(lr_decay_iters)},
+                 {F(lr_warmup_samples), F(lr_warmup_iters)}};
+    for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+        const int64_t samples = *(const int64_t *)((const char *)cfg + pairs[k].samples);
+        if (!samples) continue;
+        if (given(cfg, pairs[k].iters))
+            return loom_error_set(LOOM_ERR_INPUT, "%s and %s name the same length: give one",
+                                  loom_config_name_of(cfg, pairs[k].samples),
+                                  loom_config_name_of(cfg, pairs[k].iters));
+        const int64_t G = cfg->global_batch_size, n = (samples + G - 1) / G;
+        if (n > INT_MAX)
+            return loom_error_set(LOOM_ERR_INPUT, "%s %lld: more than 2^31 steps of %lld samples",
+                                  loom_config_name_of(cfg, pairs[k].samples), (long long)samples,
+                                  (long long)G);
+        *(int *)((char *)cfg + pairs[k].iters) = (int)n; /* Megatron rounds up too: the samples all train */
+        set_derived(cfg, pairs[k].iters);
+    }
+    if (cfg->lr_warmup_fraction > 0) {
+        if (given(cfg, F(lr_warmup_iters)) || cfg->lr_warmup_samples)
+            return loom_error_set(LOOM_ERR_INPUT, "%s and %s name the same warmup: give one",
+                                  NAME(lr_warmup_fraction),
+                                  cfg->lr_warmup_samples ? NAME(lr_warmup_samples) : NAME(lr_warmup_iters));
+        const int decay = cfg->lr_decay_iters ? cfg->lr_decay_iters : cfg->train_iters;
+        cfg->lr_warmup_iters = (int)(cfg->lr_warmup_fraction * decay); /* as Megatron: truncated */
+        set_derived(cfg, F(lr_warmup_iters));
+    }
     return LOOM_OK;
 }
 
@@ -280,6 +317,11 @@ static int resolve_tokenizer(struct loom_config *cfg)
               hf = strcmp(type, "HuggingFaceTokenizer") == 0 || strcmp(type, "Llama2Tokenizer") == 0 ||
                    strcmp(type, "SentencePieceTokenizer") == 0 ||
                    strcmp(type, "GPTSentencePieceTokenizer") == 0;
+    if (!*type && *cfg->vocab_file && *cfg->merge_file) { /* Megatron takes GPT-2's two files so */
+        snprintf(cfg->tokenizer_type, sizeof cfg->tokenizer_type, "GPT2BPETokenizer");
+        loom_config_set_derived(cfg, F(tokenizer_type));
+        return resolve_tokenizer(cfg);
+    }
     if (!*type) {
         if (*cfg->vocab_file || *cfg->merge_file || *cfg->tokenizer_model)
             return loom_error_set(LOOM_ERR_INPUT, "%s needs %s (GPT2BPETokenizer or HuggingFaceTokenizer)",
@@ -342,6 +384,7 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
                                   "%s auto decides %s and %s itself: give them or it, not both",
                                   NAME(offload_auto), NAME(offload_optimizer), NAME(offload_param));
     }
+    if ((rc = resolve_samples(cfg))) return rc;
     if ((rc = resolve_schedule(cfg))) return rc;
     if (cfg->seq_length > cfg->max_position_embeddings)
         return loom_error_set(LOOM_ERR_INPUT, "%s %d exceeds %s %d", NAME(seq_length), cfg->seq_length,

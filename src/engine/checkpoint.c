@@ -471,7 +471,9 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
     char name[128];
     snprintf(name, sizeof name, MASTER "%s", m->blocks[0].tensors[0].name);
     const int has_master = rc == LOOM_OK && loom_ckpt_has(c.r, name);
-    const int take_master = opt->has_master && !p->cfg->finetune && has_master;
+    /* --finetune and --no-load-optim: the optimizer (moments, master weights, loss scale) afresh */
+    const int optim = !p->cfg->finetune && !p->cfg->no_load_optim;
+    const int take_master = opt->has_master && optim && has_master;
     /* The weights: a float32 run resuming a mixed-precision checkpoint takes
      * the master weights (the more precise copy); a mixed-precision run reads
      * float32 and rounds to its 16-bit storage. */
@@ -481,7 +483,7 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         c.master_from_weights = opt->has_master && !take_master;
         rc = for_each_tensor(m, p->store_lo, p->store_hi, read_tensor, &c);
     }
-    if (rc == LOOM_OK && !p->cfg->finetune) {
+    if (rc == LOOM_OK && optim) {
         c.what = LOAD_MOMENTS;
         rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
         if (rc == LOOM_OK) opt->t = (int)st->optimizer_step;
@@ -492,7 +494,7 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
     }
     loom_free(c.stage[0]);
     if (rc == LOOM_OK && m->fp8) rc = read_fp8(c.r, m->fp8, &c.bytes);
-    if (rc == LOOM_OK && p->scaler && st->has_loss_scaler && !p->cfg->finetune) {
+    if (rc == LOOM_OK && p->scaler && st->has_loss_scaler && optim) {
         const struct loom_loss_scaler_state ls = {st->loss_scale, st->loss_scale_good_steps,
                                                   (int)st->loss_scale_hysteresis, st->iteration,
                                                   st->skipped_steps};

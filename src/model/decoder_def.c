@@ -54,6 +54,7 @@ struct loom_decoder_spec loom_decoder_def_spec(const struct loom_decoder_def *d,
         else
             *(int *)to = *(const int *)from;
     }
+    if (c.init_method_std > 0) s.init_std = c.init_method_std; /* Megatron's --init-method-std */
     s.balance = c.moe_router_load_balancing_type;
     s.aux_coeff = s.balance != LOOM_MOE_BALANCE_NONE ? c.moe_aux_loss_coeff : 0;
     s.z_coeff = c.moe_z_loss_coeff;

@@ -67,10 +67,20 @@ static int build_inner(struct loom_kind_build *b, void **state)
 
 static int resolve(struct loom_config *cfg)
 {
-    if (cfg->sequence_parallel && cfg->tensor_model_parallel_size < 2)
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "%s splits the sequence within a tensor-parallel group: it needs %s 2 or more",
-                              NAME(sequence_parallel), NAME(tensor_model_parallel_size));
+    if (cfg->sequence_parallel && cfg->tensor_model_parallel_size < 2) {
+        if (!loom_config_given_at(cfg, F(sequence_parallel)))
+            return loom_error_set(
+                LOOM_ERR_INPUT,
+                "%s splits the sequence within a tensor-parallel group: it needs %s 2 or more",
+                NAME(sequence_parallel), NAME(tensor_model_parallel_size));
+        /* as Megatron: a script's --sequence-parallel on one tensor-parallel rank is switched off */
+        loom_log_warn(
+            "%s has no tensor-parallel group to split the sequence in (%s %d): off, as Megatron turns "
+            "it off",
+            NAME(sequence_parallel), NAME(tensor_model_parallel_size), cfg->tensor_model_parallel_size);
+        cfg->sequence_parallel = 0;
+        loom_config_set_derived(cfg, F(sequence_parallel));
+    }
     if (cfg->sequence_parallel && cfg->seq_length % cfg->tensor_model_parallel_size)
         return loom_error_set(LOOM_ERR_INPUT, "%s: %s %d is not divisible by %s %d", NAME(sequence_parallel),
                               NAME(seq_length), cfg->seq_length, NAME(tensor_model_parallel_size),
