@@ -4,7 +4,8 @@
 # `install-deps.sh --test` adds what the test suite compares against
 # (PyTorch and NumPy from Debian, venv for the test-only transformers from
 # PyPI, clang for the sanitizer and fuzzer builds, Chromium to open `loom
-# report`'s page headless).
+# report`'s page headless, Slurm and munge for the test that runs loom under
+# srun and sbatch).
 set -eu
 
 want_test=0
@@ -16,7 +17,7 @@ for a in "$@"; do
 done
 
 pkgs="build-essential pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libcjson-dev libxxhash-dev libdnnl-dev libpcre2-dev liburing-dev libsentencepiece-dev"
-[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev clang-format chromium"
+[ "$want_test" = 1 ] && pkgs="$pkgs python3 python3-venv python3-torch python3-numpy clang libclang-rt-14-dev clang-format chromium slurmd slurmctld slurm-client munge"
 
 missing=""
 for p in $pkgs; do

@@ -33,7 +33,8 @@
  * hang aborted: any status but 0 and 2, bad input, which would fail again)
  * it runs it again from the newest intact checkpoint of --save, at most K
  * times, saying why each time; the job sees LOOM_RESTART_COUNT. Not here:
- * Slurm (srun works as mpirun does), changing the world size between
+ * Slurm (srun --mpi=pmix starts the ranks as mpirun does; tests/test_slurm.py),
+ * changing the world size between
  * restarts.
  */
 #include "cli/launch.h"
