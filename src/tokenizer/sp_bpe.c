@@ -199,7 +199,7 @@ static int read_decoder(struct bpe_sp *sp, const cJSON *d, const char *file)
         return LOOM_OK;
     }
     if (is_type(d, "Metaspace")) {
-        enum bpe_prepend pre;
+        enum bpe_prepend pre = BPE_PREPEND_ALWAYS;
         int rc = read_replacement(d, "decoder", file, sp->dec_from, sizeof sp->dec_from);
         if (!rc) rc = read_prepend(d, "decoder", file, &pre);
         snprintf(sp->dec_to, sizeof sp->dec_to, " ");

@@ -13,7 +13,7 @@
  *
  * The fuzz-sources line is read whole by the Makefile: formatting is off here.
  *
- * fuzz-sources: src/config/json.c src/config/table.c src/config/parse.c src/config/print.c src/config/plugin.c src/io/fs.c src/io/model_shape.c src/base/log.c src/base/mem.c
+ * fuzz-sources: src/config/json.c src/config/table.c src/config/parse.c src/config/megatron_flags.c src/config/print.c src/config/plugin.c src/io/fs.c src/io/model_shape.c src/base/log.c src/base/mem.c
  * fuzz-libs: -lcjson
  */
 // clang-format on
