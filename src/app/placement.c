@@ -118,7 +118,8 @@ int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t
     const double base = rss_now() + data_bytes(cfg); /* the shards are mapped: a step touches them */
     struct loom_layout_shape shape;
     loom_kinds_shape(cfg, t->world, &shape);
-    const int most = shape.shard_params ? 2 : 1; /* the parameters' shards offloaded too */
+    /* the parameters' shards offloaded too; nothing without --nvme-path */
+    const int most = !*cfg->nvme_path ? 0 : shape.shard_params ? 2 : 1;
     double predicted[3] = {0, 0, 0};
     int level = -1;
     const double buffer = cfg->offload_buffer_size;
@@ -139,6 +140,14 @@ int loom_placement_choose(struct loom_config *cfg, const struct loom_topology *t
     uint64_t mine = (uint64_t)(level < 0 ? most + 1 : level);
     loom_comm_allreduce_sync(LOOM_GROUP_WORLD, loom_buf_of(&mine, 1, LOOM_DTYPE_U64), LOOM_OP_MAX);
     char b1[32], b2[32], b3[32];
+    if (mine > (uint64_t)most && !*cfg->nvme_path) { /* Gemini's way: memory first, NVMe when needed */
+        set_level(cfg, 0);
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "--offload auto: the model state does not fit --mem-per-rank %s in memory (a rank "
+            "needs %s): give --nvme-path DIR for what must go to NVMe",
+            loom_fmt_bytes(b1, sizeof b1, out->budget), loom_fmt_bytes(b2, sizeof b2, predicted[0]));
+    }
     if (mine > (uint64_t)most) {
         set_level(cfg, 0);
         return loom_error_set(

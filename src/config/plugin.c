@@ -10,7 +10,9 @@
  *                    FULL_SHARD unless another of FSDP's strategies is given
  *   low_level_zero   ZeRO-1 or 2 (--plugin-stage, ColossalAI's stage=)
  *   gemini           ZeRO-3 with --offload auto: what goes to NVMe decided
- *                    from --mem-per-rank (app/placement.c); needs --nvme-path
+ *                    from --mem-per-rank (app/placement.c); in memory when
+ *                    everything fits, and --nvme-path asked for only when
+ *                    the placement must offload
  *   hybrid_parallel  --tp, --pp (ColossalAI's tp_size, pp_size) and
  *                    --zero-stage as given
  *   deepspeed        the JSON (--deepspeed-config) decides; needs one
@@ -91,13 +93,7 @@ int loom_config_apply_plugin(struct loom_config *cfg)
         if ((rc = data_parallel_only(cfg, who))) return rc;
         snprintf(stage, sizeof stage, "%d", cfg->plugin_stage);
         return loom_config_set_as(cfg, "--zero-stage", stage, LOOM_ORIGIN_PLUGIN, who);
-    case LOOM_PLUGIN_GEMINI:
-        if (!loom_config_given(cfg, "--nvme-path"))
-            return loom_error_set(
-                LOOM_ERR_INPUT,
-                "%s places the model state between memory and NVMe: give --nvme-path DIR (and "
-                "--mem-per-rank GB, else the machine's memory over its ranks)",
-                who);
+    case LOOM_PLUGIN_GEMINI: /* without --nvme-path it runs in memory when all fits, as Gemini does */
         if ((rc = data_parallel_only(cfg, who))) return rc;
         if ((rc = loom_config_set_as(cfg, "--zero-stage", "3", LOOM_ORIGIN_PLUGIN, who))) return rc;
         return loom_config_set_as(cfg, "--offload", "auto", LOOM_ORIGIN_PLUGIN, who);

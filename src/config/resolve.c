@@ -375,10 +375,8 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
     if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME && !*cfg->nvme_path)
         return loom_error_set(LOOM_ERR_INPUT, "%s nvme needs %s DIR", NAME(offload_optimizer),
                               NAME(nvme_path));
-    if (cfg->offload_auto) {
-        if (!*cfg->nvme_path)
-            return loom_error_set(LOOM_ERR_INPUT, "%s auto needs %s DIR (where what does not fit goes)",
-                                  NAME(offload_auto), NAME(nvme_path));
+    if (cfg->offload_auto) { /* without --nvme-path: in memory when it fits (app/placement.c says otherwise)
+                              */
         if (cfg->offload_optimizer == LOOM_OFFLOAD_NVME || cfg->offload_param == LOOM_OFFLOAD_NVME)
             return loom_error_set(LOOM_ERR_INPUT,
                                   "%s auto decides %s and %s itself: give them or it, not both",
