@@ -114,7 +114,7 @@ def main():
         for inv in ([], ["--layout-invariant", "1"]):
             q = lib.run_ranks(2, [lib.LOOM, "train", "--model", "gpt2-tiny", "--layout", "auto", "--global-batch-size",
                                   "16", "--dry-run"] + inv, expect=None, tag="layout auto, invariant")
-            m = re.search(r"layout auto: tp (\d+) x.*of (\d+)\)", q.stdout)
+            m = re.search(r"layout auto: tp (\d+) x.*of (\d+)[:)]", q.stdout)
             counts[bool(inv)] = (q.returncode, m and int(m.group(1)), m and int(m.group(2)))
         check(f"--layout auto --layout-invariant 1 on 2 ranks: tensor-parallel size 1, fewer layouts compared "
               f"({counts})", counts[True][:2] == (0, 1) and counts[False][0] == 0 and
