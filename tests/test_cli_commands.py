@@ -102,5 +102,16 @@ with tempfile.TemporaryDirectory() as tmp:
     check("unknown command is exit 2", p.returncode == 2 and "frobnicate" in p.stderr, p.stderr)
     p = loom("train", "--help")
     check("train --help lists the flags", p.returncode == 0 and "--micro-batch-size" in p.stdout)
+    # the first hour: few lines before the first step (the demo's run), every setting with --print-config
+    base = ["train", "--train-iters", "2", "--log-interval", "1", "--data-path", os.path.join(corpus, "train.bin"),
+            "--threads", "1"]
+    p = loom(*base)
+    lines = p.stdout.splitlines()
+    first = next((i for i, l in enumerate(lines) if l.startswith("step ")), len(lines))
+    q = loom(*base, "--print-config")
+    rows = sum(1 for l in q.stdout.splitlines() if l.endswith(")") and l.startswith("  ") and "(" in l)
+    check(f"train prints {first} lines before its first step (at most 28: the settings not at their defaults), "
+          f"--print-config all {rows}", p.returncode == 0 and first <= 28 and "at their defaults" in p.stdout
+          and q.returncode == 0 and rows > 150, p.stdout[:600])
 
 sys.exit(lib.verdict())
