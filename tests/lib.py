@@ -558,6 +558,30 @@ def use_transformers():
         os.execv(py, [py] + sys.argv)
 
 
+SPM_SPEC = ["transformers==4.39.3", "sentencepiece==0.2.0", "protobuf==4.25.3"]
+SPM_VENV = os.path.join(BUILD, "test-venv-spm")
+
+
+def use_sentencepiece():
+    """Makes `import sentencepiece`, `tokenizers` and `transformers` work in
+    the calling test (SPM_SPEC in the test-only venv SPM_VENV, made on first
+    use): the test re-runs itself under that venv's Python when this one
+    cannot import them."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import sentencepiece
+        import tokenizers
+        import transformers
+
+        del sentencepiece, tokenizers, transformers
+    except ImportError:
+        py = venv_python(SPM_VENV, SPM_SPEC, "sentencepiece")
+        if os.path.realpath(sys.prefix) == os.path.realpath(SPM_VENV):
+            raise SystemExit(f"FAIL: {py} cannot import sentencepiece and transformers")
+        os.execv(py, [py] + sys.argv)
+
+
 def hf_python():
     """A Python that can `import transformers` (HF_TRANSFORMERS from PyPI):
     the test-only virtual environment HF_VENV, made on first use from

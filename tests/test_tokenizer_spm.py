@@ -46,18 +46,7 @@ import tempfile
 import lib
 from lib import LOOM, check
 
-SPM_SPEC = ["transformers==4.39.3", "sentencepiece==0.2.0", "protobuf==4.25.3"]
-SPM_VENV = os.path.join(lib.BUILD, "test-venv-spm")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-try:
-    import sentencepiece  # noqa: F401
-    import transformers  # noqa: F401
-except ImportError:
-    py = lib.venv_python(SPM_VENV, SPM_SPEC, "sentencepiece")
-    if os.path.realpath(sys.prefix) == os.path.realpath(SPM_VENV):
-        raise SystemExit(f"FAIL: {py} cannot import sentencepiece and transformers")
-    os.execv(py, [py] + sys.argv)
+lib.use_sentencepiece()  # its virtual environment holds sentencepiece, tokenizers, transformers
 import sentencepiece as spm  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 

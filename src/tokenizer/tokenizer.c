@@ -76,20 +76,22 @@ static void config_flags(const char *model_path, int *bos, int *eos)
     cJSON_Delete(j);
 }
 
+/* The SentencePiece model path or a directory of it names (file: its
+ * storage), or NULL when it names a BPE tokenizer (MERGES given: GPT-2's). */
+static const char *spm_model(const char *path, const char *merges, char *file, size_t n)
+{
+    if (merges && *merges) return NULL;
+    if (loom_fs_is_dir(path))
+        return dir_file(path, file, n) && strcmp(file + strlen(file) - 6, ".model") == 0 ? file : NULL;
+    return is_spm_file(path) ? path : NULL;
+}
+
 int loom_tokenizer_load(const char *path, const char *merges, struct loom_tokenizer **out)
 {
     struct loom_tokenizer *t = calloc(1, sizeof *t);
     if (!t) loom_die("out of memory loading a tokenizer");
     char file[4400];
-    const char *spm_path = NULL;
-    if (!(merges && *merges)) {
-        if (loom_fs_is_dir(path)) {
-            if (dir_file(path, file, sizeof file) && strcmp(file + strlen(file) - 6, ".model") == 0)
-                spm_path = file;
-        } else if (is_spm_file(path)) {
-            spm_path = path;
-        }
-    }
+    const char *spm_path = spm_model(path, merges, file, sizeof file);
     int rc;
     if (spm_path) {
         rc = loom_spm_load(spm_path, &t->spm);
@@ -122,15 +124,7 @@ void loom_tokenizer_free(struct loom_tokenizer *t)
 int loom_tokenizer_export(const char *src, const char *merges, const char *dir, const char **name)
 {
     char file[4400];
-    const char *model = NULL;
-    if (!(merges && *merges)) {
-        if (loom_fs_is_dir(src)) {
-            if (dir_file(src, file, sizeof file) && strcmp(file + strlen(file) - 6, ".model") == 0)
-                model = file;
-        } else if (is_spm_file(src)) {
-            model = src;
-        }
-    }
+    const char *model = spm_model(src, merges, file, sizeof file);
     if (!model) {
         *name = loom_tokenizer_files[0];
         return loom_bpe_export_pair(src, merges, dir);
