@@ -18,6 +18,28 @@
 
 enum { FIRST_RUNS = 8, LATER_RUNS = 2 };
 
+/* The machine's cores (distinct physical id and core id pairs of
+ * /proc/cpuinfo); the logical CPUs when it does not say. */
+static int physical_cores(void)
+{
+    char line[256];
+    int ids[4096][2], n = 0, phys = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        const char *v = strchr(line, ':');
+        if (!v) continue;
+        if (strncmp(line, "physical id", 11) == 0) phys = atoi(v + 1);
+        if (strncmp(line, "core id", 7) != 0) continue;
+        const int core = atoi(v + 1);
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++) seen = ids[i][0] == phys && ids[i][1] == core;
+        if (!seen && n < 4096) ids[n][0] = phys, ids[n][1] = core, n++;
+    }
+    if (f) fclose(f);
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? n : cpus > 0 ? (int)cpus : 1;
+}
+
 /* The best rate of `runs` 1024^3 products on one thread, by the thread's
  * own CPU time (the first run warms up), times the threads: a core's
  * speed while it runs, which other processes' load does not change (a
@@ -52,7 +74,8 @@ static double calibrate(enum loom_dtype compute, int runs)
     loom_free(a);
     loom_free(b);
     loom_free(c);
-    return best * threads;
+    const int cores = physical_cores(); /* two hardware threads of a core share its arithmetic units */
+    return best * (threads < cores ? threads : cores);
 }
 
 double loom_calibrate_peak_flops(enum loom_dtype compute)

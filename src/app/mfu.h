@@ -24,9 +24,10 @@
  * or BF16 on its units) times the current thread count (the benches'). */
 double loom_calibrate_peak_flops(enum loom_dtype compute);
 
-/* This machine's peak for compute at the current thread count: the
- * cache's best and a short calibration now, the larger (written back when
- * it grew), or a long calibration when the cache has none. source: one
+/* This machine's peak for compute at the current thread count (threads
+ * beyond the physical cores add nothing): the cache's best and a short
+ * calibration now, the larger (written back with the count of start-ups),
+ * or a long calibration when the cache has none. source: one
  * line saying which ("the best calibration of 3 start-ups on this machine,
  * cached in FILE"). */
 double loom_machine_peak_flops(enum loom_dtype compute, char *source, size_t n);

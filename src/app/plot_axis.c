@@ -38,6 +38,8 @@ struct axis nice_axis(double lo, double hi, int extend, double min_step)
             if (off > best_off || (off == best_off && fill <= best_fill)) continue;
             best = a, best_off = off, best_fill = fill;
         }
+    if (!(best.step > 0) || !isfinite(best.lo) || !isfinite(best.hi)) /* no step fits: one tick a side */
+        best = (struct axis){lo, hi, isfinite(hi - lo) && hi > lo ? hi - lo : 1};
     return best;
 }
 

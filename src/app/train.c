@@ -259,7 +259,32 @@ static void explain_alloc_failure(size_t bytes, enum loom_mem_tag tag)
  * engine (which allocates, initialises or resumes it); eval loads weights
  * only. */
 /* --tokenizer: it loads, and its ids fit the model's vocabulary. */
-static int check_tokenizer(struct loom_config *cfg)
+/* Megatron's vocabulary when --vocab-size is not given: the tokenizer's,
+ * padded to --make-vocab-size-divisible-by x TP. First in the set-up: the
+ * planner, the placement and --dry-run count the model with it. A
+ * tokenizer that does not load is check_tokenizer's to report. */
+static void derive_vocab(struct loom_config *cfg)
+{
+    const enum loom_origin o = loom_config_origin(cfg, "--vocab-size");
+    /* the settings are not resolved yet: Megatron's tokenizer flags name it as resolve.c will */
+    const char *path = *cfg->tokenizer         ? cfg->tokenizer
+                       : *cfg->tokenizer_model ? cfg->tokenizer_model
+                                               : cfg->vocab_file;
+    const char *merges = *cfg->tokenizer_model && !*cfg->tokenizer ? NULL : cfg->merge_file;
+    struct loom_tokenizer *t;
+    if (!*path || (o != LOOM_ORIGIN_DEFAULT && o != LOOM_ORIGIN_PRESET)) return;
+    if (loom_tokenizer_load(path, merges, &t) != LOOM_OK) {
+        loom_error_clear();
+        return;
+    }
+    const int64_t n = loom_tokenizer_vocab_size(t),
+                  multiple = (int64_t)cfg->make_vocab_size_divisible_by * cfg->tensor_model_parallel_size;
+    loom_tokenizer_free(t);
+    cfg->vocab_size = (int)((n + multiple - 1) / multiple * multiple);
+    loom_config_set_derived(cfg, offsetof(struct loom_config, vocab_size));
+}
+
+static int check_tokenizer(const struct loom_config *cfg)
 {
     struct loom_tokenizer *t;
     int rc = loom_tokenizer_load(cfg->tokenizer, cfg->merge_file, &t);
@@ -270,13 +295,6 @@ static int check_tokenizer(struct loom_config *cfg)
     }
     const int32_t n = loom_tokenizer_vocab_size(t);
     loom_tokenizer_free(t);
-    const enum loom_origin o = loom_config_origin(cfg, "--vocab-size");
-    if (o == LOOM_ORIGIN_DEFAULT || o == LOOM_ORIGIN_PRESET) { /* Megatron's: the tokenizer's, padded */
-        const int64_t multiple = (int64_t)cfg->make_vocab_size_divisible_by * cfg->tensor_model_parallel_size;
-        cfg->vocab_size = (int)((n + multiple - 1) / multiple * multiple);
-        loom_config_set_derived(cfg, offsetof(struct loom_config, vocab_size));
-        return LOOM_OK;
-    }
     if (n > cfg->vocab_size)
         return loom_error_set(LOOM_ERR_INPUT,
                               "--tokenizer %s has %d token ids, more than the model's vocabulary of %d "
@@ -309,6 +327,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     memset(r, 0, sizeof *r);
     r->cfg = cfg;
     int rc;
+    derive_vocab(cfg);
     /* --layout auto: the planner's fastest layout that fits, before the groups are built */
     if (training && cfg->layout_auto && (rc = loom_layout_auto_choose(cfg, &r->layout))) return rc;
     rc = loom_engine_init(&r->engine, cfg);

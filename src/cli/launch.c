@@ -285,6 +285,22 @@ static int parse_count(const char *flag, const char *v, long lo, long hi, int *o
     return LOOM_OK;
 }
 
+/* Whether name is an executable in a directory of $PATH (as mpirun finds it). */
+static int in_path(const char *name)
+{
+    const char *path = getenv("PATH");
+    char dir[4096], file[4400];
+    for (const char *p = path; p && *p;) {
+        const char *colon = strchr(p, ':');
+        const size_t len = colon ? (size_t)(colon - p) : strlen(p);
+        snprintf(dir, sizeof dir, "%.*s", (int)len, p);
+        snprintf(file, sizeof file, "%s/%s", *dir ? dir : ".", name);
+        if (access(file, X_OK) == 0) return 1;
+        p = colon ? colon + 1 : NULL;
+    }
+    return 0;
+}
+
 int loom_launch(int argc, char **argv)
 {
     int nproc = 0, i, max_restarts = 0, nnodes = 0, node_rank = 0, rc = LOOM_OK;
@@ -334,11 +350,12 @@ int loom_launch(int argc, char **argv)
     char **cmd = argv + i;
     int ncmd = argc - i;
     const int own = strcmp(cmd[0], "train") == 0 || strcmp(cmd[0], "eval") == 0; /* loom's own commands */
-    if (!own && access(cmd[0], X_OK) != 0 && !strchr(cmd[0], '/'))
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "loom launch: '%s' is neither loom's train nor a program path (./%s if it is "
-                              "one here)",
-                              cmd[0], cmd[0]);
+    if (!own && !strchr(cmd[0], '/') && !in_path(cmd[0]))
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "loom launch: '%s' is neither loom's train nor a program on PATH (./%s if it is "
+            "one here)",
+            cmd[0], cmd[0]);
     /* --save and --load as the ranks will read them (--save=DIR, a DeepSpeed JSON's "save") */
     char save[4096] = "", load[4096] = "";
     if (own) {

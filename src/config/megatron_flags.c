@@ -167,7 +167,13 @@ static int set_alias(struct loom_config *cfg, const struct megatron_alias *x, co
         snprintf(text, sizeof text, "%s", x->value);
     }
     const struct setting *s = loom_setting_find(x->to, strlen(x->to));
-    if (!s || loom_setting_set(cfg, s, text) != LOOM_OK) return -1;
+    if (!s || loom_setting_set(cfg, s, text) != LOOM_OK) { /* said in the user's own flag */
+        char why[512];
+        snprintf(why, sizeof why, "%s", loom_error_message());
+        loom_error_set(LOOM_ERR_INPUT, "%s %s: it is %s %s, and %s", x->flag, value ? value : "", x->to, text,
+                       why);
+        return -1;
+    }
     cfg->rec.origin[s - loom_settings] = LOOM_ORIGIN_FLAG;
     return 1;
 }

@@ -65,7 +65,7 @@ int loom_setting_set(struct loom_config *cfg, const struct setting *s, const cha
     case T_INT:
     case T_INT64: {
         long long x = strtoll(v, &end, 10);
-        if (!errno && end != v && *end) { /* the forms JSON numbers take: 1e6, 5.0e8 (a whole number) */
+        if (!errno && end != v && *end && !strpbrk(v, "xXpP")) { /* JSON's forms: 1e6, 5.0e8 (whole) */
             const double d = strtod(v, &end);
             x = !*end && d == floor(d) && fabs(d) < 0x1p62 ? (long long)d : 0;
             if (x != d) end = (char *)v;

@@ -113,8 +113,9 @@ static int resolve_batch(struct loom_config *cfg, int dp)
     return LOOM_OK;
 }
 
-/* Megatron's samples-based schedule onto iterations of the global batch
- * (exact multiples only: a run is whole steps), and its warmup fraction. */
+/* Megatron's samples-based schedule onto steps of the global batch, rounded
+ * down as Megatron's update_train_iters does (a step is the whole batch),
+ * and its warmup fraction. */
 static int resolve_samples(struct loom_config *cfg)
 {
     static const struct {
@@ -129,12 +130,12 @@ static int resolve_samples(struct loom_config *cfg)
             return loom_error_set(LOOM_ERR_INPUT, "%s and %s name the same length: give one",
                                   loom_config_name_of(cfg, pairs[k].samples),
                                   loom_config_name_of(cfg, pairs[k].iters));
-        const int64_t G = cfg->global_batch_size, n = (samples + G - 1) / G;
-        if (n > INT_MAX)
-            return loom_error_set(LOOM_ERR_INPUT, "%s %lld: more than 2^31 steps of %lld samples",
+        const int64_t G = cfg->global_batch_size, n = samples / G;
+        if (n > INT_MAX || (k == 0 && n < 1))
+            return loom_error_set(LOOM_ERR_INPUT, "%s %lld: %s steps of %lld samples",
                                   loom_config_name_of(cfg, pairs[k].samples), (long long)samples,
-                                  (long long)G);
-        *(int *)((char *)cfg + pairs[k].iters) = (int)n; /* Megatron rounds up too: the samples all train */
+                                  n < 1 ? "no" : "more than 2^31", (long long)G);
+        *(int *)((char *)cfg + pairs[k].iters) = (int)n;
         set_derived(cfg, pairs[k].iters);
     }
     if (cfg->lr_warmup_fraction > 0) {
@@ -156,7 +157,9 @@ static int resolve_schedule(struct loom_config *cfg)
         cfg->lr_decay_iters = cfg->train_iters;
         set_derived(cfg, F(lr_decay_iters));
     }
-    if (cfg->lr_warmup_iters > cfg->lr_decay_iters && !given(cfg, F(lr_warmup_iters))) {
+    const int warmup_asked =
+        given(cfg, F(lr_warmup_iters)) || cfg->lr_warmup_samples || cfg->lr_warmup_fraction > 0;
+    if (cfg->lr_warmup_iters > cfg->lr_decay_iters && !warmup_asked) {
         cfg->lr_warmup_iters = cfg->lr_decay_iters / 10; /* a preset's warmup scales to a short run */
         set_derived(cfg, F(lr_warmup_iters));
     }

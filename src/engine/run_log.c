@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
@@ -32,9 +33,13 @@ int loom_run_log_open(struct loom_engine *e)
         loom_run_log_close(e);
         return rc;
     }
-    l->on = 1;
+    if ((rc = loom_engine_agree(e, loom_trace_file_begin(cfg, &e->topo, e->steps)))) {
+        loom_run_log_close(e);
+        return rc;
+    }
+    l->on = 1; /* after the trace started: loom_run_log_close writes it */
     l->t0 = loom_now();
-    return loom_engine_agree(e, loom_trace_file_begin(cfg, &e->topo, e->steps));
+    return LOOM_OK;
 }
 
 void loom_run_log_step_begin(struct loom_engine *e)
@@ -97,9 +102,12 @@ int loom_run_log_step(struct loom_engine *e, const struct loom_step_result *r)
 void loom_run_log_close(struct loom_engine *e)
 {
     struct loom_run_log *l = &e->log;
-    if (l->on && loom_trace_file_write(e->cfg, &e->topo) != LOOM_OK && e->topo.rank == 0)
-        fprintf(stderr, "loom: error: %s\n", loom_error_message());
+    const int failed = l->on && loom_trace_file_write(e->cfg, &e->topo) != LOOM_OK;
     if (l->metrics) fclose(l->metrics);
     loom_tb_close(&l->tb);
     memset(l, 0, sizeof *l);
+    if (failed) { /* a run's file that cannot be written fails the run (exit 1), as under loom train */
+        if (e->topo.rank == 0) fprintf(stderr, "loom: error: %s\n", loom_error_message());
+        exit(LOOM_ERR_RUNTIME);
+    }
 }

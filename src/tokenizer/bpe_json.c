@@ -156,6 +156,16 @@ static int read_pre_tokenizer(struct loom_bpe *t, const cJSON *p, const char *fi
 static int read_post_processor(struct loom_bpe *t, const cJSON *p, const char *file)
 {
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+    if (cJSON_IsString(type) &&
+        strcmp(type->valuestring, "Sequence") == 0) { /* Llama 3's: ByteLevel, Template */
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(p, "processors"))
+        {
+            const int rc = read_post_processor(t, e, file);
+            if (rc) return rc;
+        }
+        return LOOM_OK;
+    }
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "TemplateProcessing") != 0) return LOOM_OK;
     const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single"), *e;
     const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");

@@ -467,6 +467,13 @@ int loom_prepare_tokenize_megatron(const char *tokenizer, const char *const *in,
     struct loom_tokenizer *t;
     int rc = load_tokenizer(tokenizer, o, o->append_eod ? "for --append-eod" : NULL, &t);
     if (rc) return rc;
+    if (o->megatron_bos && loom_tokenizer_bos(t) < 0) {
+        loom_tokenizer_free(t);
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s: Llama2Tokenizer puts the beginning of text before each document, and this "
+                              "tokenizer has none",
+                              tokenizer);
+    }
     const int32_t vocab = loom_tokenizer_vocab_size(t);
     char path[4200], dir[4200];
     snprintf(path, sizeof path, "%s_%s_document", prefix, o->text_key);

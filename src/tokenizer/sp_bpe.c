@@ -53,7 +53,9 @@ int bpe_sp_detect(const void *root_json, const void *model_json)
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"))) return 1;
-    if (norm && !cJSON_IsNull(norm)) return 1;
+    /* a normalizer marks one unless the pre-tokenizer is ByteLevel's (a byte-level file with NFC:
+     * refused as byte-level, naming the normalizer) */
+    if (norm && !cJSON_IsNull(norm) && !is_type(pre, "ByteLevel")) return 1;
     if (is_type(pre, "Metaspace")) return 1;
     if (is_type(pre, "Sequence")) {
         const cJSON *e;
@@ -195,11 +197,15 @@ static int read_decoder(struct bpe_sp *sp, const cJSON *d, const char *file)
             return loom_error_set(
                 LOOM_ERR_INPUT,
                 "%s: decoder Strip is supported for leading spaces only (content \" \", stop 0)", file);
-        sp->strip_lead += start->valueint;
+        sp->strip_lead = start->valueint > 64 ? 64 : sp->strip_lead + start->valueint;
         return LOOM_OK;
     }
     if (is_type(d, "Metaspace")) {
         enum bpe_prepend pre = BPE_PREPEND_ALWAYS;
+        if (*sp->dec_from)
+            return loom_error_set(LOOM_ERR_INPUT,
+                                  "%s: decoder Metaspace after a Replace is not supported (one replacement)",
+                                  file);
         int rc = read_replacement(d, "decoder", file, sp->dec_from, sizeof sp->dec_from);
         if (!rc) rc = read_prepend(d, "decoder", file, &pre);
         snprintf(sp->dec_to, sizeof sp->dec_to, " ");

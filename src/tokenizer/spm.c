@@ -129,7 +129,7 @@ size_t loom_spm_decode(const struct loom_spm *m, const int32_t *ids, size_t n, c
         for (int part = 0; part < 2; part++) {
             const char *src = part ? bad : text;
             const size_t l = part ? (size_t)nb : len;
-            if (cap && total < cap - 1) {
+            if (l && cap && total < cap - 1) {
                 const size_t c = l < cap - 1 - total ? l : cap - 1 - total;
                 memcpy(out + total, src, c);
             }

@@ -121,6 +121,21 @@ void loom_tokenizer_free(struct loom_tokenizer *t)
     free(t);
 }
 
+/* dir/name made a copy of the file at path (crash-safely). */
+static int copy_file(const char *path, const char *dir, const char *name)
+{
+    char *text, out[4400];
+    size_t len;
+    int rc = loom_fs_read_small(path, (size_t)1 << 30, &text, &len);
+    if (rc) return rc;
+    snprintf(out, sizeof out, "%s/%s", dir, name);
+    const void *parts[] = {text};
+    const size_t sizes[] = {len};
+    rc = loom_fs_write_atomic(out, parts, sizes, 1);
+    loom_free(text);
+    return rc;
+}
+
 int loom_tokenizer_export(const char *src, const char *merges, const char *dir, const char **name)
 {
     char file[4400];
@@ -134,14 +149,12 @@ int loom_tokenizer_export(const char *src, const char *merges, const char *dir, 
     int rc = loom_spm_load(model, &m);
     if (rc) return rc;
     loom_spm_free(m);
-    char *text, out[4400];
-    size_t len;
-    if ((rc = loom_fs_read_small(model, (size_t)1 << 30, &text, &len))) return rc;
-    snprintf(out, sizeof out, "%s/%s", dir, loom_tokenizer_files[1]);
-    const void *parts[] = {text};
-    const size_t sizes[] = {len};
-    rc = loom_fs_write_atomic(out, parts, sizes, 1);
-    loom_free(text);
+    rc = copy_file(model, dir, loom_tokenizer_files[1]);
+    /* the template's settings beside it travel with it (config_flags reads them there) */
+    char from[4400], config[4500];
+    loom_fs_dirname(model, from, sizeof from);
+    snprintf(config, sizeof config, "%s/tokenizer_config.json", from);
+    if (rc == LOOM_OK && access(config, F_OK) == 0) rc = copy_file(config, dir, "tokenizer_config.json");
     *name = loom_tokenizer_files[1];
     return rc;
 }
