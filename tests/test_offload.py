@@ -62,7 +62,8 @@ def auto_budget(tmp, nvme):
                   f"and 5 are the in-memory run's, peak RSS {rss} MB within the budget",
                   p.returncode == 0 and got == want[3:] and rss is not None and rss <= budget * 1000,
                   f"{got} vs {want[3:]}; {p.stderr[-300:]}")
-    for why, extra, needle in (("without --nvme-path", [], "--nvme-path"),
+    for why, extra, needle in (("without --nvme-path, the state not fitting in memory", ["--mem-per-rank", "0.01"],
+                                "--nvme-path"),
                                ("beside --offload-optimizer nvme",
                                 ["--nvme-path", nvme, "--offload-optimizer", "nvme"], "--offload-optimizer")):
         p, _, _ = run("auto-bad", ["--offload", "auto", *extra])

@@ -54,7 +54,8 @@ the model); SP at TP 2 saves at least 90% of the rows it stops holding
 (each layer's two norm inputs and outputs, half of B*T*C floats each) in
 activation bytes, the table of both printed.
 Errors, each exit 2 and one line: heads not divisible by T, a world size T
-does not divide, T larger than the world, --sequence-parallel without T > 1,
+does not divide, T larger than the world (--sequence-parallel without T > 1
+is switched off with a line, as Megatron; tests/test_megatron_scripts.py),
 a sequence length T does not divide under SP; --layout-invariant not a
 multiple of T, not dividing the heads, with a 16-bit gradient reduction, or
 with fp8.
@@ -298,8 +299,6 @@ def errors(tmp):
                                                                                   "--tensor-model-parallel-size 3"]),
             ("a world T does not divide", 3, ["--tensor-model-parallel-size", "2"], ["3"]),
             ("T larger than the world", 2, ["--tensor-model-parallel-size", "4"], ["4", "2"]),
-            ("--sequence-parallel without T > 1", 1, ["--sequence-parallel"], ["--sequence-parallel",
-                                                                              "--tensor-model-parallel-size"]),
             ("a sequence T does not divide under SP", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
                                                           "--seq-length", "15"], ["--seq-length 15", "2"]),
             ("--layout-invariant not a multiple of T", 2, ["--tensor-model-parallel-size", "2", "--layout-invariant",
