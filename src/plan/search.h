@@ -52,7 +52,7 @@ struct loom_plan {
     double mem_limit; /* bytes per rank */
     /* why the first is recommended: "the fastest", or the faster layout it is preferred to and by how
      * much (empty when none fits) */
-    char why[320];
+    char why[768];
 };
 /* How much machinery a layout brings, for the preference: ZeRO's stage
  * (DDP < ZeRO-1 < ZeRO-2 < ZeRO-3), tensor, pipeline, context and expert
