@@ -32,6 +32,7 @@
 #include "base/log.h"
 #include "check.h"
 #include "kernels/backend.h"
+#include "kernels/dropout_mask.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
 
@@ -52,6 +53,7 @@ struct fcase {
     /* a block-sparse layout for NHall heads, these the heads [h0, h0 + NH); NULL: none */
     const struct loom_sparse_config *sparse;
     int NHall, h0;
+    double drop; /* attention dropout's p (0: none), rows from sequence 3 of 2 NH heads */
 };
 
 /* The inputs of a case: q, k, v pointers into one buffer, dout, doc_start. */
@@ -62,6 +64,7 @@ struct finputs {
     float *dout;
     int32_t *doc;
     struct loom_sparse_layout layout;
+    struct loom_dropout drop;
     size_t nx, nout, nlse;
 };
 
@@ -102,6 +105,10 @@ static void inputs_make(struct finputs *in, const struct fcase *c)
         CHECK(rc == LOOM_OK);
         a->layout = &in->layout, a->h0 = c->h0;
     }
+    if (c->drop > 0) {
+        in->drop = loom_dropout_of(c->drop, 1234, 7, 1, LOOM_DROPOUT_ATTENTION);
+        a->drop = &in->drop, a->seq0 = 3, a->NHg = 2 * NH + c->h0;
+    }
 }
 
 static void inputs_free(struct finputs *in)
@@ -121,9 +128,10 @@ static void backward_into(const struct loom_kernels *t, float *dx, const struct 
 
 static void describe(char *s, size_t n, const char *table, const struct fcase *c)
 {
-    snprintf(s, n, "%s B=%d T=%d NH=%d G=%d hs=%d W=%d docs=%d %s%s%s h0=%d", table, c->B, c->T, c->NH, c->G,
-             c->hs, c->window, c->docs, c->packed ? "packed" : "separate", c->sparse ? " layout " : "",
-             c->sparse ? loom_sparse_mode_name(c->sparse->mode) : "", c->h0);
+    snprintf(s, n, "%s B=%d T=%d NH=%d G=%d hs=%d W=%d docs=%d %s%s%s h0=%d dropout=%g", table, c->B, c->T,
+             c->NH, c->G, c->hs, c->window, c->docs, c->packed ? "packed" : "separate",
+             c->sparse ? " layout " : "", c->sparse ? loom_sparse_mode_name(c->sparse->mode) : "", c->h0,
+             c->drop);
 }
 
 /* The tables under test, against the reference computed once per case. */
@@ -165,13 +173,24 @@ static void test_case(const struct fcase *c)
 static void test_cases(void)
 {
     static const struct fcase cases[] = {
-        {1, 1, 1, 1, 16, 0, 0, 0, NULL, 0, 0},    {2, 7, 3, 3, 12, 0, 0, 1, NULL, 0, 0},
-        {1, 64, 2, 2, 32, 0, 0, 0, NULL, 0, 0},   {2, 65, 2, 1, 16, 0, 0, 1, NULL, 0, 0},
-        {1, 130, 8, 2, 8, 0, 0, 0, NULL, 0, 0},   {1, 200, 8, 1, 16, 0, 0, 1, NULL, 0, 0},
-        {3, 150, 2, 2, 64, 37, 0, 1, NULL, 0, 0}, {1, 300, 2, 1, 24, 100, 0, 0, NULL, 0, 0},
-        {2, 250, 4, 2, 16, 0, 5, 0, NULL, 0, 0},  {1, 333, 2, 2, 16, 70, 4, 1, NULL, 0, 0},
-        {2, 97, 8, 2, 80, 0, 3, 1, NULL, 0, 0},   {1, 700, 2, 1, 16, 0, 6, 0, NULL, 0, 0},
-        {1, 129, 2, 2, 64, 1, 0, 0, NULL, 0, 0},  {1, 96, 2, 2, 16, 500, 2, 1, NULL, 0, 0},
+        {1, 1, 1, 1, 16, 0, 0, 0, NULL, 0, 0, 0},
+        {2, 7, 3, 3, 12, 0, 0, 1, NULL, 0, 0, 0},
+        {1, 64, 2, 2, 32, 0, 0, 0, NULL, 0, 0, 0},
+        {2, 65, 2, 1, 16, 0, 0, 1, NULL, 0, 0, 0},
+        {1, 130, 8, 2, 8, 0, 0, 0, NULL, 0, 0, 0},
+        {1, 200, 8, 1, 16, 0, 0, 1, NULL, 0, 0, 0},
+        {3, 150, 2, 2, 64, 37, 0, 1, NULL, 0, 0, 0},
+        {1, 300, 2, 1, 24, 100, 0, 0, NULL, 0, 0, 0},
+        {2, 250, 4, 2, 16, 0, 5, 0, NULL, 0, 0, 0},
+        {1, 333, 2, 2, 16, 70, 4, 1, NULL, 0, 0, 0},
+        {2, 97, 8, 2, 80, 0, 3, 1, NULL, 0, 0, 0},
+        {1, 700, 2, 1, 16, 0, 6, 0, NULL, 0, 0, 0},
+        {1, 129, 2, 2, 64, 1, 0, 0, NULL, 0, 0, 0},
+        {1, 96, 2, 2, 16, 500, 2, 1, NULL, 0, 0, 0},
+        /* attention dropout: GQA, windows, documents, tile edges */
+        {2, 7, 3, 3, 12, 0, 0, 1, NULL, 0, 0, 0.1},
+        {2, 150, 4, 2, 16, 37, 0, 1, NULL, 0, 0, 0.1},
+        {1, 250, 2, 1, 64, 0, 5, 0, NULL, 0, 0, 0.5},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(&cases[i]);
 }
@@ -299,12 +318,13 @@ static void test_parts_cases(void)
         struct fcase c;
         int s, u;
     } cases[] = {
-        {{1, 200, 2, 2, 16, 0, 0, 0, NULL, 0, 0}, 100, 100},  /* all_gather's halves */
-        {{2, 150, 4, 2, 16, 0, 0, 1, NULL, 0, 0}, 37, 113},   /* GQA, off the tiles */
-        {{1, 300, 2, 1, 24, 70, 0, 0, NULL, 0, 0}, 150, 90},  /* a window */
-        {{2, 250, 2, 2, 16, 0, 5, 0, NULL, 0, 0}, 130, 64},   /* documents: blocks before a row's start */
-        {{1, 256, 4, 4, 16, 0, 3, 1, &fixed, 8, 4}, 96, 160}, /* a block-sparse layout, h0 4 */
-        {{1, 65, 2, 2, 8, 0, 0, 0, NULL, 0, 0}, 5, 64},       /* a part of 5 queries, a block of 1 key */
+        {{1, 200, 2, 2, 16, 0, 0, 0, NULL, 0, 0, 0}, 100, 100},  /* all_gather's halves */
+        {{2, 150, 4, 2, 16, 0, 0, 1, NULL, 0, 0, 0}, 37, 113},   /* GQA, off the tiles */
+        {{1, 300, 2, 1, 24, 70, 0, 0, NULL, 0, 0, 0}, 150, 90},  /* a window */
+        {{2, 250, 2, 2, 16, 0, 5, 0, NULL, 0, 0, 0}, 130, 64},   /* documents: blocks before a row's start */
+        {{1, 256, 4, 4, 16, 0, 3, 1, &fixed, 8, 4, 0}, 96, 160}, /* a block-sparse layout, h0 4 */
+        {{1, 65, 2, 2, 8, 0, 0, 0, NULL, 0, 0, 0}, 5, 64},       /* a part of 5 queries, a block of 1 key */
+        {{2, 150, 4, 2, 16, 0, 0, 1, NULL, 0, 0, 0.2}, 37, 113}, /* attention dropout, merged over parts */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         test_parts(&cases[i].c, cases[i].s, cases[i].u);
@@ -324,9 +344,9 @@ static void test_layouts(void)
     per_head.block = 16, per_head.num_random_blocks = 2, per_head.different_layout_per_head = 1;
     loom_sparse_config_default(&dense, LOOM_SPARSE_DENSE);
     const struct fcase cases[] = {
-        {2, 192, 2, 2, 16, 0, 0, 1, &fixed, 2, 0},    {1, 320, 4, 2, 16, 0, 0, 0, &bigbird, 4, 0},
-        {1, 384, 2, 1, 32, 0, 3, 1, &window, 2, 0},   {1, 256, 2, 2, 16, 40, 0, 0, &per_head, 4, 2},
-        {2, 160, 2, 2, 16, 0, 0, 0, &per_head, 2, 0}, {1, 128, 2, 2, 8, 0, 2, 1, &dense, 2, 0},
+        {2, 192, 2, 2, 16, 0, 0, 1, &fixed, 2, 0, 0},    {1, 320, 4, 2, 16, 0, 0, 0, &bigbird, 4, 0, 0},
+        {1, 384, 2, 1, 32, 0, 3, 1, &window, 2, 0, 0},   {1, 256, 2, 2, 16, 40, 0, 0, &per_head, 4, 2, 0},
+        {2, 160, 2, 2, 16, 0, 0, 0, &per_head, 2, 0, 0}, {1, 128, 2, 2, 8, 0, 2, 1, &dense, 2, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(&cases[i]);
 }
@@ -411,9 +431,11 @@ static double fd_obj(struct fd_ctx *c)
     return s;
 }
 
-static void test_fd(void)
+/* The reference's backward against finite differences of its forward
+ * (with dropout: the same mask at every evaluation, a function of q, k, v). */
+static void test_fd(double drop)
 {
-    const struct fcase c = {2, 9, 4, 2, 4, 4, 3, 1, NULL, 0, 0};
+    const struct fcase c = {2, 9, 4, 2, 4, 4, 3, 1, NULL, 0, 0, drop};
     struct fd_ctx x;
     inputs_make(&x.in, &c);
     x.out = check_const(x.in.nout, 0.0f), x.lse = check_const(x.in.nlse, 0.0f), x.w = x.in.dout;
@@ -434,7 +456,9 @@ static void test_fd(void)
         x.in.x[i] = x0;
         fd[i] = (float)((4.0 * d[1] - d[0]) / 3.0);
     }
-    check_scaled("ref dq dk dv vs finite differences", dx, fd, x.in.nx, 2e-4);
+    check_scaled(c.drop > 0 ? "ref dq dk dv vs finite differences, dropout 0.3"
+                            : "ref dq dk dv vs finite differences",
+                 dx, fd, x.in.nx, 2e-4);
     free(dx), free(fd), free(x.out), free(x.lse);
     inputs_free(&x.in);
 }
@@ -492,7 +516,8 @@ int main(int argc, char **argv)
         test_vs_dense(tables[i], table_names[i], 1, 2100, 2, 64);
     }
     test_vs_dense(tables[0], table_names[0], 1, 4096, 1, 64); /* the longest the must-hold names */
-    test_fd();
+    test_fd(0);
+    test_fd(0.3);
     test_bf16_tables();
     return check_summary("test_flash_attention");
 }

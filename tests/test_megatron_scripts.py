@@ -143,7 +143,7 @@ def mixtral(tmp, model):
             "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
             "--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--sequence-parallel",
             "--eval-iters", "10", "--no-load-optim", "--no-load-rng"]
-    no_effect = ["--use-mcore-models", "--attention-dropout", "--hidden-dropout", "--no-masked-softmax-fusion",
+    no_effect = ["--use-mcore-models", "--no-masked-softmax-fusion",
                  "--no-position-embedding", "--overlap-param-gather", "--overlap-grad-reduce", "--no-load-rng"]
     p = run_script("Mixtral 8x7B's script (examples/mixtral)", args, no_effect, expect_steps=None)
     rows = table(p.stdout)
@@ -174,7 +174,7 @@ def llama2(tmp, hf):
             "--distributed-backend", "nccl", "--distributed-timeout-minutes", "120", "--overlap-grad-reduce",
             "--use-distributed-optimizer", "--overlap-param-gather", "--use-flash-attn", "--sequence-parallel",
             "--use-mcore-models"]
-    no_effect = ["--no-position-embedding", "--attention-dropout", "--hidden-dropout",
+    no_effect = ["--no-position-embedding",
                  "--no-async-tensor-model-parallel-allreduce", "--no-masked-softmax-fusion", "--dataloader-type",
                  "--num-workers", "--log-throughput", "--no-save-optim", "--no-save-rng",
                  "--no-gradient-accumulation-fusion", "--distributed-backend", "--overlap-grad-reduce",

@@ -301,8 +301,11 @@ struct loom_config {
     int train_iters, lr_warmup_iters, lr_decay_iters;
     /* Megatron's samples-based schedule (0: not given): iterations = samples / global batch */
     int64_t train_samples, lr_warmup_samples, lr_decay_samples;
-    double lr_warmup_fraction;      /* Megatron's: warmup = this x the decay iterations (0: not given) */
-    double init_method_std;         /* weights drawn from N(0, std) (0: the family's, 0.02) */
+    double lr_warmup_fraction; /* Megatron's: warmup = this x the decay iterations (0: not given) */
+    double init_method_std;    /* weights drawn from N(0, std) (0: the family's, 0.02) */
+    /* dropout's p while training: the attention and MLP outputs', attention's probabilities', the
+     * embedding's (resolved: -1 takes the hidden's, as Megatron's embedding dropout does) */
+    double hidden_dropout, attention_dropout, embedding_dropout;
     int no_load_optim;              /* a resume takes the weights and step, and starts the optimizer afresh */
     int exit_on_missing_checkpoint; /* --load == --save with no checkpoint yet: exit, not start afresh */
     int make_vocab_size_divisible_by; /* a vocabulary taken from the tokenizer is padded to this x TP */

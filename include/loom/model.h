@@ -151,6 +151,10 @@ struct loom_micro {
     float *dinput;        /* backward: receives the gradient at input (unless it starts at the first) */
     double loss;          /* forward of a range ending at the last block: the micro-batch's mean loss */
     int micro, micros;    /* its place in the step: micro-batch micro of micros (0 of 1 outside a step) */
+    /* a training step's (the engine's): the step, from 1 (0: not training: no dropout), and the first
+     * example's place in the step's global batch, what dropout's masks are keyed by */
+    int64_t step;
+    int first_row;
 };
 
 /* A micro-batch of a token model: rows of T tokens; targets NULL computes

@@ -130,10 +130,6 @@ static const struct megatron_flag flags[] = {
      "rotary embeddings over part of a head are not built (1.0 only)"},
     {"--no-position-embedding", 0, NULL, "--position-embedding-type decides (rope has no learned table)", 0,
      NULL},
-    {"--attention-dropout", 1, "0", "loom trains without dropout", 0,
-     "dropout is not built yet: give 0 (Megatron's default is 0.1; loom trains without)"},
-    {"--hidden-dropout", 1, "0", "loom trains without dropout", 0,
-     "dropout is not built yet: give 0 (Megatron's default is 0.1; loom trains without)"},
     {"--rampup-batch-size", 3, NULL,
      "a batch-size rampup is not built: the engine trains one global batch size "
      "(--global-batch-size)",

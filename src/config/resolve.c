@@ -240,6 +240,25 @@ static int resolve_recompute(struct loom_config *cfg)
 }
 
 /* Attention: one sparsity, causal. */
+/* Dropout's p are below 1 (1 would scale by infinity); the embedding's
+ * unset takes the hidden's, as Megatron's embedding dropout is its hidden
+ * dropout. */
+static int resolve_dropout(struct loom_config *cfg)
+{
+    const size_t ps[] = {F(hidden_dropout), F(attention_dropout), F(embedding_dropout)};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        const double p = *(const double *)((const char *)cfg + ps[i]);
+        if (p >= 1 || (p < 0 && given(cfg, ps[i])))
+            return loom_error_set(LOOM_ERR_INPUT, "%s %g: dropout's p must be at least 0 and below 1",
+                                  loom_config_name_of(cfg, ps[i]), p);
+    }
+    if (cfg->embedding_dropout < 0) {
+        cfg->embedding_dropout = cfg->hidden_dropout;
+        set_derived(cfg, F(embedding_dropout));
+    }
+    return LOOM_OK;
+}
+
 static int resolve_attention(struct loom_config *cfg)
 {
     if (cfg->attention_window && cfg->sparse_mode != LOOM_SPARSE_ATTN_NONE)
@@ -259,6 +278,13 @@ static int resolve_attention(struct loom_config *cfg)
                                 cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL))
         return loom_error_set(LOOM_ERR_INPUT, "%s and %s %s: the flash kernel or the unfused one; choose one",
                               NAME(use_flash_attn), NAME(attention_backend),
+                              choice(F(attention_backend), cfg->attention_backend));
+    if (cfg->attention_dropout > 0 && (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
+                                       cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s %g runs inside the fused attention kernel; %s %s has no dropout: drop "
+                              "one",
+                              NAME(attention_dropout), cfg->attention_dropout, NAME(attention_backend),
                               choice(F(attention_backend), cfg->attention_backend));
     if (cfg->sparse_mode != LOOM_SPARSE_ATTN_NONE && cfg->sparse_attention == LOOM_ATTN_BIDIRECTIONAL)
         return loom_error_set(LOOM_ERR_INPUT,
@@ -367,6 +393,7 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
     r->nwarnings = r->nwarnings_dropped = 0;
     int rc;
     if ((rc = resolve_precision(cfg))) return rc;
+    if ((rc = resolve_dropout(cfg))) return rc;
     if ((rc = resolve_attention(cfg))) return rc;
     if ((rc = resolve_tokenizer(cfg))) return rc;
     if (cfg->optimizer == LOOM_OPTIMIZER_ADAM && !cfg->adam_w_mode && cfg->weight_decay > 0)

@@ -113,6 +113,14 @@ const struct setting loom_settings[] = {
     DBL("--init-method-std", NULL, "model", init_method_std, 0, 10, "0",
         "weights drawn from N(0, std), the residual projections' scaled by 1/sqrt(2 layers) where the family "
         "does (0: the family's, 0.02)"),
+    DBL("--hidden-dropout", "hidden_dropout", "model", hidden_dropout, 0, 1, "0",
+        "dropout on the attention and MLP outputs before each residual add while training (Hugging Face's "
+        "resid_pdrop; masks drawn from seed, step, layer and each element's global index: the same on every "
+        "layout)"),
+    DBL("--attention-dropout", "attention_dropout", "model", attention_dropout, 0, 1, "0",
+        "dropout on attention's probabilities while training, inside the fused kernel (attn_pdrop)"),
+    DBL("--embedding-dropout", "embedding_dropout", "model", embedding_dropout, -1, 1, "-1",
+        "dropout on the embedding's output while training (embd_pdrop; -1: --hidden-dropout's, as Megatron)"),
     ENUM("--position-embedding-type", "position_embedding_type", "model", position_embedding_type,
          position_embeddings, "learned_absolute", "learned_absolute (GPT-2) or rope (Llama)"),
     BOOL("--swiglu", "swiglu", "model", swiglu, "0", "the MLP is SwiGLU's gated one (Llama)"),

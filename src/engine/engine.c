@@ -439,7 +439,13 @@ static void forward_micro(struct loom_engine *e, struct loom_micro *mb, int micr
             loom_stack_begin_step(m);
             e->loss_sum = 0;
         }
-        *mb = (struct loom_micro){.slot = slot, .batch = batch, .rows = rows, .micro = micro, .micros = A};
+        *mb = (struct loom_micro){.slot = slot,
+                                  .batch = batch,
+                                  .rows = rows,
+                                  .micro = micro,
+                                  .micros = A,
+                                  .step = e->steps + 1,
+                                  .first_row = loom_engine_micro_batch_rows(e, micro)};
         e->micro++;
     }
     LOOM_ASSERT(mb->micro == micro && mb->slot == slot);

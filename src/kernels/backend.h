@@ -31,6 +31,7 @@
 #include "base/fp8.h"
 #include "base/mem.h"
 
+struct loom_dropout;       /* kernels/kernels.h */
 struct loom_flash_attn;    /* kernels/kernels.h */
 struct loom_sparse_layout; /* kernels/sparse_layout.h */
 struct loom_sumsq_exact;   /* base/sumsq_exact.h */
@@ -224,6 +225,9 @@ struct loom_kernels {
     /* ---- elementwise and row moves: x (n) *= s; dst (n) += src; x (n)
      * rounded to dt in place; the same also stored in 16 bits into dst16 */
     void (*scale)(float *x, size_t n, float s);
+    /* x (rows of width, pitch ld) *= dropout d's mask of global rows row[r] (kernels.h) */
+    void (*dropout_rows)(float *x, size_t ld, const int64_t *row, int rows, int width,
+                         const struct loom_dropout *d);
     void (*add_scalar)(float *dst, const float *src, size_t n, float s); /* dst (n) = s + src */
     void (*accumulate)(float *dst, const float *src, size_t n);
     void (*round_to)(float *x, size_t n, enum loom_dtype dt);

@@ -220,6 +220,23 @@ void loom_attention_masked_backward_ref(float *dqkv, float *datt, const float *d
 void loom_attention_backward_ref(float *dqkv, float *datt, const float *dout, const float *att,
                                  const float *qkv, int B, int T, int C, int NH);
 
+/* ---- dropout (cpu/dropout.c; the masks: kernels/dropout_mask.h) -----------
+ * A site's mask keeps element (row, col) where the counter hash of (key,
+ * row, col) is at least threshold and scales it by 1 / (1 - p): the same
+ * mask for the same global element on every rank and layout. */
+struct loom_dropout {
+    uint64_t key;       /* the site's (loom_dropout_key) */
+    uint32_t threshold; /* round(p 2^32): an element whose hash is below it is dropped */
+    float scale;        /* 1 / (1 - p) */
+};
+/* x (rows of width, pitch ld) *= the mask of global rows row[r], columns
+ * 0..width-1: the forward on an activation and, on its gradient, the
+ * backward (the same mask, the same scale). */
+void loom_dropout_rows(float *x, size_t ld, const int64_t *row, int rows, int width,
+                       const struct loom_dropout *d);
+void loom_dropout_rows_ref(float *x, size_t ld, const int64_t *row, int rows, int width,
+                           const struct loom_dropout *d);
+
 /* ---- fused causal attention, FlashAttention-2 style (cpu/flash_attention*.c)
  * Never stores the (T,T) probabilities: tiles of 64 queries against tiles
  * of 64 keys with an online softmax; only the log-sum-exp of each (row,
@@ -258,6 +275,13 @@ struct loom_flash_attn {
      * dv Tk; lse (B,NH,ld_lse) (0: Tq), the part's rows first. A query
      * that sees no key of the part gets out 0 and lse -inf. */
     int q0, Tq, k0, Tk, ld_lse;
+    /* Attention dropout (NULL: none): the probabilities P (after the
+     * softmax; its sums are the undropped ones) times the mask of row
+     * ((seq0 + b) NHg + h0 + h) T + query position, column the key
+     * position; the backward recomputes it. */
+    const struct loom_dropout *drop;
+    int64_t seq0;
+    int NHg;
 };
 /* out (B,T,NH,hs) (row pitch NH hs) written; lse (B,NH,T) saves each row's
  * log-sum-exp of the scaled scores. */

@@ -66,6 +66,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/backend.h"
+#include "kernels/dropout_mask.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
 #include "layers/fp8_linear.h"
@@ -670,6 +671,11 @@ static void alloc_activations(struct loom_decoder *m)
         m->moe_rows_ep = m->moe_rows * m->ep.ep;
     }
     m->host_losses = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
+    if (m->drop_hidden > 0 || m->drop_attn > 0 || m->drop_emb > 0) {
+        m->drop_rows_host = loom_alloc(loom_mul_size(Nr, sizeof(int64_t)), LOOM_MEM_OTHER);
+        m->drop_rows = (int64_t *)act(m, 2 * Nr);
+        if (m->drop_hidden > 0) m->drop_grad = act(m, Nr * C);
+    }
     if (m->docs.reset_positions || m->ctx.cp > 1)
         m->host_positions = loom_alloc(loom_mul_size(N, sizeof(int32_t)), LOOM_MEM_OTHER);
     if (m->ctx.cp > 1) {
@@ -790,17 +796,21 @@ static void free_activations(struct loom_decoder *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {
-        m->dres,         m->dbufC,       m->dbufC2,      m->dqkv,         m->datt,       m->q,
-        m->kk,           m->v,           m->dbufF[0],    m->dbufF[1],     m->dbufF[2],   m->scratchC,
-        m->ce_stats,     m->rg.gathered, m->rg.out_rows, m->rg.grad_rows, m->norm_grads, m->stage_res,
-        m->seq_att,      m->head_rows,   m->norm_parts,  m->pos_rows,     m->cp_send,    m->cp_recv,
-        m->cp_out,       m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],     m->cp_kv[1],   m->cp_dkv[0],
-        m->cp_dkv[1],    m->cp_dkv[2],   m->cp_whole,    m->cp_dwhole,    m->cp_tmp,     m->cp_o,
-        m->cp_l,         m->cp_dq,       m->moe_xp,      m->moe_dxp,      m->moe_dy,     m->moe_dF[0],
-        m->moe_dF[1],    m->moe_dF[2],   m->moe_dprobs,  m->moe_dlogits,  m->moe_out,    m->moe_sums,
-        m->moe_aux_grad, m->moe_y,       m->moe_ep[0],   m->moe_ep[1],    m->moe_gx,     m->moe_gout,
-        m->moe_gdp};
+    float *bufs[] = {m->dres,         m->dbufC,       m->dbufC2,      m->dqkv,
+                     m->datt,         m->q,           m->kk,          m->v,
+                     m->dbufF[0],     m->dbufF[1],    m->dbufF[2],    m->scratchC,
+                     m->ce_stats,     m->rg.gathered, m->rg.out_rows, m->rg.grad_rows,
+                     m->norm_grads,   m->stage_res,   m->seq_att,     m->head_rows,
+                     m->norm_parts,   m->pos_rows,    m->cp_send,     m->cp_recv,
+                     m->cp_out,       m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],
+                     m->cp_kv[1],     m->cp_dkv[0],   m->cp_dkv[1],   m->cp_dkv[2],
+                     m->cp_whole,     m->cp_dwhole,   m->cp_tmp,      m->cp_o,
+                     m->cp_l,         m->cp_dq,       m->moe_xp,      m->moe_dxp,
+                     m->moe_dy,       m->moe_dF[0],   m->moe_dF[1],   m->moe_dF[2],
+                     m->moe_dprobs,   m->moe_dlogits, m->moe_out,     m->moe_sums,
+                     m->moe_aux_grad, m->moe_y,       m->moe_ep[0],   m->moe_ep[1],
+                     m->moe_gx,       m->moe_gout,    m->moe_gdp,     (float *)m->drop_rows,
+                     m->drop_grad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
                     m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};
@@ -809,7 +819,10 @@ static void free_activations(struct loom_decoder *m)
     loom_free(m->host_losses);
     loom_free(m->host_positions);
     loom_free(m->host_tokens);
+    loom_free(m->drop_rows_host);
     m->host_positions = m->host_tokens = NULL;
+    m->drop_rows_host = m->drop_rows = NULL;
+    m->drop_grad = NULL;
     m->slots = NULL;
 }
 
@@ -890,6 +903,75 @@ void loom_decoder_set_fp8(struct loom_decoder *m, const struct loom_fp8_recipe *
     w[n++] = t->up_w;
     w[n++] = t->down_w;
     m->base.fp8 = loom_fp8_create(r, &m->base, w, n);
+}
+
+void loom_decoder_set_dropout(struct loom_decoder *m, double hidden, double attention, double embedding,
+                              uint64_t seed)
+{
+    LOOM_ASSERT(m->slots == NULL && hidden >= 0 && hidden < 1 && attention >= 0 && attention < 1 &&
+                embedding >= 0 && embedding < 1 && (attention == 0 || !m->unfused));
+    m->drop_hidden = hidden, m->drop_attn = attention, m->drop_emb = embedding, m->drop_seed = seed;
+}
+
+/* ---- dropout ------------------------------------------------------------------- */
+
+static int drops(const struct loom_decoder *m)
+{
+    return m->drop_hidden > 0 || m->drop_attn > 0 || m->drop_emb > 0;
+}
+
+/* The rows this rank holds of slot a's micro-batch as global ids, (sequence
+ * of the step) Tw + position, uploaded for the running forward or backward. */
+static void drop_rows_set(struct loom_decoder *m, const struct loom_decoder_acts *a)
+{
+    if (!drops(m) || a->drop_step <= 0) return;
+    const int T = m->T, N = a->rows * T, Nr = loom_tp_rows_held(&m->rg, N),
+              r0 = m->rg.sp ? m->tp_rank * Nr : 0;
+    for (int i = 0; i < Nr; i++) {
+        const int n = r0 + i, b = n / T, t = n % T, pos = m->ctx.cp > 1 ? loom_cp_position(&m->ctx, t) : t;
+        m->drop_rows_host[i] = ((int64_t)a->drop_first + b) * m->ctx.T + pos;
+    }
+    dev(m)->upload(m->drop_rows, m->drop_rows_host, (size_t)Nr * sizeof(int64_t));
+}
+
+/* The mask of a site of layer l (-1: the embedding) with p, into *d, or
+ * NULL where nothing is dropped (p 0, or not a training step). */
+static const struct loom_dropout *drop_site(const struct loom_decoder_acts *a, const struct loom_decoder *m,
+                                            double p, int l, enum loom_dropout_site site,
+                                            struct loom_dropout *d)
+{
+    if (p <= 0 || a->drop_step <= 0) return NULL;
+    *d = loom_dropout_of(p, m->drop_seed, a->drop_step, l, site);
+    return d;
+}
+
+/* x (the Nr rows this rank holds, of C) times a site's mask: the forward
+ * on an output, or its backward on the output's gradient. */
+static void drop_rows(struct loom_decoder *m, const struct loom_decoder_acts *a, float *x, double p, int l,
+                      enum loom_dropout_site site)
+{
+    struct loom_dropout d;
+    if (!drop_site(a, m, p, l, site, &d)) return;
+    const int C = m->spec.hidden, Nr = loom_tp_rows_held(&m->rg, a->rows * m->T);
+    m->k->dropout_rows(x, (size_t)C, m->drop_rows, Nr, C, &d);
+}
+
+/* The gradient at a dropped output, from the residual's (dres): dres itself
+ * without dropout, else its masked copy. */
+static const float *drop_grad(struct loom_decoder *m, const struct loom_decoder_acts *a, int l,
+                              enum loom_dropout_site site)
+{
+    if (m->drop_hidden <= 0 || a->drop_step <= 0) return m->dres;
+    const size_t NrC = (size_t)loom_tp_rows_held(&m->rg, a->rows * m->T) * m->spec.hidden;
+    dev(m)->copy(m->drop_grad, m->dres, NrC * sizeof(float));
+    drop_rows(m, a, m->drop_grad, m->drop_hidden, l, site);
+    return m->drop_grad;
+}
+
+/* Attention's probabilities' mask for layer l's kernel calls (NULL: none). */
+static void drop_attention(struct loom_decoder *m, const struct loom_decoder_acts *a, int l)
+{
+    m->attn_drop = drop_site(a, m, m->drop_attn, l, LOOM_DROPOUT_ATTENTION, &m->attn_drop_site);
 }
 
 /* ---- the loom_model interface ------------------------------------------------ */
@@ -1281,11 +1363,13 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     loom_decoder_heads_in(m, qkv, B);
     keep(m, x->qkv, qkv, (size_t)N * qkv_width(m));
     float *atty = out_of(m, x->atty, m->dbufF[0]);
+    drop_attention(m, a, l);
     loom_decoder_attention_forward(m, a, atty, x, qkv, B);
     keep(m, x->atty, atty, NCq);
     const struct loom_linear o = linear(b, t->o_w, t->o_b, Cq, C);
     float *proj = loom_linear_row_forward(&m->lc, &o, atty, kept16(m, x->atty, 0), m->scratchC, N);
     round_act(m, proj, NrC);
+    drop_rows(m, a, proj, m->drop_hidden, l, LOOM_DROPOUT_ATTN_OUT);
     float *res2 = out_of(m, x->res2, m->stage_res);
     m->k->residual_forward(res2, res, proj, NrC);
     keep(m, x->res2, res2, NrC);
@@ -1296,6 +1380,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
         loom_decoder_moe_forward(m, x, b, loom_tp_region_input(&m->rg, ln2, N), m->moe_y, N, l, a->moe_hf);
         float *y = loom_tp_region_output(&m->rg, m->moe_y, N);
         round_act(m, y, NrC);
+        drop_rows(m, a, y, m->drop_hidden, l, LOOM_DROPOUT_MLP_OUT);
         float *res3 = out_of(m, x->res3, m->dbufC);
         m->k->residual_forward(res3, res2, y, NrC);
         keep(m, x->res3, res3, NrC);
@@ -1315,6 +1400,7 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     const struct loom_linear down = linear(b, t->down_w, t->down_b, m->Fl, C);
     proj = loom_linear_row_forward(&m->lc, &down, h, kept16(m, x->h, 0), m->scratchC, N);
     round_act(m, proj, NrC);
+    drop_rows(m, a, proj, m->drop_hidden, l, LOOM_DROPOUT_MLP_OUT);
     float *res3 = out_of(m, x->res3, m->dbufC);
     m->k->residual_forward(res3, res2, proj, NrC);
     keep(m, x->res3, res3, NrC);
@@ -1381,7 +1467,7 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
     float *const *F = m->dbufF;
     /* MLP: res3 = res2 + down(act(m, fc(ln2(res2)))); the replicated bias's
      * gradient sums every row of dout, so it is the same on every tp rank */
-    const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
+    const float *dout = loom_tp_region_output_grad(&m->rg, drop_grad(m, a, l, LOOM_DROPOUT_MLP_OUT), N);
     float *dln;
     if (loom_decoder_moe_layer(&m->spec, l)) {
         if (m->rg.sp) { /* the gathered gradient moves aside: the gathered input takes its place */
@@ -1399,11 +1485,12 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
                   x->ln2_mean, x->ln2_rstd, Nr);
     round_act(m, m->dres, NrC);
     /* attention: res2 = res + o(attn(qkv(ln1(res)))) */
-    dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
+    dout = loom_tp_region_output_grad(&m->rg, drop_grad(m, a, l, LOOM_DROPOUT_ATTN_OUT), N);
     const struct loom_linear o = linear(b, t->o_w, t->o_b, Cq, C);
     const uint16_t *x16 = kept16(m, x->atty, 0);
     loom_linear_row_backward(&m->lc, &o, m->dbufC, dout, x16 ? NULL : view(m, x->atty, F[0], NCq), x16, N);
     round_act(m, m->dbufC, NCq);
+    drop_attention(m, a, l);
     loom_decoder_attention_backward(m, a, x, view(m, x->qkv, F[1], (size_t)N * qkv_width(m)), B);
     const struct loom_linear_group gqkv = qkv_group(m, b);
     float *dy[3];
@@ -1530,6 +1617,7 @@ static void embedding_forward(struct loom_decoder *m, struct loom_decoder_acts *
         const float scale = (float)m->spec.embed_scale;
         m->k->scale(enc, NrC, scale);
     }
+    drop_rows(m, a, enc, m->drop_emb, -1, LOOM_DROPOUT_EMBEDDING);
     keep(m, a->encoded, enc, NrC);
     loom_model_forward_end(model, m->emb);
 }
@@ -1669,6 +1757,8 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     }
     a->rows = B;
     a->emb_open = 0;
+    a->drop_step = mb->step, a->drop_first = mb->first_row;
+    drop_rows_set(m, a);
     a->positions = a->doc_start = NULL;
     if (documents(m) || m->ctx.cp > 1) {
         LOOM_ASSERT(batch && batch->inputs); /* every stage reads them */
@@ -1782,6 +1872,7 @@ static void embedding_backward(struct loom_decoder *m, struct loom_decoder_acts 
     const int B = a->rows, T = m->T, C = m->spec.hidden, N = B * T;
     struct loom_block *emb = &model->blocks[m->emb];
     if (!a->emb_open) loom_model_backward_begin(model, m->emb);
+    drop_rows(m, a, m->dres, m->drop_emb, -1, LOOM_DROPOUT_EMBEDDING);
     if (m->spec.embed_scale !=
         0) { /* the lookup's gradient (the tied table's deferred scatter reads it too) */
         const float scale = (float)m->spec.embed_scale;
@@ -1808,6 +1899,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     const size_t NrC = (size_t)loom_tp_rows_held(&m->rg, a->rows * m->T) * m->spec.hidden;
     m->bwd_slot = mb->slot;
     m->moe_loss_weight = loss_weight; /* the balancing losses' gradients carry the micro-batch's weight */
+    drop_rows_set(m, a);
     int l0, l1;
     layers_of(m, first, last, &l0, &l1);
     if (last == m->head)

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "kernels/kernels.h" /* struct loom_dropout */
 #include "layers/context.h"
 #include "layers/experts.h"
 #include "layers/linear.h"
@@ -225,6 +226,10 @@ struct loom_decoder_acts {
     double *moe_hf;  /* (E + 1) hf_aux_loss: each expert's choices over the micro-batch's MoE layers, and
                       * their rows; NULL otherwise */
     int rows;
+    /* dropout: the micro-batch's step (0: not a training step, nothing dropped) and its first row's
+     * place in the step's global batch (loom/model.h's loom_micro) */
+    int64_t drop_step;
+    int drop_first;
     int emb_open;        /* the head's backward announced the embedding's gradients */
     float **chunk_input; /* (L) the input of a pipeline model chunk that starts at layer l > 0, else NULL */
 };
@@ -326,6 +331,16 @@ struct loom_decoder {
     int32_t *moe_gidx_host, *moe_gpos_host, *moe_lpos_host;
     int32_t *moe_idx_host, *moe_pos_host;
     float *moe_sums_host, *moe_lse_host;
+    /* dropout while training (kernels/dropout_mask.h): p of the attention and MLP outputs, attention's
+     * probabilities and the embedding's output (0: none), the run's seed; the rows this rank holds as
+     * global ids ((sequence of the step) Tw + position, for the running forward's or backward's slot:
+     * host and device), a residual gradient's masked copy (Nr,C), and the attention call's mask */
+    double drop_hidden, drop_attn, drop_emb;
+    uint64_t drop_seed;
+    int64_t *drop_rows_host, *drop_rows;
+    float *drop_grad;
+    const struct loom_dropout *attn_drop;
+    struct loom_dropout attn_drop_site;
     float moe_loss_weight;  /* the running backward's micro-batch weight */
     int moe_rows;           /* the dispatched rows' buffers: N k, or E x capacity when padding needs more */
     float *moe_probs_host;  /* (N k) the routing weights, for --moe-token-drop-policy probs */
@@ -387,6 +402,12 @@ void loom_decoder_set_documents(struct loom_decoder *m, const struct loom_decode
 void loom_decoder_set_fp8(struct loom_decoder *m, const struct loom_fp8_recipe *r);
 /* The compute dtype's activations and kernels (training in bf16 or fp16). */
 void loom_decoder_set_act_dtype(struct loom_decoder *m, enum loom_dtype dt);
+/* Dropout while training (a micro-batch with a step, loom/model.h): p on
+ * the attention and MLP outputs before their residual adds (hidden), on
+ * attention's probabilities and on the embedding's output, masks drawn
+ * from seed (kernels/dropout_mask.h). */
+void loom_decoder_set_dropout(struct loom_decoder *m, double hidden, double attention, double embedding,
+                              uint64_t seed);
 
 /* Forward of every block on B rows in slot 0 (mean loss, or 0 without
  * targets), its backward, and the logits (B, T, Vl) as float32. */

@@ -34,7 +34,10 @@ static struct loom_flash_attn flash_of(const struct loom_decoder *m, const struc
                                         .ld_k = qkv_width(m) / cp,
                                         .ld_v = qkv_width(m) / cp,
                                         .layout = m->sparse,
-                                        .h0 = m->tp_rank * m->NHl + m->ctx.rank * NH};
+                                        .h0 = m->tp_rank * m->NHl + m->ctx.rank * NH,
+                                        .drop = m->attn_drop,
+                                        .seq0 = a->drop_first,
+                                        .NHg = m->spec.heads};
     }
     return (struct loom_flash_attn){.B = B,
                                     .doc_start = a->doc_start,
@@ -46,7 +49,10 @@ static struct loom_flash_attn flash_of(const struct loom_decoder *m, const struc
                                     .ld_k = qkv_width(m),
                                     .ld_v = qkv_width(m),
                                     .layout = m->sparse,
-                                    .h0 = m->tp_rank * m->NHl};
+                                    .h0 = m->tp_rank * m->NHl,
+                                    .drop = m->attn_drop,
+                                    .seq0 = a->drop_first,
+                                    .NHg = m->spec.heads};
 }
 
 /* The kept qkv rows' segments: q, k and v of this rank's heads. */
@@ -118,7 +124,10 @@ static struct loom_flash_attn part_of(const struct loom_decoder *m, const struct
                                     .Tq = m->ctx.c,
                                     .k0 = k0,
                                     .Tk = Tk,
-                                    .ld_lse = m->T};
+                                    .ld_lse = m->T,
+                                    .drop = m->attn_drop,
+                                    .seq0 = (int64_t)a->drop_first + b,
+                                    .NHg = m->spec.heads};
 }
 
 /* The keys and values of the kept qkv rows (N), side by side (N, 2 kvC),

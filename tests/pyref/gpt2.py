@@ -26,6 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import dropout
+
 LN_EPS = 1e-5
 
 
@@ -149,17 +151,26 @@ class FusedAttention(torch.autograd.Function):
         return ds @ k, ds.transpose(-2, -1) @ q, pr.transpose(-2, -1) @ do, None, None, None
 
 
-def causal_attention(q, k, v, dtype, mask=None, pdtype=None):
+def _dropped(x, drop, layer, site):
+    """x (B, T, C) times dropout's mask of a token site (drop None: x)."""
+    m = drop.hidden(layer, site, *x.shape) if drop else None
+    return x if m is None else x * m
+
+
+def causal_attention(q, k, v, dtype, mask=None, pdtype=None, pdrop=None):
     """softmax(q k^T / sqrt(HS), masked) v over (B, NH, T, HS); mask (T, T) or
     (B, 1, T, T) booleans, True where a query sees a key (None: causal).
-    dtype: the activations' 16-bit dtype (FusedAttention), or None."""
+    dtype: the activations' 16-bit dtype (FusedAttention), or None. pdrop:
+    dropout's mask on the probabilities (B, NH, T, T), 0 or 1/(1-p), or None."""
     T = q.shape[-2]
     if mask is None:
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     if dtype is not None:
+        assert pdrop is None
         return FusedAttention.apply(q, k, v, mask, dtype, pdtype)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+    p = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return (p if pdrop is None else p * pdrop) @ v
 
 
 class Attention(nn.Module):
@@ -171,7 +182,7 @@ class Attention(nn.Module):
         self.act_dtype = None
         self.operand_dtype = None  # set_attention_operands
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, drop=None, layer=0):
         B, T, C = x.shape
         NH = self.heads
         HS = C // NH
@@ -179,9 +190,10 @@ class Attention(nn.Module):
         q = q.view(B, T, NH, HS).transpose(1, 2)
         k = k.view(B, T, NH, HS).transpose(1, 2)
         v = v.view(B, T, NH, HS).transpose(1, 2)
-        y = causal_attention(q, k, v, self.act_dtype, mask, self.operand_dtype)
+        pdrop = drop.attention(layer, B, NH, T) if drop else None
+        y = causal_attention(q, k, v, self.act_dtype, mask, self.operand_dtype, pdrop)
         y = round_act(y.transpose(1, 2).reshape(B, T, C), self.act_dtype)
-        return round_act(self.c_proj(y), self.act_dtype)
+        return _dropped(round_act(self.c_proj(y), self.act_dtype), drop, layer, dropout.ATTN_OUT)
 
 
 class MLP(nn.Module):
@@ -192,10 +204,11 @@ class MLP(nn.Module):
         self.approximate = "tanh" if cfg.activation == "gelu_new" else "none"
         self.act_dtype = None
 
-    def forward(self, x):
+    def forward(self, x, drop=None, layer=0):
         a = self.act_dtype
         h = round_act(self.c_fc(x), a)
-        return round_act(self.c_proj(round_act(F.gelu(h, approximate=self.approximate), a)), a)
+        y = round_act(self.c_proj(round_act(F.gelu(h, approximate=self.approximate), a)), a)
+        return _dropped(y, drop, layer, dropout.MLP_OUT)
 
 
 class Block(nn.Module):
@@ -207,10 +220,10 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.act_dtype = None
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, drop=None, layer=0):
         a = self.act_dtype
-        x = round_act(x + self.attn(round_act(self.ln_1(x), a), mask), a)
-        return round_act(x + self.mlp(round_act(self.ln_2(x), a)), a)
+        x = round_act(x + self.attn(round_act(self.ln_1(x), a), mask, drop, layer), a)
+        return round_act(x + self.mlp(round_act(self.ln_2(x), a), drop, layer), a)
 
 
 class GPT2(nn.Module):
@@ -225,21 +238,22 @@ class GPT2(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.act_dtype = None
 
-    def forward(self, idx, targets=None, keep=None, docs=None):
+    def forward(self, idx, targets=None, keep=None, docs=None, drop=None):
         """idx (B,T) int64. Returns (logits (B,T,V), mean loss or None).
         keep: optional dict that receives each layer's output (for locating
         the first diverging layer). docs: optional (position_ids (B,T),
         attention_mask (B,1,T,T) booleans, loss_mask (B,T)) of packed
         documents (ltor_masks_and_position_ids); the loss is then the mean
-        over the tokens the loss mask keeps."""
+        over the tokens the loss mask keeps. drop: optional dropout masks
+        (pyref/dropout.py's Masks) for this micro-batch, as loom draws them."""
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)[None] if docs is None else docs[0]
         mask = None if docs is None else docs[1]
-        x = round_act(self.wte(idx) + self.wpe(pos), self.act_dtype)
+        x = _dropped(round_act(self.wte(idx) + self.wpe(pos), self.act_dtype), drop, -1, dropout.EMBEDDING)
         if keep is not None:
             keep["encoded"] = x
         for l, block in enumerate(self.h):
-            x = block(x, mask)
+            x = block(x, mask, drop, l)
             if keep is not None:
                 keep[f"h.{l}"] = x
         x = round_act(self.ln_f(x), self.act_dtype)

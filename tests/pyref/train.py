@@ -66,10 +66,12 @@ def batch(tokens, step, G):
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def reference(init, tokens, G, clip, dtype=torch.float32, docs=None):
+def reference(init, tokens, G, clip, dtype=torch.float32, docs=None, drop=None):
     """Per step: (loss, lr, grad_norm) of PyTorch's run. docs: optional
     (eod, reset_position_ids, reset_attention_mask, eod_mask_loss), packed
-    documents as Megatron masks them (gpt2.ltor_masks_and_position_ids)."""
+    documents as Megatron masks them (gpt2.ltor_masks_and_position_ids).
+    drop: optional dropout masks (pyref/dropout.py's Masks), keyed by step
+    and each micro-batch's first row as loom keys them."""
     torch.manual_seed(0)
     model = gpt2.load_numpy(gpt2.GPT2(config()).to(dtype), init)
     opt = torch.optim.AdamW(gpt2.decay_groups(model, WD), lr=MAX_LR, betas=(BETA1, BETA2), eps=EPS)
@@ -85,7 +87,9 @@ def reference(init, tokens, G, clip, dtype=torch.float32, docs=None):
         for m in range(A):
             xm = x[m * B:(m + 1) * B]
             masks = None if docs is None else gpt2.ltor_masks_and_position_ids(xm, *docs)
-            _, loss = model(xm, y[m * B:(m + 1) * B], docs=masks)
+            if drop:
+                drop.step, drop.first_row = s + 1, m * B
+            _, loss = model(xm, y[m * B:(m + 1) * B], docs=masks, drop=drop)
             (loss / A).backward()
             loss_sum += loss.item()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()

@@ -72,6 +72,7 @@ static const struct loom_kernels cpu_kernels = {
     .sumsq_exact_add = loom_sumsq_exact_add,
     .set_threads = loom_threads_set,
     .scale = loom_scale,
+    .dropout_rows = loom_dropout_rows,
     .add_scalar = loom_add_scalar,
     .accumulate = loom_accumulate,
     .round_to = loom_round_to,

@@ -30,7 +30,11 @@
  * from the layout's blocks (any block size: a tile may hold many blocks or
  * lie inside one).
  *
- * Deliberately not: dropout, non-causal or arbitrary masks, or parallelism
+ * Attention dropout (a->drop): each row's mask (kernels/dropout_mask.h)
+ * multiplies the tile's probabilities after the online softmax's sums, and
+ * the backward draws it again (dV from the dropped P, dP through the mask).
+ *
+ * Deliberately not: non-causal or arbitrary masks, or parallelism
  * inside a (b, h) of the backward (more threads than B*NH leave some idle
  * there).
  */
@@ -95,7 +99,7 @@ static size_t fwd_ws(int hs)
 static void fwd_tile(float *out, float *lse, const float *q, const float *kt, size_t ktile, const float *vc,
                      int kt0, const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
 {
-    float keep[FA_BK] __attribute__((aligned(64)));
+    float keep[FA_BK] __attribute__((aligned(64))), dmask[FA_BK] __attribute__((aligned(64)));
     const int hs = a->hs, hsp = fa_up16(hs), kend = fa_kend(a);
     const int i1 = fa_min(i0 / FA_BQ * FA_BQ + FA_BQ, fa_qend(a)), m = i1 - i0;
     float *S = ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp;
@@ -120,7 +124,8 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
                 memset(s, 0, (size_t)n16 * sizeof(float));
                 continue;
             }
-            fa_online_row(s, NULL, keep, n16, scale, &mx[r], &l[r], acc + (size_t)r * hsp, hs);
+            fa_online_row(s, NULL, keep, fa_drop_row(dmask, a, b, h, t, j0, n16), n16, scale, &mx[r], &l[r],
+                          acc + (size_t)r * hsp, hs);
         }
         fa_gemm(m, hs, n, S, FA_BK, 1, vc + (size_t)(j0 - kt0 * FA_BK) * hsp, hsp, acc, hsp,
                 1); /* acc += P V */
@@ -195,7 +200,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                      const float *out, const float *lse, const float *q, const float *k, const float *v,
                      const struct loom_flash_attn *a, float scale, int b, int h, void *wsv)
 {
-    float keep[FA_BK] __attribute__((aligned(64)));
+    float keep[FA_BK] __attribute__((aligned(64))), dmask[FA_BK] __attribute__((aligned(64)));
     float *ws = wsv;
     /* T: the part's queries; rows of Qc, dOc, dQc, D from q0, of dk, dv from k0 */
     const int T = fa_tq(a), q0 = a->q0, k0 = a->k0, qend = fa_qend(a), kend = fa_kend(a), hs = a->hs,
@@ -243,6 +248,17 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                 float *s = S + (size_t)r * FA_BK, *ds = dS + (size_t)r * FA_BK;
                 if (!full) fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept);
                 const float lt = lseb[t - q0], Dt = D[t - q0];
+                const float *dm = fa_drop_row(dmask, a, b, h, t, j0, n16);
+                if (dm) { /* P's gradient is the dropped one's times the mask; dV takes the dropped P */
+#pragma omp simd
+                    for (int c = 0; c < n16; c++) {
+                        const float e = fa_exp(s[c] * scale - lt);
+                        const float p = keep[c] != 0.0f ? e : 0.0f;
+                        s[c] = p * dm[c];
+                        ds[c] = scale * p * (ds[c] * dm[c] - Dt);
+                    }
+                    continue;
+                }
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
                     const float e = fa_exp(s[c] * scale - lt);

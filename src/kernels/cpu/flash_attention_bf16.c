@@ -224,7 +224,7 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
                      const struct loom_flash_attn *a, float scale, int b, int h, int i0, gemm_fn gemm,
                      char *ws)
 {
-    float keep[FA_BK] __attribute__((aligned(64)));
+    float keep[FA_BK] __attribute__((aligned(64))), dmask[FA_BK] __attribute__((aligned(64)));
     const int hs = a->hs, hs2 = up2(hs), hsp = fa_up16(hs);
     const int i1 = fa_min(i0 / FA_BQ * FA_BQ + FA_BQ, fa_qend(a)), m = i1 - i0;
     float *S = (float *)ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp, *l = mx + FA_BQ;
@@ -248,7 +248,8 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
                 memset(pa, 0, (size_t)n16 * sizeof(uint16_t));
                 continue;
             }
-            fa_online_row(s, pa, keep, n16, scale, &mx[r], &l[r], acc + (size_t)r * hsp, hs);
+            fa_online_row(s, pa, keep, fa_drop_row(dmask, a, b, h, t, j0, n16), n16, scale, &mx[r], &l[r],
+                          acc + (size_t)r * hsp, hs);
         }
         gemm(m, hsp, n2 / 2, Pa, FA_BK, vp + (size_t)(j0 / FA_BK - kt0) * VP_TILE(hsp), 2 * hsp, acc, hsp, 1);
     }
@@ -370,7 +371,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                      const float *out, const float *lse, const float *q, const float *k, const float *v,
                      const struct loom_flash_attn *a, float scale, int b, int h, void *wsv)
 {
-    float keep[FA_BK] __attribute__((aligned(64)));
+    float keep[FA_BK] __attribute__((aligned(64))), dmask[FA_BK] __attribute__((aligned(64)));
     /* T: the part's queries; rows of the per-head copies from q0, of dk, dv from k0 */
     const int T = fa_tq(a), q0 = a->q0, k0 = a->k0, qend = fa_qend(a), kend = fa_kend(a), hs = a->hs,
               hsp = fa_up16(hs), hs2 = up2(hs), T2 = up2(T), g = h / (a->NH / a->G);
@@ -420,6 +421,19 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                 uint16_t *dsa = w.dSa + (size_t)r * FA_BK;
                 if (!full) fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept);
                 const float lt = lseb[t - q0], Dt = w.D[t - q0];
+                const float *dm = fa_drop_row(dmask, a, b, h, t, j0, n16);
+                if (dm) { /* P's gradient is the dropped one's times the mask; dV takes the dropped P */
+#pragma omp simd
+                    for (int c = 0; c < n16; c++) {
+                        const float e = fa_exp(s[c] * scale - lt);
+                        const float p = keep[c] != 0.0f ? e : 0.0f;
+                        const float x = scale * p * (ds[c] * dm[c] - Dt);
+                        s[c] = p * dm[c];
+                        ds[c] = x;
+                        dsa[c] = fa_bf(x);
+                    }
+                    continue;
+                }
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
                     const float e = fa_exp(s[c] * scale - lt);

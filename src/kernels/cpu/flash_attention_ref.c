@@ -19,6 +19,17 @@ static int sees(const struct loom_flash_attn *a, int b, int h, int t, int j)
     return !a->layout || loom_sparse_allowed(a->layout, a->h0 + h, t, j);
 }
 
+/* p[lo..hi] times attention dropout's mask of the row (kernels/dropout_mask.h), element by element */
+static void drop_row(double *p, const struct loom_flash_attn *a, int b, int h, int t, int lo, int hi)
+{
+    if (!a->drop) return;
+    for (int j = lo; j <= hi; j++) {
+        float m;
+        fa_drop_row(&m, a, b, h, t, j, 1);
+        p[j] *= m;
+    }
+}
+
 /* Row t (a position) of head h of sequence b: p (T) the probabilities of
  * the keys it sees (double), 0 for the others in [lo, hi]; returns lo,
  * *hi the last key it may see, *lse_out the row's log-sum-exp (-inf, and
@@ -67,6 +78,7 @@ void loom_flash_attention_forward_ref(float *out, float *lse, const float *q, co
                 int hi;
                 const int lo = row_probs(p, &hi, &l, q, k, a, scale, b, h, t);
                 lse[((size_t)b * a->NH + h) * fa_ld_lse(a) + r] = (float)l;
+                drop_row(p, a, b, h, t, lo, hi);
                 float *o = out + ((size_t)b * Tq + r) * a->NH * hs + (size_t)h * hs;
                 for (int d = 0; d < hs; d++) {
                     double s = 0.0;
@@ -89,10 +101,11 @@ void loom_flash_attention_backward_ref(float *dq, float *dk, float *dv, const fl
     const int part = fa_tq(a) != a->T || fa_tk(a) != a->T;
     const double scale = loom_flash_attn_check(a);
     const int B = a->B, T = a->T, Tq = fa_tq(a), Tk = fa_tk(a), hs = a->hs, G = a->G;
-    double *p = malloc((size_t)T * sizeof(double)), *dp = malloc((size_t)T * sizeof(double));
+    double *p = malloc((size_t)T * sizeof(double)), *dp = malloc((size_t)T * sizeof(double)),
+           *pd = malloc((size_t)T * sizeof(double));
     double *dkv = calloc((size_t)2 * B * Tk * G * hs, sizeof(double)),
            *dqr = malloc((size_t)hs * sizeof(double));
-    LOOM_ASSERT(p && dp && dkv && dqr);
+    LOOM_ASSERT(p && dp && pd && dkv && dqr);
     double *dka = dkv, *dva = dkv + (size_t)B * Tk * G * hs; /* (B,Tk,G,hs) */
     for (int b = 0; b < B; b++)
         for (int h = 0; h < a->NH; h++) {
@@ -112,12 +125,14 @@ void loom_flash_attention_backward_ref(float *dq, float *dk, float *dv, const fl
                 double D = 0.0;
                 if (part)
                     for (int d = 0; d < hs; d++) D += (double)d_o[d] * o[d];
+                for (int j = lo; j <= hi; j++) pd[j] = p[j];
+                drop_row(pd, a, b, h, t, lo, hi); /* the dropped probabilities, what the output took */
                 for (int j = lo; j <= hi; j++) {
                     const float *vr = v + ((size_t)b * Tk + j - a->k0) * a->ld_v + (size_t)g * hs;
                     double s = 0.0;
                     for (int d = 0; d < hs; d++) s += (double)d_o[d] * vr[d];
-                    dp[j] = s;
-                    if (!part) D += p[j] * s;
+                    dp[j] = p[j] != 0.0 ? s * (pd[j] / p[j]) : 0.0; /* through the mask */
+                    if (!part) D += pd[j] * s;
                 }
                 memset(dqr, 0, (size_t)hs * sizeof(double));
                 for (int j = lo; j <= hi; j++) {
@@ -128,7 +143,7 @@ void loom_flash_attention_backward_ref(float *dq, float *dk, float *dv, const fl
                     for (int d = 0; d < hs; d++) {
                         dqr[d] += ds * kr[d];
                         dkr[d] += ds * qr[d];
-                        dvr[d] += p[j] * d_o[d];
+                        dvr[d] += pd[j] * d_o[d];
                     }
                 }
                 float *dqo = dq + ((size_t)b * Tq + r) * a->ld_q + (size_t)h * hs;
@@ -143,5 +158,5 @@ void loom_flash_attention_backward_ref(float *dq, float *dk, float *dv, const fl
                     dk[((size_t)b * Tk + t) * a->ld_k + (size_t)g * hs + d] = (float)dka[i];
                     dv[((size_t)b * Tk + t) * a->ld_v + (size_t)g * hs + d] = (float)dva[i];
                 }
-    free(p), free(dp), free(dkv), free(dqr);
+    free(p), free(dp), free(pd), free(dkv), free(dqr);
 }

@@ -30,6 +30,7 @@
 #endif
 
 #include "kernels/cpu/vexp.h"
+#include "kernels/dropout_mask.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
 
@@ -188,15 +189,29 @@ static inline uint16_t fa_bf(float x)
     return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u) : (uint16_t)r;
 }
 
+/* Attention dropout's mask of query t (a position) of head h of sequence b
+ * on the keys [j0, j0 + n) into dm (kernels/dropout_mask.h); NULL when the
+ * call drops nothing. */
+static inline const float *fa_drop_row(float *dm, const struct loom_flash_attn *a, int b, int h, int t,
+                                       int j0, int n)
+{
+    if (!a->drop) return NULL;
+    const int64_t NHg = a->NHg ? a->NHg : a->NH;
+    const uint64_t row = (uint64_t)(((a->seq0 + b) * NHg + a->h0 + h) * a->T + t);
+    loom_dropout_mask_row(dm, a->drop, loom_dropout_row_key(a->drop, row), j0, n);
+    return dm;
+}
+
 /* One row of a forward tile, the online softmax's step: the row's
  * unnormalised probabilities exp(scale s - m) on the keys keep marks, 0
  * elsewhere, from s (n16 raw scores), into s, or into pa rounded to bf16
- * (the bf16 kernels' a operand of P V; s is left) when pa is not NULL; the
+ * (the bf16 kernels' a operand of P V; s is left) when pa is not NULL,
+ * times dropout's mask dm where given (the sum is the undropped one); the
  * row's running maximum *mx and sum *l move to the new maximum m, and its
  * accumulator acc (hs) is rescaled to it. */
 static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16_t *pa, const float *keep,
-                                                                int n16, float scale, float *mx, float *l,
-                                                                float *acc, int hs)
+                                                                const float *dm, int n16, float scale,
+                                                                float *mx, float *l, float *acc, int hs)
 {
     float smax = -INFINITY;
 #pragma omp simd reduction(max : smax)
@@ -209,7 +224,7 @@ static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp(s[c] * scale - mnew);
             const float p = keep[c] != 0.0f ? e : 0.0f;
-            pa[c] = fa_bf(p);
+            pa[c] = fa_bf(dm ? p * dm[c] : p);
             sum += p;
         }
     } else {
@@ -217,7 +232,7 @@ static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp(s[c] * scale - mnew);
             const float p = keep[c] != 0.0f ? e : 0.0f;
-            s[c] = p;
+            s[c] = dm ? p * dm[c] : p;
             sum += p;
         }
     }

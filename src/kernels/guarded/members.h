@@ -184,6 +184,9 @@
     X_VOID(sumsq_exact_add, (struct loom_sumsq_exact * s, const void *x, size_t n, enum loom_dtype dt),      \
            (s, x, n, dt))                                                                                    \
     X_VOID(scale, (float *x, size_t n, float s), (x, n, s))                                                  \
+    X_VOID(dropout_rows,                                                                                     \
+           (float *x, size_t ld, const int64_t *row, int rows, int width, const struct loom_dropout *d),     \
+           (x, ld, row, rows, width, d))                                                                     \
     X_VOID(add_scalar, (float *dst, const float *src, size_t n, float s), (dst, src, n, s))                  \
     X_VOID(accumulate, (float *dst, const float *src, size_t n), (dst, src, n))                              \
     X_VOID(round_to, (float *x, size_t n, enum loom_dtype dt), (x, n, dt))                                   \
