@@ -229,7 +229,11 @@ def random_kills(tmp):
         cmd = [LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--threads", "1", "--eval-iters", "0",
                "--save", d, "--log-interval", "1000"] + flags + (["--load", d] if trial else [])
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
-        time.sleep(1.5 + rng.random() * 2)
+        # a first save before the random moment, however loaded the machine (start-up can take seconds)
+        deadline = time.time() + 120
+        while not os.path.exists(os.path.join(d, "latest")) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.random() * 2)
         p.send_signal(signal.SIGKILL)
         p.wait()
         latest = ckpt.state(d)["iteration"] if os.path.exists(os.path.join(d, "latest")) else 0

@@ -12,15 +12,15 @@ or a wrong backward through the mask moves the loss by 1e-3 or more), and
 the same run without masks must differ from loom's by more than 1e-4 (the
 masks are really drawn and applied).
 
-Across layouts: the same masks on one process, DP 2, TP 2 + SP, PP 2 and
-ZeRO-3 (lib.compare_runs: every loss within 1e-5, the weights within its
+Across layouts: the same masks on one process, DP 2, TP 2 + SP, PP 2,
+ZeRO-3 and context parallelism 2 (p2p's ring and a2a's heads: masks keyed by
+global positions and heads) (lib.compare_runs: every loss within 1e-5, the weights within its
 bound), and under --layout-invariant 2 DP 2 and TP 2 give one process's
-bits. Evaluation drops nothing (validation loss of a dropout run equals a
-dropout-free evaluation of its weights is implied by loom eval; here: the
-settings' refusals): p of 1 or below 0, and attention dropout with the
+bits. Bad settings: p of 1 or below 0, and attention dropout with the
 unfused attention, are one line and exit 2.
 """
 import os
+import re
 import sys
 import tempfile
 
@@ -70,11 +70,22 @@ def main():
         one = lib.tiny_run(tmp, "one", 1, ["--global-batch-size", "8", "--micro-batch-size", "2", *drop])
         none = lib.tiny_run(tmp, "none", 1, ["--global-batch-size", "8", "--micro-batch-size", "2"])
         check("dropout moves the tiny run's losses", one[0] != none[0])
+        # evaluation drops nothing: the checkpoint records dropout 0.1, and flags of 0 win over it
+        evals = []
+        for extra in ([], ["--hidden-dropout", "0", "--attention-dropout", "0", "--embedding-dropout", "0"]):
+            p = lib.loom("eval", "--load", os.path.join(tmp, "one"), "--valid-data-path",
+                         os.path.join(tmp, "train.bin"), "--eval-iters", "2", *extra)
+            m = re.search(r"val(?:idation)? loss[ :=]+([\d.]+)", p.stdout)
+            evals.append(m.group(1) if p.returncode == 0 and m else p.stdout[-300:] + p.stderr[-300:])
+        check(f"evaluation drops nothing: the dropout run's checkpoint evaluates the same with its dropout and "
+              f"with none ({evals})", evals[0] == evals[1] and evals[0][:1].isdigit())
         layouts = [
             ("dp2", 2, ["--micro-batch-size", "2"]),
             ("tp2-sp", 2, ["--micro-batch-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
             ("pp2", 2, ["--micro-batch-size", "2", "--pipeline-model-parallel-size", "2"]),
             ("zero3-np2", 2, ["--micro-batch-size", "1", "--zero-stage", "3"]),
+            ("cp2-p2p", 2, ["--micro-batch-size", "2", "--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
+            ("cp2-a2a", 2, ["--micro-batch-size", "2", "--context-parallel-size", "2", "--cp-comm-type", "a2a"]),
         ]
         for tag, n, flags in layouts:
             lib.compare_runs(f"dropout {tag}", one, lib.tiny_run(tmp, tag, n, ["--global-batch-size", "8", *flags,

@@ -24,6 +24,8 @@ Checks:
       written by `loom train --load DIR --finetune --lr 0`; and the weights
       read with the field at its default give a loss far outside the
       tolerance (the tokens are chosen so), so ignoring a field fails;
+      (training with dropout off by flag: the file's GPT2Config 0.1 is the
+      run's dropout otherwise, as the dry run's settings show);
   (b) shape flags that contradict the file are exit 2 naming the flag (and
       both values, the integer ones); flags that agree are accepted; a bare
       safetensors file (no config.json, no loom metadata) asks for
@@ -269,7 +271,9 @@ def variant(slug, name, kw, llmc_ok, wrongs):
               "no file", refusal(p) is not None and not os.path.exists(x_bin), tail(p))
 
     ck, train_metrics = os.path.join(base, "ck"), os.path.join(base, "train.jsonl")
+    # dropout off by flag (the file's GPT2Config 0.1 would drop while training; the flags win over it)
     p = lib.loom("train", "--load", hf, "--finetune", "--train-iters", "1", "--lr", "0", "--weight-decay", "0",
+                 "--hidden-dropout", "0", "--attention-dropout", "0", "--embedding-dropout", "0",
                  "--micro-batch-size", "1", "--global-batch-size", "1", "--seq-length", T, "--data-path", vbin,
                  "--valid-data-path", vbin, "--eval-interval", "0", "--eval-iters", "1", "--save", ck,
                  "--metrics", train_metrics, timeout=300)
@@ -301,6 +305,14 @@ def flags(heads, everything):
     line = [ln for ln in p.stdout.splitlines() if ln.split()[:1] == ["num-attention-heads"]]
     check("train --dry-run --load DIR: the settings table says the heads came from --load",
           p.returncode == 0 and line and line[0].split()[1:] == ["8", "(--load)"], f"{tail(p)} {line}")
+    drops = [ln.split()[:3] for ln in p.stdout.splitlines() if ln.split()[:1] and ln.split()[0].endswith("-dropout")]
+    check(f"train --dry-run --load DIR: resid_pdrop, attn_pdrop, embd_pdrop (GPT2Config's 0.1) are the run's "
+          f"dropout ({drops})", sorted(drops) == [[f"{k}-dropout", "0.1", "(--load)"]
+                                                  for k in ("attention", "embedding", "hidden")], tail(p))
+    p = lib.loom("train", "--dry-run", "--load", hf, "--data-path", vbin, "--hidden-dropout", "0.2")
+    line = [ln.split()[:3] for ln in p.stdout.splitlines() if ln.split()[:1] == ["hidden-dropout"]]
+    check(f"--hidden-dropout 0.2 over the file's 0.1: the flag wins ({line})",
+          p.returncode == 0 and line == [["hidden-dropout", "0.2", "(flag)"]], tail(p))
     _, _, vbin6, want6, hf6 = everything
     got, p = evaluate(hf6, vbin6, "--num-attention-heads", "8", "--norm-epsilon", "0.1", "--activation-function",
                       "gelu", "--untie-embeddings-and-output-weights", "--hidden-size", C, "--num-layers", L,

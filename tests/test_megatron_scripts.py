@@ -8,8 +8,8 @@ examples/llama/train_llama2.sh, with the data made in the test: GPT-2's
 vocab.json + merges.txt and a SentencePiece tokenizer.model trained here,
 Megatron's indexed dataset written by `loom data tokenize`. Each trains;
 every flag is honoured, or taken with one line saying why it has no effect
-here (never "unknown flag"); --rampup-batch-size, which loom does not
-build, is refused in one line on its own.
+here (never "unknown flag"); GPT-3's --rampup-batch-size ramps the batch
+as Megatron does (tests/test_batch_rampup.py holds it in detail).
 
 Honoured flags checked for their effect: the vocabulary taken from the
 tokenizer padded by --make-vocab-size-divisible-by x TP (Megatron's), the
@@ -123,8 +123,15 @@ def gpt3(tmp, gpt2, prefix):
                       timeout=600)
     check("GPT-3: the same command again resumes from --save (step 7 of 7)",
           q.returncode == 0 and "resumed at step 7" in q.stdout and "step 7/7" in q.stdout, q.stderr[-300:])
-    r = lib.loom("train", *args[:20], "--rampup-batch-size", "16", "16", "5859375")
-    lib.check_refused("--rampup-batch-size (not built)", r, ["--rampup-batch-size 16 16 5859375", "global batch"])
+    # the script's batch rampup (16 16 5859375 of 1536, shrunk): samples-based, as its --train-samples run is
+    drop = {"--train-iters", "--lr-decay-iters", "--save", "--load", "--save-interval", "--eval-interval",
+            "--tensorboard-dir"}
+    ramp = [a for i, a in enumerate(args) if a not in drop and (i == 0 or args[i - 1] not in drop)]
+    ramp += ["--rampup-batch-size", "2", "2", "8", "--train-samples", "24", "--lr-decay-samples", "20"]
+    r = lib.run_ranks(2, [LOOM, "train", *ramp], expect=None, timeout=600)
+    batches = re.findall(r"global batch (\d+)", r.stdout)
+    check(f"GPT-3: --rampup-batch-size 2 2 8 of 4 over --train-samples 24: Megatron's 8 steps of batches "
+          f"{batches}", r.returncode == 0 and batches == ["2"] * 4 + ["4"] * 4, r.stderr[-300:])
 
 
 def mixtral(tmp, model):

@@ -9,7 +9,12 @@ stage 1: params 4 Psi, grads 4 Psi, optimizer 8 Psi/N; stage 2: params
 4 Psi, grads 4 Psi/N, optimizer 8 Psi/N; stage 3: all three / N (transient
 gradient buffers and gathered units are counted under comm). Stage 3 also
 runs with gather units of several blocks under FSDP's flag name, and a
-conflicting pair of flags is a one-line error."""
+conflicting pair of flags is a one-line error. ZeRO-1 reduce-scatters its
+gradients onto the shards (Megatron's distributed optimizer): a traced run's
+large dp collectives are reduce-scatters where DDP's are all-reduces, and
+the planner prices ZeRO-1's data-parallel traffic below DDP's and below
+ZeRO-2's (which reduce-scatters every micro-batch) with accumulation."""
+import json
 import os
 import sys
 import tempfile
@@ -17,6 +22,35 @@ import tempfile
 import lib
 from lib import check
 from pyref import st
+
+
+def zero1_collectives(tmp):
+    big = {}
+    for stage in ("0", "1"):
+        trace = os.path.join(tmp, f"zero{stage}-trace.json")
+        lib.run_ranks(2, [lib.LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), *lib.TINY_MODEL,
+                          "--train-iters", "2", "--global-batch-size", "8", "--micro-batch-size", "2", "--eval-iters",
+                          "0", "--threads", "1", "--zero-stage", stage, "--trace", trace], tag=f"zero{stage} trace")
+        with open(trace) as f:
+            ev = json.load(f)["traceEvents"]
+        big[stage] = sorted({e["name"] for e in ev if e.get("cat") == "comm" and e["ph"] == "b" and
+                             e["name"].endswith(" dp") and e["args"]["bytes"] >= 4 * 10000})
+    check(f"ZeRO-1 reduce-scatters the gradients where DDP all-reduces them (dp collectives of 40 KB and more: "
+          f"ZeRO-1 {big['1']}, DDP {big['0']})",
+          "reduce-scatter dp" in big["1"] and "all-reduce dp" not in big["1"] and "all-reduce dp" in big["0"])
+    comm = {}
+    for stage in ("0", "1", "2"):  # gpt2 on 8 A100s, bf16, 4 micro-batches a step
+        p = lib.loom("plan", "--model", "gpt2", "--global-batch-size", "64", "--world", "8", "--cluster",
+                     "a100-80gb", "--zero-stage", stage, "--tensor-model-parallel-size", "1",
+                     "--pipeline-model-parallel-size", "1", "--micro-batch-size", "2", "--precision", "bf16",
+                     "--top", "1", "--json")
+        try:
+            comm[stage] = json.loads(p.stdout)["layouts"][0]["time"]["dp_comm"]
+        except (ValueError, KeyError, IndexError):
+            comm[stage] = None
+    check(f"the planner prices it so: ZeRO-1's data-parallel communication ({comm['1']}) below DDP's all-reduce "
+          f"({comm['0']}) and ZeRO-2's reduce-scatter of every micro-batch ({comm['2']})",
+          None not in comm.values() and comm["1"] < comm["0"] and comm["1"] < comm["2"])
 
 
 def main():
@@ -68,6 +102,9 @@ def main():
         lib.compare_runs("fsdp-full-shard-np2-units", ref, lib.tiny_run(tmp, "fsdp-units", 2, [
             "--global-batch-size", "8", "--micro-batch-size", "2", "--fsdp-sharding-strategy", "FULL_SHARD",
             "--zero3-min-params", "20000"]))
+        # ZeRO-1's gradients reduce-scattered onto the shards (Megatron's distributed optimizer), not all-reduced:
+        # the trace's collectives over dp of at least a bucket's bytes, and the planner's price of it
+        zero1_collectives(tmp)
         p = lib.run_ranks(2, [lib.LOOM, "train", "--zero-stage", "2", "--fsdp-sharding-strategy", "FULL_SHARD",
                               "--data-path", os.path.join(tmp, "train.bin"), "--train-iters", "1"],
                           expect=None, timeout=60)

@@ -301,6 +301,11 @@ struct loom_config {
     int train_iters, lr_warmup_iters, lr_decay_iters;
     /* Megatron's samples-based schedule (0: not given): iterations = samples / global batch */
     int64_t train_samples, lr_warmup_samples, lr_decay_samples;
+    /* Megatron's --rampup-batch-size START INCREMENT SAMPLES (optim/batch_rampup.h), as given, and read
+     * (start 0: no rampup) */
+    int nrampup_batch_size;
+    char *rampup_batch_size[LOOM_MAX_DATA_PATHS];
+    int64_t rampup_start, rampup_increment, rampup_samples;
     double lr_warmup_fraction; /* Megatron's: warmup = this x the decay iterations (0: not given) */
     double init_method_std;    /* weights drawn from N(0, std) (0: the family's, 0.02) */
     /* dropout's p while training: the attention and MLP outputs', attention's probabilities', the

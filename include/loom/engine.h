@@ -37,6 +37,13 @@
 struct loom_engine;
 
 /* What a step did. */
+/* The first sample of the next step: the samples the steps before it took
+ * (steps x --global-batch-size, or under --rampup-batch-size the ramp's);
+ * the step's batch itself: loom_engine_step_batch. */
+int64_t loom_engine_first_sample(struct loom_engine *e);
+/* Sequences in the next step (the ramp's, or --global-batch-size). */
+int loom_engine_step_batch(struct loom_engine *e);
+
 struct loom_step_result {
     int64_t step;       /* 1-based number of the step just taken */
     double loss;        /* mean loss over the global batch */
@@ -46,6 +53,7 @@ struct loom_step_result {
     double loss_scale;  /* fp16: the scale this step's backward used; 0 otherwise */
     int skipped; /* the update was skipped: a non-finite gradient (fp16 overflow, or --on-nonfinite skip) */
     int64_t skipped_total; /* steps skipped so far */
+    int global_batch;      /* sequences in the step (--rampup-batch-size: the ramp's, else the setting) */
 };
 
 /* Sets up ranks and groups (world = dp x tp x pp), resolves the batch sizes

@@ -260,6 +260,8 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
     int digits = snprintf(NULL, 0, "%d", s->total);
     char extra[160] = "";
     if (s->loss_scale > 0) snprintf(extra, sizeof extra, " | loss scale %g", s->loss_scale);
+    if (s->ramp_batch)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " | global batch %d", s->ramp_batch);
     if (s->pipeline) { /* the mean idle share of the stages (see the metrics' "pipeline") */
         double sum = 0;
         for (int k = 0; k < s->pp; k++) {
@@ -294,6 +296,7 @@ void loom_report_step(struct loom_report *r, const struct loom_step_stats *s,
         if (*r->layout) fprintf(r->metrics, ",\"layout\":\"%s\"", r->layout);
         if (s->comm_wait_ms >= 0) fprintf(r->metrics, ",\"comm_wait_ms\":%.6g", s->comm_wait_ms);
         if (s->loss_scale > 0) fprintf(r->metrics, ",\"loss_scale\":%.17g", s->loss_scale);
+        if (s->ramp_batch) fprintf(r->metrics, ",\"global_batch_size\":%d", s->ramp_batch);
         if (s->skipped || s->skipped_total || s->loss_scale > 0)
             fprintf(r->metrics, ",\"skipped\":%d,\"skipped_total\":%lld", s->skipped,
                     (long long)s->skipped_total);

@@ -38,6 +38,7 @@ struct loom_step_stats {
      * tokens per expert's coefficient of variation (NULL: none) */
     int moe_layers;
     const double *moe_layer;
+    int ramp_batch; /* --rampup-batch-size: the step's global batch (0: no ramp) */
 };
 #define LOOM_REPORT_MOE 6
 

@@ -44,6 +44,7 @@
 #include "layers/pp_stages.h"
 #include "layers/tp_regions.h"
 #include "model/family.h"
+#include "optim/batch_rampup.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
 #include "plan/search.h"
@@ -618,10 +619,10 @@ static int next_batch(void *ctx, struct loom_engine *e, int micro, const void **
     const size_t n = (size_t)cfg->micro_batch_size * cfg->seq_length;
     loom_trace_push("data");
     int32_t *inputs = r->inputs + (size_t)k * n, *targets = r->targets + (size_t)k * n;
-    if (loom_data_batch(&r->data.train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
-                        (uint64_t)loom_engine_steps_done(e), cfg->global_batch_size,
-                        loom_engine_micro_batch_rows(e, micro), cfg->micro_batch_size, cfg->seq_length,
-                        inputs, targets))
+    if (loom_data_batch_from(&r->data.train, (enum loom_data_order)cfg->data_order, (uint64_t)cfg->seed,
+                             loom_engine_steps_done(e), loom_engine_first_sample(e),
+                             loom_engine_step_batch(e), loom_engine_micro_batch_rows(e, micro),
+                             cfg->micro_batch_size, cfg->seq_length, inputs, targets))
         data_failed();
     r->batches[k] = (struct loom_lm_batch){inputs, targets};
     *batch = &r->batches[k];
@@ -717,7 +718,7 @@ int loom_train(struct loom_config *cfg)
     if (loom_log_rank() == 0) loom_config_print(stdout, cfg, cfg->print_config);
     report_layout(&r, &rep, peak, peak_src);
 
-    const int T = cfg->seq_length, G = cfg->global_batch_size;
+    const int T = cfg->seq_length;
     const double flops_per_token = r.family->flops_per_token(r.model);
     double *step_tps = loom_alloc(sizeof(double) * (size_t)cfg->train_iters, LOOM_MEM_OTHER);
     double t_train = loom_now(), last_loss = 0, last_val = -1;
@@ -746,7 +747,7 @@ int loom_train(struct loom_config *cfg)
         if (moe) r.family->moe_stats(r.model, moe);
         double dt = loom_now() - t0;
         loom_trace_step_end(step, t0, t0 + dt);
-        double tps = (double)G * T / dt;
+        double tps = (double)res.global_batch * T / dt;
         step_tps[ran++] = tps;
         if (ran == 1 && cfg->offload_auto) check_placement(&r);
         last_loss = res.loss;
@@ -770,7 +771,8 @@ int loom_train(struct loom_config *cfg)
                                         NULL,
                                         NULL,
                                         0,
-                                        NULL};
+                                        NULL,
+                                        loom_rampup_on(cfg) ? res.global_batch : 0};
             struct loom_mem_stats mem;
             loom_mem_get_stats(&mem);
             int64_t *by_rank = gather_memory(&r, &mem);

@@ -130,10 +130,6 @@ static const struct megatron_flag flags[] = {
      "rotary embeddings over part of a head are not built (1.0 only)"},
     {"--no-position-embedding", 0, NULL, "--position-embedding-type decides (rope has no learned table)", 0,
      NULL},
-    {"--rampup-batch-size", 3, NULL,
-     "a batch-size rampup is not built: the engine trains one global batch size "
-     "(--global-batch-size)",
-     1, NULL},
     {"--apply-layernorm-1p", 0, NULL, "(1 + w) norms are the gemma family's (--model gemma-...)", 1, NULL},
     {"--qk-layernorm", 0, NULL, "query and key norms are not built", 1, NULL},
 };

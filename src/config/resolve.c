@@ -11,12 +11,14 @@
 #include <assert.h>
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/dtype.h"
 #include "base/log.h"
 #include "config/config.h"
 #include "config/config_impl.h"
+#include "optim/batch_rampup.h"
 
 static_assert(LOOM_REDUCE_FP32 == (int)LOOM_DTYPE_F32 && LOOM_REDUCE_BF16 == (int)LOOM_DTYPE_BF16 &&
                   LOOM_REDUCE_FP16 == (int)LOOM_DTYPE_F16,
@@ -113,6 +115,68 @@ static int resolve_batch(struct loom_config *cfg, int dp)
     return LOOM_OK;
 }
 
+/* --rampup-batch-size START INCREMENT SAMPLES read and held to Megatron's
+ * rules: a samples-based run, the increments reaching --global-batch-size,
+ * every batch whole micro-batches on every data rank (and, interleaved,
+ * a multiple of the stages of micro-batches); not with the orders and sums
+ * that assume one batch size (sequential blocks, --layout-invariant's
+ * tree). */
+static int resolve_rampup(struct loom_config *cfg, int dp)
+{
+    if (!cfg->nrampup_batch_size) return LOOM_OK;
+    const char *name = NAME(rampup_batch_size);
+    int64_t v[3];
+    for (int i = 0; i < 3 && i < cfg->nrampup_batch_size; i++) {
+        char *end;
+        const long long x = strtoll(cfg->rampup_batch_size[i], &end, 10);
+        if (end == cfg->rampup_batch_size[i] || *end || x < (i < 2 ? 1 : 0))
+            return loom_error_set(LOOM_ERR_INPUT, "%s: '%s' is not a %s integer (START INCREMENT SAMPLES)",
+                                  name, cfg->rampup_batch_size[i], i < 2 ? "positive" : "non-negative");
+        v[i] = x;
+    }
+    if (cfg->nrampup_batch_size != 3)
+        return loom_error_set(LOOM_ERR_INPUT, "%s takes 3 values, START INCREMENT SAMPLES; %d given", name,
+                              cfg->nrampup_batch_size);
+    const int G = cfg->global_batch_size, interleaved = cfg->num_layers_per_virtual_pipeline_stage > 0,
+              pp = cfg->pipeline_model_parallel_size > 1 ? cfg->pipeline_model_parallel_size : 1;
+    const int64_t unit = (int64_t)cfg->micro_batch_size * dp * (interleaved ? pp : 1);
+    if (!cfg->train_samples || given(cfg, F(train_iters)))
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s needs a samples-based run: give %s, not %s (Megatron's rule: a rampup "
+                              "changes how many steps the samples take)",
+                              name, NAME(train_samples), NAME(train_iters));
+    if (given(cfg, F(lr_decay_iters)) || given(cfg, F(lr_warmup_iters)))
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s: the run is samples-based, so is its schedule: give %s and %s (or %s), not %s", name,
+            NAME(lr_decay_samples), NAME(lr_warmup_samples), NAME(lr_warmup_fraction),
+            given(cfg, F(lr_decay_iters)) ? NAME(lr_decay_iters) : NAME(lr_warmup_iters));
+    if (v[0] > G || (G - v[0]) % v[1])
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s %lld %lld %lld: from START %lld, steps of %lld must reach %s %d", name,
+                              (long long)v[0], (long long)v[1], (long long)v[2], (long long)v[0],
+                              (long long)v[1], NAME(global_batch_size), G);
+    if (v[0] % unit || v[1] % unit)
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s %lld %lld %lld: every batch is whole micro-batches on every rank: START and "
+            "INCREMENT must be multiples of %s %d x data-parallel size %d%s (%lld)",
+            name, (long long)v[0], (long long)v[1], (long long)v[2], NAME(micro_batch_size),
+            cfg->micro_batch_size, dp, interleaved ? " x the interleaved schedule's stages" : "",
+            (long long)unit);
+    if (cfg->data_order == LOOM_DATA_SEQUENTIAL)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s with %s sequential: that order reads blocks of one global batch; use %s "
+                              "shuffled or Megatron's datasets",
+                              name, NAME(data_order), NAME(data_order));
+    if (cfg->layout_invariant)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s with %s: its micro-batch tree is of one batch size; drop one of them", name,
+                              NAME(layout_invariant));
+    cfg->rampup_start = v[0], cfg->rampup_increment = v[1], cfg->rampup_samples = v[2];
+    return LOOM_OK;
+}
+
 /* Megatron's samples-based schedule onto steps of the global batch, rounded
  * down as Megatron's update_train_iters does (a step is the whole batch),
  * and its warmup fraction. */
@@ -130,7 +194,8 @@ static int resolve_samples(struct loom_config *cfg)
             return loom_error_set(LOOM_ERR_INPUT, "%s and %s name the same length: give one",
                                   loom_config_name_of(cfg, pairs[k].samples),
                                   loom_config_name_of(cfg, pairs[k].iters));
-        const int64_t G = cfg->global_batch_size, n = samples / G;
+        const int64_t G = cfg->global_batch_size,
+                      n = k == 0 && loom_rampup_on(cfg) ? loom_rampup_iters(cfg) : samples / G;
         if (n > INT_MAX || (k == 0 && n < 1))
             return loom_error_set(LOOM_ERR_INPUT, "%s %lld: %s steps of %lld samples",
                                   loom_config_name_of(cfg, pairs[k].samples), (long long)samples,
@@ -412,6 +477,7 @@ int loom_config_resolve(struct loom_config *cfg, int dp)
                                   "%s auto decides %s and %s itself: give them or it, not both",
                                   NAME(offload_auto), NAME(offload_optimizer), NAME(offload_param));
     }
+    if ((rc = resolve_rampup(cfg, dp))) return rc;
     if ((rc = resolve_samples(cfg))) return rc;
     if ((rc = resolve_schedule(cfg))) return rc;
     if (cfg->seq_length > cfg->max_position_embeddings)

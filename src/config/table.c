@@ -195,6 +195,9 @@ const struct setting loom_settings[] = {
         NULL, "warmup steps (DeepSpeed's schedulers: at least 2)"),
     INT("--lr-decay-iters", "scheduler.params.total_num_steps", "training", lr_decay_iters, 0, INT_MAX, "0",
         "step where decay reaches its floor (0: --train-iters)"),
+    PATHS("--rampup-batch-size", NULL, "training", rampup_batch_size, nrampup_batch_size,
+          "START INCREMENT SAMPLES: the global batch starts at START sequences and grows by INCREMENT until "
+          "SAMPLES are consumed, then is --global-batch-size (Megatron's; with --train-samples)"),
     I64("--train-samples", NULL, "training", train_samples, 0, 9e15, "0",
         "Megatron's samples-based length: --train-iters = samples / global batch (0: not given)"),
     I64("--lr-warmup-samples", NULL, "training", lr_warmup_samples, 0, 9e15, "0",

@@ -23,6 +23,7 @@
 #include "model/decoder_def.h"
 #include "model/family.h"
 #include "optim/adamw.h"
+#include "optim/batch_rampup.h"
 #include "optim/offload.h"
 #include "tokenizer/tokenizer.h"
 
@@ -273,7 +274,7 @@ static int state_text(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     struct loom_ckpt_state st = {0};
     st.iteration = iteration;
     st.optimizer_step = p->opt->t;
-    st.consumed_samples = iteration * cfg->global_batch_size;
+    st.consumed_samples = loom_rampup_consumed(cfg, iteration); /* steps x the batch, or the ramp's */
     st.seed = cfg->seed;
     st.data_order = cfg->data_order;
     st.global_batch_size = cfg->global_batch_size;

@@ -32,6 +32,7 @@
 #include "kernels/backend.h"
 #include "kernels/pool.h"
 #include "layers/pp_stages.h"
+#include "optim/batch_rampup.h"
 #include "parallel/schedule.h"
 #include "parallel/stack.h"
 #include "parallel/tied_stages.h"
@@ -371,6 +372,18 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     }
     if (rc) return rc;
     e->sched = loom_lr_schedule_from_config(cfg);
+    e->final_micros = e->step_micros = cfg->gradient_accumulation_steps;
+    e->step_batch = cfg->global_batch_size;
+    e->consumed_steps = -1;
+    if (loom_rampup_on(cfg)) { /* Megatron's: warmup and decay in samples, stepped by each update's batch */
+        e->sched_samples = e->sched;
+        const int64_t decay = cfg->lr_decay_samples ? cfg->lr_decay_samples : cfg->train_samples;
+        e->sched_samples.decay_iters = (int)decay;
+        e->sched_samples.warmup_iters =
+            (int)(cfg->lr_warmup_samples        ? cfg->lr_warmup_samples
+                  : cfg->lr_warmup_fraction > 0 ? (int64_t)(cfg->lr_warmup_fraction * (double)decay)
+                                                : (int64_t)cfg->lr_warmup_iters * cfg->global_batch_size);
+    }
     loom_engine_plan_schedule(e);
     if (m->ops->reserve) m->ops->reserve(m); /* a layout that does not fit fails here, not mid-step */
     return e->app_reports ? LOOM_OK : loom_run_log_open(e);
@@ -659,8 +672,14 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     const double scale = e->scaler ? e->scaler->st.scale : 1.0;
     double norm = grad_norm(e) / scale; /* one norm over the owners' views */
     const int64_t step = e->steps + 1;
-    /* skipped steps do not advance the schedule (DeepSpeed and Megatron step it only on an update) */
-    const double lr = loom_lr_at(&e->sched, (int)(step - e->skipped));
+    /* skipped steps do not advance the schedule (DeepSpeed and Megatron step it only on an update);
+     * under a batch rampup it counts samples: this step's with the updates' before it (a resume counts
+     * the steps' samples as if the skipped ones came last) */
+    const double lr =
+        loom_rampup_on(e->cfg)
+            ? loom_lr_at(&e->sched_samples,
+                         (int)(loom_rampup_consumed(e->cfg, step - 1 - e->skipped) + e->step_batch))
+            : loom_lr_at(&e->sched, (int)(step - e->skipped));
     int skip = 0, rc = LOOM_OK;
     if (!isfinite(norm) || !isfinite(loss)) { /* the same on every rank: both are all-reduced */
         int b = e->scaler ? -1 : nonfinite_block(e);
@@ -699,7 +718,8 @@ int loom_engine_step(struct loom_engine *e, struct loom_step_result *out)
     e->steps = step;
     e->micro = e->backwards = 0;
     const double wait = loom_stack_comm_wait_s(m);
-    const struct loom_step_result res = {step, loss, lr, norm, wait, e->scaler ? scale : 0, skip, e->skipped};
+    const struct loom_step_result res = {step, loss,       lr,           norm, wait, e->scaler ? scale : 0,
+                                         skip, e->skipped, e->step_batch};
     if (out) *out = res;
     loom_trace_pop("optimizer step");
     if (rc == LOOM_OK) rc = loom_run_log_step(e, &res);
@@ -744,11 +764,58 @@ size_t loom_engine_boundary(const struct loom_engine *e)
     return e->boundary;
 }
 
+/* --rampup-batch-size: this step's micro-batches into cfg (the schedule's
+ * plan for them), restored to the setting's by ramp_end; the global batch
+ * setting stays the ramp's end (what the ramp is computed from). */
+static void ramp_begin(struct loom_engine *e)
+{
+    struct loom_config *cfg = e->cfg;
+    if (!loom_rampup_on(cfg)) return;
+    const int G = loom_rampup_batch(cfg, loom_engine_first_sample(e)),
+              A = G / (cfg->global_batch_size / e->final_micros);
+    LOOM_ASSERT(A >= 1 && A <= e->final_micros && G % A == 0);
+    cfg->gradient_accumulation_steps = A;
+    e->step_batch = G;
+    if (A != e->step_micros) { /* the schedule's plan of A micro-batches (no more slots than the setting's) */
+        const int slots = e->plan.slots;
+        loom_schedule_plan_free(&e->plan);
+        loom_schedule_plan(&e->plan, cfg->pipeline_schedule, e->topo.pp, e->topo.pp_rank, e->shape.chunks, A);
+        LOOM_ASSERT(e->plan.slots <= slots);
+        e->step_micros = A;
+    }
+}
+
+int64_t loom_engine_first_sample(struct loom_engine *e)
+{
+    if (!loom_rampup_on(e->cfg)) return e->steps * e->cfg->global_batch_size;
+    if (e->consumed_steps != e->steps)
+        e->consumed = loom_rampup_consumed(e->cfg, e->steps), e->consumed_steps = e->steps;
+    return e->consumed;
+}
+
+int loom_engine_step_batch(struct loom_engine *e)
+{
+    return loom_rampup_on(e->cfg) ? loom_rampup_batch(e->cfg, loom_engine_first_sample(e))
+                                  : e->cfg->global_batch_size;
+}
+
+static void ramp_end(struct loom_engine *e)
+{
+    struct loom_config *cfg = e->cfg;
+    if (!loom_rampup_on(cfg)) return;
+    e->consumed += e->step_batch, e->consumed_steps++;
+    cfg->gradient_accumulation_steps = e->final_micros;
+}
+
 int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx, struct loom_step_result *out)
 {
+    ramp_begin(e);
     struct batch_source s = {e, get, ctx};
     int rc = loom_schedule_run(&e->plan, &engine_schedule_ops, &s, loom_engine_boundary(e), &e->pipe_times);
-    if (rc) return rc;
+    if (rc) {
+        ramp_end(e);
+        return rc;
+    }
     /* the head's stage has the loss: every stage learns it, once the last
      * backward anywhere is done; the wait for that is each stage's share of
      * the pipeline's drain, part of its idle time (one stage: none) */
@@ -757,7 +824,9 @@ int loom_engine_train_batch(struct loom_engine *e, loom_batch_fn get, void *ctx,
     const double drain = loom_now() - t0;
     e->pipe_times.wait_s += drain;
     e->pipe_times.total_s += drain;
-    return loom_engine_step(e, out);
+    rc = loom_engine_step(e, out);
+    ramp_end(e);
+    return rc;
 }
 
 int loom_engine_batches_in_flight(const struct loom_engine *e)

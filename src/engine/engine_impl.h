@@ -37,11 +37,17 @@ struct loom_engine {
     struct loom_ckpt_io_stats load_io; /* of the resume */
     struct loom_ckpt_io_stats save_io; /* of the last save */
     int64_t steps;                     /* optimizer steps done */
-    char run[LOOM_CKPT_RUN_LEN + 1];   /* this run's identifier in its checkpoints (io/checkpoint.h) */
-    int micro;                         /* micro-batches of the current step so far (forward) */
-    int backwards;                     /* of which backward done */
-    struct loom_micro mb;              /* the last forward's micro-batch (no pipelining) */
-    double loss_sum;                   /* this rank's micro-batch losses of the current step */
+    /* --rampup-batch-size (optim/batch_rampup.h): the samples consumed by the first consumed_steps
+     * steps, the setting's (final) micro-batches a step, which a step of the ramp lowers in cfg for
+     * its duration, the plan's, the step's batch, and the learning rate's schedule over samples */
+    int64_t consumed, consumed_steps;
+    int final_micros, step_micros, step_batch;
+    struct loom_lr_schedule sched_samples;
+    char run[LOOM_CKPT_RUN_LEN + 1]; /* this run's identifier in its checkpoints (io/checkpoint.h) */
+    int micro;                       /* micro-batches of the current step so far (forward) */
+    int backwards;                   /* of which backward done */
+    struct loom_micro mb;            /* the last forward's micro-batch (no pipelining) */
+    double loss_sum;                 /* this rank's micro-batch losses of the current step */
     /* the schedule (parallel/schedule.h): this stage's plan of a step, a
      * micro-batch per activation slot, the block range of each model chunk */
     struct loom_pipe_plan plan;

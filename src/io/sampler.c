@@ -374,15 +374,25 @@ static int batch_sequential(const struct loom_data *d, int64_t step, int global_
     return rc;
 }
 
+int loom_data_batch_from(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
+                         int64_t first, int global_rows, int row_begin, int rows, int T, int32_t *inputs,
+                         int32_t *targets)
+{
+    LOOM_ASSERT(step >= 0 && first >= 0 && T > 0 && global_rows > 0);
+    LOOM_ASSERT(row_begin >= 0 && rows >= 0 && row_begin + rows <= global_rows);
+    if (d->stream) return batch_stream(d, first, row_begin, rows, T, inputs, targets);
+    if (order == LOOM_DATA_SEQUENTIAL) {
+        LOOM_ASSERT(first == step * global_rows);
+        return batch_sequential(d, step, global_rows, row_begin, rows, T, inputs, targets);
+    }
+    return batch_shuffled(d, seed, step, row_begin, rows, T, inputs, targets);
+}
+
 int loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
                     int global_rows, int row_begin, int rows, int T, int32_t *inputs, int32_t *targets)
 {
-    LOOM_ASSERT(step >= 0 && T > 0 && global_rows > 0);
-    LOOM_ASSERT(row_begin >= 0 && rows >= 0 && row_begin + rows <= global_rows);
-    if (d->stream) return batch_stream(d, step * global_rows, row_begin, rows, T, inputs, targets);
-    if (order == LOOM_DATA_SEQUENTIAL)
-        return batch_sequential(d, step, global_rows, row_begin, rows, T, inputs, targets);
-    return batch_shuffled(d, seed, step, row_begin, rows, T, inputs, targets);
+    return loom_data_batch_from(d, order, seed, step, step * global_rows, global_rows, row_begin, rows, T,
+                                inputs, targets);
 }
 
 int loom_data_eval_batch(const struct loom_data *d, int64_t index, int global_rows, int row_begin, int rows,

@@ -89,6 +89,14 @@ int64_t loom_data_batches(const struct loom_data *d, enum loom_data_order order,
  * the read is caught; rewritten: a token outside the vocabulary). */
 int loom_data_batch(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
                     int global_rows, int row_begin, int rows, int T, int32_t *inputs, int32_t *targets);
+/* The same for a step whose first sample is `first` (a batch-size rampup:
+ * the samples of the steps before it; loom_data_batch's is step x
+ * global_rows): a Megatron stream reads samples first + row; the shuffled
+ * order keys rows by step as before; the sequential order's blocks are of
+ * one global batch (first must be step x global_rows). */
+int loom_data_batch_from(const struct loom_data *d, enum loom_data_order order, uint64_t seed, int64_t step,
+                         int64_t first, int global_rows, int row_begin, int rows, int T, int32_t *inputs,
+                         int32_t *targets);
 
 /* Evaluation batch `index`: loom_data_batch in the shuffled order under
  * LOOM_DATA_EVAL_SEED. */

@@ -95,8 +95,10 @@ struct loom_decoder_spec {
     int vocab;      /* V */
     enum loom_normalization norm;
     double norm_eps;
-    double norm_offset; /* the norms' weights act as norm_offset + w (Gemma's RMSNorm: 1, the weights
-                         * then start at 0); 0: w */
+    double hidden_dropout, attention_dropout,
+        embedding_dropout; /* what files record; the run's: set_dropout */
+    double norm_offset;    /* the norms' weights act as norm_offset + w (Gemma's RMSNorm: 1, the weights
+                            * then start at 0); 0: w */
     enum loom_position_embedding positions;
     double rope_theta;
     enum loom_weight_orientation weights;

@@ -27,6 +27,7 @@ struct loom_config loom_decoder_def_resolve(const struct loom_decoder_def *d, co
         c.moe_router_pre_softmax = 0, snprintf(c.moe_layer_freq, sizeof c.moe_layer_freq, "1");
     else if (!c.moe_ffn_hidden_size)
         c.moe_ffn_hidden_size = c.ffn_hidden_size;
+    if (c.embedding_dropout < 0) c.embedding_dropout = c.hidden_dropout; /* unset: the hidden one */
     return c;
 }
 
@@ -431,7 +432,7 @@ static void add(struct loom_model_shape *out, const struct loom_shape_key *k, co
 /* Whether key k goes unsaid: quiet, in a dense model. */
 static int quiet_default(const struct loom_shape_key *k, int experts)
 {
-    return k->quiet && experts == 0;
+    return (k->quiet == 1 || k->quiet == 2) && experts == 0;
 }
 
 void loom_decoder_def_shape_of(const struct loom_decoder_def *d, const struct loom_config *cfg,
@@ -531,7 +532,7 @@ int loom_decoder_def_apply_shape(const struct loom_decoder_def *d, const struct 
 int loom_decoder_def_flag_wins(const struct loom_decoder_def *d, const char *key)
 {
     for (int k = 0; d && k < d->nkeys; k++)
-        if (strcmp(d->keys[k].key, key) == 0) return d->keys[k].quiet == 2;
+        if (strcmp(d->keys[k].key, key) == 0) return d->keys[k].quiet >= 2;
     return 0;
 }
 

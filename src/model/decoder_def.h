@@ -44,7 +44,7 @@ struct loom_shape_key {
     const char *const *words; /* WORD: the names, NULL-ended */
     const char *absent;
     int quiet; /* unsaid in files of a dense model (the MoE settings); 2: also a default only, which a
-                * flag overrides (the balancing loss) */
+                * flag overrides (the balancing loss); 3: said in every file, a default only (dropout) */
 };
 #define LOOM_SHAPE_KEY(key, cfg_field, spec_field, kind, lo, hi)                                             \
     LOOM_SHAPE_KEY_OR(key, cfg_field, spec_field, kind, lo, hi, NULL)
@@ -78,7 +78,33 @@ struct loom_shape_key {
         LOOM_SHAPE_KEY("rotary_base", rotary_base, rope_theta, LOOM_SHAPE_REAL, 1, 1e12),                    \
         LOOM_SHAPE_KEY("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights, untied,   \
                        LOOM_SHAPE_INT, 0, 1),                                                                \
-        LOOM_DECODER_MOE_KEYS
+        LOOM_DECODER_MOE_KEYS, LOOM_DECODER_DROPOUT_KEYS
+
+/* Dropout's p as files record them (Hugging Face's configs do): a
+ * training setting more than a shape, so a flag overrides a file's. */
+#define LOOM_DECODER_DROPOUT_KEYS                                                                            \
+    {"hidden_dropout",                                                                                       \
+     offsetof(struct loom_config, hidden_dropout),                                                           \
+     offsetof(struct loom_decoder_spec, hidden_dropout),                                                     \
+     LOOM_SHAPE_REAL,                                                                                        \
+     0,                                                                                                      \
+     1,                                                                                                      \
+     NULL,                                                                                                   \
+     "0",                                                                                                    \
+     3},                                                                                                     \
+        {"attention_dropout",                                                                                \
+         offsetof(struct loom_config, attention_dropout),                                                    \
+         offsetof(struct loom_decoder_spec, attention_dropout),                                              \
+         LOOM_SHAPE_REAL,                                                                                    \
+         0,                                                                                                  \
+         1,                                                                                                  \
+         NULL,                                                                                               \
+         "0",                                                                                                \
+         3},                                                                                                 \
+    {                                                                                                        \
+        "embedding_dropout", offsetof(struct loom_config, embedding_dropout),                                \
+            offsetof(struct loom_decoder_spec, embedding_dropout), LOOM_SHAPE_REAL, 0, 1, NULL, "0", 3       \
+    }
 
 /* The mixture of experts' shape settings (every decoder family records them
  * for a model with experts). */

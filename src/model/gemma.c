@@ -65,7 +65,6 @@ static const struct loom_hf_field hf_fields[] = {
     {"hidden_act", LOOM_HF_READ, NULL},
     {"hidden_activation", LOOM_HF_READ, NULL},
     {"attention_bias", LOOM_HF_ONLY, "false"},
-    {"attention_dropout", LOOM_HF_NO_EFFECT, "0.0"}, /* loom trains without dropout */
 };
 
 /* 4.39 computes gelu_pytorch_tanh unless hidden_activation names another;

@@ -92,6 +92,7 @@ static const struct loom_shape_key keys[] = {
     LOOM_SHAPE_KEY_OR("untie_embeddings_and_output_weights", untie_embeddings_and_output_weights, untied,
                       LOOM_SHAPE_INT, 0, 1, "0"),
     LOOM_DECODER_MOE_KEYS,
+    LOOM_DECODER_DROPOUT_KEYS,
 };
 _Static_assert((int)LOOM_ACTIVATION_GELU_NEW == (int)LOOM_MLP_GELU_TANH &&
                    (int)LOOM_ACTIVATION_GELU == (int)LOOM_MLP_GELU,
@@ -110,6 +111,10 @@ static const struct loom_hf_key hf_keys[] = {
     LOOM_HF_KEY("n_positions", "max_position_embeddings", LOOM_HF_INT, 1024),
     LOOM_HF_KEY("vocab_size", "vocab_size", LOOM_HF_INT, 50257),
     LOOM_HF_KEY_REAL("layer_norm_epsilon", "norm_epsilon", 1e-5, 0, 1),
+    /* dropout while training: GPT2Config's 0.1 unless the file says */
+    LOOM_HF_KEY_REAL("resid_pdrop", "hidden_dropout", 0.1, 0, 1),
+    LOOM_HF_KEY_REAL("attn_pdrop", "attention_dropout", 0.1, 0, 1),
+    LOOM_HF_KEY_REAL("embd_pdrop", "embedding_dropout", 0.1, 0, 1),
     LOOM_HF_KEY_WORD("activation_function", "activation_function", activations, 0),
     LOOM_HF_KEY("tie_word_embeddings", "untie_embeddings_and_output_weights", LOOM_HF_UNTIED, 0), /* tied */
 };
@@ -124,14 +129,11 @@ static const struct loom_hf_field hf_fields[] = {
     {"tie_encoder_decoder", LOOM_HF_ONLY, "false"},
     {"cross_attention_hidden_size", LOOM_HF_ONLY, "null"},
     {"pruned_heads", LOOM_HF_ONLY, "{}"},
-    /* no effect on the function loom computes (loom trains without dropout;
-     * reorder_and_upcast_attn: the same products in float32), written with
-     * GPT2Config's defaults */
+    /* no effect on the function loom computes (reorder_and_upcast_attn: the
+     * same products in float32; the summary head's, which loom has none of),
+     * written with GPT2Config's defaults */
     {"reorder_and_upcast_attn", LOOM_HF_NO_EFFECT, "false"},
     {"n_ctx", LOOM_HF_NO_EFFECT, NULL},
-    {"attn_pdrop", LOOM_HF_NO_EFFECT, "0.1"},
-    {"embd_pdrop", LOOM_HF_NO_EFFECT, "0.1"},
-    {"resid_pdrop", LOOM_HF_NO_EFFECT, "0.1"},
     {"summary_type", LOOM_HF_NO_EFFECT, "\"cls_index\""},
     {"summary_use_proj", LOOM_HF_NO_EFFECT, "true"},
     {"summary_activation", LOOM_HF_NO_EFFECT, "null"},

@@ -131,6 +131,7 @@ struct loom_hf_map {
         LOOM_HF_KEY("vocab_size", "vocab_size", LOOM_HF_INT, V),                                             \
         LOOM_HF_KEY_REAL("rms_norm_eps", "norm_epsilon", EPS, 0, 1),                                         \
         LOOM_HF_KEY_REAL("rope_theta", "rotary_base", 10000.0, 1, 1e12),                                     \
+        LOOM_HF_KEY_REAL("attention_dropout", "attention_dropout", 0.0, 0, 1),                               \
         LOOM_HF_KEY("tie_word_embeddings", "untie_embeddings_and_output_weights", LOOM_HF_UNTIED, UNTIED)
 
 /* LlamaForCausalLM's tensor names but the MLP's (a names initializer's

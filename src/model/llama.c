@@ -64,7 +64,6 @@ static const struct loom_hf_field hf_fields[] = {
     {"mlp_bias", LOOM_HF_ONLY, "false"},
     {"rope_scaling", LOOM_HF_ONLY, "null"},
     {"pretraining_tp", LOOM_HF_ONLY, "1"},
-    {"attention_dropout", LOOM_HF_NO_EFFECT, "0.0"}, /* loom trains without dropout */
 };
 
 /* head_dim, where given, is the one the heads make. */

@@ -48,7 +48,6 @@ static const struct loom_hf_key hf_keys[] = {
 
 static const struct loom_hf_field hf_fields[] = {
     {"hidden_act", LOOM_HF_ONLY, "\"silu\""},
-    {"attention_dropout", LOOM_HF_NO_EFFECT, "0.0"}, /* loom trains without dropout */
 };
 
 static const char *const architectures[] = {"MistralForCausalLM", "MistralModel", NULL};

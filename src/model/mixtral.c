@@ -77,6 +77,7 @@ static const struct loom_hf_key hf_keys[] = {
     LOOM_HF_KEY("vocab_size", "vocab_size", LOOM_HF_INT, 32000),
     LOOM_HF_KEY_REAL("rms_norm_eps", "norm_epsilon", 1e-5, 0, 1),
     LOOM_HF_KEY_REAL("rope_theta", "rotary_base", 1e6, 1, 1e12),
+    LOOM_HF_KEY_REAL("attention_dropout", "attention_dropout", 0.0, 0, 1),
     LOOM_HF_KEY("tie_word_embeddings", "untie_embeddings_and_output_weights", LOOM_HF_UNTIED, 1),
     LOOM_HF_KEY("sliding_window", "attention_window", LOOM_HF_WINDOW, 0),
     LOOM_HF_KEY("num_local_experts", "num_experts", LOOM_HF_INT, 8),
@@ -86,8 +87,7 @@ static const struct loom_hf_key hf_keys[] = {
 
 static const struct loom_hf_field hf_fields[] = {
     {"hidden_act", LOOM_HF_ONLY, "\"silu\""},
-    {"output_router_logits", LOOM_HF_READ, NULL},    /* true: transformers' loss adds the balancing loss */
-    {"attention_dropout", LOOM_HF_NO_EFFECT, "0.0"}, /* loom trains without dropout */
+    {"output_router_logits", LOOM_HF_READ, NULL}, /* true: transformers' loss adds the balancing loss */
 };
 
 /* output_router_logits: true (transformers' loss adds router_aux_loss_coef

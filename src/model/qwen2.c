@@ -48,7 +48,6 @@ static const struct loom_hf_field hf_fields[] = {
      * it regardless, then computes the same dense attention) */
     {"sliding_window", LOOM_HF_NO_EFFECT, "null"},
     {"max_window_layers", LOOM_HF_NO_EFFECT, NULL},
-    {"attention_dropout", LOOM_HF_NO_EFFECT, "0.0"}, /* loom trains without dropout */
 };
 
 static const char *const architectures[] = {"Qwen2ForCausalLM", "Qwen2Model", NULL};

@@ -34,6 +34,24 @@ static int runs(const struct loom_ddp *d, const struct loom_ddp_bucket *b, size_
     return k;
 }
 
+/* ZeRO-1: the ranks' counts of the bucket's n elements (d->counts) by
+ * their shards, and this rank's segment of the sum taken (b->recv, landing
+ * at b->recv_off). */
+static void take_recv(struct loom_ddp *d, struct loom_ddp_bucket *b, enum loom_dtype dt)
+{
+    const size_t lo = b->base, hi = lo + (b->stored.data ? b->stored.numel : b->f32.numel);
+    size_t mine = lo;
+    for (int r = 0; r < d->dp; r++) {
+        size_t a = (size_t)r * d->shard_numel, e = a + d->shard_numel;
+        if (a < lo) a = lo;
+        if (e > hi) e = hi;
+        d->counts[r] = e > a ? (int)(e - a) : 0;
+        if (r == d->dp_rank && e > a) mine = a;
+    }
+    b->recv_off = mine - lo;
+    b->recv = loom_pool_take((size_t)d->counts[d->dp_rank], dt, 0, LOOM_MEM_COMM);
+}
+
 static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
 {
     LOOM_ASSERT(b->handle == NULL && b->f32.data);
@@ -41,6 +59,11 @@ static void post_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
     const int lp = d->reduce_dtype != LOOM_DTYPE_F32;
     if (lp) d->model->backend->convert(b->stored, b->f32);
     const struct loom_buf all = lp ? b->stored : b->f32;
+    if (d->shard) { /* ZeRO-1: each rank the sum over its shard's part of the bucket */
+        if (!b->recv.data) take_recv(d, b, all.dtype);
+        b->handle = loom_comm_reduce_scatter_v(LOOM_GROUP_DP, all, b->recv, d->counts);
+        return;
+    }
     if (!d->experts_apart) { /* one run, over dp */
         b->handle = loom_comm_allreduce(LOOM_GROUP_DP, all, LOOM_OP_SUM);
         return;
@@ -86,6 +109,11 @@ static double land_bucket(struct loom_ddp *d, struct loom_ddp_bucket *b)
     double t = loom_comm_wait(b->handle);
     b->handle = NULL;
     for (int i = 0; i < b->nmore; i++) t += loom_comm_wait(b->more[i]);
+    if (b->recv.data) { /* ZeRO-1: this rank's segment of the sum into its place */
+        const struct loom_buf all = d->reduce_dtype != LOOM_DTYPE_F32 ? b->stored : b->f32;
+        d->model->backend->convert(loom_buf_slice(all, b->recv_off, b->recv.numel), b->recv);
+        loom_pool_give(&b->recv);
+    }
     loom_free(b->more);
     b->more = NULL;
     b->nmore = 0;
@@ -210,31 +238,51 @@ static void describe(void *ctx, char *buf, size_t n)
         snprintf(buf, n, "DDP (naive): one all-reduce of all gradients after the backward, in %s",
                  loom_dtype_name(d->reduce_dtype));
     else
-        snprintf(buf, n, "DDP: %d bucket%s of >= %g MB%s%s, reduced in %s", d->nbuckets,
+        snprintf(buf, n, "DDP: %d bucket%s of >= %g MB%s%s, %s in %s", d->nbuckets,
                  d->nbuckets == 1 ? "" : "s", d->bucket_mb,
                  d->overlap ? ", overlapped with the backward" : ", after the backward",
                  d->early_wte ? ", the tied embedding in its own early bucket" : "",
+                 d->shard ? "reduce-scattered over ZeRO-1's shards" : "all-reduced",
                  loom_dtype_name(d->reduce_dtype));
+}
+
+/* ZeRO-1's replay: every bucket's segment of the sum in flight at the end
+ * of the backward that reduces. */
+static void replay_shard(struct loom_ddp *d, enum loom_replay_point at, const struct loom_replay *r)
+{
+    struct loom_ddp_bucket *one[2] = {d->naive ? &d->all : NULL, d->early_wte ? &d->wte : NULL};
+    if (at == LOOM_REPLAY_BEGIN_BACKWARD && r->last) {
+        if (d->naive && !d->pooled) d->all = bucket(d->model, 0, d->model->nblocks - 1, d->model->num_params);
+        for (int i = 0; i < 2; i++)
+            if (one[i]) take_recv(d, one[i], d->reduce_dtype);
+        for (int i = 0; i < d->nbuckets && !d->naive; i++) take_recv(d, &d->buckets[i], d->reduce_dtype);
+    } else if (at == LOOM_REPLAY_FINISH) {
+        for (int i = 0; i < 2; i++)
+            if (one[i]) loom_pool_give(&one[i]->recv);
+        for (int i = 0; i < d->nbuckets && !d->naive; i++) loom_pool_give(&d->buckets[i].recv);
+    }
 }
 
 /* The footprint's replay: mixed precision's float32 bucket sums (pooled),
  * taken before the backward that reduces (they are the blocks' gradient
- * buffers there) and landed at the step's end. */
+ * buffers there) and landed at the step's end; ZeRO-1's segments. */
 static void replay(void *ctx, enum loom_replay_point at, int block, struct loom_replay *r)
 {
     (void)block;
     struct loom_ddp *d = ctx;
-    if (!d->pooled) return;
-    if (at == LOOM_REPLAY_BEGIN_BACKWARD && r->last) {
+    if (d->pooled && at == LOOM_REPLAY_BEGIN_BACKWARD && r->last) {
         r->grads_provided = 1;
         if (d->naive) {
             d->all = bucket(d->model, 0, d->model->nblocks - 1, d->model->num_params);
             d->all.f32 = loom_pool_take(d->all.stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
-            return;
+        } else {
+            for (int i = 0; i < d->nbuckets; i++)
+                d->buckets[i].f32 =
+                    loom_pool_take(d->buckets[i].stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
         }
-        for (int i = 0; i < d->nbuckets; i++)
-            d->buckets[i].f32 = loom_pool_take(d->buckets[i].stored.numel, LOOM_DTYPE_F32, 0, LOOM_MEM_COMM);
-    } else if (at == LOOM_REPLAY_FINISH) {
+    }
+    if (d->shard) replay_shard(d, at, r);
+    if (d->pooled && at == LOOM_REPLAY_FINISH) {
         if (d->naive) loom_pool_give(&d->all.f32);
         for (int i = 0; i < d->nbuckets && !d->naive; i++) loom_pool_give(&d->buckets[i].f32);
     }
@@ -297,13 +345,22 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
 
 void loom_ddp_experts_apart(struct loom_ddp *d)
 {
+    LOOM_ASSERT(!d->shard);
     d->experts_apart = 1;
+}
+
+void loom_ddp_shard(struct loom_ddp *d, int dp_rank, size_t shard_numel)
+{
+    LOOM_ASSERT(!d->experts_apart && dp_rank >= 0 && dp_rank < d->dp && shard_numel > 0);
+    d->shard = 1, d->dp_rank = dp_rank, d->shard_numel = shard_numel;
+    d->counts = loom_alloc(sizeof(int) * (size_t)d->dp, LOOM_MEM_OTHER);
 }
 
 void loom_ddp_free(struct loom_ddp *d)
 {
     loom_free(d->buckets);
     loom_free(d->bucket_of);
+    loom_free(d->counts);
     if (d->model) {
         d->model->backend->free(d->gathered_dres);
         d->model->backend->free(d->gathered_tokens);

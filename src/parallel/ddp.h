@@ -55,6 +55,10 @@ struct loom_ddp_bucket {
      * (the experts' over their group, the dense ones' over dp) */
     struct loom_comm_handle **more;
     int nmore;
+    /* ZeRO-1 (loom_ddp_shard): this rank's segment of the sum in flight,
+     * landing at recv_off of the bucket */
+    struct loom_buf recv;
+    size_t recv_off;
 };
 
 struct loom_ddp {
@@ -75,6 +79,11 @@ struct loom_ddp {
     int *bucket_of; /* (nblocks) */
     int sync;       /* this backward reduces */
     double wait_s;  /* exposed communication of the last step: all that follows the backward */
+    /* ZeRO-1: each bucket reduce-scattered over the shards of part (a
+     * rank's sum valid in its shard only), not all-reduced */
+    int shard, dp_rank;
+    size_t shard_numel;
+    int *counts; /* (dp) scratch */
 };
 
 /* Builds the buckets and pushes the strategy on m's stack. reduce_dtype:
@@ -90,6 +99,12 @@ void loom_ddp_init(struct loom_ddp *d, struct loom_model *m, int dp, double buck
  * tensors (loom_block's expert_lo/hi) are summed over the
  * expert-data-parallel group, the rest over dp as before. */
 void loom_ddp_experts_apart(struct loom_ddp *d);
+/* ZeRO-1 (Megatron's distributed optimizer): every bucket is
+ * reduce-scattered, rank r receiving the sum over its shard of
+ * shard_numel elements from r x shard_numel (loom_zero_partition), half an
+ * all-reduce's bytes; the rest of a rank's gradients stay its own. Not
+ * with experts apart (their runs are all-reduced over two groups). */
+void loom_ddp_shard(struct loom_ddp *d, int dp_rank, size_t shard_numel);
 void loom_ddp_free(struct loom_ddp *d);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * The data-parallel kind (kinds.h): the ranks the other kinds leave, each
  * with its share of the batch; DDP's gradient reduction (ddp.h) unless a
- * kind reduces the gradients into shards itself; the data-parallel
+ * kind reduces the gradients into shards itself (under ZeRO-1 DDP's
+ * buckets are reduce-scattered over its shards); the data-parallel
  * group's communication in the time model, by what the layout shards.
  */
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include "base/mem.h"
 #include "parallel/ddp.h"
 #include "parallel/kinds.h"
+#include "parallel/zero.h"
 
 /* What tensor and pipeline parallelism leave. */
 static void shape(const struct loom_config *cfg, int world, struct loom_layout_shape *s)
@@ -29,6 +31,9 @@ static int build(struct loom_kind_build *b, void **state)
                   cfg->ddp_impl == LOOM_DDP_NAIVE, (enum loom_dtype)cfg->grad_reduce_dtype,
                   b->topo->tp == 1 && !b->shape->exact_sums);
     if (b->topo->ep > 1) loom_ddp_experts_apart(d);
+    if (loom_zero1_scatters(cfg->zero_stage, b->topo))
+        loom_ddp_shard(d, b->topo->dp_rank,
+                       loom_zero_partition(1, b->topo->dp, b->topo->dp_rank, b->model).shard);
     return LOOM_OK;
 }
 
@@ -38,8 +43,8 @@ static void release(void *state)
     loom_free(state);
 }
 
-/* The gradients all-reduced, or reduce-scattered every micro-batch into
- * shards; the parameters all-gathered after the step when the optimizer
+/* The gradients all-reduced, reduce-scattered once a step onto ZeRO-1's
+ * shards, or every micro-batch into ZeRO-2/3's; the parameters all-gathered after the step when the optimizer
  * state is sharded, or before each forward and backward when they are;
  * hidden behind the backward (two thirds of the work) when it overlaps,
  * without pipelining, but for the last bucket or unit. */
@@ -53,7 +58,11 @@ static struct loom_time_terms time_terms(const struct loom_time_in *in)
     loom_time_link(in, s->tp * dp, &bw, &lat);
     const double grad_bytes = in->params * (cfg->grad_reduce_dtype ? 2 : 4),
                  param_bytes = in->params * (in->lp ? 2 : 4);
+    /* ZeRO-2/3 reduce-scatter every micro-batch; ZeRO-1 once a step (the
+     * expert runs of a mixture apart: all-reduced); DDP all-reduces */
+    const int scatter_once = s->shard_optimizer && !s->shard_grads && s->ep <= 1;
     const double t = (s->shard_grads ? loom_ring_half_s(grad_bytes, dp, bw, lat) * m
+                      : scatter_once ? loom_ring_half_s(grad_bytes, dp, bw, lat)
                                      : loom_ring_allreduce_s(grad_bytes, dp, bw, lat)) +
                      (s->shard_params      ? 2.0 * m * loom_ring_half_s(param_bytes, dp, bw, lat)
                       : s->shard_optimizer ? loom_ring_half_s(param_bytes, dp, bw, lat)

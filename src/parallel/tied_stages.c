@@ -21,9 +21,10 @@ struct tied {
     struct loom_model *model;
     struct loom_tied_stages t;
     int per_micro;  /* --layout-invariant: each micro-batch's share on its own */
-    int micros;     /* the step's micro-batches */
+    int micros;     /* the setting's micro-batches a step (a batch rampup's steps take fewer) */
     float **copies; /* per_micro, the head's stage: (micros) a buffer of n floats each */
     int in_step, exchanged, backwards;
+    int last; /* the backward running is the step's last micro-batch's (the stack's begin_backward) */
 };
 
 static const struct loom_backend *be(const struct tied *x)
@@ -89,11 +90,17 @@ static void pre_backward(void *ctx, int block)
         add_head_share(x);
 }
 
+static void begin_backward(void *ctx, int micro, int last)
+{
+    (void)micro;
+    ((struct tied *)ctx)->last = last;
+}
+
 static void grads_ready(void *ctx, int block)
 {
     struct tied *x = ctx;
     if (block != x->t.block) return;
-    const int micro = x->backwards++, last = x->backwards == x->micros;
+    const int micro = x->backwards++, last = x->last;
     if (!x->t.holds_head) {
         if (!x->per_micro && last) add_head_share(x);
         return;
@@ -131,6 +138,7 @@ static void describe(void *ctx, char *buf, size_t n)
 static const struct loom_strategy tied_strategy = {.name = "tied",
                                                    .begin_step = begin_step,
                                                    .pre_forward = pre_forward,
+                                                   .begin_backward = begin_backward,
                                                    .pre_backward = pre_backward,
                                                    .grads_ready = grads_ready,
                                                    .after_step = after_step,

@@ -329,8 +329,11 @@ static void describe(void *ctx, char *buf, size_t n)
                  "ZeRO-3: parameters, gradients and optimizer state sharded over %d ranks; %d gather units",
                  z->dp, z->nunits);
     else
-        snprintf(buf, n, "ZeRO-%d: %s sharded over %d ranks", z->stage,
-                 z->stage == 2 ? "gradients and optimizer state" : "optimizer state", z->dp);
+        snprintf(buf, n, "ZeRO-%d: %s sharded over %d ranks%s", z->stage,
+                 z->stage == 2 ? "gradients and optimizer state" : "optimizer state", z->dp,
+                 z->scattered
+                     ? "; the gradients reduce-scattered onto the shards, the parameters all-gathered"
+                     : "");
 }
 
 static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r);
@@ -366,8 +369,32 @@ static void init_weights(void *ctx, uint64_t seed)
     loom_zero_init_weights(ctx, seed);
 }
 
+/* Stage 1 with its gradients reduce-scattered: the arena's gradients,
+ * valid over this rank's shard (the norm sums the shards'). */
+static int view1(void *ctx, struct loom_state_view *v)
+{
+    struct loom_zero *z = ctx;
+    if (!z->scattered) return 0;
+    const struct loom_model *m = z->model;
+    enum { PIECE = 1 << 22 };
+    *v = (struct loom_state_view){.params = m->params,
+                                  .params_hi = m->num_params,
+                                  .grads =
+                                      loom_buf_slice(m->grads, z->part.begin, z->part.end - z->part.begin),
+                                  .grads_lo = z->part.begin,
+                                  .grads_hi = z->part.end,
+                                  .grads_split = 1,
+                                  .piece = PIECE};
+    return 1;
+}
+
+int loom_zero1_scatters(int stage, const struct loom_topology *t)
+{
+    return stage == 1 && t->dp > 1 && t->ep <= 1;
+}
+
 static const struct loom_strategy zero1_strategy = {
-    .name = "zero-1", .after_step = after_step, .describe = describe};
+    .name = "zero-1", .after_step = after_step, .describe = describe, .view = view1};
 static const struct loom_strategy zero2_strategy = {.name = "zero-2",
                                                     .begin_step = begin_step,
                                                     .pre_backward = pre_backward,
@@ -454,6 +481,7 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
     z->index = m->stack.n;
     z->param_map.fd = z->grad_map.fd = z->acc_map.fd = -1;
     if (stage == 1) {
+        z->scattered = dp > 1; /* DDP reduce-scatters (loom_zero1_scatters), unless experts_apart says */
         loom_model_push_strategy(m, &zero1_strategy, z);
         return LOOM_OK;
     }
@@ -600,6 +628,7 @@ void loom_zero_experts_apart(struct loom_zero *z)
 {
     z->group = LOOM_GROUP_EXPERT_DP;
     z->experts_apart = 1;
+    z->scattered = 0; /* stage 1: DDP all-reduces the expert and dense runs */
 }
 
 void loom_zero_free(struct loom_zero *z)

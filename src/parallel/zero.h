@@ -84,7 +84,8 @@ struct loom_zero {
      * then summed over LOOM_GROUP_EP too (loom_zero_experts_apart) */
     enum loom_group group;
     int experts_apart;
-    int index; /* this strategy's place on the stack */
+    int scattered; /* stage 1: the gradients reduce-scattered onto the shards (loom_zero1_scatters) */
+    int index;     /* this strategy's place on the stack */
     struct loom_partition part;
     struct loom_model *model;
     enum loom_dtype
@@ -134,6 +135,12 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed);
  * loom_zero_ranks'): the shards' collectives over LOOM_GROUP_EXPERT_DP and
  * the dense runs of each landed gradient segment summed over LOOM_GROUP_EP. */
 void loom_zero_experts_apart(struct loom_zero *z);
+/* Whether ZeRO-1's gradients are reduce-scattered over its shards (DDP's
+ * buckets, loom_ddp_shard: each rank's sum valid over its shard, the norm
+ * taken over the shards), as Megatron's distributed optimizer does: stage
+ * 1 on two or more data-parallel ranks without expert parallelism (whose
+ * expert runs are all-reduced over their own group). */
+int loom_zero1_scatters(int stage, const struct loom_topology *t);
 void loom_zero_free(struct loom_zero *z);
 
 /* This rank's parameters and gradients [begin, end) for the optimizer, in
