@@ -15,7 +15,7 @@ masks are really drawn and applied).
 Across layouts: the same masks on one process, DP 2, TP 2 + SP, PP 2,
 ZeRO-3 and context parallelism 2 (p2p's ring and a2a's heads: masks keyed by
 global positions and heads) (lib.compare_runs: every loss within 1e-5, the weights within its
-bound), and under --layout-invariant 2 DP 2 and TP 2 give one process's
+bound), and under --layout-invariant 2 DP 2, TP 2 + SP, PP 2 and ZeRO-3 give one process's
 bits. Bad settings: p of 1 or below 0, and attention dropout with the
 unfused attention, are one line and exit 2.
 """
@@ -83,7 +83,7 @@ def main():
             ("dp2", 2, ["--micro-batch-size", "2"]),
             ("tp2-sp", 2, ["--micro-batch-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
             ("pp2", 2, ["--micro-batch-size", "2", "--pipeline-model-parallel-size", "2"]),
-            ("zero3-np2", 2, ["--micro-batch-size", "1", "--zero-stage", "3"]),
+            ("zero3-np2", 2, ["--micro-batch-size", "2", "--zero-stage", "3"]),
             ("cp2-p2p", 2, ["--micro-batch-size", "2", "--context-parallel-size", "2", "--cp-comm-type", "p2p"]),
             ("cp2-a2a", 2, ["--micro-batch-size", "2", "--context-parallel-size", "2", "--cp-comm-type", "a2a"]),
         ]
@@ -93,7 +93,7 @@ def main():
         inv = ["--layout-invariant", "2"]
         one_inv = lib.tiny_run(tmp, "one-inv", 1, ["--global-batch-size", "8", "--micro-batch-size", "2", *drop,
                                                    *inv])
-        for tag, n, flags in layouts[:2]:
+        for tag, n, flags in layouts[:4]:
             lib.same_run(f"dropout {tag} --layout-invariant 2", one_inv,
                          lib.tiny_run(tmp, tag + "-inv", n, ["--global-batch-size", "8", *flags, *drop, *inv]))
 
