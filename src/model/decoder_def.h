@@ -58,6 +58,13 @@ struct loom_shape_key {
         key, offsetof(struct loom_config, cfg_field), offsetof(struct loom_decoder_spec, spec_field),        \
             LOOM_SHAPE_INT, lo, hi, NULL, absent, 1                                                          \
     }
+/* A real setting every file records but only as a default, which a flag
+ * overrides (dropout's p). */
+#define LOOM_SHAPE_KEY_DEFAULT(key, cfg_field, spec_field, lo, hi, absent)                                   \
+    {                                                                                                        \
+        key, offsetof(struct loom_config, cfg_field), offsetof(struct loom_decoder_spec, spec_field),        \
+            LOOM_SHAPE_REAL, lo, hi, NULL, absent, 3                                                         \
+    }
 #define LOOM_SHAPE_KEY_WORD(key, cfg_field, spec_field, words, absent)                                       \
     {                                                                                                        \
         key, offsetof(struct loom_config, cfg_field), offsetof(struct loom_decoder_spec, spec_field),        \
@@ -83,28 +90,9 @@ struct loom_shape_key {
 /* Dropout's p as files record them (Hugging Face's configs do): a
  * training setting more than a shape, so a flag overrides a file's. */
 #define LOOM_DECODER_DROPOUT_KEYS                                                                            \
-    {"hidden_dropout",                                                                                       \
-     offsetof(struct loom_config, hidden_dropout),                                                           \
-     offsetof(struct loom_decoder_spec, hidden_dropout),                                                     \
-     LOOM_SHAPE_REAL,                                                                                        \
-     0,                                                                                                      \
-     1,                                                                                                      \
-     NULL,                                                                                                   \
-     "0",                                                                                                    \
-     3},                                                                                                     \
-        {"attention_dropout",                                                                                \
-         offsetof(struct loom_config, attention_dropout),                                                    \
-         offsetof(struct loom_decoder_spec, attention_dropout),                                              \
-         LOOM_SHAPE_REAL,                                                                                    \
-         0,                                                                                                  \
-         1,                                                                                                  \
-         NULL,                                                                                               \
-         "0",                                                                                                \
-         3},                                                                                                 \
-    {                                                                                                        \
-        "embedding_dropout", offsetof(struct loom_config, embedding_dropout),                                \
-            offsetof(struct loom_decoder_spec, embedding_dropout), LOOM_SHAPE_REAL, 0, 1, NULL, "0", 3       \
-    }
+    LOOM_SHAPE_KEY_DEFAULT("hidden_dropout", hidden_dropout, hidden_dropout, 0, 1, "0"),                     \
+        LOOM_SHAPE_KEY_DEFAULT("attention_dropout", attention_dropout, attention_dropout, 0, 1, "0"),        \
+        LOOM_SHAPE_KEY_DEFAULT("embedding_dropout", embedding_dropout, embedding_dropout, 0, 1, "0")
 
 /* The mixture of experts' shape settings (every decoder family records them
  * for a model with experts). */
