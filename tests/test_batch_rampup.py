@@ -15,8 +15,9 @@ ramp's (its last past SAMPLES included) and then whole batches of what
     print 9 digits);
   - step 1 is a constant-batch run of START's step 1, bit for bit (the same
     rows: shuffled rows are keyed by step and row);
-  - DP 2 and PP 2 (whose micro-batches per step change with the batch) equal
-    one process within 1e-5 relative per step (float32 sums in another order);
+  - DP 2 and PP 2, 1F1B and GPipe (whose micro-batches per step, and
+    GPipe's activation slots, change with the batch) equal one process within
+    1e-5 relative per step (float32 sums in another order);
   - a run stopped mid-ramp and resumed from its checkpoint continues bit for
     bit (the consumed samples follow from the step);
   - bad settings are one line, exit 2.
@@ -103,7 +104,9 @@ def main():
               f"{first[:1]} vs {one[:1]}")
 
         for tag, n, extra in [("dp2", 2, ["--micro-batch-size", "2"]),
-                              ("pp2", 2, ["--pipeline-model-parallel-size", "2"])]:
+                              ("pp2", 2, ["--pipeline-model-parallel-size", "2"]),
+                              ("pp2-gpipe", 2, ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
+                                                "gpipe"])]:
             rows, _ = run(tmp, tag, n, extra)
             errs = [rel(a["loss"], b["loss"]) for a, b in zip(rows, one)]
             check(f"{tag}: every step's loss within 1e-5 of one process (worst {max(errs, default=1):.1e}), the "

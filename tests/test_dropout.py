@@ -79,6 +79,22 @@ def main():
             evals.append(m.group(1) if p.returncode == 0 and m else p.stdout[-300:] + p.stderr[-300:])
         check(f"evaluation drops nothing: the dropout run's checkpoint evaluates the same with its dropout and "
               f"with none ({evals})", evals[0] == evals[1] and evals[0][:1].isdigit())
+        p = lib.loom("eval", "--load", os.path.join(tmp, "one"), "--valid-data-path", os.path.join(tmp, "train.bin"),
+                     "--eval-iters", "2", "--attention-backend", "unfused")
+        check("... and its attention dropout does not stop an evaluation on the unfused attention (nothing drops)",
+              p.returncode == 0, p.stderr[-300:])
+        # a resume draws the masks from the checkpoint's seed, whatever --seed says now
+        ck, tail = os.path.join(tmp, "resume"), os.path.join(tmp, "resume.jsonl")
+        common = [lib.LOOM, "train", "--data-path", os.path.join(tmp, "train.bin"), "--data-order", "shuffled",
+                  *lib.TINY_MODEL, "--train-iters", str(lib.STEPS), "--lr", "3e-3", "--lr-warmup-iters", "3",
+                  "--clip-grad", "0.5", "--weight-decay", "0.1", "--log-interval", "1", "--eval-iters", "0",
+                  "--threads", "1", "--ddp-bucket-size", "0.01", "--global-batch-size", "8", "--micro-batch-size",
+                  "2", *drop, "--save", ck]
+        lib.run_ranks(1, common + ["--seed", "7", "--exit-interval", "10"], tag="first 10 steps")
+        lib.run_ranks(1, common + ["--seed", "99", "--load", ck, "--metrics", tail], tag="resumed")
+        rest = [r["loss"] for r in lib.metrics_rows(tail)]
+        check("a run stopped at step 10 and resumed with another --seed takes the checkpoint's seed: steps 11-20 "
+              "bit for bit", rest == one[0][10:], f"{rest[:3]} vs {one[0][10:13]}")
         layouts = [
             ("dp2", 2, ["--micro-batch-size", "2"]),
             ("tp2-sp", 2, ["--micro-batch-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]),

@@ -377,6 +377,7 @@ struct loom_config {
     /* what loom train's start-up settled (LOOM_DECIDED_*): --layout auto and
      * --offload auto are its decisions; the engine API refuses them unmade */
     unsigned decided;
+    int evaluating; /* loom eval: nothing trains, so nothing drops (the dropout refusals do not apply) */
     /* checkpoints */
     char load[512], save[512];
     int save_interval, keep_last, finetune;

@@ -155,6 +155,7 @@ struct loom_micro {
      * example's place in the step's global batch, what dropout's masks are keyed by */
     int64_t step;
     int first_row;
+    uint64_t seed; /* the run's (a resume's: the checkpoint's) */
 };
 
 /* A micro-batch of a token model: rows of T tokens; targets NULL computes

@@ -329,6 +329,7 @@ static int setup(struct run *r, struct loom_config *cfg, int training)
     r->cfg = cfg;
     int rc;
     derive_vocab(cfg);
+    cfg->evaluating = !training;
     /* --layout auto: the planner's fastest layout that fits, before the groups are built */
     if (training && cfg->layout_auto && (rc = loom_layout_auto_choose(cfg, &r->layout))) return rc;
     rc = loom_engine_init(&r->engine, cfg);

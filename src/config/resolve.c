@@ -140,6 +140,9 @@ static int resolve_rampup(struct loom_config *cfg, int dp)
     const int G = cfg->global_batch_size, interleaved = cfg->num_layers_per_virtual_pipeline_stage > 0,
               pp = cfg->pipeline_model_parallel_size > 1 ? cfg->pipeline_model_parallel_size : 1;
     const int64_t unit = (int64_t)cfg->micro_batch_size * dp * (interleaved ? pp : 1);
+    if (cfg->train_samples > INT_MAX || cfg->lr_decay_samples > INT_MAX || cfg->lr_warmup_samples > INT_MAX)
+        return loom_error_set(LOOM_ERR_INPUT, "%s: the schedule counts samples below 2^31; %s %lld is more",
+                              name, NAME(train_samples), (long long)cfg->train_samples);
     if (!cfg->train_samples || given(cfg, F(train_iters)))
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s needs a samples-based run: give %s, not %s (Megatron's rule: a rampup "
@@ -344,8 +347,9 @@ static int resolve_attention(struct loom_config *cfg)
         return loom_error_set(LOOM_ERR_INPUT, "%s and %s %s: the flash kernel or the unfused one; choose one",
                               NAME(use_flash_attn), NAME(attention_backend),
                               choice(F(attention_backend), cfg->attention_backend));
-    if (cfg->attention_dropout > 0 && (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
-                                       cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL))
+    if (cfg->attention_dropout > 0 && !cfg->evaluating &&
+        (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
+         cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL))
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s %g runs inside the fused attention kernel; %s %s has no dropout: drop "
                               "one",

@@ -681,6 +681,12 @@ int loom_checkpoint_load(const struct loom_ckpt_parts *p, int64_t *iteration,
                           " and another data order or batch; the data continues from step %" PRId64
                           " in this run's order",
                           st.global_batch_size, st.iteration + 1);
+        else if (st.consumed_samples != loom_rampup_consumed(cfg, st.iteration))
+            loom_log_warn("the checkpoint consumed %" PRId64 " samples in its %" PRId64
+                          " steps, this run's batch rampup makes %" PRId64
+                          ": the data continues from sample %" PRId64,
+                          st.consumed_samples, st.iteration, loom_rampup_consumed(cfg, st.iteration),
+                          loom_rampup_consumed(cfg, st.iteration));
     }
     loom_ckpt_state_free(&st);
     stats->seconds = loom_now() - t0;

@@ -385,6 +385,7 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
                                                 : (int64_t)cfg->lr_warmup_iters * cfg->global_batch_size);
     }
     loom_engine_plan_schedule(e);
+    e->max_slots = e->plan.slots;
     if (m->ops->reserve) m->ops->reserve(m); /* a layout that does not fit fails here, not mid-step */
     return e->app_reports ? LOOM_OK : loom_run_log_open(e);
 }
@@ -458,7 +459,8 @@ static void forward_micro(struct loom_engine *e, struct loom_micro *mb, int micr
                                   .micro = micro,
                                   .micros = A,
                                   .step = e->steps + 1,
-                                  .first_row = loom_engine_micro_batch_rows(e, micro)};
+                                  .first_row = loom_engine_micro_batch_rows(e, micro),
+                                  .seed = (uint64_t)e->cfg->seed};
         e->micro++;
     }
     LOOM_ASSERT(mb->micro == micro && mb->slot == slot);
@@ -777,10 +779,9 @@ static void ramp_begin(struct loom_engine *e)
     cfg->gradient_accumulation_steps = A;
     e->step_batch = G;
     if (A != e->step_micros) { /* the schedule's plan of A micro-batches (no more slots than the setting's) */
-        const int slots = e->plan.slots;
         loom_schedule_plan_free(&e->plan);
         loom_schedule_plan(&e->plan, cfg->pipeline_schedule, e->topo.pp, e->topo.pp_rank, e->shape.chunks, A);
-        LOOM_ASSERT(e->plan.slots <= slots);
+        LOOM_ASSERT(e->plan.slots <= e->max_slots);
         e->step_micros = A;
     }
 }

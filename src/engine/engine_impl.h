@@ -42,6 +42,7 @@ struct loom_engine {
      * its duration, the plan's, the step's batch, and the learning rate's schedule over samples */
     int64_t consumed, consumed_steps;
     int final_micros, step_micros, step_batch;
+    int max_slots; /* the setting's plan's activation slots: what the model and mbs are sized for */
     struct loom_lr_schedule sched_samples;
     char run[LOOM_CKPT_RUN_LEN + 1]; /* this run's identifier in its checkpoints (io/checkpoint.h) */
     int micro;                       /* micro-batches of the current step so far (forward) */

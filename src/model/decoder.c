@@ -905,12 +905,11 @@ void loom_decoder_set_fp8(struct loom_decoder *m, const struct loom_fp8_recipe *
     m->base.fp8 = loom_fp8_create(r, &m->base, w, n);
 }
 
-void loom_decoder_set_dropout(struct loom_decoder *m, double hidden, double attention, double embedding,
-                              uint64_t seed)
+void loom_decoder_set_dropout(struct loom_decoder *m, double hidden, double attention, double embedding)
 {
     LOOM_ASSERT(m->slots == NULL && hidden >= 0 && hidden < 1 && attention >= 0 && attention < 1 &&
                 embedding >= 0 && embedding < 1 && (attention == 0 || !m->unfused));
-    m->drop_hidden = hidden, m->drop_attn = attention, m->drop_emb = embedding, m->drop_seed = seed;
+    m->drop_hidden = hidden, m->drop_attn = attention, m->drop_emb = embedding;
 }
 
 /* ---- dropout ------------------------------------------------------------------- */
@@ -936,12 +935,11 @@ static void drop_rows_set(struct loom_decoder *m, const struct loom_decoder_acts
 
 /* The mask of a site of layer l (-1: the embedding) with p, into *d, or
  * NULL where nothing is dropped (p 0, or not a training step). */
-static const struct loom_dropout *drop_site(const struct loom_decoder_acts *a, const struct loom_decoder *m,
-                                            double p, int l, enum loom_dropout_site site,
-                                            struct loom_dropout *d)
+static const struct loom_dropout *drop_site(const struct loom_decoder_acts *a, double p, int l,
+                                            enum loom_dropout_site site, struct loom_dropout *d)
 {
     if (p <= 0 || a->drop_step <= 0) return NULL;
-    *d = loom_dropout_of(p, m->drop_seed, a->drop_step, l, site);
+    *d = loom_dropout_of(p, a->drop_seed, a->drop_step, l, site);
     return d;
 }
 
@@ -951,7 +949,7 @@ static void drop_rows(struct loom_decoder *m, const struct loom_decoder_acts *a,
                       enum loom_dropout_site site)
 {
     struct loom_dropout d;
-    if (!drop_site(a, m, p, l, site, &d)) return;
+    if (!drop_site(a, p, l, site, &d)) return;
     const int C = m->spec.hidden, Nr = loom_tp_rows_held(&m->rg, a->rows * m->T);
     m->k->dropout_rows(x, (size_t)C, m->drop_rows, Nr, C, &d);
 }
@@ -971,7 +969,7 @@ static const float *drop_grad(struct loom_decoder *m, const struct loom_decoder_
 /* Attention's probabilities' mask for layer l's kernel calls (NULL: none). */
 static void drop_attention(struct loom_decoder *m, const struct loom_decoder_acts *a, int l)
 {
-    m->attn_drop = drop_site(a, m, m->drop_attn, l, LOOM_DROPOUT_ATTENTION, &m->attn_drop_site);
+    m->attn_drop = drop_site(a, m->drop_attn, l, LOOM_DROPOUT_ATTENTION, &m->attn_drop_site);
 }
 
 /* ---- the loom_model interface ------------------------------------------------ */
@@ -1757,7 +1755,7 @@ static void forward(struct loom_model *model, int first, int last, struct loom_m
     }
     a->rows = B;
     a->emb_open = 0;
-    a->drop_step = mb->step, a->drop_first = mb->first_row;
+    a->drop_step = mb->step, a->drop_first = mb->first_row, a->drop_seed = mb->seed;
     drop_rows_set(m, a);
     a->positions = a->doc_start = NULL;
     if (documents(m) || m->ctx.cp > 1) {

@@ -232,6 +232,7 @@ struct loom_decoder_acts {
      * place in the step's global batch (loom/model.h's loom_micro) */
     int64_t drop_step;
     int drop_first;
+    uint64_t drop_seed;
     int emb_open;        /* the head's backward announced the embedding's gradients */
     float **chunk_input; /* (L) the input of a pipeline model chunk that starts at layer l > 0, else NULL */
 };
@@ -334,11 +335,10 @@ struct loom_decoder {
     int32_t *moe_idx_host, *moe_pos_host;
     float *moe_sums_host, *moe_lse_host;
     /* dropout while training (kernels/dropout_mask.h): p of the attention and MLP outputs, attention's
-     * probabilities and the embedding's output (0: none), the run's seed; the rows this rank holds as
-     * global ids ((sequence of the step) Tw + position, for the running forward's or backward's slot:
-     * host and device), a residual gradient's masked copy (Nr,C), and the attention call's mask */
+     * probabilities and the embedding's output (0: none; the seed is each micro-batch's); the rows this rank
+     * holds as global ids ((sequence of the step) Tw + position, for the running forward's or backward's
+     * slot: host and device), a residual gradient's masked copy (Nr,C), and the attention call's mask */
     double drop_hidden, drop_attn, drop_emb;
-    uint64_t drop_seed;
     int64_t *drop_rows_host, *drop_rows;
     float *drop_grad;
     const struct loom_dropout *attn_drop;
@@ -407,9 +407,8 @@ void loom_decoder_set_act_dtype(struct loom_decoder *m, enum loom_dtype dt);
 /* Dropout while training (a micro-batch with a step, loom/model.h): p on
  * the attention and MLP outputs before their residual adds (hidden), on
  * attention's probabilities and on the embedding's output, masks drawn
- * from seed (kernels/dropout_mask.h). */
-void loom_decoder_set_dropout(struct loom_decoder *m, double hidden, double attention, double embedding,
-                              uint64_t seed);
+ * from the micro-batch's seed and step (kernels/dropout_mask.h). */
+void loom_decoder_set_dropout(struct loom_decoder *m, double hidden, double attention, double embedding);
 
 /* Forward of every block on B rows in slot 0 (mean loss, or 0 without
  * targets), its backward, and the logits (B, T, Vl) as float32. */

@@ -64,8 +64,7 @@ struct loom_model *loom_decoder_build(const struct loom_config *cfg, const struc
         struct loom_fp8_recipe r;
         if (loom_fp8_recipe_of(cfg, &r)) loom_decoder_set_fp8(m, &r);
         loom_decoder_set_dropout(m, cfg->hidden_dropout, cfg->attention_dropout,
-                                 cfg->embedding_dropout < 0 ? cfg->hidden_dropout : cfg->embedding_dropout,
-                                 (uint64_t)cfg->seed);
+                                 cfg->embedding_dropout < 0 ? cfg->hidden_dropout : cfg->embedding_dropout);
     }
     return &m->base;
 }

@@ -480,18 +480,18 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
     z->part = loom_zero_partition(stage, dp, dp_rank, m);
     z->index = m->stack.n;
     z->param_map.fd = z->grad_map.fd = z->acc_map.fd = -1;
+    const size_t shard = z->part.shard;
+    if (shard > 0x7fffffff && (stage >= 2 || dp > 1)) /* a collective's count is an int (stage 1: DDP's) */
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "--zero-stage %d: a rank's shard of %zu elements exceeds 2^31 - 1; use more "
+                              "data-parallel ranks or pipeline stages",
+                              stage, shard);
     if (stage == 1) {
         z->scattered = dp > 1; /* DDP reduce-scatters (loom_zero1_scatters), unless experts_apart says */
         loom_model_push_strategy(m, &zero1_strategy, z);
         return LOOM_OK;
     }
-    const size_t shard = z->part.shard;
     LOOM_ASSERT(m->grads.data == NULL);
-    if (shard > 0x7fffffff) /* a collective's count is an int */
-        return loom_error_set(LOOM_ERR_INPUT,
-                              "--zero-stage %d: a rank's shard of %zu elements exceeds 2^31 - 1; use more "
-                              "data-parallel ranks or pipeline stages",
-                              stage, shard);
     int rc = shard_alloc(z, &z->grad_shard, &z->grad_map, shard, m->dtype, LOOM_MEM_GRADS, offload_dir,
                          "gradient shard");
     if (rc == LOOM_OK && accumulate_f32) {
