@@ -1167,9 +1167,16 @@ static void compare_step(struct loom_engine *e, const struct snapshot *ref, int 
     if (sharded_params)
         expect_zero("parameter shard padding", (const char *)z->param_shard.data + n * es,
                     (p.shard - n) * es);
-    snprintf(what, sizeof what, "step %d: %s", step + 1, sharded_grads ? "gradient shard" : "gradients");
+    /* ZeRO-1's reduce-scatter sums each rank's shard of the arena only */
+    const int scattered = z && z->stage == 1 && z->scattered;
+    snprintf(what, sizeof what, "step %d: %s", step + 1,
+             sharded_grads ? "gradient shard"
+             : scattered   ? "gradients of the shard"
+                           : "gradients");
     errs[1] = sharded_grads ? compare(what, loom_zero_grads(z).data, (const char *)ref->grads + p.begin * es,
                                       n, dt, tol, floor_frac)
+              : scattered   ? compare(what, (const char *)m->grads.data + p.begin * es,
+                                      (const char *)ref->grads + p.begin * es, n, dt, tol, floor_frac)
                             : compare(what, m->grads.data, ref->grads, N, dt, tol, floor_frac);
     if (sharded_grads)
         expect_zero("gradient shard padding", (const char *)z->grad_shard.data + n * es, (p.shard - n) * es);
