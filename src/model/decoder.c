@@ -654,6 +654,12 @@ static size_t max3(size_t a, size_t b, size_t c)
     return ab > c ? ab : c;
 }
 
+/* Whether any dropout site is on (loom_decoder_set_dropout). */
+static int drops(const struct loom_decoder *m)
+{
+    return m->drop_hidden > 0 || m->drop_attn > 0 || m->drop_emb > 0;
+}
+
 /* The shared scratch. The MLP's buffers also stage, with 16-bit
  * activations, the attention's output (N, Cq) in the forward and its kept
  * qkv (N, 3 Cq) in the backward. */
@@ -671,7 +677,7 @@ static void alloc_activations(struct loom_decoder *m)
         m->moe_rows_ep = m->moe_rows * m->ep.ep;
     }
     m->host_losses = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
-    if (m->drop_hidden > 0 || m->drop_attn > 0 || m->drop_emb > 0) {
+    if (drops(m)) {
         m->drop_rows_host = loom_alloc(loom_mul_size(Nr, sizeof(int64_t)), LOOM_MEM_OTHER);
         m->drop_rows = (int64_t *)act(m, 2 * Nr);
         if (m->drop_hidden > 0) m->drop_grad = act(m, Nr * C);
@@ -913,11 +919,6 @@ void loom_decoder_set_dropout(struct loom_decoder *m, double hidden, double atte
 }
 
 /* ---- dropout ------------------------------------------------------------------- */
-
-static int drops(const struct loom_decoder *m)
-{
-    return m->drop_hidden > 0 || m->drop_attn > 0 || m->drop_emb > 0;
-}
 
 /* The rows this rank holds of slot a's micro-batch as global ids, (sequence
  * of the step) Tw + position, uploaded for the running forward or backward. */
