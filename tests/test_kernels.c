@@ -471,12 +471,145 @@ static void test_linear(const struct loom_kernels *t, const char *table, int N, 
 
 /* The linear layer's sizes: odd ones, and one whose bias passes take the
  * parallel path (N * OC >= 32768). */
+/* ---- grouped products ---------------------------------------------------------- */
+
+/* Table t's one product of group g's shape on n rows, as the grouped
+ * product promises to take it: linear's for [out, in], matmul's (its b16
+ * form where the table has one and w16 is given) for [in, out]. */
+static void single_forward(const struct loom_kernels *t, int out_in, float *out, const float *x,
+                           const float *w, const uint16_t *w16, const float *bias, int n, int C, int OC)
+{
+    if (out_in)
+        t->linear_forward(out, x, NULL, w, w16, bias, n, C, OC);
+    else if (w16 && t->matmul_forward_b16)
+        t->matmul_forward_b16(out, x, NULL, w, w16, bias, n, C, OC);
+    else
+        t->matmul_forward(out, x, w, bias, n, C, OC);
+}
+static void single_backward(const struct loom_kernels *t, int out_in, float *dx, float *dw, float *db,
+                            const float *dy, const float *x, const float *w, const uint16_t *w16, int n,
+                            int C, int OC)
+{
+    if (out_in)
+        t->linear_backward(dx, dw, db, dy, x, NULL, w, w16, n, C, OC);
+    else if (w16 && t->matmul_backward_b16)
+        t->matmul_backward_b16(dx, dw, db, dy, x, NULL, w, w16, n, C, OC);
+    else
+        t->matmul_backward(dx, dw, db, dy, x, w, n, C, OC);
+}
+
+/* Table t's grouped product over G groups of rows[g] rows (empty groups
+ * and one group without a bias among them), weights in either
+ * orientation, with and without their bf16 copies, on bf16-valued
+ * operands (as test_linear, so every table computes on the same numbers):
+ *   - against the reference table's loops (double sums rounded once):
+ *     outputs within sum_tol(C + 1), input gradients sum_tol(OC), the
+ *     weights' and biases' gradients onto their prior contents
+ *     sum_tol(rows + 1);
+ *   - bit for bit each group's one product of the same table on its rows
+ *     (single_forward, single_backward), with dinp NULL the same weight
+ *     and bias gradients; dinp is written (NaN before). */
+static void test_grouped(const struct loom_kernels *t, const char *table, int G, const int *rows, int C,
+                         int OC)
+{
+    const struct loom_kernels *ref = loom_kernels_ref();
+    char name[160];
+    int R = 0, most = 0;
+    for (int g = 0; g < G; g++) R += rows[g], most = rows[g] > most ? rows[g] : most;
+    const size_t nx = (size_t)R * C, ny = (size_t)R * OC, nw = (size_t)C * OC;
+    float *x = new_rand(nx, 1.0f), *dy = new_rand(ny, 1.0f);
+    loom_dtype_round_trip(x, nx, LOOM_DTYPE_BF16);
+    loom_dtype_round_trip(dy, ny, LOOM_DTYPE_BF16);
+    float *w[8], *bias[8], *dw0[8], *db0[8], *dw[8], *db[8], *dw_ref[8], *db_ref[8], *dw_one[8], *db_one[8];
+    uint16_t *w16[8];
+    for (int g = 0; g < G; g++) {
+        w[g] = new_rand(nw, 1.0f);
+        w16[g] = malloc(nw * sizeof(uint16_t));
+        loom_lp_round_store(w16[g], w[g], nw, LOOM_DTYPE_BF16);
+        bias[g] = g == 1 ? NULL : new_rand(OC, 1.0f);
+        dw0[g] = new_rand(nw, 1.0f), db0[g] = new_rand(OC, 1.0f);
+        dw[g] = malloc(nw * sizeof(float)), db[g] = malloc(OC * sizeof(float));
+        dw_ref[g] = malloc(nw * sizeof(float)), db_ref[g] = malloc(OC * sizeof(float));
+        dw_one[g] = malloc(nw * sizeof(float)), db_one[g] = malloc(OC * sizeof(float));
+    }
+    float *dbp[8], *dbp_ref[8], *dbp_one[8]; /* the bias gradients, NULL where there is no bias */
+    for (int g = 0; g < G; g++)
+        dbp[g] = bias[g] ? db[g] : NULL, dbp_ref[g] = bias[g] ? db_ref[g] : NULL,
+        dbp_one[g] = bias[g] ? db_one[g] : NULL;
+    float *out = new_const(ny, NAN), *want = new_const(ny, NAN), *one = new_const(ny, NAN);
+    float *dx = new_const(nx, NAN), *dx_ref = new_const(nx, NAN), *dx_one = new_const(nx, NAN);
+    for (int out_in = 0; out_in <= 1; out_in++)
+        for (int with16 = 0; with16 <= 1; with16++) {
+            struct loom_grouped gr = {.G = G,
+                                      .rows = rows,
+                                      .out_in = out_in,
+                                      .w = (const float *const *)w,
+                                      .w16 = with16 ? (const uint16_t *const *)w16 : NULL,
+                                      .bias = (const float *const *)bias,
+                                      .dw = dw,
+                                      .dbias = dbp};
+            struct loom_grouped gref = gr;
+            gref.dw = dw_ref, gref.dbias = dbp_ref;
+            snprintf(name, sizeof name, "%s grouped (G=%d R=%d C=%d OC=%d, %s, bf16 copies %s)", table, G, R,
+                     C, OC, out_in ? "[out, in]" : "[in, out]", with16 ? "given" : "none");
+            printf("%s\n", name);
+            t->grouped_forward(out, x, &gr, C, OC);
+            ref->grouped_forward(want, x, &gref, C, OC);
+            check_scaled(name, out, want, ny, sum_tol(C + 1));
+            for (int g = 0, o = 0; g < G; o += rows[g++])
+                if (rows[g])
+                    single_forward(t, out_in, one + (size_t)o * OC, x + (size_t)o * C, w[g],
+                                   with16 ? w16[g] : NULL, bias[g], rows[g], C, OC);
+            CHECK(memcmp(out, one, ny * sizeof(float)) == 0);
+
+            for (int g = 0; g < G; g++) {
+                memcpy(dw[g], dw0[g], nw * sizeof(float)), memcpy(dw_ref[g], dw0[g], nw * sizeof(float));
+                memcpy(dw_one[g], dw0[g], nw * sizeof(float));
+                memcpy(db[g], db0[g], OC * sizeof(float)), memcpy(db_ref[g], db0[g], OC * sizeof(float));
+                memcpy(db_one[g], db0[g], OC * sizeof(float));
+            }
+            for (size_t i = 0; i < nx; i++) dx[i] = NAN;
+            t->grouped_backward(dx, dy, x, &gr, C, OC);
+            ref->grouped_backward(dx_ref, dy, x, &gref, C, OC);
+            check_scaled(name, dx, dx_ref, nx, sum_tol(OC));
+            for (int g = 0, o = 0; g < G; o += rows[g++]) {
+                check_scaled(name, dw[g], dw_ref[g], nw, sum_tol(most + 1));
+                if (bias[g]) check_scaled(name, db[g], db_ref[g], OC, sum_tol(most + 1));
+                if (rows[g])
+                    single_backward(t, out_in, dx_one + (size_t)o * C, dw_one[g], bias[g] ? db_one[g] : NULL,
+                                    dy + (size_t)o * OC, x + (size_t)o * C, w[g], with16 ? w16[g] : NULL,
+                                    rows[g], C, OC);
+                CHECK(memcmp(dw[g], dw_one[g], nw * sizeof(float)) == 0 &&
+                      memcmp(db[g], db_one[g], OC * sizeof(float)) == 0);
+            }
+            CHECK(memcmp(dx, dx_one, nx * sizeof(float)) == 0);
+            for (int g = 0; g < G; g++) { /* without dinp: the same weight and bias gradients */
+                memcpy(dw_one[g], dw0[g], nw * sizeof(float));
+                memcpy(db_one[g], db0[g], OC * sizeof(float));
+            }
+            gr.dw = dw_one, gr.dbias = dbp_one;
+            t->grouped_backward(NULL, dy, x, &gr, C, OC);
+            for (int g = 0; g < G; g++)
+                CHECK(memcmp(dw[g], dw_one[g], nw * sizeof(float)) == 0 &&
+                      memcmp(db[g], db_one[g], OC * sizeof(float)) == 0);
+        }
+    for (int g = 0; g < G; g++) {
+        free(w[g]), free(w16[g]), free(bias[g]), free(dw0[g]), free(db0[g]), free(dw[g]), free(db[g]);
+        free(dw_ref[g]), free(db_ref[g]), free(dw_one[g]), free(db_one[g]);
+    }
+    free(x), free(dy), free(out), free(want), free(one), free(dx), free(dx_ref), free(dx_one);
+}
+
 static void test_linear_sizes(const struct loom_kernels *t, const char *table)
 {
     printf("linear, %s table\n", table);
     test_linear(t, table, 7, 12, 5);
     test_linear(t, table, 33, 48, 20);
     test_linear(t, table, 128, 40, 300);
+    static const int rows_small[] = {3, 0, 17, 1, 9}, rows_large[] = {70, 130, 0, 33};
+    if (t == loom_kernels_ref()) return; /* the grouped products' reference is what the others are held to */
+    test_grouped(t, table, 5, rows_small, 12, 20);
+    test_grouped(t, table, 4, rows_large, 48, 130);
 }
 
 /* The bf16 table (kernels_for(BF16)): the units are chosen once per
@@ -1891,6 +2024,8 @@ static void check_complete(const char *name, const struct loom_kernels *k)
         k->lm_head_backward_lp != NULL,
         k->linear_forward != NULL,
         k->linear_backward != NULL,
+        k->grouped_forward != NULL,
+        k->grouped_backward != NULL,
         k->attention_forward != NULL,
         k->attention_backward != NULL,
         k->sparse_attention_forward != NULL,

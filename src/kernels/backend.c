@@ -26,6 +26,8 @@ const struct loom_kernels *loom_kernels_ref(void)
         ref.lm_head_backward_lp = loom_lm_head_backward_lp_ref;
         ref.linear_forward = loom_linear_forward_ref;
         ref.linear_backward = loom_linear_backward_ref;
+        ref.grouped_forward = loom_grouped_forward_ref;
+        ref.grouped_backward = loom_grouped_backward_ref;
         ref.attention_forward = loom_attention_forward_ref;
         ref.attention_backward = loom_attention_backward_ref;
         ref.flash_attention_forward = loom_flash_attention_forward_ref;

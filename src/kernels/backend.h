@@ -33,6 +33,7 @@
 
 struct loom_dropout;       /* kernels/kernels.h */
 struct loom_flash_attn;    /* kernels/kernels.h */
+struct loom_grouped;       /* kernels/kernels.h */
 struct loom_sparse_layout; /* kernels/sparse_layout.h */
 struct loom_sumsq_exact;   /* base/sumsq_exact.h */
 
@@ -109,6 +110,15 @@ struct loom_kernels {
     void (*linear_backward)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N,
                             int C, int OC);
+
+    /* ---- grouped products: G products of one shape, each on its block of
+     * rows (struct loom_grouped, kernels.h; a mixture of experts' experts):
+     * out (R,OC) written; dinp (R,C) written, the weights' and biases'
+     * gradients accumulate, each skipped when NULL. Each group is this
+     * table's matmul or linear product on its rows, bit for bit */
+    void (*grouped_forward)(float *out, const float *inp, const struct loom_grouped *g, int C, int OC);
+    void (*grouped_backward)(float *dinp, const float *dout, const float *inp, const struct loom_grouped *g,
+                             int C, int OC);
 
     /* ---- causal attention: qkv (B,T,3C) -> out (B,T,C); saves att (B,NH,T,T) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
@@ -311,7 +321,7 @@ const struct loom_backend *loom_backend_cpu(void);
  * its buffers directly exits 1 naming the address. */
 const struct loom_backend *loom_backend_guarded(void);
 /* The reference kernels: the `_ref` loops for matmul, the LM head, the
- * linear layer, attention and the non-finite check; every other member is
+ * linear layer, the grouped products, attention and the non-finite check; every other member is
  * the CPU kernel, which is its own reference (tests/test_kernels.c checks
  * those against double formulas and finite differences instead; the sparse
  * attention's `_ref` keeps a dense att, so tests/test_sparse_attention.c

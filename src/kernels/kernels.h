@@ -395,6 +395,39 @@ void loom_moe_unpermute_forward(float *out, const float *y, const float *probs, 
 void loom_moe_unpermute_backward(float *dy, float *dprobs, const float *dout, const float *y,
                                  const float *probs, const int32_t *pos, int N, int k, int C);
 
+/* ---- grouped products (cpu/grouped.c) -------------------------------------
+ * A mixture of experts' local experts in one call: G products of one shape,
+ * group g's weight on its rows[g] consecutive rows, groups in order (rows
+ * [o_g, o_g + rows[g]), o_g the rows before it). w[g] is stored [out, in]
+ * (out_in 1, nn.Linear's) or [in, out] (0, Conv1D's); w16[g], where the
+ * array is given, its bf16 copy, taken in its place as the linear layer's
+ * 16-bit operands are; bias[g] may be NULL, as may the arrays. Forward:
+ * out (R, OC) = each block of inp (R, C) times its weight, plus its bias.
+ * Backward: dinp (R, C) written (skipped when NULL), dw[g] and dbias[g]
+ * accumulate (skipped when NULL). Each group is the table's one product on
+ * its rows, bit for bit: the float32 kernels here are matmul's and
+ * linear's, the _bf16 ones the bf16 units' (the b16 products where w16 is
+ * given). */
+struct loom_grouped {
+    int G;
+    const int *rows;
+    int out_in;
+    const float *const *w;
+    const uint16_t *const *w16;
+    const float *const *bias;
+    float *const *dw;
+    float *const *dbias;
+};
+void loom_grouped_forward(float *out, const float *inp, const struct loom_grouped *g, int C, int OC);
+void loom_grouped_backward(float *dinp, const float *dout, const float *inp, const struct loom_grouped *g,
+                           int C, int OC);
+void loom_grouped_forward_bf16(float *out, const float *inp, const struct loom_grouped *g, int C, int OC);
+void loom_grouped_backward_bf16(float *dinp, const float *dout, const float *inp,
+                                const struct loom_grouped *g, int C, int OC);
+void loom_grouped_forward_ref(float *out, const float *inp, const struct loom_grouped *g, int C, int OC);
+void loom_grouped_backward_ref(float *dinp, const float *dout, const float *inp, const struct loom_grouped *g,
+                               int C, int OC);
+
 /* ---- residual ------------------------------------------------------------ */
 void loom_residual_forward(float *out, const float *a, const float *b, size_t n);
 /* da and db accumulate dout. */

@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include "base/log.h"
 #include "kernels/backend.h"
 #include "kernels/kernels.h"
 #include "layers/fp8_linear.h"
@@ -182,4 +183,49 @@ void loom_linear_row_backward(const struct loom_linear_ctx *c, const struct loom
         return;
     }
     product_backward(c, l, dinp, dout, inp, x16, N, l->in, l->out);
+}
+
+/* The G products' operands for the table's grouped product: the bf16
+ * copies where this path's products take them (product_forward's rule). */
+struct grouped_operands {
+    const float *w[LOOM_MOE_MAX_EXPERTS], *bias[LOOM_MOE_MAX_EXPERTS];
+    const uint16_t *w16[LOOM_MOE_MAX_EXPERTS];
+    float *dw[LOOM_MOE_MAX_EXPERTS], *dbias[LOOM_MOE_MAX_EXPERTS];
+};
+
+static struct loom_grouped grouped_of(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
+                                      const int *rows, struct grouped_operands *o, int with_bias, int grads)
+{
+    LOOM_ASSERT(G <= LOOM_MOE_MAX_EXPERTS && !c->model->fp8 && !c->exact->pieces);
+    for (int e = 0; e < G; e++) {
+        o->w[e] = loom_param(lin[e].b, lin[e].w);
+        o->w16[e] = loom_linear_param16(lin[e].b, lin[e].w);
+        o->bias[e] = with_bias ? bias_of(&lin[e]) : NULL;
+        o->dw[e] = grads ? loom_grad(lin[e].b, lin[e].w) : NULL;
+        o->dbias[e] = grads ? dbias_of(&lin[e]) : NULL;
+    }
+    return (struct loom_grouped){.G = G,
+                                 .rows = rows,
+                                 .out_in = c->orientation == LOOM_WEIGHTS_OUT_IN,
+                                 .w = o->w,
+                                 .w16 = c->b16 ? o->w16 : NULL,
+                                 .bias = o->bias,
+                                 .dw = o->dw,
+                                 .dbias = o->dbias};
+}
+
+void loom_linear_grouped_forward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
+                                 const int *rows, float *out, const float *inp, int with_bias)
+{
+    struct grouped_operands o; /* 40 KB of pointers at most, on the caller's stack */
+    const struct loom_grouped g = grouped_of(c, lin, G, rows, &o, with_bias, 0);
+    c->k->grouped_forward(out, inp, &g, lin[0].in, lin[0].out);
+}
+
+void loom_linear_grouped_backward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
+                                  const int *rows, float *dinp, const float *dout, const float *inp)
+{
+    struct grouped_operands o;
+    const struct loom_grouped g = grouped_of(c, lin, G, rows, &o, 1, 1);
+    c->k->grouped_backward(dinp, dout, inp, &g, lin[0].in, lin[0].out);
 }

@@ -90,4 +90,17 @@ float *loom_linear_row_forward(const struct loom_linear_ctx *c, const struct loo
 void loom_linear_row_backward(const struct loom_linear_ctx *c, const struct loom_linear *l, float *dinp,
                               const float *dout, const float *inp, const uint16_t *x16, int N);
 
+/* Grouped products (a mixture of experts' local experts, decoder_moe.c):
+ * lin[g], G products of one shape, each on its rows[g] consecutive rows of
+ * inp, in one call of the table's grouped product (struct loom_grouped,
+ * kernels/kernels.h), on this rank's rows alone (no region's exchange); on
+ * the float32 or bf16-operand path, as one product here would be (fp8 and
+ * the exact pieces do not take them). with_bias 0 leaves the biases out
+ * (a row-parallel product's, which tp rank 0 alone adds). */
+void loom_linear_grouped_forward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
+                                 const int *rows, float *out, const float *inp, int with_bias);
+/* Its backward: dinp (the rows, in) written, skipped when NULL; the
+ * weights' and biases' gradients accumulate. */
+void loom_linear_grouped_backward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
+                                  const int *rows, float *dinp, const float *dout, const float *inp);
 #endif

@@ -718,15 +718,9 @@ static void alloc_activations(struct loom_decoder *m)
         m->norm_parts = act(m, (m->exact.pieces ? 8 : 4) * C);
     }
     m->dbufC = act(m, N * CC);
-    /* the linear layers' scratch (m->lc) holds a product's input gradient:
-     * N rows, or the most one expert computes (each rank's rows up to the
-     * larger of N and a padded capacity, from each expert-parallel rank) */
-    size_t Nx = N;
-    if (m->spec.experts) {
-        const size_t cap = m->spec.pad_to_capacity ? (size_t)loom_decoder_moe_capacity(&m->spec, (int)N) : 0;
-        Nx = (cap > N ? cap : N) * (size_t)m->ep.ep;
-    }
-    if (separate || gated) m->dbufC2 = act(m, Nx * CC);
+    /* the linear layers' scratch (m->lc) holds a product's input gradient
+     * of N rows (the experts' grouped products have their own, moe_dxs) */
+    if (separate || gated) m->dbufC2 = act(m, N * CC);
     m->dqkv = act(m, N * 3 * Cq);
     if (m->unfused) m->datt = act(m, lp(m) ? att_numel_of(m, 1) : att_numel(m));
     if (separate) {
@@ -758,6 +752,7 @@ static void alloc_activations(struct loom_decoder *m)
             m->moe_lpos_host = m->moe_gpos_host + P * Nk;
         }
         for (int i = 0; i < 3; i++) m->moe_dF[i] = act(m, FF);
+        if (gated) m->moe_dxs = act(m, Rx * C);
         m->moe_dprobs = act(m, Nk);
         m->moe_dlogits = act(m, N * E);
         m->moe_out = act(m, N * C);
@@ -816,7 +811,7 @@ static void free_activations(struct loom_decoder *m)
                      m->moe_dprobs,   m->moe_dlogits, m->moe_out,     m->moe_sums,
                      m->moe_aux_grad, m->moe_y,       m->moe_ep[0],   m->moe_ep[1],
                      m->moe_gx,       m->moe_gout,    m->moe_gdp,     (float *)m->drop_rows,
-                     m->drop_grad};
+                     m->drop_grad,    m->moe_dxs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
                     m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};

@@ -325,6 +325,7 @@ struct loom_decoder {
     struct loom_ep ep;
     int moe_rows_ep;
     float *moe_ep[2];
+    float *moe_dxs; /* (moe_rows_ep, C) gated experts: the up products' input gradient, then added */
     /* the allgather dispatcher's: every rank's rows (ep x N, C), the
      * outputs' or inputs' gradients' partial sums for them, the routing
      * weights' gradients (ep x N k); on the host every rank's counts

@@ -238,36 +238,72 @@ static void mlp_backward(struct loom_decoder *m, const struct loom_linear_group 
     round_act(m, dinp, (size_t)n * down->out);
 }
 
+/* The local experts' products, G = ep.local of each: their input
+ * products (gate and up, or up alone: how many, returned) and their down. */
+static int expert_products(const struct loom_decoder *m, struct loom_block *b,
+                           struct loom_linear (*in)[LOOM_MOE_MAX_EXPERTS], struct loom_linear *down)
+{
+    int nin = 0;
+    for (int e = 0; e < m->ep.local; e++) {
+        const struct loom_linear_group g = expert_in(m, b, e, m->Fe);
+        for (int s = 0; s < g.n; s++) in[s][e] = g.lin[s];
+        nin = g.n;
+        down[e] = expert_down(m, b, e, m->Fe);
+    }
+    return nin;
+}
+
+static size_t rows_sum(const struct loom_decoder *m, const int *n)
+{
+    size_t R = 0;
+    for (int e = 0; e < m->ep.local; e++) R += (size_t)n[e];
+    return R;
+}
+
 /* The local experts' MLPs on their rows of in (expert-major, n rows each),
- * into y; their state in x (fc, up, h). */
+ * into y; their state in x (fc, up, h). Each product is one grouped call
+ * over the experts (layers/linear.h), the activation one call over every
+ * row. */
 static void experts_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                             const float *in, float *y, const int *n)
 {
-    const int C = m->spec.hidden, F = m->Fe;
-    for (int e = 0, o = 0; e < m->ep.local; o += n[e++]) {
-        if (!n[e]) continue;
-        const struct loom_linear_group g = expert_in(m, b, e, F);
-        const struct loom_linear down = expert_down(m, b, e, F);
-        mlp_forward(m, &g, &down, in + (size_t)o * C, (float *)x->fc + (size_t)o * F,
-                    x->up ? (float *)x->up + (size_t)o * F : NULL, (float *)x->h + (size_t)o * F,
-                    y + (size_t)o * C, n[e]);
+    struct loom_linear ins[2][LOOM_MOE_MAX_EXPERTS], down[LOOM_MOE_MAX_EXPERTS];
+    const int G = m->ep.local, nin = expert_products(m, b, ins, down);
+    const size_t R = rows_sum(m, n), RF = R * (size_t)m->Fe;
+    float *fc = x->fc, *up = x->up, *h = x->h;
+    float *const outs[2] = {fc, up};
+    for (int s = 0; s < nin; s++) {
+        loom_linear_grouped_forward(&m->lc_moe, ins[s], G, n, outs[s], in, 1);
+        round_act(m, outs[s], RF);
     }
+    loom_decoder_mlp_act_forward(m, h, fc, up, RF);
+    round_act(m, h, RF);
+    loom_linear_grouped_forward(&m->lc_moe, down, G, n, y, h,
+                                m->tp_rank == 0); /* a row-parallel bias: once */
+    round_act(m, y, R * (size_t)m->spec.hidden);
 }
 
-/* Their backward from dy, the input rows' gradient into dx. */
+/* Their backward from dy, the input rows' gradient into dx: the input
+ * products' gradients summed in order (the gate's, then the up's, as one
+ * column product's are). */
 static void experts_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                              const float *in, const float *dy, float *dx, const int *n)
 {
-    const int C = m->spec.hidden, F = m->Fe;
-    for (int e = 0, o = 0; e < m->ep.local; o += n[e++]) {
-        if (!n[e]) continue;
-        const struct loom_linear_group g = expert_in(m, b, e, F);
-        const struct loom_linear down = expert_down(m, b, e, F);
-        const size_t oF = (size_t)o * F;
-        mlp_backward(m, &g, &down, in + (size_t)o * C, (float *)x->fc + oF,
-                     x->up ? (float *)x->up + oF : NULL, (float *)x->h + oF, dy + (size_t)o * C,
-                     dx + (size_t)o * C, m->moe_dF, n[e]);
+    struct loom_linear ins[2][LOOM_MOE_MAX_EXPERTS], down[LOOM_MOE_MAX_EXPERTS];
+    const int G = m->ep.local, nin = expert_products(m, b, ins, down);
+    const size_t R = rows_sum(m, n), RF = R * (size_t)m->Fe, RC = R * (size_t)m->spec.hidden;
+    float *const *dF = m->moe_dF;
+    loom_linear_grouped_backward(&m->lc_moe, down, G, n, dF[0], dy, x->h);
+    round_act(m, dF[0], RF);
+    act_backward(m, dF[1], dF[2], dF[0], x->fc, x->up, RF);
+    round_act(m, dF[1], RF);
+    if (x->up) round_act(m, dF[2], RF);
+    loom_linear_grouped_backward(&m->lc_moe, ins[0], G, n, dx, dF[1], in);
+    if (nin > 1) {
+        loom_linear_grouped_backward(&m->lc_moe, ins[1], G, n, m->moe_dxs, dF[2], in);
+        m->k->accumulate(dx, m->moe_dxs, RC);
     }
+    round_act(m, dx, RC);
 }
 
 /* The allgather dispatcher (layers/experts.h): every rank's rows, choices

@@ -29,6 +29,8 @@ static const struct loom_kernels cpu_kernels = {
     .lm_head_lp_scratch = loom_lm_head_lp_scratch,
     .linear_forward = loom_linear_forward,
     .linear_backward = loom_linear_backward,
+    .grouped_forward = loom_grouped_forward,
+    .grouped_backward = loom_grouped_backward,
     .attention_forward = loom_attention_forward,
     .attention_backward = loom_attention_backward,
     .sparse_attention_forward = loom_sparse_attention_forward,
@@ -112,6 +114,8 @@ static const struct loom_kernels *cpu_kernels_for(enum loom_dtype compute)
         bf16.matmul_backward_b16 = loom_matmul_backward_b16;
         bf16.linear_forward = loom_linear_forward_bf16;
         bf16.linear_backward = loom_linear_backward_bf16;
+        bf16.grouped_forward = loom_grouped_forward_bf16;
+        bf16.grouped_backward = loom_grouped_backward_bf16;
         bf16.flash_attention_forward = loom_flash_attention_forward_bf16;
         bf16.flash_attention_backward = loom_flash_attention_backward_bf16;
     }

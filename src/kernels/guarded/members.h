@@ -79,6 +79,11 @@
            (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,                  \
             const uint16_t *inp16, const float *weight, const uint16_t *weight16, int N, int C, int OC),     \
            (dinp, dweight, dbias, dout, inp, inp16, weight, weight16, N, C, OC))                             \
+    X_VOID(grouped_forward, (float *out, const float *inp, const struct loom_grouped *g, int C, int OC),     \
+           (out, inp, g, C, OC))                                                                             \
+    X_VOID(grouped_backward,                                                                                 \
+           (float *dinp, const float *dout, const float *inp, const struct loom_grouped *g, int C, int OC),  \
+           (dinp, dout, inp, g, C, OC))                                                                      \
     X_VOID(attention_forward, (float *out, float *att, const float *qkv, int B, int T, int C, int NH),       \
            (out, att, qkv, B, T, C, NH))                                                                     \
     X_VOID(attention_backward,                                                                               \
