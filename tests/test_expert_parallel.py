@@ -64,11 +64,17 @@ hf_aux_loss at CP 2 x EP 2. All against one process within 1e-5.
 So that the comparisons can fail: a run whose experts see other rows (EP 2
 with micro-batches of 1) is checked at least 10x the bound away.
 
+--layout-invariant 2 (invariant()): EP 2, EP 2 x DP 2, EP 4, ZeRO 1-3,
+PP 2 x EP 2, bf16 and GPT-2's experts give one process's bits, every loss
+and weight, with one micro-batch a data-parallel rank.
+
 Bad settings, one line and exit 2: experts not divisible by the size, a
 model without experts, a world whose data-parallel ranks the size does not
 divide, `loom sample` given the size (it runs in one process), a
 capacity under context parallelism, a tensor-parallel size not dividing
-the experts' columns.
+the experts' columns; --layout-invariant with more than one micro-batch a
+rank, with the allgather dispatcher, or with experts under tensor
+parallelism.
 """
 import os
 import sys
@@ -277,6 +283,41 @@ def hf_directory(tmp):
               f"tol 1e-5)", p.returncode == 0 and len(a) == len(b) == 5 and worst <= 1e-5, f"{a} vs {b}")
 
 
+def invariant(tmp):
+    """--layout-invariant 2 with expert parallelism: one process's bits.
+    Each source rank's rows are their own grouped products (one process's
+    shapes for that rank's micro-batch) with their own weight gradients,
+    added in the pairwise tree over the sources; the experts' and ZeRO's
+    dense sums over the expert group go through the tree too. One
+    micro-batch a data-parallel rank (more is refused), so the global batch
+    is the micro-batch times the data-parallel size: one process with
+    micro-batches of 4 (two of them) against EP 2; with micro-batches of 2
+    (four) against EP 2 and EP 4 on 4 ranks, ZeRO 1-3, PP 2 x EP 2, bf16,
+    and GPT-2's experts (biases, the [in, out] orientation) with shared
+    experts and a capacity. Without the flag EP 2 is not one process's bits
+    (so the check can fail)."""
+    inv = ["--layout-invariant", "2"]
+    mb4, mb2 = ["--micro-batch-size", "4"], ["--micro-batch-size", "2"]
+    one4 = run(tmp, "inv-one4", 1, inv + mb4)
+    for tag, n, extra in (("EP 2", 2, ep(2)), ("EP 2 ZeRO-3", 2, ep(2) + ["--zero-stage", "3"]),
+                          ("PP 2 x EP 2", 4, ep(2) + ["--pipeline-model-parallel-size", "2"])):
+        lib.same_run(f"invariant {tag}", one4, run(tmp, f"inv-{tag.replace(' ', '')}", n, inv + mb4 + extra))
+    one2 = run(tmp, "inv-one2", 1, inv + mb2)
+    for tag, extra in (("EP 2 x DP 2", ep(2)), ("EP 4", ep(4)), ("EP 2 x DP 2 ZeRO-1", ep(2) + ["--zero-stage", "1"]),
+                       ("EP 2 x DP 2 ZeRO-2", ep(2) + ["--zero-stage", "2"]),
+                       ("EP 4 ZeRO-3", ep(4) + ["--zero-stage", "3"])):
+        lib.same_run(f"invariant {tag}", one2, run(tmp, f"inv-{tag.replace(' ', '')}", 4, inv + mb2 + extra))
+    b1 = run(tmp, "inv-bf16-one", 1, inv + mb4 + ["--bf16"])
+    lib.same_run("invariant bf16 EP 2", b1, run(tmp, "inv-bf16-ep2", 2, inv + mb4 + ["--bf16"] + ep(2)))
+    gpt = GPT2 + ["--moe-shared-expert-intermediate-size", "32", "--moe-expert-capacity-factor", "1"]
+    g1 = lib.tiny_run(tmp, "inv-gpt2-one", 1, gpt + inv + mb4)
+    lib.same_run("invariant GPT-2 experts, shared, capacity, EP 2", g1,
+                 lib.tiny_run(tmp, "inv-gpt2-ep2", 2, gpt + inv + mb4 + ep(2)))
+    plain = run(tmp, "inv-plain-ep2", 2, mb4 + ep(2))
+    base = run(tmp, "inv-plain-one", 1, mb4)
+    check("without the flag EP 2 is not one process's bits (the checks above can fail)", plain[0] != base[0])
+
+
 def bad_settings(tmp):
     data = ["--data-path", os.path.join(tmp, "train.bin")]
     base = [lib.LOOM, "train"] + data + BASE + ["--train-iters", "1", "--eval-iters", "0"]
@@ -289,6 +330,13 @@ def bad_settings(tmp):
          ["--context-parallel-size", "--moe-expert-capacity-factor"]),
         ("a tensor-parallel size not dividing the experts' columns", 2,
          tp(2, sp=False) + ["--moe-ffn-hidden-size", "33"], ["--tensor-model-parallel-size 2", "33"]),
+        ("--layout-invariant with two micro-batches a rank", 2, ep(2) + ["--layout-invariant", "2"],
+         ["--layout-invariant", "more than one micro-batch"]),
+        ("--layout-invariant with the allgather dispatcher", 2,
+         ep(2) + dispatcher("allgather") + ["--layout-invariant", "2", "--micro-batch-size", "4"],
+         ["--layout-invariant", "allgather"]),
+        ("--layout-invariant with experts under tensor parallelism", 2, tp(2) + ["--layout-invariant", "2"],
+         ["--layout-invariant", "tensor parallelism"]),
     ]
     cases += [("loom sample with expert parallelism", 1, "sample", ["--expert-model-parallel-size 2", "one process"])]
     for name, n, extra, needles in cases:
@@ -314,6 +362,7 @@ def main():
         memory(tmp)
         resume(tmp, one)
         hf_directory(tmp)
+        invariant(tmp)
         bad_settings(tmp)
     return lib.verdict()
 

@@ -509,13 +509,15 @@ static void single_backward(const struct loom_kernels *t, int out_in, float *dx,
  *   - bit for bit each group's one product of the same table on its rows
  *     (single_forward, single_backward), with dinp NULL the same weight
  *     and bias gradients; dinp is written (NaN before). */
-static void test_grouped(const struct loom_kernels *t, const char *table, int G, const int *rows, int C,
-                         int OC)
+static void test_grouped(const struct loom_kernels *t, const char *table, int G, const int *rows,
+                         const size_t *first, int C, int OC)
 {
     const struct loom_kernels *ref = loom_kernels_ref();
     char name[160];
     int R = 0, most = 0;
     for (int g = 0; g < G; g++) R += rows[g], most = rows[g] > most ? rows[g] : most;
+    size_t at[8]; /* where each group's rows start */
+    for (int g = 0, o = 0; g < G; o += rows[g++]) at[g] = first ? first[g] : (size_t)o;
     const size_t nx = (size_t)R * C, ny = (size_t)R * OC, nw = (size_t)C * OC;
     float *x = new_rand(nx, 1.0f), *dy = new_rand(ny, 1.0f);
     loom_dtype_round_trip(x, nx, LOOM_DTYPE_BF16);
@@ -542,6 +544,7 @@ static void test_grouped(const struct loom_kernels *t, const char *table, int G,
         for (int with16 = 0; with16 <= 1; with16++) {
             struct loom_grouped gr = {.G = G,
                                       .rows = rows,
+                                      .first = first,
                                       .out_in = out_in,
                                       .w = (const float *const *)w,
                                       .w16 = with16 ? (const uint16_t *const *)w16 : NULL,
@@ -550,16 +553,17 @@ static void test_grouped(const struct loom_kernels *t, const char *table, int G,
                                       .dbias = dbp};
             struct loom_grouped gref = gr;
             gref.dw = dw_ref, gref.dbias = dbp_ref;
-            snprintf(name, sizeof name, "%s grouped (G=%d R=%d C=%d OC=%d, %s, bf16 copies %s)", table, G, R,
-                     C, OC, out_in ? "[out, in]" : "[in, out]", with16 ? "given" : "none");
+            snprintf(name, sizeof name, "%s grouped (G=%d R=%d C=%d OC=%d, %s, bf16 copies %s, %s)", table, G,
+                     R, C, OC, out_in ? "[out, in]" : "[in, out]", with16 ? "given" : "none",
+                     first ? "placed" : "in order");
             printf("%s\n", name);
             t->grouped_forward(out, x, &gr, C, OC);
             ref->grouped_forward(want, x, &gref, C, OC);
             check_scaled(name, out, want, ny, sum_tol(C + 1));
-            for (int g = 0, o = 0; g < G; o += rows[g++])
+            for (int g = 0; g < G; g++)
                 if (rows[g])
-                    single_forward(t, out_in, one + (size_t)o * OC, x + (size_t)o * C, w[g],
-                                   with16 ? w16[g] : NULL, bias[g], rows[g], C, OC);
+                    single_forward(t, out_in, one + at[g] * OC, x + at[g] * C, w[g], with16 ? w16[g] : NULL,
+                                   bias[g], rows[g], C, OC);
             CHECK(memcmp(out, one, ny * sizeof(float)) == 0);
 
             for (int g = 0; g < G; g++) {
@@ -572,13 +576,13 @@ static void test_grouped(const struct loom_kernels *t, const char *table, int G,
             t->grouped_backward(dx, dy, x, &gr, C, OC);
             ref->grouped_backward(dx_ref, dy, x, &gref, C, OC);
             check_scaled(name, dx, dx_ref, nx, sum_tol(OC));
-            for (int g = 0, o = 0; g < G; o += rows[g++]) {
+            for (int g = 0; g < G; g++) {
                 check_scaled(name, dw[g], dw_ref[g], nw, sum_tol(most + 1));
                 if (bias[g]) check_scaled(name, db[g], db_ref[g], OC, sum_tol(most + 1));
                 if (rows[g])
-                    single_backward(t, out_in, dx_one + (size_t)o * C, dw_one[g], bias[g] ? db_one[g] : NULL,
-                                    dy + (size_t)o * OC, x + (size_t)o * C, w[g], with16 ? w16[g] : NULL,
-                                    rows[g], C, OC);
+                    single_backward(t, out_in, dx_one + at[g] * C, dw_one[g], bias[g] ? db_one[g] : NULL,
+                                    dy + at[g] * OC, x + at[g] * C, w[g], with16 ? w16[g] : NULL, rows[g], C,
+                                    OC);
                 CHECK(memcmp(dw[g], dw_one[g], nw * sizeof(float)) == 0 &&
                       memcmp(db[g], db_one[g], OC * sizeof(float)) == 0);
             }
@@ -607,9 +611,11 @@ static void test_linear_sizes(const struct loom_kernels *t, const char *table)
     test_linear(t, table, 33, 48, 20);
     test_linear(t, table, 128, 40, 300);
     static const int rows_small[] = {3, 0, 17, 1, 9}, rows_large[] = {70, 130, 0, 33};
+    static const size_t backwards[] = {27, 27, 10, 9, 0}; /* rows_small's blocks from the last to the first */
     if (t == loom_kernels_ref()) return; /* the grouped products' reference is what the others are held to */
-    test_grouped(t, table, 5, rows_small, 12, 20);
-    test_grouped(t, table, 4, rows_large, 48, 130);
+    test_grouped(t, table, 5, rows_small, NULL, 12, 20);
+    test_grouped(t, table, 5, rows_small, backwards, 12, 20);
+    test_grouped(t, table, 4, rows_large, NULL, 48, 130);
 }
 
 /* The bf16 table (kernels_for(BF16)): the units are chosen once per

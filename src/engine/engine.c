@@ -171,6 +171,9 @@ int loom_engine_build_stack(struct loom_engine *e)
 {
     struct loom_model *m = e->model;
     loom_comm_set_tree_sums(LOOM_GROUP_DP, e->shape.exact_sums);
+    /* under expert parallelism: the experts' sums, and ZeRO's dense runs over the expert group */
+    loom_comm_set_tree_sums(LOOM_GROUP_EXPERT_DP, e->shape.exact_sums);
+    loom_comm_set_tree_sums(LOOM_GROUP_EP, e->shape.exact_sums);
     struct loom_kind_build b = {
         .cfg = e->cfg, .topo = &e->topo, .shape = &e->shape, .model = m, .schedule = &e->pipe_times};
     const int rc = loom_kinds_build(&b, e->state);
@@ -556,18 +559,20 @@ struct squares {
     int exact_sums;                     /* --layout-invariant: exact sums of squares */
     int experts_apart;                  /* expert parallelism: the experts' squares in ss_experts */
     double ss, ss_experts;
-    struct loom_sumsq_exact exact;
+    struct loom_sumsq_exact exact, exact_experts;
 };
 
-static void add_squares(struct squares *q, struct loom_buf part)
+/* expert: the squares of experts' tensors (ss_experts, exact_experts) */
+static void add_squares(struct squares *q, struct loom_buf part, int expert)
 {
     const struct loom_model *m = q->m;
     if (q->exact_sums)
-        m->backend->k->sumsq_exact_add(&q->exact, part.data, part.numel, part.dtype);
+        m->backend->k->sumsq_exact_add(expert ? &q->exact_experts : &q->exact, part.data, part.numel,
+                                       part.dtype);
     else
-        q->ss += part.dtype == LOOM_DTYPE_F32
-                     ? m->backend->k->sum_squares(part.data, part.numel)
-                     : m->backend->k->lp_sum_squares(part.data, part.numel, part.dtype);
+        *(expert ? &q->ss_experts : &q->ss) +=
+            part.dtype == LOOM_DTYPE_F32 ? m->backend->k->sum_squares(part.data, part.numel)
+                                         : m->backend->k->lp_sum_squares(part.data, part.numel, part.dtype);
     if (q->map) loom_offload_drop(q->map, part.data, loom_buf_bytes(part));
 }
 
@@ -588,9 +593,7 @@ static void sweep(struct squares *q, const struct loom_state_view *v)
             for (int r = 0; r < 3; r++) {
                 const size_t a = cut[r] > lo ? cut[r] : lo, z = cut[r + 1] < hi ? cut[r + 1] : hi;
                 if (a >= z) continue;
-                const double before = q->ss;
-                add_squares(q, loom_buf_slice(v->grads, a - lo, z - a));
-                if (r == 1) q->ss_experts += q->ss - before, q->ss = before;
+                add_squares(q, loom_buf_slice(v->grads, a - lo, z - a), r == 1);
             }
         }
     } else if (filters) { /* with expert parallelism, the experts' into ss_experts */
@@ -601,17 +604,16 @@ static void sweep(struct squares *q, const struct loom_state_view *v)
                 const size_t t_lo = b->offset + t->offset, t_hi = t_lo + t->numel;
                 const size_t a = t_lo > lo ? t_lo : lo, z = t_hi < hi ? t_hi : hi;
                 if (a >= z || !loom_stack_counts_tensor(m, t)) continue;
-                const double before = q->ss;
-                add_squares(q, loom_buf_slice(v->grads, a - lo, z - a));
-                if (q->experts_apart && t->expert) q->ss_experts += q->ss - before, q->ss = before;
+                add_squares(q, loom_buf_slice(v->grads, a - lo, z - a), q->experts_apart && t->expert);
             }
         }
     } else if (v->piece == 0) {
         for (int bi = 0; bi < m->nblocks; bi++)
-            add_squares(q, loom_buf_slice(v->grads, m->blocks[bi].offset - lo, m->blocks[bi].numel));
+            add_squares(q, loom_buf_slice(v->grads, m->blocks[bi].offset - lo, m->blocks[bi].numel), 0);
     } else {
         for (size_t at = 0; at < hi - lo; at += v->piece)
-            add_squares(q, loom_buf_slice(v->grads, at, hi - lo - at < v->piece ? hi - lo - at : v->piece));
+            add_squares(q, loom_buf_slice(v->grads, at, hi - lo - at < v->piece ? hi - lo - at : v->piece),
+                        0);
     }
 }
 
@@ -628,10 +630,23 @@ static double grad_norm(const struct loom_engine *e)
     struct squares q = {
         .m = m, .map = v.grad_map, .exact_sums = e->shape.exact_sums, .experts_apart = e->topo.ep > 1};
     sweep(&q, &v);
-    if (q.experts_apart) {
+    if (q.experts_apart && q.exact_sums) { /* as below, in integers */
+        uint64_t both[2 * LOOM_SUMSQ_LIMBS];
+        loom_sumsq_exact_limbs(&q.exact, both);
+        loom_sumsq_exact_limbs(&q.exact_experts, both + LOOM_SUMSQ_LIMBS);
+        if (v.grads_split)
+            loom_comm_allreduce_sync(LOOM_GROUP_EXPERT_DP,
+                                     loom_buf_of(both, 2 * LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64), LOOM_OP_SUM);
+        loom_comm_allreduce_sync(LOOM_GROUP_EP,
+                                 loom_buf_of(both + LOOM_SUMSQ_LIMBS, LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64),
+                                 LOOM_OP_SUM);
+        for (int i = 0; i < LOOM_SUMSQ_LIMBS; i++)
+            both[i] += both[LOOM_SUMSQ_LIMBS + i]; /* limbs sum as ranks' */
+        loom_sumsq_exact_from_limbs(&q.exact, both);
+        v.grads_split = 0;
+    } else if (q.experts_apart) {
         /* the shards are over the ranks that hold the same experts; then
          * every expert-parallel rank's experts, the dense tensors once */
-        LOOM_ASSERT(!q.exact_sums);
         double both[2] = {q.ss, q.ss_experts};
         if (v.grads_split)
             loom_comm_allreduce_sync(LOOM_GROUP_EXPERT_DP, loom_buf_of(both, 2, LOOM_DTYPE_F64), LOOM_OP_SUM);

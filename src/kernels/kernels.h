@@ -397,8 +397,8 @@ void loom_moe_unpermute_backward(float *dy, float *dprobs, const float *dout, co
 
 /* ---- grouped products (cpu/grouped.c) -------------------------------------
  * A mixture of experts' local experts in one call: G products of one shape,
- * group g's weight on its rows[g] consecutive rows, groups in order (rows
- * [o_g, o_g + rows[g]), o_g the rows before it). w[g] is stored [out, in]
+ * group g's weight on its rows[g] consecutive rows from row first[g] of
+ * inp and out (first NULL: groups in order, o_g the rows before it). w[g] is stored [out, in]
  * (out_in 1, nn.Linear's) or [in, out] (0, Conv1D's); w16[g], where the
  * array is given, its bf16 copy, taken in its place as the linear layer's
  * 16-bit operands are; bias[g] may be NULL, as may the arrays. Forward:
@@ -411,6 +411,7 @@ void loom_moe_unpermute_backward(float *dy, float *dprobs, const float *dout, co
 struct loom_grouped {
     int G;
     const int *rows;
+    const size_t *first;
     int out_in;
     const float *const *w;
     const uint16_t *const *w16;

@@ -193,19 +193,28 @@ struct grouped_operands {
     float *dw[LOOM_MOE_MAX_EXPERTS], *dbias[LOOM_MOE_MAX_EXPERTS];
 };
 
+/* Tensor i of block b's gradient: its own, or its place in to's buffer. */
+static float *grad_at(const struct loom_block *b, int i, const struct loom_grad_place *to)
+{
+    if (i < 0) return NULL;
+    return to ? to->at + (b->tensors[i].offset - to->lo) : loom_grad(b, i);
+}
+
 static struct loom_grouped grouped_of(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
-                                      const int *rows, struct grouped_operands *o, int with_bias, int grads)
+                                      const int *rows, const size_t *first, struct grouped_operands *o,
+                                      int with_bias, int grads, const struct loom_grad_place *to)
 {
     LOOM_ASSERT(G <= LOOM_MOE_MAX_EXPERTS && !c->model->fp8 && !c->exact->pieces);
     for (int e = 0; e < G; e++) {
         o->w[e] = loom_param(lin[e].b, lin[e].w);
         o->w16[e] = loom_linear_param16(lin[e].b, lin[e].w);
         o->bias[e] = with_bias ? bias_of(&lin[e]) : NULL;
-        o->dw[e] = grads ? loom_grad(lin[e].b, lin[e].w) : NULL;
-        o->dbias[e] = grads ? dbias_of(&lin[e]) : NULL;
+        o->dw[e] = grads ? grad_at(lin[e].b, lin[e].w, to) : NULL;
+        o->dbias[e] = grads ? grad_at(lin[e].b, lin[e].bias, to) : NULL;
     }
     return (struct loom_grouped){.G = G,
                                  .rows = rows,
+                                 .first = first,
                                  .out_in = c->orientation == LOOM_WEIGHTS_OUT_IN,
                                  .w = o->w,
                                  .w16 = c->b16 ? o->w16 : NULL,
@@ -215,17 +224,19 @@ static struct loom_grouped grouped_of(const struct loom_linear_ctx *c, const str
 }
 
 void loom_linear_grouped_forward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
-                                 const int *rows, float *out, const float *inp, int with_bias)
+                                 const int *rows, const size_t *first, float *out, const float *inp,
+                                 int with_bias)
 {
     struct grouped_operands o; /* 40 KB of pointers at most, on the caller's stack */
-    const struct loom_grouped g = grouped_of(c, lin, G, rows, &o, with_bias, 0);
+    const struct loom_grouped g = grouped_of(c, lin, G, rows, first, &o, with_bias, 0, NULL);
     c->k->grouped_forward(out, inp, &g, lin[0].in, lin[0].out);
 }
 
 void loom_linear_grouped_backward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
-                                  const int *rows, float *dinp, const float *dout, const float *inp)
+                                  const int *rows, const size_t *first, float *dinp, const float *dout,
+                                  const float *inp, const struct loom_grad_place *to)
 {
     struct grouped_operands o;
-    const struct loom_grouped g = grouped_of(c, lin, G, rows, &o, 1, 1);
+    const struct loom_grouped g = grouped_of(c, lin, G, rows, first, &o, 1, 1, to);
     c->k->grouped_backward(dinp, dout, inp, &g, lin[0].in, lin[0].out);
 }

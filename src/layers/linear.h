@@ -92,15 +92,26 @@ void loom_linear_row_backward(const struct loom_linear_ctx *c, const struct loom
 
 /* Grouped products (a mixture of experts' local experts, decoder_moe.c):
  * lin[g], G products of one shape, each on its rows[g] consecutive rows of
- * inp, in one call of the table's grouped product (struct loom_grouped,
- * kernels/kernels.h), on this rank's rows alone (no region's exchange); on
- * the float32 or bf16-operand path, as one product here would be (fp8 and
- * the exact pieces do not take them). with_bias 0 leaves the biases out
- * (a row-parallel product's, which tp rank 0 alone adds). */
+ * inp and out from row first[g] (first NULL: each right after the one
+ * before), in one call of the table's grouped product (struct
+ * loom_grouped, kernels/kernels.h), on this rank's rows alone (no region's
+ * exchange); on the float32 or bf16-operand path, as one product here
+ * would be (fp8 and the exact pieces do not take them). with_bias 0 leaves
+ * the biases out (a row-parallel product's, which tp rank 0 alone adds). */
 void loom_linear_grouped_forward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
-                                 const int *rows, float *out, const float *inp, int with_bias);
+                                 const int *rows, const size_t *first, float *out, const float *inp,
+                                 int with_bias);
+/* Where a grouped backward's weight and bias gradients accumulate: at
+ * stands for the gradients of the block's elements from lo on (a buffer
+ * of a run of its tensors, such as its experts'). */
+struct loom_grad_place {
+    float *at;
+    size_t lo;
+};
 /* Its backward: dinp (the rows, in) written, skipped when NULL; the
- * weights' and biases' gradients accumulate. */
+ * weights' and biases' gradients accumulate into their own (to NULL) or
+ * into to's buffer. */
 void loom_linear_grouped_backward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
-                                  const int *rows, float *dinp, const float *dout, const float *inp);
+                                  const int *rows, const size_t *first, float *dinp, const float *dout,
+                                  const float *inp, const struct loom_grad_place *to);
 #endif

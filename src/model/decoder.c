@@ -753,6 +753,13 @@ static void alloc_activations(struct loom_decoder *m)
         }
         for (int i = 0; i < 3; i++) m->moe_dF[i] = act(m, FF);
         if (gated) m->moe_dxs = act(m, Rx * C);
+        if (experts_by_source(m)) { /* the largest run of experts a block holds, once a source */
+            for (int b = 0; b < m->base.nblocks; b++) {
+                const size_t x = m->base.blocks[b].expert_hi - m->base.blocks[b].expert_lo;
+                m->moe_src_numel = x > m->moe_src_numel ? x : m->moe_src_numel;
+            }
+            m->moe_src_grads = act(m, (size_t)m->ep.ep * m->moe_src_numel);
+        }
         m->moe_dprobs = act(m, Nk);
         m->moe_dlogits = act(m, N * E);
         m->moe_out = act(m, N * C);
@@ -791,27 +798,31 @@ static void alloc_activations(struct loom_decoder *m)
     m->rg_moe = (struct loom_tp_regions){.tp = 1, .width = m->spec.hidden};
     m->lc_moe = m->lc;
     m->lc_moe.rg = &m->rg_moe;
+    /* an MoE layer runs on one rank's rows (--layout-invariant only where
+     * tensor and expert parallelism are off: decoder_def.c), so its sums
+     * are the same calls in every layout, without the pieces */
+    m->lc_moe.exact = &m->exact_off;
 }
 
 static void free_activations(struct loom_decoder *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->dres,         m->dbufC,       m->dbufC2,      m->dqkv,
-                     m->datt,         m->q,           m->kk,          m->v,
-                     m->dbufF[0],     m->dbufF[1],    m->dbufF[2],    m->scratchC,
-                     m->ce_stats,     m->rg.gathered, m->rg.out_rows, m->rg.grad_rows,
-                     m->norm_grads,   m->stage_res,   m->seq_att,     m->head_rows,
-                     m->norm_parts,   m->pos_rows,    m->cp_send,     m->cp_recv,
-                     m->cp_out,       m->cp_dout,     m->cp_dqkv,     m->cp_kv[0],
-                     m->cp_kv[1],     m->cp_dkv[0],   m->cp_dkv[1],   m->cp_dkv[2],
-                     m->cp_whole,     m->cp_dwhole,   m->cp_tmp,      m->cp_o,
-                     m->cp_l,         m->cp_dq,       m->moe_xp,      m->moe_dxp,
-                     m->moe_dy,       m->moe_dF[0],   m->moe_dF[1],   m->moe_dF[2],
-                     m->moe_dprobs,   m->moe_dlogits, m->moe_out,     m->moe_sums,
-                     m->moe_aux_grad, m->moe_y,       m->moe_ep[0],   m->moe_ep[1],
-                     m->moe_gx,       m->moe_gout,    m->moe_gdp,     (float *)m->drop_rows,
-                     m->drop_grad,    m->moe_dxs};
+    float *bufs[] = {m->dres,         m->dbufC,       m->dbufC2,       m->dqkv,
+                     m->datt,         m->q,           m->kk,           m->v,
+                     m->dbufF[0],     m->dbufF[1],    m->dbufF[2],     m->scratchC,
+                     m->ce_stats,     m->rg.gathered, m->rg.out_rows,  m->rg.grad_rows,
+                     m->norm_grads,   m->stage_res,   m->seq_att,      m->head_rows,
+                     m->norm_parts,   m->pos_rows,    m->cp_send,      m->cp_recv,
+                     m->cp_out,       m->cp_dout,     m->cp_dqkv,      m->cp_kv[0],
+                     m->cp_kv[1],     m->cp_dkv[0],   m->cp_dkv[1],    m->cp_dkv[2],
+                     m->cp_whole,     m->cp_dwhole,   m->cp_tmp,       m->cp_o,
+                     m->cp_l,         m->cp_dq,       m->moe_xp,       m->moe_dxp,
+                     m->moe_dy,       m->moe_dF[0],   m->moe_dF[1],    m->moe_dF[2],
+                     m->moe_dprobs,   m->moe_dlogits, m->moe_out,      m->moe_sums,
+                     m->moe_aux_grad, m->moe_y,       m->moe_ep[0],    m->moe_ep[1],
+                     m->moe_gx,       m->moe_gout,    m->moe_gdp,      (float *)m->drop_rows,
+                     m->drop_grad,    m->moe_dxs,     m->moe_src_grads};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
                     m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};

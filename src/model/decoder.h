@@ -278,7 +278,8 @@ struct loom_decoder {
     float *norm_parts;
     struct loom_partial_grad partials[4];
     int npartials, nnorms;
-    struct loom_tp_exact exact; /* --layout-invariant's pieces; pieces 0: off */
+    struct loom_tp_exact exact;     /* --layout-invariant's pieces; pieces 0: off */
+    struct loom_tp_exact exact_off; /* pieces 0: an MoE layer's products (one rank's, lc_moe) */
     const struct loom_kernels *k;
     struct loom_linear_ctx lc; /* what every product shares (set by the first forward or reserve) */
     /* an MoE layer's products (decoder_moe.c): lc inside one region of one
@@ -326,6 +327,11 @@ struct loom_decoder {
     int moe_rows_ep;
     float *moe_ep[2];
     float *moe_dxs; /* (moe_rows_ep, C) gated experts: the up products' input gradient, then added */
+    /* --layout-invariant under expert parallelism: each source rank's
+     * gradients of a layer's experts (ep x moe_src_numel), summed in the
+     * pairwise tree over the sources (decoder_moe.c) */
+    float *moe_src_grads;
+    size_t moe_src_numel;
     /* the allgather dispatcher's: every rank's rows (ep x N, C), the
      * outputs' or inputs' gradients' partial sums for them, the routing
      * weights' gradients (ep x N k); on the host every rank's counts

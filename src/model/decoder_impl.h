@@ -37,6 +37,14 @@ static inline int heads_parted(const struct loom_decoder *m)
     return m->ctx.cp > 1 && m->cp_comm == LOOM_CP_COMM_A2A;
 }
 
+/* Whether the local experts' products are taken per source rank
+ * (--layout-invariant under expert parallelism, decoder_moe.c): each
+ * source's rows their own calls and weight gradients. */
+static inline int experts_by_source(const struct loom_decoder *m)
+{
+    return m->exact.pieces > 0 && m->ep.ep > 1;
+}
+
 /* Kept activation x (n values) as float32: x itself, or converted into
  * stage. */
 static inline const float *view(const struct loom_decoder *m, const void *x, float *stage, size_t n)

@@ -260,50 +260,103 @@ static size_t rows_sum(const struct loom_decoder *m, const int *n)
     return R;
 }
 
+/* The calls the local experts' rows are taken in: one over every row, or
+ * with experts_by_source one for each source rank's rows (calls, returned);
+ * call s's rows of each expert in rows, where they start in first (NULL:
+ * each expert's right after the one before). The rows are expert-major,
+ * each expert's from every rank in rank order (x->recv: source s's rows of
+ * local expert e at s x local + e). */
+static int call_rows(const struct loom_decoder *m, const struct loom_decoder_layer_acts *x, const int *n,
+                     int s, int *rows, size_t *first)
+{
+    const struct loom_ep *p = &m->ep;
+    if (!experts_by_source(m)) {
+        memcpy(rows, n, sizeof *rows * (size_t)p->local);
+        return 1;
+    }
+    size_t o = 0;
+    for (int e = 0; e < p->local; o += (size_t)n[e++]) {
+        first[e] = o;
+        for (int r = 0; r < s; r++) first[e] += (size_t)x->recv[r * p->local + e];
+        rows[e] = x->recv[s * p->local + e];
+    }
+    return p->ep;
+}
+
 /* The local experts' MLPs on their rows of in (expert-major, n rows each),
  * into y; their state in x (fc, up, h). Each product is one grouped call
- * over the experts (layers/linear.h), the activation one call over every
- * row. */
+ * over the experts (layers/linear.h; or one per source rank, call_rows),
+ * the activation one call over every row. */
 static void experts_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                             const float *in, float *y, const int *n)
 {
     struct loom_linear ins[2][LOOM_MOE_MAX_EXPERTS], down[LOOM_MOE_MAX_EXPERTS];
-    const int G = m->ep.local, nin = expert_products(m, b, ins, down);
+    int rows[LOOM_MOE_MAX_EXPERTS];
+    size_t first[LOOM_MOE_MAX_EXPERTS];
+    const int G = m->ep.local, nin = expert_products(m, b, ins, down), split = experts_by_source(m);
     const size_t R = rows_sum(m, n), RF = R * (size_t)m->Fe;
     float *fc = x->fc, *up = x->up, *h = x->h;
     float *const outs[2] = {fc, up};
-    for (int s = 0; s < nin; s++) {
-        loom_linear_grouped_forward(&m->lc_moe, ins[s], G, n, outs[s], in, 1);
-        round_act(m, outs[s], RF);
+    for (int s = 0, calls = 1; s < calls; s++) {
+        calls = call_rows(m, x, n, s, rows, first);
+        for (int i = 0; i < nin; i++)
+            loom_linear_grouped_forward(&m->lc_moe, ins[i], G, rows, split ? first : NULL, outs[i], in, 1);
     }
+    for (int i = 0; i < nin; i++) round_act(m, outs[i], RF);
     loom_decoder_mlp_act_forward(m, h, fc, up, RF);
     round_act(m, h, RF);
-    loom_linear_grouped_forward(&m->lc_moe, down, G, n, y, h,
-                                m->tp_rank == 0); /* a row-parallel bias: once */
+    for (int s = 0, calls = 1; s < calls; s++) { /* a row-parallel bias: added by tp rank 0 alone */
+        calls = call_rows(m, x, n, s, rows, first);
+        loom_linear_grouped_forward(&m->lc_moe, down, G, rows, split ? first : NULL, y, h, m->tp_rank == 0);
+    }
     round_act(m, y, R * (size_t)m->spec.hidden);
 }
 
-/* Their backward from dy, the input rows' gradient into dx: the input
+/* Its backward from dy, the input rows' gradient into dx: the input
  * products' gradients summed in order (the gate's, then the up's, as one
- * column product's are). */
+ * column product's are). With experts_by_source each source's weight
+ * gradients are taken apart (m->moe_src_grads, from zeros) and added in
+ * the pairwise tree over the sources, as one process's micro-batch tree
+ * adds those ranks' micro-batches (one each), then into the block's. */
 static void experts_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                              const float *in, const float *dy, float *dx, const int *n)
 {
     struct loom_linear ins[2][LOOM_MOE_MAX_EXPERTS], down[LOOM_MOE_MAX_EXPERTS];
-    const int G = m->ep.local, nin = expert_products(m, b, ins, down);
+    int rows[LOOM_MOE_MAX_EXPERTS];
+    size_t first[LOOM_MOE_MAX_EXPERTS];
+    const int G = m->ep.local, nin = expert_products(m, b, ins, down), split = experts_by_source(m);
     const size_t R = rows_sum(m, n), RF = R * (size_t)m->Fe, RC = R * (size_t)m->spec.hidden;
+    const size_t span = b->expert_hi - b->expert_lo;
     float *const *dF = m->moe_dF;
-    loom_linear_grouped_backward(&m->lc_moe, down, G, n, dF[0], dy, x->h);
+    struct loom_grad_place to[LOOM_MOE_MAX_EXPERTS];
+    if (split) {
+        LOOM_ASSERT(span <= m->moe_src_numel);
+        dev(m)->memset(m->moe_src_grads, 0, (size_t)m->ep.ep * span * sizeof(float));
+        for (int s = 0; s < m->ep.ep; s++)
+            to[s] = (struct loom_grad_place){m->moe_src_grads + s * span, b->expert_lo};
+    }
+    const size_t *at = split ? first : NULL;
+    for (int s = 0, calls = 1; s < calls; s++) {
+        calls = call_rows(m, x, n, s, rows, first);
+        loom_linear_grouped_backward(&m->lc_moe, down, G, rows, at, dF[0], dy, x->h, split ? &to[s] : NULL);
+    }
     round_act(m, dF[0], RF);
     act_backward(m, dF[1], dF[2], dF[0], x->fc, x->up, RF);
     round_act(m, dF[1], RF);
     if (x->up) round_act(m, dF[2], RF);
-    loom_linear_grouped_backward(&m->lc_moe, ins[0], G, n, dx, dF[1], in);
-    if (nin > 1) {
-        loom_linear_grouped_backward(&m->lc_moe, ins[1], G, n, m->moe_dxs, dF[2], in);
-        m->k->accumulate(dx, m->moe_dxs, RC);
+    for (int s = 0, calls = 1; s < calls; s++) {
+        calls = call_rows(m, x, n, s, rows, first);
+        loom_linear_grouped_backward(&m->lc_moe, ins[0], G, rows, at, dx, dF[1], in, split ? &to[s] : NULL);
+        if (nin > 1)
+            loom_linear_grouped_backward(&m->lc_moe, ins[1], G, rows, at, m->moe_dxs, dF[2], in,
+                                         split ? &to[s] : NULL);
     }
+    if (nin > 1) m->k->accumulate(dx, m->moe_dxs, RC);
     round_act(m, dx, RC);
+    if (!split) return;
+    for (int w = 1; w < m->ep.ep; w *= 2) /* the pairwise tree over the sources (ep a power of two) */
+        for (int s = 0; s + w < m->ep.ep; s += 2 * w) m->k->accumulate(to[s].at, to[s + w].at, span);
+    m->k->accumulate(b->work_grads + b->expert_lo, to[0].at, span);
 }
 
 /* The allgather dispatcher (layers/experts.h): every rank's rows, choices

@@ -104,6 +104,20 @@ static void dense_over_experts(struct loom_zero *z, int block, const struct loom
         if (h[r]) z->wait_s += loom_comm_wait(h[r]);
 }
 
+/* The same before the reduction, over the whole block's dense runs in buf
+ * (--layout-invariant: the expert group's ranks are consecutive data
+ * ranks, so their sum first and the shards' next add the data ranks in the
+ * pairwise tree over them, as the data-parallel group's tree sums do). */
+static void dense_over_experts_first(struct loom_zero *z, int block, struct loom_buf buf)
+{
+    const struct loom_block *b = &z->model->blocks[block];
+    const size_t runs[2][2] = {{0, b->expert_lo}, {b->expert_hi, b->numel}};
+    for (int r = 0; r < 2; r++)
+        if (runs[r][1] > runs[r][0])
+            loom_comm_allreduce_sync(LOOM_GROUP_EP, loom_buf_slice(buf, runs[r][0], runs[r][1] - runs[r][0]),
+                                     LOOM_OP_SUM);
+}
+
 /* Waits for the oldest posted block, adds its segment into the shard, frees it. */
 static void land_oldest(struct loom_zero *z)
 {
@@ -116,7 +130,7 @@ static void land_oldest(struct loom_zero *z)
         loom_pool_give(&f->send16);
         loom_pool_give(&f->recv16);
     }
-    if (z->experts_apart) dense_over_experts(z, block, f);
+    if (z->experts_apart && !z->dense_first) dense_over_experts(z, block, f);
     const struct loom_buf acc = z->model->dtype == LOOM_DTYPE_F32 ? z->grad_shard : z->grad_acc;
     if (acc.data) {
         float *dst = (float *)acc.data + f->shard_off;
@@ -156,6 +170,7 @@ static void post_grads(struct loom_zero *z, int block)
     const size_t nrecv = (size_t)z->counts[z->dp_rank];
     f->shard_off = nrecv ? mine - z->part.begin : 0;
     f->recv = take(nrecv, LOOM_DTYPE_F32, 0);
+    if (z->experts_apart && z->dense_first) dense_over_experts_first(z, block, f->buf);
     if (z->reduce_dtype != LOOM_DTYPE_F32) { /* this rank's gradient rounded once, summed in 16 bits */
         f->send16 = take(hi - lo, z->reduce_dtype, 0);
         f->recv16 = take(nrecv, z->reduce_dtype, 0);
@@ -624,8 +639,9 @@ static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_repl
     }
 }
 
-void loom_zero_experts_apart(struct loom_zero *z)
+void loom_zero_experts_apart(struct loom_zero *z, int dense_first)
 {
+    z->dense_first = dense_first;
     z->group = LOOM_GROUP_EXPERT_DP;
     z->experts_apart = 1;
     z->scattered = 0; /* stage 1: DDP all-reduces the expert and dense runs */

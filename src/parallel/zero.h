@@ -84,8 +84,9 @@ struct loom_zero {
      * then summed over LOOM_GROUP_EP too (loom_zero_experts_apart) */
     enum loom_group group;
     int experts_apart;
-    int scattered; /* stage 1: the gradients reduce-scattered onto the shards (loom_zero1_scatters) */
-    int index;     /* this strategy's place on the stack */
+    int dense_first; /* --layout-invariant: the dense runs summed over LOOM_GROUP_EP before the shards' sum */
+    int scattered;   /* stage 1: the gradients reduce-scattered onto the shards (loom_zero1_scatters) */
+    int index;       /* this strategy's place on the stack */
     struct loom_partition part;
     struct loom_model *model;
     enum loom_dtype
@@ -133,8 +134,11 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
 void loom_zero_init_weights(struct loom_zero *z, uint64_t seed);
 /* Expert parallelism, right after loom_zero_init (whose dp and dp_rank were
  * loom_zero_ranks'): the shards' collectives over LOOM_GROUP_EXPERT_DP and
- * the dense runs of each landed gradient segment summed over LOOM_GROUP_EP. */
-void loom_zero_experts_apart(struct loom_zero *z);
+ * the dense runs of each landed gradient segment summed over LOOM_GROUP_EP;
+ * dense_first (--layout-invariant, stages 2-3): each block's dense runs
+ * summed over LOOM_GROUP_EP before its reduction instead, so the data
+ * ranks add in the pairwise tree over them. */
+void loom_zero_experts_apart(struct loom_zero *z, int dense_first);
 /* Whether ZeRO-1's gradients are reduce-scattered over its shards (DDP's
  * buckets, loom_ddp_shard: each rank's sum valid over its shard, the norm
  * taken over the shards), as Megatron's distributed optimizer does: stage

@@ -25,9 +25,9 @@ static float *dbias_of(const struct loom_grouped *g, int e)
 
 void loom_grouped_forward(float *out, const float *inp, const struct loom_grouped *g, int C, int OC)
 {
-    size_t o = 0;
-    for (int e = 0; e < g->G; o += (size_t)g->rows[e++]) {
-        const size_t n = (size_t)g->rows[e];
+    size_t next = 0;
+    for (int e = 0; e < g->G; next += (size_t)g->rows[e++]) {
+        const size_t n = (size_t)g->rows[e], o = g->first ? g->first[e] : next;
         if (!n) continue;
         if (g->out_in)
             loom_linear_forward(out + o * OC, inp + o * C, NULL, g->w[e], w16_of(g, e), bias_of(g, e), (int)n,
@@ -40,9 +40,9 @@ void loom_grouped_forward(float *out, const float *inp, const struct loom_groupe
 void loom_grouped_backward(float *dinp, const float *dout, const float *inp, const struct loom_grouped *g,
                            int C, int OC)
 {
-    size_t o = 0;
-    for (int e = 0; e < g->G; o += (size_t)g->rows[e++]) {
-        const size_t n = (size_t)g->rows[e];
+    size_t next = 0;
+    for (int e = 0; e < g->G; next += (size_t)g->rows[e++]) {
+        const size_t n = (size_t)g->rows[e], o = g->first ? g->first[e] : next;
         if (!n) continue;
         float *dw = g->dw ? g->dw[e] : NULL;
         if (g->out_in)
@@ -56,9 +56,9 @@ void loom_grouped_backward(float *dinp, const float *dout, const float *inp, con
 
 void loom_grouped_forward_bf16(float *out, const float *inp, const struct loom_grouped *g, int C, int OC)
 {
-    size_t o = 0;
-    for (int e = 0; e < g->G; o += (size_t)g->rows[e++]) {
-        const size_t n = (size_t)g->rows[e];
+    size_t next = 0;
+    for (int e = 0; e < g->G; next += (size_t)g->rows[e++]) {
+        const size_t n = (size_t)g->rows[e], o = g->first ? g->first[e] : next;
         if (!n) continue;
         if (g->out_in)
             loom_linear_forward_bf16(out + o * OC, inp + o * C, NULL, g->w[e], w16_of(g, e), bias_of(g, e),
@@ -74,9 +74,9 @@ void loom_grouped_forward_bf16(float *out, const float *inp, const struct loom_g
 void loom_grouped_backward_bf16(float *dinp, const float *dout, const float *inp,
                                 const struct loom_grouped *g, int C, int OC)
 {
-    size_t o = 0;
-    for (int e = 0; e < g->G; o += (size_t)g->rows[e++]) {
-        const size_t n = (size_t)g->rows[e];
+    size_t next = 0;
+    for (int e = 0; e < g->G; next += (size_t)g->rows[e++]) {
+        const size_t n = (size_t)g->rows[e], o = g->first ? g->first[e] : next;
         if (!n) continue;
         float *dw = g->dw ? g->dw[e] : NULL, *di = dinp ? dinp + o * C : NULL;
         if (g->out_in)
@@ -101,9 +101,9 @@ static double weight_at(const struct loom_grouped *g, int e, int i, int j, int C
 
 void loom_grouped_forward_ref(float *out, const float *inp, const struct loom_grouped *g, int C, int OC)
 {
-    size_t o = 0;
-    for (int e = 0; e < g->G; o += (size_t)g->rows[e++]) {
-        const size_t n = (size_t)g->rows[e];
+    size_t next = 0;
+    for (int e = 0; e < g->G; next += (size_t)g->rows[e++]) {
+        const size_t n = (size_t)g->rows[e], o = g->first ? g->first[e] : next;
         if (!n) continue;
         const float *b = bias_of(g, e);
         for (size_t r = 0; r < n; r++)
@@ -118,9 +118,9 @@ void loom_grouped_forward_ref(float *out, const float *inp, const struct loom_gr
 void loom_grouped_backward_ref(float *dinp, const float *dout, const float *inp, const struct loom_grouped *g,
                                int C, int OC)
 {
-    size_t o = 0;
-    for (int e = 0; e < g->G; o += (size_t)g->rows[e++]) {
-        const size_t n = (size_t)g->rows[e];
+    size_t next = 0;
+    for (int e = 0; e < g->G; next += (size_t)g->rows[e++]) {
+        const size_t n = (size_t)g->rows[e], o = g->first ? g->first[e] : next;
         if (!n) continue;
         const float *dy = dout + o * OC, *x = inp + o * C;
         for (size_t r = 0; dinp && r < n; r++)
