@@ -65,16 +65,15 @@ So that the comparisons can fail: a run whose experts see other rows (EP 2
 with micro-batches of 1) is checked at least 10x the bound away.
 
 --layout-invariant 2 (invariant()): EP 2, EP 2 x DP 2, EP 4, ZeRO 1-3,
-PP 2 x EP 2, bf16 and GPT-2's experts give one process's bits, every loss
-and weight, with one micro-batch a data-parallel rank.
+full recomputation, PP 2 x EP 2 interleaved, bf16 and GPT-2's experts give
+one process's bits, every loss and weight.
 
 Bad settings, one line and exit 2: experts not divisible by the size, a
 model without experts, a world whose data-parallel ranks the size does not
 divide, `loom sample` given the size (it runs in one process), a
 capacity under context parallelism, a tensor-parallel size not dividing
-the experts' columns; --layout-invariant with more than one micro-batch a
-rank, with the allgather dispatcher, or with experts under tensor
-parallelism.
+the experts' columns; --layout-invariant with the allgather dispatcher,
+or with experts under tensor parallelism.
 """
 import os
 import sys
@@ -287,34 +286,36 @@ def invariant(tmp):
     """--layout-invariant 2 with expert parallelism: one process's bits.
     Each source rank's rows are their own grouped products (one process's
     shapes for that rank's micro-batch) with their own weight gradients,
-    added in the pairwise tree over the sources; the experts' and ZeRO's
-    dense sums over the expert group go through the tree too. One
-    micro-batch a data-parallel rank (more is refused), so the global batch
-    is the micro-batch times the data-parallel size: one process with
-    micro-batches of 4 (two of them) against EP 2; with micro-batches of 2
-    (four) against EP 2 and EP 4 on 4 ranks, ZeRO 1-3, PP 2 x EP 2, bf16,
-    and GPT-2's experts (biases, the [in, out] orientation) with shared
-    experts and a capacity. Without the flag EP 2 is not one process's bits
-    (so the check can fail)."""
+    summed over the source's micro-batches in a tree of their own and then
+    in the pairwise tree over the sources; the experts' and ZeRO's dense
+    sums over the expert group go through the tree too. Micro-batches of 2
+    (4 a step in one process): EP 2 (2 a rank) alone, with ZeRO-3 and
+    under full recomputation, EP 2 x DP 2 under ZeRO-1 and ZeRO-2, EP 4
+    under ZeRO-3, PP 2 x EP 2 with the interleaved schedule; one micro-batch
+    a rank (micro-batches of 4); bf16; GPT-2's experts (biases, the [in,
+    out] orientation) with shared experts and a capacity. Without the flag
+    EP 2 is not one process's bits (so the checks can fail)."""
     inv = ["--layout-invariant", "2"]
-    mb4, mb2 = ["--micro-batch-size", "4"], ["--micro-batch-size", "2"]
-    one4 = run(tmp, "inv-one4", 1, inv + mb4)
+    mb4 = ["--micro-batch-size", "4"]
+    one = run(tmp, "inv-one", 1, inv)
     for tag, n, extra in (("EP 2", 2, ep(2)), ("EP 2 ZeRO-3", 2, ep(2) + ["--zero-stage", "3"]),
-                          ("PP 2 x EP 2", 4, ep(2) + ["--pipeline-model-parallel-size", "2"])):
-        lib.same_run(f"invariant {tag}", one4, run(tmp, f"inv-{tag.replace(' ', '')}", n, inv + mb4 + extra))
-    one2 = run(tmp, "inv-one2", 1, inv + mb2)
-    for tag, extra in (("EP 2 x DP 2", ep(2)), ("EP 4", ep(4)), ("EP 2 x DP 2 ZeRO-1", ep(2) + ["--zero-stage", "1"]),
-                       ("EP 2 x DP 2 ZeRO-2", ep(2) + ["--zero-stage", "2"]),
-                       ("EP 4 ZeRO-3", ep(4) + ["--zero-stage", "3"])):
-        lib.same_run(f"invariant {tag}", one2, run(tmp, f"inv-{tag.replace(' ', '')}", 4, inv + mb2 + extra))
-    b1 = run(tmp, "inv-bf16-one", 1, inv + mb4 + ["--bf16"])
-    lib.same_run("invariant bf16 EP 2", b1, run(tmp, "inv-bf16-ep2", 2, inv + mb4 + ["--bf16"] + ep(2)))
+                          ("EP 2 full recomputation", 2, ep(2) + FULL),
+                          ("EP 2 x DP 2 ZeRO-1", 4, ep(2) + ["--zero-stage", "1"]),
+                          ("EP 2 x DP 2 ZeRO-2", 4, ep(2) + ["--zero-stage", "2"]),
+                          ("EP 4 ZeRO-3", 4, ep(4) + ["--zero-stage", "3"]),
+                          ("PP 2 interleaved x EP 2", 4, ep(2) + ["--pipeline-model-parallel-size", "2",
+                                                                  "--num-layers-per-virtual-pipeline-stage", "1"])):
+        lib.same_run(f"invariant {tag}", one, run(tmp, f"inv-{tag.replace(' ', '')}", n, inv + extra))
+    one4 = run(tmp, "inv-one4", 1, inv + mb4)
+    lib.same_run("invariant EP 2, one micro-batch a rank", one4, run(tmp, "inv-ep2-mb4", 2, inv + mb4 + ep(2)))
+    b1 = run(tmp, "inv-bf16-one", 1, inv + ["--bf16"])
+    lib.same_run("invariant bf16 EP 2", b1, run(tmp, "inv-bf16-ep2", 2, inv + ["--bf16"] + ep(2)))
     gpt = GPT2 + ["--moe-shared-expert-intermediate-size", "32", "--moe-expert-capacity-factor", "1"]
-    g1 = lib.tiny_run(tmp, "inv-gpt2-one", 1, gpt + inv + mb4)
+    g1 = lib.tiny_run(tmp, "inv-gpt2-one", 1, gpt + inv)
     lib.same_run("invariant GPT-2 experts, shared, capacity, EP 2", g1,
-                 lib.tiny_run(tmp, "inv-gpt2-ep2", 2, gpt + inv + mb4 + ep(2)))
-    plain = run(tmp, "inv-plain-ep2", 2, mb4 + ep(2))
-    base = run(tmp, "inv-plain-one", 1, mb4)
+                 lib.tiny_run(tmp, "inv-gpt2-ep2", 2, gpt + inv + ep(2)))
+    plain = run(tmp, "inv-plain-ep2", 2, ep(2))
+    base = run(tmp, "inv-plain-one", 1, [])
     check("without the flag EP 2 is not one process's bits (the checks above can fail)", plain[0] != base[0])
 
 
@@ -330,8 +331,6 @@ def bad_settings(tmp):
          ["--context-parallel-size", "--moe-expert-capacity-factor"]),
         ("a tensor-parallel size not dividing the experts' columns", 2,
          tp(2, sp=False) + ["--moe-ffn-hidden-size", "33"], ["--tensor-model-parallel-size 2", "33"]),
-        ("--layout-invariant with two micro-batches a rank", 2, ep(2) + ["--layout-invariant", "2"],
-         ["--layout-invariant", "more than one micro-batch"]),
         ("--layout-invariant with the allgather dispatcher", 2,
          ep(2) + dispatcher("allgather") + ["--layout-invariant", "2", "--micro-batch-size", "4"],
          ["--layout-invariant", "allgather"]),

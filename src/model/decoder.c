@@ -827,6 +827,12 @@ static void free_activations(struct loom_decoder *m)
     void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
                     m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) loom_free(host[i]);
+    const size_t ntrees = m->moe_src_tree ? (size_t)m->moe_src_levels *
+                                                (size_t)loom_decoder_moe_count(&m->spec) * (size_t)m->ep.ep
+                                          : 0;
+    for (size_t i = 0; i < ntrees; i++) act_free(m, m->moe_src_tree[i]);
+    loom_free(m->moe_src_tree);
+    m->moe_src_tree = NULL;
     loom_free(m->slots);
     loom_free(m->host_losses);
     loom_free(m->host_positions);
@@ -1480,7 +1486,7 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
             dout = m->moe_y;
         }
         const float *in = loom_tp_region_input(&m->rg, view(m, x->ln2, m->scratchC, NrC), N);
-        loom_decoder_moe_backward(m, x, b, in, dout, m->dbufC, N);
+        loom_decoder_moe_backward(m, x, b, in, dout, m->dbufC, N, l);
         dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
         round_act(m, dln, NrC);
     } else {
@@ -1903,6 +1909,7 @@ static void backward(struct loom_model *model, int first, int last, struct loom_
     struct loom_decoder_acts *a = &m->slots[mb->slot];
     const size_t NrC = (size_t)loom_tp_rows_held(&m->rg, a->rows * m->T) * m->spec.hidden;
     m->bwd_slot = mb->slot;
+    m->bwd_micro = mb->micro, m->bwd_micros = mb->micros;
     m->moe_loss_weight = loss_weight; /* the balancing losses' gradients carry the micro-batch's weight */
     drop_rows_set(m, a);
     int l0, l1;

@@ -302,6 +302,7 @@ struct loom_decoder {
     float *head_rows;      /* (LOOM_DECODER_HEAD_ROWS, Vl) */
     float *norm_w;         /* (C) a norm's weight plus the spec's norm_offset */
     int bwd_slot;
+    int bwd_micro, bwd_micros; /* the running backward's place in the step (loom_micro's micro, micros) */
     int defer_wte_scatter;
     /* pipeline parallelism: the layers held and the tied table across stages */
     struct loom_pp_stage_layers stage;
@@ -332,6 +333,12 @@ struct loom_decoder {
      * pairwise tree over the sources (decoder_moe.c) */
     float *moe_src_grads;
     size_t moe_src_numel;
+    /* with more than one micro-batch a rank, each MoE layer's sources' sums
+     * over the micro-batches: level k of layer i's source s at
+     * moe_src_tree[(k nmoe + i) ep + s] (layers/sum_tree.h), allocated on
+     * first use */
+    float **moe_src_tree;
+    int moe_src_levels;
     /* the allgather dispatcher's: every rank's rows (ep x N, C), the
      * outputs' or inputs' gradients' partial sums for them, the routing
      * weights' gradients (ep x N k); on the host every rank's counts

@@ -249,19 +249,11 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
         why = "--fp8-format (the experts' products are not fp8 layers yet)";
     else if (cfg->layout_invariant && tp > 1)
         why = "--layout-invariant under tensor parallelism (an expert's products are one rank's sums, not "
-              "split "
-              "into the flag's pieces: not built yet)";
+              "split into the flag's pieces: not built yet)";
     else if (cfg->layout_invariant && cfg->expert_model_parallel_size > 1 &&
              cfg->moe_token_dispatcher_type == LOOM_MOE_DISPATCH_ALLGATHER)
         why = "--layout-invariant under --moe-token-dispatcher-type allgather (each rank's routing-weighted "
               "outputs are summed over the expert group, not in one process's order: use alltoall)";
-    else if (cfg->layout_invariant && cfg->expert_model_parallel_size > 1 &&
-             cfg->gradient_accumulation_steps > 1)
-        why =
-            "--layout-invariant under --expert-model-parallel-size with more than one micro-batch a "
-            "data-parallel rank (each source rank's expert gradients would need a micro-batch tree of their "
-            "own: not built yet; give --global-batch-size as --micro-batch-size times the data-parallel "
-            "size)";
     else if (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
              cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL)
         why = "--attention-backend unfused or local (the MoE layers run with the fused attention)";

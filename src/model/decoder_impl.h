@@ -71,7 +71,8 @@ void loom_decoder_mlp_act_forward(const struct loom_decoder *m, float *h, const 
 void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
                               const float *ln2, float *out, int N, int l, double *hf);
 void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,
-                               struct loom_block *b, const float *ln2, const float *dout, float *dln, int N);
+                               struct loom_block *b, const float *ln2, const float *dout, float *dln, int N,
+                               int l);
 
 /* ---- attention (decoder_attention.c) ----------------------------------------- */
 

@@ -48,9 +48,11 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/mem.h"
 #include "config/config.h" /* loom_moe_layers_is */
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* LOOM_MOE_MAX_EXPERTS */
+#include "layers/sum_tree.h"
 #include "model/decoder_impl.h"
 #include "model/family.h" /* LOOM_MOE_STATS */
 
@@ -312,14 +314,43 @@ static void experts_forward(struct loom_decoder *m, struct loom_decoder_layer_ac
     round_act(m, y, R * (size_t)m->spec.hidden);
 }
 
+/* experts_by_source: the sources' weight gradients of this micro-batch
+ * (m->moe_src_grads, span each) into the block's as one process's
+ * micro-batch tree adds them. Source s is data rank q ep + s of its
+ * expert group, whose micro-batches one process takes consecutively: each
+ * source's micro-batches summed in a tree of its own (layers/sum_tree.h),
+ * at the last the sources' sums in the pairwise tree over them, then into
+ * the block's (zeros until then; the tree over the expert groups is the
+ * tree sums' on LOOM_GROUP_EXPERT_DP). */
+static void sources_done(struct loom_decoder *m, struct loom_block *b, int l, size_t span)
+{
+    const int P = m->ep.ep, micros = m->bwd_micros > 1 ? m->bwd_micros : 1, last = m->bwd_micro == micros - 1;
+    float *const src = m->moe_src_grads;
+    if (micros > 1) {
+        const int nmoe = loom_decoder_moe_count(&m->spec), levels = loom_sum_tree_levels(micros);
+        if (!m->moe_src_tree) {
+            m->moe_src_levels = levels;
+            m->moe_src_tree =
+                loom_alloc(loom_mul_size((size_t)levels * nmoe * P, sizeof(float *)), LOOM_MEM_OTHER);
+        }
+        LOOM_ASSERT(levels == m->moe_src_levels && m->bwd_micro < micros);
+        const size_t i = (size_t)loom_decoder_moe_index(&m->spec, l);
+        for (int s = 0; s < P; s++)
+            loom_sum_tree_add(dev(m), &m->moe_src_tree[i * P + (size_t)s], (size_t)nmoe * P, src + s * span,
+                              span, (unsigned)m->bwd_micro, last);
+        if (!last) return;
+    }
+    for (int w = 1; w < P; w *= 2) /* the pairwise tree over the sources (ep a power of two) */
+        for (int s = 0; s + w < P; s += 2 * w) m->k->accumulate(src + s * span, src + (s + w) * span, span);
+    m->k->accumulate(b->work_grads + b->expert_lo, src, span);
+}
+
 /* Its backward from dy, the input rows' gradient into dx: the input
  * products' gradients summed in order (the gate's, then the up's, as one
  * column product's are). With experts_by_source each source's weight
- * gradients are taken apart (m->moe_src_grads, from zeros) and added in
- * the pairwise tree over the sources, as one process's micro-batch tree
- * adds those ranks' micro-batches (one each), then into the block's. */
+ * gradients are taken apart (m->moe_src_grads, from zeros; sources_done). */
 static void experts_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, struct loom_block *b,
-                             const float *in, const float *dy, float *dx, const int *n)
+                             const float *in, const float *dy, float *dx, const int *n, int l)
 {
     struct loom_linear ins[2][LOOM_MOE_MAX_EXPERTS], down[LOOM_MOE_MAX_EXPERTS];
     int rows[LOOM_MOE_MAX_EXPERTS];
@@ -353,10 +384,7 @@ static void experts_backward(struct loom_decoder *m, struct loom_decoder_layer_a
     }
     if (nin > 1) m->k->accumulate(dx, m->moe_dxs, RC);
     round_act(m, dx, RC);
-    if (!split) return;
-    for (int w = 1; w < m->ep.ep; w *= 2) /* the pairwise tree over the sources (ep a power of two) */
-        for (int s = 0; s + w < m->ep.ep; s += 2 * w) m->k->accumulate(to[s].at, to[s + w].at, span);
-    m->k->accumulate(b->work_grads + b->expert_lo, to[0].at, span);
+    if (split) sources_done(m, b, l, span);
 }
 
 /* The allgather dispatcher (layers/experts.h): every rank's rows, choices
@@ -398,7 +426,8 @@ static void allgather_forward(struct loom_decoder *m, struct loom_decoder_layer_
  * weights' gradients and the inputs' partial gradients over these experts
  * reduce-scattered back (into m->moe_dprobs and dln). */
 static void allgather_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,
-                               struct loom_block *b, const float *dout, float *dln, int N, const int *n)
+                               struct loom_block *b, const float *dout, float *dln, int N, const int *n,
+                               int l)
 {
     const struct loom_ep *p = &m->ep;
     const int k = m->spec.topk, C = m->spec.hidden, Nk = N * k;
@@ -414,7 +443,7 @@ static void allgather_backward(struct loom_decoder *m, struct loom_decoder_layer
     if (m->tp > 1)
         loom_tp_allreduce(m->moe_dprobs, (size_t)Nk, LOOM_OP_SUM); /* partial sums over the columns */
     round_act(m, dy, (size_t)R * C);
-    experts_backward(m, x, b, x->xe, dy, dx, n);
+    experts_backward(m, x, b, x->xe, dy, dx, n, l);
     for (size_t s = 0; s < P; s++)
         m->k->moe_permute_backward(m->moe_gout + s * NC, dx, x->gpos + s * Nk, N, k, C);
     loom_ep_reduce_scatter(p, dln, m->moe_gout, NC);
@@ -499,7 +528,8 @@ int loom_decoder_moe_take(struct loom_decoder *m, double *out)
 }
 
 void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,
-                               struct loom_block *b, const float *ln2, const float *dout, float *dln, int N)
+                               struct loom_block *b, const float *ln2, const float *dout, float *dln, int N,
+                               int l)
 {
     const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden;
     const size_t NC = (size_t)N * C;
@@ -512,7 +542,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
     int n[LOOM_MOE_MAX_EXPERTS];
     local_counts(m, x, n);
     if (m->spec.ep_allgather) {
-        allgather_backward(m, x, b, dout, dln, N, n);
+        allgather_backward(m, x, b, dout, dln, N, n, l);
     } else {
         m->k->moe_unpermute_backward(m->moe_dy, m->moe_dprobs, dout, x->ey, x->rprobs, x->rpos, N, k, C);
         if (m->tp > 1) loom_tp_allreduce(m->moe_dprobs, (size_t)N * k, LOOM_OP_SUM);
@@ -520,12 +550,12 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         if (m->ep.ep > 1) { /* the outputs' gradients to the experts' ranks, the inputs' back */
             loom_ep_dispatch(&m->ep, m->moe_ep[0], x->recv, m->moe_dy, x->counts, C);
             loom_ep_regroup(&m->ep, dev(m), m->moe_ep[1], m->moe_ep[0], x->recv, C, 1);
-            experts_backward(m, x, b, x->xe, m->moe_ep[1], m->moe_ep[0], n);
+            experts_backward(m, x, b, x->xe, m->moe_ep[1], m->moe_ep[0], n, l);
             loom_ep_regroup(&m->ep, dev(m), m->moe_ep[1], m->moe_ep[0], x->recv, C, 0);
             loom_ep_combine(&m->ep, m->moe_dxp, x->counts, m->moe_ep[1], x->recv, C);
         } else {
             m->k->moe_permute_forward(m->moe_xp, ln2, x->rpos, N, k, C);
-            experts_backward(m, x, b, m->moe_xp, m->moe_dy, m->moe_dxp, n);
+            experts_backward(m, x, b, m->moe_xp, m->moe_dy, m->moe_dxp, n, l);
         }
         m->k->moe_permute_backward(dln, m->moe_dxp, x->rpos, N, k, C);
     }

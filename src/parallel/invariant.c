@@ -5,6 +5,7 @@
 #include "base/mem.h"
 #include "kernels/backend.h"
 #include "kernels/pool.h"
+#include "layers/sum_tree.h"
 
 static void begin_backward(void *ctx, int micro, int last)
 {
@@ -46,19 +47,8 @@ static void grads_ready(void *ctx, int b)
     struct loom_model *m = x->model;
     const size_t n = m->blocks[b].numel;
     float *s = x->own[b];
-    unsigned t = (unsigned)x->micro;
-    int k = 0;
-    for (; t & 1; t >>= 1, k++) add(x, s, *slot(x, k, b), n); /* the carries: level k held a sibling */
-    if (!x->last) {                                           /* level k is free (bit k of micro is 0) */
-        float **l = slot(x, k, b);
-        LOOM_ASSERT(k < x->levels);
-        if (!*l) *l = m->backend->alloc(n * sizeof(float), LOOM_MEM_GRADS);
-        m->backend->copy(*l, s, n * sizeof(float));
-    } else { /* A not a power of two: the levels still held, lowest first */
-        for (t >>= 1, k++; t; t >>= 1, k++)
-            if (t & 1) add(x, s, *slot(x, k, b), n);
-        add(x, x->dest[b], s, n); /* the view holds zeros until now */
-    }
+    loom_sum_tree_add(m->backend, slot(x, 0, b), (size_t)m->nblocks, s, n, (unsigned)x->micro, x->last);
+    if (x->last) add(x, x->dest[b], s, n); /* the view holds zeros until now */
     loom_pool_give_f32(s, n);
     x->own[b] = NULL;
     loom_block_provide_grads(m, b, x->dest[b], x->dest_owner[b]);
@@ -109,7 +99,7 @@ void loom_invariant_init(struct loom_invariant *x, struct loom_model *m, int mic
 {
     LOOM_ASSERT(micros >= 1 && pieces >= 1);
     *x = (struct loom_invariant){.model = m, .micros = micros, .pieces = pieces};
-    for (unsigned a = (unsigned)micros - 1; a; a >>= 1) x->levels++;
+    x->levels = loom_sum_tree_levels(micros);
     const size_t nb = (size_t)m->nblocks;
     x->level = loom_alloc(sizeof *x->level * nb * (size_t)x->levels, LOOM_MEM_OTHER);
     x->own = loom_alloc(sizeof *x->own * nb * 2, LOOM_MEM_OTHER);

@@ -132,7 +132,7 @@ static void moe(struct loom_decoder *m, const float *x, const float *dy, float *
     double t0 = loom_now();
     loom_decoder_moe_forward(m, a, b, x, y, m->T, 0, NULL);
     double t1 = loom_now();
-    loom_decoder_moe_backward(m, a, b, x, dy, dx, m->T);
+    loom_decoder_moe_backward(m, a, b, x, dy, dx, m->T, 0);
     *fwd = (t1 - t0) * 1e3, *bwd = (loom_now() - t1) * 1e3;
 }
 
