@@ -65,15 +65,14 @@ So that the comparisons can fail: a run whose experts see other rows (EP 2
 with micro-batches of 1) is checked at least 10x the bound away.
 
 --layout-invariant 2 (invariant()): EP 2, EP 2 x DP 2, EP 4, ZeRO 1-3,
-full recomputation, PP 2 x EP 2 interleaved, bf16 and GPT-2's experts give
-one process's bits, every loss and weight.
+full recomputation, PP 2 x EP 2 interleaved, TP 2 + SP x EP 2, bf16 and
+GPT-2's experts give one process's bits, every loss and weight.
 
 Bad settings, one line and exit 2: experts not divisible by the size, a
 model without experts, a world whose data-parallel ranks the size does not
 divide, `loom sample` given the size (it runs in one process), a
 capacity under context parallelism, a tensor-parallel size not dividing
-the experts' columns; --layout-invariant with the allgather dispatcher,
-or with experts under tensor parallelism.
+the experts' columns; --layout-invariant with the allgather dispatcher.
 """
 import os
 import sys
@@ -288,13 +287,15 @@ def invariant(tmp):
     shapes for that rank's micro-batch) with their own weight gradients,
     summed over the source's micro-batches in a tree of their own and then
     in the pairwise tree over the sources; the experts' and ZeRO's dense
-    sums over the expert group go through the tree too. Micro-batches of 2
-    (4 a step in one process): EP 2 (2 a rank) alone, with ZeRO-3 and
-    under full recomputation, EP 2 x DP 2 under ZeRO-1 and ZeRO-2, EP 4
-    under ZeRO-3, PP 2 x EP 2 with the interleaved schedule; one micro-batch
-    a rank (micro-batches of 4); bf16; GPT-2's experts (biases, the [in,
-    out] orientation) with shared experts and a capacity. Without the flag
-    EP 2 is not one process's bits (so the checks can fail)."""
+    sums over the expert group go through the tree too; under tensor
+    parallelism the experts are whole on each tensor-parallel rank. Micro-
+    batches of 2 (4 a step in one process): EP 2 (2 a rank) alone, with
+    ZeRO-3 and under full recomputation, EP 2 x DP 2 under ZeRO-1 and
+    ZeRO-2, EP 4 under ZeRO-3, PP 2 x EP 2 with the interleaved schedule,
+    TP 2 + SP x EP 2; one micro-batch a rank (micro-batches of 4); bf16;
+    GPT-2's experts (biases, the [in, out] orientation) with shared experts
+    and a capacity, at EP 2 and TP 2 + SP x EP 2. Without the flag EP 2 is
+    not one process's bits (so the checks can fail)."""
     inv = ["--layout-invariant", "2"]
     mb4 = ["--micro-batch-size", "4"]
     one = run(tmp, "inv-one", 1, inv)
@@ -304,7 +305,8 @@ def invariant(tmp):
                           ("EP 2 x DP 2 ZeRO-2", 4, ep(2) + ["--zero-stage", "2"]),
                           ("EP 4 ZeRO-3", 4, ep(4) + ["--zero-stage", "3"]),
                           ("PP 2 interleaved x EP 2", 4, ep(2) + ["--pipeline-model-parallel-size", "2",
-                                                                  "--num-layers-per-virtual-pipeline-stage", "1"])):
+                                                                  "--num-layers-per-virtual-pipeline-stage", "1"]),
+                          ("TP 2 + SP x EP 2", 4, tp(2) + ep(2))):
         lib.same_run(f"invariant {tag}", one, run(tmp, f"inv-{tag.replace(' ', '')}", n, inv + extra))
     one4 = run(tmp, "inv-one4", 1, inv + mb4)
     lib.same_run("invariant EP 2, one micro-batch a rank", one4, run(tmp, "inv-ep2-mb4", 2, inv + mb4 + ep(2)))
@@ -314,6 +316,8 @@ def invariant(tmp):
     g1 = lib.tiny_run(tmp, "inv-gpt2-one", 1, gpt + inv)
     lib.same_run("invariant GPT-2 experts, shared, capacity, EP 2", g1,
                  lib.tiny_run(tmp, "inv-gpt2-ep2", 2, gpt + inv + ep(2)))
+    lib.same_run("invariant GPT-2 experts, shared, capacity, TP 2 + SP x EP 2", g1,
+                 lib.tiny_run(tmp, "inv-gpt2-tp2ep2", 4, gpt + inv + tp(2) + ep(2)))
     plain = run(tmp, "inv-plain-ep2", 2, ep(2))
     base = run(tmp, "inv-plain-one", 1, [])
     check("without the flag EP 2 is not one process's bits (the checks above can fail)", plain[0] != base[0])
@@ -334,8 +338,6 @@ def bad_settings(tmp):
         ("--layout-invariant with the allgather dispatcher", 2,
          ep(2) + dispatcher("allgather") + ["--layout-invariant", "2", "--micro-batch-size", "4"],
          ["--layout-invariant", "allgather"]),
-        ("--layout-invariant with experts under tensor parallelism", 2, tp(2) + ["--layout-invariant", "2"],
-         ["--layout-invariant", "tensor parallelism"]),
     ]
     cases += [("loom sample with expert parallelism", 1, "sample", ["--expert-model-parallel-size 2", "one process"])]
     for name, n, extra, needles in cases:

@@ -41,7 +41,7 @@ refusals.
    corpus): DDP 2, ZeRO-3 on 2 ranks and PP 2 give one process's per-step
    losses and final weights within lib.compare_runs' 1e-5; full
    recomputation gives the same bits; under --layout-invariant 2 the three
-   give one process's bits; Llama with shared experts in every
+   and TP 2 + SP give one process's bits; Llama with shared experts in every
    other layer and GPT-2's dense experts under DDP 2. In bf16 (DDP 2,
    ZeRO-3, PP 2) and fp16 (DDP 2) at lr 0: every step's loss within 1e-5
    and gradient norm within 2e-3 (lib.same_steps_at_lr0 says why not
@@ -408,11 +408,13 @@ def layouts(tmp):
         lib.compare_runs(f"mixtral {tag}", one, lib.tiny_run(tmp, f"moe-{tag[:4].strip()}", n, base + extra))
     full = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]
     lib.same_run("mixtral full recomputation", one, lib.tiny_run(tmp, "moe-full", 1, base + full))
-    # --layout-invariant: the same layouts give one process's bits (expert parallelism's: test_expert_parallel.py)
+    # --layout-invariant: the same layouts and TP 2 + SP (the experts whole on each tensor-parallel rank) give
+    # one process's bits (expert parallelism's: test_expert_parallel.py)
     inv = base + ["--layout-invariant", "2"]
     one_inv = lib.tiny_run(tmp, "moe-inv-one", 1, inv)
     for tag, n, extra in (("DDP 2", 2, []), ("ZeRO-3", 2, ["--zero-stage", "3"]),
-                          ("PP 2", 2, ["--pipeline-model-parallel-size", "2"])):
+                          ("PP 2", 2, ["--pipeline-model-parallel-size", "2"]),
+                          ("TP 2 + SP", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"])):
         lib.same_run(f"mixtral {tag} --layout-invariant 2", one_inv,
                      lib.tiny_run(tmp, f"moe-inv-{tag[:4].strip()}", n, inv + extra))
     # 16-bit activations, at lr 0 (lib.same_steps_at_lr0 says why: trained, a routing flip parts the runs);

@@ -92,3 +92,10 @@ void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi)
     *lo = n * r / tp;
     *hi = n * (r + 1) / tp;
 }
+
+float *loom_tp_region_rows(const struct loom_tp_regions *r, float *x, int N)
+{
+    if (r->tp == 1 || !r->sp) return x;
+    return x +
+           (size_t)loom_tp_rows_held(r, N) * (size_t)loom_comm_group_rank(LOOM_GROUP_TP) * (size_t)r->width;
+}

@@ -101,9 +101,11 @@ static void tensor_name(char *out, const struct loom_decoder_names *nm, int l, c
 }
 
 /* A projection of a layer: in -> out features ([in, out] or [out, in] as
- * the spec stores them), column- or row-parallel, with a bias or not; the
+ * the spec stores them), column- (column 1) or row-parallel (0), or whole
+ * on every tensor-parallel rank (LINEAR_WHOLE), with a bias or not; the
  * weight's index, and the bias's into *bias (-1: none). view: a fused
  * weight's [C, 3, Cq] (and its bias's [3, Cq]). */
+enum { LINEAR_WHOLE = 2 };
 static int add_linear(struct loom_decoder *m, struct loom_block *b, int l, const char *name, int64_t in,
                       int64_t out, int column, int with_bias, double std, int *bias, int fused)
 {
@@ -116,6 +118,8 @@ static int add_linear(struct loom_decoder *m, struct loom_block *b, int l, const
     int w;
     if (fused) /* [C, 3 Cq]: a rank's q, k and v columns are one box of the view */
         w = add(m, b, full, 2, in, out, LOOM_INIT_NORMAL, std, 2, 3, wview);
+    else if (column == LINEAR_WHOLE)
+        w = add(m, b, full, 2, in_out ? in : out, in_out ? out : in, LOOM_INIT_NORMAL, std, REPL, 0, NULL);
     else if (in_out)
         w = add(m, b, full, 2, in, out, LOOM_INIT_NORMAL, std, column ? 1 : 0, 0, NULL);
     else
@@ -123,9 +127,10 @@ static int add_linear(struct loom_decoder *m, struct loom_block *b, int l, const
     *bias = -1;
     if (with_bias) {
         tensor_name(full, s->names, l, name, "bias");
-        *bias = fused    ? add(m, b, full, 1, out, 0, LOOM_INIT_ZERO, std, 1, 2, bview)
-                : column ? add(m, b, full, 1, out, 0, LOOM_INIT_ZERO, std, 0, 0, NULL)
-                         : add(m, b, full, 1, out, 0, LOOM_INIT_ZERO, std, REPL, 0, NULL);
+        *bias = fused                    ? add(m, b, full, 1, out, 0, LOOM_INIT_ZERO, std, 1, 2, bview)
+                : column == LINEAR_WHOLE ? add(m, b, full, 1, out, 0, LOOM_INIT_ZERO, std, REPL, 0, NULL)
+                : column                 ? add(m, b, full, 1, out, 0, LOOM_INIT_ZERO, std, 0, 0, NULL)
+                                         : add(m, b, full, 1, out, 0, LOOM_INIT_ZERO, std, REPL, 0, NULL);
     }
     return w;
 }
@@ -164,6 +169,8 @@ static void layout_moe(struct loom_decoder *m, struct loom_block *b, int l, doub
     struct loom_decoder_slots *t = &m->t;
     const int64_t C = s->hidden, F = s->moe_ffn, Fs = s->shared_ffn;
     const int gated = s->mlp == LOOM_MLP_GATED;
+    /* the experts' splits: column and row parallel, or whole on every tensor-parallel rank */
+    const int col = s->experts_whole ? LINEAR_WHOLE : 1, row = s->experts_whole ? LINEAR_WHOLE : 0;
     char name[LOOM_TENSOR_NAME_MAX], prefix[LOOM_TENSOR_NAME_MAX];
     /* the router: replicated over the tensor-parallel ranks, each of which routes every row alike */
     tensor_name(name, nm, l, nm->router, "weight");
@@ -182,12 +189,12 @@ static void layout_moe(struct loom_decoder *m, struct loom_block *b, int l, doub
         int gw = -1, gb = -1, uw, ub, dw, db;
         if (gated) {
             snprintf(name, sizeof name, "%s%s", prefix, nm->expert_gate);
-            gw = add_linear(m, b, l, name, C, F, 1, s->mlp_bias, std, &gb, 0);
+            gw = add_linear(m, b, l, name, C, F, col, s->mlp_bias, std, &gb, 0);
         }
         snprintf(name, sizeof name, "%s%s", prefix, nm->expert_up);
-        uw = add_linear(m, b, l, name, C, F, 1, s->mlp_bias, std, &ub, 0);
+        uw = add_linear(m, b, l, name, C, F, col, s->mlp_bias, std, &ub, 0);
         snprintf(name, sizeof name, "%s%s", prefix, nm->expert_down);
-        dw = add_linear(m, b, l, name, F, C, 0, s->mlp_bias, proj_std, &db, 0);
+        dw = add_linear(m, b, l, name, F, C, row, s->mlp_bias, proj_std, &db, 0);
         if (e == m->ep.first)
             t->e_gate_w = gw, t->e_gate_b = gb, t->e_up_w = uw, t->e_up_b = ub, t->e_down_w = dw,
             t->e_down_b = db;
@@ -199,12 +206,12 @@ static void layout_moe(struct loom_decoder *m, struct loom_block *b, int l, doub
     if (!Fs) return;
     if (gated) {
         snprintf(name, sizeof name, "%s%s", nm->shared, nm->expert_gate);
-        t->s_gate_w = add_linear(m, b, l, name, C, Fs, 1, s->mlp_bias, std, &t->s_gate_b, 0);
+        t->s_gate_w = add_linear(m, b, l, name, C, Fs, col, s->mlp_bias, std, &t->s_gate_b, 0);
     }
     snprintf(name, sizeof name, "%s%s", nm->shared, nm->expert_up);
-    t->s_up_w = add_linear(m, b, l, name, C, Fs, 1, s->mlp_bias, std, &t->s_up_b, 0);
+    t->s_up_w = add_linear(m, b, l, name, C, Fs, col, s->mlp_bias, std, &t->s_up_b, 0);
     snprintf(name, sizeof name, "%s%s", nm->shared, nm->expert_down);
-    t->s_down_w = add_linear(m, b, l, name, Fs, C, 0, s->mlp_bias, proj_std, &t->s_down_b, 0);
+    t->s_down_w = add_linear(m, b, l, name, Fs, C, row, s->mlp_bias, proj_std, &t->s_down_b, 0);
 }
 
 /* The tensors of layer l's block, in block order: norm, the attention's
@@ -802,6 +809,7 @@ static void alloc_activations(struct loom_decoder *m)
      * tensor and expert parallelism are off: decoder_def.c), so its sums
      * are the same calls in every layout, without the pieces */
     m->lc_moe.exact = &m->exact_off;
+    if (m->spec.experts_whole) m->lc_moe.tp_rank = 0; /* whole on every rank: each adds the row biases */
 }
 
 static void free_activations(struct loom_decoder *m)
@@ -1129,8 +1137,8 @@ struct loom_decoder *loom_decoder_create(const struct loom_decoder_spec *s, int 
     m->Cq = m->NHl * hs;
     m->kvC = m->Gl * hs;
     m->Fl = s->ffn / tp;
-    m->Fe = s->moe_ffn / tp;
-    m->Fs = s->shared_ffn / tp;
+    m->Fe = s->experts_whole ? s->moe_ffn : s->moe_ffn / tp;
+    m->Fs = s->experts_whole ? s->shared_ffn : s->shared_ffn / tp;
     int64_t v0, v1;
     loom_tp_part(s->vocab, tp, tp_rank, &v0, &v1);
     m->v0 = (int)v0;
@@ -1175,7 +1183,7 @@ struct loom_decoder *loom_decoder_create_whole(const struct loom_decoder_spec *s
 {
     const int lo = 0, hi = s->num_layers - 1;
     struct loom_decoder_spec whole = *s; /* every expert too */
-    whole.ep = whole.ep_rank = whole.ep_allgather = 0;
+    whole.ep = whole.ep_rank = whole.ep_allgather = whole.experts_whole = 0;
     return loom_decoder_create(&whole, B, T, 1, 0, 1, &lo, &hi, 1, 1);
 }
 
@@ -1389,7 +1397,8 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     keep(m, x->ln2, ln2, NrC);
     if (loom_decoder_moe_layer(&m->spec, l)) { /* a region of its own: every row in, partial sums out */
         loom_decoder_moe_forward(m, x, b, loom_tp_region_input(&m->rg, ln2, N), m->moe_y, N, l, a->moe_hf);
-        float *y = loom_tp_region_output(&m->rg, m->moe_y, N);
+        float *y = m->spec.experts_whole ? loom_tp_region_rows(&m->rg, m->moe_y, N) /* whole sums */
+                                         : loom_tp_region_output(&m->rg, m->moe_y, N);
         round_act(m, y, NrC);
         drop_rows(m, a, y, m->drop_hidden, l, LOOM_DROPOUT_MLP_OUT);
         float *res3 = out_of(m, x->res3, m->dbufC);
@@ -1487,7 +1496,8 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
         }
         const float *in = loom_tp_region_input(&m->rg, view(m, x->ln2, m->scratchC, NrC), N);
         loom_decoder_moe_backward(m, x, b, in, dout, m->dbufC, N, l);
-        dln = loom_tp_region_input_grad(&m->rg, m->dbufC, N);
+        dln = m->spec.experts_whole ? loom_tp_region_rows(&m->rg, m->dbufC, N) /* the whole gradient */
+                                    : loom_tp_region_input_grad(&m->rg, m->dbufC, N);
         round_act(m, dln, NrC);
     } else {
         dln = mlp_backward(m, x, b, dout, N);

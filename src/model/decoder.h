@@ -129,8 +129,10 @@ struct loom_decoder_spec {
     /* the layout's, not the shape's: the experts split over an
      * expert-parallel group of ep ranks (layers/experts.h), this rank
      * ep_rank (0, 0: all of them here); the allgather dispatcher, else
-     * the all-to-all */
-    int ep, ep_rank, ep_allgather;
+     * the all-to-all; experts_whole: the experts and shared experts not
+     * split over the tensor-parallel ranks but whole on each, computed
+     * alike (--layout-invariant under TP: one process's products) */
+    int ep, ep_rank, ep_allgather, experts_whole;
 };
 
 /* Indices of a layer block's tensors, in block order (-1: absent): the same

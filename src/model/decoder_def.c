@@ -236,7 +236,8 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
                               "is not summed across stages yet",
                               cfg->pipeline_model_parallel_size);
     const int tp = cfg->tensor_model_parallel_size;
-    if (tp > 1 && (s->moe_ffn % tp || s->shared_ffn % tp))
+    if (tp > 1 && !cfg->layout_invariant &&
+        (s->moe_ffn % tp || s->shared_ffn % tp)) /* whole under the flag */
         return loom_error_set(LOOM_ERR_INPUT,
                               "--tensor-model-parallel-size %d must divide --moe-ffn-hidden-size %d and "
                               "--moe-shared-expert-intermediate-size %d: each rank holds as many of every "
@@ -247,9 +248,6 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
               "micro-batch's, whose rows the context ranks split: not built yet)";
     else if (cfg->fp8_format != LOOM_FP8_OFF)
         why = "--fp8-format (the experts' products are not fp8 layers yet)";
-    else if (cfg->layout_invariant && tp > 1)
-        why = "--layout-invariant under tensor parallelism (an expert's products are one rank's sums, not "
-              "split into the flag's pieces: not built yet)";
     else if (cfg->layout_invariant && cfg->expert_model_parallel_size > 1 &&
              cfg->moe_token_dispatcher_type == LOOM_MOE_DISPATCH_ALLGATHER)
         why = "--layout-invariant under --moe-token-dispatcher-type allgather (each rank's routing-weighted "

@@ -61,6 +61,13 @@ static struct loom_linear lin(struct loom_block *b, int w, int bias, int in, int
     return (struct loom_linear){.b = b, .w = w, .bias = bias, .in = in, .out = out};
 }
 
+/* Whether the experts' columns are split over the tensor-parallel ranks
+ * (their outputs and input gradients partial sums), or whole on each. */
+static int parted(const struct loom_decoder *m)
+{
+    return m->tp > 1 && !m->spec.experts_whole;
+}
+
 /* Expert e's input products (gate and up, or up alone) and its down. */
 static struct loom_linear_group expert_in(const struct loom_decoder *m, struct loom_block *b, int e, int F)
 {
@@ -309,7 +316,8 @@ static void experts_forward(struct loom_decoder *m, struct loom_decoder_layer_ac
     round_act(m, h, RF);
     for (int s = 0, calls = 1; s < calls; s++) { /* a row-parallel bias: added by tp rank 0 alone */
         calls = call_rows(m, x, n, s, rows, first);
-        loom_linear_grouped_forward(&m->lc_moe, down, G, rows, split ? first : NULL, y, h, m->tp_rank == 0);
+        loom_linear_grouped_forward(&m->lc_moe, down, G, rows, split ? first : NULL, y, h,
+                                    m->lc_moe.tp_rank == 0);
     }
     round_act(m, y, R * (size_t)m->spec.hidden);
 }
@@ -440,7 +448,7 @@ static void allgather_backward(struct loom_decoder *m, struct loom_decoder_layer
         m->k->moe_unpermute_backward(dy, m->moe_gdp + s * Nk, m->moe_gx + s * NC, x->ey, x->gprobs + s * Nk,
                                      x->gpos + s * Nk, N, k, C);
     loom_ep_reduce_scatter(p, m->moe_dprobs, m->moe_gdp, (size_t)Nk);
-    if (m->tp > 1)
+    if (parted(m))
         loom_tp_allreduce(m->moe_dprobs, (size_t)Nk, LOOM_OP_SUM); /* partial sums over the columns */
     round_act(m, dy, (size_t)R * C);
     experts_backward(m, x, b, x->xe, dy, dx, n, l);
@@ -545,7 +553,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         allgather_backward(m, x, b, dout, dln, N, n, l);
     } else {
         m->k->moe_unpermute_backward(m->moe_dy, m->moe_dprobs, dout, x->ey, x->rprobs, x->rpos, N, k, C);
-        if (m->tp > 1) loom_tp_allreduce(m->moe_dprobs, (size_t)N * k, LOOM_OP_SUM);
+        if (parted(m)) loom_tp_allreduce(m->moe_dprobs, (size_t)N * k, LOOM_OP_SUM);
         round_act(m, m->moe_dy, (size_t)rows_of(m, x) * C);
         if (m->ep.ep > 1) { /* the outputs' gradients to the experts' ranks, the inputs' back */
             loom_ep_dispatch(&m->ep, m->moe_ep[0], x->recv, m->moe_dy, x->counts, C);
@@ -581,7 +589,8 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
     float *const dl[1] = {m->moe_dlogits};
     float *got = loom_linear_column_backward(&m->lc_moe, &router, dl, ln2, NULL, m->moe_out, N);
     LOOM_ASSERT(got == m->moe_out);
-    if (m->tp_rank == 0) m->k->residual_forward(dln, dln, m->moe_out, NC); /* the same on every tp rank */
+    if (m->lc_moe.tp_rank == 0) /* the same on every tp rank: added once to the partial sums */
+        m->k->residual_forward(dln, dln, m->moe_out, NC);
     if (m->spec.shared_ffn) {
         const struct loom_linear_group g = shared_in(m, b);
         const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->Fs, C);
