@@ -103,6 +103,8 @@ LAYOUTS = [
                                                 "--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"),
     ("Mixtral tiny EP 2 x DP 2 ZeRO-3", 4, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "
                                                     "--expert-model-parallel-size 2 --zero-stage 3"),
+    ("Mixtral tiny EP 2 --layout-invariant", 2, MIXTRAL, "--micro-batch-size 2 --global-batch-size 16 "
+                                                        "--expert-model-parallel-size 2 --layout-invariant 2"),
     ("Mixtral tiny TP 2 + SP x EP 2", 4, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "
                                                   "--tensor-model-parallel-size 2 --sequence-parallel "
                                                   "--expert-model-parallel-size 2"),

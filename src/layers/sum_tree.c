@@ -1,6 +1,7 @@
 /* A binary counter of partial sums (sum_tree.h). */
 #include "layers/sum_tree.h"
 
+#include "base/log.h"
 #include "base/mem.h"
 #include "kernels/backend.h"
 
@@ -11,9 +12,10 @@ int loom_sum_tree_levels(int leaves)
     return levels;
 }
 
-void loom_sum_tree_add(const struct loom_backend *be, float **level, size_t stride, float *s, size_t n,
-                       unsigned a, int last)
+void loom_sum_tree_add(const struct loom_backend *be, float **level, size_t stride, int levels, float *s,
+                       size_t n, unsigned a, int last)
 {
+    LOOM_ASSERT(levels < 31 && (a >> levels) == 0); /* a leaf of the counter's count, at most 2^levels */
     unsigned t = a;
     size_t k = 0;
     for (; t & 1; t >>= 1, k++)

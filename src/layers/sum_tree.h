@@ -24,9 +24,10 @@ struct loom_backend;
 int loom_sum_tree_levels(int leaves);
 
 /* Leaf a (s, n floats on the backend's memory, added into) of a counter
- * whose level k is level[k * stride] (NULL until used: allocated then, on
- * the backend, tagged as gradients). last: s becomes the total. */
-void loom_sum_tree_add(const struct loom_backend *be, float **level, size_t stride, float *s, size_t n,
-                       unsigned a, int last);
+ * of levels levels (loom_sum_tree_levels of its leaves) whose level k is
+ * level[k * stride] (NULL until used: allocated then, on the backend,
+ * tagged as gradients). last: s becomes the total. */
+void loom_sum_tree_add(const struct loom_backend *be, float **level, size_t stride, int levels, float *s,
+                       size_t n, unsigned a, int last);
 
 #endif

@@ -93,9 +93,8 @@ void loom_tp_part(int64_t n, int tp, int r, int64_t *lo, int64_t *hi)
     *hi = n * (r + 1) / tp;
 }
 
-float *loom_tp_region_rows(const struct loom_tp_regions *r, float *x, int N)
+float *loom_tp_region_rows(const struct loom_tp_regions *r, float *x, int N, int tp_rank)
 {
     if (r->tp == 1 || !r->sp) return x;
-    return x +
-           (size_t)loom_tp_rows_held(r, N) * (size_t)loom_comm_group_rank(LOOM_GROUP_TP) * (size_t)r->width;
+    return x + (size_t)loom_tp_rows_held(r, N) * (size_t)tp_rank * (size_t)r->width;
 }

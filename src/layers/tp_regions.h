@@ -78,8 +78,9 @@ float *loom_tp_region_output(struct loom_tp_regions *r, float *partial, int N);
  * rank's rows gathered (the backward of the reduce-scatter). */
 const float *loom_tp_region_output_grad(struct loom_tp_regions *r, const float *dres, int N);
 /* A region computed whole and alike on every rank (its output, or its
- * input's gradient): the rows this rank holds of x (N rows), in place. */
-float *loom_tp_region_rows(const struct loom_tp_regions *r, float *x, int N);
+ * input's gradient): the rows tp rank tp_rank holds of x (N rows), in
+ * place. */
+float *loom_tp_region_rows(const struct loom_tp_regions *r, float *x, int N, int tp_rank);
 /* The gradient at a region's input from its partial sums over this rank's
  * columns (N rows): summed in place, or this rank's rows of the sum in
  * grad_rows (the backward of the gather). Returns the rows this rank holds. */

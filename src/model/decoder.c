@@ -70,6 +70,7 @@
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
 #include "layers/fp8_linear.h"
+#include "layers/sum_tree.h"
 #include "model/decoder_impl.h"
 #include "model/sparsity.h"
 
@@ -667,6 +668,27 @@ static int drops(const struct loom_decoder *m)
     return m->drop_hidden > 0 || m->drop_attn > 0 || m->drop_emb > 0;
 }
 
+/* The per-source trees' levels (decoder_moe.c's sources_done) of the MoE
+ * layers this stage holds, for the step's micro-batches (spec.micros), so
+ * that the footprint counts them: level k of layer i's source s at
+ * moe_src_tree[(k nmoe + i) ep + s]. */
+static void alloc_source_trees(struct loom_decoder *m)
+{
+    const int levels = loom_sum_tree_levels(m->spec.micros), nmoe = loom_decoder_moe_count(&m->spec),
+              P = m->ep.ep;
+    if (!levels) return;
+    m->moe_src_levels = levels;
+    m->moe_src_tree = loom_alloc(loom_mul_size((size_t)levels * nmoe * P, sizeof(float *)), LOOM_MEM_OTHER);
+    for (int l = 0; l < m->spec.num_layers; l++) {
+        if (!loom_decoder_moe_layer(&m->spec, l) || m->stage.block[l] < 0) continue;
+        const size_t i = (size_t)loom_decoder_moe_index(&m->spec, l);
+        for (int k = 0; k < levels; k++)
+            for (int s = 0; s < P; s++)
+                m->moe_src_tree[((size_t)k * nmoe + i) * P + (size_t)s] =
+                    dev(m)->alloc(loom_mul_size(m->moe_src_numel, sizeof(float)), LOOM_MEM_GRADS);
+    }
+}
+
 /* The shared scratch. The MLP's buffers also stage, with 16-bit
  * activations, the attention's output (N, Cq) in the forward and its kept
  * qkv (N, 3 Cq) in the backward. */
@@ -766,6 +788,7 @@ static void alloc_activations(struct loom_decoder *m)
                 m->moe_src_numel = x > m->moe_src_numel ? x : m->moe_src_numel;
             }
             m->moe_src_grads = act(m, (size_t)m->ep.ep * m->moe_src_numel);
+            alloc_source_trees(m);
         }
         m->moe_dprobs = act(m, Nk);
         m->moe_dlogits = act(m, N * E);
@@ -805,8 +828,9 @@ static void alloc_activations(struct loom_decoder *m)
     m->rg_moe = (struct loom_tp_regions){.tp = 1, .width = m->spec.hidden};
     m->lc_moe = m->lc;
     m->lc_moe.rg = &m->rg_moe;
-    /* an MoE layer runs on one rank's rows (--layout-invariant only where
-     * tensor and expert parallelism are off: decoder_def.c), so its sums
+    /* an MoE layer's products are one rank's (under --layout-invariant with
+     * tensor parallelism the experts are whole, spec.experts_whole; with
+     * expert parallelism a call a source rank, decoder_moe.c), so its sums
      * are the same calls in every layout, without the pieces */
     m->lc_moe.exact = &m->exact_off;
     if (m->spec.experts_whole) m->lc_moe.tp_rank = 0; /* whole on every rank: each adds the row biases */
@@ -1397,8 +1421,9 @@ static void layer_forward(struct loom_decoder *m, struct loom_decoder_acts *a, i
     keep(m, x->ln2, ln2, NrC);
     if (loom_decoder_moe_layer(&m->spec, l)) { /* a region of its own: every row in, partial sums out */
         loom_decoder_moe_forward(m, x, b, loom_tp_region_input(&m->rg, ln2, N), m->moe_y, N, l, a->moe_hf);
-        float *y = m->spec.experts_whole ? loom_tp_region_rows(&m->rg, m->moe_y, N) /* whole sums */
-                                         : loom_tp_region_output(&m->rg, m->moe_y, N);
+        float *y = m->spec.experts_whole
+                       ? loom_tp_region_rows(&m->rg, m->moe_y, N, m->tp_rank) /* whole sums */
+                       : loom_tp_region_output(&m->rg, m->moe_y, N);
         round_act(m, y, NrC);
         drop_rows(m, a, y, m->drop_hidden, l, LOOM_DROPOUT_MLP_OUT);
         float *res3 = out_of(m, x->res3, m->dbufC);
@@ -1496,8 +1521,9 @@ static void layer_backward(struct loom_decoder *m, struct loom_decoder_acts *a, 
         }
         const float *in = loom_tp_region_input(&m->rg, view(m, x->ln2, m->scratchC, NrC), N);
         loom_decoder_moe_backward(m, x, b, in, dout, m->dbufC, N, l);
-        dln = m->spec.experts_whole ? loom_tp_region_rows(&m->rg, m->dbufC, N) /* the whole gradient */
-                                    : loom_tp_region_input_grad(&m->rg, m->dbufC, N);
+        dln = m->spec.experts_whole
+                  ? loom_tp_region_rows(&m->rg, m->dbufC, N, m->tp_rank) /* the whole gradient */
+                  : loom_tp_region_input_grad(&m->rg, m->dbufC, N);
         round_act(m, dln, NrC);
     } else {
         dln = mlp_backward(m, x, b, dout, N);

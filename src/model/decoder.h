@@ -131,8 +131,10 @@ struct loom_decoder_spec {
      * ep_rank (0, 0: all of them here); the allgather dispatcher, else
      * the all-to-all; experts_whole: the experts and shared experts not
      * split over the tensor-parallel ranks but whole on each, computed
-     * alike (--layout-invariant under TP: one process's products) */
-    int ep, ep_rank, ep_allgather, experts_whole;
+     * alike (--layout-invariant under TP: one process's products);
+     * micros: the micro-batches of a step on this rank (the per-source
+     * trees of --layout-invariant under EP, decoder_moe.c) */
+    int ep, ep_rank, ep_allgather, experts_whole, micros;
 };
 
 /* Indices of a layer block's tensors, in block order (-1: absent): the same

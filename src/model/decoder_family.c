@@ -34,6 +34,7 @@ struct loom_model *loom_decoder_build(const struct loom_config *cfg, const struc
     sx.ep_rank = loom_ep_group_rank() % ep;
     sx.ep_allgather = ep > 1 && cfg->moe_token_dispatcher_type == LOOM_MOE_DISPATCH_ALLGATHER;
     sx.experts_whole = s->experts && cfg->layout_invariant && tp > 1;
+    sx.micros = cfg->gradient_accumulation_steps > 1 ? cfg->gradient_accumulation_steps : 1;
     struct loom_decoder *m = loom_decoder_create(&sx, B, T, tp, tp_rank, chunks, lo, hi,
                                                  pp_rank == 0 || pp == 1, pp_rank == pp - 1 || pp == 1);
     loom_free(lo);

@@ -36,6 +36,14 @@
  * rows, run inside a one-rank region (m->lc_moe), so out is this rank's
  * partial sum; the routing weights' gradients are summed over the tp
  * group and the router's input gradient is added by tp rank 0 alone.
+ * Under --layout-invariant the experts are whole on every tp rank instead
+ * (spec.experts_whole: parted() is 0, lc_moe.tp_rank 0): each rank computes
+ * the layer alike, out and dln whole, and the caller takes its rows.
+ *
+ * Under --layout-invariant with expert parallelism (experts_by_source)
+ * each source rank's rows are their own grouped calls, and each source's
+ * weight gradients are summed as one process's micro-batch tree sums them
+ * (sources_done).
  *
  * The routing is data-dependent: the experts' row counts come to the host
  * (they size the products), and the rows' places go back. Each forward
@@ -344,8 +352,8 @@ static void sources_done(struct loom_decoder *m, struct loom_block *b, int l, si
         LOOM_ASSERT(levels == m->moe_src_levels && m->bwd_micro < micros);
         const size_t i = (size_t)loom_decoder_moe_index(&m->spec, l);
         for (int s = 0; s < P; s++)
-            loom_sum_tree_add(dev(m), &m->moe_src_tree[i * P + (size_t)s], (size_t)nmoe * P, src + s * span,
-                              span, (unsigned)m->bwd_micro, last);
+            loom_sum_tree_add(dev(m), &m->moe_src_tree[i * P + (size_t)s], (size_t)nmoe * P, levels,
+                              src + s * span, span, (unsigned)m->bwd_micro, last);
         if (!last) return;
     }
     for (int w = 1; w < P; w *= 2) /* the pairwise tree over the sources (ep a power of two) */

@@ -47,7 +47,8 @@ static void grads_ready(void *ctx, int b)
     struct loom_model *m = x->model;
     const size_t n = m->blocks[b].numel;
     float *s = x->own[b];
-    loom_sum_tree_add(m->backend, slot(x, 0, b), (size_t)m->nblocks, s, n, (unsigned)x->micro, x->last);
+    loom_sum_tree_add(m->backend, slot(x, 0, b), (size_t)m->nblocks, x->levels, s, n, (unsigned)x->micro,
+                      x->last);
     if (x->last) add(x, x->dest[b], s, n); /* the view holds zeros until now */
     loom_pool_give_f32(s, n);
     x->own[b] = NULL;

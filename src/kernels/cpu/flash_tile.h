@@ -219,12 +219,22 @@ static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16
     const float mnew = fmaxf(*mx, smax * scale);
     const float alpha = expf(*mx - mnew); /* 0 at the row's first tile */
     float sum = 0.0f;
-    if (pa) {
+    /* the loops without dropout stay free of its test: a select in the
+     * vector loop cost the float32 kernels a third of their speed */
+    if (pa && dm) {
 #pragma omp simd reduction(+ : sum)
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp(s[c] * scale - mnew);
             const float p = keep[c] != 0.0f ? e : 0.0f;
-            pa[c] = fa_bf(dm ? p * dm[c] : p);
+            pa[c] = fa_bf(p * dm[c]);
+            sum += p;
+        }
+    } else if (pa) {
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < n16; c++) {
+            const float e = fa_exp(s[c] * scale - mnew);
+            const float p = keep[c] != 0.0f ? e : 0.0f;
+            pa[c] = fa_bf(p);
             sum += p;
         }
     } else {
@@ -232,8 +242,12 @@ static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp(s[c] * scale - mnew);
             const float p = keep[c] != 0.0f ? e : 0.0f;
-            s[c] = dm ? p * dm[c] : p;
+            s[c] = p;
             sum += p;
+        }
+        if (dm) {
+#pragma omp simd
+            for (int c = 0; c < n16; c++) s[c] *= dm[c];
         }
     }
     *l = *l * alpha + sum;
