@@ -114,4 +114,5 @@ struct loom_grad_place {
 void loom_linear_grouped_backward(const struct loom_linear_ctx *c, const struct loom_linear *lin, int G,
                                   const int *rows, const size_t *first, float *dinp, const float *dout,
                                   const float *inp, const struct loom_grad_place *to);
+
 #endif

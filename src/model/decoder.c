@@ -677,7 +677,6 @@ static void alloc_source_trees(struct loom_decoder *m)
     const int levels = loom_sum_tree_levels(m->spec.micros), nmoe = loom_decoder_moe_count(&m->spec),
               P = m->ep.ep;
     if (!levels) return;
-    m->moe_src_levels = levels;
     m->moe_src_tree = loom_alloc(loom_mul_size((size_t)levels * nmoe * P, sizeof(float *)), LOOM_MEM_OTHER);
     for (int l = 0; l < m->spec.num_layers; l++) {
         if (!loom_decoder_moe_layer(&m->spec, l) || m->stage.block[l] < 0) continue;
@@ -859,7 +858,7 @@ static void free_activations(struct loom_decoder *m)
     void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
                     m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) loom_free(host[i]);
-    const size_t ntrees = m->moe_src_tree ? (size_t)m->moe_src_levels *
+    const size_t ntrees = m->moe_src_tree ? (size_t)loom_sum_tree_levels(m->spec.micros) *
                                                 (size_t)loom_decoder_moe_count(&m->spec) * (size_t)m->ep.ep
                                           : 0;
     for (size_t i = 0; i < ntrees; i++) act_free(m, m->moe_src_tree[i]);

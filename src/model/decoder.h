@@ -337,12 +337,11 @@ struct loom_decoder {
      * pairwise tree over the sources (decoder_moe.c) */
     float *moe_src_grads;
     size_t moe_src_numel;
-    /* with more than one micro-batch a rank, each MoE layer's sources' sums
-     * over the micro-batches: level k of layer i's source s at
-     * moe_src_tree[(k nmoe + i) ep + s] (layers/sum_tree.h), allocated on
-     * first use */
+    /* with more than one micro-batch a rank (spec.micros), each MoE layer's
+     * sources' sums over the micro-batches: level k of layer i's source s
+     * at moe_src_tree[(k nmoe + i) ep + s] (layers/sum_tree.h), allocated
+     * with the activations */
     float **moe_src_tree;
-    int moe_src_levels;
     /* the allgather dispatcher's: every rank's rows (ep x N, C), the
      * outputs' or inputs' gradients' partial sums for them, the routing
      * weights' gradients (ep x N k); on the host every rank's counts

@@ -56,7 +56,6 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "base/mem.h"
 #include "config/config.h" /* loom_moe_layers_is */
 #include "kernels/backend.h"
 #include "kernels/kernels.h" /* LOOM_MOE_MAX_EXPERTS */
@@ -342,14 +341,9 @@ static void sources_done(struct loom_decoder *m, struct loom_block *b, int l, si
 {
     const int P = m->ep.ep, micros = m->bwd_micros > 1 ? m->bwd_micros : 1, last = m->bwd_micro == micros - 1;
     float *const src = m->moe_src_grads;
-    if (micros > 1) {
+    if (micros > 1) { /* the trees alloc_source_trees made for the step's micro-batches */
         const int nmoe = loom_decoder_moe_count(&m->spec), levels = loom_sum_tree_levels(micros);
-        if (!m->moe_src_tree) {
-            m->moe_src_levels = levels;
-            m->moe_src_tree =
-                loom_alloc(loom_mul_size((size_t)levels * nmoe * P, sizeof(float *)), LOOM_MEM_OTHER);
-        }
-        LOOM_ASSERT(levels == m->moe_src_levels && m->bwd_micro < micros);
+        LOOM_ASSERT(m->moe_src_tree && micros == m->spec.micros && m->bwd_micro < micros);
         const size_t i = (size_t)loom_decoder_moe_index(&m->spec, l);
         for (int s = 0; s < P; s++)
             loom_sum_tree_add(dev(m), &m->moe_src_tree[i * P + (size_t)s], (size_t)nmoe * P, levels,
