@@ -78,6 +78,8 @@ LAYOUTS = {
     "mixtral EP 2": (2, MIXTRAL + EP2),
     "mixtral EP 2 allgather": (2, MIXTRAL + EP2 + ["--moe-token-dispatcher-type", "allgather"]),
     "mixtral EP 2 x DP 2, ZeRO-3": (4, MIXTRAL + EP2 + ["--zero-stage", "3"]),
+    "mixtral EP 2 x DP 2, ZeRO-1 bf16": (4, MIXTRAL + EP2 + ["--zero-stage", "1", "--bf16"]),
+    "mixtral EP 2, ZeRO-2": (2, MIXTRAL + EP2 + ["--zero-stage", "2"]),
     "gpt2 experts bf16, padded capacity": (1, ["--num-experts", "4", "--moe-expert-capacity-factor", "1.0",
                                                 "--moe-pad-expert-input-to-capacity", "--bf16"]),
     "gpt2 experts, TP 2 + SP": (2, ["--num-experts", "4"] + TP2 + ["--sequence-parallel"]),

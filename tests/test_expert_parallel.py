@@ -38,7 +38,12 @@ docstring gives the measurement):
     is each rank's own, summed over the ranks as over micro-batches);
   - memory: a rank's parameter bytes at EP 2 are the dense tensors' and
     half the experts', and at EP 2 x DP 2 under ZeRO-3 half of that
-    (loom's accounting, exactly);
+    (loom's accounting, exactly); the optimizer state at EP 2 x DP 2 under
+    ZeRO-1 and ZeRO-3 and at EP 2 under ZeRO-3 on 2 ranks is every
+    element's once over the ranks, an even part a rank, dense tensors
+    included (each expert rank steps a share of its shard's dense
+    elements, as Megatron shards the dense optimizer state over all data
+    ranks);
   - ZeRO over the ranks that hold the same experts: ZeRO-1, ZeRO-2,
     ZeRO-3 and the distributed optimizer at EP 2 x DP 2, ZeRO-3 with the
     allgather dispatcher and on 2 ranks, against one process within 1e-5;
@@ -47,9 +52,10 @@ docstring gives the measurement):
     metadata does) loads under EP 2 x DP 2, each rank its own experts: 5
     steps are one process's;
   - checkpoints stay layout-free: an EP 2 run's checkpoint at step 10
-    resumed in one process, one process's resumed under EP 2 x DP 2, and
-    EP 2 x DP 2 ZeRO-3's under EP 4: the remaining steps against the
-    uninterrupted run.
+    resumed in one process, one process's resumed under EP 2 x DP 2,
+    EP 2 x DP 2 ZeRO-3's under EP 4, and EP 4 ZeRO-3's (the dense state in
+    four shares) under EP 2 x DP 2 ZeRO-2: the remaining steps against
+    the uninterrupted run.
 
 Experts under tensor parallelism (each expert's columns split as a dense
 MLP's, the router replicated): TP 2 and TP 2 + SP alone; TP 2 + SP x EP 2
@@ -245,6 +251,16 @@ def memory(tmp):
     got = [r["params"] for r in row.get("mem_by_rank", [row["mem"]])]
     check(f"EP 2 x DP 2, ZeRO-3: every rank's parameter shard is half of that ({want // 2} bytes; got {got})",
           len(got) == 4 and all(g == want // 2 for g in got), f"{row}")
+    # the optimizer state over all 4 data ranks, dense tensors too (each expert rank steps a share of its
+    # shard's dense elements): the moments (float32, 8 bytes an element) of every element once in all, a
+    # quarter a rank up to the shards' rounding (a shard over the expert group had the dense ones twice)
+    for name, tag in (("ep2-ZeRO-3", "EP 2 x DP 2, ZeRO-3"), ("ep2-ZeRO-1", "EP 2 x DP 2, ZeRO-1"),
+                      ("ep2-ZeRO-3on2ranks", "EP 2, ZeRO-3 on 2 ranks")):
+        ranks = lib.metrics_rows(os.path.join(tmp, f"{name}.jsonl"))[-1]["mem_by_rank"]
+        got = [r["optimizer"] for r in ranks]
+        check(f"{tag}: the optimizer state is every element's once over the ranks ({8 * total} bytes), "
+              f"1/{len(got)} a rank (got {got})",
+              sum(got) == 8 * total and all(abs(g - 8 * total / len(got)) <= 64 for g in got), f"{ranks}")
 
 
 def resume(tmp, one):
@@ -254,6 +270,8 @@ def resume(tmp, one):
     for tag, first, then in (("EP 2 -> 1 process", (2, ep(2)), (1, [])),
                              ("1 process -> EP 2 x DP 2", (1, []), (4, ep(2))),
                              ("EP 2 x DP 2 ZeRO-3 -> EP 4", (4, ep(2) + ["--zero-stage", "3"]), (4, ep(4))),
+                             ("EP 4 ZeRO-3 -> EP 2 x DP 2 ZeRO-2", (4, ep(4) + ["--zero-stage", "3"]),
+                              (4, ep(2) + ["--zero-stage", "2"])),
                              ("TP 2 + SP x EP 2 -> 1 process", (4, tp(2) + ep(2)), (1, []))):
         lib.resume_check(tmp, tag, BASE, first, then, one)
 
@@ -292,7 +310,8 @@ def invariant(tmp):
     batches of 2 (4 a step in one process): EP 2 (2 a rank) alone, with
     ZeRO-3 and under full recomputation, EP 2 x DP 2 under ZeRO-1 and
     ZeRO-2, EP 4 under ZeRO-3, PP 2 x EP 2 with the interleaved schedule,
-    TP 2 + SP x EP 2; one micro-batch a rank (micro-batches of 4); bf16;
+    TP 2 + SP x EP 2; one micro-batch a rank (micro-batches of 4); bf16 at
+    EP 2 x DP 2 under ZeRO-2 with the optimizer state in files;
     GPT-2's experts (biases, the [in, out] orientation) with shared experts
     and a capacity, at EP 2 and TP 2 + SP x EP 2. Without the flag EP 2 is
     not one process's bits (so the checks can fail)."""
@@ -311,7 +330,11 @@ def invariant(tmp):
     one4 = run(tmp, "inv-one4", 1, inv + mb4)
     lib.same_run("invariant EP 2, one micro-batch a rank", one4, run(tmp, "inv-ep2-mb4", 2, inv + mb4 + ep(2)))
     b1 = run(tmp, "inv-bf16-one", 1, inv + ["--bf16"])
-    lib.same_run("invariant bf16 EP 2", b1, run(tmp, "inv-bf16-ep2", 2, inv + ["--bf16"] + ep(2)))
+    # each expert rank's share of the dense master weights and moments, in the optimizer's file
+    os.makedirs(os.path.join(tmp, "nvme"), exist_ok=True)
+    lib.same_run("invariant bf16 EP 2 x DP 2 ZeRO-2, the optimizer in files", b1,
+                 run(tmp, "inv-bf16-ep2", 4, inv + ["--bf16"] + ep(2) + [
+                     "--zero-stage", "2", "--offload-optimizer", "nvme", "--nvme-path", os.path.join(tmp, "nvme")]))
     gpt = GPT2 + ["--moe-shared-expert-intermediate-size", "32", "--moe-expert-capacity-factor", "1"]
     g1 = lib.tiny_run(tmp, "inv-gpt2-one", 1, gpt + inv)
     lib.same_run("invariant GPT-2 experts, shared, capacity, EP 2", g1,

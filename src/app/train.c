@@ -599,8 +599,7 @@ static void report_layout(const struct run *r, struct loom_report *rep, double p
     char stack[128];
     loom_stack_format(r->engine->model, stack, sizeof stack);
     loom_report_line(rep, "strategies: %s; schedule: %s; optimizer state for %zu of %zu parameters\n", stack,
-                     loom_schedule_name(r->cfg->pipeline_schedule, r->topo->pp), e->part.end - e->part.begin,
-                     n);
+                     loom_schedule_name(r->cfg->pipeline_schedule, r->topo->pp), e->opt.n, n);
     loom_stack_describe(r->engine->model, report_strategy, rep);
     if (e->resumed) {
         const struct loom_ckpt_io_stats *io = &e->load_io;

@@ -116,7 +116,7 @@ static int fill_piece(void *ctx, uint64_t at, float *dst, size_t count)
     const struct loom_ckpt_parts *p = s->p;
     const size_t e = s->first + (size_t)at;
     if (s->part >= 0) {
-        loom_adamw_get(p->opt, (enum loom_adamw_part)s->part, e - p->opt->begin, count, dst);
+        loom_adamw_get(p->opt, (enum loom_adamw_part)s->part, loom_adamw_state_at(p->opt, e), count, dst);
         return LOOM_OK;
     }
     const struct loom_backend *b = p->model->backend;
@@ -148,9 +148,10 @@ static int add_pieces(void *ctx, const struct loom_tensor *t, size_t t_lo, size_
 {
     struct save_ctx *s = ctx;
     /* a tensor the tp group replicates: written by its tp rank 0; one the
-     * expert-parallel group replicates (not an expert's): by its rank 0 */
+     * expert-parallel group replicates (not an expert's): by its rank 0,
+     * unless the optimizer is sharded (its runs then split them) */
     if (t->tp_split == LOOM_TP_REPLICATED && s->p->model->tp_rank != 0) return LOOM_OK;
-    if (!t->expert && s->p->topo->ep > 1 && s->p->topo->ep_rank != 0) return LOOM_OK;
+    if (!t->expert && s->p->topo->ep > 1 && s->p->topo->ep_rank != 0 && !s->p->sharded) return LOOM_OK;
     const char *prefix[4] = {"", EXP_AVG, EXP_AVG_SQ, MASTER};
     const int part[4] = {-1, LOOM_ADAMW_EXP_AVG, LOOM_ADAMW_EXP_AVG_SQ, LOOM_ADAMW_MASTER};
     for (int k = 0; k < s->parts; k++) {
@@ -238,17 +239,24 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
 {
     const struct loom_model *m = p->model;
     const struct loom_adamw *opt = p->opt;
-    size_t lo, hi;
-    part_of(p, &lo, &hi);
+    /* sharded: the optimizer's runs (elements it alone holds the state of) */
+    struct loom_run whole;
+    part_of(p, &whole.lo, &whole.hi);
+    const struct loom_run *runs = p->sharded ? opt->runs : &whole;
+    const int nruns = p->sharded ? opt->nruns : 1;
     int ntensors = 0;
-    for_each_tensor(m, lo, hi, count_tensors, &ntensors);
+    for (int r = 0; r < nruns; r++) for_each_tensor(m, runs[r].lo, runs[r].hi, count_tensors, &ntensors);
     struct save_ctx s = {p, opt->has_master ? 4 : 3, NULL, NULL, NULL, NULL, 0};
     s.stage16 = loom_alloc(SAVE_STAGE * sizeof(uint16_t), LOOM_MEM_OTHER);
     const size_t npieces = 4 * (size_t)ntensors + 2 * (size_t)(m->fp8 ? m->fp8->n : 0) + 1;
     s.pieces = loom_alloc(loom_mul_size(npieces, sizeof *s.pieces), LOOM_MEM_OTHER);
     s.srcs = loom_alloc(loom_mul_size(npieces, sizeof *s.srcs), LOOM_MEM_OTHER);
     s.names = loom_alloc(loom_mul_size(npieces, sizeof *s.names), LOOM_MEM_OTHER);
-    for_each_tensor(m, lo, hi, add_pieces, &s);
+    size_t numel = 0;
+    for (int r = 0; r < nruns; r++) {
+        for_each_tensor(m, runs[r].lo, runs[r].hi, add_pieces, &s);
+        numel += runs[r].hi - runs[r].lo;
+    }
     if (m->fp8 && p->topo->dp_rank == 0 && m->tp_rank == 0) add_fp8_pieces(m->fp8, &s);
     char path[4300], it[32];
     snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp, p->topo->rank);
@@ -257,7 +265,7 @@ static int write_part(const struct loom_ckpt_parts *p, const char *tmp, int64_t 
     int rc = loom_ckpt_write_file(path, s.pieces, s.n, meta, 2);
     struct stat sb;
     *file_bytes = rc == LOOM_OK && stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-    *bytes = (uint64_t)s.parts * (uint64_t)(hi - lo) * sizeof(float);
+    *bytes = (uint64_t)s.parts * (uint64_t)numel * sizeof(float);
     loom_free(s.pieces);
     loom_free(s.srcs);
     loom_free(s.names);
@@ -392,12 +400,12 @@ static int place_staged(struct load_ctx *c, const struct loom_tensor *t, const s
         if ((rc = read_piece(c, EXP_AVG, t, want, c->stage[0])) ||
             (rc = read_piece(c, EXP_AVG_SQ, t, want, c->stage[1])))
             return rc;
-        loom_adamw_set_state(opt, x - opt->begin, y - x, c->stage[0], c->stage[1]);
+        loom_adamw_set_state(opt, loom_adamw_state_at(opt, x), y - x, c->stage[0], c->stage[1]);
         return LOOM_OK;
     }
     if (c->what == LOAD_MASTER) {
         if ((rc = read_piece(c, MASTER, t, want, c->stage[0]))) return rc;
-        loom_adamw_set_master_range(opt, x - opt->begin, y - x, c->stage[0]);
+        loom_adamw_set_master_range(opt, loom_adamw_state_at(opt, x), y - x, c->stage[0]);
         return LOOM_OK;
     }
     if ((rc = read_piece(c, c->prefix, t, want, c->stage[0]))) return rc;
@@ -411,10 +419,13 @@ static int place_staged(struct load_ctx *c, const struct loom_tensor *t, const s
     if (!opt) return LOOM_OK;
     if (opt->param_map) loom_offload_drop(opt->param_map, to.data, (y - x) * loom_dtype_size(to.dtype));
     /* the master weights: the float32 weights read (not their rounding),
-     * where they overlap the optimizer's range */
-    const size_t a = x > opt->begin ? x : opt->begin, b = y < opt->end ? y : opt->end;
-    if (c->master_from_weights && a < b)
-        loom_adamw_set_master_range(opt, a - opt->begin, b - a, c->stage[0] + (a - x));
+     * where they overlap the optimizer's runs */
+    for (int r = 0; c->master_from_weights && r < opt->nruns; r++) {
+        const size_t a = x > opt->runs[r].lo ? x : opt->runs[r].lo,
+                     b = y < opt->runs[r].hi ? y : opt->runs[r].hi;
+        if (a < b)
+            loom_adamw_set_master_range(opt, loom_adamw_state_at(opt, a), b - a, c->stage[0] + (a - x));
+    }
     return LOOM_OK;
 }
 
@@ -486,12 +497,14 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
     }
     if (rc == LOOM_OK && optim) {
         c.what = LOAD_MOMENTS;
-        rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
+        for (int r = 0; rc == LOOM_OK && r < opt->nruns; r++)
+            rc = for_each_tensor(m, opt->runs[r].lo, opt->runs[r].hi, read_tensor, &c);
         if (rc == LOOM_OK) opt->t = (int)st->optimizer_step;
     }
     if (rc == LOOM_OK && take_master) {
         c.what = LOAD_MASTER;
-        rc = for_each_tensor(m, opt->begin, opt->end, read_tensor, &c);
+        for (int r = 0; rc == LOOM_OK && r < opt->nruns; r++)
+            rc = for_each_tensor(m, opt->runs[r].lo, opt->runs[r].hi, read_tensor, &c);
     }
     loom_free(c.stage[0]);
     if (rc == LOOM_OK && m->fp8) rc = read_fp8(c.r, m->fp8, &c.bytes);

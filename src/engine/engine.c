@@ -284,8 +284,15 @@ void loom_engine_alloc_grad_acc(struct loom_engine *e)
 void loom_engine_alloc_optimizer(struct loom_engine *e)
 {
     const struct loom_config *cfg = e->cfg;
-    loom_adamw_init(&e->opt, e->model->backend, e->part.begin, e->part.end, cfg->adam_beta1, cfg->adam_beta2,
-                    cfg->adam_eps, cfg->weight_decay, cfg->offload_optimizer == LOOM_OFFLOAD_NVME);
+    /* the runs of the part it owns: with expert parallelism and a sharded
+     * optimizer, the experts' and this rank's share of the dense elements */
+    struct loom_run *runs = loom_alloc(sizeof *runs * (3 * (size_t)e->model->nblocks + 1), LOOM_MEM_OTHER);
+    const int nruns = loom_zero_owned_runs(e->model, e->part, e->shape.shard_optimizer ? e->topo.ep : 1,
+                                           e->topo.ep_rank, runs);
+    loom_adamw_init(&e->opt, e->model->backend, e->part.begin, e->part.end, runs, nruns, cfg->adam_beta1,
+                    cfg->adam_beta2, cfg->adam_eps, cfg->weight_decay,
+                    cfg->offload_optimizer == LOOM_OFFLOAD_NVME);
+    loom_free(runs);
     e->have_opt = 1;
     if (e->model->dtype != LOOM_DTYPE_F32) loom_adamw_alloc_master(&e->opt);
 }

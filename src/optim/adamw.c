@@ -1,4 +1,4 @@
-/* AdamW over a range of the arena: state, gradient norm, clipping, the step. */
+/* AdamW over runs of the arena: state, gradient norm, clipping, the step. */
 #include "optim/adamw.h"
 
 #include <math.h>
@@ -22,9 +22,21 @@ enum {
 enum { SET_IN = 0, SET_OUT = 1, HOST_SETS = 2, SETS = HOST_SETS + 1 };
 
 void loom_adamw_init(struct loom_adamw *opt, const struct loom_backend *b, size_t begin, size_t end,
-                     double beta1, double beta2, double eps, double weight_decay, int streamed)
+                     const struct loom_run *runs, int nruns, double beta1, double beta2, double eps,
+                     double weight_decay, int streamed)
 {
     LOOM_ASSERT(begin <= end);
+    const struct loom_run whole = {begin, end};
+    if (!runs) runs = &whole, nruns = begin < end;
+    opt->runs = loom_alloc(sizeof *opt->runs * (size_t)(nruns > 0 ? nruns : 1), LOOM_MEM_OTHER);
+    opt->nruns = nruns;
+    opt->n = 0;
+    for (int i = 0; i < nruns; i++) {
+        LOOM_ASSERT(runs[i].lo < runs[i].hi && runs[i].lo >= (i ? runs[i - 1].hi : begin) &&
+                    runs[i].hi <= end);
+        opt->runs[i] = runs[i];
+        opt->n += runs[i].hi - runs[i].lo;
+    }
     opt->backend = b;
     opt->beta1 = beta1;
     opt->beta2 = beta2;
@@ -41,19 +53,40 @@ void loom_adamw_init(struct loom_adamw *opt, const struct loom_backend *b, size_
     opt->master = NULL;
     opt->has_master = 0;
     opt->dtype = LOOM_DTYPE_F32;
-    opt->chunk = end - begin;
+    opt->chunk = opt->n;
     opt->streamed = streamed;
     opt->m = opt->v = NULL;
     if (streamed) return;
-    opt->m = b->alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
-    opt->v = b->alloc(loom_mul_size(end - begin, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    opt->m = b->alloc(loom_mul_size(opt->n, sizeof(float)), LOOM_MEM_OPTIMIZER);
+    opt->v = b->alloc(loom_mul_size(opt->n, sizeof(float)), LOOM_MEM_OPTIMIZER);
+}
+
+size_t loom_adamw_state_at(const struct loom_adamw *opt, size_t x)
+{
+    size_t k = 0;
+    for (int i = 0; i < opt->nruns; k += opt->runs[i].hi - opt->runs[i].lo, i++)
+        if (x >= opt->runs[i].lo && x < opt->runs[i].hi) return k + (x - opt->runs[i].lo);
+    LOOM_ASSERT(!"an element outside the optimizer's runs");
+    return 0;
+}
+
+/* The arena element of state element k, from begin. */
+static size_t arena_at(const struct loom_adamw *opt, size_t k)
+{
+    for (int i = 0; i < opt->nruns; i++) {
+        const size_t n = opt->runs[i].hi - opt->runs[i].lo;
+        if (k < n) return opt->runs[i].lo + k - opt->begin;
+        k -= n;
+    }
+    LOOM_ASSERT(!"a state element past the runs");
+    return 0;
 }
 
 /* The master weights on the backend into the offload file from byte
  * offset off, through host memory a piece at a time. */
 static void master_to_file(const struct loom_adamw *opt, struct loom_offload_file *io, size_t off)
 {
-    const size_t n = opt->end - opt->begin;
+    const size_t n = opt->n;
     float *piece = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
     for (size_t k = 0; k < n; k += LP_CHUNK) {
         const size_t c = n - k < LP_CHUNK ? n - k : LP_CHUNK;
@@ -65,7 +98,7 @@ static void master_to_file(const struct loom_adamw *opt, struct loom_offload_fil
 
 int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_bytes, int direct)
 {
-    const size_t n = opt->end - opt->begin;
+    const size_t n = opt->n;
     /* the file: m, then v, then (mixed precision) the master weights, each
      * from an aligned offset */
     const size_t region = loom_offload_round(n * sizeof(float)) / sizeof(float);
@@ -88,8 +121,7 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
 void loom_adamw_offload_buffers(struct loom_adamw *opt, size_t buffer_bytes)
 {
     const struct loom_backend *b = opt->backend;
-    const size_t n = opt->end - opt->begin, arrays = opt->has_master ? 3 : 2,
-                 align = LOOM_OFFLOAD_ALIGN / sizeof(float);
+    const size_t n = opt->n, arrays = opt->has_master ? 3 : 2, align = LOOM_OFFLOAD_ALIGN / sizeof(float);
     /* chunks of whole aligned blocks: buffer_bytes (less the alignment's slack)
      * over the sets and arrays, one block each at least */
     const size_t usable = buffer_bytes > LOOM_OFFLOAD_ALIGN ? buffer_bytes - LOOM_OFFLOAD_ALIGN : 0;
@@ -132,6 +164,9 @@ void loom_adamw_free(struct loom_adamw *opt)
     b->free(opt->master);
     b->free(opt->dev);
     loom_free(opt->sets);
+    loom_free(opt->runs);
+    opt->runs = NULL;
+    opt->nruns = 0;
     opt->m = opt->v = opt->master = NULL;
     opt->dev = opt->sets = NULL;
     opt->dev_m = opt->dev_v = opt->dev_master = NULL;
@@ -145,7 +180,7 @@ void loom_adamw_free(struct loom_adamw *opt)
 
 void loom_adamw_get(const struct loom_adamw *opt, enum loom_adamw_part part, size_t k, size_t n, float *dst)
 {
-    LOOM_ASSERT(k + n <= opt->end - opt->begin && (part != LOOM_ADAMW_MASTER || opt->has_master));
+    LOOM_ASSERT(k + n <= opt->n && (part != LOOM_ADAMW_MASTER || opt->has_master));
     if (opt->io) {
         loom_offload_read(opt->io, dst, n * sizeof(float), ((size_t)part * opt->region + k) * sizeof(float));
         return;
@@ -158,7 +193,7 @@ void loom_adamw_get(const struct loom_adamw *opt, enum loom_adamw_part part, siz
 
 void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const float *m, const float *v)
 {
-    LOOM_ASSERT(k + n <= opt->end - opt->begin);
+    LOOM_ASSERT(k + n <= opt->n);
     if (opt->fd < 0) {
         opt->backend->upload(opt->m + k, m, n * sizeof(float));
         opt->backend->upload(opt->v + k, v, n * sizeof(float));
@@ -192,22 +227,29 @@ float loom_clip_coef(double norm, double max_norm)
     return c < 1.0 ? (float)c : 1.0f;
 }
 
-/* Calls fn for every tensor's part inside [begin, end), with its decay. */
+/* Calls fn for every tensor's part inside each run, with its decay: its
+ * arena elements [k, k + n) from begin, state elements [s, s + n). */
 static void for_each_range(struct loom_adamw *opt, const struct loom_model *m,
-                           void (*fn)(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd),
+                           void (*fn)(struct loom_adamw *opt, void *ctx, size_t k, size_t s, size_t n,
+                                      float wd),
                            void *ctx)
 {
-    for (int i = 0; i < m->nblocks; i++) {
-        const struct loom_block *b = &m->blocks[i];
-        const size_t base = b->offset;
-        for (int j = 0; j < b->ntensors; j++) {
-            const struct loom_tensor *t = &b->tensors[j];
-            /* the part of this tensor inside [begin, end) */
-            size_t lo = base + t->offset, hi = lo + t->numel;
-            if (lo < opt->begin) lo = opt->begin;
-            if (hi > opt->end) hi = opt->end;
-            if (lo >= hi) continue;
-            fn(opt, ctx, lo - opt->begin, hi - lo, t->decay ? (float)opt->weight_decay : 0.0f);
+    size_t s = 0;
+    for (int r = 0; r < opt->nruns; s += opt->runs[r].hi - opt->runs[r].lo, r++) {
+        const struct loom_run run = opt->runs[r];
+        for (int i = 0; i < m->nblocks; i++) {
+            const struct loom_block *b = &m->blocks[i];
+            if (b->offset >= run.hi || b->offset + b->numel <= run.lo) continue;
+            for (int j = 0; j < b->ntensors; j++) {
+                const struct loom_tensor *t = &b->tensors[j];
+                /* the part of this tensor inside the run */
+                size_t lo = b->offset + t->offset, hi = lo + t->numel;
+                if (lo < run.lo) lo = run.lo;
+                if (hi > run.hi) hi = run.hi;
+                if (lo >= hi) continue;
+                fn(opt, ctx, lo - opt->begin, s + (lo - run.lo), hi - lo,
+                   t->decay ? (float)opt->weight_decay : 0.0f);
+            }
         }
     }
 }
@@ -219,15 +261,15 @@ struct step_args {
     const struct loom_kernels *kern; /* the backend's */
 };
 
-static void step_f32(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
+static void step_f32(struct loom_adamw *opt, void *ctx, size_t k, size_t s, size_t n, float wd)
 {
     struct step_args *a = ctx;
-    update_range(opt, a->kern, loom_buf_f32_data(a->params) + k, loom_buf_f32_data(a->grads) + k, opt->m + k,
-                 opt->v + k, n, a->lr, wd, a->grad_scale);
+    update_range(opt, a->kern, loom_buf_f32_data(a->params) + k, loom_buf_f32_data(a->grads) + k, opt->m + s,
+                 opt->v + s, n, a->lr, wd, a->grad_scale);
 }
 
-/* Mixed precision on elements [k, k + n) of the range (master, m and v
- * point at element k): the 16-bit gradients converted to float32 a piece at
+/* Mixed precision on elements [k, k + n) from begin (master, m and v
+ * point at their state): the 16-bit gradients converted to float32 a piece at
  * a time, the update on the float32 master weights, the new 16-bit
  * parameters rounded from them; every conversion the backend's. */
 static void update_lp(const struct loom_adamw *opt, const struct step_args *a, size_t k, size_t n,
@@ -243,15 +285,15 @@ static void update_lp(const struct loom_adamw *opt, const struct step_args *a, s
     }
 }
 
-static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
+static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t s, size_t n, float wd)
 {
-    update_lp(opt, ctx, k, n, opt->master + k, opt->m + k, opt->v + k, wd);
+    update_lp(opt, ctx, k, n, opt->master + s, opt->m + s, opt->v + s, wd);
 }
 
 /* ---- offloaded: chunks through the buffer sets ------------------------------------ */
 
 struct segment {
-    size_t k, n; /* elements [k, k + n) of the range */
+    size_t k, s, n; /* arena elements [k, k + n) from begin, state elements [s, s + n) */
     float wd;
 };
 struct segments {
@@ -259,7 +301,7 @@ struct segments {
     size_t n, cap;
 };
 
-static void add_segment(struct loom_adamw *opt, void *ctx, size_t k, size_t n, float wd)
+static void add_segment(struct loom_adamw *opt, void *ctx, size_t k, size_t s, size_t n, float wd)
 {
     (void)opt;
     struct segments *l = ctx;
@@ -267,12 +309,12 @@ static void add_segment(struct loom_adamw *opt, void *ctx, size_t k, size_t n, f
         l->cap = l->cap ? 2 * l->cap : 256;
         l->s = loom_realloc(l->s, l->cap * sizeof *l->s, LOOM_MEM_OTHER);
     }
-    l->s[l->n++] = (struct segment){k, n, wd};
+    l->s[l->n++] = (struct segment){k, s, n, wd};
 }
 
 static int by_start(const void *a, const void *b)
 {
-    const size_t x = ((const struct segment *)a)->k, y = ((const struct segment *)b)->k;
+    const size_t x = ((const struct segment *)a)->s, y = ((const struct segment *)b)->s;
     return x < y ? -1 : x > y;
 }
 
@@ -282,7 +324,7 @@ static int by_start(const void *a, const void *b)
 static void chunk_io(struct loom_adamw *opt, size_t i, int write)
 {
     const int set = write ? SET_OUT : SET_IN;
-    const size_t total = opt->end - opt->begin, at = i * opt->chunk;
+    const size_t total = opt->n, at = i * opt->chunk;
     const size_t c = total - at < opt->chunk ? total - at : opt->chunk;
     const size_t bytes = loom_offload_round(c * sizeof(float));
     float *bufs[3] = {opt->set_m[set], opt->set_v[set], opt->set_master[set]};
@@ -309,12 +351,15 @@ static void chunk_move(const struct loom_adamw *opt, int set, size_t c, int up)
             b->download(host[r], dev[r], c * sizeof(float));
 }
 
-/* Offloaded parameters and gradients of elements [lo, hi): read ahead, or
- * dropped once updated. */
+/* Offloaded parameters and gradients of state elements [lo, hi) (the span
+ * of arena elements they are in): read ahead, or dropped once updated. */
 static void shard_pages(const struct loom_adamw *opt, const struct step_args *a, size_t lo, size_t hi,
                         int ahead)
 {
+    if (lo >= hi || (!opt->param_map && !opt->grad_map)) return;
     const size_t es = loom_dtype_size(a->params.dtype);
+    hi = arena_at(opt, hi - 1) + 1;
+    lo = arena_at(opt, lo);
     const char *p = (const char *)a->params.data + lo * es, *g = (const char *)a->grads.data + lo * es;
     void (*fn)(const struct loom_offload_map *, const void *, size_t) =
         ahead ? loom_offload_prefetch : loom_offload_drop;
@@ -332,7 +377,7 @@ static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, s
     struct segments l = {0};
     for_each_range(opt, m, add_segment, &l);
     if (l.n > 1) qsort(l.s, l.n, sizeof *l.s, by_start);
-    const size_t total = opt->end - opt->begin, nchunks = (total + opt->chunk - 1) / opt->chunk;
+    const size_t total = opt->n, nchunks = (total + opt->chunk - 1) / opt->chunk;
     if (nchunks) chunk_io(opt, 0, 0);
     size_t seg = 0;
     for (size_t i = 0; i < nchunks; i++) {
@@ -344,17 +389,17 @@ static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, s
             const size_t nlo = hi;
             shard_pages(opt, a, nlo, nlo + opt->chunk < total ? nlo + opt->chunk : total, 1);
         }
-        while (seg < l.n && l.s[seg].k + l.s[seg].n <= lo) seg++;
-        for (size_t j = seg; j < l.n && l.s[j].k < hi; j++) {
-            const size_t a0 = l.s[j].k > lo ? l.s[j].k : lo,
-                         a1 = l.s[j].k + l.s[j].n < hi ? l.s[j].k + l.s[j].n : hi;
+        while (seg < l.n && l.s[seg].s + l.s[seg].n <= lo) seg++;
+        for (size_t j = seg; j < l.n && l.s[j].s < hi; j++) {
+            const size_t a0 = l.s[j].s > lo ? l.s[j].s : lo,
+                         a1 = l.s[j].s + l.s[j].n < hi ? l.s[j].s + l.s[j].n : hi,
+                         k = l.s[j].k + (a0 - l.s[j].s);
             float *mm = opt->dev_m + (a0 - lo), *vv = opt->dev_v + (a0 - lo);
             if (opt->has_master)
-                update_lp(opt, a, a0, a1 - a0, opt->dev_master + (a0 - lo), mm, vv, l.s[j].wd);
+                update_lp(opt, a, k, a1 - a0, opt->dev_master + (a0 - lo), mm, vv, l.s[j].wd);
             else
-                update_range(opt, a->kern, loom_buf_f32_data(a->params) + a0,
-                             loom_buf_f32_data(a->grads) + a0, mm, vv, a1 - a0, a->lr, l.s[j].wd,
-                             a->grad_scale);
+                update_range(opt, a->kern, loom_buf_f32_data(a->params) + k, loom_buf_f32_data(a->grads) + k,
+                             mm, vv, a1 - a0, a->lr, l.s[j].wd, a->grad_scale);
         }
         loom_offload_wait(opt->io, SET_OUT); /* chunk i - 1 is written */
         chunk_move(opt, SET_OUT, hi - lo, 0);
@@ -369,31 +414,31 @@ void loom_adamw_alloc_master(struct loom_adamw *opt)
 {
     opt->has_master = 1;
     if (!opt->master && !opt->io && !opt->streamed)
-        opt->master =
-            opt->backend->alloc(loom_mul_size(opt->end - opt->begin + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
+        opt->master = opt->backend->alloc(loom_mul_size(opt->n + 1, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
 
 void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
 {
     const enum loom_dtype dtype = params.dtype;
     LOOM_ASSERT(dtype == LOOM_DTYPE_BF16 || dtype == LOOM_DTYPE_F16);
-    const size_t n = opt->end - opt->begin;
-    LOOM_ASSERT(params.numel >= n);
+    LOOM_ASSERT(params.numel >= opt->end - opt->begin);
     opt->dtype = dtype;
     loom_adamw_alloc_master(opt);
-    if (!opt->io) {
-        opt->backend->convert(loom_buf_f32(opt->master, n), loom_buf_slice(params, 0, n));
-        return;
-    }
-    /* in pieces through host memory, into the file */
-    uint16_t *piece16 = loom_alloc(LP_CHUNK * sizeof(uint16_t), LOOM_MEM_OTHER);
-    float *piece = loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER);
-    for (size_t k = 0; k < n;) {
-        const size_t c = n - k < LP_CHUNK ? n - k : LP_CHUNK;
-        opt->backend->download(piece16, (const uint16_t *)params.data + k, c * sizeof(uint16_t));
-        loom_lp_to_f32(piece, piece16, c, dtype);
-        loom_adamw_set_master_range(opt, k, c, piece);
-        k += c;
+    /* run by run; with offload in pieces through host memory, into the file */
+    uint16_t *piece16 = opt->io ? loom_alloc(LP_CHUNK * sizeof(uint16_t), LOOM_MEM_OTHER) : NULL;
+    float *piece = opt->io ? loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER) : NULL;
+    size_t s = 0;
+    for (int r = 0; r < opt->nruns; r++) {
+        const size_t at = opt->runs[r].lo - opt->begin, n = opt->runs[r].hi - opt->runs[r].lo;
+        if (!opt->io) opt->backend->convert(loom_buf_f32(opt->master + s, n), loom_buf_slice(params, at, n));
+        for (size_t k = 0; opt->io && k < n;) {
+            const size_t c = n - k < LP_CHUNK ? n - k : LP_CHUNK;
+            opt->backend->download(piece16, (const uint16_t *)params.data + at + k, c * sizeof(uint16_t));
+            loom_lp_to_f32(piece, piece16, c, dtype);
+            loom_adamw_set_master_range(opt, s + k, c, piece);
+            k += c;
+        }
+        s += n;
     }
     loom_free(piece);
     loom_free(piece16);
@@ -401,7 +446,7 @@ void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
 
 void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src)
 {
-    LOOM_ASSERT(opt->has_master && k + n <= opt->end - opt->begin);
+    LOOM_ASSERT(opt->has_master && k + n <= opt->n);
     if (!opt->io)
         opt->backend->upload(opt->master + k, src, n * sizeof(float));
     else

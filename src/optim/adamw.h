@@ -1,7 +1,11 @@
 /*
- * AdamW over a range of the model's parameter arena: first and second
- * moments for the elements [begin, end) only (the whole arena without
- * sharding; this rank's shard under ZeRO), weight decay on tensors of two or
+ * AdamW over runs of the model's parameter arena: first and second moments
+ * for the elements it owns only (the whole arena without sharding; this
+ * rank's shard under ZeRO; under expert parallelism with ZeRO the shard's
+ * expert elements and this rank's share of its dense ones, see
+ * parallel/zero.h). Its state is the runs' elements one after another: a
+ * run's element x is state element (x - run.lo) + the lengths of the runs
+ * before it. Weight decay on tensors of two or
  * more dimensions only, and global-norm gradient clipping. The state lives
  * on the model's backend and every step runs there: the update is the
  * backend's adamw_update kernel. Under mixed precision it keeps the
@@ -18,13 +22,21 @@
 
 struct loom_backend; /* kernels/backend.h */
 
+/* Elements [lo, hi) of the arena. */
+struct loom_run {
+    size_t lo, hi;
+};
+
 struct loom_adamw {
     const struct loom_backend *backend; /* whose memory holds the state: the model's */
     double beta1, beta2, eps, weight_decay;
-    size_t begin, end; /* the range of the arena this optimizer updates */
-    float *m, *v;      /* (end - begin) each on the backend; NULL with offload */
-    int t;             /* optimizer steps taken */
-    /* (end - begin) float32 master weights on the backend under mixed
+    size_t begin, end;     /* the span of its runs: the parameters and gradients it is given */
+    struct loom_run *runs; /* (nruns) the elements it owns, in arena order, within [begin, end) */
+    int nruns;
+    size_t n;     /* state elements: the runs' lengths summed */
+    float *m, *v; /* (n) each on the backend; NULL with offload */
+    int t;        /* optimizer steps taken */
+    /* (n) float32 master weights on the backend under mixed
      * precision; NULL with offload */
     float *master;
     int has_master;
@@ -49,12 +61,16 @@ struct loom_adamw {
     int streamed; /* made for an offload file: no state in memory */
 };
 
-/* The state on backend b's memory (the model's). streamed: the state will
- * live in an offload file (loom_adamw_offload follows, or
- * loom_adamw_offload_buffers when counting): nothing of it is allocated in
- * memory. */
+/* The state of the elements in [begin, end) that runs name (sorted, not
+ * overlapping, within [begin, end); NULL: one run, all of it), on backend
+ * b's memory (the model's). streamed: the state will live in an offload
+ * file (loom_adamw_offload follows, or loom_adamw_offload_buffers when
+ * counting): nothing of it is allocated in memory. */
 void loom_adamw_init(struct loom_adamw *opt, const struct loom_backend *b, size_t begin, size_t end,
-                     double beta1, double beta2, double eps, double weight_decay, int streamed);
+                     const struct loom_run *runs, int nruns, double beta1, double beta2, double eps,
+                     double weight_decay, int streamed);
+/* The state element of arena element x, which a run holds. */
+size_t loom_adamw_state_at(const struct loom_adamw *opt, size_t x);
 /* Keeps the moments (and master weights) in a file in dir instead,
  * streamed through buffers of buffer_bytes in all: while one chunk is
  * updated the next is read and the previous written (io_uring; O_DIRECT
@@ -68,24 +84,24 @@ int loom_adamw_offload(struct loom_adamw *opt, const char *dir, size_t buffer_by
 void loom_adamw_offload_buffers(struct loom_adamw *opt, size_t buffer_bytes);
 void loom_adamw_free(struct loom_adamw *opt);
 
-/* Mixed precision: the float32 master weights of [begin, end), from the
- * 16-bit parameters (params: (end - begin) in BF16 or F16 on the backend),
+/* Mixed precision: the float32 master weights of the runs, from the 16-bit
+ * parameters (params: (end - begin) from begin, in BF16 or F16 on the backend),
  * as DeepSpeed creates them from the model's bf16/fp16 parameters. With
  * offload they live in the file too. */
 void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params);
 /* Their buffer alone (set_master allocates it when it is not there). */
 void loom_adamw_alloc_master(struct loom_adamw *opt);
-/* Master weights of elements [k, k + n) of the range, wherever they live,
+/* Master weights of state elements [k, k + n), wherever they live,
  * copied in from host memory src (resume; loom_adamw_get copies them out). */
 void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, const float *src);
 
-/* One part of the state of elements [k, k + n) of the range (k from
- * begin), wherever it lives (the backend or the offload file), copied out
+/* One part of the state of state elements [k, k + n) (loom_adamw_state_at),
+ * wherever it lives (the backend or the offload file), copied out
  * into host memory dst for checkpoints; the numbers are the parts' order
  * in the offload file. */
 enum loom_adamw_part { LOOM_ADAMW_EXP_AVG = 0, LOOM_ADAMW_EXP_AVG_SQ = 1, LOOM_ADAMW_MASTER = 2 };
 void loom_adamw_get(const struct loom_adamw *opt, enum loom_adamw_part part, size_t k, size_t n, float *dst);
-/* The moments of elements [k, k + n) copied in from host memory, to resume. */
+/* The moments of state elements [k, k + n) copied in from host memory, to resume. */
 void loom_adamw_set_state(struct loom_adamw *opt, size_t k, size_t n, const float *m, const float *v);
 
 /* L2 norm of all gradients of the blocks, on backend b's memory (its
@@ -96,8 +112,8 @@ double loom_grad_norm(const struct loom_backend *b, const struct loom_block *blo
  * 1 when max_norm is 0 (clipping off). */
 float loom_clip_coef(double norm, double max_norm);
 
-/* One step at learning rate lr on the elements [begin, end) of the model's
- * arena: params and grads (end - begin each, one dtype) hold them (slices of
+/* One step at learning rate lr on the runs' elements of the model's arena:
+ * params and grads (end - begin each from begin, one dtype) hold them (slices of
  * the arenas, or ZeRO shards); gradients are multiplied by grad_scale
  * first. float32 updates the parameters in place; BF16/F16 (mixed
  * precision) updates the float32 master weights and rounds the parameters

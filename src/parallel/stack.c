@@ -88,7 +88,7 @@ void loom_stack_format(const struct loom_model *m, char *buf, size_t n)
 
 void loom_stack_describe(const struct loom_model *m, void (*line)(void *ctx, const char *text), void *ctx)
 {
-    char text[256];
+    char text[384];
     for (int i = 0; i < m->stack.n; i++) {
         if (m->stack.s[i]->describe)
             m->stack.s[i]->describe(m->stack.ctx[i], text, sizeof text);

@@ -83,6 +83,112 @@ static size_t split(struct loom_zero *z, size_t lo, size_t hi)
     return mine;
 }
 
+/* ---- expert parallelism: the dense elements' shares -------------------------- */
+
+/* Calls fn(ctx, a, b, d) for each dense run [a, b) of arena elements
+ * [lo, hi) (outside every block's experts), d the place of its first
+ * element among them; returns how many there are. */
+static size_t dense_runs(const struct loom_model *m, size_t lo, size_t hi,
+                         void (*fn)(void *ctx, size_t a, size_t b, size_t d), void *ctx)
+{
+    size_t d = 0;
+    for (int bi = 0; bi < m->nblocks; bi++) {
+        const struct loom_block *b = &m->blocks[bi];
+        const size_t cut[4] = {b->offset, b->offset + b->expert_lo, b->offset + b->expert_hi,
+                               b->offset + b->numel};
+        for (int r = 0; r < 2; r++) { /* [cut 0, cut 1) and [cut 2, cut 3) */
+            const size_t a = cut[2 * r] > lo ? cut[2 * r] : lo, e = cut[2 * r + 1] < hi ? cut[2 * r + 1] : hi;
+            if (a >= e) continue;
+            if (fn) fn(ctx, a, e, d);
+            d += e - a;
+        }
+    }
+    return d;
+}
+
+/* Expert rank r's share of n dense elements: places [*s0, *s1). */
+static void dense_share(size_t n, int ep, int r, size_t *s0, size_t *s1)
+{
+    const size_t per = (n + (size_t)ep - 1) / (size_t)ep;
+    *s0 = (size_t)r * per < n ? (size_t)r * per : n;
+    *s1 = *s0 + per < n ? *s0 + per : n;
+}
+
+static void add_run(struct loom_run *runs, int *n, size_t a, size_t b)
+{
+    if (a >= b) return;
+    if (*n > 0 && runs[*n - 1].hi == a)
+        runs[*n - 1].hi = b;
+    else
+        runs[(*n)++] = (struct loom_run){a, b};
+}
+
+int loom_zero_owned_runs(const struct loom_model *m, struct loom_partition p, int ep, int ep_rank,
+                         struct loom_run *runs)
+{
+    int n = 0;
+    if (ep <= 1) {
+        add_run(runs, &n, p.begin, p.end);
+        return n;
+    }
+    size_t s0, s1, d = 0;
+    dense_share(dense_runs(m, p.begin, p.end, NULL, NULL), ep, ep_rank, &s0, &s1);
+    for (int bi = 0; bi < m->nblocks; bi++) {
+        const struct loom_block *b = &m->blocks[bi];
+        const size_t cut[4] = {b->offset, b->offset + b->expert_lo, b->offset + b->expert_hi,
+                               b->offset + b->numel};
+        for (int r = 0; r < 3; r++) { /* dense, the experts, dense */
+            const size_t a = cut[r] > p.begin ? cut[r] : p.begin, e = cut[r + 1] < p.end ? cut[r + 1] : p.end;
+            if (a >= e) continue;
+            if (r == 1) {
+                add_run(runs, &n, a, e);
+                continue;
+            }
+            const size_t x = d > s0 ? d : s0, y = d + (e - a) < s1 ? d + (e - a) : s1;
+            if (x < y) add_run(runs, &n, a + (x - d), a + (y - d));
+            d += e - a;
+        }
+    }
+    return n;
+}
+
+struct shares {
+    const struct loom_backend *be;
+    char *params, *all; /* the shard's parameters from part.begin; the dense elements one after another */
+    size_t begin, es, s0, s1;
+    int pack; /* 1: this rank's share into all; 0: all into the parameters */
+};
+
+static void move_dense(void *ctx, size_t a, size_t b, size_t d)
+{
+    const struct shares *c = ctx;
+    if (!c->pack) {
+        c->be->copy(c->params + (a - c->begin) * c->es, c->all + d * c->es, (b - a) * c->es);
+        return;
+    }
+    const size_t x = d > c->s0 ? d : c->s0, y = d + (b - a) < c->s1 ? d + (b - a) : c->s1;
+    if (x < y) c->be->copy(c->all + x * c->es, c->params + (a + (x - d) - c->begin) * c->es, (y - x) * c->es);
+}
+
+/* After the step: each expert rank updated its share of the shard's dense
+ * elements (loom_zero_owned_runs); every rank of the expert group takes
+ * the others' shares, one all-gather of them packed. */
+static void gather_dense_shares(struct loom_zero *z)
+{
+    const struct loom_model *m = z->model;
+    if (z->dense_n == 0) return;
+    const size_t per = (z->dense_n + (size_t)z->ep - 1) / (size_t)z->ep;
+    struct loom_buf all = take(per * (size_t)z->ep, m->dtype, 0);
+    const struct loom_buf params = loom_zero_params(z);
+    struct shares c = {be(z), params.data, all.data, z->part.begin, loom_dtype_size(m->dtype), 0, 0, 1};
+    dense_share(z->dense_n, z->ep, z->ep_rank, &c.s0, &c.s1);
+    dense_runs(m, z->part.begin, z->part.end, move_dense, &c);
+    z->wait_s += loom_comm_wait(loom_comm_allgather(LOOM_GROUP_EP, loom_buf_of(NULL, 0, m->dtype), all));
+    c.pack = 0;
+    dense_runs(m, z->part.begin, z->part.end, move_dense, &c);
+    loom_pool_give(&all);
+}
+
 /* ---- stage 2: gradients ------------------------------------------------- */
 
 /* Expert parallelism: the segment's dense runs (outside the block's
@@ -320,6 +426,7 @@ static void finish_backward(void *ctx)
 static void after_step(void *ctx)
 {
     struct loom_zero *z = ctx;
+    if (z->ep > 1) gather_dense_shares(z);
     if (z->stage == 3) {
         if (z->pinned >= 0) release(z, z->pinned);
         return;
@@ -339,16 +446,23 @@ static double comm_wait_s(void *ctx)
 static void describe(void *ctx, char *buf, size_t n)
 {
     const struct loom_zero *z = ctx;
+    char ep[160] = "";
+    if (z->ep > 1)
+        snprintf(ep, sizeof ep,
+                 "; the dense elements' optimizer state split again over the %d expert ranks (%d data ranks "
+                 "in all)",
+                 z->ep, z->dp * z->ep);
     if (z->stage == 3)
         snprintf(buf, n,
-                 "ZeRO-3: parameters, gradients and optimizer state sharded over %d ranks; %d gather units",
-                 z->dp, z->nunits);
+                 "ZeRO-3: parameters, gradients and optimizer state sharded over %d ranks; %d gather units%s",
+                 z->dp, z->nunits, ep);
     else
-        snprintf(buf, n, "ZeRO-%d: %s sharded over %d ranks%s", z->stage,
+        snprintf(buf, n, "ZeRO-%d: %s sharded over %d ranks%s%s", z->stage,
                  z->stage == 2 ? "gradients and optimizer state" : "optimizer state", z->dp,
                  z->scattered
                      ? "; the gradients reduce-scattered onto the shards, the parameters all-gathered"
-                     : "");
+                     : "",
+                 ep);
 }
 
 static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r);
@@ -584,7 +698,12 @@ static struct loom_buf *replay_gather(struct loom_zero *z, int u)
  * flight, and lets go of the pinned unit. */
 static void replay_finish(struct loom_zero *z)
 {
-    while (z->norder > 0) replay_land_oldest(z);                                   /* finish_backward */
+    while (z->norder > 0) replay_land_oldest(z); /* finish_backward */
+    if (z->ep > 1 && z->dense_n) {               /* after_step: the dense shares gathered */
+        struct loom_buf all =
+            take((z->dense_n + (size_t)z->ep - 1) / (size_t)z->ep * (size_t)z->ep, z->model->dtype, 0);
+        loom_pool_give(&all);
+    }
     if (z->stage == 3 && z->pinned >= 0) loom_pool_give(&z->units[z->pinned].buf); /* after_step */
 }
 
@@ -639,9 +758,12 @@ static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_repl
     }
 }
 
-void loom_zero_experts_apart(struct loom_zero *z, int dense_first)
+void loom_zero_experts_apart(struct loom_zero *z, int dense_first, int ep, int ep_rank)
 {
     z->dense_first = dense_first;
+    z->ep = ep;
+    z->ep_rank = ep_rank;
+    z->dense_n = dense_runs(z->model, z->part.begin, z->part.end, NULL, NULL);
     z->group = LOOM_GROUP_EXPERT_DP;
     z->experts_apart = 1;
     z->scattered = 0; /* stage 1: DDP all-reduces the expert and dense runs */

@@ -33,8 +33,13 @@
  * its experts, and every expert rank's arena the same dense tensors at the
  * same places, so their shards are the same elements; a landed gradient
  * segment's dense runs are summed over the expert group (LOOM_GROUP_EP)
- * too, so a dense gradient is every data rank's. The dense optimizer state
- * is then sharded over dp / ep ranks, not dp (Megatron shards it over dp).
+ * too, so a dense gradient is every data rank's. The optimizer state of a
+ * shard's dense elements is split again over the expert group: each of its
+ * ep ranks owns and steps an even share of them (loom_zero_owned_runs), and
+ * after the step the group all-gathers the shares, so the dense optimizer
+ * state is sharded over all dp ranks, as Megatron's distributed optimizer
+ * shards it, and the experts' over dp / ep. The dense gradients and (stage
+ * 3) parameters stay sharded over dp / ep.
  *
  * Mixed precision: the stored parameters (arena or shard, gathered units) and
  * the reduced gradient shard are 16-bit; gradients travel in float32 (or the
@@ -53,6 +58,7 @@
 #include "base/buf.h"
 #include "comm/comm.h"
 #include "loom/model.h"
+#include "optim/adamw.h"
 #include "optim/offload.h"
 #include "parallel/stack.h"
 
@@ -85,8 +91,11 @@ struct loom_zero {
     enum loom_group group;
     int experts_apart;
     int dense_first; /* --layout-invariant: the dense runs summed over LOOM_GROUP_EP before the shards' sum */
-    int scattered;   /* stage 1: the gradients reduce-scattered onto the shards (loom_zero1_scatters) */
-    int index;       /* this strategy's place on the stack */
+    int ep,
+        ep_rank;    /* expert parallelism (ep > 1): the group the dense elements' optimizer shares are over */
+    size_t dense_n; /* the shard's dense elements (outside every block's experts) */
+    int scattered;  /* stage 1: the gradients reduce-scattered onto the shards (loom_zero1_scatters) */
+    int index;      /* this strategy's place on the stack */
     struct loom_partition part;
     struct loom_model *model;
     enum loom_dtype
@@ -132,13 +141,23 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
  * one gather unit at a time (the initialisation draws per tensor, so every
  * rank computes the same values) and keeps its shard of it. */
 void loom_zero_init_weights(struct loom_zero *z, uint64_t seed);
-/* Expert parallelism, right after loom_zero_init (whose dp and dp_rank were
- * loom_zero_ranks'): the shards' collectives over LOOM_GROUP_EXPERT_DP and
- * the dense runs of each landed gradient segment summed over LOOM_GROUP_EP;
+/* Expert parallelism over ep ranks (ep_rank this one's), right after
+ * loom_zero_init (whose dp and dp_rank were loom_zero_ranks'): the shards'
+ * collectives over LOOM_GROUP_EXPERT_DP, the dense runs of each landed
+ * gradient segment summed over LOOM_GROUP_EP, and after the step the
+ * expert ranks' shares of the shard's dense elements (each updated by its
+ * owner's optimizer, loom_zero_owned_runs) all-gathered over LOOM_GROUP_EP;
  * dense_first (--layout-invariant, stages 2-3): each block's dense runs
  * summed over LOOM_GROUP_EP before its reduction instead, so the data
  * ranks add in the pairwise tree over them. */
-void loom_zero_experts_apart(struct loom_zero *z, int dense_first);
+void loom_zero_experts_apart(struct loom_zero *z, int dense_first, int ep, int ep_rank);
+/* The runs of partition p this rank's optimizer owns: all of it, or with
+ * expert parallelism over ep ranks (ep_rank this one) the experts'
+ * elements and this rank's even share of the dense ones (the places
+ * [r x ceil(D / ep), (r + 1) x ceil(D / ep)) among the D dense elements,
+ * in arena order). runs holds 3 x m->nblocks + 1; returns their count. */
+int loom_zero_owned_runs(const struct loom_model *m, struct loom_partition p, int ep, int ep_rank,
+                         struct loom_run *runs);
 /* Whether ZeRO-1's gradients are reduce-scattered over its shards (DDP's
  * buckets, loom_ddp_shard: each rank's sum valid over its shard, the norm
  * taken over the shards), as Megatron's distributed optimizer does: stage
