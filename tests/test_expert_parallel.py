@@ -78,7 +78,7 @@ Bad settings, one line and exit 2: experts not divisible by the size, a
 model without experts, a world whose data-parallel ranks the size does not
 divide, `loom sample` given the size (it runs in one process), a
 capacity under context parallelism, a tensor-parallel size not dividing
-the experts' columns; --layout-invariant with the allgather dispatcher.
+the experts' columns.
 """
 import os
 import sys
@@ -308,7 +308,9 @@ def invariant(tmp):
     sums over the expert group go through the tree too; under tensor
     parallelism the experts are whole on each tensor-parallel rank. Micro-
     batches of 2 (4 a step in one process): EP 2 (2 a rank) alone, with
-    ZeRO-3 and under full recomputation, EP 2 x DP 2 under ZeRO-1 and
+    ZeRO-3 and under full recomputation; with the allgather dispatcher
+    (each choice's row in a slot of its own, combined on the token's rank)
+    EP 2 and EP 4 under ZeRO-3; EP 2 x DP 2 under ZeRO-1 and
     ZeRO-2, EP 4 under ZeRO-3, PP 2 x EP 2 with the interleaved schedule,
     TP 2 + SP x EP 2; one micro-batch a rank (micro-batches of 4); bf16 at
     EP 2 x DP 2 under ZeRO-2 with the optimizer state in files;
@@ -320,6 +322,8 @@ def invariant(tmp):
     one = run(tmp, "inv-one", 1, inv)
     for tag, n, extra in (("EP 2", 2, ep(2)), ("EP 2 ZeRO-3", 2, ep(2) + ["--zero-stage", "3"]),
                           ("EP 2 full recomputation", 2, ep(2) + FULL),
+                          ("EP 2 allgather", 2, ep(2) + dispatcher("allgather")),
+                          ("EP 4 allgather, ZeRO-3", 4, ep(4) + dispatcher("allgather") + ["--zero-stage", "3"]),
                           ("EP 2 x DP 2 ZeRO-1", 4, ep(2) + ["--zero-stage", "1"]),
                           ("EP 2 x DP 2 ZeRO-2", 4, ep(2) + ["--zero-stage", "2"]),
                           ("EP 4 ZeRO-3", 4, ep(4) + ["--zero-stage", "3"]),
@@ -358,9 +362,6 @@ def bad_settings(tmp):
          ["--context-parallel-size", "--moe-expert-capacity-factor"]),
         ("a tensor-parallel size not dividing the experts' columns", 2,
          tp(2, sp=False) + ["--moe-ffn-hidden-size", "33"], ["--tensor-model-parallel-size 2", "33"]),
-        ("--layout-invariant with the allgather dispatcher", 2,
-         ep(2) + dispatcher("allgather") + ["--layout-invariant", "2", "--micro-batch-size", "4"],
-         ["--layout-invariant", "allgather"]),
     ]
     cases += [("loom sample with expert parallelism", 1, "sample", ["--expert-model-parallel-size 2", "one process"])]
     for name, n, extra, needles in cases:

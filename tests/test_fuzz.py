@@ -1,5 +1,7 @@
 """Runs every libFuzzer target: BUILD/fuzz/fuzz_NAME, built by `make fuzz`
-from tests/fuzz/fuzz_NAME.c, for FUZZ_SECONDS (default 60) each, on a copy
+from tests/fuzz/fuzz_NAME.c, for FUZZ_SECONDS each (default 30, the
+suite's budget: a regression check from the seed corpus; a longer hunt
+sets more), on a copy
 of its seed corpus tests/fuzz/corpus/NAME/ in a temporary directory (new
 inputs never land in the repository), with tests/fuzz/fuzz_NAME.dict when
 there is one, as many targets at once as there are cores. Prints for each
@@ -21,7 +23,7 @@ import time
 
 from lib import BUILD, ROOT
 
-SECONDS = int(os.environ.get("FUZZ_SECONDS", "60"))
+SECONDS = int(os.environ.get("FUZZ_SECONDS", "30"))
 FUZZ_CC = os.environ.get("FUZZ_CC", "clang")
 
 

@@ -770,10 +770,14 @@ static void alloc_activations(struct loom_decoder *m)
         if (m->ep.ep > 1) /* the exchanges' rows (decoder_moe.c) */
             m->moe_ep[0] = act(m, Rx * C), m->moe_ep[1] = act(m, Rx * C);
         if (m->spec.ep_allgather) {
-            const size_t P = (size_t)m->ep.ep;
-            m->moe_gx = act(m, P * N * C);
-            m->moe_gout = act(m, P * N * C);
+            const size_t P = (size_t)m->ep.ep, rows = experts_by_source(m) ? Nk : N; /* slots, or rows */
+            m->moe_gx = act(m, P * rows * C);
+            m->moe_gout = act(m, P * rows * C);
             m->moe_gdp = act(m, P * Nk);
+            if (experts_by_source(m)) {
+                m->moe_slots = act(m, Nk * C);
+                m->moe_spos = (int32_t *)act(m, Nk);
+            }
             m->moe_all_host = loom_alloc(loom_mul_size(P * E, sizeof(int)), LOOM_MEM_OTHER);
             m->moe_gidx_host = loom_alloc(loom_mul_size(3 * P * Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
             m->moe_gpos_host = m->moe_gidx_host + P * Nk;
@@ -839,21 +843,67 @@ static void free_activations(struct loom_decoder *m)
 {
     if (!m->slots) return;
     for (int s = 0; s < m->nslots; s++) free_slot(m, &m->slots[s]);
-    float *bufs[] = {m->dres,         m->dbufC,       m->dbufC2,       m->dqkv,
-                     m->datt,         m->q,           m->kk,           m->v,
-                     m->dbufF[0],     m->dbufF[1],    m->dbufF[2],     m->scratchC,
-                     m->ce_stats,     m->rg.gathered, m->rg.out_rows,  m->rg.grad_rows,
-                     m->norm_grads,   m->stage_res,   m->seq_att,      m->head_rows,
-                     m->norm_parts,   m->pos_rows,    m->cp_send,      m->cp_recv,
-                     m->cp_out,       m->cp_dout,     m->cp_dqkv,      m->cp_kv[0],
-                     m->cp_kv[1],     m->cp_dkv[0],   m->cp_dkv[1],    m->cp_dkv[2],
-                     m->cp_whole,     m->cp_dwhole,   m->cp_tmp,       m->cp_o,
-                     m->cp_l,         m->cp_dq,       m->moe_xp,       m->moe_dxp,
-                     m->moe_dy,       m->moe_dF[0],   m->moe_dF[1],    m->moe_dF[2],
-                     m->moe_dprobs,   m->moe_dlogits, m->moe_out,      m->moe_sums,
-                     m->moe_aux_grad, m->moe_y,       m->moe_ep[0],    m->moe_ep[1],
-                     m->moe_gx,       m->moe_gout,    m->moe_gdp,      (float *)m->drop_rows,
-                     m->drop_grad,    m->moe_dxs,     m->moe_src_grads};
+    float *bufs[] = {m->dres,
+                     m->dbufC,
+                     m->dbufC2,
+                     m->dqkv,
+                     m->datt,
+                     m->q,
+                     m->kk,
+                     m->v,
+                     m->dbufF[0],
+                     m->dbufF[1],
+                     m->dbufF[2],
+                     m->scratchC,
+                     m->ce_stats,
+                     m->rg.gathered,
+                     m->rg.out_rows,
+                     m->rg.grad_rows,
+                     m->norm_grads,
+                     m->stage_res,
+                     m->seq_att,
+                     m->head_rows,
+                     m->norm_parts,
+                     m->pos_rows,
+                     m->cp_send,
+                     m->cp_recv,
+                     m->cp_out,
+                     m->cp_dout,
+                     m->cp_dqkv,
+                     m->cp_kv[0],
+                     m->cp_kv[1],
+                     m->cp_dkv[0],
+                     m->cp_dkv[1],
+                     m->cp_dkv[2],
+                     m->cp_whole,
+                     m->cp_dwhole,
+                     m->cp_tmp,
+                     m->cp_o,
+                     m->cp_l,
+                     m->cp_dq,
+                     m->moe_xp,
+                     m->moe_dxp,
+                     m->moe_dy,
+                     m->moe_dF[0],
+                     m->moe_dF[1],
+                     m->moe_dF[2],
+                     m->moe_dprobs,
+                     m->moe_dlogits,
+                     m->moe_out,
+                     m->moe_sums,
+                     m->moe_aux_grad,
+                     m->moe_y,
+                     m->moe_ep[0],
+                     m->moe_ep[1],
+                     m->moe_gx,
+                     m->moe_gout,
+                     m->moe_gdp,
+                     (float *)m->drop_rows,
+                     m->drop_grad,
+                     m->moe_dxs,
+                     m->moe_src_grads,
+                     m->moe_slots,
+                     (float *)m->moe_spos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
                     m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};

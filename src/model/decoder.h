@@ -345,8 +345,12 @@ struct loom_decoder {
     /* the allgather dispatcher's: every rank's rows (ep x N, C), the
      * outputs' or inputs' gradients' partial sums for them, the routing
      * weights' gradients (ep x N k); on the host every rank's counts
-     * (ep x E), choices and places (ep x N k each, and this rank's) */
-    float *moe_gx, *moe_gout, *moe_gdp;
+     * (ep x E), choices and places (ep x N k each, and this rank's).
+     * Under --layout-invariant (experts_by_source) moe_gx and moe_gout hold
+     * ep x N k rows (the choices' slots), moe_slots this rank's N k and
+     * moe_spos their places (decoder_moe.c) */
+    float *moe_gx, *moe_gout, *moe_gdp, *moe_slots;
+    int32_t *moe_spos;
     int *moe_all_host;
     int32_t *moe_gidx_host, *moe_gpos_host, *moe_lpos_host;
     int32_t *moe_idx_host, *moe_pos_host;

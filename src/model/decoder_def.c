@@ -248,10 +248,6 @@ static int check_moe(const struct loom_decoder_def *d, const struct loom_config 
               "micro-batch's, whose rows the context ranks split: not built yet)";
     else if (cfg->fp8_format != LOOM_FP8_OFF)
         why = "--fp8-format (the experts' products are not fp8 layers yet)";
-    else if (cfg->layout_invariant && cfg->expert_model_parallel_size > 1 &&
-             cfg->moe_token_dispatcher_type == LOOM_MOE_DISPATCH_ALLGATHER)
-        why = "--layout-invariant under --moe-token-dispatcher-type allgather (each rank's routing-weighted "
-              "outputs are summed over the expert group, not in one process's order: use alltoall)";
     else if (cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ||
              cfg->attention_backend == LOOM_ATTN_BACKEND_LOCAL)
         why = "--attention-backend unfused or local (the MoE layers run with the fused attention)";

@@ -43,7 +43,10 @@
  * Under --layout-invariant with expert parallelism (experts_by_source)
  * each source rank's rows are their own grouped calls, and each source's
  * weight gradients are summed as one process's micro-batch tree sums them
- * (sources_done).
+ * (sources_done). The allgather dispatcher then moves each choice's row in
+ * a slot of its own instead of summing routing-weighted outputs over the
+ * group (allgather_slots_forward), so the token's rank combines the
+ * choices as one process does.
  *
  * The routing is data-dependent: the experts' row counts come to the host
  * (they size the products), and the rows' places go back. Each forward
@@ -397,6 +400,61 @@ static void experts_backward(struct loom_decoder *m, struct loom_decoder_layer_a
     if (split) sources_done(m, b, l, span);
 }
 
+/* Under --layout-invariant (experts_by_source) the allgather dispatcher
+ * keeps every choice apart: each rank gathers its experts' output rows
+ * into (N, k) slots of every source's tokens (zero where another rank's
+ * expert holds the choice), the slots are reduce-scattered to the tokens'
+ * ranks (each slot's sum adds zeros to one row: exact), and the tokens'
+ * rank weighs and adds them with one process's kernel and order, keeping
+ * the slots (x->ey) for the backward. The places of this rank's slots:
+ * its choices' own index, or -1 where dropped. */
+static const int32_t *slot_places(struct loom_decoder *m, const struct loom_decoder_layer_acts *x, int Nk)
+{
+    int32_t *h = m->moe_idx_host;
+    dev(m)->download(h, x->rpos, (size_t)Nk * sizeof(int32_t));
+    for (int i = 0; i < Nk; i++) h[i] = h[i] < 0 ? -1 : i;
+    dev(m)->upload(m->moe_spos, h, (size_t)Nk * sizeof(int32_t));
+    return m->moe_spos;
+}
+
+static void allgather_slots_forward(struct loom_decoder *m, struct loom_decoder_layer_acts *x, float *out,
+                                    const float *ey, int N)
+{
+    const int k = m->spec.topk, C = m->spec.hidden, Nk = N * k;
+    const size_t NkC = (size_t)Nk * C;
+    for (int s = 0; s < m->ep.ep; s++) /* a gather of rows: each slot 0 + its row, or 0 */
+        m->k->moe_permute_backward(m->moe_gout + s * NkC, ey, x->gpos + (size_t)s * Nk, Nk, 1, C);
+    loom_ep_reduce_scatter(&m->ep, x->ey, m->moe_gout, NkC);
+    m->k->moe_unpermute_forward(out, x->ey, x->rprobs, slot_places(m, x, Nk), N, k, C);
+}
+
+/* Its backward: the tokens' rank takes the routing weights' gradients and
+ * the slots' output gradients as one process does; the slots go to every
+ * rank, each places its experts' rows, and their input gradients come back
+ * in slots (reduce-scattered: exact) for one process's sum over the
+ * choices. */
+static void allgather_slots_backward(struct loom_decoder *m, struct loom_decoder_layer_acts *x,
+                                     struct loom_block *b, const float *dout, float *dln, int N, const int *n,
+                                     int l)
+{
+    const int k = m->spec.topk, C = m->spec.hidden, Nk = N * k, R = loom_ep_rows(&m->ep, x->recv);
+    const size_t NkC = (size_t)Nk * C;
+    const int32_t *sp = slot_places(m, x, Nk);
+    dev(m)->memset(m->moe_slots, 0, NkC * sizeof(float)); /* a dropped choice's slot: no row */
+    m->k->moe_unpermute_backward(m->moe_slots, m->moe_dprobs, dout, x->ey, x->rprobs, sp, N, k, C);
+    round_act(m, m->moe_slots, NkC);
+    loom_ep_gather(&m->ep, m->moe_gx, m->moe_slots, NkC, LOOM_DTYPE_F32);
+    float *dy = m->moe_ep[0], *dx = m->moe_ep[1];
+    if (m->spec.pad_to_capacity) dev(m)->memset(dy, 0, (size_t)R * C * sizeof(float));
+    for (int s = 0; s < m->ep.ep; s++) /* a scatter of rows: each slot to its place among the experts' */
+        m->k->moe_permute_forward(dy, m->moe_gx + s * NkC, x->gpos + (size_t)s * Nk, Nk, 1, C);
+    experts_backward(m, x, b, x->xe, dy, dx, n, l);
+    for (int s = 0; s < m->ep.ep; s++)
+        m->k->moe_permute_backward(m->moe_gout + s * NkC, dx, x->gpos + (size_t)s * Nk, Nk, 1, C);
+    loom_ep_reduce_scatter(&m->ep, m->moe_slots, m->moe_gout, NkC);
+    m->k->moe_permute_backward(dln, m->moe_slots, sp, N, k, C);
+}
+
 /* The allgather dispatcher (layers/experts.h): every rank's rows, choices
  * and routing weights gathered; this rank's experts' rows placed in the
  * expert-major layout (as the all-to-all lays them out), computed, and
@@ -425,6 +483,11 @@ static void allgather_forward(struct loom_decoder *m, struct loom_decoder_layer_
     if (m->spec.pad_to_capacity) dev(m)->memset(x->xe, 0, (size_t)R * C * sizeof(float));
     for (size_t s = 0; s < P; s++)
         m->k->moe_permute_forward(x->xe, m->moe_gx + s * NC, x->gpos + s * Nk, N, k, C);
+    if (experts_by_source(m)) { /* the experts' rows into scratch, the slots kept in x->ey */
+        experts_forward(m, x, b, x->xe, m->moe_ep[0], n);
+        allgather_slots_forward(m, x, out, m->moe_ep[0], N);
+        return;
+    }
     experts_forward(m, x, b, x->xe, x->ey, n);
     for (size_t s = 0; s < P; s++)
         m->k->moe_unpermute_forward(m->moe_gout + s * NC, x->ey, x->gprobs + s * Nk, x->gpos + s * Nk, N, k,
@@ -439,6 +502,10 @@ static void allgather_backward(struct loom_decoder *m, struct loom_decoder_layer
                                struct loom_block *b, const float *dout, float *dln, int N, const int *n,
                                int l)
 {
+    if (experts_by_source(m)) {
+        allgather_slots_backward(m, x, b, dout, dln, N, n, l);
+        return;
+    }
     const struct loom_ep *p = &m->ep;
     const int k = m->spec.topk, C = m->spec.hidden, Nk = N * k;
     const size_t P = (size_t)p->ep, NC = (size_t)N * C;
