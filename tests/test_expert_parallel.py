@@ -43,7 +43,7 @@ docstring gives the measurement):
     element's once over the ranks, an even part a rank, dense tensors
     included (each expert rank steps a share of its shard's dense
     elements, as Megatron shards the dense optimizer state over all data
-    ranks);
+    ranks), and under ZeRO-3 the reduced gradients' shards too;
   - ZeRO over the ranks that hold the same experts: ZeRO-1, ZeRO-2,
     ZeRO-3 and the distributed optimizer at EP 2 x DP 2, ZeRO-3 with the
     allgather dispatcher and on 2 ranks, against one process within 1e-5;
@@ -261,6 +261,10 @@ def memory(tmp):
         check(f"{tag}: the optimizer state is every element's once over the ranks ({8 * total} bytes), "
               f"1/{len(got)} a rank (got {got})",
               sum(got) == 8 * total and all(abs(g - 8 * total / len(got)) <= 64 for g in got), f"{ranks}")
+        if "ZeRO-3" in tag:  # the reduced gradients' shards likewise (float32: 4 bytes an element)
+            grads = [r["grads"] for r in ranks]
+            check(f"{tag}: the gradient shards are every element's once over the ranks ({4 * total} bytes; got "
+                  f"{grads})", sum(grads) == 4 * total and all(2 * g == o for g, o in zip(grads, got)), f"{ranks}")
 
 
 def resume(tmp, one):

@@ -1058,7 +1058,7 @@ static void hand_built_stack(void)
     struct loom_zero z;
     struct loom_precision p;
     loom_model_push_strategy(m, &recorder_strategy, &rec[0]);
-    loom_zero_init(&z, 3, 1, 0, m, 0, LOOM_DTYPE_F32, 0, NULL);
+    loom_zero_init(&z, 3, 1, 0, m, 0, LOOM_DTYPE_F32, 0, NULL, 1, 0);
     loom_model_push_strategy(m, &recorder_strategy, &rec[1]);
     loom_precision_init(&p, m);
     loom_model_push_strategy(m, &recorder_strategy, &rec[2]);

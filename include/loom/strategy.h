@@ -66,6 +66,12 @@ struct loom_state_view {
     struct loom_buf grads; /* the reduced gradients: elements [grads_lo, grads_hi) */
     size_t grads_lo, grads_hi;
     int grads_split; /* the data-parallel ranks hold disjoint ranges (sums over them are added) */
+    /* grads holds only these runs of [grads_lo, grads_hi), their elements
+     * one after another (ZeRO under expert parallelism: the rank's experts
+     * and its share of the dense elements, each owned by one data rank);
+     * NULL: all of it */
+    const struct loom_run *grads_runs;
+    int grads_nruns;
     /* the gradients' sums of squares go in pieces of this many elements
      * (the grouping fixes the norm's bits), or block by block (0) */
     size_t piece;

@@ -37,4 +37,9 @@ struct loom_buf {
     enum loom_device device;
 };
 
+/* Elements [lo, hi) of a model's parameter arena: a run of what a rank owns. */
+struct loom_run {
+    size_t lo, hi;
+};
+
 #endif

@@ -194,6 +194,7 @@ static struct loom_buf opt_grads(const struct loom_engine *e)
 {
     struct loom_state_view v;
     loom_stack_view(e->model, &v);
+    if (v.grads_runs) return v.grads; /* the optimizer's runs' (e->opt.grads_by_state) */
     return loom_buf_slice(v.grads, e->part.begin - v.grads_lo, e->part.end - e->part.begin);
 }
 
@@ -364,6 +365,9 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
         e->opt.param_map = v.param_map;
         e->opt.grad_map = v.grad_map;
     }
+    /* a view of the owned runs' gradients: the optimizer's runs (loom_zero_owned_runs both) */
+    e->opt.grads_by_state = v.grads_runs != NULL;
+    LOOM_ASSERT(!v.grads_runs || (v.grads.numel == e->opt.n && v.grads_nruns == e->opt.nruns));
     /* master weights from the 16-bit parameters, as DeepSpeed makes them */
     if (m->dtype != LOOM_DTYPE_F32) {
         loom_adamw_set_master(&e->opt, opt_params(e));
@@ -521,6 +525,18 @@ void loom_engine_backward(struct loom_engine *e)
 static int block_nonfinite(const struct loom_engine *e, const struct loom_state_view *v, int i)
 {
     const struct loom_block *blk = &e->model->blocks[i];
+    if (v->grads_runs) { /* each owned run's part of the block */
+        struct loom_state_view part = *v;
+        part.grads_runs = NULL;
+        size_t s = 0;
+        for (int r = 0; r < v->grads_nruns; s += v->grads_runs[r].hi - v->grads_runs[r].lo, r++) {
+            part.grads_lo = v->grads_runs[r].lo;
+            part.grads_hi = v->grads_runs[r].hi;
+            part.grads = loom_buf_slice(v->grads, s, part.grads_hi - part.grads_lo);
+            if (block_nonfinite(e, &part, i)) return 1;
+        }
+        return 0;
+    }
     const size_t lo = blk->offset > v->grads_lo ? blk->offset : v->grads_lo,
                  hi = blk->offset + blk->numel < v->grads_hi ? blk->offset + blk->numel : v->grads_hi;
     if (lo >= hi) return 0;
@@ -592,6 +608,19 @@ static void sweep(struct squares *q, const struct loom_state_view *v)
     const struct loom_model *m = q->m;
     const size_t lo = v->grads_lo, hi = v->grads_hi;
     const int filters = loom_stack_filters_tensors(m);
+    if (v->grads_runs) { /* each owned run as a view of its own */
+        struct loom_state_view part = *v;
+        part.grads_runs = NULL;
+        part.piece = 0;
+        size_t s = 0;
+        for (int r = 0; r < v->grads_nruns; s += v->grads_runs[r].hi - v->grads_runs[r].lo, r++) {
+            part.grads_lo = v->grads_runs[r].lo;
+            part.grads_hi = v->grads_runs[r].hi;
+            part.grads = loom_buf_slice(v->grads, s, part.grads_hi - part.grads_lo);
+            sweep(q, &part);
+        }
+        return;
+    }
     if (q->experts_apart && !filters) { /* each block's dense runs, then its experts' (into ss_experts) */
         for (int bi = 0; bi < m->nblocks; bi++) {
             const struct loom_block *b = &m->blocks[bi];
@@ -644,8 +673,10 @@ static double grad_norm(const struct loom_engine *e)
         if (v.grads_split)
             loom_comm_allreduce_sync(LOOM_GROUP_EXPERT_DP,
                                      loom_buf_of(both, 2 * LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64), LOOM_OP_SUM);
+        const int dense_too = v.grads_runs != NULL; /* the dense elements owned apart over the group too */
         loom_comm_allreduce_sync(LOOM_GROUP_EP,
-                                 loom_buf_of(both + LOOM_SUMSQ_LIMBS, LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64),
+                                 loom_buf_of(both + (dense_too ? 0 : LOOM_SUMSQ_LIMBS),
+                                             (dense_too ? 2 : 1) * LOOM_SUMSQ_LIMBS, LOOM_DTYPE_U64),
                                  LOOM_OP_SUM);
         for (int i = 0; i < LOOM_SUMSQ_LIMBS; i++)
             both[i] += both[LOOM_SUMSQ_LIMBS + i]; /* limbs sum as ranks' */
@@ -657,7 +688,10 @@ static double grad_norm(const struct loom_engine *e)
         double both[2] = {q.ss, q.ss_experts};
         if (v.grads_split)
             loom_comm_allreduce_sync(LOOM_GROUP_EXPERT_DP, loom_buf_of(both, 2, LOOM_DTYPE_F64), LOOM_OP_SUM);
-        loom_comm_allreduce_sync(LOOM_GROUP_EP, loom_buf_of(&both[1], 1, LOOM_DTYPE_F64), LOOM_OP_SUM);
+        const int dense_too = v.grads_runs != NULL; /* the dense elements owned apart over the group too */
+        loom_comm_allreduce_sync(LOOM_GROUP_EP,
+                                 loom_buf_of(&both[dense_too ? 0 : 1], dense_too ? 2 : 1, LOOM_DTYPE_F64),
+                                 LOOM_OP_SUM);
         q.ss = both[0] + both[1];
         v.grads_split = 0; /* summed */
     }

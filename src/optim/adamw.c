@@ -55,6 +55,7 @@ void loom_adamw_init(struct loom_adamw *opt, const struct loom_backend *b, size_
     opt->dtype = LOOM_DTYPE_F32;
     opt->chunk = opt->n;
     opt->streamed = streamed;
+    opt->grads_by_state = 0;
     opt->m = opt->v = NULL;
     if (streamed) return;
     opt->m = b->alloc(loom_mul_size(opt->n, sizeof(float)), LOOM_MEM_OPTIMIZER);
@@ -264,21 +265,22 @@ struct step_args {
 static void step_f32(struct loom_adamw *opt, void *ctx, size_t k, size_t s, size_t n, float wd)
 {
     struct step_args *a = ctx;
-    update_range(opt, a->kern, loom_buf_f32_data(a->params) + k, loom_buf_f32_data(a->grads) + k, opt->m + s,
-                 opt->v + s, n, a->lr, wd, a->grad_scale);
+    update_range(opt, a->kern, loom_buf_f32_data(a->params) + k,
+                 loom_buf_f32_data(a->grads) + (opt->grads_by_state ? s : k), opt->m + s, opt->v + s, n,
+                 a->lr, wd, a->grad_scale);
 }
 
-/* Mixed precision on elements [k, k + n) from begin (master, m and v
- * point at their state): the 16-bit gradients converted to float32 a piece at
- * a time, the update on the float32 master weights, the new 16-bit
- * parameters rounded from them; every conversion the backend's. */
-static void update_lp(const struct loom_adamw *opt, const struct step_args *a, size_t k, size_t n,
+/* Mixed precision on elements [k, k + n) from begin, their gradients
+ * from element g of a->grads (master, m and v point at their state): the 16-bit gradients converted to
+ * float32 a piece at a time, the update on the float32 master weights, the new 16-bit parameters rounded from
+ * them; every conversion the backend's. */
+static void update_lp(const struct loom_adamw *opt, const struct step_args *a, size_t k, size_t g, size_t n,
                       float *master, float *m, float *v, float wd)
 {
     const struct loom_backend *b = opt->backend;
     for (size_t d = 0; d < n;) {
         const size_t c = n - d < LP_CHUNK ? n - d : LP_CHUNK;
-        b->convert(loom_buf_f32(a->scratch, c), loom_buf_slice(a->grads, k + d, c));
+        b->convert(loom_buf_f32(a->scratch, c), loom_buf_slice(a->grads, g + d, c));
         update_range(opt, a->kern, master + d, a->scratch, m + d, v + d, c, a->lr, wd, a->grad_scale);
         b->convert(loom_buf_slice(a->params, k + d, c), loom_buf_f32(master + d, c));
         d += c;
@@ -287,7 +289,7 @@ static void update_lp(const struct loom_adamw *opt, const struct step_args *a, s
 
 static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t s, size_t n, float wd)
 {
-    update_lp(opt, ctx, k, n, opt->master + s, opt->m + s, opt->v + s, wd);
+    update_lp(opt, ctx, k, opt->grads_by_state ? s : k, n, opt->master + s, opt->m + s, opt->v + s, wd);
 }
 
 /* ---- offloaded: chunks through the buffer sets ------------------------------------ */
@@ -358,13 +360,13 @@ static void shard_pages(const struct loom_adamw *opt, const struct step_args *a,
 {
     if (lo >= hi || (!opt->param_map && !opt->grad_map)) return;
     const size_t es = loom_dtype_size(a->params.dtype);
-    hi = arena_at(opt, hi - 1) + 1;
-    lo = arena_at(opt, lo);
-    const char *p = (const char *)a->params.data + lo * es, *g = (const char *)a->grads.data + lo * es;
+    const size_t plo = arena_at(opt, lo), phi = arena_at(opt, hi - 1) + 1;
+    const size_t glo = opt->grads_by_state ? lo : plo, ghi = opt->grads_by_state ? hi : phi;
+    const char *p = (const char *)a->params.data + plo * es, *g = (const char *)a->grads.data + glo * es;
     void (*fn)(const struct loom_offload_map *, const void *, size_t) =
         ahead ? loom_offload_prefetch : loom_offload_drop;
-    if (opt->param_map) fn(opt->param_map, p, (hi - lo) * es);
-    if (opt->grad_map) fn(opt->grad_map, g, (hi - lo) * es);
+    if (opt->param_map) fn(opt->param_map, p, (phi - plo) * es);
+    if (opt->grad_map) fn(opt->grad_map, g, (ghi - glo) * es);
 }
 
 /* The step with the state in the file: chunk i, read into the in set, is
@@ -393,12 +395,12 @@ static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, s
         for (size_t j = seg; j < l.n && l.s[j].s < hi; j++) {
             const size_t a0 = l.s[j].s > lo ? l.s[j].s : lo,
                          a1 = l.s[j].s + l.s[j].n < hi ? l.s[j].s + l.s[j].n : hi,
-                         k = l.s[j].k + (a0 - l.s[j].s);
+                         k = l.s[j].k + (a0 - l.s[j].s), g = opt->grads_by_state ? a0 : k;
             float *mm = opt->dev_m + (a0 - lo), *vv = opt->dev_v + (a0 - lo);
             if (opt->has_master)
-                update_lp(opt, a, k, a1 - a0, opt->dev_master + (a0 - lo), mm, vv, l.s[j].wd);
+                update_lp(opt, a, k, g, a1 - a0, opt->dev_master + (a0 - lo), mm, vv, l.s[j].wd);
             else
-                update_range(opt, a->kern, loom_buf_f32_data(a->params) + k, loom_buf_f32_data(a->grads) + k,
+                update_range(opt, a->kern, loom_buf_f32_data(a->params) + k, loom_buf_f32_data(a->grads) + g,
                              mm, vv, a1 - a0, a->lr, l.s[j].wd, a->grad_scale);
         }
         loom_offload_wait(opt->io, SET_OUT); /* chunk i - 1 is written */
@@ -456,13 +458,13 @@ void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, con
 void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, struct loom_buf params,
                      struct loom_buf grads, double lr, float grad_scale)
 {
-    const size_t n = opt->end - opt->begin;
-    LOOM_ASSERT(params.dtype == grads.dtype && params.numel >= n && grads.numel >= n);
+    const size_t n = opt->end - opt->begin, ng = opt->grads_by_state ? opt->n : n;
+    LOOM_ASSERT(params.dtype == grads.dtype && params.numel >= n && grads.numel >= ng);
     LOOM_ASSERT(m->backend == opt->backend);
     const struct loom_backend *b = opt->backend;
     opt->t++;
     struct step_args a = {
-        loom_buf_slice(params, 0, n), loom_buf_slice(grads, 0, n), (float)lr, grad_scale, NULL, b->k};
+        loom_buf_slice(params, 0, n), loom_buf_slice(grads, 0, ng), (float)lr, grad_scale, NULL, b->k};
     if (params.dtype == LOOM_DTYPE_F32) {
         LOOM_ASSERT(!opt->has_master);
         if (opt->io)

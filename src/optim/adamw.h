@@ -22,11 +22,6 @@
 
 struct loom_backend; /* kernels/backend.h */
 
-/* Elements [lo, hi) of the arena. */
-struct loom_run {
-    size_t lo, hi;
-};
-
 struct loom_adamw {
     const struct loom_backend *backend; /* whose memory holds the state: the model's */
     double beta1, beta2, eps, weight_decay;
@@ -59,6 +54,9 @@ struct loom_adamw {
      * ahead and dropped once updated */
     const struct loom_offload_map *param_map, *grad_map;
     int streamed; /* made for an offload file: no state in memory */
+    /* the gradients it is given hold the runs' elements one after another
+     * (a strategy's view with grads_runs, as its state is), not the span */
+    int grads_by_state;
 };
 
 /* The state of the elements in [begin, end) that runs name (sorted, not
@@ -113,7 +111,8 @@ double loom_grad_norm(const struct loom_backend *b, const struct loom_block *blo
 float loom_clip_coef(double norm, double max_norm);
 
 /* One step at learning rate lr on the runs' elements of the model's arena:
- * params and grads (end - begin each from begin, one dtype) hold them (slices of
+ * params and grads (end - begin each from begin, or with grads_by_state
+ * grads the n of the runs; one dtype) hold them (slices of
  * the arenas, or ZeRO shards); gradients are multiplied by grad_scale
  * first. float32 updates the parameters in place; BF16/F16 (mixed
  * precision) updates the float32 master weights and rounds the parameters

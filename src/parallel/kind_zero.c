@@ -91,9 +91,9 @@ static int build(struct loom_kind_build *b, void **state)
     loom_zero_ranks(b->topo, &dp, &dp_rank);
     const int rc = loom_zero_init(z, stage, dp, dp_rank, m, cfg->zero3_min_params,
                                   stage >= 2 ? reduce : LOOM_DTYPE_F32, stage >= 2 && accumulate_f32,
-                                  cfg->offload_param == LOOM_OFFLOAD_NVME ? cfg->param_nvme_path : NULL);
-    if (rc == LOOM_OK && b->topo->ep > 1)
-        loom_zero_experts_apart(z, b->shape->exact_sums, b->topo->ep, b->topo->ep_rank);
+                                  cfg->offload_param == LOOM_OFFLOAD_NVME ? cfg->param_nvme_path : NULL,
+                                  b->topo->ep, b->topo->ep_rank);
+    if (rc == LOOM_OK && b->topo->ep > 1) loom_zero_experts_apart(z, b->shape->exact_sums);
     return rc;
 }
 

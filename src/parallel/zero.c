@@ -18,6 +18,7 @@ struct loom_zero_flight {
     struct loom_buf recv;           /* this rank's float32 segment of the sum */
     struct loom_buf send16, recv16; /* --grad-reduce-dtype bf16/fp16: the same in 16 bits */
     size_t shard_off;               /* where the segment lands in grad_shard */
+    size_t lo;                      /* the segment's first element in the arena */
     struct loom_comm_handle *handle;
 };
 
@@ -189,26 +190,84 @@ static void gather_dense_shares(struct loom_zero *z)
     loom_pool_give(&all);
 }
 
-/* ---- stage 2: gradients ------------------------------------------------- */
-
-/* Expert parallelism: the segment's dense runs (outside the block's
- * experts) summed over the expert group, whose ranks hold the same
- * elements there. */
-static void dense_over_experts(struct loom_zero *z, int block, const struct loom_zero_flight *f)
+/* A segment [lo, hi) of the shard: its nd dense elements and how many of
+ * them each expert rank owns (z->ep_counts; *mine: where this rank's start
+ * among them). */
+static size_t dense_split(struct loom_zero *z, size_t lo, size_t hi, size_t *mine)
 {
-    const struct loom_block *b = &z->model->blocks[block];
-    const size_t lo = z->part.begin + f->shard_off, hi = lo + f->recv.numel;
-    const size_t cut[4] = {b->offset, b->offset + b->expert_lo, b->offset + b->expert_hi,
-                           b->offset + b->numel};
-    struct loom_comm_handle *h[2] = {NULL, NULL};
-    for (int r = 0; r < 2; r++) { /* [cut 0, cut 1) and [cut 2, cut 3) */
-        const size_t a = cut[2 * r] > lo ? cut[2 * r] : lo, e = cut[2 * r + 1] < hi ? cut[2 * r + 1] : hi;
-        if (a < e)
-            h[r] = loom_comm_allreduce(LOOM_GROUP_EP, loom_buf_slice(f->recv, a - lo, e - a), LOOM_OP_SUM);
+    const size_t nd = dense_runs(z->model, lo, hi, NULL, NULL);
+    const size_t d0 = nd ? dense_runs(z->model, z->part.begin, lo, NULL, NULL) : 0;
+    *mine = 0;
+    for (int r = 0; r < z->ep; r++) {
+        size_t s0, s1;
+        dense_share(z->dense_n, z->ep, r, &s0, &s1);
+        const size_t a = s0 > d0 ? s0 : d0, e = s1 < d0 + nd ? s1 : d0 + nd;
+        z->ep_counts[r] = e > a ? (int)(e - a) : 0;
+        if (r == z->ep_rank && e > a) *mine = a - d0;
     }
-    for (int r = 0; r < 2; r++)
-        if (h[r]) z->wait_s += loom_comm_wait(h[r]);
+    return nd;
 }
+
+struct segment_dense {
+    float *seg, *packed; /* the segment from lo; its dense elements one after another */
+    size_t lo;
+    int pack;
+};
+
+static void move_segment_dense(void *ctx, size_t a, size_t b, size_t d)
+{
+    const struct segment_dense *c = ctx;
+    float *x = c->seg + (a - c->lo), *y = c->packed + d;
+    memcpy(c->pack ? y : x, c->pack ? x : y, (b - a) * sizeof(float));
+}
+
+/* Expert parallelism: a landed segment's dense elements summed over the
+ * expert group, whose ranks hold the same elements there, onto the rank
+ * that owns each (a reduce-scatter of them packed): the owner's sums back
+ * in the segment (the rest stay this rank's own, and land nowhere). */
+static void dense_to_owners(struct loom_zero *z, const struct loom_zero_flight *f)
+{
+    size_t mine;
+    const size_t nd = dense_split(z, f->lo, f->lo + f->recv.numel, &mine);
+    if (nd == 0) return;
+    struct loom_buf packed = take(nd, LOOM_DTYPE_F32, 0),
+                    own = take((size_t)z->ep_counts[z->ep_rank], LOOM_DTYPE_F32, 0);
+    struct segment_dense c = {f->recv.data, packed.data, f->lo, 1};
+    dense_runs(z->model, f->lo, f->lo + f->recv.numel, move_segment_dense, &c);
+    z->wait_s += loom_comm_wait(loom_comm_reduce_scatter_v(LOOM_GROUP_EP, packed, own, z->ep_counts));
+    be(z)->copy((float *)packed.data + mine, own.data, loom_buf_bytes(own));
+    c.pack = 0;
+    dense_runs(z->model, f->lo, f->lo + f->recv.numel, move_segment_dense, &c);
+    loom_pool_give(&own);
+    loom_pool_give(&packed);
+}
+
+/* The landed segment's owned elements (z->runs) added into the gradient
+ * shard, which holds the runs one after another. */
+static void land_runs(struct loom_zero *z, const struct loom_zero_flight *f)
+{
+    const size_t lo = f->lo, hi = lo + f->recv.numel;
+    const int f32 = z->model->dtype == LOOM_DTYPE_F32;
+    const struct loom_buf acc = f32 ? z->grad_shard : z->grad_acc;
+    size_t s = 0;
+    for (int r = 0; r < z->nruns; s += z->runs[r].hi - z->runs[r].lo, r++) {
+        const size_t a = z->runs[r].lo > lo ? z->runs[r].lo : lo, e = z->runs[r].hi < hi ? z->runs[r].hi : hi;
+        if (a >= e) continue;
+        const size_t at = s + (a - z->runs[r].lo);
+        const float *src = (const float *)f->recv.data + (a - lo);
+        if (acc.data) {
+            float *dst = (float *)acc.data + at;
+            be(z)->k->accumulate(dst, src, e - a);
+            loom_offload_drop(f32 ? &z->grad_map : &z->acc_map, dst, (e - a) * sizeof(float));
+        } else {
+            const struct loom_buf seg = loom_buf_slice(z->grad_shard, at, e - a);
+            be(z)->k->lp_accumulate(seg.data, src, seg.numel, seg.dtype);
+            loom_offload_drop(&z->grad_map, seg.data, loom_buf_bytes(seg));
+        }
+    }
+}
+
+/* ---- stage 2: gradients ------------------------------------------------- */
 
 /* The same before the reduction, over the whole block's dense runs in buf
  * (--layout-invariant: the expert group's ranks are consecutive data
@@ -236,9 +295,11 @@ static void land_oldest(struct loom_zero *z)
         loom_pool_give(&f->send16);
         loom_pool_give(&f->recv16);
     }
-    if (z->experts_apart && !z->dense_first) dense_over_experts(z, block, f);
+    if (z->experts_apart && !z->dense_first) dense_to_owners(z, f);
     const struct loom_buf acc = z->model->dtype == LOOM_DTYPE_F32 ? z->grad_shard : z->grad_acc;
-    if (acc.data) {
+    if (z->runs) {
+        land_runs(z, f);
+    } else if (acc.data) {
         float *dst = (float *)acc.data + f->shard_off;
         be(z)->k->accumulate(dst, f->recv.data, f->recv.numel);
         loom_offload_drop(z->model->dtype == LOOM_DTYPE_F32 ? &z->grad_map : &z->acc_map, dst,
@@ -275,6 +336,7 @@ static void post_grads(struct loom_zero *z, int block)
     size_t mine = split(z, lo, hi);
     const size_t nrecv = (size_t)z->counts[z->dp_rank];
     f->shard_off = nrecv ? mine - z->part.begin : 0;
+    f->lo = mine;
     f->recv = take(nrecv, LOOM_DTYPE_F32, 0);
     if (z->experts_apart && z->dense_first) dense_over_experts_first(z, block, f->buf);
     if (z->reduce_dtype != LOOM_DTYPE_F32) { /* this rank's gradient rounded once, summed in 16 bits */
@@ -449,9 +511,8 @@ static void describe(void *ctx, char *buf, size_t n)
     char ep[160] = "";
     if (z->ep > 1)
         snprintf(ep, sizeof ep,
-                 "; the dense elements' optimizer state split again over the %d expert ranks (%d data ranks "
-                 "in all)",
-                 z->ep, z->dp * z->ep);
+                 "; the dense elements' %s split again over the %d expert ranks (%d data ranks in all)",
+                 z->stage >= 2 ? "gradients and optimizer state" : "optimizer state", z->ep, z->dp * z->ep);
     if (z->stage == 3)
         snprintf(buf, n,
                  "ZeRO-3: parameters, gradients and optimizer state sharded over %d ranks; %d gather units%s",
@@ -478,7 +539,7 @@ static int view(void *ctx, struct loom_state_view *v)
     enum { PIECE = 1 << 22 };
     *v = (struct loom_state_view){.params = m->params,
                                   .params_hi = m->num_params,
-                                  .grads = loom_buf_slice(z->grad_shard, 0, n),
+                                  .grads = loom_buf_slice(z->grad_shard, 0, z->runs ? z->owned : n),
                                   .grads_lo = z->part.begin,
                                   .grads_hi = z->part.end,
                                   .grads_split = 1,
@@ -489,6 +550,10 @@ static int view(void *ctx, struct loom_state_view *v)
         v->params = loom_buf_slice(z->param_shard, 0, n);
         v->params_lo = z->part.begin;
         v->params_hi = z->part.end;
+    }
+    if (z->runs) { /* expert parallelism: the owned runs' gradients only */
+        v->grads_runs = z->runs;
+        v->grads_nruns = z->nruns;
     }
     return 1;
 }
@@ -594,7 +659,7 @@ static int shard_alloc(const struct loom_zero *z, struct loom_buf *b, struct loo
 
 int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
                    int64_t min_params, enum loom_dtype reduce_dtype, int accumulate_f32,
-                   const char *offload_dir)
+                   const char *offload_dir, int ep, int ep_rank)
 {
     LOOM_ASSERT(stage >= 1 && stage <= 3 && dp >= 1 && dp_rank >= 0 && dp_rank < dp);
     LOOM_ASSERT(reduce_dtype == LOOM_DTYPE_F32 || (reduce_dtype == m->dtype && stage >= 2));
@@ -610,6 +675,18 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
     z->index = m->stack.n;
     z->param_map.fd = z->grad_map.fd = z->acc_map.fd = -1;
     const size_t shard = z->part.shard;
+    if (ep > 1) { /* the dense elements' shares (loom_zero_owned_runs) */
+        z->ep = ep;
+        z->ep_rank = ep_rank;
+        z->dense_n = dense_runs(m, z->part.begin, z->part.end, NULL, NULL);
+        z->ep_counts = loom_alloc(sizeof(int) * (size_t)ep, LOOM_MEM_OTHER);
+        if (stage >= 2) { /* the gradient shard holds the owned runs only */
+            z->runs = loom_alloc(sizeof *z->runs * (3 * (size_t)m->nblocks + 1), LOOM_MEM_OTHER);
+            z->nruns = loom_zero_owned_runs(m, z->part, ep, ep_rank, z->runs);
+            for (int r = 0; r < z->nruns; r++) z->owned += z->runs[r].hi - z->runs[r].lo;
+        }
+    }
+    const size_t grad_n = z->runs ? z->owned : shard;
     if (shard > 0x7fffffff && (stage >= 2 || dp > 1)) /* a collective's count is an int (stage 1: DDP's) */
         return loom_error_set(LOOM_ERR_INPUT,
                               "--zero-stage %d: a rank's shard of %zu elements exceeds 2^31 - 1; use more "
@@ -621,11 +698,11 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
         return LOOM_OK;
     }
     LOOM_ASSERT(m->grads.data == NULL);
-    int rc = shard_alloc(z, &z->grad_shard, &z->grad_map, shard, m->dtype, LOOM_MEM_GRADS, offload_dir,
+    int rc = shard_alloc(z, &z->grad_shard, &z->grad_map, grad_n, m->dtype, LOOM_MEM_GRADS, offload_dir,
                          "gradient shard");
     if (rc == LOOM_OK && accumulate_f32) {
         LOOM_ASSERT(m->dtype != LOOM_DTYPE_F32);
-        rc = shard_alloc(z, &z->grad_acc, &z->acc_map, shard, LOOM_DTYPE_F32, LOOM_MEM_GRADS, offload_dir,
+        rc = shard_alloc(z, &z->grad_acc, &z->acc_map, grad_n, LOOM_DTYPE_F32, LOOM_MEM_GRADS, offload_dir,
                          "float32 gradient accumulator");
     }
     /* keep this rank's shard of the parameters, let go of the arena (a model
@@ -681,6 +758,14 @@ static void replay_land_oldest(struct loom_zero *z)
     struct loom_zero_flight *f = &z->flights[z->order[0]];
     loom_pool_give(&f->send16);
     loom_pool_give(&f->recv16);
+    size_t mine;
+    if (z->experts_apart && !z->dense_first && dense_split(z, f->lo, f->lo + f->recv.numel, &mine)) {
+        struct loom_buf packed = take(dense_runs(z->model, f->lo, f->lo + f->recv.numel, NULL, NULL),
+                                      LOOM_DTYPE_F32, 0),
+                        own = take((size_t)z->ep_counts[z->ep_rank], LOOM_DTYPE_F32, 0);
+        loom_pool_give(&own);
+        loom_pool_give(&packed);
+    }
     loom_pool_give(&f->buf);
     loom_pool_give(&f->recv);
     memset(f, 0, sizeof *f);
@@ -745,6 +830,7 @@ static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_repl
         if (e > hi) e = hi;
         const size_t nrecv = e > a ? e - a : 0;
         f->recv = take(nrecv, LOOM_DTYPE_F32, 0);
+        f->lo = nrecv ? a : lo;
         if (z->reduce_dtype != LOOM_DTYPE_F32) {
             f->send16 = take(hi - lo, z->reduce_dtype, 0);
             f->recv16 = take(nrecv, z->reduce_dtype, 0);
@@ -758,12 +844,10 @@ static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_repl
     }
 }
 
-void loom_zero_experts_apart(struct loom_zero *z, int dense_first, int ep, int ep_rank)
+void loom_zero_experts_apart(struct loom_zero *z, int dense_first)
 {
+    LOOM_ASSERT(z->ep > 1);
     z->dense_first = dense_first;
-    z->ep = ep;
-    z->ep_rank = ep_rank;
-    z->dense_n = dense_runs(z->model, z->part.begin, z->part.end, NULL, NULL);
     z->group = LOOM_GROUP_EXPERT_DP;
     z->experts_apart = 1;
     z->scattered = 0; /* stage 1: DDP all-reduces the expert and dense runs */
@@ -792,6 +876,8 @@ void loom_zero_free(struct loom_zero *z)
     loom_free(z->displs);
     loom_free(z->units);
     loom_free(z->unit_of);
+    loom_free(z->runs);
+    loom_free(z->ep_counts);
     memset(z, 0, sizeof *z);
 }
 
@@ -804,7 +890,7 @@ struct loom_buf loom_zero_params(const struct loom_zero *z)
 
 struct loom_buf loom_zero_grads(const struct loom_zero *z)
 {
-    const size_t n = z->part.end - z->part.begin;
+    const size_t n = z->runs ? z->owned : z->part.end - z->part.begin;
     return z->stage >= 2 ? loom_buf_slice(z->grad_shard, 0, n)
                          : loom_buf_slice(z->model->grads, z->part.begin, n);
 }

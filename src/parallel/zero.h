@@ -33,13 +33,15 @@
  * its experts, and every expert rank's arena the same dense tensors at the
  * same places, so their shards are the same elements; a landed gradient
  * segment's dense runs are summed over the expert group (LOOM_GROUP_EP)
- * too, so a dense gradient is every data rank's. The optimizer state of a
- * shard's dense elements is split again over the expert group: each of its
- * ep ranks owns and steps an even share of them (loom_zero_owned_runs), and
- * after the step the group all-gathers the shares, so the dense optimizer
- * state is sharded over all dp ranks, as Megatron's distributed optimizer
- * shards it, and the experts' over dp / ep. The dense gradients and (stage
- * 3) parameters stay sharded over dp / ep.
+ * too, so a dense gradient is every data rank's. A shard's dense elements
+ * are split again over the expert group: each of its ep ranks owns an even
+ * share of them (loom_zero_owned_runs). Its optimizer steps them, and after
+ * the step the group all-gathers the shares; at stages 2-3 a landed
+ * segment's dense sums are reduce-scattered over LOOM_GROUP_EP onto their
+ * owners, and the gradient shard holds the owned runs only. So the dense
+ * optimizer state and gradients are sharded over all dp ranks, as
+ * Megatron's distributed optimizer and DeepSpeed-MoE shard them, and the
+ * experts' over dp / ep. The stage-3 parameter shard stays over dp / ep.
  *
  * Mixed precision: the stored parameters (arena or shard, gathered units) and
  * the reduced gradient shard are 16-bit; gradients travel in float32 (or the
@@ -91,11 +93,17 @@ struct loom_zero {
     enum loom_group group;
     int experts_apart;
     int dense_first; /* --layout-invariant: the dense runs summed over LOOM_GROUP_EP before the shards' sum */
-    int ep,
-        ep_rank;    /* expert parallelism (ep > 1): the group the dense elements' optimizer shares are over */
-    size_t dense_n; /* the shard's dense elements (outside every block's experts) */
-    int scattered;  /* stage 1: the gradients reduce-scattered onto the shards (loom_zero1_scatters) */
-    int index;      /* this strategy's place on the stack */
+    int ep, ep_rank; /* expert parallelism (ep > 1): the group the dense elements' shares are over */
+    size_t dense_n;  /* the shard's dense elements (outside every block's experts) */
+    int *ep_counts;  /* (ep) scratch */
+    /* stages 2-3 with expert parallelism: the runs this rank owns
+     * (loom_zero_owned_runs), whose gradients alone grad_shard and grad_acc
+     * hold, one after another (owned elements) */
+    struct loom_run *runs;
+    int nruns;
+    size_t owned;
+    int scattered; /* stage 1: the gradients reduce-scattered onto the shards (loom_zero1_scatters) */
+    int index;     /* this strategy's place on the stack */
     struct loom_partition part;
     struct loom_model *model;
     enum loom_dtype
@@ -133,24 +141,27 @@ struct loom_zero {
  * paged in, each dropped once gathered; gradients are dropped as they land
  * (the counting mode of the allocator counts them in memory instead).
  * LOOM_ERR_INPUT naming the directory (and the bytes needed) when it
- * cannot; the strategy is then not pushed and loom_zero_free cleans up. */
+ * cannot; the strategy is then not pushed and loom_zero_free cleans up.
+ * ep > 1: expert parallelism over ep ranks (ep_rank this one's; dp and
+ * dp_rank loom_zero_ranks'), loom_zero_experts_apart to follow: at stages
+ * 2-3 the gradient shard holds the owned runs only. */
 int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
                    int64_t min_params, enum loom_dtype reduce_dtype, int accumulate_f32,
-                   const char *offload_dir);
+                   const char *offload_dir, int ep, int ep_rank);
 /* Stage 3 on a model created without a parameter arena: each rank builds
  * one gather unit at a time (the initialisation draws per tensor, so every
  * rank computes the same values) and keeps its shard of it. */
 void loom_zero_init_weights(struct loom_zero *z, uint64_t seed);
-/* Expert parallelism over ep ranks (ep_rank this one's), right after
- * loom_zero_init (whose dp and dp_rank were loom_zero_ranks'): the shards'
- * collectives over LOOM_GROUP_EXPERT_DP, the dense runs of each landed
- * gradient segment summed over LOOM_GROUP_EP, and after the step the
- * expert ranks' shares of the shard's dense elements (each updated by its
- * owner's optimizer, loom_zero_owned_runs) all-gathered over LOOM_GROUP_EP;
- * dense_first (--layout-invariant, stages 2-3): each block's dense runs
- * summed over LOOM_GROUP_EP before its reduction instead, so the data
- * ranks add in the pairwise tree over them. */
-void loom_zero_experts_apart(struct loom_zero *z, int dense_first, int ep, int ep_rank);
+/* Expert parallelism, right after loom_zero_init with ep > 1: the shards'
+ * collectives over LOOM_GROUP_EXPERT_DP, the dense elements of each landed
+ * gradient segment reduce-scattered over LOOM_GROUP_EP onto their owners
+ * (loom_zero_owned_runs), and after the step the expert ranks' shares of
+ * the shard's dense elements (each updated by its owner's optimizer)
+ * all-gathered over LOOM_GROUP_EP; dense_first (--layout-invariant, stages
+ * 2-3): each block's dense runs all-reduced over LOOM_GROUP_EP before its
+ * reduction instead, so the data ranks add in the pairwise tree over them
+ * (each rank then keeps its share). */
+void loom_zero_experts_apart(struct loom_zero *z, int dense_first);
 /* The runs of partition p this rank's optimizer owns: all of it, or with
  * expert parallelism over ep ranks (ep_rank this one) the experts'
  * elements and this rank's even share of the dense ones (the places
