@@ -63,6 +63,10 @@ struct loom_replay {
 struct loom_state_view {
     struct loom_buf params; /* the stored parameters: elements [params_lo, params_hi) of the arena */
     size_t params_lo, params_hi;
+    /* params holds only these runs of [params_lo, params_hi), as grads_runs
+     * below (ZeRO-3 under expert parallelism); NULL: all of it */
+    const struct loom_run *params_runs;
+    int params_nruns;
     struct loom_buf grads; /* the reduced gradients: elements [grads_lo, grads_hi) */
     size_t grads_lo, grads_hi;
     int grads_split; /* the data-parallel ranks hold disjoint ranges (sums over them are added) */

@@ -93,6 +93,12 @@ static void part_of(const struct loom_ckpt_parts *p, size_t *lo, size_t *hi)
     *hi = *lo + each < n ? *lo + each : n;
 }
 
+/* Where arena element e is in the store (a piece never crosses its runs). */
+static size_t store_at(const struct loom_ckpt_parts *p, size_t e)
+{
+    return p->store_runs ? loom_run_index(p->store_runs, p->store_nruns, e) : e - p->store_lo;
+}
+
 /* ---- saving ------------------------------------------------------------- */
 
 /* Elements of 16-bit weights downloaded at a time while saving. */
@@ -120,7 +126,7 @@ static int fill_piece(void *ctx, uint64_t at, float *dst, size_t count)
         return LOOM_OK;
     }
     const struct loom_backend *b = p->model->backend;
-    struct loom_buf src = loom_buf_slice(p->store, e - p->store_lo, count);
+    struct loom_buf src = loom_buf_slice(p->store, store_at(p, e), count);
     if (src.dtype == LOOM_DTYPE_F32) {
         b->download(dst, src.data, count * sizeof(float));
     } else {
@@ -409,7 +415,7 @@ static int place_staged(struct load_ctx *c, const struct loom_tensor *t, const s
         return LOOM_OK;
     }
     if ((rc = read_piece(c, c->prefix, t, want, c->stage[0]))) return rc;
-    struct loom_buf to = loom_buf_slice(p->store, x - p->store_lo, y - x);
+    struct loom_buf to = loom_buf_slice(p->store, store_at(p, x), y - x);
     if (to.dtype == LOOM_DTYPE_F32) {
         be->upload(to.data, c->stage[0], (y - x) * sizeof(float));
     } else { /* rounded in host memory (stage[1] holds LOAD_CHUNK of them), then uploaded */
@@ -493,7 +499,11 @@ static int restore(const struct loom_ckpt_parts *p, const char *dir, const struc
         c.what = LOAD_WEIGHTS;
         c.prefix = m->dtype == LOOM_DTYPE_F32 && has_master ? MASTER : "";
         c.master_from_weights = opt->has_master && !take_master;
-        rc = for_each_tensor(m, p->store_lo, p->store_hi, read_tensor, &c);
+        if (p->store_runs)
+            for (int r = 0; rc == LOOM_OK && r < p->store_nruns; r++)
+                rc = for_each_tensor(m, p->store_runs[r].lo, p->store_runs[r].hi, read_tensor, &c);
+        else
+            rc = for_each_tensor(m, p->store_lo, p->store_hi, read_tensor, &c);
     }
     if (rc == LOOM_OK && optim) {
         c.what = LOAD_MOMENTS;

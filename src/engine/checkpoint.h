@@ -47,6 +47,10 @@ struct loom_ckpt_parts {
      * else the arena) */
     struct loom_buf store;
     size_t store_lo, store_hi;
+    /* store holds only these runs of them, one after another (the stage-3
+     * shard under expert parallelism); NULL: all */
+    const struct loom_run *store_runs;
+    int store_nruns;
     struct loom_adamw *opt;
     struct loom_loss_scaler *scaler; /* fp16's, or NULL */
     int64_t skipped;                 /* updates skipped so far (saved; restored into the stats) */

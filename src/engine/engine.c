@@ -187,6 +187,7 @@ static struct loom_buf opt_params(const struct loom_engine *e)
 {
     struct loom_state_view v;
     loom_stack_view(e->model, &v);
+    if (v.params_runs) return v.params; /* the optimizer's runs' (e->opt.params_by_state) */
     return loom_buf_slice(v.params, e->part.begin - v.params_lo, e->part.end - e->part.begin);
 }
 
@@ -213,6 +214,8 @@ static struct loom_ckpt_parts ckpt_parts(struct loom_engine *e)
                                     .store = v.params,
                                     .store_lo = v.params_lo,
                                     .store_hi = v.params_hi,
+                                    .store_runs = v.params_runs,
+                                    .store_nruns = v.params_nruns,
                                     .opt = &e->opt,
                                     .scaler = e->scaler,
                                     .skipped = e->skipped,
@@ -367,7 +370,9 @@ int loom_engine_initialize(struct loom_engine *e, struct loom_model *m)
     }
     /* a view of the owned runs' gradients: the optimizer's runs (loom_zero_owned_runs both) */
     e->opt.grads_by_state = v.grads_runs != NULL;
+    e->opt.params_by_state = v.params_runs != NULL;
     LOOM_ASSERT(!v.grads_runs || (v.grads.numel == e->opt.n && v.grads_nruns == e->opt.nruns));
+    LOOM_ASSERT(!v.params_runs || (v.params.numel == e->opt.n && v.params_nruns == e->opt.nruns));
     /* master weights from the 16-bit parameters, as DeepSpeed makes them */
     if (m->dtype != LOOM_DTYPE_F32) {
         loom_adamw_set_master(&e->opt, opt_params(e));

@@ -55,20 +55,25 @@ void loom_adamw_init(struct loom_adamw *opt, const struct loom_backend *b, size_
     opt->dtype = LOOM_DTYPE_F32;
     opt->chunk = opt->n;
     opt->streamed = streamed;
-    opt->grads_by_state = 0;
+    opt->grads_by_state = opt->params_by_state = 0;
     opt->m = opt->v = NULL;
     if (streamed) return;
     opt->m = b->alloc(loom_mul_size(opt->n, sizeof(float)), LOOM_MEM_OPTIMIZER);
     opt->v = b->alloc(loom_mul_size(opt->n, sizeof(float)), LOOM_MEM_OPTIMIZER);
 }
 
-size_t loom_adamw_state_at(const struct loom_adamw *opt, size_t x)
+size_t loom_run_index(const struct loom_run *runs, int n, size_t x)
 {
     size_t k = 0;
-    for (int i = 0; i < opt->nruns; k += opt->runs[i].hi - opt->runs[i].lo, i++)
-        if (x >= opt->runs[i].lo && x < opt->runs[i].hi) return k + (x - opt->runs[i].lo);
-    LOOM_ASSERT(!"an element outside the optimizer's runs");
+    for (int i = 0; i < n; k += runs[i].hi - runs[i].lo, i++)
+        if (x >= runs[i].lo && x < runs[i].hi) return k + (x - runs[i].lo);
+    LOOM_ASSERT(!"an element outside the runs");
     return 0;
+}
+
+size_t loom_adamw_state_at(const struct loom_adamw *opt, size_t x)
+{
+    return loom_run_index(opt->runs, opt->nruns, x);
 }
 
 /* The arena element of state element k, from begin. */
@@ -265,13 +270,14 @@ struct step_args {
 static void step_f32(struct loom_adamw *opt, void *ctx, size_t k, size_t s, size_t n, float wd)
 {
     struct step_args *a = ctx;
-    update_range(opt, a->kern, loom_buf_f32_data(a->params) + k,
+    update_range(opt, a->kern, loom_buf_f32_data(a->params) + (opt->params_by_state ? s : k),
                  loom_buf_f32_data(a->grads) + (opt->grads_by_state ? s : k), opt->m + s, opt->v + s, n,
                  a->lr, wd, a->grad_scale);
 }
 
-/* Mixed precision on elements [k, k + n) from begin, their gradients
- * from element g of a->grads (master, m and v point at their state): the 16-bit gradients converted to
+/* Mixed precision on elements from element k of a->params (from begin,
+ * or by state), their gradients from element g of a->grads (master, m and
+ * v point at their state): the 16-bit gradients converted to
  * float32 a piece at a time, the update on the float32 master weights, the new 16-bit parameters rounded from
  * them; every conversion the backend's. */
 static void update_lp(const struct loom_adamw *opt, const struct step_args *a, size_t k, size_t g, size_t n,
@@ -289,7 +295,8 @@ static void update_lp(const struct loom_adamw *opt, const struct step_args *a, s
 
 static void step_lp(struct loom_adamw *opt, void *ctx, size_t k, size_t s, size_t n, float wd)
 {
-    update_lp(opt, ctx, k, opt->grads_by_state ? s : k, n, opt->master + s, opt->m + s, opt->v + s, wd);
+    update_lp(opt, ctx, opt->params_by_state ? s : k, opt->grads_by_state ? s : k, n, opt->master + s,
+              opt->m + s, opt->v + s, wd);
 }
 
 /* ---- offloaded: chunks through the buffer sets ------------------------------------ */
@@ -360,8 +367,9 @@ static void shard_pages(const struct loom_adamw *opt, const struct step_args *a,
 {
     if (lo >= hi || (!opt->param_map && !opt->grad_map)) return;
     const size_t es = loom_dtype_size(a->params.dtype);
-    const size_t plo = arena_at(opt, lo), phi = arena_at(opt, hi - 1) + 1;
-    const size_t glo = opt->grads_by_state ? lo : plo, ghi = opt->grads_by_state ? hi : phi;
+    const size_t xlo = arena_at(opt, lo), xhi = arena_at(opt, hi - 1) + 1; /* the span they are in */
+    const size_t plo = opt->params_by_state ? lo : xlo, phi = opt->params_by_state ? hi : xhi;
+    const size_t glo = opt->grads_by_state ? lo : xlo, ghi = opt->grads_by_state ? hi : xhi;
     const char *p = (const char *)a->params.data + plo * es, *g = (const char *)a->grads.data + glo * es;
     void (*fn)(const struct loom_offload_map *, const void *, size_t) =
         ahead ? loom_offload_prefetch : loom_offload_drop;
@@ -395,7 +403,8 @@ static void step_offloaded(struct loom_adamw *opt, const struct loom_model *m, s
         for (size_t j = seg; j < l.n && l.s[j].s < hi; j++) {
             const size_t a0 = l.s[j].s > lo ? l.s[j].s : lo,
                          a1 = l.s[j].s + l.s[j].n < hi ? l.s[j].s + l.s[j].n : hi,
-                         k = l.s[j].k + (a0 - l.s[j].s), g = opt->grads_by_state ? a0 : k;
+                         x = l.s[j].k + (a0 - l.s[j].s), k = opt->params_by_state ? a0 : x,
+                         g = opt->grads_by_state ? a0 : x;
             float *mm = opt->dev_m + (a0 - lo), *vv = opt->dev_v + (a0 - lo);
             if (opt->has_master)
                 update_lp(opt, a, k, g, a1 - a0, opt->dev_master + (a0 - lo), mm, vv, l.s[j].wd);
@@ -423,7 +432,7 @@ void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
 {
     const enum loom_dtype dtype = params.dtype;
     LOOM_ASSERT(dtype == LOOM_DTYPE_BF16 || dtype == LOOM_DTYPE_F16);
-    LOOM_ASSERT(params.numel >= opt->end - opt->begin);
+    LOOM_ASSERT(params.numel >= (opt->params_by_state ? opt->n : opt->end - opt->begin));
     opt->dtype = dtype;
     loom_adamw_alloc_master(opt);
     /* run by run; with offload in pieces through host memory, into the file */
@@ -431,7 +440,8 @@ void loom_adamw_set_master(struct loom_adamw *opt, struct loom_buf params)
     float *piece = opt->io ? loom_alloc(LP_CHUNK * sizeof(float), LOOM_MEM_OTHER) : NULL;
     size_t s = 0;
     for (int r = 0; r < opt->nruns; r++) {
-        const size_t at = opt->runs[r].lo - opt->begin, n = opt->runs[r].hi - opt->runs[r].lo;
+        const size_t at = opt->params_by_state ? s : opt->runs[r].lo - opt->begin,
+                     n = opt->runs[r].hi - opt->runs[r].lo;
         if (!opt->io) opt->backend->convert(loom_buf_f32(opt->master + s, n), loom_buf_slice(params, at, n));
         for (size_t k = 0; opt->io && k < n;) {
             const size_t c = n - k < LP_CHUNK ? n - k : LP_CHUNK;
@@ -458,13 +468,14 @@ void loom_adamw_set_master_range(struct loom_adamw *opt, size_t k, size_t n, con
 void loom_adamw_step(struct loom_adamw *opt, const struct loom_model *m, struct loom_buf params,
                      struct loom_buf grads, double lr, float grad_scale)
 {
-    const size_t n = opt->end - opt->begin, ng = opt->grads_by_state ? opt->n : n;
-    LOOM_ASSERT(params.dtype == grads.dtype && params.numel >= n && grads.numel >= ng);
+    const size_t n = opt->end - opt->begin, ng = opt->grads_by_state ? opt->n : n,
+                 np = opt->params_by_state ? opt->n : n;
+    LOOM_ASSERT(params.dtype == grads.dtype && params.numel >= np && grads.numel >= ng);
     LOOM_ASSERT(m->backend == opt->backend);
     const struct loom_backend *b = opt->backend;
     opt->t++;
     struct step_args a = {
-        loom_buf_slice(params, 0, n), loom_buf_slice(grads, 0, ng), (float)lr, grad_scale, NULL, b->k};
+        loom_buf_slice(params, 0, np), loom_buf_slice(grads, 0, ng), (float)lr, grad_scale, NULL, b->k};
     if (params.dtype == LOOM_DTYPE_F32) {
         LOOM_ASSERT(!opt->has_master);
         if (opt->io)

@@ -54,9 +54,10 @@ struct loom_adamw {
      * ahead and dropped once updated */
     const struct loom_offload_map *param_map, *grad_map;
     int streamed; /* made for an offload file: no state in memory */
-    /* the gradients it is given hold the runs' elements one after another
-     * (a strategy's view with grads_runs, as its state is), not the span */
-    int grads_by_state;
+    /* the gradients (parameters) it is given hold the runs' elements one
+     * after another (a strategy's view with grads_runs, params_runs; as its
+     * state does), not the span */
+    int grads_by_state, params_by_state;
 };
 
 /* The state of the elements in [begin, end) that runs name (sorted, not
@@ -69,6 +70,9 @@ void loom_adamw_init(struct loom_adamw *opt, const struct loom_backend *b, size_
                      double weight_decay, int streamed);
 /* The state element of arena element x, which a run holds. */
 size_t loom_adamw_state_at(const struct loom_adamw *opt, size_t x);
+/* The place of arena element x among runs[0..n)'s elements one after
+ * another; x must be in one of them. */
+size_t loom_run_index(const struct loom_run *runs, int n, size_t x);
 /* Keeps the moments (and master weights) in a file in dir instead,
  * streamed through buffers of buffer_bytes in all: while one chunk is
  * updated the next is read and the previous written (io_uring; O_DIRECT

@@ -26,6 +26,7 @@ struct loom_zero_unit {
     int first, last;                 /* blocks */
     size_t lo, hi;                   /* arena range */
     struct loom_buf buf;             /* gathered parameters in the model's dtype, (hi - lo), or absent */
+    struct loom_buf seg;             /* with owned runs: this rank's part, put together, while gathering */
     struct loom_comm_handle *handle; /* gather in flight */
 };
 
@@ -209,16 +210,29 @@ static size_t dense_split(struct loom_zero *z, size_t lo, size_t hi, size_t *min
 }
 
 struct segment_dense {
-    float *seg, *packed; /* the segment from lo; its dense elements one after another */
-    size_t lo;
-    int pack;
+    const struct loom_backend *be;
+    char *seg, *packed; /* the segment from lo; its dense elements one after another */
+    size_t lo, es;      /* es: bytes an element */
+    int pack;           /* 1: into packed; 0: back into the segment */
 };
 
 static void move_segment_dense(void *ctx, size_t a, size_t b, size_t d)
 {
     const struct segment_dense *c = ctx;
-    float *x = c->seg + (a - c->lo), *y = c->packed + d;
-    memcpy(c->pack ? y : x, c->pack ? x : y, (b - a) * sizeof(float));
+    char *x = c->seg + (a - c->lo) * c->es, *y = c->packed + d * c->es;
+    c->be->copy(c->pack ? y : x, c->pack ? x : y, (b - a) * c->es);
+}
+
+/* Calls fn(ctx, x, y, s) for each part [x, y) of arena elements [a, e) in
+ * the owned runs, s its place among their elements. */
+static void owned_parts(const struct loom_zero *z, size_t a, size_t e,
+                        void (*fn)(void *ctx, size_t x, size_t y, size_t s), void *ctx)
+{
+    size_t s = 0;
+    for (int r = 0; r < z->nruns; s += z->runs[r].hi - z->runs[r].lo, r++) {
+        const size_t x = z->runs[r].lo > a ? z->runs[r].lo : a, y = z->runs[r].hi < e ? z->runs[r].hi : e;
+        if (x < y) fn(ctx, x, y, s + (x - z->runs[r].lo));
+    }
 }
 
 /* Expert parallelism: a landed segment's dense elements summed over the
@@ -232,7 +246,7 @@ static void dense_to_owners(struct loom_zero *z, const struct loom_zero_flight *
     if (nd == 0) return;
     struct loom_buf packed = take(nd, LOOM_DTYPE_F32, 0),
                     own = take((size_t)z->ep_counts[z->ep_rank], LOOM_DTYPE_F32, 0);
-    struct segment_dense c = {f->recv.data, packed.data, f->lo, 1};
+    struct segment_dense c = {be(z), f->recv.data, packed.data, f->lo, sizeof(float), 1};
     dense_runs(z->model, f->lo, f->lo + f->recv.numel, move_segment_dense, &c);
     z->wait_s += loom_comm_wait(loom_comm_reduce_scatter_v(LOOM_GROUP_EP, packed, own, z->ep_counts));
     be(z)->copy((float *)packed.data + mine, own.data, loom_buf_bytes(own));
@@ -361,6 +375,54 @@ static void point_blocks(struct loom_zero *z, const struct loom_zero_unit *x)
     }
 }
 
+struct shard_part {
+    struct loom_zero *z;
+    char *seg; /* elements from lo */
+    size_t lo, es;
+};
+
+/* An owned run's part of the parameter shard into the part put together
+ * (offloaded: read in, then let go). */
+static void copy_owned(void *ctx, size_t x, size_t y, size_t s)
+{
+    const struct shard_part *c = ctx;
+    struct loom_zero *z = c->z;
+    const char *src = (const char *)z->param_shard.data + s * c->es;
+    loom_offload_prefetch(&z->param_map, src, (y - x) * c->es);
+    be(z)->copy(c->seg + (x - c->lo) * c->es, src, (y - x) * c->es);
+    loom_offload_drop(&z->param_map, src, (y - x) * c->es);
+}
+
+/* Stage 3 with owned runs: this rank's part [lo, lo + n) of a unit's shard
+ * put together in a transient buffer: its experts' elements and its dense
+ * share from the parameter shard, the other expert ranks' dense shares
+ * all-gathered over LOOM_GROUP_EP (packed), as every rank of the expert
+ * group holds the same part. */
+static struct loom_buf assemble_part(struct loom_zero *z, size_t lo, size_t n)
+{
+    const enum loom_dtype dt = z->model->dtype;
+    const size_t es = loom_dtype_size(dt);
+    struct loom_buf seg = take(n, dt, 0);
+    struct shard_part c = {z, seg.data, lo, es};
+    owned_parts(z, lo, lo + n, copy_owned, &c);
+    size_t at;
+    const size_t nd = dense_split(z, lo, lo + n, &at);
+    if (nd == 0) return seg;
+    struct loom_buf packed = take(nd, dt, 0), own = take((size_t)z->ep_counts[z->ep_rank], dt, 0);
+    struct segment_dense d = {be(z), seg.data, packed.data, lo, es, 1};
+    dense_runs(z->model, lo, lo + n, move_segment_dense, &d);
+    be(z)->copy(own.data, (char *)packed.data + at * es, loom_buf_bytes(own));
+    for (int r = 0, o = 0; r < z->ep; o += z->ep_counts[r++])
+        z->ep_counts[z->ep + r] = o; /* the displacements */
+    z->wait_s +=
+        loom_comm_wait(loom_comm_allgather_v(LOOM_GROUP_EP, own, packed, z->ep_counts, z->ep_counts + z->ep));
+    d.pack = 0;
+    dense_runs(z->model, lo, lo + n, move_segment_dense, &d);
+    loom_pool_give(&own);
+    loom_pool_give(&packed);
+    return seg;
+}
+
 /* This rank's part of unit u in its parameter shard. */
 static struct loom_buf own_part(struct loom_zero *z, int u)
 {
@@ -374,6 +436,12 @@ static void post_gather(struct loom_zero *z, int u)
     struct loom_zero_unit *x = &z->units[u];
     if (x->buf.data) return; /* gathered or on its way */
     x->buf = take(x->hi - x->lo, z->model->dtype, 0);
+    if (z->runs) { /* the part put together first (split's counts stay for the gather) */
+        const size_t mine = split(z, x->lo, x->hi), n = (size_t)z->counts[z->dp_rank];
+        x->seg = assemble_part(z, n ? mine : x->lo, n);
+        x->handle = loom_comm_allgather_v(z->group, x->seg, x->buf, z->counts, z->displs);
+        return;
+    }
     const struct loom_buf own = own_part(z, u);
     loom_offload_prefetch(&z->param_map, own.data, loom_buf_bytes(own)); /* offloaded: read ahead */
     x->handle = loom_comm_allgather_v(z->group, own, x->buf, z->counts, z->displs);
@@ -382,7 +450,8 @@ static void post_gather(struct loom_zero *z, int u)
 /* A gather done: the offloaded shard's part of it is not needed in memory. */
 static void gathered(struct loom_zero *z, int u)
 {
-    if (!z->param_map.data) return;
+    loom_pool_give(&z->units[u].seg); /* with owned runs: its pages were let go as it was put together */
+    if (!z->param_map.data || z->runs) return;
     const struct loom_buf own = own_part(z, u);
     loom_offload_drop(&z->param_map, own.data, loom_buf_bytes(own));
 }
@@ -409,6 +478,7 @@ static void release(struct loom_zero *z, int u)
         gathered(z, u);
     }
     loom_pool_give(&x->buf);
+    loom_pool_give(&x->seg); /* the footprint's replay holds it until here */
     point_blocks(z, x);
 }
 
@@ -488,7 +558,7 @@ static void finish_backward(void *ctx)
 static void after_step(void *ctx)
 {
     struct loom_zero *z = ctx;
-    if (z->ep > 1) gather_dense_shares(z);
+    if (z->ep > 1 && z->stage < 3) gather_dense_shares(z); /* stage 3: put together at each gather */
     if (z->stage == 3) {
         if (z->pinned >= 0) release(z, z->pinned);
         return;
@@ -511,8 +581,8 @@ static void describe(void *ctx, char *buf, size_t n)
     char ep[160] = "";
     if (z->ep > 1)
         snprintf(ep, sizeof ep,
-                 "; the dense elements' %s split again over the %d expert ranks (%d data ranks in all)",
-                 z->stage >= 2 ? "gradients and optimizer state" : "optimizer state", z->ep, z->dp * z->ep);
+                 "; the dense elements' shares split again over the %d expert ranks (%d data ranks in all)",
+                 z->ep, z->dp * z->ep);
     if (z->stage == 3)
         snprintf(buf, n,
                  "ZeRO-3: parameters, gradients and optimizer state sharded over %d ranks; %d gather units%s",
@@ -547,9 +617,11 @@ static int view(void *ctx, struct loom_state_view *v)
                                   .param_map = z->param_map.data ? &z->param_map : NULL,
                                   .grad_map = z->grad_map.data ? &z->grad_map : NULL};
     if (z->stage == 3) {
-        v->params = loom_buf_slice(z->param_shard, 0, n);
+        v->params = loom_buf_slice(z->param_shard, 0, z->runs ? z->owned : n);
         v->params_lo = z->part.begin;
         v->params_hi = z->part.end;
+        v->params_runs = z->runs;
+        v->params_nruns = z->nruns;
     }
     if (z->runs) { /* expert parallelism: the owned runs' gradients only */
         v->grads_runs = z->runs;
@@ -679,7 +751,7 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
         z->ep = ep;
         z->ep_rank = ep_rank;
         z->dense_n = dense_runs(m, z->part.begin, z->part.end, NULL, NULL);
-        z->ep_counts = loom_alloc(sizeof(int) * (size_t)ep, LOOM_MEM_OTHER);
+        z->ep_counts = loom_alloc(sizeof(int) * 2 * (size_t)ep, LOOM_MEM_OTHER); /* counts, displacements */
         if (stage >= 2) { /* the gradient shard holds the owned runs only */
             z->runs = loom_alloc(sizeof *z->runs * (3 * (size_t)m->nblocks + 1), LOOM_MEM_OTHER);
             z->nruns = loom_zero_owned_runs(m, z->part, ep, ep_rank, z->runs);
@@ -708,7 +780,7 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
     /* keep this rank's shard of the parameters, let go of the arena (a model
      * without one is initialised shard by shard: loom_zero_init_weights) */
     if (rc == LOOM_OK && stage == 3)
-        rc = shard_alloc(z, &z->param_shard, &z->param_map, shard, m->dtype, LOOM_MEM_PARAMS, offload_dir,
+        rc = shard_alloc(z, &z->param_shard, &z->param_map, grad_n, m->dtype, LOOM_MEM_PARAMS, offload_dir,
                          "parameter shard");
     if (rc) return rc;
     z->flights = loom_alloc(sizeof *z->flights * (size_t)m->nblocks, LOOM_MEM_OTHER);
@@ -719,7 +791,15 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
         loom_model_push_strategy(m, &zero2_strategy, z);
         return LOOM_OK;
     }
-    if (m->params.data) {
+    if (m->params.data && z->runs) {
+        size_t at = 0;
+        for (int r = 0; r < z->nruns; at += z->runs[r].hi - z->runs[r].lo, r++) {
+            const struct loom_buf own = loom_buf_slice(z->param_shard, at, z->runs[r].hi - z->runs[r].lo);
+            be(z)->convert(own, loom_buf_slice(m->params, z->runs[r].lo, own.numel));
+            loom_offload_drop(&z->param_map, own.data, loom_buf_bytes(own));
+        }
+        loom_backend_buf_free(m->backend, &m->params);
+    } else if (m->params.data) {
         const struct loom_buf own = loom_buf_slice(z->param_shard, 0, z->part.end - z->part.begin);
         be(z)->convert(own, loom_buf_slice(m->params, z->part.begin, z->part.end - z->part.begin));
         loom_offload_drop(&z->param_map, own.data, loom_buf_bytes(own));
@@ -742,7 +822,17 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
         for (int b = x->first; b <= x->last; b++) /* drawn on the host, uploaded into buf */
             loom_model_init_block(m, b, seed, (float *)buf.data + (m->blocks[b].offset - x->lo));
         size_t a = x->lo > begin ? x->lo : begin, e = x->hi < end ? x->hi : end;
-        if (a < e) {
+        if (z->runs) { /* the owned runs' parts */
+            size_t s = 0;
+            for (int r = 0; r < z->nruns; s += z->runs[r].hi - z->runs[r].lo, r++) {
+                const size_t p = z->runs[r].lo > x->lo ? z->runs[r].lo : x->lo,
+                             q = z->runs[r].hi < x->hi ? z->runs[r].hi : x->hi;
+                if (p >= q) continue;
+                const struct loom_buf dst = loom_buf_slice(z->param_shard, s + (p - z->runs[r].lo), q - p);
+                be(z)->convert(dst, loom_buf_slice(buf, p - x->lo, q - p));
+                loom_offload_drop(&z->param_map, dst.data, loom_buf_bytes(dst));
+            }
+        } else if (a < e) {
             const struct loom_buf dst = loom_buf_slice(z->param_shard, a - begin, e - a);
             be(z)->convert(dst, loom_buf_slice(buf, a - x->lo, e - a));
             loom_offload_drop(&z->param_map, dst.data, loom_buf_bytes(dst));
@@ -772,10 +862,26 @@ static void replay_land_oldest(struct loom_zero *z)
     memmove(z->order, z->order + 1, sizeof(int) * (size_t)--z->norder);
 }
 
-static struct loom_buf *replay_gather(struct loom_zero *z, int u)
+/* A unit gathered (ensure: waited for) or posted: its buffer, and with
+ * owned runs the part put together (held until the wait) and the dense
+ * shares' gather in passing. */
+static struct loom_buf *replay_gather(struct loom_zero *z, int u, int ensure)
 {
     struct loom_zero_unit *x = &z->units[u];
-    if (!x->buf.data) x->buf = take(x->hi - x->lo, z->model->dtype, 0);
+    if (!x->buf.data) {
+        x->buf = take(x->hi - x->lo, z->model->dtype, 0);
+        if (z->runs) {
+            const size_t mine = split(z, x->lo, x->hi), n = (size_t)z->counts[z->dp_rank];
+            size_t at;
+            const size_t nd = dense_split(z, n ? mine : x->lo, (n ? mine : x->lo) + n, &at);
+            x->seg = take(n, z->model->dtype, 0);
+            struct loom_buf packed = take(nd, z->model->dtype, 0),
+                            own = take((size_t)z->ep_counts[z->ep_rank], z->model->dtype, 0);
+            loom_pool_give(&own);
+            loom_pool_give(&packed);
+        }
+    }
+    if (ensure) loom_pool_give(&x->seg);
     return &x->buf;
 }
 
@@ -783,8 +889,8 @@ static struct loom_buf *replay_gather(struct loom_zero *z, int u)
  * flight, and lets go of the pinned unit. */
 static void replay_finish(struct loom_zero *z)
 {
-    while (z->norder > 0) replay_land_oldest(z); /* finish_backward */
-    if (z->ep > 1 && z->dense_n) {               /* after_step: the dense shares gathered */
+    while (z->norder > 0) replay_land_oldest(z);   /* finish_backward */
+    if (z->ep > 1 && z->dense_n && z->stage < 3) { /* after_step: the dense shares gathered */
         struct loom_buf all =
             take((z->dense_n + (size_t)z->ep - 1) / (size_t)z->ep * (size_t)z->ep, z->model->dtype, 0);
         loom_pool_give(&all);
@@ -804,16 +910,16 @@ static void replay(void *ctx, enum loom_replay_point at, int b, struct loom_repl
     switch (at) {
     case LOOM_REPLAY_PRE_FORWARD: /* pre_forward: gathered, the next prefetched */
         if (!x) return;
-        replay_gather(z, u);
-        if (b == x->first && u + 1 < z->nunits && u + 1 != z->pinned) replay_gather(z, u + 1);
+        replay_gather(z, u, 1);
+        if (b == x->first && u + 1 < z->nunits && u + 1 != z->pinned) replay_gather(z, u + 1, 0);
         return;
     case LOOM_REPLAY_POST_FORWARD: /* post_forward: released after its last block */
         if (x && b == x->last && u != z->pinned) loom_pool_give(&z->units[u].buf);
         return;
     case LOOM_REPLAY_PRE_BACKWARD: { /* pre_backward: gathered, the previous prefetched; grad_buffer */
         if (x) {
-            replay_gather(z, u);
-            if (b == x->last && u > 0 && u - 1 != z->pinned) replay_gather(z, u - 1);
+            replay_gather(z, u, 1);
+            if (b == x->last && u > 0 && u - 1 != z->pinned) replay_gather(z, u - 1, 0);
         }
         struct loom_zero_flight *f = &z->flights[b];
         while (z->norder >= MAX_LAYERS_IN_FLIGHT || (f->buf.data && z->norder > 0)) replay_land_oldest(z);

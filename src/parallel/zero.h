@@ -38,10 +38,13 @@
  * share of them (loom_zero_owned_runs). Its optimizer steps them, and after
  * the step the group all-gathers the shares; at stages 2-3 a landed
  * segment's dense sums are reduce-scattered over LOOM_GROUP_EP onto their
- * owners, and the gradient shard holds the owned runs only. So the dense
- * optimizer state and gradients are sharded over all dp ranks, as
- * Megatron's distributed optimizer and DeepSpeed-MoE shard them, and the
- * experts' over dp / ep. The stage-3 parameter shard stays over dp / ep.
+ * owners, and the gradient shard holds the owned runs only; at stage 3 so
+ * does the parameter shard, and a unit's gather first puts this rank's
+ * part together (its runs, and the other expert ranks' dense shares
+ * all-gathered over LOOM_GROUP_EP), then all-gathers over the shard group.
+ * So the dense optimizer state, gradients and parameters are sharded over
+ * all dp ranks, as Megatron's distributed optimizer and DeepSpeed-MoE
+ * shard them, and the experts' over dp / ep.
  *
  * Mixed precision: the stored parameters (arena or shard, gathered units) and
  * the reduced gradient shard are 16-bit; gradients travel in float32 (or the
@@ -98,7 +101,7 @@ struct loom_zero {
     int *ep_counts;  /* (ep) scratch */
     /* stages 2-3 with expert parallelism: the runs this rank owns
      * (loom_zero_owned_runs), whose gradients alone grad_shard and grad_acc
-     * hold, one after another (owned elements) */
+     * hold, one after another (owned elements); at stage 3 param_shard too */
     struct loom_run *runs;
     int nruns;
     size_t owned;
@@ -144,7 +147,8 @@ struct loom_zero {
  * cannot; the strategy is then not pushed and loom_zero_free cleans up.
  * ep > 1: expert parallelism over ep ranks (ep_rank this one's; dp and
  * dp_rank loom_zero_ranks'), loom_zero_experts_apart to follow: at stages
- * 2-3 the gradient shard holds the owned runs only. */
+ * 2-3 the gradient shard (at 3 the parameter shard too) holds the owned
+ * runs only. */
 int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct loom_model *m,
                    int64_t min_params, enum loom_dtype reduce_dtype, int accumulate_f32,
                    const char *offload_dir, int ep, int ep_rank);
