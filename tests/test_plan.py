@@ -105,6 +105,8 @@ LAYOUTS = [
                                                     "--expert-model-parallel-size 2 --zero-stage 3"),
     ("Mixtral tiny EP 2 --layout-invariant", 2, MIXTRAL, "--micro-batch-size 2 --global-batch-size 16 "
                                                         "--expert-model-parallel-size 2 --layout-invariant 2"),
+    ("Mixtral tiny EP 2 x DP 2 ZeRO-1", 4, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "
+                                                    "--expert-model-parallel-size 2 --zero-stage 1"),
     # each choice's slot (the allgather dispatcher under the flag), the dense optimizer shares' gather
     ("Mixtral tiny EP 2 x DP 2 ZeRO-2 allgather --layout-invariant", 4, MIXTRAL,
      "--micro-batch-size 2 --global-batch-size 16 --expert-model-parallel-size 2 --zero-stage 2 "

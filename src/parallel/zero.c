@@ -156,38 +156,56 @@ int loom_zero_owned_runs(const struct loom_model *m, struct loom_partition p, in
 
 struct shares {
     const struct loom_backend *be;
-    char *params, *all; /* the shard's parameters from part.begin; the dense elements one after another */
-    size_t begin, es, s0, s1;
-    int pack; /* 1: this rank's share into all; 0: all into the parameters */
+    char *params, *all; /* the shard's parameters from part.begin; the gather's buffer */
+    size_t begin, es;
+    size_t w0, w1, off; /* the dense places [w0, w1), at all + off one after another */
+    int pack;           /* 1: from the parameters into all; 0: back */
 };
 
 static void move_dense(void *ctx, size_t a, size_t b, size_t d)
 {
     const struct shares *c = ctx;
-    if (!c->pack) {
-        c->be->copy(c->params + (a - c->begin) * c->es, c->all + d * c->es, (b - a) * c->es);
-        return;
-    }
-    const size_t x = d > c->s0 ? d : c->s0, y = d + (b - a) < c->s1 ? d + (b - a) : c->s1;
-    if (x < y) c->be->copy(c->all + x * c->es, c->params + (a + (x - d) - c->begin) * c->es, (y - x) * c->es);
+    const size_t x = d > c->w0 ? d : c->w0, y = d + (b - a) < c->w1 ? d + (b - a) : c->w1;
+    if (x >= y) return;
+    char *p = c->params + (a + (x - d) - c->begin) * c->es, *q = c->all + (c->off + x - c->w0) * c->es;
+    c->be->copy(c->pack ? q : p, c->pack ? p : q, (y - x) * c->es);
 }
 
-/* After the step: each expert rank updated its share of the shard's dense
- * elements (loom_zero_owned_runs); every rank of the expert group takes
- * the others' shares, one all-gather of them packed. */
+/* The dense shares' gather a piece at a time: each rank's share in pieces
+ * of this many elements at most (the buffer holds ep of them). */
+static size_t share_piece(const struct loom_zero *z)
+{
+    const size_t per = (z->dense_n + (size_t)z->ep - 1) / (size_t)z->ep,
+                 most = ((size_t)1 << 22) / (size_t)z->ep;
+    return per < most ? per : most;
+}
+
+/* After the step (stages 1-2): each expert rank updated its share of the
+ * shard's dense elements (loom_zero_owned_runs); every rank of the expert
+ * group takes the others' shares, all-gathered packed, piece k of every
+ * share at a time. */
 static void gather_dense_shares(struct loom_zero *z)
 {
     const struct loom_model *m = z->model;
     if (z->dense_n == 0) return;
-    const size_t per = (z->dense_n + (size_t)z->ep - 1) / (size_t)z->ep;
-    struct loom_buf all = take(per * (size_t)z->ep, m->dtype, 0);
+    const size_t P = (size_t)z->ep, per = (z->dense_n + P - 1) / P, C = share_piece(z);
+    struct loom_buf all = take(C * P, m->dtype, 0);
     const struct loom_buf params = loom_zero_params(z);
-    struct shares c = {be(z), params.data, all.data, z->part.begin, loom_dtype_size(m->dtype), 0, 0, 1};
-    dense_share(z->dense_n, z->ep, z->ep_rank, &c.s0, &c.s1);
-    dense_runs(m, z->part.begin, z->part.end, move_dense, &c);
-    z->wait_s += loom_comm_wait(loom_comm_allgather(LOOM_GROUP_EP, loom_buf_of(NULL, 0, m->dtype), all));
-    c.pack = 0;
-    dense_runs(m, z->part.begin, z->part.end, move_dense, &c);
+    struct shares c = {be(z), params.data, all.data, z->part.begin, loom_dtype_size(m->dtype), 0, 0, 0, 1};
+    for (size_t k = 0; k < per; k += C) {
+        size_t s0, s1;
+        c.pack = 1; /* this rank's piece in place */
+        dense_share(z->dense_n, z->ep, z->ep_rank, &s0, &s1);
+        c.w0 = s0 + k, c.w1 = s0 + k + C < s1 ? s0 + k + C : s1, c.off = (size_t)z->ep_rank * C;
+        dense_runs(m, z->part.begin, z->part.end, move_dense, &c);
+        z->wait_s += loom_comm_wait(loom_comm_allgather(LOOM_GROUP_EP, loom_buf_of(NULL, 0, m->dtype), all));
+        c.pack = 0; /* every rank's piece back */
+        for (int r = 0; r < z->ep; r++) {
+            dense_share(z->dense_n, z->ep, r, &s0, &s1);
+            c.w0 = s0 + k, c.w1 = s0 + k + C < s1 ? s0 + k + C : s1, c.off = (size_t)r * C;
+            dense_runs(m, z->part.begin, z->part.end, move_dense, &c);
+        }
+    }
     loom_pool_give(&all);
 }
 
@@ -659,8 +677,9 @@ int loom_zero1_scatters(int stage, const struct loom_topology *t)
     return stage == 1 && t->dp > 1 && t->ep <= 1;
 }
 
+static void replay1(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r);
 static const struct loom_strategy zero1_strategy = {
-    .name = "zero-1", .after_step = after_step, .describe = describe, .view = view1};
+    .name = "zero-1", .after_step = after_step, .describe = describe, .view = view1, .replay = replay1};
 static const struct loom_strategy zero2_strategy = {.name = "zero-2",
                                                     .begin_step = begin_step,
                                                     .pre_backward = pre_backward,
@@ -885,16 +904,28 @@ static struct loom_buf *replay_gather(struct loom_zero *z, int u, int ensure)
     return &x->buf;
 }
 
-/* Stages 2-3 (zero-1 has no replay): the step's end lands what is in
- * flight, and lets go of the pinned unit. */
+/* after_step's transient: with expert parallelism at stages 1-2, the
+ * dense shares' gather. */
+static void replay_after_step(struct loom_zero *z)
+{
+    if (z->ep <= 1 || !z->dense_n || z->stage == 3) return;
+    struct loom_buf all = take(share_piece(z) * (size_t)z->ep, z->model->dtype, 0);
+    loom_pool_give(&all);
+}
+
+/* Stage 1's: the step's end (with expert parallelism, after_step's gather). */
+static void replay1(void *ctx, enum loom_replay_point at, int b, struct loom_replay *r)
+{
+    (void)b, (void)r;
+    if (at == LOOM_REPLAY_FINISH) replay_after_step(ctx);
+}
+
+/* Stages 2-3: the step's end lands what is in flight, and lets go of the
+ * pinned unit. */
 static void replay_finish(struct loom_zero *z)
 {
-    while (z->norder > 0) replay_land_oldest(z);   /* finish_backward */
-    if (z->ep > 1 && z->dense_n && z->stage < 3) { /* after_step: the dense shares gathered */
-        struct loom_buf all =
-            take((z->dense_n + (size_t)z->ep - 1) / (size_t)z->ep * (size_t)z->ep, z->model->dtype, 0);
-        loom_pool_give(&all);
-    }
+    while (z->norder > 0) replay_land_oldest(z); /* finish_backward */
+    replay_after_step(z);
     if (z->stage == 3 && z->pinned >= 0) loom_pool_give(&z->units[z->pinned].buf); /* after_step */
 }
 
@@ -989,7 +1020,7 @@ void loom_zero_free(struct loom_zero *z)
 
 struct loom_buf loom_zero_params(const struct loom_zero *z)
 {
-    const size_t n = z->part.end - z->part.begin;
+    const size_t n = z->stage == 3 && z->runs ? z->owned : z->part.end - z->part.begin;
     return z->stage == 3 ? loom_buf_slice(z->param_shard, 0, n)
                          : loom_buf_slice(z->model->params, z->part.begin, n);
 }
