@@ -143,7 +143,7 @@ def mixtral(tmp, model):
             "--no-masked-softmax-fusion", "--no-position-embedding", "--rotary-base", "1000000",
             "--num-experts", "2", "--moe-router-topk", "2", "--moe-router-load-balancing-type", "aux_loss",
             "--moe-aux-loss-coeff", "1e-2", "--moe-token-dispatcher-type", "alltoall", "--overlap-param-gather",
-            "--overlap-grad-reduce",
+            "--overlap-grad-reduce", "--moe-shared-expert-overlap",
             "--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", model, "--mock-data", "--split", "99990,8,2",
             "--micro-batch-size", "1", "--global-batch-size", "4", "--lr", "1e-4", "--train-iters", "7",
             "--min-lr", "1.0e-5", "--weight-decay", "0.1", "--clip-grad", "1.0",

@@ -60,6 +60,8 @@ static const struct megatron_flag flags[] = {
     {"--overlap-grad-reduce", 0, NULL, "loom's DDP and ZeRO always reduce buckets during the backward", 0,
      NULL},
     {"--overlap-param-gather", 0, NULL, "ZeRO-3 always prefetches the next layers' parameters", 0, NULL},
+    {"--moe-shared-expert-overlap", 0, NULL,
+     "the shared experts always run while the all-to-all dispatcher's rows travel", 0, NULL},
     {"--use-contiguous-parameters-in-local-ddp", 0, NULL,
      "loom's parameters and gradients are one arena each", 0, NULL},
     {"--accumulate-allreduce-grads-in-fp32", 0, NULL,

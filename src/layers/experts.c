@@ -64,7 +64,7 @@ static void extents(const struct loom_ep *p, const int *counts, const int *recv,
 }
 
 static void exchange(const struct loom_ep *p, float *dst, const int *counts, const float *src,
-                     const int *recv, int C, int out)
+                     const int *recv, int C, int out, void (*work)(void *ctx), void *ctx)
 {
     int *e = malloc(sizeof(int) * 4 * (size_t)p->ep);
     if (!e) loom_die("out of memory exchanging the experts' rows");
@@ -72,25 +72,32 @@ static void exchange(const struct loom_ep *p, float *dst, const int *counts, con
     extents(p, counts, recv, C, src_n, src_at, recv_n, recv_at);
     const size_t src_total = (size_t)src_at[p->ep - 1] + (size_t)src_n[p->ep - 1],
                  recv_total = (size_t)recv_at[p->ep - 1] + (size_t)recv_n[p->ep - 1];
-    if (out)
-        wait(loom_comm_alltoall_v(LOOM_GROUP_EP, loom_buf_of((void *)src, src_total, LOOM_DTYPE_F32), src_n,
-                                  src_at, loom_buf_f32(dst, recv_total), recv_n, recv_at));
-    else
-        wait(loom_comm_alltoall_v(LOOM_GROUP_EP, loom_buf_of((void *)src, recv_total, LOOM_DTYPE_F32), recv_n,
-                                  recv_at, loom_buf_f32(dst, src_total), src_n, src_at));
-    free(e);
+    struct loom_comm_handle *h =
+        out ? loom_comm_alltoall_v(LOOM_GROUP_EP, loom_buf_of((void *)src, src_total, LOOM_DTYPE_F32), src_n,
+                                   src_at, loom_buf_f32(dst, recv_total), recv_n, recv_at)
+            : loom_comm_alltoall_v(LOOM_GROUP_EP, loom_buf_of((void *)src, recv_total, LOOM_DTYPE_F32),
+                                   recv_n, recv_at, loom_buf_f32(dst, src_total), src_n, src_at);
+    free(e); /* the counts are copied */
+    if (work) work(ctx);
+    wait(h);
 }
 
 void loom_ep_dispatch(const struct loom_ep *p, float *dst, const int *recv, const float *src,
                       const int *counts, int C)
 {
-    exchange(p, dst, counts, src, recv, C, 1);
+    exchange(p, dst, counts, src, recv, C, 1, NULL, NULL);
+}
+
+void loom_ep_dispatch_while(const struct loom_ep *p, float *dst, const int *recv, const float *src,
+                            const int *counts, int C, void (*work)(void *ctx), void *ctx)
+{
+    exchange(p, dst, counts, src, recv, C, 1, work, ctx);
 }
 
 void loom_ep_combine(const struct loom_ep *p, float *dst, const int *counts, const float *src,
                      const int *recv, int C)
 {
-    exchange(p, dst, counts, src, recv, C, 0);
+    exchange(p, dst, counts, src, recv, C, 0, NULL, NULL);
 }
 
 void loom_ep_regroup(const struct loom_ep *p, const struct loom_backend *b, float *dst, const float *src,

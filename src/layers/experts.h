@@ -50,6 +50,11 @@ int loom_ep_rows(const struct loom_ep *p, const int *recv);
  * rank. */
 void loom_ep_dispatch(const struct loom_ep *p, float *dst, const int *recv, const float *src,
                       const int *counts, int C);
+/* The same with work(ctx) run while the rows are on their way (the shared
+ * experts, as Megatron's --moe-shared-expert-overlap); work must post no
+ * collective. */
+void loom_ep_dispatch_while(const struct loom_ep *p, float *dst, const int *recv, const float *src,
+                            const int *counts, int C, void (*work)(void *ctx), void *ctx);
 void loom_ep_combine(const struct loom_ep *p, float *dst, const int *counts, const float *src,
                      const int *recv, int C);
 

@@ -797,6 +797,7 @@ static void alloc_activations(struct loom_decoder *m)
         m->moe_dlogits = act(m, N * E);
         m->moe_out = act(m, N * C);
         m->moe_y = act(m, N * C);
+        if (m->spec.shared_ffn && m->ep.ep > 1 && !m->spec.ep_allgather) m->moe_sdx = act(m, N * C);
         m->moe_sums = act(m, E);
         m->moe_aux_grad = act(m, E);
         m->moe_idx_host = loom_alloc(loom_mul_size(Nk, sizeof(int32_t)), LOOM_MEM_OTHER);
@@ -903,7 +904,8 @@ static void free_activations(struct loom_decoder *m)
                      m->moe_dxs,
                      m->moe_src_grads,
                      m->moe_slots,
-                     (float *)m->moe_spos};
+                     (float *)m->moe_spos,
+                     m->moe_sdx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
     void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
                     m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};

@@ -325,6 +325,8 @@ struct loom_decoder {
     float *moe_xp, *moe_dxp, *moe_dy, *moe_dF[3], *moe_dprobs, *moe_dlogits, *moe_out, *moe_sums,
         *moe_aux_grad;
     float *moe_y; /* (N,C) an MoE layer's output, before the residual */
+    float
+        *moe_sdx; /* (N,C) the shared experts' input gradient, taken while the rows travel (decoder_moe.c) */
     /* expert parallelism: the split (layers/experts.h), the rows a rank's
      * experts may take (ep x moe_rows) and two buffers of them for the
      * exchanges */

@@ -455,6 +455,42 @@ static void allgather_slots_backward(struct loom_decoder *m, struct loom_decoder
     m->k->moe_permute_backward(dln, m->moe_slots, sp, N, k, C);
 }
 
+/* The shared experts under the all-to-all dispatcher: run while the rows
+ * travel to the experts' ranks (Megatron's --moe-shared-expert-overlap),
+ * forward and backward; they post no collective (a one-rank region), and
+ * their output is added where it was before, so the bits do not change. */
+static int shared_overlap(const struct loom_decoder *m)
+{
+    return m->spec.shared_ffn && m->ep.ep > 1 && !m->spec.ep_allgather;
+}
+
+struct shared_job {
+    struct loom_decoder *m;
+    struct loom_decoder_layer_acts *x;
+    struct loom_block *b;
+    const float *ln2, *dout; /* the layer's input, its output's gradient (backward) */
+    float *y;                /* the output (m->moe_out), or the input's gradient */
+    int N;
+};
+
+static void shared_forward(void *ctx)
+{
+    const struct shared_job *j = ctx;
+    struct loom_decoder *m = j->m;
+    const struct loom_linear_group g = shared_in(m, j->b);
+    const struct loom_linear down = lin(j->b, m->t.s_down_w, m->t.s_down_b, m->Fs, m->spec.hidden);
+    mlp_forward(m, &g, &down, j->ln2, j->x->sfc, j->x->sup, j->x->sh, j->y, j->N);
+}
+
+static void shared_backward(void *ctx)
+{
+    const struct shared_job *j = ctx;
+    struct loom_decoder *m = j->m;
+    const struct loom_linear_group g = shared_in(m, j->b);
+    const struct loom_linear down = lin(j->b, m->t.s_down_w, m->t.s_down_b, m->Fs, m->spec.hidden);
+    mlp_backward(m, &g, &down, j->ln2, j->x->sfc, j->x->sup, j->x->sh, j->dout, j->y, m->moe_dF, j->N);
+}
+
 /* The allgather dispatcher (layers/experts.h): every rank's rows, choices
  * and routing weights gathered; this rank's experts' rows placed in the
  * expert-major layout (as the all-to-all lays them out), computed, and
@@ -530,6 +566,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
                               const float *ln2, float *out, int N, int l, double *hf)
 {
     const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden;
+    struct shared_job shared = {m, x, b, ln2, NULL, m->moe_out, N};
     const struct loom_linear_group router = {.lin = {lin(b, m->t.router_w, -1, C, E)}, .n = 1};
     float *const logits[1] = {x->rlogits};
     loom_linear_column_forward(&m->lc_moe, &router, logits, ln2, NULL, N);
@@ -548,7 +585,8 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     } else if (m->ep.ep > 1) { /* every rank's rows for this rank's experts, and their outputs back */
         loom_ep_exchange_counts(&m->ep, x->counts, x->recv);
         local_counts(m, x, n);
-        loom_ep_dispatch(&m->ep, m->moe_ep[0], x->recv, m->moe_xp, x->counts, C);
+        loom_ep_dispatch_while(&m->ep, m->moe_ep[0], x->recv, m->moe_xp, x->counts, C,
+                               shared_overlap(m) ? shared_forward : NULL, &shared);
         loom_ep_regroup(&m->ep, dev(m), x->xe, m->moe_ep[0], x->recv, C, 1);
         experts_forward(m, x, b, x->xe, m->moe_ep[1], n);
         loom_ep_regroup(&m->ep, dev(m), m->moe_ep[0], m->moe_ep[1], x->recv, C, 0);
@@ -560,9 +598,7 @@ void loom_decoder_moe_forward(struct loom_decoder *m, struct loom_decoder_layer_
     if (!m->spec.ep_allgather) m->k->moe_unpermute_forward(out, x->ey, x->rprobs, x->rpos, N, k, C);
     round_act(m, out, (size_t)N * C);
     if (m->spec.shared_ffn) {
-        const struct loom_linear_group g = shared_in(m, b);
-        const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->Fs, C);
-        mlp_forward(m, &g, &down, ln2, x->sfc, x->sup, x->sh, m->moe_out, N);
+        if (!shared_overlap(m)) shared_forward(&shared);
         m->k->residual_forward(out, out, m->moe_out, (size_t)N * C);
         round_act(m, out, (size_t)N * C);
     }
@@ -610,6 +646,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
 {
     const int E = m->spec.experts, k = m->spec.topk, C = m->spec.hidden;
     const size_t NC = (size_t)N * C;
+    struct shared_job shared = {m, x, b, ln2, dout, shared_overlap(m) ? m->moe_sdx : m->moe_out, N};
     /* combine: the experts' outputs' and the routing weights' gradients (padding rows': none) */
     if (m->spec.pad_to_capacity) {
         const size_t bytes = (size_t)rows_of(m, x) * C * sizeof(float);
@@ -625,7 +662,8 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
         if (parted(m)) loom_tp_allreduce(m->moe_dprobs, (size_t)N * k, LOOM_OP_SUM);
         round_act(m, m->moe_dy, (size_t)rows_of(m, x) * C);
         if (m->ep.ep > 1) { /* the outputs' gradients to the experts' ranks, the inputs' back */
-            loom_ep_dispatch(&m->ep, m->moe_ep[0], x->recv, m->moe_dy, x->counts, C);
+            loom_ep_dispatch_while(&m->ep, m->moe_ep[0], x->recv, m->moe_dy, x->counts, C,
+                                   shared_overlap(m) ? shared_backward : NULL, &shared);
             loom_ep_regroup(&m->ep, dev(m), m->moe_ep[1], m->moe_ep[0], x->recv, C, 1);
             experts_backward(m, x, b, x->xe, m->moe_ep[1], m->moe_ep[0], n, l);
             loom_ep_regroup(&m->ep, dev(m), m->moe_ep[1], m->moe_ep[0], x->recv, C, 0);
@@ -661,9 +699,7 @@ void loom_decoder_moe_backward(struct loom_decoder *m, struct loom_decoder_layer
     if (m->lc_moe.tp_rank == 0) /* the same on every tp rank: added once to the partial sums */
         m->k->residual_forward(dln, dln, m->moe_out, NC);
     if (m->spec.shared_ffn) {
-        const struct loom_linear_group g = shared_in(m, b);
-        const struct loom_linear down = lin(b, m->t.s_down_w, m->t.s_down_b, m->Fs, C);
-        mlp_backward(m, &g, &down, ln2, x->sfc, x->sup, x->sh, dout, m->moe_out, m->moe_dF, N);
-        m->k->residual_forward(dln, dln, m->moe_out, NC);
+        if (!shared_overlap(m)) shared_backward(&shared);
+        m->k->residual_forward(dln, dln, shared.y, NC);
     }
 }
