@@ -525,19 +525,29 @@ void loom_engine_backward(struct loom_engine *e)
     backward_micro(e, &e->mb, e->backwards, 0, NULL, NULL);
 }
 
+/* v's owned run r (grads_runs) as a view of its own, *at its place in v's
+ * gradients, advanced past it. */
+static struct loom_state_view run_view(const struct loom_state_view *v, int r, size_t *at)
+{
+    struct loom_state_view part = *v;
+    part.grads_runs = NULL;
+    part.piece = 0;
+    part.grads_lo = v->grads_runs[r].lo;
+    part.grads_hi = v->grads_runs[r].hi;
+    part.grads = loom_buf_slice(v->grads, *at, part.grads_hi - part.grads_lo);
+    *at += part.grads_hi - part.grads_lo;
+    return part;
+}
+
 /* Whether block i's reduced gradient, as far as this rank holds it (v: all
  * of it, or its part of a shard), has an inf or NaN. */
 static int block_nonfinite(const struct loom_engine *e, const struct loom_state_view *v, int i)
 {
     const struct loom_block *blk = &e->model->blocks[i];
     if (v->grads_runs) { /* each owned run's part of the block */
-        struct loom_state_view part = *v;
-        part.grads_runs = NULL;
-        size_t s = 0;
-        for (int r = 0; r < v->grads_nruns; s += v->grads_runs[r].hi - v->grads_runs[r].lo, r++) {
-            part.grads_lo = v->grads_runs[r].lo;
-            part.grads_hi = v->grads_runs[r].hi;
-            part.grads = loom_buf_slice(v->grads, s, part.grads_hi - part.grads_lo);
+        size_t at = 0;
+        for (int r = 0; r < v->grads_nruns; r++) {
+            const struct loom_state_view part = run_view(v, r, &at);
             if (block_nonfinite(e, &part, i)) return 1;
         }
         return 0;
@@ -614,14 +624,9 @@ static void sweep(struct squares *q, const struct loom_state_view *v)
     const size_t lo = v->grads_lo, hi = v->grads_hi;
     const int filters = loom_stack_filters_tensors(m);
     if (v->grads_runs) { /* each owned run as a view of its own */
-        struct loom_state_view part = *v;
-        part.grads_runs = NULL;
-        part.piece = 0;
-        size_t s = 0;
-        for (int r = 0; r < v->grads_nruns; s += v->grads_runs[r].hi - v->grads_runs[r].lo, r++) {
-            part.grads_lo = v->grads_runs[r].lo;
-            part.grads_hi = v->grads_runs[r].hi;
-            part.grads = loom_buf_slice(v->grads, s, part.grads_hi - part.grads_lo);
+        size_t at = 0;
+        for (int r = 0; r < v->grads_nruns; r++) {
+            const struct loom_state_view part = run_view(v, r, &at);
             sweep(q, &part);
         }
         return;

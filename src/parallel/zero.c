@@ -154,20 +154,23 @@ int loom_zero_owned_runs(const struct loom_model *m, struct loom_partition p, in
     return n;
 }
 
-struct shares {
+/* dense_runs' fn that packs a range's dense elements (or unpacks them):
+ * the places [w0, w1) among them between the arena's elements (from lo)
+ * and packed + off, one after another. */
+struct dense_moves {
     const struct loom_backend *be;
-    char *params, *all; /* the shard's parameters from part.begin; the gather's buffer */
-    size_t begin, es;
-    size_t w0, w1, off; /* the dense places [w0, w1), at all + off one after another */
-    int pack;           /* 1: from the parameters into all; 0: back */
+    char *arena, *packed;
+    size_t lo, es;      /* es: bytes an element */
+    size_t w0, w1, off; /* every place: 0, SIZE_MAX, 0 */
+    int pack;           /* 1: into packed; 0: back into the arena */
 };
 
 static void move_dense(void *ctx, size_t a, size_t b, size_t d)
 {
-    const struct shares *c = ctx;
+    const struct dense_moves *c = ctx;
     const size_t x = d > c->w0 ? d : c->w0, y = d + (b - a) < c->w1 ? d + (b - a) : c->w1;
     if (x >= y) return;
-    char *p = c->params + (a + (x - d) - c->begin) * c->es, *q = c->all + (c->off + x - c->w0) * c->es;
+    char *p = c->arena + (a + (x - d) - c->lo) * c->es, *q = c->packed + (c->off + x - c->w0) * c->es;
     c->be->copy(c->pack ? q : p, c->pack ? p : q, (y - x) * c->es);
 }
 
@@ -191,7 +194,8 @@ static void gather_dense_shares(struct loom_zero *z)
     const size_t P = (size_t)z->ep, per = (z->dense_n + P - 1) / P, C = share_piece(z);
     struct loom_buf all = take(C * P, m->dtype, 0);
     const struct loom_buf params = loom_zero_params(z);
-    struct shares c = {be(z), params.data, all.data, z->part.begin, loom_dtype_size(m->dtype), 0, 0, 0, 1};
+    struct dense_moves c = {be(z), params.data, all.data, z->part.begin, loom_dtype_size(m->dtype), 0,
+                            0,     0,           1};
     for (size_t k = 0; k < per; k += C) {
         size_t s0, s1;
         c.pack = 1; /* this rank's piece in place */
@@ -227,20 +231,6 @@ static size_t dense_split(struct loom_zero *z, size_t lo, size_t hi, size_t *min
     return nd;
 }
 
-struct segment_dense {
-    const struct loom_backend *be;
-    char *seg, *packed; /* the segment from lo; its dense elements one after another */
-    size_t lo, es;      /* es: bytes an element */
-    int pack;           /* 1: into packed; 0: back into the segment */
-};
-
-static void move_segment_dense(void *ctx, size_t a, size_t b, size_t d)
-{
-    const struct segment_dense *c = ctx;
-    char *x = c->seg + (a - c->lo) * c->es, *y = c->packed + d * c->es;
-    c->be->copy(c->pack ? y : x, c->pack ? x : y, (b - a) * c->es);
-}
-
 /* Calls fn(ctx, x, y, s) for each part [x, y) of arena elements [a, e) in
  * the owned runs, s its place among their elements. */
 static void owned_parts(const struct loom_zero *z, size_t a, size_t e,
@@ -264,39 +254,54 @@ static void dense_to_owners(struct loom_zero *z, const struct loom_zero_flight *
     if (nd == 0) return;
     struct loom_buf packed = take(nd, LOOM_DTYPE_F32, 0),
                     own = take((size_t)z->ep_counts[z->ep_rank], LOOM_DTYPE_F32, 0);
-    struct segment_dense c = {be(z), f->recv.data, packed.data, f->lo, sizeof(float), 1};
-    dense_runs(z->model, f->lo, f->lo + f->recv.numel, move_segment_dense, &c);
+    struct dense_moves c = {be(z), f->recv.data, packed.data, f->lo, sizeof(float), 0, SIZE_MAX, 0, 1};
+    dense_runs(z->model, f->lo, f->lo + f->recv.numel, move_dense, &c);
     z->wait_s += loom_comm_wait(loom_comm_reduce_scatter_v(LOOM_GROUP_EP, packed, own, z->ep_counts));
     be(z)->copy((float *)packed.data + mine, own.data, loom_buf_bytes(own));
     c.pack = 0;
-    dense_runs(z->model, f->lo, f->lo + f->recv.numel, move_segment_dense, &c);
+    dense_runs(z->model, f->lo, f->lo + f->recv.numel, move_dense, &c);
     loom_pool_give(&own);
     loom_pool_give(&packed);
 }
 
-/* The landed segment's owned elements (z->runs) added into the gradient
- * shard, which holds the runs one after another. */
-static void land_runs(struct loom_zero *z, const struct loom_zero_flight *f)
+struct landing {
+    struct loom_zero *z;
+    const struct loom_zero_flight *f;
+};
+
+/* An owned part [x, y) of a landed segment added into the gradient shard,
+ * which holds the owned runs one after another (s: the part's place). */
+static void land_part(void *ctx, size_t x, size_t y, size_t s)
 {
-    const size_t lo = f->lo, hi = lo + f->recv.numel;
+    const struct landing *c = ctx;
+    struct loom_zero *z = c->z;
     const int f32 = z->model->dtype == LOOM_DTYPE_F32;
     const struct loom_buf acc = f32 ? z->grad_shard : z->grad_acc;
-    size_t s = 0;
-    for (int r = 0; r < z->nruns; s += z->runs[r].hi - z->runs[r].lo, r++) {
-        const size_t a = z->runs[r].lo > lo ? z->runs[r].lo : lo, e = z->runs[r].hi < hi ? z->runs[r].hi : hi;
-        if (a >= e) continue;
-        const size_t at = s + (a - z->runs[r].lo);
-        const float *src = (const float *)f->recv.data + (a - lo);
-        if (acc.data) {
-            float *dst = (float *)acc.data + at;
-            be(z)->k->accumulate(dst, src, e - a);
-            loom_offload_drop(f32 ? &z->grad_map : &z->acc_map, dst, (e - a) * sizeof(float));
-        } else {
-            const struct loom_buf seg = loom_buf_slice(z->grad_shard, at, e - a);
-            be(z)->k->lp_accumulate(seg.data, src, seg.numel, seg.dtype);
-            loom_offload_drop(&z->grad_map, seg.data, loom_buf_bytes(seg));
-        }
+    const float *src = (const float *)c->f->recv.data + (x - c->f->lo);
+    if (acc.data) {
+        float *dst = (float *)acc.data + s;
+        be(z)->k->accumulate(dst, src, y - x);
+        loom_offload_drop(f32 ? &z->grad_map : &z->acc_map, dst, (y - x) * sizeof(float));
+    } else {
+        const struct loom_buf seg = loom_buf_slice(z->grad_shard, s, y - x);
+        be(z)->k->lp_accumulate(seg.data, src, seg.numel, seg.dtype);
+        loom_offload_drop(&z->grad_map, seg.data, loom_buf_bytes(seg));
     }
+}
+
+struct shard_fill {
+    struct loom_zero *z;
+    struct loom_buf src; /* elements from lo */
+    size_t lo;
+};
+
+/* An owned part [x, y) of src into the parameter shard (s: its place). */
+static void fill_part(void *ctx, size_t x, size_t y, size_t s)
+{
+    const struct shard_fill *c = ctx;
+    const struct loom_buf dst = loom_buf_slice(c->z->param_shard, s, y - x);
+    be(c->z)->convert(dst, loom_buf_slice(c->src, x - c->lo, y - x));
+    loom_offload_drop(&c->z->param_map, dst.data, loom_buf_bytes(dst));
 }
 
 /* ---- stage 2: gradients ------------------------------------------------- */
@@ -330,7 +335,8 @@ static void land_oldest(struct loom_zero *z)
     if (z->experts_apart && !z->dense_first) dense_to_owners(z, f);
     const struct loom_buf acc = z->model->dtype == LOOM_DTYPE_F32 ? z->grad_shard : z->grad_acc;
     if (z->runs) {
-        land_runs(z, f);
+        struct landing c = {z, f};
+        owned_parts(z, f->lo, f->lo + f->recv.numel, land_part, &c);
     } else if (acc.data) {
         float *dst = (float *)acc.data + f->shard_off;
         be(z)->k->accumulate(dst, f->recv.data, f->recv.numel);
@@ -427,15 +433,15 @@ static struct loom_buf assemble_part(struct loom_zero *z, size_t lo, size_t n)
     const size_t nd = dense_split(z, lo, lo + n, &at);
     if (nd == 0) return seg;
     struct loom_buf packed = take(nd, dt, 0), own = take((size_t)z->ep_counts[z->ep_rank], dt, 0);
-    struct segment_dense d = {be(z), seg.data, packed.data, lo, es, 1};
-    dense_runs(z->model, lo, lo + n, move_segment_dense, &d);
+    struct dense_moves d = {be(z), seg.data, packed.data, lo, es, 0, SIZE_MAX, 0, 1};
+    dense_runs(z->model, lo, lo + n, move_dense, &d);
     be(z)->copy(own.data, (char *)packed.data + at * es, loom_buf_bytes(own));
     for (int r = 0, o = 0; r < z->ep; o += z->ep_counts[r++])
         z->ep_counts[z->ep + r] = o; /* the displacements */
     z->wait_s +=
         loom_comm_wait(loom_comm_allgather_v(LOOM_GROUP_EP, own, packed, z->ep_counts, z->ep_counts + z->ep));
     d.pack = 0;
-    dense_runs(z->model, lo, lo + n, move_segment_dense, &d);
+    dense_runs(z->model, lo, lo + n, move_dense, &d);
     loom_pool_give(&own);
     loom_pool_give(&packed);
     return seg;
@@ -811,12 +817,8 @@ int loom_zero_init(struct loom_zero *z, int stage, int dp, int dp_rank, struct l
         return LOOM_OK;
     }
     if (m->params.data && z->runs) {
-        size_t at = 0;
-        for (int r = 0; r < z->nruns; at += z->runs[r].hi - z->runs[r].lo, r++) {
-            const struct loom_buf own = loom_buf_slice(z->param_shard, at, z->runs[r].hi - z->runs[r].lo);
-            be(z)->convert(own, loom_buf_slice(m->params, z->runs[r].lo, own.numel));
-            loom_offload_drop(&z->param_map, own.data, loom_buf_bytes(own));
-        }
+        struct shard_fill c = {z, m->params, 0};
+        owned_parts(z, z->part.begin, z->part.end, fill_part, &c);
         loom_backend_buf_free(m->backend, &m->params);
     } else if (m->params.data) {
         const struct loom_buf own = loom_buf_slice(z->param_shard, 0, z->part.end - z->part.begin);
@@ -842,15 +844,8 @@ void loom_zero_init_weights(struct loom_zero *z, uint64_t seed)
             loom_model_init_block(m, b, seed, (float *)buf.data + (m->blocks[b].offset - x->lo));
         size_t a = x->lo > begin ? x->lo : begin, e = x->hi < end ? x->hi : end;
         if (z->runs) { /* the owned runs' parts */
-            size_t s = 0;
-            for (int r = 0; r < z->nruns; s += z->runs[r].hi - z->runs[r].lo, r++) {
-                const size_t p = z->runs[r].lo > x->lo ? z->runs[r].lo : x->lo,
-                             q = z->runs[r].hi < x->hi ? z->runs[r].hi : x->hi;
-                if (p >= q) continue;
-                const struct loom_buf dst = loom_buf_slice(z->param_shard, s + (p - z->runs[r].lo), q - p);
-                be(z)->convert(dst, loom_buf_slice(buf, p - x->lo, q - p));
-                loom_offload_drop(&z->param_map, dst.data, loom_buf_bytes(dst));
-            }
+            struct shard_fill c = {z, buf, x->lo};
+            owned_parts(z, x->lo, x->hi, fill_part, &c);
         } else if (a < e) {
             const struct loom_buf dst = loom_buf_slice(z->param_shard, a - begin, e - a);
             be(z)->convert(dst, loom_buf_slice(buf, a - x->lo, e - a));
@@ -867,10 +862,9 @@ static void replay_land_oldest(struct loom_zero *z)
     struct loom_zero_flight *f = &z->flights[z->order[0]];
     loom_pool_give(&f->send16);
     loom_pool_give(&f->recv16);
-    size_t mine;
-    if (z->experts_apart && !z->dense_first && dense_split(z, f->lo, f->lo + f->recv.numel, &mine)) {
-        struct loom_buf packed = take(dense_runs(z->model, f->lo, f->lo + f->recv.numel, NULL, NULL),
-                                      LOOM_DTYPE_F32, 0),
+    size_t mine, nd;
+    if (z->experts_apart && !z->dense_first && (nd = dense_split(z, f->lo, f->lo + f->recv.numel, &mine))) {
+        struct loom_buf packed = take(nd, LOOM_DTYPE_F32, 0),
                         own = take((size_t)z->ep_counts[z->ep_rank], LOOM_DTYPE_F32, 0);
         loom_pool_give(&own);
         loom_pool_give(&packed);
