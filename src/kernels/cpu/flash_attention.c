@@ -83,19 +83,64 @@ void *loom_flash_attn_scratch(int slot, size_t bytes)
 
 /* ---- forward ------------------------------------------------------------------- */
 
-/* floats of one thread's forward workspace: S (BQ,BK), acc (BQ,hsp), m
- * and l (BQ) */
+/* floats of one thread's forward workspace: S (BQ,BK), acc (BQ,hsp), m,
+ * l, the new maxima and the rescale factors (BQ each), the query tile
+ * gathered (BQ,hsp) */
 static size_t fwd_ws(int hs)
 {
     const size_t hsp = (size_t)fa_up16(hs);
-    return (size_t)FA_BQ * FA_BK + FA_BQ * hsp + 2 * FA_BQ;
+    return (size_t)FA_BQ * FA_BK + 2 * FA_BQ * hsp + 4 * FA_BQ;
+}
+
+/* A tile row's maximum of the scores s (n16) on the keys keep marks
+ * (every key where keep is NULL: the tile is full). */
+static inline float row_max(const float *s, const float *keep, int n16)
+{
+    float smax = -INFINITY;
+    if (keep) {
+#pragma omp simd reduction(max : smax)
+        for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
+    } else {
+#pragma omp simd reduction(max : smax)
+        for (int c = 0; c < n16; c++) smax = s[c] > smax ? s[c] : smax;
+    }
+    return smax;
+}
+
+/* A tile row's unnormalised probabilities exp(scale s - mnew) into s, 0
+ * off keep (every key kept where keep is NULL); returns their sum. The
+ * loops stay free of dropout's and the mask's tests where they have none:
+ * a select in the vector loop cost the kernel a third of its speed. */
+static inline float row_exp(float *s, const float *keep, int n16, float scale, float mnew)
+{
+    float sum = 0.0f;
+    if (keep) {
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < n16; c++) {
+            const float e = fa_exp(s[c] * scale - mnew);
+            const float p = keep[c] != 0.0f ? e : 0.0f;
+            s[c] = p;
+            sum += p;
+        }
+    } else {
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < n16; c++) {
+            const float p = fa_exp(s[c] * scale - mnew);
+            s[c] = p;
+            sum += p;
+        }
+    }
+    return sum;
 }
 
 /* One query tile [i0, i1) (positions: the tile of 64 at i0, from q0 at the
  * part's first) of head h of sequence b; kt: the key tiles of its
  * key/value head from the part's first (kt0 the tiles before it),
  * transposed (hs, BK) each, ktile floats apart; vc: its values, (tiles BK,
- * hsp) contiguous from tile kt0's first position. */
+ * hsp) contiguous from tile kt0's first position. Each key tile: S = Q K^T,
+ * every row's new maximum, the rescale factors exp(m - m_new) of all rows
+ * at once, the rows' probabilities and sums, and acc = alpha acc + P V in
+ * one product (the rescale in its loads of acc). */
 static void fwd_tile(float *out, float *lse, const float *q, const float *kt, size_t ktile, const float *vc,
                      int kt0, const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
 {
@@ -103,8 +148,12 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
     const int hs = a->hs, hsp = fa_up16(hs), kend = fa_kend(a);
     const int i1 = fa_min(i0 / FA_BQ * FA_BQ + FA_BQ, fa_qend(a)), m = i1 - i0;
     float *S = ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp;
-    float *l = mx + FA_BQ;
-    const float *qi = q + ((size_t)b * fa_tq(a) + i0 - a->q0) * a->ld_q + (size_t)h * hs;
+    float *l = mx + FA_BQ, *mn = l + FA_BQ, *alpha = mn + FA_BQ, *qc = alpha + FA_BQ;
+    /* the tile's query rows, pages apart in q at long T, gathered once: every key tile reads them */
+    const float *qrow = q + ((size_t)b * fa_tq(a) + i0 - a->q0) * a->ld_q + (size_t)h * hs;
+    for (int r = 0; r < m; r++)
+        memcpy(qc + (size_t)r * hsp, qrow + (size_t)r * a->ld_q, (size_t)hs * sizeof(float));
+    const float *qi = qc;
     for (int r = 0; r < m; r++) mx[r] = -INFINITY, l[r] = 0.0f;
     memset(acc, 0, (size_t)m * hsp * sizeof(float));
     const int lo_last = fa_key_lo(a, b, i1 - 1), jend = fa_min(i1, kend);
@@ -112,23 +161,46 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
         const int j1 = fa_min(j0 + FA_BK, jend), n = j1 - j0, n16 = fa_up16(n);
         const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
         if (!kept) continue;
-        const int full = kept == 2 && j1 - 1 <= i0 && lo_last <= j0;
-        if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
+        /* full: every row sees every key (no column past n either) */
+        const int full = kept == 2 && j1 - 1 <= i0 && lo_last <= j0 && n == n16;
         const float *Kt = kt + (size_t)(j0 / FA_BK - kt0) * ktile;
-        fa_gemm(m, n16, hs, qi, a->ld_q, 1, Kt, FA_BK, S, FA_BK, 0); /* S = Q K^T */
+        fa_gemm(m, n16, hs, qi, hsp, 1, Kt, FA_BK, S, FA_BK, 0); /* S = Q K^T */
+        /* the new maxima; a row that sees no key of the tile keeps its own
+         * (its scores are zeroed below) */
+        for (int r = 0; r < m; r++) {
+            const float *s = S + (size_t)r * FA_BK;
+            float smax;
+            if (full)
+                smax = row_max(s, NULL, n16);
+            else
+                smax = fa_row_keep(keep, a, b, h, i0 + r, j0, n, n16, 0, kept) ? row_max(s, keep, n16)
+                                                                               : -INFINITY;
+            mn[r] = smax == -INFINITY ? mx[r] : fmaxf(mx[r], smax * scale);
+        }
+#pragma omp simd
+        for (int r = 0; r < m; r++) alpha[r] = mn[r] == mx[r] ? 1.0f : fa_exp(mx[r] - mn[r]);
         for (int r = 0; r < m; r++) {
             const int t = i0 + r;
             float *s = S + (size_t)r * FA_BK;
-            if (!full && !fa_row_keep(keep, a, b, h, t, j0, n, n16, full,
-                                      kept)) { /* no key of this tile for this row */
+            float sum;
+            if (full) {
+                sum = row_exp(s, NULL, n16, scale, mn[r]);
+            } else if (!fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept)) { /* no key here for this row */
                 memset(s, 0, (size_t)n16 * sizeof(float));
                 continue;
+            } else {
+                sum = row_exp(s, keep, n16, scale, mn[r]);
             }
-            fa_online_row(s, NULL, keep, fa_drop_row(dmask, a, b, h, t, j0, n16), n16, scale, &mx[r], &l[r],
-                          acc + (size_t)r * hsp, hs);
+            const float *dm = fa_drop_row(dmask, a, b, h, t, j0, n16);
+            if (dm) { /* the sum is the undropped one */
+#pragma omp simd
+                for (int c = 0; c < n16; c++) s[c] *= dm[c];
+            }
+            l[r] = l[r] * alpha[r] + sum;
+            mx[r] = mn[r];
         }
-        fa_gemm(m, hs, n, S, FA_BK, 1, vc + (size_t)(j0 - kt0 * FA_BK) * hsp, hsp, acc, hsp,
-                1); /* acc += P V */
+        fa_gemm_rs(m, hs, n, S, FA_BK, 1, vc + (size_t)(j0 - kt0 * FA_BK) * hsp, hsp, acc, hsp, 1,
+                   alpha); /* acc = alpha acc + P V */
     }
     fa_finish_rows(out, lse, acc, hsp, mx, l, a, b, h, i0, m);
 }

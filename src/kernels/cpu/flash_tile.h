@@ -202,16 +202,17 @@ static inline const float *fa_drop_row(float *dm, const struct loom_flash_attn *
     return dm;
 }
 
-/* One row of a forward tile, the online softmax's step: the row's
+/* One row of a bf16 forward tile, the online softmax's step: the row's
  * unnormalised probabilities exp(scale s - m) on the keys keep marks, 0
- * elsewhere, from s (n16 raw scores), into s, or into pa rounded to bf16
- * (the bf16 kernels' a operand of P V; s is left) when pa is not NULL,
- * times dropout's mask dm where given (the sum is the undropped one); the
- * row's running maximum *mx and sum *l move to the new maximum m, and its
- * accumulator acc (hs) is rescaled to it. */
-static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16_t *pa, const float *keep,
-                                                                const float *dm, int n16, float scale,
-                                                                float *mx, float *l, float *acc, int hs)
+ * elsewhere, from s (n16 raw scores) into pa rounded to bf16 (the a
+ * operand of P V; s is left), times dropout's mask dm where given (the sum
+ * is the undropped one); the row's running maximum *mx and sum *l move to
+ * the new maximum m, and its accumulator acc (hs) is rescaled to it. (The
+ * float32 kernel takes every row's step together: flash_attention.c.) */
+static inline __attribute__((always_inline)) void fa_online_row(const float *s, uint16_t *pa,
+                                                                const float *keep, const float *dm, int n16,
+                                                                float scale, float *mx, float *l, float *acc,
+                                                                int hs)
 {
     float smax = -INFINITY;
 #pragma omp simd reduction(max : smax)
@@ -219,9 +220,9 @@ static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16
     const float mnew = fmaxf(*mx, smax * scale);
     const float alpha = expf(*mx - mnew); /* 0 at the row's first tile */
     float sum = 0.0f;
-    /* the loops without dropout stay free of its test: a select in the
+    /* the loop without dropout stays free of its test: a select in the
      * vector loop cost the float32 kernels a third of their speed */
-    if (pa && dm) {
+    if (dm) {
 #pragma omp simd reduction(+ : sum)
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp(s[c] * scale - mnew);
@@ -229,25 +230,13 @@ static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16
             pa[c] = fa_bf(p * dm[c]);
             sum += p;
         }
-    } else if (pa) {
+    } else {
 #pragma omp simd reduction(+ : sum)
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp(s[c] * scale - mnew);
             const float p = keep[c] != 0.0f ? e : 0.0f;
             pa[c] = fa_bf(p);
             sum += p;
-        }
-    } else {
-#pragma omp simd reduction(+ : sum)
-        for (int c = 0; c < n16; c++) {
-            const float e = fa_exp(s[c] * scale - mnew);
-            const float p = keep[c] != 0.0f ? e : 0.0f;
-            s[c] = p;
-            sum += p;
-        }
-        if (dm) {
-#pragma omp simd
-            for (int c = 0; c < n16; c++) s[c] *= dm[c];
         }
     }
     *l = *l * alpha + sum;
@@ -282,11 +271,15 @@ typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
 
 static inline __attribute__((always_inline)) void fa_mk(const int M, const int NV, int K, const float *a,
                                                         ptrdiff_t ai, ptrdiff_t ap, const float *b,
-                                                        ptrdiff_t ldb, float *c, ptrdiff_t ldc, int acc)
+                                                        ptrdiff_t ldb, float *c, ptrdiff_t ldc, int acc,
+                                                        const float *rs)
 {
     fa_vec r[FA_MR][4];
     for (int i = 0; i < M; i++)
-        for (int v = 0; v < NV; v++) r[i][v] = acc ? *(const fa_vec *)(c + i * ldc + 16 * v) : (fa_vec){0};
+        for (int v = 0; v < NV; v++) {
+            r[i][v] = acc ? *(const fa_vec *)(c + i * ldc + 16 * v) : (fa_vec){0};
+            if (rs) r[i][v] *= rs[i];
+        }
     for (int p = 0; p < K; p++) {
         fa_vec bv[4];
         for (int v = 0; v < NV; v++) bv[v] = *(const fa_vec *)(b + p * ldb + 16 * v);
@@ -302,14 +295,17 @@ static inline __attribute__((always_inline)) void fa_mk(const int M, const int N
 
 #define FA_MK_CASE(m, nv)                                                                                    \
     case (m)*8 + (nv):                                                                                       \
-        fa_mk(m, nv, K, ai0, ai, ap, b + n0, ldb, c + (ptrdiff_t)i0 * ldc + n0, ldc, acc);                   \
+        fa_mk(m, nv, K, ai0, ai, ap, b + n0, ldb, c + (ptrdiff_t)i0 * ldc + n0, ldc, acc,                    \
+              rs ? rs + i0 : NULL);                                                                          \
         break;
 #define FA_MK_ROW(m) FA_MK_CASE(m, 1) FA_MK_CASE(m, 2) FA_MK_CASE(m, 3) FA_MK_CASE(m, 4)
 
 /* c (M,N) = (acc: +=) sum over p < K of a(i,p) b(p,:): a(i,p) at
- * a[i*ai + p*ap], b row-major (ldb), c row-major (ldc). */
-static inline void fa_gemm(int M, int N, int K, const float *a, ptrdiff_t ai, ptrdiff_t ap, const float *b,
-                           ptrdiff_t ldb, float *c, ptrdiff_t ldc, int acc)
+ * a[i*ai + p*ap], b row-major (ldb), c row-major (ldc); with rs (acc),
+ * c's row i is scaled by rs[i] first (the forward's rescale, fused into
+ * the product's loads). */
+static inline void fa_gemm_rs(int M, int N, int K, const float *a, ptrdiff_t ai, ptrdiff_t ap, const float *b,
+                              ptrdiff_t ldb, float *c, ptrdiff_t ldc, int acc, const float *rs)
 {
     const int nfull = N & ~15;
     for (int n0 = 0; n0 < nfull; n0 += 64) {
@@ -331,11 +327,17 @@ static inline void fa_gemm(int M, int N, int K, const float *a, ptrdiff_t ai, pt
     }
     for (int i = 0; i < M; i++)
         for (int n = nfull; n < N; n++) {
-            float s = acc ? c[(ptrdiff_t)i * ldc + n] : 0.0f;
+            float s = acc ? c[(ptrdiff_t)i * ldc + n] * (rs ? rs[i] : 1.0f) : 0.0f;
             for (int p = 0; p < K; p++)
                 s += a[(ptrdiff_t)i * ai + (ptrdiff_t)p * ap] * b[(ptrdiff_t)p * ldb + n];
             c[(ptrdiff_t)i * ldc + n] = s;
         }
+}
+
+static inline void fa_gemm(int M, int N, int K, const float *a, ptrdiff_t ai, ptrdiff_t ap, const float *b,
+                           ptrdiff_t ldb, float *c, ptrdiff_t ldc, int acc)
+{
+    fa_gemm_rs(M, N, K, a, ai, ap, b, ldb, c, ldc, acc, NULL);
 }
 
 /* The rows [k0, kend) of key tile [j0, j0 + n) (positions) of src, whose
