@@ -21,7 +21,14 @@ splits both over 2 context ranks even under TP 2):
     full recomputation, a sliding window (GPT-2), and bf16 (lib.compare_runs' 16-bit bounds and
     their reason);
   - a CP 2 checkpoint resumed in one process, and one process's resumed
-    under CP 2: the remaining steps against the uninterrupted run.
+    under CP 2: the remaining steps against the uninterrupted run;
+  - under --layout-invariant 2 at T=512 (4 row blocks of 128 rows, the
+    shortest it takes), every loss and every weight bit for bit against
+    one process under the flag (GPT-2: p2p, all_gather x DP 2 with
+    ZeRO-3, a2a x TP 2 + SP, p2p x PP 2, a2a in bf16, p2p with packed
+    documents and full recomputation; Llama: a2a, all_gather with packed
+    documents). CP 2 without the flag is
+    not one process's bits (checked), so those checks can fail.
 
 So that the comparisons can fail: a GPT-2 run with other positions
 (--seq-length 8) is at least 10x the bound away from the one-process run,
@@ -30,10 +37,15 @@ and so is CP 2 without the documents from the one-process run with them
 
 Bad settings, one line and exit 2 on 2 ranks: a sequence not divisible into
 2 cp chunks, heads or key/value groups not divisible for a2a, a world the
-context group does not divide, the (T,T) kernels, --layout-invariant; and
+context group does not divide, the (T,T) kernels, --layout-invariant N
+that the context size does not divide or whose 2N row blocks do not divide
+the sequence or are shorter than 128 rows, and with a mixture of experts
+(and, through loom plan in one process, sequence-parallel rows that are not
+whole row blocks); and
 in one process, `loom sample` and `loom eval` given a context size.
 """
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -78,19 +90,52 @@ def layouts(tmp, docs):
     """Every comm type in every layout; returns GPT-2's one-process run.
     docs: the corpus has end-of-document tokens and the flags are on."""
     extra, what = (DOCS, "packed documents, ") if docs else ([], "")
-    ones = {}
+    ones, alone = {}, None
     for family, fam in FAMILIES:
         one = ones[family] = run(tmp, f"{family}-one-{docs}", 1, fam + BATCH + extra)
         for kind in TYPES:
             for tag, n, lay in LAYOUTS:
                 got = run(tmp, f"{family}-{kind}-{tag}-{docs}", n, fam + BATCH + extra + cp(2, kind) + lay)
                 lib.compare_runs(f"{family} {what}CP 2 {kind} {tag}", one, got)
+                if (family, kind, n) == ("gpt2", "p2p", 2) and not lay:
+                    alone = got
         if docs:  # the documents matter: CP 2 without them is far from one process with them
             plain = run(tmp, f"{family}-p2p-nodocs", 2, fam + BATCH + cp(2, "p2p"))
             apart = max(lib.rel(a, b) for a, b in zip(plain[0], one[0]))
             check(f"{family}: without the documents CP 2 is {apart:.1e} away (at least 10x the bound)",
                   apart >= 1e-4)
-    return ones["gpt2"]
+    return ones["gpt2"], alone
+
+
+# --layout-invariant 2 with sequences of 512: 4 row blocks of 128 rows, the fewest it takes
+INVARIANT = ["--layout-invariant", "2", "--seq-length", "512", "--max-position-embeddings", "512",
+             "--global-batch-size", "4", "--micro-batch-size", "2"]
+
+
+def invariant(tmp, docs, one, alone):
+    """--layout-invariant 2 at T=512: CP layouts against one process under
+    the flag, bit for bit. one, alone: GPT-2's one-process and CP 2 p2p
+    runs without the flag (not the same bits: the checks below can fail)."""
+    if not docs:
+        diff = lib.differing(one[1], alone[1])
+        check(f"without the flag CP 2 is not one process's bits ({len(diff)} tensors differ)",
+              bool(diff) or one[0] != alone[0])
+        cases = (("gpt2", [], (("p2p", 2, []), ("all_gather x DP 2, ZeRO-3", 4, ["--zero-stage", "3"]),
+                               ("a2a x TP 2 + SP", 4, LAYOUTS[2][2]), ("p2p x PP 2", 4, LAYOUTS[3][2]))),
+                 ("llama", FAMILIES[1][1], (("a2a", 2, []),)),
+                 ("gpt2 bf16", ["--bf16"], (("a2a", 2, []),)))
+    else:
+        full = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        cases = (("gpt2", DOCS, (("p2p, full recomputation", 2, full),)),
+                 ("llama", FAMILIES[1][1] + DOCS, (("all_gather", 2, []),)))
+    what = "packed documents, " if docs else ""
+    for name, fam, layouts_ in cases:
+        tag = name.replace(" ", "")
+        ref = run(tmp, f"inv-{tag}-one", 1, fam + INVARIANT)
+        for lay, n, extra in layouts_:
+            kind = lay.split()[0].rstrip(",")
+            got = run(tmp, f"inv-{tag}-{lay}", n, fam + INVARIANT + cp(2, kind) + extra)
+            lib.same_run(f"{name} {what}CP 2 {lay} --layout-invariant", ref, got)
 
 
 def more(tmp, one):
@@ -140,8 +185,16 @@ def bad_settings(tmp):
         ("a world the context group does not divide", 3, cp(2, "p2p"), ["context-parallel size 2", "3"]),
         ("context parallelism with the (T,T) kernels", 2, cp(2, "all_gather") + ["--attention-backend", "unfused"],
          ["--context-parallel-size", "--attention-backend unfused"]),
-        ("context parallelism with --layout-invariant", 2, cp(2, "p2p") + ["--layout-invariant", "1"],
-         ["--context-parallel-size", "--layout-invariant"]),
+        ("--layout-invariant not a multiple of the context size", 2, cp(2, "p2p") + ["--layout-invariant", "1"],
+         ["--layout-invariant 1", "--context-parallel-size 2"]),
+        ("--layout-invariant's row blocks too short", 2, cp(2, "p2p") + ["--layout-invariant", "2"],
+         ["--layout-invariant 2", "4 row blocks of at least 128 rows", "--seq-length 16"]),
+        ("--layout-invariant's row blocks not dividing the sequence", 2,
+         cp(2, "p2p") + ["--layout-invariant", "4", "--seq-length", "1028", "--max-position-embeddings", "1028"],
+         ["--layout-invariant 4", "8 row blocks", "--seq-length 1028"]),
+        ("--layout-invariant with context parallelism and experts", 2,
+         cp(2, "a2a") + ["--layout-invariant", "2", "--num-experts", "2"],
+         ["--layout-invariant", "--context-parallel-size", "--num-experts 2"]),
     ]
     cases += [("loom sample with context parallelism", 1, None, ["--context-parallel-size 2", "one process"]),
               ("loom eval with context parallelism", 1, "eval", ["context-parallel size 2"])]
@@ -153,6 +206,16 @@ def bad_settings(tmp):
         else:
             cmd = base + extra
         lib.check_refused(name, lib.run_ranks(n, cmd, expect=None, timeout=120), needles)
+    # sequence parallelism's rank rows not whole row blocks needs 16 ranks to train; loom plan meets the same
+    # rule in one process and names the layout it rejects
+    sp = subprocess.run([lib.LOOM, "plan"] + lib.TINY_MODEL + [
+        "--seq-length", "1024", "--max-position-embeddings", "1024", "--layout-invariant", "4",
+        "--context-parallel-size", "4", "--tensor-model-parallel-size", "4", "--sequence-parallel",
+        "--micro-batch-size", "1", "--global-batch-size", "1", "--world", "16"], capture_output=True, text=True,
+        timeout=120)
+    check("--layout-invariant with SP rows that are not whole row blocks: the layout refused, the rule named",
+          "are not whole row blocks" in sp.stdout + sp.stderr and "is not divisible by 16" in sp.stdout + sp.stderr,
+          (sp.stdout + sp.stderr)[-600:])
 
 
 def main():
@@ -160,8 +223,9 @@ def main():
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         lib.write_corpus(tmp)
-        one = layouts(tmp, False)
+        one, alone = layouts(tmp, False)
         more(tmp, one)
+        invariant(tmp, False, one, alone)
         resume(tmp, one)
         bad_settings(tmp)
         d = os.path.join(tmp, "docs")
@@ -170,6 +234,7 @@ def main():
         toks[np.random.default_rng(9).random(len(toks)) < 1 / 6] = EOD
         shard.write(os.path.join(d, "train.bin"), toks)
         layouts(d, True)
+        invariant(d, True, None, None)
     return lib.verdict()
 
 

@@ -43,6 +43,8 @@ TAGS = ["params", "grads", "optimizer", "activations", "comm"]
 TINY = ["--model", "gpt2-tiny", "--seq-length", "64"]
 GPT2 = ["--model", "gpt2", "--seq-length", "64"]
 LLAMA = ["--model", "llama-tiny"]
+# --layout-invariant 2 under CP 2 cuts a sequence into 4 row blocks of at least 128 rows
+LONG = ["--seq-length", "512", "--max-position-embeddings", "512"]
 MIXTRAL = ["--model", "mixtral-tiny", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
            "--num-query-groups", "2", "--ffn-hidden-size", "64", "--num-experts", "4", "--seq-length", "16",
            "--max-position-embeddings", "16"]
@@ -97,6 +99,13 @@ LAYOUTS = [
                                     "--zero-stage 3"),
     ("Llama tiny CP 2 a2a", 2, LLAMA, "--micro-batch-size 2 --global-batch-size 4 --context-parallel-size 2 "
                                       "--cp-comm-type a2a --num-query-groups 2"),
+    # --layout-invariant under CP: the row blocks' float64 gradients, the whole keys and their float64 gradients,
+    # the embedding's whole rows
+    ("CP 2 p2p --layout-invariant bf16", 2, TINY + LONG, "--micro-batch-size 2 --global-batch-size 4 "
+                                                  "--context-parallel-size 2 --bf16 --layout-invariant 2"),
+    ("Llama tiny CP 2 a2a --layout-invariant", 2, LLAMA + LONG, "--micro-batch-size 2 --global-batch-size 4 "
+                                                         "--context-parallel-size 2 --cp-comm-type a2a "
+                                                         "--num-query-groups 2 --layout-invariant 2"),
     ("Mixtral tiny EP 2 alltoall", 2, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "
                                                "--expert-model-parallel-size 2"),
     ("Mixtral tiny EP 2 allgather", 2, MIXTRAL, "--micro-batch-size 2 --global-batch-size 8 "

@@ -1,6 +1,9 @@
 /* Context parallelism's pieces (context.h). */
 #include "layers/context.h"
 
+#include <string.h>
+
+#include "base/dtype.h"
 #include "base/log.h"
 #include "comm/comm.h"
 
@@ -129,6 +132,20 @@ void loom_cp_gather_rows(const struct loom_cp *p, const struct loom_kernels *k, 
     wait(loom_comm_allgather(LOOM_GROUP_CP, loom_buf_f32((float *)rows, block),
                              loom_buf_f32(recv, block * p->cp)));
     for (int r = 0; r < p->cp; r++) rows_to_whole(p, k, whole, recv + r * block, r, B, w);
+}
+
+void loom_cp_gather_host(const struct loom_cp *p, void *whole, const void *mine, void *all, int B,
+                         enum loom_dtype dt)
+{
+    const size_t n = (size_t)B * p->Tl, sz = loom_dtype_size(dt);
+    wait(loom_comm_allgather(LOOM_GROUP_CP, loom_buf_of((void *)mine, n, dt),
+                             loom_buf_of(all, n * (size_t)p->cp, dt)));
+    for (int r = 0; r < p->cp; r++)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < 2; h++)
+                memcpy((char *)whole + ((size_t)b * p->T + loom_cp_position_of(p, r, h * p->c)) * sz,
+                       (const char *)all + ((size_t)r * n + (size_t)b * p->Tl + (size_t)h * p->c) * sz,
+                       (size_t)p->c * sz);
 }
 
 void loom_cp_sum_rows(const struct loom_cp *p, const struct loom_kernels *k, float *rows, const float *whole,

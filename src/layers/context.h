@@ -64,6 +64,12 @@ void loom_cp_to_heads(const struct loom_cp *p, const struct loom_kernels *k, flo
 void loom_cp_to_rows(const struct loom_cp *p, const struct loom_kernels *k, float *dst, const float *src,
                      int B, const int *seg, int nseg, float *send, float *recv);
 
+/* Every rank's host rows gathered into the whole sequences', on the host:
+ * whole (B, T) elements of dtype dt from each rank's rows (B Tl) of mine;
+ * all: scratch of B T elements. Exact copies (ids, losses). */
+void loom_cp_gather_host(const struct loom_cp *p, void *whole, const void *mine, void *all, int B,
+                         enum loom_dtype dt);
+
 /* All-gather. whole (B, T, w): every rank's rows (B Tl, w) of rows, in the
  * sequence's order; recv: scratch of B T w floats. sum_rows: this rank's
  * rows (B Tl, w) of the sum over the group of whole (B, T, w); send:

@@ -20,13 +20,27 @@ void loom_tp_exact_init(struct loom_tp_exact *x, const struct loom_backend *b, i
 
 void loom_tp_exact_free(struct loom_tp_exact *x)
 {
-    void *bufs[] = {x->acc, x->acc_rows, x->part, x->pack_a, x->pack_w, x->pack_in, x->grad};
+    void *bufs[] = {x->acc, x->acc_rows, x->part, x->pack_a, x->pack_w, x->pack_in, x->grad, x->acc_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) x->b->free(bufs[i]);
-    x->acc = x->acc_rows = NULL;
+    x->acc = x->acc_rows = x->acc_w = NULL;
     x->part = x->pack_a = x->pack_w = x->pack_in = x->grad = NULL;
     x->cap_acc = x->cap_acc_rows = x->cap_part = x->cap_pack_a = x->cap_pack_w = x->cap_pack_in =
-        x->cap_grad = 0;
+        x->cap_grad = x->cap_acc_w = 0;
+}
+
+int loom_tp_exact_block_rows(int T, int pieces)
+{
+    if (pieces <= 0 || T % (2 * pieces)) return 0;
+    return T / (2 * pieces) >= LOOM_TP_EXACT_MIN_BLOCK ? T / (2 * pieces) : 0;
+}
+
+void loom_tp_exact_set_rows(struct loom_tp_exact *x, int block, int cp, int cp_rank)
+{
+    LOOM_ASSERT(block >= 0 && cp >= 1 && cp_rank >= 0 && cp_rank < cp && (cp == 1 || block > 0));
+    x->block = block;
+    x->cp = cp;
+    x->cp_rank = cp_rank;
 }
 
 /* The kernels of the rows and sums (one table serves every dtype). */
@@ -143,6 +157,79 @@ static float *zeroed(struct loom_tp_exact *x, size_t n)
     return g;
 }
 
+/* ---- row blocks (loom_tp_exact_set_rows) -------------------------------------- */
+
+/* The rows of one product call: a block, or all N rows when blocks are off. */
+static int block_rows(const struct loom_tp_exact *x, int N)
+{
+    if (!x->block) return N;
+    LOOM_ASSERT(N % x->block == 0);
+    return x->block;
+}
+
+/* Row r0 of a row-major operand of ld (NULL stays NULL). */
+static const float *at_row(const float *p, int r0, size_t ld)
+{
+    return p ? p + (size_t)r0 * ld : NULL;
+}
+
+static const uint16_t *at_row16(const uint16_t *p, int r0, size_t ld)
+{
+    return p ? p + (size_t)r0 * ld : NULL;
+}
+
+/* A weight (or bias) gradient of n summed over the row blocks: with
+ * blocks off, one call over every row accumulates into dst itself. With
+ * blocks, wgrad_begin zeroes the float64 sum (x->acc_w), each block's call
+ * accumulates into wgrad_block's zeroed x->grad, wgrad_add adds that in,
+ * and wgrad_end sums over the context group and, on context rank 0 only,
+ * rounds it into dst (add: dst += it) or, elsewhere, leaves dst zero (add:
+ * as it was). */
+static void wgrad_begin(struct loom_tp_exact *x, size_t n)
+{
+    if (!x->block) return;
+    double *acc = grow(x, &x->acc_w, &x->cap_acc_w, n, sizeof(double));
+    x->b->memset(acc, 0, n * sizeof(double));
+}
+
+static float *wgrad_block(struct loom_tp_exact *x, float *dst, size_t n)
+{
+    return x->block ? zeroed(x, n) : dst;
+}
+
+static void wgrad_add(struct loom_tp_exact *x, const float *g, size_t n)
+{
+    if (x->block) K(x)->acc_add(x->acc_w, g, n);
+}
+
+static void wgrad_end(struct loom_tp_exact *x, float *dst, size_t n, int add)
+{
+    if (!x->block) return;
+    if (x->cp > 1)
+        loom_tp_wait(
+            loom_comm_allreduce(LOOM_GROUP_CP, loom_buf_of(x->acc_w, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+    if (x->cp_rank == 0 && add)
+        K(x)->acc_add_rounded(dst, x->acc_w, n);
+    else if (x->cp_rank == 0)
+        K(x)->acc_round(dst, x->acc_w, n);
+    else if (!add)
+        x->b->memset(dst, 0, n * sizeof(float));
+}
+
+/* A bias gradient (n columns) += the sum of d's N rows (of n), by blocks. */
+static void bias_grad(struct loom_tp_exact *x, const struct loom_kernels *k, float *dbias, const float *d,
+                      int N, int n)
+{
+    const int R = block_rows(x, N);
+    wgrad_begin(x, (size_t)n);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        float *g = wgrad_block(x, dbias, (size_t)n);
+        k->bias_backward(g, d + (size_t)r0 * n, R, n);
+        wgrad_add(x, g, (size_t)n);
+    }
+    wgrad_end(x, dbias, (size_t)n, 1);
+}
+
 /* inp as float32: itself, or inp16's bf16 values converted (n) */
 static const float *input_f32(struct loom_tp_exact *x, const float *inp, const uint16_t *inp16, size_t n)
 {
@@ -253,19 +340,22 @@ void loom_tp_exact_column_forward(struct loom_tp_exact *x, const struct loom_ker
             wt = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
             pack_weight(x, wt, seg, nseg, lo, w, width, w_out_in, C);
         }
-        if (w_out_in) { /* inp @ W^T */
-            k->lm_head_forward(part, a, wt, N, C, width);
-        } else {
-            float *bias = NULL;
-            if (seg[0].bias) {
-                bias = zeroed(x, (size_t)width);
-                for (int s = 0, at = 0; s < nseg; at += w[s], s++)
-                    x->b->copy(bias + at, seg[s].bias + lo[s], (size_t)w[s] * sizeof(float));
-            }
-            if (use16)
-                k->matmul_forward_b16(part, a, inp16, NULL, wt16, bias, N, C, width);
+        float *bias = NULL;
+        if (!w_out_in && seg[0].bias) {
+            bias = zeroed(x, (size_t)width);
+            for (int s = 0, at = 0; s < nseg; at += w[s], s++)
+                x->b->copy(bias + at, seg[s].bias + lo[s], (size_t)w[s] * sizeof(float));
+        }
+        const int R = block_rows(x, N);
+        for (int r0 = 0; r0 < N; r0 += R) {
+            float *pr = part + (size_t)r0 * width;
+            const float *ar = at_row(a, r0, (size_t)C);
+            if (w_out_in) /* inp @ W^T */
+                k->lm_head_forward(pr, ar, wt, R, C, width);
+            else if (use16)
+                k->matmul_forward_b16(pr, ar, at_row16(inp16, r0, (size_t)C), NULL, wt16, bias, R, C, width);
             else
-                k->matmul_forward(part, a, wt, bias, N, C, width);
+                k->matmul_forward(pr, ar, wt, bias, R, C, width);
         }
         for (int s = 0, at = 0; s < nseg; at += w[s], s++)
             copy_rows(x, seg[s].out + lo[s], (size_t)seg[s].ld, part + at, (size_t)width, (size_t)N,
@@ -288,21 +378,32 @@ float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_reg
         const int width = segment_piece(x, seg, nseg, j, lo, w);
         float *d = grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * width, sizeof(float));
         float *part = grow(x, &x->part, &x->cap_part, n, sizeof(float));
-        float *g = zeroed(x, (size_t)C * width);
+        const size_t gn = (size_t)C * width;
+        float *g = zeroed(x, gn);
         for (int s = 0, at = 0; s < nseg; at += w[s], s++)
             copy_rows(x, d + at, (size_t)width, seg[s].dout + lo[s], (size_t)seg[s].ld, (size_t)N,
                       (size_t)w[s], 0);
-        if (use16) { /* dinp = d @ W^T, g (C, width) += a^T @ d */
-            k->matmul_backward_b16(part, g, NULL, d, a, inp16, NULL,
-                                   pack_weight16(x, seg, nseg, lo, w, width, C), N, C, width);
-        } else {
-            float *wt = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)C * width, sizeof(float));
+        const uint16_t *wt16 = use16 ? pack_weight16(x, seg, nseg, lo, w, width, C) : NULL;
+        float *wt = NULL;
+        if (!use16) {
+            wt = grow(x, &x->pack_w, &x->cap_pack_w, gn, sizeof(float));
             pack_weight(x, wt, seg, nseg, lo, w, width, w_out_in, C);
-            if (w_out_in) /* dinp = d @ W, g (width, C) += d^T @ a */
-                k->lm_head_backward(part, g, d, a, wt, N, C, width);
-            else
-                k->matmul_backward(part, g, NULL, d, a, wt, N, C, width);
         }
+        const int R = block_rows(x, N);
+        wgrad_begin(x, gn);
+        for (int r0 = 0; r0 < N; r0 += R) {
+            float *gb = wgrad_block(x, g, gn), *pr = part + (size_t)r0 * C;
+            const float *dr = d + (size_t)r0 * width, *ar = at_row(a, r0, (size_t)C);
+            if (use16) /* dinp = d @ W^T, g (C, width) += a^T @ d */
+                k->matmul_backward_b16(pr, gb, NULL, dr, ar, at_row16(inp16, r0, (size_t)C), NULL, wt16, R, C,
+                                       width);
+            else if (w_out_in) /* dinp = d @ W, g (width, C) += d^T @ a */
+                k->lm_head_backward(pr, gb, dr, ar, wt, R, C, width);
+            else
+                k->matmul_backward(pr, gb, NULL, dr, ar, wt, R, C, width);
+            wgrad_add(x, gb, gn);
+        }
+        wgrad_end(x, g, gn, 0);
         for (int s = 0, at = 0; s < nseg; at += w[s], s++) {
             if (w_out_in)
                 copy_rows(x, seg[s].dW + (size_t)lo[s] * C, (size_t)C, g + (size_t)at * C, (size_t)C,
@@ -318,7 +419,7 @@ float *loom_tp_exact_column_backward(struct loom_tp_exact *x, struct loom_tp_reg
             float *d = grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * seg[s].width, sizeof(float));
             copy_rows(x, d, (size_t)seg[s].width, seg[s].dout, (size_t)seg[s].ld, (size_t)N,
                       (size_t)seg[s].width, 0);
-            k->bias_backward(seg[s].dbias, d, N, seg[s].width);
+            bias_grad(x, k, seg[s].dbias, d, N, seg[s].width);
         }
     return exit_region(x, r, dst, r->grad_rows, N);
 }
@@ -353,16 +454,22 @@ float *loom_tp_exact_row_forward(struct loom_tp_exact *x, struct loom_tp_regions
         float *a;
         uint16_t *a16;
         pack_input(x, inp, inp16, use16, N, Kl, p, &a, &a16);
-        float *part = grow(x, &x->part, &x->cap_part, n, sizeof(float));
-        if (use16) { /* [in, out]: the piece's rows as they are */
-            k->matmul_forward_b16(part, a, a16, W + (size_t)p.at * OC, W16 ? W16 + (size_t)p.at * OC : NULL,
-                                  NULL, N, p.width, OC);
-        } else if (w_out_in) { /* (OC, Kl): the piece's columns; a @ w^T */
-            float *w = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
+        float *part = grow(x, &x->part, &x->cap_part, n, sizeof(float)), *w = NULL;
+        if (!use16 && w_out_in) { /* (OC, Kl): the piece's columns */
+            w = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
             pack_cols(x, w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
-            k->lm_head_forward(part, a, w, N, p.width, OC);
-        } else { /* [in, out] (Kl, OC): the piece's rows as they are */
-            k->matmul_forward(part, a, W + (size_t)p.at * OC, NULL, N, p.width, OC);
+        }
+        const int R = block_rows(x, N);
+        for (int r0 = 0; r0 < N; r0 += R) {
+            float *pr = part + (size_t)r0 * OC;
+            const float *ar = at_row(a, r0, (size_t)p.width);
+            if (use16) /* [in, out]: the piece's rows as they are */
+                k->matmul_forward_b16(pr, ar, at_row16(a16, r0, (size_t)p.width), W + (size_t)p.at * OC,
+                                      W16 ? W16 + (size_t)p.at * OC : NULL, NULL, R, p.width, OC);
+            else if (w_out_in) /* a @ w^T */
+                k->lm_head_forward(pr, ar, w, R, p.width, OC);
+            else /* [in, out] (Kl, OC): the piece's rows as they are */
+                k->matmul_forward(pr, ar, W + (size_t)p.at * OC, NULL, R, p.width, OC);
         }
         loom_tp_exact_add(x, acc, part, n);
     }
@@ -381,25 +488,38 @@ void loom_tp_exact_row_backward(struct loom_tp_exact *x, const struct loom_kerne
         float *a;
         uint16_t *a16;
         pack_input(x, inp, inp16, use16, N, Kl, p, &a, &a16);
-        float *part = grow(x, &x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
-        float *g = zeroed(x, (size_t)OC * p.width);
-        if (use16) { /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
-            k->matmul_backward_b16(part, g, NULL, dout, a, a16, W + (size_t)p.at * OC,
-                                   W16 ? W16 + (size_t)p.at * OC : NULL, N, p.width, OC);
-            add_rows(x, dW, g, (size_t)OC, p);
-        } else if (w_out_in) { /* (OC, Kl): w (OC, width); dinp = dout @ w, g (OC, width) += dout^T @ a */
-            float *w = grow(x, &x->pack_w, &x->cap_pack_w, (size_t)OC * p.width, sizeof(float));
+        float *part = grow(x, &x->part, &x->cap_part, (size_t)N * p.width, sizeof(float)), *w = NULL;
+        const size_t gn = (size_t)OC * p.width;
+        float *g = zeroed(x, gn);
+        if (!use16 && w_out_in) { /* (OC, Kl): w (OC, width) */
+            w = grow(x, &x->pack_w, &x->cap_pack_w, gn, sizeof(float));
             pack_cols(x, w, W, NULL, LOOM_DTYPE_F32, (size_t)OC, Kl, p);
-            k->matmul_forward(part, dout, w, NULL, N, OC, p.width);
-            k->lm_head_backward(NULL, g, dout, a, w, N, p.width, OC);
-            unpack_cols(x, dW, g, (size_t)OC, Kl, p, 1);
-        } else { /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
-            k->matmul_backward(part, g, NULL, dout, a, W + (size_t)p.at * OC, N, p.width, OC);
-            add_rows(x, dW, g, (size_t)OC, p);
         }
+        const int R = block_rows(x, N);
+        wgrad_begin(x, gn);
+        for (int r0 = 0; r0 < N; r0 += R) {
+            float *gb = wgrad_block(x, g, gn), *pr = part + (size_t)r0 * p.width;
+            const float *dr = dout + (size_t)r0 * OC, *ar = at_row(a, r0, (size_t)p.width);
+            if (use16) /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
+                k->matmul_backward_b16(pr, gb, NULL, dr, ar, at_row16(a16, r0, (size_t)p.width),
+                                       W + (size_t)p.at * OC, W16 ? W16 + (size_t)p.at * OC : NULL, R,
+                                       p.width, OC);
+            else if (w_out_in) { /* dinp = dout @ w, g (OC, width) += dout^T @ a */
+                k->matmul_forward(pr, dr, w, NULL, R, OC, p.width);
+                k->lm_head_backward(NULL, gb, dr, ar, w, R, p.width, OC);
+            } else { /* [in, out]: the piece's rows w (width, OC); dinp = dout @ w^T, g += a^T @ dout */
+                k->matmul_backward(pr, gb, NULL, dr, ar, W + (size_t)p.at * OC, R, p.width, OC);
+            }
+            wgrad_add(x, gb, gn);
+        }
+        wgrad_end(x, g, gn, 0);
+        if (!use16 && w_out_in)
+            unpack_cols(x, dW, g, (size_t)OC, Kl, p, 1);
+        else
+            add_rows(x, dW, g, (size_t)OC, p);
         unpack_cols(x, dinp, part, (size_t)N, Kl, p, 0);
     }
-    if (dbias) k->bias_backward(dbias, dout, N, OC);
+    if (dbias) bias_grad(x, k, dbias, dout, N, OC);
 }
 
 void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kernels *k, void *logits,
@@ -411,13 +531,17 @@ void loom_tp_exact_head_forward(struct loom_tp_exact *x, const struct loom_kerne
         if (!p.width) continue; /* an empty piece */
         if (dt == LOOM_DTYPE_F32) {
             float *part = grow(x, &x->part, &x->cap_part, (size_t)N * p.width, sizeof(float));
-            k->lm_head_forward(part, inp, W + (size_t)p.at * C, N, C, p.width);
+            for (int r0 = 0, R = block_rows(x, N); r0 < N; r0 += R)
+                k->lm_head_forward(part + (size_t)r0 * p.width, inp + (size_t)r0 * C, W + (size_t)p.at * C, R,
+                                   C, p.width);
             unpack_cols(x, logits, part, (size_t)N, Vl, p, 0);
         } else {
             uint16_t *part = grow(x, &x->part, &x->cap_part, ((size_t)N * p.width + 1) / 2, sizeof(float));
             uint16_t *l = logits;
-            k->lm_head_forward_lp(part, dt, inp, W + (size_t)p.at * C, W16 ? W16 + (size_t)p.at * C : NULL, N,
-                                  C, p.width);
+            for (int r0 = 0, R = block_rows(x, N); r0 < N; r0 += R)
+                k->lm_head_forward_lp(part + (size_t)r0 * p.width, dt, inp + (size_t)r0 * C,
+                                      W + (size_t)p.at * C, W16 ? W16 + (size_t)p.at * C : NULL, R, C,
+                                      p.width);
             K(x)->convert_rows(l + p.at, dt, (size_t)Vl, part, dt, (size_t)p.width, (size_t)N,
                                (size_t)p.width);
         }
@@ -436,16 +560,29 @@ float *loom_tp_exact_head_backward(struct loom_tp_exact *x, struct loom_tp_regio
         const struct piece p = piece_of_part(x, V, j);
         if (!p.width) continue;
         float *part = grow(x, &x->part, &x->cap_part, n, sizeof(float));
-        const size_t at = (size_t)p.at * C;
+        const size_t at = (size_t)p.at * C, gn = (size_t)p.width * C;
+        float *d = NULL;
+        uint16_t *d16 = NULL;
         if (dt == LOOM_DTYPE_F32) {
-            float *d = grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
+            d = grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * p.width, sizeof(float));
             pack_cols(x, d, dlogits, NULL, dt, (size_t)N, Vl, p);
-            k->lm_head_backward(part, dW + at, d, inp, W + at, N, C, p.width);
         } else {
-            uint16_t *d = grow(x, &x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
-            pack_cols16(x, d, dlogits, dt, (size_t)N, Vl, p);
-            k->lm_head_backward_lp(part, dW + at, d, dt, inp, W + at, W16 ? W16 + at : NULL, N, C, p.width);
+            d16 = grow(x, &x->pack_a, &x->cap_pack_a, ((size_t)N * p.width + 1) / 2, sizeof(float));
+            pack_cols16(x, d16, dlogits, dt, (size_t)N, Vl, p);
         }
+        const int R = block_rows(x, N);
+        wgrad_begin(x, gn);
+        for (int r0 = 0; r0 < N; r0 += R) {
+            float *gb = wgrad_block(x, dW + at, gn), *pr = part + (size_t)r0 * C;
+            const float *ir = inp + (size_t)r0 * C;
+            if (d)
+                k->lm_head_backward(pr, gb, d + (size_t)r0 * p.width, ir, W + at, R, C, p.width);
+            else
+                k->lm_head_backward_lp(pr, gb, d16 + (size_t)r0 * p.width, dt, ir, W + at,
+                                       W16 ? W16 + at : NULL, R, C, p.width);
+            wgrad_add(x, gb, gn);
+        }
+        wgrad_end(x, dW + at, gn, 1);
         loom_tp_exact_add(x, acc, part, n);
     }
     return exit_region(x, r, dst, r->grad_rows, N);
@@ -527,6 +664,7 @@ void loom_tp_exact_reserve_column(struct loom_tp_exact *x, const struct loom_tp_
     grow(x, &x->part, &x->cap_part, max_size((size_t)N * wp, n), sizeof(float));
     grow(x, &x->grad, &x->cap_grad, (size_t)C * wp, sizeof(float));
     grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * (bias ? max_size(wp, widest) : wp), sizeof(float));
+    if (x->block) grow(x, &x->acc_w, &x->cap_acc_w, (size_t)C * wp, sizeof(double));
     reserve_exit(x, r, N);
 }
 
@@ -537,7 +675,8 @@ void loom_tp_exact_reserve_row(struct loom_tp_exact *x, const struct loom_tp_reg
     grow(x, &x->pack_a, &x->cap_pack_a, (size_t)N * pw, sizeof(float));
     grow(x, &x->part, &x->cap_part, (size_t)N * max_size(pw, (size_t)OC), sizeof(float));
     if (w_out_in) grow(x, &x->pack_w, &x->cap_pack_w, (size_t)OC * pw, sizeof(float));
-    grow(x, &x->grad, &x->cap_grad, (size_t)OC * pw, sizeof(float));
+    grow(x, &x->grad, &x->cap_grad, max_size((size_t)OC * pw, (size_t)OC), sizeof(float));
+    if (x->block) grow(x, &x->acc_w, &x->cap_acc_w, max_size((size_t)OC * pw, (size_t)OC), sizeof(double));
     reserve_exit(x, r, N);
 }
 
@@ -548,17 +687,28 @@ void loom_tp_exact_reserve_head(struct loom_tp_exact *x, const struct loom_tp_re
     const size_t f = dt == LOOM_DTYPE_F32 ? np : (np + 1) / 2; /* 16-bit pieces in float32 slots */
     grow(x, &x->part, &x->cap_part, max_size(f, (size_t)N * C), sizeof(float));
     grow(x, &x->pack_a, &x->cap_pack_a, f, sizeof(float));
+    if (x->block) {
+        const size_t gn = (size_t)widest_piece(x, V) * C;
+        grow(x, &x->grad, &x->cap_grad, gn, sizeof(float));
+        grow(x, &x->acc_w, &x->cap_acc_w, gn, sizeof(double));
+    }
     reserve_exit(x, r, N);
 }
 
-int loom_tp_exact_row_pieces(const struct loom_tp_exact *x, const struct loom_tp_regions *r)
+int loom_tp_exact_row_pieces(const struct loom_tp_exact *x, const struct loom_tp_regions *r, int N)
 {
+    if (x->block) return loom_tp_rows_held(r, N) / block_rows(x, loom_tp_rows_held(r, N));
     return r->sp ? loom_tp_exact_held(x) : x->pieces;
 }
 
 void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp_regions *r, int N, int j,
                              int *lo, int *hi)
 {
+    if (x->block) {
+        *lo = j * x->block;
+        *hi = *lo + x->block;
+        return;
+    }
     if (r->sp) {
         loom_tp_exact_piece(x, N, j, lo, hi);
         return;
@@ -569,10 +719,11 @@ void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp
     *hi = (int)b;
 }
 
-void loom_tp_exact_rows_sum(const struct loom_tp_regions *r, double *acc, size_t n)
+void loom_tp_exact_rows_cp(const struct loom_tp_exact *x, double *acc, size_t n)
 {
-    if (r->sp && r->tp > 1)
-        loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_TP, loom_buf_of(acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+    if (x->cp <= 1) return;
+    loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_CP, loom_buf_of(acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+    if (x->cp_rank) x->b->memset(acc, 0, n * sizeof(double));
 }
 
 void loom_tp_exact_add_rounded(const struct loom_tp_exact *x, float *grad, const double *acc, size_t n)

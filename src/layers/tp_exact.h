@@ -46,11 +46,41 @@ struct loom_tp_exact {
     float *part, *pack_a, *pack_w, *pack_in, *grad;
     size_t cap_acc, cap_acc_rows, cap_part, cap_pack_a, cap_pack_w, cap_pack_in, cap_grad;
     int ce_rows; /* the cross-entropy's rows, from _begin */
+    /* Row blocks (loom_tp_exact_set_rows): every product runs on blocks of
+     * `block` rows (0: all rows in one call), and the weight gradients,
+     * sums over the rows, are summed over the blocks and the context group
+     * in float64, added by context rank 0 only. */
+    int block, cp, cp_rank;
+    double *acc_w;
+    size_t cap_acc_w;
 };
 
 void loom_tp_exact_init(struct loom_tp_exact *x, const struct loom_backend *b, int pieces, int tp,
                         int tp_rank);
 void loom_tp_exact_free(struct loom_tp_exact *x);
+/* Context parallelism splits the rows, and with them the products' shapes
+ * and the weight gradients' sums over the rows: under the flag every
+ * product then runs on row blocks of `block` rows, each sequence's T rows
+ * cut into 2N blocks (T / 2N rows; the rows a context rank holds are whole
+ * blocks), one kernel call a block with the same shapes on every layout.
+ * A weight or bias gradient is each block's, summed in float64 over the
+ * blocks and the context group (cp ranks), rounded once and added by
+ * context rank 0; the others add nothing, so the data-parallel sums over
+ * the data x context group, context ranks innermost, add zeros. block 0:
+ * off (every row in one call, gradients as the kernels accumulate them). */
+void loom_tp_exact_set_rows(struct loom_tp_exact *x, int block, int cp, int cp_rank);
+
+/* The fewest rows a block may have: below it a block's weight gradients
+ * (a pass over every weight in float64) cost more than its products, so
+ * shorter sequences keep every row in one call (and context parallelism
+ * is refused under the flag). */
+#define LOOM_TP_EXACT_MIN_BLOCK 128
+
+/* The rows of a block for sequences of T under --layout-invariant N: T /
+ * 2N where that divides T and is at least LOOM_TP_EXACT_MIN_BLOCK, else 0
+ * (no blocks). */
+int loom_tp_exact_block_rows(int T, int pieces);
+
 /* Pieces this rank holds (N / T) and the first of them. */
 int loom_tp_exact_held(const struct loom_tp_exact *x);
 int loom_tp_exact_first(const struct loom_tp_exact *x);
@@ -149,17 +179,19 @@ void loom_tp_exact_reserve_head(struct loom_tp_exact *x, const struct loom_tp_re
 
 /* Row pieces: the rows a rank holds between the regions (every row
  * without sequence parallelism), as held pieces of the N rows. */
-int loom_tp_exact_row_pieces(const struct loom_tp_exact *x, const struct loom_tp_regions *r);
-/* Row piece j's rows [lo, hi) among the rows held. */
+int loom_tp_exact_row_pieces(const struct loom_tp_exact *x, const struct loom_tp_regions *r, int N);
+/* Row piece j's rows [lo, hi) among the rows held (with row blocks, block
+ * j of them). */
 void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp_regions *r, int N, int j,
                              int *lo, int *hi);
 /* A float64 sum of n values (x->acc), zeroed. */
 double *loom_tp_exact_sum(struct loom_tp_exact *x, size_t n);
 /* acc += v (n) in float64. */
 void loom_tp_exact_add(const struct loom_tp_exact *x, double *acc, const float *v, size_t n);
-/* acc (n), a sum over the row pieces this rank holds, summed over the tp
- * group under sequence parallelism (each rank holds its own rows). */
-void loom_tp_exact_rows_sum(const struct loom_tp_regions *r, double *acc, size_t n);
+/* acc (n), a sum over the row pieces this rank holds, summed over the
+ * context group: kept by context rank 0, zeros elsewhere (the tp group's
+ * sum under sequence parallelism is the strategy's). */
+void loom_tp_exact_rows_cp(const struct loom_tp_exact *x, double *acc, size_t n);
 /* grad (n) += acc rounded to float32. */
 void loom_tp_exact_add_rounded(const struct loom_tp_exact *x, float *grad, const double *acc, size_t n);
 

@@ -704,7 +704,11 @@ static void alloc_activations(struct loom_decoder *m)
         /* a rank's experts take at most every rank's rows for them: each rank's at most moe_rows */
         m->moe_rows_ep = m->moe_rows * m->ep.ep;
     }
-    m->host_losses = loom_alloc(loom_mul_size(N, sizeof(float)), LOOM_MEM_OTHER);
+    /* under --layout-invariant with context parallelism also the gathered
+     * and the whole rows' (exact_loss) */
+    m->host_losses = loom_alloc(
+        loom_mul_size((m->exact.block && m->ctx.cp > 1 ? 1 + 2 * (size_t)m->ctx.cp : 1) * N, sizeof(float)),
+        LOOM_MEM_OTHER);
     if (drops(m)) {
         m->drop_rows_host = loom_alloc(loom_mul_size(Nr, sizeof(int64_t)), LOOM_MEM_OTHER);
         m->drop_rows = (int64_t *)act(m, 2 * Nr);
@@ -722,12 +726,14 @@ static void alloc_activations(struct loom_decoder *m)
             m->cp_out = act(m, N * Cq);
             m->cp_dout = act(m, N * Cq);
             m->cp_dqkv = act(m, N * W);
-        } else if (m->cp_comm == LOOM_CP_COMM_ALL_GATHER) {
+        } else if (m->cp_comm == LOOM_CP_COMM_ALL_GATHER || exact_attention(m)) {
             m->cp_kv[0] = act(m, N * kv2);
             m->cp_recv = act(m, whole * kv2);
-            m->cp_whole = act(m, whole * kv2);
-            m->cp_dwhole = act(m, whole * kv2);
-            m->cp_tmp = act(m, (size_t)m->ctx.T * kv2);
+            if (!exact_attention(m)) {
+                m->cp_whole = act(m, whole * kv2);
+                m->cp_dwhole = act(m, whole * kv2);
+                m->cp_tmp = act(m, (size_t)m->ctx.T * kv2);
+            }
         } else {
             for (int i = 0; i < 2; i++) m->cp_kv[i] = act(m, N * kv2);
             for (int i = 0; i < 3; i++) m->cp_dkv[i] = act(m, N * kv2);
@@ -736,6 +742,20 @@ static void alloc_activations(struct loom_decoder *m)
             m->cp_l = act(m, c * (size_t)m->NHl);
             m->cp_dq = act(m, c * W);
         }
+    }
+    if (exact_attention(m)) {
+        const size_t kvw = 2 * (size_t)m->kvC / (size_t)(heads_parted(m) ? m->ctx.cp : 1),
+                     Tw = (size_t)m->ctx.T, whole = (size_t)m->B * Tw;
+        m->ex_kv = act(m, whole * kvw);
+        m->ex_tmp = act(m, Tw * kvw);
+        m->ex_dkv = (double *)act(m, 2 * whole * kvw);
+    }
+    if (m->exact.block && m->ctx.cp > 1) {
+        const size_t whole = (size_t)m->B * m->ctx.T;
+        m->ex_emb = act(m, whole * C);
+        m->ex_emb_recv = act(m, whole * C);
+        m->ex_tok = (int32_t *)act(m, 2 * whole);
+        m->ex_tok_host = loom_alloc(loom_mul_size(4 * whole, sizeof(int32_t)), LOOM_MEM_OTHER);
     }
     for (int s = 0; s < m->nslots; s++) alloc_slot(m, &m->slots[s]);
     m->dres = act(m, Nr * C);
@@ -855,10 +875,11 @@ static void free_activations(struct loom_decoder *m)
         m->moe_dF[1],    m->moe_dF[2],   m->moe_dprobs,  m->moe_dlogits,  m->moe_out,    m->moe_sums,
         m->moe_aux_grad, m->moe_y,       m->moe_ep[0],   m->moe_ep[1],    m->moe_gx,     m->moe_gout,
         m->moe_gdp,      m->drop_rows,   m->drop_grad,   m->moe_dxs,      m->moe_slots,  m->moe_src_grads,
-        m->moe_sdx,      m->moe_spos};
+        m->moe_sdx,      m->moe_spos,    m->ex_kv,       m->ex_tmp,       m->ex_dkv,     m->ex_emb,
+        m->ex_emb_recv,  m->ex_tok};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) act_free(m, bufs[i]);
-    void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host, m->moe_probs_host,
-                    m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host};
+    void *host[] = {m->moe_idx_host,  m->moe_pos_host, m->moe_sums_host, m->moe_lse_host,  m->moe_probs_host,
+                    m->moe_keep_host, m->moe_tokens,   m->moe_all_host,  m->moe_gidx_host, m->ex_tok_host};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) loom_free(host[i]);
     const size_t ntrees = m->moe_src_tree ? (size_t)loom_sum_tree_levels(m->spec.micros) *
                                                 (size_t)loom_decoder_moe_count(&m->spec) * (size_t)m->ep.ep
@@ -879,11 +900,21 @@ static void free_activations(struct loom_decoder *m)
 
 /* ---- settings ---------------------------------------------------------------- */
 
+/* --layout-invariant's row blocks: each whole sequence in 2N blocks where
+ * they divide it and are long enough (tp_exact.h). */
+static void exact_rows(struct loom_decoder *m)
+{
+    if (!m->exact.pieces) return;
+    loom_tp_exact_set_rows(&m->exact, loom_tp_exact_block_rows(m->ctx.T, m->exact.pieces), m->ctx.cp,
+                           m->ctx.rank);
+}
+
 void loom_decoder_set_tp_invariant(struct loom_decoder *m, int pieces)
 {
     LOOM_ASSERT(m->slots == NULL && pieces > 0 && pieces % m->tp == 0 && m->spec.heads % pieces == 0 &&
                 m->spec.kv_heads % pieces == 0 && m->spec.ffn % pieces == 0);
     loom_tp_exact_init(&m->exact, dev(m), pieces, m->tp, m->tp_rank);
+    exact_rows(m);
 }
 
 void loom_decoder_set_unfused_attention(struct loom_decoder *m, int on)
@@ -906,6 +937,7 @@ void loom_decoder_set_context(struct loom_decoder *m, int cp, int rank, enum loo
     m->ctx = loom_cp_of(cp, rank, m->T);
     m->cp_comm = comm;
     m->T = m->ctx.Tl;
+    exact_rows(m);
 }
 
 void loom_decoder_set_sequence_parallel(struct loom_decoder *m, int on)
@@ -1282,7 +1314,7 @@ static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block
         float *g = m->norm_grads;
         double *acc = m->rg.sp ? next_parts(m, sizeof(double)) : loom_tp_exact_sum(&m->exact, (size_t)nw);
         if (m->rg.sp) dev(m)->memset(acc, 0, (size_t)nw * sizeof *acc);
-        for (int j = 0; j < loom_tp_exact_row_pieces(&m->exact, &m->rg); j++) {
+        for (int j = 0; j < loom_tp_exact_row_pieces(&m->exact, &m->rg, N); j++) {
             int lo, hi;
             loom_tp_exact_row_piece(&m->exact, &m->rg, N, j, &lo, &hi);
             const size_t at0 = (size_t)lo * C;
@@ -1291,6 +1323,7 @@ static void norm_backward(struct loom_decoder *m, float *dinp, struct loom_block
                                  mean ? mean + lo : NULL, rstd + lo, hi - lo);
             loom_tp_exact_add(&m->exact, acc, g, (size_t)nw);
         }
+        loom_tp_exact_rows_cp(&m->exact, acc, (size_t)nw);
         if (m->rg.sp) {
             add_partial(m, acc, LOOM_DTYPE_F64, dweight, (size_t)C);
             if (dbias) add_partial(m, acc + C, LOOM_DTYPE_F64, dbias, (size_t)C);
@@ -1677,6 +1710,24 @@ static int loss_count(const struct loom_decoder *m, const struct loom_decoder_ac
     return m->docs.mask_loss ? a->nkeep : a->rows * m->ctx.T;
 }
 
+/* --layout-invariant under context parallelism: the micro-batch's mean
+ * loss as one process sums it, over the whole rows in order, from every
+ * rank's losses (those not counted as zeros: a sum of non-negative
+ * values adds them exactly). */
+static float exact_loss(struct loom_decoder *m, const struct loom_decoder_acts *a, float *losses, int B)
+{
+    const struct loom_cp *p = &m->ctx;
+    const size_t n = (size_t)B * p->Tl;
+    for (size_t i = 0; i < n; i++)
+        if (m->docs.mask_loss && !a->loss_keep[i]) losses[i] = 0;
+    float *all = m->host_losses + n, *whole = all + n * (size_t)p->cp;
+    loom_cp_gather_host(p, whole, losses, all, B, LOOM_DTYPE_F32);
+    double sum = 0;
+    for (size_t i = 0; i < (size_t)B * p->T; i++) sum += whole[i];
+    const int count = loss_count(m, a);
+    return (float)(m->docs.mask_loss ? (count ? sum / count : 0.0) : sum / count);
+}
+
 /* The head's forward: final norm, logits, and with targets the loss. */
 static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, struct loom_micro *mb,
                          int first, int B)
@@ -1723,6 +1774,10 @@ static void head_forward(struct loom_decoder *m, struct loom_decoder_acts *a, st
      * of the whole rows' mean, summed over the group */
     float *losses = m->host_losses;
     dev(m)->download(losses, a->losses, (size_t)N * sizeof(float));
+    if (m->exact.block && m->ctx.cp > 1) { /* --layout-invariant: one process's sum, in its order */
+        mb->loss = exact_loss(m, a, losses, B);
+        return;
+    }
     double sum = 0, mean;
     if (!m->docs.mask_loss) {
         for (int i = 0; i < N; i++) sum += losses[i];
@@ -1911,6 +1966,42 @@ static void head_backward(struct loom_decoder *m, struct loom_decoder_acts *a, f
     /* the logits are dead from here on: the recompute scratch in their buffer is free */
 }
 
+/* Every context rank's n ids (B rows of Tl, device) as the whole rows'
+ * (host, B rows of Tw), through the host scratch. */
+static void gather_ids(struct loom_decoder *m, int32_t *whole, const int32_t *ids, int B)
+{
+    const struct loom_cp *p = &m->ctx;
+    const size_t n = (size_t)B * p->Tl;
+    int32_t *mine = m->ex_tok_host + 2 * (size_t)B * p->T, *all = mine + n;
+    dev(m)->download(mine, ids, n * sizeof(int32_t));
+    loom_cp_gather_host(p, whole, mine, all, B, LOOM_DTYPE_I32);
+}
+
+/* --layout-invariant under context parallelism: the embedding's gradient
+ * is one process's, taken on context rank 0 from every rank's rows (their
+ * gradient, tokens and positions gathered); the other ranks add nothing
+ * (tp_exact.h: the data-parallel sums add their zeros). */
+static void exact_embedding_backward(struct loom_decoder *m, const struct loom_decoder_acts *a,
+                                     const float *dout, float *dwte, float *dwpe)
+{
+    const struct loom_cp *p = &m->ctx;
+    const int B = a->rows, Tw = p->T, C = m->spec.hidden, reset = m->docs.reset_positions;
+    LOOM_ASSERT(!m->defer_wte_scatter);
+    const size_t whole = (size_t)B * Tw;
+    int32_t *host = m->ex_tok_host;
+    loom_cp_gather_rows(p, m->k, m->ex_emb, dout, B, C, m->ex_emb_recv);
+    gather_ids(m, host, a->inputs, B);
+    if (reset) gather_ids(m, host + whole, a->positions, B);
+    if (p->rank) return;
+    dev(m)->upload(m->ex_tok, host, (reset ? 2 : 1) * whole * sizeof(int32_t));
+    if (dwpe && reset) { /* one process's: positions restarting at documents */
+        if (dwte) m->k->embedding_vp_backward(dwte, NULL, m->ex_emb, m->ex_tok, m->v0, m->Vl, B, Tw, C);
+        m->k->embedding_vp_backward(dwpe, NULL, m->ex_emb, m->ex_tok + whole, 0, m->spec.max_pos, B, Tw, C);
+    } else {
+        m->k->embedding_vp_backward(dwte, dwpe, m->ex_emb, m->ex_tok, m->v0, m->Vl, B, Tw, C);
+    }
+}
+
 /* The embedding's backward from m->dres: this rank's vocabulary rows, from
  * every row's gradient (the positions' gradient is the same on every tp
  * rank); the tied table's head share added as one process adds it. */
@@ -1930,7 +2021,9 @@ static void embedding_backward(struct loom_decoder *m, struct loom_decoder_acts 
     float *dwpe = m->spec.positions == LOOM_POSITION_LEARNED ? loom_grad(emb, 1) : NULL,
           *dwte = m->defer_wte_scatter ? NULL : loom_grad(emb, 0);
     const float *dout = loom_tp_region_output_grad(&m->rg, m->dres, N);
-    if (dwpe && a->positions) { /* the positions' rows as a table looked up by position */
+    if (m->exact.block && m->ctx.cp > 1) {
+        exact_embedding_backward(m, a, dout, dwte, dwpe);
+    } else if (dwpe && a->positions) { /* the positions' rows as a table looked up by position */
         if (dwte) m->k->embedding_vp_backward(dwte, NULL, dout, a->inputs, m->v0, m->Vl, B, T, C);
         m->k->embedding_vp_backward(dwpe, NULL, dout, a->positions, 0, m->spec.max_pos, B, T, C);
     } else {

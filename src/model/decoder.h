@@ -261,7 +261,16 @@ struct loom_decoder {
     float *cp_whole, *cp_dwhole; /* all_gather: (B Tw, 2 kvC) the whole sequences' keys and values, their
                                   * gradients */
     float *cp_tmp, *cp_o, *cp_l, *cp_dq; /* one call's dk and dv, out, lse and dq (p2p) */
-    enum loom_dtype act_dtype;           /* F32; BF16, F16: activations kept in it, kernels in float32 */
+    /* --layout-invariant's attention in row blocks (decoder_attention.c):
+     * the whole sequences' keys and values of the heads here (B Tw, kv2),
+     * one call's dk and dv (Tw, kv2) and their float64 sums (B Tw, kv2);
+     * under context parallelism the embedding's whole rows' gradient and
+     * its gather's scratch (B Tw, C each), the whole rows' tokens and
+     * positions (device, 2 B Tw) and the gather's (host) */
+    float *ex_kv, *ex_tmp, *ex_emb, *ex_emb_recv;
+    double *ex_dkv;
+    int32_t *ex_tok, *ex_tok_host;
+    enum loom_dtype act_dtype; /* F32; BF16, F16: activations kept in it, kernels in float32 */
     enum loom_recompute recompute;
     enum loom_recompute_method recompute_method;
     int recompute_num_layers;

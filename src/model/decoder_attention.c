@@ -282,6 +282,145 @@ static void ring_attention_backward(struct loom_decoder *m, const struct loom_de
     kv_into(m, m->dqkv, m->cp_dkv[cp & 1], B * Tl);
 }
 
+/* ---- --layout-invariant: attention in row blocks ----------------------------- */
+
+/* Under --layout-invariant (exact_attention) every layout makes the same
+ * kernel calls: for each sequence and each row block of m->exact.block
+ * query rows (tp_exact.h's blocks), its queries against the keys up to
+ * the block's end, [0, q0 + block), of the whole sequence. A query row's
+ * output and dq are then one call's, as in one process. Each call's dk
+ * and dv are added in float64 into the whole sequence's sums, over the
+ * context group where the keys moved, and rounded once: an exact sum has
+ * no order. The keys and values are the heads' here of the whole
+ * sequence: this rank's own (one process, a2a's head share) or gathered
+ * (all_gather, and p2p, whose ring this replaces under the flag). */
+struct exact_heads {
+    int parted;              /* a2a: the whole sequence of a share of the heads */
+    int Tl, W, Cq, kvC, kv2; /* rows a sequence holds here; the kept rows' widths */
+    int NH, G, h0;
+};
+
+static struct exact_heads exact_heads_of(const struct loom_decoder *m)
+{
+    const int parted = heads_parted(m), cp = parted ? m->ctx.cp : 1;
+    const int kvC = m->kvC / cp, NH = m->NHl / cp;
+    return (struct exact_heads){.parted = parted,
+                                .Tl = parted ? m->ctx.T : m->T,
+                                .W = qkv_width(m) / cp,
+                                .Cq = m->Cq / cp,
+                                .kvC = kvC,
+                                .kv2 = 2 * kvC,
+                                .NH = NH,
+                                .G = m->Gl / cp,
+                                .h0 = m->tp_rank * m->NHl + (parted ? m->ctx.rank * NH : 0)};
+}
+
+/* The call for sequence b's local rows [r, r + block). */
+static struct loom_flash_attn exact_call(const struct loom_decoder *m, const struct loom_decoder_acts *a,
+                                         const struct exact_heads *e, int b, int r)
+{
+    const int q0 = keys_moved(m) ? loom_cp_position(&m->ctx, r) : r, R = m->exact.block;
+    return (struct loom_flash_attn){.B = 1,
+                                    .T = m->ctx.T,
+                                    .NH = e->NH,
+                                    .G = e->G,
+                                    .hs = m->hs,
+                                    .ld_q = e->W,
+                                    .ld_k = e->kv2,
+                                    .ld_v = e->kv2,
+                                    .doc_start = a->doc_start ? a->doc_start + (size_t)b * m->ctx.T : NULL,
+                                    .layout = m->sparse,
+                                    .h0 = e->h0,
+                                    .q0 = q0,
+                                    .Tq = R,
+                                    .k0 = 0,
+                                    .Tk = q0 + R,
+                                    .ld_lse = e->Tl,
+                                    .drop = m->attn_drop,
+                                    .seq0 = (int64_t)a->drop_first + b,
+                                    .NHg = m->spec.heads};
+}
+
+/* The whole sequences' keys and values (m->ex_kv, B Tw rows of kv2) from
+ * the kept rows qkv. */
+static const float *exact_keys(struct loom_decoder *m, const struct exact_heads *e, const float *qkv, int B)
+{
+    if (keys_moved(m)) {
+        kv_rows(m, m->cp_kv[0], qkv, B * m->T);
+        loom_cp_gather_rows(&m->ctx, m->k, m->ex_kv, m->cp_kv[0], B, e->kv2, m->cp_recv);
+    } else {
+        m->k->convert_rows(m->ex_kv, LOOM_DTYPE_F32, (size_t)e->kv2, qkv + e->Cq, LOOM_DTYPE_F32,
+                           (size_t)e->W, (size_t)B * e->Tl, (size_t)e->kv2);
+    }
+    return m->ex_kv;
+}
+
+static void exact_attention_forward(struct loom_decoder *m, const struct loom_decoder_acts *a, float *atty,
+                                    struct loom_decoder_layer_acts *x, const float *qkv, int B)
+{
+    const struct exact_heads e = exact_heads_of(m);
+    const int R = m->exact.block, Tw = m->ctx.T;
+    const float *kv = exact_keys(m, &e, qkv, B);
+    float *out = e.parted ? m->cp_out : atty;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < e.Tl; r += R) {
+            const struct loom_flash_attn fa = exact_call(m, a, &e, b, r);
+            const size_t row = (size_t)b * e.Tl + r;
+            const float *kw = kv + (size_t)b * Tw * e.kv2;
+            m->k->flash_attention_forward(out + row * e.Cq, x->lse + (size_t)b * e.NH * e.Tl + r,
+                                          qkv + row * e.W, kw, kw + e.kvC, &fa);
+        }
+    if (e.parted) loom_cp_to_rows(&m->ctx, m->k, atty, m->cp_out, B, &m->Cq, 1, m->cp_send, m->cp_recv);
+}
+
+static void exact_attention_backward(struct loom_decoder *m, const struct loom_decoder_acts *a,
+                                     struct loom_decoder_layer_acts *x, const float *out, const float *qkv,
+                                     int B)
+{
+    const struct exact_heads e = exact_heads_of(m);
+    const int R = m->exact.block, Tw = m->ctx.T;
+    const size_t whole = (size_t)B * Tw * e.kv2;
+    const float *kv = exact_keys(m, &e, qkv, B), *dout = m->dbufC;
+    float *dq = m->dqkv;
+    if (e.parted) {
+        loom_cp_to_heads(&m->ctx, m->k, m->cp_out, out, B, &m->Cq, 1, m->cp_send, m->cp_recv);
+        loom_cp_to_heads(&m->ctx, m->k, m->cp_dout, m->dbufC, B, &m->Cq, 1, m->cp_send, m->cp_recv);
+        out = m->cp_out, dout = m->cp_dout, dq = m->cp_dqkv;
+    }
+    dev(m)->memset(m->ex_dkv, 0, whole * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < e.Tl; r += R) {
+            const struct loom_flash_attn fa = exact_call(m, a, &e, b, r);
+            const size_t row = (size_t)b * e.Tl + r;
+            const float *kw = kv + (size_t)b * Tw * e.kv2;
+            m->k->flash_attention_backward(dq + row * e.W, m->ex_tmp, m->ex_tmp + e.kvC, dout + row * e.Cq,
+                                           out + row * e.Cq, x->lse + (size_t)b * e.NH * e.Tl + r,
+                                           qkv + row * e.W, kw, kw + e.kvC, &fa);
+            m->k->acc_add(m->ex_dkv + (size_t)b * Tw * e.kv2, m->ex_tmp, (size_t)fa.Tk * e.kv2);
+        }
+    /* this rank's rows of the sums, rounded into dq's k and v columns */
+    float *dkv = m->ex_kv; /* the keys are read: their rows hold the rounded gradients */
+    if (keys_moved(m)) {
+        loom_tp_wait(
+            loom_comm_allreduce(LOOM_GROUP_CP, loom_buf_of(m->ex_dkv, whole, LOOM_DTYPE_F64), LOOM_OP_SUM));
+        const int c = m->ctx.c;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < 2; h++)
+                m->k->acc_round(dkv + ((size_t)b * m->T + (size_t)h * c) * e.kv2,
+                                m->ex_dkv + ((size_t)b * Tw + loom_cp_position(&m->ctx, h * c)) * e.kv2,
+                                (size_t)c * e.kv2);
+    } else {
+        m->k->acc_round(dkv, m->ex_dkv, whole);
+    }
+    m->k->convert_rows(dq + e.Cq, LOOM_DTYPE_F32, (size_t)e.W, dkv, LOOM_DTYPE_F32, (size_t)e.kv2,
+                       (size_t)B * e.Tl, (size_t)e.kv2);
+    if (e.parted) {
+        int seg[3];
+        qkv_segments(m, seg);
+        loom_cp_to_rows(&m->ctx, m->k, m->dqkv, dq, B, seg, 3, m->cp_send, m->cp_recv);
+    }
+}
+
 /* Attention over B sequences from qkv (float32 values) into atty. Fused:
  * the log-sum-exp rows into x->lse. Unfused: the probabilities into x->att,
  * or with 16-bit activations one sequence at a time into seq_att, not
@@ -290,6 +429,10 @@ void loom_decoder_attention_forward(struct loom_decoder *m, const struct loom_de
                                     struct loom_decoder_layer_acts *x, const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
+    if (exact_attention(m)) {
+        exact_attention_forward(m, a, atty, x, qkv, B);
+        return;
+    }
     if (keys_moved(m)) {
         if (m->cp_comm == LOOM_CP_COMM_ALL_GATHER)
             gather_attention_forward(m, a, atty, x, qkv, B);
@@ -328,6 +471,10 @@ void loom_decoder_attention_backward(struct loom_decoder *m, const struct loom_d
                                      struct loom_decoder_layer_acts *x, const float *qkv, int B)
 {
     const int T = m->T, Cq = m->Cq;
+    if (exact_attention(m)) {
+        exact_attention_backward(m, a, x, view(m, x->atty, m->dbufF[0], (size_t)B * T * Cq), qkv, B);
+        return;
+    }
     if (keys_moved(m)) {
         const float *out = view(m, x->atty, m->dbufF[0], (size_t)B * T * Cq);
         if (m->cp_comm == LOOM_CP_COMM_ALL_GATHER)

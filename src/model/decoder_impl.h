@@ -37,6 +37,13 @@ static inline int heads_parted(const struct loom_decoder *m)
     return m->ctx.cp > 1 && m->cp_comm == LOOM_CP_COMM_A2A;
 }
 
+/* Whether attention runs in --layout-invariant's row blocks
+ * (decoder_attention.c): the fused kernel under the flag. */
+static inline int exact_attention(const struct loom_decoder *m)
+{
+    return m->exact.block > 0 && !m->unfused;
+}
+
 /* Whether the local experts' products are taken per source rank
  * (--layout-invariant under expert parallelism, decoder_moe.c): each
  * source's rows their own calls and weight gradients. */

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "config/config.h"
 #include "layers/context.h"
+#include "layers/tp_exact.h"
 #include "parallel/kinds.h"
 
 /* Attention's all-to-alls block it: all of their time is exposed. */
@@ -60,12 +61,32 @@ static int resolve(struct loom_config *cfg)
             "%s splits the fused attention: %s %s keeps (T,T) probabilities of whole sequences",
             NAME(context_parallel_size), NAME(attention_backend),
             cfg->attention_backend == LOOM_ATTN_BACKEND_UNFUSED ? "unfused" : "local");
-    if (cfg->layout_invariant)
+    const int n = cfg->layout_invariant;
+    if (n && n % cp)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s %d is not a multiple of %s %d: each context rank takes whole row blocks",
+                              NAME(layout_invariant), n, NAME(context_parallel_size), cp);
+    if (n && cfg->num_experts > 0)
+        return loom_error_set(LOOM_ERR_INPUT,
+                              "%s with %s does not take a mixture of experts yet (%s %d): the router's sums "
+                              "over the tokens are split",
+                              NAME(layout_invariant), NAME(context_parallel_size), NAME(num_experts),
+                              cfg->num_experts);
+    if (n && !loom_tp_exact_block_rows(cfg->seq_length, n))
         return loom_error_set(
             LOOM_ERR_INPUT,
-            "%s does not give one process's bits yet: it splits each sequence's sums; drop %s",
-            NAME(context_parallel_size), NAME(layout_invariant));
+            "%s %d with %s cuts each sequence into %d row blocks of at least %d rows: %s %d "
+            "is not %d of them",
+            NAME(layout_invariant), n, NAME(context_parallel_size), 2 * n, LOOM_TP_EXACT_MIN_BLOCK,
+            NAME(seq_length), cfg->seq_length, 2 * n);
     const int tp = cfg->tensor_model_parallel_size;
+    if (n && cfg->sequence_parallel && (2 * n * cfg->micro_batch_size) % (cp * tp))
+        return loom_error_set(
+            LOOM_ERR_INPUT,
+            "%s %d with %s %d and %s %d: a tensor-parallel rank's rows of a micro-batch of "
+            "%d are not whole row blocks (2N x the micro-batch size, %d, is not divisible by %d)",
+            NAME(layout_invariant), n, NAME(context_parallel_size), cp, NAME(tensor_model_parallel_size), tp,
+            cfg->micro_batch_size, 2 * n * cfg->micro_batch_size, cp * tp);
     if (cfg->sequence_parallel && (cfg->seq_length / cp) % tp)
         return loom_error_set(LOOM_ERR_INPUT,
                               "%s with %s %d: a context rank's %d tokens are not divisible by %s %d",
@@ -111,7 +132,8 @@ static struct loom_time_terms time_terms(const struct loom_time_in *in)
 }
 
 /* Sizes dividing what tensor and pipeline parallelism leave and the
- * sequence's 2 cp chunks; the user's size when given. */
+ * sequence's 2 cp chunks (and under --layout-invariant N, dividing N with
+ * the sequence in row blocks); the user's size when given. */
 static int plan_choices(const struct loom_plan_space *s, const struct loom_kind_choice *l, int slot, int left,
                         int *out)
 {
@@ -124,7 +146,9 @@ static int plan_choices(const struct loom_plan_space *s, const struct loom_kind_
             continue;
         if (!fix && cp > 1 &&
             (b->seq_length < 4096 || /* long sequences only */
-             (b->cp_comm_type == LOOM_CP_COMM_A2A && b->num_attention_heads % cp)))
+             (b->cp_comm_type == LOOM_CP_COMM_A2A && b->num_attention_heads % cp) ||
+             (b->layout_invariant && (b->layout_invariant % cp || /* whole row blocks a rank */
+                                      !loom_tp_exact_block_rows(b->seq_length, b->layout_invariant)))))
             continue;
         LOOM_ASSERT(n < LOOM_KIND_MAX_CHOICES);
         out[n++] = cp;
