@@ -131,6 +131,11 @@ announce:
 # Megatron's dataset rules round as Python does: no fused multiply-adds
 $(BUILD)/obj/src/io/megatron_data.o $(BUILD)/asan/obj/src/io/megatron_data.o: CFLAGS += -ffp-contract=off
 
+# The fused attention's softmax loops in whole AVX-512 vectors where the CPU
+# has them (GCC's tuning for these CPUs prefers half-width loops)
+FLASH_OBJ := src/kernels/cpu/flash_attention.o src/kernels/cpu/flash_attention_bf16.o
+$(addprefix $(BUILD)/obj/,$(FLASH_OBJ)) $(addprefix $(BUILD)/asan/obj/,$(FLASH_OBJ)): CFLAGS += -mprefer-vector-width=512
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@

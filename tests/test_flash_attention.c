@@ -467,7 +467,9 @@ static void test_fd(double drop)
 
 static void test_bf16_tables(void)
 {
-    static const char *const units[] = {"auto", "avx512"};
+    /* every product path the CPU has: AMX tiles, vdpbf16ps, the widened float32 (a forced path above
+     * the CPU's runs on the best it has) */
+    static const char *const units[] = {"auto", "amx", "avx512_bf16", "avx512"};
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         char *argv[] = {"test_flash_attention", "--bf16-units", (char *)units[i], NULL};
         check_run_self(argv);
@@ -488,7 +490,14 @@ static int bf16_table_main(const char *units)
     }
     CHECK(t->flash_attention_forward == loom_flash_attention_forward_bf16);
     static char name[96];
-    snprintf(name, sizeof name, "bf16 (%s: %s)", units, loom_bf16_units_name(loom_bf16_units()));
+    const char *products = loom_flash_attention_bf16_products();
+    snprintf(name, sizeof name, "bf16 (%s: %s, products %s)", units, loom_bf16_units_name(loom_bf16_units()),
+             products);
+    /* the forced units' own products where the CPU has them */
+    if (!strcmp(units, "avx512")) CHECK(!strcmp(products, "widened"));
+    if (!strcmp(units, "avx512_bf16") && __builtin_cpu_supports("avx512bf16"))
+        CHECK(!strcmp(products, "avx512_bf16"));
+    if (!strcmp(units, "amx") && __builtin_cpu_supports("amx-bf16")) CHECK(!strcmp(products, "amx"));
     printf("%s\n", name);
     tables[0] = t, table_names[0] = name, ntables = 1;
     table_tol = BF16_TOL;

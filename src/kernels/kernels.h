@@ -295,13 +295,15 @@ void loom_flash_attention_backward(float *dq, float *dk, float *dv, const float 
                                    const struct loom_flash_attn *a);
 /* The same with the two products of each step (q k^T and p v forward; the
  * five of the backward) on bf16 operands, float32 statistics and sums, on
- * the units loom_bf16_units chose (AVX512-BF16 dot products, or bf16
- * widened to float32 on other CPUs). */
+ * the units loom_bf16_units chose (AMX tiles, AVX512-BF16 dot products, or
+ * bf16 widened to float32 on other CPUs). */
 void loom_flash_attention_forward_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
                                        const struct loom_flash_attn *a);
 void loom_flash_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                         const float *lse, const float *q, const float *k, const float *v,
                                         const struct loom_flash_attn *a);
+/* Which of those runs the products: "amx", "avx512_bf16" or "widened". */
+const char *loom_flash_attention_bf16_products(void);
 /* Attention over keys in blocks (context parallelism's ring): a block's
  * out_p (N, NH hs) and lse_p (NH, N), from calls on a part of the keys,
  * merged into out (N, NH hs) and lse (NH, pitch ld_lse) so far: lse =

@@ -21,8 +21,12 @@
  * once per head, K and V per key tile, and P, dS as they are made, and
  * sums dK and dV transposed so that nothing made per tile is transposed.
  *
- * Deliberately not: AMX tile code (AMX runs the AVX512-BF16 path), or bf16
- * inputs or outputs (the tensors stay float32).
+ * On AMX the products run on the tiles (gemm_amx): 16 x 16 blocks of
+ * float32 sums, 16 pairs of the summed axis a step, in the same packed
+ * layouts (the b operand's pairs are AMX's own); rows and pairs past the
+ * last whole 16 run on vdpbf16ps.
+ *
+ * Deliberately not: bf16 inputs or outputs (the tensors stay float32).
  */
 #include <math.h>
 #include <string.h>
@@ -46,10 +50,16 @@ static inline int up2(int n)
  * [cols, ld) zero */
 static void pack_a(uint16_t *dst, int ld, const float *src, ptrdiff_t s_r, ptrdiff_t s_c, int rows, int cols)
 {
-    if (s_r == 1 && s_c != 1) { /* a transpose: the source's rows in order */
-        for (int c = 0; c < cols; c++) {
-            const float *s = src + c * s_c;
-            for (int r = 0; r < rows; r++) dst[(size_t)r * ld + c] = fa_bf(s[r]);
+    if (s_r == 1 && s_c != 1) { /* a transpose: 16 of the source's rows at a time, each row of dst's
+                                 * piece written whole (a store per element, rows apart, was 4 KiB
+                                 * aliasing in L1 at long T) */
+        for (int c0 = 0; c0 < cols; c0 += 16) {
+            const int nc = fa_min(16, cols - c0);
+            for (int r = 0; r < rows; r++) {
+                uint16_t *d = dst + (size_t)r * ld + c0;
+                const float *s = src + r + (ptrdiff_t)c0 * s_c;
+                for (int c = 0; c < nc; c++) d[c] = fa_bf(s[c * s_c]);
+            }
         }
         for (int r = 0; r < rows; r++)
             for (int c = cols; c < ld; c++) dst[(size_t)r * ld + c] = 0;
@@ -197,17 +207,149 @@ static FA_TARGET void gemm_dp(int M, int N, int K2, const uint16_t *a, ptrdiff_t
 typedef void (*gemm_fn)(int M, int N, int K2, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
                         ptrdiff_t ldb2, float *c, ptrdiff_t ldc, int acc);
 
+#if defined(FA_DPBF16) && __GNUC__ >= 12
+#include <sys/syscall.h>
+#include <unistd.h>
+#define FA_AMX 1
+#define FA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* AMX: 16 x 16 float32 tiles of c, each the sum over 16 pairs at a time
+ * of an a tile (16 rows, 32 bf16) by a b tile (16 pairs of rows of 16
+ * columns: the b operand's own layout). Every tile is 16 rows of 64
+ * bytes: tiles 0-3 hold c, 4-5 a, 6-7 b. The tile configuration is a
+ * thread's state and oneDNN's kernels load their own between loom's
+ * calls, so each task loads this one before its products (amx_begin). */
+struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+static FA_AMX_TARGET void amx_begin(void)
+{
+    struct amx_cfg cfg = {.palette = 1};
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+}
+
+static FA_AMX_TARGET void amx_end(void)
+{
+    _tile_release();
+}
+
+/* The OS's leave to use the tile data (Linux asks for it per process). */
+static int amx_permitted(void)
+{
+    static int ok = -1;
+    if (ok < 0) {
+        enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+        ok = __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile") &&
+             syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }
+    return ok;
+}
+
+/* c's rows [0, 16 M16) and pairs [0, 16 K16) on the tiles, in blocks of
+ * two by two tiles of c; the rest (rows past the last 16, pairs past the
+ * last 16) on vdpbf16ps. */
+static FA_AMX_TARGET void gemm_amx(int M, int N, int K2, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                                   ptrdiff_t ldb2, float *c, ptrdiff_t ldc, int acc)
+{
+    const int M16 = M / 16 * 16, K16 = K2 / 16 * 16, nt = N / 16;
+    const size_t sa = (size_t)lda * 2, sb = (size_t)ldb2 * 2, sc = (size_t)ldc * 4;
+    if (K16 > 0)
+        for (int i0 = 0; i0 < M16; i0 += 32) {
+            const int two_m = i0 + 32 <= M16;
+            for (int t0 = 0; t0 < nt; t0 += 2) {
+                const int two_n = t0 + 2 <= nt;
+                float *c00 = c + (ptrdiff_t)i0 * ldc + 16 * t0, *c10 = c00 + 16 * ldc;
+                if (acc) {
+                    _tile_loadd(0, c00, sc);
+                    if (two_n) _tile_loadd(1, c00 + 16, sc);
+                    if (two_m) _tile_loadd(2, c10, sc);
+                    if (two_m && two_n) _tile_loadd(3, c10 + 16, sc);
+                } else {
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                }
+                for (int p0 = 0; p0 < K16; p0 += 16) {
+                    const uint16_t *a0 = a + (ptrdiff_t)i0 * lda + 2 * p0, *b0 = b + p0 * ldb2 + 32 * t0;
+                    _tile_loadd(4, a0, sa);
+                    _tile_loadd(6, b0, sb);
+                    _tile_dpbf16ps(0, 4, 6);
+                    if (two_n) {
+                        _tile_loadd(7, b0 + 32, sb);
+                        _tile_dpbf16ps(1, 4, 7);
+                    }
+                    if (two_m) {
+                        _tile_loadd(5, a0 + 16 * lda, sa);
+                        _tile_dpbf16ps(2, 5, 6);
+                        if (two_n) _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                _tile_stored(0, c00, sc);
+                if (two_n) _tile_stored(1, c00 + 16, sc);
+                if (two_m) _tile_stored(2, c10, sc);
+                if (two_m && two_n) _tile_stored(3, c10 + 16, sc);
+            }
+        }
+    if (K16 < K2 && M16 > 0) /* the pairs past the tiles, added */
+        gemm_dp(M16, N, K2 - K16, a + 2 * K16, lda, b + K16 * ldb2, ldb2, c, ldc, acc || K16 > 0);
+    else if (K16 == 0 && M16 > 0)
+        gemm_dp(M16, N, K2, a, lda, b, ldb2, c, ldc, acc);
+    if (M16 < M) /* the rows past the tiles */
+        gemm_dp(M - M16, N, K2, a + (ptrdiff_t)M16 * lda, lda, b, ldb2, c + (ptrdiff_t)M16 * ldc, ldc, acc);
+}
+#endif
+
+/* A task's first and last steps around its products: the tiles'
+ * configuration loaded, and released (the OS then saves no tile state). */
+static void gemm_begin(gemm_fn g)
+{
+#ifdef FA_AMX
+    if (g == gemm_amx) amx_begin();
+#else
+    (void)g;
+#endif
+}
+
+static void gemm_end(gemm_fn g)
+{
+#ifdef FA_AMX
+    if (g == gemm_amx) amx_end();
+#else
+    (void)g;
+#endif
+}
+
 /* The product of the units chosen: vdpbf16ps where they allow it and the
  * CPU has it, else the widened one. */
 static gemm_fn gemm_for_units(void)
 {
 #ifdef FA_DPBF16
     const enum loom_bf16_units u = loom_bf16_units();
+#ifdef FA_AMX
+    if (u == LOOM_BF16_UNITS_AMX && amx_permitted()) return gemm_amx;
+#endif
     if ((u == LOOM_BF16_UNITS_AVX512_BF16 || u == LOOM_BF16_UNITS_AMX) &&
         __builtin_cpu_supports("avx512bf16"))
         return gemm_dp;
 #endif
     return gemm_wide;
+}
+
+const char *loom_flash_attention_bf16_products(void)
+{
+    const gemm_fn g = gemm_for_units();
+#ifdef FA_AMX
+    if (g == gemm_amx) return "amx";
+#endif
+#ifdef FA_DPBF16
+    if (g == gemm_dp) return "avx512_bf16";
+#endif
+    return g == gemm_wide ? "widened" : "?";
 }
 
 /* ---- forward ------------------------------------------------------------------- */
@@ -230,6 +372,7 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
     float *S = (float *)ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp, *l = mx + FA_BQ;
     uint16_t *Qa = (uint16_t *)(l + FA_BQ), *Pa = Qa + (size_t)FA_BQ * hs2;
     pack_a(Qa, hs2, q + ((size_t)b * fa_tq(a) + i0 - a->q0) * a->ld_q + (size_t)h * hs, a->ld_q, 1, m, hs);
+    gemm_begin(gemm);
     for (int r = 0; r < m; r++) mx[r] = -INFINITY, l[r] = 0.0f;
     memset(acc, 0, (size_t)m * hsp * sizeof(float));
     const int lo_last = fa_key_lo(a, b, i1 - 1), jend = fa_min(i1, fa_kend(a));
@@ -248,11 +391,13 @@ static void fwd_tile(float *out, float *lse, const float *q, const uint16_t *kp,
                 memset(pa, 0, (size_t)n16 * sizeof(uint16_t));
                 continue;
             }
-            fa_online_row(s, pa, keep, fa_drop_row(dmask, a, b, h, t, j0, n16), n16, scale, &mx[r], &l[r],
+            const float *dm = fa_drop_row(dmask, a, b, h, t, j0, n16);
+            fa_online_row(s, pa, full && n == n16 && !dm ? NULL : keep, dm, n16, scale, &mx[r], &l[r],
                           acc + (size_t)r * hsp, hs);
         }
         gemm(m, hsp, n2 / 2, Pa, FA_BK, vp + (size_t)(j0 / FA_BK - kt0) * VP_TILE(hsp), 2 * hsp, acc, hsp, 1);
     }
+    gemm_end(gemm);
     fa_finish_rows(out, lse, acc, hsp, mx, l, a, b, h, i0, m);
 }
 
@@ -352,18 +497,60 @@ static size_t bwd_carve(struct bwd_ws *w, char *base, int hs, int T)
     return off;
 }
 
-/* rows r0, r0 + 1 of x (pitch BK; r0 + 1 absent: zeros) as pairs, n16 columns */
-static void pair_rows(uint32_t *dst, const float *x, int r0, int m, int n16)
+/* One row's probability p and dS entry x at column c of a backward tile:
+ * s the raw score, ds dP's entry; lt and Dt the row's log-sum-exp and D. */
+#define BWD_PX(s_, ds_, kp_, dm_, lt_, Dt_, p_, x_)                                                          \
+    const float e_##p_ = fa_exp((s_)*scale - (lt_));                                                         \
+    const float p_ = (kp_) != 0.0f ? e_##p_ : 0.0f;                                                          \
+    const float x_ = scale * p_ * ((ds_) * (dm_) - (Dt_))
+
+/* Rows r and r + 1 (present where two) of a backward tile, from their raw
+ * scores S and dP (pitch BK) and keeps k0, k1, dropout's masks d0, d1
+ * (NULL: none): P (times the mask) and dS rounded to bf16 as pairs of rows
+ * into Pi and dSi (an absent row's half 0), and dS's rows into dSa (pitch
+ * BK); dP's gradient is the dropped one's times the mask, dV takes the
+ * dropped P. */
+static inline void bwd_pair(uint32_t *Pi, uint32_t *dSi, uint16_t *dSa, const float *S, const float *dP,
+                            const float *k0, const float *k1, const float *d0, const float *d1, float l0,
+                            float D0, float l1, float D1, int two, float scale, int n16)
 {
-    const float *x0 = x + (size_t)r0 * FA_BK, *x1 = x0 + FA_BK;
-    if (r0 + 1 < m) {
+    const float *s1 = S + FA_BK, *dp1 = dP + FA_BK;
+    uint16_t *dsa1 = dSa + FA_BK;
+    if (!two) {
 #pragma omp simd
-        for (int c = 0; c < n16; c++) dst[c] = (uint32_t)fa_bf(x0[c]) | (uint32_t)fa_bf(x1[c]) << 16;
+        for (int c = 0; c < n16; c++) {
+            const float m0 = d0 ? d0[c] : 1.0f;
+            BWD_PX(S[c], dP[c], k0[c], m0, l0, D0, p, x);
+            Pi[c] = fa_bf(p * m0);
+            const uint16_t xb = fa_bf(x);
+            dSi[c] = xb;
+            dSa[c] = xb;
+        }
+    } else if (!d0) {
+#pragma omp simd
+        for (int c = 0; c < n16; c++) {
+            BWD_PX(S[c], dP[c], k0[c], 1.0f, l0, D0, p0, x0);
+            BWD_PX(s1[c], dp1[c], k1[c], 1.0f, l1, D1, p1, x1);
+            const uint16_t x0b = fa_bf(x0), x1b = fa_bf(x1);
+            Pi[c] = (uint32_t)fa_bf(p0) | (uint32_t)fa_bf(p1) << 16;
+            dSi[c] = (uint32_t)x0b | (uint32_t)x1b << 16;
+            dSa[c] = x0b;
+            dsa1[c] = x1b;
+        }
     } else {
 #pragma omp simd
-        for (int c = 0; c < n16; c++) dst[c] = fa_bf(x0[c]);
+        for (int c = 0; c < n16; c++) {
+            BWD_PX(S[c], dP[c], k0[c], d0[c], l0, D0, p0, x0);
+            BWD_PX(s1[c], dp1[c], k1[c], d1[c], l1, D1, p1, x1);
+            const uint16_t x0b = fa_bf(x0), x1b = fa_bf(x1);
+            Pi[c] = (uint32_t)fa_bf(p0 * d0[c]) | (uint32_t)fa_bf(p1 * d1[c]) << 16;
+            dSi[c] = (uint32_t)x0b | (uint32_t)x1b << 16;
+            dSa[c] = x0b;
+            dsa1[c] = x1b;
+        }
     }
 }
+#undef BWD_PX
 
 static gemm_fn bwd_gemm; /* set by the caller before the heads run */
 
@@ -378,6 +565,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
     const size_t ldo = (size_t)a->NH * hs;
     const gemm_fn gemm = bwd_gemm;
     struct bwd_ws w;
+    gemm_begin(gemm);
     bwd_carve(&w, wsv, hs, T);
     const float *qb = q + (size_t)b * T * a->ld_q + (size_t)h * hs;
     const float *kb = k + (size_t)b * fa_tk(a) * a->ld_k + (size_t)g * hs;
@@ -415,38 +603,23 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
             if (full) fa_row_keep(keep, a, b, h, i0, j0, n, n16, 1, 2); /* the same for every row */
             gemm(m, n16, hs2 / 2, w.Qa + (size_t)r0 * hs2, hs2, w.Kb, 2 * FA_BK, w.S, FA_BK, 0);
             gemm(m, n16, hs2 / 2, w.dOa + (size_t)r0 * hs2, hs2, w.Vtb, 2 * FA_BK, w.dS, FA_BK, 0);
-            for (int r = 0; r < m; r++) {
-                const int t = i0 + r;
-                float *s = w.S + (size_t)r * FA_BK, *ds = w.dS + (size_t)r * FA_BK;
-                uint16_t *dsa = w.dSa + (size_t)r * FA_BK;
-                if (!full) fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept);
-                const float lt = lseb[t - q0], Dt = w.D[t - q0];
-                const float *dm = fa_drop_row(dmask, a, b, h, t, j0, n16);
-                if (dm) { /* P's gradient is the dropped one's times the mask; dV takes the dropped P */
-#pragma omp simd
-                    for (int c = 0; c < n16; c++) {
-                        const float e = fa_exp(s[c] * scale - lt);
-                        const float p = keep[c] != 0.0f ? e : 0.0f;
-                        const float x = scale * p * (ds[c] * dm[c] - Dt);
-                        s[c] = p * dm[c];
-                        ds[c] = x;
-                        dsa[c] = fa_bf(x);
-                    }
-                    continue;
-                }
-#pragma omp simd
-                for (int c = 0; c < n16; c++) {
-                    const float e = fa_exp(s[c] * scale - lt);
-                    const float p = keep[c] != 0.0f ? e : 0.0f;
-                    const float x = scale * p * (ds[c] - Dt);
-                    s[c] = p;
-                    ds[c] = x;
-                    dsa[c] = fa_bf(x);
-                }
-            }
+            /* rows in pairs: P (dropped) and dS as the pairs of rows dV^T's and dK^T's products take, dS
+             * also row-major for dQ's */
             for (int r = 0; r < m; r += 2) {
-                pair_rows(w.Pi + (size_t)r / 2 * FA_BK, w.S, r, m, n16);
-                pair_rows(w.dSi + (size_t)r / 2 * FA_BK, w.dS, r, m, n16);
+                const int two = r + 1 < m;
+                float k1[FA_BK] __attribute__((aligned(64))), dm1[FA_BK] __attribute__((aligned(64)));
+                if (!full) fa_row_keep(keep, a, b, h, i0 + r, j0, n, n16, 0, kept);
+                const float *kp1 = keep;
+                if (two && !full) {
+                    fa_row_keep(k1, a, b, h, i0 + r + 1, j0, n, n16, 0, kept);
+                    kp1 = k1;
+                }
+                const float *d0 = fa_drop_row(dmask, a, b, h, i0 + r, j0, n16);
+                const float *d1 = two ? fa_drop_row(dm1, a, b, h, i0 + r + 1, j0, n16) : NULL;
+                bwd_pair(w.Pi + (size_t)r / 2 * FA_BK, w.dSi + (size_t)r / 2 * FA_BK,
+                         w.dSa + (size_t)r * FA_BK, w.S + (size_t)r * FA_BK, w.dS + (size_t)r * FA_BK, keep,
+                         kp1, d0, d1, lseb[i0 + r - q0], w.D[i0 + r - q0], two ? lseb[i0 + r + 1 - q0] : 0.0f,
+                         two ? w.D[i0 + r + 1 - q0] : 0.0f, two, scale, n16);
             }
             /* dV^T += dO^T P, dK^T += Q^T dS (columns r0.. of the transposed; r0 is even) */
             gemm(hs, n16, m2 / 2, w.dOT + r0, T2, (const uint16_t *)w.Pi, 2 * FA_BK, w.dVt, FA_BK, 1);
@@ -465,6 +638,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
     float *dqb = dq + (size_t)b * T * a->ld_q + (size_t)h * hs;
     for (int t = 0; t < T; t++)
         memcpy(dqb + (size_t)t * a->ld_q, w.dQ + (size_t)t * hsp, (size_t)hs * sizeof(float));
+    gemm_end(gemm);
 }
 
 void loom_flash_attention_backward_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,

@@ -204,8 +204,9 @@ static inline const float *fa_drop_row(float *dm, const struct loom_flash_attn *
 
 /* One row of a bf16 forward tile, the online softmax's step: the row's
  * unnormalised probabilities exp(scale s - m) on the keys keep marks, 0
- * elsewhere, from s (n16 raw scores) into pa rounded to bf16 (the a
- * operand of P V; s is left), times dropout's mask dm where given (the sum
+ * elsewhere (keep NULL: a full tile, every key, no dropout), from s (n16
+ * raw scores) into pa rounded to bf16 (the a operand of P V; s is left),
+ * times dropout's mask dm where given (the sum
  * is the undropped one); the row's running maximum *mx and sum *l move to
  * the new maximum m, and its accumulator acc (hs) is rescaled to it. (The
  * float32 kernel takes every row's step together: flash_attention.c.) */
@@ -215,14 +216,27 @@ static inline __attribute__((always_inline)) void fa_online_row(const float *s, 
                                                                 int hs)
 {
     float smax = -INFINITY;
+    if (keep) {
 #pragma omp simd reduction(max : smax)
-    for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
+        for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
+    } else {
+#pragma omp simd reduction(max : smax)
+        for (int c = 0; c < n16; c++) smax = s[c] > smax ? s[c] : smax;
+    }
     const float mnew = fmaxf(*mx, smax * scale);
     const float alpha = expf(*mx - mnew); /* 0 at the row's first tile */
     float sum = 0.0f;
-    /* the loop without dropout stays free of its test: a select in the
-     * vector loop cost the float32 kernels a third of their speed */
-    if (dm) {
+    /* the loops without dropout or a mask stay free of their tests: a
+     * select in the vector loop cost the float32 kernels a third of their
+     * speed */
+    if (!keep) {
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < n16; c++) {
+            const float p = fa_exp(s[c] * scale - mnew);
+            pa[c] = fa_bf(p);
+            sum += p;
+        }
+    } else if (dm) {
 #pragma omp simd reduction(+ : sum)
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp(s[c] * scale - mnew);
