@@ -113,11 +113,12 @@ static inline float row_max(const float *s, const float *keep, int n16)
  * a select in the vector loop cost the kernel a third of its speed. */
 static inline float row_exp(float *s, const float *keep, int n16, float scale, float mnew)
 {
+    const float scale2 = scale * FA_LOG2E, m2 = mnew * FA_LOG2E;
     float sum = 0.0f;
     if (keep) {
 #pragma omp simd reduction(+ : sum)
         for (int c = 0; c < n16; c++) {
-            const float e = fa_exp(s[c] * scale - mnew);
+            const float e = fa_exp2(s[c] * scale2 - m2);
             const float p = keep[c] != 0.0f ? e : 0.0f;
             s[c] = p;
             sum += p;
@@ -125,7 +126,7 @@ static inline float row_exp(float *s, const float *keep, int n16, float scale, f
     } else {
 #pragma omp simd reduction(+ : sum)
         for (int c = 0; c < n16; c++) {
-            const float p = fa_exp(s[c] * scale - mnew);
+            const float p = fa_exp2(s[c] * scale2 - m2);
             s[c] = p;
             sum += p;
         }
@@ -319,12 +320,12 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                 const int t = i0 + r;
                 float *s = S + (size_t)r * FA_BK, *ds = dS + (size_t)r * FA_BK;
                 if (!full) fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept);
-                const float lt = lseb[t - q0], Dt = D[t - q0];
+                const float lt = lseb[t - q0] * FA_LOG2E, Dt = D[t - q0], scale2 = scale * FA_LOG2E;
                 const float *dm = fa_drop_row(dmask, a, b, h, t, j0, n16);
                 if (dm) { /* P's gradient is the dropped one's times the mask; dV takes the dropped P */
 #pragma omp simd
                     for (int c = 0; c < n16; c++) {
-                        const float e = fa_exp(s[c] * scale - lt);
+                        const float e = fa_exp2(s[c] * scale2 - lt);
                         const float p = keep[c] != 0.0f ? e : 0.0f;
                         s[c] = p * dm[c];
                         ds[c] = scale * p * (ds[c] * dm[c] - Dt);
@@ -333,7 +334,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                 }
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
-                    const float e = fa_exp(s[c] * scale - lt);
+                    const float e = fa_exp2(s[c] * scale2 - lt);
                     const float p = keep[c] != 0.0f ? e : 0.0f;
                     s[c] = p;
                     ds[c] = scale * p * (ds[c] - Dt);

@@ -500,7 +500,7 @@ static size_t bwd_carve(struct bwd_ws *w, char *base, int hs, int T)
 /* One row's probability p and dS entry x at column c of a backward tile:
  * s the raw score, ds dP's entry; lt and Dt the row's log-sum-exp and D. */
 #define BWD_PX(s_, ds_, kp_, dm_, lt_, Dt_, p_, x_)                                                          \
-    const float e_##p_ = fa_exp((s_)*scale - (lt_));                                                         \
+    const float e_##p_ = fa_exp2((s_)*scale2 - (lt_)*FA_LOG2E);                                              \
     const float p_ = (kp_) != 0.0f ? e_##p_ : 0.0f;                                                          \
     const float x_ = scale * p_ * ((ds_) * (dm_) - (Dt_))
 
@@ -514,6 +514,7 @@ static inline void bwd_pair(uint32_t *Pi, uint32_t *dSi, uint16_t *dSa, const fl
                             const float *k0, const float *k1, const float *d0, const float *d1, float l0,
                             float D0, float l1, float D1, int two, float scale, int n16)
 {
+    const float scale2 = scale * FA_LOG2E;
     const float *s1 = S + FA_BK, *dp1 = dP + FA_BK;
     uint16_t *dsa1 = dSa + FA_BK;
     if (!two) {
