@@ -92,21 +92,6 @@ static size_t fwd_ws(int hs)
     return (size_t)FA_BQ * FA_BK + 2 * FA_BQ * hsp + 4 * FA_BQ;
 }
 
-/* A tile row's maximum of the scores s (n16) on the keys keep marks
- * (every key where keep is NULL: the tile is full). */
-static inline float row_max(const float *s, const float *keep, int n16)
-{
-    float smax = -INFINITY;
-    if (keep) {
-#pragma omp simd reduction(max : smax)
-        for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
-    } else {
-#pragma omp simd reduction(max : smax)
-        for (int c = 0; c < n16; c++) smax = s[c] > smax ? s[c] : smax;
-    }
-    return smax;
-}
-
 /* A tile row's unnormalised probabilities exp(scale s - mnew) into s, 0
  * off keep (every key kept where keep is NULL); returns their sum. The
  * loops stay free of dropout's and the mask's tests where they have none:
@@ -172,9 +157,9 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
             const float *s = S + (size_t)r * FA_BK;
             float smax;
             if (full)
-                smax = row_max(s, NULL, n16);
+                smax = fa_row_max(s, NULL, n16);
             else
-                smax = fa_row_keep(keep, a, b, h, i0 + r, j0, n, n16, 0, kept) ? row_max(s, keep, n16)
+                smax = fa_row_keep(keep, a, b, h, i0 + r, j0, n, n16, 0, kept) ? fa_row_max(s, keep, n16)
                                                                                : -INFINITY;
             mn[r] = smax == -INFINITY ? mx[r] : fmaxf(mx[r], smax * scale);
         }

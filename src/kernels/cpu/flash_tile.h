@@ -233,6 +233,21 @@ static inline const float *fa_drop_row(float *dm, const struct loom_flash_attn *
     return dm;
 }
 
+/* A tile row's maximum of the scores s (n16) on the keys keep marks
+ * (every key where keep is NULL: the tile is full). */
+static inline float fa_row_max(const float *s, const float *keep, int n16)
+{
+    float smax = -INFINITY;
+    if (keep) {
+#pragma omp simd reduction(max : smax)
+        for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
+    } else {
+#pragma omp simd reduction(max : smax)
+        for (int c = 0; c < n16; c++) smax = s[c] > smax ? s[c] : smax;
+    }
+    return smax;
+}
+
 /* One row of a bf16 forward tile, the online softmax's step: the row's
  * unnormalised probabilities exp(scale s - m) on the keys keep marks, 0
  * elsewhere (keep NULL: a full tile, every key, no dropout), from s (n16
@@ -246,15 +261,7 @@ static inline __attribute__((always_inline)) void fa_online_row(const float *s, 
                                                                 float scale, float *mx, float *l, float *acc,
                                                                 int hs)
 {
-    float smax = -INFINITY;
-    if (keep) {
-#pragma omp simd reduction(max : smax)
-        for (int c = 0; c < n16; c++) smax = keep[c] != 0.0f && s[c] > smax ? s[c] : smax;
-    } else {
-#pragma omp simd reduction(max : smax)
-        for (int c = 0; c < n16; c++) smax = s[c] > smax ? s[c] : smax;
-    }
-    const float mnew = fmaxf(*mx, smax * scale);
+    const float mnew = fmaxf(*mx, fa_row_max(s, keep, n16) * scale);
     const float alpha = expf(*mx - mnew); /* 0 at the row's first tile */
     const float scale2 = scale * FA_LOG2E, m2 = mnew * FA_LOG2E;
     float sum = 0.0f;
