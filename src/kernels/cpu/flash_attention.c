@@ -317,6 +317,15 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                     }
                     continue;
                 }
+                if (full && n == n16) { /* every key: no select */
+#pragma omp simd
+                    for (int c = 0; c < n16; c++) {
+                        const float p = fa_exp2(s[c] * scale2 - lt);
+                        s[c] = p;
+                        ds[c] = scale * p * (ds[c] - Dt);
+                    }
+                    continue;
+                }
 #pragma omp simd
                 for (int c = 0; c < n16; c++) {
                     const float e = fa_exp2(s[c] * scale2 - lt);
