@@ -202,12 +202,17 @@ static void wgrad_add(struct loom_tp_exact *x, const float *g, size_t n)
     if (x->block) K(x)->acc_add(x->acc_w, g, n);
 }
 
+/* acc (n) summed over the context group, on every context rank. */
+static void sum_over_cp(const struct loom_tp_exact *x, double *acc, size_t n)
+{
+    if (x->cp > 1)
+        loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_CP, loom_buf_of(acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+}
+
 static void wgrad_end(struct loom_tp_exact *x, float *dst, size_t n, int add)
 {
     if (!x->block) return;
-    if (x->cp > 1)
-        loom_tp_wait(
-            loom_comm_allreduce(LOOM_GROUP_CP, loom_buf_of(x->acc_w, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+    sum_over_cp(x, x->acc_w, n);
     if (x->cp_rank == 0 && add)
         K(x)->acc_add_rounded(dst, x->acc_w, n);
     else if (x->cp_rank == 0)
@@ -721,8 +726,7 @@ void loom_tp_exact_row_piece(const struct loom_tp_exact *x, const struct loom_tp
 
 void loom_tp_exact_rows_cp(const struct loom_tp_exact *x, double *acc, size_t n)
 {
-    if (x->cp <= 1) return;
-    loom_tp_wait(loom_comm_allreduce(LOOM_GROUP_CP, loom_buf_of(acc, n, LOOM_DTYPE_F64), LOOM_OP_SUM));
+    sum_over_cp(x, acc, n);
     if (x->cp_rank) x->b->memset(acc, 0, n * sizeof(double));
 }
 

@@ -85,11 +85,11 @@ void *loom_flash_attn_scratch(int slot, size_t bytes)
 
 /* floats of one thread's forward workspace: S (BQ,BK), acc (BQ,hsp), m,
  * l, the new maxima and the rescale factors (BQ each), the query tile
- * gathered (BQ,hsp) */
+ * gathered (BQ,hsp), the rows' keeps of a tile that is not full (BQ,BK) */
 static size_t fwd_ws(int hs)
 {
     const size_t hsp = (size_t)fa_up16(hs);
-    return (size_t)FA_BQ * FA_BK + 2 * FA_BQ * hsp + 4 * FA_BQ;
+    return 2 * (size_t)FA_BQ * FA_BK + 2 * FA_BQ * hsp + 4 * FA_BQ;
 }
 
 /* A tile row's unnormalised probabilities exp(scale s - mnew) into s, 0
@@ -130,11 +130,13 @@ static inline float row_exp(float *s, const float *keep, int n16, float scale, f
 static void fwd_tile(float *out, float *lse, const float *q, const float *kt, size_t ktile, const float *vc,
                      int kt0, const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
 {
-    float keep[FA_BK] __attribute__((aligned(64))), dmask[FA_BK] __attribute__((aligned(64)));
+    float dmask[FA_BK] __attribute__((aligned(64)));
+    int seen[FA_BQ]; /* a row's keys in a tile that is not full */
     const int hs = a->hs, hsp = fa_up16(hs), kend = fa_kend(a);
     const int i1 = fa_min(i0 / FA_BQ * FA_BQ + FA_BQ, fa_qend(a)), m = i1 - i0;
     float *S = ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp;
     float *l = mx + FA_BQ, *mn = l + FA_BQ, *alpha = mn + FA_BQ, *qc = alpha + FA_BQ;
+    float *keeps = qc + (size_t)FA_BQ * hsp;
     /* the tile's query rows, pages apart in q at long T, gathered once: every key tile reads them */
     const float *qrow = q + ((size_t)b * fa_tq(a) + i0 - a->q0) * a->ld_q + (size_t)h * hs;
     for (int r = 0; r < m; r++)
@@ -155,12 +157,13 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
          * (its scores are zeroed below) */
         for (int r = 0; r < m; r++) {
             const float *s = S + (size_t)r * FA_BK;
-            float smax;
+            float *keep = keeps + (size_t)r * FA_BK, smax;
             if (full)
                 smax = fa_row_max(s, NULL, n16);
             else
-                smax = fa_row_keep(keep, a, b, h, i0 + r, j0, n, n16, 0, kept) ? fa_row_max(s, keep, n16)
-                                                                               : -INFINITY;
+                smax = (seen[r] = fa_row_keep(keep, a, b, h, i0 + r, j0, n, n16, 0, kept))
+                           ? fa_row_max(s, keep, n16)
+                           : -INFINITY;
             mn[r] = smax == -INFINITY ? mx[r] : fmaxf(mx[r], smax * scale);
         }
 #pragma omp simd
@@ -171,11 +174,11 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
             float sum;
             if (full) {
                 sum = row_exp(s, NULL, n16, scale, mn[r]);
-            } else if (!fa_row_keep(keep, a, b, h, t, j0, n, n16, 0, kept)) { /* no key here for this row */
+            } else if (!seen[r]) { /* no key here for this row */
                 memset(s, 0, (size_t)n16 * sizeof(float));
                 continue;
             } else {
-                sum = row_exp(s, keep, n16, scale, mn[r]);
+                sum = row_exp(s, keeps + (size_t)r * FA_BK, n16, scale, mn[r]);
             }
             const float *dm = fa_drop_row(dmask, a, b, h, t, j0, n16);
             if (dm) { /* the sum is the undropped one */

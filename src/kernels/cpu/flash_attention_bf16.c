@@ -251,7 +251,7 @@ static int amx_permitted(void)
 
 /* c's rows [0, 16 M16) and pairs [0, 16 K16) on the tiles, in blocks of
  * two by two tiles of c; the rest (rows past the last 16, pairs past the
- * last 16) on vdpbf16ps. */
+ * last 16) on vdpbf16ps. K2 >= 1, as every caller's. */
 static FA_AMX_TARGET void gemm_amx(int M, int N, int K2, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
                                    ptrdiff_t ldb2, float *c, ptrdiff_t ldc, int acc)
 {
@@ -295,10 +295,8 @@ static FA_AMX_TARGET void gemm_amx(int M, int N, int K2, const uint16_t *a, ptrd
                 if (two_m && two_n) _tile_stored(3, c10 + 16, sc);
             }
         }
-    if (K16 < K2 && M16 > 0) /* the pairs past the tiles, added */
+    if (K16 < K2 && M16 > 0) /* the pairs past the tiles (every pair when K2 < 16), added to theirs */
         gemm_dp(M16, N, K2 - K16, a + 2 * K16, lda, b + K16 * ldb2, ldb2, c, ldc, acc || K16 > 0);
-    else if (K16 == 0 && M16 > 0)
-        gemm_dp(M16, N, K2, a, lda, b, ldb2, c, ldc, acc);
     if (M16 < M) /* the rows past the tiles */
         gemm_dp(M - M16, N, K2, a + (ptrdiff_t)M16 * lda, lda, b, ldb2, c + (ptrdiff_t)M16 * ldc, ldc, acc);
 }
