@@ -167,7 +167,7 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
             mn[r] = smax == -INFINITY ? mx[r] : fmaxf(mx[r], smax * scale);
         }
 #pragma omp simd
-        for (int r = 0; r < m; r++) alpha[r] = mn[r] == mx[r] ? 1.0f : fa_exp(mx[r] - mn[r]);
+        for (int r = 0; r < m; r++) alpha[r] = mn[r] == mx[r] ? 1.0f : fa_exp2((mx[r] - mn[r]) * FA_LOG2E);
         for (int r = 0; r < m; r++) {
             const int t = i0 + r;
             float *s = S + (size_t)r * FA_BK;

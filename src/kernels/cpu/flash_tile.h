@@ -157,9 +157,9 @@ static inline int fa_row_keep(float *keep, const struct loom_flash_attn *a, int 
  * normal float, made by adding k to its exponent. k = round(u) by the
  * shift trick, f = u - k in [-1/2, 1/2], 2^f by a degree-5 polynomial
  * fitted for the least largest relative error on that interval (7.5e-8;
- * 2.1e-7 over [-40, 0] with float32's roundings, fa_exp's 2.3e-7). 11
- * vector operations against fa_exp's 16: the exponential is most of the
- * softmax's work. */
+ * 2.1e-7 over [-40, 0] with float32's roundings, where vexp.h's range
+ * reduction in base e gave 2.3e-7). 11 vector operations against 16 in
+ * base e: the exponential is most of the softmax's work. */
 static inline float fa_exp2(float u)
 {
     u = u < -125.0f ? -125.0f : u;
@@ -178,38 +178,6 @@ static inline float fa_exp2(float u)
     } tb = {t}, pb = {p};
     pb.u += tb.u << 23; /* t's low bits hold k; the shift's own bits leave nothing at 23 and above */
     return pb.f;
-}
-
-/* exp(x) for the softmax's x <= 0 (larger x come only from masked
- * entries, whose value is dropped): vexp.h's range reduction, one degree
- * less (truncation 1.2e-7 relative on |r| <= ln2/2) and one scaling, x held
- * to [-87, 88] so that 2^k is one normal power of two. */
-static inline float fa_exp(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    const float shift = 0x1.8p23f;
-    const float kr = VEXP_FMA(x, 0x1.715476p+0f, shift);
-    const float k = kr - shift;
-    union {
-        float f;
-        uint32_t u;
-    } kbits = {kr}, sbits = {shift};
-    const uint32_t ki = kbits.u - sbits.u;
-    float r = VEXP_FMA(k, -0x1.62e400p-1f, x);
-    r = VEXP_FMA(k, -0x1.7f7d1cp-20f, r);
-    float p = 1.0f / 720.0f;
-    p = VEXP_FMA(p, r, 1.0f / 120.0f);
-    p = VEXP_FMA(p, r, 1.0f / 24.0f);
-    p = VEXP_FMA(p, r, 1.0f / 6.0f);
-    p = VEXP_FMA(p, r, 0.5f);
-    p = VEXP_FMA(p, r, 1.0f);
-    p = VEXP_FMA(p, r, 1.0f);
-    union {
-        uint32_t u;
-        float f;
-    } sc = {(ki + 127u) << 23};
-    return p * sc.f;
 }
 
 /* float32 -> bf16, round to nearest even (NaN stays a NaN) */
