@@ -99,24 +99,17 @@ static size_t fwd_ws(int hs)
 static inline float row_exp(float *s, const float *keep, int n16, float scale, float mnew)
 {
     const float scale2 = scale * FA_LOG2E, m2 = mnew * FA_LOG2E;
-    float sum = 0.0f;
     if (keep) {
-#pragma omp simd reduction(+ : sum)
+#pragma omp simd
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp2(s[c] * scale2 - m2);
-            const float p = keep[c] != 0.0f ? e : 0.0f;
-            s[c] = p;
-            sum += p;
+            s[c] = keep[c] != 0.0f ? e : 0.0f;
         }
     } else {
-#pragma omp simd reduction(+ : sum)
-        for (int c = 0; c < n16; c++) {
-            const float p = fa_exp2(s[c] * scale2 - m2);
-            s[c] = p;
-            sum += p;
-        }
+#pragma omp simd
+        for (int c = 0; c < n16; c++) s[c] = fa_exp2(s[c] * scale2 - m2);
     }
-    return sum;
+    return fa_row_sum(s, n16);
 }
 
 /* One query tile [i0, i1) (positions: the tile of 64 at i0, from q0 at the
@@ -164,7 +157,7 @@ static void fwd_tile(float *out, float *lse, const float *q, const float *kt, si
                 smax = (seen[r] = fa_row_keep(keep, a, b, h, i0 + r, j0, n, n16, 0, kept))
                            ? fa_row_max(s, keep, n16)
                            : -INFINITY;
-            mn[r] = smax == -INFINITY ? mx[r] : fmaxf(mx[r], smax * scale);
+            mn[r] = smax == -INFINITY || mx[r] >= smax * scale ? mx[r] : smax * scale;
         }
 #pragma omp simd
         for (int r = 0; r < m; r++) alpha[r] = mn[r] == mx[r] ? 1.0f : fa_exp2((mx[r] - mn[r]) * FA_LOG2E);
@@ -246,13 +239,15 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
 /* ---- backward ------------------------------------------------------------------ */
 
 /* floats of one thread's backward workspace: S and dS (BQ,BK), K^T and V^T
- * (hsp,BK), the dK and dV accumulators (BK,hsp), D (T), and the head's Q,
- * dO and dQ gathered (T,hsp): at long T their rows in q, dout, dq are
- * pages apart, and every key tile walks them all */
+ * (hsp,BK), the dK and dV accumulators (BK,hsp), D (T), the head's Q, dO
+ * and dQ gathered (T,hsp): at long T their rows in q, dout, dq are pages
+ * apart, and every key tile walks them all; and the key tile's rows
+ * gathered (BK,hsp), the b of dQ += dS K for every query tile (read in
+ * place, its 64 rows on as many pages cost the backward 7%) */
 static size_t bwd_ws(int hs, int T)
 {
     const size_t hsp = (size_t)fa_up16(hs);
-    return 2 * (size_t)FA_BQ * FA_BK + 4 * hsp * FA_BK + (size_t)fa_up16(T) + 3 * (size_t)T * hsp;
+    return 2 * (size_t)FA_BQ * FA_BK + 5 * hsp * FA_BK + (size_t)fa_up16(T) + 3 * (size_t)T * hsp;
 }
 
 /* Head h of sequence b: dq's rows of the head, and dK, dV of its keys into
@@ -270,6 +265,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
     float *S = ws, *dS = S + FA_BQ * FA_BK, *Kt = dS + FA_BQ * FA_BK, *Vt = Kt + (size_t)hsp * FA_BK;
     float *dKa = Vt + (size_t)hsp * FA_BK, *dVa = dKa + (size_t)FA_BK * hsp, *D = dVa + (size_t)FA_BK * hsp;
     float *Qc = D + fa_up16(T), *dOc = Qc + (size_t)T * hsp, *dQc = dOc + (size_t)T * hsp;
+    float *Kc = dQc + (size_t)T * hsp;
     const float *qb = q + (size_t)b * T * a->ld_q + (size_t)h * hs;
     const float *kb = k + (size_t)b * fa_tk(a) * a->ld_k + (size_t)g * hs;
     const float *vb = v + (size_t)b * fa_tk(a) * a->ld_v + (size_t)g * hs;
@@ -292,6 +288,8 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
         const int tmax = fa_min(fa_last_query(a, b, j1 - 1), qend - 1);
         const float *kj = kb + (size_t)(j0 - k0) * a->ld_k;
         fa_pack_t(Kt, FA_BK, kj, a->ld_k, n, hs);
+        for (int j = 0; j < n; j++)
+            memcpy(Kc + (size_t)j * hsp, kj + (size_t)j * a->ld_k, (size_t)hs * sizeof(float));
         fa_pack_t(Vt, FA_BK, vb + (size_t)(j0 - k0) * a->ld_v, a->ld_v, n, hs);
         memset(dKa, 0, (size_t)n * hsp * sizeof(float));
         memset(dVa, 0, (size_t)n * hsp * sizeof(float));
@@ -339,8 +337,7 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
             }
             fa_gemm(n, hs, m, S, 1, FA_BK, doi, hsp, dVa, hsp, 1); /* dV += P^T dO */
             fa_gemm(n, hs, m, dS, 1, FA_BK, qi, hsp, dKa, hsp, 1); /* dK += dS^T Q */
-            fa_gemm(m, hs, n, dS, FA_BK, 1, kj, a->ld_k, dQc + (size_t)(i0 - q0) * hsp, hsp,
-                    1); /* dQ += dS K */
+            fa_gemm(m, hs, n, dS, FA_BK, 1, Kc, hsp, dQc + (size_t)(i0 - q0) * hsp, hsp, 1); /* dQ += dS K */
         }
         for (int j = 0; j < n; j++) {
             memcpy(dk + (size_t)(j0 - k0 + j) * ldk, dKa + (size_t)j * hsp, (size_t)hs * sizeof(float));

@@ -202,6 +202,29 @@ static inline const float *fa_drop_row(float *dm, const struct loom_flash_attn *
     return dm;
 }
 
+typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
+typedef float fa_vec8 __attribute__((vector_size(32)));
+typedef float fa_vec4 __attribute__((vector_size(16)));
+
+/* The sum of v's 16 lanes, halves added to halves (a fixed order, whatever
+ * the compiler: its omp simd reduction adds the lanes one after another, a
+ * chain of 16 dependent adds per row that cost the forward about a tenth) */
+static inline float fa_hsum(fa_vec v)
+{
+    const fa_vec8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                      __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const fa_vec4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+/* The sum of a tile row's n16 (a multiple of 16) values */
+static inline float fa_row_sum(const float *s, int n16)
+{
+    fa_vec v = *(const fa_vec *)s;
+    for (int c = 16; c < n16; c += 16) v += *(const fa_vec *)(s + c);
+    return fa_hsum(v);
+}
+
 /* A tile row's maximum of the scores s (n16) on the keys keep marks
  * (every key where keep is NULL: the tile is full). */
 static inline float fa_row_max(const float *s, const float *keep, int n16)
@@ -220,48 +243,47 @@ static inline float fa_row_max(const float *s, const float *keep, int n16)
 /* One row of a bf16 forward tile, the online softmax's step: the row's
  * unnormalised probabilities exp(scale s - m) on the keys keep marks, 0
  * elsewhere (keep NULL: a full tile, every key, no dropout), from s (n16
- * raw scores) into pa rounded to bf16 (the a operand of P V; s is left),
- * times dropout's mask dm where given (the sum
- * is the undropped one); the row's running maximum *mx and sum *l move to
- * the new maximum m, and its accumulator acc (hs) is rescaled to it. (The
- * float32 kernel takes every row's step together: flash_attention.c.) */
-static inline __attribute__((always_inline)) void fa_online_row(const float *s, uint16_t *pa,
-                                                                const float *keep, const float *dm, int n16,
-                                                                float scale, float *mx, float *l, float *acc,
-                                                                int hs)
+ * raw scores) into pa rounded to bf16 (the a operand of P V), times
+ * dropout's mask dm where given, and into s as they are (the sum is the
+ * undropped one); the row's running maximum *mx and sum *l move to the new
+ * maximum m, and its accumulator acc (hs) is rescaled to it. (The float32
+ * kernel takes every row's step together: flash_attention.c.) */
+static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16_t *pa, const float *keep,
+                                                                const float *dm, int n16, float scale,
+                                                                float *mx, float *l, float *acc, int hs)
 {
-    const float mnew = fmaxf(*mx, fa_row_max(s, keep, n16) * scale);
+    const float smax = fa_row_max(s, keep, n16) * scale;
+    const float mnew = *mx >= smax ? *mx : smax;
     const float alpha = expf(*mx - mnew); /* 0 at the row's first tile */
     const float scale2 = scale * FA_LOG2E, m2 = mnew * FA_LOG2E;
-    float sum = 0.0f;
     /* the loops without dropout or a mask stay free of their tests: a
      * select in the vector loop cost the float32 kernels a third of their
      * speed */
     if (!keep) {
-#pragma omp simd reduction(+ : sum)
+#pragma omp simd
         for (int c = 0; c < n16; c++) {
             const float p = fa_exp2(s[c] * scale2 - m2);
             pa[c] = fa_bf(p);
-            sum += p;
+            s[c] = p;
         }
     } else if (dm) {
-#pragma omp simd reduction(+ : sum)
+#pragma omp simd
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp2(s[c] * scale2 - m2);
             const float p = keep[c] != 0.0f ? e : 0.0f;
             pa[c] = fa_bf(p * dm[c]);
-            sum += p;
+            s[c] = p;
         }
     } else {
-#pragma omp simd reduction(+ : sum)
+#pragma omp simd
         for (int c = 0; c < n16; c++) {
             const float e = fa_exp2(s[c] * scale2 - m2);
             const float p = keep[c] != 0.0f ? e : 0.0f;
             pa[c] = fa_bf(p);
-            sum += p;
+            s[c] = p;
         }
     }
-    *l = *l * alpha + sum;
+    *l = *l * alpha + fa_row_sum(s, n16);
     *mx = mnew;
     if (alpha != 1.0f) {
 #pragma omp simd
@@ -288,8 +310,6 @@ static inline void fa_finish_rows(float *out, float *lse, const float *acc, int 
         lse[((size_t)b * a->NH + h) * fa_ld_lse(a) + r0 + r] = l[r] > 0.0f ? mx[r] + logf(l[r]) : -INFINITY;
     }
 }
-
-typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
 
 static inline __attribute__((always_inline)) void fa_mk(const int M, const int NV, int K, const float *a,
                                                         ptrdiff_t ai, ptrdiff_t ap, const float *b,
