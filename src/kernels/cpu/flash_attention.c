@@ -4,9 +4,10 @@
  *
  * Forward, per (b, h, query tile) in parallel (largest tiles first, taken
  * dynamically): for each key tile of the query tile's key range,
- * S = scale Q K^T, the running row max m and sum l updated, the output
- * accumulator rescaled by exp(m_old - m_new) and P V added; at the end
- * O = acc / l and lse = m + log l are written.
+ * S^T = K Q^T (a query to a column, so that the softmax's maxima and sums
+ * run down columns, 16 queries to a vector), each query's running max m
+ * and sum l updated, the output accumulator rescaled by exp(m_old - m_new)
+ * and P V added; at the end O = acc / l and lse = m + log l are written.
  *
  * Backward, per (b, h) in parallel: D = rowsum(dO * O) first, then for each
  * key tile, over the query tiles that reach it: P = exp(scale S - lse),
@@ -22,7 +23,7 @@
  * Masks (flash_tile.h) leave each query a contiguous key range: tiles
  * wholly inside every row's range skip the mask, tiles outside every row's
  * are never visited, the rest are masked by row. Products are flash_tile.h's
- * register-blocked tile products; exponentials vexp.h's.
+ * register-blocked tile products; exponentials its fa_exp2.
  *
  * A block-sparse layout (kernels/sparse_layout.h) works on the same tiles:
  * a tile holding no kept (query block, key block) pair is skipped, one
@@ -83,105 +84,155 @@ void *loom_flash_attn_scratch(int slot, size_t bytes)
 
 /* ---- forward ------------------------------------------------------------------- */
 
-/* floats of one thread's forward workspace: S (BQ,BK), acc (BQ,hsp), m,
- * l, the new maxima and the rescale factors (BQ each), the query tile
- * gathered (BQ,hsp), the rows' keeps of a tile that is not full (BQ,BK) */
+/* floats of one thread's forward workspace: S^T and the keeps of a tile
+ * that is not full (BK,BQ each), acc (BQ,hsp), the query tile transposed
+ * (hs,BQ), and m, l, the rescale factors and each query's lowest and end
+ * key (BQ each) */
 static size_t fwd_ws(int hs)
 {
     const size_t hsp = (size_t)fa_up16(hs);
-    return 2 * (size_t)FA_BQ * FA_BK + 2 * FA_BQ * hsp + 4 * FA_BQ;
+    return 2 * (size_t)FA_BK * FA_BQ + FA_BQ * hsp + (size_t)hs * FA_BQ + 5 * FA_BQ;
 }
 
-/* A tile row's unnormalised probabilities exp(scale s - mnew) into s, 0
- * off keep (every key kept where keep is NULL); returns their sum. The
- * loops stay free of dropout's and the mask's tests where they have none:
- * a select in the vector loop cost the kernel a third of its speed. */
-static inline float row_exp(float *s, const float *keep, int n16, float scale, float mnew)
+/* The online softmax's step for the queries [0, m16) of a tile's S^T (n
+ * keys by BQ queries: a query is a column, so every reduction runs down
+ * columns, 16 queries to a vector): each query's new maximum, its rescale
+ * factor exp(m - m_new) into alpha, its unnormalised probabilities
+ * exp(scale s - m_new) in place (0 where keep, when given, is 0), and m, l
+ * moved to the new maximum. A query that sees no key of the tile keeps its
+ * maximum (alpha 1) and adds nothing. The loops stay free of the mask's
+ * test where it has none: a select in the vector loop cost the kernel a
+ * third of its speed. */
+static inline __attribute__((always_inline)) void col_softmax_nv(float *St, const float *keep, int n,
+                                                                 const int NV, float scale, float *mx,
+                                                                 float *l, float *alpha)
 {
-    const float scale2 = scale * FA_LOG2E, m2 = mnew * FA_LOG2E;
-    if (keep) {
-#pragma omp simd
-        for (int c = 0; c < n16; c++) {
-            const float e = fa_exp2(s[c] * scale2 - m2);
-            s[c] = keep[c] != 0.0f ? e : 0.0f;
-        }
-    } else {
-#pragma omp simd
-        for (int c = 0; c < n16; c++) s[c] = fa_exp2(s[c] * scale2 - m2);
+    const float scale2 = scale * FA_LOG2E;
+    fa_vec smax[4], sum[4], m2[4];
+    for (int v = 0; v < NV; v++) smax[v] = fa_splat(-INFINITY), sum[v] = fa_splat(0.0f);
+    if (keep)
+        for (int r = 0; r < n; r++)
+            for (int v = 0; v < NV; v++) {
+                const fa_vec x = *(const fa_vec *)(St + r * FA_BQ + 16 * v);
+                const fa_vec k = *(const fa_vec *)(keep + r * FA_BQ + 16 * v);
+                smax[v] = fa_vsel(k != 0.0f, fa_vmax(x, smax[v]), smax[v]);
+            }
+    else
+        for (int r = 0; r < n; r++)
+            for (int v = 0; v < NV; v++)
+                smax[v] = fa_vmax(*(const fa_vec *)(St + r * FA_BQ + 16 * v), smax[v]);
+    for (int v = 0; v < NV; v++) {
+        /* -inf: no key here for the query, m kept */
+        const fa_vec m = *(const fa_vec *)(mx + 16 * v), sm = smax[v] * scale;
+        const fa_vec mn = fa_vsel(m >= sm, m, sm);
+        *(fa_vec *)(alpha + 16 * v) = fa_vsel(mn == m, fa_splat(1.0f), fa_exp2v((m - mn) * FA_LOG2E));
+        *(fa_vec *)(mx + 16 * v) = mn;
+        m2[v] = mn * FA_LOG2E;
     }
-    return fa_row_sum(s, n16);
+    if (keep)
+        for (int r = 0; r < n; r++)
+            for (int v = 0; v < NV; v++) {
+                fa_vec *x = (fa_vec *)(St + r * FA_BQ + 16 * v);
+                const fa_vec k = *(const fa_vec *)(keep + r * FA_BQ + 16 * v);
+                const fa_vec p = fa_vsel(k != 0.0f, fa_exp2v(*x * scale2 - m2[v]), fa_splat(0.0f));
+                *x = p;
+                sum[v] += p;
+            }
+    else
+        for (int r = 0; r < n; r++)
+            for (int v = 0; v < NV; v++) {
+                fa_vec *x = (fa_vec *)(St + r * FA_BQ + 16 * v);
+                const fa_vec p = fa_exp2v(*x * scale2 - m2[v]);
+                *x = p;
+                sum[v] += p;
+            }
+    for (int v = 0; v < NV; v++)
+        *(fa_vec *)(l + 16 * v) = *(const fa_vec *)(l + 16 * v) * *(const fa_vec *)(alpha + 16 * v) + sum[v];
+}
+
+static void col_softmax(float *St, const float *keep, int n, int m16, float scale, float *mx, float *l,
+                        float *alpha)
+{
+    switch (m16 / 16) {
+    case 1:
+        col_softmax_nv(St, keep, n, 1, scale, mx, l, alpha);
+        break;
+    case 2:
+        col_softmax_nv(St, keep, n, 2, scale, mx, l, alpha);
+        break;
+    case 3:
+        col_softmax_nv(St, keep, n, 3, scale, mx, l, alpha);
+        break;
+    default:
+        col_softmax_nv(St, keep, n, 4, scale, mx, l, alpha);
+        break;
+    }
+}
+
+/* The keeps of a tile that is not full, (n keys, BQ queries): query c (of
+ * m, from position i0) sees key r (from j0) when it lies in [lo, end) of
+ * its range (lo, end: BQ each) and, for a tile its layout keeps in part,
+ * in a kept block; queries [m, m16) see none. */
+static void tile_keeps(float *keep, const int *lo, const int *end, const struct loom_flash_attn *a, int h,
+                       int i0, int m, int m16, int j0, int n, int kept)
+{
+    for (int r = 0; r < n; r++) {
+        const int j = j0 + r;
+        float *kr = keep + (size_t)r * FA_BQ;
+#pragma omp simd
+        for (int c = 0; c < m16; c++) kr[c] = c < m && j >= lo[c] && j < end[c] ? 1.0f : 0.0f;
+    }
+    if (kept == 1) {
+        const struct loom_sparse_layout *L = a->layout;
+        const uint8_t *mk = L->mask + (size_t)(L->heads == 1 ? 0 : a->h0 + h) * L->nb * L->nb;
+        for (int c = 0; c < m; c++) {
+            const uint8_t *row = mk + (size_t)((i0 + c) / L->block) * L->nb;
+            for (int r = 0; r < n; r++)
+                if (!row[(j0 + r) / L->block]) keep[(size_t)r * FA_BQ + c] = 0.0f;
+        }
+    }
 }
 
 /* One query tile [i0, i1) (positions: the tile of 64 at i0, from q0 at the
- * part's first) of head h of sequence b; kt: the key tiles of its
- * key/value head from the part's first (kt0 the tiles before it),
- * transposed (hs, BK) each, ktile floats apart; vc: its values, (tiles BK,
- * hsp) contiguous from tile kt0's first position. Each key tile: S = Q K^T,
- * every row's new maximum, the rescale factors exp(m - m_new) of all rows
- * at once, the rows' probabilities and sums, and acc = alpha acc + P V in
- * one product (the rescale in its loads of acc). */
-static void fwd_tile(float *out, float *lse, const float *q, const float *kt, size_t ktile, const float *vc,
-                     int kt0, const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
+ * part's first) of head h of sequence b; kc, vc: its key/value head's keys
+ * and values, (tiles BK, hsp) each, contiguous from tile kt0's first
+ * position. The queries are taken transposed, so that each key tile's
+ * scores come as S^T = K Q^T, a query to a column: the online softmax's
+ * maxima and sums then run down columns, 16 queries to a vector, where a
+ * row per query needed a sum across a vector's lanes for each. Then
+ * acc = alpha acc + P V in one product (P read through S^T, the rescale in
+ * its loads of acc). */
+static void fwd_tile(float *out, float *lse, const float *q, const float *kc, const float *vc, int kt0,
+                     const struct loom_flash_attn *a, float scale, int b, int h, int i0, float *ws)
 {
     float dmask[FA_BK] __attribute__((aligned(64)));
-    int seen[FA_BQ]; /* a row's keys in a tile that is not full */
     const int hs = a->hs, hsp = fa_up16(hs), kend = fa_kend(a);
-    const int i1 = fa_min(i0 / FA_BQ * FA_BQ + FA_BQ, fa_qend(a)), m = i1 - i0;
-    float *S = ws, *acc = S + FA_BQ * FA_BK, *mx = acc + (size_t)FA_BQ * hsp;
-    float *l = mx + FA_BQ, *mn = l + FA_BQ, *alpha = mn + FA_BQ, *qc = alpha + FA_BQ;
-    float *keeps = qc + (size_t)FA_BQ * hsp;
-    /* the tile's query rows, pages apart in q at long T, gathered once: every key tile reads them */
-    const float *qrow = q + ((size_t)b * fa_tq(a) + i0 - a->q0) * a->ld_q + (size_t)h * hs;
-    for (int r = 0; r < m; r++)
-        memcpy(qc + (size_t)r * hsp, qrow + (size_t)r * a->ld_q, (size_t)hs * sizeof(float));
-    const float *qi = qc;
-    for (int r = 0; r < m; r++) mx[r] = -INFINITY, l[r] = 0.0f;
+    const int i1 = fa_min(i0 / FA_BQ * FA_BQ + FA_BQ, fa_qend(a)), m = i1 - i0, m16 = fa_up16(m);
+    float *St = ws, *keeps = St + FA_BK * FA_BQ, *acc = keeps + FA_BK * FA_BQ,
+          *qt = acc + (size_t)FA_BQ * hsp;
+    float *mx = qt + (size_t)hs * FA_BQ, *l = mx + FA_BQ, *alpha = l + FA_BQ;
+    int *lo = (int *)(alpha + FA_BQ), *end = lo + FA_BQ;
+    fa_pack_t(qt, FA_BQ, q + ((size_t)b * fa_tq(a) + i0 - a->q0) * a->ld_q + (size_t)h * hs, a->ld_q, m, hs);
+    for (int c = 0; c < m16; c++) mx[c] = -INFINITY, l[c] = 0.0f;
+    for (int c = 0; c < m; c++) lo[c] = fa_key_lo(a, b, i0 + c), end[c] = fa_min(i0 + c + 1, kend);
     memset(acc, 0, (size_t)m * hsp * sizeof(float));
-    const int lo_last = fa_key_lo(a, b, i1 - 1), jend = fa_min(i1, kend);
-    for (int j0 = fa_key_lo(a, b, i0) / FA_BK * FA_BK; j0 < jend; j0 += FA_BK) {
-        const int j1 = fa_min(j0 + FA_BK, jend), n = j1 - j0, n16 = fa_up16(n);
+    const int lo_last = lo[m - 1], jend = fa_min(i1, kend);
+    for (int j0 = lo[0] / FA_BK * FA_BK; j0 < jend; j0 += FA_BK) {
+        const int j1 = fa_min(j0 + FA_BK, jend), n = j1 - j0;
         const int kept = fa_tile_kept(a, h, i0, i1, j0, j1);
         if (!kept) continue;
-        /* full: every row sees every key (no column past n either) */
-        const int full = kept == 2 && j1 - 1 <= i0 && lo_last <= j0 && n == n16;
-        const float *Kt = kt + (size_t)(j0 / FA_BK - kt0) * ktile;
-        fa_gemm(m, n16, hs, qi, hsp, 1, Kt, FA_BK, S, FA_BK, 0); /* S = Q K^T */
-        /* the new maxima; a row that sees no key of the tile keeps its own
-         * (its scores are zeroed below) */
-        for (int r = 0; r < m; r++) {
-            const float *s = S + (size_t)r * FA_BK;
-            float *keep = keeps + (size_t)r * FA_BK, smax;
-            if (full)
-                smax = fa_row_max(s, NULL, n16);
-            else
-                smax = (seen[r] = fa_row_keep(keep, a, b, h, i0 + r, j0, n, n16, 0, kept))
-                           ? fa_row_max(s, keep, n16)
-                           : -INFINITY;
-            mn[r] = smax == -INFINITY || mx[r] >= smax * scale ? mx[r] : smax * scale;
-        }
-#pragma omp simd
-        for (int r = 0; r < m; r++) alpha[r] = mn[r] == mx[r] ? 1.0f : fa_exp2((mx[r] - mn[r]) * FA_LOG2E);
-        for (int r = 0; r < m; r++) {
-            const int t = i0 + r;
-            float *s = S + (size_t)r * FA_BK;
-            float sum;
-            if (full) {
-                sum = row_exp(s, NULL, n16, scale, mn[r]);
-            } else if (!seen[r]) { /* no key here for this row */
-                memset(s, 0, (size_t)n16 * sizeof(float));
-                continue;
-            } else {
-                sum = row_exp(s, keeps + (size_t)r * FA_BK, n16, scale, mn[r]);
+        /* full: every query sees every key */
+        const int full = kept == 2 && j1 - 1 <= i0 && lo_last <= j0;
+        const float *Kc = kc + (size_t)(j0 - kt0 * FA_BK) * hsp;
+        fa_gemm(n, m16, hs, Kc, hsp, 1, qt, FA_BQ, St, FA_BQ, 0); /* S^T = K Q^T */
+        if (!full) tile_keeps(keeps, lo, end, a, h, i0, m, m16, j0, n, kept);
+        col_softmax(St, full ? NULL : keeps, n, m16, scale, mx, l, alpha);
+        if (a->drop) /* after the sums: they are the undropped ones */
+            for (int c = 0; c < m; c++) {
+                const float *dm = fa_drop_row(dmask, a, b, h, i0 + c, j0, n);
+                for (int r = 0; r < n; r++) St[(size_t)r * FA_BQ + c] *= dm[r];
             }
-            const float *dm = fa_drop_row(dmask, a, b, h, t, j0, n16);
-            if (dm) { /* the sum is the undropped one */
-#pragma omp simd
-                for (int c = 0; c < n16; c++) s[c] *= dm[c];
-            }
-            l[r] = l[r] * alpha[r] + sum;
-            mx[r] = mn[r];
-        }
-        fa_gemm_rs(m, hs, n, S, FA_BK, 1, vc + (size_t)(j0 - kt0 * FA_BK) * hsp, hsp, acc, hsp, 1,
+        fa_gemm_rs(m, hs, n, St, 1, FA_BQ, vc + (size_t)(j0 - kt0 * FA_BK) * hsp, hsp, acc, hsp, 1,
                    alpha); /* acc = alpha acc + P V */
     }
     fa_finish_rows(out, lse, acc, hsp, mx, l, a, b, h, i0, m);
@@ -196,18 +247,17 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
      * same tiles as the whole sequence's, so the same sums) */
     const int qt0 = a->q0 / FA_BQ, nqt = (fa_qend(a) - 1) / FA_BQ + 1 - qt0;
     const int kt0 = a->k0 / FA_BK, nkt = (fa_kend(a) - 1) / FA_BK + 1 - kt0;
-    const size_t per = fwd_ws(hs), ktile = (size_t)hs * FA_BK, khead = (size_t)nkt * ktile;
+    const size_t per = fwd_ws(hs);
     float *ws = loom_flash_attn_scratch(FA_SCRATCH_FWD_WS, loom_mul_size((size_t)nthr * per, sizeof(float)));
-    /* every key tile transposed once, (B,G,nkt,hs,BK), and the values
-     * gathered (B,G,nkt BK,hsp): each is read by up to nqt query tiles of R
-     * heads, from contiguous memory (rows of q, k, v are pages apart at
-     * long T); a part's edge tiles through a zero-padded copy (eds) */
-    const size_t hsp = (size_t)fa_up16(hs), vhead = (size_t)nkt * FA_BK * hsp;
-    float *kt = loom_flash_attn_scratch(
+    /* the keys and values gathered, (B,G,nkt BK,hsp) each: each row is read
+     * by up to nqt query tiles of R heads, from contiguous memory (rows of
+     * k, v are pages apart at long T); a part's edge tiles through a
+     * zero-padded copy (eds) */
+    const size_t hsp = (size_t)fa_up16(hs), head = (size_t)nkt * FA_BK * hsp, nbg = (size_t)a->B * a->G;
+    float *kc = loom_flash_attn_scratch(
         FA_SCRATCH_FWD_PACK,
-        loom_mul_size(loom_mul_size((size_t)a->B * a->G, khead + vhead) + (size_t)nthr * 2 * FA_BK * hs,
-                      sizeof(float)));
-    float *vc = kt + (size_t)a->B * a->G * khead, *eds = vc + (size_t)a->B * a->G * vhead;
+        loom_mul_size(loom_mul_size(nbg, 2 * head) + (size_t)nthr * 2 * FA_BK * hs, sizeof(float)));
+    float *vc = kc + nbg * head, *eds = vc + nbg * head;
 #pragma omp parallel num_threads(nthr) if (nthr > 1)
     {
         float *edge = eds + (size_t)fa_thread_id() * 2 * FA_BK * hs;
@@ -218,10 +268,11 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
                 ptrdiff_t ldk, ldv;
                 const float *kr, *vr;
                 const int n = fa_kv_tile(a, k, v, b, g, kt0, jt, edge, &kr, &ldk, &vr, &ldv);
-                fa_pack_t(kt + (size_t)bg * khead + (size_t)jt * ktile, FA_BK, kr, ldk, n, hs);
-                for (int j = 0; j < n; j++)
-                    memcpy(vc + (size_t)bg * vhead + (size_t)(jt * FA_BK + j) * hsp, vr + (ptrdiff_t)j * ldv,
-                           (size_t)hs * sizeof(float));
+                const size_t row0 = (size_t)bg * head + (size_t)jt * FA_BK * hsp;
+                for (int j = 0; j < n; j++) {
+                    memcpy(kc + row0 + (size_t)j * hsp, kr + (ptrdiff_t)j * ldk, (size_t)hs * sizeof(float));
+                    memcpy(vc + row0 + (size_t)j * hsp, vr + (ptrdiff_t)j * ldv, (size_t)hs * sizeof(float));
+                }
             }
         const long nbh = (long)a->B * a->NH, ntask = nbh * nqt;
 #pragma omp for schedule(dynamic, 1)
@@ -230,7 +281,7 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
             const int it = qt0 + nqt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH,
                       h = bh % a->NH;
             const size_t bg = (size_t)b * a->G + h / R;
-            fwd_tile(out, lse, q, kt + bg * khead, ktile, vc + bg * vhead, kt0, a, scale, b, h,
+            fwd_tile(out, lse, q, kc + bg * head, vc + bg * head, kt0, a, scale, b, h,
                      fa_max(it * FA_BQ, a->q0), ws + (size_t)fa_thread_id() * per);
         }
     }

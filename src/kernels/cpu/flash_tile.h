@@ -30,6 +30,9 @@
 #endif
 
 #include "kernels/cpu/vexp.h"
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include "kernels/dropout_mask.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_layout.h"
@@ -206,6 +209,45 @@ typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
 typedef float fa_vec8 __attribute__((vector_size(32)));
 typedef float fa_vec4 __attribute__((vector_size(16)));
 
+typedef int32_t fa_ivec __attribute__((vector_size(64)));
+
+static inline fa_vec fa_splat(float x)
+{
+    return (fa_vec){0} + x;
+}
+
+/* mask's lanes (-1 or 0, as comparisons make them) of a, the others of b */
+static inline fa_vec fa_vsel(fa_ivec mask, fa_vec a, fa_vec b)
+{
+    return (fa_vec)(((fa_ivec)a & mask) | ((fa_ivec)b & ~mask));
+}
+
+/* The larger of a and b in each lane (a where b is a NaN): one vmaxps
+ * where the target has it, which GCC does not make of the select */
+static inline fa_vec fa_vmax(fa_vec a, fa_vec b)
+{
+#ifdef __AVX512F__
+    return (fa_vec)_mm512_max_ps((__m512)b, (__m512)a);
+#else
+    return fa_vsel(a > b, a, b);
+#endif
+}
+
+/* fa_exp2 on 16 lanes, operation for operation */
+static inline fa_vec fa_exp2v(fa_vec u)
+{
+    u = fa_vsel(u < -125.0f, fa_splat(-125.0f), u);
+    const fa_vec t = u + 0x1.8p23f;
+    const fa_vec f = u - (t - 0x1.8p23f);
+    fa_vec p = fa_splat(0x1.5c08e4p-10f);
+    p = p * f + 0x1.3d0c52p-7f;
+    p = p * f + 0x1.c6b6e4p-5f;
+    p = p * f + 0x1.ebf918p-3f;
+    p = p * f + 0x1.62e428p-1f;
+    p = p * f + 0x1.000002p+0f;
+    return (fa_vec)((fa_ivec)p + ((fa_ivec)t << 23));
+}
+
 /* The sum of v's 16 lanes, halves added to halves (a fixed order, whatever
  * the compiler: its omp simd reduction adds the lanes one after another, a
  * chain of 16 dependent adds per row that cost the forward about a tenth) */
@@ -247,7 +289,7 @@ static inline float fa_row_max(const float *s, const float *keep, int n16)
  * dropout's mask dm where given, and into s as they are (the sum is the
  * undropped one); the row's running maximum *mx and sum *l move to the new
  * maximum m, and its accumulator acc (hs) is rescaled to it. (The float32
- * kernel takes every row's step together: flash_attention.c.) */
+ * kernel takes 16 queries' steps at once, on S^T: flash_attention.c.) */
 static inline __attribute__((always_inline)) void fa_online_row(float *s, uint16_t *pa, const float *keep,
                                                                 const float *dm, int n16, float scale,
                                                                 float *mx, float *l, float *acc, int hs)
