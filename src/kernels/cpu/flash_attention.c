@@ -277,8 +277,11 @@ void loom_flash_attention_forward(float *out, float *lse, const float *q, const 
         const long nbh = (long)a->B * a->NH, ntask = nbh * nqt;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < ntask; task++) {
-            /* the longest tiles (last along T) first */
-            const int it = qt0 + nqt - 1 - (int)(task / nbh), bh = (int)(task % nbh), b = bh / a->NH,
+            /* a head's tiles one after another, the longest (last along
+             * T) first: its keys and values are then still in the cache
+             * for the next (a tile of each head in turn streamed them from
+             * memory, 7% of the forward at T=8192) */
+            const int it = qt0 + nqt - 1 - (int)(task % nqt), bh = (int)(task / nqt), b = bh / a->NH,
                       h = bh % a->NH;
             const size_t bg = (size_t)b * a->G + h / R;
             fwd_tile(out, lse, q, kc + bg * head, vc + bg * head, kt0, a, scale, b, h,
