@@ -373,11 +373,11 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
                     continue;
                 }
                 if (full && n == n16) { /* every key: no select */
-#pragma omp simd
-                    for (int c = 0; c < n16; c++) {
-                        const float p = fa_exp2(s[c] * scale2 - lt);
-                        s[c] = p;
-                        ds[c] = scale * p * (ds[c] - Dt);
+                    for (int c = 0; c < n16; c += 16) {
+                        fa_vec *sv = (fa_vec *)(s + c), *dsv = (fa_vec *)(ds + c);
+                        const fa_vec p = fa_exp2v(*sv * scale2 - lt);
+                        *sv = p;
+                        *dsv = scale * p * (*dsv - Dt);
                     }
                     continue;
                 }

@@ -233,19 +233,30 @@ static inline fa_vec fa_vmax(fa_vec a, fa_vec b)
 #endif
 }
 
-/* fa_exp2 on 16 lanes, operation for operation */
+/* fa_exp2 on 16 lanes: the same clamp, rounding and polynomial; with
+ * AVX-512, k = round(u) and f = u - k in two operations (vrndscaleps) and
+ * 2^k by vscalefps, 9 operations against 11, the same values */
 static inline fa_vec fa_exp2v(fa_vec u)
 {
-    u = fa_vsel(u < -125.0f, fa_splat(-125.0f), u);
+    u = fa_vmax(u, fa_splat(-125.0f));
+#ifdef __AVX512F__
+    const fa_vec k = (fa_vec)_mm512_roundscale_ps((__m512)u, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const fa_vec f = u - k;
+#else
     const fa_vec t = u + 0x1.8p23f;
     const fa_vec f = u - (t - 0x1.8p23f);
+#endif
     fa_vec p = fa_splat(0x1.5c08e4p-10f);
     p = p * f + 0x1.3d0c52p-7f;
     p = p * f + 0x1.c6b6e4p-5f;
     p = p * f + 0x1.ebf918p-3f;
     p = p * f + 0x1.62e428p-1f;
     p = p * f + 0x1.000002p+0f;
+#ifdef __AVX512F__
+    return (fa_vec)_mm512_scalef_ps((__m512)p, (__m512)k);
+#else
     return (fa_vec)((fa_ivec)p + ((fa_ivec)t << 23));
+#endif
 }
 
 /* The sum of v's 16 lanes, halves added to halves (a fixed order, whatever
