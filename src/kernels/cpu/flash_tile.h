@@ -205,6 +205,10 @@ static inline const float *fa_drop_row(float *dm, const struct loom_flash_attn *
     return dm;
 }
 
+/* 16-lane vectors, passed and returned by value only among these static
+ * inline helpers: below AVX-512 GCC's note that such a return changes the
+ * ABI concerns no call that leaves the file */
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float fa_vec __attribute__((vector_size(64), aligned(4), may_alias));
 typedef float fa_vec8 __attribute__((vector_size(32)));
 typedef float fa_vec4 __attribute__((vector_size(16)));
