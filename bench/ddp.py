@@ -27,7 +27,9 @@ from pyref import shard  # noqa: E402
 import numpy as np  # noqa: E402
 
 LOOM = os.path.join(HERE, "..", os.environ.get("BUILD", "build"), "loom")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+# PMIX_MCA_psec: see tests/lib.py (a stale munge socket: 2.3 s a launch)
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           PMIX_MCA_psec=os.environ.get("PMIX_MCA_psec", "native"))
 
 
 def run(tmp, kind, B, T, steps):

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 
+# PMIX_MCA_psec: see tests/lib.py (a stale munge socket: 2.3 s a launch)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_mpi_yield_when_idle="1")
+           OMPI_MCA_mpi_yield_when_idle="1", PMIX_MCA_psec=os.environ.get("PMIX_MCA_psec", "native"))
 BASE = ["train", "--train-iters", "8", "--log-interval", "1", "--eval-iters", "0", "--global-batch-size", "8",
         "--micro-batch-size", "2"]
 TP2 = ["--tensor-model-parallel-size", "2"]

@@ -28,9 +28,13 @@ if not os.path.isabs(BUILD):
     BUILD = os.path.join(ROOT, BUILD)
 LOOM = os.path.join(BUILD, "loom")
 # For mpirun: Open MPI refuses to start as root without the first two, and the
-# third makes a waiting rank give up its core (the runs oversubscribe).
+# third makes a waiting rank give up its core (the runs oversubscribe). The
+# fourth: with munge installed (Slurm's, for test_slurm) and the socket of a
+# munged that is gone left behind (a machine restored from an image taken
+# while it ran), PMIx's security layer retries that socket for 2.3 s at
+# every mpirun before it takes the native one; the suite starts hundreds.
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_mpi_yield_when_idle="1")
+           OMPI_MCA_mpi_yield_when_idle="1", PMIX_MCA_psec=os.environ.get("PMIX_MCA_psec", "native"))
 
 
 def tool(name):

@@ -129,6 +129,7 @@ def main():
         os.makedirs(d)
         conf = write_conf(d)
         env = dict(ENV, SLURM_CONF=conf)
+        env.pop("PMIX_MCA_psec", None)  # srun's PMIx as a user's: munge is up here
         if not check("munge authenticates (munged started if none was running)", start_munge()):
             return lib.verdict()
         try:
