@@ -38,7 +38,10 @@ step: measured 1.9e-4 (hybrid) and 2.1e-4 (e4m3) at worst over 20 steps,
 4.7x under; how many roundings flip varies with the BLAS core and thread
 count); and, so that the test can fail for the right reason, loom is over
 10x closer to the fp8 reference than the fp8 reference is to the bf16 run
-without fp8 over the first three steps (before rounding flips accumulate).
+without fp8 over the first two steps (before rounding flips accumulate: by
+the third the reference itself moves between two runs on one machine, the
+float32 products' step 3 4.8943939 and 4.8945956, while loom's is the same
+4.8943539; that took the ratio from 43x to 8x).
 """
 import json
 import os
@@ -175,14 +178,14 @@ def training(tmp, py):
         for s in range(1, train.ITERS + 1):
             e = rel(steps[s]["loss"], ref[s - 1][0])
             worst = max(worst, e)
-            if s <= 3:  # before rounding flips accumulate
+            if s <= 2:  # before rounding flips accumulate
                 near += e
                 apart += rel(ref[s - 1][0], plain[ops][s - 1][0])
             print(f"  {fmt} {units} step {s:2d}: loom {steps[s]['loss']:.7f} torch fp8 {ref[s - 1][0]:.7f} "
                   f"rel {e:.1e} | torch bf16 {plain[ops][s - 1][0]:.7f}")
         check(f"{tag}: every step's loss within 1e-3 of the PyTorch fp8 reference (worst {worst:.2e})",
               worst <= 1e-3 and len(steps) == train.ITERS)
-        check(f"{tag}: the test sees fp8: over steps 1-3 loom is {apart / max(near, 1e-30):.0f}x closer to the "
+        check(f"{tag}: the test sees fp8: over steps 1-2 loom is {apart / max(near, 1e-30):.0f}x closer to the "
               "fp8 reference than that is to the bf16 run (at least 10x)", 10 * near < apart)
 
 
