@@ -341,9 +341,9 @@ static void bwd_head(float *dq, float *dk, size_t ldk, float *dv, size_t ldv, co
         const int j1 = fa_min(j0 + FA_BK, kend), n = j1 - j0, n16 = fa_up16(n);
         const int tmax = fa_min(fa_last_query(a, b, j1 - 1), qend - 1);
         const float *kj = kb + (size_t)(j0 - k0) * a->ld_k;
-        fa_pack_t(Kt, FA_BK, kj, a->ld_k, n, hs);
         for (int j = 0; j < n; j++)
             memcpy(Kc + (size_t)j * hsp, kj + (size_t)j * a->ld_k, (size_t)hs * sizeof(float));
+        fa_pack_t(Kt, FA_BK, Kc, hsp, n, hs); /* from the gathered rows: kj's are pages apart */
         fa_pack_t(Vt, FA_BK, vb + (size_t)(j0 - k0) * a->ld_v, a->ld_v, n, hs);
         memset(dKa, 0, (size_t)n * hsp * sizeof(float));
         memset(dVa, 0, (size_t)n * hsp * sizeof(float));
